@@ -1,0 +1,53 @@
+"""The acceptance-source interface: per request per step, K confidences and the true accepted prefix length.
+
+Every source (parametric paper-calibrated model, trace replay, engine-log importers) implements
+:class:`AcceptanceModel`. The engine keeps per-request state as opaque arrays owned by the model so draws are
+vectorised over requests (no per-request Python calls per step).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+DOMAINS = ("math", "code", "chat")
+
+
+@dataclass
+class Block:
+    """One step's draws for n requests.
+
+    conf:     (n, K) float64 calibrated conditional confidences in [0, 1] (what the scheduler sees).
+    accepted: (n,) int64 ground-truth accepted prefix length A[i] in 0..K had all K been verified.
+    """
+
+    conf: np.ndarray
+    accepted: np.ndarray
+
+
+class AcceptanceModel:
+    """Base class for acceptance sources.
+
+    Attributes: ``drafter`` (e.g. "dspark"), ``K`` (block size it yields), ``metadata`` (dict saved next to
+    results: where the numbers came from and what an importer lost).
+
+    Per-request state lives in the model, keyed by integer *slots* the engine hands out (0..capacity-1), so
+    per-step work is fancy indexing over slot arrays.
+    """
+
+    drafter: str
+    K: int
+    metadata: dict[str, Any]
+
+    def start(self, slots: np.ndarray, domains: np.ndarray, rng: np.random.Generator) -> None:
+        """Begin new requests in these slots. domains: (len(slots),) array of domain strings."""
+        raise NotImplementedError
+
+    def draw(self, slots: np.ndarray, rng: np.random.Generator) -> Block:
+        """Draw this step's block for the requests in ``slots`` (each slot advances one block)."""
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        """Metadata for config.json / summary (source, drafter, K, calibration, what was lost)."""
+        return dict(self.metadata)

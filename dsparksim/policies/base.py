@@ -1,0 +1,77 @@
+"""The verification-policy interface shared by the simulator and the torch runner.
+
+A policy decides, each engine step, the verify length L[i] in 0..K of every decoding request. It sees numpy arrays
+only, so the very same objects run inside the simulator and (later) inside the real torch engine.
+
+Shapes: n = number of decoding requests this step, K = block size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+import numpy as np
+
+
+@dataclass
+class StepContext:
+    """Everything a policy may look at for one engine step.
+
+    conf:        (n, K) float64 conditional confidences c[i,k] (k = column, 0-based for position k+1).
+    survival:    (n, K) float64 s[i,k] = prod(conf[i,:k+1]); non-increasing along axis 1.
+    request_ids: (n,) int64, stable ids (policies that keep per-request history key on these).
+    base_tokens: int, tokens already in the target batch before any draft token is admitted:
+                 n anchors (1 per decoding request) + prefill tokens scheduled in this step. M = base_tokens + sum(L).
+    step_time:   vectorised cost, M (int array) -> seconds (float array) for this step, INCLUDING the
+                 non-trimmable parts (draft time for this step's n requests, fixed overhead, context term).
+    max_tokens:  the largest M this step may use (engine token budget / profile range). Policies never exceed it.
+    true_accepted: (n,) int64 ground-truth accepted prefix length A[i] had all K been verified. None unless the
+                 policy declares ``needs_oracle = True``; only the oracle bound may read it.
+    """
+
+    conf: np.ndarray
+    survival: np.ndarray
+    request_ids: np.ndarray
+    base_tokens: int
+    step_time: Callable[[np.ndarray], np.ndarray]
+    max_tokens: int
+    true_accepted: np.ndarray | None = None
+
+    @property
+    def n(self) -> int:
+        return int(self.conf.shape[0])
+
+    @property
+    def K(self) -> int:
+        return int(self.conf.shape[1])
+
+
+class Policy:
+    """Base class. Subclasses set ``name`` and implement :meth:`choose`.
+
+    Class attributes:
+      drafter:      None = use the run's block drafter; a string (e.g. "mtp1") = this policy always runs with
+                    that drafter's acceptance and drafting cost (and its own block size, see ``block_size``).
+      block_size:   None = the run's K; an int forces K (mtp1 -> 1).
+      needs_oracle: True if the policy reads ``StepContext.true_accepted`` (not realisable).
+    """
+
+    name: ClassVar[str] = "base"
+    drafter: ClassVar[str | None] = None
+    block_size: ClassVar[int | None] = None
+    needs_oracle: ClassVar[bool] = False
+
+    spec: str = "base"  # the exact spec string this instance was built from (set by the registry)
+
+    def reset(self, K: int, rng: np.random.Generator) -> None:
+        """Called once before a run (K = the block size the run actually uses). Clear all history here."""
+
+    def choose(self, ctx: StepContext) -> np.ndarray:
+        """Return L: (n,) int64 verify lengths, 0 <= L[i] <= K, base_tokens + L.sum() <= max_tokens."""
+        raise NotImplementedError
+
+    def observe(self, request_ids: np.ndarray, verify_len: np.ndarray, accepted: np.ndarray) -> None:
+        """Feedback after the step: what was verified and how many of those were accepted (a[i] <= L[i])."""
+
+    def __repr__(self) -> str:
+        return f"<policy {self.spec}>"
