@@ -1,0 +1,1 @@
+"""Acceptance sources."""

@@ -1,0 +1,121 @@
+"""Numerical calibration of the parametric latent model to a conditional-acceptance curve.
+
+Model (see :mod:`dsparksim.acceptance.parametric`): position k of a block is accepted with probability
+``sigmoid(mu_k + s + eps_k)`` where ``s ~ N(0, sigma_shared^2)`` is shared by all positions of the block
+(request + block effect) and ``eps_k ~ N(0, sigma_tok^2)`` is independent per position. Given ``s`` the
+positions are independent, so with ``g(m) = E_eps[sigmoid(m + eps)]``
+
+    P(A >= k) = E_s[ prod_{j<=k} g(mu_j + s) ].
+
+``calibrate_mu`` solves, left to right, ``P(A>=k) / P(A>=k-1) = alpha_k`` for mu_k by Brent's method, with both
+expectations done by Gauss-Hermite quadrature (deterministic, accurate to ~1e-9 for the sigmas used here).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+from scipy.optimize import brentq
+from scipy.special import expit
+
+from ..errors import ConfigError
+
+_N_SHARED = 96   # quadrature nodes over the shared shift (smooth integrand; 96 is far past convergence)
+_N_TOK = 48      # nodes over the per-position term
+_MU_BRACKET = 60.0
+
+
+@lru_cache(maxsize=8)
+def _gauss_hermite(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes/weights for E[f(Z)], Z ~ N(0,1) (probabilists' Hermite, weights normalised to sum 1)."""
+    x, w = np.polynomial.hermite_e.hermegauss(n)
+    return x, w / w.sum()
+
+
+def smoothed_sigmoid(m: np.ndarray, sigma_tok: float) -> np.ndarray:
+    """g(m) = E[sigmoid(m + sigma_tok * Z)], elementwise (plain sigmoid when sigma_tok == 0)."""
+    m = np.asarray(m, dtype=float)
+    if sigma_tok == 0.0:
+        return expit(m)
+    x, w = _gauss_hermite(_N_TOK)
+    return (expit(m[..., None] + sigma_tok * x) * w).sum(axis=-1)
+
+
+def check_curve(alpha, source: str, K: int | None = None) -> np.ndarray:
+    """Validate a conditional-acceptance curve (values in [0,1], no NaN; optional exact length K)."""
+    a = np.asarray(alpha, dtype=float).ravel()
+    if a.size == 0:
+        raise ConfigError(source, "alpha", "empty conditional-acceptance curve")
+    if K is not None and a.size < K:
+        raise ConfigError(source, "alpha", f"curve has {a.size} positions, block size K={K} needs {K}")
+    bad = np.flatnonzero(~np.isfinite(a) | (a < 0) | (a > 1))
+    if bad.size:
+        i = int(bad[0])
+        raise ConfigError(source, f"alpha[{i + 1}]", f"conditional acceptance must be in [0, 1], got {a[i]!r}")
+    zero = np.flatnonzero(a[:-1] == 0.0)
+    if zero.size:
+        i = int(zero[0])
+        raise ConfigError(source, f"alpha[{i + 1}]", "conditional acceptance 0 before the last position makes "
+                          "every later position unreachable (undefined); shorten the curve / block size")
+    return a
+
+
+@lru_cache(maxsize=256)
+def _calibrate_cached(alpha: tuple[float, ...], sigma_shared: float, sigma_tok: float) -> tuple[float, ...]:
+    xs, ws = _gauss_hermite(_N_SHARED)
+    s = sigma_shared * xs
+    w = ws.copy()                       # w(s) * P(positions 1..k-1 accepted | s)
+    mus: list[float] = []
+    for a in alpha:
+        if a >= 1.0:
+            mus.append(np.inf)          # never rejected; weight unchanged
+            continue
+        if a <= 0.0:
+            mus.append(-np.inf)         # only allowed at the last position (check_curve)
+            continue
+        total = w.sum()
+
+        def gap(m: float) -> float:
+            return float((w * smoothed_sigmoid(m + s, sigma_tok)).sum() / total - a)
+
+        m = brentq(gap, -_MU_BRACKET, _MU_BRACKET, xtol=1e-12, rtol=1e-14, maxiter=200)
+        mus.append(m)
+        w = w * smoothed_sigmoid(m + s, sigma_tok)
+        if w.sum() < 1e-300:            # numerically nobody survives: later positions cannot be calibrated
+            raise ConfigError("calibration", "alpha", "survival underflows; curve too close to 0")
+    return tuple(mus)
+
+
+def calibrate_mu(alpha, sigma_shared: float, sigma_tok: float = 0.0, source: str = "curve") -> np.ndarray:
+    """Latent logit offsets mu_1..mu_K making the model's conditional acceptance equal ``alpha`` exactly."""
+    a = check_curve(alpha, source)
+    return np.array(_calibrate_cached(tuple(float(x) for x in a), float(sigma_shared), float(sigma_tok)))
+
+
+def model_survival(mu, sigma_shared: float, sigma_tok: float = 0.0) -> np.ndarray:
+    """P(A >= k) for k = 1..K implied by offsets mu (quadrature)."""
+    xs, ws = _gauss_hermite(_N_SHARED)
+    s = sigma_shared * xs
+    g = smoothed_sigmoid(np.asarray(mu, dtype=float)[:, None] + s[None, :], sigma_tok)   # (K, nodes)
+    return (np.cumprod(g, axis=0) * ws).sum(axis=1)
+
+
+def model_conditional(mu, sigma_shared: float, sigma_tok: float = 0.0) -> np.ndarray:
+    """P(A >= k) / P(A >= k-1) implied by mu (what calibration targets)."""
+    surv = model_survival(mu, sigma_shared, sigma_tok)
+    prev = np.concatenate(([1.0], surv[:-1]))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return surv / prev
+
+
+def tau_of_curve(alpha) -> float:
+    """Mean tokens per step with all K verified: 1 + sum_k prod_{j<=k} alpha_j."""
+    return float(1.0 + np.cumprod(np.asarray(alpha, dtype=float)).sum())
+
+
+def flat_alpha_for_tau(tau: float, K: int, source: str = "tau") -> float:
+    """The flat conditional acceptance a with 1 + sum_{k=1..K} a^k = tau (needs 1 < tau < K + 1)."""
+    if not np.isfinite(tau) or not (1.0 < tau < K + 1.0):
+        raise ConfigError(source, "tau", f"tau must satisfy 1 < tau < K+1 = {K + 1} for block size K={K} "
+                          f"(tau counts the bonus token), got {tau!r}")
+    return float(brentq(lambda a: tau_of_curve(np.full(K, a)) - tau, 0.0, 1.0, xtol=1e-15, rtol=1e-15))

@@ -1,0 +1,207 @@
+"""``dsparksim profile show|import|list`` -- inspect and import cost profiles.
+
+The lead's CLI calls :func:`register` with its argparse subparsers object; every subcommand sets ``func``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dsparksim.errors import InputError
+from dsparksim.profile import CostProfile, list_profiles, load_profile, save_profile, shipped_dir
+from dsparksim.profile_import import FORMATS, LOOKUPS, import_sps_table
+
+SHOW_M = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+SHOW_NREQ = (1, 8, 32, 128)
+SHOW_K = 7
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``profile`` (with show / import / list) to an argparse subparsers object."""
+    p = subparsers.add_parser("profile", help="inspect, list and import cost profiles")
+    sub = p.add_subparsers(dest="profile_cmd", required=True)
+
+    s = sub.add_parser("show", help="metadata, staircase summary, SPS, drafter costs, context model")
+    s.add_argument("profile", help="shipped profile name or path to a profile JSON")
+    s.add_argument("--json", action="store_true", help="print a machine-readable summary")
+    s.add_argument("--plot", metavar="FILE.png", help="also plot the verify staircase (and drafters) to this file")
+    s.set_defaults(func=cmd_show)
+
+    i = sub.add_parser("import", help="convert an engine SPS table (vLLM/SGLang/TensorRT-LLM) to a profile")
+    i.add_argument("input", help="engine table JSON")
+    i.add_argument("--format", required=True, choices=FORMATS, dest="fmt")
+    i.add_argument("--out", required=True, help="profile JSON to write")
+    i.add_argument("--name", help="profile name (default: the output file stem)")
+    i.add_argument("--drafters-from", metavar="PROFILE", help="copy drafter costs from this profile (name or path)")
+    i.add_argument("--lookup", choices=LOOKUPS, default="auto",
+                   help="how the engine reads the table: auto (from the format/marker), floor, interp")
+    i.add_argument("--engine-clamp", action="store_true",
+                   help="reproduce the engine's clamp outside the probes (adds breakpoints; recorded in metadata)")
+    i.add_argument("--device", help="metadata: device the table was measured on")
+    i.add_argument("--model", help="metadata: target model")
+    i.add_argument("--dtype", help="metadata: dtype")
+    i.add_argument("--tensor-parallel", type=int, help="metadata: tensor-parallel degree")
+    i.set_defaults(func=cmd_import)
+
+    li = sub.add_parser("list", help="list shipped profiles")
+    li.set_defaults(func=cmd_list)
+    return p
+
+
+# ---------------------------------------------------------------------------- show
+def summarize(p: CostProfile) -> dict[str, Any]:
+    """Machine-readable summary used by ``show`` (text and --json)."""
+    Ms = [m for m in SHOW_M if p.min_tokens <= m <= p.max_tokens]
+    vt = p.verify_time(np.array(Ms)) if Ms else np.zeros(0)
+    steps = np.diff(p.verify_time_s if p.verify_time_s.ndim == 1 else p.verify_time_s[0])
+    out: dict[str, Any] = {
+        "name": p.name, "source": p.source,
+        "metadata": {k: v for k, v in p.metadata.items() if k != "derivation"},
+        "has_derivation": "derivation" in p.metadata,
+        "verify": {"n_breakpoints": int(len(p.verify_M)), "M_min": p.min_tokens, "M_max": p.max_tokens,
+                   "time_s_min": float(np.min(p.verify_time_s)), "time_s_max": float(np.max(p.verify_time_s)),
+                   "n_decreasing_steps": int(np.sum(steps < 0)),
+                   "sps_at": {str(m): float(1.0 / t) for m, t in zip(Ms, vt)},
+                   "time_ms_at": {str(m): float(t * 1e3) for m, t in zip(Ms, vt)}},
+        "context_model": p.context_model,
+        "fixed_overhead_s": p.fixed_overhead_s,
+        "batch_overhead": None if p.batch_overhead is None else
+        {"n_req_min": int(p.batch_overhead[0][0]), "n_req_max": int(p.batch_overhead[0][-1]),
+         "time_s_max": float(np.max(p.batch_overhead[1]))},
+        "drafters": {},
+    }
+    if p.context_model == "linear":
+        out["seconds_per_kv_token"] = p.seconds_per_kv_token
+        out["attention_note"] = p.attention_note
+    elif p.context_model == "table":
+        out["kv_tokens"] = [int(x) for x in p.kv_tokens]
+    for name, d in p.drafters.items():
+        K = 1 if d.kind == "mtp" else SHOW_K
+        at = {}
+        for n in SHOW_NREQ:
+            try:
+                at[str(n)] = float(p.draft_time(name, n, K) * 1e3)
+            except InputError:
+                at[str(n)] = None  # outside the drafter's measured range
+        out["drafters"][name] = {"kind": d.kind, "K": K, "tokens": [int(d.tokens[0]), int(d.tokens[-1])],
+                                 "markov_overhead_frac": d.markov_overhead_frac, "draft_ms_at_n_req": at}
+    return out
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    md = s["metadata"]
+    lines = [f"profile {s['name']}  ({s['source']})"]
+    for k in ("device", "model", "dtype", "tensor_parallel", "date", "kv_capacity_tokens", "source", "method"):
+        if k in md:
+            lines.append(f"  {k:<18} {md[k]}")
+    if s["has_derivation"]:
+        lines.append("  derivation         in metadata.derivation (profile show --json omits it; read the JSON)")
+    for k in ("import_notes", "missing"):
+        for n in md.get(k, []):
+            lines.append(f"  {k:<18} {n}")
+    v = s["verify"]
+    lines.append(f"verify staircase: {v['n_breakpoints']} breakpoints, M {v['M_min']}..{v['M_max']}, "
+                 f"{v['time_s_min'] * 1e3:.3f}..{v['time_s_max'] * 1e3:.3f} ms, "
+                 f"{v['n_decreasing_steps']} step(s) down (jagged, kept as measured)")
+    lines.append(f"  {'M':>6} {'ms':>10} {'SPS':>9}")
+    for m, ms in v["time_ms_at"].items():
+        lines.append(f"  {m:>6} {ms:>10.3f} {v['sps_at'][m]:>9.1f}")
+    ctx = s["context_model"]
+    if ctx == "linear":
+        lines.append(f"context model: linear, {s['seconds_per_kv_token']:.4g} s per KV token read "
+                     f"({s.get('attention_note', '')})")
+    elif ctx == "table":
+        lines.append(f"context model: 2-D table, kv_tokens rows {s['kv_tokens']}")
+    else:
+        lines.append("context model: none (cost does not depend on context length)")
+    lines.append(f"fixed overhead: {s['fixed_overhead_s'] * 1e3:.3f} ms/step")
+    if s["batch_overhead"]:
+        b = s["batch_overhead"]
+        lines.append(f"batch overhead: n_req {b['n_req_min']}..{b['n_req_max']}, up to {b['time_s_max'] * 1e3:.3f} ms")
+    if not s["drafters"]:
+        lines.append("drafters: none (import with --drafters-from PROFILE to add drafting costs)")
+    for name, d in s["drafters"].items():
+        at = ", ".join(f"n_req={n}: {'out of range' if t is None else f'{t:.3f} ms'}"
+                       for n, t in d["draft_ms_at_n_req"].items())
+        extra = f", markov +{d['markov_overhead_frac']:.1%}" if d["markov_overhead_frac"] else ""
+        lines.append(f"drafter {name} ({d['kind']}, tokens {d['tokens'][0]}..{d['tokens'][1]}{extra}) "
+                     f"K={d['K']}: {at}")
+    return "\n".join(lines)
+
+
+def plot_profile(p: CostProfile, path: str | Path) -> Path:
+    """Step plot of the verify staircase (first kv row for 2-D tables) and each drafter's forward cost."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    vt = p.verify_time_s if p.verify_time_s.ndim == 1 else p.verify_time_s[0]
+    ax.step(p.verify_M, vt * 1e3, where="post", label="verify (target forward)")
+    for name, d in p.drafters.items():
+        ax.step(d.tokens, d.time_s * 1e3, where="post", lw=0.8, label=f"drafter {name} forward ({d.kind})")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens in the forward (M)")
+    ax.set_ylabel("time (ms)")
+    ax.set_title(f"{p.name}  [context model: {p.context_model}]", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    try:
+        p = load_profile(args.profile)
+        s = summarize(p)
+        print(json.dumps(s, indent=2) if args.json else format_summary(s))
+        if getattr(args, "plot", None):
+            print(f"wrote {plot_profile(p, args.plot)}", file=sys.stderr)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    meta = {k: v for k, v in (("device", args.device), ("model", args.model), ("dtype", args.dtype),
+                              ("tensor_parallel", args.tensor_parallel)) if v is not None}
+    try:
+        p = import_sps_table(args.input, args.fmt, name=args.name or Path(args.out).stem,
+                             drafters_from=args.drafters_from, lookup=args.lookup,
+                             engine_clamp=args.engine_clamp, metadata=meta)
+        out = save_profile(p, args.out)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}: {len(p.verify_M)} breakpoints M {p.min_tokens}..{p.max_tokens}, "
+          f"fixed overhead {p.fixed_overhead_s * 1e3:.3f} ms, drafters: {', '.join(sorted(p.drafters)) or 'none'}")
+    for n in p.metadata.get("import_notes", []):
+        print(f"  note: {n}")
+    for n in p.metadata.get("missing", []):
+        print(f"  missing: {n}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    names = list_profiles()
+    print(f"shipped profiles ({shipped_dir()}):")
+    for n in names:
+        try:
+            p = load_profile(n)
+            md = p.metadata
+            print(f"  {n:<24} {md.get('device', '?')}, {md.get('model', '?')}, TP={md.get('tensor_parallel', '?')}, "
+                  f"M {p.min_tokens}..{p.max_tokens}, drafters: {', '.join(sorted(p.drafters)) or 'none'}")
+        except InputError as e:  # a broken shipped file must be visible, not skipped
+            print(f"  {n:<24} INVALID: {e}")
+            return 2
+    return 0

@@ -1,0 +1,358 @@
+"""The simulated serving engine: continuous batching with speculative decode steps (DESIGN.md section 6).
+
+One SimPy process runs the engine loop; each iteration is one engine step. All per-request work inside a step is
+numpy over the running requests (no Python event per token): draw K confidences and the true accepted prefix for
+every decoding request, let the policy choose verify lengths, price the step on the cost profile, advance time,
+then emit tokens, finish requests and admit waiting ones.
+
+KV admission is conservative: a request is admitted only when its prompt + full output + K draft slots fit in
+the free KV capacity, so the cache can never overflow and nothing is ever preempted (stated in results).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import simpy
+
+from dsparksim.acceptance.base import AcceptanceModel
+from dsparksim.errors import ConfigError
+from dsparksim.policies.base import Policy, StepContext
+from dsparksim.traffic.base import Workload
+
+# Request phases (per row of the workload).
+NOT_ARRIVED, WAITING, PREFILL, DECODE, DONE = 0, 1, 2, 3, 4
+
+
+@dataclass
+class SimResult:
+    """Raw outcome of one simulation: per-request rows (index = workload row) and a per-step log."""
+
+    # per request (len = rows issued)
+    arrival_s: np.ndarray
+    admitted_s: np.ndarray
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    emitted_tokens: np.ndarray
+    decode_steps: np.ndarray
+    verify_tokens: np.ndarray
+    accepted_tokens: np.ndarray
+    domain: np.ndarray
+    # per step
+    steps: dict[str, np.ndarray]
+    sim_time_s: float
+    ended_by: str
+    kv_capacity_tokens: int
+    max_batched_tokens: int
+    block_size: int
+    drafter: str
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def completed(self) -> np.ndarray:
+        return np.isfinite(self.finish_s)
+
+
+class Simulation:
+    """Simulate one policy on one workload.
+
+    Stop rules: ``duration_s`` stops the clock there (requests still running are reported as not completed);
+    ``num_requests`` issues that many requests and runs until all of them finish. Exactly one must be given.
+    """
+
+    def __init__(
+        self,
+        *,
+        profile: Any,
+        acceptance: AcceptanceModel,
+        policy: Policy,
+        workload: Workload,
+        block_size: int,
+        drafter: str,
+        kv_capacity_tokens: int,
+        max_num_seqs: int,
+        max_batched_tokens: int,
+        prefill_chunk_tokens: int,
+        rng: np.random.Generator,
+        duration_s: float | None = None,
+        num_requests: int | None = None,
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
+        if (duration_s is None) == (num_requests is None):
+            raise ConfigError("config", "duration_s/num_requests", "give exactly one of duration or number of requests")
+        if duration_s is not None and not duration_s > 0:
+            raise ConfigError("config", "duration_s", f"must be > 0, got {duration_s}")
+        if num_requests is not None and num_requests < 1:
+            raise ConfigError("config", "num_requests", f"must be >= 1, got {num_requests}")
+        K = int(block_size)
+        if acceptance.K < K:
+            raise ConfigError("config", "block_size", f"acceptance source yields K={acceptance.K} < block size {K}")
+        if max_batched_tokens < 1 + K:
+            raise ConfigError("config", "max_batched_tokens",
+                              f"{max_batched_tokens} cannot hold even one request's 1+K={1 + K} verify tokens")
+        self.profile, self.acc, self.policy, self.wl = profile, acceptance, policy, workload
+        self.K, self.drafter = K, drafter
+        self.kv_cap, self.max_seqs = int(kv_capacity_tokens), int(max_num_seqs)
+        self.max_tokens, self.chunk = int(max_batched_tokens), int(prefill_chunk_tokens)
+        self.rng, self.duration, self.num_requests = rng, duration_s, num_requests
+        self.progress = progress
+
+        n = len(workload)
+        if num_requests is not None and num_requests > n:
+            raise ConfigError("config", "num_requests", f"{num_requests} requested but the workload has only {n} rows")
+        self.n_rows = n if num_requests is None else num_requests
+        need = workload.prompt_tokens[: self.n_rows] + workload.output_tokens[: self.n_rows] + K
+        if need.size and need.max() > self.kv_cap:
+            j = int(np.argmax(need))
+            raise ConfigError("config", "kv_capacity_tokens",
+                              f"request row {j} needs {int(need[j])} KV tokens (prompt+output+K) but capacity is "
+                              f"{self.kv_cap}: it could never be admitted")
+
+        # Per-request (row) state.
+        m = self.n_rows
+        self.phase = np.zeros(m, np.int8)
+        self.arrival = np.full(m, np.nan)
+        self.admitted = np.full(m, np.nan)
+        self.first_tok = np.full(m, np.nan)
+        self.finish = np.full(m, np.nan)
+        self.prompt = np.asarray(workload.prompt_tokens[:m], np.int64)
+        self.out = np.asarray(workload.output_tokens[:m], np.int64)
+        self.prefilled = np.zeros(m, np.int64)
+        self.gen = np.zeros(m, np.int64)
+        self.dsteps = np.zeros(m, np.int64)
+        self.vtok = np.zeros(m, np.int64)
+        self.atok = np.zeros(m, np.int64)
+        self.slot_of = np.full(m, -1, np.int64)
+
+        # Running set: rows in admission order; slots index the acceptance model's per-request state.
+        self.running: list[int] = []
+        self.free_slots: list[int] = list(range(self.max_seqs - 1, -1, -1))
+        self.waiting: deque[int] = deque()
+        self.kv_reserved = 0
+        self.issued = 0  # rows handed to the engine so far (arrived or issued by a closed-loop user)
+        self.log: dict[str, list] = {k: [] for k in (
+            "t_start", "dt", "n_decode", "n_prefill_tokens", "M", "verify_tokens", "emitted", "decode_emitted",
+            "n_waiting",
+            "n_running", "kv_used", "kv_read")}
+        self.notes: dict[str, Any] = {}
+
+    # ---------------------------------------------------------------- arrivals
+    def _issue(self, row: int, t: float) -> None:
+        self.phase[row] = WAITING
+        self.arrival[row] = t
+        self.waiting.append(row)
+        self.issued += 1
+
+    def _pull_arrivals(self, now: float) -> None:
+        """Open loop: move every row whose arrival time has come into the waiting queue."""
+        arr = self.wl.arrival_s
+        while self.issued < self.n_rows and arr[self.issued] <= now:
+            if self.duration is not None and arr[self.issued] >= self.duration:
+                break
+            self._issue(self.issued, float(arr[self.issued]))
+
+    def _next_arrival(self) -> float | None:
+        if self.wl.closed_loop or self.issued >= self.n_rows:
+            return None
+        t = float(self.wl.arrival_s[self.issued])
+        if self.duration is not None and t >= self.duration:
+            return None
+        return t
+
+    # ---------------------------------------------------------------- admission
+    def _admit(self, now: float) -> None:
+        K = self.K
+        while self.waiting and self.free_slots:
+            row = self.waiting[0]
+            need = int(self.prompt[row] + self.out[row] + K)
+            if self.kv_reserved + need > self.kv_cap:
+                break  # FIFO: the head waits for KV; nothing behind it jumps the queue
+            if (len(self.running) + 1) * (1 + K) > self.max_tokens:
+                break
+            self.waiting.popleft()
+            self.kv_reserved += need
+            slot = self.free_slots.pop()
+            self.slot_of[row] = slot
+            self.phase[row] = PREFILL
+            self.admitted[row] = now
+            self.running.append(row)
+            self.acc.start(np.array([slot]), self.wl.domain[row: row + 1], self.rng)
+
+    # ---------------------------------------------------------------- one step
+    def _plan_step(self) -> tuple[float, dict[str, Any]]:
+        K = self.K
+        run = np.fromiter(self.running, np.int64, len(self.running))
+        ph = self.phase[run]
+        dec = run[ph == DECODE]
+        n_dec = len(dec)
+        # Chunked prefill: decode tokens first, the rest of the budget goes to prefills in FIFO order.
+        budget = min(self.chunk, self.max_tokens - n_dec * (1 + K))
+        chunks: list[tuple[int, int]] = []
+        for row in run[ph == PREFILL]:
+            if budget <= 0:
+                break
+            c = int(min(self.prompt[row] - self.prefilled[row], budget))
+            chunks.append((int(row), c))
+            budget -= c
+        n_pf = sum(c for _, c in chunks)
+        kv_read = int(self.prefilled[run].sum() + self.gen[run].sum()) + n_pf
+        prof = self.profile
+        if n_dec:
+            nontrim = float(prof.nontrimmable_time(self.drafter, n_dec, K))
+        else:
+            nontrim = float(prof.fixed_overhead_s)  # prefill-only step: no drafting
+
+        def step_time(M: np.ndarray) -> np.ndarray:
+            return prof.verify_time(M, kv_read) + nontrim
+
+        L = np.zeros(0, np.int64)
+        a = np.zeros(0, np.int64)
+        if n_dec:
+            slots = self.slot_of[dec]
+            blk = self.acc.draw(slots, self.rng)
+            conf = blk.conf[:, :K]
+            surv = np.cumprod(conf, axis=1)
+            ctx = StepContext(conf=conf, survival=surv, request_ids=dec, base_tokens=n_dec + n_pf,
+                              step_time=step_time, max_tokens=self.max_tokens,
+                              true_accepted=blk.accepted if self.policy.needs_oracle else None)
+            L = np.asarray(self.policy.choose(ctx), dtype=np.int64)
+            if L.shape != (n_dec,) or (n_dec and (L.min() < 0 or L.max() > K)):
+                raise RuntimeError(f"policy {self.policy.spec} returned invalid verify lengths {L!r} (K={K})")
+            a = np.minimum(L, blk.accepted)
+        M = n_dec + n_pf + int(L.sum())
+        if M > self.max_tokens:
+            raise RuntimeError(f"policy {self.policy.spec} exceeded the token budget: M={M} > {self.max_tokens}")
+        dt = float(step_time(np.array([M]))[0])
+        if not dt > 0:
+            raise RuntimeError(f"non-positive step time {dt} at M={M}")
+        plan = dict(dec=dec, L=L, a=a, chunks=chunks, M=M, n_pf=n_pf, kv_read=kv_read)
+        return dt, plan
+
+    def _apply_step(self, now: float, t0: float, dt: float, plan: dict[str, Any]) -> None:
+        dec, L, a = plan["dec"], plan["L"], plan["a"]
+        emitted = decode_emitted = 0
+        finished: list[np.ndarray] = []
+        if len(dec):
+            emit = np.minimum(a + 1, self.out[dec] - self.gen[dec])  # the last step may overshoot: stop at length
+            self.gen[dec] += emit
+            self.dsteps[dec] += 1
+            self.vtok[dec] += L
+            self.atok[dec] += a
+            emitted += int(emit.sum())
+            decode_emitted = emitted
+            self.policy.observe(dec, L, a)
+            finished.append(dec[self.gen[dec] >= self.out[dec]])
+        for row, c in plan["chunks"]:
+            self.prefilled[row] += c
+            if self.prefilled[row] == self.prompt[row]:
+                # The last prefill chunk's forward produces the first output token.
+                self.phase[row] = DECODE
+                self.first_tok[row] = now
+                self.gen[row] = 1
+                emitted += 1
+                if self.out[row] == 1:
+                    finished.append(np.array([row]))
+        lg = self.log
+        lg["t_start"].append(t0)
+        lg["dt"].append(dt)
+        lg["n_decode"].append(len(dec))
+        lg["n_prefill_tokens"].append(plan["n_pf"])
+        lg["M"].append(plan["M"])
+        lg["verify_tokens"].append(int(L.sum()))
+        lg["emitted"].append(emitted)
+        lg["decode_emitted"].append(decode_emitted)
+        lg["n_waiting"].append(len(self.waiting))
+        lg["n_running"].append(len(self.running))
+        lg["kv_used"].append(plan["kv_read"] + len(self.running) * self.K)
+        lg["kv_read"].append(plan["kv_read"])
+        if finished:
+            done = np.concatenate(finished)
+            if len(done):
+                self._finish(done, now)
+
+    def _finish(self, rows: np.ndarray, now: float) -> None:
+        K = self.K
+        self.phase[rows] = DONE
+        self.finish[rows] = now
+        done = set(int(r) for r in rows)
+        self.running = [r for r in self.running if r not in done]
+        for r in rows:
+            self.kv_reserved -= int(self.prompt[r] + self.out[r] + K)
+            self.free_slots.append(int(self.slot_of[r]))
+        if self.wl.closed_loop:
+            # Each finished user immediately sends its next request (zero think time).
+            for _ in range(len(rows)):
+                if self.issued < self.n_rows:
+                    self._issue(self.issued, now)
+
+    # ---------------------------------------------------------------- main loop
+    def _engine(self, env: simpy.Environment):
+        if self.wl.closed_loop:
+            for _ in range(min(int(self.wl.concurrency), self.n_rows)):
+                self._issue(self.issued, 0.0)
+        ended_by = None
+        last_report = 0.0
+        while True:
+            now = env.now
+            if self.duration is not None and now >= self.duration:
+                ended_by = "duration"
+                break
+            if not self.wl.closed_loop:
+                self._pull_arrivals(now)
+            self._admit(now)
+            if not self.running:
+                if self.waiting:  # cannot happen with the up-front capacity check; guard against a livelock
+                    raise RuntimeError("requests wait but nothing runs: admission deadlock")
+                nxt = self._next_arrival()
+                if nxt is None:
+                    if self.num_requests is not None:
+                        ended_by = "all_requests_done"
+                    elif self.wl.closed_loop:
+                        ended_by = "workload_exhausted"  # closed-loop pool ran dry: an error, raised in run()
+                    else:
+                        # Open loop, no arrival left before the horizon: the engine idles until it.
+                        self.notes["arrivals_ended_before_horizon"] = True
+                        yield env.timeout(self.duration - now)
+                        ended_by = "duration"
+                    break
+                yield env.timeout(nxt - now)
+                continue
+            dt, plan = self._plan_step()
+            if self.duration is not None and now + dt > self.duration:
+                # This step would end after the horizon: it never completes inside the measured run.
+                yield env.timeout(self.duration - now)
+                ended_by = "duration"
+                break
+            yield env.timeout(dt)
+            self._apply_step(env.now, now, dt, plan)
+            if self.progress is not None and env.now - last_report >= 1.0:
+                self.progress(env.now)
+                last_report = env.now
+        self.ended_by = ended_by
+
+    def run(self) -> SimResult:
+        env = simpy.Environment()
+        proc = env.process(self._engine(env))
+        env.run(until=proc)
+        if self.progress is not None:
+            self.progress(env.now)
+        m = self.issued
+        ended_by = self.ended_by
+        if self.wl.closed_loop and self.duration is not None and ended_by != "duration":
+            raise ConfigError("config", "traffic.pool_size",
+                              f"the closed-loop request pool ({self.n_rows} rows) ran out at t={env.now:.2f}s before "
+                              f"the {self.duration}s duration: raise the pool size")
+        steps = {k: np.asarray(v) for k, v in self.log.items()}
+        return SimResult(
+            arrival_s=self.arrival[:m], admitted_s=self.admitted[:m], first_token_s=self.first_tok[:m],
+            finish_s=self.finish[:m], prompt_tokens=self.prompt[:m], output_tokens=self.out[:m],
+            emitted_tokens=self.gen[:m], decode_steps=self.dsteps[:m], verify_tokens=self.vtok[:m],
+            accepted_tokens=self.atok[:m], domain=np.asarray(self.wl.domain[:m]), steps=steps,
+            sim_time_s=float(env.now),
+            ended_by=ended_by, kv_capacity_tokens=self.kv_cap, max_batched_tokens=self.max_tokens,
+            block_size=self.K, drafter=self.drafter, notes=self.notes,
+        )

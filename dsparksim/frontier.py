@@ -1,0 +1,152 @@
+"""Frontiers: policies x load levels, Pareto sets, matched comparisons (DESIGN.md section 8)."""
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import os
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from dsparksim.config import RunConfig
+
+X, Y = "output_throughput_tok_s", "tps_user_median"
+DEFAULT_POLICIES = ("mtp1", "fixed:7", "threshold:0.5", "goodput", "confidence", "confidence-async:2", "oracle")
+DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def cells(base: RunConfig, policies: Sequence[str], loads: Sequence[float]) -> list[RunConfig]:
+    """One RunConfig per policy x load level. The load replaces concurrency (closed loop) or rate (open loop)."""
+    out = []
+    for pol in policies:
+        for load in loads:
+            t = base.traffic
+            if t.mode == "closed":
+                t = dataclasses.replace(t, concurrency=int(load))
+            elif t.mode == "trace":
+                t = dataclasses.replace(t, time_scale=float(load))
+            else:
+                t = dataclasses.replace(t, rate=float(load))
+            out.append(base.replace(policy=pol, traffic=t))
+    return out
+
+
+def _run_cell(cfg: RunConfig) -> dict[str, Any]:
+    from dsparksim.simulate import simulate  # imported in the worker
+    return simulate(cfg).summary
+
+
+def run_cells(cfgs: list[RunConfig], jobs: int = 1, on_done: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+    """Run every cell (in a process pool when jobs > 1); results in the order of ``cfgs``.
+
+    Any failing cell raises: a frontier with holes is never returned as if complete.
+    """
+    if jobs <= 1:
+        res = []
+        for c in cfgs:
+            res.append(_run_cell(c))
+            if on_done:
+                on_done()
+        return res
+    ctx = mp.get_context("fork" if os.name == "posix" else "spawn")
+    with ctx.Pool(jobs) as pool:
+        out: list[dict[str, Any] | None] = [None] * len(cfgs)
+        # Longest cells (highest load) first keeps both workers busy to the end.
+        order = sorted(range(len(cfgs)), key=lambda i: -_cost_hint(cfgs[i]))
+        it = pool.imap_unordered(_indexed, [(i, cfgs[i]) for i in order])
+        for i, summ in it:
+            out[i] = summ
+            if on_done:
+                on_done()
+    return out  # type: ignore[return-value]
+
+
+def _indexed(arg: tuple[int, RunConfig]) -> tuple[int, dict[str, Any]]:
+    i, cfg = arg
+    return i, _run_cell(cfg)
+
+
+def _cost_hint(cfg: RunConfig) -> float:
+    t = cfg.traffic
+    return float(t.concurrency or t.rate or 1.0)
+
+
+def pareto_mask(x: np.ndarray, y: np.ndarray, eligible: np.ndarray | None = None) -> np.ndarray:
+    """True where no other eligible point has x' >= x and y' >= y with one strictly greater (both maximised)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    if eligible is not None:
+        ok &= np.asarray(eligible, bool)
+    mask = np.zeros(len(x), bool)
+    idx = np.flatnonzero(ok)
+    for i in idx:
+        dom = (x[idx] >= x[i]) & (y[idx] >= y[i]) & ((x[idx] > x[i]) | (y[idx] > y[i]))
+        mask[i] = not dom.any()
+    return mask
+
+
+def frontier_table(summaries: list[dict[str, Any]]) -> pd.DataFrame:
+    """frontier.csv: one row per policy x load with the summary fields and a Pareto flag.
+
+    Saturated points are kept and marked but never Pareto-efficient: past saturation the numbers depend on how
+    long the run was, not on the policy.
+    """
+    df = pd.DataFrame([{k: v for k, v in s.items() if not isinstance(v, dict)} for s in summaries])
+    df["pareto"] = False
+    for pol, g in df.groupby("policy", sort=False):
+        m = pareto_mask(g[X].to_numpy(float), g[Y].to_numpy(float), ~g["saturated"].to_numpy(bool))
+        df.loc[g.index, "pareto"] = m
+    return df
+
+
+def _frontier_curve(df: pd.DataFrame, policy: str) -> tuple[np.ndarray, np.ndarray]:
+    g = df[(df["policy"] == policy) & df["pareto"]].sort_values(X)
+    return g[X].to_numpy(float), g[Y].to_numpy(float)
+
+
+def _gain_stats(xa: np.ndarray, ya: np.ndarray, xb: np.ndarray, yb: np.ndarray) -> dict[str, Any]:
+    """Gain of curve A over curve B in y at matched x, by linear interpolation on the overlap of x ranges."""
+    if len(xa) < 1 or len(xb) < 1:
+        return {"range_lo": None, "range_hi": None, "gain_mean": None, "gain_min": None, "gain_max": None,
+                "gain_at_mid": None, "n_grid": 0, "note": "a frontier is empty"}
+    lo, hi = max(xa.min(), xb.min()), min(xa.max(), xb.max())
+    if not hi >= lo:
+        return {"range_lo": float(lo), "range_hi": float(hi), "gain_mean": None, "gain_min": None,
+                "gain_max": None, "gain_at_mid": None, "n_grid": 0, "note": "frontiers do not overlap"}
+    grid = np.linspace(lo, hi, 64) if hi > lo else np.array([lo])
+    g = np.interp(grid, xa, ya) / np.interp(grid, xb, yb) - 1.0
+    mid = np.interp((lo + hi) / 2, xa, ya) / np.interp((lo + hi) / 2, xb, yb) - 1.0
+    return {"range_lo": float(lo), "range_hi": float(hi), "gain_mean": float(g.mean()), "gain_min": float(g.min()),
+            "gain_max": float(g.max()), "gain_at_mid": float(mid), "n_grid": int(len(grid)), "note": ""}
+
+
+def comparison_table(df: pd.DataFrame, baseline: str = "mtp1", slas: Iterable[float] = ()) -> pd.DataFrame:
+    """comparison.csv: every policy vs the baseline.
+
+    - tps_user_gain_at_matched_throughput: per-user speed ratio - 1 at equal total throughput, over the overlap of
+      the two Pareto frontiers' throughput ranges (range_lo..range_hi in tok/s).
+    - throughput_gain_at_matched_sla: total throughput ratio - 1 at equal per-user speed, over the overlap of
+      per-user speed ranges (range in tok/s/user).
+    - throughput_gain_at_sla:<S>: the same at one per-user speed target S (if inside both frontiers).
+    """
+    rows = []
+    xb, yb = _frontier_curve(df, baseline)
+    for pol in df["policy"].unique():
+        if pol == baseline:
+            continue
+        xa, ya = _frontier_curve(df, pol)
+        st = _gain_stats(xa, ya, xb, yb)
+        rows.append({"policy": pol, "baseline": baseline, "metric": "tps_user_gain_at_matched_throughput", **st})
+        # Along a Pareto frontier y falls as x rises; swap axes and sort by y to interpolate x(y).
+        oa, ob = np.argsort(ya), np.argsort(yb)
+        st2 = _gain_stats(ya[oa], xa[oa], yb[ob], xb[ob])
+        rows.append({"policy": pol, "baseline": baseline, "metric": "throughput_gain_at_matched_sla", **st2})
+        for s in slas:
+            inside = len(ya) and len(yb) and ya.min() <= s <= ya.max() and yb.min() <= s <= yb.max()
+            gain = float(np.interp(s, ya[oa], xa[oa]) / np.interp(s, yb[ob], xb[ob]) - 1) if inside else None
+            rows.append({"policy": pol, "baseline": baseline, "metric": f"throughput_gain_at_sla:{s:g}",
+                         "range_lo": s, "range_hi": s, "gain_mean": gain, "gain_min": gain, "gain_max": gain,
+                         "gain_at_mid": gain, "n_grid": 1 if inside else 0,
+                         "note": "" if inside else "SLA outside a frontier's per-user speed range"})
+    return pd.DataFrame(rows)

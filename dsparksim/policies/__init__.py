@@ -1,0 +1,59 @@
+"""Verification policies and their registry.
+
+Adding a policy = one module with a :class:`Policy` subclass (``name``, ``usage``, ``from_arg``, ``choose``) and
+one line in ``REGISTRY``. Specs are ``name`` or ``name:arg`` (see :func:`list_policies`).
+"""
+from __future__ import annotations
+
+from ..errors import ConfigError
+from ._common import spec_error
+from .base import Policy, StepContext
+from .confidence import Confidence, algorithm1
+from .confidence_async import ConfidenceAsync
+from .confidence_global import ConfidenceGlobal, global_search_current
+from .fixed import Fixed
+from .goodput import Goodput
+from .mtp1 import MTP1
+from .oracle import Oracle
+from .threshold import Threshold
+
+REGISTRY: dict[str, type[Policy]] = {
+    "mtp1": MTP1,
+    "fixed": Fixed,
+    "threshold": Threshold,
+    "goodput": Goodput,
+    "confidence": Confidence,
+    "confidence-async": ConfidenceAsync,
+    "confidence-global": ConfidenceGlobal,  # NOT lossless: only for demonstrating the Appendix-A bias
+    "oracle": Oracle,
+}
+
+
+def list_specs() -> list[str]:
+    """Spec patterns, e.g. ['mtp1', 'fixed:K', ...]."""
+    return [cls.usage for cls in REGISTRY.values()]
+
+
+def list_policies() -> list[str]:
+    """One help line per policy: 'pattern  first docstring line'."""
+    width = max(len(u) for u in list_specs())
+    return [f"{cls.usage:<{width}}  {(cls.__doc__ or '').strip().splitlines()[0]}" for cls in REGISTRY.values()]
+
+
+def make_policy(spec: str) -> Policy:
+    """Build a policy from a spec such as 'confidence', 'fixed:7', 'threshold:0.6', 'confidence-async:2'."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError(None, "policy", f"bad spec {spec!r}: empty; valid specs: {', '.join(list_specs())}")
+    spec = spec.strip()
+    name, sep, arg = spec.partition(":")
+    cls = REGISTRY.get(name)
+    if cls is None:
+        raise spec_error(name, arg if sep else None, f"unknown policy {name!r}")
+    policy = cls.from_arg(arg if sep else None)
+    policy.spec = spec
+    return policy
+
+
+__all__ = ["REGISTRY", "Policy", "StepContext", "make_policy", "list_policies", "list_specs", "algorithm1",
+           "global_search_current", "MTP1", "Fixed", "Threshold", "Goodput", "Confidence", "ConfidenceAsync",
+           "ConfidenceGlobal", "Oracle"]

@@ -1,0 +1,586 @@
+"""Cost profiles: what one engine step costs, as measured (DESIGN.md section 3).
+
+A profile is provenance metadata + a measured verification staircase + the non-trimmable terms::
+
+    step_time(M, n_req, drafter, K, kv) = verify_time(M, kv)                       # trimmable
+                                        + draft_time(drafter, n_req, K)            # paid whatever is verified
+                                        + fixed_overhead_s + batch_overhead(n_req) # floor
+
+JSON format ``dsparksim-profile/1`` (also documented in profiles/README.md)::
+
+    {"format": "dsparksim-profile/1",
+     "name": "h100-llama2-7b-tp1",
+     "metadata": {"device", "model", "source", "method",            # required
+                  "dtype", "tensor_parallel", "date", "derivation", ...},  # optional, free-form
+     "verify": {"M": [int, strictly increasing, >= 1],
+                "time_s": [float > 0, one per M]},                  # 1-D staircase
+       or     {"M": [...], "kv_tokens": [int, strictly increasing, first 0],
+               "time_s": [[one per M] for each kv_tokens row]},     # 2-D: context axis
+     "attention": {"model": "kv_bandwidth", "seconds_per_kv_token": float >= 0, "note": str},  # optional
+     "fixed_overhead_s": float >= 0,
+     "batch_overhead": {"n_req": [int, strictly increasing, >= 1], "time_s": [float >= 0]},    # optional
+     "drafters": {"dspark": {"kind": "parallel", "tokens": [...], "time_s": [...],
+                             "markov_overhead_frac": 0.008},
+                  "eagle3": {"kind": "autoregressive", ...}, "mtp1": {"kind": "mtp", ...}}}
+
+Keys starting with "_" are comments and ignored; any other unknown key is an error (it is usually a typo).
+
+Semantics:
+  * ``kv_tokens`` is the total number of KV-cache tokens the step's batch reads (sum over its requests).
+  * Every table is looked up by FLOOR over its breakpoints (the step that starts at or below the query); a
+    riser is never interpolated across. Breakpoints must be strictly increasing; times may be jagged
+    (measurement noise, kernel waves), so they need not be monotone.
+  * A query below the first or above the last breakpoint raises :class:`ProfileRangeError` unless the profile
+    was loaded with ``extrapolate=True``. Then a query above the range uses the last step plus the secant slope
+    over the last octave of breakpoints (from the largest breakpoint <= half the last one; with two breakpoints
+    their secant -- the secant of only the last two points of a jagged measured staircase is noise and often
+    negative), clamped at >= 0 (cost does not fall with more tokens; slope 0 with a single breakpoint). A query
+    below the range uses the first step. Every extrapolated query is counted in
+    :meth:`CostProfile.extrapolation_report` and logged once per axis -- never silent.
+  * Context: a 2-D table (``context_model == "table"``) floors on both axes; a ``kv_bandwidth`` attention
+    term (``"linear"``) adds ``seconds_per_kv_token * kv_tokens``; otherwise (``"none"``) kv_tokens is unused.
+    The two cannot be combined (that would count attention twice).
+  * Drafting: ``parallel`` = one drafter forward over n_req*K tokens, times (1 + markov_overhead_frac);
+    ``autoregressive`` = K sequential forwards of n_req tokens; ``mtp`` = one forward of n_req tokens (K must
+    be 1). ``drafter=None`` means no drafting (plain decoding).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from dsparksim.errors import ConfigError, InputError
+
+__all__ = [
+    "FORMAT", "DRAFTER_KINDS", "CostProfile", "DrafterCost", "ProfileRangeError",
+    "load_profile", "list_profiles", "save_profile", "profile_to_dict", "profile_from_dict", "shipped_dir",
+]
+
+FORMAT = "dsparksim-profile/1"
+DRAFTER_KINDS = ("parallel", "autoregressive", "mtp")
+REQUIRED_METADATA = ("device", "model", "source", "method")
+_TOP_KEYS = {"format", "name", "metadata", "verify", "attention", "fixed_overhead_s", "batch_overhead", "drafters"}
+
+log = logging.getLogger(__name__)
+
+
+class ProfileRangeError(ConfigError):
+    """A cost lookup outside the profile's measured range (and extrapolation was not enabled)."""
+
+    def __init__(self, profile: str, axis: str, value: float, lo: float, hi: float):
+        self.axis, self.value, self.lo, self.hi = axis, value, lo, hi
+        v = int(value) if float(value).is_integer() else value
+        super().__init__(
+            f"profile '{profile}'", axis,
+            f"{v} is outside the measured range [{_num(lo)}, {_num(hi)}]; enable extrapolation explicitly "
+            "(extrapolate=True / EngineConfig.extrapolate) to extend the last step and have it reported, "
+            "or keep the run inside the range (e.g. a smaller token budget)")
+
+
+def _num(x: float) -> Any:
+    return int(x) if float(x).is_integer() else x
+
+
+@dataclass(frozen=True, eq=False)
+class DrafterCost:
+    """Drafting cost of one drafter: time of ONE drafter forward at `tokens` tokens (floor lookup)."""
+
+    kind: str
+    tokens: np.ndarray
+    time_s: np.ndarray
+    markov_overhead_frac: float = 0.0
+    note: str = ""
+
+
+@dataclass
+class _ExtrapolationLog:
+    """Mutable record of extrapolated lookups; lives inside the frozen profile (one per profile copy)."""
+
+    axes: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def record(self, axis: str, x: np.ndarray, lo: float, hi: float) -> None:
+        below, above = x[x < lo], x[x > hi]
+        e = self.axes.setdefault(axis, {"count": 0, "below": 0, "above": 0, "min_seen": None, "max_seen": None,
+                                        "range": [_num(lo), _num(hi)]})
+        if e["count"] == 0:
+            log.warning("cost profile: extrapolating %s outside its measured range [%s, %s] (value %s)",
+                        axis, _num(lo), _num(hi), _num(float(above.max() if above.size else below.min())))
+        e["count"] += int(below.size + above.size)
+        e["below"] += int(below.size)
+        e["above"] += int(above.size)
+        if below.size:
+            m = _num(float(below.min()))
+            e["min_seen"] = m if e["min_seen"] is None else min(e["min_seen"], m)
+        if above.size:
+            m = _num(float(above.max()))
+            e["max_seen"] = m if e["max_seen"] is None else max(e["max_seen"], m)
+
+
+def _ro(a: np.ndarray) -> np.ndarray:
+    a = np.array(a)
+    a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True, eq=False)
+class CostProfile:
+    """A loaded, validated cost profile. Build with :func:`load_profile` or :func:`profile_from_dict`.
+
+    verify_time_s is 1-D (len(verify_M),) or 2-D (len(kv_tokens), len(verify_M)).
+    batch_overhead is (n_req breakpoints, seconds) or None. drafters maps name -> :class:`DrafterCost`.
+    """
+
+    name: str
+    metadata: dict[str, Any]
+    verify_M: np.ndarray
+    verify_time_s: np.ndarray
+    kv_tokens: np.ndarray | None
+    seconds_per_kv_token: float | None
+    fixed_overhead_s: float
+    batch_overhead: tuple[np.ndarray, np.ndarray] | None
+    drafters: dict[str, DrafterCost]
+    source: str
+    extrapolate: bool = False
+    attention_note: str = ""
+    _extrap: _ExtrapolationLog = field(default_factory=_ExtrapolationLog, repr=False, compare=False)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def max_tokens(self) -> int:
+        """Largest verification-batch breakpoint M (the profile's measured range ends here)."""
+        return int(self.verify_M[-1])
+
+    @property
+    def min_tokens(self) -> int:
+        return int(self.verify_M[0])
+
+    @property
+    def context_model(self) -> str:
+        """"table" (2-D kv axis), "linear" (kv_bandwidth term) or "none" (kv_tokens ignored)."""
+        if self.kv_tokens is not None:
+            return "table"
+        if self.seconds_per_kv_token is not None:
+            return "linear"
+        return "none"
+
+    # ------------------------------------------------------------------ copies / reports
+    def with_extrapolation(self, flag: bool) -> "CostProfile":
+        """A copy with extrapolation on/off and a fresh extrapolation report."""
+        return dataclasses.replace(self, extrapolate=bool(flag), _extrap=_ExtrapolationLog())
+
+    def extrapolation_report(self) -> dict[str, Any]:
+        """{"enabled", "extrapolated" (any lookup left the range), "axes": {axis: {count, below, above,
+        min_seen, max_seen, range}}}. Axes: "verify.M", "verify.kv_tokens", "batch_overhead.n_req",
+        "drafters.<name>.tokens"."""
+        axes = {k: dict(v) for k, v in self._extrap.axes.items()}
+        return {"enabled": self.extrapolate, "extrapolated": any(v["count"] for v in axes.values()), "axes": axes}
+
+    # ------------------------------------------------------------------ lookups
+    def _floor(self, axis: np.ndarray, values: np.ndarray, x: np.ndarray, name: str) -> np.ndarray:
+        """Floor lookup of 1-D `values` at x (any shape) with range rules; returns float64 of x's shape."""
+        lo, hi = float(axis[0]), float(axis[-1])
+        below, above = x < lo, x > hi
+        if below.any() or above.any():
+            if not self.extrapolate:
+                bad = float(x[below][0] if below.any() else x[above].max())
+                raise ProfileRangeError(self.name, name, bad, lo, hi)
+            self._extrap.record(name, x, lo, hi)
+        idx = np.clip(np.searchsorted(axis, x, side="right") - 1, 0, len(axis) - 1)
+        out = values[idx].astype(np.float64)
+        if above.any():
+            out = np.where(above, values[-1] + _tail_slope(axis, values) * (x - hi), out)
+        return out
+
+    def verify_time(self, M: Any, kv_tokens: Any = 0) -> Any:
+        """Target verification forward time (s) at batch M (array or int) and total KV tokens read.
+
+        Returns a float for scalar inputs, else an array of the broadcast shape.
+        """
+        Mx = _as_query(M, self.name, "M")
+        kv = _as_query(kv_tokens, self.name, "kv_tokens")
+        if np.any(kv < 0):
+            raise ConfigError(f"profile '{self.name}'", "kv_tokens", f"must be >= 0, got {_num(float(kv.min()))}")
+        Mb, kvb = np.broadcast_arrays(Mx, kv)
+        if self.kv_tokens is None:
+            t = self._floor(self.verify_M, self.verify_time_s, Mb, "verify.M")
+            if self.seconds_per_kv_token is not None:
+                t = t + self.seconds_per_kv_token * kvb
+        else:
+            t = self._table2d(Mb, kvb)
+        return _scalar_or(t, M, kv_tokens)
+
+    def _table2d(self, M: np.ndarray, kv: np.ndarray) -> np.ndarray:
+        tab, kva, Ma = self.verify_time_s, self.kv_tokens, self.verify_M
+        # Floor on M for every kv row at once (range rules recorded once), then floor on kv.
+        lo, hi = float(Ma[0]), float(Ma[-1])
+        below, above = M < lo, M > hi
+        if below.any() or above.any():
+            if not self.extrapolate:
+                bad = float(M[below][0] if below.any() else M[above].max())
+                raise ProfileRangeError(self.name, "verify.M", bad, lo, hi)
+            self._extrap.record("verify.M", M, lo, hi)
+        ci = np.clip(np.searchsorted(Ma, M, side="right") - 1, 0, len(Ma) - 1)
+        rows = tab[:, ci]  # (n_kv, *M.shape)
+        if above.any():
+            slopes = np.array([_tail_slope(Ma, tab[r]) for r in range(tab.shape[0])])
+            ext = tab[:, -1].reshape((-1,) + (1,) * M.ndim) + slopes.reshape((-1,) + (1,) * M.ndim) * (M - hi)
+            rows = np.where(above, ext, rows)
+        khi = float(kva[-1])
+        kabove = kv > khi
+        if kabove.any():
+            if not self.extrapolate:
+                raise ProfileRangeError(self.name, "verify.kv_tokens", float(kv.max()), 0.0, khi)
+            self._extrap.record("verify.kv_tokens", kv, 0.0, khi)
+        r = np.clip(np.searchsorted(kva, kv, side="right") - 1, 0, len(kva) - 1)
+        out = np.take_along_axis(rows, r[None, ...], axis=0)[0]
+        if kabove.any():
+            if len(kva) > 1:
+                j = _tail_index(kva)
+                slope = np.maximum((rows[-1] - rows[j]) / float(kva[-1] - kva[j]), 0.0)
+            else:
+                slope = np.zeros_like(rows[-1])
+            out = np.where(kabove, rows[-1] + slope * (kv - khi), out)
+        return out
+
+    def sps(self, M: Any) -> Any:
+        """Target steps per second at batch M, 1 / verify_time(M) (no context term, no floor)."""
+        t = self.verify_time(M)
+        return 1.0 / t
+
+    def drafter(self, name: str) -> DrafterCost:
+        """The DrafterCost for `name`; ConfigError naming the profile and the drafters it has."""
+        if name in self.drafters:
+            return self.drafters[name]
+        if not self.drafters:
+            raise ConfigError(
+                f"profile '{self.name}' ({self.source})", "drafters",
+                f"has no drafter costs, so drafter '{name}' cannot be priced. Add a 'drafters' section to the "
+                "profile JSON, or re-import it with --drafters-from PROFILE to copy another profile's drafters")
+        raise ConfigError(f"profile '{self.name}' ({self.source})", "drafters",
+                          f"unknown drafter '{name}'; this profile has: {', '.join(sorted(self.drafters))}")
+
+    def draft_time(self, drafter: str | None, n_req: Any, K: int) -> Any:
+        """Drafting time (s) of one step for n_req decoding requests with block size K (see module doc)."""
+        if drafter is None:
+            return _scalar_or(np.zeros_like(_as_query(n_req, self.name, "n_req")), n_req)
+        d = self.drafter(drafter)
+        n = _as_query(n_req, self.name, "n_req")
+        K = int(K)
+        if K < 1:
+            raise ConfigError(f"profile '{self.name}'", "K", f"block size must be >= 1, got {K}")
+        axis = f"drafters.{drafter}.tokens"
+        if d.kind == "parallel":
+            tok = n * K
+            t = self._floor_pos(d.tokens, d.time_s, tok, axis) * (1.0 + d.markov_overhead_frac)
+        elif d.kind == "autoregressive":
+            t = K * self._floor_pos(d.tokens, d.time_s, n, axis)
+        else:  # mtp
+            if K != 1:
+                raise ConfigError(f"profile '{self.name}'", f"drafters.{drafter}",
+                                  f"an 'mtp' drafter makes one forward per step and only supports K=1, got K={K}; "
+                                  "model a deeper MTP chain as an 'autoregressive' drafter")
+            t = self._floor_pos(d.tokens, d.time_s, n, axis)
+        return _scalar_or(t, n_req)
+
+    def _floor_pos(self, axis: np.ndarray, values: np.ndarray, x: np.ndarray, name: str) -> np.ndarray:
+        """Floor lookup where x == 0 costs nothing (no requests -> no forward)."""
+        if np.any(x < 0):
+            raise ConfigError(f"profile '{self.name}'", name, f"must be >= 0, got {_num(float(x.min()))}")
+        zero = x == 0
+        if zero.all():
+            return np.zeros(x.shape)
+        t = self._floor(axis, values, np.where(zero, axis[0], x), name)
+        return np.where(zero, 0.0, t)
+
+    def batch_overhead_time(self, n_req: Any) -> Any:
+        """Per-batch-size non-trimmable term alpha(n_req) (floor lookup); 0 without a batch axis or n_req=0."""
+        n = _as_query(n_req, self.name, "n_req")
+        if self.batch_overhead is None:
+            return _scalar_or(np.zeros(n.shape), n_req)
+        ax, val = self.batch_overhead
+        return _scalar_or(self._floor_pos(ax, val, n, "batch_overhead.n_req"), n_req)
+
+    def nontrimmable_time(self, drafter: str | None, n_req: Any, K: int) -> Any:
+        """draft_time + fixed_overhead_s + batch overhead: what a step costs whatever is verified."""
+        d = self.draft_time(drafter, n_req, K)
+        return d + self.fixed_overhead_s + self.batch_overhead_time(n_req)
+
+    def step_time(self, M: Any, n_req: Any, drafter: str | None, K: int, kv_tokens: Any = 0) -> Any:
+        """Whole step: verify_time(M, kv_tokens) + nontrimmable_time(drafter, n_req, K)."""
+        return self.verify_time(M, kv_tokens) + self.nontrimmable_time(drafter, n_req, K)
+
+    def __repr__(self) -> str:
+        return (f"<CostProfile {self.name!r} M=[{self.min_tokens},{self.max_tokens}] ({len(self.verify_M)} steps), "
+                f"context={self.context_model}, drafters={sorted(self.drafters)}>")
+
+
+def _tail_index(axis: np.ndarray) -> int:
+    """Start of the tail secant: the largest breakpoint <= half the last one (the last octave).
+
+    Measured staircases are jagged, so the secant of the last two breakpoints is noise (often negative); the
+    secant over the last doubling of the axis follows the trend. With two breakpoints it is their secant.
+    """
+    j = int(np.searchsorted(axis, axis[-1] / 2.0, side="right")) - 1
+    return max(min(j, len(axis) - 2), 0)
+
+
+def _tail_slope(axis: np.ndarray, values: np.ndarray) -> float:
+    """Slope used above the last breakpoint: secant over the last octave, clamped at >= 0 (0 if one point)."""
+    if len(axis) < 2:
+        return 0.0
+    j = _tail_index(axis)
+    return max(float(values[-1] - values[j]) / float(axis[-1] - axis[j]), 0.0)
+
+
+def _as_query(x: Any, profile: str, name: str) -> np.ndarray:
+    a = np.asarray(x, dtype=np.float64)
+    if not np.all(np.isfinite(a)):
+        raise ConfigError(f"profile '{profile}'", name, f"must be finite, got {x!r}")
+    return a
+
+
+def _scalar_or(t: np.ndarray, *inputs: Any) -> Any:
+    if all(np.ndim(i) == 0 for i in inputs):
+        return float(np.asarray(t).reshape(-1)[0]) if np.size(t) else float("nan")
+    return np.asarray(t, dtype=np.float64)
+
+
+# ====================================================================== parsing / validation
+class _Checker:
+    """Validation helpers that raise InputError naming the file, the field and the index."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, fld: str, msg: str) -> InputError:
+        return InputError(self.source, fld, msg)
+
+    def get(self, d: Mapping[str, Any], key: str, prefix: str = "", required: bool = True) -> Any:
+        fld = f"{prefix}{key}"
+        if not isinstance(d, Mapping):
+            raise self.fail(prefix.rstrip("."), f"expected an object, got {type(d).__name__}")
+        if key not in d:
+            if required:
+                raise self.fail(fld, f"missing (present keys: {', '.join(sorted(map(str, d))) or 'none'})")
+            return None
+        return d[key]
+
+    def number(self, v: Any, fld: str, lo: float = 0.0, strict: bool = False) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self.fail(fld, f"expected a number, got {v!r}")
+        f = float(v)
+        if not math.isfinite(f) or f < lo or (strict and f <= lo):
+            raise self.fail(fld, f"expected a finite number {'>' if strict else '>='} {_num(lo)}, got {v!r}")
+        return f
+
+    def breakpoints(self, v: Any, fld: str, first_min: int = 1, first_exact: int | None = None) -> np.ndarray:
+        if not isinstance(v, list):
+            raise self.fail(fld, f"expected a list of integers, got {type(v).__name__}")
+        if not v:
+            raise self.fail(fld, "breakpoints are empty: at least one measured point is required")
+        for i, x in enumerate(v):
+            if isinstance(x, bool) or not isinstance(x, int):
+                raise self.fail(fld, f"(index {i}): expected an integer breakpoint, got {x!r}")
+        if first_exact is not None and v[0] != first_exact:
+            raise self.fail(fld, f"(index 0): the first breakpoint must be {first_exact}, got {v[0]}")
+        if v[0] < first_min:
+            raise self.fail(fld, f"(index 0): breakpoints must be >= {first_min}, got {v[0]}")
+        for i in range(1, len(v)):
+            if v[i] <= v[i - 1]:
+                raise self.fail(fld, f"(index {i}): breakpoints must be strictly increasing, got {v[i]} after "
+                                     f"{v[i - 1]}")
+        return np.asarray(v, dtype=np.int64)
+
+    def times(self, v: Any, fld: str, n: int, allow_zero: bool = False) -> np.ndarray:
+        if not isinstance(v, list):
+            raise self.fail(fld, f"expected a list of {n} numbers, got {type(v).__name__}")
+        if len(v) != n:
+            raise self.fail(fld, f"length mismatch: {len(v)} times for {n} breakpoints")
+        for i, x in enumerate(v):
+            ok = not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(float(x))
+            if not ok or (float(x) < 0 if allow_zero else float(x) <= 0):
+                want = ">= 0" if allow_zero else "> 0"
+                raise self.fail(fld, f"(index {i}): expected a finite time {want} in seconds, got {x!r}")
+        return np.asarray(v, dtype=np.float64)
+
+
+def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False) -> CostProfile:
+    """Validate a profile JSON object and build the :class:`CostProfile` (InputError on any defect)."""
+    c = _Checker(source)
+    if not isinstance(d, Mapping):
+        raise c.fail("", f"expected a JSON object at the top level, got {type(d).__name__}")
+    fmt = c.get(d, "format")
+    if fmt != FORMAT:
+        raise c.fail("format", f"expected '{FORMAT}', got {fmt!r}")
+    unknown = sorted(k for k in d if k not in _TOP_KEYS and not str(k).startswith("_"))
+    if unknown:
+        raise c.fail(unknown[0], f"unknown key (allowed: {', '.join(sorted(_TOP_KEYS))}; prefix comments with '_')")
+    name = c.get(d, "name")
+    if not isinstance(name, str) or not name:
+        raise c.fail("name", f"expected a non-empty string, got {name!r}")
+    meta = c.get(d, "metadata")
+    if not isinstance(meta, Mapping):
+        raise c.fail("metadata", f"expected an object, got {type(meta).__name__}")
+    for k in REQUIRED_METADATA:
+        c.get(meta, k, "metadata.")
+
+    ver = c.get(d, "verify")
+    M = c.breakpoints(c.get(ver, "M", "verify."), "verify.M")
+    kv_raw = c.get(ver, "kv_tokens", "verify.", required=False)
+    t_raw = c.get(ver, "time_s", "verify.")
+    kv = None
+    if kv_raw is None:
+        T = c.times(t_raw, "verify.time_s", len(M))
+    else:
+        kv = c.breakpoints(kv_raw, "verify.kv_tokens", first_min=0, first_exact=0)
+        if not isinstance(t_raw, list) or len(t_raw) != len(kv):
+            n = len(t_raw) if isinstance(t_raw, list) else type(t_raw).__name__
+            raise c.fail("verify.time_s", f"length mismatch: a 2-D table needs one row per kv_tokens breakpoint "
+                                          f"({len(kv)}), got {n}")
+        T = np.stack([c.times(row, f"verify.time_s[{r}]", len(M)) for r, row in enumerate(t_raw)])
+
+    spk, att_note = None, ""
+    att = c.get(d, "attention", required=False)
+    if att is not None:
+        model = c.get(att, "model", "attention.")
+        if model != "kv_bandwidth":
+            raise c.fail("attention.model", f"expected 'kv_bandwidth', got {model!r}")
+        spk = c.number(c.get(att, "seconds_per_kv_token", "attention."), "attention.seconds_per_kv_token")
+        att_note = str(att.get("note", ""))
+        if kv is not None:
+            raise c.fail("attention", "a profile with a 2-D verify table (verify.kv_tokens) already prices context; "
+                                      "a kv_bandwidth term on top would count attention twice")
+
+    fixed = c.number(c.get(d, "fixed_overhead_s"), "fixed_overhead_s")
+
+    bo = None
+    b = c.get(d, "batch_overhead", required=False)
+    if b is not None:
+        bn = c.breakpoints(c.get(b, "n_req", "batch_overhead."), "batch_overhead.n_req")
+        bt = c.times(c.get(b, "time_s", "batch_overhead."), "batch_overhead.time_s", len(bn), allow_zero=True)
+        bo = (_ro(bn), _ro(bt))
+
+    drafters: dict[str, DrafterCost] = {}
+    dr = c.get(d, "drafters", required=False) or {}
+    if not isinstance(dr, Mapping):
+        raise c.fail("drafters", f"expected an object mapping drafter name -> cost, got {type(dr).__name__}")
+    for dname, spec in dr.items():
+        p = f"drafters.{dname}."
+        kind = c.get(spec, "kind", p)
+        if kind not in DRAFTER_KINDS:
+            raise c.fail(p + "kind", f"unknown drafter kind {kind!r}; expected one of {', '.join(DRAFTER_KINDS)}")
+        tok = c.breakpoints(c.get(spec, "tokens", p), p + "tokens")
+        tt = c.times(c.get(spec, "time_s", p), p + "time_s", len(tok))
+        mo = spec.get("markov_overhead_frac", 0.0)
+        mo = c.number(mo, p + "markov_overhead_frac")
+        if mo >= 1.0:
+            raise c.fail(p + "markov_overhead_frac", f"expected a fraction < 1, got {mo}")
+        if mo and kind != "parallel":
+            raise c.fail(p + "markov_overhead_frac", f"only a 'parallel' drafter has a Markov head; kind is {kind!r}")
+        drafters[str(dname)] = DrafterCost(kind=kind, tokens=_ro(tok), time_s=_ro(tt), markov_overhead_frac=mo,
+                                           note=str(spec.get("note", "")))
+
+    return CostProfile(name=name, metadata=json.loads(json.dumps(meta)), verify_M=_ro(M), verify_time_s=_ro(T),
+                       kv_tokens=None if kv is None else _ro(kv), seconds_per_kv_token=spk, fixed_overhead_s=fixed,
+                       batch_overhead=bo, drafters=drafters, source=source, extrapolate=bool(extrapolate),
+                       attention_note=att_note)
+
+
+def profile_to_dict(p: CostProfile) -> dict[str, Any]:
+    """The JSON object for `p` (inverse of :func:`profile_from_dict`)."""
+    ver: dict[str, Any] = {"M": [int(x) for x in p.verify_M]}
+    if p.kv_tokens is None:
+        ver["time_s"] = [float(x) for x in p.verify_time_s]
+    else:
+        ver["kv_tokens"] = [int(x) for x in p.kv_tokens]
+        ver["time_s"] = [[float(x) for x in row] for row in p.verify_time_s]
+    out: dict[str, Any] = {"format": FORMAT, "name": p.name, "metadata": p.metadata, "verify": ver}
+    if p.seconds_per_kv_token is not None:
+        out["attention"] = {"model": "kv_bandwidth", "seconds_per_kv_token": float(p.seconds_per_kv_token),
+                            "note": p.attention_note}
+    out["fixed_overhead_s"] = float(p.fixed_overhead_s)
+    if p.batch_overhead is not None:
+        out["batch_overhead"] = {"n_req": [int(x) for x in p.batch_overhead[0]],
+                                 "time_s": [float(x) for x in p.batch_overhead[1]]}
+    drs: dict[str, Any] = {}
+    for k, dc in p.drafters.items():
+        e: dict[str, Any] = {"kind": dc.kind, "tokens": [int(x) for x in dc.tokens],
+                             "time_s": [float(x) for x in dc.time_s]}
+        if dc.markov_overhead_frac:
+            e["markov_overhead_frac"] = float(dc.markov_overhead_frac)
+        if dc.note:
+            e["note"] = dc.note
+        drs[k] = e
+    out["drafters"] = drs
+    return out
+
+
+def dumps_profile(d: Mapping[str, Any]) -> str:
+    """Pretty JSON with numeric lists kept on one line (profiles hold long staircases)."""
+    def enc(x: Any, ind: int) -> str:
+        pad, pad1 = "  " * ind, "  " * (ind + 1)
+        if isinstance(x, Mapping):
+            if not x:
+                return "{}"
+            items = [f"{pad1}{json.dumps(str(k))}: {enc(v, ind + 1)}" for k, v in x.items()]
+            return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+        if isinstance(x, (list, tuple)):
+            if all(isinstance(v, (int, float, str, bool)) or v is None for v in x):
+                return json.dumps(list(x))
+            return "[\n" + ",\n".join(pad1 + enc(v, ind + 1) for v in x) + "\n" + pad + "]"
+        return json.dumps(x)
+    return enc(d, 0) + "\n"
+
+
+def save_profile(p: CostProfile | Mapping[str, Any], path: str | Path) -> Path:
+    """Write a profile (object or already-built dict, validated first) as JSON; returns the path."""
+    d = profile_to_dict(p) if isinstance(p, CostProfile) else p
+    profile_from_dict(d, str(path))  # never write something load_profile would reject
+    path = Path(path)
+    path.write_text(dumps_profile(d), encoding="utf-8")
+    return path
+
+
+# ====================================================================== shipped profiles
+def shipped_dir() -> Path:
+    """Folder holding the shipped profile JSONs (package dsparksim._profiles, or ./profiles in a checkout)."""
+    try:
+        from importlib.resources import files
+        p = Path(str(files("dsparksim._profiles")))
+        if p.is_dir():
+            return p
+    except (ModuleNotFoundError, TypeError):
+        pass
+    return Path(__file__).resolve().parents[1] / "profiles"  # source checkout without install
+
+
+def list_profiles() -> list[str]:
+    """Names (file stems) of the shipped profiles."""
+    d = shipped_dir()
+    return sorted(p.stem for p in d.glob("*.json")) if d.is_dir() else []
+
+
+def load_profile(name_or_path: str | Path, extrapolate: bool = False) -> CostProfile:
+    """Load a profile from a JSON path, or a shipped profile by name (see :func:`list_profiles`)."""
+    s = str(name_or_path)
+    path = Path(s)
+    looks_like_path = path.suffix == ".json" or "/" in s or "\\" in s
+    if not path.is_file():
+        if looks_like_path:
+            raise InputError(s, None, "profile file not found")
+        path = shipped_dir() / f"{s}.json"
+        if not path.is_file():
+            raise ConfigError("profile", "name", f"unknown profile {s!r}: not a file, and not a shipped profile "
+                                                 f"(shipped: {', '.join(list_profiles()) or 'none'})")
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise InputError(str(path), None, f"not valid JSON: {e.msg}", line=e.lineno) from None
+    return profile_from_dict(d, str(path), extrapolate=extrapolate)

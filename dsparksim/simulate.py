@@ -1,0 +1,176 @@
+"""Run one configuration end to end: resolve inputs, simulate, summarise, write result files."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from dsparksim.acceptance import load_acceptance
+from dsparksim.config import RunConfig
+from dsparksim.engine import SimResult, Simulation
+from dsparksim.errors import ConfigError
+from dsparksim.metrics import bench_serve_json, per_request_table, summarize
+from dsparksim.policies import make_policy
+from dsparksim.profile import load_profile
+from dsparksim.traffic import build_workload
+
+__all__ = ["RunOutput", "simulate", "write_run", "load_label"]
+
+
+@dataclass
+class RunOutput:
+    config: RunConfig
+    summary: dict[str, Any]
+    result: SimResult
+    inputs: dict[str, Any]  # resolved provenance of profile / acceptance / workload / policy
+
+    def requests(self) -> pd.DataFrame:
+        return per_request_table(self.result)
+
+
+def load_label(cfg: RunConfig) -> Any:
+    """The load level of a run as a frontier axis value: concurrency (closed loop) or rate (open loop)."""
+    t = cfg.traffic
+    if t.mode == "closed":
+        return int(t.concurrency)
+    if t.mode == "trace":
+        return float(t.time_scale)
+    return float(t.rate)
+
+
+def _streams(seed: int) -> dict[str, np.random.Generator]:
+    # Independent, reproducible streams. The workload stream depends only on the seed, so every policy at one
+    # load level serves the very same requests (common random numbers make policy comparisons sharper).
+    ss = np.random.SeedSequence(seed)
+    work, acc, pol = ss.spawn(3)
+    return {"workload": np.random.default_rng(work), "acceptance": np.random.default_rng(acc),
+            "policy": np.random.default_rng(pol)}
+
+
+def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None) -> RunOutput:
+    """Simulate one configuration and summarise it (nothing is written)."""
+    rngs = _streams(cfg.seed)
+    profile = load_profile(cfg.profile)
+    if cfg.engine.extrapolate:
+        profile = profile.with_extrapolation(True)
+    policy = make_policy(cfg.policy)
+    K = int(policy.block_size or cfg.engine.block_size)
+    if policy.drafter is not None:
+        acceptance = load_acceptance(cfg.mtp1_acceptance if policy.drafter == "mtp1" else policy.drafter, K)
+        drafter = policy.drafter
+    else:
+        acceptance = load_acceptance(cfg.acceptance, K)
+        drafter = cfg.engine.drafter or acceptance.drafter
+    if drafter not in profile.drafters:
+        raise ConfigError(profile.source, "drafters",
+                          f"profile '{profile.name}' has no drafting cost for drafter '{drafter}' "
+                          f"(has: {sorted(profile.drafters)})")
+    policy.reset(K, rngs["policy"])
+
+    t = cfg.traffic
+    workload = build_workload(t, rngs["workload"])
+    kv_cap = cfg.engine.kv_capacity_tokens or profile.metadata.get("kv_capacity_tokens")
+    if not kv_cap:
+        raise ConfigError(profile.source, "metadata.kv_capacity_tokens",
+                          "profile states no KV capacity: pass --kv-capacity TOKENS")
+    max_tok = cfg.engine.max_batched_tokens or profile.max_tokens
+    if max_tok > profile.max_tokens and not cfg.engine.extrapolate:
+        raise ConfigError("config", "max_batched_tokens",
+                          f"{max_tok} exceeds the profile's largest breakpoint {profile.max_tokens}; "
+                          f"lower it or allow extrapolation (--extrapolate)")
+    duration = t.duration_s if t.num_requests is None else None
+    sim = Simulation(profile=profile, acceptance=acceptance, policy=policy, workload=workload, block_size=K,
+                     drafter=drafter, kv_capacity_tokens=int(kv_cap), max_num_seqs=cfg.engine.max_num_seqs,
+                     max_batched_tokens=int(max_tok), prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens,
+                     rng=rngs["acceptance"], duration_s=duration, num_requests=t.num_requests, progress=progress)
+    res = sim.run()
+    warmup = cfg.warmup_s if cfg.warmup_s is not None else (0.1 * duration if duration else 0.0)
+    summary = summarize(res, policy=policy.spec, load=load_label(cfg), warmup_s=warmup,
+                        closed_loop=workload.closed_loop)
+    summary["context_model"] = profile.context_model
+    if cfg.engine.extrapolate:
+        summary["extrapolation"] = profile.extrapolation_report()
+    inputs = {
+        "profile": {"name": profile.name, "source": str(profile.source), "context_model": profile.context_model,
+                    "max_tokens": int(profile.max_tokens), "metadata": profile.metadata},
+        "acceptance": acceptance.describe(),
+        "workload": workload.metadata,
+        "policy": {"spec": policy.spec, "block_size": K, "drafter": drafter},
+        "engine": {"kv_capacity_tokens": int(kv_cap), "max_batched_tokens": int(max_tok),
+                   "admission": "FIFO; reserve prompt+output+K KV tokens at admission (no preemption)"},
+    }
+    return RunOutput(config=cfg, summary=summary, result=res, inputs=inputs)
+
+
+def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Write to a temporary file next to ``path`` and rename: a crash never leaves a half-written result."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name, suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    _atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n"))
+
+
+def write_table(path: Path, df: pd.DataFrame) -> None:
+    if path.suffix == ".parquet":
+        _atomic_write(path, lambda p: df.to_parquet(p, index=False))
+    else:
+        _atomic_write(path, lambda p: df.to_csv(p, index=False, float_format="%.9g"))
+
+
+def round_floats(obj: Any, sig: int = 10) -> Any:
+    """Round floats to ``sig`` significant digits so saved summaries are stable across platforms' last bits."""
+    if isinstance(obj, float):
+        return float(f"{obj:.{sig}g}")
+    if isinstance(obj, dict):
+        return {k: round_floats(v, sig) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [round_floats(v, sig) for v in obj]
+    return obj
+
+
+def write_run(out: RunOutput, out_dir: str | Path, fmt: str = "csv", steps: bool = False) -> dict[str, Path]:
+    """Write config.json, requests.{csv,parquet}, bench_result.json, [steps.csv] and, last, summary.json."""
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    cfg = out.config
+    t = cfg.traffic
+    paths = {"config": d / "config.json", "requests": d / f"requests.{fmt}", "bench": d / "bench_result.json",
+             "summary": d / "summary.json"}
+    write_json(paths["config"], {"config": cfg.to_dict(), "inputs": _jsonable(out.inputs),
+                                 "dsparksim_version": _version()})
+    write_table(paths["requests"], out.requests())
+    bench = bench_serve_json(out.result, out.summary, model_id=str(out.inputs["profile"]["metadata"].get("model", "")),
+                             request_rate=(t.rate if t.mode in ("poisson", "gamma", "constant") else "inf"),
+                             burstiness=t.burstiness, max_concurrency=t.concurrency)
+    bench["date"] = time.strftime("%Y%m%d-%H%M%S")
+    write_json(paths["bench"], bench)
+    if steps:
+        paths["steps"] = d / "steps.csv"
+        write_table(paths["steps"], pd.DataFrame(out.result.steps))
+    write_json(paths["summary"], round_floats(out.summary))
+    return paths
+
+
+def _jsonable(x: Any) -> Any:
+    from dsparksim.config import _jsonable as j
+    return j(x)
+
+
+def _version() -> str:
+    from dsparksim import __version__
+    return __version__

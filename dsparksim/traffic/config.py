@@ -1,0 +1,171 @@
+"""TrafficConfig: which requests arrive when, with which lengths and domains. Validated on construction."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dsparksim.errors import ConfigError
+from dsparksim.traffic.readers import DOMAINS, FORMATS
+
+MODES = ("closed", "poisson", "gamma", "constant", "trace")
+OPEN_SYNTHETIC = ("poisson", "gamma", "constant")
+DEFAULT_LENGTHS = "azure-conv"
+_SRC = "TrafficConfig"
+
+
+def parse_domain(spec: str) -> dict[str, float] | None:
+    """``"math"`` -> {"math": 1.0}; ``"mix:math=0.3,code=0.3,chat=0.4"`` -> normalised weights over DOMAINS;
+    ``"trace"`` -> None (take the domain column of the trace / length source)."""
+    if not isinstance(spec, str):
+        raise ConfigError(_SRC, "domain", f"expected a string, got {spec!r}")
+    if spec == "trace":
+        return None
+    if spec in DOMAINS:
+        return {d: float(d == spec) for d in DOMAINS}
+    if not spec.startswith("mix:"):
+        raise ConfigError(_SRC, "domain", f"expected one of {DOMAINS}, 'trace' or 'mix:math=W,code=W,chat=W', "
+                          f"got {spec!r}")
+    w = dict.fromkeys(DOMAINS, 0.0)
+    seen: set[str] = set()
+    for part in spec[4:].split(","):
+        name, eq, val = part.partition("=")
+        name = name.strip()
+        if name not in DOMAINS or not eq:
+            raise ConfigError(_SRC, "domain", f"mix term {part!r}: expected NAME=WEIGHT with NAME in {DOMAINS}")
+        if name in seen:
+            raise ConfigError(_SRC, "domain", f"mix names {name!r} twice in {spec!r}")
+        seen.add(name)
+        try:
+            x = float(val)
+        except ValueError:
+            raise ConfigError(_SRC, "domain", f"mix weight of {name!r} is not a number: {val!r}") from None
+        if not (math.isfinite(x) and x >= 0):
+            raise ConfigError(_SRC, "domain", f"mix weight of {name!r} must be finite and >= 0, got {val!r}")
+        w[name] = x
+    total = sum(w.values())
+    if total <= 0:
+        raise ConfigError(_SRC, "domain", f"mix weights sum to 0 in {spec!r}")
+    return {d: x / total for d, x in w.items()}
+
+
+def _pos_int(name: str, v, required: bool = False) -> None:
+    if v is None:
+        if required:
+            raise ConfigError(_SRC, name, "required for this mode")
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(_SRC, name, f"expected an integer >= 1, got {v!r}")
+
+
+def _pos_float(name: str, v, required: bool = False) -> None:
+    if v is None:
+        if required:
+            raise ConfigError(_SRC, name, "required for this mode")
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ConfigError(_SRC, name, f"expected a finite number > 0, got {v!r}")
+
+
+def _unused(mode: str, **fields) -> None:
+    for name, v in fields.items():
+        if v is not None:
+            raise ConfigError(_SRC, name, f"has no meaning in mode {mode!r} (got {v!r}); leave it unset")
+
+
+@dataclass(frozen=True)
+class TrafficConfig:
+    """Load to put on the engine (the modes of ``vllm bench serve`` plus trace replay).
+
+    mode: "closed" (``concurrency`` users, each sends its next request when its last one finishes) |
+        "poisson" | "gamma" | "constant" (open loop at ``rate`` req/s) | "trace" (replay ``trace``'s timestamps).
+    burstiness: gamma only, as ``vllm bench serve --burstiness``: gaps ~ Gamma(shape=burstiness,
+        scale=1/(rate*burstiness)), mean 1/rate, CV = 1/sqrt(burstiness); 1 is Poisson, < 1 burstier.
+    trace / trace_format: file to replay and its format ("azure" | "mooncake" | "lengths" needs timestamps, so
+        only the first two replay; None = detect from extension/header). A shipped name also works
+        ("azure-conv-window", "azure-code-window", "mooncake-window").
+    mooncake_spread: Mooncake timestamps come in ~3 s groups. False fires each group at its timestamp; True spreads
+        a group's n requests evenly over the gap to the next group (t_g + j*gap/n), the last group over the median
+        gap. Only valid for Mooncake traces.
+    time_scale: rate multiplier for open loop: arrival times are divided by it (2 = twice the load).
+    lengths: where (prompt, output) lengths come from for synthetic arrivals and closed loop, resampled with
+        replacement using the rng: a shipped name ("azure-conv" default, "azure-code", "sharegpt", "arxiv") or a
+        path to any supported file. In trace mode None means the trace's own lengths; a value resamples instead.
+    domain: "math" | "code" | "chat" | "mix:math=0.3,code=0.3,chat=0.4" (weights normalised, drawn per request) |
+        "trace" (the ``domain`` column of the file the lengths come from; an error if it has none).
+    num_requests / duration_s: open loop stops at whichever comes first (one is required for synthetic arrivals;
+        trace replay uses the whole file when neither is set). Closed loop: num_requests is the pool size and
+        duration_s is passed on to the engine in metadata.
+    max_prompt_tokens / max_output_tokens: a request over the limit is an InputError naming its source row —
+        never clipped or dropped.
+    pool_size: closed loop: rows to pre-generate when num_requests is not given.
+    """
+
+    mode: str = "closed"
+    concurrency: int | None = None
+    rate: float | None = None
+    burstiness: float = 1.0
+    trace: str | None = None
+    trace_format: str | None = None
+    mooncake_spread: bool = False
+    time_scale: float = 1.0
+    lengths: str | None = None
+    domain: str = "chat"
+    num_requests: int | None = None
+    duration_s: float | None = None
+    max_prompt_tokens: int | None = None
+    max_output_tokens: int | None = None
+    pool_size: int | None = None
+
+    def __post_init__(self) -> None:
+        m = self.mode
+        if m not in MODES:
+            raise ConfigError(_SRC, "mode", f"expected one of {MODES}, got {m!r}")
+        _pos_float("burstiness", self.burstiness, required=True)
+        _pos_float("time_scale", self.time_scale, required=True)
+        _pos_int("num_requests", self.num_requests)
+        _pos_float("duration_s", self.duration_s)
+        _pos_int("max_prompt_tokens", self.max_prompt_tokens)
+        _pos_int("max_output_tokens", self.max_output_tokens)
+        if not isinstance(self.mooncake_spread, bool):
+            raise ConfigError(_SRC, "mooncake_spread", f"expected True or False, got {self.mooncake_spread!r}")
+        if self.lengths is not None and not isinstance(self.lengths, str):
+            raise ConfigError(_SRC, "lengths", f"expected a shipped name or a path string, got {self.lengths!r}")
+        parse_domain(self.domain)
+        if self.burstiness != 1.0 and m != "gamma":
+            raise ConfigError(_SRC, "burstiness", f"only applies to mode 'gamma' (got {self.burstiness!r} with mode "
+                              f"{m!r}; gamma with burstiness 1 is Poisson)")
+        if m != "trace":
+            _unused(m, trace=self.trace, trace_format=self.trace_format)
+            if self.mooncake_spread:
+                raise ConfigError(_SRC, "mooncake_spread", f"only applies to mode 'trace', not {m!r}")
+        if m == "closed":
+            _pos_int("concurrency", self.concurrency, required=True)
+            _unused(m, rate=self.rate)
+            _pos_int("pool_size", self.pool_size)
+            if self.time_scale != 1.0:
+                raise ConfigError(_SRC, "time_scale", "has no meaning in closed loop (there are no arrival times); "
+                                  "change concurrency instead")
+            if self.num_requests is None and self.pool_size is None:
+                raise ConfigError(_SRC, "num_requests/pool_size", "closed loop needs a request pool: set "
+                                  "num_requests or pool_size (a run that exhausts it ends, it is never recycled)")
+            if None not in (self.num_requests, self.pool_size) and self.num_requests != self.pool_size:
+                raise ConfigError(_SRC, "pool_size", f"conflicts with num_requests ({self.pool_size} vs "
+                                  f"{self.num_requests}); set one of them")
+            return
+        _unused(m, concurrency=self.concurrency, pool_size=self.pool_size)
+        if m == "trace":
+            _unused(m, rate=self.rate)
+            if not isinstance(self.trace, str) or not self.trace:
+                raise ConfigError(_SRC, "trace", f"mode 'trace' needs a trace file path or shipped name, got "
+                                  f"{self.trace!r}")
+            if self.trace_format is not None and self.trace_format not in FORMATS:
+                raise ConfigError(_SRC, "trace_format", f"expected one of {FORMATS} or None, got "
+                                  f"{self.trace_format!r}")
+            return
+        _pos_float("rate", self.rate, required=True)
+        if self.num_requests is None and self.duration_s is None:
+            raise ConfigError(_SRC, "num_requests/duration_s", f"mode {m!r} needs num_requests, duration_s or both")
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.mode == "closed"
