@@ -1,7 +1,6 @@
 """Cost profiles: floor lookup, range rules, drafting by kind, context models, validation, shipped profiles."""
 from __future__ import annotations
 
-import copy
 import importlib.util
 import json
 import math

@@ -1,1 +1,151 @@
-"""Acceptance sources."""
+"""Acceptance sources: what the simulator samples per request per step (confidences + true accepted prefix).
+
+``load_acceptance(spec, K)`` builds one from a spec string:
+
+=============================  ==========================================================================
+``dspark`` ``dflash``          paper-calibrated parametric model (K <= 15; positions 8..15 use the paper's
+``eagle3``                     flat tail, eagle3 repeats its position-7 value — stated in the metadata)
+``mtp1``                       parametric, K must be 1, acceptance 0.87 in every domain
+``...?sigma_req=0.5&...``      override parameters: sigma_req, sigma_block, sigma_tok, noise_sd, temperature
+``PATH.csv|.csv.gz|.parquet``  replay an acceptance trace (format: :mod:`.trace_format`)
+``vllm:PATH`` ``sglang:PATH``  engine-log importers (:mod:`.importers`); extra params ``drafter=``,
+                               ``draft_len=`` (sglang)
+``tau:3.2``                    flat curve with that mean tokens per step (bonus included); ``drafter=`` param
+=============================  ==========================================================================
+"""
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from ..errors import ConfigError, InputError
+from .base import DOMAINS, AcceptanceModel, Block
+from .parametric import ParametricAcceptance, ParametricParams
+from .reference import K_MAX
+
+PARAMETRIC_DRAFTERS = ("dspark", "dflash", "eagle3", "mtp1")
+TRACE_SUFFIXES = (".csv", ".csv.gz", ".parquet")
+IMPORTERS = ("vllm", "sglang", "tau")
+
+__all__ = ["AcceptanceModel", "Block", "DOMAINS", "PARAMETRIC_DRAFTERS", "ParametricAcceptance", "ParametricParams",
+           "load_acceptance", "drafter_of", "resolve_trace_path"]
+
+
+def _src(spec: str) -> str:
+    return f"acceptance spec {spec!r}"
+
+
+def _split_query(spec: str) -> tuple[str, dict[str, str]]:
+    if "?" not in spec:
+        return spec, {}
+    base, query = spec.rsplit("?", 1)
+    params: dict[str, str] = {}
+    for part in query.split("&"):
+        if not part:
+            continue
+        if "=" not in part:
+            raise ConfigError(_src(spec), part, "expected name=value parameters after '?'")
+        k, v = part.split("=", 1)
+        if k in params:
+            raise ConfigError(_src(spec), k, "parameter given twice")
+        params[k] = v
+    return base, params
+
+
+def _is_trace_path(s: str) -> bool:
+    return s.lower().endswith(TRACE_SUFFIXES)
+
+
+def resolve_trace_path(path: str) -> Path:
+    """A trace path as given, or (for ``traces/NAME``) the copy shipped inside the installed package."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    parts = p.parts
+    if len(parts) == 2 and parts[0] == "traces":
+        try:
+            res = resources.files("dsparksim._traces").joinpath(parts[1])
+            if res.is_file():
+                return Path(str(res))
+        except ModuleNotFoundError:
+            pass
+    return p
+
+
+def _check_K(spec: str, K) -> int:
+    if isinstance(K, bool) or not isinstance(K, int) or not 1 <= K <= K_MAX:
+        raise ConfigError(_src(spec), "K", f"block size must be an integer in 1..{K_MAX}, got {K!r}")
+    return K
+
+
+def _pop_str(params: dict[str, str], name: str, default: str) -> str:
+    return params.pop(name, default)
+
+
+def _pop_int(spec: str, params: dict[str, str], name: str) -> int | None:
+    if name not in params:
+        return None
+    v = params.pop(name)
+    try:
+        return int(v)
+    except ValueError:
+        raise ConfigError(_src(spec), name, f"expected an integer, got {v!r}") from None
+
+
+def load_acceptance(spec: str, K: int, *, domain_default: str = "chat") -> AcceptanceModel:
+    """Build the acceptance source named by ``spec`` for block size ``K`` (see module docstring).
+
+    ``domain_default`` is used for requests whose domain is empty/None. Errors: ConfigError naming the spec
+    (bad spec / K / parameter), InputError naming the file (malformed trace or log).
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError("acceptance spec", None, f"expected a non-empty string, got {spec!r}")
+    spec = spec.strip()
+    K = _check_K(spec, K)
+    if domain_default not in DOMAINS:
+        raise ConfigError(_src(spec), "domain_default", f"expected one of {DOMAINS}, got {domain_default!r}")
+    if _is_trace_path(spec):
+        from .trace_model import TraceAcceptance
+        path = resolve_trace_path(spec)
+        if not path.is_file():
+            raise ConfigError(_src(spec), "path", f"acceptance trace file not found: {spec}")
+        return TraceAcceptance(path, K, domain_default=domain_default, source=spec)
+    base, params = _split_query(spec)
+    kind, _, arg = base.partition(":")
+    if kind in PARAMETRIC_DRAFTERS and not arg:
+        if kind == "mtp1" and K != 1:
+            raise ConfigError(_src(spec), "K", f"mtp1 drafts exactly one token: K must be 1, got {K}")
+        p = ParametricParams.from_strings(params, _src(spec))
+        return ParametricAcceptance.from_paper(kind, K, p, domain_default=domain_default, source=spec)
+    if kind in IMPORTERS and arg:
+        from . import importers
+        drafter = _pop_str(params, "drafter", "dspark")
+        draft_len = _pop_int(spec, params, "draft_len") if kind == "sglang" else None
+        p = ParametricParams.from_strings(params, _src(spec))
+        kw = dict(params=p, drafter=drafter, domain_default=domain_default)
+        if kind == "tau":
+            try:
+                tau = float(arg)
+            except ValueError:
+                raise ConfigError(_src(spec), "tau", f"expected a number after 'tau:', got {arg!r}") from None
+            return importers.from_tau(tau, K, source=spec, **kw)
+        if kind == "vllm":
+            return importers.import_vllm(arg, K, **kw)
+        return importers.import_sglang(arg, K, draft_len=draft_len, **kw)
+    raise ConfigError(_src(spec), None, f"unknown acceptance source; expected one of {PARAMETRIC_DRAFTERS}, a trace "
+                      f"file ({', '.join(TRACE_SUFFIXES)}), 'vllm:PATH', 'sglang:PATH' or 'tau:X'")
+
+
+def drafter_of(spec: str) -> str:
+    """The drafter (draft-cost class) a spec runs with, without building the model."""
+    spec = spec.strip()
+    if _is_trace_path(spec):
+        from .trace_format import read_trace_metadata
+        return str(read_trace_metadata(resolve_trace_path(spec)).get("drafter", "unknown"))
+    base, params = _split_query(spec)
+    kind, _, arg = base.partition(":")
+    if kind in PARAMETRIC_DRAFTERS and not arg:
+        return kind
+    if kind in IMPORTERS and arg:
+        return params.get("drafter", "dspark")
+    raise ConfigError(_src(spec), None, "unknown acceptance source")
