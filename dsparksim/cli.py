@@ -35,7 +35,7 @@ def _add_common(p: argparse.ArgumentParser, frontier: bool) -> None:
     t = p.add_argument_group("traffic (closed loop by default)")
     if frontier:
         t.add_argument("--concurrency-levels", type=_floats, default=None,
-                       help="closed-loop load levels (users), comma-separated [1,2,4,...,256]")
+                       help="closed-loop load levels (users), comma-separated [1,2,4,8,16,32,64,96,128]")
         t.add_argument("--rates", type=_floats, default=None,
                        help="open-loop load levels (req/s), comma-separated; uses Poisson/gamma arrivals")
         t.add_argument("--time-scales", type=_floats, default=None,
@@ -95,8 +95,9 @@ def _traffic(args: argparse.Namespace, mode: str, **over: Any):
     if kw["mode"] == "closed":
         conc = int(kw.get("concurrency") or 1)
         if args.num_requests is None:
-            # Enough rows that no user can run dry: >= 3 requests per user per simulated second.
-            kw["pool_size"] = conc * (8 + math.ceil(3 * (duration or 0))) + 64
+            # Enough rows that no user runs dry: 10 requests per user per simulated second (the engine raises,
+            # never recycles, if a pool runs out).
+            kw["pool_size"] = conc * (8 + math.ceil(10 * (duration or 0))) + 64
     return TrafficConfig(**kw)
 
 
