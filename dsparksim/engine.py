@@ -139,6 +139,24 @@ class Simulation:
             "n_waiting",
             "n_running", "kv_used", "kv_read")}
         self.notes: dict[str, Any] = {}
+        self._dense = self._dense_verify_table()
+
+    def _dense_verify_table(self) -> np.ndarray | None:
+        """Verify time (context term excluded) for every M in 0..max_tokens, looked up once.
+
+        Policies price hundreds of candidate M values per step; one fancy index into this table replaces a floor
+        search per call. Only possible when the context term is additive (none or linear) and the whole range
+        lies inside the profile (extrapolated lookups go through the profile so they are counted).
+        """
+        prof = self.profile
+        if getattr(prof, "context_model", "none") not in ("none", "linear"):
+            return None
+        lo, hi = int(getattr(prof, "min_tokens", 1)), int(prof.max_tokens)
+        if self.max_tokens > hi or lo > 1:
+            return None
+        table = np.full(self.max_tokens + 1, np.nan)
+        table[1:] = prof.verify_time(np.arange(1, self.max_tokens + 1), 0)
+        return table
 
     # ---------------------------------------------------------------- arrivals
     def _issue(self, row: int, t: float) -> None:
@@ -206,8 +224,16 @@ class Simulation:
         else:
             nontrim = float(prof.fixed_overhead_s)  # prefill-only step: no drafting
 
-        def step_time(M: np.ndarray) -> np.ndarray:
-            return prof.verify_time(M, kv_read) + nontrim
+        dense = self._dense
+        if dense is not None:
+            # Same sum as the profile's verify_time(M, kv) + nontrim, with the per-step terms folded first.
+            extra = nontrim + float(getattr(prof, "seconds_per_kv_token", None) or 0.0) * kv_read
+
+            def step_time(M: np.ndarray) -> np.ndarray:
+                return dense[M] + extra
+        else:
+            def step_time(M: np.ndarray) -> np.ndarray:
+                return prof.verify_time(M, kv_read) + nontrim
 
         L = np.zeros(0, np.int64)
         a = np.zeros(0, np.int64)

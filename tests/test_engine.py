@@ -144,3 +144,17 @@ def test_oracle_bounds_every_policy_throughput(N):
         out[pol] = summarize(res, policy=pol, load=N, warmup_s=3.0, closed_loop=True)["output_throughput_tok_s"]
     for pol, thr in out.items():
         assert out["oracle"] >= 0.98 * thr, (pol, thr, out["oracle"])
+
+
+def test_dense_verify_table_equals_profile_lookup():
+    from dsparksim.acceptance import load_acceptance
+    from dsparksim.profile import load_profile
+
+    prof = load_profile("h100-llama2-7b-tp1")
+    pol = make_policy("confidence")
+    s = Simulation(profile=prof, acceptance=load_acceptance("dspark", 7), policy=pol, workload=closed(2, 8, 8, 4),
+                   block_size=7, drafter="dspark", kv_capacity_tokens=10**6, max_num_seqs=8,
+                   max_batched_tokens=prof.max_tokens, prefill_chunk_tokens=512, rng=np.random.default_rng(0),
+                   num_requests=4)
+    M = np.arange(1, prof.max_tokens + 1)
+    np.testing.assert_array_equal(s._dense[1:], prof.verify_time(M, 0))
