@@ -240,7 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--out", default="results/frontier", help="output directory [%(default)s]")
     f.add_argument("--quiet", action="store_true")
     f.set_defaults(func=cmd_frontier)
-    for mod in ("dsparksim.cli_profile", "dsparksim.cli_trace"):
+    for mod in ("dsparksim.cli_profile", "dsparksim.cli_trace", "dsparksim.cli_sweep",
+                "dsparksim.cli_models"):
         __import__(mod, fromlist=["register"]).register(sub)
     return p
 

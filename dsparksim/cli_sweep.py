@@ -1,0 +1,115 @@
+"""CLI: `dsparksim sweep | capacity | regress` (sweeps from a TOML spec; see dsparksim/sweep/)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _backend_args(p: argparse.ArgumentParser, default: str = "local") -> None:
+    g = p.add_argument_group("execution")
+    g.add_argument("--backend", choices=["serial", "local", "ray"], default=default,
+                   help="serial (this process), local (process pool) or ray (optional extra) [%(default)s]")
+    g.add_argument("--workers", type=int, default=None, help="worker processes / Ray CPUs [all cores]")
+    g.add_argument("--ray-address", default=None,
+                   help="connect to an existing Ray cluster (e.g. ray://host:10001 or auto) instead of starting "
+                        "a local instance")
+    g.add_argument("--quiet", action="store_true", help="no progress bar or report")
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from dsparksim.sweep import failure_text, load_spec, run_sweep
+
+    spec = load_spec(args.spec)  # validated before any cell runs
+    try:
+        res = run_sweep(spec, args.out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
+                        progress=not args.quiet)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: finished cells are saved in {args.out}/cells; run the same command again to resume",
+              file=sys.stderr)
+        return 130
+    if not args.quiet:
+        print(f"{spec.name}: {res.n_cells} cells ({res.n_cached} cached, {res.n_ran} run, {len(res.failures)} "
+              f"failed) in {res.wall_s:.1f} s on backend {args.backend}")
+        for k, p in res.paths.items():
+            print(f"  {k:9s} {p}")
+    if res.failures:
+        print(failure_text(res.failures), file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    from dsparksim.sweep import load_spec
+    from dsparksim.sweep.cache import write_frame, write_json
+    from dsparksim.sweep.capacity import capacity_search, capacity_settings, capacity_table
+
+    spec = load_spec(args.spec)
+    st = capacity_settings(spec, load=args.load, min=args.min, max=args.max, tolerance=args.tolerance,
+                           slo=args.slo, require_unsaturated=False if args.allow_saturated else None)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res = capacity_search(spec, st, out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
+                          progress=not args.quiet)
+    table = capacity_table(res)
+    write_json(out / "capacity.json", res)
+    write_frame(out / "capacity.csv", table)
+    if not args.quiet:
+        print(f"SLO: {' and '.join(st.to_dict()['slo'])}"
+              f"{' and not saturated' if st.require_unsaturated else ''}; {st.load} in [{st.lo:g}, {st.hi:g}], "
+              f"tolerance {st.tolerance:g}")
+        print(table.to_string(index=False))
+        print(f"  capacity.json {out / 'capacity.json'} (with the search trace)")
+        print(f"  capacity.csv  {out / 'capacity.csv'}")
+    return 1 if (table["status"] == "error").any() else 0
+
+
+def cmd_regress(args: argparse.Namespace) -> int:
+    from dsparksim.sweep.regress import regress
+
+    ok, text, _ = regress(args.baseline, spec_path=args.spec, backend=args.backend, workers=args.workers,
+                          ray_address=args.ray_address, update=args.update)
+    print(text, file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else 1
+
+
+def register(subparsers) -> None:
+    """Add `sweep`, `capacity` and `regress` to the dsparksim CLI."""
+    s = subparsers.add_parser("sweep", help="run every cell of a TOML sweep spec (cached, resumable)",
+                              description="Run the cross product of a sweep spec's axes. Finished cells are cached "
+                                          "by content hash in OUT/cells and skipped on a rerun (an interrupted sweep "
+                                          "resumes); writes OUT/results.csv (+ .parquet), sweep.json, failures.json.")
+    s.add_argument("spec", help="sweep spec (TOML), e.g. sweeps/example.toml")
+    s.add_argument("--out", required=True, help="output folder (also the cache)")
+    _backend_args(s)
+    s.set_defaults(func=cmd_sweep)
+
+    c = subparsers.add_parser("capacity", help="per policy, the largest load meeting an SLO (bisection)",
+                              description="For each combination of the spec's axes (e.g. each policy), bisect the "
+                                          "load (concurrency, rate or time_scale) for the largest value meeting "
+                                          "every SLO term; writes capacity.json (SLO + search trace), capacity.csv.")
+    c.add_argument("spec", help="sweep spec (TOML) whose axes must not include the load; its [capacity] table "
+                                "may set load, min, max, tolerance, slo")
+    c.add_argument("--out", required=True, help="output folder (also the probe cache)")
+    c.add_argument("--slo", action="append", default=None,
+                   help="SLO term METRIC>=X or METRIC<=Y on a run-summary field, repeatable, e.g. "
+                        "--slo 'tps_user_median>=50' --slo 'ttft_p99_s<=2' [spec's capacity.slo]")
+    c.add_argument("--load", choices=["concurrency", "rate", "time_scale"], default=None,
+                   help="load axis to search [spec's capacity.load, else its load key]")
+    c.add_argument("--min", type=float, default=None, help="lowest load searched")
+    c.add_argument("--max", type=float, default=None, help="highest load searched")
+    c.add_argument("--tolerance", type=float, default=None,
+                   help="stop when the bracket is this narrow [1 for concurrency, (max-min)/100 otherwise]")
+    c.add_argument("--allow-saturated", action="store_true", help="let a saturated run meet the SLO")
+    _backend_args(c)
+    c.set_defaults(func=cmd_capacity)
+
+    r = subparsers.add_parser("regress", help="recompute a fixed sweep and compare frontiers with a baseline",
+                              description="Recompute the baseline's sweep (no cache) and compare every frontier "
+                                          "point and matched gain within the baseline's stated tolerances; exit 1 "
+                                          "with a per-policy diff if anything moved.")
+    r.add_argument("--baseline", required=True, help="baseline JSON, e.g. tests/golden/regress_baseline.json")
+    r.add_argument("--spec", default=None, help="sweep spec [the one the baseline names]")
+    r.add_argument("--update", action="store_true", help="(re)write the baseline from the current results")
+    _backend_args(r)
+    r.set_defaults(func=cmd_regress)

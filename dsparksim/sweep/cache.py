@@ -1,0 +1,95 @@
+"""On-disk results of a sweep, keyed by cell hash; every file is written atomically (temp file + rename).
+
+Layout under the sweep's output folder::
+
+    cells/<hash>/config.json      the RunConfig, its axis values, resolved inputs, input hashes, version
+    cells/<hash>/requests.parquet per-request table (only with save_requests; .csv without pyarrow)
+    cells/<hash>/summary.json     written LAST: its presence means the cell finished (a cached result)
+    cells/<hash>/error.json       a failed attempt (never a result; the cell is retried on the next run)
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from dsparksim.config import _jsonable
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Write via a temporary file in the same folder and rename: a crash never leaves a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name, suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    # Full float precision (repr round-trips exactly) so a cached result equals a fresh one bit for bit.
+    atomic_write(path, lambda p: p.write_text(json.dumps(_jsonable(obj), indent=1, allow_nan=True) + "\n"))
+
+
+def write_frame(path: Path, df: pd.DataFrame) -> None:
+    if path.suffix == ".parquet":
+        atomic_write(path, lambda p: df.to_parquet(p, index=False))
+    else:
+        atomic_write(path, lambda p: df.to_csv(p, index=False))
+
+
+def have_parquet() -> bool:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class CellCache:
+    """Finished and failed cells of one output folder."""
+
+    def __init__(self, out_dir: str | Path):
+        self.root = Path(out_dir)
+        self.cells = self.root / "cells"
+
+    def dir(self, h: str) -> Path:
+        return self.cells / h
+
+    def done(self, h: str) -> bool:
+        return (self.dir(h) / "summary.json").is_file()
+
+    def load(self, h: str) -> dict[str, Any]:
+        return json.loads((self.dir(h) / "summary.json").read_text())
+
+    def save_result(self, h: str, config: dict[str, Any], summary: dict[str, Any], wall_s: float,
+                    requests: pd.DataFrame | None = None) -> None:
+        d = self.dir(h)
+        write_json(d / "config.json", config)
+        if requests is not None:
+            write_frame(d / ("requests.parquet" if have_parquet() else "requests.csv"), requests)
+        err = d / "error.json"
+        if err.exists():
+            err.unlink()
+        write_json(d / "summary.json", {"cell_hash": h, "wall_s": wall_s, "summary": summary})  # last
+
+    def save_error(self, h: str, config: dict[str, Any], error: str, tb: str) -> None:
+        d = self.dir(h)
+        write_json(d / "config.json", config)
+        write_json(d / "error.json", {"cell_hash": h, "error": error, "traceback": tb})
+
+    def clean_temp(self) -> int:
+        """Remove temp files a killed run left behind (an interrupted write never became a result)."""
+        n = 0
+        if self.root.is_dir():
+            for p in self.root.rglob(".*.tmp"):
+                p.unlink(missing_ok=True)
+                n += 1
+        return n

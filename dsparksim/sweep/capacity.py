@@ -1,0 +1,240 @@
+"""Capacity search: per policy (and per value of the spec's other axes), the largest load meeting an SLO.
+
+As Vidur's capacity search: bisection over simulated runs on one load axis (concurrency, rate or trace time
+scale), assuming the SLO holds below the capacity and fails above it. Probes of all groups run together on the
+backend each round, and every probe is a cached sweep cell (a rerun reuses them). The output states the SLO and
+the full search trace (every probed load, its metrics and the violated constraints).
+"""
+from __future__ import annotations
+
+import math
+import operator
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+from dsparksim.errors import ConfigError
+from dsparksim.sweep.cells import Cell, build_config, cell_hash
+from dsparksim.sweep.spec import LOAD_KEYS, SweepSpec
+
+_OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
+_SLO_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=|>|<)\s*([-+0-9.eE]+)\s*$")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """One SLO term, e.g. ``tps_user_median >= 50`` or ``ttft_p99_s <= 2``, on a run-summary field."""
+
+    metric: str
+    op: str
+    value: float
+
+    def __str__(self) -> str:
+        return f"{self.metric} {self.op} {self.value:g}"
+
+    def holds(self, summary: Mapping[str, Any]) -> bool:
+        v = summary.get(self.metric)
+        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            return False  # no measurement (e.g. no request completed) never meets an SLO
+        return bool(_OPS[self.op](float(v), self.value))
+
+
+def parse_slo(terms: Sequence[str], source: str = "--slo") -> list[Constraint]:
+    """Parse SLO terms ``METRIC OP NUMBER`` (OP one of >=, <=, >, <)."""
+    if isinstance(terms, str) or not terms:
+        raise ConfigError(source, "slo", f"expected a non-empty list of terms like 'tps_user_median >= 50', "
+                          f"got {terms!r}")
+    out = []
+    for i, t in enumerate(terms):
+        m = _SLO_RE.match(t) if isinstance(t, str) else None
+        if not m:
+            raise ConfigError(source, f"slo[{i}]", f"expected 'METRIC >= NUMBER' (or <=, >, <), got {t!r}")
+        try:
+            v = float(m.group(3))
+        except ValueError:
+            raise ConfigError(source, f"slo[{i}]", f"threshold is not a number in {t!r}") from None
+        out.append(Constraint(m.group(1), m.group(2), v))
+    return out
+
+
+def check_slo(summary: Mapping[str, Any], slo: Sequence[Constraint], require_unsaturated: bool = True,
+              source: str = "--slo") -> tuple[bool, list[str]]:
+    """(meets the SLO, violated terms). A saturated run never meets it when ``require_unsaturated``."""
+    for c in slo:
+        if c.metric not in summary:
+            numeric = sorted(k for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+            raise ConfigError(source, "slo", f"unknown metric {c.metric!r}; run summaries have: {', '.join(numeric)}")
+    bad = [str(c) for c in slo if not c.holds(summary)]
+    if require_unsaturated and summary.get("saturated"):
+        bad.append("saturated")
+    return not bad, bad
+
+
+@dataclass(frozen=True)
+class CapacitySettings:
+    load: str
+    lo: float
+    hi: float
+    tolerance: float
+    slo: tuple[Constraint, ...]
+    require_unsaturated: bool = True
+
+    @property
+    def integer(self) -> bool:
+        return self.load == "concurrency"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"load": self.load, "min": self.lo, "max": self.hi, "tolerance": self.tolerance,
+                "slo": [str(c) for c in self.slo], "require_unsaturated": self.require_unsaturated,
+                "assumption": "the SLO holds at every load below the capacity and fails above it (monotone)"}
+
+
+def capacity_settings(spec: SweepSpec, **over: Any) -> CapacitySettings:
+    """Settings from the spec's [capacity] table, overridden by non-None keyword values (the CLI flags)."""
+    d = {**spec.capacity, **{k: v for k, v in over.items() if v is not None}}
+    src = spec.source
+    known = ("load", "min", "max", "tolerance", "slo", "require_unsaturated")
+    for k in d:
+        if k not in known:
+            raise ConfigError(src, f"capacity.{k}", f"unknown key; expected some of {', '.join(known)}")
+    load = d.get("load", spec.load_key)
+    if load not in LOAD_KEYS:
+        raise ConfigError(src, "capacity.load", f"expected one of {LOAD_KEYS}, got {load!r}")
+    if load in spec.axes:
+        raise ConfigError(src, f"axes.{load}", "is the load the capacity search varies; remove it from [axes]")
+    for k in ("min", "max"):
+        if k not in d:
+            raise ConfigError(src, f"capacity.{k}", "required: the load range to search")
+        if isinstance(d[k], bool) or not isinstance(d[k], (int, float)) or not d[k] > 0:
+            raise ConfigError(src, f"capacity.{k}", f"expected a number > 0, got {d[k]!r}")
+    lo, hi = float(d["min"]), float(d["max"])
+    if load == "concurrency" and not (lo.is_integer() and hi.is_integer()):
+        raise ConfigError(src, "capacity.min/max", f"concurrency bounds must be integers, got {lo:g}, {hi:g}")
+    if not hi > lo:
+        raise ConfigError(src, "capacity.max", f"must exceed min ({lo:g}), got {hi:g}")
+    tol = d.get("tolerance", 1.0 if load == "concurrency" else (hi - lo) / 100)
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0:
+        raise ConfigError(src, "capacity.tolerance", f"expected a number > 0, got {tol!r}")
+    if load == "concurrency" and tol < 1:
+        raise ConfigError(src, "capacity.tolerance", f"concurrency is an integer: tolerance must be >= 1, got {tol!r}")
+    req = d.get("require_unsaturated", True)
+    if not isinstance(req, bool):
+        raise ConfigError(src, "capacity.require_unsaturated", f"expected true or false, got {req!r}")
+    slo = parse_slo(d.get("slo") or [], f"{src} [capacity] / --slo")
+    return CapacitySettings(load, lo, hi, float(tol), tuple(slo), req)
+
+
+@dataclass
+class _Search:
+    """Bisection state of one group: [lo, hi] brackets the boundary (lo meets the SLO, hi does not)."""
+
+    key: dict[str, Any]
+    st: CapacitySettings
+    lo: float
+    hi: float
+    trace: list[dict[str, Any]] = field(default_factory=list)
+    status: str = "running"
+    lo_ok: bool | None = None
+    hi_ok: bool | None = None
+
+    def probes(self) -> list[float]:
+        if self.status != "running":
+            return []
+        if self.lo_ok is None:
+            return [self.lo, self.hi]  # first round: both ends
+        if self.hi - self.lo <= self.st.tolerance:
+            self.status = "ok"
+            return []
+        mid = (self.lo + self.hi) / 2
+        if self.st.integer:
+            mid = float(math.floor(mid))
+        return [mid]
+
+    def feed(self, load: float, ok: bool) -> None:
+        if self.lo_ok is None or self.hi_ok is None:
+            if load == self.st.lo:
+                self.lo_ok = ok
+            else:
+                self.hi_ok = ok
+            if self.lo_ok is not None and self.hi_ok is not None:
+                if not self.lo_ok:
+                    self.status = "infeasible_at_min"
+                elif self.hi_ok:
+                    self.status = "feasible_at_max"
+            return
+        if ok:
+            self.lo = load
+        else:
+            self.hi = load
+
+    @property
+    def capacity(self) -> float | None:
+        if self.status == "infeasible_at_min":
+            return None
+        if self.status == "feasible_at_max":
+            return self.st.hi
+        return self.lo
+
+
+def _load_value(st: CapacitySettings, x: float) -> Any:
+    return int(x) if st.integer else float(x)
+
+
+def capacity_search(spec: SweepSpec, settings: CapacitySettings, out_dir: str | Path, backend: str = "local",
+                    workers: int | None = None, ray_address: str | None = None, progress: bool = True
+                    ) -> dict[str, Any]:
+    """Run the search for every group (the cross product of the spec's axes) and return the result dict."""
+    import itertools
+
+    from dsparksim.sweep.runner import run_cells_cached
+
+    st = settings
+    names = list(spec.axes)
+    base = {k: v for k, v in spec.base.items() if k != st.load}
+    searches = [_Search(dict(zip(names, combo)), st, st.lo, st.hi)
+                for combo in itertools.product(*(spec.axes[k] for k in names))]
+    rnd = 0
+    while True:
+        batch: list[tuple[_Search, float, Cell]] = []
+        for s in searches:
+            for x in s.probes():
+                cfg = build_config({**base, **s.key, st.load: _load_value(st, x)}, spec.source)
+                batch.append((s, x, Cell(index=len(batch), key={**s.key, st.load: _load_value(st, x)}, config=cfg,
+                                         hash=cell_hash(cfg))))
+        if not batch:
+            break
+        rnd += 1
+        summaries, failures, _, _ = run_cells_cached([c for _, _, c in batch], out_dir, backend, workers,
+                                                     ray_address, False, progress, desc=f"capacity round {rnd}")
+        failed = {f["cell"]: f["error"] for f in failures}
+        for s, x, c in batch:
+            if c.index in failed:
+                s.status = "error"
+                s.trace.append({"load": _load_value(st, x), "cell_hash": c.hash, "error": failed[c.index]})
+                continue
+            summ = summaries[c.index]
+            ok, bad = check_slo(summ, st.slo, st.require_unsaturated, spec.source)
+            metrics = {m.metric: summ.get(m.metric) for m in st.slo}
+            s.trace.append({"load": _load_value(st, x), "feasible": ok, "violations": bad, "metrics": metrics,
+                            "saturated": bool(summ.get("saturated")), "cell_hash": c.hash, "round": rnd})
+            if s.status == "running":
+                s.feed(x, ok)
+    results = []
+    for s in searches:
+        cap = s.capacity if s.status != "error" else None
+        results.append({"group": s.key, "capacity": None if cap is None else _load_value(st, cap),
+                        "status": s.status, "bracket": [_load_value(st, s.lo), _load_value(st, s.hi)],
+                        "n_probes": len(s.trace), "trace": s.trace})
+    return {"spec": spec.source, "settings": st.to_dict(), "base": dict(spec.base), "results": results}
+
+
+def capacity_table(res: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per group: its axis values, capacity, status, bracket and number of probes."""
+    rows = []
+    for r in res["results"]:
+        rows.append({**r["group"], "load": res["settings"]["load"], "capacity": r["capacity"], "status": r["status"],
+                     "bracket_lo": r["bracket"][0], "bracket_hi": r["bracket"][1], "n_probes": r["n_probes"]})
+    return pd.DataFrame(rows)

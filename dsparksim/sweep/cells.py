@@ -1,0 +1,174 @@
+"""Cells of a sweep: one RunConfig per point of the axes' cross product, and its content hash.
+
+A cell's hash covers everything its result depends on: the full RunConfig, the bytes of every file it reads
+(profile JSON, acceptance trace or engine log, length source, arrival trace, the paper reference data behind the
+parametric models), the dsparksim version and a fingerprint of the simulator's source code (so editing a policy
+never serves a stale cached result).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dsparksim.config import RunConfig
+from dsparksim.errors import ConfigError, InputError
+from dsparksim.sweep.spec import SweepSpec
+
+# spec key -> attribute of the `dsparksim run` argparse namespace (cells are built by the CLI's own functions).
+_ARG = {"policy": "policy", "profile": "profile", "acceptance": "acceptance", "mtp1_acceptance": "mtp1_acceptance",
+        "seed": "seed", "warmup_s": "warmup", "block_size": "block_size", "kv_capacity_tokens": "kv_capacity",
+        "max_num_seqs": "max_num_seqs", "max_batched_tokens": "max_batched_tokens",
+        "prefill_chunk_tokens": "prefill_chunk", "extrapolate": "extrapolate", "arrival": "arrival",
+        "burstiness": "burstiness", "lengths": "lengths", "domain": "domain", "mooncake_spread": "mooncake_spread",
+        "duration_s": "duration", "num_requests": "num_requests"}
+_TRAFFIC_EXTRA = ("trace_format", "max_prompt_tokens", "max_output_tokens")
+DEFAULT_CONCURRENCY = 32  # `dsparksim run` without a load option
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of a sweep: its position, the axis values that define it, its RunConfig and content hash."""
+
+    index: int
+    key: dict[str, Any]
+    config: RunConfig
+    hash: str
+
+
+@functools.lru_cache(maxsize=1)
+def _run_defaults() -> dict[str, Any]:
+    # The defaults of `dsparksim run`, read from its parser so a sweep cell is exactly the run the CLI would do.
+    from dsparksim.cli import build_parser
+
+    return vars(build_parser().parse_args(["run"]))
+
+
+def build_config(values: dict[str, Any], source: str = "sweep spec") -> RunConfig:
+    """RunConfig for one cell from spec keys (missing keys take `dsparksim run`'s defaults)."""
+    from dsparksim.cli import _run_config, _traffic
+
+    ns = argparse.Namespace(**_run_defaults())
+    for k, attr in _ARG.items():
+        if k in values:
+            setattr(ns, attr, values[k])
+    over = {k: values[k] for k in _TRAFFIC_EXTRA if k in values}
+    try:
+        if "time_scale" in values:
+            traffic = _traffic(ns, "trace", trace=values.get("trace"), time_scale=values["time_scale"], **over)
+        elif "rate" in values:
+            traffic = _traffic(ns, "open", rate=values["rate"], **over)
+        else:
+            if "trace" in values:
+                raise ConfigError(source, "trace", "a trace is replayed on a time_scale load axis; set time_scale")
+            traffic = _traffic(ns, "closed", concurrency=int(values.get("concurrency", DEFAULT_CONCURRENCY)), **over)
+        cfg = _run_config(ns, traffic)
+        if "drafter" in values:
+            cfg = cfg.replace(engine=dataclasses.replace(cfg.engine, drafter=values["drafter"]))
+    except InputError as e:
+        raise ConfigError(source, e.field, f"cell {values}: {e}") from None
+    return cfg
+
+
+def expand(spec: SweepSpec) -> list[Cell]:
+    """All cells of a spec, in the order of the axes' cross product (first axis slowest)."""
+    names = list(spec.axes)
+    cells = []
+    for i, combo in enumerate(itertools.product(*(spec.axes[k] for k in names))):
+        key = dict(zip(names, combo))
+        cfg = build_config({**spec.base, **key}, spec.source)
+        cells.append(Cell(index=i, key=key, config=cfg, hash=cell_hash(cfg)))
+    return cells
+
+
+def cell_hash(cfg: RunConfig) -> str:
+    """sha256 of the canonical JSON of the config, its inputs' content hashes, version and code fingerprint."""
+    from dsparksim import __version__
+
+    payload = {"config": cfg.to_dict(), "inputs": input_hashes(cfg), "dsparksim_version": __version__,
+               "code": code_fingerprint()}
+    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=True)
+
+
+def input_hashes(cfg: RunConfig) -> dict[str, str | None]:
+    """sha256 of the bytes of every file the run reads (None for an input that is not a file)."""
+    from dsparksim.traffic.config import DEFAULT_LENGTHS
+    from dsparksim.traffic.sources import resolve
+
+    t = cfg.traffic
+    out = {"profile": _file_sha(_profile_path(cfg.profile)),
+           "acceptance": _acceptance_sha(cfg.acceptance),
+           "mtp1_acceptance": _acceptance_sha(cfg.mtp1_acceptance)}
+    try:
+        out["lengths"] = _file_sha(resolve(t.lengths or DEFAULT_LENGTHS, "lengths")[0])
+    except InputError:
+        out["lengths"] = None  # trace mode with the trace's own lengths and no shipped default present
+    out["trace"] = _file_sha(resolve(t.trace, "trace")[0]) if t.trace else None
+    return out
+
+
+def _profile_path(name: str) -> Path | None:
+    from dsparksim.profile import shipped_dir
+
+    p = Path(name)
+    if p.is_file():
+        return p
+    q = shipped_dir() / f"{name}.json"
+    return q if q.is_file() else None
+
+
+def _acceptance_sha(spec: str) -> str | None:
+    from dsparksim.acceptance import IMPORTERS, TRACE_SUFFIXES, resolve_trace_path
+
+    s = spec.strip()
+    if s.lower().endswith(TRACE_SUFFIXES):
+        return _file_sha(resolve_trace_path(s))
+    base = s.rsplit("?", 1)[0]
+    kind, _, arg = base.partition(":")
+    if kind in IMPORTERS and kind != "tau" and arg:
+        return _file_sha(Path(arg))
+    return _file_sha(_reference_path())  # parametric models are calibrated on the shipped paper figures
+
+
+def _reference_path() -> Path:
+    return Path(__file__).resolve().parents[1] / "data" / "dspark_acceptance.json"
+
+
+def _file_sha(path: Path | None) -> str | None:
+    if path is None or not Path(path).is_file():
+        return None
+    st = Path(path).stat()
+    return _sha_cached(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _sha_cached(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """sha256 over the simulator's source files. Excluded, as they cannot change a simulated result: the sweep
+    machinery, the CLI modules, plotting and the torch runner (dsparksim.backend)."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*.py")):
+        rel = p.relative_to(root).as_posix()
+        if rel.startswith(("sweep/", "backend/", "cli", "plots")):
+            continue
+        h.update(rel.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()

@@ -1,0 +1,136 @@
+"""Run a sweep: skip cached cells, run the rest on a backend, write each result as it lands, build the table."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+
+from dsparksim.sweep.backends import Task, make_backend
+from dsparksim.sweep.cache import CellCache, have_parquet, write_frame, write_json
+from dsparksim.sweep.cells import Cell, code_fingerprint, expand, input_hashes
+from dsparksim.sweep.spec import SweepSpec
+
+KEY_PREFIX = "cfg."  # table columns holding a cell's axis values (summary fields keep their own names)
+
+
+@dataclass
+class SweepResult:
+    """What a sweep produced. ``table``: one row per finished cell, in cell order; ``failures``: failed cells."""
+
+    table: pd.DataFrame
+    failures: list[dict[str, Any]]
+    n_cells: int
+    n_cached: int
+    n_ran: int
+    wall_s: float
+    paths: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def run_cells_cached(cells: Sequence[Cell], out_dir: str | Path, backend: str = "local", workers: int | None = None,
+                     ray_address: str | None = None, save_requests: bool = False, progress: bool = True,
+                     desc: str = "sweep") -> tuple[dict[int, dict[str, Any]], list[dict[str, Any]], int, int]:
+    """Run the cells not already finished in ``out_dir``. Returns (summaries by cell index, failures, cached, ran)."""
+    from dsparksim import __version__
+
+    cache = CellCache(out_dir)
+    cache.clean_temp()
+    todo = [c for c in cells if not cache.done(c.hash)]
+    by_index = {c.index: c for c in cells}
+    failures: list[dict[str, Any]] = []
+    mine = code_fingerprint()
+
+    def cfg_record(c: Cell, inputs: Any = None) -> dict[str, Any]:
+        return {"cell_hash": c.hash, "key": c.key, "config": c.config.to_dict(), "inputs": inputs,
+                "input_hashes": input_hashes(c.config), "dsparksim_version": __version__, "code": mine}
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(cells), initial=len(cells) - len(todo), unit="cell", desc=desc, disable=not progress,
+               dynamic_ncols=True)
+
+    def on_result(res: dict[str, Any]) -> None:
+        c = by_index[res["index"]]
+        if res["ok"] and res.get("code") not in (None, mine):
+            res = {**res, "ok": False, "traceback": "",
+                   "error": "worker ran different dsparksim code (source fingerprint differs from the driver's); "
+                            "install the same version on every worker"}
+        if res["ok"]:
+            cache.save_result(c.hash, cfg_record(c, res.get("inputs")), res["summary"], res["wall_s"],
+                              res.get("requests"))
+        else:
+            cache.save_error(c.hash, cfg_record(c), res["error"], res.get("traceback", ""))
+            failures.append({"cell": c.index, "cell_hash": c.hash, **{KEY_PREFIX + k: v for k, v in c.key.items()},
+                             "error": res["error"], "traceback": res.get("traceback", "")})
+            bar.set_postfix(failed=len(failures))
+        bar.update(1)
+
+    try:
+        make_backend(backend, workers, ray_address).run([Task(c.index, c.config, save_requests) for c in todo],
+                                                        on_result)
+    finally:
+        bar.close()
+    summaries = {c.index: cache.load(c.hash)["summary"] for c in cells if cache.done(c.hash)}
+    failures.sort(key=lambda f: f["cell"])
+    return summaries, failures, len(cells) - len(todo), len(todo)
+
+
+def results_table(cells: Sequence[Cell], summaries: dict[int, dict[str, Any]]) -> pd.DataFrame:
+    """One row per finished cell in cell order: cell index and hash, ``cfg.<axis>`` values, summary fields.
+
+    Nested summary values (dicts) are stored as JSON strings so the table stays flat (CSV and Parquet alike).
+    """
+    rows = []
+    for c in cells:
+        s = summaries.get(c.index)
+        if s is None:
+            continue
+        row: dict[str, Any] = {"cell": c.index, "cell_hash": c.hash}
+        row.update({KEY_PREFIX + k: v for k, v in c.key.items()})
+        for k, v in s.items():
+            row[k] = json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def run_sweep(spec: SweepSpec, out_dir: str | Path, backend: str = "local", workers: int | None = None,
+              ray_address: str | None = None, progress: bool = True) -> SweepResult:
+    """Run every cell of ``spec`` not already in ``out_dir`` and write sweep.json, results.{csv,parquet} and
+    failures.json there (all atomically; the results table is written last)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    cells = expand(spec)
+    summaries, failures, n_cached, n_ran = run_cells_cached(
+        cells, out, backend, workers, ray_address, spec.save_requests, progress, desc=spec.name)
+    wall = time.perf_counter() - t0
+    table = results_table(cells, summaries)
+    paths = {"sweep": out / "sweep.json", "failures": out / "failures.json", "csv": out / "results.csv"}
+    write_json(paths["sweep"], {"spec": spec.to_dict(), "n_cells": len(cells), "n_cached": n_cached, "n_ran": n_ran,
+                                "n_failed": len(failures), "backend": backend, "workers": workers,
+                                "wall_s": round(wall, 3), "cell_hashes": [c.hash for c in cells]})
+    write_json(paths["failures"], failures)
+    if have_parquet():
+        paths["parquet"] = out / "results.parquet"
+        write_frame(paths["parquet"], table)
+    write_frame(paths["csv"], table)
+    return SweepResult(table=table, failures=failures, n_cells=len(cells), n_cached=n_cached, n_ran=n_ran,
+                       wall_s=wall, paths=paths)
+
+
+def failure_text(failures: Sequence[dict[str, Any]], limit: int = 20) -> str:
+    """A readable list of failed cells: index, axis values, error."""
+    lines = [f"{len(failures)} cell(s) failed (not written as results; rerun to retry):"]
+    for f in failures[:limit]:
+        key = ", ".join(f"{k[len(KEY_PREFIX):]}={v}" for k, v in f.items() if k.startswith(KEY_PREFIX))
+        lines.append(f"  cell {f['cell']} [{key}] {f['error']}")
+    if len(failures) > limit:
+        lines.append(f"  ... and {len(failures) - limit} more (see failures.json)")
+    return "\n".join(lines)

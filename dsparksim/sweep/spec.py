@@ -1,0 +1,232 @@
+"""Sweep spec files (TOML): which axes, which values, validated before any cell runs.
+
+Format (every key may appear either fixed in ``[base]`` or as a non-empty list in ``[axes]``, never both)::
+
+    [sweep]                      # optional
+    name = "example"
+    save_requests = false        # also keep each cell's per-request table
+
+    [base]                       # fixed for every cell
+    duration_s = 20.0
+    domain = "mix:math=1,code=1,chat=1"
+
+    [axes]                       # the cross product of these lists is the set of cells
+    policy = ["mtp1", "confidence", "oracle"]
+    acceptance = ["dspark", "dflash"]
+    concurrency = [1, 8, 32]     # the load axis: concurrency (closed loop) | rate (open loop) | time_scale (trace)
+    seed = [0, 1]
+
+    [capacity]                   # only read by `dsparksim capacity`
+    [regress]                    # only read by `dsparksim regress`
+
+Keys and defaults follow ``dsparksim run`` exactly (same defaults, same closed-loop pool rule), so a sweep cell is
+the very run ``dsparksim run`` would do with the same options. Relative paths are relative to the working
+directory, as on the command line.
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from dsparksim.errors import ConfigError, InputError
+
+RUN_KEYS = ("policy", "profile", "acceptance", "mtp1_acceptance", "seed", "warmup_s")
+ENGINE_KEYS = ("block_size", "drafter", "kv_capacity_tokens", "max_num_seqs", "max_batched_tokens",
+               "prefill_chunk_tokens", "extrapolate")
+LOAD_KEYS = ("concurrency", "rate", "time_scale")
+TRAFFIC_KEYS = LOAD_KEYS + ("arrival", "burstiness", "trace", "trace_format", "mooncake_spread", "lengths", "domain",
+                            "duration_s", "num_requests", "max_prompt_tokens", "max_output_tokens")
+KEYS = RUN_KEYS + ENGINE_KEYS + TRAFFIC_KEYS
+TABLES = ("sweep", "base", "axes", "capacity", "regress")
+SWEEP_KEYS = ("name", "save_requests")
+
+# The value types each key accepts in the TOML (checked here so the error names the spec field; ranges are checked
+# by the config dataclasses when the cells are built).
+_STR = (str,)
+_INT = (int,)
+_NUM = (int, float)
+_BOOL = (bool,)
+TYPES: dict[str, tuple[type, ...]] = {
+    "policy": _STR, "profile": _STR, "acceptance": _STR, "mtp1_acceptance": _STR, "seed": _INT, "warmup_s": _NUM,
+    "block_size": _INT, "drafter": _STR, "kv_capacity_tokens": _INT, "max_num_seqs": _INT,
+    "max_batched_tokens": _INT, "prefill_chunk_tokens": _INT, "extrapolate": _BOOL,
+    "concurrency": _INT, "rate": _NUM, "time_scale": _NUM, "arrival": _STR, "burstiness": _NUM, "trace": _STR,
+    "trace_format": _STR, "mooncake_spread": _BOOL, "lengths": _STR, "domain": _STR, "duration_s": _NUM,
+    "num_requests": _INT, "max_prompt_tokens": _INT, "max_output_tokens": _INT,
+}
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A parsed, validated sweep spec. ``axes`` keeps the file's order (it fixes the cell order)."""
+
+    source: str
+    name: str
+    base: Mapping[str, Any]
+    axes: Mapping[str, tuple[Any, ...]]
+    save_requests: bool = False
+    capacity: Mapping[str, Any] = field(default_factory=dict)
+    regress: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def load_key(self) -> str:
+        """Which load axis the spec uses (concurrency when none is named, as ``dsparksim run``)."""
+        for k in LOAD_KEYS:
+            if k in self.axes or k in self.base:
+                return k
+        return "concurrency"
+
+    def n_cells(self) -> int:
+        n = 1
+        for v in self.axes.values():
+            n *= len(v)
+        return n
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "name": self.name, "save_requests": self.save_requests,
+                "base": dict(self.base), "axes": {k: list(v) for k, v in self.axes.items()},
+                "capacity": dict(self.capacity), "regress": dict(self.regress)}
+
+    def with_axes(self, **axes: Any) -> "SweepSpec":
+        """A copy with some axes replaced (a value that is not a list becomes a fixed base value)."""
+        b, a = dict(self.base), dict(self.axes)
+        for k, v in axes.items():
+            a.pop(k, None)
+            b.pop(k, None)
+            if isinstance(v, (list, tuple)):
+                a[k] = tuple(v)
+            else:
+                b[k] = v
+        return spec_from_dict({"sweep": {"name": self.name, "save_requests": self.save_requests}, "base": b,
+                               "axes": {k: list(v) for k, v in a.items()}, "capacity": dict(self.capacity),
+                               "regress": dict(self.regress)}, source=self.source)
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read and validate a TOML sweep spec (structure, types, policies, input files) -- no cell runs."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise InputError(str(p), None, f"cannot read sweep spec: {e.strerror or e}") from None
+    try:
+        d = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise InputError(str(p), None, f"not valid TOML: {e}") from None
+    return spec_from_dict(d, source=str(p))
+
+
+def spec_from_dict(d: Mapping[str, Any], source: str = "sweep spec", check_inputs: bool = True) -> SweepSpec:
+    """Validate a spec given as a dict (the parsed TOML). ``check_inputs`` also opens every named input."""
+    if not isinstance(d, Mapping):
+        raise ConfigError(source, None, f"expected a table, got {type(d).__name__}")
+    for t in d:
+        if t not in TABLES:
+            raise ConfigError(source, t, f"unknown table [{t}]; expected some of {', '.join(TABLES)}")
+        if not isinstance(d[t], Mapping):
+            raise ConfigError(source, t, f"expected a table [{t}], got {d[t]!r}")
+    sw = dict(d.get("sweep", {}))
+    for k in sw:
+        if k not in SWEEP_KEYS:
+            raise ConfigError(source, f"sweep.{k}", f"unknown key; expected some of {', '.join(SWEEP_KEYS)}")
+    name = sw.get("name", Path(source).stem)
+    if not isinstance(name, str):
+        raise ConfigError(source, "sweep.name", f"expected a string, got {name!r}")
+    save_req = sw.get("save_requests", False)
+    if not isinstance(save_req, bool):
+        raise ConfigError(source, "sweep.save_requests", f"expected true or false, got {save_req!r}")
+    base = {k: _check_value(source, f"base.{k}", k, v) for k, v in dict(d.get("base", {})).items()}
+    axes: dict[str, tuple[Any, ...]] = {}
+    for k, vals in dict(d.get("axes", {})).items():
+        if k in base:
+            raise ConfigError(source, f"axes.{k}", f"also fixed in [base] ({base[k]!r}); keep one of the two")
+        if not isinstance(vals, list):
+            raise ConfigError(source, f"axes.{k}", f"an axis is a list of values, got {vals!r} (fixed values "
+                              "belong in [base])")
+        if not vals:
+            raise ConfigError(source, f"axes.{k}", "empty axis: give at least one value")
+        checked = tuple(_check_value(source, f"axes.{k}[{i}]", k, v) for i, v in enumerate(vals))
+        seen = set()
+        for i, v in enumerate(checked):
+            if v in seen:
+                raise ConfigError(source, f"axes.{k}[{i}]", f"duplicate value {v!r} (each cell would run twice)")
+            seen.add(v)
+        axes[k] = checked
+    loads = [k for k in LOAD_KEYS if k in axes or k in base]
+    if len(loads) > 1:
+        raise ConfigError(source, loads[1], f"only one load key may be set, got {loads} (concurrency = closed loop, "
+                          "rate = open loop, time_scale = trace replay)")
+    spec = SweepSpec(source=source, name=name, base=base, axes=axes, save_requests=save_req,
+                     capacity=dict(d.get("capacity", {})), regress=dict(d.get("regress", {})))
+    _check_semantics(spec, check_inputs)
+    return spec
+
+
+def _check_value(source: str, where: str, key: str, v: Any) -> Any:
+    if key not in TYPES:
+        raise ConfigError(source, where, f"unknown key {key!r}; known keys: {', '.join(KEYS)}")
+    want = TYPES[key]
+    ok = isinstance(v, want) and not (isinstance(v, bool) and bool not in want)
+    if not ok:
+        names = " or ".join(t.__name__ for t in want)
+        raise ConfigError(source, where, f"expected {names}, got {v!r}")
+    return float(v) if want is _NUM else v
+
+
+def _values(spec: SweepSpec, key: str) -> list[tuple[str, Any]]:
+    """(spec field, value) for every value a key takes in the spec."""
+    if key in spec.axes:
+        return [(f"axes.{key}[{i}]", v) for i, v in enumerate(spec.axes[key])]
+    if key in spec.base:
+        return [(f"base.{key}", spec.base[key])]
+    return []
+
+
+def _check_semantics(spec: SweepSpec, check_inputs: bool) -> None:
+    """Policies parse, named inputs exist and load; every cell's configuration is constructible."""
+    from dsparksim.policies import make_policy
+
+    src = spec.source
+    for where, pol in _values(spec, "policy"):
+        try:
+            make_policy(pol)
+        except InputError as e:
+            raise ConfigError(src, where, f"invalid policy spec {pol!r}: {e}") from None
+    if spec.load_key == "time_scale" and not _values(spec, "trace"):
+        raise ConfigError(src, "base.trace", "a time_scale load axis replays a trace: set trace")
+    if check_inputs:
+        _check_inputs(spec)
+    from dsparksim.sweep.cells import expand
+
+    expand(spec)  # builds every RunConfig: raises ConfigError naming the spec and the cell's values
+
+
+def _check_inputs(spec: SweepSpec) -> None:
+    from dsparksim.acceptance import load_acceptance
+    from dsparksim.profile import load_profile
+    from dsparksim.traffic.readers import read_trace
+    from dsparksim.traffic.sources import resolve
+
+    src = spec.source
+    for where, prof in _values(spec, "profile"):
+        try:
+            load_profile(prof)
+        except InputError as e:
+            raise ConfigError(src, where, f"profile {prof!r} cannot be loaded: {e}") from None
+    ks = sorted({int(v) for _, v in _values(spec, "block_size")} or {7})
+    for key, kset in (("acceptance", ks), ("mtp1_acceptance", [1])):
+        for where, acc in _values(spec, key):
+            for K in kset:
+                try:
+                    load_acceptance(acc, K)
+                except (InputError, OSError) as e:
+                    raise ConfigError(src, where, f"acceptance source {acc!r} (K={K}) cannot be loaded: {e}") from None
+    for key in ("lengths", "trace"):
+        for where, val in _values(spec, key):
+            try:
+                path, _ = resolve(val, key)
+                read_trace(path, spec.base.get("trace_format") if key == "trace" else None)
+            except (InputError, OSError) as e:
+                raise ConfigError(src, where, f"{key} {val!r} cannot be read: {e}") from None
