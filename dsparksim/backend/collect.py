@@ -1,0 +1,105 @@
+"""``dsparksim collect``: real acceptance traces from the committed drafter/target pairs.
+
+For each drafter and domain, the eval prompts (held out from training and from STS calibration) are decoded by
+exact speculative decoding at the preset's temperature (1.0), ``samples_per_prompt`` responses per prompt, all K
+draft tokens verified every step. Each step is one trace row: the accepted prefix length A, the drafter's raw
+confidences and the STS-calibrated ones (``models/calibration.json``). One file per drafter,
+``traces/real_<drafter>_k<K>.csv.gz``, all three domains inside, readable by
+:func:`dsparksim.acceptance.trace_format.read_trace`.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ..acceptance.trace_format import write_trace
+from ..errors import InputError
+from .calibration import apply_sts
+from .checkpoint import load_drafter, load_target
+from .config import PipelineConfig, preset
+from .data import DOMAINS, build_corpus
+from .drafters import DRAFTERS
+from .tokenizer import file_sha256, load_tokenizer
+from .train import decode_domain
+
+
+def load_models(models: str | Path):
+    """(config, tokenizer, target, target meta, calibration dict) from a models directory, all checked."""
+    models = Path(models)
+    log_path = models / "training_log.json"
+    if not log_path.is_file():
+        raise InputError(log_path, None, "training log not found (run `dsparksim train`)")
+    try:
+        log = json.loads(log_path.read_text())
+        name = log["preset"]
+    except (json.JSONDecodeError, KeyError) as e:
+        raise InputError(log_path, "preset", f"unreadable training log: {e}") from None
+    cfg = preset(name)
+    target, tmeta = load_target(models / "target.pt")
+    tok_path = models / "tokenizer.json"
+    tok = load_tokenizer(tok_path, target.cfg.vocab_size, models / "target.pt")
+    if tmeta.get("tokenizer_sha256") != file_sha256(tok_path):
+        raise InputError(tok_path, "sha256", f"tokenizer differs from the one {models / 'target.pt'} was trained with")
+    cal_path = models / "calibration.json"
+    if not cal_path.is_file():
+        raise InputError(cal_path, None, "calibration file not found (run `dsparksim train --stages calibrate`)")
+    cal = json.loads(cal_path.read_text())
+    return cfg, tok, target, tmeta, cal
+
+
+def describe_target(cfg: PipelineConfig, sha: str) -> str:
+    m = cfg.model
+    return (f"dsparksim-backend target ({cfg.name}): d_model {m.d_model}, {m.n_layers} layers, {m.n_heads} heads / "
+            f"{m.n_kv_heads} kv heads, vocab {m.vocab_size}, sha256 {sha[:12]}")
+
+
+def collect(models: str | Path, out: str | Path, drafters=DRAFTERS, preset_name: str | None = None,
+            prompts_dir=None, progress=True, threads: int = 2) -> list[Path]:
+    torch.set_num_threads(threads)
+    cfg, tok, target, tmeta, cal = load_models(models)
+    if preset_name is not None:
+        cfg = preset(preset_name, model=cfg.model)
+    corpus = build_corpus(cfg.data, prompts_dir)
+    paths = []
+    for i, kind in enumerate(drafters):
+        if kind not in DRAFTERS:
+            raise InputError("--drafters", "drafters", f"unknown drafter {kind!r}; expected {DRAFTERS}")
+        if kind not in cal:
+            raise InputError(Path(models) / "calibration.json", kind, "no STS temperatures for this drafter")
+        drafter, _ = load_drafter(Path(models) / f"{kind}.pt", kind, target, tmeta["sha256"])
+        temps = np.asarray(cal[kind]["temperatures"])
+        cols = {"request_id": [], "domain": [], "step": [], "accepted_len": [], "conf": [], "raw_conf": []}
+        rid = 0
+        for j, d in enumerate(tqdm(DOMAINS, desc=f"collect {kind}", disable=not progress)):
+            A, C = decode_domain(cfg, tok, target, drafter, kind, corpus.prompts["eval"][d], d,
+                                 seed=cfg.collect.seed + 1000 * i + j, samples=cfg.collect.samples_per_prompt)
+            n, S = A.shape
+            if temps.size != C.shape[-1]:
+                raise InputError(Path(models) / "calibration.json", kind,
+                                 f"{temps.size} temperatures for block size {C.shape[-1]}")
+            cols["request_id"].append(np.repeat(np.arange(rid, rid + n), S))
+            cols["domain"].append(np.full(n * S, d, dtype=object))
+            cols["step"].append(np.tile(np.arange(S), n))
+            cols["accepted_len"].append(A.reshape(-1))
+            cols["raw_conf"].append(C.reshape(n * S, -1))
+            cols["conf"].append(apply_sts(C.reshape(n * S, -1), temps))
+            rid += n
+        data = {k: np.concatenate(v) for k, v in cols.items()}
+        K = data["conf"].shape[1]
+        cc = cfg.collect
+        meta = {"drafter": kind, "K": K, "temperature": cc.temperature,
+                "target": describe_target(cfg, tmeta["sha256"]),
+                "source": (f"dsparksim collect: exact speculative decoding (all K verified, rejection sampling) of "
+                           f"held-out eval prompts, {cc.samples_per_prompt} responses per prompt, "
+                           f"{cc.blocks_mtp1 if kind == 'mtp1' else cc.blocks} blocks per response, seed "
+                           f"{cc.seed}; conf = STS-calibrated on separate calib prompts, raw_conf = "
+                           + ("confidence head" if kind == "dspark" else "draft probability of the drafted token")
+                           + ")"),
+                "sts_temperatures": temps.tolist(), "preset": cfg.name}
+        p = write_trace(Path(out) / f"real_{kind}_k{K}.csv.gz", data, meta, float_format="%.5g")
+        paths.append(p)
+    return paths
