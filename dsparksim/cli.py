@@ -44,7 +44,8 @@ def _add_common(p: argparse.ArgumentParser, frontier: bool) -> None:
         x = t.add_mutually_exclusive_group()
         x.add_argument("--concurrency", type=int, help="closed loop with N concurrent users [32 if nothing else]")
         x.add_argument("--rate", type=float, help="open loop, mean arrival rate in req/s")
-        x.add_argument("--trace", help="replay an arrival trace (Azure 2023 CSV, Mooncake JSONL)")
+        x.add_argument("--trace", help="replay an arrival trace: an Azure 2023 CSV or Mooncake JSONL path, or a shipped window "
+                                       "(azure-conv-window, azure-code-window, mooncake-window)")
         t.add_argument("--time-scale", type=float, default=1.0, help="trace replay rate multiplier [%(default)s]")
     if frontier:
         t.add_argument("--trace", help="replay an arrival trace at each --time-scales level")
@@ -241,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--quiet", action="store_true")
     f.set_defaults(func=cmd_frontier)
     for mod in ("dsparksim.cli_profile", "dsparksim.cli_trace", "dsparksim.cli_sweep",
-                "dsparksim.cli_models"):
+                "dsparksim.cli_models", "dsparksim.cli_runner"):
         __import__(mod, fromlist=["register"]).register(sub)
     return p
 

@@ -29,7 +29,8 @@ def register(subparsers) -> None:
     t.add_argument("--out", default="models", help="output directory [%(default)s]")
     t.add_argument("--stages", default="tokenizer,target,drafters,calibrate",
                    help="comma-separated subset of tokenizer,target,drafters,calibrate [all]")
-    t.add_argument("--prompts-dir", default=None, help="directory with the prompts/*.jsonl files [../shared/data/prompts]")
+    t.add_argument("--prompts-dir", default=None,
+                   help="directory with the prompts/*.jsonl files [../shared/data/prompts]")
     t.add_argument("--threads", type=int, default=2, help="torch CPU threads [%(default)s]")
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     t.set_defaults(func=train_command)

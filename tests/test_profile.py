@@ -252,6 +252,9 @@ def test_shipped_profiles_load_with_provenance():
     for n in names:
         p = load_profile(n)
         md = p.metadata
+        if "derivation" not in md:  # measured on a real engine (dsparksim measure), not derived from vidur
+            assert md["source"] and md["date"] and md["kv_capacity_tokens"] > 0
+            continue
         der = md["derivation"]
         assert p.name == n and p.context_model == "linear"
         assert {"dspark", "dflash", "eagle3", "mtp1"} <= set(p.drafters)

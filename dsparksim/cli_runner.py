@@ -1,0 +1,199 @@
+"""`dsparksim measure | validate | audit | run-real`: the torch runner's commands (torch imported lazily)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _ints(s: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in s.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+
+
+def _strs(s: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in s.split(",") if x.strip())
+
+
+def _device_args(p: argparse.ArgumentParser, seed: bool = True) -> None:
+    g = p.add_argument_group("real engine")
+    g.add_argument("--model", default="tiny",
+                   help="target: shape name (tiny, small, qwen3-8b), NAME,field=value overrides, or ckpt:PATH "
+                        "(random weights unless a checkpoint) [%(default)s]")
+    g.add_argument("--device", default="cpu", help="torch device (cpu, cuda) [%(default)s]")
+    g.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 [float32 on CPU, bfloat16 on CUDA]")
+    g.add_argument("--drafter-layers", type=int, default=1, help="layers of the drafter proxy [%(default)s]")
+    g.add_argument("--threads", type=int, default=1, help="CPU torch threads [%(default)s]")
+    if seed:
+        g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--clock", choices=["auto", "wall", "thread"], default="auto",
+                   help="step clock: thread CPU time (CPU, 1 thread; immune to other processes' preemption) or "
+                        "wall; auto = thread on CPU with --threads 1, else wall [%(default)s]")
+
+
+def _measure_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("profile sweep")
+    g.add_argument("--block-size", "-K", type=int, default=7)
+    g.add_argument("--n-req", type=_ints, default=None, help="numbers of requests, comma-separated (must include 1)")
+    g.add_argument("--contexts", type=_ints, default=None, help="context lengths in tokens, comma-separated")
+    g.add_argument("--warmup", type=int, default=2, help="discarded steps per cell [%(default)s]")
+    g.add_argument("--reps", type=int, default=5, help="timed steps per cell (median) [%(default)s]")
+    g.add_argument("--min-growth", type=float, default=1.05,
+                   help="refuse the profile as flat if the verify time at the largest M is less than this multiple "
+                        "of the time at M=1 [%(default)s]")
+
+
+def _executor(args):
+    from dsparksim.runner.executor import ExecutorConfig
+    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    return ExecutorConfig(device=args.device, dtype=dtype, drafter_layers=args.drafter_layers, seed=args.seed,
+                          threads=args.threads, clock=args.clock)
+
+
+def _mc(args):
+    from dsparksim.runner.measure import MeasureConfig
+    kw = {"model": args.model, "executor": _executor(args), "K": args.block_size, "warmup": args.warmup,
+          "reps": args.reps, "min_growth": args.min_growth}
+    if args.n_req:
+        kw["n_reqs"] = args.n_req
+    if args.contexts:
+        kw["contexts"] = args.contexts
+    if getattr(args, "name", None):
+        kw["name"] = args.name
+    return MeasureConfig(**kw)
+
+
+def cmd_measure(args) -> int:
+    from dsparksim.profile import save_profile
+    from dsparksim.runner.measure import measure
+    prof, raw = measure(_mc(args), progress=not args.quiet)
+    prof["metadata"]["command"] = "dsparksim " + " ".join(sys.argv[1:])
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_profile(prof, out)
+    if args.raw:
+        Path(args.raw).write_text(json.dumps(raw) + "\n")
+    fit = prof["metadata"]["fit"]
+    print(f"wrote {out}: M 1..{prof['verify']['M'][-1]} ({len(prof['verify']['M'])} breakpoints), verify growth "
+          f"{fit['verify_growth']:.2f}x, s/KV token {fit['seconds_per_kv_token']}, failed cells "
+          f"{len(prof['metadata']['failed_cells'])}")
+    return 0
+
+
+def cmd_validate(args) -> int:
+    from dsparksim.runner.run import RunnerConfig
+    from dsparksim.runner.validate import ValidateConfig, validate
+    mc = _mc(args)
+    vc = ValidateConfig(policies=args.policies, concurrency=args.concurrency, acceptance=args.acceptance,
+                        mtp1_acceptance=args.mtp1_acceptance, K=args.block_size,
+                        requests_per_user=args.requests_per_user, repeats=args.repeats, seed=args.seed, measure=mc, profile=args.profile,
+                        runner=RunnerConfig(model=args.model, executor=mc.executor))
+    df = validate(vc, args.out, progress=not args.quiet)
+    worst = max(df["throughput_rel_err"].abs().median(), df["tps_user_median_rel_err"].abs().median())
+    print(f"median |rel err|: throughput {100 * df['throughput_rel_err'].abs().median():.1f}%, per-user median "
+          f"{100 * df['tps_user_median_rel_err'].abs().median():.1f}%; report {args.out}/REPORT.md")
+    if args.max_error is not None and worst > args.max_error:
+        print(f"FAIL: median relative error {100 * worst:.1f}% > {100 * args.max_error:.1f}%", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_audit(args) -> int:
+    from dsparksim.runner.audit import LOSSLESS, audit_all
+    rows = audit_all(steps=args.steps, seed=args.seed, policies=LOSSLESS + ("confidence-global",))
+    bad = 0
+    for r in rows:
+        lossless = r["policy"] != "confidence-global"
+        ok = (r["p_value"] > args.alpha) if lossless else True
+        flag = "" if ok else "  <-- FAILS (lossless policy looks biased)"
+        if not lossless and r["setting"] == "appendix_a" and r["p_value"] > args.alpha:
+            flag = "  <-- NOT DETECTED (non-causal variant should be biased)"
+            ok = False
+        bad += not ok
+        print(f"{r['setting']:>10} {r['policy']:>20} tokens={r['tokens']:>6} chi2={r['chi2']:8.2f} dof={r['dof']} "
+              f"p={r['p_value']:.3g}{flag}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+    return 1 if bad else 0
+
+
+def cmd_run_real(args) -> int:
+    from dsparksim.cli import _run_config, _traffic
+    from dsparksim.runner.run import RunnerConfig, real_run
+    from dsparksim.simulate import write_run
+
+    if args.trace:
+        traffic = _traffic(args, "trace", trace=args.trace, time_scale=args.time_scale)
+    elif args.rate is not None:
+        traffic = _traffic(args, "open", rate=args.rate)
+    else:
+        traffic = _traffic(args, "closed", concurrency=args.concurrency or 8)
+    cfg = _run_config(args, traffic)
+    out = real_run(cfg, RunnerConfig(model=args.model, executor=_executor(args),
+                                     check_profile=not args.no_profile_check))
+    paths = write_run(out, args.out, fmt=args.format, steps=True)
+    s = out.summary
+    if not args.quiet:
+        print(f"real run, policy {s['policy']}: {s['num_requests_completed']} requests, output throughput "
+              f"{s['output_throughput_tok_s']:.1f} tok/s, per-user median {s['tps_user_median']:.1f} tok/s, "
+              f"tau {s['tau']:.2f}, mean verify len {s['mean_verify_len']:.2f}")
+        for k, p in paths.items():
+            print(f"  {k:9s} {p}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("measure", help="measure a cost profile on the real (torch) engine",
+                       description="Sweep n_req x uniform verify length x context on the real engine and write a "
+                                   "dsparksim-profile/1 JSON (floor separated from the verify term).")
+    _device_args(p)
+    _measure_args(p)
+    p.add_argument("--out", "-o", required=True, help="profile JSON to write")
+    p.add_argument("--name", default=None, help="profile name [DEVICE-MODEL]")
+    p.add_argument("--raw", default=None, help="also write the raw per-step records (JSON)")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_measure)
+
+    v = sub.add_parser("validate", help="real (trace-replay) vs simulated runs, with the profile measured first")
+    _device_args(v)
+    _measure_args(v)
+    v.add_argument("--policies", type=_strs,
+                   default=("mtp1", "fixed:7", "threshold:0.5", "goodput", "confidence", "confidence-async:2"))
+    v.add_argument("--concurrency", type=_ints, default=(1, 4, 16))
+    v.add_argument("--acceptance", default="traces/sample_dspark_k7.csv", help="acceptance trace to replay")
+    v.add_argument("--mtp1-acceptance", default="mtp1")
+    v.add_argument("--requests-per-user", type=int, default=4)
+    v.add_argument("--repeats", type=int, default=1,
+                   help="real runs per cell, the fastest kept (rejects interference on a shared machine) [%(default)s]")
+    v.add_argument("--profile", default=None,
+                   help="use this profile measured earlier by `dsparksim measure` for the same model/device "
+                        "(default: measure it now, in this command)")
+    v.add_argument("--max-error", type=float, default=None,
+                   help="exit 1 if the median |relative error| of throughput or per-user median exceeds this (0.10)")
+    v.add_argument("--out", "-o", required=True, help="report directory")
+    v.add_argument("--quiet", action="store_true")
+    v.set_defaults(func=cmd_validate)
+
+    r = sub.add_parser("run-real", help="serve one configuration on the real (torch) engine, trace-replay acceptance",
+                       description="Like `dsparksim run`, but every step is executed for real (one flattened target "
+                                   "forward per step, drafter-proxy forward, sampling) and timed; writes the same "
+                                   "result files (plus steps.csv), so real and simulated runs load into one frontier.")
+    from dsparksim.cli import _add_common
+    r.add_argument("--policy", default="confidence", help="policy spec [%(default)s]")
+    _add_common(r, frontier=False)
+    _device_args(r, seed=False)
+    r.add_argument("--no-profile-check", action="store_true",
+                   help="allow a profile measured for another model/device (its metadata is otherwise checked)")
+    r.add_argument("--out", default="results/run-real", help="output directory [%(default)s]")
+    r.add_argument("--quiet", action="store_true")
+    r.set_defaults(func=cmd_run_real, profile="cpu-tiny", acceptance="traces/sample_dspark_k7.csv")
+
+    a = sub.add_parser("audit", help="statistical test that lossless policies keep the target distribution")
+    a.add_argument("--steps", type=int, default=6000)
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--alpha", type=float, default=1e-3, help="significance level [%(default)s]")
+    a.add_argument("--out", default=None, help="write the results as JSON")
+    a.set_defaults(func=cmd_audit)

@@ -1,0 +1,259 @@
+"""Executes one planned engine step for real: drafter forward, ONE flattened target forward, sampling.
+
+Trace-replay mode (the only mode here): the accepted prefix a[i] = min(L[i], A[i]) comes from the plan (the
+acceptance trace replayed by the engine, exactly as the simulator draws it); everything else is real work of the
+right shapes:
+
+* drafting: a random-weight "drafter proxy" (a TargetModel-shaped decoder with its own KV pool) runs the step's
+  block the way the drafter would — a parallel drafter (dspark/dflash) one forward over n*K tokens, ``mtp1`` one
+  forward over n tokens (K = 1) — and K draft tokens per request are sampled from its logits;
+* verification: the anchor + the first L[i] drafts of every decoding request, plus this step's prefill chunks,
+  in ONE target forward (:class:`~dsparksim.runner.flat.FlatForward`, no padding to K);
+* sampling: the correction/bonus token of request i is sampled from the target's distribution at its flat index
+  anchor + a[i]; a completing prefill samples the first output token from the chunk's last position.
+
+Every request owns a KV slot; positions are absolute. After a decode step the request's cache is valid through
+its anchor + a[i] accepted drafts; the sampled token becomes the next step's anchor.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..backend.model import ModelConfig, TargetModel
+from ..errors import ConfigError
+from .flat import FlatForward, KVPool, make_group
+
+
+@dataclass
+class StepTiming:
+    draft_s: float = 0.0
+    target_s: float = 0.0
+    sample_s: float = 0.0
+
+
+def split_rows(lens: np.ndarray, tk: np.ndarray, penalty: float, max_groups: int) -> list[np.ndarray]:
+    """Partition rows (sorted by query length) into <= max_groups contiguous groups minimising
+    sum_g rows_g * max(lens_g) * max(tk_g) + penalty * groups (split points only between distinct lengths)."""
+    order = np.argsort(lens, kind="stable")
+    ls, ts = lens[order], tk[order]
+    cuts = np.flatnonzero(np.diff(ls)) + 1                 # candidate boundaries
+    bounds = np.concatenate([[0], cuts, [len(ls)]])
+    m = len(bounds) - 1
+
+    def cost(i: int, j: int) -> float:                      # segments i..j-1 as one group
+        a, b = bounds[i], bounds[j]
+        return (b - a) * float(ls[b - 1]) * float(ts[a:b].max()) + penalty
+
+    best = {(0, 0): (0.0, [])}
+    for g in range(1, max_groups + 1):
+        for j in range(1, m + 1):
+            cands = [(best[(i, g - 1)][0] + cost(i, j), best[(i, g - 1)][1] + [j]) for i in range(j)
+                     if (i, g - 1) in best]
+            if cands:
+                best[(j, g)] = min(cands, key=lambda c: c[0])
+    total, ends = min((best[(m, g)] for g in range(1, max_groups + 1) if (m, g) in best), key=lambda c: c[0])
+    out, prev = [], 0
+    for j in ends:
+        out.append(order[bounds[prev]: bounds[j]])
+        prev = j
+    return out
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    """Device/dtype of the real engine and the drafter proxy's shape (layers of the target's width)."""
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    drafter_layers: int = 1
+    temperature: float = 1.0
+    seed: int = 0
+    threads: int | None = 1      # CPU: torch threads (1 = steady timings on a shared machine)
+    # Decode rows are split into at most ``max_groups`` attention groups by verify length so that queries are
+    # padded only to their group's longest run; a split is taken when it saves more than ``group_penalty``
+    # padded (row x query x key) cells, the rough cost of one more group's kernel launches (tuned on CPU).
+    max_groups: int = 3
+    group_penalty: float = 3000.0
+    # Step clock: "wall" (perf_counter), "thread" (this thread's CPU time: immune to preemption by other
+    # processes on a shared machine; valid only when all work runs on this thread, i.e. CPU with threads=1) or
+    # "auto" (thread for CPU with threads=1, else wall; a GPU is always timed by the wall clock after a sync).
+    clock: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.clock not in ("auto", "wall", "thread"):
+            raise ConfigError("runner", "clock", f"expected auto, wall or thread, got {self.clock!r}")
+        if self.clock == "thread" and (torch.device(self.device).type != "cpu" or self.threads != 1):
+            raise ConfigError("runner", "clock", "the thread CPU-time clock needs device cpu with threads=1 "
+                              f"(got {self.device}, threads={self.threads})")
+
+    def clock_name(self) -> str:
+        if self.clock != "auto":
+            return self.clock
+        return "thread" if torch.device(self.device).type == "cpu" and self.threads == 1 else "wall"
+
+    def clock_fn(self):
+        return time.thread_time if self.clock_name() == "thread" else time.perf_counter
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise ConfigError("runner", "dtype", f"expected one of {sorted(_DTYPES)}, got {name!r}")
+    return _DTYPES[name]
+
+
+def build_models(cfg: ModelConfig, ex: ExecutorConfig, target: TargetModel | None = None):
+    """(target, drafter proxy) on the executor's device/dtype; random weights unless ``target`` is given."""
+    dev, dt = torch.device(ex.device), torch_dtype(ex.dtype)
+    g = torch.random.fork_rng(devices=[])
+    with g:
+        torch.manual_seed(ex.seed)
+        if target is None:
+            with torch.device(dev):
+                target = TargetModel(cfg)
+        dcfg = ModelConfig(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layers=ex.drafter_layers,
+                           n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, d_ff=cfg.d_ff, max_seq=cfg.max_seq,
+                           rope_base=cfg.rope_base)
+        with torch.device(dev):
+            proxy = TargetModel(dcfg)
+    for m in (target, proxy):
+        m.to(device=dev, dtype=dt).eval()
+        for p in m.parameters():
+            p.requires_grad_(False)
+    return target, proxy
+
+
+class Executor:
+    """Real per-step work for the engine's rows (row = workload index, slot = KV slot)."""
+
+    def __init__(self, target: TargetModel, proxy: TargetModel, ex: ExecutorConfig, T: int, slots: int = 8):
+        if ex.threads and torch.device(ex.device).type == "cpu":
+            torch.set_num_threads(int(ex.threads))
+        self.ex = ex
+        self.dev = torch.device(ex.device)
+        self.dtype = torch_dtype(ex.dtype)
+        self.target, self.proxy = target, proxy
+        self.tf, self.pf = FlatForward(target), FlatForward(proxy)
+        self.T = int(T)
+        self.pool = KVPool(target, slots, self.T, self.dev, self.dtype)
+        self.dpool = KVPool(proxy, slots, self.T, self.dev, self.dtype)
+        self.V = target.cfg.vocab_size
+        self.gen = torch.Generator(device=self.dev)
+        self.gen.manual_seed(ex.seed)
+        self.np_rng = np.random.default_rng(ex.seed)
+        # per row: prompt token ids, cache length (tokens valid in the slot), pending (anchor) token
+        self.prompt: dict[int, np.ndarray] = {}
+        self.cache_len: dict[int, int] = {}
+        self.pending: dict[int, int] = {}
+        self.timing = StepTiming()
+        self.clock = ex.clock_fn()
+
+    # ---------------------------------------------------------------- request lifecycle
+    def start(self, row: int, slot: int, prompt_len: int) -> None:
+        if prompt_len + 1 > self.T:
+            raise ConfigError("runner", "max_seq_tokens", f"request row {row} needs {prompt_len} prompt tokens but "
+                              f"the KV slots hold {self.T}")
+        self.pool.ensure(slot + 1)
+        self.dpool.ensure(slot + 1)
+        self.prompt[row] = self.np_rng.integers(0, self.V, prompt_len)
+        self.cache_len[row] = 0
+
+    def finish(self, row: int) -> None:
+        self.prompt.pop(row, None)
+        self.cache_len.pop(row, None)
+        self.pending.pop(row, None)
+
+    # ---------------------------------------------------------------- sampling
+    def _sample(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.ex.temperature == 0:
+            return logits.argmax(-1)
+        p = torch.softmax(logits.float() / self.ex.temperature, -1)
+        return torch.multinomial(p, 1, generator=self.gen)[:, 0]
+
+    # ---------------------------------------------------------------- one step
+    @torch.no_grad()
+    def execute(self, dec_rows: np.ndarray, dec_slots: np.ndarray, L: np.ndarray, a: np.ndarray, K: int,
+                chunks: list[tuple[int, int, int, int]]) -> StepTiming:
+        """Run the step. chunks: (row, slot, start, length) prefill pieces. Returns the timing split."""
+        tm = StepTiming()
+        dev = self.dev
+        n = len(dec_rows)
+        drafts = None
+        clock = self.clock
+        if n:
+            t0 = clock()
+            starts = np.array([self.cache_len[int(r)] for r in dec_rows], np.int64)
+            pend = torch.tensor([self.pending[int(r)] for r in dec_rows], dtype=torch.long)
+            # drafter proxy: the anchor + K-1 mask ids at positions start+1..start+K, one forward for all rows
+            g, pos = make_group(0, dec_slots, np.full(n, K), starts + 1, dev)
+            blk = torch.zeros(n, K, dtype=torch.long)
+            blk[:, 0] = pend
+            dl = self.pf(blk.reshape(-1).to(dev), pos.to(dev), [g], self.dpool)
+            drafts = self._sample(dl).view(n, K).cpu()
+            sync(dev)
+            tm.draft_s = clock() - t0
+        t0 = clock()
+        toks, poss, groups, lo = [], [], [], 0
+        if n:
+            lens = 1 + np.asarray(L, np.int64)
+            # rows in flat order: by attention group (see split_rows); `order[j]` = plan index of flat row j
+            parts = split_rows(lens, starts + lens, self.ex.group_penalty, self.ex.max_groups)
+            order = np.concatenate(parts)
+            seq = torch.cat([pend[:, None], drafts], 1)[torch.as_tensor(order)]
+            keep = torch.arange(K + 1)[None, :] < torch.as_tensor(lens[order])[:, None]
+            toks.append(seq[keep])
+            for idx in parts:
+                g, pos = make_group(lo, dec_slots[idx], lens[idx], starts[idx], dev)
+                poss.append(pos)
+                groups.append(g)
+                lo = g.hi
+        last_pf: list[int] = []
+        if chunks:
+            rows_c = [c[0] for c in chunks]
+            g, pos = make_group(lo, [c[1] for c in chunks], [c[3] for c in chunks], [c[2] for c in chunks], dev)
+            for row, _, st, ln in chunks:
+                toks.append(torch.as_tensor(self.prompt[row][st:st + ln], dtype=torch.long))
+            poss.append(pos)
+            groups.append(g)
+            ends = lo + np.cumsum([c[3] for c in chunks]) - 1
+            last_pf = [int(e) for e in ends]
+        tokens = torch.cat(toks).to(dev)
+        pos = torch.cat(poss).to(dev)
+        M = tokens.numel()
+        logits = self.tf(tokens, pos, groups, self.pool)          # logits at all M positions
+        sync(dev)
+        tm.target_s = clock() - t0
+        t0 = clock()
+        # bonus/correction token per decoding request, first token of each completing prefill
+        pick = []
+        if n:
+            lo_flat = np.cumsum(lens[order]) - lens[order]       # flat start of each row, in flat order
+            first = np.empty(n, np.int64)
+            first[order] = lo_flat
+            pick.extend((first + np.asarray(a, np.int64)).tolist())
+        done_pf = [(row, e) for (row, _, st, ln), e in zip(chunks, last_pf) if st + ln == len(self.prompt[row])]
+        pick.extend(e for _, e in done_pf)
+        if pick:
+            new = self._sample(logits[torch.as_tensor(pick, device=dev)]).cpu().tolist()
+        for j, r in enumerate(dec_rows):
+            r = int(r)
+            self.cache_len[r] += int(a[j]) + 1
+            self.pending[r] = new[j]
+        for (row, _, st, ln) in chunks:
+            self.cache_len[row] = st + ln
+        for j, (row, _) in enumerate(done_pf):
+            self.pending[row] = new[n + j]
+        tm.sample_s = clock() - t0
+        self.last_M = M
+        return tm

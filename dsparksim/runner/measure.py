@@ -1,0 +1,370 @@
+"""Measure a cost profile (format ``dsparksim-profile/1``) on the real engine.
+
+Sweep: for each context length c and number of decoding requests n, the real engine (:class:`RealEngine`, the
+very code that serves runs) is loaded with n requests whose prompts of c tokens are prefilled (untimed), then a
+uniform verify length L = 0..K is forced on every request; after ``warmup`` discarded steps, ``reps`` steps are
+timed. Each timed step yields its measured split: drafter forward, target forward at M = n(1+L) with the KV
+tokens it read, and the rest (host: acceptance draw, policy, tensor building, sampling, bookkeeping).
+
+Separation (as TensorRT-LLM's DSpark profiler does, the floor from the verify term):
+* verify term: target-forward time = V0(M) + B(n) + s * kv_tokens, fitted by non-negative least squares over the
+  cell medians (:func:`decompose_target`; s needs >= 2 contexts, otherwise no context term). V0 is the profile's
+  staircase (floor lookup); B(n), what the forward costs per request whatever is verified, joins the floor.
+* non-trimmable floor: drafter forward per n (median; parallel drafter tokens n*K), host time per n (median,
+  including a representative scheduler workload: Algorithm 1's ranking and pricing of the n*K candidates) and
+  B(n); the minimum over n is ``fixed_overhead_s`` and the rest ``batch_overhead(n)``.
+* a cell's contexts are spread over [c/2, 3c/2] (mean c), as in a served batch (:func:`cell_contexts`).
+* mtp1: a K=1 sweep over n gives its one-forward cost (kind "mtp").
+
+A result whose verify term does not grow with M (ratio of the largest to the smallest M's time < min_growth) is
+refused as flat, and any non-positive or non-finite median as inert: neither is ever written. An out-of-memory
+error is recorded per cell under ``metadata.failed_cells`` and that cell contributes no measurement.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+import torch
+from scipy.optimize import nnls
+
+from ..acceptance.base import AcceptanceModel, Block
+from ..errors import ConfigError
+from ..policies._common import draft_budget, rank_candidates, ratio_curve
+from ..policies.base import Policy, StepContext
+from ..profile import FORMAT, profile_from_dict
+from ..traffic.base import Workload
+from .engine import DECODE_PHASE, RealEngine
+from .executor import Executor, ExecutorConfig, build_models, torch_dtype
+from .models import device_key, kv_capacity_tokens, load_target, model_key
+
+
+class MeasurementError(ConfigError):
+    """A measurement that must not be written (flat, inert, or nothing measured)."""
+
+
+class UniformL(Policy):
+    """Profiling policy: every request verifies exactly ``L`` (settable between steps)."""
+
+    name: ClassVar[str] = "uniform"
+    usage: ClassVar[str] = "uniform"
+
+    def __init__(self) -> None:
+        self.L = 0
+        self.spec = "uniform"
+
+    def choose(self, ctx: StepContext) -> np.ndarray:
+        # A representative scheduler cost stays in the measured floor: rank all n*K candidates and price the
+        # batch as Algorithm 1 does, then force the uniform L being measured.
+        order, values = rank_candidates(ctx.survival)
+        b = min(draft_budget(ctx), ctx.n * ctx.K)
+        ratio_curve(float(ctx.n), values, ctx.base_tokens, ctx.step_time, b)
+        return np.full(ctx.n, min(self.L, ctx.K), dtype=np.int64)
+
+
+class RejectAll(AcceptanceModel):
+    """Profiling acceptance: every block is rejected at position 1 (context grows 1 token per step)."""
+
+    def __init__(self, K: int, drafter: str):
+        self.K, self.drafter, self.metadata = K, drafter, {"source": "profiling: accepted=0"}
+
+    def start(self, slots, domains, rng) -> None:
+        pass
+
+    def draw(self, slots, rng) -> Block:
+        n = len(slots)
+        conf = rng.uniform(0.3, 1.0, (n, self.K))   # drawn like a real source (cost), never used for outcomes
+        return Block(conf=conf, accepted=np.zeros(n, np.int64))
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    model: str = "tiny"
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    K: int = 7
+    n_reqs: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32)
+    contexts: tuple[int, ...] = (32, 96, 160)
+    warmup: int = 2
+    reps: int = 5
+    block_drafter: str = "dspark"
+    mtp1: bool = True
+    min_growth: float = 1.05
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.K < 1:
+            raise ConfigError("measure", "K", f"must be >= 1, got {self.K}")
+        if not self.n_reqs or min(self.n_reqs) < 1 or list(self.n_reqs) != sorted(set(self.n_reqs)):
+            raise ConfigError("measure", "n_reqs", f"expected strictly increasing integers >= 1, got {self.n_reqs}")
+        if 1 not in self.n_reqs:
+            raise ConfigError("measure", "n_reqs", "must include 1 (the staircase must start at M=1)")
+        if not self.contexts or min(self.contexts) < 1:
+            raise ConfigError("measure", "contexts", f"expected context lengths >= 1, got {self.contexts}")
+        if self.warmup < 1 or self.reps < 3:
+            raise ConfigError("measure", "warmup/reps", f"need warmup >= 1 and reps >= 3, got {self.warmup}/{self.reps}")
+
+
+_DUMMY = {"format": FORMAT, "name": "profiling-placeholder",
+          "metadata": {"device": "-", "model": "-", "source": "-", "method": "-"},
+          "verify": {"M": [1, 1 << 30], "time_s": [1e-3, 1e-3]}, "fixed_overhead_s": 0.0,
+          "drafters": {"dspark": {"kind": "parallel", "tokens": [1, 1 << 30], "time_s": [1e-4, 1e-4]},
+                       "dflash": {"kind": "parallel", "tokens": [1, 1 << 30], "time_s": [1e-4, 1e-4]},
+                       "eagle3": {"kind": "autoregressive", "tokens": [1, 1 << 30], "time_s": [1e-4, 1e-4]},
+                       "mtp1": {"kind": "mtp", "tokens": [1, 1 << 30], "time_s": [1e-4, 1e-4]}}}
+
+
+def _is_oom(e: BaseException) -> bool:
+    return isinstance(e, getattr(torch, "OutOfMemoryError", ())) or "out of memory" in str(e).lower()
+
+
+def _slot_tokens(ctx: int, K: int, warmup: int, reps: int, nL: int | None = None) -> int:
+    """KV positions one profiling request needs: context + one token per step + the draft block."""
+    nL = K + 1 if nL is None else nL
+    return (3 * ctx) // 2 + 2 + nL * (warmup + reps) + 6 + K + 2
+
+
+def _cell(target, proxy, ex: ExecutorConfig, K: int, drafter: str, n: int, ctx: int, Ls: list[int],
+          warmup: int, reps: int) -> list[dict[str, float]]:
+    """Timed steps for n requests at context ctx, for each L in Ls (one engine, prefilled once)."""
+    out_len = len(Ls) * (warmup + reps) + 6
+    wl = Workload(prompt_tokens=np.full(n, ctx, np.int64), output_tokens=np.full(n, out_len, np.int64),
+                  domain=np.full(n, "chat", dtype=object), concurrency=n)
+    T = _slot_tokens(ctx, K, warmup, reps, len(Ls))
+    exe = Executor(target, proxy, ex, T=T, slots=n)
+    pol = UniformL()
+    pol.reset(K, np.random.default_rng(0))
+    prof = profile_from_dict(_DUMMY)
+    eng = RealEngine(executor=exe, profile=prof, acceptance=RejectAll(K, drafter), policy=pol, workload=wl,
+                     block_size=K, drafter=drafter, kv_capacity_tokens=n * T, max_num_seqs=n,
+                     max_batched_tokens=n * (K + 1) + n * ctx, prefill_chunk_tokens=n * ctx,
+                     rng=np.random.default_rng(0), num_requests=n)
+    for i in range(n):
+        eng._issue(i, 0.0)
+    eng._admit(0.0)
+    _fast_prefill(eng, exe, n, ctx)
+    now = 0.0
+    recs = []
+    lg = eng.log
+    for L in Ls:
+        pol.L = L
+        for s in range(warmup + reps):
+            dt, dtm, plan, tm = eng.step_once(now)
+            now += dt + eng.apply_once(now + dt, now, dt, dtm, plan, tm)
+            if s >= warmup:
+                recs.append({"n": n, "L": L, "ctx": ctx, "M": int(lg["M"][-1]), "kv": int(lg["kv_read"][-1]),
+                             "t_step": float(lg["dt"][-1]), "t_target": float(lg["t_target"][-1]),
+                             "t_draft": float(lg["t_draft"][-1]), "t_host": float(lg["t_host"][-1])})
+    return recs
+
+
+def _fast_prefill(eng: RealEngine, exe: Executor, n: int, ctx: int) -> None:
+    """Mark n admitted requests as prefilled with ctx tokens without running the prefill.
+
+    Decode timing does not depend on the cached values, only on how many positions are read, so the KV slots
+    are left as allocated; this makes long contexts (8k, 32k tokens) measurable without a quadratic prefill.
+    """
+    rows = np.arange(n)
+    lens = cell_contexts(n, ctx)
+    eng.prefilled[rows] = lens
+    eng.prompt[rows] = lens
+    eng.phase[rows] = DECODE_PHASE
+    eng.first_tok[rows] = 0.0
+    eng.gen[rows] = 1
+    for r in rows:
+        exe.cache_len[int(r)] = int(lens[r])
+        exe.pending[int(r)] = int(exe.np_rng.integers(0, exe.V))
+
+
+def cell_contexts(n: int, ctx: int) -> np.ndarray:
+    """Per-request contexts of a cell: evenly spread over [ctx/2, 3ctx/2] (mean ctx), in a fixed shuffled order.
+
+    A served batch is heterogeneous, and a batch's attention cost follows its longest contexts, not only their
+    sum; a homogeneous profiling batch would under-price real batches with the same total KV tokens.
+    """
+    if n == 1:
+        return np.array([ctx], np.int64)
+    lens = np.rint(np.linspace(0.5 * ctx, 1.5 * ctx, n)).astype(np.int64)
+    lens += ctx - int(round(lens.mean()))
+    return np.maximum(1, np.random.default_rng(n).permutation(lens))
+
+
+def _release(ex: ExecutorConfig) -> None:
+    """Free a finished cell's KV pools before the next cell allocates its own (matters on a GPU)."""
+    if torch.device(ex.device).type == "cuda":
+        import gc
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def _median_by(keys: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    u = np.unique(keys)
+    return u, np.array([np.median(vals[keys == k]) for k in u])
+
+
+def decompose_target(r: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, float | None]:
+    """Non-negative least squares t_target = V0(M) + B(n) + s * kv over the cell medians, B(smallest n) = 0.
+
+    At one M the target forward still costs more with more requests (per-request attention/KV gathers): that
+    per-request part is non-trimmable (it is paid whatever is verified), so it belongs in the floor B(n), and
+    V0(M) is the marginal cost of the verified tokens. Rows are weighted by 1/t (relative errors). Returns
+    (M breakpoints, V0, B per measured n, s or None when only one context was measured).
+    """
+    keys = np.stack([r["n"], r["L"], r["ctx"]], 1)
+    uk, inv = np.unique(keys, axis=0, return_inverse=True)
+    inv = inv.ravel()
+    t = np.array([np.median(r["t_target"][inv == i]) for i in range(len(uk))])
+    kv = np.array([np.median(r["kv"][inv == i]) for i in range(len(uk))])
+    n = uk[:, 0].astype(int)
+    Mc = (uk[:, 0] * (1 + uk[:, 1])).astype(int)
+    Ms, mi = np.unique(Mc, return_inverse=True)
+    ns, ni = np.unique(n, return_inverse=True)
+    use_kv = len(np.unique(uk[:, 2])) >= 2
+    A = np.zeros((len(uk), len(Ms) + len(ns) - 1 + int(use_kv)))
+    A[np.arange(len(uk)), mi] = 1.0
+    sel = ni > 0
+    A[np.flatnonzero(sel), len(Ms) + ni[sel] - 1] = 1.0
+    if use_kv:
+        A[:, -1] = kv
+    w = 1.0 / t
+    # Non-negative least squares: every term is a cost (>= 0); unconstrained, background-load noise lets a
+    # negative per-request term trade off against an inflated context slope.
+    x, _ = nnls(A * w[:, None], t * w)
+    V = x[: len(Ms)]
+    B = np.concatenate([[0.0], x[len(Ms): len(Ms) + len(ns) - 1]])
+    s = float(x[-1]) if use_kv else None
+    return Ms, V, B, s
+
+
+def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig) -> dict[str, Any]:
+    """Separate the floor from the verify term (see module doc). Raises MeasurementError if flat or inert."""
+    if not recs:
+        raise MeasurementError("measure", "cells", "no cell was measured (all failed?)")
+    r = {k: np.array([x[k] for x in recs], dtype=float) for k in recs[0]}
+    for k in ("t_step", "t_target", "t_draft"):
+        if not (np.isfinite(r[k]).all() and (r[k] > 0).all()):
+            raise MeasurementError("measure", k, "inert measurement: non-positive or non-finite timings "
+                                   f"(min {np.nanmin(r[k])}); the timer or the forward did nothing")
+    M, V, Bn, s = decompose_target(r)
+    if not (np.isfinite(V).all() and (V > 0).all()):
+        raise MeasurementError("measure", "verify.time_s", f"inert: a verify time is non-positive after separating "
+                               f"the per-request and context terms ({V.min():.3g} s at M={int(M[np.argmin(V)])})")
+    growth = float(np.median(V[-max(1, len(V) // 8):]) / np.median(V[: max(1, len(V) // 8)]))
+    if growth < mc.min_growth:
+        raise MeasurementError("measure", "verify", f"flat result: the target forward at M={int(M[-1])} is only "
+                               f"{growth:.3f}x the time at M={int(M[0])} (need >= {mc.min_growth}); the step is "
+                               "dominated by overhead/noise, so no verify term can be separated. Measure larger M "
+                               "or a larger model, or reduce background load")
+    ns, D = _median_by(r["n"].astype(int), r["t_draft"])
+    _, H = _median_by(r["n"].astype(int), r["t_host"])
+    H = H + Bn                      # the target forward's per-request term joins the floor
+    fixed = float(H.min())
+    drafters = {mc.block_drafter: {"kind": "parallel", "tokens": [int(n * mc.K) for n in ns],
+                                   "time_s": [float(x) for x in D], "markov_overhead_frac": 0.0,
+                                   "note": "measured: random-weight drafter proxy, one forward over n*K tokens "
+                                           "(no Markov head)"}}
+    if mtp_recs:
+        m = {k: np.array([x[k] for x in mtp_recs], dtype=float) for k in mtp_recs[0]}
+        mn, mD = _median_by(m["n"].astype(int), m["t_draft"])
+        drafters["mtp1"] = {"kind": "mtp", "tokens": [int(x) for x in mn], "time_s": [float(x) for x in mD],
+                            "note": "measured: drafter proxy, one forward over n tokens"}
+    prof: dict[str, Any] = {
+        "format": FORMAT,
+        "verify": {"M": [int(x) for x in M], "time_s": [float(x) for x in V]},
+        "fixed_overhead_s": fixed,
+        "batch_overhead": {"n_req": [int(x) for x in ns], "time_s": [float(max(0.0, h - fixed)) for h in H]},
+        "drafters": drafters,
+    }
+    if s is not None:
+        prof["attention"] = {"model": "kv_bandwidth", "seconds_per_kv_token": s,
+                             "note": "fitted: non-negative least squares of target-forward time on V0(M) + B(n) + "
+                                     f"s*kv_tokens over cells at contexts {list(mc.contexts)}"}
+    prof["_fit"] = {"verify_growth": growth, "seconds_per_kv_token": s,
+                    "target_per_request_s_by_n": [float(x) for x in Bn], "floor_s_by_n": [float(x) for x in H]}
+    return prof
+
+
+def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None] = print,
+            target=None, proxy=None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run the sweep; returns (profile dict validated by the core loader, raw records)."""
+    ex = mc.executor
+    mcfg, tmodel, ck = load_target(mc.model, ex.device, ex.dtype)
+    if target is None or proxy is None:
+        target, proxy = build_models(mcfg, ex, tmodel)
+    cells = [(c, n) for c in mc.contexts for n in mc.n_reqs]
+    # Shuffled (fixed seed) so a drift in background load does not line up with the n or context axis.
+    cells = [cells[i] for i in np.random.default_rng(ex.seed).permutation(len(cells))]
+    bits = torch_dtype(ex.dtype).itemsize * 8
+    wbytes = sum(p.numel() * p.element_size() for p in target.parameters())
+    cap = kv_capacity_tokens(mcfg, ex.device, bits, wbytes)
+    failed: list[dict] = []
+    recs: list[dict] = []
+    mtp: list[dict] = []
+    t_start = time.time()
+    try:
+        from tqdm import tqdm
+        bar = tqdm(total=len(cells) + (len(mc.n_reqs) if mc.mtp1 else 0), desc="measure", disable=not progress)
+    except ImportError:  # pragma: no cover
+        bar = None
+    Ls = list(range(mc.K + 1))
+    for c, n in cells:
+        need = n * _slot_tokens(c, mc.K, mc.warmup, mc.reps)
+        if need > cap:
+            failed.append({"context": c, "n_req": n, "K": mc.K, "error": f"skipped: needs {need} KV tokens, the "
+                           f"device holds about {cap}"})
+            if bar:
+                bar.update()
+            continue
+        try:
+            recs += _cell(target, proxy, ex, mc.K, mc.block_drafter, n, c, Ls, mc.warmup, mc.reps)
+        except Exception as e:  # noqa: BLE001 - OOM is recorded per cell; anything else is a bug
+            if not _is_oom(e):
+                raise
+            failed.append({"context": c, "n_req": n, "K": mc.K, "error": f"out of memory: {str(e)[:200]}"})
+            log(f"measure: cell ctx={c} n={n} ran out of memory; recorded as failed, not measured")
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        _release(ex)
+        if bar:
+            bar.update()
+    if mc.mtp1:
+        for n in mc.n_reqs:
+            try:
+                mtp += _cell(target, proxy, ex, 1, "mtp1", n, mc.contexts[0], [0, 1], mc.warmup, mc.reps)
+            except Exception as e:  # noqa: BLE001
+                if not _is_oom(e):
+                    raise
+                failed.append({"context": mc.contexts[0], "n_req": n, "K": 1, "error": f"out of memory: {e}"[:200]})
+            if bar:
+                bar.update()
+    if bar:
+        bar.close()
+    prof = fit_profile(recs, mtp, mc)
+    fit = prof.pop("_fit")
+    mkey = model_key(mcfg, ck, ex.drafter_layers, ex.dtype)
+    dkey = device_key(ex.device, ex.threads, ex.clock_name())
+    dev = torch.device(ex.device)
+    name = mc.name or f"{'cuda' if dev.type == 'cuda' else 'cpu'}-{mc.model.split(',')[0].replace(':', '-')}"
+    prof["name"] = name
+    prof["metadata"] = {
+        "device": dkey, "model": mkey, "runner_device": dkey, "runner_model": mkey,
+        "source": "measured by `dsparksim measure` on the real engine (dsparksim.runner)",
+        "method": "n_req x uniform verify length L=0..K x context sweep (a cell's contexts spread over [c/2, 3c/2], "
+                  "mean c); per cell warm-up steps discarded, median of timed steps; target forward = V0(M) + "
+                  "B(n) + s*kv by non-negative least squares over the cell medians (V0: verify staircase; B(n): "
+                  "per-request part, moved into the floor); drafter forward and host time (incl. a representative "
+                  "Algorithm-1 ranking) per n_req; floor = fixed_overhead_s + batch_overhead(n)",
+        "dtype": ex.dtype, "tensor_parallel": 1,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "kv_capacity_tokens": cap,
+        "torch": torch.__version__, "python": platform.python_version(), "host": platform.node(),
+        "target_config": asdict(mcfg), "checkpoint": ck, "drafter_proxy_layers": ex.drafter_layers,
+        "grid": {"K": mc.K, "n_req": list(mc.n_reqs), "L": Ls, "contexts": list(mc.contexts), "warmup": mc.warmup,
+                 "reps": mc.reps},
+        "fit": fit, "failed_cells": failed, "wall_s": round(time.time() - t_start, 1),
+    }
+    profile_from_dict(prof, source=f"measured:{name}")  # refuse to hand back anything the core cannot load
+    return prof, {"block": recs, "mtp1": mtp}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# GPU checklist: measure profiles for a random-weight Qwen3-8B-shaped target in bf16 (M up to 4096; contexts
+# ~1k, 8k, 32k) with a DSpark-like 3-layer parallel drafter proxy, then run trace-replay validation for three
+# policies x three concurrency levels, writing profiles and the validation report to OUT_DIR.
+# Budget: <= 8 minutes on one H200 (grid sized for it: 10 n_req x 8 verify lengths x 3 contexts, 2 warm-up +
+# 3 timed steps per cell; cells beyond the KV capacity are recorded as skipped, never measured).
+#
+#   scripts/gpu_checklist.sh OUT_DIR            # CUDA, Qwen3-8B shape, bf16
+#   scripts/gpu_checklist.sh OUT_DIR --tiny     # CPU smoke test of the same pipeline (what the test runs)
+set -euo pipefail
+OUT=${1:?usage: scripts/gpu_checklist.sh OUT_DIR [--tiny]}
+MODE=${2:-gpu}
+PY=${PYTHON:-python}
+mkdir -p "$OUT"
+if [[ "$MODE" == "--tiny" ]]; then
+  DEV=(--device cpu --dtype float32 --threads 1)
+  MODEL="tiny,n_layers=1,d_model=32,n_heads=2,n_kv_heads=1,d_ff=64,vocab_size=128"
+  NREQ=1,2,3,4,6,8; CTX=16,48; NAME=cpu-checklist-tiny; DL=1
+  POLICIES=fixed:7,confidence,mtp1; CONC=1,2,4; RPU=2; GROWTH=1.0   # a toy model: do not refuse as flat
+else
+  DEV=(--device cuda --dtype bfloat16)
+  MODEL=qwen3-8b
+  NREQ=1,2,4,8,16,32,64,128,256,512; CTX=1024,8192,32768; NAME=h200-qwen3-8b-bf16; DL=3
+  POLICIES=fixed:7,confidence,confidence-async:2; CONC=4,32,128; RPU=3; GROWTH=1.05
+fi
+start=$(date +%s)
+echo "== (a) profile: $MODEL" | tee "$OUT/checklist.log"
+$PY -m dsparksim.cli measure "${DEV[@]}" --model "$MODEL" --drafter-layers $DL -K 7 --n-req $NREQ --contexts $CTX \
+    --warmup 2 --reps 3 --min-growth $GROWTH --name "$NAME" --out "$OUT/$NAME.json" --quiet 2>&1 | tee -a "$OUT/checklist.log"
+echo "== (b) trace-replay validation: $POLICIES x users $CONC" | tee -a "$OUT/checklist.log"
+$PY -m dsparksim.cli validate "${DEV[@]}" --model "$MODEL" --drafter-layers $DL -K 7 --profile "$OUT/$NAME.json" \
+    --policies $POLICIES --concurrency $CONC --requests-per-user $RPU --out "$OUT/validation" --quiet \
+    2>&1 | tee -a "$OUT/checklist.log"
+end=$(date +%s)
+{ echo "== done in $((end - start)) s"; echo "command: scripts/gpu_checklist.sh $OUT $MODE"; } | tee -a "$OUT/checklist.log"

@@ -1,0 +1,46 @@
+torch = __import__("pytest").importorskip("torch")
+
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from dsparksim.profile import load_profile  # noqa: E402
+from dsparksim.runner.measure import MeasureConfig  # noqa: E402
+from dsparksim.runner.validate import ValidateConfig, validate  # noqa: E402
+
+# CI-sized validation (about 45 s per attempt on 2 shared cores): the tiny CPU target, a profile measured in the
+# same call, three policies x two closed-loop loads, two real runs per cell (the faster kept: interference only
+# slows a run). The issue's gate: median |relative error| of output throughput and of median per-user tokens/s
+# <= 10%. This is a wall-time (thread CPU-time) measurement on a shared VM whose speed drifts by 10-60% within
+# minutes (validation/README.md), so a failed attempt is retried (up to 3 attempts) with a freshly measured profile; all
+# attempts' figures are in the assertion message.
+GATE = 0.10
+ATTEMPTS = 3
+
+
+def _attempt(path):
+    vc = ValidateConfig(policies=("fixed:7", "confidence", "mtp1"), concurrency=(1, 8), repeats=2,
+                        measure=MeasureConfig(contexts=(32, 96, 160), reps=3,
+                                              n_reqs=(1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32)))
+    df = validate(vc, path, progress=False, log=lambda s: None)
+    return df, df["throughput_rel_err"].abs().median(), df["tps_user_median_rel_err"].abs().median()
+
+
+def test_reduced_validation_within_ten_percent(tmp_path):
+    seen = []
+    for i in range(ATTEMPTS):
+        out = tmp_path / f"attempt{i}"
+        df, thr, usr = _attempt(out)
+        seen.append((round(thr, 4), round(usr, 4)))
+        # Decisions are identical on both sides (same policy objects and acceptance stream); only the cut of the
+        # warm-up by time differs, so verify length agrees closely in every attempt.
+        assert df["mean_verify_len_rel_err"].abs().max() <= 0.05
+        if thr <= GATE and usr <= GATE:
+            break
+    assert thr <= GATE and usr <= GATE, f"median |rel err| (throughput, per-user) per attempt: {seen}\n{df}"
+    assert len(df) == 6
+    for f in ("errors.csv", "REPORT.md", "frontier_overlay.png", "summary.json", "profile.json"):
+        assert (out / f).is_file(), f
+    s = json.loads((out / "summary.json").read_text())["summary"]
+    assert np.isclose(s["median_abs_rel_err_throughput"], thr)
+    load_profile(str(out / "profile.json"))
