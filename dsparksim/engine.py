@@ -347,18 +347,25 @@ class Simulation:
                     break
                 yield env.timeout(nxt - now)
                 continue
-            dt, plan = self._plan_step()
-            if self.duration is not None and now + dt > self.duration:
-                # This step would end after the horizon: it never completes inside the measured run.
-                yield env.timeout(self.duration - now)
+            cut = yield from self._step(env, now)
+            if cut:
                 ended_by = "duration"
                 break
-            yield env.timeout(dt)
-            self._apply_step(env.now, now, dt, plan)
             if self.progress is not None and env.now - last_report >= 1.0:
                 self.progress(env.now)
                 last_report = env.now
         self.ended_by = ended_by
+
+    def _step(self, env: simpy.Environment, now: float):
+        """One engine step as SimPy timeouts; returns True if the horizon cut it (the real runner overrides this)."""
+        dt, plan = self._plan_step()
+        if self.duration is not None and now + dt > self.duration:
+            # This step would end after the horizon: it never completes inside the measured run.
+            yield env.timeout(self.duration - now)
+            return True
+        yield env.timeout(dt)
+        self._apply_step(env.now, now, dt, plan)
+        return False
 
     def run(self) -> SimResult:
         env = simpy.Environment()

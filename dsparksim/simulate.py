@@ -109,8 +109,9 @@ def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None) ->
     return RunOutput(config=cfg, summary=summary, result=res, inputs=inputs)
 
 
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     """Write to a temporary file next to ``path`` and rename: a crash never leaves a half-written result."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name, suffix=".tmp")
     os.close(fd)
     try:
@@ -122,14 +123,14 @@ def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    _atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n"))
+    atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n"))
 
 
 def write_table(path: Path, df: pd.DataFrame) -> None:
     if path.suffix == ".parquet":
-        _atomic_write(path, lambda p: df.to_parquet(p, index=False))
+        atomic_write(path, lambda p: df.to_parquet(p, index=False))
     else:
-        _atomic_write(path, lambda p: df.to_csv(p, index=False, float_format="%.9g"))
+        atomic_write(path, lambda p: df.to_csv(p, index=False, float_format="%.9g"))
 
 
 def round_floats(obj: Any, sig: int = 10) -> Any:

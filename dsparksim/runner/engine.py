@@ -14,7 +14,6 @@ Open-loop idle gaps (no request running, next arrival in the future) advance the
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
 import numpy as np
@@ -77,44 +76,13 @@ class RealEngine(Simulation):
         lg["t_host"].append(dt + t_apply - tm.draft_s - tm.target_s)
         return t_apply
 
-    # ---------------------------------------------------------------- main loop (the simulator's, real clock)
-    def _engine(self, env: simpy.Environment):
-        if self.wl.closed_loop:
-            for _ in range(min(int(self.wl.concurrency), self.n_rows)):
-                self._issue(self.issued, 0.0)
-        ended_by = None
-        while True:
-            now = env.now
-            if self.duration is not None and now >= self.duration:
-                ended_by = "duration"
-                break
-            if not self.wl.closed_loop:
-                self._pull_arrivals(now)
-            self._admit(now)
-            if not self.running:
-                if self.waiting:
-                    raise RuntimeError("requests wait but nothing runs: admission deadlock")
-                nxt = self._next_arrival()
-                if nxt is None:
-                    if self.num_requests is not None:
-                        ended_by = "all_requests_done"
-                    elif self.wl.closed_loop:
-                        ended_by = "workload_exhausted"
-                    else:
-                        self.notes["arrivals_ended_before_horizon"] = True
-                        yield env.timeout(self.duration - now)
-                        ended_by = "duration"
-                    break
-                yield env.timeout(nxt - now)
-                continue
-            dt, dt_model, plan, tm = self.step_once(now)
-            if self.duration is not None and now + dt > self.duration:
-                yield env.timeout(self.duration - now)
-                ended_by = "duration"
-                break
-            yield env.timeout(dt)
-            t_apply = self.apply_once(env.now, now, dt, dt_model, plan, tm)
-            yield env.timeout(t_apply)
-            if self.progress is not None:
-                self.progress(env.now)
-        self.ended_by = ended_by
+    # ------------------------------------------------------- one step (the simulator's loop, real clock)
+    def _step(self, env: simpy.Environment, now: float):
+        dt, dt_model, plan, tm = self.step_once(now)
+        if self.duration is not None and now + dt > self.duration:
+            yield env.timeout(self.duration - now)
+            return True
+        yield env.timeout(dt)
+        t_apply = self.apply_once(env.now, now, dt, dt_model, plan, tm)
+        yield env.timeout(t_apply)
+        return False

@@ -10,27 +10,13 @@ Layout under the sweep's output folder::
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 
 from dsparksim.config import _jsonable
-
-
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Write via a temporary file in the same folder and rename: a crash never leaves a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name, suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+from dsparksim.simulate import atomic_write
 
 
 def write_json(path: Path, obj: Any) -> None:
