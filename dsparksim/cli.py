@@ -102,6 +102,15 @@ def _traffic(args: argparse.Namespace, mode: str, **over: Any):
     return TrafficConfig(**kw)
 
 
+def run_traffic(args: argparse.Namespace, default_concurrency: int):
+    """The traffic of one run from `run`-style options: --trace | --rate | --concurrency (the default)."""
+    if args.trace:
+        return _traffic(args, "trace", trace=args.trace, time_scale=args.time_scale)
+    if args.rate is not None:
+        return _traffic(args, "open", rate=args.rate)
+    return _traffic(args, "closed", concurrency=args.concurrency or default_concurrency)
+
+
 def _run_config(args: argparse.Namespace, traffic) -> RunConfig:
     eng = EngineConfig(block_size=args.block_size, kv_capacity_tokens=args.kv_capacity,
                        max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens,
@@ -116,12 +125,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from dsparksim.simulate import simulate, write_run
 
-    if args.trace:
-        traffic = _traffic(args, "trace", trace=args.trace, time_scale=args.time_scale)
-    elif args.rate is not None:
-        traffic = _traffic(args, "open", rate=args.rate)
-    else:
-        traffic = _traffic(args, "closed", concurrency=args.concurrency or 32)
+    traffic = run_traffic(args, default_concurrency=32)
     cfg = _run_config(args, traffic)
     t0 = time.perf_counter()
     total = traffic.duration_s

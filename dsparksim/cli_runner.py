@@ -121,17 +121,11 @@ def cmd_audit(args) -> int:
 
 
 def cmd_run_real(args) -> int:
-    from dsparksim.cli import _run_config, _traffic
+    from dsparksim.cli import _run_config, run_traffic
     from dsparksim.runner.run import RunnerConfig, real_run
     from dsparksim.simulate import write_run
 
-    if args.trace:
-        traffic = _traffic(args, "trace", trace=args.trace, time_scale=args.time_scale)
-    elif args.rate is not None:
-        traffic = _traffic(args, "open", rate=args.rate)
-    else:
-        traffic = _traffic(args, "closed", concurrency=args.concurrency or 8)
-    cfg = _run_config(args, traffic)
+    cfg = _run_config(args, run_traffic(args, default_concurrency=8))
     out = real_run(cfg, RunnerConfig(model=args.model, executor=_executor(args),
                                      check_profile=not args.no_profile_check))
     paths = write_run(out, args.out, fmt=args.format, steps=True)
