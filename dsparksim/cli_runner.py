@@ -32,6 +32,19 @@ def _device_args(p: argparse.ArgumentParser, seed: bool = True) -> None:
     g.add_argument("--clock", choices=["auto", "wall", "thread"], default="auto",
                    help="step clock: thread CPU time (CPU, 1 thread; immune to other processes' preemption) or "
                         "wall; auto = thread on CPU with --threads 1, else wall [%(default)s]")
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature [%(default)s]")
+
+
+def _live_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("live drafters (instead of trace replay)")
+    g.add_argument("--live", action="store_true",
+                   help="the trained drafter/target pair in --models drafts and verifies for real (acceptance by "
+                        "rejection sampling); the target is MODELS/target.pt and --model is ignored")
+    g.add_argument("--models", default="models", help="trained models directory [%(default)s]")
+    g.add_argument("--live-drafter", default="dspark", choices=["dspark", "dflash", "eagle3"],
+                   help="drafter of the K-token policies (mtp1 policies use mtp1) [%(default)s]")
+    g.add_argument("--prompts-dir", default=None,
+                   help="directory with the prompts/*.jsonl files the eval prompts come from [../shared/data/prompts]")
 
 
 def _measure_args(p: argparse.ArgumentParser) -> None:
@@ -50,13 +63,29 @@ def _executor(args):
     from dsparksim.runner.executor import ExecutorConfig
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     return ExecutorConfig(device=args.device, dtype=dtype, drafter_layers=args.drafter_layers, seed=args.seed,
-                          threads=args.threads, clock=args.clock)
+                          threads=args.threads, clock=args.clock, temperature=args.temperature)
+
+
+def _runner(args, executor):
+    from dsparksim.runner.run import RunnerConfig
+    live = getattr(args, "live", False)
+    kw = dict(mode="live", models=args.models, live_drafter=args.live_drafter, prompts_dir=args.prompts_dir) \
+        if live else {}
+    return RunnerConfig(model=_live_model(args), executor=executor,
+                        check_profile=not getattr(args, "no_profile_check", False), **kw)
+
+
+def _live_model(args) -> str:
+    return f"ckpt:{Path(args.models) / 'target.pt'}" if getattr(args, "live", False) else args.model
 
 
 def _mc(args):
     from dsparksim.runner.measure import MeasureConfig
-    kw = {"model": args.model, "executor": _executor(args), "K": args.block_size, "warmup": args.warmup,
+    kw = {"model": _live_model(args), "executor": _executor(args), "K": args.block_size, "warmup": args.warmup,
           "reps": args.reps, "min_growth": args.min_growth}
+    if getattr(args, "live", False):
+        kw["live_models"] = args.models
+        kw["block_drafter"] = args.live_drafter
     if args.n_req:
         kw["n_reqs"] = args.n_req
     if args.contexts:
@@ -84,13 +113,19 @@ def cmd_measure(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from dsparksim.runner.run import RunnerConfig
     from dsparksim.runner.validate import ValidateConfig, validate
     mc = _mc(args)
-    vc = ValidateConfig(policies=args.policies, concurrency=args.concurrency, acceptance=args.acceptance,
-                        mtp1_acceptance=args.mtp1_acceptance, K=args.block_size,
+    acc, acc1 = args.acceptance, args.mtp1_acceptance
+    if args.live:
+        # the simulated side replays traces collected from the same trained pair (`dsparksim collect`)
+        acc = acc or f"traces/real_{args.live_drafter}_k{args.block_size}.csv.gz"
+        acc1 = acc1 or "traces/real_mtp1_k1.csv.gz"
+    vc = ValidateConfig(policies=args.policies, concurrency=args.concurrency, acceptance=acc or
+                        "traces/sample_dspark_k7.csv", mtp1_acceptance=acc1 or "mtp1", K=args.block_size,
                         requests_per_user=args.requests_per_user, repeats=args.repeats, seed=args.seed, measure=mc, profile=args.profile,
-                        runner=RunnerConfig(model=args.model, executor=mc.executor))
+                        runner=_runner(args, mc.executor),
+                        # live: stay inside the traces' horizon (collected over the first 20 blocks per response)
+                        **({"output_tokens": (24, 56)} if args.live else {}))
     df = validate(vc, args.out, progress=not args.quiet)
     worst = max(df["throughput_rel_err"].abs().median(), df["tps_user_median_rel_err"].abs().median())
     print(f"median |rel err|: throughput {100 * df['throughput_rel_err'].abs().median():.1f}%, per-user median "
@@ -122,12 +157,11 @@ def cmd_audit(args) -> int:
 
 def cmd_run_real(args) -> int:
     from dsparksim.cli import _run_config, run_traffic
-    from dsparksim.runner.run import RunnerConfig, real_run
+    from dsparksim.runner.run import real_run
     from dsparksim.simulate import write_run
 
     cfg = _run_config(args, run_traffic(args, default_concurrency=8))
-    out = real_run(cfg, RunnerConfig(model=args.model, executor=_executor(args),
-                                     check_profile=not args.no_profile_check))
+    out = real_run(cfg, _runner(args, _executor(args)))
     paths = write_run(out, args.out, fmt=args.format, steps=True)
     s = out.summary
     if not args.quiet:
@@ -145,6 +179,7 @@ def register(sub) -> None:
                                    "dsparksim-profile/1 JSON (floor separated from the verify term).")
     _device_args(p)
     _measure_args(p)
+    _live_args(p)
     p.add_argument("--out", "-o", required=True, help="profile JSON to write")
     p.add_argument("--name", default=None, help="profile name [DEVICE-MODEL]")
     p.add_argument("--raw", default=None, help="also write the raw per-step records (JSON)")
@@ -154,11 +189,15 @@ def register(sub) -> None:
     v = sub.add_parser("validate", help="real (trace-replay) vs simulated runs, with the profile measured first")
     _device_args(v)
     _measure_args(v)
+    _live_args(v)
     v.add_argument("--policies", type=_strs,
                    default=("mtp1", "fixed:7", "threshold:0.5", "goodput", "confidence", "confidence-async:2"))
     v.add_argument("--concurrency", type=_ints, default=(1, 4, 16))
-    v.add_argument("--acceptance", default="traces/sample_dspark_k7.csv", help="acceptance trace to replay")
-    v.add_argument("--mtp1-acceptance", default="mtp1")
+    v.add_argument("--acceptance", default=None,
+                   help="acceptance trace the simulated side (and trace replay) uses [traces/sample_dspark_k7.csv; "
+                        "with --live traces/real_<drafter>_k<K>.csv.gz]")
+    v.add_argument("--mtp1-acceptance", default=None,
+                   help="mtp1 acceptance [mtp1 (parametric); with --live traces/real_mtp1_k1.csv.gz]")
     v.add_argument("--requests-per-user", type=int, default=4)
     v.add_argument("--repeats", type=int, default=1,
                    help="real runs per cell, the fastest kept (rejects interference on a shared machine) [%(default)s]")
@@ -179,6 +218,7 @@ def register(sub) -> None:
     r.add_argument("--policy", default="confidence", help="policy spec [%(default)s]")
     _add_common(r, frontier=False)
     _device_args(r, seed=False)
+    _live_args(r)
     r.add_argument("--no-profile-check", action="store_true",
                    help="allow a profile measured for another model/device (its metadata is otherwise checked)")
     r.add_argument("--out", default="results/run-real", help="output directory [%(default)s]")

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 import simpy
 
-from dsparksim.acceptance.base import AcceptanceModel
+from dsparksim.acceptance.base import AcceptanceModel, Block
 from dsparksim.errors import ConfigError
 from dsparksim.policies.base import Policy, StepContext
 from dsparksim.traffic.base import Workload
@@ -239,7 +239,7 @@ class Simulation:
         a = np.zeros(0, np.int64)
         if n_dec:
             slots = self.slot_of[dec]
-            blk = self.acc.draw(slots, self.rng)
+            blk = self._draw_block(dec, slots)
             conf = blk.conf[:, :K]
             surv = np.cumprod(conf, axis=1)
             ctx = StepContext(conf=conf, survival=surv, request_ids=dec, base_tokens=n_dec + n_pf,
@@ -248,7 +248,7 @@ class Simulation:
             L = np.asarray(self.policy.choose(ctx), dtype=np.int64)
             if L.shape != (n_dec,) or (n_dec and (L.min() < 0 or L.max() > K)):
                 raise RuntimeError(f"policy {self.policy.spec} returned invalid verify lengths {L!r} (K={K})")
-            a = np.minimum(L, blk.accepted)
+            a = self._accepted_prefix(blk, L)
         M = n_dec + n_pf + int(L.sum())
         if M > self.max_tokens:
             raise RuntimeError(f"policy {self.policy.spec} exceeded the token budget: M={M} > {self.max_tokens}")
@@ -257,6 +257,15 @@ class Simulation:
             raise RuntimeError(f"non-positive step time {dt} at M={M}")
         plan = dict(dec=dec, L=L, a=a, chunks=chunks, M=M, n_pf=n_pf, kv_read=kv_read)
         return dt, plan
+
+    def _draw_block(self, dec: np.ndarray, slots: np.ndarray) -> Block:
+        """This step's confidences (and true accepted lengths) for the decoding rows ``dec`` in KV ``slots``.
+        The real engine's live-drafter mode overrides this with a real drafter forward."""
+        return self.acc.draw(slots, self.rng)
+
+    def _accepted_prefix(self, blk: Block, L: np.ndarray) -> np.ndarray | None:
+        """Accepted prefix of the verified drafts: min(L, A). None = decided later by real verification."""
+        return np.minimum(L, blk.accepted)
 
     def _apply_step(self, now: float, t0: float, dt: float, plan: dict[str, Any]) -> None:
         dec, L, a = plan["dec"], plan["L"], plan["a"]

@@ -150,30 +150,35 @@ class _ARRuntime:
         self.logits1 = m.logits(self.t, self.h)
 
     def propose(self, K, temperature, gen):
-        m, blk = self.m, self.m.block
-        toks, probs = [], []
-        tok, p = sample(self.logits1, temperature, gen)
+        return propose_ar(self.m, self.t, self.h, self.origin, self.logits1, self.ck, self.cv, K, temperature, gen)
+
+
+def propose_ar(m: ARDrafter, target, h, origin, logits1, ck, cv, K, temperature, gen):
+    """K autoregressive draft steps for B requests: h (B, d) drafter state at ``origin`` (B,), logits1 (B, V) its
+    first-step logits, ck/cv (B, Hkv, T, hd) the drafter's cache (read only). Returns (d (B,K), q (B,K,V), conf)."""
+    blk = m.block
+    toks, probs = [], []
+    tok, p = sample(logits1, temperature, gen)
+    toks.append(tok)
+    probs.append(p)
+    ks, vs = [], []
+    base_mask = cache_mask(origin[:, None], ck.shape[2])                      # j <= origin
+    for s in range(2, K + 1):
+        x = m.step_in(target, tok[:, None], h[:, None])
+        pos = (origin + s - 1)[:, None]
+        q, k, v = blk.attn.qkv(blk.n1(x), pos)
+        ks.append(k)
+        vs.append(v)
+        mask = torch.cat([base_mask, torch.ones(x.shape[0], 1, 1, len(ks), dtype=torch.bool, device=x.device)], -1)
+        y = x + blk.attn.out(q, torch.cat([ck] + ks, 2), torch.cat([cv] + vs, 2), mask)
+        y = y + blk.mlp(blk.n2(y))
+        h = y[:, 0]
+        tok, p = sample(m.logits(target, h), temperature, gen)
         toks.append(tok)
         probs.append(p)
-        h = self.h
-        ks, vs = [], []
-        base_mask = cache_mask(self.origin[:, None], self.ck.shape[2])          # j <= origin
-        for s in range(2, K + 1):
-            x = m.step_in(self.t, tok[:, None], h[:, None])
-            pos = (self.origin + s - 1)[:, None]
-            q, k, v = blk.attn.qkv(blk.n1(x), pos)
-            ks.append(k)
-            vs.append(v)
-            mask = torch.cat([base_mask, torch.ones(x.shape[0], 1, 1, len(ks), dtype=torch.bool)], -1)
-            y = x + blk.attn.out(q, torch.cat([self.ck] + ks, 2), torch.cat([self.cv] + vs, 2), mask)
-            y = y + blk.mlp(blk.n2(y))
-            h = y[:, 0]
-            tok, p = sample(m.logits(self.t, h), temperature, gen)
-            toks.append(tok)
-            probs.append(p)
-        d, q = torch.stack(toks, 1), torch.stack(probs, 1)
-        conf = q.gather(-1, d[..., None])[..., 0]          # no confidence head: the draft's own probability
-        return d, q, conf
+    d, q = torch.stack(toks, 1), torch.stack(probs, 1)
+    conf = q.gather(-1, d[..., None])[..., 0]          # no confidence head: the draft's own probability
+    return d, q, conf
 
 
 # ---- parallel drafters: dflash, dspark -------------------------------------------------------------------------
@@ -205,7 +210,7 @@ class ParallelDrafter(nn.Module):
         """Block states (B, nb, K+1, d) for anchors; ctx_kv[l] = (k, v) context keys of layer l."""
         B, nb, K1 = pos.shape
         x = torch.cat([anchor_emb[:, :, None], self.mask_emb.expand(B, nb, K1 - 1, -1)], 2).reshape(B, nb * K1, -1)
-        same = torch.block_diag(*[torch.ones(K1, K1, dtype=torch.bool)] * nb)[None, None]
+        same = torch.block_diag(*[torch.ones(K1, K1, dtype=torch.bool, device=pos.device)] * nb)[None, None]
         mask = torch.cat([ctx_mask, same.expand(ctx_mask.shape[0], 1, -1, -1)], -1)
         p = pos.reshape(B, nb * K1)
         for blk, (k, v) in zip(self.blocks, ctx_kv):
@@ -276,30 +281,36 @@ class _ParRuntime:
         self.t0 = start + last_idx + 1                      # anchor position; context visible: j < t0
 
     def propose(self, K, temperature, gen):
-        m = self.m
-        B = self.anchor.shape[0]
-        Tc = self.cache[0][0].shape[2]
-        pos = (self.t0[:, None] + torch.arange(K + 1)[None])[:, None]           # (B, 1, K+1)
-        ctx_mask = (torch.arange(Tc)[None, None, None, :] < self.t0[:, None, None, None]).expand(B, 1, K + 1, Tc)
-        s = m.backbone(self.t, self.t.embed(self.anchor)[:, None], pos, self.cache, ctx_mask)[:, 0, 1:]
-        base = m.base_logits(self.t, s)                                        # (B, K, V)
-        self.last_logits = base
-        if not m.spark:
-            d, q = sample(base, temperature, gen)
-            conf = q.gather(-1, d[..., None])[..., 0]
-            return d, q, conf
-        toks, probs, confs, logits = [], [], [], []
-        prev = self.anchor
-        for k in range(K):                   # the only sequential part: a rank-r bias per position
-            logits.append(base[:, k] + m.markov_bias(prev))
-            tok, p = sample(logits[-1], temperature, gen)
-            confs.append(torch.sigmoid(m.conf_logit(s[:, k], prev)))
-            toks.append(tok)
-            probs.append(p)
-            prev = tok
-        d, q, conf = torch.stack(toks, 1), torch.stack(probs, 1), torch.stack(confs, 1)
-        self.last_logits = torch.stack(logits, 1)          # kept for inspection (tests)
+        d, q, conf, self.last_logits = propose_parallel(self.m, self.t, self.anchor, self.t0, self.cache, K,
+                                                        temperature, gen)
         return d, q, conf
+
+
+def propose_parallel(m: ParallelDrafter, target, anchor, t0, cache, K, temperature, gen):
+    """One parallel block for B requests: anchor (B,) pending token at position t0 (B,), cache[l] = (k, v) context
+    keys (B, Hkv, Tc, hd) of drafter layer l (positions j < t0 visible). Returns (d (B,K), q (B,K,V), conf (B,K),
+    logits (B,K,V)); dspark samples left to right because of the Markov bias (the only sequential part)."""
+    B = anchor.shape[0]
+    Tc = cache[0][0].shape[2]
+    dev = anchor.device
+    pos = (t0[:, None] + torch.arange(K + 1, device=dev)[None])[:, None]                 # (B, 1, K+1)
+    ctx_mask = (torch.arange(Tc, device=dev)[None, None, None, :] < t0[:, None, None, None]).expand(B, 1, K + 1, Tc)
+    s = m.backbone(target, target.embed(anchor)[:, None], pos, cache, ctx_mask)[:, 0, 1:]
+    base = m.base_logits(target, s)                                                      # (B, K, V)
+    if not m.spark:
+        d, q = sample(base, temperature, gen)
+        conf = q.gather(-1, d[..., None])[..., 0]
+        return d, q, conf, base
+    toks, probs, confs, logits = [], [], [], []
+    prev = anchor
+    for k in range(K):
+        logits.append(base[:, k] + m.markov_bias(prev))
+        tok, p = sample(logits[-1], temperature, gen)
+        confs.append(torch.sigmoid(m.conf_logit(s[:, k], prev)))
+        toks.append(tok)
+        probs.append(p)
+        prev = tok
+    return torch.stack(toks, 1), torch.stack(probs, 1), torch.stack(confs, 1), torch.stack(logits, 1)
 
 
 def build_drafter(tcfg: ModelConfig, dcfg: DrafterConfig) -> nn.Module:

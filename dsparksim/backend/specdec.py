@@ -31,20 +31,35 @@ def verify(logits: torch.Tensor, d: torch.Tensor, q: torch.Tensor, temperature: 
            gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Rejection sampling. logits (B, K+1, V) of the target at [pending, d_1..d_K]; d (B, K) drafts drawn from
     q (B, K, V). Returns (A (B,), the correction/bonus token (B,))."""
+    return verify_prefix(logits, d, q, torch.full((d.shape[0],), d.shape[1], dtype=torch.long, device=d.device),
+                         temperature, gen)
+
+
+def verify_prefix(logits: torch.Tensor, d: torch.Tensor, q: torch.Tensor, L: torch.Tensor, temperature: float,
+                  gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rejection sampling of only the first L[i] drafts of request i (the scheduler's verify length, 0..K).
+
+    logits (B, K+1, V): the target at [pending, d_1..d_K] (rows past L[i] are never read); d (B, K); q (B, K, V).
+    Returns (a (B,) accepted prefix <= L, the correction token at the first rejection, or the bonus token drawn
+    from the target at position L[i] when all L[i] drafts pass). Verifying a prefix is still exact: the drafts
+    past L are simply not proposed, so the bonus position sees q = 0 and samples the target itself.
+    """
     B, K = d.shape
-    b = torch.arange(B)
+    b = torch.arange(B, device=d.device)
+    live = torch.arange(K, device=d.device)[None, :] < L[:, None]
     if temperature == 0:
         g = logits.argmax(-1)
-        A = (d == g[:, :K]).long().cumprod(1).sum(1)
+        A = ((d == g[:, :K]) & live).long().cumprod(1).sum(1)
         return A, g[b, A]
-    p = torch.softmax(logits / temperature, -1)
+    p = torch.softmax(logits.float() / temperature, -1)
     pd = p[:, :K].gather(-1, d[..., None])[..., 0]
-    qd = q.gather(-1, d[..., None])[..., 0]
-    u = torch.rand(B, K, generator=gen)
-    acc = u * qd < pd                                   # u < p/q without dividing (q(d) > 0: d was drawn from q)
+    qd = q.float().gather(-1, d[..., None])[..., 0]
+    u = torch.rand(B, K, generator=gen, device=d.device)
+    acc = (u * qd < pd) & live                          # u < p/q without dividing (q(d) > 0: d was drawn from q)
     A = acc.long().cumprod(1).sum(1)
-    qpad = torch.cat([q, torch.zeros_like(q[:, :1])], 1)          # q_{K+1} = 0: the bonus comes from p itself
-    resid = (p[b, A] - qpad[b, A]).clamp_min(0)
+    qpad = torch.cat([q.float(), torch.zeros_like(q[:, :1], dtype=torch.float32)], 1)
+    qA = qpad[b, A] * (A < L)[:, None]                  # past the verified prefix q = 0: the bonus comes from p
+    resid = (p[b, A] - qA).clamp_min(0)
     z = resid.sum(-1, keepdim=True)
     # p == q exactly at a rejected position has probability 0; fall back to p to stay well defined
     dist = torch.where(z > 0, resid / z.clamp_min(1e-30), p[b, A])

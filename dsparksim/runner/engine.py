@@ -43,7 +43,7 @@ class RealEngine(Simulation):
         before = len(self.running)
         super()._admit(now)
         for row in self.running[before:]:
-            self.ex.start(int(row), int(self.slot_of[row]), int(self.prompt[row]))
+            self.ex.start(int(row), int(self.slot_of[row]), int(self.prompt[row]), str(self.wl.domain[row]))
 
     def _finish(self, rows: np.ndarray, now: float) -> None:
         for r in rows:
@@ -86,3 +86,24 @@ class RealEngine(Simulation):
         t_apply = self.apply_once(env.now, now, dt, dt_model, plan, tm)
         yield env.timeout(t_apply)
         return False
+
+
+class LiveEngine(RealEngine):
+    """The real engine with trained drafters deciding acceptance online (:mod:`.live`): the step's confidences come
+    from a real drafter forward, the accepted prefix from rejection sampling against the target."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.notes["engine"] = (f"real (torch), live drafter '{self.ex.kind}' (acceptance by rejection sampling); "
+                                f"step time = measured {self.ex.ex.clock_name()} clock")
+
+    def _draw_block(self, dec: np.ndarray, slots: np.ndarray):
+        return self.ex.propose(dec, slots, self.K)
+
+    def _accepted_prefix(self, blk, L: np.ndarray) -> None:
+        return None                      # decided by verification in _execute
+
+    def _execute(self, plan: dict[str, Any]):
+        tm, a = super()._execute(plan)
+        plan["a"] = a
+        return tm

@@ -144,10 +144,11 @@ class Executor:
         self.dev = torch.device(ex.device)
         self.dtype = torch_dtype(ex.dtype)
         self.target, self.proxy = target, proxy
-        self.tf, self.pf = FlatForward(target), FlatForward(proxy)
+        self.tf = FlatForward(target)
+        self.pf = FlatForward(proxy) if proxy is not None else None
         self.T = int(T)
         self.pool = KVPool(target, slots, self.T, self.dev, self.dtype)
-        self.dpool = KVPool(proxy, slots, self.T, self.dev, self.dtype)
+        self.dpool = KVPool(proxy, slots, self.T, self.dev, self.dtype) if proxy is not None else None
         self.V = target.cfg.vocab_size
         self.gen = torch.Generator(device=self.dev)
         self.gen.manual_seed(ex.seed)
@@ -160,7 +161,7 @@ class Executor:
         self.clock = ex.clock_fn()
 
     # ---------------------------------------------------------------- request lifecycle
-    def start(self, row: int, slot: int, prompt_len: int) -> None:
+    def start(self, row: int, slot: int, prompt_len: int, domain: str | None = None) -> None:
         if prompt_len + 1 > self.T:
             raise ConfigError("runner", "max_seq_tokens", f"request row {row} needs {prompt_len} prompt tokens but "
                               f"the KV slots hold {self.T}")

@@ -94,13 +94,15 @@ class FlatForward:
 
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor, pos: torch.Tensor, groups: list[Group], pool: KVPool,
-                 logits_at: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens, pos: (M,) long. Returns logits (len(logits_at) or M, V) at the flat indices ``logits_at``."""
+                 logits_at: torch.Tensor | None = None, hidden: bool = False):
+        """tokens, pos: (M,) long. Returns logits (len(logits_at) or M, V) at the flat indices ``logits_at``;
+        with ``hidden`` also every layer's output [(M, d)] * n_layers first (the drafters' features)."""
         m = self.m
         x = m.embed(tokens)                                         # (M, d)
         M = x.shape[0]
         # absolute slot of every flat token, for the cache writes
         slot_tok = torch.cat([g.slot[g.rid] for g in groups]) if groups else torch.zeros(0, dtype=torch.long)
+        hs: list[torch.Tensor] = []
         for li, blk in enumerate(m.blocks):
             a = blk.attn
             hx = blk.n1(x)
@@ -126,9 +128,11 @@ class FlatForward:
                 y[g.lo:g.hi] = o.transpose(1, 2)[g.rid, g.off]
             x = x + a.o(y.reshape(M, self.h * self.hd))
             x = x + blk.mlp(blk.n2(x))
+            if hidden:
+                hs.append(x)
         if logits_at is not None:
             x = x[logits_at]
-        return m.head(x)
+        return (hs, m.head(x)) if hidden else m.head(x)
 
     @staticmethod
     def Lq_pad(g: Group) -> int:

@@ -26,6 +26,7 @@ import datetime as _dt
 import platform
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 import numpy as np
@@ -41,6 +42,32 @@ from ..traffic.base import Workload
 from .engine import DECODE_PHASE, RealEngine
 from .executor import Executor, ExecutorConfig, build_models, torch_dtype
 from .models import device_key, kv_capacity_tokens, load_target, model_key
+
+
+@dataclass
+class LiveDrafters:
+    """The trained drafters a live-mode profile is measured with (kind -> module / STS temperatures)."""
+
+    drafters: dict
+    temps: dict
+    prompts: Any
+
+    @classmethod
+    def load(cls, models: str, kinds, target) -> "LiveDrafters":
+        from ..backend.checkpoint import load_drafter
+        from ..backend.collect import load_models
+        from .live import PromptSource
+        _, _, tcpu, tmeta, cal = load_models(models)
+        dev, dt = target.embed.weight.device, target.embed.weight.dtype
+        ds, ts = {}, {}
+        for k in kinds:
+            m, _ = load_drafter(Path(models) / f"{k}.pt", k, tcpu, tmeta["sha256"])
+            m = m.to(device=dev, dtype=dt).eval()
+            for p in m.parameters():
+                p.requires_grad_(False)
+            ds[k], ts[k] = m, np.asarray(cal[k]["temperatures"], float)
+        # prompt content does not change a step's cost; a fixed token stream avoids needing the prompt files
+        return cls(ds, ts, PromptSource({d: [[1, 2, 3]] for d in ("math", "code", "chat")}, sep=0))
 
 
 class MeasurementError(ConfigError):
@@ -94,6 +121,7 @@ class MeasureConfig:
     mtp1: bool = True
     min_growth: float = 1.05
     name: str | None = None
+    live_models: str | None = None   # also time the trained drafters of this models dir (replaces the proxy's rows)
 
     def __post_init__(self) -> None:
         if self.K < 1:
@@ -128,17 +156,27 @@ def _slot_tokens(ctx: int, K: int, warmup: int, reps: int, nL: int | None = None
 
 
 def _cell(target, proxy, ex: ExecutorConfig, K: int, drafter: str, n: int, ctx: int, Ls: list[int],
-          warmup: int, reps: int) -> list[dict[str, float]]:
-    """Timed steps for n requests at context ctx, for each L in Ls (one engine, prefilled once)."""
+          warmup: int, reps: int, live: "LiveDrafters | None" = None) -> list[dict[str, float]]:
+    """Timed steps for n requests at context ctx, for each L in Ls (one engine, prefilled once).
+
+    With ``live`` the step is the live-drafter step (trained drafter proposes, rejection sampling, drafter state
+    update), every block then rejected at position 1 so the context still grows one token per step."""
     out_len = len(Ls) * (warmup + reps) + 6
     wl = Workload(prompt_tokens=np.full(n, ctx, np.int64), output_tokens=np.full(n, out_len, np.int64),
                   domain=np.full(n, "chat", dtype=object), concurrency=n)
     T = _slot_tokens(ctx, K, warmup, reps, len(Ls))
-    exe = Executor(target, proxy, ex, T=T, slots=n)
+    if live is None:
+        exe, engine_cls = Executor(target, proxy, ex, T=T, slots=n), RealEngine
+    else:
+        from .engine import LiveEngine
+        from .live import LiveExecutor
+        exe = LiveExecutor(target, live.drafters[drafter], drafter, live.temps[drafter], live.prompts, ex, T=T,
+                           slots=n, force_reject=True)
+        engine_cls = LiveEngine
     pol = UniformL()
     pol.reset(K, np.random.default_rng(0))
     prof = profile_from_dict(_DUMMY)
-    eng = RealEngine(executor=exe, profile=prof, acceptance=RejectAll(K, drafter), policy=pol, workload=wl,
+    eng = engine_cls(executor=exe, profile=prof, acceptance=RejectAll(K, drafter), policy=pol, workload=wl,
                      block_size=K, drafter=drafter, kv_capacity_tokens=n * T, max_num_seqs=n,
                      max_batched_tokens=n * (K + 1) + n * ctx, prefill_chunk_tokens=n * ctx,
                      rng=np.random.default_rng(0), num_requests=n)
@@ -177,6 +215,10 @@ def _fast_prefill(eng: RealEngine, exe: Executor, n: int, ctx: int) -> None:
     for r in rows:
         exe.cache_len[int(r)] = int(lens[r])
         exe.pending[int(r)] = int(exe.np_rng.integers(0, exe.V))
+    if hasattr(exe, "dstate"):                 # live drafter: its per-slot state must point at the context too
+        slots = torch.as_tensor(eng.slot_of[rows], device=exe.dev)
+        exe.dstate.fake_prefill(slots, torch.as_tensor(lens, device=exe.dev),
+                                torch.as_tensor([exe.pending[int(r)] for r in rows], device=exe.dev))
 
 
 def cell_contexts(n: int, ctx: int) -> np.ndarray:
@@ -262,15 +304,23 @@ def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig) -> di
     _, H = _median_by(r["n"].astype(int), r["t_host"])
     H = H + Bn                      # the target forward's per-request term joins the floor
     fixed = float(H.min())
-    drafters = {mc.block_drafter: {"kind": "parallel", "tokens": [int(n * mc.K) for n in ns],
-                                   "time_s": [float(x) for x in D], "markov_overhead_frac": 0.0,
-                                   "note": "measured: random-weight drafter proxy, one forward over n*K tokens "
-                                           "(no Markov head)"}}
+    what = (f"the trained {mc.block_drafter} drafter from {mc.live_models} (propose + state update)"
+            if mc.live_models is not None else "random-weight drafter proxy, one forward over n*K tokens (no Markov head)")
+    kind = "autoregressive" if mc.block_drafter == "eagle3" else "parallel"
+    # an autoregressive drafter is priced per sequential step (K forwards over n tokens)
+    drafters = {mc.block_drafter: {"kind": kind, "tokens": [int(n * mc.K) if kind == "parallel" else int(n)
+                                                           for n in ns],
+                                   "time_s": [float(x) / (mc.K if kind != "parallel" else 1) for x in D],
+                                   "note": f"measured: {what}"}}
+    if kind == "parallel":
+        drafters[mc.block_drafter]["markov_overhead_frac"] = 0.0
     if mtp_recs:
         m = {k: np.array([x[k] for x in mtp_recs], dtype=float) for k in mtp_recs[0]}
         mn, mD = _median_by(m["n"].astype(int), m["t_draft"])
         drafters["mtp1"] = {"kind": "mtp", "tokens": [int(x) for x in mn], "time_s": [float(x) for x in mD],
-                            "note": "measured: drafter proxy, one forward over n tokens"}
+                            "note": "measured: " + (f"the trained mtp1 drafter from {mc.live_models}"
+                                                    if mc.live_models is not None else
+                                                    "drafter proxy, one forward over n tokens")}
     prof: dict[str, Any] = {
         "format": FORMAT,
         "verify": {"M": [int(x) for x in M], "time_s": [float(x) for x in V]},
@@ -310,6 +360,11 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
     except ImportError:  # pragma: no cover
         bar = None
     Ls = list(range(mc.K + 1))
+    live = None
+    if mc.live_models is not None:
+        live = LiveDrafters.load(mc.live_models, [mc.block_drafter] + (["mtp1"] if mc.mtp1 else []), target)
+        log(f"measure: live-drafter steps with the trained {mc.block_drafter}"
+            + (" and mtp1" if mc.mtp1 else "") + f" from {mc.live_models}")
     for c, n in cells:
         need = n * _slot_tokens(c, mc.K, mc.warmup, mc.reps)
         if need > cap:
@@ -319,7 +374,7 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
                 bar.update()
             continue
         try:
-            recs += _cell(target, proxy, ex, mc.K, mc.block_drafter, n, c, Ls, mc.warmup, mc.reps)
+            recs += _cell(target, proxy, ex, mc.K, mc.block_drafter, n, c, Ls, mc.warmup, mc.reps, live)
         except Exception as e:  # noqa: BLE001 - OOM is recorded per cell; anything else is a bug
             if not _is_oom(e):
                 raise
@@ -333,7 +388,7 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
     if mc.mtp1:
         for n in mc.n_reqs:
             try:
-                mtp += _cell(target, proxy, ex, 1, "mtp1", n, mc.contexts[0], [0, 1], mc.warmup, mc.reps)
+                mtp += _cell(target, proxy, ex, 1, "mtp1", n, mc.contexts[0], [0, 1], mc.warmup, mc.reps, live)
             except Exception as e:  # noqa: BLE001
                 if not _is_oom(e):
                     raise
@@ -362,6 +417,7 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
         "kv_capacity_tokens": cap,
         "torch": torch.__version__, "python": platform.python_version(), "host": platform.node(),
         "target_config": asdict(mcfg), "checkpoint": ck, "drafter_proxy_layers": ex.drafter_layers,
+        "drafting": f"live:{mc.live_models}" if mc.live_models is not None else "proxy",
         "grid": {"K": mc.K, "n_req": list(mc.n_reqs), "L": Ls, "contexts": list(mc.contexts), "warmup": mc.warmup,
                  "reps": mc.reps},
         "fit": fit, "failed_cells": failed, "wall_s": round(time.time() - t_start, 1),

@@ -3,7 +3,8 @@ by :class:`RealEngine`; returns the simulator's :class:`RunOutput`, so ``write_r
 plots work unchanged."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -16,18 +17,32 @@ from ..policies import make_policy
 from ..profile import load_profile
 from ..simulate import RunOutput, _streams, load_label
 from ..traffic import build_workload
-from .engine import RealEngine
+from .engine import LiveEngine, RealEngine
 from .executor import Executor, ExecutorConfig, build_models, torch_dtype
+from .live import LiveExecutor
 from .models import device_key, kv_capacity_tokens, load_target, model_key
 
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    """The real side of a run: which target (see :func:`~dsparksim.runner.models.parse_model`) on which device."""
+    """The real side of a run: which target (see :func:`~dsparksim.runner.models.parse_model`) on which device.
+
+    mode: "replay" (acceptance replayed from the run's acceptance source, any target shape) or "live" (the trained
+    pair in ``models`` drafts and verifies for real; the target is ``models/target.pt`` and ``model`` is ignored).
+    live_drafter: the drafter of the K-token policies in live mode (mtp1 policies always use ``mtp1``).
+    """
 
     model: str = "tiny"
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     check_profile: bool = True   # the profile must have been measured for this model on this device
+    mode: str = "replay"
+    models: str = "models"
+    live_drafter: str = "dspark"
+    prompts_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("replay", "live"):
+            raise ConfigError("runner", "mode", f"expected replay or live, got {self.mode!r}")
 
 
 def _check_profile(profile, mkey: str, dkey: str) -> None:
@@ -41,23 +56,36 @@ def _check_profile(profile, mkey: str, dkey: str) -> None:
 
 
 def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None, proxy=None,
-             progress: Callable[[float], None] | None = None) -> RunOutput:
+             progress: Callable[[float], None] | None = None, record_outputs: bool = False) -> RunOutput:
     """Serve ``cfg`` for real (trace-replay acceptance). ``target``/``proxy`` reuse already built models."""
     ex = rcfg.executor
     rngs = _streams(cfg.seed)
     profile = load_profile(cfg.profile)
+    live = rcfg.mode == "live"
+    if live:
+        rcfg = replace(rcfg, model=f"ckpt:{Path(rcfg.models) / 'target.pt'}")
     mcfg, tmodel, ck = load_target(rcfg.model, ex.device, ex.dtype)
     mkey = model_key(mcfg, ck, ex.drafter_layers, ex.dtype)
     dkey = device_key(ex.device, ex.threads, ex.clock_name())
     if rcfg.check_profile:
         _check_profile(profile, mkey, dkey)
+        if live and not str(profile.metadata.get("drafting", "")).startswith("live:"):
+            raise ConfigError(f"profile '{profile.name}' ({profile.source})", "metadata.drafting",
+                              "live mode needs drafting costs measured on the trained drafters, but this profile's "
+                              f"come from {profile.metadata.get('drafting', 'the drafter proxy')!r}; measure with "
+                              "`dsparksim measure --live-models MODELS` or pass --no-profile-check")
     policy = make_policy(cfg.policy)
     K = int(policy.block_size or cfg.engine.block_size)
     if policy.needs_oracle:
         raise ConfigError("config", "policy", f"{policy.spec} reads the true accepted length: it exists only in the "
                           "simulator")
-    spec = cfg.mtp1_acceptance if policy.drafter == "mtp1" else cfg.acceptance
-    acceptance = load_acceptance(spec, K)
+    if live:
+        kind = "mtp1" if policy.drafter == "mtp1" else rcfg.live_drafter
+        acceptance, live_parts = _live_parts(rcfg, kind, K, ex)
+        spec = f"live:{kind}"
+    else:
+        spec = cfg.mtp1_acceptance if policy.drafter == "mtp1" else cfg.acceptance
+        acceptance = load_acceptance(spec, K)
     tK = acceptance.describe().get("trace_K")
     if tK is not None and tK != K:
         raise ConfigError(spec, "K", f"K mismatch: the run uses K={K} but the acceptance trace was recorded with "
@@ -82,11 +110,20 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
     if slots * T > dev_cap:
         raise ConfigError("config", "max_num_seqs", f"{slots} KV slots of {T} tokens exceed the device's "
                           f"{dev_cap}-token KV capacity")
-    if target is None or proxy is None:
-        target, proxy = build_models(mcfg, ex, tmodel)
-    executor = Executor(target, proxy, ex, T=T, slots=slots)
+    if live:
+        tgt = target if target is not None else build_models(mcfg, ex, tmodel)[0]
+        drafter_m, temps, prompts = live_parts
+        executor = LiveExecutor(tgt, drafter_m.to(device=tgt.embed.weight.device, dtype=torch_dtype(ex.dtype)),
+                                acceptance.drafter, temps, prompts, ex, T=T, slots=slots,
+                                record_outputs=record_outputs)
+        engine_cls = LiveEngine
+    else:
+        if target is None or proxy is None:
+            target, proxy = build_models(mcfg, ex, tmodel)
+        executor = Executor(target, proxy, ex, T=T, slots=slots)
+        engine_cls = RealEngine
     duration = cfg.traffic.duration_s if cfg.traffic.num_requests is None else None
-    eng = RealEngine(executor=executor, profile=profile, acceptance=acceptance, policy=policy, workload=workload,
+    eng = engine_cls(executor=executor, profile=profile, acceptance=acceptance, policy=policy, workload=workload,
                      block_size=K, drafter=drafter, kv_capacity_tokens=int(kv_cap),
                      max_num_seqs=cfg.engine.max_num_seqs, max_batched_tokens=int(max_tok),
                      prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens, rng=rngs["acceptance"],
@@ -111,6 +148,39 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
         "engine": {"kind": "real", "model": mkey, "device": dkey, "kv_capacity_tokens": int(kv_cap),
                    "max_batched_tokens": int(max_tok), "kv_slot_tokens": T,
                    "admission": "FIFO; reserve prompt+output+K KV tokens at admission (no preemption)",
-                   "acceptance_mode": "trace-replay: a = min(L, A) with A from the acceptance source"},
+                   "acceptance_mode": ("live: trained drafter + exact rejection sampling of the first L drafts; "
+                                       "drafting cost priced from the profile (measured with the drafter proxy)"
+                                       if live else "trace-replay: a = min(L, A) with A from the acceptance source")},
     }
-    return RunOutput(config=cfg, summary=summary, result=res, inputs=inputs)
+    out = RunOutput(config=cfg, summary=summary, result=res, inputs=inputs)
+    if record_outputs:
+        out.outputs = executor.outputs            # row -> generated token ids (live mode; tests)
+        out.prompts = executor.prompt_log
+    return out
+
+
+def _live_parts(rcfg: RunnerConfig, kind: str, K: int, ex: ExecutorConfig):
+    """(LiveAcceptance, (drafter module, STS temperatures, PromptSource)) from a models directory, all checked."""
+    from ..backend.checkpoint import load_drafter
+    from ..backend.collect import load_models
+    from ..errors import InputError
+    from .live import LiveAcceptance, PromptSource
+
+    models = Path(rcfg.models)
+    _, _, target, tmeta, cal = load_models(models)
+    path = models / f"{kind}.pt"
+    drafter, ck = load_drafter(path, kind, target, tmeta["sha256"])
+    dK = int(ck["config"]["K"])
+    if dK != K:
+        raise ConfigError(path, "K", f"the drafter was trained for K={dK} but the run uses K={K}")
+    if kind not in cal:
+        raise InputError(models / "calibration.json", kind, "no STS temperatures for this drafter")
+    temps = np.asarray(cal[kind]["temperatures"], float)
+    if temps.size != K:
+        raise InputError(models / "calibration.json", kind, f"{temps.size} temperatures for block size {K}")
+    for p in drafter.parameters():
+        p.requires_grad_(False)
+    prompts = PromptSource.from_models(models, rcfg.prompts_dir)
+    meta = {"source": f"live: {path} + {models / 'calibration.json'} (STS), prompts: held-out eval split",
+            "drafter": kind, "K": K, "sts_temperatures": temps.tolist(), "target_sha256": tmeta["sha256"]}
+    return LiveAcceptance(kind, K, meta), (drafter, temps, prompts)

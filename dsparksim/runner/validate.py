@@ -73,9 +73,23 @@ def write_lengths(path: Path, vc: ValidateConfig, n: int = 400) -> Path:
     return path
 
 
+def write_live_lengths(path: Path, vc: ValidateConfig) -> Path:
+    """Live mode: every eval prompt at its native token length, with its domain, and a drawn output length, so
+    no prompt is packed and the live contexts are the ones the traces were collected on."""
+    from .live import PromptSource
+    ps = PromptSource.from_models(vc.runner.models, vc.runner.prompts_dir)
+    nat = ps.native_lengths()
+    rng = np.random.default_rng(vc.seed + 12345)
+    o = rng.integers(vc.output_tokens[0], vc.output_tokens[1] + 1, len(nat))
+    pd.DataFrame({"num_prefill_tokens": [n for _, n in nat], "num_decode_tokens": o,
+                  "domain": [d for d, _ in nat]}).to_csv(path, index=False)
+    return path
+
+
 def run_config(vc: ValidateConfig, policy: str, users: int, profile: str, lengths: str) -> RunConfig:
     n = max(vc.min_requests, users * vc.requests_per_user)
-    t = TrafficConfig(mode="closed", concurrency=users, num_requests=n, lengths=lengths, domain="mix:math=1,code=1,chat=1")
+    dom = "trace" if vc.runner.mode == "live" else "mix:math=1,code=1,chat=1"
+    t = TrafficConfig(mode="closed", concurrency=users, num_requests=n, lengths=lengths, domain=dom)
     e = EngineConfig(block_size=vc.K, max_num_seqs=users, prefill_chunk_tokens=vc.prefill_chunk_tokens)
     return RunConfig(policy=policy, profile=profile, acceptance=vc.acceptance, mtp1_acceptance=vc.mtp1_acceptance,
                      engine=e, traffic=t, seed=vc.seed)
@@ -144,7 +158,7 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
         prof = json.loads(ppath.read_text())
         log(f"validate: using the measured profile {ppath}")
     profile = load_profile(str(ppath))
-    lengths = write_lengths(out / "lengths.csv", vc)
+    lengths = (write_live_lengths if vc.runner.mode == "live" else write_lengths)(out / "lengths.csv", vc)
     rows = []
     drift = [("after profile", probe(target, proxy, vc))]
     for users in vc.concurrency:
@@ -215,10 +229,15 @@ def plot_overlay(df: pd.DataFrame, path: Path) -> None:
 def write_report(df: pd.DataFrame, summ: dict, vc: ValidateConfig, path: Path, prof: dict) -> None:
     cols = ["policy", "users"] + [f"{k}_rel_err" for k in METRICS]
     lines = ["# Simulator vs real validation", "",
-             f"Profile `{prof['name']}` ({prof['metadata']['device']}; {prof['metadata']['model']}), measured in "
-             f"the same command. Acceptance: `{vc.acceptance}` (mtp1: `{vc.mtp1_acceptance}`), K={vc.K}. "
+             f"Profile `{prof['name']}` ({prof['metadata']['device']}; {prof['metadata']['model']}; drafting "
+             f"{prof['metadata'].get('drafting', 'proxy')}), measured in the same command. "
+             + (f"Real side: LIVE drafters from `{vc.runner.models}` (drafter {vc.runner.live_drafter}; mtp1 for "
+                f"mtp1), acceptance by rejection sampling at temperature {vc.runner.executor.temperature}; prompts "
+                "are the held-out eval prompts at their native lengths. Simulated side: acceptance traces "
+                if vc.runner.mode == "live" else "Both sides replay the acceptance ")
+             + f"`{vc.acceptance}` (mtp1: `{vc.mtp1_acceptance}`), K={vc.K}. "
              f"Closed loop, {vc.requests_per_user} requests per user (>= {vc.min_requests}), prompts "
-             f"{vc.prompt_tokens}, outputs {vc.output_tokens} tokens, warm-up {vc.warmup_frac:.0%} of each run "
+             f"{'native' if vc.runner.mode == 'live' else vc.prompt_tokens}, outputs {vc.output_tokens} tokens, warm-up {vc.warmup_frac:.0%} of each run "
              f"discarded; {vc.repeats} real run(s) per cell, the fastest kept. Relative error = (sim - real) / real.",
              "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]

@@ -1,0 +1,375 @@
+"""Live-drafter mode of the real engine: the trained drafters decide acceptance online.
+
+Trace-replay (:mod:`.executor`) replays accepted lengths; here every decoding request is served by the committed
+[models] pair for real, inside the same continuous-batching loop and with the same policy objects:
+
+1. draft: the trained drafter proposes K tokens per decoding request from its per-slot state (one batched
+   forward for the parallel drafters, K sequential steps for eagle3, one for mtp1) and its raw confidences are
+   STS-calibrated (``models/calibration.json``) — the scheduler sees exactly what the traces store;
+2. the policy picks L[i] from those confidences (``Simulation._plan_step``);
+3. verify: anchor + first L[i] drafts of every request and the step's prefill chunks in ONE flattened target
+   forward (:class:`~.flat.FlatForward`), then exact rejection sampling of the first L[i] drafts
+   (:func:`~dsparksim.backend.specdec.verify_prefix`): the accepted prefix a[i] <= L[i] and the correction/bonus
+   token come from the target itself, so the output follows the target's distribution whatever L is;
+4. the drafter's per-slot state is advanced with the target's hidden states of the accepted tokens (and of every
+   prefill chunk), as in :func:`~dsparksim.backend.specdec.speculative_generate`.
+
+Prompts are real text: each request's prompt is its domain's held-out eval prompts (the split ``dsparksim collect``
+decodes), tokenised and packed to the workload's prompt length (see :class:`PromptSource`).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..acceptance.base import AcceptanceModel, Block
+from ..backend.calibration import apply_sts
+from ..backend.drafters import ARDrafter, ParallelDrafter, fused, propose_ar, propose_parallel
+from ..backend.specdec import verify_prefix
+from ..errors import ConfigError, InputError
+from .executor import Executor, ExecutorConfig, StepTiming, split_rows, sync
+from .flat import make_group
+
+
+# ---------------------------------------------------------------------------------------------- prompts
+class PromptSource:
+    """Real prompt token ids per domain, packed to any requested length.
+
+    A request of domain d and prompt length n gets, in turn, one of the eval prompts of exactly n tokens when there
+    is one (its native length: what ``dsparksim collect`` decoded, so acceptance matches the traces; validation
+    draws its lengths from :meth:`native_lengths`). Otherwise eval prompt j = (admission index) mod |prompts_d|
+    is used and, when shorter than n, the preceding prompts of the same domain are prepended, each followed by
+    the end-of-text token (documents packed back to back, as in training); the last n tokens are kept, so every
+    prompt ends where a real prompt ends. Packing changes the context and with it the acceptance (markedly for
+    the short math prompts), which is why validation uses native lengths.
+    """
+
+    def __init__(self, encoded: dict[str, list[list[int]]], sep: int):
+        for d, seqs in encoded.items():
+            if not seqs or not any(len(s) for s in seqs):
+                raise ConfigError("live prompts", d, "no prompt tokens for this domain")
+        self.enc = encoded
+        self.sep = int(sep)
+        self.count: dict[str, int] = {d: 0 for d in encoded}
+        self.by_len: dict[str, dict[int, list[int]]] = {}
+        for d, seqs in encoded.items():
+            for i, s in enumerate(seqs):
+                self.by_len.setdefault(d, {}).setdefault(len(s), []).append(i)
+        self.exact_count: dict[tuple[str, int], int] = {}
+
+    def native_lengths(self) -> list[tuple[str, int]]:
+        """(domain, token length) of every eval prompt."""
+        return [(d, len(s)) for d, seqs in self.enc.items() for s in seqs]
+
+    @classmethod
+    def from_models(cls, models: str | Path, prompts_dir=None) -> "PromptSource":
+        from ..backend.collect import load_models
+        from ..backend.data import build_corpus
+        from ..backend.train import PROMPT_KEEP, encode_prompts
+
+        from ..backend.data import EOT
+
+        cfg, tok, _, _, _ = load_models(models)
+        corpus = build_corpus(cfg.data, prompts_dir)
+        return cls({d: encode_prompts(tok, texts, cfg.collect.max_prompt_tokens, PROMPT_KEEP[d])
+                    for d, texts in corpus.prompts["eval"].items()}, tok.token_to_id(EOT))
+
+    def tokens(self, domain: str, n: int) -> np.ndarray:
+        if domain not in self.enc:
+            raise ConfigError("workload", "domain", f"live mode has prompts for {sorted(self.enc)}, got {domain!r}")
+        seqs = self.enc[domain]
+        exact = self.by_len[domain].get(int(n))
+        if exact:
+            c = self.exact_count.get((domain, int(n)), 0)
+            self.exact_count[(domain, int(n))] = c + 1
+            return np.asarray(seqs[exact[c % len(exact)]], np.int64)
+        j = self.count[domain]
+        self.count[domain] += 1
+        out: list[int] = list(seqs[j % len(seqs)])
+        while len(out) < n:
+            j -= 1
+            out = list(seqs[j % len(seqs)]) + [self.sep] + out
+        return np.asarray(out[-n:], np.int64)
+
+
+# ---------------------------------------------------------------------------------------------- drafter state
+class _ParallelSlots:
+    """Per-slot state of a dflash/dspark drafter: context keys/values per drafter layer (slots, Hkv, T, hd) from
+    the target's fused features, the anchor (pending) token and its position t0 (context j < t0 visible)."""
+
+    def __init__(self, m: ParallelDrafter, target, slots: int, T: int, dev, dtype):
+        c = target.cfg
+        self.m, self.t, self.T, self.dev, self.dtype = m, target, T, dev, dtype
+        self.shape = (c.n_kv_heads, T, c.head_dim)
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.slots = 0
+        self.anchor = torch.zeros(0, dtype=torch.long, device=dev)
+        self.t0 = torch.zeros(0, dtype=torch.long, device=dev)
+        self.ensure(slots)
+
+    def ensure(self, slots: int) -> None:
+        if slots <= self.slots:
+            return
+        new = max(slots, 2 * self.slots)
+
+        def grow(x, shape, dtype):
+            y = torch.zeros((new, *shape), dtype=dtype, device=self.dev)
+            if x is not None and self.slots:
+                y[: self.slots] = x
+            return y
+        nl = len(self.m.blocks)
+        self.k = [grow(self.k[i] if self.k else None, self.shape, self.dtype) for i in range(nl)]
+        self.v = [grow(self.v[i] if self.v else None, self.shape, self.dtype) for i in range(nl)]
+        self.anchor = grow(self.anchor, (), torch.long)
+        self.t0 = grow(self.t0, (), torch.long)
+        self.slots = new
+
+    def fake_prefill(self, slots: torch.Tensor, lens: torch.Tensor, pending: torch.Tensor) -> None:
+        """Profiling: pretend ``lens`` context tokens were observed (cache values do not change the cost)."""
+        self.anchor[slots] = pending
+        self.t0[slots] = lens
+
+    def observe(self, hs: list[torch.Tensor], slot_tok, pos, next_tok, last_idx, last_slot) -> None:
+        """Features of tokens at (slot_tok, pos) (flat hs [(m, d)] per target layer); the token after each is
+        next_tok; last_idx (r,) flat index of each updated slot's last token (its next token becomes the anchor)."""
+        c = self.m.ctx(self.t, hs)[None]                                  # (1, m, d)
+        for blk, ck, cv in zip(self.m.blocks, self.k, self.v):
+            k, v = blk.attn.kv(blk.n1(c), pos[None])                      # (1, Hkv, m, hd)
+            ck[slot_tok, :, pos] = k[0].transpose(0, 1).to(ck.dtype)
+            cv[slot_tok, :, pos] = v[0].transpose(0, 1).to(cv.dtype)
+        self.anchor[last_slot] = next_tok[last_idx]
+        self.t0[last_slot] = pos[last_idx] + 1
+
+    def propose(self, slots: torch.Tensor, K: int, temperature: float, gen):
+        t0 = self.t0[slots]
+        Tc = int(t0.max())
+        cache = [(ck[slots, :, :Tc], cv[slots, :, :Tc]) for ck, cv in zip(self.k, self.v)]
+        d, q, conf, _ = propose_parallel(self.m, self.t, self.anchor[slots], t0, cache, K, temperature, gen)
+        return d, q, conf
+
+
+class _ARSlots:
+    """Per-slot state of an mtp1/eagle3 drafter: its one block's cache (slots, Hkv, T, hd), the drafter state h at
+    the origin (the last processed position) and the origin."""
+
+    def __init__(self, m: ARDrafter, target, slots: int, T: int, dev, dtype):
+        c = target.cfg
+        self.m, self.t, self.T, self.dev, self.dtype = m, target, T, dev, dtype
+        self.shape = (c.n_kv_heads, T, c.head_dim)
+        self.d = c.d_model
+        self.slots = 0
+        self.ck = self.cv = self.h = self.origin = None
+        self.ensure(slots)
+
+    def ensure(self, slots: int) -> None:
+        if slots <= self.slots:
+            return
+        new = max(slots, 2 * self.slots)
+
+        def grow(x, shape, dtype):
+            y = torch.zeros((new, *shape), dtype=dtype, device=self.dev)
+            if x is not None:
+                y[: self.slots] = x
+            return y
+        self.ck = grow(self.ck, self.shape, self.dtype)
+        self.cv = grow(self.cv, self.shape, self.dtype)
+        self.h = grow(self.h, (self.d,), self.dtype)
+        self.origin = grow(self.origin, (), torch.long)
+        self.slots = new
+
+    def fake_prefill(self, slots: torch.Tensor, lens: torch.Tensor, pending: torch.Tensor) -> None:
+        self.origin[slots] = lens - 1
+
+    def observe(self, hs, slot_tok, pos, next_tok, last_idx, last_slot) -> None:
+        m = self.m
+        x = m.step_in(self.t, next_tok, m.feat(self.t, hs))               # (m, d)
+        # one padded causal pass per updated slot run (runs are contiguous in the flat order)
+        lo = torch.cat([torch.zeros(1, dtype=torch.long, device=self.dev), last_idx[:-1] + 1])
+        lens = last_idx - lo + 1
+        r, Lmax = lens.numel(), int(lens.max())
+        j = torch.arange(Lmax, device=self.dev)
+        src = (lo[:, None] + j[None]).clamp_max(x.shape[0] - 1)
+        valid = j[None] < lens[:, None]
+        X = x[src] * valid[..., None]
+        # pads sit after each run's last position (never visible to a valid query); clamp inside the slot
+        P = torch.where(valid, pos[src], pos[last_idx][:, None] + 1 + j[None] - lens[:, None]).clamp_max(self.T - 1)
+        ck, cv = self.ck[last_slot], self.cv[last_slot]                    # (r, Hkv, T, hd) copies
+        h = m.block.forward_cached(X.to(self.dtype), P, ck, cv)
+        self.ck[last_slot], self.cv[last_slot] = ck, cv
+        self.h[last_slot] = h[torch.arange(r, device=self.dev), lens - 1]
+        self.origin[last_slot] = pos[last_idx]
+
+    def propose(self, slots: torch.Tensor, K: int, temperature: float, gen):
+        h = self.h[slots]
+        return propose_ar(self.m, self.t, h, self.origin[slots], self.m.logits(self.t, h), self.ck[slots],
+                          self.cv[slots], K, temperature, gen)
+
+
+# ---------------------------------------------------------------------------------------------- acceptance stand-in
+class LiveAcceptance(AcceptanceModel):
+    """Stands in for the acceptance source in live mode: nothing is drawn, the drafter decides."""
+
+    def __init__(self, drafter: str, K: int, metadata: dict[str, Any]):
+        self.drafter, self.K, self.metadata = drafter, int(K), dict(metadata)
+
+    def start(self, slots, domains, rng) -> None:
+        pass
+
+    def draw(self, slots, rng) -> Block:
+        raise RuntimeError("live mode: acceptance is decided by the drafter, not drawn")
+
+
+# ---------------------------------------------------------------------------------------------- executor
+class LiveExecutor(Executor):
+    """Real per-step work with a trained drafter/target pair (see module docstring)."""
+
+    def __init__(self, target, drafter, kind: str, temps, prompts: PromptSource, ex: ExecutorConfig, T: int,
+                 slots: int = 8, record_outputs: bool = False, force_reject: bool = False):
+        super().__init__(target, None, ex, T=T, slots=slots)      # no drafter proxy: the real drafter drafts
+        self.kind = kind
+        self.temps = np.asarray(temps, float)
+        self.prompts = prompts
+        cls = _ARSlots if isinstance(drafter, ARDrafter) else _ParallelSlots
+        self.dstate = cls(drafter, target, slots, self.T, self.dev, self.dtype)
+        self.record = record_outputs
+        # profiling: do all the real work, then keep only the correction token (context grows 1 per step)
+        self.force_reject = force_reject
+        self.outputs: dict[int, list[int]] = {}
+        self.prompt_log: dict[int, np.ndarray] = {}
+        self._draft: dict[str, Any] | None = None
+
+    def start(self, row: int, slot: int, prompt_len: int, domain: str = "chat") -> None:
+        if prompt_len + 1 > self.T:
+            raise ConfigError("runner", "max_seq_tokens", f"request row {row} needs {prompt_len} prompt tokens but "
+                              f"the KV slots hold {self.T}")
+        self.pool.ensure(slot + 1)
+        self.dstate.ensure(slot + 1)
+        self.prompt[row] = self.prompts.tokens(domain, prompt_len)
+        self.cache_len[row] = 0
+        if self.record:
+            self.outputs[row] = []
+            self.prompt_log[row] = self.prompt[row]
+
+    @torch.no_grad()
+    def propose(self, dec_rows: np.ndarray, dec_slots: np.ndarray, K: int) -> Block:
+        """Draft K tokens for each decoding request; returns the calibrated confidences (accepted unknown)."""
+        t0 = self.clock()
+        slots = torch.as_tensor(dec_slots, dtype=torch.long, device=self.dev)
+        d, q, conf = self.dstate.propose(slots, K, self.ex.temperature, self.gen)
+        raw = conf.double().cpu().numpy()
+        sync(self.dev)
+        self._draft = {"rows": dec_rows, "d": d, "q": q, "raw": raw, "t": self.clock() - t0}
+        return Block(conf=apply_sts(raw, self.temps[:K]), accepted=None)
+
+    @torch.no_grad()
+    def execute(self, dec_rows: np.ndarray, dec_slots: np.ndarray, L: np.ndarray, a_unused, K: int,
+                chunks: list[tuple[int, int, int, int]]) -> tuple[StepTiming, np.ndarray]:
+        """Verify + prefill in one target forward, rejection-sample, advance the drafter. Returns (timing, a)."""
+        tm = StepTiming()
+        dev, clock = self.dev, self.clock
+        n = len(dec_rows)
+        a = np.zeros(0, np.int64)
+        t0 = clock()
+        toks, poss, groups, lo = [], [], [], 0
+        if n:
+            dr = self._draft
+            if dr is None or not np.array_equal(dr["rows"], dec_rows):
+                raise RuntimeError("live mode: execute() without a matching propose() for this step")
+            tm.draft_s = dr["t"]
+            drafts = dr["d"]
+            starts = np.array([self.cache_len[int(r)] for r in dec_rows], np.int64)
+            pend = torch.tensor([self.pending[int(r)] for r in dec_rows], dtype=torch.long, device=dev)
+            lens = 1 + np.asarray(L, np.int64)
+            parts = split_rows(lens, starts + lens, self.ex.group_penalty, self.ex.max_groups)
+            order = np.concatenate(parts)
+            o = torch.as_tensor(order, device=dev)
+            seq = torch.cat([pend[:, None], drafts], 1)[o]
+            keep = torch.arange(K + 1, device=dev)[None, :] < torch.as_tensor(lens[order], device=dev)[:, None]
+            toks.append(seq[keep])
+            for idx in parts:
+                g, pos = make_group(lo, dec_slots[idx], lens[idx], starts[idx], dev)
+                poss.append(pos)
+                groups.append(g)
+                lo = g.hi
+        n_dec_tok = lo
+        if chunks:
+            g, pos = make_group(lo, [c[1] for c in chunks], [c[3] for c in chunks], [c[2] for c in chunks], dev)
+            for row, _, st, ln in chunks:
+                toks.append(torch.as_tensor(self.prompt[row][st:st + ln], dtype=torch.long))
+            poss.append(pos)
+            groups.append(g)
+        tokens = torch.cat([t.to(dev) for t in toks])
+        pos = torch.cat(poss).to(dev)
+        hs, logits = self.tf(tokens, pos, groups, self.pool, hidden=True)   # [(M, d)] * layers, (M, V)
+        sync(dev)
+        tm.target_s = clock() - t0
+        t0 = clock()
+        # ---- rejection sampling of each request's verified prefix
+        sel_idx, sel_next, last_idx, last_slot = [], [], [], []
+        if n:
+            lo_flat = np.cumsum(lens[order]) - lens[order]
+            first = np.empty(n, np.int64)
+            first[order] = lo_flat                                           # flat start per plan row
+            fi = torch.as_tensor(first, device=dev)
+            Lt = torch.as_tensor(np.asarray(L, np.int64), device=dev)
+            j = torch.arange(K + 1, device=dev)
+            idx = fi[:, None] + torch.minimum(j[None], Lt[:, None])          # (n, K+1), clamped inside each run
+            A, new = verify_prefix(logits[idx], drafts, dr["q"], Lt, self.ex.temperature, self.gen)
+            if self.force_reject:
+                A = torch.zeros_like(A)
+            a = A.cpu().numpy().astype(np.int64)
+            # drafter update: tokens 0..a[i] of each run; the token after each is d_{j+1}, and `new` after the last
+            nxt = torch.cat([drafts, torch.zeros_like(drafts[:, :1])], 1)
+            nxt[torch.arange(n, device=dev), A] = new
+            for i in np.argsort(first, kind="stable"):                        # flat order
+                f, ai = int(first[i]), int(a[i])
+                sel_idx.append(torch.arange(f, f + ai + 1, device=dev))
+                sel_next.append(nxt[i, : ai + 1])
+            newl = new.cpu().tolist()
+            for i, r in enumerate(dec_rows):
+                r = int(r)
+                self.cache_len[r] += int(a[i]) + 1
+                self.pending[r] = newl[i]
+                if self.record:
+                    self.outputs[r].extend(drafts[i, : int(a[i])].cpu().tolist() + [newl[i]])
+        # ---- prefill chunks: the first output token of each completing prefill
+        off = n_dec_tok
+        done_pf = []
+        for row, slot, st, ln in chunks:
+            e = off + ln - 1
+            nx = torch.as_tensor(self.prompt[row][st + 1: st + ln + 1], dtype=torch.long, device=dev)
+            if st + ln == len(self.prompt[row]):
+                done_pf.append((row, e, len(sel_next)))
+                nx = torch.cat([nx, torch.zeros(1, dtype=torch.long, device=dev)])   # filled below
+            sel_idx.append(torch.arange(off, off + ln, device=dev))
+            sel_next.append(nx)
+            self.cache_len[row] = st + ln
+            off += ln
+        if done_pf:
+            first_tok = self._sample(logits[torch.as_tensor([e for _, e, _ in done_pf], device=dev)])
+            for (row, _, k), t in zip(done_pf, first_tok.tolist()):
+                sel_next[k][-1] = t
+                self.pending[row] = t
+                if self.record:
+                    self.outputs[row].append(t)
+        # ---- advance the drafter with the target's features of every processed (kept) token (drafting work)
+        sync(dev)
+        t_obs = clock()
+        if sel_idx:
+            flat = torch.cat(sel_idx)
+            lens_sel = torch.as_tensor([len(s) for s in sel_idx], device=dev)
+            last = torch.cumsum(lens_sel, 0) - 1
+            slot_flat = torch.cat([g.slot[g.rid] for g in groups])
+            st = slot_flat[flat]
+            self.dstate.observe([h[flat] for h in hs], st, pos[flat], torch.cat(sel_next), last, st[last])
+        sync(dev)
+        t_obs = clock() - t_obs
+        tm.draft_s += t_obs
+        tm.sample_s = clock() - t0 - t_obs
+        self.last_M = int(tokens.numel())
+        self._draft = None
+        return tm, a
