@@ -223,6 +223,10 @@ class Simulation:
             nontrim = float(prof.nontrimmable_time(self.drafter, n_dec, K))
         else:
             nontrim = float(prof.fixed_overhead_s)  # prefill-only step: no drafting
+        # prefill beyond the verify term: per token, the quadratic query-key part, the drafter's state update
+        pf_qk = sum(c * int(self.prefilled[row]) + c * (c + 1) // 2 for row, c in chunks)
+        if n_pf and getattr(prof, "prefill_note", None) is not None:
+            nontrim += prof.prefill_time(self.drafter, n_pf, pf_qk, len(chunks))
 
         dense = self._dense
         if dense is not None:
@@ -255,7 +259,7 @@ class Simulation:
         dt = float(step_time(np.array([M]))[0])
         if not dt > 0:
             raise RuntimeError(f"non-positive step time {dt} at M={M}")
-        plan = dict(dec=dec, L=L, a=a, chunks=chunks, M=M, n_pf=n_pf, kv_read=kv_read)
+        plan = dict(dec=dec, L=L, a=a, chunks=chunks, M=M, n_pf=n_pf, kv_read=kv_read, pf_qk=pf_qk)
         return dt, plan
 
     def _draw_block(self, dec: np.ndarray, slots: np.ndarray) -> Block:

@@ -17,11 +17,14 @@ JSON format ``dsparksim-profile/1`` (also documented in profiles/README.md)::
        or     {"M": [...], "kv_tokens": [int, strictly increasing, first 0],
                "time_s": [[one per M] for each kv_tokens row]},     # 2-D: context axis
      "attention": {"model": "kv_bandwidth", "seconds_per_kv_token": float >= 0, "note": str},  # optional
+     "prefill": {"seconds_per_token": float >= 0, "seconds_per_query_key": float >= 0,
+                 "seconds_per_chunk": float >= 0, "note": str},                # optional
      "fixed_overhead_s": float >= 0,
      "batch_overhead": {"n_req": [int, strictly increasing, >= 1], "time_s": [float >= 0]},    # optional
      "drafters": {"dspark": {"kind": "parallel", "tokens": [...], "time_s": [...],
                              "markov_overhead_frac": 0.008},
                   "eagle3": {"kind": "autoregressive", ...}, "mtp1": {"kind": "mtp", ...}}}
+                 # any drafter may add "prefill_s_per_token": float >= 0 (its state update per prompt token)
 
 Keys starting with "_" are comments and ignored; any other unknown key is an error (it is usually a typo).
 
@@ -40,6 +43,11 @@ Semantics:
   * Context: a 2-D table (``context_model == "table"``) floors on both axes; a ``kv_bandwidth`` attention
     term (``"linear"``) adds ``seconds_per_kv_token * kv_tokens``; otherwise (``"none"``) kv_tokens is unused.
     The two cannot be combined (that would count attention twice).
+  * Prefill (optional): a step's prefill chunks cost, beyond the verify term at the step's M,
+    ``seconds_per_token * prefill_tokens + seconds_per_query_key * query_key_pairs + seconds_per_chunk * chunks``
+    (a chunk of c tokens starting after s cached ones attends c*s + c(c+1)/2 query-key pairs: the quadratic part
+    a decode-shaped staircase does not see; a chunk is one more attention group with its bookkeeping) plus the drafter's ``prefill_s_per_token * prefill_tokens`` (drafters consume the
+    target's features of every prompt token). Absent = 0, as in profiles derived from decode-only tables.
   * Drafting: ``parallel`` = one drafter forward over n_req*K tokens, times (1 + markov_overhead_frac);
     ``autoregressive`` = K sequential forwards of n_req tokens; ``mtp`` = one forward of n_req tokens (K must
     be 1). ``drafter=None`` means no drafting (plain decoding).
@@ -66,7 +74,8 @@ __all__ = [
 FORMAT = "dsparksim-profile/1"
 DRAFTER_KINDS = ("parallel", "autoregressive", "mtp")
 REQUIRED_METADATA = ("device", "model", "source", "method")
-_TOP_KEYS = {"format", "name", "metadata", "verify", "attention", "fixed_overhead_s", "batch_overhead", "drafters"}
+_TOP_KEYS = {"format", "name", "metadata", "verify", "attention", "prefill", "fixed_overhead_s", "batch_overhead",
+             "drafters"}
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +106,7 @@ class DrafterCost:
     time_s: np.ndarray
     markov_overhead_frac: float = 0.0
     note: str = ""
+    prefill_s_per_token: float = 0.0
 
 
 @dataclass
@@ -149,6 +159,10 @@ class CostProfile:
     source: str
     extrapolate: bool = False
     attention_note: str = ""
+    prefill_s_per_token: float = 0.0
+    prefill_s_per_query_key: float = 0.0
+    prefill_s_per_chunk: float = 0.0
+    prefill_note: str | None = None       # None = the profile has no prefill term
     _extrap: _ExtrapolationLog = field(default_factory=_ExtrapolationLog, repr=False, compare=False)
 
     # ------------------------------------------------------------------ properties
@@ -312,6 +326,14 @@ class CostProfile:
         d = self.draft_time(drafter, n_req, K)
         return d + self.fixed_overhead_s + self.batch_overhead_time(n_req)
 
+    def prefill_time(self, drafter: str | None, prefill_tokens: float, query_keys: float, chunks: int = 1) -> float:
+        """Extra seconds of a step's prefill chunks beyond the verify term (0 without a prefill term)."""
+        t = (self.prefill_s_per_token * prefill_tokens + self.prefill_s_per_query_key * query_keys
+             + self.prefill_s_per_chunk * chunks)
+        if drafter is not None and drafter in self.drafters:
+            t += self.drafters[drafter].prefill_s_per_token * prefill_tokens
+        return float(t)
+
     def step_time(self, M: Any, n_req: Any, drafter: str | None, K: int, kv_tokens: Any = 0) -> Any:
         """Whole step: verify_time(M, kv_tokens) + nontrimmable_time(drafter, n_req, K)."""
         return self.verify_time(M, kv_tokens) + self.nontrimmable_time(drafter, n_req, K)
@@ -458,6 +480,21 @@ def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False)
             raise c.fail("attention", "a profile with a 2-D verify table (verify.kv_tokens) already prices context; "
                                       "a kv_bandwidth term on top would count attention twice")
 
+    pf_tok = pf_qk = pf_ch = 0.0
+    pf_note = None
+    pf = c.get(d, "prefill", required=False)
+    if pf is not None:
+        if not isinstance(pf, Mapping):
+            raise c.fail("prefill", f"expected an object, got {type(pf).__name__}")
+        bad = sorted(set(pf) - {"seconds_per_token", "seconds_per_query_key", "seconds_per_chunk", "note"})
+        if bad:
+            raise c.fail(f"prefill.{bad[0]}", "unknown key (allowed: seconds_per_token, seconds_per_query_key, "
+                                              "seconds_per_chunk, note)")
+        pf_tok = c.number(c.get(pf, "seconds_per_token", "prefill."), "prefill.seconds_per_token")
+        pf_qk = c.number(pf.get("seconds_per_query_key", 0.0), "prefill.seconds_per_query_key")
+        pf_ch = c.number(pf.get("seconds_per_chunk", 0.0), "prefill.seconds_per_chunk")
+        pf_note = str(pf.get("note", ""))
+
     fixed = c.number(c.get(d, "fixed_overhead_s"), "fixed_overhead_s")
 
     bo = None
@@ -484,13 +521,15 @@ def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False)
             raise c.fail(p + "markov_overhead_frac", f"expected a fraction < 1, got {mo}")
         if mo and kind != "parallel":
             raise c.fail(p + "markov_overhead_frac", f"only a 'parallel' drafter has a Markov head; kind is {kind!r}")
+        dpf = c.number(spec.get("prefill_s_per_token", 0.0), p + "prefill_s_per_token")
         drafters[str(dname)] = DrafterCost(kind=kind, tokens=_ro(tok), time_s=_ro(tt), markov_overhead_frac=mo,
-                                           note=str(spec.get("note", "")))
+                                           note=str(spec.get("note", "")), prefill_s_per_token=dpf)
 
     return CostProfile(name=name, metadata=json.loads(json.dumps(meta)), verify_M=_ro(M), verify_time_s=_ro(T),
                        kv_tokens=None if kv is None else _ro(kv), seconds_per_kv_token=spk, fixed_overhead_s=fixed,
                        batch_overhead=bo, drafters=drafters, source=source, extrapolate=bool(extrapolate),
-                       attention_note=att_note)
+                       attention_note=att_note, prefill_s_per_token=pf_tok, prefill_s_per_query_key=pf_qk,
+                       prefill_s_per_chunk=pf_ch, prefill_note=pf_note)
 
 
 def profile_to_dict(p: CostProfile) -> dict[str, Any]:
@@ -505,6 +544,10 @@ def profile_to_dict(p: CostProfile) -> dict[str, Any]:
     if p.seconds_per_kv_token is not None:
         out["attention"] = {"model": "kv_bandwidth", "seconds_per_kv_token": float(p.seconds_per_kv_token),
                             "note": p.attention_note}
+    if p.prefill_note is not None:
+        out["prefill"] = {"seconds_per_token": float(p.prefill_s_per_token),
+                          "seconds_per_query_key": float(p.prefill_s_per_query_key),
+                          "seconds_per_chunk": float(p.prefill_s_per_chunk), "note": p.prefill_note}
     out["fixed_overhead_s"] = float(p.fixed_overhead_s)
     if p.batch_overhead is not None:
         out["batch_overhead"] = {"n_req": [int(x) for x in p.batch_overhead[0]],
@@ -515,6 +558,8 @@ def profile_to_dict(p: CostProfile) -> dict[str, Any]:
                              "time_s": [float(x) for x in dc.time_s]}
         if dc.markov_overhead_frac:
             e["markov_overhead_frac"] = float(dc.markov_overhead_frac)
+        if dc.prefill_s_per_token:
+            e["prefill_s_per_token"] = float(dc.prefill_s_per_token)
         if dc.note:
             e["note"] = dc.note
         drs[k] = e

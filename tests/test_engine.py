@@ -158,3 +158,49 @@ def test_dense_verify_table_equals_profile_lookup():
                    num_requests=4)
     M = np.arange(1, prof.max_tokens + 1)
     np.testing.assert_array_equal(s._dense[1:], prof.verify_time(M, 0))
+
+
+def test_prefill_term_is_charged_per_chunk_token_and_query_key():
+    """Each step's time = the same step without the term + prefill_time(tokens, query-key pairs, chunks)."""
+    from dsparksim.profile import load_profile, profile_from_dict, profile_to_dict
+
+    base = load_profile("h100-llama2-7b-tp1")
+    d = profile_to_dict(base)
+    d["prefill"] = {"seconds_per_token": 2e-6, "seconds_per_query_key": 1e-9, "seconds_per_chunk": 1e-4, "note": "t"}
+    d["drafters"]["dspark"]["prefill_s_per_token"] = 3e-6
+    withpf = profile_from_dict(d, source="t")
+    wl = closed(3, 300, 20, 9)
+
+    def run(prof):
+        pol = make_policy("fixed:7")
+        pol.reset(7, np.random.default_rng(0))
+        s = Simulation(profile=prof, acceptance=Homogeneous(0.7, 7), policy=pol, workload=wl, block_size=7,
+                       drafter="dspark", kv_capacity_tokens=10**6, max_num_seqs=8, max_batched_tokens=512,
+                       prefill_chunk_tokens=128, rng=np.random.default_rng(0), num_requests=9)
+        plans = []
+        orig = s._plan_step
+
+        def spy():
+            dt, plan = orig()
+            plans.append((dt, plan))
+            return dt, plan
+        s._plan_step = spy
+        s.run()
+        return plans
+
+    a, b = run(base), run(withpf)
+    assert len(a) == len(b)
+    done: dict[int, int] = {}                                            # row -> prompt tokens prefilled so far
+    n_pf_steps = 0
+    for (dt0, p0), (dt1, p1) in zip(a, b):
+        assert p0["M"] == p1["M"] and p0["n_pf"] == p1["n_pf"]         # the term changes cost, not decisions
+        chunks = p1["chunks"]
+        # a chunk of c tokens after s cached ones: c*s + c(c+1)/2 query-key pairs (later chunks see earlier ones)
+        qk = sum(c * done.get(r, 0) + c * (c + 1) // 2 for r, c in chunks)
+        for r, c in chunks:
+            done[r] = done.get(r, 0) + c
+        assert p1["pf_qk"] == qk
+        want = (2e-6 + 3e-6) * p1["n_pf"] + 1e-9 * qk + 1e-4 * len(chunks) if chunks else 0.0
+        assert dt1 - dt0 == pytest.approx(want, abs=1e-12)
+        n_pf_steps += bool(chunks)
+    assert n_pf_steps >= 9 and max(done.values()) == 300                 # 300-token prompts in 128-token chunks

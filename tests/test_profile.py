@@ -191,6 +191,12 @@ def _mutations():
          "attention", "twice"),
         ("2d first kv", m(lambda d: (d.pop("attention"), d["verify"].update(
             kv_tokens=[5], time_s=[[0.001, 0.002, 0.003, 0.005]]))), "verify.kv_tokens", "must be 0"),
+        ("negative prefill", m(lambda d: d.update(prefill={"seconds_per_token": -1e-6})), "prefill.seconds_per_token",
+         ">= 0"),
+        ("prefill typo", m(lambda d: d.update(prefill={"seconds_per_token": 0.0, "seconds_per_qk": 1e-9})),
+         "prefill.seconds_per_qk", "unknown key"),
+        ("drafter prefill", m(lambda d: d["drafters"]["dspark"].update(prefill_s_per_token="fast")),
+         "drafters.dspark.prefill_s_per_token", "number"),
         ("2d rows", m(lambda d: (d.pop("attention"), d["verify"].update(
             kv_tokens=[0, 10], time_s=[[0.001, 0.002, 0.003, 0.005]]))), "verify.time_s", "one row per kv_tokens"),
     ]
@@ -311,3 +317,18 @@ def test_derive_keeps_the_measured_staircase():
     # kv bandwidth: 2 * 32 layers * 32 kv heads * 128 * 2 bytes / (3.35 TB/s * 0.7)
     assert d["attention"]["seconds_per_kv_token"] == pytest.approx(2 * 32 * 32 * 128 * 2 / 2.345e12, rel=1e-5)
     assert not math.isnan(d["fixed_overhead_s"])
+
+
+def test_prefill_term_prices_tokens_query_keys_chunks_and_the_drafter(tmp_path):
+    d = small_dict()
+    assert load_profile(DATA / "profile_small.json").prefill_time("dspark", 100, 5000, 2) == 0.0   # no term: 0
+    d["prefill"] = {"seconds_per_token": 1e-6, "seconds_per_query_key": 2e-9, "seconds_per_chunk": 3e-4,
+                    "note": "test"}
+    d["drafters"]["dspark"]["prefill_s_per_token"] = 4e-6
+    p = profile_from_dict(d, source="t")
+    assert p.prefill_time("dspark", 100, 5000, 2) == pytest.approx(100e-6 + 10e-6 + 6e-4 + 400e-6)
+    assert p.prefill_time("mtp1", 100, 5000, 2) == pytest.approx(100e-6 + 10e-6 + 6e-4)
+    assert p.prefill_time(None, 100, 5000, 2) == pytest.approx(100e-6 + 10e-6 + 6e-4)
+    back = profile_from_dict(profile_to_dict(p), source="t2")
+    assert back.prefill_time("dspark", 7, 33, 1) == p.prefill_time("dspark", 7, 33, 1)
+    assert profile_to_dict(back)["drafters"]["dspark"]["prefill_s_per_token"] == 4e-6

@@ -23,7 +23,7 @@ from ..engine import DECODE as DECODE_PHASE  # noqa: F401 - re-exported for the 
 from ..engine import Simulation
 from .executor import Executor
 
-EXTRA_LOG = ("dt_model", "t_draft", "t_target", "t_host")
+EXTRA_LOG = ("dt_model", "t_draft", "t_target", "t_host", "pf_qk", "pf_chunks")
 
 
 class RealEngine(Simulation):
@@ -74,6 +74,8 @@ class RealEngine(Simulation):
         lg["t_draft"].append(tm.draft_s)
         lg["t_target"].append(tm.target_s)
         lg["t_host"].append(dt + t_apply - tm.draft_s - tm.target_s)
+        lg["pf_qk"].append(plan["pf_qk"])
+        lg["pf_chunks"].append(len(plan["chunks"]))
         return t_apply
 
     # ------------------------------------------------------- one step (the simulator's loop, real clock)

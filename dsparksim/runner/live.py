@@ -187,9 +187,17 @@ class _ARSlots:
     def observe(self, hs, slot_tok, pos, next_tok, last_idx, last_slot) -> None:
         m = self.m
         x = m.step_in(self.t, next_tok, m.feat(self.t, hs))               # (m, d)
-        # one padded causal pass per updated slot run (runs are contiguous in the flat order)
         lo = torch.cat([torch.zeros(1, dtype=torch.long, device=self.dev), last_idx[:-1] + 1])
         lens = last_idx - lo + 1
+        # one padded causal pass per bucket of runs: the short decode runs together, each long (prefill) run
+        # alone, so a prompt chunk never pads the decode runs to its length
+        short = lens <= 16
+        for sel in [torch.nonzero(short)[:, 0]] + [i[None] for i in torch.nonzero(~short)[:, 0]]:
+            if sel.numel():
+                self._pass(x, pos, lo[sel], lens[sel], last_idx[sel], last_slot[sel])
+
+    def _pass(self, x, pos, lo, lens, last_idx, last_slot) -> None:
+        m = self.m
         r, Lmax = lens.numel(), int(lens.max())
         j = torch.arange(Lmax, device=self.dev)
         src = (lo[:, None] + j[None]).clamp_max(x.shape[0] - 1)

@@ -121,7 +121,8 @@ class MeasureConfig:
     mtp1: bool = True
     min_growth: float = 1.05
     name: str | None = None
-    live_models: str | None = None   # also time the trained drafters of this models dir (replaces the proxy's rows)
+    live_models: str | None = None   # time live-drafter steps with the trained drafters of this models dir
+    prefill: bool = True             # also fit the prefill term (prefill-only cells)
 
     def __post_init__(self) -> None:
         if self.K < 1:
@@ -197,6 +198,79 @@ def _cell(target, proxy, ex: ExecutorConfig, K: int, drafter: str, n: int, ctx: 
                              "t_step": float(lg["dt"][-1]), "t_target": float(lg["t_target"][-1]),
                              "t_draft": float(lg["t_draft"][-1]), "t_host": float(lg["t_host"][-1])})
     return recs
+
+
+PREFILL_CHUNKS = (16, 32, 64, 128)
+PREFILL_DECODE_ROWS = 4
+
+
+def _prefill_cells(target, proxy, ex: ExecutorConfig, K: int, drafter: str, max_M: int, reps: int,
+                   live: "LiveDrafters | None" = None) -> list[dict[str, float]]:
+    """What prefill chunks add to a step: paired steps of the same 4 decoding requests (all K drafts verified)
+    without and with k chunks of c fresh prompt tokens; medians over ``reps`` pairs after one warm-up pair.
+
+    The differences per timer (target forward, drafter, host) against the verify term's own difference at the two
+    M values are what :func:`fit_prefill` fits: the quadratic query-key attention, per-token work (the drafter's
+    state update over prompt features; 0 for the proxy, which ignores prompts) and a per-chunk cost (one more
+    attention group and its bookkeeping).
+    """
+    n = PREFILL_DECODE_ROWS
+    recs = []
+    for c in PREFILL_CHUNKS:
+        for k in (1, 2):
+            if n * (K + 1) + c * k > max_M:
+                continue
+            T = 32 + 2 * (reps + 1) + K + 4 + c
+            if live is None:
+                exe = Executor(target, proxy, ex, T=T, slots=n + k)
+            else:
+                from .live import LiveExecutor
+                exe = LiveExecutor(target, live.drafters[drafter], drafter, live.temps[drafter], live.prompts, ex,
+                                   T=T, slots=n + k, force_reject=True)
+            for r in range(n + k):
+                exe.start(r, r, 32 if r < n else c, "chat")
+            none = np.zeros(0, np.int64)
+            exe.execute(none, none, none, none, K, [(r, r, 0, 32) for r in range(n)])     # decode rows' prompts
+            dec = np.arange(n)
+            L = np.full(n, K, np.int64)
+            chunks = [(r, r, 0, c) for r in range(n, n + k)]
+            rows = []
+            for i in range(reps + 1):
+                pair = []
+                for ch in ([], chunks):
+                    kv = sum(exe.cache_len[int(r)] for r in dec) + n * (K + 1) + c * len(ch)
+                    t0 = exe.clock()
+                    if live is None:                    # the proxy drafter runs inside execute
+                        tm = exe.execute(dec, dec, L, np.zeros(n, np.int64), K, ch)
+                    else:
+                        exe.propose(dec, dec, K)
+                        tm = exe.execute(dec, dec, L, None, K, ch)[0]
+                    dt = exe.clock() - t0
+                    pair.append((dt, tm.target_s, tm.draft_s, n * (K + 1) + c * len(ch), kv))
+                if i:
+                    rows.append(pair)
+            a = np.median(np.array(rows), axis=0)                # (2, 5): without / with the chunks
+            recs.append({"chunk": c, "k": k, "tokens": c * k, "qk": k * c * (c + 1) // 2,
+                         "M0": int(a[0, 3]), "M1": int(a[1, 3]), "kv0": float(a[0, 4]), "kv1": float(a[1, 4]),
+                         "d_step": float(a[1, 0] - a[0, 0]), "d_target": float(a[1, 1] - a[0, 1]),
+                         "d_draft": float(a[1, 2] - a[0, 2])})
+    return recs
+
+
+def fit_prefill(recs: list[dict], prof: dict) -> dict[str, Any]:
+    """NNLS of what the chunks add to a step beyond the verify term's own growth (target + host) on prompt
+    tokens, query-key pairs and chunks; the drafter's part per prompt token (median)."""
+    p = profile_from_dict(prof | {"name": "fit", "metadata": {k: "-" for k in ("device", "model", "source",
+                                                                                  "method")}})
+    tok = np.array([r["tokens"] for r in recs], float)
+    qk = np.array([r["qk"] for r in recs], float)
+    ch = np.array([r["k"] for r in recs], float)
+    dv = np.array([float(p.verify_time(r["M1"], r["kv1"]) - p.verify_time(r["M0"], r["kv0"])) for r in recs])
+    resid = np.array([r["d_step"] - r["d_draft"] for r in recs]) - dv
+    (a, b, e), _ = nnls(np.stack([tok, qk, ch], 1), resid)
+    return {"seconds_per_token": float(a), "seconds_per_query_key": float(b), "seconds_per_chunk": float(e),
+            "drafter_s_per_token": float(max(0.0, np.median([r["d_draft"] / r["tokens"] for r in recs]))),
+            "cells": len(recs)}
 
 
 def _fast_prefill(eng: RealEngine, exe: Executor, n: int, ctx: int) -> None:
@@ -399,6 +473,27 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
         bar.close()
     prof = fit_profile(recs, mtp, mc)
     fit = prof.pop("_fit")
+    if mc.prefill:
+        # paired steps: what prompt chunks add to a step beyond the decode-shaped verify term
+        pf = _prefill_cells(target, proxy, ex, mc.K, mc.block_drafter, prof["verify"]["M"][-1], mc.reps, live)
+    if mc.prefill and not pf:
+        log(f"measure: no prefill term: even 4 decoding requests plus one {PREFILL_CHUNKS[0]}-token chunk exceed "
+            f"the largest measured M={prof['verify']['M'][-1]}")
+        fit["prefill"] = {"skipped": "largest measured M too small for a paired prefill cell"}
+    elif mc.prefill:
+        pfit = fit_prefill(pf, prof)
+        prof["prefill"] = {"seconds_per_token": pfit["seconds_per_token"],
+                           "seconds_per_query_key": pfit["seconds_per_query_key"],
+                           "seconds_per_chunk": pfit["seconds_per_chunk"],
+                           "note": f"fitted: NNLS over {pfit['cells']} paired steps ({PREFILL_DECODE_ROWS} decoding "
+                                   f"requests without / with 1-2 prompt chunks of {list(PREFILL_CHUNKS)} tokens) of "
+                                   "the added step time beyond the verify term's growth"}
+        if live is not None:
+            prof["drafters"][mc.block_drafter]["prefill_s_per_token"] = pfit["drafter_s_per_token"]
+            if "mtp1" in prof["drafters"] and mc.mtp1:
+                pm = _prefill_cells(target, proxy, ex, 1, "mtp1", prof["verify"]["M"][-1], mc.reps, live)
+                prof["drafters"]["mtp1"]["prefill_s_per_token"] = fit_prefill(pm, prof)["drafter_s_per_token"]
+        fit["prefill"] = pfit
     mkey = model_key(mcfg, ck, ex.drafter_layers, ex.dtype)
     dkey = device_key(ex.device, ex.threads, ex.clock_name())
     dev = torch.device(ex.device)

@@ -114,6 +114,12 @@ def breakdown(res, profile, K: int, drafter: str) -> dict[str, float]:
     n, M, kv = st["n_decode"][dec], st["M"][dec], st["kv_read"][dec]
     v = np.asarray(profile.verify_time(M, kv))
     d = np.asarray(profile.draft_time(drafter, n, K))
+    if profile.prefill_note is not None and "pf_qk" in st:
+        pf_tok, qk = st["n_prefill_tokens"][dec], st["pf_qk"][dec]
+        v = v + profile.prefill_s_per_token * pf_tok + profile.prefill_s_per_query_key * qk
+        f_pf = profile.prefill_s_per_chunk * st["pf_chunks"][dec]      # group + bookkeeping: counted as host
+        if drafter in profile.drafters:
+            d = d + profile.drafters[drafter].prefill_s_per_token * pf_tok
     f = profile.fixed_overhead_s + np.asarray(profile.batch_overhead_time(n))
     fit = profile.metadata.get("fit", {})
     bt = fit.get("target_per_request_s_by_n")
@@ -122,6 +128,8 @@ def breakdown(res, profile, K: int, drafter: str) -> dict[str, float]:
         grid = np.asarray(profile.metadata["grid"]["n_req"])
         b = np.asarray(bt)[np.clip(np.searchsorted(grid, n, side="right") - 1, 0, len(grid) - 1)]
         v, f = v + b, f - b
+    if profile.prefill_note is not None and "pf_qk" in st:
+        f = f + f_pf
     real = {"verify": st["t_target"][dec], "draft": st["t_draft"][dec], "host": st["t_host"][dec]}
     model = {"verify": v, "draft": d, "host": f}
     total = float(st["dt"][dec].mean())
