@@ -138,6 +138,8 @@ def cmd_validate(args) -> int:
 
 def cmd_audit(args) -> int:
     from dsparksim.runner.audit import LOSSLESS, audit_all
+    if args.live:
+        return _audit_live(args, LOSSLESS)
     rows = audit_all(steps=args.steps, seed=args.seed, policies=LOSSLESS + ("confidence-global",))
     bad = 0
     for r in rows:
@@ -150,6 +152,22 @@ def cmd_audit(args) -> int:
         bad += not ok
         print(f"{r['setting']:>10} {r['policy']:>20} tokens={r['tokens']:>6} chi2={r['chi2']:8.2f} dof={r['dof']} "
               f"p={r['p_value']:.3g}{flag}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+    return 1 if bad else 0
+
+
+def _audit_live(args, policies) -> int:
+    from dsparksim.runner.audit_live import audit_live
+    rows = audit_live(args.models, args.profile, policies, n_requests=args.requests, seed=args.seed,
+                      prompts_dir=args.prompts_dir)
+    bad = 0
+    for r in rows:
+        ok = r["p_value"] > args.alpha
+        bad += not ok
+        print(f"live {r['policy']:>20} requests={r['requests']} tokens={r['tokens_tested']} chi2={r['chi2']:7.2f} "
+              f"dof={r['dof']} p={r['p_value']:.3g} tau={r['tau']:.2f} verify={r['mean_verify_len']:.2f}"
+              + ("" if ok else "  <-- FAILS (lossless policy looks biased)"))
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
     return 1 if bad else 0
@@ -230,4 +248,11 @@ def register(sub) -> None:
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--alpha", type=float, default=1e-3, help="significance level [%(default)s]")
     a.add_argument("--out", default=None, help="write the results as JSON")
+    g = a.add_argument_group("live audit (the real engine with the trained drafters)")
+    g.add_argument("--live", action="store_true",
+                   help="audit the batched real engine with the trained pair instead of the synthetic Markov settings")
+    g.add_argument("--models", default="models", help="trained models directory [%(default)s]")
+    g.add_argument("--requests", type=int, default=2000, help="requests per policy (3 tokens each) [%(default)s]")
+    g.add_argument("--profile", default="cpu-tiny", help="profile the policies price steps with [%(default)s]")
+    g.add_argument("--prompts-dir", default=None, help="prompts directory [../shared/data/prompts]")
     a.set_defaults(func=cmd_audit)

@@ -56,7 +56,8 @@ def _check_profile(profile, mkey: str, dkey: str) -> None:
 
 
 def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None, proxy=None,
-             progress: Callable[[float], None] | None = None, record_outputs: bool = False) -> RunOutput:
+             progress: Callable[[float], None] | None = None, record_outputs: bool = False,
+             prompt_source=None) -> RunOutput:
     """Serve ``cfg`` for real (trace-replay acceptance). ``target``/``proxy`` reuse already built models."""
     ex = rcfg.executor
     rngs = _streams(cfg.seed)
@@ -113,6 +114,7 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
     if live:
         tgt = target if target is not None else build_models(mcfg, ex, tmodel)[0]
         drafter_m, temps, prompts = live_parts
+        prompts = prompt_source or prompts
         executor = LiveExecutor(tgt, drafter_m.to(device=tgt.embed.weight.device, dtype=torch_dtype(ex.dtype)),
                                 acceptance.drafter, temps, prompts, ex, T=T, slots=slots,
                                 record_outputs=record_outputs)
