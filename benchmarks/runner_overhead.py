@@ -2,7 +2,9 @@
 
 1. Real engine host overhead per step (acceptance draw + policy + tensor building + sampling + bookkeeping:
    everything but the drafter and target forwards) vs the forward times, at 16 and 64 decoding requests
-   (tiny CPU target, confidence policy, trace-replay acceptance, K=7, context 64).
+   (tiny CPU target, confidence policy, K=7, context 64): trace-replay mode (random-weight target + drafter
+   proxy) and live mode (the trained pair in models/: drafter propose + state update count as draft; rejection
+   sampling as host).
 2. The policy's own cost per step (``choose`` + ``observe``) at 256 and 1024 requests x K=7, step_time priced
    on a measured profile's dense table the way the engines do (target: < 1 ms at 1024 x 7 on this CPU).
 
@@ -20,7 +22,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 
 
-def engine_overhead(n: int, steps: int, policy_spec: str = "confidence", K: int = 7, ctx: int = 64) -> dict:
+def engine_overhead(n: int, steps: int, policy_spec: str = "confidence", K: int = 7, ctx: int = 64,
+                    live: bool = False) -> dict:
     from dsparksim.acceptance import load_acceptance
     from dsparksim.policies import make_policy
     from dsparksim.profile import load_profile
@@ -31,11 +34,21 @@ def engine_overhead(n: int, steps: int, policy_spec: str = "confidence", K: int 
     from dsparksim.traffic.base import Workload
 
     ex = ExecutorConfig()
-    cfg, _ = parse_model("tiny")
-    target, proxy = build_models(cfg, ex)
     out = steps * (K + 1) + 8
     T = ctx + out + K + 2
-    exe = Executor(target, proxy, ex, T=T, slots=n)
+    if live:
+        from dsparksim.runner.engine import LiveEngine
+        from dsparksim.runner.live import LiveExecutor
+        from dsparksim.runner.measure import LiveDrafters
+        from dsparksim.runner.models import load_target
+        cfg, tm, _ = load_target(f"ckpt:{REPO / 'models' / 'target.pt'}", "cpu", "float32")
+        target, _ = build_models(cfg, ex, tm)
+        ld = LiveDrafters.load(str(REPO / "models"), ["dspark"], target)
+        exe = LiveExecutor(target, ld.drafters["dspark"], "dspark", ld.temps["dspark"], ld.prompts, ex, T=T, slots=n)
+    else:
+        cfg, _ = parse_model("tiny")
+        target, proxy = build_models(cfg, ex)
+        exe = Executor(target, proxy, ex, T=T, slots=n)
     pol = make_policy(policy_spec)
     pol.reset(K, np.random.default_rng(0))
     wl = Workload(prompt_tokens=np.full(n, ctx), output_tokens=np.full(n, out), domain=np.full(n, "chat", object),
@@ -43,7 +56,7 @@ def engine_overhead(n: int, steps: int, policy_spec: str = "confidence", K: int 
     prof_path = REPO / "profiles" / "cpu-tiny.json"
     prof = load_profile(str(prof_path) if prof_path.is_file() else "a100-llama3-8b-tp1").with_extrapolation(True)
     acc = load_acceptance(str(REPO / "traces" / "sample_dspark_k7.csv"), K)
-    eng = RealEngine(executor=exe, profile=prof, acceptance=acc, policy=pol, workload=wl, block_size=K,
+    eng = (LiveEngine if live else RealEngine)(executor=exe, profile=prof, acceptance=acc, policy=pol, workload=wl, block_size=K,
                      drafter="dspark", kv_capacity_tokens=n * T, max_num_seqs=n, max_batched_tokens=n * (K + 1),
                      prefill_chunk_tokens=1, rng=np.random.default_rng(0), num_requests=n)
     for i in range(n):
@@ -56,7 +69,7 @@ def engine_overhead(n: int, steps: int, policy_spec: str = "confidence", K: int 
         now += dt + eng.apply_once(now + dt, now, dt, dtm, plan, tm)
     st = {k: np.asarray(v[3:]) for k, v in eng.log.items()}   # first 3 steps = warm-up
     med = {k: float(np.median(st[k])) * 1e3 for k in ("dt", "t_target", "t_draft", "t_host")}
-    return {"n_req": n, "steps": len(st["dt"]), "step_ms": med["dt"], "target_ms": med["t_target"],
+    return {"mode": "live" if live else "replay", "n_req": n, "steps": len(st["dt"]), "step_ms": med["dt"], "target_ms": med["t_target"],
             "draft_ms": med["t_draft"], "host_ms": med["t_host"], "host_share": med["t_host"] / med["dt"],
             "mean_M": float(st["M"].mean())}
 
@@ -93,11 +106,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    res = {"engine": [engine_overhead(n, a.steps) for n in (16, 64)],
+    res = {"engine": [engine_overhead(n, a.steps, live=lv) for lv in (False, True) for n in (16, 64)],
            "policy": [policy_cost(n, p) for n in (256, 1024)
                       for p in ("fixed:7", "threshold:0.5", "goodput", "confidence", "confidence-async:2")]}
     for r in res["engine"]:
-        print(f"engine n={r['n_req']:>3}: step {r['step_ms']:.2f} ms = target {r['target_ms']:.2f} + draft "
+        print(f"engine {r['mode']:>6} n={r['n_req']:>3}: step {r['step_ms']:.2f} ms = target {r['target_ms']:.2f} + draft "
               f"{r['draft_ms']:.2f} + host {r['host_ms']:.2f} ms (host {100 * r['host_share']:.0f}%, mean M "
               f"{r['mean_M']:.0f})")
     for r in res["policy"]:
