@@ -58,7 +58,9 @@ def _check_profile(profile, mkey: str, dkey: str) -> None:
 def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None, proxy=None,
              progress: Callable[[float], None] | None = None, record_outputs: bool = False,
              prompt_source=None) -> RunOutput:
-    """Serve ``cfg`` for real (trace-replay acceptance). ``target``/``proxy`` reuse already built models."""
+    """Serve ``cfg`` for real (``rcfg.mode``: trace replay or live drafters). ``target``/``proxy`` reuse already
+    built models; ``record_outputs`` keeps each request's prompt and generated tokens (live mode) on the result;
+    ``prompt_source`` overrides the live prompts (the audit gives every request the same prompt)."""
     ex = rcfg.executor
     rngs = _streams(cfg.seed)
     profile = load_profile(cfg.profile)
@@ -74,7 +76,7 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
             raise ConfigError(f"profile '{profile.name}' ({profile.source})", "metadata.drafting",
                               "live mode needs drafting costs measured on the trained drafters, but this profile's "
                               f"come from {profile.metadata.get('drafting', 'the drafter proxy')!r}; measure with "
-                              "`dsparksim measure --live-models MODELS` or pass --no-profile-check")
+                              "`dsparksim measure --live --models MODELS` or pass --no-profile-check")
     policy = make_policy(cfg.policy)
     K = int(policy.block_size or cfg.engine.block_size)
     if policy.needs_oracle:
@@ -151,7 +153,7 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
                    "max_batched_tokens": int(max_tok), "kv_slot_tokens": T,
                    "admission": "FIFO; reserve prompt+output+K KV tokens at admission (no preemption)",
                    "acceptance_mode": ("live: trained drafter + exact rejection sampling of the first L drafts; "
-                                       "drafting cost priced from the profile (measured with the drafter proxy)"
+                                       f"drafting priced from the profile ({profile.metadata.get('drafting', 'proxy')})"
                                        if live else "trace-replay: a = min(L, A) with A from the acceptance source")},
     }
     out = RunOutput(config=cfg, summary=summary, result=res, inputs=inputs)
