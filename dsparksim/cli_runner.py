@@ -178,6 +178,8 @@ def cmd_run_real(args) -> int:
     from dsparksim.runner.run import real_run
     from dsparksim.simulate import write_run
 
+    if args.profile is None:    # the shipped profile of this machine's CPU target, measured for the mode
+        args.profile = "cpu-tiny-live" if args.live else "cpu-tiny"
     cfg = _run_config(args, run_traffic(args, default_concurrency=8))
     out = real_run(cfg, _runner(args, _executor(args)))
     paths = write_run(out, args.out, fmt=args.format, steps=True)
@@ -241,7 +243,11 @@ def register(sub) -> None:
                    help="allow a profile measured for another model/device (its metadata is otherwise checked)")
     r.add_argument("--out", default="results/run-real", help="output directory [%(default)s]")
     r.add_argument("--quiet", action="store_true")
-    r.set_defaults(func=cmd_run_real, profile="cpu-tiny", acceptance="traces/sample_dspark_k7.csv")
+    r.set_defaults(func=cmd_run_real, profile=None, acceptance="traces/sample_dspark_k7.csv")
+    for act in r._actions:      # the shared option's help names the simulator's default; say what run-real uses
+        if act.dest == "profile":
+            act.help = ("cost profile: shipped name or JSON path, measured for this model and device [cpu-tiny; "
+                        "with --live cpu-tiny-live]")
 
     a = sub.add_parser("audit", help="statistical test that lossless policies keep the target distribution")
     a.add_argument("--steps", type=int, default=6000)
@@ -253,6 +259,7 @@ def register(sub) -> None:
                    help="audit the batched real engine with the trained pair instead of the synthetic Markov settings")
     g.add_argument("--models", default="models", help="trained models directory [%(default)s]")
     g.add_argument("--requests", type=int, default=2000, help="requests per policy (3 tokens each) [%(default)s]")
-    g.add_argument("--profile", default="cpu-tiny", help="profile the policies price steps with [%(default)s]")
+    g.add_argument("--profile", default="cpu-tiny-live",
+                   help="profile the policies price steps with [%(default)s]")
     g.add_argument("--prompts-dir", default=None, help="prompts directory [../shared/data/prompts]")
     a.set_defaults(func=cmd_audit)

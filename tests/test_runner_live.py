@@ -169,3 +169,28 @@ def test_live_audit_passes_lossless_policies_and_catches_a_lossy_verifier(monkey
     monkeypatch.setattr(live, "verify_prefix", lossy)
     (r,) = al.audit_live(MODELS, prof, ["fixed:7"], n_requests=800, seed=0)
     assert r["p_value"] < 1e-3, r
+
+
+def test_run_real_live_cli_with_the_shipped_live_profile(tmp_path):
+    # The shipped profile was measured on live steps of the committed pair (its model key matches a live run's);
+    # it drives `run-real --live` and the result files are the simulator's, marked as a live real run. (The
+    # device half of the check is skipped: CI may run on another CPU model than the one that measured it.)
+    from dsparksim.backend.model import ModelConfig
+    from dsparksim.cli import main
+    from dsparksim.profile import load_profile
+    from dsparksim.runner.models import model_key
+
+    prof = load_profile("cpu-tiny-live")
+    ck = torch.load(MODELS / "target.pt", map_location="cpu", weights_only=True)
+    want = model_key(ModelConfig(**ck["config"]), str(MODELS / "target.pt"), 1, "float32", live=True)
+    assert prof.metadata["runner_model"] == want and prof.metadata["drafting"].startswith("live:")
+    assert prof.prefill_note is not None and prof.drafters["dspark"].prefill_s_per_token > 0
+    out = tmp_path / "live"
+    rc = main(["run-real", "--live", "--models", str(MODELS), "--policy", "confidence", "--concurrency", "2",
+               "--num-requests", "4", "--lengths", _lengths(tmp_path), "--domain", "code", "--out", str(out),
+               "--no-profile-check", "--quiet"])
+    assert rc == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["engine"] == "real" and summary["num_requests_completed"] == 4
+    cfg = json.loads((out / "config.json").read_text())
+    assert "live" in json.dumps(cfg)

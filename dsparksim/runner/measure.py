@@ -494,7 +494,7 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
                 pm = _prefill_cells(target, proxy, ex, 1, "mtp1", prof["verify"]["M"][-1], mc.reps, live)
                 prof["drafters"]["mtp1"]["prefill_s_per_token"] = fit_prefill(pm, prof)["drafter_s_per_token"]
         fit["prefill"] = pfit
-    mkey = model_key(mcfg, ck, ex.drafter_layers, ex.dtype)
+    mkey = model_key(mcfg, ck, ex.drafter_layers, ex.dtype, live=mc.live_models is not None)
     dkey = device_key(ex.device, ex.threads, ex.clock_name())
     dev = torch.device(ex.device)
     name = mc.name or f"{'cuda' if dev.type == 'cuda' else 'cpu'}-{mc.model.split(',')[0].replace(':', '-')}"

@@ -53,12 +53,13 @@ def parse_model(spec: str) -> tuple[ModelConfig, str | None]:
     return ModelConfig(**kw), None
 
 
-def model_key(cfg: ModelConfig, ckpt: str | None, drafter_layers: int, dtype: str) -> str:
+def model_key(cfg: ModelConfig, ckpt: str | None, drafter_layers: int, dtype: str, live: bool = False) -> str:
     """A stable identity string for a profile's metadata and the run-vs-profile check."""
     c = cfg
     w = f"ckpt:{Path(ckpt).name}" if ckpt else "random-init"
+    d = "trained drafters (live)" if live else f"drafter proxy {drafter_layers} layer(s)"
     return (f"TargetModel(vocab={c.vocab_size},d={c.d_model},layers={c.n_layers},heads={c.n_heads}/"
-            f"{c.n_kv_heads},ff={c.d_ff}) {w} {dtype}; drafter proxy {drafter_layers} layer(s)")
+            f"{c.n_kv_heads},ff={c.d_ff}) {w} {dtype}; {d}")
 
 
 def device_key(device: str, threads: int | None, clock: str = "wall") -> str:

@@ -68,7 +68,7 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
     if live:
         rcfg = replace(rcfg, model=f"ckpt:{Path(rcfg.models) / 'target.pt'}")
     mcfg, tmodel, ck = load_target(rcfg.model, ex.device, ex.dtype)
-    mkey = model_key(mcfg, ck, ex.drafter_layers, ex.dtype)
+    mkey = model_key(mcfg, ck, ex.drafter_layers, ex.dtype, live=live)
     dkey = device_key(ex.device, ex.threads, ex.clock_name())
     if rcfg.check_profile:
         _check_profile(profile, mkey, dkey)
