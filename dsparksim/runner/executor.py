@@ -183,6 +183,38 @@ class Executor:
         return torch.multinomial(p, 1, generator=self.gen)[:, 0]
 
     # ---------------------------------------------------------------- one step
+    def _flat_inputs(self, pend, drafts, L, starts, dec_slots, K: int, chunks):
+        """One step's flat target input: every decoding request's anchor + its first L[i] drafts (rows grouped
+        by :func:`split_rows`), then the prefill chunks (their own attention group).
+
+        Returns (tokens (M,), pos (M,), groups, order, lens, n_dec_tokens); ``order[j]`` = plan index of flat
+        decode row j, ``lens`` = 1 + L.
+        """
+        dev = self.dev
+        toks, poss, groups, lo = [], [], [], 0
+        order = lens = None
+        if starts is not None and len(starts):
+            lens = 1 + np.asarray(L, np.int64)
+            parts = split_rows(lens, starts + lens, self.ex.group_penalty, self.ex.max_groups)
+            order = np.concatenate(parts)
+            sd = drafts.device
+            seq = torch.cat([pend[:, None].to(sd), drafts], 1)[torch.as_tensor(order, device=sd)]
+            keep = torch.arange(K + 1, device=sd)[None, :] < torch.as_tensor(lens[order], device=sd)[:, None]
+            toks.append(seq[keep])
+            for idx in parts:
+                g, pos = make_group(lo, dec_slots[idx], lens[idx], starts[idx], dev)
+                poss.append(pos)
+                groups.append(g)
+                lo = g.hi
+        if chunks:
+            g, pos = make_group(lo, [c[1] for c in chunks], [c[3] for c in chunks], [c[2] for c in chunks], dev)
+            for row, _, st, ln in chunks:
+                toks.append(torch.as_tensor(self.prompt[row][st:st + ln], dtype=torch.long))
+            poss.append(pos)
+            groups.append(g)
+        tokens = torch.cat([t.to(dev) for t in toks])
+        return tokens, torch.cat(poss).to(dev), groups, order, lens, lo
+
     @torch.no_grad()
     def execute(self, dec_rows: np.ndarray, dec_slots: np.ndarray, L: np.ndarray, a: np.ndarray, K: int,
                 chunks: list[tuple[int, int, int, int]]) -> StepTiming:
@@ -190,7 +222,7 @@ class Executor:
         tm = StepTiming()
         dev = self.dev
         n = len(dec_rows)
-        drafts = None
+        drafts = starts = pend = None
         clock = self.clock
         if n:
             t0 = clock()
@@ -205,32 +237,8 @@ class Executor:
             sync(dev)
             tm.draft_s = clock() - t0
         t0 = clock()
-        toks, poss, groups, lo = [], [], [], 0
-        if n:
-            lens = 1 + np.asarray(L, np.int64)
-            # rows in flat order: by attention group (see split_rows); `order[j]` = plan index of flat row j
-            parts = split_rows(lens, starts + lens, self.ex.group_penalty, self.ex.max_groups)
-            order = np.concatenate(parts)
-            seq = torch.cat([pend[:, None], drafts], 1)[torch.as_tensor(order)]
-            keep = torch.arange(K + 1)[None, :] < torch.as_tensor(lens[order])[:, None]
-            toks.append(seq[keep])
-            for idx in parts:
-                g, pos = make_group(lo, dec_slots[idx], lens[idx], starts[idx], dev)
-                poss.append(pos)
-                groups.append(g)
-                lo = g.hi
-        last_pf: list[int] = []
-        if chunks:
-            rows_c = [c[0] for c in chunks]
-            g, pos = make_group(lo, [c[1] for c in chunks], [c[3] for c in chunks], [c[2] for c in chunks], dev)
-            for row, _, st, ln in chunks:
-                toks.append(torch.as_tensor(self.prompt[row][st:st + ln], dtype=torch.long))
-            poss.append(pos)
-            groups.append(g)
-            ends = lo + np.cumsum([c[3] for c in chunks]) - 1
-            last_pf = [int(e) for e in ends]
-        tokens = torch.cat(toks).to(dev)
-        pos = torch.cat(poss).to(dev)
+        tokens, pos, groups, order, lens, n_dec_tok = self._flat_inputs(pend, drafts, L, starts, dec_slots, K, chunks)
+        last_pf = [int(e) for e in n_dec_tok + np.cumsum([c[3] for c in chunks]) - 1] if chunks else []
         M = tokens.numel()
         logits = self.tf(tokens, pos, groups, self.pool)          # logits at all M positions
         sync(dev)

@@ -27,11 +27,10 @@ import torch
 
 from ..acceptance.base import AcceptanceModel, Block
 from ..backend.calibration import apply_sts
-from ..backend.drafters import ARDrafter, ParallelDrafter, fused, propose_ar, propose_parallel
+from ..backend.drafters import ARDrafter, ParallelDrafter, propose_ar, propose_parallel
 from ..backend.specdec import verify_prefix
-from ..errors import ConfigError, InputError
-from .executor import Executor, ExecutorConfig, StepTiming, split_rows, sync
-from .flat import make_group
+from ..errors import ConfigError
+from .executor import Executor, ExecutorConfig, StepTiming, sync
 
 
 # ---------------------------------------------------------------------------------------------- prompts
@@ -67,10 +66,8 @@ class PromptSource:
     @classmethod
     def from_models(cls, models: str | Path, prompts_dir=None) -> "PromptSource":
         from ..backend.collect import load_models
-        from ..backend.data import build_corpus
+        from ..backend.data import EOT, build_corpus
         from ..backend.train import PROMPT_KEEP, encode_prompts
-
-        from ..backend.data import EOT
 
         cfg, tok, _, _, _ = load_models(models)
         corpus = build_corpus(cfg.data, prompts_dir)
@@ -96,6 +93,14 @@ class PromptSource:
 
 
 # ---------------------------------------------------------------------------------------------- drafter state
+def _grow(x: torch.Tensor | None, old: int, new: int, shape, dtype, dev) -> torch.Tensor:
+    """A (new, *shape) zero tensor with x's first ``old`` slots copied in (per-slot state grows on demand)."""
+    y = torch.zeros((new, *shape), dtype=dtype, device=dev)
+    if x is not None and old:
+        y[:old] = x
+    return y
+
+
 class _ParallelSlots:
     """Per-slot state of a dflash/dspark drafter: context keys/values per drafter layer (slots, Hkv, T, hd) from
     the target's fused features, the anchor (pending) token and its position t0 (context j < t0 visible)."""
@@ -114,18 +119,12 @@ class _ParallelSlots:
     def ensure(self, slots: int) -> None:
         if slots <= self.slots:
             return
-        new = max(slots, 2 * self.slots)
-
-        def grow(x, shape, dtype):
-            y = torch.zeros((new, *shape), dtype=dtype, device=self.dev)
-            if x is not None and self.slots:
-                y[: self.slots] = x
-            return y
+        old, new = self.slots, max(slots, 2 * self.slots)
         nl = len(self.m.blocks)
-        self.k = [grow(self.k[i] if self.k else None, self.shape, self.dtype) for i in range(nl)]
-        self.v = [grow(self.v[i] if self.v else None, self.shape, self.dtype) for i in range(nl)]
-        self.anchor = grow(self.anchor, (), torch.long)
-        self.t0 = grow(self.t0, (), torch.long)
+        self.k = [_grow(self.k[i] if self.k else None, old, new, self.shape, self.dtype, self.dev) for i in range(nl)]
+        self.v = [_grow(self.v[i] if self.v else None, old, new, self.shape, self.dtype, self.dev) for i in range(nl)]
+        self.anchor = _grow(self.anchor, old, new, (), torch.long, self.dev)
+        self.t0 = _grow(self.t0, old, new, (), torch.long, self.dev)
         self.slots = new
 
     def fake_prefill(self, slots: torch.Tensor, lens: torch.Tensor, pending: torch.Tensor) -> None:
@@ -168,17 +167,11 @@ class _ARSlots:
     def ensure(self, slots: int) -> None:
         if slots <= self.slots:
             return
-        new = max(slots, 2 * self.slots)
-
-        def grow(x, shape, dtype):
-            y = torch.zeros((new, *shape), dtype=dtype, device=self.dev)
-            if x is not None:
-                y[: self.slots] = x
-            return y
-        self.ck = grow(self.ck, self.shape, self.dtype)
-        self.cv = grow(self.cv, self.shape, self.dtype)
-        self.h = grow(self.h, (self.d,), self.dtype)
-        self.origin = grow(self.origin, (), torch.long)
+        old, new = self.slots, max(slots, 2 * self.slots)
+        self.ck = _grow(self.ck, old, new, self.shape, self.dtype, self.dev)
+        self.cv = _grow(self.cv, old, new, self.shape, self.dtype, self.dev)
+        self.h = _grow(self.h, old, new, (self.d,), self.dtype, self.dev)
+        self.origin = _grow(self.origin, old, new, (), torch.long, self.dev)
         self.slots = new
 
     def fake_prefill(self, slots: torch.Tensor, lens: torch.Tensor, pending: torch.Tensor) -> None:
@@ -282,42 +275,22 @@ class LiveExecutor(Executor):
         n = len(dec_rows)
         a = np.zeros(0, np.int64)
         t0 = clock()
-        toks, poss, groups, lo = [], [], [], 0
+        dr, drafts, starts, pend = self._draft, None, None, None
         if n:
-            dr = self._draft
             if dr is None or not np.array_equal(dr["rows"], dec_rows):
                 raise RuntimeError("live mode: execute() without a matching propose() for this step")
             tm.draft_s = dr["t"]
             drafts = dr["d"]
             starts = np.array([self.cache_len[int(r)] for r in dec_rows], np.int64)
             pend = torch.tensor([self.pending[int(r)] for r in dec_rows], dtype=torch.long, device=dev)
-            lens = 1 + np.asarray(L, np.int64)
-            parts = split_rows(lens, starts + lens, self.ex.group_penalty, self.ex.max_groups)
-            order = np.concatenate(parts)
-            o = torch.as_tensor(order, device=dev)
-            seq = torch.cat([pend[:, None], drafts], 1)[o]
-            keep = torch.arange(K + 1, device=dev)[None, :] < torch.as_tensor(lens[order], device=dev)[:, None]
-            toks.append(seq[keep])
-            for idx in parts:
-                g, pos = make_group(lo, dec_slots[idx], lens[idx], starts[idx], dev)
-                poss.append(pos)
-                groups.append(g)
-                lo = g.hi
-        n_dec_tok = lo
-        if chunks:
-            g, pos = make_group(lo, [c[1] for c in chunks], [c[3] for c in chunks], [c[2] for c in chunks], dev)
-            for row, _, st, ln in chunks:
-                toks.append(torch.as_tensor(self.prompt[row][st:st + ln], dtype=torch.long))
-            poss.append(pos)
-            groups.append(g)
-        tokens = torch.cat([t.to(dev) for t in toks])
-        pos = torch.cat(poss).to(dev)
+        tokens, pos, groups, order, lens, n_dec_tok = self._flat_inputs(pend, drafts, L, starts, dec_slots, K,
+                                                                        chunks)
         hs, logits = self.tf(tokens, pos, groups, self.pool, hidden=True)   # [(M, d)] * layers, (M, V)
         sync(dev)
         tm.target_s = clock() - t0
         t0 = clock()
         # ---- rejection sampling of each request's verified prefix
-        sel_idx, sel_next, last_idx, last_slot = [], [], [], []
+        sel_idx, sel_next = [], []
         if n:
             lo_flat = np.cumsum(lens[order]) - lens[order]
             first = np.empty(n, np.int64)
