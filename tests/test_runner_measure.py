@@ -68,6 +68,36 @@ def test_measured_profile_loads_in_core_and_oom_cell_is_reported_not_measured(tm
     assert cp.step_time(8, 4, "dspark", 3, 100) > cp.verify_time(8, 100) > 0
 
 
+def test_prefill_cells_out_of_memory_leave_no_prefill_term(monkeypatch):
+    def oom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+
+    monkeypatch.setattr(meas, "_prefill_cells", oom)
+    mc = MeasureConfig(model=TINY, executor=ExecutorConfig(), K=3, n_reqs=(1, 2, 4), contexts=(16,), reps=3,
+                       min_growth=0.0)
+    prof, _ = meas.measure(mc, progress=False, log=lambda s: None)
+    assert "prefill" not in prof                                        # no partial / guessed term
+    assert prof["metadata"]["fit"]["prefill"] == {"skipped": "out of memory"}
+    assert any(f.get("cell") == "prefill" and "out of memory" in f["error"] for f in prof["metadata"]["failed_cells"])
+    assert load_profile_dict(prof).prefill_note is None
+
+
+def load_profile_dict(d):
+    from dsparksim.profile import profile_from_dict
+    return profile_from_dict(d, source="t")
+
+
+def test_measure_fits_a_prefill_term_from_paired_steps():
+    mc = MeasureConfig(model=TINY, executor=ExecutorConfig(), K=3, n_reqs=(1, 2, 4, 8, 12), contexts=(16,), reps=3,
+                       min_growth=0.0)
+    prof, _ = meas.measure(mc, progress=False, log=lambda s: None)
+    fit = prof["metadata"]["fit"]["prefill"]
+    assert fit["cells"] >= 3 and "prefill" in prof                       # 4 x (1+3) + chunk <= 48 tokens
+    for k in ("seconds_per_token", "seconds_per_query_key", "seconds_per_chunk"):
+        assert prof["prefill"][k] >= 0
+    assert load_profile_dict(prof).prefill_note.startswith("fitted")
+
+
 def test_shipped_cpu_profile_loads_and_states_provenance():
     from pathlib import Path
     p = Path(__file__).resolve().parents[1] / "profiles" / "cpu-tiny.json"

@@ -475,8 +475,17 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
     fit = prof.pop("_fit")
     if mc.prefill:
         # paired steps: what prompt chunks add to a step beyond the decode-shaped verify term
-        pf = _prefill_cells(target, proxy, ex, mc.K, mc.block_drafter, prof["verify"]["M"][-1], mc.reps, live)
-    if mc.prefill and not pf:
+        try:
+            pf = _prefill_cells(target, proxy, ex, mc.K, mc.block_drafter, prof["verify"]["M"][-1], mc.reps, live)
+        except Exception as e:  # noqa: BLE001 - OOM: no prefill term (reported), never a partial one
+            if not _is_oom(e):
+                raise
+            failed.append({"cell": "prefill", "error": f"out of memory: {str(e)[:200]}"})
+            log("measure: the prefill cells ran out of memory; the profile gets no prefill term")
+            pf = None
+    if mc.prefill and pf is None:
+        fit["prefill"] = {"skipped": "out of memory"}
+    elif mc.prefill and not pf:
         log(f"measure: no prefill term: even 4 decoding requests plus one {PREFILL_CHUNKS[0]}-token chunk exceed "
             f"the largest measured M={prof['verify']['M'][-1]}")
         fit["prefill"] = {"skipped": "largest measured M too small for a paired prefill cell"}
