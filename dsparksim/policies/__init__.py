@@ -1,7 +1,7 @@
 """Verification policies and their registry.
 
-Adding a policy = one module with a :class:`Policy` subclass (``name``, ``usage``, ``from_arg``, ``choose``) and
-one line in ``REGISTRY``. Specs are ``name`` or ``name:arg`` (see :func:`list_policies`).
+Adding a policy = one module with a :class:`Policy` subclass (``name``, ``usage``, ``choose``; ``from_arg`` if it
+takes an argument) and one line in ``REGISTRY``. Specs are ``name`` or ``name:arg`` (see :func:`list_policies`).
 """
 from __future__ import annotations
 

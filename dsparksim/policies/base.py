@@ -63,6 +63,16 @@ class Policy:
 
     spec: str = "base"  # the exact spec string this instance was built from (set by the registry)
 
+    def __init__(self) -> None:
+        self.spec = self.name
+
+    @classmethod
+    def from_arg(cls, arg: str | None) -> "Policy":
+        """Build from the text after ':' in the spec (None if absent). Default: the policy takes no argument."""
+        from ._common import no_arg  # lazy: _common imports this module
+        no_arg(cls.name, arg)
+        return cls()
+
     def reset(self, K: int, rng: np.random.Generator) -> None:
         """Called once before a run (K = the block size the run actually uses). Clear all history here."""
 

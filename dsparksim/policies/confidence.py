@@ -5,7 +5,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ._common import draft_budget, first_drop, lengths_from_ranked, no_arg, rank_candidates, ratio_curve
+from ._common import draft_budget, first_drop, lengths_from_ranked, rank_candidates, ratio_curve
 from .base import Policy, StepContext
 
 
@@ -36,14 +36,6 @@ class Confidence(Policy):
 
     name: ClassVar[str] = "confidence"
     usage: ClassVar[str] = "confidence"
-
-    def __init__(self) -> None:
-        self.spec = "confidence"
-
-    @classmethod
-    def from_arg(cls, arg: str | None) -> "Confidence":
-        no_arg(cls.name, arg)
-        return cls()
 
     def choose(self, ctx: StepContext) -> np.ndarray:
         return algorithm1(ctx)

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ._common import draft_budget, global_best, lengths_from_ranked, no_arg, rank_candidates, ratio_curve
+from ._common import draft_budget, global_best, lengths_from_ranked, rank_candidates, ratio_curve
 from .base import Policy, StepContext
 
 
@@ -35,14 +35,6 @@ class ConfidenceGlobal(Policy):
     name: ClassVar[str] = "confidence-global"
     usage: ClassVar[str] = "confidence-global"
     lossless: ClassVar[bool] = False
-
-    def __init__(self) -> None:
-        self.spec = "confidence-global"
-
-    @classmethod
-    def from_arg(cls, arg: str | None) -> "ConfidenceGlobal":
-        no_arg(cls.name, arg)
-        return cls()
 
     def choose(self, ctx: StepContext) -> np.ndarray:
         return global_search_current(ctx)

@@ -10,7 +10,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import InputError
-from ._common import draft_budget, eval_times, no_arg
+from ._common import draft_budget, eval_times
 from .base import Policy, StepContext
 
 
@@ -31,14 +31,9 @@ class Goodput(Policy):
     prior_fail: ClassVar[float] = 1.0
 
     def __init__(self) -> None:
-        self.spec = "goodput"
+        super().__init__()
         self._tried = np.zeros(0, dtype=np.int64)
         self._succ = np.zeros(0, dtype=np.int64)
-
-    @classmethod
-    def from_arg(cls, arg: str | None) -> "Goodput":
-        no_arg(cls.name, arg)
-        return cls()
 
     def reset(self, K: int, rng: np.random.Generator) -> None:
         self._tried = np.zeros(K, dtype=np.int64)

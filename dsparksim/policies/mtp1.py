@@ -5,7 +5,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ._common import cap_lowest_index_first, draft_budget, no_arg
+from ._common import cap_lowest_index_first, draft_budget
 from .base import Policy, StepContext
 
 
@@ -21,14 +21,6 @@ class MTP1(Policy):
     usage: ClassVar[str] = "mtp1"
     drafter: ClassVar[str | None] = "mtp1"
     block_size: ClassVar[int | None] = 1
-
-    def __init__(self) -> None:
-        self.spec = "mtp1"
-
-    @classmethod
-    def from_arg(cls, arg: str | None) -> "MTP1":
-        no_arg(cls.name, arg)
-        return cls()
 
     def choose(self, ctx: StepContext) -> np.ndarray:
         L = np.ones(ctx.n, dtype=np.int64) if ctx.K >= 1 else np.zeros(ctx.n, dtype=np.int64)

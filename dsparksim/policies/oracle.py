@@ -6,7 +6,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import InputError
-from ._common import draft_budget, global_best, lengths_from_ranked, no_arg, ratio_curve
+from ._common import draft_budget, global_best, lengths_from_ranked, ratio_curve
 from .base import Policy, StepContext
 
 
@@ -23,14 +23,6 @@ class Oracle(Policy):
     name: ClassVar[str] = "oracle"
     usage: ClassVar[str] = "oracle"
     needs_oracle: ClassVar[bool] = True
-
-    def __init__(self) -> None:
-        self.spec = "oracle"
-
-    @classmethod
-    def from_arg(cls, arg: str | None) -> "Oracle":
-        no_arg(cls.name, arg)
-        return cls()
 
     def choose(self, ctx: StepContext) -> np.ndarray:
         n, K = ctx.n, ctx.K

@@ -81,8 +81,8 @@ class UniformL(Policy):
     usage: ClassVar[str] = "uniform"
 
     def __init__(self) -> None:
+        super().__init__()
         self.L = 0
-        self.spec = "uniform"
 
     def choose(self, ctx: StepContext) -> np.ndarray:
         # A representative scheduler cost stays in the measured floor: rank all n*K candidates and price the
