@@ -76,6 +76,20 @@ def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None) ->
 
     t = cfg.traffic
     workload = build_workload(t, rngs["workload"])
+    kv_cap, max_tok = engine_limits(cfg, profile)
+    duration = t.duration_s if t.num_requests is None else None
+    sim = Simulation(profile=profile, acceptance=acceptance, policy=policy, workload=workload, block_size=K,
+                     drafter=drafter, kv_capacity_tokens=int(kv_cap), max_num_seqs=cfg.engine.max_num_seqs,
+                     max_batched_tokens=int(max_tok), prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens,
+                     rng=rngs["acceptance"], duration_s=duration, num_requests=t.num_requests, progress=progress)
+    res = sim.run()
+    summary, inputs = run_summary(cfg, res, profile, acceptance, policy, workload, K, drafter, kv_cap, max_tok,
+                                  duration)
+    return RunOutput(config=cfg, summary=summary, result=res, inputs=inputs)
+
+
+def engine_limits(cfg: RunConfig, profile) -> tuple[int, int]:
+    """(KV capacity in tokens, token budget per step) of a run: the config's values, else the profile's."""
     kv_cap = cfg.engine.kv_capacity_tokens or profile.metadata.get("kv_capacity_tokens")
     if not kv_cap:
         raise ConfigError(profile.source, "metadata.kv_capacity_tokens",
@@ -85,12 +99,12 @@ def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None) ->
         raise ConfigError("config", "max_batched_tokens",
                           f"{max_tok} exceeds the profile's largest breakpoint {profile.max_tokens}; "
                           f"lower it or allow extrapolation (--extrapolate)")
-    duration = t.duration_s if t.num_requests is None else None
-    sim = Simulation(profile=profile, acceptance=acceptance, policy=policy, workload=workload, block_size=K,
-                     drafter=drafter, kv_capacity_tokens=int(kv_cap), max_num_seqs=cfg.engine.max_num_seqs,
-                     max_batched_tokens=int(max_tok), prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens,
-                     rng=rngs["acceptance"], duration_s=duration, num_requests=t.num_requests, progress=progress)
-    res = sim.run()
+    return int(kv_cap), int(max_tok)
+
+
+def run_summary(cfg: RunConfig, res: SimResult, profile, acceptance, policy, workload, K: int, drafter: str,
+                kv_cap: int, max_tok: int, duration: float | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(summary, resolved inputs) of a finished run, simulated or real (the real runner adds its own fields)."""
     warmup = cfg.warmup_s if cfg.warmup_s is not None else (0.1 * duration if duration else 0.0)
     summary = summarize(res, policy=policy.spec, load=load_label(cfg), warmup_s=warmup,
                         closed_loop=workload.closed_loop)
@@ -106,7 +120,7 @@ def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None) ->
         "engine": {"kv_capacity_tokens": int(kv_cap), "max_batched_tokens": int(max_tok),
                    "admission": "FIFO; reserve prompt+output+K KV tokens at admission (no preemption)"},
     }
-    return RunOutput(config=cfg, summary=summary, result=res, inputs=inputs)
+    return summary, inputs
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:

@@ -12,10 +12,9 @@ import numpy as np
 from ..acceptance import load_acceptance
 from ..config import RunConfig
 from ..errors import ConfigError
-from ..metrics import summarize
 from ..policies import make_policy
 from ..profile import load_profile
-from ..simulate import RunOutput, _streams, load_label
+from ..simulate import RunOutput, _streams, engine_limits, run_summary
 from ..traffic import build_workload
 from .engine import LiveEngine, RealEngine
 from .executor import Executor, ExecutorConfig, build_models, torch_dtype
@@ -98,15 +97,12 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
         raise ConfigError(profile.source, "drafters", f"profile '{profile.name}' has no drafting cost for '{drafter}'")
     policy.reset(K, rngs["policy"])
     workload = build_workload(cfg.traffic, rngs["workload"])
-    kv_cap = cfg.engine.kv_capacity_tokens or profile.metadata.get("kv_capacity_tokens")
-    if not kv_cap:
-        raise ConfigError(profile.source, "metadata.kv_capacity_tokens", "profile states no KV capacity")
+    kv_cap, max_tok = engine_limits(cfg, profile)
     bits = torch_dtype(ex.dtype).itemsize * 8
     dev_cap = kv_capacity_tokens(mcfg, ex.device, bits)
     if kv_cap > dev_cap:
         raise ConfigError("config", "kv_capacity_tokens", f"{kv_cap} KV tokens requested but {ex.device} can hold "
                           f"about {dev_cap} for this model ({bits}-bit KV); lower --kv-capacity")
-    max_tok = cfg.engine.max_batched_tokens or profile.max_tokens
     T = int((workload.prompt_tokens + workload.output_tokens).max()) + K + 2
     conc = workload.concurrency or cfg.engine.max_num_seqs
     slots = min(cfg.engine.max_num_seqs, conc)
@@ -133,29 +129,19 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
                      prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens, rng=rngs["acceptance"],
                      duration_s=duration, num_requests=cfg.traffic.num_requests, progress=progress)
     res = eng.run()
-    warmup = cfg.warmup_s if cfg.warmup_s is not None else (0.1 * duration if duration else 0.0)
-    summary = summarize(res, policy=policy.spec, load=load_label(cfg), warmup_s=warmup,
-                        closed_loop=workload.closed_loop)
-    summary["context_model"] = profile.context_model
+    summary, inputs = run_summary(cfg, res, profile, acceptance, policy, workload, K, drafter, kv_cap, max_tok,
+                                  duration)
     summary["engine"] = "real"
     st = res.steps
     summary["step_time_model_vs_real"] = {
         "sum_dt_s": float(np.sum(st["dt"])), "sum_dt_model_s": float(np.sum(st["dt_model"])),
         "sum_t_target_s": float(np.sum(st["t_target"])), "sum_t_draft_s": float(np.sum(st["t_draft"])),
         "sum_t_host_s": float(np.sum(st["t_host"]))}
-    inputs = {
-        "profile": {"name": profile.name, "source": str(profile.source), "context_model": profile.context_model,
-                    "max_tokens": int(profile.max_tokens), "metadata": profile.metadata},
-        "acceptance": acceptance.describe(),
-        "workload": workload.metadata,
-        "policy": {"spec": policy.spec, "block_size": K, "drafter": drafter},
-        "engine": {"kind": "real", "model": mkey, "device": dkey, "kv_capacity_tokens": int(kv_cap),
-                   "max_batched_tokens": int(max_tok), "kv_slot_tokens": T,
-                   "admission": "FIFO; reserve prompt+output+K KV tokens at admission (no preemption)",
-                   "acceptance_mode": ("live: trained drafter + exact rejection sampling of the first L drafts; "
-                                       f"drafting priced from the profile ({profile.metadata.get('drafting', 'proxy')})"
-                                       if live else "trace-replay: a = min(L, A) with A from the acceptance source")},
-    }
+    inputs["engine"] = {"kind": "real", "model": mkey, "device": dkey, **inputs["engine"], "kv_slot_tokens": T,
+                        "acceptance_mode": (
+                            "live: trained drafter + exact rejection sampling of the first L drafts; drafting "
+                            f"priced from the profile ({profile.metadata.get('drafting', 'proxy')})" if live else
+                            "trace-replay: a = min(L, A) with A from the acceptance source")}
     out = RunOutput(config=cfg, summary=summary, result=res, inputs=inputs)
     if record_outputs:
         out.outputs = executor.outputs            # row -> generated token ids (live mode; tests)
