@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .model import Block, ModelConfig, RMSNorm, TargetModel, _init, cache_mask, write
+from .model import Block, ModelConfig, RMSNorm, TargetModel, _init, cache_mask
 
 DRAFTERS = ("mtp1", "eagle3", "dflash", "dspark")
 
@@ -129,28 +129,7 @@ class ARDrafter(nn.Module):
         return total / steps, {}
 
     def runtime(self, target, B, T):
-        return _ARRuntime(self, target, B, T)
-
-
-class _ARRuntime:
-    def __init__(self, m: ARDrafter, target, B, T):
-        self.m, self.t = m, target
-        c = target.cfg
-        shape = (B, c.n_kv_heads, T, c.head_dim)
-        self.ck, self.cv = torch.zeros(shape), torch.zeros(shape)
-
-    def update(self, hs, next_tok, start, last_idx):
-        m, n = self.m, next_tok.shape[1]
-        pos = start[:, None] + torch.arange(n)[None]
-        x = m.step_in(self.t, next_tok, m.feat(self.t, hs))
-        h = m.block.forward_cached(x, pos, self.ck, self.cv)
-        b = torch.arange(h.shape[0])
-        self.h = h[b, last_idx]
-        self.origin = start + last_idx
-        self.logits1 = m.logits(self.t, self.h)
-
-    def propose(self, K, temperature, gen):
-        return propose_ar(self.m, self.t, self.h, self.origin, self.logits1, self.ck, self.cv, K, temperature, gen)
+        return _runtime(self, target, B, T)
 
 
 def propose_ar(m: ARDrafter, target, h, origin, logits1, ck, cv, K, temperature, gen):
@@ -258,32 +237,7 @@ class ParallelDrafter(nn.Module):
         return loss, extra
 
     def runtime(self, target, B, T):
-        return _ParRuntime(self, target, B, T)
-
-
-class _ParRuntime:
-    def __init__(self, m: ParallelDrafter, target, B, T):
-        self.m, self.t = m, target
-        c = target.cfg
-        shape = (B, c.n_kv_heads, T, c.head_dim)
-        self.cache = [(torch.zeros(shape), torch.zeros(shape)) for _ in m.blocks]
-
-    def update(self, hs, next_tok, start, last_idx):
-        n = next_tok.shape[1]
-        pos = start[:, None] + torch.arange(n)[None]
-        c = self.m.ctx(self.t, hs)
-        for blk, (ck, cv) in zip(self.m.blocks, self.cache):
-            k, v = blk.attn.kv(blk.n1(c), pos)
-            write(ck, pos, k)
-            write(cv, pos, v)
-        b = torch.arange(next_tok.shape[0])
-        self.anchor = next_tok[b, last_idx]
-        self.t0 = start + last_idx + 1                      # anchor position; context visible: j < t0
-
-    def propose(self, K, temperature, gen):
-        d, q, conf, self.last_logits = propose_parallel(self.m, self.t, self.anchor, self.t0, self.cache, K,
-                                                        temperature, gen)
-        return d, q, conf
+        return _runtime(self, target, B, T)
 
 
 def propose_parallel(m: ParallelDrafter, target, anchor, t0, cache, K, temperature, gen):
@@ -311,6 +265,12 @@ def propose_parallel(m: ParallelDrafter, target, anchor, t0, cache, K, temperatu
         probs.append(p)
         prev = tok
     return torch.stack(toks, 1), torch.stack(probs, 1), torch.stack(confs, 1), torch.stack(logits, 1)
+
+
+def _runtime(m, target, B: int, T: int):
+    """Decoding state for B requests of at most T positions (see :mod:`.drafter_state`)."""
+    from .drafter_state import BatchRuntime, state_for   # lazy: drafter_state imports this module
+    return BatchRuntime(state_for(m, target, B, T), B)
 
 
 def build_drafter(tcfg: ModelConfig, dcfg: DrafterConfig) -> nn.Module:

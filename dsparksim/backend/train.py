@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .calibration import apply_sts, fit_sts
-from .checkpoint import save, state_sha
+from .checkpoint import save
 from .config import PipelineConfig
 from .data import DOMAINS, Corpus, build_corpus
 from .drafters import DRAFTERS, DrafterConfig, build_drafter

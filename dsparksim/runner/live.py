@@ -27,7 +27,7 @@ import torch
 
 from ..acceptance.base import AcceptanceModel, Block
 from ..backend.calibration import apply_sts
-from ..backend.drafters import ARDrafter, ParallelDrafter, propose_ar, propose_parallel
+from ..backend.drafter_state import state_for
 from ..backend.specdec import verify_prefix
 from ..errors import ConfigError
 from .executor import Executor, ExecutorConfig, StepTiming, sync
@@ -92,124 +92,6 @@ class PromptSource:
         return np.asarray(out[-n:], np.int64)
 
 
-# ---------------------------------------------------------------------------------------------- drafter state
-def _grow(x: torch.Tensor | None, old: int, new: int, shape, dtype, dev) -> torch.Tensor:
-    """A (new, *shape) zero tensor with x's first ``old`` slots copied in (per-slot state grows on demand)."""
-    y = torch.zeros((new, *shape), dtype=dtype, device=dev)
-    if x is not None and old:
-        y[:old] = x
-    return y
-
-
-class _ParallelSlots:
-    """Per-slot state of a dflash/dspark drafter: context keys/values per drafter layer (slots, Hkv, T, hd) from
-    the target's fused features, the anchor (pending) token and its position t0 (context j < t0 visible)."""
-
-    def __init__(self, m: ParallelDrafter, target, slots: int, T: int, dev, dtype):
-        c = target.cfg
-        self.m, self.t, self.T, self.dev, self.dtype = m, target, T, dev, dtype
-        self.shape = (c.n_kv_heads, T, c.head_dim)
-        self.k: list[torch.Tensor] = []
-        self.v: list[torch.Tensor] = []
-        self.slots = 0
-        self.anchor = torch.zeros(0, dtype=torch.long, device=dev)
-        self.t0 = torch.zeros(0, dtype=torch.long, device=dev)
-        self.ensure(slots)
-
-    def ensure(self, slots: int) -> None:
-        if slots <= self.slots:
-            return
-        old, new = self.slots, max(slots, 2 * self.slots)
-        nl = len(self.m.blocks)
-        self.k = [_grow(self.k[i] if self.k else None, old, new, self.shape, self.dtype, self.dev) for i in range(nl)]
-        self.v = [_grow(self.v[i] if self.v else None, old, new, self.shape, self.dtype, self.dev) for i in range(nl)]
-        self.anchor = _grow(self.anchor, old, new, (), torch.long, self.dev)
-        self.t0 = _grow(self.t0, old, new, (), torch.long, self.dev)
-        self.slots = new
-
-    def fake_prefill(self, slots: torch.Tensor, lens: torch.Tensor, pending: torch.Tensor) -> None:
-        """Profiling: pretend ``lens`` context tokens were observed (cache values do not change the cost)."""
-        self.anchor[slots] = pending
-        self.t0[slots] = lens
-
-    def observe(self, hs: list[torch.Tensor], slot_tok, pos, next_tok, last_idx, last_slot) -> None:
-        """Features of tokens at (slot_tok, pos) (flat hs [(m, d)] per target layer); the token after each is
-        next_tok; last_idx (r,) flat index of each updated slot's last token (its next token becomes the anchor)."""
-        c = self.m.ctx(self.t, hs)[None]                                  # (1, m, d)
-        for blk, ck, cv in zip(self.m.blocks, self.k, self.v):
-            k, v = blk.attn.kv(blk.n1(c), pos[None])                      # (1, Hkv, m, hd)
-            ck[slot_tok, :, pos] = k[0].transpose(0, 1).to(ck.dtype)
-            cv[slot_tok, :, pos] = v[0].transpose(0, 1).to(cv.dtype)
-        self.anchor[last_slot] = next_tok[last_idx]
-        self.t0[last_slot] = pos[last_idx] + 1
-
-    def propose(self, slots: torch.Tensor, K: int, temperature: float, gen):
-        t0 = self.t0[slots]
-        Tc = int(t0.max())
-        cache = [(ck[slots, :, :Tc], cv[slots, :, :Tc]) for ck, cv in zip(self.k, self.v)]
-        d, q, conf, _ = propose_parallel(self.m, self.t, self.anchor[slots], t0, cache, K, temperature, gen)
-        return d, q, conf
-
-
-class _ARSlots:
-    """Per-slot state of an mtp1/eagle3 drafter: its one block's cache (slots, Hkv, T, hd), the drafter state h at
-    the origin (the last processed position) and the origin."""
-
-    def __init__(self, m: ARDrafter, target, slots: int, T: int, dev, dtype):
-        c = target.cfg
-        self.m, self.t, self.T, self.dev, self.dtype = m, target, T, dev, dtype
-        self.shape = (c.n_kv_heads, T, c.head_dim)
-        self.d = c.d_model
-        self.slots = 0
-        self.ck = self.cv = self.h = self.origin = None
-        self.ensure(slots)
-
-    def ensure(self, slots: int) -> None:
-        if slots <= self.slots:
-            return
-        old, new = self.slots, max(slots, 2 * self.slots)
-        self.ck = _grow(self.ck, old, new, self.shape, self.dtype, self.dev)
-        self.cv = _grow(self.cv, old, new, self.shape, self.dtype, self.dev)
-        self.h = _grow(self.h, old, new, (self.d,), self.dtype, self.dev)
-        self.origin = _grow(self.origin, old, new, (), torch.long, self.dev)
-        self.slots = new
-
-    def fake_prefill(self, slots: torch.Tensor, lens: torch.Tensor, pending: torch.Tensor) -> None:
-        self.origin[slots] = lens - 1
-
-    def observe(self, hs, slot_tok, pos, next_tok, last_idx, last_slot) -> None:
-        m = self.m
-        x = m.step_in(self.t, next_tok, m.feat(self.t, hs))               # (m, d)
-        lo = torch.cat([torch.zeros(1, dtype=torch.long, device=self.dev), last_idx[:-1] + 1])
-        lens = last_idx - lo + 1
-        # one padded causal pass per bucket of runs: the short decode runs together, each long (prefill) run
-        # alone, so a prompt chunk never pads the decode runs to its length
-        short = lens <= 16
-        for sel in [torch.nonzero(short)[:, 0]] + [i[None] for i in torch.nonzero(~short)[:, 0]]:
-            if sel.numel():
-                self._pass(x, pos, lo[sel], lens[sel], last_idx[sel], last_slot[sel])
-
-    def _pass(self, x, pos, lo, lens, last_idx, last_slot) -> None:
-        m = self.m
-        r, Lmax = lens.numel(), int(lens.max())
-        j = torch.arange(Lmax, device=self.dev)
-        src = (lo[:, None] + j[None]).clamp_max(x.shape[0] - 1)
-        valid = j[None] < lens[:, None]
-        X = x[src] * valid[..., None]
-        # pads sit after each run's last position (never visible to a valid query); clamp inside the slot
-        P = torch.where(valid, pos[src], pos[last_idx][:, None] + 1 + j[None] - lens[:, None]).clamp_max(self.T - 1)
-        ck, cv = self.ck[last_slot], self.cv[last_slot]                    # (r, Hkv, T, hd) copies
-        h = m.block.forward_cached(X.to(self.dtype), P, ck, cv)
-        self.ck[last_slot], self.cv[last_slot] = ck, cv
-        self.h[last_slot] = h[torch.arange(r, device=self.dev), lens - 1]
-        self.origin[last_slot] = pos[last_idx]
-
-    def propose(self, slots: torch.Tensor, K: int, temperature: float, gen):
-        h = self.h[slots]
-        return propose_ar(self.m, self.t, h, self.origin[slots], self.m.logits(self.t, h), self.ck[slots],
-                          self.cv[slots], K, temperature, gen)
-
-
 # ---------------------------------------------------------------------------------------------- acceptance stand-in
 class LiveAcceptance(AcceptanceModel):
     """Stands in for the acceptance source in live mode: nothing is drawn, the drafter decides."""
@@ -234,8 +116,7 @@ class LiveExecutor(Executor):
         self.kind = kind
         self.temps = np.asarray(temps, float)
         self.prompts = prompts
-        cls = _ARSlots if isinstance(drafter, ARDrafter) else _ParallelSlots
-        self.dstate = cls(drafter, target, slots, self.T, self.dev, self.dtype)
+        self.dstate = state_for(drafter, target, slots, self.T, self.dev, self.dtype)
         self.record = record_outputs
         # profiling: do all the real work, then keep only the correction token (context grows 1 per step)
         self.force_reject = force_reject
