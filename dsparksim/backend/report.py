@@ -57,6 +57,12 @@ def _f(x, nd=3):
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{nd}f}"
 
 
+def _diffs(by_domain: dict) -> str:
+    """'domain diff [lo, hi] (a vs b); ...' for a per-domain difference table."""
+    return "; ".join(f"{d} {_f(x['diff'])} [{_f(x['ci95'][0])}, {_f(x['ci95'][1])}] ({_f(x['a'])} vs {_f(x['b'])})"
+                     for d, x in by_domain.items())
+
+
 def analyse(traces: dict) -> dict:
     res = {"drafters": {}, "checks": {}}
     for kind, tr in traces.items():
@@ -200,16 +206,13 @@ def _markdown(res: dict, log: dict, cal: dict) -> str:
     ch = res["checks"]
     L += ["## Checks", ""]
     if "tau_dspark_minus_dflash" in ch:
-        L.append("tau(dspark) - tau(dflash): " + "; ".join(
-            f"{d} {_f(x['diff'])} [{_f(x['ci95'][0])}, {_f(x['ci95'][1])}] ({_f(x['a'])} vs {_f(x['b'])})"
-            for d, x in ch["tau_dspark_minus_dflash"].items())
-            + f" -> dspark above dflash in every domain: **{ch['dspark_tau_above_dflash_every_domain']}**")
+        L.append("tau(dspark) - tau(dflash): " + _diffs(ch["tau_dspark_minus_dflash"])
+                 + f" -> dspark above dflash in every domain: **{ch['dspark_tau_above_dflash_every_domain']}**")
         L.append("")
     if "cond_4_7_dspark_minus_dflash" in ch:
-        L.append("Conditional acceptance pooled over positions 4-7 (accepted / at risk), dspark - dflash: " + "; ".join(
-            f"{d} {_f(x['diff'])} [{_f(x['ci95'][0])}, {_f(x['ci95'][1])}] ({_f(x['a'])} vs {_f(x['b'])})"
-            for d, x in ch["cond_4_7_dspark_minus_dflash"].items())
-            + f" -> above in every domain: **{ch['dspark_cond_4_7_above_dflash_every_domain']}**")
+        L.append("Conditional acceptance pooled over positions 4-7 (accepted / at risk), dspark - dflash: "
+                 + _diffs(ch["cond_4_7_dspark_minus_dflash"])
+                 + f" -> above in every domain: **{ch['dspark_cond_4_7_above_dflash_every_domain']}**")
         L.append("")
         for d, byk in ch["cond_by_position_dspark_minus_dflash"].items():
             L.append(f"- {d} per position: " + "; ".join(
