@@ -171,7 +171,7 @@ class LiveExecutor(Executor):
         tm.target_s = clock() - t0
         t0 = clock()
         # ---- rejection sampling of each request's verified prefix
-        sel_idx, sel_next = [], []
+        sel_idx, sel_next, sel_runs = [], [], []
         if n:
             lo_flat = np.cumsum(lens[order]) - lens[order]
             first = np.empty(n, np.int64)
@@ -187,10 +187,11 @@ class LiveExecutor(Executor):
             # drafter update: tokens 0..a[i] of each run; the token after each is d_{j+1}, and `new` after the last
             nxt = torch.cat([drafts, torch.zeros_like(drafts[:, :1])], 1)
             nxt[torch.arange(n, device=dev), A] = new
-            for i in np.argsort(first, kind="stable"):                        # flat order
-                f, ai = int(first[i]), int(a[i])
-                sel_idx.append(torch.arange(f, f + ai + 1, device=dev))
-                sel_next.append(nxt[i, : ai + 1])
+            perm = torch.as_tensor(np.argsort(first, kind="stable"), device=dev)   # flat order of the runs
+            keep = j[None] <= A[perm][:, None]                                  # (n, K+1): tokens 0..a[i]
+            sel_idx.append((fi[perm][:, None] + j[None])[keep])
+            sel_next.append(nxt[perm][keep])
+            sel_runs = [A[perm] + 1]
             newl = new.cpu().tolist()
             for i, r in enumerate(dec_rows):
                 r = int(r)
@@ -209,6 +210,7 @@ class LiveExecutor(Executor):
                 nx = torch.cat([nx, torch.zeros(1, dtype=torch.long, device=dev)])   # filled below
             sel_idx.append(torch.arange(off, off + ln, device=dev))
             sel_next.append(nx)
+            sel_runs.append(torch.tensor([ln], device=dev))
             self.cache_len[row] = st + ln
             off += ln
         if done_pf:
@@ -223,8 +225,7 @@ class LiveExecutor(Executor):
         t_obs = clock()
         if sel_idx:
             flat = torch.cat(sel_idx)
-            lens_sel = torch.as_tensor([len(s) for s in sel_idx], device=dev)
-            last = torch.cumsum(lens_sel, 0) - 1
+            last = torch.cumsum(torch.cat(sel_runs), 0) - 1                   # each run's last flat token
             slot_flat = torch.cat([g.slot[g.rid] for g in groups])
             st = slot_flat[flat]
             self.dstate.observe([h[flat] for h in hs], st, pos[flat], torch.cat(sel_next), last, st[last])
