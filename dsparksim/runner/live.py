@@ -19,6 +19,7 @@ decodes), tokenised and packed to the workload's prompt length (see :class:`Prom
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -65,14 +66,9 @@ class PromptSource:
 
     @classmethod
     def from_models(cls, models: str | Path, prompts_dir=None) -> "PromptSource":
-        from ..backend.collect import load_models
-        from ..backend.data import EOT, build_corpus
-        from ..backend.train import PROMPT_KEEP, encode_prompts
-
-        cfg, tok, _, _, _ = load_models(models)
-        corpus = build_corpus(cfg.data, prompts_dir)
-        return cls({d: encode_prompts(tok, texts, cfg.collect.max_prompt_tokens, PROMPT_KEEP[d])
-                    for d, texts in corpus.prompts["eval"].items()}, tok.token_to_id(EOT))
+        """Fresh counters over the eval prompts of ``models``' preset, tokenised once per process."""
+        enc, sep = _eval_prompts(str(Path(models).resolve()), None if prompts_dir is None else str(prompts_dir))
+        return cls({d: [list(x) for x in seqs] for d, seqs in enc.items()}, sep)
 
     def tokens(self, domain: str, n: int) -> np.ndarray:
         if domain not in self.enc:
@@ -90,6 +86,21 @@ class PromptSource:
             j -= 1
             out = list(seqs[j % len(seqs)]) + [self.sep] + out
         return np.asarray(out[-n:], np.int64)
+
+
+@functools.lru_cache(maxsize=4)
+def _eval_prompts(models: str, prompts_dir: str | None) -> tuple[dict[str, tuple[tuple[int, ...], ...]], int]:
+    """Token ids of the eval split per domain and the end-of-text id (building the corpus reads the stdlib:
+    a validation's many runs share one read)."""
+    from ..backend.collect import load_models
+    from ..backend.data import EOT, build_corpus
+    from ..backend.train import PROMPT_KEEP, encode_prompts
+
+    cfg, tok, _, _, _ = load_models(models)
+    corpus = build_corpus(cfg.data, prompts_dir)
+    enc = {d: tuple(tuple(x) for x in encode_prompts(tok, texts, cfg.collect.max_prompt_tokens, PROMPT_KEEP[d]))
+           for d, texts in corpus.prompts["eval"].items()}
+    return enc, tok.token_to_id(EOT)
 
 
 # ---------------------------------------------------------------------------------------------- acceptance stand-in
