@@ -18,7 +18,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError
 from .base import DOMAINS, AcceptanceModel, Block
 from .parametric import ParametricAcceptance, ParametricParams
 from .reference import K_MAX

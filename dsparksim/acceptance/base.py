@@ -6,7 +6,7 @@ vectorised over requests (no per-request Python calls per step).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
