@@ -65,6 +65,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from dsparksim.errors import ConfigError, InputError
+from dsparksim.textio import MAX_EXACT_INT, finite_float, is_file, loads_json, read_text
 
 __all__ = [
     "FORMAT", "DRAFTER_KINDS", "CostProfile", "DrafterCost", "ProfileRangeError",
@@ -74,6 +75,7 @@ __all__ = [
 FORMAT = "dsparksim-profile/1"
 DRAFTER_KINDS = ("parallel", "autoregressive", "mtp")
 REQUIRED_METADATA = ("device", "model", "source", "method")
+INT_METADATA = ("kv_capacity_tokens", "max_model_len")   # optional; when given, positive integers
 _TOP_KEYS = {"format", "name", "metadata", "verify", "attention", "prefill", "fixed_overhead_s", "batch_overhead",
              "drafters"}
 
@@ -361,6 +363,11 @@ def _tail_slope(axis: np.ndarray, values: np.ndarray) -> float:
     return max(float(values[-1] - values[j]) / float(axis[-1] - axis[j]), 0.0)
 
 
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
 def _as_query(x: Any, profile: str, name: str) -> np.ndarray:
     a = np.asarray(x, dtype=np.float64)
     if not np.all(np.isfinite(a)):
@@ -396,11 +403,19 @@ class _Checker:
 
     def number(self, v: Any, fld: str, lo: float = 0.0, strict: bool = False) -> float:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise self.fail(fld, f"expected a number, got {v!r}")
-        f = float(v)
-        if not math.isfinite(f) or f < lo or (strict and f <= lo):
+            raise self.fail(fld, f"expected a number, got {_short(v)}")
+        f = finite_float(v)
+        if f is None or f < lo or (strict and f <= lo):
             raise self.fail(fld, f"expected a finite number {'>' if strict else '>='} {_num(lo)}, got {v!r}")
         return f
+
+    def count(self, v: Any, fld: str) -> int:
+        """A positive integer (an integral float such as 1000.0 is accepted as 1000; 1000.7 is an error)."""
+        ok = not isinstance(v, bool) and (isinstance(v, int) or (isinstance(v, float) and v.is_integer()))
+        if not ok or not 1 <= v <= MAX_EXACT_INT:
+            raise self.fail(fld, f"expected a positive integer number of tokens (<= 2^53-1), got {_short(v)}"
+                            + (" (a fraction is an error, never truncated)" if isinstance(v, float) else ""))
+        return int(v)
 
     def breakpoints(self, v: Any, fld: str, first_min: int = 1, first_exact: int | None = None) -> np.ndarray:
         if not isinstance(v, list):
@@ -409,7 +424,9 @@ class _Checker:
             raise self.fail(fld, "breakpoints are empty: at least one measured point is required")
         for i, x in enumerate(v):
             if isinstance(x, bool) or not isinstance(x, int):
-                raise self.fail(fld, f"(index {i}): expected an integer breakpoint, got {x!r}")
+                raise self.fail(fld, f"(index {i}): expected an integer breakpoint, got {_short(x)}")
+            if x > MAX_EXACT_INT:
+                raise self.fail(fld, f"(index {i}): expected a breakpoint <= {MAX_EXACT_INT} (2^53-1), got {_short(x)}")
         if first_exact is not None and v[0] != first_exact:
             raise self.fail(fld, f"(index 0): the first breakpoint must be {first_exact}, got {v[0]}")
         if v[0] < first_min:
@@ -426,10 +443,10 @@ class _Checker:
         if len(v) != n:
             raise self.fail(fld, f"length mismatch: {len(v)} times for {n} breakpoints")
         for i, x in enumerate(v):
-            ok = not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(float(x))
-            if not ok or (float(x) < 0 if allow_zero else float(x) <= 0):
+            f = finite_float(x)
+            if f is None or (f < 0 if allow_zero else f <= 0):
                 want = ">= 0" if allow_zero else "> 0"
-                raise self.fail(fld, f"(index {i}): expected a finite time {want} in seconds, got {x!r}")
+                raise self.fail(fld, f"(index {i}): expected a finite time {want} in seconds, got {_short(x)}")
         return np.asarray(v, dtype=np.float64)
 
 
@@ -452,6 +469,10 @@ def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False)
         raise c.fail("metadata", f"expected an object, got {type(meta).__name__}")
     for k in REQUIRED_METADATA:
         c.get(meta, k, "metadata.")
+    meta = dict(meta)
+    for k in INT_METADATA:
+        if meta.get(k) is not None:
+            meta[k] = c.count(meta[k], f"metadata.{k}")
 
     ver = c.get(d, "verify")
     M = c.breakpoints(c.get(ver, "M", "verify."), "verify.M")
@@ -617,15 +638,12 @@ def load_profile(name_or_path: str | Path, extrapolate: bool = False) -> CostPro
     s = str(name_or_path)
     path = Path(s)
     looks_like_path = path.suffix == ".json" or "/" in s or "\\" in s
-    if not path.is_file():
+    if not is_file(path):
         if looks_like_path:
             raise InputError(s, None, "profile file not found")
         path = shipped_dir() / f"{s}.json"
-        if not path.is_file():
+        if not is_file(path):
             raise ConfigError("profile", "name", f"unknown profile {s!r}: not a file, and not a shipped profile "
                                                  f"(shipped: {', '.join(list_profiles()) or 'none'})")
-    try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise InputError(str(path), None, f"not valid JSON: {e.msg}", line=e.lineno) from None
+    d = loads_json(read_text(path, "profile file", bom=False), str(path), label="not valid JSON")
     return profile_from_dict(d, str(path), extrapolate=extrapolate)

@@ -39,6 +39,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from dsparksim.errors import InputError
+from dsparksim.textio import MAX_EXACT_INT, finite_float, is_file, loads_json, read_bytes, decode
 from dsparksim.profile import FORMAT, CostProfile, load_profile, profile_from_dict, profile_to_dict
 
 __all__ = ["FORMATS", "import_sps_table", "import_sps_dict"]
@@ -46,6 +47,11 @@ __all__ = ["FORMATS", "import_sps_table", "import_sps_dict"]
 FORMATS = ("vllm", "sglang", "trt")
 LOOKUPS = ("auto", "floor", "interp")
 MAX_DENSIFY = 1 << 17  # an interpolating table wider than this many tokens is refused rather than approximated
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 80 else r[:77] + "..."
 
 
 class _Src:
@@ -64,11 +70,14 @@ class _Src:
 
     def ints(self, v: Any, fld: str, min_first: int) -> list[int]:
         if not isinstance(v, list) or not v:
-            raise self.err(fld, f"expected a non-empty list of integers, got {v!r:.80}")
+            raise self.err(fld, f"expected a non-empty list of integers, got {_short(v)}")
         out = []
         for i, x in enumerate(v):
             if isinstance(x, bool) or not (isinstance(x, int) or (isinstance(x, float) and x.is_integer())):
-                raise self.err(fld, f"(index {i}): expected an integer, got {x!r}")
+                raise self.err(fld, f"(index {i}): expected an integer, got {_short(x)}")
+            if abs(x) > MAX_EXACT_INT:
+                raise self.err(fld, f"(index {i}): expected an integer of magnitude <= {MAX_EXACT_INT} (2^53-1), "
+                                    f"got {_short(x)}")
             out.append(int(x))
         if out[0] < min_first:
             raise self.err(fld, f"(index 0): expected >= {min_first}, got {out[0]}")
@@ -83,16 +92,16 @@ class _Src:
         if len(v) != n:
             raise self.err(fld, f"length mismatch: {len(v)} values for {n} breakpoints")
         for i, x in enumerate(v):
-            ok = not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(float(x))
-            if not ok or (float(x) <= 0 if positive else float(x) < 0):
+            f = finite_float(x)
+            if f is None or (f <= 0 if positive else f < 0):
                 raise self.err(fld, f"(index {i}): expected a finite number {'> 0' if positive else '>= 0'}, "
-                                    f"got {x!r}")
+                                    f"got {_short(x)}")
         return [float(x) for x in v]
 
     def scalar(self, v: Any, fld: str, positive: bool) -> float:
-        ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(float(v))
-        if not ok or (float(v) <= 0 if positive else float(v) < 0):
-            raise self.err(fld, f"expected a finite number {'> 0' if positive else '>= 0'}, got {v!r}")
+        f = finite_float(v)
+        if f is None or (f <= 0 if positive else f < 0):
+            raise self.err(fld, f"expected a finite number {'> 0' if positive else '>= 0'}, got {_short(v)}")
         return float(v)
 
 
@@ -160,8 +169,9 @@ def import_sps_dict(data: Any, fmt: str, *, source: str = "<dict>", name: str | 
         xs = s.ints(s.field(data, "sample_batch_tokens"), "sample_batch_tokens", 1)
         sps = s.floats(s.field(data, "sample_steps_per_sec"), "sample_steps_per_sec", len(xs), positive=True)
         mbt = s.field(data, "max_batch_tokens")
-        if isinstance(mbt, bool) or not isinstance(mbt, int) or mbt < xs[-1]:
-            raise s.err("max_batch_tokens", f"expected an integer >= the largest probe {xs[-1]}, got {mbt!r}")
+        if isinstance(mbt, bool) or not isinstance(mbt, int) or not xs[-1] <= mbt <= MAX_EXACT_INT:
+            raise s.err("max_batch_tokens", f"expected an integer >= the largest probe {xs[-1]} (and <= 2^53-1), "
+                                            f"got {_short(mbt)}")
         use = "floor" if lookup == "auto" else lookup
         vx, vy = _to_floor(xs, [1.0 / v for v in sps], use, s, "sample_batch_tokens", notes)
         if engine_clamp:
@@ -252,12 +262,6 @@ def import_sps_dict(data: Any, fmt: str, *, source: str = "<dict>", name: str | 
 def import_sps_table(path: str | Path, fmt: str, **kw: Any) -> CostProfile:
     """Read an engine table file and convert it (keyword arguments as :func:`import_sps_dict`)."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(str(path), None, "file not found")
-    raw = path.read_bytes()
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        line = getattr(e, "lineno", None)
-        raise InputError(str(path), None, f"not valid JSON: {getattr(e, 'msg', e)}", line=line) from None
+    raw = read_bytes(path, "engine table")
+    data = loads_json(decode(raw, str(path), bom=False), str(path), label="not valid JSON")
     return import_sps_dict(data, fmt, source=str(path), source_sha256_16=hashlib.sha256(raw).hexdigest()[:16], **kw)

@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..textio import is_file
 from .base import DOMAINS, AcceptanceModel, Block
 from .parametric import ParametricAcceptance, ParametricParams
 from .reference import K_MAX
@@ -59,7 +60,7 @@ def _is_trace_path(s: str) -> bool:
 def resolve_trace_path(path: str) -> Path:
     """A trace path as given, or (for ``traces/NAME``) the copy shipped inside the installed package."""
     p = Path(path)
-    if p.is_file():
+    if is_file(p):
         return p
     parts = p.parts
     if len(parts) == 2 and parts[0] == "traces":
@@ -107,7 +108,7 @@ def load_acceptance(spec: str, K: int, *, domain_default: str = "chat") -> Accep
     if _is_trace_path(spec):
         from .trace_model import TraceAcceptance
         path = resolve_trace_path(spec)
-        if not path.is_file():
+        if not is_file(path):
             raise ConfigError(_src(spec), "path", f"acceptance trace file not found: {spec}")
         return TraceAcceptance(path, K, domain_default=domain_default, source=spec)
     base, params = _split_query(spec)

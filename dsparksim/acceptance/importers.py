@@ -40,7 +40,7 @@ one curve per domain; otherwise a single pooled curve.
 """
 from __future__ import annotations
 
-import json
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -48,11 +48,14 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import ConfigError, InputError
+from ..textio import MAX_EXACT_INT, loads_json, read_text
 from .base import DOMAINS
 from .calibration import flat_alpha_for_tau
 from .parametric import POOLED, ParametricAcceptance, ParametricParams
 
 LOW_SUPPORT = 50   # positions estimated from fewer steps are flagged in the metadata
+MAX_COUNT = MAX_EXACT_INT   # larger counts would not survive int64 sums / float ratios exactly
+MAX_DRAFT_LEN = 4096        # a draft length beyond this is a corrupt field, not a drafter
 
 
 @dataclass(frozen=True)
@@ -96,30 +99,31 @@ def conditional_from_unconditional(num_drafts: int, accepted_per_pos: Sequence[i
 
 # ---- file reading -------------------------------------------------------------------------------------------
 def _load_json(path: Path) -> Any:
-    if not path.is_file():
-        raise InputError(path, None, "file not found")
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path, "acceptance log")
     if not text.strip():
-        raise InputError(path, None, "empty file")
+        raise InputError(path, None, "empty file: expected JSON (a list of records or an object)")
     if path.suffix.lower() == ".jsonl":
-        out = []
-        for i, line in enumerate(text.splitlines(), start=1):
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise InputError(path, None, f"invalid JSON: {e.msg}", line=i) from None
-        return out
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(path, None, f"invalid JSON: {e.msg}", line=e.lineno) from None
+        return [loads_json(line, path, line=i)
+                for i, line in enumerate(io.StringIO(text, newline=None), start=1) if line.strip()]
+    return loads_json(text, path)
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 80 else r[:77] + "..."
 
 
 def _int_list(path: Path, field: str, v: Any) -> np.ndarray:
-    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
-        raise InputError(path, field, f"expected a list of non-negative integers, got {v!r}")
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_COUNT
+                                          for x in v):
+        raise InputError(path, field, f"expected a list of integers in 0..{MAX_COUNT} (2^53-1), got {_short(v)}")
     return np.asarray(v, dtype=np.int64)
+
+
+def _obj(path: Path, field: str, v: Any) -> dict:
+    if not isinstance(v, dict):
+        raise InputError(path, field, f"expected a JSON object, got {_short(v)}")
+    return v
 
 
 def _records(path: Path, data: Any) -> list:
@@ -141,7 +145,7 @@ def _domains_of(path: Path, recs: list) -> list[str | None]:
                          "record (per-domain curves) or on none (one pooled curve)")
     for i, d in enumerate(doms):
         if d is not None and d not in DOMAINS:
-            raise InputError(path, f"[{i}].domain", f"unknown domain {d!r}; expected one of {DOMAINS}")
+            raise InputError(path, f"[{i}].domain", f"unknown domain {_short(d)}; expected one of {DOMAINS}")
     return doms
 
 
@@ -156,8 +160,8 @@ def read_vllm(path: str | Path) -> tuple[dict[str, CurveEstimate], dict[str, Any
     data = _load_json(path)
     if isinstance(data, dict) and "num_accepted_tokens_per_pos" in data:
         nd = data.get("num_drafts")
-        if not isinstance(nd, int) or isinstance(nd, bool) or nd <= 0:
-            raise InputError(path, "num_drafts", f"expected a positive integer, got {nd!r}")
+        if not isinstance(nd, int) or isinstance(nd, bool) or not 0 < nd <= MAX_COUNT:
+            raise InputError(path, "num_drafts", f"expected an integer in 1..{MAX_COUNT}, got {_short(nd)}")
         a = _int_list(path, "num_accepted_tokens_per_pos", data["num_accepted_tokens_per_pos"])
         if a.size == 0:
             raise InputError(path, "num_accepted_tokens_per_pos", "empty list")
@@ -175,7 +179,8 @@ def read_vllm(path: str | Path) -> tuple[dict[str, CurveEstimate], dict[str, Any
         if not isinstance(rec, dict):
             raise InputError(path, f"[{i}]", f"expected an object, got {type(rec).__name__}")
         if "metrics" in rec:
-            sd = (rec["metrics"] or {}).get("speculative_decoding")
+            m = rec["metrics"]
+            sd = None if m is None else _obj(path, f"[{i}].metrics", m).get("speculative_decoding")
             where = f"[{i}].metrics.speculative_decoding"
         elif "acceptance_histogram" in rec or "acceptance_histogram_by_draft_length" in rec:
             sd, where = rec, f"[{i}]"
@@ -187,6 +192,7 @@ def read_vllm(path: str | Path) -> tuple[dict[str, CurveEstimate], dict[str, Any
         if sd is None:
             skipped += 1
             continue
+        _obj(path, where, sd)
         h = hists.setdefault(doms[i] or POOLED, {})
         by_len = sd.get("acceptance_histogram_by_draft_length")
         if by_len is not None:
@@ -207,15 +213,16 @@ def read_vllm(path: str | Path) -> tuple[dict[str, CurveEstimate], dict[str, Any
             continue
         hist = _int_list(path, f"{where}.acceptance_histogram", sd.get("acceptance_histogram"))
         K = sd.get("num_spec_tokens", hist.size - 1)
-        if not isinstance(K, int) or hist.size != K + 1:
-            raise InputError(path, f"{where}.acceptance_histogram", f"expected num_spec_tokens+1 = {K}+1 buckets, "
-                             f"got {hist.size}")
+        if not isinstance(K, int) or isinstance(K, bool) or hist.size != K + 1:
+            raise InputError(path, f"{where}.acceptance_histogram", f"expected num_spec_tokens+1 = {_short(K)}+1 "
+                             f"buckets, got {hist.size}")
         steps = int(hist.sum())
         if "num_spec_steps" in sd and sd["num_spec_steps"] != steps:
-            raise InputError(path, f"{where}.num_spec_steps", f"{sd['num_spec_steps']} != histogram sum {steps}")
+            raise InputError(path, f"{where}.num_spec_steps", f"{_short(sd['num_spec_steps'])} != histogram sum "
+                             f"{steps}")
         nd = sd.get("num_draft_tokens")
         if nd is not None and nd != steps * K:
-            raise InputError(path, f"{where}.num_draft_tokens", f"{nd} != num_spec_steps*num_spec_tokens = "
+            raise InputError(path, f"{where}.num_draft_tokens", f"{_short(nd)} != num_spec_steps*num_spec_tokens = "
                              f"{steps * K}: drafts had variable length, which acceptance_histogram alone cannot "
                              "convert exactly; log acceptance_histogram_by_draft_length (vLLM >= 0.29)")
         _add(h, K, hist)
@@ -238,8 +245,10 @@ def read_sglang(path: str | Path, draft_len: int | None = None) -> tuple[dict[st
     data = _load_json(path)
     if isinstance(data, dict) and "draft_len" in data and draft_len is None:
         draft_len = data["draft_len"]
-    if draft_len is not None and (not isinstance(draft_len, int) or isinstance(draft_len, bool) or draft_len < 1):
-        raise InputError(path, "draft_len", f"expected a positive integer, got {draft_len!r}")
+    if draft_len is not None and (not isinstance(draft_len, int) or isinstance(draft_len, bool)
+                                  or not 1 <= draft_len <= MAX_DRAFT_LEN):
+        raise InputError(path, "draft_len", f"expected an integer draft length in 1..{MAX_DRAFT_LEN}, got "
+                         f"{_short(draft_len)}")
     recs = _records(path, data)
     doms = _domains_of(path, recs)
     per: dict[str, list[np.ndarray]] = {}
@@ -256,7 +265,7 @@ def read_sglang(path: str | Path, draft_len: int | None = None) -> tuple[dict[st
         hist = _int_list(path, f"{where}.{key}", mi[key])
         vc = mi.get("spec_verify_ct")
         if not isinstance(vc, int) or isinstance(vc, bool):
-            raise InputError(path, f"{where}.spec_verify_ct", f"expected an integer, got {vc!r}")
+            raise InputError(path, f"{where}.spec_verify_ct", f"expected an integer, got {_short(vc)}")
         if int(hist.sum()) != vc:
             raise InputError(path, f"{where}.{key}", f"histogram sums to {int(hist.sum())} but spec_verify_ct = {vc}")
         if draft_len is not None and hist.size > draft_len + 1 and hist[draft_len + 1:].any():

@@ -49,6 +49,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError, InputError
+from ..textio import MAX_EXACT_INT, is_file, loads_json, read_text
 from .base import DOMAINS
 from .reference import K_MAX
 
@@ -164,18 +165,25 @@ def _int_column(df: pd.DataFrame, col: str, where: _Where) -> np.ndarray:
     s = df[col]
     if pd.api.types.is_integer_dtype(s.dtype) and not pd.api.types.is_extension_array_dtype(s.dtype):
         return s.to_numpy(np.int64)
-    num = pd.to_numeric(s, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
-    bad = ~np.isfinite(num) | (num != np.round(num))
+    try:
+        num = pd.to_numeric(s, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    except (TypeError, ValueError):   # e.g. a Parquet column of lists
+        raise where.err(col, f"expected integers, got a column of {s.dtype}") from None
+    # |x| > 2^53-1 is refused rather than wrapped by the int64 cast (a float no longer holds it exactly)
+    bad = ~np.isfinite(num) | (num != np.round(num)) | (np.abs(num) > MAX_EXACT_INT)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise where.err(col, f"expected an integer, got {_show(s.iloc[i])}", i)
+        raise where.err(col, f"expected an integer of magnitude <= {MAX_EXACT_INT}, got {_show(s.iloc[i])}", i)
     return num.astype(np.int64)
 
 
 def _float_block(df: pd.DataFrame, cols: list[str], where: _Where) -> np.ndarray:
     out = np.empty((len(df), len(cols)))
     for j, col in enumerate(cols):
-        vals = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+        try:
+            vals = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+        except (TypeError, ValueError):   # e.g. a Parquet column of lists
+            raise where.err(col, f"expected confidences in [0, 1], got a column of {df[col].dtype}") from None
         bad = ~np.isfinite(vals) | (vals < 0.0) | (vals > 1.0)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
@@ -253,31 +261,28 @@ def validate_frame(df: pd.DataFrame, meta: Mapping[str, Any], where: _Where) -> 
 
 
 # ---- reading -----------------------------------------------------------------------------------------------
-def _open_text(path: Path):
-    if path.name.lower().endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8", newline="")
-    return open(path, "r", encoding="utf-8", newline="")
+def _first_line(path: Path) -> tuple[str, str]:
+    """(metadata line, rest of the file) of a CSV trace; unreadable, non-UTF-8 or broken gzip -> InputError."""
+    fh = io.StringIO(read_text(path, "acceptance trace", bom=False), newline="")
+    return fh.readline(), fh.read()
 
 
-def _read_csv(path: Path, where: _Where) -> tuple[pd.DataFrame, dict]:
-    try:
-        with _open_text(path) as fh:
-            first = fh.readline()
-            rest = fh.read()
-    except (OSError, UnicodeDecodeError, EOFError) as e:
-        raise InputError(path, None, f"cannot read acceptance trace: {e}") from None
-    if not first.strip():
-        raise InputError(path, None, "empty file (expected the metadata line "
-                         f"'# {MAGIC} {{json}}' then a CSV header)", line=1)
+def _metadata_line(path: Path, first: str, where: _Where) -> dict:
     prefix = f"# {MAGIC} "
     if not first.startswith(prefix):
         raise InputError(path, "header", f"line 1 must start with '{prefix}' followed by JSON metadata, got "
                          f"{first[:60].rstrip()!r}", line=1)
-    try:
-        meta = json.loads(first[len(prefix):])
-    except json.JSONDecodeError as e:
-        raise InputError(path, "metadata", f"invalid JSON after '{prefix.strip()}': {e.msg}", line=1) from None
-    meta = _check_metadata(meta, where, 1)
+    meta = loads_json(first[len(prefix):], f"{path}", line=1, label=f"invalid JSON after '{prefix.strip()}'",
+                      field="metadata")
+    return _check_metadata(meta, where, 1)
+
+
+def _read_csv(path: Path, where: _Where) -> tuple[pd.DataFrame, dict]:
+    first, rest = _first_line(path)
+    if not first.strip():
+        raise InputError(path, None, "empty file (expected the metadata line "
+                         f"'# {MAGIC} {{json}}' then a CSV header)", line=1)
+    meta = _metadata_line(path, first, where)
     if not rest.strip():
         raise InputError(path, None, "no column header / no blocks after the metadata line", line=2)
     try:
@@ -294,6 +299,17 @@ def _read_csv(path: Path, where: _Where) -> tuple[pd.DataFrame, dict]:
     return df, meta
 
 
+def _parquet_metadata(path: Path, raw: bytes | None, where: _Where) -> dict:
+    if raw is None:
+        raise InputError(path, "metadata", f"schema metadata key '{MAGIC}' (JSON) is missing")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(path, "metadata", f"metadata under '{MAGIC}' is not UTF-8: {e.reason}") from None
+    meta = loads_json(text, path, label=f"invalid JSON under '{MAGIC}'", field="metadata")
+    return _check_metadata(meta, where, None)
+
+
 def _read_parquet(path: Path, where: _Where) -> tuple[pd.DataFrame, dict]:
     try:
         import pyarrow.parquet as pq
@@ -301,24 +317,19 @@ def _read_parquet(path: Path, where: _Where) -> tuple[pd.DataFrame, dict]:
         raise InputError(path, None, "reading Parquet needs pyarrow (pip install 'dsparksim[parquet]')") from None
     try:
         table = pq.read_table(path)
+        meta = _parquet_metadata(path, (table.schema.metadata or {}).get(MAGIC.encode()), where)
+        return table.to_pandas(), meta
+    except InputError:
+        raise
     except Exception as e:  # pyarrow raises several types for corrupt / non-parquet files
-        raise InputError(path, None, f"cannot read Parquet file: {e}") from None
-    raw = (table.schema.metadata or {}).get(MAGIC.encode())
-    if raw is None:
-        raise InputError(path, "metadata", f"schema metadata key '{MAGIC}' (JSON) is missing")
-    try:
-        meta = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(path, "metadata", f"invalid JSON under '{MAGIC}': {e}") from None
-    meta = _check_metadata(meta, where, None)
-    return table.to_pandas(), meta
+        raise InputError(path, None, f"cannot read Parquet file: {_one_line(e)}") from None
 
 
 def read_trace(path: str | Path) -> AcceptanceTrace:
     """Read and validate an acceptance trace (.csv, .csv.gz or .parquet)."""
     path = Path(path)
     kind = _suffix_kind(path)
-    if not path.is_file():
+    if not is_file(path):
         raise InputError(path, None, "acceptance trace file not found")
     if path.stat().st_size == 0:
         raise InputError(path, None, "empty file")
@@ -333,23 +344,19 @@ def read_trace_metadata(path: str | Path) -> dict[str, Any]:
     kind = _suffix_kind(path)
     where = _Where(str(path), kind)
     if kind == "csv":
-        try:
-            with _open_text(path) as fh:
-                first = fh.readline()
-        except (OSError, UnicodeDecodeError, EOFError) as e:
-            raise InputError(path, None, f"cannot read acceptance trace: {e}") from None
-        prefix = f"# {MAGIC} "
-        if not first.startswith(prefix):
-            raise InputError(path, "header", f"line 1 must start with '{prefix}'", line=1)
-        try:
-            return _check_metadata(json.loads(first[len(prefix):]), where, 1)
-        except json.JSONDecodeError as e:
-            raise InputError(path, "metadata", f"invalid JSON: {e.msg}", line=1) from None
+        return _metadata_line(path, _first_line(path)[0], where)
+    if not is_file(path):
+        raise InputError(path, None, "acceptance trace file not found")
     import pyarrow.parquet as pq
-    raw = (pq.read_schema(path).metadata or {}).get(MAGIC.encode())
-    if raw is None:
-        raise InputError(path, "metadata", f"schema metadata key '{MAGIC}' (JSON) is missing")
-    return _check_metadata(json.loads(raw.decode("utf-8")), where, None)
+    try:
+        raw = (pq.read_schema(path).metadata or {}).get(MAGIC.encode())
+    except Exception as e:  # corrupt / non-parquet file
+        raise InputError(path, None, f"cannot read Parquet file: {_one_line(e)}") from None
+    return _parquet_metadata(path, raw, where)
+
+
+def _one_line(e: BaseException) -> str:
+    return re.sub(r"\s+", " ", str(e)).strip()[:300]
 
 
 # ---- writing -----------------------------------------------------------------------------------------------

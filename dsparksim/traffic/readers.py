@@ -12,16 +12,16 @@ Formats (all give a :class:`TraceTable`):
 Any format may carry an optional ``domain`` column/key (``math`` | ``code`` | ``chat``).
 
 Every problem raises :class:`~dsparksim.errors.InputError` naming the file, the column and the 1-based line (the
-CSV header is line 1). Nothing is sorted, clipped or dropped: unsorted timestamps are an error at the first line
+CSV header is line 1): bytes that are not UTF-8, a corrupt or truncated ``.gz``, empty or header-only files, token
+counts that are not integers in 1..2^53-1 (larger ones cannot be stored exactly), timestamps outside 1678..2261
+or with differing timezone offsets. Nothing is sorted, clipped or dropped: unsorted timestamps are an error at the first line
 where time goes backwards. Blank lines carry no data and are skipped (line numbers still count them).
 """
 from __future__ import annotations
 
 import functools
-import gzip
 import hashlib
 import io
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from dsparksim.errors import InputError
+from dsparksim.textio import MAX_EXACT_INT, finite_float, is_file, loads_json, read_text
 
 FORMATS = ("azure", "mooncake", "lengths")
 DOMAINS = ("math", "code", "chat")
@@ -68,11 +69,9 @@ def sha256_prefix(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
-def _open_text(path: Path) -> io.TextIOBase:
-    # utf-8-sig: a BOM written by spreadsheet tools must not rename the first column
-    if path.name.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8-sig")
-    return open(path, encoding="utf-8-sig")
+def _text(path: Path) -> str:
+    # utf-8-sig (the default of read_text): a BOM written by spreadsheet tools must not rename the first column
+    return read_text(path, "trace file")
 
 
 def _stem_suffix(path: Path) -> str:
@@ -80,16 +79,12 @@ def _stem_suffix(path: Path) -> str:
     return name.rsplit(".", 1)[-1].lower() if "." in name else ""
 
 
-def detect_format(path: str | Path) -> str:
+def detect_format(path: str | Path, text: str | None = None) -> str:
     """``azure`` | ``mooncake`` | ``lengths`` from the extension and the first non-blank line."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(path, None, "file not found")
-    with _open_text(path) as f:
-        first = ""
-        for first in f:
-            if first.strip():
-                break
+    if text is None:
+        text = _text(path)
+    first = next((ln for ln in io.StringIO(text, newline=None) if ln.strip()), "")
     first = first.strip()
     if not first:
         raise InputError(path, None, "empty file: expected a header line (CSV) or a JSON object per line (JSONL)",
@@ -111,36 +106,35 @@ def read_trace(path: str | Path, fmt: str | None = None) -> TraceTable:
     path = Path(path)
     if fmt is not None and fmt not in FORMATS:
         raise InputError(path, "format", f"expected one of {FORMATS} or None (detect), got {fmt!r}")
-    if not path.is_file():
+    if not is_file(path):
         raise InputError(path, None, "file not found")
     st = path.stat()
-    return _read_cached(str(path), st.st_size, st.st_mtime_ns, fmt or detect_format(path))
+    return _read_cached(str(path), st.st_size, st.st_mtime_ns, fmt)
 
 
 @functools.lru_cache(maxsize=16)
-def _read_cached(path: str, size: int, mtime_ns: int, fmt: str) -> TraceTable:
+def _read_cached(path: str, size: int, mtime_ns: int, fmt: str | None) -> TraceTable:
     del size, mtime_ns  # only part of the cache key: a rewritten file is read again
-    return {"azure": read_azure, "mooncake": read_mooncake, "lengths": read_lengths}[fmt](Path(path))
+    p = Path(path)
+    text = _text(p)
+    fmt = fmt or detect_format(p, text)
+    return {"azure": _parse_azure, "mooncake": _parse_mooncake, "lengths": _parse_lengths}[fmt](p, text)
 
 
 # ---------------------------------------------------------------- CSV
 
 
-def _read_csv_strings(path: Path) -> tuple[pd.DataFrame, np.ndarray]:
+def _read_csv_strings(path: Path, text: str) -> tuple[pd.DataFrame, np.ndarray]:
     """All cells as strings, blank lines removed; returns the frame and each row's 1-based file line."""
-    try:
-        with _open_text(path) as f:
-            text = f.read()
-    except UnicodeDecodeError as e:
-        raise InputError(path, None, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
     if not text.strip():
         raise InputError(path, None, "empty file: expected a header line and at least one data row", line=1)
     try:
         # skip_blank_lines=False keeps row i on file line i + 2, so line numbers stay exact.
         df = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, skip_blank_lines=False)
-    except pd.errors.ParserError as e:
+    except (pd.errors.ParserError, ValueError) as e:   # EmptyDataError is a ValueError
         m = re.search(r"line (\d+)", str(e))
-        raise InputError(path, None, f"malformed CSV: {str(e).strip()}", line=int(m.group(1)) if m else None) from None
+        msg = re.sub(r"\s+", " ", str(e)).strip()
+        raise InputError(path, None, f"malformed CSV: {msg}", line=int(m.group(1)) if m else None) from None
     line = np.arange(len(df), dtype=np.int64) + 2
     blank = (df == "").all(axis=1).to_numpy()
     if blank.any():
@@ -164,20 +158,25 @@ def _token_counts(path: Path, df: pd.DataFrame, col: str, line: np.ndarray) -> n
 
 
 def _check_counts(path: Path, col: str, x: np.ndarray, raw: np.ndarray, line: np.ndarray) -> np.ndarray:
+    # x is float64; counts above 2^53-1 are refused (not wrapped into int64): a float no longer holds them exactly
     with np.errstate(invalid="ignore"):
-        bad = ~np.isfinite(x) | (x < 1) | (x != np.floor(x))
+        bad = ~np.isfinite(x) | (x < 1) | (x != np.floor(x)) | (x > MAX_EXACT_INT)
     if bad.any():
         i = int(np.argmax(bad))
-        if not np.isfinite(x[i]):
+        if np.isnan(x[i]):
             what = "not a number"
+        elif not np.isfinite(x[i]):
+            what = "not finite"
         elif x[i] < 0:
             what = "negative"
         elif x[i] == 0:
             what = "zero"
+        elif x[i] > MAX_EXACT_INT:
+            what = "too large"
         else:
             what = "not an integer"
-        raise InputError(path, col, f"token count must be an integer >= 1, got {raw[i]!r} ({what}); "
-                         f"{int(bad.sum())} bad row(s) in total", line=int(line[i]))
+        raise InputError(path, col, f"token count must be an integer in 1..{MAX_EXACT_INT} (2^53-1), got "
+                         f"{raw[i]!r} ({what}); {int(bad.sum())} bad row(s) in total", line=int(line[i]))
     return x.astype(np.int64)
 
 
@@ -192,7 +191,8 @@ def _check_sorted(path: Path, col: str, t: np.ndarray, raw: np.ndarray, line: np
 
 def _domains(path: Path, values: np.ndarray, line: np.ndarray) -> np.ndarray:
     values = np.asarray(values, dtype=object)
-    bad = ~np.isin(values, DOMAINS)
+    # membership by equality per value: np.isin would sort mixed objects (a JSON dict/list) and raise
+    bad = np.array([not (isinstance(v, str) and v in DOMAINS) for v in values], dtype=bool)
     if bad.any():
         i = int(np.argmax(bad))
         raise InputError(path, "domain", f"expected one of {DOMAINS}, got {values[i]!r}", line=int(line[i]))
@@ -207,19 +207,65 @@ def _table(path: Path, fmt: str, p: np.ndarray, o: np.ndarray, line: np.ndarray,
                       line=line, **kw)
 
 
-def read_azure(path: str | Path) -> TraceTable:
-    """Azure LLM inference trace 2023 CSV (TIMESTAMP, ContextTokens, GeneratedTokens)."""
-    path = Path(path)
-    df, line = _read_csv_strings(path)
-    _require(path, df, AZURE_COLUMNS)
+_TZ = re.compile(r"(Z|[+-]\d{2}(?::?\d{2})?)$")
+
+
+def _offset(v: str) -> str | None:
+    """The timezone offset of an ISO time, normalised to +HHMM ('Z' is +0000); None for a naive time."""
+    v = v.strip()
+    m = _TZ.search(v) if ":" in v else None     # a date alone ('2023-11-16') ends in '-16', not an offset
+    if m is None:
+        return None
+    o = m.group(1)
+    if o == "Z":
+        return "+0000"
+    o = o.replace(":", "")
+    return o if len(o) == 5 else o + "00"
+
+
+def _check_offsets(path: Path, raw_t: np.ndarray, line: np.ndarray) -> None:
+    """Every TIMESTAMP has the same timezone offset, or none: a change is refused rather than guessed at."""
+    offs = [_offset(str(v)) for v in raw_t]
+    for i in range(1, len(offs)):
+        if offs[i] != offs[0]:
+            raise InputError(path, "TIMESTAMP", f"timezone offset {offs[i] or 'none'!s} differs from "
+                             f"{offs[0] or 'none'!s} on line {int(line[0])}: give every timestamp the same offset "
+                             f"(or none), e.g. convert them to UTC; got {raw_t[i]!r}", line=int(line[i]))
+
+
+def _timestamps_ns(path: Path, df: pd.DataFrame, line: np.ndarray) -> np.ndarray:
     raw_t = df["TIMESTAMP"].to_numpy()
-    ts = pd.to_datetime(df["TIMESTAMP"], format="ISO8601", errors="coerce")
+    _check_offsets(path, raw_t, line)
+    try:
+        ts = pd.to_datetime(df["TIMESTAMP"], format="ISO8601", errors="coerce")
+    except (ValueError, TypeError, OverflowError) as e:
+        raise InputError(path, "TIMESTAMP", f"expected wall-clock times like '2023-11-16 18:17:03.9799600': "
+                         f"{e}") from None
     nat = ts.isna().to_numpy()
     if nat.any():
         i = int(np.argmax(nat))
         raise InputError(path, "TIMESTAMP", f"expected a wall-clock time like '2023-11-16 18:17:03.9799600', "
                          f"got {raw_t[i]!r}", line=int(line[i]))
-    ns = ts.to_numpy(dtype="datetime64[ns]").astype(np.int64)
+    years = ts.dt.year.to_numpy()
+    out = (years < 1678) | (years > 2261)   # nanoseconds since 1970 in int64; beyond, they would wrap
+    if out.any():
+        i = int(np.argmax(out))
+        raise InputError(path, "TIMESTAMP", f"expected a time in the years 1678..2261, got {raw_t[i]!r}",
+                         line=int(line[i]))
+    return ts.dt.as_unit("ns").to_numpy(dtype="datetime64[ns]").astype(np.int64)
+
+
+def read_azure(path: str | Path) -> TraceTable:
+    """Azure LLM inference trace 2023 CSV (TIMESTAMP, ContextTokens, GeneratedTokens)."""
+    path = Path(path)
+    return _parse_azure(path, _text(path))
+
+
+def _parse_azure(path: Path, text: str) -> TraceTable:
+    df, line = _read_csv_strings(path, text)
+    _require(path, df, AZURE_COLUMNS)
+    raw_t = df["TIMESTAMP"].to_numpy()
+    ns = _timestamps_ns(path, df, line)
     _check_sorted(path, "TIMESTAMP", ns, raw_t, line)
     p = _token_counts(path, df, "ContextTokens", line)
     o = _token_counts(path, df, "GeneratedTokens", line)
@@ -231,7 +277,11 @@ def read_azure(path: str | Path) -> TraceTable:
 def read_lengths(path: str | Path) -> TraceTable:
     """Length-only CSV: num_prefill_tokens/num_decode_tokens, or ContextTokens/GeneratedTokens."""
     path = Path(path)
-    df, line = _read_csv_strings(path)
+    return _parse_lengths(path, _text(path))
+
+
+def _parse_lengths(path: Path, text: str) -> TraceTable:
+    df, line = _read_csv_strings(path, text)
     cols = next((pair for pair in LENGTH_COLUMNS if pair[0] in df.columns), LENGTH_COLUMNS[0])
     _require(path, df, cols)
     p = _token_counts(path, df, cols[0], line)
@@ -246,31 +296,41 @@ def read_lengths(path: str | Path) -> TraceTable:
 def read_mooncake(path: str | Path) -> TraceTable:
     """Mooncake JSONL (timestamp in ms, input_length, output_length[, hash_ids])."""
     path = Path(path)
+    return _parse_mooncake(path, _text(path))
+
+
+def _short(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
+def _parse_mooncake(path: Path, text: str) -> TraceTable:
     vals: dict[str, list] = {k: [] for k in MOONCAKE_KEYS}
     doms: list = []
     lines: list[int] = []
-    with _open_text(path) as f:
-        for n, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise InputError(path, None, f"malformed JSON: {e.msg} (column {e.colno})", line=n) from None
-            if not isinstance(obj, dict):
-                raise InputError(path, None, f"expected a JSON object, got {type(obj).__name__}", line=n)
-            for k in MOONCAKE_KEYS:
-                v = obj.get(k)
-                if k not in obj:
-                    raise InputError(path, k, f"missing key; expected keys {list(MOONCAKE_KEYS)}, "
-                                     f"found {list(obj)}", line=n)
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    raise InputError(path, k, f"expected a number, got {v!r}", line=n)
-                vals[k].append(v)
-            if "hash_ids" in obj and not isinstance(obj["hash_ids"], list):
-                raise InputError(path, "hash_ids", f"expected a list of block ids, got {obj['hash_ids']!r}", line=n)
-            doms.append(obj.get("domain"))
-            lines.append(n)
+    for n, row in enumerate(io.StringIO(text, newline=None), start=1):
+        if not row.strip():
+            continue
+        obj = loads_json(row, path, line=n, label="malformed JSON")
+        if not isinstance(obj, dict):
+            raise InputError(path, None, f"expected a JSON object, got {type(obj).__name__}", line=n)
+        for k in MOONCAKE_KEYS:
+            v = obj.get(k)
+            if k not in obj:
+                raise InputError(path, k, f"missing key; expected keys {list(MOONCAKE_KEYS)}, "
+                                 f"found {_short(list(obj))}", line=n)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise InputError(path, k, f"expected a number, got {_short(v)}", line=n)
+            f = finite_float(v)
+            if f is None or (isinstance(v, int) and abs(v) > MAX_EXACT_INT):
+                raise InputError(path, k, f"expected a finite number of magnitude <= {MAX_EXACT_INT} (2^53-1), "
+                                 f"got {_short(v)}", line=n)
+            vals[k].append(v)
+        if "hash_ids" in obj and not isinstance(obj["hash_ids"], list):
+            raise InputError(path, "hash_ids", f"expected a list of block ids, got {_short(obj['hash_ids'])}",
+                             line=n)
+        doms.append(obj.get("domain"))
+        lines.append(n)
     if not lines:
         raise InputError(path, None, "empty file: expected one JSON object per line", line=1)
     line = np.asarray(lines, dtype=np.int64)

@@ -9,6 +9,7 @@ from importlib import resources
 from pathlib import Path
 
 from dsparksim.errors import ConfigError
+from dsparksim.textio import expand_user, is_file
 
 # name -> (file in traces/, what it is)
 SHIPPED: dict[str, tuple[str, str]] = {
@@ -41,8 +42,8 @@ def resolve(value: str, field: str) -> tuple[Path, str]:
     """(path, label) for a shipped name or an existing file path; ConfigError otherwise."""
     if value in SHIPPED:
         return shipped_path(value), f"{value} (shipped traces/{SHIPPED[value][0]})"
-    path = Path(value).expanduser()
-    if not path.is_file():
+    path = expand_user(value)
+    if not is_file(path):
         raise ConfigError("TrafficConfig", field, f"{value!r} is neither a shipped sample {sorted(SHIPPED)} nor an "
                           "existing file")
     return path, str(path)

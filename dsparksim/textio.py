@@ -1,0 +1,92 @@
+"""Reading input files so that every failure is an :class:`~dsparksim.errors.InputError`, never a traceback.
+
+Readers get the whole text of a file (``.gz`` decompressed) or parsed JSON from here; bad bytes, broken gzip
+streams, unreadable paths and pathological JSON (too deep, integers too long) become one-line errors that name
+the file and, where known, the line.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import zlib
+from pathlib import Path
+from typing import Any
+
+from dsparksim.errors import InputError
+
+MAX_EXACT_INT = 2 ** 53 - 1   # largest count a float64 (and so a CSV/JSON number) carries exactly
+
+
+def is_file(path: str | Path) -> bool:
+    """``Path.is_file`` that answers False (instead of raising) for names the OS cannot even look up."""
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def expand_user(value: str) -> Path:
+    """``~`` expanded when possible; an unknown ``~user`` stays literal (then it is simply not found)."""
+    try:
+        return Path(value).expanduser()
+    except (RuntimeError, KeyError):
+        return Path(value)
+
+
+def read_bytes(path: str | Path, what: str = "file") -> bytes:
+    """The file's bytes, gunzipped when the name ends in ``.gz``; InputError when that is impossible."""
+    path = Path(path)
+    if not is_file(path):
+        raise InputError(path, None, f"{what} not found")
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise InputError(path, None, f"cannot read {what}: {e.strerror or e}") from None
+    if path.name.lower().endswith(".gz"):
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as e:   # BadGzipFile is an OSError; truncation is EOFError
+            raise InputError(path, None, f"corrupt or truncated gzip data ({e}); expected a complete .gz file"
+                             ) from None
+    return raw
+
+
+def decode(raw: bytes, source: str | Path, bom: bool = True) -> str:
+    """UTF-8 text (a leading BOM dropped when ``bom``); InputError naming the line of the first bad byte."""
+    try:
+        return raw.decode("utf-8-sig" if bom else "utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise InputError(source, None, f"not UTF-8 text: byte 0x{raw[e.start]:02x} at byte offset {e.start} cannot "
+                         f"be decoded ({e.reason}); expected UTF-8", line=line) from None
+
+
+def read_text(path: str | Path, what: str = "file", bom: bool = True) -> str:
+    """Whole text of a (possibly gzipped) UTF-8 file; every failure is an InputError naming it."""
+    return decode(read_bytes(path, what), path, bom=bom)
+
+
+def loads_json(text: str, source: str | Path, line: int | None = None, label: str = "invalid JSON",
+               field: str | None = None) -> Any:
+    """``json.loads`` with one-line errors; ``line`` is the file line of ``text`` when it is a single line."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        where = line if line is not None else e.lineno
+        raise InputError(source, field, f"{label}: {e.msg} (column {e.colno})", line=where) from None
+    except RecursionError:
+        raise InputError(source, field, f"{label}: nested too deeply", line=line) from None
+    except ValueError as e:   # e.g. an integer literal longer than Python's digit limit
+        raise InputError(source, field, f"{label}: {e}", line=line) from None
+
+
+def finite_float(v: Any) -> float | None:
+    """``float(v)`` for a JSON number (int or float, not bool), or None when it is not one or not finite."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:     # a Python int beyond the float range
+        return None
+    return f if math.isfinite(f) else None
