@@ -1,0 +1,95 @@
+"""Run ``dsparksim.cli.main`` in-process under a hang guard and judge what it did (shared by the trust tests).
+
+The property every command must keep: exit 0, or exit 2 with exactly one stderr line
+``dsparksim: error: ...`` -- never a traceback, another exception, another exit code or a hang.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import signal
+import threading
+from dataclasses import dataclass
+
+PREFIX = "dsparksim: error:"
+
+
+class Hang(BaseException):
+    """Raised by the alarm guard; a BaseException so that no ``except Exception`` in the code swallows it."""
+
+
+@dataclass
+class Outcome:
+    argv: list[str]
+    rc: int | None            # return value or SystemExit code; None when an exception escaped
+    stdout: str
+    stderr: str
+    exc: BaseException | None = None
+
+    @property
+    def lines(self) -> list[str]:
+        return [ln for ln in self.stderr.splitlines() if ln.strip()]
+
+    def describe(self) -> str:
+        e = f", exception {type(self.exc).__name__}: {self.exc}" if self.exc is not None else ""
+        return f"argv={self.argv!r}: rc={self.rc}{e}, stderr={self.stderr[-1500:]!r}"
+
+
+def run_cli(argv: list[str], limit_s: int = 30) -> Outcome:
+    """main(argv) with stdout/stderr captured; SystemExit is an exit code, any other exception is recorded.
+
+    A run longer than ``limit_s`` seconds raises :class:`Hang` (SIGALRM; only in the main thread).
+    """
+    from dsparksim.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    rc, exc = None, None
+    guard = threading.current_thread() is threading.main_thread()
+
+    def _alarm(signum, frame):
+        raise Hang(f"no answer within {limit_s} s: {argv!r}")
+
+    old = signal.signal(signal.SIGALRM, _alarm) if guard else None
+    if guard:
+        signal.alarm(limit_s)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = main(list(argv))
+            except SystemExit as e:
+                rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except Hang:
+                raise
+            except BaseException as e:  # noqa: BLE001 - judged by the caller
+                exc = e
+    finally:
+        if guard:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+    return Outcome(list(argv), rc, out.getvalue(), err.getvalue(), exc)
+
+
+_ARGPARSE = re.compile(r"^dsparksim( [\w-]+)*: error: ")
+
+
+def classify(o: Outcome) -> str:
+    """'ok' (exit 0), 'error' (exit 2, one 'dsparksim: error:' line), or the name of what went wrong:
+    'argparse-usage' (argparse's usage block + its error line), 'prefix' (one line, other prefix),
+    'exception', 'traceback', 'not-one-line', 'exit-code'."""
+    if o.exc is not None:
+        return "exception"
+    if "Traceback" in o.stderr or "Traceback" in o.stdout:
+        return "traceback"
+    if o.rc == 0:
+        return "ok"
+    if o.rc != 2:
+        return "exit-code"
+    lines = o.lines
+    if len(lines) == 1 and lines[0].startswith(PREFIX):
+        return "error"
+    if len(lines) >= 2 and lines[0].startswith("usage:") and _ARGPARSE.match(lines[-1]):
+        return "argparse-usage"
+    if len(lines) == 1 and re.match(r"^(\w[\w ]*: )?error: ", lines[0]):
+        return "prefix"
+    return "not-one-line"
