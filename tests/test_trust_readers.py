@@ -253,3 +253,16 @@ def test_profile_import_prefix(capsys, tmp_path):
     fmt, data, needles = IMPORT_CASES[0]
     p = _w(tmp_path, "table.json", data)
     _fails_cleanly(capsys, ["profile", "import", p, "--format", fmt, "--out", str(tmp_path / "o.json")], *needles)
+
+
+# ------------------------------------------------------------------ sweep spec / regress baseline (read elsewhere)
+def test_sweep_spec_not_utf8(capsys, tmp_path):
+    p = _w(tmp_path, "s.toml", b'name = "x\xff"\n')
+    _fails_cleanly(capsys, ["sweep", p, "--out", str(tmp_path / "o")], re.escape(p), r"utf-8")
+
+
+@pytest.mark.xfail(strict=False, reason="dsparksim/sweep/regress.py load_baseline (not owned by t-readers) lets "
+                                        "UnicodeDecodeError escape")
+def test_regress_baseline_not_utf8(capsys, tmp_path):
+    p = _w(tmp_path, "b.json", b'{"format": "x\xff"}')
+    _fails_cleanly(capsys, ["regress", "--baseline", p], re.escape(p))
