@@ -32,14 +32,13 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import math
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
 from dsparksim.errors import InputError
-from dsparksim.textio import MAX_EXACT_INT, finite_float, is_file, loads_json, read_bytes, decode
+from dsparksim.textio import MAX_EXACT_INT, decode, finite_float, loads_json, read_bytes
 from dsparksim.profile import FORMAT, CostProfile, load_profile, profile_from_dict, profile_to_dict
 
 __all__ = ["FORMATS", "import_sps_table", "import_sps_dict"]

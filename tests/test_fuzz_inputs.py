@@ -7,6 +7,9 @@ fed to every reader through ``dsparksim.cli.main``; and arbitrary values for the
 domain and acceptance spec strings. Valid inputs run with ``--num-requests 2`` (or a sub-second duration) so
 they finish fast; a per-example SIGALRM guard turns a hang into a failure.
 
+Every error caused by an input file must name that file. ``DSPARKSIM_FUZZ_SCALE=10`` multiplies the number
+of examples (default budget: about half a minute of CPU).
+
 Outcomes that belong to code outside the readers (cli.py option checks, cli_profile's message prefix, the
 metrics' warm-up check) are listed in :data:`KNOWN_FOREIGN`: they do not fail the property, they are counted
 and turn the test into an xfail naming them, until the owner fixes them and the entry is deleted -- from then
@@ -17,11 +20,11 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import re
+import os
 import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -33,6 +36,11 @@ from dsparksim.traffic.sources import traces_dir
 
 DATA = Path(__file__).parent / "data"
 LIMIT_S = 30          # per example: a hang becomes a failure
+SCALE = float(os.environ.get("DSPARKSIM_FUZZ_SCALE", "1"))   # >1 searches deeper (e.g. 10 for a nightly run)
+
+
+def n_examples(n: int) -> int:
+    return max(1, int(n * SCALE))
 
 FUZZ = settings(deadline=None, derandomize=True, database=None, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -47,6 +55,9 @@ KNOWN_FOREIGN: dict[str, tuple[str, Callable[[Outcome, str], bool]]] = {
     "profile-prefix": (
         "cli_profile.py: `profile import` prints 'error: ...' instead of 'dsparksim: error: ...'",
         lambda o, c: c == "prefix" and o.argv[:1] == ["profile"]),
+    "trace-prefix": (
+        "cli_trace.py: `trace inspect` prints 'error: ...' instead of 'dsparksim: error: ...'",
+        lambda o, c: c == "prefix" and o.argv[:1] == ["trace"]),
     "duration-nonfinite": (
         "cli.py (t-outputs): --duration nan/inf/huge reaches math.ceil / a pool allocation (ValueError, "
         "OverflowError, MemoryError)",
@@ -56,6 +67,10 @@ KNOWN_FOREIGN: dict[str, tuple[str, Callable[[Outcome, str], bool]]] = {
         "cli.py (t-outputs): --seed < 0 reaches numpy's SeedSequence (ValueError)",
         lambda o, c: c == "exception" and isinstance(o.exc, ValueError)
         and "non-negative" in str(o.exc)),
+    "unservable-request": (
+        "engine (t-engine): a request longer than the KV capacity aborts the run with a config error instead of "
+        "being rejected on arrival and counted",
+        lambda o, c: c == "unnamed" and "could never be admitted" in o.lines[0]),
     "warmup-window": (
         "cli.py/metrics (t-outputs/t-metrics): --warmup >= the run or NaN raises a plain ValueError after the "
         "simulation instead of an up-front InputError",
@@ -90,9 +105,14 @@ def work():
         yield Path(d)
 
 
-def judge(test: str, o: Outcome) -> None:
-    """Count the outcome; raise on a violation of the property (unless it is a known foreign one)."""
+def judge(test: str, o: Outcome, names: str | None = None) -> None:
+    """Count the outcome; raise on a violation of the property (unless it is a known foreign one).
+
+    names: the input file every error line must name (reader tests): else the class is 'unnamed'.
+    """
     c = classify(o)
+    if c == "error" and names is not None and names not in o.lines[0]:
+        c = "unnamed"
     if c in ("ok", "error"):
         TRIED[test][c] += 1
         return
@@ -114,9 +134,9 @@ def finish(test: str) -> None:
             f"{n} x{k} ({KNOWN_FOREIGN[n][0]}; e.g. {first[n]!r})" for n, k in names.items()))
 
 
-def run_judged(test: str, argv: list[str]) -> Outcome:
+def run_judged(test: str, argv: list[str], names: str | None = None) -> Outcome:
     o = run_cli(argv, limit_s=LIMIT_S)
-    judge(test, o)
+    judge(test, o, names)
     return o
 
 
@@ -314,7 +334,7 @@ def test_seeds_are_valid(work, kind, seeds, name):
 
 # =================================================================== file readers
 def _reader_test(test: str, kind: str, name: str, seeds: list[bytes], structure: str, n: int, gz_ok: bool = True):
-    @settings(FUZZ, max_examples=n)
+    @settings(FUZZ, max_examples=n_examples(n))
     @given(data=corrupted(seeds, structure), gz=st.booleans() if gz_ok else st.just(False),
            gz_damage=st.integers(0, 2))
     def check(work, data, gz, gz_damage):
@@ -326,7 +346,7 @@ def _reader_test(test: str, kind: str, name: str, seeds: list[bytes], structure:
             else:
                 raw[len(raw) // 2] ^= 0x5A
             Path(path).write_bytes(bytes(raw))
-        run_judged(test, _reader_argv(kind, path, work))
+        run_judged(test, _reader_argv(kind, path, work), names=path)
     return check
 
 
@@ -372,17 +392,53 @@ def test_fuzz_profile_json(work):
     finish("profile_json")
 
 
+def test_fuzz_trace_inspect(work):
+    """`trace inspect` reads acceptance traces too (and summarises them: degenerate but valid traces)."""
+    test = "trace_inspect"
+
+    @settings(FUZZ, max_examples=n_examples(40))
+    @given(data=corrupted(ACC_TRACE_SEEDS, "csv"), K=st.sampled_from([[], ["--K", "2"], ["--K", "9"]]),
+           as_json=st.booleans())
+    def check(data, K, as_json):
+        p = _write(work, "i.csv", data)
+        run_judged(test, ["trace", "inspect", p] + K + (["--json"] if as_json else []), names=p)
+
+    check()
+    finish(test)
+
+
+def test_fuzz_acceptance_trace_parquet(work):
+    """Parquet acceptance traces: damaged bytes of a valid file (pyarrow's own errors must become one line)."""
+    pytest.importorskip("pyarrow")
+    from dsparksim.acceptance.trace_format import read_trace, write_trace
+
+    seed_path = work / "seed.parquet"
+    tr = read_trace(DATA / "acc_trace_k3.csv")
+    write_trace(seed_path, tr, tr.metadata)
+    seed = seed_path.read_bytes()
+    test = "acceptance_parquet"
+
+    @settings(FUZZ, max_examples=n_examples(30))
+    @given(data=st.one_of(_bytes_ops(seed), st.binary(max_size=200)))
+    def check(data):
+        p = _write(work, "t.parquet", data)
+        run_judged(test, _reader_argv("acc_trace", p, work), names=p)
+
+    check()
+    finish(test)
+
+
 @pytest.mark.parametrize("fmt", ["vllm", "sglang", "trt"])
 def test_fuzz_profile_import(work, fmt):
     test = f"profile_import_{fmt}"
 
-    @settings(FUZZ, max_examples=35)
+    @settings(FUZZ, max_examples=n_examples(35))
     @given(data=corrupted(IMPORT_SEEDS[fmt], "json"), lookup=st.sampled_from(["auto", "floor", "interp"]),
            clamp=st.booleans())
     def check(data, lookup, clamp):
         p = _write(work, f"{fmt}.json", data)
         argv = ["profile", "import", p, "--format", fmt, "--out", str(work / "imported.json"), "--lookup", lookup]
-        run_judged(test, argv + (["--engine-clamp"] if clamp else []))
+        run_judged(test, argv + (["--engine-clamp"] if clamp else []), names=p)
 
     check()
     finish(test)
@@ -424,7 +480,7 @@ NUMERIC_OPTIONS: dict[str, tuple[list[str], float | None]] = {
 }
 
 
-@settings(FUZZ, max_examples=170)
+@settings(FUZZ, max_examples=n_examples(170))
 @given(opt=st.sampled_from(sorted(NUMERIC_OPTIONS)), value=_number_strings())
 @example(opt="--duration", value="nan")
 @example(opt="--duration", value="inf")
@@ -451,7 +507,7 @@ POLICY_NAMES = ["mtp1", "fixed", "threshold", "goodput", "confidence", "confiden
 ARGS = ["", "7", "0", "-1", "16", "1e400", "nan", "inf", "0.5", "2", "1.5", "x", "7:7", " 3", "99999999999999999999"]
 
 
-@settings(FUZZ, max_examples=60)
+@settings(FUZZ, max_examples=n_examples(60))
 @given(spec=st.one_of(
     st.tuples(st.sampled_from(POLICY_NAMES), st.sampled_from(["", ":"]), st.sampled_from(ARGS)).map("".join),
     st.text(max_size=20)))
@@ -470,7 +526,7 @@ _TERM = st.tuples(st.sampled_from(["math", "code", "chat", "Math", "", "x"]), st
                   st.sampled_from(["1", "0", "-1", "nan", "inf", "1e308", "0.5", "", "x", "1e-320"])).map("".join)
 
 
-@settings(FUZZ, max_examples=60)
+@settings(FUZZ, max_examples=n_examples(60))
 @given(spec=st.one_of(
     st.sampled_from(["math", "code", "chat", "trace", "mix", "mix:", "", "MATH"]),
     st.lists(_TERM, max_size=4).map(lambda ts: "mix:" + ",".join(ts)),
@@ -493,7 +549,7 @@ _PARAM = st.tuples(st.sampled_from(["sigma_req", "sigma_block", "sigma_tok", "no
                    ).map("".join)
 
 
-@settings(FUZZ, max_examples=60)
+@settings(FUZZ, max_examples=n_examples(60))
 @given(base=st.sampled_from(["dspark", "dflash", "eagle3", "mtp1", "tau:3", "tau:nan", "tau:1", "tau:", "tau:1e400",
                              f"vllm:{DATA / 'acc_vllm_counters.json'}", f"sglang:{DATA / 'acc_sglang_generate.jsonl'}",
                              str(DATA / "acc_trace_k3.csv"), "vllm:", "nosuch.csv", "", "Dspark"]),
@@ -513,7 +569,7 @@ def test_counts_recorded():
     """The suite really tried cases: every fuzz target above ran (ordering: this test is last in the file)."""
     expected = {"lengths_csv", "lengths_jsonl", "azure_csv", "mooncake_jsonl", "acceptance_trace", "vllm_log",
                 "sglang_jsonl", "sglang_json", "profile_json", "profile_import_vllm", "profile_import_sglang",
-                "profile_import_trt", "numeric_options", "policy_specs", "domain_specs", "acceptance_specs"}
+                "profile_import_trt", "trace_inspect", "acceptance_parquet", "numeric_options", "policy_specs", "domain_specs", "acceptance_specs"}
     ran = {t for t, c in TRIED.items() if sum(c.values()) > 0}
     if not expected <= ran:
         pytest.skip(f"run the whole module for the count check (ran: {sorted(ran)})")
