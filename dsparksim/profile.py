@@ -57,6 +57,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -449,6 +450,18 @@ class _Checker:
         return np.asarray(v, dtype=np.float64)
 
 
+def _finite_json(c: _Checker, v: Any, fld: str) -> None:
+    """Fail on the first NaN/Infinity inside a free-form JSON value (strict JSON cannot carry them)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        raise c.fail(fld, f"expected a finite number (strict JSON has no NaN/Infinity), got {v!r}")
+    if isinstance(v, Mapping):
+        for k, x in v.items():
+            _finite_json(c, x, f"{fld}.{k}")
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            _finite_json(c, x, f"{fld}[{i}]")
+
+
 def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False) -> CostProfile:
     """Validate a profile JSON object and build the :class:`CostProfile` (InputError on any defect)."""
     c = _Checker(source)
@@ -469,6 +482,7 @@ def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False)
     for k in REQUIRED_METADATA:
         c.get(meta, k, "metadata.")
     meta = dict(meta)
+    _finite_json(c, meta, "metadata")   # results repeat the metadata as strict JSON (no NaN/Infinity)
     for k in INT_METADATA:
         if meta.get(k) is not None:
             meta[k] = c.count(meta[k], f"metadata.{k}")

@@ -16,6 +16,7 @@ from typing import Any
 from dsparksim.errors import InputError
 
 MAX_EXACT_INT = 2 ** 53 - 1   # largest count a float64 (and so a CSV/JSON number) carries exactly
+MAX_JSON_DEPTH = 64           # no input format nests deeper than a few levels
 
 
 def is_file(path: str | Path) -> bool:
@@ -71,7 +72,7 @@ def loads_json(text: str, source: str | Path, line: int | None = None, label: st
                field: str | None = None) -> Any:
     """``json.loads`` with one-line errors; ``line`` is the file line of ``text`` when it is a single line."""
     try:
-        return json.loads(text)
+        obj = json.loads(text)
     except json.JSONDecodeError as e:
         where = line if line is not None else e.lineno
         raise InputError(source, field, f"{label}: {e.msg} (column {e.colno})", line=where) from None
@@ -79,6 +80,21 @@ def loads_json(text: str, source: str | Path, line: int | None = None, label: st
         raise InputError(source, field, f"{label}: nested too deeply", line=line) from None
     except ValueError as e:   # e.g. an integer literal longer than Python's digit limit
         raise InputError(source, field, f"{label}: {e}", line=line) from None
+    if _too_deep(obj):
+        raise InputError(source, field, f"{label}: nested too deeply (more than {MAX_JSON_DEPTH} levels)", line=line)
+    return obj
+
+
+def _too_deep(obj: Any) -> bool:
+    """Nesting beyond MAX_JSON_DEPTH (checked without recursion): later recursive code must not overflow."""
+    stack = [(obj, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            if d > MAX_JSON_DEPTH:
+                return True
+            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return False
 
 
 def finite_float(v: Any) -> float | None:

@@ -266,3 +266,15 @@ def test_sweep_spec_not_utf8(capsys, tmp_path):
 def test_regress_baseline_not_utf8(capsys, tmp_path):
     p = _w(tmp_path, "b.json", b'{"format": "x\xff"}')
     _fails_cleanly(capsys, ["regress", "--baseline", p], re.escape(p))
+
+
+def test_profile_metadata_nan_is_an_error(capsys, tmp_path, run):
+    # found by the fuzz suite: NaN in free-form metadata reached the strict-JSON result writer (ValueError)
+    p = _w(tmp_path, "p.json", _profile_case(_set("metadata.date", float("nan"))))
+    _fails_cleanly(capsys, run + ["--profile", p], re.escape(p), r"'metadata\.date'", r"NaN")
+
+
+def test_profile_metadata_nested_deeply_is_an_error(capsys, tmp_path, run):
+    # found while fixing the NaN case: 500 levels parse as JSON but overflowed the recursion of later code
+    p = _w(tmp_path, "p.json", _profile_case(_set("metadata.x", json.loads("[" * 500 + "]" * 500))))
+    _fails_cleanly(capsys, run + ["--profile", p], re.escape(p), r"nested too deeply \(more than 64 levels\)")
