@@ -97,6 +97,15 @@ def _too_deep(obj: Any) -> bool:
     return False
 
 
+def one_line(s: Any) -> str:
+    """``str(s)`` with line breaks and other control characters escaped (``\\n``, ``\\x1c``): an error
+    message quoting a key or name from a file must stay one line."""
+    s = str(s)
+    if all(c.isprintable() or c == "\t" for c in s):
+        return s
+    return "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in s)
+
+
 def finite_float(v: Any) -> float | None:
     """``float(v)`` for a JSON number (int or float, not bool), or None when it is not one or not finite."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):

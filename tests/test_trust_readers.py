@@ -278,3 +278,19 @@ def test_profile_metadata_nested_deeply_is_an_error(capsys, tmp_path, run):
     # found while fixing the NaN case: 500 levels parse as JSON but overflowed the recursion of later code
     p = _w(tmp_path, "p.json", _profile_case(_set("metadata.x", json.loads("[" * 500 + "]" * 500))))
     _fails_cleanly(capsys, run + ["--profile", p], re.escape(p), r"nested too deeply \(more than 64 levels\)")
+
+
+@pytest.mark.parametrize("edit,needles", [
+    (_set("name", "two\nlines"), [r"'name'", r"one-line", r"two\\nlines"]),
+    (_set("bogus\nkey", 1), [r"bogus\\nkey", r"unknown key"]),
+    (_set("metadata.date\u2028x", float("inf")), [r"date\\u2028x"]),
+])
+def test_profile_keys_with_line_breaks_stay_one_line(capsys, tmp_path, run, edit, needles):
+    p = _w(tmp_path, "p.json", _profile_case(edit))
+    _fails_cleanly(capsys, run + ["--profile", p], re.escape(p), *needles)
+
+
+def test_acceptance_trace_header_with_line_break_stays_one_line(capsys, tmp_path, run):
+    data = TR.replace(b"conf_3\n", b'"conf\n_3"\n', 1)
+    p = _w(tmp_path, "t.csv", data)
+    _fails_cleanly(capsys, run + ["-K", "3", "--acceptance", p], re.escape(p), r"conf\\n_3")

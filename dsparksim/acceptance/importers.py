@@ -204,10 +204,10 @@ def read_vllm(path: str | Path) -> tuple[dict[str, CurveEstimate], dict[str, Any
                     d = int(key)
                 except ValueError:
                     raise InputError(path, f"{where}.acceptance_histogram_by_draft_length",
-                                     f"draft-length key {key!r} is not an integer") from None
-                c = _int_list(path, f"{where}.acceptance_histogram_by_draft_length.{key}", counts)
+                                     f"draft-length key {_short(key)} is not an integer") from None
+                c = _int_list(path, f"{where}.acceptance_histogram_by_draft_length.{d}", counts)
                 if d < 0 or c.size != d + 1:
-                    raise InputError(path, f"{where}.acceptance_histogram_by_draft_length.{key}",
+                    raise InputError(path, f"{where}.acceptance_histogram_by_draft_length.{d}",
                                      f"draft length {d} needs {d + 1} buckets, got {c.size}")
                 _add(h, d, c)
             continue
