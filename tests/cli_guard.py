@@ -39,7 +39,8 @@ class Outcome:
 def run_cli(argv: list[str], limit_s: int = 30) -> Outcome:
     """main(argv) with stdout/stderr captured; SystemExit is an exit code, any other exception is recorded.
 
-    A run longer than ``limit_s`` seconds raises :class:`Hang` (SIGALRM; only in the main thread).
+    A run longer than ``limit_s`` seconds is stopped by SIGALRM (main thread only) and recorded as a
+    :class:`Hang`.
     """
     from dsparksim.cli import main
 
@@ -59,9 +60,7 @@ def run_cli(argv: list[str], limit_s: int = 30) -> Outcome:
                 rc = main(list(argv))
             except SystemExit as e:
                 rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            except Hang:
-                raise
-            except BaseException as e:  # noqa: BLE001 - judged by the caller
+            except BaseException as e:  # noqa: BLE001 - judged by the caller (a Hang included)
                 exc = e
     finally:
         if guard:
@@ -76,7 +75,9 @@ _ARGPARSE = re.compile(r"^dsparksim( [\w-]+)*: error: ")
 def classify(o: Outcome) -> str:
     """'ok' (exit 0), 'error' (exit 2, one 'dsparksim: error:' line), or the name of what went wrong:
     'argparse-usage' (argparse's usage block + its error line), 'prefix' (one line, other prefix),
-    'exception', 'traceback', 'not-one-line', 'exit-code'."""
+    'hang', 'exception', 'traceback', 'not-one-line', 'exit-code'."""
+    if isinstance(o.exc, Hang):
+        return "hang"
     if o.exc is not None:
         return "exception"
     if "Traceback" in o.stderr or "Traceback" in o.stdout:

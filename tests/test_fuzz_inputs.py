@@ -35,7 +35,7 @@ from dsparksim.profile import shipped_dir
 from dsparksim.traffic.sources import traces_dir
 
 DATA = Path(__file__).parent / "data"
-LIMIT_S = 30          # per example: a hang becomes a failure
+LIMIT_S = 15          # per example (valid cases need well under a second): a hang becomes a failure
 SCALE = float(os.environ.get("DSPARKSIM_FUZZ_SCALE", "1"))   # >1 searches deeper (e.g. 10 for a nightly run)
 
 
@@ -71,6 +71,10 @@ KNOWN_FOREIGN: dict[str, tuple[str, Callable[[Outcome, str], bool]]] = {
         "engine (t-engine): a request longer than the KV capacity aborts the run with a config error instead of "
         "being rejected on arrival and counted",
         lambda o, c: c == "unnamed" and "could never be admitted" in o.lines[0]),
+    "burstiness-underflow": (
+        "traffic arrivals/engine: a tiny --burstiness (1e-320) makes rate*burstiness underflow, the gamma gaps "
+        "NaN, and the engine never finishes",
+        lambda o, c: c == "hang" and any(a.startswith("--burstiness") for a in o.argv)),
     "warmup-window": (
         "cli.py/metrics (t-outputs/t-metrics): --warmup >= the run or NaN raises a plain ValueError after the "
         "simulation instead of an up-front InputError",
@@ -500,6 +504,13 @@ def _numeric_options(work, opt, value):
 def test_fuzz_numeric_options(work):
     _numeric_options(work)
     finish("numeric_options")
+
+
+@pytest.mark.xfail(strict=False, reason=KNOWN_FOREIGN["burstiness-underflow"][0])
+def test_tiny_burstiness_does_not_hang(work):
+    """Found by the fuzz suite (DSPARKSIM_FUZZ_SCALE=8); kept out of the default budget (a hang costs its limit)."""
+    o = run_cli(run_args(work) + ["--rate", "5", "--burstiness=1e-320"], limit_s=3)
+    assert classify(o) in ("ok", "error"), o.describe()
 
 
 POLICY_NAMES = ["mtp1", "fixed", "threshold", "goodput", "confidence", "confidence-async", "confidence-global",
