@@ -76,9 +76,9 @@ KNOWN_FOREIGN: dict[str, tuple[str, Callable[[Outcome, str], bool]]] = {
         "NaN, and the engine never finishes",
         lambda o, c: c == "hang" and any(a.startswith("--burstiness") for a in o.argv)),
     "rate-underflow": (
-        "traffic arrivals/metrics: a subnormal --rate (1e-320) makes 1/rate infinite, arrivals inf, and the "
-        "saturation fit raises LinAlgError",
-        lambda o, c: c == "exception" and any(a.startswith("--rate=") for a in o.argv)
+        "traffic arrivals/metrics: a subnormal --rate or --time-scale (1e-320) makes arrival times infinite and "
+        "the saturation fit raises LinAlgError",
+        lambda o, c: c == "exception" and any(a.startswith(("--rate=", "--time-scale=")) for a in o.argv)
         and type(o.exc).__name__ in ("LinAlgError", "OverflowError")),
     "warmup-window": (
         "cli.py/metrics (t-outputs/t-metrics): --warmup >= the run or NaN raises a plain ValueError after the "
