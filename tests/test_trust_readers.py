@@ -294,3 +294,22 @@ def test_acceptance_trace_header_with_line_break_stays_one_line(capsys, tmp_path
     data = TR.replace(b"conf_3\n", b'"conf\n_3"\n', 1)
     p = _w(tmp_path, "t.csv", data)
     _fails_cleanly(capsys, run + ["-K", "3", "--acceptance", p], re.escape(p), r"conf\\n_3")
+
+
+def test_parquet_trace_with_invalid_utf8_string(capsys, tmp_path, run):
+    # found by the fuzz suite: Parquet does not check UTF-8, and pandas' Arrow strings failed later with an
+    # ArrowException from inside validation
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from dsparksim.acceptance.trace_format import MAGIC, read_trace
+
+    tr = read_trace(DATA / "acc_trace_k3.csv")
+    table = pa.Table.from_pandas(tr.to_frame(), preserve_index=False)
+    table = table.replace_schema_metadata({MAGIC.encode(): json.dumps(tr.metadata).encode()})
+    clean = tmp_path / "clean.parquet"
+    pq.write_table(table, clean, compression="none", use_dictionary=False)
+    raw = clean.read_bytes()
+    assert b"math" in raw
+    p = _w(tmp_path, "t.parquet", raw.replace(b"math", b"m\xffth"))
+    _fails_cleanly(capsys, run + ["-K", "3", "--acceptance", p], re.escape(p), r"cannot read Parquet file")

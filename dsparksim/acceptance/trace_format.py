@@ -320,7 +320,12 @@ def _read_parquet(path: Path, where: _Where) -> tuple[pd.DataFrame, dict]:
     try:
         table = pq.read_table(path)
         meta = _parquet_metadata(path, (table.schema.metadata or {}).get(MAGIC.encode()), where)
-        return table.to_pandas(), meta
+        table.validate(full=True)   # Parquet does not check UTF-8: a damaged string would fail later, lazily
+        df = table.to_pandas()
+        for c in df.columns:        # materialise Arrow-backed text now, inside this error handler
+            if not pd.api.types.is_numeric_dtype(df[c].dtype):
+                df[c] = df[c].to_numpy(dtype=object)
+        return df, meta
     except InputError:
         raise
     except Exception as e:  # pyarrow raises several types for corrupt / non-parquet files
