@@ -120,7 +120,7 @@ def judge(test: str, o: Outcome, names: str | None = None) -> None:
     names: the input file every error line must name (reader tests): else the class is 'unnamed'.
     """
     c = classify(o)
-    if c == "error" and names is not None and names not in o.lines[0]:
+    if c in ("error", "prefix") and names is not None and names not in o.lines[0]:
         c = "unnamed"
     if c in ("ok", "error"):
         TRIED[test][c] += 1
