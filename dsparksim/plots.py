@@ -9,16 +9,14 @@ import hashlib
 from pathlib import Path
 from typing import Iterable
 
-import matplotlib
+import pandas as pd
+# Figures are built without pyplot: no GUI backend is needed to save them, and importing this module does not
+# switch the backend of a notebook that displays them (matplotlib.use("Agg") here would hide inline plots).
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
-
-from dsparksim.frontier import X, Y  # noqa: E402
+from dsparksim.frontier import X, Y
 
 # The shipped policies (and the drafters they run with) get fixed colours; mtp1 is the grey baseline, oracle the
 # black upper bound.
@@ -61,7 +59,8 @@ def frontier_figure(df: pd.DataFrame, title: str = "", slas: Iterable[float] = (
                     load_name: str = "load") -> Figure:
     """Per-user tokens/s vs total output throughput: Pareto lines, dominated points faded, saturated ones as x,
     every point labelled with its load level, one labelled horizontal line per SLA target."""
-    fig, ax = plt.subplots(figsize=(9, 6), dpi=120)
+    fig = Figure(figsize=(9, 6), dpi=120)
+    ax = fig.subplots()
     for pol, g in df.groupby("policy", sort=False):
         col = policy_color(pol)
         sat_m = g["saturated"].fillna(False).astype(bool) if "saturated" in g else pd.Series(False, index=g.index)
@@ -106,12 +105,12 @@ def plot_frontier(df: pd.DataFrame, path: str | Path, title: str = "", slas: Ite
     """Write :func:`frontier_figure` to ``path``."""
     fig = frontier_figure(df, title=title, slas=list(slas), load_name=load_name)
     fig.savefig(path)
-    plt.close(fig)
 
 
 def verify_budget_figure(df: pd.DataFrame, load_name: str = "load") -> Figure:
     """Mean verify length per request per step vs load level, per policy."""
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    fig = Figure(figsize=(7, 4.5), dpi=120)
+    ax = fig.subplots()
     for pol, g in df.groupby("policy", sort=False):
         g = g.sort_values("load")
         ax.plot(g["load"], g["mean_verify_len"], marker="o", ms=4, label=pol, color=policy_color(pol),
@@ -135,4 +134,3 @@ def plot_verify_budget(df: pd.DataFrame, path: str | Path, load_name: str = "loa
     """Write :func:`verify_budget_figure` to ``path``."""
     fig = verify_budget_figure(df, load_name=load_name)
     fig.savefig(path)
-    plt.close(fig)

@@ -148,8 +148,6 @@ def _frontier_df() -> pd.DataFrame:
 
 
 def test_frontier_figure_has_sla_lines_policy_colours_legend_and_load_labels():
-    import matplotlib.pyplot as plt
-
     df = _frontier_df()
     fig = frontier_figure(df, slas=[50.0, 150.0], load_name="concurrent users")
     try:
@@ -170,19 +168,17 @@ def test_frontier_figure_has_sla_lines_policy_colours_legend_and_load_labels():
         assert any("saturated" in t for t in legend) and any("dominated" in t for t in legend)
         assert any("concurrent users" in t for t in legend)
         assert {"1", "8", "32", "128"} <= set(texts)  # load levels next to the points
-        fig.canvas.draw()
+        fig.draw_without_rendering()
         for lab in ax.get_xticklabels() + ax.get_yticklabels():
             t = lab.get_text()
             assert "e" not in t.lower() and "^" not in t and "×" not in t, t
         assert not ax.xaxis.get_offset_text().get_text() and not ax.yaxis.get_offset_text().get_text()
         assert any(lab.get_text() for lab in ax.get_yticklabels())
     finally:
-        plt.close(fig)
+        fig.clear()
 
 
 def test_verify_budget_figure_is_titled_and_coloured(tmp_path):
-    import matplotlib.pyplot as plt
-
     df = _frontier_df()
     fig = verify_budget_figure(df, load_name="concurrent users")
     try:
@@ -192,6 +188,6 @@ def test_verify_budget_figure_is_titled_and_coloured(tmp_path):
         assert mcolors.to_hex(line.get_color()) == policy_color("fixed:3")
         assert list(line.get_ydata()) == [1, 2, 3, 4]
     finally:
-        plt.close(fig)
+        fig.clear()
     plot_frontier(df, tmp_path / "f.png", slas=[100.0])
     assert (tmp_path / "f.png").stat().st_size > 10_000
