@@ -191,3 +191,20 @@ def test_verify_budget_figure_is_titled_and_coloured(tmp_path):
         fig.clear()
     plot_frontier(df, tmp_path / "f.png", slas=[100.0])
     assert (tmp_path / "f.png").stat().st_size > 10_000
+
+
+def test_profile_plot_colours_drafters_like_their_policies(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    from dsparksim.cli_profile import plot_profile
+    from dsparksim.profile import load_profile
+
+    seen = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: seen.append(self))
+    p = load_profile("h100-llama2-7b-tp1")
+    plot_profile(p, tmp_path / "p.png")
+    lines = {ln.get_label(): ln for ln in seen[0].axes[0].get_lines()}
+    for name in p.drafters:
+        line = next(ln for lab, ln in lines.items() if lab.startswith(f"drafter {name} "))
+        assert mcolors.to_hex(line.get_color()) == policy_color(name)
+    assert "mtp1" in p.drafters  # the baseline's drafter is drawn in the baseline's grey
