@@ -208,3 +208,12 @@ def test_profile_plot_colours_drafters_like_their_policies(tmp_path, monkeypatch
         line = next(ln for lab, ln in lines.items() if lab.startswith(f"drafter {name} "))
         assert mcolors.to_hex(line.get_color()) == policy_color(name)
     assert "mtp1" in p.drafters  # the baseline's drafter is drawn in the baseline's grey
+
+
+def test_frontier_cli_unknown_baseline_is_one_line_exit_2(tmp_path, capsys):
+    out = tmp_path / "f"
+    rc = main(["frontier", "--policies", "mtp1,fixed:7", "--concurrency-levels", "1", "--duration", "1",
+               "--jobs", "1", "--baseline", "nosuch", "--out", str(out), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "--baseline" in err and "nosuch" in err
+    assert not (out / "frontier.csv").exists() and not (out / "comparison.csv").exists()
