@@ -37,7 +37,8 @@ SPEC_DECODE_KEYS = ("spec_decode_acceptance_rate", "spec_decode_acceptance_lengt
                     "spec_decode_per_position_acceptance_rates")
 STAT_METRICS = ("ttft", "tpot", "itl", "e2el")
 PERCENTILES = (99,)
-STAT_KEYS = tuple(f"{s}_{m}_ms" for m in STAT_METRICS for s in ("mean", "median", "std", *(f"p{p}" for p in PERCENTILES)))
+STAT_KEYS = tuple(f"{s}_{m}_ms" for m in STAT_METRICS
+                  for s in ("mean", "median", "std", *(f"p{p}" for p in PERCENTILES)))
 ALL_KEYS = SETUP_KEYS + RESULT_KEYS + SPEC_DECODE_KEYS + STAT_KEYS
 
 

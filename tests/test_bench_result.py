@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsparksim.bench_json import bench_result
+from dsparksim.bench_json import ALL_KEYS, bench_result
 from dsparksim.cli import main
 from dsparksim.engine import SimResult
 
@@ -54,7 +54,7 @@ def _hand_built() -> SimResult:
 def test_hand_built_run_gives_vllm_values_in_closed_form():
     d = bench_result(_hand_built(), warmup_s=0.1, duration_s=4.4, model_id="m", request_rate="inf",
                      burstiness=1.0, max_concurrency=2)
-    assert set(d) == VLLM_KEYS
+    assert set(d) == VLLM_KEYS == set(ALL_KEYS)
     # Prompts = requests issued in the window (A, B); C arrived in the warm-up.
     assert d["num_prompts"] == 2 and d["completed"] == 1 and d["failed"] == 1
     assert d["start_times"] == [0.2, 0.5] and d["input_lens"] == [10, 20]
