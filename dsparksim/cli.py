@@ -248,6 +248,9 @@ def _comparison_text(df, comp, baseline: str) -> str:
     lines.append("gains: mean [min..max] of (policy / baseline - 1) along the overlap of the two Pareto frontiers, "
                  "over the stated range (tok/s for user-speed gains, tok/s/user for throughput gains); "
                  "saturated points are never on a frontier; peak tok/s is over unsaturated points.")
+    if any(c == "n/a" for r in table[1:] for c in r[3:]):
+        lines.append("n/a: no overlap, or the SLA lies outside a frontier's per-user speed range (see the note "
+                     "column of comparison.csv); nothing is extrapolated.")
     if flagged:
         from dsparksim.frontier import NARROW_FRACTION, NARROW_MIN_POINTS
         lines.append(f"! narrow overlap: the frontiers share less than {NARROW_FRACTION:.0%} of the baseline's range "
