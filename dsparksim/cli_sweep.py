@@ -82,6 +82,7 @@ def cmd_regress(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     """Add `sweep`, `capacity` and `regress` to the dsparksim CLI."""
+    from dsparksim.cli import pos_float
     s = subparsers.add_parser("sweep", help="run every cell of a TOML sweep spec (cached, resumable)",
                               description="Run the cross product of a sweep spec's axes. Finished cells are cached "
                                           "by content hash in OUT/cells and skipped on a rerun (an interrupted sweep "
@@ -103,9 +104,9 @@ def register(subparsers) -> None:
                         "--slo 'tps_user_median>=50' --slo 'ttft_p99_s<=2' [spec's capacity.slo]")
     c.add_argument("--load", choices=["concurrency", "rate", "time_scale"], default=None,
                    help="load axis to search [spec's capacity.load, else its load key]")
-    c.add_argument("--min", type=float, default=None, help="lowest load searched")
-    c.add_argument("--max", type=float, default=None, help="highest load searched")
-    c.add_argument("--tolerance", type=float, default=None,
+    c.add_argument("--min", type=pos_float, default=None, help="lowest load searched")
+    c.add_argument("--max", type=pos_float, default=None, help="highest load searched")
+    c.add_argument("--tolerance", type=pos_float, default=None,
                    help="stop when the bracket is this narrow [1 for concurrency, (max-min)/100 otherwise]")
     c.add_argument("--allow-saturated", action="store_true", help="let a saturated run meet the SLO")
     _backend_args(c)

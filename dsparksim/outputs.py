@@ -96,6 +96,8 @@ def _clean_stale(out: Path) -> None:
 def staged_dir(out: str | Path) -> Iterator[Path]:
     """Yield a fresh staging directory; on success it replaces ``out`` whole, on any exception it is removed."""
     out = Path(out)
+    if out.is_symlink():
+        out = out.resolve()  # replace the directory the link points to, keep the link
     out.parent.mkdir(parents=True, exist_ok=True)
     _clean_stale(out)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"

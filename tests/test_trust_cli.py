@@ -242,3 +242,22 @@ def test_capacity_report_names_missing_values_in_the_trace(tmp_path):
     d = json.loads((tmp_path / "o" / "capacity.json").read_text())
     trace = d["results"][0]["trace"]
     assert any("no value" in v for t in trace for v in t["violations"]), trace
+
+
+def test_sweep_spec_warmup_not_below_duration_fails_at_load(tmp_path, capsys, no_sim):
+    p = tmp_path / "w.toml"
+    p.write_text('[base]\nwarmup_s = 5.0\n[axes]\nduration_s = [10.0, 5.0]\n')
+    assert "warmup_s" in _fails(["sweep", str(p), "--out", str(tmp_path / "o")], capsys)
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["capacity", "{spec}", "--slo", "tau>=2", "--min", "1", "--max", "inf"], "--max"),
+    (["capacity", "{spec}", "--slo", "tau>=2", "--min", "nan", "--max", "4"], "--min"),
+    (["trace", "inspect", "dspark", "--seed", "-1"], "--seed"),
+    (["trace", "inspect", "dspark", "--K", "0"], "--K"),
+])
+def test_numeric_options_of_other_commands(tmp_path, capsys, no_sim, argv, option):
+    argv = [a.replace("{spec}", _spec(tmp_path)) for a in argv]
+    if argv[0] == "capacity":
+        argv += ["--out", str(tmp_path / "o")]
+    assert option in _fails(argv, capsys)

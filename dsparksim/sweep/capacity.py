@@ -134,16 +134,16 @@ def capacity_settings(spec: SweepSpec, **over: Any) -> CapacitySettings:
     for k in ("min", "max"):
         if k not in d:
             raise ConfigError(src, f"capacity.{k}", "required: the load range to search")
-        if isinstance(d[k], bool) or not isinstance(d[k], (int, float)) or not d[k] > 0:
-            raise ConfigError(src, f"capacity.{k}", f"expected a number > 0, got {d[k]!r}")
+        if isinstance(d[k], bool) or not isinstance(d[k], (int, float)) or not 0 < d[k] < math.inf:
+            raise ConfigError(src, f"capacity.{k}", f"expected a finite number > 0, got {d[k]!r}")
     lo, hi = float(d["min"]), float(d["max"])
     if load == "concurrency" and not (lo.is_integer() and hi.is_integer()):
         raise ConfigError(src, "capacity.min/max", f"concurrency bounds must be integers, got {lo:g}, {hi:g}")
     if not hi > lo:
         raise ConfigError(src, "capacity.max", f"must exceed min ({lo:g}), got {hi:g}")
     tol = d.get("tolerance", 1.0 if load == "concurrency" else (hi - lo) / 100)
-    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0:
-        raise ConfigError(src, "capacity.tolerance", f"expected a number > 0, got {tol!r}")
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < math.inf:
+        raise ConfigError(src, "capacity.tolerance", f"expected a finite number > 0, got {tol!r}")
     if load == "concurrency" and tol < 1:
         raise ConfigError(src, "capacity.tolerance", f"concurrency is an integer: tolerance must be >= 1, got {tol!r}")
     req = d.get("require_unsaturated", True)
