@@ -284,6 +284,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         traffic = _traffic(args, "closed", concurrency=int(max(loads)))
         load_name = "concurrent users"
     base = _run_config(args, traffic)
+    preflight(base, policies)
     cfgs = cells(base, policies, loads)
     jobs = args.jobs or min(os.cpu_count() or 1, len(cfgs))
     out = Path(args.out)
@@ -316,6 +317,38 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         for k, p in paths.items():
             print(f"  {k:18s} {p}")
     return 0
+
+
+def preflight(base: RunConfig, policies: Sequence[str]) -> None:
+    """Load every input the cells will read (profile, each policy's acceptance source, length and trace files) in
+    this process, so a bad one is one error line before any cell runs, not a failure inside a worker."""
+    from dsparksim.acceptance import load_acceptance
+    from dsparksim.policies import make_policy
+    from dsparksim.profile import load_profile
+    from dsparksim.simulate import engine_limits
+    from dsparksim.traffic.readers import read_trace
+    from dsparksim.traffic.sources import resolve
+
+    prof = load_profile(base.profile)
+    if base.engine.extrapolate:
+        prof = prof.with_extrapolation(True)
+    engine_limits(base, prof)
+    loaded: dict[tuple[str, int], Any] = {}
+    for spec in policies:
+        pol = make_policy(spec)
+        K = int(pol.block_size or base.engine.block_size)
+        src = (base.mtp1_acceptance if pol.drafter == "mtp1" else pol.drafter) if pol.drafter else base.acceptance
+        if (src, K) not in loaded:
+            loaded[(src, K)] = load_acceptance(src, K)
+        drafter = pol.drafter or base.engine.drafter or loaded[(src, K)].drafter
+        if drafter not in prof.drafters:
+            raise ConfigError(prof.source, "drafters", f"profile '{prof.name}' has no drafting cost for drafter "
+                              f"'{drafter}' (policy {spec}; has: {sorted(prof.drafters)})")
+    t = base.traffic
+    for key, val in (("lengths", t.lengths), ("trace", t.trace)):
+        if val:
+            path, _ = resolve(val, key)
+            read_trace(path, t.trace_format if key == "trace" else None)
 
 
 def check_frontier_loads(args: argparse.Namespace) -> None:

@@ -261,3 +261,15 @@ def test_numeric_options_of_other_commands(tmp_path, capsys, no_sim, argv, optio
     if argv[0] == "capacity":
         argv += ["--out", str(tmp_path / "o")]
     assert option in _fails(argv, capsys)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--profile", "nosuch"], "nosuch"),
+    (["--acceptance", "dspark-chat"], "dspark-chat"),
+    (["--lengths", "tests/data/no_such_lengths.csv"], "no_such_lengths.csv"),
+    (["--profile", "cpu-tiny", "--acceptance", "eagle3", "--policies", "mtp1,fixed:3"], "eagle3"),
+])
+def test_frontier_loads_its_inputs_before_any_cell(tmp_path, capsys, no_sim, args, words):
+    argv = ["frontier", "--concurrency-levels", "1,2", "--duration", "2", "--workers", "1", *args,
+            "--out", str(tmp_path / "o")]
+    assert words in _fails(argv, capsys)
