@@ -273,3 +273,19 @@ def test_frontier_loads_its_inputs_before_any_cell(tmp_path, capsys, no_sim, arg
     argv = ["frontier", "--concurrency-levels", "1,2", "--duration", "2", "--workers", "1", *args,
             "--out", str(tmp_path / "o")]
     assert words in _fails(argv, capsys)
+
+
+def test_capacity_table_accepts_the_option_names():
+    from dsparksim.sweep import spec_from_dict
+    from dsparksim.sweep.capacity import capacity_settings
+
+    a = spec_from_dict({"base": {"duration_s": 3.0}, "capacity": {"min": 1, "max": 8, "sla": ["tau >= 2"],
+                                                                  "allow-saturated": True}})
+    b = spec_from_dict({"base": {"duration_s": 3.0}, "capacity": {"min": 1, "max": 8, "slo": ["tau >= 2"],
+                                                                  "require_unsaturated": False}})
+    assert capacity_settings(a) == capacity_settings(b)
+    assert capacity_settings(a).require_unsaturated is False
+    c = spec_from_dict({"base": {"duration_s": 3.0}, "capacity": {"min": 1, "max": 8, "sla": ["tau >= 2"],
+                                                                  "slo": ["tau >= 1"]}})
+    with pytest.raises(ConfigError, match="capacity.sla"):
+        capacity_settings(c)

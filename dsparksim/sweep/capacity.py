@@ -120,12 +120,21 @@ class CapacitySettings:
 
 def capacity_settings(spec: SweepSpec, **over: Any) -> CapacitySettings:
     """Settings from the spec's [capacity] table, overridden by non-None keyword values (the CLI flags)."""
-    d = {**spec.capacity, **{k: v for k, v in over.items() if v is not None}}
     src = spec.source
+    table = dict(spec.capacity)
+    # the [capacity] table may use the option names: sla (= slo), allow_saturated (= not require_unsaturated)
+    for alias, key, conv in (("sla", "slo", lambda v: v), ("allow_saturated", "require_unsaturated",
+                                                            lambda v: (not v) if isinstance(v, bool) else v)):
+        if alias in table:
+            if key in table:
+                raise ConfigError(src, f"capacity.{alias}", f"same setting as capacity.{key}; keep one")
+            table[key] = conv(table.pop(alias))
+    d = {**table, **{k: v for k, v in over.items() if v is not None}}
     known = ("load", "min", "max", "tolerance", "slo", "require_unsaturated")
     for k in d:
         if k not in known:
-            raise ConfigError(src, f"capacity.{k}", f"unknown key; expected some of {', '.join(known)}")
+            raise ConfigError(src, f"capacity.{k}", f"unknown key; expected some of {', '.join(known)} (or sla, "
+                              "allow_saturated)")
     load = d.get("load", spec.load_key)
     if load not in LOAD_KEYS:
         raise ConfigError(src, "capacity.load", f"expected one of {LOAD_KEYS}, got {load!r}")
