@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 
 def _backend_args(p: argparse.ArgumentParser, default: str = "local") -> None:

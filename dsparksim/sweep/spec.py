@@ -22,9 +22,9 @@ Format (every key may appear either fixed in ``[base]`` or as a non-empty list i
 Key names: each key is a ``dsparksim run`` option, spelled with underscores or dashes as on the command line
 (``duration`` or ``duration_s``, ``num-speculative-tokens`` or ``block_size``, ``request_rate`` or ``rate``; see
 ``KEY_ALIASES``); a key given twice under two spellings is an error, an unknown key is rejected with the list of
-known ones. Keys and defaults follow ``dsparksim run`` exactly (same defaults, same closed-loop pool rule), so a sweep cell is
-the very run ``dsparksim run`` would do with the same options. Relative paths are relative to the working
-directory, as on the command line.
+known ones. Keys and defaults follow ``dsparksim run`` exactly (same defaults, same closed-loop pool rule), so a
+sweep cell is the very run ``dsparksim run`` would do with the same options. Relative paths are relative to the
+working directory, as on the command line.
 """
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ TABLES = ("sweep", "base", "axes", "capacity", "regress")
 SWEEP_KEYS = ("name", "save_requests")
 
 # Command-line spellings (dashes become underscores first) -> the spec's key.
-KEY_ALIASES = {"duration": "duration_s", "warmup": "warmup_s", "num_speculative_tokens": "block_size", "k": "block_size",
+KEY_ALIASES = {"duration": "duration_s", "warmup": "warmup_s", "num_speculative_tokens": "block_size",
+               "k": "block_size",
                "kv_capacity": "kv_capacity_tokens", "prefill_chunk": "prefill_chunk_tokens",
                "request_rate": "rate", "max_concurrency": "concurrency",
                "num_prompts": "num_requests"}
