@@ -149,3 +149,26 @@ def test_sweep_results_are_replaced_as_a_set_and_keep_the_cache(tmp_path, monkey
     assert result_set_complete(out, "sweep.manifest.json") and not (out / "results.parquet").exists()
     assert len(list((out / "cells").iterdir())) == n_cells
     assert stat.S_IMODE((out / "results.csv").stat().st_mode) & 0o044 == 0o044  # readable by group and others
+
+
+def test_sigkill_while_writing_leaves_the_previous_run_and_the_next_run_cleans_up(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    _run(out, "--seed", "1")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    # The child is killed (no cleanup handlers run) right after it wrote its config.json.
+    code = ("import os, signal, sys; import dsparksim.simulate as s; from dsparksim.cli import main\n"
+            "def kill(path, df): os.kill(os.getpid(), signal.SIGKILL)\n"
+            "s.write_table = kill\n"
+            f"sys.exit(main({[*RUN, '--seed', '2', '--out', str(out)]!r}))\n")
+    import dsparksim
+
+    env = {**os.environ, "PYTHONPATH": str(Path(dsparksim.__file__).resolve().parents[1])}  # the code under test
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=300)
+    assert r.returncode == -9, r.stderr.decode()[-2000:]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]  # the killed run's staging
+    _run(out, "--seed", "3")
+    assert _siblings(out) == []  # removed by the next run (its pid is gone)
