@@ -85,7 +85,8 @@ def register(subparsers) -> None:
     s = subparsers.add_parser("sweep", help="run every cell of a TOML sweep spec (cached, resumable)",
                               description="Run the cross product of a sweep spec's axes. Finished cells are cached "
                                           "by content hash in OUT/cells and skipped on a rerun (an interrupted sweep "
-                                          "resumes); writes OUT/results.csv (+ .parquet), sweep.json, failures.json.")
+                                          "resumes); writes OUT/results.csv (+ .parquet), sweep.json, failures.json and, last, "
+                                          "sweep.manifest.json (the set is complete when it is present).")
     s.add_argument("spec", help="sweep spec (TOML), e.g. sweeps/example.toml")
     s.add_argument("--out", "--result-dir", dest="out", required=True, help="output folder (also the cache)")
     _backend_args(s)
@@ -94,7 +95,9 @@ def register(subparsers) -> None:
     c = subparsers.add_parser("capacity", help="per policy, the largest load meeting an SLO (bisection)",
                               description="For each combination of the spec's axes (e.g. each policy), bisect the "
                                           "load (concurrency, rate or time_scale) for the largest value meeting "
-                                          "every SLO term; writes capacity.json (SLO + search trace), capacity.csv.")
+                                          "every SLO term; writes capacity.json (SLO + search trace), capacity.csv and, last, "
+                                          "capacity.manifest.json. A probe whose SLO metric has no value (e.g. no "
+                                          "request finished) is infeasible, with the reason in the trace.")
     c.add_argument("spec", help="sweep spec (TOML) whose axes must not include the load; its [capacity] table "
                                 "may set load, min, max, tolerance, slo")
     c.add_argument("--out", "--result-dir", dest="out", required=True, help="output folder (also the probe cache)")

@@ -104,7 +104,7 @@ def results_table(cells: Sequence[Cell], summaries: dict[int, dict[str, Any]]) -
 def run_sweep(spec: SweepSpec, out_dir: str | Path, backend: str = "local", workers: int | None = None,
               ray_address: str | None = None, progress: bool = True) -> SweepResult:
     """Run every cell of ``spec`` not already in ``out_dir`` and write sweep.json, results.{csv,parquet} and
-    failures.json there (all atomically; the results table is written last)."""
+    failures.json there as one set: each file atomically, then sweep.manifest.json (sizes, sha256) last."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
