@@ -242,6 +242,9 @@ def test_capacity_report_names_missing_values_in_the_trace(tmp_path):
     d = json.loads((tmp_path / "o" / "capacity.json").read_text())
     trace = d["results"][0]["trace"]
     assert any("no value" in v for t in trace for v in t["violations"]), trace
+    from dsparksim.outputs import result_set_complete
+
+    assert result_set_complete(tmp_path / "o", "capacity.manifest.json")
 
 
 def test_sweep_spec_warmup_not_below_duration_fails_at_load(tmp_path, capsys, no_sim):
