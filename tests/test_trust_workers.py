@@ -27,7 +27,7 @@ from dsparksim.errors import ConfigError, InputError, MissingExtraError, missing
 from dsparksim.frontier import cells as frontier_cells
 from dsparksim.frontier import run_cells
 from dsparksim.sweep import run_sweep, spec_from_dict
-from dsparksim.sweep.backends import Task, cell_exception, execute_cell
+from dsparksim.sweep.backends import Task, cell_exception
 
 REPO = Path(__file__).resolve().parents[1]
 LINUX = sys.platform.startswith("linux")
@@ -478,7 +478,8 @@ def test_run_real_without_torch_is_one_line(tmp_path):
                            "--quiet"], tmp_path)
     err = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(err) == 1, p.stderr
-    assert err[0].startswith("dsparksim: error: dsparksim run-real needs") and 'pip install "dsparksim[torch]"' in err[0]
+    assert err[0].startswith("dsparksim: error: dsparksim run-real needs")
+    assert 'pip install "dsparksim[torch]"' in err[0]
 
 
 def test_parquet_without_pyarrow_is_one_line(tmp_path):
@@ -486,6 +487,12 @@ def test_parquet_without_pyarrow_is_one_line(tmp_path):
                              "parquet", "--out", str(tmp_path / "r"), "--quiet"], tmp_path)
     err = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(err) == 1 and "pyarrow" in err[0], p.stderr
+
+
+def test_train_without_torch_is_one_line_exit_2(tmp_path):
+    p = _without("torch", ["train", "--out", str(tmp_path / "m")], tmp_path)
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(err) == 1 and 'pip install "dsparksim[torch]"' in err[0], p.stderr
 
 
 def test_backend_ray_without_ray_is_one_line(monkeypatch, capsys, tmp_path):
