@@ -12,6 +12,7 @@ one warning line naming the file, removed, and the cell is computed again.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -78,7 +79,8 @@ class CellCache:
         if problem is None:
             return rec
         log.warning("dsparksim: warning: corrupt cached cell %s (%s); computing it again", path, problem)
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # if it cannot go, the rewrite after the recompute will say why
+            path.unlink()
         return None
 
     def save_result(self, h: str, config: dict[str, Any], summary: dict[str, Any], wall_s: float,
