@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -466,12 +467,39 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run the CLI. Exit codes: 0 success; 1 the command ran but found a problem it reports (failed sweep cells,
+    `regress` differences, capacity errors); 2 bad input, impossible configuration or a missing optional extra
+    (one line on stderr); 130 interrupted (Ctrl-C); 141 stdout closed early (broken pipe). A traceback means a bug.
+    """
+    from dsparksim.errors import missing_extra, one_line
+
+    command = None
     try:
+        args = build_parser().parse_args(argv)
+        command = args.command
         return int(args.func(args) or 0)
     except InputError as e:  # bad input or impossible config: one clear line, no traceback
-        print(f"dsparksim: error: {e}", file=sys.stderr)
+        _stderr_line(f"dsparksim: error: {one_line(e)}")
         return 2
+    except ImportError as e:  # a missing optional extra names what to install; any other import error is a bug
+        extra = missing_extra(e, f"dsparksim {command}" if command else None)
+        if extra is None:
+            raise
+        _stderr_line(f"dsparksim: error: {one_line(extra)}")
+        return 2
+    except KeyboardInterrupt:  # pool workers ignore SIGINT and are terminated by the backend on the way out
+        _stderr_line("dsparksim: interrupted")
+        return 130
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): no traceback, and stdout must not be flushed again at exit.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _stderr_line(msg: str) -> None:
+    with contextlib.suppress(OSError):
+        print(msg, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -29,8 +29,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         res = run_sweep(spec, args.out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
                         progress=not args.quiet)
     except KeyboardInterrupt:
-        print(f"\ninterrupted: finished cells are saved in {args.out}/cells; run the same command again to resume",
-              file=sys.stderr)
+        print(f"dsparksim: interrupted: finished cells are saved in {args.out}/cells; run the same command again "
+              "to resume", file=sys.stderr)
         return 130
     if not args.quiet:
         print(f"{spec.name}: {res.n_cells} cells ({res.n_cached} cached, {res.n_ran} run, {len(res.failures)} "

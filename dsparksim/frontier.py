@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing as mp
-import os
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -34,44 +32,28 @@ def cells(base: RunConfig, policies: Sequence[str], loads: Sequence[float]) -> l
     return out
 
 
-def _run_cell(cfg: RunConfig) -> dict[str, Any]:
-    from dsparksim.simulate import simulate  # imported in the worker
-    return simulate(cfg).summary
+def run_cells(cfgs: list[RunConfig], jobs: int = 1, on_done: Callable[[], None] | None = None,
+              backend: str | None = None) -> list[dict[str, Any]]:
+    """Run every cell on a sweep backend (serial when jobs <= 1, else a local pool of ``jobs`` workers; or
+    ``backend`` by name); results in the order of ``cfgs``, identical whatever the backend.
 
-
-def run_cells(cfgs: list[RunConfig], jobs: int = 1, on_done: Callable[[], None] | None = None) -> list[dict[str, Any]]:
-    """Run every cell (in a process pool when jobs > 1); results in the order of ``cfgs``.
-
-    Any failing cell raises: a frontier with holes is never returned as if complete.
+    Any failing cell raises its own exception (an InputError keeps its one-line message) as soon as it fails, and
+    the cells still queued or running are cancelled: a frontier with holes is never returned as if complete.
     """
-    if jobs <= 1:
-        res = []
-        for c in cfgs:
-            res.append(_run_cell(c))
-            if on_done:
-                on_done()
-        return res
-    ctx = mp.get_context("fork" if os.name == "posix" else "spawn")
-    with ctx.Pool(jobs) as pool:
-        out: list[dict[str, Any] | None] = [None] * len(cfgs)
-        # Longest cells (highest load) first keeps both workers busy to the end.
-        order = sorted(range(len(cfgs)), key=lambda i: -_cost_hint(cfgs[i]))
-        it = pool.imap_unordered(_indexed, [(i, cfgs[i]) for i in order])
-        for i, summ in it:
-            out[i] = summ
-            if on_done:
-                on_done()
+    from dsparksim.sweep.backends import Task, cell_exception, make_backend
+
+    name = backend or ("serial" if jobs <= 1 or len(cfgs) <= 1 else "local")
+    out: list[dict[str, Any] | None] = [None] * len(cfgs)
+
+    def on_result(res: dict[str, Any]) -> None:
+        if not res["ok"]:
+            raise cell_exception(res)  # the backend cancels the rest
+        out[res["index"]] = res["summary"]
+        if on_done:
+            on_done()
+
+    make_backend(name, jobs).run([Task(i, c) for i, c in enumerate(cfgs)], on_result)
     return out  # type: ignore[return-value]
-
-
-def _indexed(arg: tuple[int, RunConfig]) -> tuple[int, dict[str, Any]]:
-    i, cfg = arg
-    return i, _run_cell(cfg)
-
-
-def _cost_hint(cfg: RunConfig) -> float:
-    t = cfg.traffic
-    return float(t.concurrency or t.rate or 1.0)
 
 
 def pareto_mask(x: np.ndarray, y: np.ndarray, eligible: np.ndarray | None = None) -> np.ndarray:

@@ -43,7 +43,7 @@ def run_cells_cached(cells: Sequence[Cell], out_dir: str | Path, backend: str = 
 
     cache = CellCache(out_dir)
     cache.clean_temp()
-    todo = [c for c in cells if not cache.done(c.hash)]
+    todo = [c for c in cells if not cache.done(c.hash)]  # a corrupt cached cell is warned about and redone
     by_index = {c.index: c for c in cells}
     failures: list[dict[str, Any]] = []
     mine = code_fingerprint()
@@ -67,7 +67,7 @@ def run_cells_cached(cells: Sequence[Cell], out_dir: str | Path, backend: str = 
             cache.save_result(c.hash, cfg_record(c, res.get("inputs")), res["summary"], res["wall_s"],
                               res.get("requests"))
         else:
-            cache.save_error(c.hash, cfg_record(c), res["error"], res.get("traceback", ""))
+            cache.save_error(c.hash, cfg_record(c), res["error"], res.get("traceback", ""))  # error: one line
             failures.append({"cell": c.index, "cell_hash": c.hash, **{KEY_PREFIX + k: v for k, v in c.key.items()},
                              "error": res["error"], "traceback": res.get("traceback", "")})
             bar.set_postfix(failed=len(failures))
@@ -78,7 +78,7 @@ def run_cells_cached(cells: Sequence[Cell], out_dir: str | Path, backend: str = 
                                                         on_result)
     finally:
         bar.close()
-    summaries = {c.index: cache.load(c.hash)["summary"] for c in cells if cache.done(c.hash)}
+    summaries = {c.index: rec["summary"] for c in cells if (rec := cache.get(c.hash)) is not None}
     failures.sort(key=lambda f: f["cell"])
     return summaries, failures, len(cells) - len(todo), len(todo)
 
