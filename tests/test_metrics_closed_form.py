@@ -216,8 +216,8 @@ def test_step_price_includes_the_context_term():
 def test_kv_fully_released_at_the_end_of_a_num_requests_run():
     # Six requests of 20 + 6 tokens, K=3: each reserves 20+6+3 = 29 KV tokens; capacity 60 holds two at once.
     n = 6
-    wl = Workload(prompt_tokens=np.full(n, 20), output_tokens=np.full(n, 6), domain=np.array(["chat"] * n, dtype=object),
-                  arrival_s=np.zeros(n))
+    wl = Workload(prompt_tokens=np.full(n, 20), output_tokens=np.full(n, 6),
+                  domain=np.array(["chat"] * n, dtype=object), arrival_s=np.zeros(n))
     sim = _engine(wl, kv=60, max_seqs=4, num_requests=n)
     res = sim.run()
     assert res.ended_by == "all_requests_done"
