@@ -23,8 +23,11 @@ engine's own linear interpolation. Breakpoints at 0 (TensorRT-LLM allows M=0) ar
 same floor/interp meaning. Nothing is extended beyond the table unless ``engine_clamp=True``, which reproduces
 the engine's clamp by adding breakpoints at 1 and at max_batch_tokens (recorded in metadata).
 
-Imported tables carry no drafter cost. Pass ``drafters_from`` (a profile name or path) to copy its drafters
-(recorded in metadata), or leave the profile without drafters: ``draft_time`` then raises a ConfigError that
+Imported tables carry no drafter cost, KV capacity or max_model_len. Pass ``drafters_from`` (a profile name or
+path) to copy its drafters (recorded in metadata), and/or :func:`complete_profile` to add the KV capacity,
+max_model_len and flat per-forward drafter costs (``dsparksim profile import --kv-capacity-tokens N
+--max-model-len N --drafter-cost NAME[:KIND]=SECONDS``); all recorded in metadata. :func:`run_readiness` lists what
+a default ``dsparksim run --profile`` would still need. Without drafters, ``draft_time`` raises a ConfigError that
 says how to add them.
 """
 from __future__ import annotations
