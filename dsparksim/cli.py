@@ -190,7 +190,8 @@ def cmd_frontier(args: argparse.Namespace) -> int:
                                  "load_axis": load_name, "jobs": jobs, "wall_s": round(wall, 2)})
     write_table(paths["comparison_csv"], comp)
     plot_frontier(df, paths["frontier_png"], title=f"{base.profile} | {base.acceptance} K={base.engine.block_size}"
-                                                   f" | {load_name} {min(loads):g}-{max(loads):g}")
+                                                   f" | {load_name} {min(loads):g}-{max(loads):g}",
+                  slas=args.sla or (), load_name=load_name)
     plot_verify_budget(df, paths["verify_budget_png"], load_name=load_name)
     write_table(paths["frontier_csv"], df)  # last: its presence means the sweep completed
     if not args.quiet:
@@ -201,20 +202,60 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gain_cell(r: Any) -> str:
+    """'mean +12% [+8..+15] over 1200-3400' (+ '!' on a narrow overlap); '-' when there is no gain to show."""
+    g = r["gain_mean"]
+    if g is None or g != g:
+        return "-" if not r["note"] else "n/a"
+    if r["range_lo"] == r["range_hi"]:  # a single SLA target: one interpolated value
+        return f"{100 * g:+.0f}%"
+    txt = (f"{100 * g:+.0f}% [{100 * r['gain_min']:+.0f}..{100 * r['gain_max']:+.0f}] "
+           f"over {r['range_lo']:.4g}-{r['range_hi']:.4g}")
+    return txt + (" !" if bool(r.get("narrow_overlap")) else "")
+
+
 def _comparison_text(df, comp, baseline: str) -> str:
-    lines = [f"{'policy':22s} {'peak tok/s':>11s} {'best user tok/s':>15s} "
-             f"{'user-speed gain vs ' + baseline:>26s} {'throughput gain @SLA':>21s}"]
+    """The frontier summary: per policy, unsaturated peak, best per-user speed, and every gain vs the baseline
+    with the range it was interpolated over; one column per --sla target; '!' marks a narrow overlap."""
+    import pandas as pd
+
+    slas = [m for m in dict.fromkeys(comp["metric"]) if m.startswith("throughput_gain_at_sla:")] if len(comp) else []
+    cols = [("tps_user_gain_at_matched_throughput", f"user-speed gain vs {baseline} @ same tok/s"),
+            ("throughput_gain_at_matched_sla", f"throughput gain vs {baseline} @ same tok/s/user")]
+    cols += [(m, f"tput gain @{m.split(':', 1)[1]} tok/s/user") for m in slas]
+    header = ["policy", "peak tok/s", "best user tok/s"] + [h for _, h in cols]
+    table = [header]
+    flagged = False
     for pol, g in df.groupby("policy", sort=False):
-        row = [f"{pol:22s}", f"{g['output_throughput_tok_s'].max():11.0f}", f"{g['tps_user_median'].max():15.1f}"]
-        for metric in ("tps_user_gain_at_matched_throughput", "throughput_gain_at_matched_sla"):
+        sat = g["saturated"].fillna(False).astype(bool) if "saturated" in g else pd.Series(False, index=g.index)
+        ok = g[~sat]
+        row = [str(pol), f"{ok['output_throughput_tok_s'].max():.0f}" if len(ok) else "n/a (saturated)",
+               f"{ok['tps_user_median'].max():.1f}" if len(ok) else "n/a"]
+        for metric, _ in cols:
             c = comp[(comp["policy"] == pol) & (comp["metric"] == metric)] if len(comp) else comp
-            if pol == baseline or c.empty or c.iloc[0]["gain_mean"] is None or c.iloc[0]["gain_mean"] != c.iloc[0]["gain_mean"]:
-                row.append(f"{'-':>26s}" if metric.startswith("tps") else f"{'-':>21s}")
+            if pol == baseline:
+                row.append("(baseline)")
+            elif c.empty:
+                row.append("-")
             else:
-                r = c.iloc[0]
-                txt = f"{100 * r['gain_min']:+.0f}..{100 * r['gain_max']:+.0f}% (mean {100 * r['gain_mean']:+.0f}%)"
-                row.append(f"{txt:>26s}" if metric.startswith("tps") else f"{txt:>21s}")
-        lines.append(" ".join(row))
+                cell = _gain_cell(c.iloc[0])
+                flagged |= cell.endswith("!")
+                row.append(cell)
+        table.append(row)
+    widths = [max(len(r[k]) for r in table) for k in range(len(header))]
+    lines = ["  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in enumerate(zip(r, widths))).rstrip()
+             for r in table]
+    lines.append("gains: mean [min..max] of (policy / baseline - 1) along the overlap of the two Pareto frontiers, "
+                 "over the stated range (tok/s for user-speed gains, tok/s/user for throughput gains); "
+                 "saturated points are never on a frontier; peak tok/s is over unsaturated points.")
+    if any(c == "n/a" for r in table[1:] for c in r[3:]):
+        lines.append("n/a: no overlap, or the SLA lies outside a frontier's per-user speed range (see the note "
+                     "column of comparison.csv); nothing is extrapolated.")
+    if flagged:
+        from dsparksim.frontier import NARROW_FRACTION, NARROW_MIN_POINTS
+        lines.append(f"! narrow overlap: the frontiers share less than {NARROW_FRACTION:.0%} of the baseline's range "
+                     f"on that axis, or fewer than {NARROW_MIN_POINTS} points of either frontier lie in it: the gain "
+                     f"is an edge interpolation, not a frontier-wide result.")
     return "\n".join(lines)
 
 
