@@ -98,9 +98,11 @@ def test_frontier_cells_are_bit_identical_to_a_lone_run():
     from dsparksim.cli import _run_config, _traffic, build_parser
     from dsparksim.frontier import cells
 
-    args = build_parser().parse_args(["frontier", "--duration", "3", "--seed", "5"])
+    # Built the way `run` (one load) and `frontier` (base config at the largest load) build them.
+    args = build_parser().parse_args(["frontier", "--duration", "3", "--seed", "5", "--domain",
+                                      "mix:math=1,code=1,chat=1"])
+    alone = simulate(_run_config(args, _traffic(args, "closed", concurrency=8))).summary
     base = _run_config(args, _traffic(args, "closed", concurrency=64))
-    alone = simulate(cells(base, ["goodput"], [8])[0]).summary
     among = [simulate(c).summary for c in cells(base, ["goodput"], [2, 8, 64])][1]
     assert alone == among
 
