@@ -124,7 +124,10 @@ class LazyWorkload:
         return self.limit is not None or self.horizon is not None
 
     def max_request_tokens(self) -> int:
-        """An upper bound on any request's prompt + output: the largest row of the length table."""
+        """Largest prompt + output of any request: exact for a finite workload, else the length table's largest
+        row (an upper bound)."""
+        if self.finite:
+            return self.materialise().max_request_tokens()
         return int((self._p + self._o).max()) if len(self._p) else 0
 
     def iter_blocks(self) -> Iterator[Block]:
