@@ -142,9 +142,12 @@ def plot_profile(p: CostProfile, path: str | Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     vt = p.verify_time_s if p.verify_time_s.ndim == 1 else p.verify_time_s[0]
-    ax.step(p.verify_M, vt * 1e3, where="post", label="verify (target forward)")
+    from dsparksim.plots import policy_color  # one colour per policy/drafter name in every plot
+
+    ax.step(p.verify_M, vt * 1e3, where="post", color="0.3", lw=1.6, label="verify (target forward)")
     for name, d in p.drafters.items():
-        ax.step(d.tokens, d.time_s * 1e3, where="post", lw=0.8, label=f"drafter {name} forward ({d.kind})")
+        ax.step(d.tokens, d.time_s * 1e3, where="post", lw=0.8, color=policy_color(name),
+                label=f"drafter {name} forward ({d.kind})")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("tokens in the forward (M)")

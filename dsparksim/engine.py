@@ -64,6 +64,9 @@ class SimResult:
     drafter: str
     notes: dict[str, Any] = field(default_factory=dict)
     reject_reason: np.ndarray | None = None  # per request: 0 served/queued, else a key of REJECT_REASONS
+    # per step x draft position p (0-based): decoding requests whose accepted prefix reached past p (vLLM's
+    # num_accepted_tokens_per_pos counter, kept per step so metrics can window it)
+    step_accepted_per_pos: np.ndarray | None = None
 
     @property
     def completed(self) -> np.ndarray:
@@ -163,7 +166,8 @@ class Simulation:
         self.log: dict[str, list] = {k: [] for k in (
             "t_start", "dt", "n_decode", "n_prefill_tokens", "M", "verify_tokens", "emitted", "decode_emitted",
             "n_waiting",
-            "n_running", "kv_used", "kv_read")}
+            "n_running", "kv_used", "kv_read", "drafts", "accepted")}
+        self.acc_pos_log: list[np.ndarray] = []
         self.notes: dict[str, Any] = {}
         self._dense = self._dense_verify_table()
 
@@ -380,6 +384,9 @@ class Simulation:
         dec, L, a = plan["dec"], plan["L"], plan["a"]
         emitted = decode_emitted = 0
         finished: list[np.ndarray] = []
+        # vLLM's spec-decode counters: a draft is a request verifying >= 1 draft token this step.
+        drafted = a[L > 0] if len(dec) else np.zeros(0, np.int64)
+        self.acc_pos_log.append((drafted[:, None] > np.arange(self.K)).sum(0).astype(np.int64))
         if len(dec):
             emit = np.minimum(a + 1, self.out[dec] - self.gen[dec])  # the last step may overshoot: stop at length
             self.gen[dec] += emit
@@ -413,6 +420,8 @@ class Simulation:
         lg["n_running"].append(len(self.running))
         lg["kv_used"].append(plan["kv_read"] + len(self.running) * self.K)
         lg["kv_read"].append(plan["kv_read"])
+        lg["drafts"].append(int(drafted.size))
+        lg["accepted"].append(int(drafted.sum()))
         if finished:
             done = np.concatenate(finished)
             if len(done):
@@ -507,4 +516,6 @@ class Simulation:
             sim_time_s=float(env.now),
             ended_by=ended_by, kv_capacity_tokens=self.kv_cap, max_batched_tokens=self.max_tokens,
             block_size=self.K, drafter=self.drafter, notes=self.notes, reject_reason=self.reject[:m].copy(),
+            step_accepted_per_pos=(np.vstack(self.acc_pos_log) if self.acc_pos_log
+                                   else np.zeros((0, self.K), np.int64)),
         )

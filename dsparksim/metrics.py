@@ -233,43 +233,11 @@ def _clean(v: Any) -> Any:
 
 def bench_serve_json(res: SimResult, summary: dict[str, Any], *, model_id: str, request_rate: Any,
                      burstiness: Any, max_concurrency: Any) -> dict[str, Any]:
-    """A dict shaped like `vllm bench serve --save-result` output, so simulated and real runs load alike."""
-    req = per_request_table(res)
-    done = req[req["completed"]]
-    ms = lambda x: None if x is None else 1000.0 * x  # noqa: E731
-    d = {
-        "backend": "dsparksim",
-        "model_id": model_id,
-        "tokenizer_id": model_id,
-        "num_prompts": int(len(req)),
-        "request_rate": request_rate,
-        "burstiness": burstiness,
-        "max_concurrency": max_concurrency,
-        "duration": summary["window_s"],
-        "completed": summary["num_requests_completed"],
-        "total_input_tokens": int(done["prompt_tokens"].sum()),
-        "total_output_tokens": int(done["output_tokens"].sum()),
-        "request_throughput": summary["request_throughput_req_s"],
-        "output_throughput": summary["output_throughput_tok_s"],
-        "total_token_throughput": None,
-        "input_lens": done["prompt_tokens"].astype(int).tolist(),
-        "output_lens": done["output_tokens"].astype(int).tolist(),
-        "ttfts": done["ttft_s"].astype(float).tolist(),
-        "errors": [""] * len(done),
-        "mean_ttft_ms": ms(summary["ttft_mean_s"]),
-        "median_ttft_ms": ms(summary["ttft_median_s"]),
-        "p99_ttft_ms": ms(summary["ttft_p99_s"]),
-        "mean_tpot_ms": ms(summary["tpot_mean_s"]),
-        "median_tpot_ms": ms(summary["tpot_median_s"]),
-        "p99_tpot_ms": ms(summary["tpot_p99_s"]),
-        "median_itl_ms": ms(summary["itl_median_s"]),
-        "p99_itl_ms": ms(summary["itl_p99_s"]),
-        "mean_e2el_ms": ms(summary["e2e_mean_s"]),
-        "median_e2el_ms": ms(summary["e2e_median_s"]),
-        "p99_e2el_ms": ms(summary["e2e_p99_s"]),
-        "spec_decode": {"mean_verify_len": summary["mean_verify_len"], "acceptance_length": summary["tau"]},
-    }
-    if summary["window_s"]:
-        tin = d["total_input_tokens"]
-        d["total_token_throughput"] = (tin + d["total_output_tokens"]) / summary["window_s"]
-    return {k: _clean(v) for k, v in d.items()}
+    """The run shaped exactly as `vllm bench serve --save-result` writes it (keys, units, meanings):
+    see :mod:`dsparksim.bench_json`. Prompts are the requests issued in the measurement window."""
+    from dsparksim.bench_json import bench_result
+
+    d = bench_result(res, warmup_s=float(summary["warmup_s"]), duration_s=float(summary["window_s"]),
+                     model_id=model_id, request_rate=request_rate, burstiness=burstiness,
+                     max_concurrency=max_concurrency)
+    return {k: ([_clean(x) for x in v] if isinstance(v, list) else _clean(v)) for k, v in d.items()}
