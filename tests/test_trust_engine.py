@@ -83,7 +83,8 @@ def test_frontier_cell_equals_run_whatever_the_other_load_levels(tmp_path):
     rows = []
     for levels in ("1,8", "1,8,32"):
         out = tmp_path / levels
-        assert main(["frontier", "--policies", "confidence", "--concurrency-levels", levels, "--jobs", "1",
+        assert main(["frontier", "--policies", "confidence", "--baseline", "confidence", "--concurrency-levels", levels,
+                     "--jobs", "1",
                      *common, "--out", str(out)]) == 0
         rows.append(pd.read_csv(out / "frontier.csv").set_index("load").loc[8])
     cols = [c for c in rows[0].index if c != "pareto"]
@@ -101,7 +102,7 @@ def test_frontier_cells_are_bit_identical_to_a_lone_run():
     # Built the way `run` (one load) and `frontier` (base config at the largest load) build them.
     args = build_parser().parse_args(["frontier", "--duration", "3", "--seed", "5", "--domain",
                                       "mix:math=1,code=1,chat=1"])
-    alone = simulate(_run_config(args, _traffic(args, "closed", concurrency=8))).summary
+    alone = simulate(_run_config(args, _traffic(args, "closed", concurrency=8)).replace(policy="goodput")).summary
     base = _run_config(args, _traffic(args, "closed", concurrency=64))
     among = [simulate(c).summary for c in cells(base, ["goodput"], [2, 8, 64])][1]
     assert alone == among
