@@ -88,9 +88,10 @@ class TrafficConfig:
         gap. Only valid for Mooncake traces.
     time_scale: rate multiplier for open loop: arrival times are divided by it (2 = twice the load).
     lengths: where (prompt, output) lengths come from for synthetic arrivals and closed loop, resampled with
-        replacement using the rng: a shipped name ("azure-conv" default, "azure-code", "sharegpt", "arxiv") or a
+        replacement, request i's row from its keyed stream (traffic.base): a shipped name ("azure-conv" default, "azure-code", "sharegpt", "arxiv") or a
         path to any supported file. In trace mode None means the trace's own lengths; a value resamples instead.
-    domain: "math" | "code" | "chat" | "mix:math=0.3,code=0.3,chat=0.4" (weights normalised, drawn per request) |
+    domain: "math" | "code" | "chat" | "mix:math=0.3,code=0.3,chat=0.4" (weights normalised, drawn per request
+        from its keyed stream) |
         "trace" (the ``domain`` column of the file the lengths come from; an error if it has none).
     num_requests / duration_s: open loop stops at whichever comes first (one is required for synthetic arrivals;
         trace replay uses the whole file when neither is set). Closed loop: num_requests is the number of requests
