@@ -89,7 +89,8 @@ class TrafficConfig:
     time_scale: rate multiplier for open loop: arrival times are divided by it (2 = twice the load).
     lengths: where (prompt, output) lengths come from for synthetic arrivals and closed loop, resampled with
         replacement (request i's row from its keyed stream, traffic.base): a shipped name ("azure-conv" default,
-        "azure-code", "sharegpt", "arxiv") or a path to any supported file. In trace mode None means the trace's own lengths; a value resamples instead.
+        "azure-code", "sharegpt", "arxiv") or a path to any supported file. In trace mode None means the trace's
+        own lengths; a value resamples instead.
     domain: "math" | "code" | "chat" | "mix:math=0.3,code=0.3,chat=0.4" (weights normalised, drawn per request
         from its keyed stream) |
         "trace" (the ``domain`` column of the file the lengths come from; an error if it has none).
