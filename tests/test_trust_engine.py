@@ -12,7 +12,7 @@ import pytest
 from dsparksim import engine as engine_mod
 from dsparksim.acceptance.base import AcceptanceModel, Block
 from dsparksim.cli import main
-from dsparksim.config import EngineConfig, RunConfig
+from dsparksim.config import RunConfig
 from dsparksim.engine import SimResult, Simulation
 from dsparksim.errors import ConfigError
 from dsparksim.metrics import per_request_table, saturation, summarize

@@ -7,7 +7,7 @@ from dsparksim.errors import ConfigError, InputError
 from dsparksim.traffic.arrivals import interarrival_cv, interarrivals
 from dsparksim.traffic.base import (CHUNK, STREAM_DOMAIN, STREAM_GAP, STREAM_ROW, LazyWorkload, Workload,
                                     expected_count, keyed_rng)
-from dsparksim.traffic.config import DEFAULT_LENGTHS, OPEN_SYNTHETIC, TrafficConfig, parse_domain
+from dsparksim.traffic.config import DEFAULT_LENGTHS, TrafficConfig, parse_domain
 from dsparksim.traffic.readers import DOMAINS, TraceTable, read_trace
 from dsparksim.traffic.sources import resolve
 
