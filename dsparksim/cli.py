@@ -197,12 +197,8 @@ def _traffic(args: argparse.Namespace, mode: str, **over: Any):
     if args.mooncake_spread:
         kw["mooncake_spread"] = True
     kw.update(over)
-    if kw["mode"] == "closed":
-        conc = int(kw.get("concurrency") or 1)
-        if args.num_requests is None:
-            # Enough rows that no user runs dry: 10 requests per user per simulated second (the engine raises,
-            # never recycles, if a pool runs out).
-            kw["pool_size"] = conc * (8 + math.ceil(10 * (duration or 0))) + 64
+    # Closed loop needs no pool: requests are generated lazily as users need them (traffic.base), so a cell never
+    # depends on the other load levels of a frontier or sweep.
     return TrafficConfig(**kw)
 
 

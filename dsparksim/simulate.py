@@ -81,11 +81,22 @@ def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None) ->
     sim = Simulation(profile=profile, acceptance=acceptance, policy=policy, workload=workload, block_size=K,
                      drafter=drafter, kv_capacity_tokens=int(kv_cap), max_num_seqs=cfg.engine.max_num_seqs,
                      max_batched_tokens=int(max_tok), prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens,
-                     rng=rngs["acceptance"], duration_s=duration, num_requests=t.num_requests, progress=progress)
+                     rng=rngs["acceptance"], duration_s=duration, num_requests=t.num_requests, progress=progress,
+                     max_model_len=max_model_len(profile))
     res = sim.run()
     summary, inputs = run_summary(cfg, res, profile, acceptance, policy, workload, K, drafter, kv_cap, max_tok,
                                   duration)
     return RunOutput(config=cfg, summary=summary, result=res, inputs=inputs)
+
+
+def max_model_len(profile) -> int | None:
+    """The profile's ``metadata.max_model_len`` (longest prompt + output the server accepts), if it states one."""
+    v = profile.metadata.get("max_model_len")
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(profile.source, "metadata.max_model_len", f"expected an integer >= 1, got {v!r}")
+    return v
 
 
 def engine_limits(cfg: RunConfig, profile) -> tuple[int, int]:
@@ -118,7 +129,10 @@ def run_summary(cfg: RunConfig, res: SimResult, profile, acceptance, policy, wor
         "workload": workload.metadata,
         "policy": {"spec": policy.spec, "block_size": K, "drafter": drafter},
         "engine": {"kv_capacity_tokens": int(kv_cap), "max_batched_tokens": int(max_tok),
-                   "admission": "FIFO; reserve prompt+output+K KV tokens at admission (no preemption)"},
+                   "max_model_len": max_model_len(profile),
+                   "admission": "FIFO; reserve prompt+output+K KV tokens at admission (no preemption)",
+                   "rejection": "on arrival when prompt+output > max_model_len or prompt+output+K > KV capacity "
+                                "(counted, never admitted; closed loop: the user sends its next request)"},
     }
     return summary, inputs
 

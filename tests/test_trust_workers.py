@@ -155,9 +155,10 @@ def test_an_unpicklable_worker_exception_still_arrives_as_one_line(monkeypatch):
 
 
 def test_sweep_failures_json_holds_the_one_line_message(tmp_path):
-    # kv_capacity_tokens=100 is a valid config but no request fits: every cell fails at run time with a
+    # kv_capacity_tokens=50 is a valid config but no request fits (the shortest azure-conv row has 95 tokens; a
+    # capacity that fits some rows serves those and rejects the rest): every cell fails at run time with a
     # ConfigError; failures.json must carry the very line the CLI prints for `dsparksim run`, nothing more.
-    spec = spec_from_dict({"base": {"duration_s": 2.0, "policy": "mtp1", "kv_capacity_tokens": 100},
+    spec = spec_from_dict({"base": {"duration_s": 2.0, "policy": "mtp1", "kv_capacity_tokens": 50},
                            "axes": {"concurrency": [1, 2]}})
     res = run_sweep(spec, tmp_path / "o", backend="local", workers=2, progress=False)
     from dsparksim.simulate import simulate
