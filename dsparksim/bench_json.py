@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from dsparksim.engine import SimResult
+from dsparksim.engine import REJECT_REASONS, SimResult
 
 # The keys vLLM writes (setup, result, spec decode, statistics), in its order.
 SETUP_KEYS = ("date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
@@ -59,7 +59,7 @@ def _error(res: SimResult, i: int, t_end: float) -> str:
         return ""
     reason = getattr(res, "reject_reason", None)  # set by an engine that rejects unservable requests
     if reason is not None and reason[i]:
-        return f"rejected: {reason[i]}"
+        return f"rejected: {REJECT_REASONS.get(int(reason[i]), int(reason[i]))}"
     if not math.isfinite(res.admitted_s[i]):
         return f"not admitted before the run ended at {t_end:.3f} s"
     return (f"unfinished when the run ended at {t_end:.3f} s "

@@ -83,9 +83,15 @@ def _weighted_pct(values: np.ndarray, weights: np.ndarray, q: float) -> float:
     v, w = values[keep], weights[keep]
     if not v.size:
         return float("nan")
+    # np.percentile (linear) over the pooled samples, as vllm bench serve computes ITL percentiles, without
+    # building the pooled list: sample p of the pool is v[searchsorted(cumulative weights, p, 'right')].
     order = np.argsort(v, kind="stable")
-    cw = np.cumsum(w[order])
-    return float(v[order][np.searchsorted(cw, q / 100.0 * cw[-1])])
+    v, cw = v[order], np.cumsum(w[order])
+    h = (cw[-1] - 1) * q / 100.0
+    lo, hi = math.floor(h), math.ceil(h)
+    a = v[min(np.searchsorted(cw, lo, side="right"), len(v) - 1)]
+    b = v[min(np.searchsorted(cw, hi, side="right"), len(v) - 1)]
+    return float(a + (h - lo) * (b - a))
 
 
 # Saturation thresholds (see saturation()).

@@ -133,8 +133,6 @@ def test_itl_percentiles_are_weighted_by_chunks(summ):
     assert summ["itl_p99_s"] == pytest.approx(2.0)
 
 
-@pytest.mark.xfail(strict=True, reason="metrics._weighted_pct takes the inverted-CDF sample, vllm bench serve takes "
-                                       "np.percentile (linear interpolation) over the pooled ITL samples")
 def test_itl_percentile_interpolates_like_vllm_bench_serve():
     # Two steps of 1.0 s and 3.0 s with one decoding request each: pooled ITLs [1.0, 3.0]. vllm bench serve reports
     # np.percentile: median 2.0, p99 = 1.0 + 0.99 * 2.0 = 2.98. Today: 1.0 and 3.0.

@@ -225,6 +225,10 @@ def test_cli_mooncake_replay_finishes_and_marks_rejections(tmp_path):
     assert len(rej) == s["num_requests_rejected"] and set(rej["reject_reason"]) == {"kv_capacity"}
     assert (rej["prompt_tokens"] + rej["output_tokens"] + 7 > s["kv_capacity_tokens"]).all()
     assert 157 in set(rej["request_id"])
+    # bench_result.json: a rejected prompt is failed with the reason by name, like vLLM's error text
+    bench = json.loads((out / "bench_result.json").read_text())
+    assert bench["failed"] >= s["num_requests_rejected"]
+    assert sum(e == "rejected: kv_capacity" for e in bench["errors"]) == s["num_requests_rejected"]
 
 
 # ------------------------------------------------------------------ defect 4: saturation from queueing
