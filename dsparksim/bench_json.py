@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,57 @@ PERCENTILES = (99,)
 STAT_KEYS = tuple(f"{s}_{m}_ms" for m in STAT_METRICS
                   for s in ("mean", "median", "std", *(f"p{p}" for p in PERCENTILES)))
 ALL_KEYS = SETUP_KEYS + RESULT_KEYS + SPEC_DECODE_KEYS + STAT_KEYS
+
+
+class ItlLists(Sequence):
+    """``itls``: per prompt, the dt of every step it decoded in, as a lazy sequence of lists.
+
+    A long run has millions of ITL samples; as Python lists they took most of a 1-hour run's memory. Entries are
+    built on access, and :func:`write_bench_json` streams them to the file one prompt at a time.
+    """
+
+    def __init__(self, dt: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+        self._dt, self._lo, self._hi = dt, np.asarray(lo, np.int64), np.asarray(hi, np.int64)
+
+    def __len__(self) -> int:
+        return len(self._lo)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self._dt[self._lo[i]:self._hi[i]].tolist()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and all(
+            list(a) == list(b) for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def n_samples(self) -> int:
+        return int((self._hi - self._lo).sum())
+
+
+def write_bench_json(path, d: dict[str, Any]) -> None:
+    """Write a bench_result dict as JSON, one key per line, streaming ``itls`` (vLLM's file has no indent)."""
+    import json
+
+    from dsparksim.simulate import atomic_write
+
+    def write(p) -> None:
+        with open(p, "w") as f:
+            f.write("{")
+            for n, (k, v) in enumerate(d.items()):
+                f.write(("," if n else "") + "\n" + json.dumps(k) + ": ")
+                if isinstance(v, ItlLists):
+                    f.write("[")
+                    for i in range(len(v)):
+                        f.write((", " if i else "") + json.dumps(v[i], allow_nan=False))
+                    f.write("]")
+                else:
+                    f.write(json.dumps(v, allow_nan=False))
+            f.write("\n}\n")
+
+    atomic_write(path, write)
 
 
 def _stats(prefix: str, x: list[float] | np.ndarray) -> dict[str, float | None]:
@@ -109,7 +161,7 @@ def bench_result(res: SimResult, *, warmup_s: float, duration_s: float, model_id
     lo = np.where(np.isfinite(first), np.searchsorted(t_start, np.nan_to_num(first, nan=np.inf), "left"), n_steps)
     hi = np.where(np.isfinite(fin), np.searchsorted(t_start, np.nan_to_num(fin, nan=np.inf), "left"), n_steps)
     hi = np.maximum(hi, lo)
-    itls = [dt[a:b].tolist() for a, b in zip(lo, hi)]
+    itls = ItlLists(dt, lo, hi)
     ttfts = np.where(np.isfinite(first), first - arr[idx], 0.0)
     lat = np.where(ok, fin - arr[idx], 0.0)
     out_lens = np.where(ok, res.output_tokens[idx], 0).astype(np.int64)
@@ -117,7 +169,8 @@ def bench_result(res: SimResult, *, warmup_s: float, duration_s: float, model_id
     completed = int(ok.sum())
     total_in, total_out = int(in_lens[ok].sum()), int(out_lens.sum())
     tpots = [(lat[j] - ttfts[j]) / (out_lens[j] - 1) for j in np.flatnonzero(ok) if out_lens[j] > 1]
-    itl_pool = [x for j in np.flatnonzero(ok) for x in itls[j]]
+    segs = [dt[a:b] for a, b in zip(lo[ok], hi[ok])]
+    itl_pool = np.concatenate(segs) if segs else np.zeros(0)
     # Chunks per step from completed requests (difference array over their step ranges).
     diff = np.zeros(n_steps + 1)
     np.add.at(diff, lo[ok], 1)

@@ -246,4 +246,5 @@ def bench_serve_json(res: SimResult, summary: dict[str, Any], *, model_id: str, 
     d = bench_result(res, warmup_s=float(summary["warmup_s"]), duration_s=float(summary["window_s"]),
                      model_id=model_id, request_rate=request_rate, burstiness=burstiness,
                      max_concurrency=max_concurrency)
-    return {k: ([_clean(x) for x in v] if isinstance(v, list) else _clean(v)) for k, v in d.items()}
+    return {k: ([_clean(x) for x in v] if isinstance(v, list) else v if k == "itls" else _clean(v))
+            for k, v in d.items()}

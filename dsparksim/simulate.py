@@ -181,6 +181,7 @@ def write_run(out: RunOutput, out_dir: str | Path, fmt: str = "csv", steps: bool
 
     Everything goes into a staging directory that then replaces ``out_dir`` whole (dsparksim.outputs): the result
     is complete or absent, and no file of an earlier run into the same directory survives."""
+    from dsparksim.bench_json import write_bench_json
     from dsparksim.outputs import staged_dir
 
     final = Path(out_dir)
@@ -198,7 +199,7 @@ def write_run(out: RunOutput, out_dir: str | Path, fmt: str = "csv", steps: bool
         write_json(d / names["config"], {"config": cfg.to_dict(), "inputs": _jsonable(out.inputs),
                                          "dsparksim_version": _version()})
         write_table(d / names["requests"], out.requests())
-        write_json(d / names["bench"], bench)
+        write_bench_json(d / names["bench"], bench)
         if steps:
             write_table(d / names["steps"], pd.DataFrame(out.result.steps))
         write_json(d / names["summary"], round_floats(out.summary))
