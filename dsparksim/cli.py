@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -15,11 +16,80 @@ from dsparksim.errors import ConfigError, InputError
 DEFAULT_DURATION_S = 60.0
 
 
-def _floats(s: str) -> list[float]:
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage block): ``dsparksim run: error: argument --x: ...``, exit 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _number(s: str, kind: type, lo: float, lo_open: bool, what: str):
     try:
-        return [float(x) for x in s.split(",") if x.strip()]
+        v = kind(s)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from None
+        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
+    if not math.isfinite(v) or v < lo or (lo_open and v == lo):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
+    return v
+
+
+def pos_float(s: str) -> float:
+    """argparse type: a finite number > 0."""
+    return _number(s, float, 0.0, True, "a finite number > 0")
+
+
+def nonneg_float(s: str) -> float:
+    """argparse type: a finite number >= 0."""
+    return _number(s, float, 0.0, False, "a finite number >= 0")
+
+
+def pos_int(s: str) -> int:
+    """argparse type: an integer >= 1."""
+    return _number(s, int, 1, False, "an integer >= 1")
+
+
+def nonneg_int(s: str) -> int:
+    """argparse type: an integer >= 0."""
+    return _number(s, int, 0, False, "an integer >= 0")
+
+
+def _floats(s: str) -> list[float]:
+    # Load levels and SLA targets: every listed value is a finite number > 0, and at least one is listed.
+    vals = [x.strip() for x in s.split(",")]
+    if not any(vals) or not all(vals):
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers > 0, got {s!r}")
+    return [_number(x, float, 0.0, True, "comma-separated numbers > 0") for x in vals]
+
+
+def _ints(s: str) -> list[int]:
+    vals = [x.strip() for x in s.split(",")]
+    if not any(vals) or not all(vals):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {s!r}")
+    return [_number(x, int, 1, False, "comma-separated integers >= 1") for x in vals]
+
+
+class _DraftLen(argparse.Action):
+    """Stores K; ``--block-size`` still works but warns (in vLLM it is the KV-cache page size)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string == "--block-size":
+            print("dsparksim: warning: --block-size is deprecated (vLLM's --block-size is the KV page size); "
+                  "use --num-speculative-tokens or -K", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_draft_len(g) -> None:
+    """The draft length option, vLLM's name first: --num-speculative-tokens / -K (--block-size deprecated)."""
+    g.add_argument("--num-speculative-tokens", "-K", "--block-size", dest="block_size", type=int, default=7,
+                   action=_DraftLen, metavar="K",
+                   help="draft tokens per block, K (--block-size: deprecated alias) [%(default)s]")
+
+
+def add_out(p: argparse.ArgumentParser, default: str | None, help: str = "output directory") -> None:
+    """``--out`` and its vLLM spelling ``--result-dir``."""
+    kw = {"default": default} if default is not None else {"required": True}
+    p.add_argument("--out", "--result-dir", dest="out", **kw,
+                   help=f"{help}" + (" [%(default)s]" if default is not None else ""))
 
 
 def _add_common(p: argparse.ArgumentParser, frontier: bool) -> None:
@@ -31,28 +101,31 @@ def _add_common(p: argparse.ArgumentParser, frontier: bool) -> None:
                         "vllm:PATH, sglang:PATH or tau:X [%(default)s]")
     g.add_argument("--mtp1-acceptance", default="mtp1",
                    help="acceptance source the mtp1 baseline runs with [%(default)s]")
-    g.add_argument("--block-size", "-K", type=int, default=7, help="draft block size K [%(default)s]")
+    add_draft_len(g)
     t = p.add_argument_group("traffic (closed loop by default)")
     if frontier:
-        t.add_argument("--concurrency-levels", type=_floats, default=None,
+        t.add_argument("--concurrency-levels", type=_ints, default=None,
                        help="closed-loop load levels (users), comma-separated [1,2,4,8,16,32,64,96,128]")
         t.add_argument("--rates", type=_floats, default=None,
                        help="open-loop load levels (req/s), comma-separated; uses Poisson/gamma arrivals")
         t.add_argument("--time-scales", type=_floats, default=None,
-                       help="trace replay load levels (arrival-rate multipliers), comma-separated")
+                       help="trace replay load levels (arrival-rate multipliers), comma-separated (needs --trace)")
     else:
         x = t.add_mutually_exclusive_group()
-        x.add_argument("--concurrency", type=int, help="closed loop with N concurrent users [32 if nothing else]")
-        x.add_argument("--rate", type=float, help="open loop, mean arrival rate in req/s")
+        x.add_argument("--concurrency", "--max-concurrency", dest="concurrency", type=pos_int,
+                       help="closed loop with N concurrent users [32 if nothing else]")
+        x.add_argument("--rate", "--request-rate", dest="rate", type=pos_float,
+                       help="open loop, mean arrival rate in req/s")
         x.add_argument("--trace", help="replay an arrival trace: an Azure 2023 CSV or Mooncake JSONL path, or a shipped window "
                                        "(azure-conv-window, azure-code-window, mooncake-window)")
-        t.add_argument("--time-scale", type=float, default=1.0, help="trace replay rate multiplier [%(default)s]")
+        t.add_argument("--time-scale", type=pos_float, default=None,
+                       help="trace replay rate multiplier (needs --trace) [1]")
     if frontier:
         t.add_argument("--trace", help="replay an arrival trace at each --time-scales level")
-    t.add_argument("--burstiness", type=float, default=1.0,
+    t.add_argument("--burstiness", type=pos_float, default=1.0,
                    help="open loop: gamma shape (1 = Poisson, <1 burstier), as vllm bench serve [%(default)s]")
     t.add_argument("--arrival", choices=["poisson", "gamma", "constant"], default=None,
-                   help="open-loop arrival process [poisson, or gamma when --burstiness != 1]")
+                   help="open-loop arrival process (needs a rate) [poisson, or gamma when --burstiness != 1]")
     t.add_argument("--mooncake-spread", action="store_true",
                    help="Mooncake replay: spread each ~3 s timestamp group over the gap (default: fire at once)")
     t.add_argument("--lengths", default=None,
@@ -61,10 +134,12 @@ def _add_common(p: argparse.ArgumentParser, frontier: bool) -> None:
     t.add_argument("--domain", default="mix:math=1,code=1,chat=1",
                    help="domain of each request: math | code | chat | mix:math=W,code=W,chat=W [%(default)s]")
     d = t.add_mutually_exclusive_group()
-    d.add_argument("--duration", type=float, default=None, help=f"simulated seconds [{DEFAULT_DURATION_S:g}]")
-    d.add_argument("--num-requests", type=int, default=None, help="serve exactly N requests, then stop")
-    t.add_argument("--warmup", type=float, default=None,
-                   help="seconds excluded from the metrics [10%% of --duration; 0 with --num-requests]")
+    d.add_argument("--duration", type=pos_float, default=None, help=f"simulated seconds [{DEFAULT_DURATION_S:g}]")
+    d.add_argument("--num-requests", "--num-prompts", dest="num_requests", type=pos_int, default=None,
+                   help="serve exactly N requests, then stop")
+    t.add_argument("--warmup", type=nonneg_float, default=None,
+                   help="seconds excluded from the metrics, below --duration [10%% of --duration; 0 with "
+                        "--num-requests]")
     e = p.add_argument_group("engine")
     e.add_argument("--kv-capacity", type=int, default=None, help="KV capacity in tokens [profile's value]")
     e.add_argument("--max-num-seqs", type=int, default=1024, help="most running requests [%(default)s]")
@@ -73,8 +148,37 @@ def _add_common(p: argparse.ArgumentParser, frontier: bool) -> None:
     e.add_argument("--prefill-chunk", type=int, default=2048, help="chunked-prefill tokens per step [%(default)s]")
     e.add_argument("--extrapolate", action="store_true",
                    help="allow cost lookups beyond the profile's last breakpoint (reported in the summary)")
-    p.add_argument("--seed", type=int, default=0, help="random seed [%(default)s]")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="random seed [%(default)s]")
     p.add_argument("--format", choices=["csv", "parquet"], default="csv", help="per-request table format")
+
+
+def _bad(option: str, message: str) -> ConfigError:
+    return ConfigError("cli", option, message)
+
+
+def check_run_args(args: argparse.Namespace, frontier: bool = False) -> None:
+    """Checks of `run`-style options that argparse cannot do alone, before anything is simulated.
+
+    Options that would be ignored are errors, never silently dropped; the output directory must be usable and a
+    needed extra (pyarrow for --format parquet) importable."""
+    if args.warmup is not None and args.num_requests is None:
+        dur = args.duration if args.duration is not None else DEFAULT_DURATION_S
+        if args.warmup >= dur:
+            raise _bad("--warmup", f"expected a value below --duration ({dur:g} s) so some time is measured, "
+                       f"got {args.warmup:g}")
+    has_rate = bool(args.rates) if frontier else args.rate is not None
+    if args.arrival is not None and not has_rate:
+        raise _bad("--arrival", f"applies to open-loop arrivals only (set {'--rates' if frontier else '--rate'}); "
+                   f"got --arrival {args.arrival} without a rate")
+    if not frontier and args.time_scale is not None and not args.trace:
+        raise _bad("--time-scale", f"applies to trace replay only (set --trace); got --time-scale {args.time_scale:g}")
+    if args.format == "parquet":
+        if frontier:
+            raise _bad("--format", "frontier writes no per-request table; --format applies to run")
+        from dsparksim.outputs import need_parquet
+        need_parquet("--format")
+    from dsparksim.outputs import check_out_dir
+    check_out_dir(args.out, "--out")
 
 
 def _traffic(args: argparse.Namespace, mode: str, **over: Any):
@@ -93,19 +197,16 @@ def _traffic(args: argparse.Namespace, mode: str, **over: Any):
     if args.mooncake_spread:
         kw["mooncake_spread"] = True
     kw.update(over)
-    if kw["mode"] == "closed":
-        conc = int(kw.get("concurrency") or 1)
-        if args.num_requests is None:
-            # Enough rows that no user runs dry: 10 requests per user per simulated second (the engine raises,
-            # never recycles, if a pool runs out).
-            kw["pool_size"] = conc * (8 + math.ceil(10 * (duration or 0))) + 64
+    # Closed loop needs no pool: requests are generated lazily as users need them (traffic.base), so a cell never
+    # depends on the other load levels of a frontier or sweep.
     return TrafficConfig(**kw)
 
 
 def run_traffic(args: argparse.Namespace, default_concurrency: int):
     """The traffic of one run from `run`-style options: --trace | --rate | --concurrency (the default)."""
     if args.trace:
-        return _traffic(args, "trace", trace=args.trace, time_scale=args.time_scale)
+        return _traffic(args, "trace", trace=args.trace,
+                        time_scale=args.time_scale if args.time_scale is not None else 1.0)
     if args.rate is not None:
         return _traffic(args, "open", rate=args.rate)
     return _traffic(args, "closed", concurrency=args.concurrency or default_concurrency)
@@ -125,6 +226,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from dsparksim.simulate import simulate, write_run
 
+    check_run_args(args)  # every option and the output directory, before the simulation
     traffic = run_traffic(args, default_concurrency=32)
     cfg = _run_config(args, traffic)
     t0 = time.perf_counter()
@@ -157,12 +259,18 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     from dsparksim.frontier import (DEFAULT_CONCURRENCY, DEFAULT_POLICIES, cells, comparison_table,
                                     frontier_table, run_cells)
     from dsparksim.plots import plot_frontier, plot_verify_budget
+    from dsparksim.outputs import staged_dir
     from dsparksim.policies import make_policy
     from dsparksim.simulate import write_json, write_table
 
     policies = [p.strip() for p in args.policies.split(",")] if args.policies else list(DEFAULT_POLICIES)
     for p in policies:
         make_policy(p)  # fail fast on a bad spec, before any cell runs
+    if args.baseline not in policies:
+        raise ConfigError("cli", "--baseline", f"must be one of --policies ({','.join(policies)}), "
+                          f"got {args.baseline!r}")
+    check_frontier_loads(args)
+    check_run_args(args, frontier=True)
     if args.trace:
         loads, traffic, load_name = args.time_scales or [0.5, 1, 2, 4], _traffic(args, "trace", trace=args.trace,
                                                                                time_scale=1.0), "trace time scale"
@@ -173,26 +281,34 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         traffic = _traffic(args, "closed", concurrency=int(max(loads)))
         load_name = "concurrent users"
     base = _run_config(args, traffic)
+    preflight(base, policies)
     cfgs = cells(base, policies, loads)
     jobs = args.jobs or min(os.cpu_count() or 1, len(cfgs))
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with tqdm(total=len(cfgs), unit="cell", disable=args.quiet, desc="frontier") as bar:
         summaries = run_cells(cfgs, jobs=jobs, on_done=lambda: bar.update(1))
     wall = time.perf_counter() - t0
     df = frontier_table(summaries)
     comp = comparison_table(df, baseline=args.baseline, slas=args.sla or ())
-    paths = {"config": out / "config.json", "frontier_csv": out / "frontier.csv",
-             "comparison_csv": out / "comparison.csv", "frontier_png": out / "frontier.png",
-             "verify_budget_png": out / "verify_budget.png"}
-    write_json(paths["config"], {"base_config": base.to_dict(), "policies": policies, "loads": list(loads),
-                                 "load_axis": load_name, "jobs": jobs, "wall_s": round(wall, 2)})
-    write_table(paths["comparison_csv"], comp)
-    plot_frontier(df, paths["frontier_png"], title=f"{base.profile} | {base.acceptance} K={base.engine.block_size}"
-                                                   f" | {load_name} {min(loads):g}-{max(loads):g}")
-    plot_verify_budget(df, paths["verify_budget_png"], load_name=load_name)
-    write_table(paths["frontier_csv"], df)  # last: its presence means the sweep completed
+    names = {"config": "config.json", "frontier_csv": "frontier.csv", "comparison_csv": "comparison.csv",
+             "frontier_png": "frontier.png", "verify_budget_png": "verify_budget.png"}
+    with staged_dir(out) as d:  # all five files replace OUT together (dsparksim.outputs)
+        write_json(d / names["config"], {"base_config": base.to_dict(), "policies": policies, "loads": list(loads),
+                                         "load_axis": load_name, "jobs": jobs, "wall_s": round(wall, 2)})
+        write_table(d / names["comparison_csv"], comp)
+        plot_frontier(df, d / names["frontier_png"], title=f"{base.profile} | {base.acceptance} "
+                      f"K={base.engine.block_size} | {load_name} {min(loads):g}-{max(loads):g}",
+                      slas=args.sla or (), load_name=load_name)
+        plot_verify_budget(df, d / names["verify_budget_png"], load_name=load_name)
+        write_table(d / names["frontier_csv"], df)
+    paths = {k: out / v for k, v in names.items()}
+    empty = _empty_cells(df)
+    if empty:
+        # Kept in frontier.csv with empty metrics (never Pareto) -- said out loud, never silently left off a plot.
+        print(f"dsparksim: warning: {len(empty)} cell(s) finished no request in the measurement window; they stay "
+              f"in frontier.csv with empty metrics and are never Pareto: {', '.join(empty)} (lengthen --duration)",
+              file=sys.stderr)
     if not args.quiet:
         print(f"{len(cfgs)} cells ({len(policies)} policies x {len(loads)} loads) in {wall:.1f} s with {jobs} jobs")
         print(_comparison_text(df, comp, args.baseline))
@@ -201,36 +317,129 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gain_cell(r: Any) -> str:
+    """'mean +12% [+8..+15] over 1200-3400' (+ '!' on a narrow overlap); '-' when there is no gain to show."""
+    g = r["gain_mean"]
+    if g is None or g != g:
+        return "-" if not r["note"] else "n/a"
+    if r["range_lo"] == r["range_hi"]:  # a single SLA target: one interpolated value
+        return f"{100 * g:+.0f}%"
+    txt = (f"{100 * g:+.0f}% [{100 * r['gain_min']:+.0f}..{100 * r['gain_max']:+.0f}] "
+           f"over {r['range_lo']:.4g}-{r['range_hi']:.4g}")
+    return txt + (" !" if bool(r.get("narrow_overlap")) else "")
+
+
+def preflight(base: RunConfig, policies: Sequence[str]) -> None:
+    """Load every input the cells will read (profile, each policy's acceptance source, length and trace files) in
+    this process, so a bad one is one error line before any cell runs, not a failure inside a worker."""
+    from dsparksim.acceptance import load_acceptance
+    from dsparksim.policies import make_policy
+    from dsparksim.profile import load_profile
+    from dsparksim.simulate import engine_limits
+    from dsparksim.traffic.readers import read_trace
+    from dsparksim.traffic.sources import resolve
+
+    prof = load_profile(base.profile)
+    if base.engine.extrapolate:
+        prof = prof.with_extrapolation(True)
+    engine_limits(base, prof)
+    loaded: dict[tuple[str, int], Any] = {}
+    for spec in policies:
+        pol = make_policy(spec)
+        K = int(pol.block_size or base.engine.block_size)
+        src = (base.mtp1_acceptance if pol.drafter == "mtp1" else pol.drafter) if pol.drafter else base.acceptance
+        if (src, K) not in loaded:
+            loaded[(src, K)] = load_acceptance(src, K)
+        drafter = pol.drafter or base.engine.drafter or loaded[(src, K)].drafter
+        if drafter not in prof.drafters:
+            raise ConfigError(prof.source, "drafters", f"profile '{prof.name}' has no drafting cost for drafter "
+                              f"'{drafter}' (policy {spec}; has: {sorted(prof.drafters)})")
+    t = base.traffic
+    for key, val in (("lengths", t.lengths), ("trace", t.trace)):
+        if val:
+            path, _ = resolve(val, key)
+            read_trace(path, t.trace_format if key == "trace" else None)
+
+
+def check_frontier_loads(args: argparse.Namespace) -> None:
+    """Exactly one load axis: --concurrency-levels, --rates, or --trace [--time-scales]; nothing ignored."""
+    given = [o for o, v in (("--concurrency-levels", args.concurrency_levels), ("--rates", args.rates)) if v]
+    if args.trace and given:
+        raise _bad(given[0], f"conflicts with --trace (a replay's load levels are --time-scales); drop {given[0]}")
+    if len(given) > 1:
+        raise _bad("--rates", "conflicts with --concurrency-levels: closed loop or open loop, not both")
+    if args.time_scales and not args.trace:
+        raise _bad("--time-scales", "applies to trace replay only (set --trace)")
+
+
+def _empty_cells(df) -> list[str]:
+    if "num_requests_completed" not in df.columns:
+        return []
+    bad = df[df["num_requests_completed"].fillna(0) <= 0]
+    return [f"{r['policy']}@{r['load']:g}" for _, r in bad.iterrows()]
+
+
 def _comparison_text(df, comp, baseline: str) -> str:
-    lines = [f"{'policy':22s} {'peak tok/s':>11s} {'best user tok/s':>15s} "
-             f"{'user-speed gain vs ' + baseline:>26s} {'throughput gain @SLA':>21s}"]
+    """The frontier summary: per policy, unsaturated peak, best per-user speed, and every gain vs the baseline
+    with the range it was interpolated over; one column per --sla target; '!' marks a narrow overlap."""
+    import pandas as pd
+
+    slas = [m for m in dict.fromkeys(comp["metric"]) if m.startswith("throughput_gain_at_sla:")] if len(comp) else []
+    cols = [("tps_user_gain_at_matched_throughput", f"user-speed gain vs {baseline} @ same tok/s"),
+            ("throughput_gain_at_matched_sla", f"throughput gain vs {baseline} @ same tok/s/user")]
+    cols += [(m, f"tput gain @{m.split(':', 1)[1]} tok/s/user") for m in slas]
+    header = ["policy", "peak tok/s", "best user tok/s"] + [h for _, h in cols]
+    table = [header]
+    flagged = False
     for pol, g in df.groupby("policy", sort=False):
-        row = [f"{pol:22s}", f"{g['output_throughput_tok_s'].max():11.0f}", f"{g['tps_user_median'].max():15.1f}"]
-        for metric in ("tps_user_gain_at_matched_throughput", "throughput_gain_at_matched_sla"):
+        sat = g["saturated"].fillna(False).astype(bool) if "saturated" in g else pd.Series(False, index=g.index)
+        ok = g[~sat]
+        row = [str(pol), f"{ok['output_throughput_tok_s'].max():.0f}" if len(ok) else "n/a (saturated)",
+               f"{ok['tps_user_median'].max():.1f}" if len(ok) else "n/a"]
+        for metric, _ in cols:
             c = comp[(comp["policy"] == pol) & (comp["metric"] == metric)] if len(comp) else comp
-            if pol == baseline or c.empty or c.iloc[0]["gain_mean"] is None or c.iloc[0]["gain_mean"] != c.iloc[0]["gain_mean"]:
-                row.append(f"{'-':>26s}" if metric.startswith("tps") else f"{'-':>21s}")
+            if pol == baseline:
+                row.append("(baseline)")
+            elif c.empty:
+                row.append("-")
             else:
-                r = c.iloc[0]
-                txt = f"{100 * r['gain_min']:+.0f}..{100 * r['gain_max']:+.0f}% (mean {100 * r['gain_mean']:+.0f}%)"
-                row.append(f"{txt:>26s}" if metric.startswith("tps") else f"{txt:>21s}")
-        lines.append(" ".join(row))
+                cell = _gain_cell(c.iloc[0])
+                flagged |= cell.endswith("!")
+                row.append(cell)
+        table.append(row)
+    widths = [max(len(r[k]) for r in table) for k in range(len(header))]
+    lines = ["  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in enumerate(zip(r, widths))).rstrip()
+             for r in table]
+    lines.append("gains: mean [min..max] of (policy / baseline - 1) along the overlap of the two Pareto frontiers, "
+                 "over the stated range (tok/s for user-speed gains, tok/s/user for throughput gains); "
+                 "saturated points are never on a frontier; peak tok/s is over unsaturated points.")
+    if any(c == "n/a" for r in table[1:] for c in r[3:]):
+        lines.append("n/a: no overlap, or the SLA lies outside a frontier's per-user speed range (see the note "
+                     "column of comparison.csv); nothing is extrapolated.")
+    if flagged:
+        from dsparksim.frontier import NARROW_FRACTION, NARROW_MIN_POINTS
+        lines.append(f"! narrow overlap: the frontiers share less than {NARROW_FRACTION:.0%} of the baseline's range "
+                     f"on that axis, or fewer than {NARROW_MIN_POINTS} points of either frontier lie in it: the gain "
+                     f"is an edge interpolation, not a frontier-wide result.")
     return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    from dsparksim import __version__
+
+    p = _Parser(
         prog="dsparksim",
         description="Discrete-event serving simulator for speculative decoding: compare verification policies "
                     "(mtp1, fixed:K, threshold:T, goodput, confidence, confidence-async:LAG, oracle) on a measured "
                     "cost profile, a drafter's acceptance and your traffic.")
+    p.add_argument("--version", action="version", version=f"dsparksim {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="simulate one configuration",
                        description="Simulate one policy at one load; writes config.json, summary.json, "
                                    "requests.csv and a vllm-bench-serve-shaped bench_result.json.")
     r.add_argument("--policy", default="confidence", help="policy spec, e.g. confidence, fixed:7 [%(default)s]")
     _add_common(r, frontier=False)
-    r.add_argument("--out", default="results/run", help="output directory [%(default)s]")
+    add_out(r, "results/run", "output directory, replaced whole by the new results")
     r.add_argument("--save-steps", action="store_true", help="also write the per-step log steps.csv")
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(func=cmd_run)
@@ -240,9 +449,11 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--policies", default=None, help="comma-separated policy specs [all seven]")
     _add_common(f, frontier=True)
     f.add_argument("--baseline", default="mtp1", help="policy the gains are measured against [%(default)s]")
-    f.add_argument("--sla", type=_floats, default=None, help="per-user tokens/s targets for throughput gains")
-    f.add_argument("--jobs", type=int, default=None, help="worker processes [all cores]")
-    f.add_argument("--out", default="results/frontier", help="output directory [%(default)s]")
+    f.add_argument("--slo", "--sla", dest="sla", type=_floats, default=None,
+                   help="per-user tokens/s targets (SLOs) for throughput gains, comma-separated")
+    f.add_argument("--workers", "--jobs", dest="jobs", type=pos_int, default=None,
+                   help="worker processes [all cores]")
+    add_out(f, "results/frontier", "output directory, replaced whole by the new results")
     f.add_argument("--quiet", action="store_true")
     f.set_defaults(func=cmd_frontier)
     for mod in ("dsparksim.cli_profile", "dsparksim.cli_trace", "dsparksim.cli_sweep",
@@ -252,12 +463,39 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run the CLI. Exit codes: 0 success; 1 the command ran but found a problem it reports (failed sweep cells,
+    `regress` differences, capacity errors); 2 bad input, impossible configuration or a missing optional extra
+    (one line on stderr); 130 interrupted (Ctrl-C); 141 stdout closed early (broken pipe). A traceback means a bug.
+    """
+    from dsparksim.errors import missing_extra, one_line
+
+    command = None
     try:
+        args = build_parser().parse_args(argv)
+        command = args.command
         return int(args.func(args) or 0)
     except InputError as e:  # bad input or impossible config: one clear line, no traceback
-        print(f"dsparksim: error: {e}", file=sys.stderr)
+        _stderr_line(f"dsparksim: error: {one_line(e)}")
         return 2
+    except ImportError as e:  # a missing optional extra names what to install; any other import error is a bug
+        extra = missing_extra(e, f"dsparksim {command}" if command else None)
+        if extra is None:
+            raise
+        _stderr_line(f"dsparksim: error: {one_line(extra)}")
+        return 2
+    except KeyboardInterrupt:  # pool workers ignore SIGINT and are terminated by the backend on the way out
+        _stderr_line("dsparksim: interrupted")
+        return 130
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): no traceback, and stdout must not be flushed again at exit.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _stderr_line(msg: str) -> None:
+    with contextlib.suppress(OSError):
+        print(msg, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

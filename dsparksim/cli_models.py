@@ -5,7 +5,6 @@ torch is imported inside the command functions only, so ``dsparksim --help`` wor
 from __future__ import annotations
 
 import argparse
-import sys
 
 from .errors import InputError
 
@@ -14,9 +13,9 @@ def _need_torch(cmd: str) -> bool:
     try:
         import torch  # noqa: F401
         import tokenizers  # noqa: F401
-    except ImportError as e:
-        print(f"dsparksim {cmd}: needs the torch extra (pip install 'dsparksim[torch]'): {e}", file=sys.stderr)
-        return False
+    except ImportError as e:  # main() prints the one line and exits 2, as for every missing extra
+        from .errors import MissingExtraError
+        raise MissingExtraError(getattr(e, "name", None) or "torch", "torch", f"dsparksim {cmd}") from None
     return True
 
 

@@ -14,7 +14,8 @@ import numpy as np
 
 from dsparksim.errors import InputError
 from dsparksim.profile import CostProfile, list_profiles, load_profile, save_profile, shipped_dir
-from dsparksim.profile_import import FORMATS, LOOKUPS, import_sps_table
+from dsparksim.profile_import import (FORMATS, LOOKUPS, complete_profile, import_sps_table, parse_drafter_cost,
+                                      run_readiness)
 
 SHOW_M = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 SHOW_NREQ = (1, 8, 32, 128)
@@ -40,8 +41,19 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     i.add_argument("--drafters-from", metavar="PROFILE", help="copy drafter costs from this profile (name or path)")
     i.add_argument("--lookup", choices=LOOKUPS, default="auto",
                    help="how the engine reads the table: auto (from the format/marker), floor, interp")
-    i.add_argument("--engine-clamp", action="store_true",
-                   help="reproduce the engine's clamp outside the probes (adds breakpoints; recorded in metadata)")
+    i.add_argument("--engine-clamp", action=argparse.BooleanOptionalAction, default=True,
+                   help="price M outside the probes as the engine does: the first probe's value down to M=1 and, "
+                        "for an SpsCostTable, the last probe's value up to its max_batch_tokens (added "
+                        "breakpoints are recorded in metadata as not measured) [on]")
+    i.add_argument("--kv-capacity-tokens", type=int, metavar="TOKENS",
+                   help="KV-cache capacity in tokens (vLLM logs it as 'GPU KV cache size'); stored in metadata so "
+                        "`dsparksim run --profile OUT` needs no --kv-capacity")
+    i.add_argument("--max-model-len", type=int, metavar="TOKENS",
+                   help="longest prompt+output the engine accepts (vLLM's --max-model-len); stored in metadata")
+    i.add_argument("--drafter-cost", action="append", default=[], metavar="NAME[:KIND]=SECONDS",
+                   help="a drafter whose one forward costs SECONDS at any batch size (repeatable; KIND defaults "
+                        "by name: dspark/dflash parallel, eagle3 autoregressive, mtp1 mtp); replaces a drafter "
+                        "of that name from --drafters-from; 0 = drafting already inside the measured step")
     i.add_argument("--device", help="metadata: device the table was measured on")
     i.add_argument("--model", help="metadata: target model")
     i.add_argument("--dtype", help="metadata: dtype")
@@ -134,17 +146,37 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def check_plot_path(path: str | Path) -> Path:
+    """Refuse a plot path matplotlib cannot write (unknown format, a directory) before any work is done."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    path = Path(path)
+    ext = path.suffix[1:].lower()
+    known = sorted(FigureCanvasAgg.get_supported_filetypes())
+    if ext and ext not in known:
+        raise InputError(str(path), "--plot",
+                         f"unknown image format '.{ext}'; expected one of {', '.join('.' + e for e in known)}")
+    if path.is_dir():
+        raise InputError(str(path), "--plot", "is a directory; expected an image file path")
+    return path
+
+
 def plot_profile(p: CostProfile, path: str | Path) -> Path:
     """Step plot of the verify staircase (first kv row for 2-D tables) and each drafter's forward cost."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    path = check_plot_path(path)
+
     fig, ax = plt.subplots(figsize=(8, 4.5))
     vt = p.verify_time_s if p.verify_time_s.ndim == 1 else p.verify_time_s[0]
-    ax.step(p.verify_M, vt * 1e3, where="post", label="verify (target forward)")
+    from dsparksim.plots import policy_color  # one colour per policy/drafter name in every plot
+
+    ax.step(p.verify_M, vt * 1e3, where="post", color="0.3", lw=1.6, label="verify (target forward)")
     for name, d in p.drafters.items():
-        ax.step(d.tokens, d.time_s * 1e3, where="post", lw=0.8, label=f"drafter {name} forward ({d.kind})")
+        ax.step(d.tokens, d.time_s * 1e3, where="post", lw=0.8, color=policy_color(name),
+                label=f"drafter {name} forward ({d.kind})")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("tokens in the forward (M)")
@@ -153,42 +185,78 @@ def plot_profile(p: CostProfile, path: str | Path) -> Path:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+    except OSError as e:
+        raise InputError(str(path), "--plot", f"cannot write the plot: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
     return path
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     try:
+        if getattr(args, "plot", None):
+            check_plot_path(args.plot)
         p = load_profile(args.profile)
         s = summarize(p)
         print(json.dumps(s, indent=2) if args.json else format_summary(s))
         if getattr(args, "plot", None):
             print(f"wrote {plot_profile(p, args.plot)}", file=sys.stderr)
     except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"dsparksim: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _check_out(path: str | Path) -> Path:
+    """The profile file to write: never a directory; a missing parent directory is created."""
+    out = Path(path)
+    if out.is_dir():
+        raise InputError(str(out), "--out", "is a directory; expected the profile JSON file to write")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(str(out), "--out", f"cannot create its directory: {e.strerror or e}") from None
+    return out
 
 
 def cmd_import(args: argparse.Namespace) -> int:
     meta = {k: v for k, v in (("device", args.device), ("model", args.model), ("dtype", args.dtype),
                               ("tensor_parallel", args.tensor_parallel)) if v is not None}
     try:
-        p = import_sps_table(args.input, args.fmt, name=args.name or Path(args.out).stem,
+        costs = [parse_drafter_cost(c) for c in args.drafter_cost]   # bad options fail before any file is read
+        out = _check_out(args.out)
+        p = import_sps_table(args.input, args.fmt, name=args.name or out.stem,
                              drafters_from=args.drafters_from, lookup=args.lookup,
                              engine_clamp=args.engine_clamp, metadata=meta)
-        out = save_profile(p, args.out)
+        p = complete_profile(p, kv_capacity_tokens=args.kv_capacity_tokens, max_model_len=args.max_model_len,
+                             drafter_costs=costs)
+        try:
+            save_profile(p, out)
+        except OSError as e:
+            raise InputError(str(out), "--out", f"cannot write the profile: {e.strerror or e}") from None
     except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"dsparksim: error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {out}: {len(p.verify_M)} breakpoints M {p.min_tokens}..{p.max_tokens}, "
           f"fixed overhead {p.fixed_overhead_s * 1e3:.3f} ms, drafters: {', '.join(sorted(p.drafters)) or 'none'}")
+    for k in ("kv_capacity_tokens", "max_model_len"):
+        if p.metadata.get(k) is not None:
+            print(f"  {k}: {p.metadata[k]}")
     for n in p.metadata.get("import_notes", []):
         print(f"  note: {n}")
     for n in p.metadata.get("missing", []):
         print(f"  missing: {n}")
+    w = p.metadata.get("drafter_costs", {}).get("warning")
+    if w:
+        print(f"  warning: {w}")
+    need = run_readiness(p)
+    if need:
+        print(f"  not runnable as is: `dsparksim run --profile {out}` still needs " + "; ".join(need))
+    else:
+        print(f"  ready: dsparksim run --profile {out}")
     return 0
 
 

@@ -48,8 +48,10 @@ def _live_args(p: argparse.ArgumentParser) -> None:
 
 
 def _measure_args(p: argparse.ArgumentParser) -> None:
+    from dsparksim.cli import add_draft_len
+
     g = p.add_argument_group("profile sweep")
-    g.add_argument("--block-size", "-K", type=int, default=7)
+    add_draft_len(g)
     g.add_argument("--n-req", type=_ints, default=None, help="numbers of requests, comma-separated (must include 1)")
     g.add_argument("--contexts", type=_ints, default=None, help="context lengths in tokens, comma-separated")
     g.add_argument("--warmup", type=int, default=2, help="discarded steps per cell [%(default)s]")
@@ -57,6 +59,16 @@ def _measure_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-growth", type=float, default=1.05,
                    help="refuse the profile as flat if the verify time at the largest M is less than this multiple "
                         "of the time at M=1 [%(default)s]")
+
+
+def _need_torch() -> None:
+    # The torch runner is an optional extra: say so up front instead of a ModuleNotFoundError mid-command.
+    import importlib.util
+
+    from dsparksim.errors import ConfigError
+    if importlib.util.find_spec("torch") is None:
+        raise ConfigError("cli", "torch", "this command runs the real engine and needs torch "
+                          "(pip install torch --index-url https://download.pytorch.org/whl/cpu)")
 
 
 def _executor(args):
@@ -96,6 +108,7 @@ def _mc(args):
 
 
 def cmd_measure(args) -> int:
+    _need_torch()
     from dsparksim.profile import save_profile
     from dsparksim.runner.measure import measure
     prof, raw = measure(_mc(args), progress=not args.quiet)
@@ -113,6 +126,7 @@ def cmd_measure(args) -> int:
 
 
 def cmd_validate(args) -> int:
+    _need_torch()
     from dsparksim.runner.validate import ValidateConfig, validate
     mc = _mc(args)
     acc, acc1 = args.acceptance, args.mtp1_acceptance
@@ -174,9 +188,12 @@ def _audit_live(args, policies) -> int:
 
 
 def cmd_run_real(args) -> int:
-    from dsparksim.cli import _run_config, run_traffic
-    from dsparksim.runner.run import real_run
+    from dsparksim.cli import _run_config, check_run_args, run_traffic
     from dsparksim.simulate import write_run
+
+    check_run_args(args)  # options and the output directory, before the engine starts
+    _need_torch()
+    from dsparksim.runner.run import real_run
 
     if args.profile is None:    # the shipped profile of this machine's CPU target, measured for the mode
         args.profile = "cpu-tiny-live" if args.live else "cpu-tiny"
@@ -241,7 +258,8 @@ def register(sub) -> None:
     _live_args(r)
     r.add_argument("--no-profile-check", action="store_true",
                    help="allow a profile measured for another model/device (its metadata is otherwise checked)")
-    r.add_argument("--out", default="results/run-real", help="output directory [%(default)s]")
+    from dsparksim.cli import add_out
+    add_out(r, "results/run-real", "output directory, replaced whole by the new results")
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(func=cmd_run_real, profile=None, acceptance="traces/sample_dspark_k7.csv")
     for act in r._actions:      # the shared option's help names the simulator's default; say what run-real uses

@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 
 def _backend_args(p: argparse.ArgumentParser, default: str = "local") -> None:
     g = p.add_argument_group("execution")
     g.add_argument("--backend", choices=["serial", "local", "ray"], default=default,
                    help="serial (this process), local (process pool) or ray (optional extra) [%(default)s]")
-    g.add_argument("--workers", type=int, default=None, help="worker processes / Ray CPUs [all cores]")
+    from dsparksim.cli import pos_int
+    g.add_argument("--workers", "--jobs", dest="workers", type=pos_int, default=None,
+                   help="worker processes / Ray CPUs [all cores]")
     g.add_argument("--ray-address", default=None,
                    help="connect to an existing Ray cluster (e.g. ray://host:10001 or auto) instead of starting "
                         "a local instance")
@@ -20,13 +21,16 @@ def _backend_args(p: argparse.ArgumentParser, default: str = "local") -> None:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from dsparksim.sweep import failure_text, load_spec, run_sweep
 
+    from dsparksim.outputs import check_out_dir
+
     spec = load_spec(args.spec)  # validated before any cell runs
+    check_out_dir(args.out, "--out", replace=False)  # holds the cache: written into, never replaced whole
     try:
         res = run_sweep(spec, args.out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
                         progress=not args.quiet)
     except KeyboardInterrupt:
-        print(f"\ninterrupted: finished cells are saved in {args.out}/cells; run the same command again to resume",
-              file=sys.stderr)
+        print(f"dsparksim: interrupted: finished cells are saved in {args.out}/cells; run the same command again "
+              "to resume", file=sys.stderr)
         return 130
     if not args.quiet:
         print(f"{spec.name}: {res.n_cells} cells ({res.n_cached} cached, {res.n_ran} run, {len(res.failures)} "
@@ -40,20 +44,22 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
+    from dsparksim.outputs import check_out_dir, write_result_set
     from dsparksim.sweep import load_spec
-    from dsparksim.sweep.cache import write_frame, write_json
+    from dsparksim.sweep.runner import _dump
     from dsparksim.sweep.capacity import capacity_search, capacity_settings, capacity_table
 
     spec = load_spec(args.spec)
     st = capacity_settings(spec, load=args.load, min=args.min, max=args.max, tolerance=args.tolerance,
                            slo=args.slo, require_unsaturated=False if args.allow_saturated else None)
-    out = Path(args.out)
+    out = check_out_dir(args.out, "--out", replace=False)  # before any probe runs
     out.mkdir(parents=True, exist_ok=True)
     res = capacity_search(spec, st, out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
                           progress=not args.quiet)
     table = capacity_table(res)
-    write_json(out / "capacity.json", res)
-    write_frame(out / "capacity.csv", table)
+    # replaced as a set; capacity.manifest.json, written last, lists both (dsparksim.outputs)
+    write_result_set(out, {"capacity.json": lambda p: _dump(p, res),
+                           "capacity.csv": lambda p: table.to_csv(p, index=False)}, "capacity.manifest.json")
     if not args.quiet:
         print(f"SLO: {' and '.join(st.to_dict()['slo'])}"
               f"{' and not saturated' if st.require_unsaturated else ''}; {st.load} in [{st.lo:g}, {st.hi:g}], "
@@ -75,30 +81,34 @@ def cmd_regress(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     """Add `sweep`, `capacity` and `regress` to the dsparksim CLI."""
+    from dsparksim.cli import pos_float
     s = subparsers.add_parser("sweep", help="run every cell of a TOML sweep spec (cached, resumable)",
                               description="Run the cross product of a sweep spec's axes. Finished cells are cached "
                                           "by content hash in OUT/cells and skipped on a rerun (an interrupted sweep "
-                                          "resumes); writes OUT/results.csv (+ .parquet), sweep.json, failures.json.")
+                                          "resumes); writes OUT/results.csv (+ .parquet), sweep.json, failures.json and, last, "
+                                          "sweep.manifest.json (the set is complete when it is present).")
     s.add_argument("spec", help="sweep spec (TOML), e.g. sweeps/example.toml")
-    s.add_argument("--out", required=True, help="output folder (also the cache)")
+    s.add_argument("--out", "--result-dir", dest="out", required=True, help="output folder (also the cache)")
     _backend_args(s)
     s.set_defaults(func=cmd_sweep)
 
     c = subparsers.add_parser("capacity", help="per policy, the largest load meeting an SLO (bisection)",
                               description="For each combination of the spec's axes (e.g. each policy), bisect the "
                                           "load (concurrency, rate or time_scale) for the largest value meeting "
-                                          "every SLO term; writes capacity.json (SLO + search trace), capacity.csv.")
+                                          "every SLO term; writes capacity.json (SLO + search trace), capacity.csv and, last, "
+                                          "capacity.manifest.json. A probe whose SLO metric has no value (e.g. no "
+                                          "request finished) is infeasible, with the reason in the trace.")
     c.add_argument("spec", help="sweep spec (TOML) whose axes must not include the load; its [capacity] table "
                                 "may set load, min, max, tolerance, slo")
-    c.add_argument("--out", required=True, help="output folder (also the probe cache)")
-    c.add_argument("--slo", action="append", default=None,
+    c.add_argument("--out", "--result-dir", dest="out", required=True, help="output folder (also the probe cache)")
+    c.add_argument("--slo", "--sla", dest="slo", action="append", default=None,
                    help="SLO term METRIC>=X or METRIC<=Y on a run-summary field, repeatable, e.g. "
                         "--slo 'tps_user_median>=50' --slo 'ttft_p99_s<=2' [spec's capacity.slo]")
     c.add_argument("--load", choices=["concurrency", "rate", "time_scale"], default=None,
                    help="load axis to search [spec's capacity.load, else its load key]")
-    c.add_argument("--min", type=float, default=None, help="lowest load searched")
-    c.add_argument("--max", type=float, default=None, help="highest load searched")
-    c.add_argument("--tolerance", type=float, default=None,
+    c.add_argument("--min", type=pos_float, default=None, help="lowest load searched")
+    c.add_argument("--max", type=pos_float, default=None, help="highest load searched")
+    c.add_argument("--tolerance", type=pos_float, default=None,
                    help="stop when the bracket is this narrow [1 for concurrency, (max-min)/100 otherwise]")
     c.add_argument("--allow-saturated", action="store_true", help="let a saturated run meet the SLO")
     _backend_args(c)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,8 +58,16 @@ class RunConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.warmup_s is not None and self.warmup_s < 0:
-            raise ConfigError("config", "warmup_s", f"must be >= 0, got {self.warmup_s}")
+        if self.warmup_s is not None and not (math.isfinite(self.warmup_s) and self.warmup_s >= 0):
+            raise ConfigError("config", "warmup_s", f"must be a finite number >= 0, got {self.warmup_s}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            # numpy's SeedSequence takes non-negative integers only
+            raise ConfigError("config", "seed", f"must be an integer >= 0, got {self.seed!r}")
+        t = self.traffic
+        dur = getattr(t, "duration_s", None) if getattr(t, "num_requests", None) is None else None
+        if self.warmup_s is not None and dur is not None and self.warmup_s >= dur:
+            raise ConfigError("config", "warmup_s", f"must be below duration_s ({dur:g}) so some time is measured, "
+                              f"got {self.warmup_s:g}")
 
     def to_dict(self) -> dict[str, Any]:
         return _jsonable(dataclasses.asdict(self))

@@ -7,6 +7,11 @@ then emit tokens, finish requests and admit waiting ones.
 
 KV admission is conservative: a request is admitted only when its prompt + full output + K draft slots fit in
 the free KV capacity, so the cache can never overflow and nothing is ever preempted (stated in results).
+
+A request that can never be served (prompt + output beyond ``max_model_len``, or prompt + output + K beyond the
+whole KV capacity) is rejected on arrival, as vLLM answers 400: it is counted and marked, never admitted, and in
+closed loop its user sends the next request at once. Requests are taken from the workload lazily, block by block,
+and the per-request arrays grow geometrically, so memory follows the requests issued, not users x duration.
 """
 from __future__ import annotations
 
@@ -23,7 +28,14 @@ from dsparksim.policies.base import Policy, StepContext
 from dsparksim.traffic.base import Workload
 
 # Request phases (per row of the workload).
-NOT_ARRIVED, WAITING, PREFILL, DECODE, DONE = 0, 1, 2, 3, 4
+NOT_ARRIVED, WAITING, PREFILL, DECODE, DONE, REJECTED = 0, 1, 2, 3, 4, 5
+# Why a request was rejected on arrival (SimResult.reject_reason; 0 = not rejected).
+REJECT_REASONS = {1: "max_model_len", 2: "kv_capacity"}
+_R_LEN, _R_KV = 1, 2
+# Memory bound: an open-loop queue this long is far past saturation; the run stops with a ConfigError.
+MAX_WAITING = 500_000
+# Closed loop: this many rejections in a row without one admission means nothing in the workload fits.
+MAX_REJECT_STREAK = 10_000
 
 
 @dataclass
@@ -51,10 +63,20 @@ class SimResult:
     block_size: int
     drafter: str
     notes: dict[str, Any] = field(default_factory=dict)
+    reject_reason: np.ndarray | None = None  # per request: 0 served/queued, else a key of REJECT_REASONS
+    # per step x draft position p (0-based): decoding requests whose accepted prefix reached past p (vLLM's
+    # num_accepted_tokens_per_pos counter, kept per step so metrics can window it)
+    step_accepted_per_pos: np.ndarray | None = None
 
     @property
     def completed(self) -> np.ndarray:
         return np.isfinite(self.finish_s)
+
+    @property
+    def rejected(self) -> np.ndarray:
+        if self.reject_reason is None:
+            return np.zeros(len(self.arrival_s), bool)
+        return self.reject_reason > 0
 
 
 class Simulation:
@@ -62,6 +84,7 @@ class Simulation:
 
     Stop rules: ``duration_s`` stops the clock there (requests still running are reported as not completed);
     ``num_requests`` issues that many requests and runs until all of them finish. Exactly one must be given.
+    ``max_model_len``: longest prompt + output a request may have (None = no limit but the KV capacity).
     """
 
     def __init__(
@@ -81,6 +104,7 @@ class Simulation:
         duration_s: float | None = None,
         num_requests: int | None = None,
         progress: Callable[[float], None] | None = None,
+        max_model_len: int | None = None,
     ) -> None:
         if (duration_s is None) == (num_requests is None):
             raise ConfigError("config", "duration_s/num_requests", "give exactly one of duration or number of requests")
@@ -101,32 +125,37 @@ class Simulation:
         self.rng, self.duration, self.num_requests = rng, duration_s, num_requests
         self.progress = progress
 
-        n = len(workload)
-        if num_requests is not None and num_requests > n:
-            raise ConfigError("config", "num_requests", f"{num_requests} requested but the workload has only {n} rows")
-        self.n_rows = n if num_requests is None else num_requests
-        need = workload.prompt_tokens[: self.n_rows] + workload.output_tokens[: self.n_rows] + K
-        if need.size and need.max() > self.kv_cap:
-            j = int(np.argmax(need))
-            raise ConfigError("config", "kv_capacity_tokens",
-                              f"request row {j} needs {int(need[j])} KV tokens (prompt+output+K) but capacity is "
-                              f"{self.kv_cap}: it could never be admitted")
+        self.max_model_len = None if max_model_len is None else int(max_model_len)
+        limit = workload.limit
+        if num_requests is not None and limit is not None and num_requests > limit:
+            raise ConfigError("config", "num_requests", f"{num_requests} requested but the workload has only {limit} "
+                              "rows")
+        self.n_rows = limit if num_requests is None else num_requests  # None = unbounded (duration ends the run)
+        self._blocks = workload.iter_blocks()
+        self.known = 0  # requests loaded from the workload into the arrays below
+        self._exhausted = False
 
-        # Per-request (row) state.
-        m = self.n_rows
-        self.phase = np.zeros(m, np.int8)
-        self.arrival = np.full(m, np.nan)
-        self.admitted = np.full(m, np.nan)
-        self.first_tok = np.full(m, np.nan)
-        self.finish = np.full(m, np.nan)
-        self.prompt = np.asarray(workload.prompt_tokens[:m], np.int64)
-        self.out = np.asarray(workload.output_tokens[:m], np.int64)
-        self.prefilled = np.zeros(m, np.int64)
-        self.gen = np.zeros(m, np.int64)
-        self.dsteps = np.zeros(m, np.int64)
-        self.vtok = np.zeros(m, np.int64)
-        self.atok = np.zeros(m, np.int64)
-        self.slot_of = np.full(m, -1, np.int64)
+        # Per-request (row) state; grown geometrically as requests are loaded (_grow).
+        self._cap = 0
+        self.phase = np.zeros(0, np.int8)
+        self.arrival = np.zeros(0)
+        self.admitted = np.zeros(0)
+        self.first_tok = np.zeros(0)
+        self.finish = np.zeros(0)
+        self.prompt = np.zeros(0, np.int64)
+        self.out = np.zeros(0, np.int64)
+        self.prefilled = np.zeros(0, np.int64)
+        self.gen = np.zeros(0, np.int64)
+        self.dsteps = np.zeros(0, np.int64)
+        self.vtok = np.zeros(0, np.int64)
+        self.atok = np.zeros(0, np.int64)
+        self.slot_of = np.zeros(0, np.int64)
+        self.reject = np.zeros(0, np.int8)
+        self.domain = np.zeros(0, object)
+        self.arr_time = np.zeros(0)  # workload arrival times of loaded requests (open loop)
+        self.n_rejected = 0
+        self.n_admitted = 0
+        self._reject_streak = 0
 
         # Running set: rows in admission order; slots index the acceptance model's per-request state.
         self.running: list[int] = []
@@ -137,7 +166,8 @@ class Simulation:
         self.log: dict[str, list] = {k: [] for k in (
             "t_start", "dt", "n_decode", "n_prefill_tokens", "M", "verify_tokens", "emitted", "decode_emitted",
             "n_waiting",
-            "n_running", "kv_used", "kv_read")}
+            "n_running", "kv_used", "kv_read", "drafts", "accepted")}
+        self.acc_pos_log: list[np.ndarray] = []
         self.notes: dict[str, Any] = {}
         self._dense = self._dense_verify_table()
 
@@ -158,25 +188,103 @@ class Simulation:
         table[1:] = prof.verify_time(np.arange(1, self.max_tokens + 1), 0)
         return table
 
+    # ---------------------------------------------------------------- request loading
+    _GROWN = ("phase", "arrival", "admitted", "first_tok", "finish", "prompt", "out", "prefilled", "gen", "dsteps",
+              "vtok", "atok", "slot_of", "reject", "domain", "arr_time")
+    _FILL = {"arrival": np.nan, "admitted": np.nan, "first_tok": np.nan, "finish": np.nan, "slot_of": -1,
+             "arr_time": np.nan}
+
+    def _grow(self, need: int) -> None:
+        cap = max(2 * self._cap, need, 1024)
+        for name in self._GROWN:
+            old = getattr(self, name)
+            new = np.full(cap, self._FILL.get(name, 0), dtype=old.dtype)
+            new[: len(old)] = old
+            setattr(self, name, new)
+        self._cap = cap
+
+    def _load(self, row: int) -> bool:
+        """Make sure request ``row`` is loaded from the workload; False if the workload has no such request."""
+        while self.known <= row:
+            if self._exhausted or (self.n_rows is not None and self.known >= self.n_rows):
+                return False
+            blk = next(self._blocks, None)
+            if blk is None:
+                self._exhausted = True
+                return False
+            p, o, d, t = blk
+            n = len(p)
+            if self.n_rows is not None:
+                n = min(n, self.n_rows - self.known)
+            i, j = self.known, self.known + n
+            if j > self._cap:
+                self._grow(j)
+            self.prompt[i:j], self.out[i:j], self.domain[i:j] = p[:n], o[:n], d[:n]
+            if t is not None:
+                self.arr_time[i:j] = t[:n]
+            self.known = j
+        return True
+
+    def _reject_reason(self, row: int) -> int:
+        total = int(self.prompt[row] + self.out[row])
+        if self.max_model_len is not None and total > self.max_model_len:
+            return _R_LEN
+        if total + self.K > self.kv_cap:
+            return _R_KV
+        return 0
+
     # ---------------------------------------------------------------- arrivals
-    def _issue(self, row: int, t: float) -> None:
-        self.phase[row] = WAITING
+    def _issue(self, row: int, t: float) -> bool:
+        """Request ``row`` arrives at ``t``: queued, or rejected on arrival if it can never be served (False)."""
+        self._load(row)
         self.arrival[row] = t
-        self.waiting.append(row)
         self.issued += 1
+        reason = self._reject_reason(row)
+        if reason:
+            self.phase[row] = REJECTED
+            self.reject[row] = reason
+            self.n_rejected += 1
+            self._reject_streak += 1
+            return False
+        self._reject_streak = 0
+        self.phase[row] = WAITING
+        self.waiting.append(row)
+        if len(self.waiting) > MAX_WAITING:
+            raise ConfigError("config", "traffic", f"{len(self.waiting):,} requests wait for admission at "
+                              f"t={t:.3f}s, above the limit of {MAX_WAITING:,}: the load is far past saturation "
+                              "(lower --rate / --time-scale, or shorten the run)")
+        return True
+
+    def _issue_user(self, t: float) -> None:
+        """Closed loop: a free user sends requests until one is queued (rejected ones are answered at once)."""
+        while self.n_rows is None or self.issued < self.n_rows:
+            if not self._load(self.issued):
+                return
+            if self._issue(self.issued, t):
+                return
+            if self._reject_streak >= MAX_REJECT_STREAK or (self.n_admitted == 0 and self.n_rejected >= 1000
+                                                            and not self.waiting):
+                self._nothing_fits()
+
+    def _nothing_fits(self) -> None:
+        lim = f" or max_model_len {self.max_model_len}" if self.max_model_len is not None else ""
+        field_ = "kv_capacity_tokens" if not np.any(self.reject[: self.known] == _R_LEN) else "max_model_len"
+        raise ConfigError("config", field_, f"{self.n_rejected} requests were rejected (prompt+output+K beyond the "
+                          f"KV capacity {self.kv_cap}{lim}) and none could be admitted: no request of this "
+                          "workload fits this engine")
 
     def _pull_arrivals(self, now: float) -> None:
         """Open loop: move every row whose arrival time has come into the waiting queue."""
-        arr = self.wl.arrival_s
-        while self.issued < self.n_rows and arr[self.issued] <= now:
-            if self.duration is not None and arr[self.issued] >= self.duration:
+        while self._load(self.issued):
+            t = float(self.arr_time[self.issued])
+            if t > now or (self.duration is not None and t >= self.duration):
                 break
-            self._issue(self.issued, float(arr[self.issued]))
+            self._issue(self.issued, t)
 
     def _next_arrival(self) -> float | None:
-        if self.wl.closed_loop or self.issued >= self.n_rows:
+        if self.wl.closed_loop or not self._load(self.issued):
             return None
-        t = float(self.wl.arrival_s[self.issued])
+        t = float(self.arr_time[self.issued])
         if self.duration is not None and t >= self.duration:
             return None
         return t
@@ -197,8 +305,9 @@ class Simulation:
             self.slot_of[row] = slot
             self.phase[row] = PREFILL
             self.admitted[row] = now
+            self.n_admitted += 1
             self.running.append(row)
-            self.acc.start(np.array([slot]), self.wl.domain[row: row + 1], self.rng)
+            self.acc.start(np.array([slot]), self.domain[row: row + 1], self.rng)
 
     # ---------------------------------------------------------------- one step
     def _plan_step(self) -> tuple[float, dict[str, Any]]:
@@ -275,6 +384,9 @@ class Simulation:
         dec, L, a = plan["dec"], plan["L"], plan["a"]
         emitted = decode_emitted = 0
         finished: list[np.ndarray] = []
+        # vLLM's spec-decode counters: a draft is a request verifying >= 1 draft token this step.
+        drafted = a[L > 0] if len(dec) else np.zeros(0, np.int64)
+        self.acc_pos_log.append((drafted[:, None] > np.arange(self.K)).sum(0).astype(np.int64))
         if len(dec):
             emit = np.minimum(a + 1, self.out[dec] - self.gen[dec])  # the last step may overshoot: stop at length
             self.gen[dec] += emit
@@ -308,6 +420,8 @@ class Simulation:
         lg["n_running"].append(len(self.running))
         lg["kv_used"].append(plan["kv_read"] + len(self.running) * self.K)
         lg["kv_read"].append(plan["kv_read"])
+        lg["drafts"].append(int(drafted.size))
+        lg["accepted"].append(int(drafted.sum()))
         if finished:
             done = np.concatenate(finished)
             if len(done):
@@ -325,14 +439,13 @@ class Simulation:
         if self.wl.closed_loop:
             # Each finished user immediately sends its next request (zero think time).
             for _ in range(len(rows)):
-                if self.issued < self.n_rows:
-                    self._issue(self.issued, now)
+                self._issue_user(now)
 
     # ---------------------------------------------------------------- main loop
     def _engine(self, env: simpy.Environment):
         if self.wl.closed_loop:
-            for _ in range(min(int(self.wl.concurrency), self.n_rows)):
-                self._issue(self.issued, 0.0)
+            for _ in range(int(self.wl.concurrency)):
+                self._issue_user(0.0)
         ended_by = None
         last_report = 0.0
         while True:
@@ -344,7 +457,7 @@ class Simulation:
                 self._pull_arrivals(now)
             self._admit(now)
             if not self.running:
-                if self.waiting:  # cannot happen with the up-front capacity check; guard against a livelock
+                if self.waiting:  # cannot happen: unservable requests are rejected on arrival
                     raise RuntimeError("requests wait but nothing runs: admission deadlock")
                 nxt = self._next_arrival()
                 if nxt is None:
@@ -391,14 +504,18 @@ class Simulation:
         if self.wl.closed_loop and self.duration is not None and ended_by != "duration":
             raise ConfigError("config", "traffic.pool_size",
                               f"the closed-loop request pool ({self.n_rows} rows) ran out at t={env.now:.2f}s before "
-                              f"the {self.duration}s duration: raise the pool size")
+                              f"the {self.duration}s duration: raise the pool size (or leave it unset: unlimited)")
+        if m and self.n_admitted == 0 and self.n_rejected == m:
+            self._nothing_fits()
         steps = {k: np.asarray(v) for k, v in self.log.items()}
         return SimResult(
             arrival_s=self.arrival[:m], admitted_s=self.admitted[:m], first_token_s=self.first_tok[:m],
             finish_s=self.finish[:m], prompt_tokens=self.prompt[:m], output_tokens=self.out[:m],
             emitted_tokens=self.gen[:m], decode_steps=self.dsteps[:m], verify_tokens=self.vtok[:m],
-            accepted_tokens=self.atok[:m], domain=np.asarray(self.wl.domain[:m]), steps=steps,
+            accepted_tokens=self.atok[:m], domain=self.domain[:m].copy(), steps=steps,
             sim_time_s=float(env.now),
             ended_by=ended_by, kv_capacity_tokens=self.kv_cap, max_batched_tokens=self.max_tokens,
-            block_size=self.K, drafter=self.drafter, notes=self.notes,
+            block_size=self.K, drafter=self.drafter, notes=self.notes, reject_reason=self.reject[:m].copy(),
+            step_accepted_per_pos=(np.vstack(self.acc_pos_log) if self.acc_pos_log
+                                   else np.zeros((0, self.K), np.int64)),
         )

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing as mp
-import os
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -34,48 +32,35 @@ def cells(base: RunConfig, policies: Sequence[str], loads: Sequence[float]) -> l
     return out
 
 
-def _run_cell(cfg: RunConfig) -> dict[str, Any]:
-    from dsparksim.simulate import simulate  # imported in the worker
-    return simulate(cfg).summary
+def run_cells(cfgs: list[RunConfig], jobs: int = 1, on_done: Callable[[], None] | None = None,
+              backend: str | None = None) -> list[dict[str, Any]]:
+    """Run every cell on a sweep backend (serial when jobs <= 1, else a local pool of ``jobs`` workers; or
+    ``backend`` by name); results in the order of ``cfgs``, identical whatever the backend.
 
-
-def run_cells(cfgs: list[RunConfig], jobs: int = 1, on_done: Callable[[], None] | None = None) -> list[dict[str, Any]]:
-    """Run every cell (in a process pool when jobs > 1); results in the order of ``cfgs``.
-
-    Any failing cell raises: a frontier with holes is never returned as if complete.
+    Any failing cell raises its own exception (an InputError keeps its one-line message) as soon as it fails, and
+    the cells still queued or running are cancelled: a frontier with holes is never returned as if complete.
     """
-    if jobs <= 1:
-        res = []
-        for c in cfgs:
-            res.append(_run_cell(c))
-            if on_done:
-                on_done()
-        return res
-    ctx = mp.get_context("fork" if os.name == "posix" else "spawn")
-    with ctx.Pool(jobs) as pool:
-        out: list[dict[str, Any] | None] = [None] * len(cfgs)
-        # Longest cells (highest load) first keeps both workers busy to the end.
-        order = sorted(range(len(cfgs)), key=lambda i: -_cost_hint(cfgs[i]))
-        it = pool.imap_unordered(_indexed, [(i, cfgs[i]) for i in order])
-        for i, summ in it:
-            out[i] = summ
-            if on_done:
-                on_done()
+    from dsparksim.sweep.backends import Task, cell_exception, make_backend
+
+    name = backend or ("serial" if jobs <= 1 or len(cfgs) <= 1 else "local")
+    out: list[dict[str, Any] | None] = [None] * len(cfgs)
+
+    def on_result(res: dict[str, Any]) -> None:
+        if not res["ok"]:
+            raise cell_exception(res)  # the backend cancels the rest
+        out[res["index"]] = res["summary"]
+        if on_done:
+            on_done()
+
+    make_backend(name, jobs).run([Task(i, c) for i, c in enumerate(cfgs)], on_result)
     return out  # type: ignore[return-value]
 
 
-def _indexed(arg: tuple[int, RunConfig]) -> tuple[int, dict[str, Any]]:
-    i, cfg = arg
-    return i, _run_cell(cfg)
-
-
-def _cost_hint(cfg: RunConfig) -> float:
-    t = cfg.traffic
-    return float(t.concurrency or t.rate or 1.0)
-
-
 def pareto_mask(x: np.ndarray, y: np.ndarray, eligible: np.ndarray | None = None) -> np.ndarray:
-    """True where no other eligible point has x' >= x and y' >= y with one strictly greater (both maximised)."""
+    """True where no other eligible point has x' >= x and y' >= y with one strictly greater (both maximised).
+
+    Ineligible (e.g. saturated) and non-finite points are never Pareto and never dominate another point.
+    """
     x, y = np.asarray(x, float), np.asarray(y, float)
     ok = np.isfinite(x) & np.isfinite(y)
     if eligible is not None:
@@ -96,60 +81,100 @@ def frontier_table(summaries: list[dict[str, Any]]) -> pd.DataFrame:
     """
     df = pd.DataFrame([{k: v for k, v in s.items() if not isinstance(v, dict)} for s in summaries])
     df["pareto"] = False
+    sat = df["saturated"].fillna(False).astype(bool) if "saturated" in df else pd.Series(False, index=df.index)
     for pol, g in df.groupby("policy", sort=False):
-        m = pareto_mask(g[X].to_numpy(float), g[Y].to_numpy(float), ~g["saturated"].to_numpy(bool))
+        m = pareto_mask(g[X].to_numpy(float), g[Y].to_numpy(float), ~sat[g.index].to_numpy(bool))
         df.loc[g.index, "pareto"] = m
     return df
 
 
+# A gain is flagged when the two frontiers overlap on less than this share of the baseline's range on that axis,
+# or when fewer than NARROW_MIN_POINTS measured points of either frontier lie inside the overlap: the number is
+# then an interpolation between one or two points at a frontier's edge, not a comparison of the frontiers.
+NARROW_FRACTION = 0.25
+NARROW_MIN_POINTS = 2
+
+COMPARISON_COLUMNS = ("policy", "baseline", "metric", "axis", "range_lo", "range_hi", "overlap_frac",
+                      "n_points_policy", "n_points_baseline", "narrow_overlap", "gain_mean", "gain_min", "gain_max",
+                      "gain_at_mid", "n_grid", "note")
+
+
 def _frontier_curve(df: pd.DataFrame, policy: str) -> tuple[np.ndarray, np.ndarray]:
-    g = df[(df["policy"] == policy) & df["pareto"]].sort_values(X)
+    g = df[(df["policy"] == policy) & df["pareto"].astype(bool)].sort_values(X)
     return g[X].to_numpy(float), g[Y].to_numpy(float)
 
 
 def _gain_stats(xa: np.ndarray, ya: np.ndarray, xb: np.ndarray, yb: np.ndarray) -> dict[str, Any]:
-    """Gain of curve A over curve B in y at matched x, by linear interpolation on the overlap of x ranges."""
+    """Gain of curve A over curve B in y at matched x, by linear interpolation on the overlap of x ranges.
+
+    Also states how much the overlap is worth: its share of B's x range and the measured points of each curve
+    inside it; ``narrow_overlap`` flags a gain resting on too little of either frontier.
+    """
+    empty = {"range_lo": None, "range_hi": None, "overlap_frac": None, "n_points_policy": 0,
+             "n_points_baseline": 0, "narrow_overlap": True, "gain_mean": None, "gain_min": None,
+             "gain_max": None, "gain_at_mid": None, "n_grid": 0}
     if len(xa) < 1 or len(xb) < 1:
-        return {"range_lo": None, "range_hi": None, "gain_mean": None, "gain_min": None, "gain_max": None,
-                "gain_at_mid": None, "n_grid": 0, "note": "a frontier is empty"}
+        return {**empty, "note": "a frontier is empty"}
     lo, hi = max(xa.min(), xb.min()), min(xa.max(), xb.max())
     if not hi >= lo:
-        return {"range_lo": float(lo), "range_hi": float(hi), "gain_mean": None, "gain_min": None,
-                "gain_max": None, "gain_at_mid": None, "n_grid": 0, "note": "frontiers do not overlap"}
+        return {**empty, "range_lo": float(lo), "range_hi": float(hi), "overlap_frac": 0.0,
+                "note": "frontiers do not overlap"}
+    span_b = float(xb.max() - xb.min())
+    frac = float((hi - lo) / span_b) if span_b > 0 else 0.0
+    na = int(((xa >= lo) & (xa <= hi)).sum())
+    nb = int(((xb >= lo) & (xb <= hi)).sum())
+    narrow = bool(frac < NARROW_FRACTION or min(na, nb) < NARROW_MIN_POINTS)
     grid = np.linspace(lo, hi, 64) if hi > lo else np.array([lo])
     with np.errstate(divide="ignore", invalid="ignore"):  # a zero baseline value gives inf, reported as such
         g = np.interp(grid, xa, ya) / np.interp(grid, xb, yb) - 1.0
         mid = np.interp((lo + hi) / 2, xa, ya) / np.interp((lo + hi) / 2, xb, yb) - 1.0
-    return {"range_lo": float(lo), "range_hi": float(hi), "gain_mean": float(g.mean()), "gain_min": float(g.min()),
-            "gain_max": float(g.max()), "gain_at_mid": float(mid), "n_grid": int(len(grid)), "note": ""}
+    note = (f"narrow overlap: {frac:.0%} of the baseline's range, {na} policy / {nb} baseline points inside"
+            if narrow else "")
+    return {"range_lo": float(lo), "range_hi": float(hi), "overlap_frac": frac, "n_points_policy": na,
+            "n_points_baseline": nb, "narrow_overlap": narrow, "gain_mean": float(g.mean()),
+            "gain_min": float(g.min()), "gain_max": float(g.max()), "gain_at_mid": float(mid),
+            "n_grid": int(len(grid)), "note": note}
 
 
 def comparison_table(df: pd.DataFrame, baseline: str = "mtp1", slas: Iterable[float] = ()) -> pd.DataFrame:
-    """comparison.csv: every policy vs the baseline.
+    """comparison.csv: every policy vs the baseline, each gain with its interpolation range and a trust flag.
 
     - tps_user_gain_at_matched_throughput: per-user speed ratio - 1 at equal total throughput, over the overlap of
-      the two Pareto frontiers' throughput ranges (range_lo..range_hi in tok/s).
+      the two Pareto frontiers' throughput ranges (range_lo..range_hi, axis tok/s).
     - throughput_gain_at_matched_sla: total throughput ratio - 1 at equal per-user speed, over the overlap of
-      per-user speed ranges (range in tok/s/user).
+      per-user speed ranges (axis tok/s/user).
     - throughput_gain_at_sla:<S>: the same at one per-user speed target S (if inside both frontiers).
+
+    ``narrow_overlap`` is True where the overlap covers < NARROW_FRACTION of the baseline's range on that axis or
+    holds < NARROW_MIN_POINTS Pareto points of either frontier. Saturated points are never Pareto, so never used.
     """
+    from dsparksim.errors import ConfigError
+
+    policies = list(df["policy"].unique()) if len(df) else []
+    if baseline not in policies:
+        raise ConfigError("cli", "--baseline", f"baseline policy {baseline!r} is not among the frontier's policies "
+                                               f"{policies}")
     rows = []
     xb, yb = _frontier_curve(df, baseline)
-    for pol in df["policy"].unique():
+    ob = np.argsort(yb, kind="stable")
+    for pol in policies:
         if pol == baseline:
             continue
         xa, ya = _frontier_curve(df, pol)
-        st = _gain_stats(xa, ya, xb, yb)
-        rows.append({"policy": pol, "baseline": baseline, "metric": "tps_user_gain_at_matched_throughput", **st})
+        base = {"policy": pol, "baseline": baseline}
+        rows.append({**base, "metric": "tps_user_gain_at_matched_throughput", "axis": "tok/s",
+                     **_gain_stats(xa, ya, xb, yb)})
         # Along a Pareto frontier y falls as x rises; swap axes and sort by y to interpolate x(y).
-        oa, ob = np.argsort(ya), np.argsort(yb)
-        st2 = _gain_stats(ya[oa], xa[oa], yb[ob], xb[ob])
-        rows.append({"policy": pol, "baseline": baseline, "metric": "throughput_gain_at_matched_sla", **st2})
+        oa = np.argsort(ya, kind="stable")
+        rows.append({**base, "metric": "throughput_gain_at_matched_sla", "axis": "tok/s/user",
+                     **_gain_stats(ya[oa], xa[oa], yb[ob], xb[ob])})
         for s in slas:
-            inside = len(ya) and len(yb) and ya.min() <= s <= ya.max() and yb.min() <= s <= yb.max()
+            inside = bool(len(ya) and len(yb) and ya.min() <= s <= ya.max() and yb.min() <= s <= yb.max())
             gain = float(np.interp(s, ya[oa], xa[oa]) / np.interp(s, yb[ob], xb[ob]) - 1) if inside else None
-            rows.append({"policy": pol, "baseline": baseline, "metric": f"throughput_gain_at_sla:{s:g}",
-                         "range_lo": s, "range_hi": s, "gain_mean": gain, "gain_min": gain, "gain_max": gain,
+            rows.append({**base, "metric": f"throughput_gain_at_sla:{s:g}", "axis": "tok/s/user",
+                         "range_lo": float(s), "range_hi": float(s), "overlap_frac": None,
+                         "n_points_policy": int(len(ya)), "n_points_baseline": int(len(yb)),
+                         "narrow_overlap": False, "gain_mean": gain, "gain_min": gain, "gain_max": gain,
                          "gain_at_mid": gain, "n_grid": 1 if inside else 0,
                          "note": "" if inside else "SLA outside a frontier's per-user speed range"})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=list(COMPARISON_COLUMNS))

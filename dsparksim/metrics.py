@@ -3,6 +3,8 @@
 Measurement window: [warmup_s, end]. Throughput counts tokens emitted by steps that end inside the window; the
 per-request statistics use requests that arrived inside the window and completed. Warm-up is excluded because a
 closed-loop run starts with every user arriving at t=0 (a prefill burst no steady state has).
+Requests rejected on arrival (engine.py) are counted in ``num_requests_rejected`` / ``rejected_by_reason`` and are
+excluded from every latency and throughput metric (they never run).
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dsparksim.engine import SimResult
+from dsparksim.engine import REJECT_REASONS, SimResult
 
 SUMMARY_FIELDS = (
     "policy", "load", "sim_time_s", "window_s", "num_requests_completed", "output_throughput_tok_s",
@@ -24,7 +26,10 @@ SUMMARY_FIELDS = (
 
 
 def per_request_table(res: SimResult) -> pd.DataFrame:
-    """One row per issued request; times in seconds, NaN where the request did not get that far."""
+    """One row per issued request; times in seconds, NaN where the request did not get that far.
+
+    ``rejected`` marks requests refused on arrival (never admitted), ``reject_reason`` says why
+    ("max_model_len" | "kv_capacity"; empty otherwise)."""
     ttft = res.first_token_s - res.arrival_s
     e2e = res.finish_s - res.arrival_s
     decode_time = res.finish_s - res.first_token_s
@@ -35,6 +40,9 @@ def per_request_table(res: SimResult) -> pd.DataFrame:
         steps = np.where(res.decode_steps > 0, res.decode_steps, np.nan)
         mean_vl = res.verify_tokens / steps
         tau = (res.emitted_tokens - 1) / steps
+    rejected = res.rejected
+    codes = res.reject_reason if res.reject_reason is not None else np.zeros(len(rejected), np.int8)
+    reason = np.array([""] + [REJECT_REASONS.get(c, "") for c in range(1, 8)], dtype=object)[codes]
     return pd.DataFrame({
         "request_id": np.arange(len(res.arrival_s)),
         "domain": res.domain,
@@ -46,6 +54,8 @@ def per_request_table(res: SimResult) -> pd.DataFrame:
         "output_tokens": res.output_tokens,
         "emitted_tokens": res.emitted_tokens,
         "completed": res.completed,
+        "rejected": rejected,
+        "reject_reason": reason,
         "ttft_s": ttft,
         "tpot_s": tpot,
         "e2e_s": e2e,
@@ -73,40 +83,77 @@ def _weighted_pct(values: np.ndarray, weights: np.ndarray, q: float) -> float:
     v, w = values[keep], weights[keep]
     if not v.size:
         return float("nan")
+    # np.percentile (linear) over the pooled samples, as vllm bench serve computes ITL percentiles, without
+    # building the pooled list: sample p of the pool is v[searchsorted(cumulative weights, p, 'right')].
     order = np.argsort(v, kind="stable")
-    cw = np.cumsum(w[order])
-    return float(v[order][np.searchsorted(cw, q / 100.0 * cw[-1])])
+    v, cw = v[order], np.cumsum(w[order])
+    h = (cw[-1] - 1) * q / 100.0
+    lo, hi = math.floor(h), math.ceil(h)
+    a = v[min(np.searchsorted(cw, lo, side="right"), len(v) - 1)]
+    b = v[min(np.searchsorted(cw, hi, side="right"), len(v) - 1)]
+    return float(a + (h - lo) * (b - a))
 
 
-def saturation(res: SimResult, warmup_s: float, closed_loop: bool) -> tuple[bool, dict[str, float]]:
-    """Is the engine past saturation?
+# Saturation thresholds (see saturation()).
+OPEN_GROWTH_FRACTION = 0.1   # queue growth above this fraction of the window's arrivals ...
+OPEN_GROWTH_MIN = 5          # ... and above this many requests
+CLOSED_WAIT_FRACTION = 0.5   # closed loop: requests wait for admission in more than this fraction of steps
 
-    Open loop: the admission queue grows without bound — a least-squares slope of the waiting-queue length over
-    the window's second half predicts growth of more than max(5, 5% of requests arrived) over that half.
+
+def saturation(res: SimResult, warmup_s: float, closed_loop: bool) -> tuple[bool, dict[str, Any]]:
+    """Is the engine past saturation (queue growing without bound)? Defined from the admission queue.
+
+    Open loop (rate processes, trace replay, ``--num-requests`` runs): the arrival window is [t0, t1] with
+    t0 = warmup_s and t1 = min(end of run, last arrival) (requests rejected on arrival do not count). The
+    admission queue Q(t) = requests arrived by t minus requests admitted by t (exact, from the per-request times).
+    Saturated iff the queue grew over the window by more than OPEN_GROWTH_FRACTION (10%) of the requests that
+    arrived in it and by more than OPEN_GROWTH_MIN (5) requests: Q(t1) - Q(t0-) > max(5, 0.1 * arrivals in
+    [t0, t1]). A stable queue stays bounded however long the window, so its growth is not proportional to the
+    arrivals; an engine that admits less than 90% of the arrival rate (or a burst more than 10% larger than it can
+    hold) is flagged. ``saturation_detail`` reports the numbers behind it: arrival and admission rates over the
+    window, the queue at both ends, and the median admission wait of the window's arrivals (censored at the end
+    of the run for requests never admitted) next to the median service time (admission to finish).
+
     Closed loop (the queue is bounded by the users): requests wait for admission (KV or batch budget) in more
-    than half of the window's steps — more users only add queueing.
+    than CLOSED_WAIT_FRACTION (half) of the window's steps: the engine cannot hold all N users, and more users
+    only add queueing.
     """
-    st = res.steps
-    end = res.sim_time_s
-    t_end = st["t_start"] + st["dt"] if len(st["dt"]) else np.zeros(0)
-    sel = t_end > warmup_s
-    q = st["n_waiting"][sel].astype(float)
-    t = t_end[sel]
-    info: dict[str, float] = {}
-    if q.size < 4:
-        return False, {"note": "too few steps to judge"}  # type: ignore[dict-item]
     if closed_loop:
+        st = res.steps
+        t_end = st["t_start"] + st["dt"] if len(st["dt"]) else np.zeros(0)
+        q = st["n_waiting"][t_end > warmup_s]
+        if q.size < 4:
+            return False, {"note": "too few steps to judge"}
         frac = float((q > 0).mean())
-        info["frac_steps_with_waiting"] = frac
-        return frac > 0.5, info
-    half = t >= warmup_s + (end - warmup_s) / 2
-    if half.sum() < 4 or np.ptp(t[half]) <= 0:
+        return frac > CLOSED_WAIT_FRACTION, {"rule": f"closed loop: requests wait for admission in more than "
+                                             f"{CLOSED_WAIT_FRACTION:g} of the window's steps",
+                                             "frac_steps_with_waiting": frac, "steps": int(q.size)}
+    ok = ~res.rejected & np.isfinite(res.arrival_s)
+    arr = np.sort(res.arrival_s[ok])
+    adm = np.sort(res.admitted_s[ok][np.isfinite(res.admitted_s[ok])])
+    t0 = float(warmup_s)
+    t1 = float(min(res.sim_time_s, arr[-1])) if arr.size else t0
+    n_arr = int(np.searchsorted(arr, t1, "right") - np.searchsorted(arr, t0, "left"))
+    info: dict[str, Any] = {"rule": f"open loop: admission queue growth over [warmup, last arrival] > "
+                                    f"max({OPEN_GROWTH_MIN}, {OPEN_GROWTH_FRACTION:g} x arrivals in it)",
+                            "window_start_s": t0, "window_end_s": t1, "arrivals_in_window": n_arr}
+    if n_arr == 0:
+        info["note"] = "no arrivals inside the measurement window"
         return False, info
-    slope = float(np.polyfit(t[half], q[half], 1)[0])
-    growth = slope * (end - warmup_s) / 2
-    arrived = int(np.isfinite(res.arrival_s).sum())
-    info.update(queue_slope_req_per_s=slope, queue_growth_second_half=growth, final_queue=float(q[-1]))
-    return bool(growth > max(5.0, 0.05 * arrived)), info
+    q0 = int(np.searchsorted(arr, t0, "left") - np.searchsorted(adm, t0, "left"))
+    q1 = int(np.searchsorted(arr, t1, "right") - np.searchsorted(adm, t1, "right"))
+    growth = q1 - q0
+    span = t1 - t0
+    n_adm = int(np.searchsorted(adm, t1, "right") - np.searchsorted(adm, t0, "left"))
+    in_win = ok & (res.arrival_s >= t0) & (res.arrival_s <= t1)
+    wait = np.where(np.isfinite(res.admitted_s), res.admitted_s, res.sim_time_s)[in_win] - res.arrival_s[in_win]
+    done = res.completed & ~res.rejected
+    info.update(queue_start=q0, queue_end=q1, queue_growth=growth, growth_per_arrival=growth / n_arr,
+                arrival_rate_rps=n_arr / span if span > 0 else None,
+                admission_rate_rps=n_adm / span if span > 0 else None,
+                median_admission_wait_s=float(np.median(wait)),
+                median_service_s=float(np.median(res.finish_s[done] - res.admitted_s[done])) if done.any() else None)
+    return bool(growth > max(OPEN_GROWTH_MIN, OPEN_GROWTH_FRACTION * n_arr)), info
 
 
 def summarize(res: SimResult, *, policy: str, load: Any, warmup_s: float, closed_loop: bool) -> dict[str, Any]:
@@ -122,7 +169,7 @@ def summarize(res: SimResult, *, policy: str, load: Any, warmup_s: float, closed
     frac = np.clip((t_end - warmup_s) / np.where(st["dt"] > 0, st["dt"], 1.0), 0.0, 1.0)
     out_tokens = float((st["emitted"] * frac).sum())
     req = per_request_table(res)
-    done = req[req["completed"] & (req["arrival_s"] >= warmup_s)]
+    done = req[req["completed"] & (req["arrival_s"] >= warmup_s)]  # rejected requests never complete
     n_dec = st["n_decode"][in_win].astype(float)
     dec_steps = n_dec.sum()
     sat, sat_info = saturation(res, warmup_s, closed_loop)
@@ -136,6 +183,8 @@ def summarize(res: SimResult, *, policy: str, load: Any, warmup_s: float, closed
         "num_requests_issued": int(np.isfinite(res.arrival_s).sum()),
         "num_requests_completed": int(len(done)),
         "num_requests_completed_total": int(req["completed"].sum()),
+        "num_requests_rejected": int(req["rejected"].sum()),
+        "rejected_by_reason": {r: int((req["reject_reason"] == r).sum()) for r in REJECT_REASONS.values()},
         "output_throughput_tok_s": out_tokens / window,
         "request_throughput_req_s": len(done) / window,
         "tps_user_mean": _mean(done["tps_user"].to_numpy()),
@@ -190,43 +239,12 @@ def _clean(v: Any) -> Any:
 
 def bench_serve_json(res: SimResult, summary: dict[str, Any], *, model_id: str, request_rate: Any,
                      burstiness: Any, max_concurrency: Any) -> dict[str, Any]:
-    """A dict shaped like `vllm bench serve --save-result` output, so simulated and real runs load alike."""
-    req = per_request_table(res)
-    done = req[req["completed"]]
-    ms = lambda x: None if x is None else 1000.0 * x  # noqa: E731
-    d = {
-        "backend": "dsparksim",
-        "model_id": model_id,
-        "tokenizer_id": model_id,
-        "num_prompts": int(len(req)),
-        "request_rate": request_rate,
-        "burstiness": burstiness,
-        "max_concurrency": max_concurrency,
-        "duration": summary["window_s"],
-        "completed": summary["num_requests_completed"],
-        "total_input_tokens": int(done["prompt_tokens"].sum()),
-        "total_output_tokens": int(done["output_tokens"].sum()),
-        "request_throughput": summary["request_throughput_req_s"],
-        "output_throughput": summary["output_throughput_tok_s"],
-        "total_token_throughput": None,
-        "input_lens": done["prompt_tokens"].astype(int).tolist(),
-        "output_lens": done["output_tokens"].astype(int).tolist(),
-        "ttfts": done["ttft_s"].astype(float).tolist(),
-        "errors": [""] * len(done),
-        "mean_ttft_ms": ms(summary["ttft_mean_s"]),
-        "median_ttft_ms": ms(summary["ttft_median_s"]),
-        "p99_ttft_ms": ms(summary["ttft_p99_s"]),
-        "mean_tpot_ms": ms(summary["tpot_mean_s"]),
-        "median_tpot_ms": ms(summary["tpot_median_s"]),
-        "p99_tpot_ms": ms(summary["tpot_p99_s"]),
-        "median_itl_ms": ms(summary["itl_median_s"]),
-        "p99_itl_ms": ms(summary["itl_p99_s"]),
-        "mean_e2el_ms": ms(summary["e2e_mean_s"]),
-        "median_e2el_ms": ms(summary["e2e_median_s"]),
-        "p99_e2el_ms": ms(summary["e2e_p99_s"]),
-        "spec_decode": {"mean_verify_len": summary["mean_verify_len"], "acceptance_length": summary["tau"]},
-    }
-    if summary["window_s"]:
-        tin = d["total_input_tokens"]
-        d["total_token_throughput"] = (tin + d["total_output_tokens"]) / summary["window_s"]
-    return {k: _clean(v) for k, v in d.items()}
+    """The run shaped exactly as `vllm bench serve --save-result` writes it (keys, units, meanings):
+    see :mod:`dsparksim.bench_json`. Prompts are the requests issued in the measurement window."""
+    from dsparksim.bench_json import bench_result
+
+    d = bench_result(res, warmup_s=float(summary["warmup_s"]), duration_s=float(summary["window_s"]),
+                     model_id=model_id, request_rate=request_rate, burstiness=burstiness,
+                     max_concurrency=max_concurrency)
+    return {k: ([_clean(x) for x in v] if isinstance(v, list) else v if k == "itls" else _clean(v))
+            for k, v in d.items()}

@@ -1,53 +1,136 @@
-"""Frontier and verify-budget plots (matplotlib, Agg backend: no display needed)."""
+"""Frontier and verify-budget plots (matplotlib, Agg backend: no display needed), and the one policy colour map.
+
+Every plot of a policy (frontier.png, verify_budget.png, the notebooks, profile plots of a drafter) takes its
+colour from :func:`policy_color`, so a policy looks the same everywhere.
+"""
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
+from typing import Iterable
 
-import matplotlib
+import pandas as pd
+# Figures are built without pyplot: no GUI backend is needed to save them, and importing this module does not
+# switch the backend of a notebook that displays them (matplotlib.use("Agg") here would hide inline plots).
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+from dsparksim.frontier import X, Y
 
-from dsparksim.frontier import X, Y  # noqa: E402
+# The shipped policies (and the drafters they run with) get fixed colours; mtp1 is the grey baseline, oracle the
+# black upper bound.
+POLICY_COLORS = {
+    "mtp1": "#7f7f7f",
+    "fixed:7": "#1f77b4",
+    "threshold:0.5": "#ff7f0e",
+    "goodput": "#2ca02c",
+    "confidence": "#d62728",
+    "confidence-async:2": "#9467bd",
+    "oracle": "#000000",
+}
+# Any other spec: a colour picked by a stable hash of its text (same in every process, unlike hash()).
+_FALLBACK = ("#8c564b", "#e377c2", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5",
+             "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173")
+_LINESTYLE = {"oracle": "--"}
 
-_STYLE = {"oracle": dict(color="black", linestyle="--"), "mtp1": dict(color="tab:gray")}
+
+def policy_color(policy: str) -> str:
+    """The fixed colour (hex) of a policy spec or drafter name; deterministic for specs not in POLICY_COLORS."""
+    p = str(policy).strip()
+    if p in POLICY_COLORS:
+        return POLICY_COLORS[p]
+    h = int.from_bytes(hashlib.sha256(p.encode()).digest()[:4], "big")
+    return _FALLBACK[h % len(_FALLBACK)]
 
 
-def plot_frontier(df: pd.DataFrame, path: str | Path, title: str = "") -> None:
-    """Per-user tokens/s vs total output throughput: Pareto frontier lines, all points, saturated ones as x."""
-    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
-    for i, (pol, g) in enumerate(df.groupby("policy", sort=False)):
-        style = _STYLE.get(pol, dict(color=f"C{i % 10}"))
-        par = g[g["pareto"]].sort_values(X)
-        ax.plot(par[X], par[Y], marker="o", ms=4, lw=1.8, label=pol, **style)
-        rest = g[~g["pareto"] & ~g["saturated"].astype(bool)]
-        ax.scatter(rest[X], rest[Y], s=12, alpha=0.35, color=style["color"])
-        sat = g[g["saturated"].astype(bool)]
-        ax.scatter(sat[X], sat[Y], s=28, marker="x", alpha=0.7, color=style["color"])
+def _plain(ax, axis: str) -> None:
+    """Plain tick labels (1000, 2500, 0.5; no offset, no 1e3 or 10^x notation), linear or log axis."""
+    fmt = FuncFormatter(lambda v, _: f"{v:,.0f}" if abs(v) >= 10 else f"{v:g}")
+    a = ax.xaxis if axis == "x" else ax.yaxis
+    a.set_major_formatter(fmt)
+    if a.get_scale() == "log":
+        # 1-2-5 major ticks: a log axis spanning less than a decade still gets several labels
+        a.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        a.set_minor_formatter(NullFormatter())
+
+
+def frontier_figure(df: pd.DataFrame, title: str = "", slas: Iterable[float] = (),
+                    load_name: str = "load") -> Figure:
+    """Per-user tokens/s vs total output throughput: Pareto lines, dominated points faded, saturated ones as x,
+    every point labelled with its load level, one labelled horizontal line per SLA target."""
+    fig = Figure(figsize=(9, 6), dpi=120)
+    ax = fig.subplots()
+    for pol, g in df.groupby("policy", sort=False):
+        col = policy_color(pol)
+        sat_m = g["saturated"].fillna(False).astype(bool) if "saturated" in g else pd.Series(False, index=g.index)
+        par_m = g["pareto"].astype(bool)
+        par = g[par_m].sort_values(X)
+        ax.plot(par[X], par[Y], marker="o", ms=4, lw=1.8, label=pol, color=col, ls=_LINESTYLE.get(pol, "-"),
+                gid=f"pareto:{pol}")
+        rest = g[~par_m & ~sat_m]
+        ax.scatter(rest[X], rest[Y], s=14, alpha=0.3, color=col, gid=f"dominated:{pol}")
+        sat = g[sat_m]
+        ax.scatter(sat[X], sat[Y], s=32, marker="x", alpha=0.8, color=col, gid=f"saturated:{pol}")
+        for r in g.itertuples(index=False):
+            xv, yv = getattr(r, X), getattr(r, Y)
+            if pd.notna(xv) and pd.notna(yv):
+                ax.annotate(f"{r.load:g}", (xv, yv), xytext=(3, 3), textcoords="offset points", fontsize=6,
+                            color=col, alpha=0.8)
+    for s in slas:
+        ax.axhline(s, color="tab:red", lw=0.9, ls=":", gid=f"sla:{s:g}")
+        ax.annotate(f"SLA {s:g} tok/s/user", (1.0, s), xycoords=("axes fraction", "data"), xytext=(-4, 2),
+                    textcoords="offset points", ha="right", va="bottom", fontsize=7, color="tab:red")
     ax.set_xlabel("total output throughput (tokens/s per engine)")
     ax.set_ylabel("per-user decode speed, median (tokens/s)")
     ax.set_yscale("log")
+    _plain(ax, "x")
+    _plain(ax, "y")
     ax.grid(True, which="both", alpha=0.3)
-    ax.set_title(title or "Throughput vs per-user speed frontier (lines: Pareto set; x: saturated)", fontsize=10)
-    ax.legend(fontsize=8, loc="best")
+    ax.set_title(title or "Throughput vs per-user speed frontier", fontsize=10)
+    handles, labels = ax.get_legend_handles_labels()
+    handles += [Line2D([], [], color="0.4", marker="o", ms=4, lw=1.8, label="line: Pareto frontier"),
+                Line2D([], [], color="0.4", marker="o", ls="", alpha=0.3, label="faded: dominated (not Pareto)"),
+                Line2D([], [], color="0.4", marker="x", ls="", label="x: saturated (never Pareto)")]
+    if any(True for _ in slas):
+        handles.append(Line2D([], [], color="tab:red", ls=":", label="dotted: SLA target"))
+    handles.append(Line2D([], [], ls="", label=f"numbers: {load_name}"))
+    ax.legend(handles=handles, fontsize=7, loc="best")
     fig.tight_layout()
+    return fig
+
+
+def plot_frontier(df: pd.DataFrame, path: str | Path, title: str = "", slas: Iterable[float] = (),
+                  load_name: str = "load") -> None:
+    """Write :func:`frontier_figure` to ``path``."""
+    fig = frontier_figure(df, title=title, slas=list(slas), load_name=load_name)
     fig.savefig(path)
-    plt.close(fig)
 
 
-def plot_verify_budget(df: pd.DataFrame, path: str | Path, load_name: str = "load") -> None:
+def verify_budget_figure(df: pd.DataFrame, load_name: str = "load") -> Figure:
     """Mean verify length per request per step vs load level, per policy."""
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for i, (pol, g) in enumerate(df.groupby("policy", sort=False)):
-        style = _STYLE.get(pol, dict(color=f"C{i % 10}"))
+    fig = Figure(figsize=(7, 4.5), dpi=120)
+    ax = fig.subplots()
+    for pol, g in df.groupby("policy", sort=False):
         g = g.sort_values("load")
-        ax.plot(g["load"], g["mean_verify_len"], marker="o", ms=4, label=pol, **style)
+        ax.plot(g["load"], g["mean_verify_len"], marker="o", ms=4, label=pol, color=policy_color(pol),
+                ls=_LINESTYLE.get(pol, "-"), gid=f"verify:{pol}")
     ax.set_xscale("log", base=2)
+    _plain(ax, "x")
+    _plain(ax, "y")
+    loads = sorted(float(v) for v in pd.unique(df["load"].dropna()) if float(v) > 0)
+    if 0 < len(loads) <= 16:
+        ax.set_xticks(loads)  # tick exactly at the swept load levels
     ax.set_xlabel(load_name)
     ax.set_ylabel("mean verify length L per request per step")
+    ax.set_title(f"Verify budget: draft tokens verified per request per step vs {load_name}", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
+    return fig
+
+
+def plot_verify_budget(df: pd.DataFrame, path: str | Path, load_name: str = "load") -> None:
+    """Write :func:`verify_budget_figure` to ``path``."""
+    fig = verify_budget_figure(df, load_name=load_name)
     fig.savefig(path)
-    plt.close(fig)

@@ -551,7 +551,7 @@ def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False)
         if kind not in DRAFTER_KINDS:
             raise c.fail(p + "kind", f"unknown drafter kind {kind!r}; expected one of {', '.join(DRAFTER_KINDS)}")
         tok = c.breakpoints(c.get(spec, "tokens", p), p + "tokens")
-        tt = c.times(c.get(spec, "time_s", p), p + "time_s", len(tok))
+        tt = c.times(c.get(spec, "time_s", p), p + "time_s", len(tok), allow_zero=True)  # 0: drafting folded elsewhere
         mo = spec.get("markov_overhead_frac", 0.0)
         mo = c.number(mo, p + "markov_overhead_frac")
         if mo >= 1.0:

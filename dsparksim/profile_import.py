@@ -23,8 +23,11 @@ engine's own linear interpolation. Breakpoints at 0 (TensorRT-LLM allows M=0) ar
 same floor/interp meaning. Nothing is extended beyond the table unless ``engine_clamp=True``, which reproduces
 the engine's clamp by adding breakpoints at 1 and at max_batch_tokens (recorded in metadata).
 
-Imported tables carry no drafter cost. Pass ``drafters_from`` (a profile name or path) to copy its drafters
-(recorded in metadata), or leave the profile without drafters: ``draft_time`` then raises a ConfigError that
+Imported tables carry no drafter cost, KV capacity or max_model_len. Pass ``drafters_from`` (a profile name or
+path) to copy its drafters (recorded in metadata), and/or :func:`complete_profile` to add the KV capacity,
+max_model_len and flat per-forward drafter costs (``dsparksim profile import --kv-capacity-tokens N
+--max-model-len N --drafter-cost NAME[:KIND]=SECONDS``); all recorded in metadata. :func:`run_readiness` lists what
+a default ``dsparksim run --profile`` would still need. Without drafters, ``draft_time`` raises a ConfigError that
 says how to add them.
 """
 from __future__ import annotations
@@ -41,7 +44,7 @@ from dsparksim.errors import InputError
 from dsparksim.textio import MAX_EXACT_INT, decode, finite_float, loads_json, one_line, read_bytes
 from dsparksim.profile import FORMAT, CostProfile, load_profile, profile_from_dict, profile_to_dict
 
-__all__ = ["FORMATS", "import_sps_table", "import_sps_dict"]
+__all__ = ["FORMATS", "import_sps_table", "import_sps_dict", "parse_drafter_cost", "complete_profile", "run_readiness"]
 
 FORMATS = ("vllm", "sglang", "trt")
 LOOKUPS = ("auto", "floor", "interp")
@@ -130,8 +133,8 @@ def _to_floor(xs: list[int], ys: list[float], lookup: str, src: _Src, fld: str, 
     return [int(v) for v in x], [float(v) for v in y]
 
 
-def _clamp_extend(xs: list[int], ys: list[float], hi: int | None, fld: str, notes: list[str]
-                  ) -> tuple[list[int], list[float]]:
+def _clamp_extend(xs: list[int], ys: list[float], hi: int | None, fld: str, notes: list[str],
+                  hi_why: str = "max_batch_tokens") -> tuple[list[int], list[float]]:
     """Reproduce an engine's clamp: hold the first value down to 1 and the last value up to `hi`."""
     xs, ys = list(xs), list(ys)
     if xs[0] > 1:
@@ -139,11 +142,16 @@ def _clamp_extend(xs: list[int], ys: list[float], hi: int | None, fld: str, note
         xs.insert(0, 1)
         ys.insert(0, ys[0])
     if hi is not None and hi > xs[-1]:
-        notes.append(f"{fld}: engine clamp reproduced: breakpoint {hi} (max_batch_tokens) added with the value at "
+        notes.append(f"{fld}: engine clamp reproduced: breakpoint {hi} ({hi_why}) added with the value at "
                      f"{xs[-1]} -- the range {xs[-1]}..{hi} was NOT measured")
         xs.append(hi)
         ys.append(ys[-1])
     return xs, ys
+
+
+# The engine clamps its batch-size axis above the last probe too; a step never holds more decoding requests than
+# tokens, so the last value held up to the verify table's last M covers every batch a run can form.
+_BATCH_HI = "the verify table's last M: no step has more requests than tokens"
 
 
 def import_sps_dict(data: Any, fmt: str, *, source: str = "<dict>", name: str | None = None,
@@ -175,6 +183,10 @@ def import_sps_dict(data: Any, fmt: str, *, source: str = "<dict>", name: str | 
         vx, vy = _to_floor(xs, [1.0 / v for v in sps], use, s, "sample_batch_tokens", notes)
         if engine_clamp:
             vx, vy = _clamp_extend(vx, vy, mbt, "verify.M", notes)
+        elif mbt > vx[-1]:
+            notes.append(f"max_batch_tokens {mbt} is above the last probe {vx[-1]}: runs default to a {vx[-1]}-token "
+                         f"budget (the measured range); engine_clamp (--engine-clamp) prices M up to {mbt} as the "
+                         "engine does")
         imported.update(table="SpsCostTable", engine_lookup="floor with clamp at both ends",
                         lookup_used=use, probes=len(xs), max_batch_tokens=mbt)
         notes.append("verify.time_s = 1 / sample_steps_per_sec; fixed_overhead_s = 0 because SPS is measured on "
@@ -192,7 +204,7 @@ def import_sps_dict(data: Any, fmt: str, *, source: str = "<dict>", name: str | 
         bx, by = _to_floor(bs, al, use, s, "bs_probes", notes)
         if engine_clamp:
             vx, vy = _clamp_extend(vx, vy, None, "verify.M", notes)
-            bx, by = _clamp_extend(bx, by, None, "batch_overhead.n_req", notes)
+            bx, by = _clamp_extend(bx, by, vx[-1], "batch_overhead.n_req", notes, _BATCH_HI)
         fixed, batch = bias, {"n_req": bx, "time_s": by}
         imported.update(table="SpsAdditiveCostTable", engine_lookup="clamped linear interpolation",
                         lookup_used=use, m_probes=len(ms), bs_probes=len(bs))
@@ -213,7 +225,7 @@ def import_sps_dict(data: Any, fmt: str, *, source: str = "<dict>", name: str | 
             by_ = s.floats(bov, "batch_overhead_ms", len(bx_), positive=False)
             bx, by = _to_floor(bx_, [v / 1e3 for v in by_], use, s, "batch_sizes", notes)
             if engine_clamp:
-                bx, by = _clamp_extend(bx, by, None, "batch_overhead.n_req", notes)
+                bx, by = _clamp_extend(bx, by, vx[-1], "batch_overhead.n_req", notes, _BATCH_HI)
             batch = {"n_req": bx, "time_s": by}
         if engine_clamp:
             vx, vy = _clamp_extend(vx, vy, None, "verify.M", notes)
@@ -264,3 +276,102 @@ def import_sps_table(path: str | Path, fmt: str, **kw: Any) -> CostProfile:
     raw = read_bytes(path, "engine table")
     data = loads_json(decode(raw, str(path), bom=False), str(path), label="not valid JSON")
     return import_sps_dict(data, fmt, source=str(path), source_sha256_16=hashlib.sha256(raw).hexdigest()[:16], **kw)
+
+
+# ------------------------------------------------------------------------------------------ runnable profile
+# Kind of a drafter named on the command line without one (the names the shipped profiles and acceptance use).
+DRAFTER_KINDS_BY_NAME = {"dspark": "parallel", "dflash": "parallel", "eagle3": "autoregressive", "mtp1": "mtp"}
+_DRAFTER_COST_SRC = "--drafter-cost"
+
+
+def parse_drafter_cost(text: str) -> tuple[str, str, float]:
+    """``NAME=SECONDS`` or ``NAME:KIND=SECONDS`` -> (name, kind, seconds of one drafter forward)."""
+    spec, eq, sec = str(text).partition("=")
+    name, colon, kind = spec.strip().partition(":")
+    name, kind = name.strip(), kind.strip()
+    if not eq or not name:
+        raise InputError(_DRAFTER_COST_SRC, None, f"expected NAME=SECONDS or NAME:KIND=SECONDS, got {text!r}")
+    if not colon:
+        if name not in DRAFTER_KINDS_BY_NAME:
+            raise InputError(_DRAFTER_COST_SRC, name,
+                             f"no default kind for drafter {name!r}: write {name}:KIND=SECONDS with KIND one of "
+                             f"{', '.join(('parallel', 'autoregressive', 'mtp'))}")
+        kind = DRAFTER_KINDS_BY_NAME[name]
+    elif kind not in ("parallel", "autoregressive", "mtp"):
+        raise InputError(_DRAFTER_COST_SRC, name, f"unknown kind {kind!r}; expected parallel, autoregressive or mtp")
+    try:
+        s = float(sec)
+    except ValueError:
+        s = float("nan")
+    if not (math.isfinite(s) and s >= 0):
+        raise InputError(_DRAFTER_COST_SRC, name, f"expected SECONDS as a finite number >= 0, got {sec.strip()!r}")
+    return name, kind, s
+
+
+def _positive_int(v: Any, fld: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise InputError("profile import", fld, f"expected an integer >= 1, got {v!r}")
+    return int(v)
+
+
+def complete_profile(p: CostProfile, *, kv_capacity_tokens: int | None = None, max_model_len: int | None = None,
+                     drafter_costs: Any = ()) -> CostProfile:
+    """Add what an engine table does not carry but a run needs, each recorded in the metadata.
+
+    kv_capacity_tokens -> metadata.kv_capacity_tokens (the engine's KV cache in tokens, as vLLM logs it);
+    max_model_len      -> metadata.max_model_len (longest prompt+output the engine accepts; <= the KV capacity);
+    drafter_costs      -> (name, kind, seconds) from :func:`parse_drafter_cost`: a drafter whose one forward costs
+                          ``seconds`` at every batch size (flat over tokens 1..the profile's last breakpoint).
+                          It replaces a drafter of the same name copied with ``drafters_from``.
+    """
+    d = profile_to_dict(p)
+    meta = dict(d["metadata"])
+    missing = list(meta.get("missing", []))
+    if kv_capacity_tokens is not None:
+        meta["kv_capacity_tokens"] = _positive_int(kv_capacity_tokens, "--kv-capacity-tokens")
+    if max_model_len is not None:
+        meta["max_model_len"] = _positive_int(max_model_len, "--max-model-len")
+    kv = meta.get("kv_capacity_tokens")
+    if kv is not None and meta.get("max_model_len") is not None and meta["max_model_len"] > kv:
+        # vLLM refuses to start in this case: one sequence of max_model_len must fit in the KV cache
+        raise InputError("profile import", "--max-model-len",
+                         f"{meta['max_model_len']} exceeds the KV capacity {kv} tokens: one request of that length "
+                         "could never be admitted")
+    costs = list(drafter_costs or ())
+    if costs:
+        top = max(p.max_tokens, 1)
+        axis = [1, top] if top > 1 else [1]
+        given = {}
+        for name, kind, sec in costs:
+            if name in given:
+                raise InputError(_DRAFTER_COST_SRC, name, "given twice")
+            # 0 is allowed: drafting already folded into a whole-step SPS measurement
+            d["drafters"][name] = {"kind": kind, "tokens": axis, "time_s": [sec] * len(axis),
+                                   "note": f"flat {sec:g} s per forward from {_DRAFTER_COST_SRC} (not measured)"}
+            given[name] = {"kind": kind, "seconds_per_forward": sec}
+        meta["drafter_costs"] = {"drafters": given, "source": f"{_DRAFTER_COST_SRC} on the import command line",
+                                 "note": "flat over batch size, not measured with this table"}
+        if meta.get("imported", {}).get("table") == "SpsCostTable" and any(s > 0 for _, _, s in costs):
+            meta["drafter_costs"]["warning"] = ("SPS measured on whole steps may already include drafting; a "
+                                                "drafter cost on top can count it twice (use NAME=0 if it does)")
+        missing = [m for m in missing if not m.startswith("drafter costs")]
+    if meta.get("kv_capacity_tokens") is None:
+        note = "KV capacity (dsparksim run needs --kv-capacity TOKENS; import with --kv-capacity-tokens to store it)"
+        if note not in missing:
+            missing.append(note)
+    meta["missing"] = missing
+    d["metadata"] = meta
+    return profile_from_dict(d, p.source)
+
+
+def run_readiness(p: CostProfile) -> list[str]:
+    """What ``dsparksim run --profile`` with default options would still need from this profile (empty = ready)."""
+    need = []
+    if not p.metadata.get("kv_capacity_tokens"):
+        need.append("a KV capacity (--kv-capacity-tokens)")
+    if "dspark" not in p.drafters:
+        need.append("a drafting cost for 'dspark', the default acceptance source's drafter "
+                    "(--drafter-cost dspark=SECONDS or --drafters-from PROFILE)")
+    if p.min_tokens > 1:
+        need.append(f"costs below M={p.min_tokens} (--engine-clamp holds the first probe's value down to 1)")
+    return need

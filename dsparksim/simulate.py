@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,11 +81,22 @@ def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None) ->
     sim = Simulation(profile=profile, acceptance=acceptance, policy=policy, workload=workload, block_size=K,
                      drafter=drafter, kv_capacity_tokens=int(kv_cap), max_num_seqs=cfg.engine.max_num_seqs,
                      max_batched_tokens=int(max_tok), prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens,
-                     rng=rngs["acceptance"], duration_s=duration, num_requests=t.num_requests, progress=progress)
+                     rng=rngs["acceptance"], duration_s=duration, num_requests=t.num_requests, progress=progress,
+                     max_model_len=max_model_len(profile))
     res = sim.run()
     summary, inputs = run_summary(cfg, res, profile, acceptance, policy, workload, K, drafter, kv_cap, max_tok,
                                   duration)
     return RunOutput(config=cfg, summary=summary, result=res, inputs=inputs)
+
+
+def max_model_len(profile) -> int | None:
+    """The profile's ``metadata.max_model_len`` (longest prompt + output the server accepts), if it states one."""
+    v = profile.metadata.get("max_model_len")
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(profile.source, "metadata.max_model_len", f"expected an integer >= 1, got {v!r}")
+    return v
 
 
 def engine_limits(cfg: RunConfig, profile) -> tuple[int, int]:
@@ -118,18 +129,25 @@ def run_summary(cfg: RunConfig, res: SimResult, profile, acceptance, policy, wor
         "workload": workload.metadata,
         "policy": {"spec": policy.spec, "block_size": K, "drafter": drafter},
         "engine": {"kv_capacity_tokens": int(kv_cap), "max_batched_tokens": int(max_tok),
-                   "admission": "FIFO; reserve prompt+output+K KV tokens at admission (no preemption)"},
+                   "max_model_len": max_model_len(profile),
+                   "admission": "FIFO; reserve prompt+output+K KV tokens at admission (no preemption)",
+                   "rejection": "on arrival when prompt+output > max_model_len or prompt+output+K > KV capacity "
+                                "(counted, never admitted; closed loop: the user sends its next request)"},
     }
     return summary, inputs
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Write to a temporary file next to ``path`` and rename: a crash never leaves a half-written result."""
+    """Write to a temporary file next to ``path`` and rename: a crash never leaves a half-written result.
+
+    The temporary file is created with mode 0666 less the umask (as ``open`` would), not mkstemp's 0600, so
+    results are readable by whoever may read the directory."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name, suffix=".tmp")
-    os.close(fd)
+    tmp = path.parent / f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
-        write(Path(tmp))
+        write(tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -159,26 +177,33 @@ def round_floats(obj: Any, sig: int = 10) -> Any:
 
 
 def write_run(out: RunOutput, out_dir: str | Path, fmt: str = "csv", steps: bool = False) -> dict[str, Path]:
-    """Write config.json, requests.{csv,parquet}, bench_result.json, [steps.csv] and, last, summary.json."""
-    d = Path(out_dir)
-    d.mkdir(parents=True, exist_ok=True)
+    """Write config.json, requests.{csv,parquet}, bench_result.json, [steps.csv] and summary.json.
+
+    Everything goes into a staging directory that then replaces ``out_dir`` whole (dsparksim.outputs): the result
+    is complete or absent, and no file of an earlier run into the same directory survives."""
+    from dsparksim.bench_json import write_bench_json
+    from dsparksim.outputs import staged_dir
+
+    final = Path(out_dir)
     cfg = out.config
     t = cfg.traffic
-    paths = {"config": d / "config.json", "requests": d / f"requests.{fmt}", "bench": d / "bench_result.json",
-             "summary": d / "summary.json"}
-    write_json(paths["config"], {"config": cfg.to_dict(), "inputs": _jsonable(out.inputs),
-                                 "dsparksim_version": _version()})
-    write_table(paths["requests"], out.requests())
+    names = {"config": "config.json", "requests": f"requests.{fmt}", "bench": "bench_result.json",
+             "summary": "summary.json"}
+    if steps:
+        names["steps"] = "steps.csv"
     bench = bench_serve_json(out.result, out.summary, model_id=str(out.inputs["profile"]["metadata"].get("model", "")),
                              request_rate=(t.rate if t.mode in ("poisson", "gamma", "constant") else "inf"),
                              burstiness=t.burstiness, max_concurrency=t.concurrency)
     bench["date"] = time.strftime("%Y%m%d-%H%M%S")
-    write_json(paths["bench"], bench)
-    if steps:
-        paths["steps"] = d / "steps.csv"
-        write_table(paths["steps"], pd.DataFrame(out.result.steps))
-    write_json(paths["summary"], round_floats(out.summary))
-    return paths
+    with staged_dir(final) as d:
+        write_json(d / names["config"], {"config": cfg.to_dict(), "inputs": _jsonable(out.inputs),
+                                         "dsparksim_version": _version()})
+        write_table(d / names["requests"], out.requests())
+        write_bench_json(d / names["bench"], bench)
+        if steps:
+            write_table(d / names["steps"], pd.DataFrame(out.result.steps))
+        write_json(d / names["summary"], round_floats(out.summary))
+    return {k: final / v for k, v in names.items()}
 
 
 def _jsonable(x: Any) -> Any:

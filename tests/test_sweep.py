@@ -80,14 +80,14 @@ def test_unreadable_spec_and_bad_toml_are_input_errors(tmp_path):
 
 
 def test_cell_config_matches_dsparksim_run_defaults():
-    # A cell is exactly the run `dsparksim run` builds: closed-loop pool rule, default domain, engine defaults.
+    # A cell is exactly the run `dsparksim run` builds: lazy closed-loop requests, default domain, engine defaults.
     from dsparksim.cli import _run_config, _traffic, build_parser
 
     args = build_parser().parse_args(["run", "--concurrency", "16", "--duration", "3", "--policy", "mtp1"])
     want = _run_config(args, _traffic(args, "closed", concurrency=16))
     got = build_config({"policy": "mtp1", "concurrency": 16, "duration_s": 3.0})
     assert got == want
-    assert got.traffic.pool_size == 16 * (8 + 30) + 64
+    assert got.traffic.pool_size is None  # no pool sized from the load: requests are generated as users need them
 
 
 def test_cell_order_and_count_follow_the_axes():

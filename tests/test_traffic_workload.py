@@ -201,7 +201,7 @@ def test_max_tokens_is_an_error_naming_the_row():
     (dict(mode="poisson", rate=1.0), "num_requests/duration_s"),
     (dict(mode="poisson", num_requests=5), "rate"),
     (dict(mode="poisson", rate=1.0, num_requests=5, burstiness=0.5), "burstiness"),
-    (dict(mode="closed", concurrency=4), "num_requests/pool_size"),
+    (dict(mode="closed", concurrency=4), "num_requests/duration_s"),
     (dict(mode="closed", num_requests=5), "concurrency"),
     (dict(mode="closed", concurrency=4, num_requests=5, pool_size=6), "pool_size"),
     (dict(mode="closed", concurrency=4, num_requests=5, time_scale=2.0), "time_scale"),

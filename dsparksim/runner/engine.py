@@ -43,7 +43,7 @@ class RealEngine(Simulation):
         before = len(self.running)
         super()._admit(now)
         for row in self.running[before:]:
-            self.ex.start(int(row), int(self.slot_of[row]), int(self.prompt[row]), str(self.wl.domain[row]))
+            self.ex.start(int(row), int(self.slot_of[row]), int(self.prompt[row]), str(self.domain[row]))
 
     def _finish(self, rows: np.ndarray, now: float) -> None:
         for r in rows:

@@ -103,7 +103,7 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
     if kv_cap > dev_cap:
         raise ConfigError("config", "kv_capacity_tokens", f"{kv_cap} KV tokens requested but {ex.device} can hold "
                           f"about {dev_cap} for this model ({bits}-bit KV); lower --kv-capacity")
-    T = int((workload.prompt_tokens + workload.output_tokens).max()) + K + 2
+    T = workload.max_request_tokens() + K + 2
     conc = workload.concurrency or cfg.engine.max_num_seqs
     slots = min(cfg.engine.max_num_seqs, conc)
     if slots * T > dev_cap:

@@ -3,21 +3,29 @@
 Every backend runs the same function (:func:`execute_cell`) on the same RunConfig, and each cell carries its own
 seed, so results are identical whatever the backend; backends only have to keep the cell -> result mapping.
 Results stream back through ``on_result`` as they finish (the driver writes them to the cache at once, which is
-what makes an interrupted sweep resumable). A cell that raises comes back as a failed result, never as an
-exception that stops the other cells.
+what makes an interrupted sweep resumable). A cell that raises comes back as a failed result (its error as one
+line, and the exception itself so a caller can re-raise it), never as an exception that stops the other cells.
+
+To stop early, ``on_result`` raises: the backend then cancels every pending cell, terminates its workers and
+re-raises. Ctrl-C does the same. Pool workers ignore SIGINT (only the parent handles it) and die with their parent
+(PR_SET_PDEATHSIG on Linux, a watcher thread elsewhere), so neither Ctrl-C nor a SIGKILL leaves orphans.
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
+import pickle
+import signal
+import threading
 import time
 import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from dsparksim.config import RunConfig
-from dsparksim.errors import ConfigError
+from dsparksim.errors import ConfigError, InputError, MissingExtraError, one_line
 
 BACKENDS = ("serial", "local", "ray")
 
@@ -30,7 +38,8 @@ class Task:
 
 
 def execute_cell(task: Task) -> dict[str, Any]:
-    """Simulate one cell; any exception becomes a failed result carrying its message and traceback."""
+    """Simulate one cell; any exception becomes a failed result carrying its one-line message, its traceback and
+    (when it pickles) the exception itself."""
     from dsparksim.config import _jsonable
     from dsparksim.sweep.cells import code_fingerprint
 
@@ -43,14 +52,37 @@ def execute_cell(task: Task) -> dict[str, Any]:
         res.update(ok=True, summary=out.summary, inputs=_jsonable(out.inputs),
                    requests=out.requests() if task.save_requests else None)
     except Exception as e:  # noqa: BLE001 -- reported per cell, the sweep goes on
-        res.update(ok=False, error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+        res.update(ok=False, error=one_line(e), traceback=traceback.format_exc(), exception=_portable(e))
     res["wall_s"] = time.perf_counter() - t0
     return res
 
 
-def _failed(task: Task, error: str) -> dict[str, Any]:
-    return {"index": task.index, "ok": False, "error": error, "traceback": "", "wall_s": 0.0, "pid": None,
-            "code": None}
+def _portable(e: BaseException) -> BaseException | None:
+    # An exception that does not survive pickling would break the result's trip to the parent (the pool would
+    # count the worker as crashed); the one-line message and the traceback still go.
+    try:
+        pickle.loads(pickle.dumps(e))
+    except Exception:  # noqa: BLE001
+        return None
+    return e
+
+
+def cell_exception(res: dict[str, Any]) -> BaseException:
+    """The exception to raise in the parent for a failed result: the worker's own (an InputError keeps its one
+    line; anything else gets the worker's traceback as a note), else a RuntimeError with the message."""
+    e = res.get("exception")
+    if e is None:
+        e = RuntimeError(f"cell {res['index']} failed: {res['error']}")
+    if not isinstance(e, InputError) and res.get("traceback") and res.get("pid") not in (None, os.getpid()):
+        e.add_note(f"in worker process {res.get('pid')} (cell {res['index']}):\n{res['traceback'].rstrip()}")
+    return e
+
+
+def _failed(task: Task, how: str, e: BaseException) -> dict[str, Any]:
+    """The result of a cell whose worker died (no result came back): one line, the full text as traceback."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return {"index": task.index, "ok": False, "error": f"{how}: {type(e).__name__}: {lines[-1] if lines else ''}",
+            "traceback": str(e), "wall_s": 0.0, "pid": None, "code": None}
 
 
 def _cost_hint(cfg: RunConfig) -> float:
@@ -61,6 +93,70 @@ def _cost_hint(cfg: RunConfig) -> float:
 def _longest_first(tasks: Sequence[Task]) -> list[Task]:
     # Highest load first keeps every worker busy to the end instead of waiting on one long straggler.
     return sorted(tasks, key=lambda t: -_cost_hint(t.config))
+
+
+# ---- pool workers: no SIGINT, no life after the parent ------------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _worker_init(parent_pid: int) -> None:
+    """Pool worker initializer: ignore Ctrl-C (the parent handles it and terminates the pool) and die with the
+    parent, even when it is SIGKILLed."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # the parent blocked SIGINT around the fork (see _sigint_blocked)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if not _set_pdeathsig(signal.SIGKILL):
+        threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="dsparksim-parent-watch").start()
+    if os.getppid() != parent_pid:  # the parent died before the death signal was armed
+        os._exit(1)
+
+
+def _set_pdeathsig(sig: int) -> bool:
+    """Ask Linux to send ``sig`` to this process when its parent dies (prctl PR_SET_PDEATHSIG); False elsewhere."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent_pid: int, period_s: float = 0.5) -> None:
+    # Portable fallback: once the parent is gone the worker is re-parented, so getppid() changes.
+    while os.getppid() == parent_pid:
+        time.sleep(period_s)
+    os._exit(1)
+
+
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """Hold SIGINT while workers are forked: a Ctrl-C then reaches the parent (after this block), never a worker
+    that has not yet run its initializer."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _kill_pool(ex: ProcessPoolExecutor) -> None:
+    """Stop a pool now: cancel queued cells and terminate the workers (running cells are abandoned)."""
+    procs = list((getattr(ex, "_processes", None) or {}).values())  # no public API before Python 3.14
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.terminate()
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    ex.shutdown(wait=True, cancel_futures=True)
 
 
 class SerialBackend:
@@ -75,7 +171,8 @@ class SerialBackend:
 
 
 class LocalPoolBackend:
-    """A local process pool (fork on POSIX). A worker that dies fails its cell(s); the rest still run."""
+    """A local process pool (fork on POSIX). A worker that dies (e.g. killed for memory) breaks the pool: the cells
+    not finished by then come back failed, and a rerun of the sweep retries them."""
 
     name = "local"
 
@@ -86,9 +183,12 @@ class LocalPoolBackend:
         if not tasks:
             return
         ctx = mp.get_context("fork" if os.name == "posix" else "spawn")
-        ex = ProcessPoolExecutor(max_workers=min(self.workers, len(tasks)), mp_context=ctx)
+        ex = ProcessPoolExecutor(max_workers=min(self.workers, len(tasks)), mp_context=ctx,
+                                 initializer=_worker_init, initargs=(os.getpid(),))
+        finished = False
         try:
-            futs = {ex.submit(execute_cell, t): t for t in _longest_first(tasks)}
+            with _sigint_blocked():  # the workers are forked by the first submit
+                futs = {ex.submit(execute_cell, t): t for t in _longest_first(tasks)}
             pending = set(futs)
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -96,10 +196,14 @@ class LocalPoolBackend:
                     try:
                         res = f.result()
                     except Exception as e:  # noqa: BLE001 -- e.g. BrokenProcessPool: the worker died
-                        res = _failed(futs[f], f"worker failed: {type(e).__name__}: {e}")
+                        res = _failed(futs[f], "worker failed", e)
                     on_result(res)
+            finished = True
         finally:
-            ex.shutdown(wait=True, cancel_futures=True)
+            if finished:
+                ex.shutdown(wait=True)
+            else:  # on_result aborted, Ctrl-C, or any other exit: nothing may keep running
+                _kill_pool(ex)
 
 
 class RayBackend:
@@ -129,6 +233,8 @@ class RayBackend:
                 # address="local": always a fresh instance, even if a `ray start` cluster runs on this machine
                 ray.init(address="local", num_cpus=self.workers, include_dashboard=False, log_to_driver=False)
             started = True
+        refs: dict[Any, Task] = {}
+        pending: list[Any] = []
         try:
             remote = ray.remote(num_cpus=1, max_retries=0)(execute_cell)
             refs = {remote.remote(t): t for t in _longest_first(tasks)}
@@ -139,9 +245,13 @@ class RayBackend:
                     try:
                         res = ray.get(r)
                     except Exception as e:  # noqa: BLE001 -- a dead worker or node fails only its cell
-                        res = _failed(refs[r], f"ray task failed: {type(e).__name__}: {e}")
+                        res = _failed(refs[r], "ray task failed", e)
                     on_result(res)
         finally:
+            if pending:  # aborted (on_result raised, Ctrl-C): stop the cells still queued or running
+                for r in pending:
+                    with contextlib.suppress(Exception):
+                        ray.cancel(r, force=True)
             if started:
                 ray.shutdown()
 
@@ -151,8 +261,7 @@ def import_ray():
     try:
         import ray
     except ImportError:
-        raise ConfigError("--backend", "ray", "Ray is not installed; pip install 'dsparksim[ray]' "
-                          "(or use --backend local)") from None
+        raise MissingExtraError("ray", "ray", "--backend ray", "use --backend local") from None
     return ray
 
 

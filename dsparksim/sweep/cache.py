@@ -6,17 +6,25 @@ Layout under the sweep's output folder::
     cells/<hash>/requests.parquet per-request table (only with save_requests; .csv without pyarrow)
     cells/<hash>/summary.json     written LAST: its presence means the cell finished (a cached result)
     cells/<hash>/error.json       a failed attempt (never a result; the cell is retried on the next run)
+
+A summary.json that does not parse or lacks fields (a disk error, a hand edit) is not a result: it is reported in
+one warning line naming the file, removed, and the cell is computed again.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from dsparksim.config import _jsonable
+from dsparksim.metrics import SUMMARY_FIELDS
 from dsparksim.simulate import atomic_write
+
+log = logging.getLogger(__name__)
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -50,10 +58,30 @@ class CellCache:
         return self.cells / h
 
     def done(self, h: str) -> bool:
-        return (self.dir(h) / "summary.json").is_file()
+        return self.get(h) is not None
 
     def load(self, h: str) -> dict[str, Any]:
-        return json.loads((self.dir(h) / "summary.json").read_text())
+        rec = self.get(h)
+        if rec is None:
+            raise FileNotFoundError(self.dir(h) / "summary.json")
+        return rec
+
+    def get(self, h: str) -> dict[str, Any] | None:
+        """The cached result of cell ``h``, or None if there is none. A corrupt one is removed with a warning."""
+        path = self.dir(h) / "summary.json"
+        if not path.is_file():
+            return None
+        try:
+            rec = json.loads(path.read_text(encoding="utf-8"))
+            problem = _problem(rec, h)
+        except (OSError, ValueError) as e:  # ValueError covers JSONDecodeError and UnicodeDecodeError
+            problem = f"not valid JSON: {e}"
+        if problem is None:
+            return rec
+        log.warning("dsparksim: warning: corrupt cached cell %s (%s); computing it again", path, problem)
+        with contextlib.suppress(OSError):  # if it cannot go, the rewrite after the recompute will say why
+            path.unlink()
+        return None
 
     def save_result(self, h: str, config: dict[str, Any], summary: dict[str, Any], wall_s: float,
                     requests: pd.DataFrame | None = None) -> None:
@@ -79,3 +107,18 @@ class CellCache:
                 p.unlink(missing_ok=True)
                 n += 1
         return n
+
+
+def _problem(rec: Any, h: str) -> str | None:
+    """What is wrong with a parsed summary.json record (None if it is a whole result of cell ``h``)."""
+    if not isinstance(rec, dict):
+        return f"expected a JSON object, got {type(rec).__name__}"
+    if rec.get("cell_hash") != h:
+        return f"cell_hash is {rec.get('cell_hash')!r}, expected the folder's hash"
+    summ = rec.get("summary")
+    if not isinstance(summ, dict):
+        return "no 'summary' object"
+    missing = [k for k in SUMMARY_FIELDS if k not in summ]
+    if missing:
+        return f"summary lacks {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
+    return None

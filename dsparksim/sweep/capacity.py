@@ -36,10 +36,33 @@ class Constraint:
         return f"{self.metric} {self.op} {self.value:g}"
 
     def holds(self, summary: Mapping[str, Any]) -> bool:
-        v = summary.get(self.metric)
-        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            return False  # no measurement (e.g. no request completed) never meets an SLO
-        return bool(_OPS[self.op](float(v), self.value))
+        if not measured(summary.get(self.metric)):
+            return False  # no measurement (e.g. no request completed) never meets an SLO; check_slo says why
+        return bool(_OPS[self.op](float(summary[self.metric]), self.value))
+
+
+def measured(v: Any) -> bool:
+    return not (v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v))
+
+
+# Numeric run-summary fields an SLO may constrain, checked before any probe runs (a typo fails in a second, not
+# after the search). Latency/speed percentiles the summary may gain are accepted by pattern; a name the summary
+# then lacks is still an error naming it (check_slo).
+SLO_METRICS = (
+    "output_throughput_tok_s", "request_throughput_req_s", "tps_user_mean", "tps_user_median", "tps_user_p10",
+    "tps_user_p90", "ttft_mean_s", "ttft_median_s", "ttft_p99_s", "tpot_mean_s", "tpot_median_s", "tpot_p99_s",
+    "itl_median_s", "itl_p99_s", "e2e_mean_s", "e2e_median_s", "e2e_p99_s", "mean_verify_len", "tau",
+    "mean_batch_tokens", "mean_running", "num_requests_completed", "num_requests_completed_total",
+    "num_requests_issued", "num_steps", "kv_peak_used_tokens", "sim_time_s", "window_s")
+_SLO_PATTERN = re.compile(r"^(?:(?:ttft|tpot|itl|e2e)_(?:mean|median|std|p\d+)_s|tps_user_(?:mean|median|std|p\d+))$")
+
+
+def check_slo_metrics(slo: Sequence[Constraint], source: str = "--slo") -> None:
+    """Raise ConfigError for an SLO term on a metric no run summary has (before anything runs)."""
+    for i, c in enumerate(slo):
+        if c.metric not in SLO_METRICS and not _SLO_PATTERN.match(c.metric):
+            raise ConfigError(source, f"slo[{i}]", f"unknown metric {c.metric!r}; expected one of "
+                              f"{', '.join(SLO_METRICS)}")
 
 
 def parse_slo(terms: Sequence[str], source: str = "--slo") -> list[Constraint]:
@@ -67,7 +90,10 @@ def check_slo(summary: Mapping[str, Any], slo: Sequence[Constraint], require_uns
         if c.metric not in summary:
             numeric = sorted(k for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
             raise ConfigError(source, "slo", f"unknown metric {c.metric!r}; run summaries have: {', '.join(numeric)}")
-    bad = [str(c) for c in slo if not c.holds(summary)]
+    # A metric without a value (e.g. no request completed in the window) makes the probe infeasible, with the
+    # reason spelled out in the search trace, rather than an error: at a high enough load that is the answer.
+    bad = [str(c) if measured(summary.get(c.metric)) else f"{c} (no value: {summary.get(c.metric)!r})"
+           for c in slo if not c.holds(summary)]
     if require_unsaturated and summary.get("saturated"):
         bad.append("saturated")
     return not bad, bad
@@ -94,12 +120,21 @@ class CapacitySettings:
 
 def capacity_settings(spec: SweepSpec, **over: Any) -> CapacitySettings:
     """Settings from the spec's [capacity] table, overridden by non-None keyword values (the CLI flags)."""
-    d = {**spec.capacity, **{k: v for k, v in over.items() if v is not None}}
     src = spec.source
+    table = dict(spec.capacity)
+    # the [capacity] table may use the option names: sla (= slo), allow_saturated (= not require_unsaturated)
+    for alias, key, conv in (("sla", "slo", lambda v: v), ("allow_saturated", "require_unsaturated",
+                                                            lambda v: (not v) if isinstance(v, bool) else v)):
+        if alias in table:
+            if key in table:
+                raise ConfigError(src, f"capacity.{alias}", f"same setting as capacity.{key}; keep one")
+            table[key] = conv(table.pop(alias))
+    d = {**table, **{k: v for k, v in over.items() if v is not None}}
     known = ("load", "min", "max", "tolerance", "slo", "require_unsaturated")
     for k in d:
         if k not in known:
-            raise ConfigError(src, f"capacity.{k}", f"unknown key; expected some of {', '.join(known)}")
+            raise ConfigError(src, f"capacity.{k}", f"unknown key; expected some of {', '.join(known)} (or sla, "
+                              "allow_saturated)")
     load = d.get("load", spec.load_key)
     if load not in LOAD_KEYS:
         raise ConfigError(src, "capacity.load", f"expected one of {LOAD_KEYS}, got {load!r}")
@@ -108,22 +143,23 @@ def capacity_settings(spec: SweepSpec, **over: Any) -> CapacitySettings:
     for k in ("min", "max"):
         if k not in d:
             raise ConfigError(src, f"capacity.{k}", "required: the load range to search")
-        if isinstance(d[k], bool) or not isinstance(d[k], (int, float)) or not d[k] > 0:
-            raise ConfigError(src, f"capacity.{k}", f"expected a number > 0, got {d[k]!r}")
+        if isinstance(d[k], bool) or not isinstance(d[k], (int, float)) or not 0 < d[k] < math.inf:
+            raise ConfigError(src, f"capacity.{k}", f"expected a finite number > 0, got {d[k]!r}")
     lo, hi = float(d["min"]), float(d["max"])
     if load == "concurrency" and not (lo.is_integer() and hi.is_integer()):
         raise ConfigError(src, "capacity.min/max", f"concurrency bounds must be integers, got {lo:g}, {hi:g}")
     if not hi > lo:
         raise ConfigError(src, "capacity.max", f"must exceed min ({lo:g}), got {hi:g}")
     tol = d.get("tolerance", 1.0 if load == "concurrency" else (hi - lo) / 100)
-    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0:
-        raise ConfigError(src, "capacity.tolerance", f"expected a number > 0, got {tol!r}")
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < math.inf:
+        raise ConfigError(src, "capacity.tolerance", f"expected a finite number > 0, got {tol!r}")
     if load == "concurrency" and tol < 1:
         raise ConfigError(src, "capacity.tolerance", f"concurrency is an integer: tolerance must be >= 1, got {tol!r}")
     req = d.get("require_unsaturated", True)
     if not isinstance(req, bool):
         raise ConfigError(src, "capacity.require_unsaturated", f"expected true or false, got {req!r}")
     slo = parse_slo(d.get("slo") or [], f"{src} [capacity] / --slo")
+    check_slo_metrics(slo, f"{src} [capacity] / --slo")
     return CapacitySettings(load, lo, hi, float(tol), tuple(slo), req)
 
 

@@ -10,10 +10,11 @@ from typing import Any, Sequence
 import pandas as pd
 
 from dsparksim.sweep.backends import Task, make_backend
-from dsparksim.sweep.cache import CellCache, have_parquet, write_frame, write_json
+from dsparksim.sweep.cache import CellCache, have_parquet
 from dsparksim.sweep.cells import Cell, code_fingerprint, expand, input_hashes
 from dsparksim.sweep.spec import SweepSpec
 
+MANIFEST = "sweep.manifest.json"  # written last: the final files of the sweep are complete
 KEY_PREFIX = "cfg."  # table columns holding a cell's axis values (summary fields keep their own names)
 
 
@@ -42,7 +43,7 @@ def run_cells_cached(cells: Sequence[Cell], out_dir: str | Path, backend: str = 
 
     cache = CellCache(out_dir)
     cache.clean_temp()
-    todo = [c for c in cells if not cache.done(c.hash)]
+    todo = [c for c in cells if not cache.done(c.hash)]  # a corrupt cached cell is warned about and redone
     by_index = {c.index: c for c in cells}
     failures: list[dict[str, Any]] = []
     mine = code_fingerprint()
@@ -66,7 +67,7 @@ def run_cells_cached(cells: Sequence[Cell], out_dir: str | Path, backend: str = 
             cache.save_result(c.hash, cfg_record(c, res.get("inputs")), res["summary"], res["wall_s"],
                               res.get("requests"))
         else:
-            cache.save_error(c.hash, cfg_record(c), res["error"], res.get("traceback", ""))
+            cache.save_error(c.hash, cfg_record(c), res["error"], res.get("traceback", ""))  # error: one line
             failures.append({"cell": c.index, "cell_hash": c.hash, **{KEY_PREFIX + k: v for k, v in c.key.items()},
                              "error": res["error"], "traceback": res.get("traceback", "")})
             bar.set_postfix(failed=len(failures))
@@ -77,7 +78,7 @@ def run_cells_cached(cells: Sequence[Cell], out_dir: str | Path, backend: str = 
                                                         on_result)
     finally:
         bar.close()
-    summaries = {c.index: cache.load(c.hash)["summary"] for c in cells if cache.done(c.hash)}
+    summaries = {c.index: rec["summary"] for c in cells if (rec := cache.get(c.hash)) is not None}
     failures.sort(key=lambda f: f["cell"])
     return summaries, failures, len(cells) - len(todo), len(todo)
 
@@ -103,7 +104,7 @@ def results_table(cells: Sequence[Cell], summaries: dict[int, dict[str, Any]]) -
 def run_sweep(spec: SweepSpec, out_dir: str | Path, backend: str = "local", workers: int | None = None,
               ray_address: str | None = None, progress: bool = True) -> SweepResult:
     """Run every cell of ``spec`` not already in ``out_dir`` and write sweep.json, results.{csv,parquet} and
-    failures.json there (all atomically; the results table is written last)."""
+    failures.json there as one set: each file atomically, then sweep.manifest.json (sizes, sha256) last."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -112,17 +113,28 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, backend: str = "local", work
         cells, out, backend, workers, ray_address, spec.save_requests, progress, desc=spec.name)
     wall = time.perf_counter() - t0
     table = results_table(cells, summaries)
-    paths = {"sweep": out / "sweep.json", "failures": out / "failures.json", "csv": out / "results.csv"}
-    write_json(paths["sweep"], {"spec": spec.to_dict(), "n_cells": len(cells), "n_cached": n_cached, "n_ran": n_ran,
-                                "n_failed": len(failures), "backend": backend, "workers": workers,
-                                "wall_s": round(wall, 3), "cell_hashes": [c.hash for c in cells]})
-    write_json(paths["failures"], failures)
+    # The final files are replaced as a set; sweep.manifest.json (written last) lists them (dsparksim.outputs).
+    from dsparksim.outputs import write_result_set
+
+    files = {"sweep.json": lambda p: _dump(p, {
+                 "spec": spec.to_dict(), "n_cells": len(cells), "n_cached": n_cached, "n_ran": n_ran,
+                 "n_failed": len(failures), "backend": backend, "workers": workers, "wall_s": round(wall, 3),
+                 "cell_hashes": [c.hash for c in cells]}),
+             "failures.json": lambda p: _dump(p, failures)}
     if have_parquet():
-        paths["parquet"] = out / "results.parquet"
-        write_frame(paths["parquet"], table)
-    write_frame(paths["csv"], table)
+        files["results.parquet"] = lambda p: table.to_parquet(p, index=False)
+    files["results.csv"] = lambda p: table.to_csv(p, index=False)
+    written = write_result_set(out, files, MANIFEST, stale=("results.parquet",))
+    keys = {"sweep.json": "sweep", "failures.json": "failures", "results.parquet": "parquet", "results.csv": "csv"}
+    paths = {keys[n]: p for n, p in written.items()}
+    paths["manifest"] = out / MANIFEST
     return SweepResult(table=table, failures=failures, n_cells=len(cells), n_cached=n_cached, n_ran=n_ran,
                        wall_s=wall, paths=paths)
+
+
+def _dump(p: Path, obj: Any) -> None:
+    from dsparksim.config import _jsonable
+    p.write_text(json.dumps(_jsonable(obj), indent=1, allow_nan=True) + "\n")
 
 
 def failure_text(failures: Sequence[dict[str, Any]], limit: int = 20) -> str:

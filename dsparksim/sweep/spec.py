@@ -19,9 +19,12 @@ Format (every key may appear either fixed in ``[base]`` or as a non-empty list i
     [capacity]                   # only read by `dsparksim capacity`
     [regress]                    # only read by `dsparksim regress`
 
-Keys and defaults follow ``dsparksim run`` exactly (same defaults, same closed-loop pool rule), so a sweep cell is
-the very run ``dsparksim run`` would do with the same options. Relative paths are relative to the working
-directory, as on the command line.
+Key names: each key is a ``dsparksim run`` option, spelled with underscores or dashes as on the command line
+(``duration`` or ``duration_s``, ``num-speculative-tokens`` or ``block_size``, ``request_rate`` or ``rate``; see
+``KEY_ALIASES``); a key given twice under two spellings is an error, an unknown key is rejected with the list of
+known ones. Keys and defaults follow ``dsparksim run`` exactly (same defaults, same closed-loop pool rule), so a
+sweep cell is the very run ``dsparksim run`` would do with the same options. Relative paths are relative to the
+working directory, as on the command line.
 """
 from __future__ import annotations
 
@@ -41,6 +44,32 @@ TRAFFIC_KEYS = LOAD_KEYS + ("arrival", "burstiness", "trace", "trace_format", "m
 KEYS = RUN_KEYS + ENGINE_KEYS + TRAFFIC_KEYS
 TABLES = ("sweep", "base", "axes", "capacity", "regress")
 SWEEP_KEYS = ("name", "save_requests")
+
+# Command-line spellings (dashes become underscores first) -> the spec's key.
+KEY_ALIASES = {"duration": "duration_s", "warmup": "warmup_s", "num_speculative_tokens": "block_size",
+               "k": "block_size",
+               "kv_capacity": "kv_capacity_tokens", "prefill_chunk": "prefill_chunk_tokens",
+               "request_rate": "rate", "max_concurrency": "concurrency",
+               "num_prompts": "num_requests"}
+
+
+def canonical_key(key: str) -> str:
+    """The spec key for a key spelled as a CLI option (``num-speculative-tokens`` -> ``block_size``)."""
+    k = key.lstrip("-").replace("-", "_")
+    return KEY_ALIASES.get("k" if k == "K" else k, k)
+
+
+def _canonical_table(source: str, table: str, d: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for k, v in d.items():
+        c = canonical_key(k) if table in ("base", "axes") else k.replace("-", "_")
+        if c in out:
+            raise ConfigError(source, f"{table}.{k}", f"same key as {table}.{spelled[c]} (both mean {c!r}); "
+                              "keep one")
+        out[c], spelled[c] = v, k
+    return out
+
 
 # The value types each key accepts in the TOML (checked here so the error names the spec field; ranges are checked
 # by the config dataclasses when the cells are built).
@@ -93,6 +122,7 @@ class SweepSpec:
         """A copy with some axes replaced (a value that is not a list becomes a fixed base value)."""
         b, a = dict(self.base), dict(self.axes)
         for k, v in axes.items():
+            k = canonical_key(k)
             a.pop(k, None)
             b.pop(k, None)
             if isinstance(v, (list, tuple)):
@@ -127,6 +157,7 @@ def spec_from_dict(d: Mapping[str, Any], source: str = "sweep spec", check_input
             raise ConfigError(source, t, f"unknown table [{t}]; expected some of {', '.join(TABLES)}")
         if not isinstance(d[t], Mapping):
             raise ConfigError(source, t, f"expected a table [{t}], got {d[t]!r}")
+    d = {t: _canonical_table(source, t, v) for t, v in d.items()}
     sw = dict(d.get("sweep", {}))
     for k in sw:
         if k not in SWEEP_KEYS:
@@ -166,7 +197,8 @@ def spec_from_dict(d: Mapping[str, Any], source: str = "sweep spec", check_input
 
 def _check_value(source: str, where: str, key: str, v: Any) -> Any:
     if key not in TYPES:
-        raise ConfigError(source, where, f"unknown key {key!r}; known keys: {', '.join(KEYS)}")
+        raise ConfigError(source, where, f"unknown key {key!r}; known keys: {', '.join(KEYS)} (or their "
+                          f"command-line spellings: {', '.join(sorted(KEY_ALIASES))})")
     want = TYPES[key]
     ok = isinstance(v, want) and not (isinstance(v, bool) and bool not in want)
     if not ok:
@@ -194,6 +226,10 @@ def _check_semantics(spec: SweepSpec, check_inputs: bool) -> None:
             make_policy(pol)
         except InputError as e:
             raise ConfigError(src, where, f"invalid policy spec {pol!r}: {e}") from None
+    for key in ("arrival", "burstiness"):
+        if _values(spec, key) and spec.load_key != "rate":
+            raise ConfigError(src, _values(spec, key)[0][0], f"applies to open-loop arrivals only (a rate load); "
+                              f"this spec's load is {spec.load_key}")
     if spec.load_key == "time_scale" and not _values(spec, "trace"):
         raise ConfigError(src, "base.trace", "a time_scale load axis replays a trace: set trace")
     if check_inputs:

@@ -1,15 +1,38 @@
-"""The workload a run serves: who arrives when, with how many prompt and output tokens, from which domain."""
+"""The workload a run serves: who arrives when, with how many prompt and output tokens, from which domain.
+
+Two forms share one interface for the engine (:meth:`iter_blocks`): :class:`Workload` holds its requests in
+arrays (tests, the real runner's calibration, trace replay), :class:`LazyWorkload` generates them block by block
+as the engine needs them, so memory does not grow with users x duration.
+
+Request streams (DESIGN.md section 6): everything random about request i (its arrival gap, the length row it
+draws, its domain) comes from block ``i // CHUNK`` of a keyed stream, a Generator seeded by
+``SeedSequence([key, stream, i // CHUNK])``. Request i is therefore the same whatever else runs: another load
+level, another policy, a longer or shorter run.
+"""
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
+
+CHUNK = 1024  # requests per keyed block
+STREAM_GAP, STREAM_ROW, STREAM_DOMAIN = 1, 2, 3
+
+# A block: (prompt_tokens, output_tokens, domain, arrival_s or None), all of one length.
+Block = tuple[np.ndarray, np.ndarray, np.ndarray, "np.ndarray | None"]
+
+
+def keyed_rng(key: int, stream: int, block: int) -> np.random.Generator:
+    """The Generator of one block of one stream: a pure function of (key, stream, block)."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(key), int(stream), int(block)])))
 
 
 @dataclass
 class Workload:
-    """Requests in issue order.
+    """Requests in issue order, held in arrays.
 
     prompt_tokens: (n,) int64 >= 1
     output_tokens: (n,) int64 >= 1   (the request emits exactly this many tokens, then finishes)
@@ -19,7 +42,7 @@ class Workload:
                    (row j goes to the first free user). None for open loop.
     metadata:      what generated it (process, rate, burstiness, trace file, replay mode, scaling, ...).
 
-    For closed loop the arrays are a pool long enough for the run; running out ends the run (reported, never
+    For closed loop the arrays are all the requests there are; running out ends the run (reported, never
     silently recycled).
     """
 
@@ -43,5 +66,129 @@ class Workload:
     def closed_loop(self) -> bool:
         return self.concurrency is not None
 
+    @property
+    def limit(self) -> int:
+        """Most requests this workload can issue."""
+        return len(self.prompt_tokens)
+
     def __len__(self) -> int:
         return len(self.prompt_tokens)
+
+    def max_request_tokens(self) -> int:
+        """Largest prompt + output of any request (0 if empty)."""
+        return int((self.prompt_tokens + self.output_tokens).max()) if len(self) else 0
+
+    def iter_blocks(self) -> Iterator[Block]:
+        """The requests in order, CHUNK at a time (the engine's view)."""
+        for i in range(0, len(self), CHUNK):
+            j = i + CHUNK
+            yield (np.asarray(self.prompt_tokens[i:j], np.int64), np.asarray(self.output_tokens[i:j], np.int64),
+                   np.asarray(self.domain[i:j], dtype=object),
+                   None if self.arrival_s is None else np.asarray(self.arrival_s[i:j], np.float64))
+
+
+class LazyWorkload:
+    """Requests generated block by block from a length table and keyed streams (see the module doc).
+
+    rows(b, n) -> the table rows of block b's first n requests; domains(b, rows) -> their domains;
+    gaps(b, n) -> the unscaled gap before each of them (None = closed loop). Arrival times are
+    cumsum(gaps) / time_scale with the first request at t = 0; ``horizon`` ends the arrivals (open loop,
+    exclusive), ``limit`` the count. Closed loop without a limit is unbounded: the engine's duration ends it.
+
+    ``metadata`` adds the counts of a finite workload (computed on first access by generating it once).
+    """
+
+    def __init__(self, *, prompt_table: np.ndarray, output_table: np.ndarray,
+                 rows: Callable[[int, int], np.ndarray], domains: Callable[[int, np.ndarray], np.ndarray],
+                 gaps: Callable[[int, int], np.ndarray] | None = None, time_scale: float = 1.0,
+                 exact_times: Callable[[np.ndarray], np.ndarray] | None = None,
+                 horizon: float | None = None, limit: int | None = None, concurrency: int | None = None,
+                 metadata: dict[str, Any] | None = None,
+                 finish_meta: Callable[["Workload"], dict[str, Any]] | None = None) -> None:
+        if (gaps is None) == (concurrency is None):
+            raise ValueError("LazyWorkload needs exactly one of gaps (open loop) or concurrency (closed loop)")
+        self._p, self._o = prompt_table, output_table
+        self._rows, self._domains, self._gaps, self._exact = rows, domains, gaps, exact_times
+        self.time_scale, self.horizon, self.limit, self.concurrency = time_scale, horizon, limit, concurrency
+        self._meta = dict(metadata or {})
+        self._finish_meta = finish_meta
+        self._eager: Workload | None = None
+        self._meta_done: dict[str, Any] | None = None
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.concurrency is not None
+
+    @property
+    def finite(self) -> bool:
+        return self.limit is not None or self.horizon is not None
+
+    def max_request_tokens(self) -> int:
+        """Largest prompt + output of any request: exact for a finite workload, else the length table's largest
+        row (an upper bound)."""
+        if self.finite:
+            return self.materialise().max_request_tokens()
+        return int((self._p + self._o).max()) if len(self._p) else 0
+
+    def iter_blocks(self) -> Iterator[Block]:
+        t_prev = 0.0   # unscaled arrival of the last request of the previous block
+        for b in itertools.count():
+            n = CHUNK if self.limit is None else min(CHUNK, self.limit - b * CHUNK)
+            if n <= 0:
+                return
+            rows = self._rows(b, n)
+            arrival = None
+            if self._gaps is not None:
+                if self._exact is not None:   # constant rate: i / rate exactly, no accumulated rounding
+                    raw = self._exact(np.arange(b * CHUNK, b * CHUNK + n))
+                else:
+                    g = self._gaps(b, n)
+                    if b == 0:
+                        g[0] = 0.0   # the first request arrives at t = 0
+                    raw = t_prev + np.cumsum(g)
+                    t_prev = float(raw[-1])
+                arrival = raw / self.time_scale
+                if self.horizon is not None and arrival[-1] >= self.horizon:
+                    keep = int(np.searchsorted(arrival, self.horizon, side="left"))
+                    if keep:
+                        yield self._block(b, rows[:keep], arrival[:keep])
+                    return
+            yield self._block(b, rows, arrival)
+
+    def _block(self, b: int, rows: np.ndarray, arrival: np.ndarray | None) -> Block:
+        return (self._p[rows].astype(np.int64), self._o[rows].astype(np.int64), self._domains(b, rows), arrival)
+
+    # ------------------------------------------------------------ the finite workload in arrays (tests, metadata)
+    def materialise(self) -> Workload:
+        """All requests in arrays; only for a finite workload."""
+        if self._eager is None:
+            if not self.finite:
+                raise ValueError("an unbounded closed-loop workload cannot be materialised (no num_requests)")
+            blocks = list(self.iter_blocks())
+            cat = (lambda k, dt: np.concatenate([x[k] for x in blocks]) if blocks else np.zeros(0, dt))
+            self._eager = Workload(prompt_tokens=cat(0, np.int64), output_tokens=cat(1, np.int64),
+                                   domain=cat(2, object), arrival_s=None if self.closed_loop else cat(3, float),
+                                   concurrency=self.concurrency)
+        return self._eager
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        if self._meta_done is None:
+            meta = dict(self._meta)
+            if self.finite and self._finish_meta is not None:
+                meta |= self._finish_meta(self.materialise())
+            self._meta_done = meta
+        return self._meta_done
+
+    def __len__(self) -> int:
+        return len(self.materialise())
+
+    prompt_tokens = property(lambda self: self.materialise().prompt_tokens)
+    output_tokens = property(lambda self: self.materialise().output_tokens)
+    domain = property(lambda self: self.materialise().domain)
+    arrival_s = property(lambda self: self.materialise().arrival_s)
+
+
+def expected_count(rate: float, duration_s: float) -> float:
+    """Expected arrivals of a rate process over a duration (for the up-front memory cap)."""
+    return rate * duration_s if math.isfinite(rate * duration_s) else math.inf

@@ -4,9 +4,10 @@ from __future__ import annotations
 import numpy as np
 
 from dsparksim.errors import ConfigError, InputError
-from dsparksim.traffic.arrivals import arrival_times, interarrival_cv
-from dsparksim.traffic.base import Workload
-from dsparksim.traffic.config import DEFAULT_LENGTHS, OPEN_SYNTHETIC, TrafficConfig, parse_domain
+from dsparksim.traffic.arrivals import interarrival_cv, interarrivals
+from dsparksim.traffic.base import (CHUNK, STREAM_DOMAIN, STREAM_GAP, STREAM_ROW, LazyWorkload, Workload,
+                                    expected_count, keyed_rng)
+from dsparksim.traffic.config import DEFAULT_LENGTHS, TrafficConfig, parse_domain
 from dsparksim.traffic.readers import DOMAINS, TraceTable, read_trace
 from dsparksim.traffic.sources import resolve
 
@@ -43,25 +44,24 @@ def mooncake_groups(arrival_s: np.ndarray, spread: bool) -> tuple[np.ndarray, di
     return t_group[g] + j * gaps[g] / sizes[g], info
 
 
-def _domains(cfg: TrafficConfig, n: int, tab: TraceTable, rows: np.ndarray, rng: np.random.Generator):
+def _domain_source(cfg: TrafficConfig, tab: TraceTable, key: int):
+    """(domains(block, rows) -> object array, metadata). Mixed domains are drawn from the keyed DOMAIN stream."""
     weights = parse_domain(cfg.domain)
     if weights is None:
         if tab.domain is None:
             raise ConfigError("TrafficConfig", "domain", f"'trace' needs a 'domain' column in {tab.source}, which "
                               "has none; give a domain or a mix instead")
-        dom = np.asarray(tab.domain[rows], dtype=object)
-        meta = {"spec": "trace", "column": "domain", "source": tab.source}
-    elif max(weights.values()) == 1.0:
-        dom = np.full(n, max(weights, key=weights.get), dtype=object)
-        meta = {"spec": cfg.domain, "weights": weights}
-    else:
-        dom = rng.choice(np.array(DOMAINS, dtype=object), size=n, p=[weights[d] for d in DOMAINS])
-        meta = {"spec": cfg.domain, "weights": weights}
-    meta["counts"] = {d: int(np.sum(dom == d)) for d in DOMAINS}
-    return dom, meta
+        col = np.asarray(tab.domain, dtype=object)
+        return (lambda b, rows: col[rows]), {"spec": "trace", "column": "domain", "source": tab.source}
+    meta = {"spec": cfg.domain, "weights": weights}
+    if max(weights.values()) == 1.0:
+        only = max(weights, key=weights.get)
+        return (lambda b, rows: np.full(len(rows), only, dtype=object)), meta
+    names, p = np.array(DOMAINS, dtype=object), [weights[d] for d in DOMAINS]
+    return (lambda b, rows: keyed_rng(key, STREAM_DOMAIN, b).choice(names, size=CHUNK, p=p)[:len(rows)]), meta
 
 
-def _check_limits(cfg: TrafficConfig, tab: TraceTable, rows: np.ndarray) -> None:
+def _check_limits(cfg: TrafficConfig, tab: TraceTable, rows: np.ndarray, what: str) -> None:
     for limit, arr, col, name in ((cfg.max_prompt_tokens, tab.prompt_tokens, tab.columns[0], "max_prompt_tokens"),
                                   (cfg.max_output_tokens, tab.output_tokens, tab.columns[1], "max_output_tokens")):
         if limit is None:
@@ -69,18 +69,22 @@ def _check_limits(cfg: TrafficConfig, tab: TraceTable, rows: np.ndarray) -> None
         over = arr[rows] > limit
         if over.any():
             k = int(np.argmax(over))
-            raise InputError(tab.source, col, f"request {k} of the workload has {int(arr[rows[k]])} tokens > "
-                             f"{name}={limit} ({int(over.sum())} of {len(rows)} requests exceed it; nothing is "
+            raise InputError(tab.source, col, f"{what} {k} has {int(arr[rows[k]])} tokens > "
+                             f"{name}={limit} ({int(over.sum())} of {len(rows)} exceed it; nothing is "
                              "clipped or dropped: raise the limit or use another length source)",
                              line=int(tab.line[rows[k]]))
 
 
-def _lengths(cfg: TrafficConfig, n: int, rng: np.random.Generator) -> tuple[TraceTable, np.ndarray, dict]:
+def _length_source(cfg: TrafficConfig, key: int):
+    """(table, rows(block, n), metadata): rows resampled uniformly with replacement from the keyed ROW stream."""
     path, label = resolve(cfg.lengths or DEFAULT_LENGTHS, "lengths")
     tab = read_trace(path)
-    rows = rng.integers(0, len(tab), size=n)
-    meta = _file_meta(tab, label) | {"sampling": "uniform with replacement (rng)"}
-    return tab, rows, meta
+    # Any row may be drawn by some request, so every row must respect the limits (checked before any run).
+    _check_limits(cfg, tab, np.arange(len(tab)), "row")
+    size = len(tab)
+    meta = _file_meta(tab, label) | {"sampling": "uniform with replacement; request i's row from keyed block "
+                                                  f"i // {CHUNK} of the seed's ROW stream"}
+    return tab, (lambda b, n: keyed_rng(key, STREAM_ROW, b).integers(0, size, CHUNK)[:n]), meta
 
 
 def _arrival_stats(t: np.ndarray) -> dict:
@@ -91,46 +95,89 @@ def _arrival_stats(t: np.ndarray) -> dict:
             "measured_cv": float(gaps.std() / gaps.mean()) if len(gaps) > 1 and gaps.mean() > 0 else None}
 
 
-def build_workload(cfg: TrafficConfig, rng: np.random.Generator) -> Workload:
-    """Requests for one run. Draws from ``rng`` in a fixed order (arrivals, lengths, domains): same seed, same
-    workload."""
+def _counts(dom: np.ndarray) -> dict:
+    return {d: int(np.sum(dom == d)) for d in DOMAINS}
+
+
+def build_workload(cfg: TrafficConfig, rng: np.random.Generator) -> Workload | LazyWorkload:
+    """Requests for one run. One integer drawn from ``rng`` keys every request stream (see traffic.base): same
+    seed, same requests; request i never depends on how many others there are.
+
+    Closed loop and synthetic arrivals are generated lazily, block by block, as the engine consumes them.
+    """
+    key = int(rng.integers(0, 2**63))
     meta: dict = {"mode": cfg.mode, "time_scale": cfg.time_scale, "num_requests": cfg.num_requests,
                   "duration_s": cfg.duration_s, "max_prompt_tokens": cfg.max_prompt_tokens,
-                  "max_output_tokens": cfg.max_output_tokens}
-    arrival = None
+                  "max_output_tokens": cfg.max_output_tokens, "request_streams":
+                  f"keyed per request: SeedSequence([key, stream, i // {CHUNK}])"}
+    if cfg.mode == "trace":
+        return _replay_workload(cfg, meta, key)
+    tab, rows, meta["lengths"] = _length_source(cfg, key)
+    domains, meta["domain"] = _domain_source(cfg, tab, key)
+
+    def dom_counts(w: Workload) -> dict:
+        return {"domain": meta["domain"] | {"counts": _counts(w.domain)}}
+
+    common = dict(prompt_table=tab.prompt_tokens, output_table=tab.output_tokens, rows=rows, domains=domains)
     if cfg.mode == "closed":
-        n = cfg.num_requests or cfg.pool_size
-        meta |= {"process": "closed", "concurrency": cfg.concurrency, "pool_size": n,
-                 "pool_note": "a run that uses up the pool ends there; rows are never recycled"}
-        tab, rows, meta["lengths"] = _lengths(cfg, n, rng)
-    elif cfg.mode in OPEN_SYNTHETIC:
-        arrival = arrival_times(cfg.mode, cfg.rate, rng, burstiness=cfg.burstiness, num_requests=cfg.num_requests,
-                                duration_s=None if cfg.duration_s is None else cfg.duration_s * cfg.time_scale)
-        arrival = arrival / cfg.time_scale
-        n = len(arrival)
-        meta |= {"process": cfg.mode, "rate_rps": cfg.rate, "effective_rate_rps": cfg.rate * cfg.time_scale,
-                 "burstiness": cfg.burstiness if cfg.mode == "gamma" else None,
-                 "cv": interarrival_cv(cfg.mode, cfg.burstiness),
-                 "gamma_parametrisation": "shape=burstiness, scale=1/(rate*burstiness) (vllm bench serve)"
-                 if cfg.mode == "gamma" else None,
-                 "requests": n,
-                 "stopped_by": "num_requests" if cfg.num_requests is not None and n == cfg.num_requests
-                 else "duration_s"}
-        tab, rows, meta["lengths"] = _lengths(cfg, n, rng)
+        limit = cfg.num_requests or cfg.pool_size
+        meta |= {"process": "closed", "concurrency": cfg.concurrency, "pool_size": limit,
+                 "pool_note": "requests are generated as users need them; None = unlimited (the duration ends the "
+                              "run); a run that uses up a limit ends there, rows are never recycled"}
+        return LazyWorkload(**common, concurrency=cfg.concurrency, limit=limit, metadata=meta, finish_meta=dom_counts)
+    horizon = cfg.duration_s
+    if cfg.num_requests is None:
+        check_expected_arrivals(cfg.rate * cfg.time_scale, cfg.duration_s)
+    rate, burst = cfg.rate, cfg.burstiness
+    interarrivals(cfg.mode, rate, 0, rng, burst)  # validates the process parameters
+    meta |= {"process": cfg.mode, "rate_rps": rate, "effective_rate_rps": rate * cfg.time_scale,
+             "burstiness": burst if cfg.mode == "gamma" else None, "cv": interarrival_cv(cfg.mode, burst),
+             "gamma_parametrisation": "shape=burstiness, scale=1/(rate*burstiness) (vllm bench serve)"
+             if cfg.mode == "gamma" else None}
+
+    def finish(w: Workload) -> dict:
+        n = len(w)
+        return dom_counts(w) | {"requests": n, "stopped_by": "num_requests" if cfg.num_requests is not None and
+                                n == cfg.num_requests else "duration_s"} | _arrival_stats(w.arrival_s)
+
+    exact = (lambda i: i.astype(np.float64) / rate) if cfg.mode == "constant" else None
+    return LazyWorkload(**common, gaps=lambda b, n: interarrivals(cfg.mode, rate, CHUNK, keyed_rng(
+        key, STREAM_GAP, b), burst)[:n], exact_times=exact, time_scale=cfg.time_scale, horizon=horizon,
+        limit=cfg.num_requests, concurrency=None, metadata=meta, finish_meta=finish)
+
+
+# Memory bound (DESIGN: memory stays bounded for any rate and duration): an open-loop run whose expected number of
+# arrivals exceeds this is refused before it starts (at ~150 bytes of engine state per request, 2M is ~300 MB).
+MAX_EXPECTED_ARRIVALS = 2_000_000
+
+
+def check_expected_arrivals(rate: float, duration_s: float) -> None:
+    """ConfigError when rate x duration asks for more arrivals than MAX_EXPECTED_ARRIVALS."""
+    n = expected_count(rate, duration_s)
+    if n > MAX_EXPECTED_ARRIVALS:
+        raise ConfigError("TrafficConfig", "rate", f"{rate:g} req/s over {duration_s:g} s is {n:.3g} expected "
+                          f"arrivals, above the limit of {MAX_EXPECTED_ARRIVALS:,} requests per run: lower the rate "
+                          "(--rate / --time-scale) or the duration")
+
+
+def _replay_workload(cfg: TrafficConfig, meta: dict, key: int) -> Workload:
+    arrival, tab, rows = _replay(cfg, meta)
+    n = len(arrival)
+    meta |= _arrival_stats(arrival)
+    if cfg.lengths is not None:   # trace timestamps, lengths from elsewhere
+        tab, row_of, meta["lengths"] = _length_source(cfg, key)
+        rows = np.concatenate([row_of(b, min(CHUNK, n - b * CHUNK)) for b in range(-(-n // CHUNK))]) if n else \
+            np.zeros(0, np.int64)
     else:
-        arrival, tab, rows = _replay(cfg, meta)
-        n = len(arrival)
-        if cfg.lengths is not None:   # trace timestamps, lengths from elsewhere
-            tab, rows, meta["lengths"] = _lengths(cfg, n, rng)
-        else:
-            meta["lengths"] = {"source": "the trace's own rows", "path": tab.source}
-    if arrival is not None:
-        meta |= _arrival_stats(arrival)
-    _check_limits(cfg, tab, rows)
-    dom, meta["domain"] = _domains(cfg, n, tab, rows, rng)
+        meta["lengths"] = {"source": "the trace's own rows", "path": tab.source}
+        _check_limits(cfg, tab, rows, "request")
+    domains, meta["domain"] = _domain_source(cfg, tab, key)
+    dom = np.concatenate([domains(b, rows[b * CHUNK:(b + 1) * CHUNK]) for b in range(-(-n // CHUNK))]) if n else \
+        np.zeros(0, object)
+    meta["domain"]["counts"] = _counts(dom)
     return Workload(prompt_tokens=tab.prompt_tokens[rows].astype(np.int64),
-                    output_tokens=tab.output_tokens[rows].astype(np.int64), domain=dom,
-                    arrival_s=arrival, concurrency=cfg.concurrency if cfg.mode == "closed" else None, metadata=meta)
+                    output_tokens=tab.output_tokens[rows].astype(np.int64), domain=dom, arrival_s=arrival,
+                    metadata=meta)
 
 
 def _replay(cfg: TrafficConfig, meta: dict) -> tuple[np.ndarray, TraceTable, np.ndarray]:

@@ -88,16 +88,19 @@ class TrafficConfig:
         gap. Only valid for Mooncake traces.
     time_scale: rate multiplier for open loop: arrival times are divided by it (2 = twice the load).
     lengths: where (prompt, output) lengths come from for synthetic arrivals and closed loop, resampled with
-        replacement using the rng: a shipped name ("azure-conv" default, "azure-code", "sharegpt", "arxiv") or a
-        path to any supported file. In trace mode None means the trace's own lengths; a value resamples instead.
-    domain: "math" | "code" | "chat" | "mix:math=0.3,code=0.3,chat=0.4" (weights normalised, drawn per request) |
+        replacement (request i's row from its keyed stream, traffic.base): a shipped name ("azure-conv" default,
+        "azure-code", "sharegpt", "arxiv") or a path to any supported file. In trace mode None means the trace's
+        own lengths; a value resamples instead.
+    domain: "math" | "code" | "chat" | "mix:math=0.3,code=0.3,chat=0.4" (weights normalised, drawn per request
+        from its keyed stream) |
         "trace" (the ``domain`` column of the file the lengths come from; an error if it has none).
     num_requests / duration_s: open loop stops at whichever comes first (one is required for synthetic arrivals;
-        trace replay uses the whole file when neither is set). Closed loop: num_requests is the pool size and
-        duration_s is passed on to the engine in metadata.
+        trace replay uses the whole file when neither is set). Closed loop: num_requests is the number of requests
+        (the run ends when all are done); else duration_s (passed on to the engine) ends the run.
     max_prompt_tokens / max_output_tokens: a request over the limit is an InputError naming its source row —
         never clipped or dropped.
-    pool_size: closed loop: rows to pre-generate when num_requests is not given.
+    pool_size: closed loop, optional: most requests a duration-bound run may issue (None = unlimited; requests
+        are generated lazily as users need them). A run that uses them up before its duration is an error.
     """
 
     mode: str = "closed"
@@ -145,9 +148,9 @@ class TrafficConfig:
             if self.time_scale != 1.0:
                 raise ConfigError(_SRC, "time_scale", "has no meaning in closed loop (there are no arrival times); "
                                   "change concurrency instead")
-            if self.num_requests is None and self.pool_size is None:
-                raise ConfigError(_SRC, "num_requests/pool_size", "closed loop needs a request pool: set "
-                                  "num_requests or pool_size (a run that exhausts it ends, it is never recycled)")
+            if self.num_requests is None and self.pool_size is None and self.duration_s is None:
+                raise ConfigError(_SRC, "num_requests/duration_s", "closed loop needs a stop rule: set "
+                                  "num_requests or duration_s")
             if None not in (self.num_requests, self.pool_size) and self.num_requests != self.pool_size:
                 raise ConfigError(_SRC, "pool_size", f"conflicts with num_requests ({self.pool_size} vs "
                                   f"{self.num_requests}); set one of them")

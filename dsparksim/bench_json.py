@@ -1,0 +1,242 @@
+"""bench_result.json: a run in the exact shape of `vllm bench serve --save-result --save-detailed`.
+
+Keys and meanings follow vLLM's benchmark client, vllm/benchmarks/serve.py (vllm-project/vllm, read at commit
+009e6d4a1cd6ba3fb2a9fc00f4ec06f5297232a1): `main_async` writes the setup keys (date .. max_concurrency),
+`benchmark` the result keys (duration .. rtfx), the `spec_decode_*` keys from the server's Prometheus counter
+deltas, and `process_one_metric` the mean/median/std/pNN_<metric>_ms statistics. We write the statistics of
+ttft, tpot, itl and e2el at the 99th percentile (as `--percentile-metrics ttft,tpot,itl,e2el
+--metric-percentiles 99`), and no goodput (no `--goodput` SLO: `request_goodput` is null, as in vLLM).
+
+Which requests: the benchmark's prompts are the requests issued inside the measurement window (arrival at or
+after the warm-up; every request in a --num-requests run). Each list has one entry per prompt, in issue order.
+A prompt is `completed` if it finished before the run ended, else `failed` with its reason in `errors`: never
+admitted, rejected, or still being served when the run stopped (a duration-bounded run cuts requests off, as a
+client timeout would). As in vLLM a failed request has output length 0, latency 0 and the TTFT / ITLs it had
+received so far (TTFT 0.0 if none), and every statistic uses completed requests only. One difference: a
+statistic with no samples is null, where vLLM writes 0.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from dsparksim.engine import REJECT_REASONS, SimResult
+
+# The keys vLLM writes (setup, result, spec decode, statistics), in its order.
+SETUP_KEYS = ("date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
+              "request_rate", "burstiness", "max_concurrency")
+RESULT_KEYS = ("duration", "completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput",
+               "request_goodput", "output_throughput", "total_token_throughput", "input_lens", "output_lens",
+               "ttfts", "itls", "latencies", "start_times", "queue_times", "generated_texts", "errors",
+               "max_output_tokens_per_s", "max_concurrent_requests", "rtfx")
+SPEC_DECODE_KEYS = ("spec_decode_acceptance_rate", "spec_decode_acceptance_length", "spec_decode_num_drafts",
+                    "spec_decode_draft_tokens", "spec_decode_accepted_tokens",
+                    "spec_decode_per_position_acceptance_rates")
+STAT_METRICS = ("ttft", "tpot", "itl", "e2el")
+PERCENTILES = (99,)
+STAT_KEYS = tuple(f"{s}_{m}_ms" for m in STAT_METRICS
+                  for s in ("mean", "median", "std", *(f"p{p}" for p in PERCENTILES)))
+ALL_KEYS = SETUP_KEYS + RESULT_KEYS + SPEC_DECODE_KEYS + STAT_KEYS
+
+
+class ItlLists(Sequence):
+    """``itls``: per prompt, the dt of every step it decoded in, as a lazy sequence of lists.
+
+    A long run has millions of ITL samples; as Python lists they took most of a 1-hour run's memory. Entries are
+    built on access, and :func:`write_bench_json` streams them to the file one prompt at a time.
+    """
+
+    def __init__(self, dt: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+        self._dt, self._lo, self._hi = dt, np.asarray(lo, np.int64), np.asarray(hi, np.int64)
+
+    def __len__(self) -> int:
+        return len(self._lo)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self._dt[self._lo[i]:self._hi[i]].tolist()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and all(
+            list(a) == list(b) for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def n_samples(self) -> int:
+        return int((self._hi - self._lo).sum())
+
+
+def write_bench_json(path, d: dict[str, Any]) -> None:
+    """Write a bench_result dict as JSON, one key per line, streaming ``itls`` (vLLM's file has no indent)."""
+    import json
+
+    from dsparksim.simulate import atomic_write
+
+    def write(p) -> None:
+        with open(p, "w") as f:
+            f.write("{")
+            for n, (k, v) in enumerate(d.items()):
+                f.write(("," if n else "") + "\n" + json.dumps(k) + ": ")
+                if isinstance(v, ItlLists):
+                    f.write("[")
+                    for i in range(len(v)):
+                        f.write((", " if i else "") + json.dumps(v[i], allow_nan=False))
+                    f.write("]")
+                else:
+                    f.write(json.dumps(v, allow_nan=False))
+            f.write("\n}\n")
+
+    atomic_write(path, write)
+
+
+def _stats(prefix: str, x: list[float] | np.ndarray) -> dict[str, float | None]:
+    """vLLM's mean / median / std (population) / percentile (linear) in ms; null without samples."""
+    a = np.asarray(x, float)
+    if not a.size:
+        return {f"{s}_{prefix}_ms": None for s in ("mean", "median", "std", *(f"p{p}" for p in PERCENTILES))}
+    out = {f"mean_{prefix}_ms": float(a.mean()) * 1000, f"median_{prefix}_ms": float(np.median(a)) * 1000,
+           f"std_{prefix}_ms": float(a.std()) * 1000}
+    for p in PERCENTILES:
+        out[f"p{p}_{prefix}_ms"] = float(np.percentile(a, p)) * 1000
+    return out
+
+
+def _error(res: SimResult, i: int, t_end: float) -> str:
+    if math.isfinite(res.finish_s[i]):
+        return ""
+    reason = getattr(res, "reject_reason", None)  # set by an engine that rejects unservable requests
+    if reason is not None and reason[i]:
+        return f"rejected: {REJECT_REASONS.get(int(reason[i]), int(reason[i]))}"
+    if not math.isfinite(res.admitted_s[i]):
+        return f"not admitted before the run ended at {t_end:.3f} s"
+    return (f"unfinished when the run ended at {t_end:.3f} s "
+            f"({int(res.emitted_tokens[i])} of {int(res.output_tokens[i])} tokens)")
+
+
+def _peak_chunks_per_s(starts: np.ndarray, first: np.ndarray, step_end: np.ndarray, n_in_step: np.ndarray,
+                       ok: np.ndarray, finish: np.ndarray) -> tuple[float, int]:
+    """vLLM's max_output_tokens_per_s and max_concurrent_requests over completed requests.
+
+    vLLM buckets every streamed chunk (first token + one per ITL entry) into 1-second bins from the earliest send
+    and takes the fullest bin; with speculative decoding a chunk carries several tokens but counts once, as in
+    vLLM. Peak concurrency: a sweep over the [send, finish) intervals, departures before arrivals on ties.
+    """
+    if not ok.any():
+        return 0.0, 0
+    t0 = float(starts[ok].min())
+    nb = int(math.ceil(float(finish[ok].max()) - t0)) + 1
+    bins = np.zeros(nb)
+    fb = (first[ok] - t0).astype(np.int64)
+    np.add.at(bins, fb[(fb >= 0) & (fb < nb)], 1)
+    sb = np.floor(step_end - t0).astype(np.int64)
+    keep = (sb >= 0) & (sb < nb) & (n_in_step > 0)
+    np.add.at(bins, sb[keep], n_in_step[keep])
+    ev = np.concatenate([np.stack([starts[ok], np.ones(ok.sum())], 1), np.stack([finish[ok], -np.ones(ok.sum())], 1)])
+    ev = ev[np.lexsort((ev[:, 1], ev[:, 0]))]
+    return float(bins.max()), int(np.cumsum(ev[:, 1]).max())
+
+
+def bench_result(res: SimResult, *, warmup_s: float, duration_s: float, model_id: str, request_rate: Any,
+                 burstiness: Any, max_concurrency: Any, backend: str = "dsparksim",
+                 date: str | None = None) -> dict[str, Any]:
+    """The run as `vllm bench serve --save-result --save-detailed` writes it (see the module doc)."""
+    arr = res.arrival_s
+    idx = np.flatnonzero(np.isfinite(arr) & (arr >= warmup_s))
+    idx = idx[np.argsort(arr[idx], kind="stable")]
+    st = res.steps
+    t_start = np.asarray(st["t_start"], float)
+    dt = np.asarray(st["dt"], float)
+    n_steps = len(t_start)
+    t_end = res.sim_time_s
+    ok = np.isfinite(res.finish_s[idx])
+    first = res.first_token_s[idx]
+    fin = res.finish_s[idx]
+    # A decoding request is in every step from the one starting at its first token to the one ending at its finish
+    # (the engine never skips a decoding request): one streamed chunk, and one ITL sample of dt, per step.
+    lo = np.where(np.isfinite(first), np.searchsorted(t_start, np.nan_to_num(first, nan=np.inf), "left"), n_steps)
+    hi = np.where(np.isfinite(fin), np.searchsorted(t_start, np.nan_to_num(fin, nan=np.inf), "left"), n_steps)
+    hi = np.maximum(hi, lo)
+    itls = ItlLists(dt, lo, hi)
+    ttfts = np.where(np.isfinite(first), first - arr[idx], 0.0)
+    lat = np.where(ok, fin - arr[idx], 0.0)
+    out_lens = np.where(ok, res.output_tokens[idx], 0).astype(np.int64)
+    in_lens = res.prompt_tokens[idx].astype(np.int64)
+    completed = int(ok.sum())
+    total_in, total_out = int(in_lens[ok].sum()), int(out_lens.sum())
+    tpots = [(lat[j] - ttfts[j]) / (out_lens[j] - 1) for j in np.flatnonzero(ok) if out_lens[j] > 1]
+    segs = [dt[a:b] for a, b in zip(lo[ok], hi[ok])]
+    itl_pool = np.concatenate(segs) if segs else np.zeros(0)
+    # Chunks per step from completed requests (difference array over their step ranges).
+    diff = np.zeros(n_steps + 1)
+    np.add.at(diff, lo[ok], 1)
+    np.add.at(diff, hi[ok], -1)
+    peak_tok, peak_conc = _peak_chunks_per_s(arr[idx], first, t_start + dt, np.cumsum(diff)[:n_steps], ok, fin)
+    dur = float(duration_s)
+    d: dict[str, Any] = {
+        "date": date or time.strftime("%Y%m%d-%H%M%S"),
+        "endpoint_type": backend,
+        "backend": backend,
+        "label": None,
+        "model_id": model_id,
+        "tokenizer_id": model_id,
+        "num_prompts": int(len(idx)),
+        "request_rate": request_rate,
+        "burstiness": burstiness,
+        "max_concurrency": max_concurrency,
+        "duration": dur,
+        "completed": completed,
+        "failed": int(len(idx) - completed),
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": completed / dur,
+        "request_goodput": None,
+        "output_throughput": total_out / dur,
+        "total_token_throughput": (total_in + total_out) / dur,
+        "input_lens": in_lens.tolist(),
+        "output_lens": out_lens.tolist(),
+        "ttfts": ttfts.tolist(),
+        "itls": itls,
+        "latencies": lat.tolist(),
+        "start_times": arr[idx].tolist(),
+        "queue_times": [0.0] * len(idx),  # client-side semaphore wait: the simulated client never waits
+        "generated_texts": [""] * len(idx),  # no text is generated
+        "errors": [_error(res, int(i), t_end) for i in idx],
+        "max_output_tokens_per_s": peak_tok,
+        "max_concurrent_requests": peak_conc,
+        "rtfx": 0.0,
+    }
+    d.update(_spec_decode(res, warmup_s))  # absent when no draft token was verified, as in vLLM
+    for m, vals in (("ttft", ttfts[ok]), ("tpot", tpots), ("itl", itl_pool), ("e2el", lat[ok])):
+        d.update(_stats(m, vals))
+    return d
+
+
+def _spec_decode(res: SimResult, warmup_s: float) -> dict[str, Any]:
+    """vLLM's spec_decode_* keys: the server's counters over the window (steps ending after the warm-up).
+
+    A draft is one request verifying >= 1 draft token in a step; draft tokens are the tokens verified (a policy
+    may verify fewer than the K drafted; vLLM verifies all it drafts); acceptance rate is in percent, acceptance
+    length = 1 + accepted / drafts, per-position rate = drafts accepting position p / drafts.
+    """
+    st = res.steps
+    win = (np.asarray(st["t_start"], float) + np.asarray(st["dt"], float)) > warmup_s
+    drafts = int(np.asarray(st["drafts"])[win].sum()) if "drafts" in st else 0
+    draft_tok = int(np.asarray(st["verify_tokens"])[win].sum())
+    acc = int(np.asarray(st["accepted"])[win].sum()) if "accepted" in st else 0
+    pos = res.step_accepted_per_pos
+    per_pos = pos[win].sum(0) if pos is not None and len(pos) == len(win) else np.zeros(0)
+    if not draft_tok:
+        return {}
+    return {
+        "spec_decode_acceptance_rate": 100.0 * acc / draft_tok,
+        "spec_decode_acceptance_length": 1.0 + acc / drafts if drafts else 0.0,
+        "spec_decode_num_drafts": drafts,
+        "spec_decode_draft_tokens": draft_tok,
+        "spec_decode_accepted_tokens": acc,
+        "spec_decode_per_position_acceptance_rates": (per_pos / drafts).tolist() if drafts else [],
+    }

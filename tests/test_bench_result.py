@@ -1,0 +1,147 @@
+"""bench_result.json: exactly the keys and meanings of `vllm bench serve --save-result --save-detailed`."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dsparksim.bench_json import ALL_KEYS, bench_result
+from dsparksim.cli import main
+from dsparksim.engine import SimResult
+
+# Written out from vllm/benchmarks/serve.py (vllm-project/vllm @ 009e6d4a): main_async's setup keys, benchmark()'s
+# result dict, the spec_decode_* keys, and process_one_metric for ttft,tpot,itl,e2el at --metric-percentiles 99.
+VLLM_KEYS = {
+    "date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts", "request_rate",
+    "burstiness", "max_concurrency",
+    "duration", "completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput",
+    "request_goodput", "output_throughput", "total_token_throughput", "input_lens", "output_lens", "ttfts", "itls",
+    "latencies", "start_times", "queue_times", "generated_texts", "errors", "max_output_tokens_per_s",
+    "max_concurrent_requests", "rtfx",
+    "spec_decode_acceptance_rate", "spec_decode_acceptance_length", "spec_decode_num_drafts",
+    "spec_decode_draft_tokens", "spec_decode_accepted_tokens", "spec_decode_per_position_acceptance_rates",
+    "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p99_ttft_ms",
+    "mean_tpot_ms", "median_tpot_ms", "std_tpot_ms", "p99_tpot_ms",
+    "mean_itl_ms", "median_itl_ms", "std_itl_ms", "p99_itl_ms",
+    "mean_e2el_ms", "median_e2el_ms", "std_e2el_ms", "p99_e2el_ms",
+}
+LISTS = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "queue_times", "generated_texts",
+         "errors")
+
+
+def _hand_built() -> SimResult:
+    """Three requests, four steps, K=2. C arrives in the warm-up (0.1 s); A completes; B is cut off by the end."""
+    nan = np.nan
+    steps = {
+        "t_start": np.array([0.0, 1.0, 2.0, 3.0]), "dt": np.array([1.0, 1.0, 1.0, 1.5]),
+        "verify_tokens": np.array([0, 2, 4, 1]), "drafts": np.array([0, 1, 2, 1]),
+        "accepted": np.array([0, 1, 3, 0]),
+    }
+    return SimResult(
+        arrival_s=np.array([0.0, 0.2, 0.5]), admitted_s=np.array([0.0, 0.2, 0.5]),
+        first_token_s=np.array([1.0, 1.0, 2.0]), finish_s=np.array([1.0, 3.0, nan]),
+        prompt_tokens=np.array([7, 10, 20]), output_tokens=np.array([1, 5, 9]), emitted_tokens=np.array([1, 5, 3]),
+        decode_steps=np.array([0, 2, 2]), verify_tokens=np.array([0, 3, 4]), accepted_tokens=np.array([0, 2, 2]),
+        domain=np.array(["chat"] * 3), steps=steps, sim_time_s=4.5, ended_by="duration", kv_capacity_tokens=1000,
+        max_batched_tokens=64, block_size=2, drafter="dspark",
+        step_accepted_per_pos=np.array([[0, 0], [1, 0], [2, 1], [0, 0]]))
+
+
+def test_hand_built_run_gives_vllm_values_in_closed_form():
+    d = bench_result(_hand_built(), warmup_s=0.1, duration_s=4.4, model_id="m", request_rate="inf",
+                     burstiness=1.0, max_concurrency=2)
+    assert set(d) == VLLM_KEYS == set(ALL_KEYS)
+    # Prompts = requests issued in the window (A, B); C arrived in the warm-up.
+    assert d["num_prompts"] == 2 and d["completed"] == 1 and d["failed"] == 1
+    assert d["start_times"] == [0.2, 0.5] and d["input_lens"] == [10, 20]
+    assert d["output_lens"] == [5, 0]  # a failed request's output length is 0, as in vLLM
+    assert d["ttfts"] == pytest.approx([0.8, 1.5])  # B received its first token before the cut
+    assert d["itls"] == [[1.0, 1.0], [1.0, 1.5]]  # one chunk per step after the first token
+    assert d["latencies"] == pytest.approx([2.8, 0.0])
+    assert d["errors"][0] == "" and d["errors"][1].startswith("unfinished") and "3 of 9" in d["errors"][1]
+    assert d["total_input_tokens"] == 10 and d["total_output_tokens"] == 5
+    assert d["request_throughput"] == pytest.approx(1 / 4.4) and d["output_throughput"] == pytest.approx(5 / 4.4)
+    assert d["total_token_throughput"] == pytest.approx(15 / 4.4)
+    # Statistics over completed requests only, in milliseconds.
+    assert d["median_ttft_ms"] == pytest.approx(800.0) and d["std_ttft_ms"] == pytest.approx(0.0)
+    assert d["mean_tpot_ms"] == pytest.approx((2.8 - 0.8) / 4 * 1000)
+    assert d["mean_itl_ms"] == pytest.approx(1000.0) and d["p99_itl_ms"] == pytest.approx(1000.0)
+    assert d["p99_e2el_ms"] == pytest.approx(2800.0)
+    assert d["max_concurrent_requests"] == 1 and d["max_output_tokens_per_s"] == 1.0
+    # Spec decode counters over the window's steps: 4 drafts, 7 draft tokens, 4 accepted.
+    assert d["spec_decode_num_drafts"] == 4 and d["spec_decode_draft_tokens"] == 7
+    assert d["spec_decode_accepted_tokens"] == 4
+    assert d["spec_decode_acceptance_rate"] == pytest.approx(100 * 4 / 7)
+    assert d["spec_decode_acceptance_length"] == pytest.approx(2.0)
+    assert d["spec_decode_per_position_acceptance_rates"] == pytest.approx([0.75, 0.25])
+
+
+def _run(tmp_path: Path, *args: str) -> tuple[dict, dict, pd.DataFrame, pd.DataFrame]:
+    out = tmp_path / "out"
+    assert main(["run", *args, "--save-steps", "--quiet", "--out", str(out)]) == 0
+    return (json.loads((out / "bench_result.json").read_text()), json.loads((out / "summary.json").read_text()),
+            pd.read_csv(out / "requests.csv"), pd.read_csv(out / "steps.csv"))
+
+
+def _check_consistent(d: dict) -> None:
+    assert set(d) == VLLM_KEYS
+    n = d["num_prompts"]
+    for k in LISTS:
+        assert len(d[k]) == n, k
+    assert d["completed"] + d["failed"] == n
+    ok = [e == "" for e in d["errors"]]
+    assert sum(ok) == d["completed"]
+    assert all(o == 0 for o, g in zip(d["output_lens"], ok) if not g)
+    assert d["total_output_tokens"] == sum(d["output_lens"])
+    assert d["total_input_tokens"] == sum(i for i, g in zip(d["input_lens"], ok) if g)
+    assert d["output_throughput"] == pytest.approx(d["total_output_tokens"] / d["duration"])
+
+
+def test_duration_run_lists_every_window_request_and_counts_failures(tmp_path):
+    d, s, req, steps = _run(tmp_path, "--policy", "confidence", "--concurrency", "8", "--duration", "6")
+    _check_consistent(d)
+    win = req[req["arrival_s"] >= s["warmup_s"]].sort_values("arrival_s", kind="stable")
+    # The bug this replaces: num_prompts counted every request, `completed` the window, lists all completed ones.
+    assert d["num_prompts"] == len(win) and d["completed"] == int(win["completed"].sum())
+    assert d["failed"] >= 1  # a duration-bounded closed loop always cuts requests off at the end
+    assert d["completed"] == s["num_requests_completed"]
+    assert d["duration"] == pytest.approx(s["window_s"])
+    assert d["max_concurrency"] == 8 and d["request_rate"] == "inf"
+    # Units: seconds in the lists, milliseconds in the statistics; same TTFT set as summary.json.
+    ok = np.array([e == "" for e in d["errors"]])
+    ttft = np.array(d["ttfts"])[ok]
+    assert d["median_ttft_ms"] == pytest.approx(1000 * np.median(ttft), rel=1e-9)
+    assert d["median_ttft_ms"] == pytest.approx(1000 * s["ttft_median_s"], rel=1e-6)
+    assert d["p99_e2el_ms"] == pytest.approx(1000 * np.percentile(np.array(d["latencies"])[ok], 99), rel=1e-9)
+    # One ITL per decode step of each completed request; the gaps add up to its decode time.
+    done = win[win["completed"]]
+    itls = [x for x, g in zip(d["itls"], ok) if g]
+    assert [len(x) for x in itls] == done["decode_steps"].tolist()
+    for x, r in zip(itls, done.itertuples()):
+        assert sum(x) == pytest.approx(r.finish_s - r.first_token_s, rel=1e-6)  # CSV keeps 9 digits
+    # Spec decode counters agree with the per-step log over the window.
+    in_win = (steps["t_start"] + steps["dt"]) > s["warmup_s"]
+    assert d["spec_decode_draft_tokens"] == int(steps.loc[in_win, "verify_tokens"].sum())
+    rates = d["spec_decode_per_position_acceptance_rates"]
+    assert len(rates) == 7 and all(a >= b for a, b in zip(rates, rates[1:]))
+    assert sum(rates) * d["spec_decode_num_drafts"] == pytest.approx(d["spec_decode_accepted_tokens"])
+    assert d["spec_decode_acceptance_length"] == pytest.approx(
+        1 + d["spec_decode_accepted_tokens"] / d["spec_decode_num_drafts"])
+
+
+def test_num_requests_run_completes_every_prompt(tmp_path):
+    d, s, req, _ = _run(tmp_path, "--policy", "fixed:3", "--rate", "6", "--num-requests", "40")
+    _check_consistent(d)
+    assert d["num_prompts"] == 40 and d["completed"] == 40 and d["failed"] == 0
+    assert d["request_rate"] == 6.0 and d["max_concurrency"] is None
+    assert d["duration"] == pytest.approx(s["sim_time_s"])
+    assert d["total_output_tokens"] == int(req["output_tokens"].sum())
+    rates = d["spec_decode_per_position_acceptance_rates"]
+    # K=7 drafted, 3 verified: positions never verified are never accepted.
+    assert len(rates) == 7 and min(rates[:3]) > 0 and rates[3:] == [0.0] * 4
+    assert d["spec_decode_draft_tokens"] == 3 * d["spec_decode_num_drafts"]  # fixed:3 verifies all 3 drafts
+    assert not any(math.isnan(v) for k, v in d.items() if k.endswith("_ms"))

@@ -1,0 +1,174 @@
+"""Issue 14, defect 6: result directories are complete or absent, replaced whole, with normal permissions."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import dsparksim.simulate as simulate_mod
+from dsparksim.cli import main
+from dsparksim.errors import ConfigError
+
+RUN = ["run", "--policy", "fixed:3", "--concurrency", "2", "--duration", "3", "--quiet"]
+
+
+def _run(out: Path, *extra: str) -> None:
+    assert main([*RUN, *extra, "--out", str(out)]) == 0
+
+
+def _siblings(out: Path) -> list[str]:
+    return sorted(p.name for p in out.parent.iterdir() if p.name != out.name)
+
+
+def test_rerun_replaces_the_directory_whole(tmp_path):
+    out = tmp_path / "out"
+    _run(out, "--save-steps")
+    assert (out / "steps.csv").is_file()
+    _run(out)
+    assert not (out / "steps.csv").exists()  # old code left the first run's steps.csv beside new results
+    assert sorted(p.name for p in out.iterdir()) == ["bench_result.json", "config.json", "requests.csv",
+                                                      "summary.json"]
+    assert _siblings(out) == []  # no staging folder left behind
+
+
+def test_a_crash_while_writing_leaves_the_previous_run_intact(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    _run(out, "--seed", "1")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def boom(path, df):
+        raise RuntimeError("disk full (simulated)")
+
+    monkeypatch.setattr(simulate_mod, "write_table", boom)  # config.json is written before the table
+    with pytest.raises(RuntimeError, match="disk full"):
+        main([*RUN, "--seed", "2", "--out", str(out)])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # old code: a seed-2 config.json
+    assert _siblings(out) == []
+    # a crash on the very first run leaves no directory at all
+    with pytest.raises(RuntimeError):
+        main([*RUN, "--out", str(tmp_path / "fresh")])
+    assert not (tmp_path / "fresh").exists() and _siblings(out) == []
+
+
+def test_frontier_crash_keeps_the_previous_complete_frontier(tmp_path, monkeypatch):
+    import dsparksim.plots as plots
+
+    out = tmp_path / "f"
+    args = ["frontier", "--policies", "mtp1,fixed:3", "--concurrency-levels", "1,2", "--duration", "3", "--workers",
+            "1", "--quiet", "--out", str(out)]
+    assert main(args) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert "frontier.csv" in before
+
+    def boom(*a, **k):
+        raise RuntimeError("plot failed (simulated)")
+
+    monkeypatch.setattr(plots, "plot_verify_budget", boom)
+    with pytest.raises(RuntimeError, match="plot failed"):
+        main([*args[:-2], "--seed", "5", "--out", str(out)])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # old code: new config.json/comparison.csv
+    assert _siblings(out) == []
+
+
+@pytest.mark.parametrize("umask, fmode, dmode", [(0o022, 0o644, 0o755), (0o027, 0o640, 0o750)])
+def test_result_files_follow_the_umask(tmp_path, umask, fmode, dmode):
+    old = os.umask(umask)
+    try:
+        out = tmp_path / "out"
+        _run(out)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == dmode
+    for p in out.iterdir():
+        assert stat.S_IMODE(p.stat().st_mode) == fmode, p.name  # old code: 0600 (mkstemp)
+
+
+def test_stale_staging_folders_of_dead_runs_are_removed(tmp_path):
+    from dsparksim.outputs import staged_dir
+
+    out = tmp_path / "out"
+    dead = tmp_path / ".out.tmp-999999999"  # no such pid
+    dead.mkdir()
+    (dead / "config.json").write_text("{}")
+    with staged_dir(out) as d:
+        (d / "x.json").write_text("{}")
+    assert not dead.exists() and (out / "x.json").is_file()
+
+
+def test_an_existing_directory_with_other_things_is_never_replaced(tmp_path):
+    from dsparksim.outputs import check_out_dir
+
+    d = tmp_path / "project"
+    (d / "src").mkdir(parents=True)
+    (d / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="--out.*holds other things"):
+        check_out_dir(d)
+    check_out_dir(d, replace=False)  # a sweep writes into it (its cache), never replaces it
+    assert main([*RUN, "--out", str(d)]) == 2
+    assert (d / "notes.txt").read_text() == "mine"
+
+
+def _spec(tmp_path: Path) -> Path:
+    p = tmp_path / "s.toml"
+    p.write_text('[base]\nduration_s = 3.0\n[axes]\npolicy = ["mtp1", "fixed:3"]\nconcurrency = [1, 2]\n')
+    return p
+
+
+def test_sweep_results_are_replaced_as_a_set_and_keep_the_cache(tmp_path, monkeypatch):
+    import dsparksim.sweep.runner as runner
+    from dsparksim.outputs import result_set_complete
+    from dsparksim.sweep import load_spec
+
+    spec, out = _spec(tmp_path), tmp_path / "sw"
+    assert main(["sweep", str(spec), "--out", str(out), "--backend", "serial", "--quiet"]) == 0
+    assert result_set_complete(out, "sweep.manifest.json")
+    manifest = json.loads((out / "sweep.manifest.json").read_text())
+    assert set(manifest["files"]) >= {"sweep.json", "failures.json", "results.csv"}
+    n_cells = len(list((out / "cells").iterdir()))
+    assert n_cells == 4
+
+    # interrupted while writing the final files: the manifest is gone, so the set reads as incomplete
+    real = pd.DataFrame.to_csv
+
+    def boom(self, *a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", boom)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_sweep(load_spec(spec), out, backend="serial", progress=False)
+    assert not result_set_complete(out, "sweep.manifest.json")
+    monkeypatch.setattr(pd.DataFrame, "to_csv", real)
+    # the rerun resumes from the kept cache and completes the set; a results.parquet it no longer writes goes
+    monkeypatch.setattr(runner, "have_parquet", lambda: False)
+    (out / "results.parquet").write_bytes(b"stale")
+    assert main(["sweep", str(spec), "--out", str(out), "--backend", "serial", "--quiet"]) == 0
+    assert result_set_complete(out, "sweep.manifest.json") and not (out / "results.parquet").exists()
+    assert len(list((out / "cells").iterdir())) == n_cells
+    assert stat.S_IMODE((out / "results.csv").stat().st_mode) & 0o044 == 0o044  # readable by group and others
+
+
+def test_sigkill_while_writing_leaves_the_previous_run_and_the_next_run_cleans_up(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    _run(out, "--seed", "1")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    # The child is killed (no cleanup handlers run) right after it wrote its config.json.
+    code = ("import os, signal, sys; import dsparksim.simulate as s; from dsparksim.cli import main\n"
+            "def kill(path, df): os.kill(os.getpid(), signal.SIGKILL)\n"
+            "s.write_table = kill\n"
+            f"sys.exit(main({[*RUN, '--seed', '2', '--out', str(out)]!r}))\n")
+    import dsparksim
+
+    env = {**os.environ, "PYTHONPATH": str(Path(dsparksim.__file__).resolve().parents[1])}  # the code under test
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=300)
+    assert r.returncode == -9, r.stderr.decode()[-2000:]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]  # the killed run's staging
+    _run(out, "--seed", "3")
+    assert _siblings(out) == []  # removed by the next run (its pid is gone)
