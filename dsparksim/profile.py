@@ -65,7 +65,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from dsparksim.errors import ConfigError, InputError
-from dsparksim.textio import MAX_EXACT_INT, finite_float, is_file, loads_json, one_line, read_text
+from dsparksim.textio import MAX_EXACT_INT, finite_float, is_file, loads_json, escape_controls, read_text
 
 __all__ = [
     "FORMAT", "DRAFTER_KINDS", "CostProfile", "DrafterCost", "ProfileRangeError",
@@ -389,7 +389,7 @@ class _Checker:
         self.source = source
 
     def fail(self, fld: str, msg: str) -> InputError:
-        return InputError(self.source, one_line(fld), one_line(msg))
+        return InputError(self.source, escape_controls(fld), escape_controls(msg))
 
     def get(self, d: Mapping[str, Any], key: str, prefix: str = "", required: bool = True) -> Any:
         fld = f"{prefix}{key}"
@@ -474,7 +474,7 @@ def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False)
     if unknown:
         raise c.fail(unknown[0], f"unknown key (allowed: {', '.join(sorted(_TOP_KEYS))}; prefix comments with '_')")
     name = c.get(d, "name")
-    if not isinstance(name, str) or not name or one_line(name) != name:
+    if not isinstance(name, str) or not name or escape_controls(name) != name:
         # the name is quoted in later errors and output titles: one printable line
         raise c.fail("name", f"expected a non-empty one-line string, got {_short(name)}")
     meta = c.get(d, "metadata")
@@ -545,7 +545,7 @@ def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False)
         raise c.fail("drafters", f"expected an object mapping drafter name -> cost, got {type(dr).__name__}")
     for dname, spec in dr.items():
         p = f"drafters.{dname}."
-        if not dname or one_line(dname) != dname:
+        if not dname or escape_controls(dname) != dname:
             raise c.fail("drafters", f"expected drafter names that are non-empty printable strings, got {dname!r}")
         kind = c.get(spec, "kind", p)
         if kind not in DRAFTER_KINDS:

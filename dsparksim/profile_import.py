@@ -35,13 +35,14 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
 from dsparksim.errors import InputError
-from dsparksim.textio import MAX_EXACT_INT, decode, finite_float, loads_json, one_line, read_bytes
+from dsparksim.textio import MAX_EXACT_INT, decode, finite_float, loads_json, escape_controls, read_bytes
 from dsparksim.profile import FORMAT, CostProfile, load_profile, profile_from_dict, profile_to_dict
 
 __all__ = ["FORMATS", "import_sps_table", "import_sps_dict", "parse_drafter_cost", "complete_profile", "run_readiness"]
@@ -61,7 +62,7 @@ class _Src:
         self.source = source
 
     def err(self, fld: str, msg: str) -> InputError:
-        return InputError(self.source, one_line(fld), one_line(msg))
+        return InputError(self.source, escape_controls(fld), escape_controls(msg))
 
     def field(self, d: Mapping[str, Any], key: str, required: bool = True, default: Any = None) -> Any:
         if key not in d:

@@ -97,7 +97,7 @@ def _too_deep(obj: Any) -> bool:
     return False
 
 
-def one_line(s: Any) -> str:
+def escape_controls(s: Any) -> str:
     """``str(s)`` with line breaks and other control characters escaped (``\\n``, ``\\x1c``): an error
     message quoting a key or name from a file must stay one line."""
     s = str(s)

@@ -73,7 +73,8 @@ _ARGPARSE = re.compile(r"^dsparksim( [\w-]+)*: error: ")
 
 
 def classify(o: Outcome) -> str:
-    """'ok' (exit 0), 'error' (exit 2, one 'dsparksim: error:' line), or the name of what went wrong:
+    """'ok' (exit 0), 'error' (exit 2, one 'dsparksim: error:' or 'dsparksim CMD: error:' line), or the name
+    of what went wrong:
     'argparse-usage' (argparse's usage block + its error line), 'prefix' (one line, other prefix),
     'hang', 'exception', 'traceback', 'not-one-line', 'exit-code'."""
     if isinstance(o.exc, Hang):
@@ -87,7 +88,8 @@ def classify(o: Outcome) -> str:
     if o.rc != 2:
         return "exit-code"
     lines = o.lines
-    if len(lines) == 1 and lines[0].startswith(PREFIX):
+    # argparse's own checks answer 'dsparksim run: error: argument --x: ...' (the subcommand in the prefix)
+    if len(lines) == 1 and (lines[0].startswith(PREFIX) or _ARGPARSE.match(lines[0])):
         return "error"
     if len(lines) >= 2 and lines[0].startswith("usage:") and _ARGPARSE.match(lines[-1]):
         return "argparse-usage"

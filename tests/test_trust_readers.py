@@ -241,14 +241,10 @@ IMPORT_CASES = [
 @pytest.mark.parametrize("fmt,data,needles", IMPORT_CASES)
 def test_profile_import_table(capsys, tmp_path, fmt, data, needles):
     p = _w(tmp_path, "table.json", data)
-    # cli_profile prints 'error: ...' (not this module's); the one-line/exit-2 contract is checked here, the
-    # exact 'dsparksim: error:' prefix in test_profile_import_prefix below.
     _fails_cleanly(capsys, ["profile", "import", p, "--format", fmt, "--out", str(tmp_path / "o.json")],
                    re.escape(p), *needles, prefix="")
 
 
-@pytest.mark.xfail(strict=False, reason="dsparksim/cli_profile.py (not owned by t-readers) prints 'error: ...' "
-                                        "instead of 'dsparksim: error: ...'")
 def test_profile_import_prefix(capsys, tmp_path):
     fmt, data, needles = IMPORT_CASES[0]
     p = _w(tmp_path, "table.json", data)

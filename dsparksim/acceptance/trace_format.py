@@ -49,7 +49,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError, InputError
-from ..textio import MAX_EXACT_INT, is_file, loads_json, one_line, read_text
+from ..textio import MAX_EXACT_INT, is_file, loads_json, escape_controls, read_text
 from .base import DOMAINS
 from .reference import K_MAX
 
@@ -117,8 +117,8 @@ class _Where:
         self.path, self.kind = path, kind
 
     def err(self, column: str | None, message: str, row: int | None = None) -> InputError:
-        column = None if column is None else one_line(column)   # a quoted CSV header may hold a line break
-        message = one_line(message)
+        column = None if column is None else escape_controls(column)   # a quoted CSV header may hold a line break
+        message = escape_controls(message)
         if row is None:
             return InputError(self.path, column, message)
         if self.kind == "csv":
