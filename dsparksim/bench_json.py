@@ -130,12 +130,14 @@ def _peak_chunks_per_s(starts: np.ndarray, first: np.ndarray, step_end: np.ndarr
         return 0.0, 0
     t0 = float(starts[ok].min())
     nb = int(math.ceil(float(finish[ok].max()) - t0)) + 1
-    bins = np.zeros(nb)
     fb = (first[ok] - t0).astype(np.int64)
-    np.add.at(bins, fb[(fb >= 0) & (fb < nb)], 1)
+    fb = fb[(fb >= 0) & (fb < nb)]
     sb = np.floor(step_end - t0).astype(np.int64)
     keep = (sb >= 0) & (sb < nb) & (n_in_step > 0)
-    np.add.at(bins, sb[keep], n_in_step[keep])
+    # Sparse 1-second bins: a long idle run (e.g. a very low arrival rate) spans far more seconds than it has chunks.
+    keys, inv = np.unique(np.concatenate([fb, sb[keep]]), return_inverse=True)
+    bins = np.zeros(len(keys))
+    np.add.at(bins, inv, np.concatenate([np.ones(len(fb)), n_in_step[keep].astype(float)]))
     ev = np.concatenate([np.stack([starts[ok], np.ones(ok.sum())], 1), np.stack([finish[ok], -np.ones(ok.sum())], 1)])
     ev = ev[np.lexsort((ev[:, 1], ev[:, 0]))]
     return float(bins.max()), int(np.cumsum(ev[:, 1]).max())

@@ -108,7 +108,7 @@ def inspect_command(args: argparse.Namespace) -> int:
     try:
         summary = build_summary(args)
     except InputError as e:            # ConfigError is a subclass
-        print(f"error: {e}", file=sys.stderr)
+        print(f"dsparksim: error: {e}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(_clean(summary), indent=1))

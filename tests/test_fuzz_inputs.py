@@ -47,36 +47,7 @@ FUZZ = settings(deadline=None, derandomize=True, database=None, print_blob=True,
                                        HealthCheck.filter_too_much])
 
 # name -> (why it is tolerated for now, predicate on (outcome, class)). Delete an entry once its owner fixed it.
-KNOWN_FOREIGN: dict[str, tuple[str, Callable[[Outcome, str], bool]]] = {
-    "trace-prefix": (
-        "cli_trace.py: `trace inspect` prints 'error: ...' instead of 'dsparksim: error: ...'",
-        lambda o, c: c == "prefix" and o.argv[:1] == ["trace"]),
-    "unservable-request": (
-        "engine (t-engine): a request longer than the KV capacity aborts the run with a config error instead of "
-        "being rejected on arrival and counted",
-        lambda o, c: c == "unnamed" and "could never be admitted" in o.lines[0]),
-    "burstiness-underflow": (
-        "traffic arrivals: a subnormal --burstiness (1e-320) makes rate*burstiness underflow and the gamma gaps "
-        "NaN; the run then hangs or fails writing NaN to JSON",
-        lambda o, c: c in ("hang", "exception") and _extreme_option(o, "--burstiness=")),
-    "rate-underflow": (
-        "traffic arrivals/metrics/outputs: an extreme --rate or --time-scale (1e-15, 1e-320, 4e307) makes arrival times or "
-        "rates huge/infinite and the run fails after simulating (MemoryError, LinAlgError, inf/NaN in JSON)",
-        lambda o, c: c in ("hang", "exception")
-        and (_extreme_option(o, "--rate=") or _extreme_option(o, "--time-scale="))),
-}
-
-def _extreme_option(o: Outcome, prefix: str) -> bool:
-    """The run had ``prefix``VALUE with a positive VALUE so small or large that it or its reciprocal overflows."""
-    for a in o.argv:
-        if a.startswith(prefix):
-            try:
-                v = float(a[len(prefix):])
-            except ValueError:
-                return False
-            return 0 < v < 1e-6 or 1e9 < v < math.inf
-    return False
-
+KNOWN_FOREIGN: dict[str, tuple[str, Callable[[Outcome, str], bool]]] = {}  # all fixed so far
 
 TRIED: dict[str, Counter] = defaultdict(Counter)
 FOREIGN: dict[str, list[tuple[str, list[str]]]] = defaultdict(list)
@@ -505,18 +476,18 @@ def test_fuzz_numeric_options(work):
     finish("numeric_options")
 
 
-@pytest.mark.xfail(strict=False, reason=KNOWN_FOREIGN["rate-underflow"][0])
-def test_subnormal_rate_is_one_line(work):
-    """Found by the fuzz suite (DSPARKSIM_FUZZ_SCALE=8)."""
-    o = run_cli(run_args(work) + ["--rate=1e-320"], limit_s=LIMIT_S)
-    assert classify(o) in ("ok", "error"), o.describe()
+@pytest.mark.parametrize("extreme", [["--rate=1e-320"], ["--rate=1e-15"], ["--rate=4e307"],
+                                     ["--trace", "azure-conv-window", "--time-scale=1e-15"]])
+def test_extreme_rate_is_refused_in_one_line(work, extreme):
+    """Found by the fuzz suite (DSPARKSIM_FUZZ_SCALE=8): refused up front (TrafficConfig.RATE_RANGE)."""
+    o = run_cli(run_args(work) + extreme, limit_s=LIMIT_S)
+    assert classify(o) == "error" and ("rate" in o.lines[0] or "time_scale" in o.lines[0]), o.describe()
 
 
-@pytest.mark.xfail(strict=False, reason=KNOWN_FOREIGN["burstiness-underflow"][0])
 def test_tiny_burstiness_does_not_hang(work):
     """Found by the fuzz suite (DSPARKSIM_FUZZ_SCALE=8); kept out of the default budget (a hang costs its limit)."""
     o = run_cli(run_args(work) + ["--rate", "5", "--burstiness=1e-320"], limit_s=3)
-    assert classify(o) in ("ok", "error"), o.describe()
+    assert classify(o) == "error" and "burstiness" in o.lines[0], o.describe()
 
 
 POLICY_NAMES = ["mtp1", "fixed", "threshold", "goodput", "confidence", "confidence-async", "confidence-global",

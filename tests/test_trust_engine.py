@@ -330,3 +330,26 @@ def test_light_replay_is_not_saturated():
                                                               duration_s=30.0), seed=0)
     s = simulate(cfg).summary
     assert s["saturated"] is False and s["saturation_detail"]["arrivals_in_window"] > 100
+
+
+# ------------------------------------------------------------------ load knobs outside their stated ranges
+@pytest.mark.parametrize("kw, field", [
+    (dict(mode="poisson", rate=1e-15, num_requests=2), "rate"),
+    (dict(mode="poisson", rate=5.0, time_scale=1e9, num_requests=2), "time_scale"),
+    (dict(mode="poisson", rate=1e8, time_scale=100.0, num_requests=2), "rate"),
+    (dict(mode="gamma", rate=5.0, burstiness=1e-320, num_requests=2), "burstiness"),
+    (dict(mode="gamma", rate=5.0, burstiness=1e4, num_requests=2), "burstiness"),
+])
+def test_load_knobs_outside_their_range_are_refused(kw, field):
+    from dsparksim.traffic import TrafficConfig
+    with pytest.raises(ConfigError, match=field):
+        TrafficConfig(**kw)
+
+
+def test_low_rate_bench_result_peaks_use_sparse_bins(tmp_path):
+    # One request per ~1000 s: the old dense 1-second bins were sized by the span; sparse bins give the same peaks.
+    out = tmp_path / "o"
+    assert main(["run", "--rate", "0.001", "--num-requests", "3", "--quiet", "--out", str(out)]) == 0
+    bench = json.loads((out / "bench_result.json").read_text())
+    assert bench["completed"] == 3 and bench["max_concurrent_requests"] == 1
+    assert bench["max_output_tokens_per_s"] >= 1

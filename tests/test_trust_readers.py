@@ -257,8 +257,6 @@ def test_sweep_spec_not_utf8(capsys, tmp_path):
     _fails_cleanly(capsys, ["sweep", p, "--out", str(tmp_path / "o")], re.escape(p), r"utf-8")
 
 
-@pytest.mark.xfail(strict=False, reason="dsparksim/sweep/regress.py load_baseline (not owned by t-readers) lets "
-                                        "UnicodeDecodeError escape")
 def test_regress_baseline_not_utf8(capsys, tmp_path):
     p = _w(tmp_path, "b.json", b'{"format": "x\xff"}')
     _fails_cleanly(capsys, ["regress", "--baseline", p], re.escape(p))

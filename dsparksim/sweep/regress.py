@@ -87,6 +87,11 @@ def load_baseline(path: str | Path) -> dict[str, Any]:
         d = json.loads(p.read_text())
     except OSError as e:
         raise InputError(str(p), None, f"cannot read baseline: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise InputError(str(p), None, f"not UTF-8 text: byte {e.object[e.start:e.start + 1]!r} at offset "
+                         f"{e.start}") from None
+    except RecursionError:
+        raise InputError(str(p), None, "JSON nested too deeply") from None
     except json.JSONDecodeError as e:
         raise InputError(str(p), None, f"not valid JSON: {e.msg}", line=e.lineno) from None
     if not isinstance(d, dict) or d.get("format") != FORMAT:

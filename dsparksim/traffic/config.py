@@ -66,6 +66,19 @@ def _pos_float(name: str, v, required: bool = False) -> None:
         raise ConfigError(_SRC, name, f"expected a finite number > 0, got {v!r}")
 
 
+# Stated ranges for the load knobs: beyond them a run is meaningless or numerically broken (arrival times past
+# 1e15 s, gamma gaps that underflow to NaN), so they are refused up front rather than simulated.
+RATE_RANGE = (1e-6, 1e9)          # effective arrival rate (rate x time_scale), req/s
+TIME_SCALE_RANGE = (1e-6, 1e6)
+BURSTINESS_RANGE = (1e-3, 1e3)    # gamma shape: interarrival CV from 31.6 down to 0.03
+
+
+def _in_range(name: str, v: float, lo_hi: tuple[float, float], what: str = "") -> None:
+    lo, hi = lo_hi
+    if not lo <= v <= hi:
+        raise ConfigError(_SRC, name, f"{what or 'expected'} within [{lo:g}, {hi:g}], got {v!r}")
+
+
 def _unused(mode: str, **fields) -> None:
     for name, v in fields.items():
         if v is not None:
@@ -125,6 +138,8 @@ class TrafficConfig:
             raise ConfigError(_SRC, "mode", f"expected one of {MODES}, got {m!r}")
         _pos_float("burstiness", self.burstiness, required=True)
         _pos_float("time_scale", self.time_scale, required=True)
+        _in_range("burstiness", self.burstiness, BURSTINESS_RANGE)
+        _in_range("time_scale", self.time_scale, TIME_SCALE_RANGE)
         _pos_int("num_requests", self.num_requests)
         _pos_float("duration_s", self.duration_s)
         _pos_int("max_prompt_tokens", self.max_prompt_tokens)
@@ -166,6 +181,8 @@ class TrafficConfig:
                                   f"{self.trace_format!r}")
             return
         _pos_float("rate", self.rate, required=True)
+        _in_range("rate", self.rate * self.time_scale, RATE_RANGE,
+                  f"effective arrival rate (rate x time_scale = {self.rate!r} x {self.time_scale!r}) must lie")
         if self.num_requests is None and self.duration_s is None:
             raise ConfigError(_SRC, "num_requests/duration_s", f"mode {m!r} needs num_requests, duration_s or both")
 
