@@ -270,6 +270,8 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         raise ConfigError("cli", "--baseline", f"must be one of --policies ({','.join(policies)}), "
                           f"got {args.baseline!r}")
     check_frontier_loads(args)
+    if args.ray_address and args.backend != "ray":
+        raise _bad("--ray-address", "applies to --backend ray only")
     check_run_args(args, frontier=True)
     if args.trace:
         loads, traffic, load_name = args.time_scales or [0.5, 1, 2, 4], _traffic(args, "trace", trace=args.trace,
@@ -287,7 +289,8 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     out = Path(args.out)
     t0 = time.perf_counter()
     with tqdm(total=len(cfgs), unit="cell", disable=args.quiet, desc="frontier") as bar:
-        summaries = run_cells(cfgs, jobs=jobs, on_done=lambda: bar.update(1))
+        summaries = run_cells(cfgs, jobs=jobs, on_done=lambda: bar.update(1), backend=args.backend,
+                              ray_address=args.ray_address)
     wall = time.perf_counter() - t0
     df = frontier_table(summaries)
     comp = comparison_table(df, baseline=args.baseline, slas=args.sla or ())
@@ -451,6 +454,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--baseline", default="mtp1", help="policy the gains are measured against [%(default)s]")
     f.add_argument("--slo", "--sla", dest="sla", type=_floats, default=None,
                    help="per-user tokens/s targets (SLOs) for throughput gains, comma-separated")
+    f.add_argument("--backend", choices=["serial", "local", "ray"], default=None,
+                   help="where cells run: serial, local process pool or ray (optional extra) [local; serial for 1 "
+                        "worker]; results are identical whatever the backend")
+    f.add_argument("--ray-address", default=None, help="with --backend ray: an existing cluster (e.g. auto)")
     f.add_argument("--workers", "--jobs", dest="jobs", type=pos_int, default=None,
                    help="worker processes [all cores]")
     add_out(f, "results/frontier", "output directory, replaced whole by the new results")

@@ -33,7 +33,7 @@ def cells(base: RunConfig, policies: Sequence[str], loads: Sequence[float]) -> l
 
 
 def run_cells(cfgs: list[RunConfig], jobs: int = 1, on_done: Callable[[], None] | None = None,
-              backend: str | None = None) -> list[dict[str, Any]]:
+              backend: str | None = None, ray_address: str | None = None) -> list[dict[str, Any]]:
     """Run every cell on a sweep backend (serial when jobs <= 1, else a local pool of ``jobs`` workers; or
     ``backend`` by name); results in the order of ``cfgs``, identical whatever the backend.
 
@@ -52,7 +52,7 @@ def run_cells(cfgs: list[RunConfig], jobs: int = 1, on_done: Callable[[], None] 
         if on_done:
             on_done()
 
-    make_backend(name, jobs).run([Task(i, c) for i, c in enumerate(cfgs)], on_result)
+    make_backend(name, jobs, ray_address).run([Task(i, c) for i, c in enumerate(cfgs)], on_result)
     return out  # type: ignore[return-value]
 
 

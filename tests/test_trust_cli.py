@@ -292,3 +292,15 @@ def test_capacity_table_accepts_the_option_names():
                                                                   "slo": ["tau >= 1"]}})
     with pytest.raises(ConfigError, match="capacity.sla"):
         capacity_settings(c)
+
+
+def test_frontier_backend_serial_matches_local_and_ray_address_needs_ray(tmp_path, capsys):
+    base = ["frontier", "--policies", "mtp1,fixed:3", "--concurrency-levels", "1,4", "--duration", "3", "--quiet"]
+    assert main([*base, "--backend", "serial", "--out", str(tmp_path / "s")]) == 0
+    assert main([*base, "--backend", "local", "--workers", "2", "--out", str(tmp_path / "l")]) == 0
+    a = (tmp_path / "s" / "frontier.csv").read_text()
+    assert a == (tmp_path / "l" / "frontier.csv").read_text()
+    capsys.readouterr()
+    assert main([*base, "--ray-address", "auto", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--ray-address" in err[0] and not (tmp_path / "r").exists()
