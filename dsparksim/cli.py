@@ -156,6 +156,33 @@ def _bad(option: str, message: str) -> ConfigError:
     return ConfigError("cli", option, message)
 
 
+def _given(args: argparse.Namespace, *opts: str) -> bool:
+    """Was any of ``opts`` typed on the command line (as ``--opt v``, ``--opt=v`` or ``-Kv``)?"""
+    argv = getattr(args, "_argv", None) or []
+    return any(a == o or a.startswith(o + "=") or (len(o) == 2 and a.startswith(o) and not a.startswith("--"))
+               for a in argv for o in opts)
+
+
+def _bar_off(args: argparse.Namespace) -> bool:
+    """Progress bars go to a terminal only: a log or a pipe gets the result lines, not carriage-return noise."""
+    return bool(getattr(args, "quiet", False)) or not sys.stderr.isatty()
+
+
+def check_policy_inputs(args: argparse.Namespace) -> None:
+    """`run` with one policy: an acceptance or draft-length option that policy never reads is an error."""
+    from dsparksim.policies import make_policy
+
+    pol = make_policy(args.policy)
+    if pol.drafter == "mtp1":
+        if _given(args, "--acceptance"):
+            raise _bad("--acceptance", f"has no effect with --policy {args.policy} (the MTP-1 drafter runs with "
+                       "--mtp1-acceptance)")
+        if _given(args, "--num-speculative-tokens", "-K", "--block-size"):
+            raise _bad("--num-speculative-tokens", f"has no effect with --policy {args.policy} (MTP-1 drafts K=1)")
+    elif _given(args, "--mtp1-acceptance"):
+        raise _bad("--mtp1-acceptance", f"only applies to the mtp1 policy, not --policy {args.policy}")
+
+
 def check_run_args(args: argparse.Namespace, frontier: bool = False) -> None:
     """Checks of `run`-style options that argparse cannot do alone, before anything is simulated.
 
@@ -227,16 +254,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     from dsparksim.simulate import simulate, write_run
 
     check_run_args(args)  # every option and the output directory, before the simulation
+    check_policy_inputs(args)
     traffic = run_traffic(args, default_concurrency=32)
     cfg = _run_config(args, traffic)
+    preflight(cfg, [cfg.policy])  # profile, acceptance, lengths and trace read before the progress bar starts
     t0 = time.perf_counter()
     total = traffic.duration_s
-    with tqdm(total=total, unit="sim-s", disable=args.quiet or total is None, leave=False,
+    with tqdm(total=total, unit="sim-s", disable=_bar_off(args) or total is None, leave=False,
               bar_format="{l_bar}{bar}| {n:.1f}/{total:.0f} sim-s [{elapsed}<{remaining}]") as bar:
         out = simulate(cfg, progress=(lambda now: bar.update(min(now, total) - bar.n)) if total else None)
     wall = time.perf_counter() - t0
     paths = write_run(out, args.out, fmt=args.format, steps=args.save_steps)
     s = out.summary
+    if not s["num_requests_completed"]:
+        print(f"dsparksim: warning: no request both arrived inside the measurement window (after the {s['warmup_s']:g} s "
+              "warm-up) and completed: per-request metrics are empty (lower --warmup or run longer)", file=sys.stderr)
     if not args.quiet:
         print(f"policy {s['policy']}: {s['num_requests_completed']} requests in {s['window_s']:.1f} s measured "
               f"({s['sim_time_s']:.1f} s simulated, {wall:.1f} s wall)")
@@ -263,15 +295,35 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     from dsparksim.policies import make_policy
     from dsparksim.simulate import write_json, write_table
 
-    policies = [p.strip() for p in args.policies.split(",")] if args.policies else list(DEFAULT_POLICIES)
+    if args.policies is not None:
+        policies = [p.strip() for p in args.policies.split(",")]
+        if not all(policies):
+            raise _bad("--policies", f"expected comma-separated policy specs, got {args.policies!r}")
+    else:
+        policies = list(DEFAULT_POLICIES)
     for p in policies:
         make_policy(p)  # fail fast on a bad spec, before any cell runs
+    dup = sorted({p for p in policies if policies.count(p) > 1})
+    if dup:
+        raise _bad("--policies", f"lists {', '.join(dup)} more than once (each cell would run twice)")
+    levels = args.concurrency_levels or args.rates or args.time_scales or []
+    if len(set(levels)) != len(levels):
+        raise _bad("load levels", f"a level is listed more than once in {','.join(f'{x:g}' for x in levels)}")
+    if args.baseline is None:
+        # The paper's baseline when it is swept; otherwise the first policy, said out loud in the output.
+        args.baseline = "mtp1" if "mtp1" in policies else policies[0]
+        if args.baseline != "mtp1":
+            print(f"dsparksim: note: gains are measured against {args.baseline} (mtp1 is not among --policies; "
+                  "set --baseline to choose)", file=sys.stderr)
     if args.baseline not in policies:
         raise ConfigError("cli", "--baseline", f"must be one of --policies ({','.join(policies)}), "
                           f"got {args.baseline!r}")
     check_frontier_loads(args)
     if args.ray_address and args.backend != "ray":
         raise _bad("--ray-address", "applies to --backend ray only")
+    if args.backend == "ray":
+        from dsparksim.sweep.backends import import_ray
+        import_ray()  # the missing extra is one line before any cell, not after the progress bar
     check_run_args(args, frontier=True)
     if args.trace:
         loads, traffic, load_name = args.time_scales or [0.5, 1, 2, 4], _traffic(args, "trace", trace=args.trace,
@@ -288,7 +340,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     jobs = args.jobs or min(os.cpu_count() or 1, len(cfgs))
     out = Path(args.out)
     t0 = time.perf_counter()
-    with tqdm(total=len(cfgs), unit="cell", disable=args.quiet, desc="frontier") as bar:
+    with tqdm(total=len(cfgs), unit="cell", disable=_bar_off(args), desc="frontier") as bar:
         summaries = run_cells(cfgs, jobs=jobs, on_done=lambda: bar.update(1), backend=args.backend,
                               ray_address=args.ray_address)
     wall = time.perf_counter() - t0
@@ -451,8 +503,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "frontier.png, verify_budget.png and config.json.")
     f.add_argument("--policies", default=None, help="comma-separated policy specs [all seven]")
     _add_common(f, frontier=True)
-    f.add_argument("--baseline", default="mtp1", help="policy the gains are measured against [%(default)s]")
-    f.add_argument("--slo", "--sla", dest="sla", type=_floats, default=None,
+    f.add_argument("--baseline", default=None,
+                   help="policy the gains are measured against [mtp1 if swept, else the first policy]")
+    f.add_argument("--slo", "--sla", dest="sla", type=_floats, default=None, action="extend",
                    help="per-user tokens/s targets (SLOs) for throughput gains, comma-separated")
     f.add_argument("--backend", choices=["serial", "local", "ray"], default=None,
                    help="where cells run: serial, local process pool or ray (optional extra) [local; serial for 1 "
@@ -478,7 +531,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     command = None
     try:
+        argv = list(sys.argv[1:] if argv is None else argv)
         args = build_parser().parse_args(argv)
+        args._argv = argv  # which options were typed (see _given)
         command = args.command
         return int(args.func(args) or 0)
     except InputError as e:  # bad input or impossible config: one clear line, no traceback

@@ -60,9 +60,9 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.warmup_s is not None and not (math.isfinite(self.warmup_s) and self.warmup_s >= 0):
             raise ConfigError("config", "warmup_s", f"must be a finite number >= 0, got {self.warmup_s}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
             # numpy's SeedSequence takes non-negative integers only
-            raise ConfigError("config", "seed", f"must be an integer >= 0, got {self.seed!r}")
+            raise ConfigError("config", "seed", f"must be an integer in [0, 2^63), got {self.seed!r}")
         t = self.traffic
         dur = getattr(t, "duration_s", None) if getattr(t, "num_requests", None) is None else None
         if self.warmup_s is not None and dur is not None and self.warmup_s >= dur:

@@ -252,7 +252,8 @@ class Simulation:
         if len(self.waiting) > MAX_WAITING:
             raise ConfigError("config", "traffic", f"{len(self.waiting):,} requests wait for admission at "
                               f"t={t:.3f}s, above the limit of {MAX_WAITING:,}: the load is far past saturation "
-                              "(lower --rate / --time-scale, or shorten the run)")
+                              + ("(lower --concurrency)" if self.wl.closed_loop else
+                                 "(lower --rate / --time-scale, or shorten the run)"))
         return True
 
     def _issue_user(self, t: float) -> None:

@@ -161,7 +161,9 @@ def summarize(res: SimResult, *, policy: str, load: Any, warmup_s: float, closed
     end = res.sim_time_s
     window = end - warmup_s
     if not window > 0:
-        raise ValueError(f"warm-up {warmup_s}s leaves no measurement window (run ended at {end:.3f}s)")
+        from dsparksim.errors import ConfigError
+        raise ConfigError("config", "warmup_s", f"warm-up {warmup_s:g} s leaves no measurement window (the run "
+                          f"ended at {end:.3f} s): lower --warmup")
     st = res.steps
     t_end = st["t_start"] + st["dt"]
     in_win = t_end > warmup_s

@@ -66,6 +66,14 @@ RUN_CASES = [
     (["--concurrency", "4", "--time-scale", "2"], "--time-scale"),
     (["--arrival", "gamma"], "--arrival"),
     (["--concurrency", "4", "--arrival", "constant"], "--arrival"),
+    # found by the hostile test of the merged branch: options the chosen policy never reads, absurd seeds,
+    # inputs that used to be read only after the progress bar started
+    (["--policy", "mtp1", "--acceptance", "dflash"], "--acceptance"),
+    (["--policy", "mtp1", "-K", "5"], "--num-speculative-tokens"),
+    (["--policy", "confidence", "--mtp1-acceptance", "tau:2"], "--mtp1-acceptance"),
+    (["--seed", str(2**63)], "seed"),
+    (["--profile", "nosuch"], "nosuch"),
+    (["--lengths", "{file}.missing.csv"], "lengths"),
 ]
 
 
@@ -96,7 +104,6 @@ FRONTIER_CASES = [
     (["--rates", "1", "--concurrency-levels", "2"], "--rates"),
     (["--time-scales", "1,2"], "--time-scales"),
     (["--baseline", "nosuch"], "--baseline"),
-    (["--policies", "fixed:3,confidence"], "--baseline"),  # the default baseline mtp1 is not among them
     (["--arrival", "gamma"], "--arrival"),
     (["--warmup", "9", "--duration", "9"], "--warmup"),
     (["--format", "parquet"], "--format"),
@@ -304,3 +311,45 @@ def test_frontier_backend_serial_matches_local_and_ray_address_needs_ray(tmp_pat
     assert main([*base, "--ray-address", "auto", "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--ray-address" in err[0] and not (tmp_path / "r").exists()
+
+
+# ------------------------------------------------------------------ found by the hostile test of the merged branch
+def test_warmup_past_the_end_of_a_num_requests_run_is_one_line(tmp_path, capsys):
+    err = _fails(["run", "--num-requests", "4", "--warmup", "1000", "--quiet", "--out", str(tmp_path / "o")], capsys)
+    assert "warmup" in err and not (tmp_path / "o").exists()
+
+
+def test_run_warns_when_no_request_is_measured(tmp_path, capsys):
+    assert main(["run", "--num-requests", "4", "--warmup", "0.001", "--quiet", "--out", str(tmp_path / "o")]) == 0
+    assert "no request both arrived inside the measurement window" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, option", [
+    (["--policies", ""], "--policies"),
+    (["--policies", "mtp1,fixed:3,mtp1"], "--policies"),
+    (["--concurrency-levels", "4,4"], "load levels"),
+])
+def test_frontier_rejects_empty_and_duplicate_lists(tmp_path, capsys, no_sim, args, option):
+    err = _fails(["frontier", *args, "--out", str(tmp_path / "o")], capsys)
+    assert option in err
+
+
+def test_frontier_slo_and_sla_both_count():
+    a = build_parser().parse_args(["frontier", "--slo", "50", "--sla", "60,70"])
+    assert a.sla == [50.0, 60.0, 70.0]
+
+
+def test_frontier_without_mtp1_measures_against_the_first_policy_and_says_so(tmp_path, capsys):
+    out = tmp_path / "o"
+    assert main(["frontier", "--policies", "fixed:3,confidence", "--concurrency-levels", "1,4", "--duration", "3",
+                 "--quiet", "--out", str(out)]) == 0
+    assert "gains are measured against fixed:3" in capsys.readouterr().err
+    comp = pd.read_csv(out / "comparison.csv")
+    assert set(comp["policy"]) == {"confidence"}
+
+
+def test_a_directory_in_place_of_a_cached_summary_is_recomputed(tmp_path):
+    from dsparksim.sweep.cache import CellCache
+    c = CellCache(tmp_path)
+    (c.dir("abc") / "summary.json").mkdir(parents=True)
+    assert c.get("abc") is None and not (c.dir("abc") / "summary.json").exists()

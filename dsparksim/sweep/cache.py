@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import logging
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,10 @@ class CellCache:
     def get(self, h: str) -> dict[str, Any] | None:
         """The cached result of cell ``h``, or None if there is none. A corrupt one is removed with a warning."""
         path = self.dir(h) / "summary.json"
+        if path.exists() and not path.is_file():  # e.g. a directory in its place: it would block the rewrite too
+            log.warning("dsparksim: warning: corrupt cached cell %s (not a regular file); computing it again", path)
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+            return None
         if not path.is_file():
             return None
         try:
