@@ -353,3 +353,18 @@ def test_a_directory_in_place_of_a_cached_summary_is_recomputed(tmp_path):
     c = CellCache(tmp_path)
     (c.dir("abc") / "summary.json").mkdir(parents=True)
     assert c.get("abc") is None and not (c.dir("abc") / "summary.json").exists()
+
+
+def test_empty_sweep_spec_is_refused(tmp_path, capsys, no_sim):
+    spec = tmp_path / "empty.toml"
+    spec.write_text("")
+    err = _fails(["sweep", str(spec), "--out", str(tmp_path / "o")], capsys)
+    assert "nothing to sweep" in err
+
+
+def test_vllm_prefix_wins_over_a_csv_suffix(tmp_path, capsys):
+    log = tmp_path / "metrics.csv"
+    log.write_bytes(b"\xff\xfe not a log")
+    err = _fails(["run", "--acceptance", f"vllm:{log}", "--num-requests", "2", "--quiet", "--out",
+                  str(tmp_path / "o")], capsys)
+    assert "not found" not in err and str(log) in err

@@ -105,7 +105,7 @@ def load_acceptance(spec: str, K: int, *, domain_default: str = "chat") -> Accep
     K = _check_K(spec, K)
     if domain_default not in DOMAINS:
         raise ConfigError(_src(spec), "domain_default", f"expected one of {DOMAINS}, got {domain_default!r}")
-    if _is_trace_path(spec):
+    if _is_trace_path(spec) and spec.partition(":")[0] not in IMPORTERS:  # 'vllm:x.csv' is a log, not a trace
         from .trace_model import TraceAcceptance
         path = resolve_trace_path(spec)
         if not is_file(path):

@@ -158,6 +158,9 @@ def spec_from_dict(d: Mapping[str, Any], source: str = "sweep spec", check_input
         if not isinstance(d[t], Mapping):
             raise ConfigError(source, t, f"expected a table [{t}], got {d[t]!r}")
     d = {t: _canonical_table(source, t, v) for t, v in d.items()}
+    if not d.get("base") and not d.get("axes"):
+        raise ConfigError(source, None, "has no [base] or [axes] keys: nothing to sweep (an empty spec would run "
+                          "one default cell)")
     sw = dict(d.get("sweep", {}))
     for k in sw:
         if k not in SWEEP_KEYS:
