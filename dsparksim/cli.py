@@ -164,8 +164,11 @@ def _given(args: argparse.Namespace, *opts: str) -> bool:
 
 
 def _bar_off(args: argparse.Namespace) -> bool:
-    """Progress bars go to a terminal only: a log or a pipe gets the result lines, not carriage-return noise."""
-    return bool(getattr(args, "quiet", False)) or not sys.stderr.isatty()
+    """Progress bars go to a terminal only: a log or a pipe gets the result lines, not carriage-return noise.
+    DSPARKSIM_PROGRESS=1 draws them anyway (e.g. to watch a CI log), --quiet never."""
+    if getattr(args, "quiet", False):
+        return True
+    return not (sys.stderr.isatty() or os.environ.get("DSPARKSIM_PROGRESS", "") in ("1", "always"))
 
 
 def check_policy_inputs(args: argparse.Namespace) -> None:

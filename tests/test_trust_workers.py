@@ -5,6 +5,7 @@ a fixed time, and every wait has a generous deadline so a loaded 2-core machine 
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
 import json
@@ -307,8 +308,10 @@ def _wait_gone(pids, timeout: float) -> list[int]:
 
 def _start(args: list[str], tmp_path: Path) -> tuple[subprocess.Popen, list[str]]:
     """Start the CLI in its own process group; a thread collects stderr so the test can poll it."""
+    # stderr is a pipe here: DSPARKSIM_PROGRESS=1 keeps the progress bar the tests poll for
     proc = subprocess.Popen([sys.executable, "-m", "dsparksim.cli", *args], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=dict(os.environ, DSPARKSIM_PROGRESS="1"))
     err: list[str] = []
     threading.Thread(target=lambda: err.extend(iter(lambda: proc.stderr.read(1), "")), daemon=True).start()
     return proc, err
@@ -318,7 +321,8 @@ def _wait_for(cond, proc: subprocess.Popen, timeout: float = 120) -> None:
     deadline = time.time() + timeout
     while not cond():
         if proc.poll() is not None or time.time() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             pytest.fail(f"marker not seen (exit {proc.returncode})")
         time.sleep(0.05)
 
