@@ -170,7 +170,8 @@ def bench_result(res: SimResult, *, warmup_s: float, duration_s: float, model_id
     in_lens = res.prompt_tokens[idx].astype(np.int64)
     completed = int(ok.sum())
     total_in, total_out = int(in_lens[ok].sum()), int(out_lens.sum())
-    tpots = [(lat[j] - ttfts[j]) / (out_lens[j] - 1) for j in np.flatnonzero(ok) if out_lens[j] > 1]
+    multi = ok & (out_lens > 1)  # TPOT needs a token after the first
+    tpots = (lat[multi] - ttfts[multi]) / (out_lens[multi] - 1)
     segs = [dt[a:b] for a, b in zip(lo[ok], hi[ok])]
     itl_pool = np.concatenate(segs) if segs else np.zeros(0)
     # Chunks per step from completed requests (difference array over their step ranges).
