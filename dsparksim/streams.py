@@ -98,10 +98,15 @@ class KeyedRows:
         return out
 
     def _shape(self, size) -> tuple[tuple[int, ...], int]:
-        shape = (size,) if isinstance(size, (int, np.integer)) else tuple(int(s) for s in size)
+        if isinstance(size, (int, np.integer)):
+            shape, width = (int(size),), 1
+        else:
+            shape = tuple(int(s) for s in size)
+            width = 1
+            for s in shape[1:]:
+                width *= s
         if not shape or shape[0] != self.n:
             raise ValueError(f"keyed draws need one row per request: size {size} for {self.n} rows")
-        width = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
         return shape, width
 
     def random(self, size) -> np.ndarray:
@@ -114,8 +119,11 @@ class KeyedRows:
         shape, width = self._shape(size)
         h = self._halves(width)
         a, b = _normal_table()
-        idx = h >> 16
-        return (a[idx] + b[idx] * (h & 0xFFFF)).reshape(shape)
+        idx = (h >> 16).astype(np.intp)
+        z = b.take(idx)
+        z *= h & 0xFFFF
+        z += a.take(idx)
+        return z.reshape(shape)
 
 
 _TABLE: tuple[np.ndarray, np.ndarray] | None = None
