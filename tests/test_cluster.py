@@ -179,16 +179,18 @@ def test_n_round_robin_replicas_at_n_times_the_load_give_n_times_the_throughput(
 
 
 def test_least_outstanding_beats_random_on_p99_ttft_under_bursty_traffic():
-    # gamma arrivals, shape 0.5 (bursty), 4 replicas near 75% of their capacity; paired seeds
-    wins = 0
+    # gamma arrivals, shape 0.5 (bursty), 4 replicas at ~2/3 of their capacity (60 req/s saturates them); the
+    # same requests and draws for both routers (paired). Measured: p99 TTFT 0.23/0.19/0.18 s vs 0.33/0.25/0.19 s.
+    p99 = {"least-outstanding": [], "random": []}
     for seed in (1, 2, 3):
-        p99 = {}
-        for router in ("least-outstanding", "random"):
-            s = simulate(_cfg("confidence", seed=seed, mode="gamma", rate=20.0, burstiness=0.5, duration_s=60.0,
+        for router in p99:
+            s = simulate(_cfg("confidence", seed=seed, mode="gamma", rate=40.0, burstiness=0.5, duration_s=30.0,
                               replicas=4, router=router)).summary
-            p99[router] = s["ttft_p99_s"]
-        wins += p99["least-outstanding"] < p99["random"]
-    assert wins == 3
+            assert not s["saturated"]
+            p99[router].append(s["ttft_p99_s"])
+    lo, rnd = np.array(p99["least-outstanding"]), np.array(p99["random"])
+    assert lo.mean() <= 0.9 * rnd.mean()
+    assert (lo <= 1.05 * rnd).all()
 
 
 def test_replica_column_and_per_replica_itls(tmp_path):
@@ -260,3 +262,19 @@ def test_frontier_cell_is_identical_alone_and_inside_a_larger_frontier(tmp_path)
     assert len(a) == 1 and len(b) == 1
     cols = [c for c in a.columns if c not in ("pareto",)]
     assert a[cols].iloc[0].to_dict() == b[cols].iloc[0].to_dict()
+
+
+def test_session_router_keeps_each_prefix_on_one_replica(tmp_path):
+    import json
+    rng = np.random.default_rng(0)
+    conv = rng.integers(0, 12, 120)                       # 12 conversations behind one shared system block
+    p = tmp_path / "t.jsonl"
+    p.write_text("".join(json.dumps({"timestamp": 250 * i, "input_length": 200, "output_length": 30,
+                                     "hash_ids": [0, 100 + int(c), 1000 + i]}) + "\n" for i, c in enumerate(conv)))
+    out = simulate(_cfg("fixed:7", mode="trace", trace=str(p), duration_s=40.0, replicas=3, router="session"))
+    req = out.requests()
+    served = req["replica"].to_numpy()
+    assert (served >= 0).all()
+    for c in np.unique(conv[: len(req)]):
+        assert len(set(served[conv[: len(req)] == c])) == 1       # a conversation never changes replica
+    assert len(set(served)) == 3                                  # and conversations spread over the replicas
