@@ -341,28 +341,13 @@ def _gain_cell(r: Any) -> str:
 def preflight(base: RunConfig, policies: Sequence[str]) -> None:
     """Load every input the cells will read (profile, each policy's acceptance source, length and trace files) in
     this process, so a bad one is one error line before any cell runs, not a failure inside a worker."""
-    from dsparksim.acceptance import load_acceptance
-    from dsparksim.policies import make_policy
-    from dsparksim.profile import load_profile
-    from dsparksim.simulate import engine_limits
+    from dsparksim.inputs import resolve_inputs
     from dsparksim.traffic.readers import read_trace
     from dsparksim.traffic.sources import resolve
 
-    prof = load_profile(base.profile)
-    if base.engine.extrapolate:
-        prof = prof.with_extrapolation(True)
-    engine_limits(base, prof)
-    loaded: dict[tuple[str, int], Any] = {}
+    cache: dict = {}  # each profile and (acceptance spec, K) is read once across the policies
     for spec in policies:
-        pol = make_policy(spec)
-        K = int(pol.block_size or base.engine.block_size)
-        src = (base.mtp1_acceptance if pol.drafter == "mtp1" else pol.drafter) if pol.drafter else base.acceptance
-        if (src, K) not in loaded:
-            loaded[(src, K)] = load_acceptance(src, K)
-        drafter = pol.drafter or base.engine.drafter or loaded[(src, K)].drafter
-        if drafter not in prof.drafters:
-            raise ConfigError(prof.source, "drafters", f"profile '{prof.name}' has no drafting cost for drafter "
-                              f"'{drafter}' (policy {spec}; has: {sorted(prof.drafters)})")
+        resolve_inputs(base.replace(policy=spec), cache=cache)
     t = base.traffic
     for key, val in (("lengths", t.lengths), ("trace", t.trace)):
         if val:
