@@ -96,15 +96,14 @@ def _profile_path(name: str) -> Path | None:
 
 
 def _acceptance_sha(spec: str) -> str | None:
-    from dsparksim.acceptance import IMPORTERS, TRACE_SUFFIXES, resolve_trace_path
+    from dsparksim.acceptance import parse_spec
 
-    s = spec.strip()
-    if s.lower().endswith(TRACE_SUFFIXES):
-        return _file_sha(resolve_trace_path(s))
-    base = s.rsplit("?", 1)[0]
-    kind, _, arg = base.partition(":")
-    if kind in IMPORTERS and kind != "tau" and arg:
-        return _file_sha(Path(arg))
+    try:
+        ps = parse_spec(spec)
+    except InputError:
+        return None  # not a source at all: the cell fails when it runs, with this very error
+    if ps.path is not None:
+        return _file_sha(ps.path)  # a trace, or an engine log (also one named .csv: 'vllm:run.csv')
     return _file_sha(_reference_path())  # parametric models are calibrated on the shipped paper figures
 
 
