@@ -1,17 +1,24 @@
-"""The simulated serving engine: continuous batching with speculative decode steps (DESIGN.md section 6).
+"""One serving engine: continuous batching with speculative decode steps (DESIGN.md section 6).
 
-One SimPy process runs the engine loop; each iteration is one engine step. All per-request work inside a step is
-numpy over the running requests (no Python event per token): draw K confidences and the true accepted prefix for
-every decoding request, let the policy choose verify lengths, price the step on the cost profile, advance time,
-then emit tokens, finish requests and admit waiting ones.
+The public step contract, shared by the simulator and the torch runner::
 
-KV admission is conservative: a request is admitted only when its prompt + full output + K draft slots fit in
-the free KV capacity, so the cache can never overflow and nothing is ever preempted (stated in results).
+    engine.drain(); engine.admit(now)          # take requests from the inbox (a simpy.Store), admit FIFO
+    plan = engine.plan_step()                  # StepPlan: decoding rows, their drafts' confidences, the policy's
+                                               #   verify lengths, prefill chunks, M, context, the profile's price
+    outcome = executor.execute(plan)           # StepOutcome: duration, accepted prefix per decoding row
+    finished = engine.apply(plan, outcome, t)  # emit tokens, finish requests (at time t = end of the step)
+    engine.record(plan, outcome, t_start)      # append the step to the engine's log
 
-A request that can never be served (prompt + output beyond ``max_model_len``, or prompt + output + K beyond the
-whole KV capacity) is rejected on arrival, as vLLM answers 400: it is counted and marked, never admitted, and in
-closed loop its user sends the next request at once. Requests are taken from the workload lazily, block by block,
-and the per-request arrays grow geometrically, so memory follows the requests issued, not users x duration.
+:class:`CostExecutor` (here) prices a plan on a cost profile; the runner's executors run torch. All per-request
+work inside a step is numpy over the running requests (no Python event per token).
+
+KV admission is conservative: a request is admitted only when its prompt + full output + K draft slots fit in the
+free KV capacity, so the cache can never overflow and nothing is ever preempted (stated in results). A request
+that can never be served (prompt + output beyond ``max_model_len``, or prompt + output + K beyond the whole KV
+capacity) is rejected on arrival by the cluster (:mod:`dsparksim.cluster`), as vLLM answers 400.
+
+Randomness: with ``streams`` (:class:`dsparksim.streams.RequestStreams`) the confidences and true accepted prefix
+of request i's j-th decode step are a pure function of (seed, i, j), whichever engine, policy or load serves it.
 """
 from __future__ import annotations
 
@@ -23,154 +30,189 @@ import numpy as np
 import simpy
 
 from dsparksim.acceptance.base import AcceptanceModel, Block
-from dsparksim.errors import ConfigError
 from dsparksim.policies.base import Policy, StepContext
-from dsparksim.traffic.base import Workload
+from dsparksim.requests import DECODE, DONE, NOT_ARRIVED, PREFILL, REJECTED, WAITING, RequestTable  # noqa: F401
+from dsparksim.streams import RequestStreams
 
-# Request phases (per row of the workload).
-NOT_ARRIVED, WAITING, PREFILL, DECODE, DONE, REJECTED = 0, 1, 2, 3, 4, 5
 # Why a request was rejected on arrival (SimResult.reject_reason; 0 = not rejected).
 REJECT_REASONS = {1: "max_model_len", 2: "kv_capacity"}
-_R_LEN, _R_KV = 1, 2
-# Memory bound: an open-loop queue this long is far past saturation; the run stops with a ConfigError.
-MAX_WAITING = 500_000
-# Closed loop: this many rejections in a row without one admission means nothing in the workload fits.
-MAX_REJECT_STREAK = 10_000
+R_LEN, R_KV = 1, 2
+LOG_KEYS = ("t_start", "dt", "n_decode", "n_prefill_tokens", "M", "verify_tokens", "emitted", "decode_emitted",
+            "n_waiting", "n_running", "kv_used", "kv_read", "drafts", "accepted")
 
 
 @dataclass
-class SimResult:
-    """Raw outcome of one simulation: per-request rows (index = workload row) and a per-step log."""
+class StepPlan:
+    """What one engine step does. Arrays are aligned with ``decode`` (n decoding requests, admission order).
 
-    # per request (len = rows issued)
-    arrival_s: np.ndarray
-    admitted_s: np.ndarray
-    first_token_s: np.ndarray
-    finish_s: np.ndarray
-    prompt_tokens: np.ndarray
-    output_tokens: np.ndarray
-    emitted_tokens: np.ndarray
-    decode_steps: np.ndarray
-    verify_tokens: np.ndarray
-    accepted_tokens: np.ndarray
-    domain: np.ndarray
-    # per step
-    steps: dict[str, np.ndarray]
-    sim_time_s: float
-    ended_by: str
-    kv_capacity_tokens: int
-    max_batched_tokens: int
-    block_size: int
-    drafter: str
-    notes: dict[str, Any] = field(default_factory=dict)
-    reject_reason: np.ndarray | None = None  # per request: 0 served/queued, else a key of REJECT_REASONS
-    # per step x draft position p (0-based): decoding requests whose accepted prefix reached past p (vLLM's
-    # num_accepted_tokens_per_pos counter, kept per step so metrics can window it)
-    step_accepted_per_pos: np.ndarray | None = None
-
-    @property
-    def completed(self) -> np.ndarray:
-        return np.isfinite(self.finish_s)
-
-    @property
-    def rejected(self) -> np.ndarray:
-        if self.reject_reason is None:
-            return np.zeros(len(self.arrival_s), bool)
-        return self.reject_reason > 0
-
-
-class Simulation:
-    """Simulate one policy on one workload.
-
-    Stop rules: ``duration_s`` stops the clock there (requests still running are reported as not completed);
-    ``num_requests`` issues that many requests and runs until all of them finish. Exactly one must be given.
-    ``max_model_len``: longest prompt + output a request may have (None = no limit but the KV capacity).
+    decode:        (n,) int64 request rows decoding this step
+    slots:         (n,) int64 their slots (acceptance-source state, KV slot of the real runner)
+    verify:        (n,) int64 L, draft tokens verified per request (0..K), chosen by the policy
+    conf:          (n, K) float64 the draft confidences the policy saw
+    true_accepted: (n,) int64 accepted prefix had all K been verified (drawn); None = real verification decides
+    prefill:       [(row, slot, tokens prefilled before this chunk, chunk tokens)] in FIFO order
+    M:             tokens in the target forward: n + sum(verify) + prefill tokens
+    kv_read:       context tokens read (prefilled + generated of every running request, + this step's chunks)
+    prefill_qk:    query-key pairs of the prefill chunks' causal attention
+    predicted_s:   the cost profile's price of exactly this step
     """
 
-    def __init__(
-        self,
-        *,
-        profile: Any,
-        acceptance: AcceptanceModel,
-        policy: Policy,
-        workload: Workload,
-        block_size: int,
-        drafter: str,
-        kv_capacity_tokens: int,
-        max_num_seqs: int,
-        max_batched_tokens: int,
-        prefill_chunk_tokens: int,
-        rng: np.random.Generator,
-        duration_s: float | None = None,
-        num_requests: int | None = None,
-        progress: Callable[[float], None] | None = None,
-        max_model_len: int | None = None,
-    ) -> None:
-        if (duration_s is None) == (num_requests is None):
-            raise ConfigError("config", "duration_s/num_requests", "give exactly one of duration or number of requests")
-        if duration_s is not None and not duration_s > 0:
-            raise ConfigError("config", "duration_s", f"must be > 0, got {duration_s}")
-        if num_requests is not None and num_requests < 1:
-            raise ConfigError("config", "num_requests", f"must be >= 1, got {num_requests}")
-        K = int(block_size)
-        if acceptance.K < K:
-            raise ConfigError("config", "block_size", f"acceptance source yields K={acceptance.K} < block size {K}")
-        if max_batched_tokens < 1 + K:
-            raise ConfigError("config", "max_batched_tokens",
-                              f"{max_batched_tokens} cannot hold even one request's 1+K={1 + K} verify tokens")
-        self.profile, self.acc, self.policy, self.wl = profile, acceptance, policy, workload
-        self.K, self.drafter = K, drafter
+    decode: np.ndarray
+    slots: np.ndarray
+    verify: np.ndarray
+    conf: np.ndarray | None
+    true_accepted: np.ndarray | None
+    prefill: list[tuple[int, int, int, int]]
+    M: int
+    n_prefill: int
+    kv_read: int
+    prefill_qk: int
+    K: int
+    predicted_s: float
+    n_running: int = 0
+
+    @property
+    def n_decode(self) -> int:
+        return int(self.decode.size)
+
+
+@dataclass
+class StepOutcome:
+    """What executing a plan gave. ``accepted``: (n,) accepted prefix per decoding row (0..verify).
+    ``emitted``/``decode_emitted``/``drafts``/``accepted_total`` are filled by :meth:`Engine.apply`;
+    ``extra``: executor timings logged with the step (the real runner's draft/target/host split)."""
+
+    duration_s: float
+    accepted: np.ndarray
+    emitted: int = 0
+    decode_emitted: int = 0
+    drafts: int = 0
+    accepted_total: int = 0
+    accepted_per_pos: np.ndarray | None = None
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class CostExecutor:
+    """The simulator's executor: a step takes the profile's price of its plan; the drawn truth decides acceptance."""
+
+    def execute(self, plan: StepPlan) -> StepOutcome:
+        a = (np.minimum(plan.verify, plan.true_accepted) if plan.n_decode else np.zeros(0, np.int64))
+        return StepOutcome(duration_s=plan.predicted_s, accepted=a)
+
+
+class Engine:
+    """One engine's scheduler state and step logic over a shared :class:`RequestTable` (see the module doc).
+
+    ``slot_base``: first acceptance slot of this engine (engines sharing one acceptance source use disjoint
+    slots). ``on_admit(rows)`` / ``on_finish(rows, now)`` callbacks let the cluster and the runner follow requests.
+    """
+
+    def __init__(self, *, table: RequestTable, profile: Any, acceptance: AcceptanceModel, policy: Policy, K: int,
+                 drafter: str, kv_capacity_tokens: int, max_num_seqs: int, max_batched_tokens: int,
+                 prefill_chunk_tokens: int, streams: RequestStreams | None = None,
+                 rng: np.random.Generator | None = None, index: int = 0, rank: int = 0, slot_base: int = 0,
+                 max_model_len: int | None = None) -> None:
+        if streams is None and rng is None:
+            raise ValueError("Engine needs keyed streams or a Generator for its acceptance draws")
+        self.req, self.profile, self.acc, self.policy = table, profile, acceptance, policy
+        self.K, self.drafter = int(K), drafter
         self.kv_cap, self.max_seqs = int(kv_capacity_tokens), int(max_num_seqs)
         self.max_tokens, self.chunk = int(max_batched_tokens), int(prefill_chunk_tokens)
-        self.rng, self.duration, self.num_requests = rng, duration_s, num_requests
-        self.progress = progress
-
-        self.max_model_len = None if max_model_len is None else int(max_model_len)
-        limit = workload.limit
-        if num_requests is not None and limit is not None and num_requests > limit:
-            raise ConfigError("config", "num_requests", f"{num_requests} requested but the workload has only {limit} "
-                              "rows")
-        self.n_rows = limit if num_requests is None else num_requests  # None = unbounded (duration ends the run)
-        self._blocks = workload.iter_blocks()
-        self.known = 0  # requests loaded from the workload into the arrays below
-        self._exhausted = False
-
-        # Per-request (row) state; grown geometrically as requests are loaded (_grow).
-        self._cap = 0
-        self.phase = np.zeros(0, np.int8)
-        self.arrival = np.zeros(0)
-        self.admitted = np.zeros(0)
-        self.first_tok = np.zeros(0)
-        self.finish = np.zeros(0)
-        self.prompt = np.zeros(0, np.int64)
-        self.out = np.zeros(0, np.int64)
-        self.prefilled = np.zeros(0, np.int64)
-        self.gen = np.zeros(0, np.int64)
-        self.dsteps = np.zeros(0, np.int64)
-        self.vtok = np.zeros(0, np.int64)
-        self.atok = np.zeros(0, np.int64)
-        self.slot_of = np.zeros(0, np.int64)
-        self.reject = np.zeros(0, np.int8)
-        self.domain = np.zeros(0, object)
-        self.arr_time = np.zeros(0)  # workload arrival times of loaded requests (open loop)
-        self.n_rejected = 0
-        self.n_admitted = 0
-        self._reject_streak = 0
-
-        # Running set: rows in admission order; slots index the acceptance model's per-request state.
+        self.streams, self.rng = streams, rng
+        self.index, self.rank = int(index), int(rank)
+        self.max_model_len = max_model_len
+        self.inbox: simpy.Store | None = None
         self.running: list[int] = []
-        self.free_slots: list[int] = list(range(self.max_seqs - 1, -1, -1))
+        self._run_arr: np.ndarray | None = np.zeros(0, np.int64)
+        self.free_slots: list[int] = list(range(slot_base + self.max_seqs - 1, slot_base - 1, -1))
         self.waiting: deque[int] = deque()
         self.kv_reserved = 0
-        self.issued = 0  # rows handed to the engine so far (arrived or issued by a closed-loop user)
-        self.log: dict[str, list] = {k: [] for k in (
-            "t_start", "dt", "n_decode", "n_prefill_tokens", "M", "verify_tokens", "emitted", "decode_emitted",
-            "n_waiting",
-            "n_running", "kv_used", "kv_read", "drafts", "accepted")}
+        self.waiting_need = 0   # KV the waiting requests will reserve (the least-kv router reads it)
+        self.n_admitted = 0
+        self.on_admit: list[Callable[[list[int]], None]] = []
+        self.on_finish: list[Callable[[np.ndarray, float], None]] = []
+        self.log: dict[str, list] = {k: [] for k in LOG_KEYS}
         self.acc_pos_log: list[np.ndarray] = []
-        self.notes: dict[str, Any] = {}
+        self._words = int(getattr(acceptance, "words_per_step", 8))
         self._dense = self._dense_verify_table()
+        self._flat_nontrim: dict[int, float] = {}
 
+    # ---------------------------------------------------------------- inbox and admission
+    def attach(self, env: simpy.Environment) -> simpy.Store:
+        """Create the inbox (a simpy.Store of request rows) in ``env``."""
+        self.inbox = simpy.Store(env)
+        return self.inbox
+
+    def drain(self) -> int:
+        """Move every request in the inbox to the waiting queue (FIFO); returns how many."""
+        box = self.inbox
+        n = 0
+        while box is not None and box.items:
+            self.enqueue(box.get().value)
+            n += 1
+        return n
+
+    def enqueue(self, row: int) -> None:
+        """Queue request ``row`` for admission (it has been checked servable)."""
+        r = self.req
+        r.phase[row] = WAITING
+        r.replica[row] = self.index
+        self.waiting.append(row)
+        self.waiting_need += int(r.prompt[row] + r.out[row]) + self.K
+
+    @property
+    def outstanding(self) -> int:
+        """Requests routed here and not finished: running + waiting + still in the inbox."""
+        return len(self.running) + len(self.waiting) + (len(self.inbox.items) if self.inbox is not None else 0)
+
+    @property
+    def free_kv(self) -> int:
+        """KV tokens neither reserved by running requests nor needed by queued ones."""
+        return self.kv_cap - self.kv_reserved - self.waiting_need
+
+    def reject_reason(self, row: int) -> int:
+        """0 if request ``row`` can ever be served here, else a key of REJECT_REASONS."""
+        total = int(self.req.prompt[row] + self.req.out[row])
+        if self.max_model_len is not None and total > self.max_model_len:
+            return R_LEN
+        if total + self.K > self.kv_cap:
+            return R_KV
+        return 0
+
+    def admit(self, now: float) -> list[int]:
+        """Admit waiting requests FIFO while KV, slots and the token budget allow; returns the rows admitted."""
+        K, r = self.K, self.req
+        new: list[int] = []
+        while self.waiting and self.free_slots:
+            row = self.waiting[0]
+            need = int(r.prompt[row] + r.out[row] + K)
+            if self.kv_reserved + need > self.kv_cap:
+                break  # FIFO: the head waits for KV; nothing behind it jumps the queue
+            if (len(self.running) + 1) * (1 + K) > self.max_tokens:
+                break
+            self.waiting.popleft()
+            self.waiting_need -= need
+            self.kv_reserved += need
+            slot = self.free_slots.pop()
+            r.slot_of[row] = slot
+            r.phase[row] = PREFILL
+            r.admitted[row] = now
+            self.n_admitted += 1
+            self.running.append(row)
+            new.append(row)
+            self._start(slot, row)
+        if new:
+            self._run_arr = None
+            for cb in self.on_admit:
+                cb(new)
+        return new
+
+    def _start(self, slot: int, row: int) -> None:
+        r = self.req
+        rng = self.rng if self.streams is None else self.streams.rows(r.key[row: row + 1], -1)
+        self.acc.start(np.array([slot]), r.domain[row: row + 1], rng)
+
+    # ---------------------------------------------------------------- pricing
     def _dense_verify_table(self) -> np.ndarray | None:
         """Verify time (context term excluded) for every M in 0..max_tokens, looked up once.
 
@@ -188,156 +230,21 @@ class Simulation:
         table[1:] = prof.verify_time(np.arange(1, self.max_tokens + 1), 0)
         return table
 
-    # ---------------------------------------------------------------- request loading
-    _GROWN = ("phase", "arrival", "admitted", "first_tok", "finish", "prompt", "out", "prefilled", "gen", "dsteps",
-              "vtok", "atok", "slot_of", "reject", "domain", "arr_time")
-    _FILL = {"arrival": np.nan, "admitted": np.nan, "first_tok": np.nan, "finish": np.nan, "slot_of": -1,
-             "arr_time": np.nan}
-
-    def _grow(self, need: int) -> None:
-        cap = max(2 * self._cap, need, 1024)
-        for name in self._GROWN:
-            old = getattr(self, name)
-            new = np.full(cap, self._FILL.get(name, 0), dtype=old.dtype)
-            new[: len(old)] = old
-            setattr(self, name, new)
-        self._cap = cap
-
-    def _load(self, row: int) -> bool:
-        """Make sure request ``row`` is loaded from the workload; False if the workload has no such request."""
-        while self.known <= row:
-            if self._exhausted or (self.n_rows is not None and self.known >= self.n_rows):
-                return False
-            blk = next(self._blocks, None)
-            if blk is None:
-                self._exhausted = True
-                return False
-            p, o, d, t = blk
-            n = len(p)
-            if self.n_rows is not None:
-                n = min(n, self.n_rows - self.known)
-            i, j = self.known, self.known + n
-            if j > self._cap:
-                self._grow(j)
-            self.prompt[i:j], self.out[i:j], self.domain[i:j] = p[:n], o[:n], d[:n]
-            if t is not None:
-                self.arr_time[i:j] = t[:n]
-            self.known = j
-        return True
-
-    def _reject_reason(self, row: int) -> int:
-        total = int(self.prompt[row] + self.out[row])
-        if self.max_model_len is not None and total > self.max_model_len:
-            return _R_LEN
-        if total + self.K > self.kv_cap:
-            return _R_KV
-        return 0
-
-    # ---------------------------------------------------------------- arrivals
-    def _issue(self, row: int, t: float) -> bool:
-        """Request ``row`` arrives at ``t``: queued, or rejected on arrival if it can never be served (False)."""
-        self._load(row)
-        self.arrival[row] = t
-        self.issued += 1
-        reason = self._reject_reason(row)
-        if reason:
-            self.phase[row] = REJECTED
-            self.reject[row] = reason
-            self.n_rejected += 1
-            self._reject_streak += 1
-            return False
-        self._reject_streak = 0
-        self.phase[row] = WAITING
-        self.waiting.append(row)
-        if len(self.waiting) > MAX_WAITING:
-            raise ConfigError("config", "traffic", f"{len(self.waiting):,} requests wait for admission at "
-                              f"t={t:.3f}s, above the limit of {MAX_WAITING:,}: the load is far past saturation "
-                              + ("(lower --concurrency)" if self.wl.closed_loop else
-                                 "(lower --rate / --time-scale, or shorten the run)"))
-        return True
-
-    def _issue_user(self, t: float) -> None:
-        """Closed loop: a free user sends requests until one is queued (rejected ones are answered at once)."""
-        while self.n_rows is None or self.issued < self.n_rows:
-            if not self._load(self.issued):
-                return
-            if self._issue(self.issued, t):
-                return
-            if self._reject_streak >= MAX_REJECT_STREAK or (self.n_admitted == 0 and self.n_rejected >= 1000
-                                                            and not self.waiting):
-                self._nothing_fits()
-
-    def _nothing_fits(self) -> None:
-        lim = f" or max_model_len {self.max_model_len}" if self.max_model_len is not None else ""
-        field_ = "kv_capacity_tokens" if not np.any(self.reject[: self.known] == _R_LEN) else "max_model_len"
-        raise ConfigError("config", field_, f"{self.n_rejected} requests were rejected (prompt+output+K beyond the "
-                          f"KV capacity {self.kv_cap}{lim}) and none could be admitted: no request of this "
-                          "workload fits this engine")
-
-    def _pull_arrivals(self, now: float) -> None:
-        """Open loop: move every row whose arrival time has come into the waiting queue."""
-        while self._load(self.issued):
-            t = float(self.arr_time[self.issued])
-            if t > now or (self.duration is not None and t >= self.duration):
-                break
-            self._issue(self.issued, t)
-
-    def _next_arrival(self) -> float | None:
-        if self.wl.closed_loop or not self._load(self.issued):
-            return None
-        t = float(self.arr_time[self.issued])
-        if self.duration is not None and t >= self.duration:
-            return None
-        return t
-
-    # ---------------------------------------------------------------- admission
-    def _admit(self, now: float) -> None:
-        K = self.K
-        while self.waiting and self.free_slots:
-            row = self.waiting[0]
-            need = int(self.prompt[row] + self.out[row] + K)
-            if self.kv_reserved + need > self.kv_cap:
-                break  # FIFO: the head waits for KV; nothing behind it jumps the queue
-            if (len(self.running) + 1) * (1 + K) > self.max_tokens:
-                break
-            self.waiting.popleft()
-            self.kv_reserved += need
-            slot = self.free_slots.pop()
-            self.slot_of[row] = slot
-            self.phase[row] = PREFILL
-            self.admitted[row] = now
-            self.n_admitted += 1
-            self.running.append(row)
-            self.acc.start(np.array([slot]), self.domain[row: row + 1], self.rng)
-
-    # ---------------------------------------------------------------- one step
-    def _plan_step(self) -> tuple[float, dict[str, Any]]:
-        K = self.K
-        run = np.fromiter(self.running, np.int64, len(self.running))
-        ph = self.phase[run]
-        dec = run[ph == DECODE]
-        n_dec = len(dec)
-        # Chunked prefill: decode tokens first, the rest of the budget goes to prefills in FIFO order.
-        budget = min(self.chunk, self.max_tokens - n_dec * (1 + K))
-        chunks: list[tuple[int, int]] = []
-        for row in run[ph == PREFILL]:
-            if budget <= 0:
-                break
-            c = int(min(self.prompt[row] - self.prefilled[row], budget))
-            chunks.append((int(row), c))
-            budget -= c
-        n_pf = sum(c for _, c in chunks)
-        kv_read = int(self.prefilled[run].sum() + self.gen[run].sum()) + n_pf
+    def step_cost(self, n_dec: int, kv_read: int, n_pf: int, pf_qk: int, n_chunks: int
+                  ) -> Callable[[np.ndarray], np.ndarray]:
+        """Vectorised price of this step as a function of M (the profile's formula: verify(M, context) + drafting
+        of n_dec requests (or the fixed overhead of a prefill-only step) + the prefill terms)."""
         prof = self.profile
         if n_dec:
-            nontrim = float(prof.nontrimmable_time(self.drafter, n_dec, K))
+            nontrim = self._flat_nontrim.get(n_dec)
+            if nontrim is None:
+                nontrim = float(prof.nontrimmable_time(self.drafter, n_dec, self.K))
+                if len(self._flat_nontrim) < 65536:
+                    self._flat_nontrim[n_dec] = nontrim
         else:
             nontrim = float(prof.fixed_overhead_s)  # prefill-only step: no drafting
-        # prefill beyond the verify term: per token, the quadratic query-key part, the drafter's state update
-        pf_qk = sum(c * int(self.prefilled[row]) + c * (c + 1) // 2 for row, c in chunks)
         if n_pf and getattr(prof, "prefill_note", None) is not None:
-            nontrim += prof.prefill_time(self.drafter, n_pf, pf_qk, len(chunks))
-
+            nontrim += prof.prefill_time(self.drafter, n_pf, pf_qk, n_chunks)
         dense = self._dense
         if dense is not None:
             # Same sum as the profile's verify_time(M, kv) + nontrim, with the per-step terms folded first.
@@ -348,175 +255,152 @@ class Simulation:
         else:
             def step_time(M: np.ndarray) -> np.ndarray:
                 return prof.verify_time(M, kv_read) + nontrim
+        return step_time
 
+    # ---------------------------------------------------------------- one step
+    def running_rows(self) -> np.ndarray:
+        if self._run_arr is None:
+            self._run_arr = np.fromiter(self.running, np.int64, len(self.running))
+        return self._run_arr
+
+    def draw(self, dec: np.ndarray, slots: np.ndarray) -> Block:
+        """This step's confidences and true accepted prefixes for decoding rows ``dec`` (keyed: (seed, row, j))."""
+        if self.streams is None:
+            return self.acc.draw(slots, self.rng)
+        r = self.req
+        return self.acc.draw(slots, self.streams.rows(r.key[dec], r.dsteps[dec], self._words))
+
+    def plan_step(self, draft: Callable[[np.ndarray, np.ndarray], Block] | None = None) -> StepPlan | None:
+        """Plan the next step over the running requests (None if none runs). ``draft(rows, slots)`` replaces the
+        acceptance draw (the live runner drafts for real and leaves ``true_accepted`` None)."""
+        if not self.running:
+            return None
+        K, r = self.K, self.req
+        run = self.running_rows()
+        ph = r.phase[run]
+        dec = run[ph == DECODE]
+        n_dec = len(dec)
+        # Chunked prefill: decode tokens first, the rest of the budget goes to prefills in FIFO order.
+        budget = min(self.chunk, self.max_tokens - n_dec * (1 + K))
+        chunks: list[tuple[int, int, int, int]] = []
+        n_pf = pf_qk = 0
+        if n_dec < len(run):
+            for row in run[ph == PREFILL]:
+                if budget <= 0:
+                    break
+                done = int(r.prefilled[row])
+                c = int(min(r.prompt[row] - done, budget))
+                chunks.append((int(row), int(r.slot_of[row]), done, c))
+                budget -= c
+                n_pf += c
+                # prefill beyond the verify term: the quadratic query-key part of the chunk's causal attention
+                pf_qk += c * done + c * (c + 1) // 2
+        kv_read = int(r.prefilled[run].sum() + r.gen[run].sum()) + n_pf
+        step_time = self.step_cost(n_dec, kv_read, n_pf, pf_qk, len(chunks))
         L = np.zeros(0, np.int64)
-        a = np.zeros(0, np.int64)
+        conf = A = None
+        slots = r.slot_of[dec]
         if n_dec:
-            slots = self.slot_of[dec]
-            blk = self._draw_block(dec, slots)
+            blk = draft(dec, slots) if draft is not None else self.draw(dec, slots)
             conf = blk.conf[:, :K]
-            surv = np.cumprod(conf, axis=1)
-            ctx = StepContext(conf=conf, survival=surv, request_ids=dec, base_tokens=n_dec + n_pf,
-                              step_time=step_time, max_tokens=self.max_tokens,
-                              true_accepted=blk.accepted if self.policy.needs_oracle else None)
+            A = blk.accepted
+            ctx = StepContext(conf=conf, survival=np.cumprod(conf, axis=1), request_ids=dec,
+                              base_tokens=n_dec + n_pf, step_time=step_time, max_tokens=self.max_tokens,
+                              true_accepted=A if self.policy.needs_oracle else None)
             L = np.asarray(self.policy.choose(ctx), dtype=np.int64)
             if L.shape != (n_dec,) or (n_dec and (L.min() < 0 or L.max() > K)):
                 raise RuntimeError(f"policy {self.policy.spec} returned invalid verify lengths {L!r} (K={K})")
-            a = self._accepted_prefix(blk, L)
         M = n_dec + n_pf + int(L.sum())
         if M > self.max_tokens:
             raise RuntimeError(f"policy {self.policy.spec} exceeded the token budget: M={M} > {self.max_tokens}")
         dt = float(step_time(np.array([M]))[0])
         if not dt > 0:
             raise RuntimeError(f"non-positive step time {dt} at M={M}")
-        plan = dict(dec=dec, L=L, a=a, chunks=chunks, M=M, n_pf=n_pf, kv_read=kv_read, pf_qk=pf_qk)
-        return dt, plan
+        return StepPlan(decode=dec, slots=slots, verify=L, conf=conf, true_accepted=A, prefill=chunks, M=M,
+                        n_prefill=n_pf, kv_read=kv_read, prefill_qk=pf_qk, K=K, predicted_s=dt,
+                        n_running=len(run))
 
-    def _draw_block(self, dec: np.ndarray, slots: np.ndarray) -> Block:
-        """This step's confidences (and true accepted lengths) for the decoding rows ``dec`` in KV ``slots``.
-        The real engine's live-drafter mode overrides this with a real drafter forward."""
-        return self.acc.draw(slots, self.rng)
-
-    def _accepted_prefix(self, blk: Block, L: np.ndarray) -> np.ndarray | None:
-        """Accepted prefix of the verified drafts: min(L, A). None = decided later by real verification."""
-        return np.minimum(L, blk.accepted)
-
-    def _apply_step(self, now: float, t0: float, dt: float, plan: dict[str, Any]) -> None:
-        dec, L, a = plan["dec"], plan["L"], plan["a"]
-        emitted = decode_emitted = 0
+    def apply(self, plan: StepPlan, outcome: StepOutcome, now: float) -> np.ndarray:
+        """Apply an executed step at time ``now`` (its end): emit tokens, advance prefills, finish requests.
+        Fills the outcome's token counts; returns the rows that finished."""
+        dec, L, a, r = plan.decode, plan.verify, outcome.accepted, self.req
+        emitted = 0
         finished: list[np.ndarray] = []
-        # vLLM's spec-decode counters: a draft is a request verifying >= 1 draft token this step.
-        drafted = a[L > 0] if len(dec) else np.zeros(0, np.int64)
-        self.acc_pos_log.append((drafted[:, None] > np.arange(self.K)).sum(0).astype(np.int64))
         if len(dec):
-            emit = np.minimum(a + 1, self.out[dec] - self.gen[dec])  # the last step may overshoot: stop at length
-            self.gen[dec] += emit
-            self.dsteps[dec] += 1
-            self.vtok[dec] += L
-            self.atok[dec] += a
-            emitted += int(emit.sum())
-            decode_emitted = emitted
+            a = np.asarray(a, np.int64)
+            if a.shape != dec.shape or (a.size and (a.min() < 0 or (a > L).any())):
+                raise RuntimeError(f"executor returned accepted prefixes {a!r} outside 0..verify {L!r}")
+            # vLLM's spec-decode counters: a draft is a request verifying >= 1 draft token this step.
+            drafted = a[L > 0]
+            outcome.drafts, outcome.accepted_total = int(drafted.size), int(drafted.sum())
+            outcome.accepted_per_pos = (drafted[:, None] > np.arange(self.K)).sum(0).astype(np.int64)
+            emit = np.minimum(a + 1, r.out[dec] - r.gen[dec])  # the last step may overshoot: stop at length
+            r.gen[dec] += emit
+            r.dsteps[dec] += 1
+            r.vtok[dec] += L
+            r.atok[dec] += a
+            emitted = int(emit.sum())
             self.policy.observe(dec, L, a)
-            finished.append(dec[self.gen[dec] >= self.out[dec]])
-        for row, c in plan["chunks"]:
-            self.prefilled[row] += c
-            if self.prefilled[row] == self.prompt[row]:
+            finished.append(dec[r.gen[dec] >= r.out[dec]])
+        else:
+            outcome.accepted_per_pos = np.zeros(self.K, np.int64)
+        outcome.decode_emitted = emitted
+        for row, _slot, _done, c in plan.prefill:
+            r.prefilled[row] += c
+            if r.prefilled[row] == r.prompt[row]:
                 # The last prefill chunk's forward produces the first output token.
-                self.phase[row] = DECODE
-                self.first_tok[row] = now
-                self.gen[row] = 1
+                r.phase[row] = DECODE
+                r.first_tok[row] = now
+                r.gen[row] = 1
                 emitted += 1
-                if self.out[row] == 1:
+                if r.out[row] == 1:
                     finished.append(np.array([row]))
+        outcome.emitted = emitted
+        done = np.concatenate(finished) if finished else np.zeros(0, np.int64)
+        if len(done):
+            self._finish(done, now)
+        return done
+
+    def record(self, plan: StepPlan, outcome: StepOutcome, t_start: float) -> None:
+        """Append the applied step to the log (one row per step; ``outcome.extra`` adds executor columns)."""
         lg = self.log
-        lg["t_start"].append(t0)
-        lg["dt"].append(dt)
-        lg["n_decode"].append(len(dec))
-        lg["n_prefill_tokens"].append(plan["n_pf"])
-        lg["M"].append(plan["M"])
-        lg["verify_tokens"].append(int(L.sum()))
-        lg["emitted"].append(emitted)
-        lg["decode_emitted"].append(decode_emitted)
+        lg["t_start"].append(t_start)
+        lg["dt"].append(outcome.duration_s)
+        lg["n_decode"].append(plan.n_decode)
+        lg["n_prefill_tokens"].append(plan.n_prefill)
+        lg["M"].append(plan.M)
+        lg["verify_tokens"].append(int(plan.verify.sum()))
+        lg["emitted"].append(outcome.emitted)
+        lg["decode_emitted"].append(outcome.decode_emitted)
         lg["n_waiting"].append(len(self.waiting))
-        lg["n_running"].append(len(self.running))
-        lg["kv_used"].append(plan["kv_read"] + len(self.running) * self.K)
-        lg["kv_read"].append(plan["kv_read"])
-        lg["drafts"].append(int(drafted.size))
-        lg["accepted"].append(int(drafted.sum()))
-        if finished:
-            done = np.concatenate(finished)
-            if len(done):
-                self._finish(done, now)
+        lg["n_running"].append(plan.n_running)
+        lg["kv_used"].append(plan.kv_read + plan.n_running * self.K)
+        lg["kv_read"].append(plan.kv_read)
+        lg["drafts"].append(outcome.drafts)
+        lg["accepted"].append(outcome.accepted_total)
+        self.acc_pos_log.append(outcome.accepted_per_pos)
+        for k, v in outcome.extra.items():
+            lg.setdefault(k, []).append(v)
 
     def _finish(self, rows: np.ndarray, now: float) -> None:
-        K = self.K
-        self.phase[rows] = DONE
-        self.finish[rows] = now
-        done = set(int(r) for r in rows)
-        self.running = [r for r in self.running if r not in done]
-        for r in rows:
-            self.kv_reserved -= int(self.prompt[r] + self.out[r] + K)
-            self.free_slots.append(int(self.slot_of[r]))
-        if self.wl.closed_loop:
-            # Each finished user immediately sends its next request (zero think time).
-            for _ in range(len(rows)):
-                self._issue_user(now)
+        K, r = self.K, self.req
+        r.phase[rows] = DONE
+        r.finish[rows] = now
+        if len(rows) == 1:
+            self.running.remove(int(rows[0]))
+        else:
+            done = set(rows.tolist())
+            self.running = [x for x in self.running if x not in done]
+        self._run_arr = None
+        self.kv_reserved -= int((r.prompt[rows] + r.out[rows]).sum()) + K * len(rows)
+        self.free_slots.extend(r.slot_of[rows].tolist())
+        for cb in self.on_finish:
+            cb(rows, now)
 
-    # ---------------------------------------------------------------- main loop
-    def _engine(self, env: simpy.Environment):
-        if self.wl.closed_loop:
-            for _ in range(int(self.wl.concurrency)):
-                self._issue_user(0.0)
-        ended_by = None
-        last_report = 0.0
-        while True:
-            now = env.now
-            if self.duration is not None and now >= self.duration:
-                ended_by = "duration"
-                break
-            if not self.wl.closed_loop:
-                self._pull_arrivals(now)
-            self._admit(now)
-            if not self.running:
-                if self.waiting:  # cannot happen: unservable requests are rejected on arrival
-                    raise RuntimeError("requests wait but nothing runs: admission deadlock")
-                nxt = self._next_arrival()
-                if nxt is None:
-                    if self.num_requests is not None:
-                        ended_by = "all_requests_done"
-                    elif self.wl.closed_loop:
-                        ended_by = "workload_exhausted"  # closed-loop pool ran dry: an error, raised in run()
-                    else:
-                        # Open loop, no arrival left before the horizon: the engine idles until it.
-                        self.notes["arrivals_ended_before_horizon"] = True
-                        yield env.timeout(self.duration - now)
-                        ended_by = "duration"
-                    break
-                yield env.timeout(nxt - now)
-                continue
-            cut = yield from self._step(env, now)
-            if cut:
-                ended_by = "duration"
-                break
-            if self.progress is not None and env.now - last_report >= 1.0:
-                self.progress(env.now)
-                last_report = env.now
-        self.ended_by = ended_by
 
-    def _step(self, env: simpy.Environment, now: float):
-        """One engine step as SimPy timeouts; returns True if the horizon cut it (the real runner overrides this)."""
-        dt, plan = self._plan_step()
-        if self.duration is not None and now + dt > self.duration:
-            # This step would end after the horizon: it never completes inside the measured run.
-            yield env.timeout(self.duration - now)
-            return True
-        yield env.timeout(dt)
-        self._apply_step(env.now, now, dt, plan)
-        return False
-
-    def run(self) -> SimResult:
-        env = simpy.Environment()
-        proc = env.process(self._engine(env))
-        env.run(until=proc)
-        if self.progress is not None:
-            self.progress(env.now)
-        m = self.issued
-        ended_by = self.ended_by
-        if self.wl.closed_loop and self.duration is not None and ended_by != "duration":
-            raise ConfigError("config", "traffic.pool_size",
-                              f"the closed-loop request pool ({self.n_rows} rows) ran out at t={env.now:.2f}s before "
-                              f"the {self.duration}s duration: raise the pool size (or leave it unset: unlimited)")
-        if m and self.n_admitted == 0 and self.n_rejected == m:
-            self._nothing_fits()
-        steps = {k: np.asarray(v) for k, v in self.log.items()}
-        return SimResult(
-            arrival_s=self.arrival[:m], admitted_s=self.admitted[:m], first_token_s=self.first_tok[:m],
-            finish_s=self.finish[:m], prompt_tokens=self.prompt[:m], output_tokens=self.out[:m],
-            emitted_tokens=self.gen[:m], decode_steps=self.dsteps[:m], verify_tokens=self.vtok[:m],
-            accepted_tokens=self.atok[:m], domain=self.domain[:m].copy(), steps=steps,
-            sim_time_s=float(env.now),
-            ended_by=ended_by, kv_capacity_tokens=self.kv_cap, max_batched_tokens=self.max_tokens,
-            block_size=self.K, drafter=self.drafter, notes=self.notes, reject_reason=self.reject[:m].copy(),
-            step_accepted_per_pos=(np.vstack(self.acc_pos_log) if self.acc_pos_log
-                                   else np.zeros((0, self.K), np.int64)),
-        )
+def __getattr__(name: str):
+    # SimResult and Simulation live in dsparksim.cluster (the engine is one of many); kept importable from here.
+    if name in ("SimResult", "Simulation", "MAX_WAITING", "MAX_REJECT_STREAK"):
+        from dsparksim import cluster
+        return getattr(cluster, name)
+    raise AttributeError(name)

@@ -13,8 +13,9 @@ import numpy as np
 import pandas as pd
 
 from dsparksim.config import RunConfig
-from dsparksim.engine import SimResult, Simulation
+from dsparksim.cluster import SimResult, Simulation
 from dsparksim.inputs import engine_limits, max_model_len, resolve_inputs  # noqa: F401  (engine_limits: re-export)
+from dsparksim.streams import RequestStreams
 from dsparksim.metrics import bench_serve_json, per_request_table, summarize
 from dsparksim.traffic import build_workload
 
@@ -42,12 +43,13 @@ def load_label(cfg: RunConfig) -> Any:
     return float(t.rate)
 
 
-def _streams(seed: int) -> dict[str, np.random.Generator]:
-    # Independent, reproducible streams. The workload stream depends only on the seed, so every policy at one
-    # load level serves the very same requests (common random numbers make policy comparisons sharper).
+def _streams(seed: int) -> dict[str, Any]:
+    # Independent, reproducible streams. The workload depends only on the seed and the acceptance draws of request
+    # i's j-th step only on (seed, i, j) (keyed streams), so every policy, load list and replica count serves the
+    # very same requests with the very same draws: comparisons are paired (common random numbers).
     ss = np.random.SeedSequence(seed)
     work, acc, pol = ss.spawn(3)
-    return {"workload": np.random.default_rng(work), "acceptance": np.random.default_rng(acc),
+    return {"workload": np.random.default_rng(work), "acceptance": RequestStreams(acc),
             "policy": np.random.default_rng(pol)}
 
 
@@ -65,8 +67,10 @@ def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None) ->
     sim = Simulation(profile=profile, acceptance=acceptance, policy=policy, workload=workload, block_size=K,
                      drafter=drafter, kv_capacity_tokens=int(kv_cap), max_num_seqs=cfg.engine.max_num_seqs,
                      max_batched_tokens=int(max_tok), prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens,
-                     rng=rngs["acceptance"], duration_s=duration, num_requests=t.num_requests, progress=progress,
-                     max_model_len=max_model_len(profile))
+                     streams=rngs["acceptance"], duration_s=duration, num_requests=t.num_requests,
+                     progress=progress, max_model_len=max_model_len(profile),
+                     replicas=getattr(cfg.engine, "replicas", 1), dp_ranks=getattr(cfg.engine, "dp_ranks", 1),
+                     router=getattr(cfg.engine, "router", "round-robin"), router_seed=cfg.seed)
     res = sim.run()
     summary, inputs = run_summary(cfg, res, profile, acceptance, policy, workload, K, drafter, kv_cap, max_tok,
                                   duration)

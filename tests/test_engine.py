@@ -159,7 +159,7 @@ def test_dense_verify_table_equals_profile_lookup():
                    max_batched_tokens=prof.max_tokens, prefill_chunk_tokens=512, rng=np.random.default_rng(0),
                    num_requests=4)
     M = np.arange(1, prof.max_tokens + 1)
-    np.testing.assert_array_equal(s._dense[1:], prof.verify_time(M, 0))
+    np.testing.assert_array_equal(s.engines[0]._dense[1:], prof.verify_time(M, 0))
 
 
 def test_prefill_term_is_charged_per_chunk_token_and_query_key():
@@ -180,13 +180,15 @@ def test_prefill_term_is_charged_per_chunk_token_and_query_key():
                        drafter="dspark", kv_capacity_tokens=10**6, max_num_seqs=8, max_batched_tokens=512,
                        prefill_chunk_tokens=128, rng=np.random.default_rng(0), num_requests=9)
         plans = []
-        orig = s._plan_step
+        eng = s.engines[0]
+        orig = eng.plan_step
 
-        def spy():
-            dt, plan = orig()
-            plans.append((dt, plan))
-            return dt, plan
-        s._plan_step = spy
+        def spy(*a, **kw):
+            plan = orig(*a, **kw)
+            if plan is not None:
+                plans.append((plan.predicted_s, plan))
+            return plan
+        eng.plan_step = spy
         s.run()
         return plans
 
@@ -195,14 +197,14 @@ def test_prefill_term_is_charged_per_chunk_token_and_query_key():
     done: dict[int, int] = {}                                            # row -> prompt tokens prefilled so far
     n_pf_steps = 0
     for (dt0, p0), (dt1, p1) in zip(a, b):
-        assert p0["M"] == p1["M"] and p0["n_pf"] == p1["n_pf"]         # the term changes cost, not decisions
-        chunks = p1["chunks"]
+        assert p0.M == p1.M and p0.n_prefill == p1.n_prefill           # the term changes cost, not decisions
+        chunks = [(r, c) for r, _slot, _done, c in p1.prefill]
         # a chunk of c tokens after s cached ones: c*s + c(c+1)/2 query-key pairs (later chunks see earlier ones)
         qk = sum(c * done.get(r, 0) + c * (c + 1) // 2 for r, c in chunks)
         for r, c in chunks:
             done[r] = done.get(r, 0) + c
-        assert p1["pf_qk"] == qk
-        want = (2e-6 + 3e-6) * p1["n_pf"] + 1e-9 * qk + 1e-4 * len(chunks) if chunks else 0.0
+        assert p1.prefill_qk == qk
+        want = (2e-6 + 3e-6) * p1.n_prefill + 1e-9 * qk + 1e-4 * len(chunks) if chunks else 0.0
         assert dt1 - dt0 == pytest.approx(want, abs=1e-12)
         n_pf_steps += bool(chunks)
     assert n_pf_steps >= 9 and max(done.values()) == 300                 # 300-token prompts in 128-token chunks

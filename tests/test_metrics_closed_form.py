@@ -221,8 +221,8 @@ def test_kv_fully_released_at_the_end_of_a_num_requests_run():
     assert res.ended_by == "all_requests_done"
     assert res.completed.all() and (res.emitted_tokens == 6).all()
     assert res.steps["n_running"].max() == 2            # 3 * 29 = 87 > 60: never three at once
-    assert sim.kv_reserved == 0                          # every reservation returned
-    assert sorted(sim.free_slots) == list(range(4))      # every slot free, none twice
+    assert sim.engines[0].kv_reserved == 0                          # every reservation returned
+    assert sorted(sim.engines[0].free_slots) == list(range(4))      # every slot free, none twice
     assert not sim.running and not sim.waiting
     # the log's KV use never exceeds the reservations it is bounded by
     assert res.steps["kv_used"].max() <= 2 * 29

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsparksim import engine as engine_mod
+from dsparksim import cluster as engine_mod
 from dsparksim.acceptance.base import AcceptanceModel, Block
 from dsparksim.cli import main
 from dsparksim.config import RunConfig

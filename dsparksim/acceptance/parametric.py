@@ -131,6 +131,9 @@ class ParametricAcceptance(AcceptanceModel):
         self._mu = np.vstack([calibrate_mu(self.curves[d], p.sigma_shared, p.sigma_tok, source) for d in self._rows])
         self._u = np.zeros(0)
         self._row = np.zeros(0, dtype=np.int16)
+        # 64-bit words (two draws each) one draw() takes from keyed streams: block shift + K token shifts + K
+        # uniforms + K noises
+        self.words_per_step = (3 * self.K + 2) // 2
         self.metadata = {
             "source": source, "kind": "parametric", "drafter": drafter, "K": self.K,
             "model": "x = mu_k + u_req + z_block + e_tok; accept ~ Bernoulli(sigmoid(x)) per position, "

@@ -91,12 +91,12 @@ class TraceAcceptance(AcceptanceModel):
             new[: old.size] = old
             setattr(self, name, new)
 
-    def _assign(self, slots: np.ndarray, dom_ids: np.ndarray, rng: np.random.Generator) -> None:
-        """Point each slot at the first block of a random response of its domain."""
+    def _assign(self, slots: np.ndarray, dom_ids: np.ndarray, u: np.ndarray) -> None:
+        """Point each slot at the first block of a random response of its domain (``u``: one uniform per slot)."""
         for i in np.unique(dom_ids):
             sel = dom_ids == i
             pool = self._resp_of[i]
-            resp = pool[rng.integers(0, pool.size, size=int(sel.sum()))]
+            resp = pool[np.minimum((u[sel] * pool.size).astype(np.int64), pool.size - 1)]
             self._pos[slots[sel]] = self._resp_start[resp]
             self._end[slots[sel]] = self._resp_end[resp]
 
@@ -110,8 +110,10 @@ class TraceAcceptance(AcceptanceModel):
             raise ValueError(f"start(): {slots.size} slots but {ids.size} domains")
         self._ensure_capacity(int(slots.max()))
         self._sdom[slots] = ids
-        self._assign(slots, ids, rng)
+        self._assign(slots, ids, rng.random(slots.size))
         self.requests_started += int(slots.size)
+
+    words_per_step = 1
 
     def draw(self, slots: np.ndarray, rng: np.random.Generator) -> Block:
         slots = np.asarray(slots, dtype=np.int64)
@@ -120,9 +122,10 @@ class TraceAcceptance(AcceptanceModel):
         pos = self._pos[slots]
         done = pos >= self._end[slots]
         if done.any():
-            # the recorded response ran out and the request still wants blocks: continue with another one
+            # the recorded response ran out and the request still wants blocks: continue with another one (one
+            # uniform per row, so keyed streams keep row i's draw a function of (request, step) alone)
             ds = slots[done]
-            self._assign(ds, self._sdom[ds], rng)
+            self._assign(ds, self._sdom[ds], rng.random(slots.size)[done])
             self.continuations += int(ds.size)
             pos = self._pos[slots]
         self._pos[slots] = pos + 1

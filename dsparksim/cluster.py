@@ -1,0 +1,449 @@
+"""A cluster of engines in one SimPy environment: arrivals, closed-loop users, a router, replicas, DP ranks.
+
+:class:`Simulation` builds ``replicas x dp_ranks`` :class:`~dsparksim.engine.Engine` objects over one shared
+request table. Requests arrive from an arrival process (open loop and trace replay: one SimPy timeout per arrival)
+or from closed-loop users (each finished request makes its user send the next at once), are checked servable
+(rejected on arrival otherwise), routed (:mod:`dsparksim.routers`) and put into the chosen engine's inbox.
+
+Each replica is one SimPy process that runs the step contract with :class:`~dsparksim.engine.CostExecutor`. With
+``dp_ranks`` R > 1 a replica is one MoE engine with R data-parallel attention ranks stepped in lockstep: every
+rank plans its own batch, and the step takes as long as the slowest rank (max of the ranks' prices), which is
+what DP imbalance in context and verify lengths costs. The router assigns requests to ranks.
+
+Stop rules: ``duration_s`` stops the clock there (requests still running are reported as not completed; a step
+that would end after it never completes); ``num_requests`` issues that many requests and runs until all of them
+finish. Exactly one must be given.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import simpy
+
+from dsparksim.acceptance.base import AcceptanceModel
+from dsparksim.engine import REJECT_REASONS, R_LEN, CostExecutor, Engine, StepOutcome, StepPlan  # noqa: F401
+from dsparksim.errors import ConfigError
+from dsparksim.policies.base import Policy
+from dsparksim.requests import REJECTED, RequestTable
+from dsparksim.routers import make_router
+from dsparksim.streams import RequestStreams
+from dsparksim.traffic.base import Workload
+
+# Memory bound: an open-loop queue this long is far past saturation; the run stops with a ConfigError.
+MAX_WAITING = 500_000
+# Closed loop: this many rejections in a row without one admission means nothing in the workload fits.
+MAX_REJECT_STREAK = 10_000
+
+
+@dataclass
+class SimResult:
+    """Raw outcome of one simulation: per-request rows (index = workload row) and a per-step log.
+
+    ``steps`` holds every engine's steps, engine by engine (column ``replica``; ``rank`` for DP ranks), each engine's
+    in time order. ``replica`` per request: the replica that served it (-1: rejected before routing)."""
+
+    # per request (len = rows issued)
+    arrival_s: np.ndarray
+    admitted_s: np.ndarray
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    emitted_tokens: np.ndarray
+    decode_steps: np.ndarray
+    verify_tokens: np.ndarray
+    accepted_tokens: np.ndarray
+    domain: np.ndarray
+    # per step
+    steps: dict[str, np.ndarray]
+    sim_time_s: float
+    ended_by: str
+    kv_capacity_tokens: int
+    max_batched_tokens: int
+    block_size: int
+    drafter: str
+    notes: dict[str, Any] = field(default_factory=dict)
+    reject_reason: np.ndarray | None = None  # per request: 0 served/queued, else a key of REJECT_REASONS
+    # per step x draft position p (0-based): decoding requests whose accepted prefix reached past p (vLLM's
+    # num_accepted_tokens_per_pos counter, kept per step so metrics can window it)
+    step_accepted_per_pos: np.ndarray | None = None
+    replica: np.ndarray | None = None        # per request: serving replica (-1 = never routed)
+    dp_rank: np.ndarray | None = None        # per request: DP rank inside its replica (-1 = never routed)
+    replicas: int = 1
+    dp_ranks: int = 1
+
+    @property
+    def completed(self) -> np.ndarray:
+        return np.isfinite(self.finish_s)
+
+    @property
+    def rejected(self) -> np.ndarray:
+        if self.reject_reason is None:
+            return np.zeros(len(self.arrival_s), bool)
+        return self.reject_reason > 0
+
+    def for_replica(self, r: int) -> "SimResult":
+        """The requests and steps of replica ``r`` alone (its per-replica summary is summarize() on this).
+        Requests rejected before routing belong to no replica and are left out."""
+        if self.replica is None:
+            if r != 0:
+                raise ValueError(f"single-engine result has no replica {r}")
+            return self
+        keep = self.replica == r
+        sk = self.steps["replica"] == r
+        per_req = {k: getattr(self, k)[keep] for k in (
+            "arrival_s", "admitted_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
+            "emitted_tokens", "decode_steps", "verify_tokens", "accepted_tokens", "domain")}
+        return SimResult(**per_req, steps={k: v[sk] for k, v in self.steps.items()}, sim_time_s=self.sim_time_s,
+                         ended_by=self.ended_by, kv_capacity_tokens=self.kv_capacity_tokens,
+                         max_batched_tokens=self.max_batched_tokens, block_size=self.block_size,
+                         drafter=self.drafter, notes=self.notes,
+                         reject_reason=None if self.reject_reason is None else self.reject_reason[keep],
+                         step_accepted_per_pos=(None if self.step_accepted_per_pos is None
+                                                else self.step_accepted_per_pos[sk]),
+                         replica=self.replica[keep], dp_rank=None if self.dp_rank is None else self.dp_rank[keep],
+                         replicas=1, dp_ranks=self.dp_ranks)
+
+
+class Simulation:
+    """Simulate one policy on one workload, on ``replicas`` engines of ``dp_ranks`` ranks (see the module doc).
+
+    ``streams`` keys every acceptance draw by (request, step) so runs are paired; without it the draws come from
+    ``rng`` in step order (legacy: unpaired). ``max_model_len``: longest prompt + output a request may have.
+    """
+
+    def __init__(
+        self,
+        *,
+        profile: Any,
+        acceptance: AcceptanceModel,
+        policy: Policy,
+        workload: Workload,
+        block_size: int,
+        drafter: str,
+        kv_capacity_tokens: int,
+        max_num_seqs: int,
+        max_batched_tokens: int,
+        prefill_chunk_tokens: int,
+        rng: np.random.Generator | None = None,
+        duration_s: float | None = None,
+        num_requests: int | None = None,
+        progress: Callable[[float], None] | None = None,
+        max_model_len: int | None = None,
+        streams: RequestStreams | None = None,
+        replicas: int = 1,
+        dp_ranks: int = 1,
+        router: str = "round-robin",
+        router_seed: int = 0,
+    ) -> None:
+        if (duration_s is None) == (num_requests is None):
+            raise ConfigError("config", "duration_s/num_requests", "give exactly one of duration or number of requests")
+        if duration_s is not None and not duration_s > 0:
+            raise ConfigError("config", "duration_s", f"must be > 0, got {duration_s}")
+        if num_requests is not None and num_requests < 1:
+            raise ConfigError("config", "num_requests", f"must be >= 1, got {num_requests}")
+        for name, v in (("replicas", replicas), ("dp_ranks", dp_ranks)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ConfigError("config", name, f"must be an integer >= 1, got {v!r}")
+        K = int(block_size)
+        if acceptance.K < K:
+            raise ConfigError("config", "block_size", f"acceptance source yields K={acceptance.K} < block size {K}")
+        if max_batched_tokens < 1 + K:
+            raise ConfigError("config", "max_batched_tokens",
+                              f"{max_batched_tokens} cannot hold even one request's 1+K={1 + K} verify tokens")
+        if streams is None and rng is None:
+            raise ValueError("Simulation needs streams (keyed, paired draws) or rng")
+        self.wl, self.K, self.drafter, self.policy = workload, K, drafter, policy
+        self.duration, self.num_requests, self.progress = duration_s, num_requests, progress
+        self.kv_cap, self.max_tokens = int(kv_capacity_tokens), int(max_batched_tokens)
+        self.max_model_len = None if max_model_len is None else int(max_model_len)
+        self.replicas, self.dp_ranks = int(replicas), int(dp_ranks)
+        limit = workload.limit
+        if num_requests is not None and limit is not None and num_requests > limit:
+            raise ConfigError("config", "num_requests", f"{num_requests} requested but the workload has only {limit} "
+                              "rows")
+        self.n_rows = limit if num_requests is None else num_requests  # None = unbounded (duration ends the run)
+        self.req = RequestTable(workload, self.n_rows, streams)
+        n_eng = self.replicas * self.dp_ranks
+        self.engines: list[Engine] = []
+        for e in range(n_eng):
+            # Each engine keeps its own policy state (batch-level estimates); one engine uses the given object.
+            pol = policy if n_eng == 1 else copy.deepcopy(policy)
+            self.engines.append(Engine(
+                table=self.req, profile=profile, acceptance=acceptance, policy=pol, K=K, drafter=drafter,
+                kv_capacity_tokens=kv_capacity_tokens, max_num_seqs=max_num_seqs,
+                max_batched_tokens=max_batched_tokens, prefill_chunk_tokens=prefill_chunk_tokens, streams=streams,
+                rng=rng, index=e, rank=e % self.dp_ranks, slot_base=e * int(max_num_seqs),
+                max_model_len=self.max_model_len))
+        self.router = make_router(router, n_eng, seed=router_seed)
+        if getattr(self.router, "needs_session", False) and not self._has_sessions():
+            raise ConfigError("config", "router", f"router '{router}' needs session or prefix ids, which this "
+                              "workload does not carry (Mooncake traces carry hash_ids)")
+        self.executor = CostExecutor()
+        self.notes: dict[str, Any] = {}
+        self.issued = 0
+        self.n_rejected = 0
+        self._reject_streak = 0
+        self.n_finished = 0
+        self.ended_by: str | None = None
+
+    def _has_sessions(self) -> bool:
+        self.req.load(0)
+        return self.req.has_session
+
+    # ---------------------------------------------------------------- compatibility views (single engine)
+    @property
+    def known(self) -> int:
+        return self.req.known
+
+    @property
+    def _cap(self) -> int:
+        return self.req.cap
+
+    @property
+    def running(self) -> list[int]:
+        return [r for e in self.engines for r in e.running]
+
+    @property
+    def waiting(self) -> list[int]:
+        return [r for e in self.engines for r in e.waiting]
+
+    @property
+    def n_admitted(self) -> int:
+        return sum(e.n_admitted for e in self.engines)
+
+    # ---------------------------------------------------------------- arrivals and routing
+    def _issue(self, row: int, t: float) -> bool:
+        """Request ``row`` arrives at ``t``: routed to an engine's inbox, or rejected if it can never be served."""
+        r = self.req
+        r.load(row)
+        r.arrival[row] = t
+        self.issued += 1
+        reason = self.engines[0].reject_reason(row)   # every engine has the same limits
+        if reason:
+            r.phase[row] = REJECTED
+            r.reject[row] = reason
+            self.n_rejected += 1
+            self._reject_streak += 1
+            return False
+        self._reject_streak = 0
+        e = self.router.route(row, self.engines, r)
+        eng = self.engines[e]
+        eng.inbox.put(row)
+        drv = self._driver_of[e]
+        if drv.wake is not None and not drv.wake.triggered:
+            drv.wake.succeed()
+        if eng.outstanding > MAX_WAITING:
+            raise ConfigError("config", "traffic", f"{eng.outstanding:,} requests wait for admission at "
+                              f"t={t:.3f}s, above the limit of {MAX_WAITING:,}: the load is far past saturation "
+                              + ("(lower --concurrency)" if self.wl.closed_loop else
+                                 "(lower --rate / --time-scale, or shorten the run)"))
+        return True
+
+    def _issue_user(self, t: float) -> None:
+        """Closed loop: a free user sends requests until one is queued (rejected ones are answered at once)."""
+        while self.n_rows is None or self.issued < self.n_rows:
+            if not self.req.load(self.issued):
+                return
+            if self._issue(self.issued, t):
+                return
+            if self._reject_streak >= MAX_REJECT_STREAK or (self.n_admitted == 0 and self.n_rejected >= 1000
+                                                            and not any(e.outstanding for e in self.engines)):
+                self._nothing_fits()
+
+    def _nothing_fits(self) -> None:
+        lim = f" or max_model_len {self.max_model_len}" if self.max_model_len is not None else ""
+        field_ = ("kv_capacity_tokens" if not np.any(self.req.reject[: self.req.known] == R_LEN)
+                  else "max_model_len")
+        raise ConfigError("config", field_, f"{self.n_rejected} requests were rejected (prompt+output+K beyond the "
+                          f"KV capacity {self.kv_cap}{lim}) and none could be admitted: no request of this "
+                          "workload fits this engine")
+
+    def _arrivals(self, env: simpy.Environment):
+        """Open loop: one timeout per arrival; each request is routed at its arrival time."""
+        r = self.req
+        while r.load(self.issued):
+            t = float(r.arr_time[self.issued])
+            if self.duration is not None and t >= self.duration:
+                return
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            self._issue(self.issued, t)
+        if self.duration is not None:
+            self.notes["arrivals_ended_before_horizon"] = True
+        self._arrivals_finished = True
+        self._maybe_done()
+
+    def _on_finish(self, rows: np.ndarray, now: float) -> None:
+        self.n_finished += len(rows)
+        if self.wl.closed_loop:
+            # Each finished user immediately sends its next request (zero think time).
+            for _ in range(len(rows)):
+                self._issue_user(now)
+        self._maybe_done()
+
+    def _maybe_done(self) -> None:
+        """Count-bound runs (and a closed-loop pool that ran dry) end when nothing is left to serve."""
+        if self._done.triggered or any(e.outstanding for e in self.engines):
+            return
+        more = (self.n_rows is None or self.issued < self.n_rows) and self.req.load(self.issued)
+        if more:
+            return
+        if self.wl.closed_loop:
+            self.ended_by = "all_requests_done" if self.num_requests is not None else "workload_exhausted"
+            self._done.succeed()
+        elif self.num_requests is not None and self._arrivals_done():
+            self.ended_by = "all_requests_done"
+            self._done.succeed()
+
+    def _arrivals_done(self) -> bool:
+        return self._arrivals_finished
+
+    # ---------------------------------------------------------------- engine processes
+    def run(self) -> SimResult:
+        env = simpy.Environment()
+        self.env = env
+        self._done = env.event()
+        self._error: BaseException | None = None
+        self._driver_of: list[_Driver] = []
+        drivers = []
+        for rep in range(self.replicas):
+            ranks = self.engines[rep * self.dp_ranks: (rep + 1) * self.dp_ranks]
+            drv = _Driver(env, ranks, self.executor)
+            drivers.append(drv)
+            for eng in ranks:
+                eng.attach(env)
+                eng.on_finish.append(self._on_finish)
+                self._driver_of.append(drv)
+        self._arrivals_finished = self.wl.closed_loop
+        if self.wl.closed_loop:
+            for _ in range(int(self.wl.concurrency)):
+                self._issue_user(0.0)
+        else:
+            env.process(self._guard(self._arrivals(env)))
+        for drv in drivers:
+            drv.proc = env.process(self._guard(drv.run()))
+        if self.progress is not None:
+            env.process(self._guard(self._progress(env)))
+        if self.duration is not None:
+            stop = env.timeout(self.duration)
+            env.run(until=env.any_of([stop, self._done]))
+            if not self._done.triggered:
+                self.ended_by = "duration"
+        else:
+            self._maybe_done()
+            env.run(until=self._done)
+        if self._error is not None:
+            raise self._error
+        if self.progress is not None:
+            self.progress(env.now)
+        if self.wl.closed_loop and self.duration is not None and self.ended_by != "duration":
+            raise ConfigError("config", "traffic.pool_size",
+                              f"the closed-loop request pool ({self.n_rows} rows) ran out at t={env.now:.2f}s before "
+                              f"the {self.duration}s duration: raise the pool size (or leave it unset: unlimited)")
+        m = self.issued
+        if m and self.n_admitted == 0 and self.n_rejected == m:
+            self._nothing_fits()
+        if self.duration is not None and self.ended_by == "duration":
+            sim_time = float(self.duration)
+        else:
+            sim_time = float(env.now)
+        return self._result(m, sim_time)
+
+    def _guard(self, gen):
+        """Run a process; an exception in it ends the run and is re-raised by run() as itself (SimPy would rebuild
+        it from its args, which our errors' constructors do not take)."""
+        try:
+            yield from gen
+        except Exception as e:   # noqa: BLE001 - re-raised unchanged by run()
+            self._error = e
+            if not self._done.triggered:
+                self._done.succeed()
+
+    def _progress(self, env: simpy.Environment):
+        while True:
+            yield env.timeout(1.0)
+            self.progress(env.now)
+
+    def _result(self, m: int, sim_time: float) -> SimResult:
+        r = self.req
+        cols = list(self.engines[0].log)
+        for e in self.engines[1:]:
+            cols += [k for k in e.log if k not in cols]
+        steps: dict[str, np.ndarray] = {}
+        for k in cols:
+            parts = [np.asarray(e.log[k]) if k in e.log else np.full(len(e.log["dt"]), np.nan)
+                     for e in self.engines]
+            steps[k] = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        lens = [len(e.log["dt"]) for e in self.engines]
+        steps["replica"] = np.repeat(np.arange(len(self.engines)) // self.dp_ranks, lens).astype(np.int64)
+        if self.dp_ranks > 1:
+            steps["rank"] = np.repeat(np.arange(len(self.engines)) % self.dp_ranks, lens).astype(np.int64)
+        pos = [p for e in self.engines for p in e.acc_pos_log]
+        eng_idx = r.replica[:m]
+        return SimResult(
+            arrival_s=r.arrival[:m], admitted_s=r.admitted[:m], first_token_s=r.first_tok[:m],
+            finish_s=r.finish[:m], prompt_tokens=r.prompt[:m], output_tokens=r.out[:m],
+            emitted_tokens=r.gen[:m], decode_steps=r.dsteps[:m], verify_tokens=r.vtok[:m],
+            accepted_tokens=r.atok[:m], domain=r.domain[:m].copy(), steps=steps, sim_time_s=sim_time,
+            ended_by=self.ended_by, kv_capacity_tokens=self.kv_cap, max_batched_tokens=self.max_tokens,
+            block_size=self.K, drafter=self.drafter, notes=self.notes, reject_reason=r.reject[:m].copy(),
+            step_accepted_per_pos=(np.vstack(pos) if pos else np.zeros((0, self.K), np.int64)),
+            replica=np.where(eng_idx >= 0, eng_idx // self.dp_ranks, -1).astype(np.int64),
+            dp_rank=np.where(eng_idx >= 0, eng_idx % self.dp_ranks, -1).astype(np.int64),
+            replicas=self.replicas, dp_ranks=self.dp_ranks,
+        )
+
+
+class _Driver:
+    """The SimPy process of one replica: its ranks (one engine unless DP) step in lockstep (see the module doc)."""
+
+    def __init__(self, env: simpy.Environment, ranks: list[Engine], executor: CostExecutor) -> None:
+        self.env, self.ranks, self.ex = env, ranks, executor
+        self.wake: simpy.Event | None = None
+        self.proc = None
+
+    def run(self):
+        env, ranks, ex = self.env, self.ranks, self.ex
+        if len(ranks) == 1:
+            eng = ranks[0]
+            while True:
+                now = env.now
+                eng.drain()
+                eng.admit(now)
+                plan = eng.plan_step()
+                if plan is None:
+                    self.wake = env.event()
+                    yield self.wake
+                    self.wake = None
+                    continue
+                out = ex.execute(plan)
+                yield env.timeout(out.duration_s)
+                eng.apply(plan, out, env.now)
+                eng.record(plan, out, now)
+        while True:
+            now = env.now
+            plans: list[tuple[Engine, StepPlan]] = []
+            for eng in ranks:
+                eng.drain()
+                eng.admit(now)
+                p = eng.plan_step()
+                if p is not None:
+                    plans.append((eng, p))
+            if not plans:
+                self.wake = env.event()
+                yield self.wake
+                self.wake = None
+                continue
+            outs = [ex.execute(p) for _, p in plans]
+            dt = max(o.duration_s for o in outs)       # lockstep: the slowest rank sets the step
+            for o in outs:
+                o.extra["rank_busy_s"] = o.duration_s
+                o.duration_s = dt
+            yield env.timeout(dt)
+            for (eng, p), o in zip(plans, outs):
+                eng.apply(p, o, env.now)
+                eng.record(p, o, now)
