@@ -210,8 +210,7 @@ class EngineConfig:
     replicas: int = option(1, "--replicas", parse=pos_int, kinds=INT, metavar="N",
                            help="identical engine replicas behind a router [%(default)s]")
     router: str = option("round-robin", "--router", choices=_router_names, metavar="NAME",
-                         help="router in front of the replicas: round-robin, random, least-outstanding, least-kv or "
-                              "session [%(default)s]")
+                         help="how requests are spread over the replicas (and DP ranks): %(choices)s [%(default)s]")
     dp_ranks: int = option(1, "--dp-ranks", parse=pos_int, kinds=INT, metavar="R",
                            help="data-parallel attention ranks stepped in lockstep (one MoE engine) [%(default)s]")
 

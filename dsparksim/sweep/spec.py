@@ -19,11 +19,13 @@ Format (every key may appear either fixed in ``[base]`` or as a non-empty list i
     [capacity]                   # only read by `dsparksim capacity`
     [regress]                    # only read by `dsparksim regress`
 
-Key names: each key is a ``dsparksim run`` option, spelled with underscores or dashes as on the command line
-(``duration`` or ``duration_s``, ``num-speculative-tokens`` or ``block_size``, ``request_rate`` or ``rate``; see
-``KEY_ALIASES``); a key given twice under two spellings is an error, an unknown key is rejected with the list of
-known ones. Keys and defaults follow ``dsparksim run`` exactly (same defaults, same closed-loop pool rule), so a
-sweep cell is the very run ``dsparksim run`` would do with the same options. Relative paths are relative to the
+Key names: each key is a run option, defined once on the config dataclasses (``dsparksim.config.run_options``),
+spelled with underscores or dashes as on the command line (``duration`` or ``duration_s``,
+``num-speculative-tokens`` or ``block_size``, ``request_rate`` or ``rate``; see ``KEY_ALIASES``); a key given twice
+under two spellings is an error, an unknown key is rejected with the list of known ones. A few keys have no
+command-line flag (``drafter``, ``trace_format``, ``max_prompt_tokens``, ``max_output_tokens``). Cells are built by
+``RunConfig.from_options`` as ``dsparksim run`` builds its run (same defaults), so a sweep cell is the very run
+``dsparksim run`` would do with the same options. Relative paths are relative to the
 working directory, as on the command line.
 """
 from __future__ import annotations
