@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["RequestStreams", "KeyedRows", "mix64"]
+__all__ = ["RequestStreams", "KeyedRows", "mix64", "normals_from_halves", "uniforms_from_halves"]
 
 _G1 = np.uint64(0x9E3779B97F4A7C15)
 _G2 = np.uint64(0xD1B54A32D192ED03)
@@ -81,8 +81,9 @@ class KeyedRows:
         self._half = np.zeros((self.n, 0), np.uint32)   # (n, 2 * words) unconsumed 32-bit halves
         self._pos = 0
 
-    def _halves(self, count: int) -> np.ndarray:
-        """The next ``count`` 32-bit halves of every row, (n, count) uint32."""
+    def halves(self, count: int) -> np.ndarray:
+        """The next ``count`` 32-bit halves of every row, (n, count) uint32 (the raw words behind random() and
+        standard_normal(): a source may consume them in one call and convert them with the functions below)."""
         if self._pos + count > self._half.shape[1]:
             need = (self._pos + count - self._half.shape[1] + 1) // 2
             width = max(need, self._prefetch)
@@ -112,18 +113,27 @@ class KeyedRows:
     def random(self, size) -> np.ndarray:
         """Uniforms in [0, 1) (resolution 2**-32)."""
         shape, width = self._shape(size)
-        return (self._halves(width) * _U32).reshape(shape)
+        return uniforms_from_halves(self.halves(width)).reshape(shape)
 
     def standard_normal(self, size) -> np.ndarray:
         """Standard normals, one per 32-bit half, by the inverse CDF (see :func:`_normal_table`)."""
         shape, width = self._shape(size)
-        h = self._halves(width)
-        a, b = _normal_table()
-        idx = (h >> 16).astype(np.intp)
-        z = b.take(idx)
-        z *= h & 0xFFFF
-        z += a.take(idx)
-        return z.reshape(shape)
+        return normals_from_halves(self.halves(width)).reshape(shape)
+
+
+def uniforms_from_halves(h: np.ndarray) -> np.ndarray:
+    """32-bit halves -> uniforms in [0, 1)."""
+    return h * _U32
+
+
+def normals_from_halves(h: np.ndarray) -> np.ndarray:
+    """32-bit halves -> standard normals (inverse CDF, :func:`_normal_table`)."""
+    a, b = _normal_table()
+    idx = (h >> 16).astype(np.intp)
+    z = b.take(idx)
+    z *= h & 0xFFFF
+    z += a.take(idx)
+    return z
 
 
 _TABLE: tuple[np.ndarray, np.ndarray] | None = None

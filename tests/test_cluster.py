@@ -278,3 +278,25 @@ def test_session_router_keeps_each_prefix_on_one_replica(tmp_path):
     for c in np.unique(conv[: len(req)]):
         assert len(set(served[conv[: len(req)] == c])) == 1       # a conversation never changes replica
     assert len(set(served)) == 3                                  # and conversations spread over the replicas
+
+
+def test_parametric_keyed_fast_path_equals_the_generic_generator_path():
+    acc = load_acceptance("dspark", 7)
+    rs = RequestStreams(11)
+    keys = rs.request_keys(np.arange(40))
+    acc.start(np.arange(40), np.array(["math", "code", "chat", "chat"] * 10, dtype=object), rs.rows(keys, -1, 1))
+
+    class Proxy:                     # the Generator-like interface only: draw() takes its generic path
+        def __init__(self, r):
+            self.r = r
+
+        def random(self, size):
+            return self.r.random(size)
+
+        def standard_normal(self, size):
+            return self.r.standard_normal(size)
+    steps = np.arange(40) % 5
+    fast = acc.draw(np.arange(40), rs.rows(keys, steps))
+    slow = acc.draw(np.arange(40), Proxy(rs.rows(keys, steps)))
+    np.testing.assert_array_equal(fast.conf, slow.conf)
+    np.testing.assert_array_equal(fast.accepted, slow.accepted)
