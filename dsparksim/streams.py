@@ -141,7 +141,8 @@ _TABLE: tuple[np.ndarray, np.ndarray] | None = None
 
 def _normal_table() -> tuple[np.ndarray, np.ndarray]:
     """Inverse normal CDF on 2**16 equal-probability bins, linear inside each: z = a[hi] + b[hi] * lo for a 32-bit
-    uniform split into its high and low 16 bits. Exact at every inner bin edge, error inside a bin below 2e-5. The
+    uniform split into its high and low 16 bits. Exact at every inner bin edge; inside a bin the linear error is
+    below 1.3e-3 for 99.99% of draws and at most 0.013 (in the bins next to the outermost ones). The
     two outermost bins (probability 2**-16 each) cannot hold the unbounded tail: each is linear between the inner
     edge (4.17 sigma) and the point that gives the bin the tail's true conditional mean (about 4.61 sigma), so the
     mean, variance and kurtosis stay right. Cheaper than Box-Muller's log/sqrt/cos on these small arrays."""
