@@ -300,3 +300,10 @@ def test_parametric_keyed_fast_path_equals_the_generic_generator_path():
     slow = acc.draw(np.arange(40), Proxy(rs.rows(keys, steps)))
     np.testing.assert_array_equal(fast.conf, slow.conf)
     np.testing.assert_array_equal(fast.accepted, slow.accepted)
+
+
+def test_prefix_ids_skip_the_block_every_row_shares_and_tolerate_empty_rows():
+    from dsparksim.traffic.readers import _prefix_ids
+    np.testing.assert_array_equal(_prefix_ids([[], [0, 5, 9], [0, 6], [0]]), [-1, 5, 6, 0])
+    assert _prefix_ids([[], []]) is None
+    np.testing.assert_array_equal(_prefix_ids([[0, 1], [0, 1]]), [1, 1])     # identical rows: their last block

@@ -309,8 +309,9 @@ def _prefix_ids(heads: list[list[int]]) -> np.ndarray | None:
     replica. -1 for a row without hash_ids; None if no row has any."""
     if not any(heads):
         return None
+    ref = next(h for h in heads if h)
     c = 0
-    while c < _PREFIX_BLOCKS and all(len(h) > c and h[c] == heads[0][c] for h in heads if h):
+    while c < len(ref) and all(len(h) > c and h[c] == ref[c] for h in heads if h):
         c += 1
     return np.array([(h[c] if len(h) > c else h[-1]) if h else -1 for h in heads], dtype=np.int64)
 
