@@ -83,6 +83,42 @@ def rank_candidates(survival: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return order, flat[order]
 
 
+class Ranking:
+    """The candidates of one step in :func:`rank_candidates` order, sorted only as far as a policy reads.
+
+    Algorithm 1 admits a few dozen of the n*K candidates, so :meth:`top` finds the first m with a linear-time
+    partition and stable-sorts just those. The set {f : -flat[f] <= v}, v the m-th smallest key, is exactly the
+    first |set| entries of the full stable order (every other key is larger, or NaN, which sorts last), and a
+    stable sort of that set in ascending f breaks ties as the full sort does: the prefix is bitwise the same.
+    """
+
+    __slots__ = ("flat", "neg", "order", "values", "complete")
+
+    def __init__(self, survival: np.ndarray) -> None:
+        self.flat = np.ascontiguousarray(survival.T).ravel()  # f = k*n + i
+        self.neg = -self.flat
+        self.order = np.zeros(0, dtype=np.intp)
+        self.values = np.zeros(0)
+        self.complete = False
+
+    def top(self, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """(order, values) holding at least the first min(m, n*K) ranked candidates (possibly more)."""
+        if self.complete or len(self.order) >= m:
+            return self.order, self.values
+        neg, N = self.neg, self.neg.size
+        order = None
+        if 4 * m < N:  # partitioning pays only when the prefix is a small part of the whole
+            v = np.partition(neg, m - 1)[m - 1]
+            if v == v:  # not NaN
+                idx = np.flatnonzero(neg <= v)
+                order = idx[np.argsort(neg[idx], kind="stable")]
+        if order is None:
+            order = np.argsort(neg, kind="stable")
+            self.complete = True
+        self.order, self.values = order, self.flat[order]
+        return order, self.values
+
+
 def lengths_from_ranked(order: np.ndarray, count: int, n: int) -> np.ndarray:
     """Verify lengths when the first ``count`` ranked candidates are admitted (a per-request prefix)."""
     return np.bincount(order[:count] % n, minlength=n).astype(np.int64, copy=False)
