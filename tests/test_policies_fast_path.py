@@ -6,11 +6,14 @@ stable argsort of all n*K candidates, ratio curve over the whole budget). Contex
 """
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 import pytest
 
 from dsparksim.errors import InputError
 from dsparksim.policies import make_policy
+from dsparksim.policies import global_search_current
 from dsparksim.policies._common import Ranking, rank_candidates
 from dsparksim.policies.base import StepContext
 from dsparksim.policies.confidence import FIRST_PREFIX, algorithm1
@@ -57,13 +60,46 @@ def _ref_first_drop(ratio):
     return j if drops[j] else len(ratio) - 1
 
 
+def _ref_early_stop_count(ctx, values):
+    bmax = _ref_draft_budget(ctx)
+    return _ref_first_drop(_ref_ratio_curve(float(ctx.n), values, ctx.base_tokens, ctx.step_time, bmax))
+
+
+def _ref_global_budget(ctx, values):
+    bmax = _ref_draft_budget(ctx)
+    return int(np.argmax(_ref_ratio_curve(float(ctx.n), values, ctx.base_tokens, ctx.step_time, bmax)))
+
+
 def reference_algorithm1(ctx):
     if ctx.n == 0:
         return np.zeros(0, dtype=np.int64)
     order, values = _ref_rank_candidates(ctx.survival)
-    bmax = _ref_draft_budget(ctx)
-    count = _ref_first_drop(_ref_ratio_curve(float(ctx.n), values, ctx.base_tokens, ctx.step_time, bmax))
-    return _ref_lengths_from_ranked(order, count, ctx.n)
+    return _ref_lengths_from_ranked(order, _ref_early_stop_count(ctx, values), ctx.n)
+
+
+def reference_global_search_current(ctx):
+    if ctx.n == 0:
+        return np.zeros(0, dtype=np.int64)
+    order, values = _ref_rank_candidates(ctx.survival)
+    return _ref_lengths_from_ranked(order, _ref_global_budget(ctx, values), ctx.n)
+
+
+class ReferenceConfidenceAsync:
+    """confidence-async's choose() before the speed-up (state: the queue of stale budgets)."""
+
+    def __init__(self, lag):
+        self.lag, self._pending = lag, deque()
+
+    def choose(self, ctx):
+        if ctx.n == 0:
+            return np.zeros(0, dtype=np.int64)
+        order, values = _ref_rank_candidates(ctx.survival)
+        if len(self._pending) >= self.lag:
+            count = min(self._pending.popleft(), _ref_draft_budget(ctx))
+        else:
+            count = _ref_early_stop_count(ctx, values)
+        self._pending.append(_ref_global_budget(ctx, values))
+        return _ref_lengths_from_ranked(order, count, ctx.n)
 
 
 # ----------------------------------------------------------------------------- random contexts
@@ -133,28 +169,61 @@ def test_confidence_policy_choose_equals_reference():
         np.testing.assert_array_equal(pol.choose(ctx), reference_algorithm1(ctx))
 
 
+def _same_calls(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_global_search_and_async_equal_reference_on_random_contexts():
+    rng = np.random.default_rng(99)
+    for lag in (1, 2, 3):
+        new, ref = make_policy(f"confidence-async:{lag}"), ReferenceConfidenceAsync(lag)
+        new.reset(7, rng)
+        for _ in range(250):  # one stream of steps: the stale-budget queue must evolve identically
+            ctx, rec = random_ctx(rng)
+            want = ref.choose(ctx)
+            ref_calls, rec.calls = rec.calls, []
+            got = new.choose(ctx)
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(got, want)
+            _same_calls(rec.calls, ref_calls)
+            assert list(new._pending) == list(ref._pending)
+    for _ in range(400):
+        ctx, rec = random_ctx(rng)
+        want = reference_global_search_current(ctx)
+        ref_calls, rec.calls = rec.calls, []
+        np.testing.assert_array_equal(global_search_current(ctx), want)
+        _same_calls(rec.calls, ref_calls)
+
+
 @pytest.mark.parametrize("seed", range(5))
-def test_ranking_prefix_is_the_full_stable_order(seed):
+def test_ranking_values_and_lengths_are_those_of_the_full_stable_order(seed):
     rng = np.random.default_rng(seed)
     n, K = 200, 7
-    conf = rng.choice([0.0, 0.5, 1.0, 0.9], size=(n, K))
+    conf = rng.choice([0.0, 0.5, 1.0, 0.9], size=(n, K))  # survivals tie across requests and positions
     s = np.cumprod(conf, axis=1)
     order, values = _ref_rank_candidates(s)
-    for m in (1, 5, 64, 349, 350, 351, 1400):
-        r = Ranking(s)
-        o, v = r.top(m)
-        assert len(o) >= min(m, n * K)
-        np.testing.assert_array_equal(o, order[: len(o)])
-        np.testing.assert_array_equal(v, values[: len(o)])
+    for m in (1, 5, 64, 349, 350, 351, 1400, None):
+        v = Ranking(s).values(m)
+        assert len(v) >= (n * K if m is None else min(m, n * K))
+        np.testing.assert_array_equal(v, values[: len(v)])
+    r = Ranking(s)
+    for count in (0, 1, 2, 17, 64, 200, 333, 350, 351, 700, 1399, 1400):
+        np.testing.assert_array_equal(r.lengths(count), _ref_lengths_from_ranked(order, count, n))
+        np.testing.assert_array_equal(Ranking(s).lengths(count), _ref_lengths_from_ranked(order, count, n))
     np.testing.assert_array_equal(rank_candidates(s)[0], order)
 
 
 def test_ranking_handles_nan_like_the_full_sort():
     s = np.array([[np.nan, np.nan], [0.5, 0.2], [np.nan, np.nan], [0.5, 0.5]] * 40)
     order, values = _ref_rank_candidates(s)
-    o, v = Ranking(s).top(3)
-    np.testing.assert_array_equal(o, order[: len(o)])
-    np.testing.assert_array_equal(v, values[: len(o)])
+    n = s.shape[0]
+    for m in (3, 100, 200, None):
+        v = Ranking(s).values(m)
+        np.testing.assert_array_equal(v, values[: len(v)])  # assert_array_equal treats NaN == NaN
+    for count in (0, 3, 80, 159, 160, 161, 250, 320):
+        np.testing.assert_array_equal(Ranking(s).lengths(count), _ref_lengths_from_ranked(order, count, n))
 
 
 def test_fast_path_raises_the_same_errors():

@@ -5,7 +5,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ._common import Ranking, draft_budget, eval_times, first_drop, lengths_from_ranked, ratio_curve
+from ._common import Ranking, draft_budget, eval_times, first_drop, ratio_curve
 from .base import Policy, StepContext
 
 
@@ -39,7 +39,7 @@ def early_stop_ranked(ctx: StepContext, ranking: Ranking) -> int:
     T = eval_times(ctx.step_time, ctx.base_tokens + np.arange(bmax + 1, dtype=np.int64))
     m = FIRST_PREFIX
     while True:
-        _, values = ranking.top(min(m, bmax))
+        values = ranking.values(min(m, bmax))
         p = min(len(values), bmax)
         E = np.empty(p + 1)
         E[0] = float(ctx.n)
@@ -56,8 +56,7 @@ def algorithm1(ctx: StepContext) -> np.ndarray:
     if ctx.n == 0:
         return np.zeros(0, dtype=np.int64)
     ranking = Ranking(ctx.survival)
-    count = early_stop_ranked(ctx, ranking)
-    return lengths_from_ranked(ranking.order, count, ctx.n)
+    return ranking.lengths(early_stop_ranked(ctx, ranking))
 
 
 class Confidence(Policy):
