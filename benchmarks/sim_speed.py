@@ -44,6 +44,7 @@ CHILD = r"""
 import time
 t0 = time.perf_counter()
 import dataclasses, json, resource, sys, tempfile
+import dsparksim
 from dsparksim.config import EngineConfig, RunConfig
 from dsparksim.simulate import simulate, write_run
 from dsparksim.traffic import TrafficConfig
@@ -65,8 +66,8 @@ try:
     steps = len(out.result.steps["dt"])
 except Exception:
     steps = None
-print(json.dumps({"import_s": t1 - t0, "simulate_s": t2 - t1, "write_s": t3 - t2, "steps": steps,
-                  "sim_time_s": float(out.summary.get("sim_time_s", spec["duration"])),
+print(json.dumps({"package": dsparksim.__file__, "import_s": t1 - t0, "simulate_s": t2 - t1, "write_s": t3 - t2,
+                  "steps": steps, "sim_time_s": float(out.summary.get("sim_time_s", spec["duration"])),
                   "completed": out.summary.get("num_requests_completed"),
                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
@@ -138,6 +139,8 @@ def main() -> None:
           ">= 1000x whole process and <= 300 MiB peak RSS; 4 replicas x 256 users >= 250x")
 
     res = whole_process("confidence", 256, args.duration, None, not args.no_write)
+    print(f"code under test: {os.path.dirname(res['package'])} (the child runs in {os.getcwd()}: a dsparksim/ "
+          "there wins over PYTHONPATH)")
     print(headline(f"headline, confidence, 256 users, {args.duration:g} s", res), flush=True)
 
     if args.replicas is not None:
