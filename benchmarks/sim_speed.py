@@ -1,73 +1,169 @@
-"""Benchmark: simulated seconds per wall second, per policy and concurrency, and replay peak memory.
+"""Benchmark: how fast the simulator runs, in simulated seconds per wall second (x real time), and its peak memory.
 
-Run on demand (never as a test):  python benchmarks/sim_speed.py [--quick]
-Prints one table; ratios in one run are comparable, absolute figures depend on the machine's load.
+Run on demand (never as a test):  python benchmarks/sim_speed.py [--quick] [--replicas N] [--no-table]
+
+Prints
+  * the headline: a 1-hour run, policy confidence, K=7, 256 concurrent users, profile h100-llama2-7b-tp1,
+    timed as a whole process in a fresh subprocess (interpreter start, imports, simulation, summary and the result
+    files `dsparksim run` writes), with its peak RSS; the split import / simulate / write is printed too;
+  * with --replicas N (only if EngineConfig has a ``replicas`` field): the same for N replicas x 256 users each;
+  * a table for 16, 64, 256, 1024, 4096 users x every policy of dsparksim.frontier.DEFAULT_POLICIES, timed in
+    process around ``simulate()`` (the loop plus workload set-up and summary; no interpreter start, no files),
+    over a shorter simulated duration stated in the output.
+Closed loop with exactly N users running: the KV capacity is lifted (one H100 holds ~80 such 7B requests; this
+measures the simulator, not the GPU) and above 4096 batch tokens the profile is extrapolated. Absolute figures
+depend on the machine and its load (they are noisy on shared machines); compare figures from one run.
 """
 from __future__ import annotations
 
 import argparse
-import resource
+import json
+import os
+import platform
 import subprocess
 import sys
 import time
 
-from dsparksim.config import EngineConfig, RunConfig
-from dsparksim.frontier import DEFAULT_POLICIES
-from dsparksim.simulate import simulate
-from dsparksim.traffic import TrafficConfig
-
-
 K = 7
+PROFILE = "h100-llama2-7b-tp1"
 PROFILE_MAX_TOKENS = 4096  # largest breakpoint of h100-llama2-7b-tp1
+USERS = (16, 64, 256, 1024, 4096)
+SEED = 1
 
 
-def speed(policy: str, conc: int, duration: float) -> tuple[float, float, int]:
-    """Closed loop with exactly ``conc`` requests running: KV capacity is lifted (a 7B model on one H100 holds
-    ~80 such requests; this measures the simulator, not the GPU), and above 4096 batch tokens the profile is
-    extrapolated (reported by the run)."""
-    t = TrafficConfig(mode="closed", concurrency=conc, duration_s=duration, pool_size=conc * (8 + int(10 * duration)) + 64)
-    need = conc * (1 + K) + 2048
-    eng = EngineConfig(block_size=K, max_num_seqs=max(1024, conc), kv_capacity_tokens=10**9,
-                       max_batched_tokens=PROFILE_MAX_TOKENS if need <= PROFILE_MAX_TOKENS else need,
-                       extrapolate=need > PROFILE_MAX_TOKENS)
-    cfg = RunConfig(policy=policy, profile="h100-llama2-7b-tp1", acceptance="dspark", engine=eng, traffic=t, seed=1)
+def engine_kwargs(users: int) -> dict:
+    """EngineConfig arguments for ``users`` concurrent requests (KV lifted, token budget sized to hold them)."""
+    need = users * (1 + K) + 2048
+    return dict(block_size=K, max_num_seqs=max(1024, users), kv_capacity_tokens=10**9,
+                max_batched_tokens=PROFILE_MAX_TOKENS if need <= PROFILE_MAX_TOKENS else need,
+                extrapolate=need > PROFILE_MAX_TOKENS)
+
+
+# The child process: only dsparksim imports are timed as start-up (this file imports pandas via frontier).
+CHILD = r"""
+import time
+t0 = time.perf_counter()
+import dataclasses, json, resource, sys, tempfile
+import dsparksim
+from dsparksim.config import EngineConfig, RunConfig
+from dsparksim.simulate import simulate, write_run
+from dsparksim.traffic import TrafficConfig
+t1 = time.perf_counter()
+spec = json.loads(sys.argv[1])
+eng = dict(spec["engine"])
+if spec["replicas"] is not None:
+    eng["replicas"] = spec["replicas"]
+cfg = RunConfig(policy=spec["policy"], profile=spec["profile"], acceptance="dspark", engine=EngineConfig(**eng),
+                traffic=TrafficConfig(mode="closed", concurrency=spec["users"], duration_s=spec["duration"]),
+                seed=spec["seed"])
+out = simulate(cfg)
+t2 = time.perf_counter()
+if spec["write"]:
+    with tempfile.TemporaryDirectory() as d:
+        write_run(out, d + "/out")
+t3 = time.perf_counter()
+try:
+    steps = len(out.result.steps["dt"])
+except Exception:
+    steps = None
+print(json.dumps({"package": dsparksim.__file__, "import_s": t1 - t0, "simulate_s": t2 - t1, "write_s": t3 - t2,
+                  "steps": steps, "sim_time_s": float(out.summary.get("sim_time_s", spec["duration"])),
+                  "completed": out.summary.get("num_requests_completed"),
+                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def whole_process(policy: str, users: int, duration: float, replicas: int | None, write: bool) -> dict:
+    """Run one configuration in a fresh interpreter; wall time is measured around the whole process."""
+    spec = dict(policy=policy, profile=PROFILE, users=users, duration=duration, seed=SEED, replicas=replicas,
+                engine=engine_kwargs(users), write=write)
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"benchmark child failed ({policy}, {users} users):\n{r.stderr}")
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    res["wall_s"] = wall
+    res["x_real"] = res["sim_time_s"] / wall
+    res["x_real_loop"] = res["sim_time_s"] / res["simulate_s"]
+    return res
+
+
+def headline(label: str, res: dict) -> str:
+    steps = res["steps"]
+    per_step = f", {1e6 * res['simulate_s'] / steps:.0f} us/step in simulate()" if steps else ""
+    return (f"{label}: {res['x_real']:.0f}x real time whole process ({res['wall_s']:.2f} s wall for "
+            f"{res['sim_time_s']:.0f} simulated s), peak RSS {res['peak_rss_mib']:.0f} MiB\n"
+            f"    split: start-up/imports {res['import_s']:.2f} s, simulate() {res['simulate_s']:.2f} s "
+            f"({res['x_real_loop']:.0f}x real time{per_step}, {steps} steps), "
+            f"writing results {res['write_s']:.2f} s; {res['completed']} requests completed")
+
+
+def in_process(policy: str, users: int, duration: float) -> tuple[float, float, int]:
+    from dsparksim.config import EngineConfig, RunConfig
+    from dsparksim.simulate import simulate
+    from dsparksim.traffic import TrafficConfig
+
+    t = TrafficConfig(mode="closed", concurrency=users, duration_s=duration)
+    cfg = RunConfig(policy=policy, profile=PROFILE, acceptance="dspark", engine=EngineConfig(**engine_kwargs(users)),
+                    traffic=t, seed=SEED)
     t0 = time.perf_counter()
     out = simulate(cfg)
     wall = time.perf_counter() - t0
     return out.result.sim_time_s / wall, wall, len(out.result.steps["dt"])
 
 
-def replay_memory(trace: str) -> None:
-    code = (
-        "import resource,time;from dsparksim.config import RunConfig,EngineConfig;"
-        "from dsparksim.traffic import TrafficConfig;from dsparksim.simulate import simulate;"
-        f"t=TrafficConfig(mode='trace',trace={trace!r},duration_s=3600.0);"
-        "c=RunConfig(policy='confidence',traffic=t,engine=EngineConfig(block_size=7));t0=time.perf_counter();"
-        "o=simulate(c);w=time.perf_counter()-t0;"
-        "print(f'azure conv 1h replay: {o.summary[\"num_requests_completed\"]} requests, {w:.1f} s wall, '"
-        "f'{o.result.sim_time_s/w:.0f}x real time, peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024:.0f} MiB')"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
+def has_replicas_field() -> bool:
+    import dataclasses
+
+    from dsparksim.config import EngineConfig
+    return "replicas" in {f.name for f in dataclasses.fields(EngineConfig)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="shorter runs (noisier)")
-    ap.add_argument("--concurrency", default="64,256,1024")
-    ap.add_argument("--trace", default="../shared/data/traces/AzureLLMInferenceTrace_conv.csv")
+    ap.add_argument("--quick", action="store_true", help="shorter table cells (noisier); the headline stays 1 hour")
+    ap.add_argument("--duration", type=float, default=3600.0, help="headline simulated seconds [%(default)s]")
+    ap.add_argument("--table-duration", type=float, default=None,
+                    help="simulated seconds per table cell [60; 20 with --quick]")
+    ap.add_argument("--replicas", type=int, default=None,
+                    help="also time N replicas x 256 users each (needs EngineConfig.replicas)")
+    ap.add_argument("--no-table", action="store_true", help="headline lines only")
+    ap.add_argument("--no-write", action="store_true", help="headline child does not write the result files")
     args = ap.parse_args()
-    dur = 20.0 if args.quick else 60.0
-    levels = [int(x) for x in args.concurrency.split(",")]
-    print(f"profile h100-llama2-7b-tp1, acceptance dspark, K={K}, closed loop, {dur:g} simulated s per cell, one core;"
-          f" x-real = simulated s / wall s")
-    print(f"{'policy':22s}" + "".join(f"{f'N={c} x-real':>16s}{'steps/s':>10s}" for c in levels))
+    tdur = args.table_duration or (20.0 if args.quick else 60.0)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"dsparksim speed | python {platform.python_version()} | {os.cpu_count()} CPUs, load average {load:.2f} | "
+          f"profile {PROFILE}, acceptance dspark, K={K}, closed loop, KV capacity lifted, seed {SEED}")
+    print("x real = simulated seconds / wall seconds; targets (issue 10): 1-hour confidence run at 256 users "
+          ">= 1000x whole process and <= 300 MiB peak RSS; 4 replicas x 256 users >= 250x")
+
+    res = whole_process("confidence", 256, args.duration, None, not args.no_write)
+    print(f"code under test: {os.path.dirname(res['package'])} (the child runs in {os.getcwd()}: a dsparksim/ "
+          "there wins over PYTHONPATH)")
+    print(headline(f"headline, confidence, 256 users, {args.duration:g} s", res), flush=True)
+
+    if args.replicas is not None:
+        if has_replicas_field():
+            n = args.replicas
+            res = whole_process("confidence", 256 * n, args.duration, n, not args.no_write)
+            print(headline(f"{n} replicas x 256 users, confidence, {args.duration:g} s", res), flush=True)
+        else:
+            print(f"--replicas {args.replicas}: skipped, EngineConfig has no `replicas` field in this build")
+
+    if args.no_table:
+        return
+    from dsparksim.frontier import DEFAULT_POLICIES
+
+    print(f"\ntable: x real time of simulate() in process (no interpreter start, no files), {tdur:g} simulated s "
+          f"per cell; steps/s = engine steps per wall second")
+    print(f"{'policy':20s}" + "".join(f"{f'{u} users':>11s}{'steps/s':>9s}" for u in USERS))
     for pol in DEFAULT_POLICIES:
-        row = f"{pol:22s}"
-        for c in levels:
-            x, wall, steps = speed(pol, c, dur)
-            row += f"{x:16.0f}{steps / wall:10.0f}"
+        row = f"{pol:20s}"
+        for u in USERS:
+            x, wall, steps = in_process(pol, u, tdur)
+            row += f"{x:11.0f}{steps / wall:9.0f}"
         print(row, flush=True)
-    replay_memory(args.trace)
 
 
 if __name__ == "__main__":

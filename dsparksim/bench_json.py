@@ -70,6 +70,23 @@ class ItlLists(Sequence):
     def n_samples(self) -> int:
         return int((self._hi - self._lo).sum())
 
+    def json_items(self):
+        """Each prompt's list as JSON text, exactly ``json.dumps(self[i], allow_nan=False)``.
+
+        A step's dt appears in the list of every request decoding in that step, so each dt is formatted once
+        (json formats a float with float.__repr__ and joins a list with ", "); formatting every sample took
+        most of the time of writing a long run's results.
+        """
+        import json
+
+        if not np.isfinite(self._dt).all():  # json.dumps raises on NaN/inf: let it, with its own message
+            for i in range(len(self)):
+                yield json.dumps(self[i], allow_nan=False)
+            return
+        reps = list(map(float.__repr__, self._dt.tolist()))
+        for a, b in zip(self._lo.tolist(), self._hi.tolist()):
+            yield "[" + ", ".join(reps[a:b]) + "]"
+
 
 def write_bench_json(path, d: dict[str, Any]) -> None:
     """Write a bench_result dict as JSON, one key per line, streaming ``itls`` (vLLM's file has no indent)."""
@@ -84,8 +101,8 @@ def write_bench_json(path, d: dict[str, Any]) -> None:
                 f.write(("," if n else "") + "\n" + json.dumps(k) + ": ")
                 if isinstance(v, ItlLists):
                     f.write("[")
-                    for i in range(len(v)):
-                        f.write((", " if i else "") + json.dumps(v[i], allow_nan=False))
+                    for i, item in enumerate(v.json_items()):  # streamed: one prompt's list in memory at a time
+                        f.write((", " if i else "") + item)
                     f.write("]")
                 else:
                     f.write(json.dumps(v, allow_nan=False))

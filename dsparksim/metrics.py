@@ -9,12 +9,14 @@ excluded from every latency and throughput metric (they never run).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from dsparksim.engine import REJECT_REASONS, SimResult
+
+if TYPE_CHECKING:  # pandas is imported where a table is built: a run imports it only to write results
+    import pandas as pd
 
 SUMMARY_FIELDS = (
     "policy", "load", "sim_time_s", "window_s", "num_requests_completed", "output_throughput_tok_s",
@@ -40,6 +42,8 @@ def per_request_table(res: SimResult) -> pd.DataFrame:
         steps = np.where(res.decode_steps > 0, res.decode_steps, np.nan)
         mean_vl = res.verify_tokens / steps
         tau = (res.emitted_tokens - 1) / steps
+    import pandas as pd
+
     rejected = res.rejected
     codes = res.reject_reason if res.reject_reason is not None else np.zeros(len(rejected), np.int8)
     reason = np.array([""] + [REJECT_REASONS.get(c, "") for c in range(1, 8)], dtype=object)[codes]

@@ -116,8 +116,10 @@ class _ExtrapolationLog:
     """Mutable record of extrapolated lookups; lives inside the frozen profile (one per profile copy)."""
 
     axes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    calls: int = 0  # record() calls so far: lets a caller tell whether a lookup extrapolated
 
     def record(self, axis: str, x: np.ndarray, lo: float, hi: float) -> None:
+        self.calls += 1
         below, above = x[x < lo], x[x > hi]
         e = self.axes.setdefault(axis, {"count": 0, "below": 0, "above": 0, "min_seen": None, "max_seen": None,
                                         "range": [_num(lo), _num(hi)]})
@@ -166,6 +168,8 @@ class CostProfile:
     prefill_s_per_chunk: float = 0.0
     prefill_note: str | None = None       # None = the profile has no prefill term
     _extrap: _ExtrapolationLog = field(default_factory=_ExtrapolationLog, repr=False, compare=False)
+    # Per-copy caches of the hot per-step lookups (not init: every copy, e.g. with_extrapolation, starts empty).
+    _memo: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -219,6 +223,9 @@ class CostProfile:
 
         Returns a float for scalar inputs, else an array of the broadcast shape.
         """
+        t = self._verify_fast(M, kv_tokens)
+        if t is not None:
+            return t
         Mx = _as_query(M, self.name, "M")
         kv = _as_query(kv_tokens, self.name, "kv_tokens")
         if np.any(kv < 0):
@@ -231,6 +238,37 @@ class CostProfile:
         else:
             t = self._table2d(Mb, kvb)
         return _scalar_or(t, M, kv_tokens)
+
+    def _verify_fast(self, M: Any, kv: Any) -> np.ndarray | None:
+        """verify_time for the per-step query (an integer array of M inside the measured range, one in-range
+        kv number), bitwise equal to the general path: the same floor indices and the same float operations.
+        None = take the general path (scalars, floats, anything out of range, errors, extrapolation records)."""
+        if not (isinstance(M, np.ndarray) and M.ndim >= 1 and M.size and M.dtype.kind in "iu"):
+            return None
+        if isinstance(kv, (bool, np.bool_)) or not isinstance(kv, (int, float, np.integer, np.floating)):
+            return None
+        kvf = float(kv)
+        if not (math.isfinite(kvf) and kvf >= 0):
+            return None
+        if int(M.min()) < int(self.verify_M[0]) or int(M.max()) > int(self.verify_M[-1]):
+            return None
+        col = self._memo.get("verify.col")
+        if col is None:  # floor index of every integer M in 0..max (breakpoints are ints <= 2^53: exact)
+            hi = int(self.verify_M[-1])
+            if hi > 1 << 20:
+                return None
+            col = np.searchsorted(self.verify_M, np.arange(hi + 1), side="right") - 1
+            self._memo["verify.col"] = col
+        ci = col[M]
+        if self.kv_tokens is None:
+            t = self.verify_time_s[ci].astype(np.float64)
+            if self.seconds_per_kv_token is not None:
+                t = t + self.seconds_per_kv_token * kvf
+            return t
+        if kvf > float(self.kv_tokens[-1]):
+            return None
+        r = int(np.searchsorted(self.kv_tokens, kvf, side="right")) - 1
+        return self.verify_time_s[r][ci]
 
     def _table2d(self, M: np.ndarray, kv: np.ndarray) -> np.ndarray:
         tab, kva, Ma = self.verify_time_s, self.kv_tokens, self.verify_M
@@ -324,7 +362,24 @@ class CostProfile:
         return _scalar_or(self._floor_pos(ax, val, n, "batch_overhead.n_req"), n_req)
 
     def nontrimmable_time(self, drafter: str | None, n_req: Any, K: int) -> Any:
-        """draft_time + fixed_overhead_s + batch overhead: what a step costs whatever is verified."""
+        """draft_time + fixed_overhead_s + batch overhead: what a step costs whatever is verified.
+
+        Integer (n_req, K) queries -- one per engine step -- are memoised per (drafter, n_req, K); a lookup that
+        raised or extrapolated is never stored, so errors and extrapolation reports are as without the memo.
+        """
+        ints = (int, np.integer)
+        if isinstance(n_req, ints) and isinstance(K, ints) and not isinstance(n_req, bool):
+            key = ("nontrim", drafter, int(n_req), int(K))
+            t = self._memo.get(key)
+            if t is None:
+                seen = self._extrap.calls
+                t = self._nontrimmable(drafter, n_req, K)
+                if self._extrap.calls == seen:
+                    self._memo[key] = t
+            return t
+        return self._nontrimmable(drafter, n_req, K)
+
+    def _nontrimmable(self, drafter: str | None, n_req: Any, K: int) -> Any:
         d = self.draft_time(drafter, n_req, K)
         return d + self.fixed_overhead_s + self.batch_overhead_time(n_req)
 

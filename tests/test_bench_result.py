@@ -145,3 +145,25 @@ def test_num_requests_run_completes_every_prompt(tmp_path):
     assert len(rates) == 7 and min(rates[:3]) > 0 and rates[3:] == [0.0] * 4
     assert d["spec_decode_draft_tokens"] == 3 * d["spec_decode_num_drafts"]  # fixed:3 verifies all 3 drafts
     assert not any(math.isnan(v) for k, v in d.items() if k.endswith("_ms"))
+
+
+def test_itl_lists_json_items_are_json_dumps_of_each_list(tmp_path):
+    import json
+
+    from dsparksim.bench_json import ItlLists, write_bench_json
+
+    rng = np.random.default_rng(3)
+    dt = np.concatenate([rng.uniform(1e-4, 0.3, 500), [0.1, 1e-7, 123.456789012345678, 5e-324, 1.0, 2.5e16]])
+    lo = rng.integers(0, len(dt), 300)
+    hi = np.minimum(lo + rng.integers(0, 40, 300), len(dt))
+    itls = ItlLists(dt, lo, hi)
+    items = list(itls.json_items())
+    assert items == [json.dumps(itls[i], allow_nan=False) for i in range(len(itls))]
+    assert "[]" in items  # empty lists too
+    write_bench_json(tmp_path / "b.json", {"a": 1, "itls": itls, "z": [0.5]})
+    text = (tmp_path / "b.json").read_text()
+    assert json.loads(text)["itls"] == [itls[i] for i in range(len(itls))]
+    assert '"itls": [' + ", ".join(items) + "]" in text
+    bad = ItlLists(np.array([0.1, np.nan]), np.array([0]), np.array([2]))
+    with pytest.raises(ValueError):  # json's own refusal of NaN, as before
+        list(bad.json_items())

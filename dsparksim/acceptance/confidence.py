@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from scipy.stats import rankdata
 
 from .base import AcceptanceModel
 
@@ -28,6 +27,8 @@ def auc(score: np.ndarray, label: np.ndarray) -> float:
     nneg = label.size - npos
     if npos == 0 or nneg == 0:
         return float("nan")
+    from scipy.stats import rankdata  # lazy: scipy.stats costs ~0.5 s at start-up, AUC is rarely needed
+
     ranks = rankdata(score)
     return float((ranks[label].sum() - npos * (npos + 1) / 2.0) / (npos * nneg))
 

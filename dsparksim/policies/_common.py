@@ -83,6 +83,59 @@ def rank_candidates(survival: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return order, flat[order]
 
 
+class Ranking:
+    """The candidates of one step in :func:`rank_candidates` order, computed only as far as a policy reads.
+
+    The full stable argsort of all n*K candidates dominated a step. Policies need two things from the ranking,
+    and neither needs it:
+      * the survivals in rank order (:meth:`values`): ties change no value, so a plain (SIMD) sort of the
+        negated survivals, or a linear-time partition plus a sort of only the first m, gives the same numbers
+        (up to the sign of a zero, which adds nothing to the ratio curve's running sum that starts at n >= 1);
+      * the verify lengths of the first ``count`` candidates (:meth:`lengths`): with v the count-th smallest
+        key, that set is every key < v plus the first (count - #<v) keys == v in ascending flat index -- the
+        stable sort's tie order -- so the lengths are those of ``lengths_from_ranked(order, count, n)``.
+    """
+
+    __slots__ = ("n", "neg", "_sorted", "_prefix")
+
+    def __init__(self, survival: np.ndarray) -> None:
+        self.n = int(survival.shape[0])
+        self.neg = -np.ascontiguousarray(survival.T).ravel()  # keys, f = k*n + i; best candidate = smallest key
+        self._sorted: np.ndarray | None = None  # every key, ascending
+        self._prefix = np.zeros(0)  # the smallest keys, ascending
+
+    def keys(self, m: int | None = None) -> np.ndarray:
+        """At least the min(m, n*K) smallest keys, ascending (all of them when m is None)."""
+        if self._sorted is not None:
+            return self._sorted
+        N = self.neg.size
+        if m is not None and m <= len(self._prefix):
+            return self._prefix
+        if m is None or 4 * m >= N:  # a partition pays only when the prefix is a small part of the whole
+            self._sorted = np.sort(self.neg)
+            return self._sorted
+        self._prefix = np.sort(np.partition(self.neg, m - 1)[:m])  # NaN sorts last in both, as in argsort
+        return self._prefix
+
+    def values(self, m: int | None = None) -> np.ndarray:
+        """Survivals best first: at least the first min(m, n*K) ranked (all when m is None)."""
+        return -self.keys(m)
+
+    def lengths(self, count: int) -> np.ndarray:
+        """Verify lengths when the first ``count`` ranked candidates are admitted (a per-request prefix)."""
+        n, neg = self.n, self.neg
+        if count <= 0:
+            return np.zeros(n, dtype=np.int64)
+        v = self.keys(count)[count - 1]
+        if v != v:  # NaN among the admitted: take the full stable order
+            return lengths_from_ranked(np.argsort(neg, kind="stable"), count, n)
+        L = (neg < v).reshape(-1, n).sum(axis=0)
+        rest = count - int(L.sum())
+        if rest:
+            L += np.bincount(np.flatnonzero(neg == v)[:rest] % n, minlength=n)
+        return L.astype(np.int64, copy=False)
+
+
 def lengths_from_ranked(order: np.ndarray, count: int, n: int) -> np.ndarray:
     """Verify lengths when the first ``count`` ranked candidates are admitted (a per-request prefix)."""
     return np.bincount(order[:count] % n, minlength=n).astype(np.int64, copy=False)
@@ -115,7 +168,7 @@ def first_drop(ratio: np.ndarray) -> int:
     """
     if len(ratio) <= 1:
         return 0
-    drops = np.diff(ratio) <= 0
+    drops = np.subtract(ratio[1:], ratio[:-1]) <= 0  # np.diff's own arithmetic, without its call overhead
     j = int(np.argmax(drops))
     return j if drops[j] else len(ratio) - 1
 

@@ -5,7 +5,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ._common import draft_budget, first_drop, lengths_from_ranked, rank_candidates, ratio_curve
+from ._common import Ranking, draft_budget, eval_times, first_drop, ratio_curve
 from .base import Policy, StepContext
 
 
@@ -23,12 +23,40 @@ def early_stop_count(ctx: StepContext, values: np.ndarray) -> int:
     return first_drop(ratio)
 
 
+# First prefix of the ranking sorted by the fast path; Algorithm 1 rarely admits more (x4 on each retry).
+FIRST_PREFIX = 64
+
+
+def early_stop_ranked(ctx: StepContext, ranking: Ranking) -> int:
+    """:func:`early_stop_count` on a lazily sorted :class:`Ranking`: bitwise the same count, fewer sorts.
+
+    The ratio curve is a sequential cumsum, so its first p+1 entries do not depend on the candidates ranked
+    below p; the first drop found inside a sorted prefix is the first drop of the whole curve. step_time is
+    still evaluated over the whole range 0..budget, as before, so its checks and any extrapolation report see
+    the very same queries.
+    """
+    bmax = draft_budget(ctx)
+    T = eval_times(ctx.step_time, ctx.base_tokens + np.arange(bmax + 1, dtype=np.int64))
+    m = FIRST_PREFIX
+    while True:
+        values = ranking.values(min(m, bmax))
+        p = min(len(values), bmax)
+        E = np.empty(p + 1)
+        E[0] = float(ctx.n)
+        E[1:] = values[:p]
+        np.cumsum(E, out=E)
+        j = first_drop(E / T[: p + 1])
+        if j < p or p == bmax:
+            return j
+        m *= 4
+
+
 def algorithm1(ctx: StepContext) -> np.ndarray:
     """Verify lengths chosen by Algorithm 1 (early stop on current confidences)."""
     if ctx.n == 0:
         return np.zeros(0, dtype=np.int64)
-    order, values = rank_candidates(ctx.survival)
-    return lengths_from_ranked(order, early_stop_count(ctx, values), ctx.n)
+    ranking = Ranking(ctx.survival)
+    return ranking.lengths(early_stop_ranked(ctx, ranking))
 
 
 class Confidence(Policy):

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ._common import draft_budget, int_arg, lengths_from_ranked, rank_candidates, spec_error
+from ._common import Ranking, draft_budget, int_arg, spec_error
 from .base import Policy, StepContext
 from .confidence import early_stop_count
 from .confidence_global import global_budget
@@ -51,10 +51,11 @@ class ConfidenceAsync(Policy):
     def choose(self, ctx: StepContext) -> np.ndarray:
         if ctx.n == 0:  # nothing decodes: no information, leave the queue as it is
             return np.zeros(0, dtype=np.int64)
-        order, values = rank_candidates(ctx.survival)
+        ranking = Ranking(ctx.survival)  # rank order without a full argsort (see Ranking)
+        values = ranking.values()
         if len(self._pending) >= self.lag:
             count = min(self._pending.popleft(), draft_budget(ctx))
         else:
             count = early_stop_count(ctx, values)
         self._pending.append(global_budget(ctx, values))  # for step t + LAG
-        return lengths_from_ranked(order, count, ctx.n)
+        return ranking.lengths(count)

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ._common import draft_budget, global_best, lengths_from_ranked, rank_candidates, ratio_curve
+from ._common import Ranking, draft_budget, global_best, ratio_curve
 from .base import Policy, StepContext
 
 
@@ -25,8 +25,8 @@ def global_search_current(ctx: StepContext) -> np.ndarray:
     """Admit the top-b* candidates by current survival, b* from a global search on current info (NOT lossless)."""
     if ctx.n == 0:
         return np.zeros(0, dtype=np.int64)
-    order, values = rank_candidates(ctx.survival)
-    return lengths_from_ranked(order, global_budget(ctx, values), ctx.n)
+    ranking = Ranking(ctx.survival)
+    return ranking.lengths(global_budget(ctx, ranking.values()))
 
 
 class ConfidenceGlobal(Policy):

@@ -25,12 +25,15 @@ import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from dsparksim.errors import InputError
 from dsparksim.textio import MAX_EXACT_INT, finite_float, is_file, loads_json, read_text
+
+if TYPE_CHECKING:  # pandas is imported by the CSV readers that use it (lazy: ~0.4 s of start-up)
+    import pandas as pd
 
 FORMATS = ("azure", "mooncake", "lengths")
 DOMAINS = ("math", "code", "chat")
@@ -129,6 +132,8 @@ def _read_csv_strings(path: Path, text: str) -> tuple[pd.DataFrame, np.ndarray]:
     """All cells as strings, blank lines removed; returns the frame and each row's 1-based file line."""
     if not text.strip():
         raise InputError(path, None, "empty file: expected a header line and at least one data row", line=1)
+    import pandas as pd
+
     try:
         # skip_blank_lines=False keeps row i on file line i + 2, so line numbers stay exact.
         df = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, skip_blank_lines=False)
@@ -153,6 +158,8 @@ def _require(path: Path, df: pd.DataFrame, cols: tuple[str, ...]) -> None:
 
 
 def _token_counts(path: Path, df: pd.DataFrame, col: str, line: np.ndarray) -> np.ndarray:
+    import pandas as pd
+
     raw = df[col]
     x = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
     return _check_counts(path, col, x, raw.to_numpy(), line)
@@ -235,6 +242,8 @@ def _check_offsets(path: Path, raw_t: np.ndarray, line: np.ndarray) -> None:
 
 
 def _timestamps_ns(path: Path, df: pd.DataFrame, line: np.ndarray) -> np.ndarray:
+    import pandas as pd
+
     raw_t = df["TIMESTAMP"].to_numpy()
     _check_offsets(path, raw_t, line)
     try:
