@@ -247,6 +247,7 @@ class Engine:
         if dense is not None:
             # Same sum as the profile's verify_time(M, kv) + nontrim, with the per-step terms folded first.
             extra = nontrim + float(getattr(prof, "seconds_per_kv_token", None) or 0.0) * kv_read
+            self._extra = extra
 
             def step_time(M: np.ndarray) -> np.ndarray:
                 return dense[M] + extra
@@ -311,7 +312,7 @@ class Engine:
         M = n_dec + n_pf + int(L.sum())
         if M > self.max_tokens:
             raise RuntimeError(f"policy {self.policy.spec} exceeded the token budget: M={M} > {self.max_tokens}")
-        dt = float(step_time(np.array([M]))[0])
+        dt = float(step_time(np.array([M]))[0]) if self._dense is None else float(self._dense[M] + self._extra)
         if not dt > 0:
             raise RuntimeError(f"non-positive step time {dt} at M={M}")
         return StepPlan(decode=dec, slots=slots, verify=L, conf=conf, true_accepted=A, prefill=chunks, M=M,
@@ -331,7 +332,9 @@ class Engine:
             # vLLM's spec-decode counters: a draft is a request verifying >= 1 draft token this step.
             drafted = a[L > 0]
             outcome.drafts, outcome.accepted_total = int(drafted.size), int(drafted.sum())
-            outcome.accepted_per_pos = (drafted[:, None] > np.arange(self.K)).sum(0).astype(np.int64)
+            # requests whose accepted prefix reached past position p: a reversed cumulative count
+            cnt = np.bincount(drafted, minlength=self.K + 1)
+            outcome.accepted_per_pos = np.cumsum(cnt[::-1])[::-1][1:self.K + 1].astype(np.int64)
             emit = np.minimum(a + 1, r.out[dec] - r.gen[dec])  # the last step may overshoot: stop at length
             r.gen[dec] += emit
             r.dsteps[dec] += 1
