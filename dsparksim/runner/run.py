@@ -1,5 +1,5 @@
 """A real run of one configuration: the same RunConfig, workload, policy and acceptance as ``simulate``, served
-by :class:`RealEngine`; returns the simulator's :class:`RunOutput`, so ``write_run``, the frontier table and the
+by :class:`~.engine.RealEngine` (one engine, one device: replicas and DP ranks are refused); returns the simulator's :class:`RunOutput`, so ``write_run``, the frontier table and the
 plots work unchanged."""
 from __future__ import annotations
 
@@ -126,8 +126,9 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
     eng = engine_cls(executor=executor, profile=profile, acceptance=acceptance, policy=policy, workload=workload,
                      block_size=K, drafter=drafter, kv_capacity_tokens=int(kv_cap),
                      max_num_seqs=cfg.engine.max_num_seqs, max_batched_tokens=int(max_tok),
-                     prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens, rng=rngs["acceptance"],
-                     duration_s=duration, num_requests=cfg.traffic.num_requests, progress=progress)
+                     prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens, streams=rngs["acceptance"],
+                     duration_s=duration, num_requests=cfg.traffic.num_requests, progress=progress,
+                     replicas=getattr(cfg.engine, "replicas", 1), dp_ranks=getattr(cfg.engine, "dp_ranks", 1))
     res = eng.run()
     summary, inputs = run_summary(cfg, res, profile, acceptance, policy, workload, K, drafter, kv_cap, max_tok,
                                   duration)
