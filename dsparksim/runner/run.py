@@ -1,6 +1,7 @@
-"""A real run of one configuration: the same RunConfig, workload, policy and acceptance as ``simulate``, served
-by :class:`~.engine.RealEngine` (one engine, one device: replicas and DP ranks are refused); returns the simulator's :class:`RunOutput`, so ``write_run``, the frontier table and the
-plots work unchanged."""
+"""A real run of one configuration: the same RunConfig, workload, policy and acceptance (keyed per-request draws)
+as ``simulate``, served by :class:`~.engine.RealEngine` (one engine on one device: replicas and DP ranks are
+refused); returns the simulator's :class:`RunOutput`, so ``write_run``, the frontier table and the plots work
+unchanged."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
