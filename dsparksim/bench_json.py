@@ -143,6 +143,41 @@ def _peak_chunks_per_s(starts: np.ndarray, first: np.ndarray, step_end: np.ndarr
     return float(bins.max()), int(np.cumsum(ev[:, 1]).max())
 
 
+def _step_spans(res: SimResult, idx: np.ndarray, t_start: np.ndarray, first: np.ndarray, fin: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """[lo, hi): the steps of its own engine that each request decoded in. The log holds every engine's steps,
+    engine by engine (each block in time order), so a request is searched in its engine's block only."""
+    n_steps = len(t_start)
+    eng_steps = _engine_of_steps(res)
+    if eng_steps is None:
+        blocks, eng_req = {0: (0, n_steps)}, np.zeros(len(idx), np.int64)
+    else:
+        bounds = np.flatnonzero(np.diff(eng_steps)) + 1
+        starts = np.concatenate([[0], bounds])
+        ends = np.concatenate([bounds, [n_steps]])
+        blocks = {int(eng_steps[a]): (int(a), int(b)) for a, b in zip(starts, ends)}
+        dp = max(1, int(res.dp_ranks))
+        eng_req = (res.replica[idx] * dp + (res.dp_rank[idx] if res.dp_rank is not None else 0)).astype(np.int64)
+    lo = np.full(len(idx), n_steps, np.int64)
+    hi = np.full(len(idx), n_steps, np.int64)
+    for e, (a, b) in blocks.items():
+        sel = eng_req == e
+        ts = t_start[a:b]
+        f, g = first[sel], fin[sel]
+        # not started / not finished: up to the end of its engine's block (never into another engine's steps)
+        lo[sel] = np.where(np.isfinite(f), a + np.searchsorted(ts, np.nan_to_num(f, nan=np.inf), "left"), b)
+        hi[sel] = np.where(np.isfinite(g), a + np.searchsorted(ts, np.nan_to_num(g, nan=np.inf), "left"), b)
+    return lo, np.maximum(hi, lo)
+
+
+def _engine_of_steps(res: SimResult) -> np.ndarray | None:
+    st = res.steps
+    if res.replica is None or "replica" not in st or (res.replicas <= 1 and res.dp_ranks <= 1):
+        return None
+    dp = max(1, int(res.dp_ranks))
+    return np.asarray(st["replica"], np.int64) * dp + np.asarray(st.get("rank", 0), np.int64)
+
+
 def bench_result(res: SimResult, *, warmup_s: float, duration_s: float, model_id: str, request_rate: Any,
                  burstiness: Any, max_concurrency: Any, backend: str = "dsparksim",
                  date: str | None = None) -> dict[str, Any]:
@@ -160,9 +195,7 @@ def bench_result(res: SimResult, *, warmup_s: float, duration_s: float, model_id
     fin = res.finish_s[idx]
     # A decoding request is in every step from the one starting at its first token to the one ending at its finish
     # (the engine never skips a decoding request): one streamed chunk, and one ITL sample of dt, per step.
-    lo = np.where(np.isfinite(first), np.searchsorted(t_start, np.nan_to_num(first, nan=np.inf), "left"), n_steps)
-    hi = np.where(np.isfinite(fin), np.searchsorted(t_start, np.nan_to_num(fin, nan=np.inf), "left"), n_steps)
-    hi = np.maximum(hi, lo)
+    lo, hi = _step_spans(res, idx, t_start, first, fin)
     itls = ItlLists(dt, lo, hi)
     ttfts = np.where(np.isfinite(first), first - arr[idx], 0.0)
     lat = np.where(ok, fin - arr[idx], 0.0)

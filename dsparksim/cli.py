@@ -3,17 +3,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from dsparksim.config import EngineConfig, RunConfig
+from dsparksim.config import (DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, RunConfig, _number, nonneg_float,
+                              nonneg_int, pos_float, pos_int, run_options)
 from dsparksim.errors import ConfigError, InputError
 
-DEFAULT_DURATION_S = 60.0
+__all__ = ["DEFAULT_DURATION_S", "add_draft_len", "add_option", "add_out", "build_parser", "main", "nonneg_float",
+           "nonneg_int", "pos_float", "pos_int", "preflight", "run_config"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -21,36 +22,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _number(s: str, kind: type, lo: float, lo_open: bool, what: str):
-    try:
-        v = kind(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
-    if not math.isfinite(v) or v < lo or (lo_open and v == lo):
-        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
-    return v
-
-
-def pos_float(s: str) -> float:
-    """argparse type: a finite number > 0."""
-    return _number(s, float, 0.0, True, "a finite number > 0")
-
-
-def nonneg_float(s: str) -> float:
-    """argparse type: a finite number >= 0."""
-    return _number(s, float, 0.0, False, "a finite number >= 0")
-
-
-def pos_int(s: str) -> int:
-    """argparse type: an integer >= 1."""
-    return _number(s, int, 1, False, "an integer >= 1")
-
-
-def nonneg_int(s: str) -> int:
-    """argparse type: an integer >= 0."""
-    return _number(s, int, 0, False, "an integer >= 0")
 
 
 def _floats(s: str) -> list[float]:
@@ -68,21 +39,44 @@ def _ints(s: str) -> list[int]:
     return [_number(x, int, 1, False, "comma-separated integers >= 1") for x in vals]
 
 
-class _DraftLen(argparse.Action):
-    """Stores K; ``--block-size`` still works but warns (in vLLM it is the KV-cache page size)."""
+class _Deprecated(argparse.Action):
+    """Stores the value; a deprecated spelling still works but warns (e.g. --block-size, vLLM's KV page size)."""
+
+    def __init__(self, *args: Any, deprecated: tuple[tuple[str, str], ...] = (), **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.deprecated = dict(deprecated)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        if option_string == "--block-size":
-            print("dsparksim: warning: --block-size is deprecated (vLLM's --block-size is the KV page size); "
-                  "use --num-speculative-tokens or -K", file=sys.stderr)
+        why = self.deprecated.get(option_string)
+        if why is not None:
+            use = " or ".join(o for o in self.option_strings if o not in self.deprecated)
+            print(f"dsparksim: warning: {option_string} is deprecated ({why}); use {use}", file=sys.stderr)
         setattr(namespace, self.dest, values)
+
+
+def add_option(container, key: str, help: str | None = None) -> None:
+    """Add the run option ``key`` (see :func:`dsparksim.config.run_options`) to a parser or argument group: its
+    flags, parser, choices, default and help all come from the config field's metadata; the dest is the key."""
+    spec = run_options()[key]
+    o = spec.option
+    kw: dict[str, Any] = {"dest": key, "default": spec.default, "help": o.help if help is None else help}
+    if o.switch:
+        kw["action"] = "store_true"
+    else:
+        if o.parse is not None:
+            kw["type"] = o.parse
+        if o.choices is not None:
+            kw["choices"] = o.choice_list()
+        if o.metavar is not None or o.choices is None:  # --kv-capacity KV_CAPACITY, as typed (not the dest)
+            kw["metavar"] = o.metavar or o.flags[0].lstrip("-").replace("-", "_").upper()
+        if o.deprecated:
+            kw.update(action=_Deprecated, deprecated=o.deprecated)
+    container.add_argument(*o.flags, **kw)
 
 
 def add_draft_len(g) -> None:
     """The draft length option, vLLM's name first: --num-speculative-tokens / -K (--block-size deprecated)."""
-    g.add_argument("--num-speculative-tokens", "-K", "--block-size", dest="block_size", type=int, default=7,
-                   action=_DraftLen, metavar="K",
-                   help="draft tokens per block, K (--block-size: deprecated alias) [%(default)s]")
+    add_option(g, "block_size")
 
 
 def add_out(p: argparse.ArgumentParser, default: str | None, help: str = "output directory") -> None:
@@ -92,63 +86,33 @@ def add_out(p: argparse.ArgumentParser, default: str | None, help: str = "output
                    help=f"{help}" + (" [%(default)s]" if default is not None else ""))
 
 
+_GROUPS = {"inputs": "inputs", "traffic": "traffic (closed loop by default)", "engine": "engine"}
+
+
 def _add_common(p: argparse.ArgumentParser, frontier: bool) -> None:
-    g = p.add_argument_group("inputs")
-    g.add_argument("--profile", default="h100-llama2-7b-tp1",
-                   help="cost profile: shipped name (see `dsparksim profile list`) or JSON path [%(default)s]")
-    g.add_argument("--acceptance", default="dspark",
-                   help="block drafter acceptance: parametric name (dspark, dflash, eagle3), acceptance-trace file, "
-                        "vllm:PATH, sglang:PATH or tau:X [%(default)s]")
-    g.add_argument("--mtp1-acceptance", default="mtp1",
-                   help="acceptance source the mtp1 baseline runs with [%(default)s]")
-    add_draft_len(g)
-    t = p.add_argument_group("traffic (closed loop by default)")
+    """The shared run options, generated from the config fields' metadata (``frontier``: load lists instead of
+    one load), plus ``--format``."""
+    groups = {name: p.add_argument_group(title) for name, title in _GROUPS.items()}
     if frontier:
+        t = groups["traffic"]
         t.add_argument("--concurrency-levels", type=_ints, default=None,
                        help="closed-loop load levels (users), comma-separated [1,2,4,8,16,32,64,96,128]")
         t.add_argument("--rates", type=_floats, default=None,
                        help="open-loop load levels (req/s), comma-separated; uses Poisson/gamma arrivals")
         t.add_argument("--time-scales", type=_floats, default=None,
                        help="trace replay load levels (arrival-rate multipliers), comma-separated (needs --trace)")
-    else:
-        x = t.add_mutually_exclusive_group()
-        x.add_argument("--concurrency", "--max-concurrency", dest="concurrency", type=pos_int,
-                       help="closed loop with N concurrent users [32 if nothing else]")
-        x.add_argument("--rate", "--request-rate", dest="rate", type=pos_float,
-                       help="open loop, mean arrival rate in req/s")
-        x.add_argument("--trace", help="replay an arrival trace: an Azure 2023 CSV or Mooncake JSONL path, or a shipped window "
-                                       "(azure-conv-window, azure-code-window, mooncake-window)")
-        t.add_argument("--time-scale", type=pos_float, default=None,
-                       help="trace replay rate multiplier (needs --trace) [1]")
-    if frontier:
-        t.add_argument("--trace", help="replay an arrival trace at each --time-scales level")
-    t.add_argument("--burstiness", type=pos_float, default=1.0,
-                   help="open loop: gamma shape (1 = Poisson, <1 burstier), as vllm bench serve [%(default)s]")
-    t.add_argument("--arrival", choices=["poisson", "gamma", "constant"], default=None,
-                   help="open-loop arrival process (needs a rate) [poisson, or gamma when --burstiness != 1]")
-    t.add_argument("--mooncake-spread", action="store_true",
-                   help="Mooncake replay: spread each ~3 s timestamp group over the gap (default: fire at once)")
-    t.add_argument("--lengths", default=None,
-                   help="prompt/output length source, resampled: azure-conv (shipped sample), azure-code, sharegpt, "
-                        "arxiv, or a CSV/JSONL path [azure-conv; a replayed trace's own lengths]")
-    t.add_argument("--domain", default="mix:math=1,code=1,chat=1",
-                   help="domain of each request: math | code | chat | mix:math=W,code=W,chat=W [%(default)s]")
-    d = t.add_mutually_exclusive_group()
-    d.add_argument("--duration", type=pos_float, default=None, help=f"simulated seconds [{DEFAULT_DURATION_S:g}]")
-    d.add_argument("--num-requests", "--num-prompts", dest="num_requests", type=pos_int, default=None,
-                   help="serve exactly N requests, then stop")
-    t.add_argument("--warmup", type=nonneg_float, default=None,
-                   help="seconds excluded from the metrics, below --duration [10%% of --duration; 0 with "
-                        "--num-requests]")
-    e = p.add_argument_group("engine")
-    e.add_argument("--kv-capacity", type=int, default=None, help="KV capacity in tokens [profile's value]")
-    e.add_argument("--max-num-seqs", type=int, default=1024, help="most running requests [%(default)s]")
-    e.add_argument("--max-batched-tokens", type=int, default=None,
-                   help="token budget per target forward [profile's largest breakpoint]")
-    e.add_argument("--prefill-chunk", type=int, default=2048, help="chunked-prefill tokens per step [%(default)s]")
-    e.add_argument("--extrapolate", action="store_true",
-                   help="allow cost lookups beyond the profile's last breakpoint (reported in the summary)")
-    p.add_argument("--seed", type=nonneg_int, default=0, help="random seed [%(default)s]")
+    exclusive: dict[tuple[str, str], Any] = {}
+    for key, spec in run_options().items():
+        o = spec.option
+        if not o.flags or not o.common or (frontier and o.load):
+            continue
+        g = p if spec.group == "" else groups[spec.group]
+        ex = None if frontier and o.exclusive == "load" else o.exclusive  # frontier: --trace is its own axis
+        if ex is not None:
+            if (spec.group, ex) not in exclusive:
+                exclusive[(spec.group, ex)] = g.add_mutually_exclusive_group()
+            g = exclusive[(spec.group, ex)]
+        add_option(g, key, help=o.frontier_help if frontier and o.frontier_help else None)
     p.add_argument("--format", choices=["csv", "parquet"], default="csv", help="per-request table format")
 
 
@@ -191,11 +155,11 @@ def check_run_args(args: argparse.Namespace, frontier: bool = False) -> None:
 
     Options that would be ignored are errors, never silently dropped; the output directory must be usable and a
     needed extra (pyarrow for --format parquet) importable."""
-    if args.warmup is not None and args.num_requests is None:
-        dur = args.duration if args.duration is not None else DEFAULT_DURATION_S
-        if args.warmup >= dur:
+    if args.warmup_s is not None and args.num_requests is None:
+        dur = args.duration_s if args.duration_s is not None else DEFAULT_DURATION_S
+        if args.warmup_s >= dur:
             raise _bad("--warmup", f"expected a value below --duration ({dur:g} s) so some time is measured, "
-                       f"got {args.warmup:g}")
+                       f"got {args.warmup_s:g}")
     has_rate = bool(args.rates) if frontier else args.rate is not None
     if args.arrival is not None and not has_rate:
         raise _bad("--arrival", f"applies to open-loop arrivals only (set {'--rates' if frontier else '--rate'}); "
@@ -211,44 +175,33 @@ def check_run_args(args: argparse.Namespace, frontier: bool = False) -> None:
     check_out_dir(args.out, "--out")
 
 
-def _traffic(args: argparse.Namespace, mode: str, **over: Any):
-    from dsparksim.traffic import TrafficConfig
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """The run options of a parsed command line (its dests are the option keys)."""
+    return {k: getattr(args, k) for k in run_options() if hasattr(args, k)}
 
-    duration = args.duration if args.num_requests is None else None
-    if duration is None and args.num_requests is None:
-        duration = DEFAULT_DURATION_S
-    arrival = args.arrival or ("gamma" if args.burstiness != 1.0 else "poisson")
-    kw: dict[str, Any] = dict(mode=mode if mode != "open" else arrival, lengths=args.lengths, domain=args.domain,
-                              num_requests=args.num_requests, duration_s=duration)
-    if kw["mode"] == "gamma":
-        kw["burstiness"] = args.burstiness
-    elif args.burstiness != 1.0:
-        raise ConfigError("cli", "--burstiness", f"only applies to gamma arrivals (got --arrival {kw['mode']})")
-    if args.mooncake_spread:
-        kw["mooncake_spread"] = True
-    kw.update(over)
-    # Closed loop needs no pool: requests are generated lazily as users need them (traffic.base), so a cell never
-    # depends on the other load levels of a frontier or sweep.
-    return TrafficConfig(**kw)
+
+def run_config(args: argparse.Namespace, default_concurrency: int = DEFAULT_CONCURRENCY, **load: Any) -> RunConfig:
+    """The RunConfig of `run`-style options (``load`` overrides them, e.g. a frontier's load level);
+    errors name the command-line flag."""
+    return RunConfig.from_options({**_options(args), **load}, "cli", flags=True,
+                                  default_concurrency=default_concurrency)
 
 
 def run_traffic(args: argparse.Namespace, default_concurrency: int):
     """The traffic of one run from `run`-style options: --trace | --rate | --concurrency (the default)."""
-    if args.trace:
-        return _traffic(args, "trace", trace=args.trace,
-                        time_scale=args.time_scale if args.time_scale is not None else 1.0)
-    if args.rate is not None:
-        return _traffic(args, "open", rate=args.rate)
-    return _traffic(args, "closed", concurrency=args.concurrency or default_concurrency)
+    return run_config(args, default_concurrency).traffic
+
+
+def _traffic(args: argparse.Namespace, mode: str, **load: Any):
+    """The traffic of `run`-style options with the load replaced (``mode``: closed | open | trace, named by the
+    load given in ``load``)."""
+    load = {"concurrency": None, "rate": None, "trace": None, "time_scale": None, **load}
+    return run_config(args, **load).traffic
 
 
 def _run_config(args: argparse.Namespace, traffic) -> RunConfig:
-    eng = EngineConfig(block_size=args.block_size, kv_capacity_tokens=args.kv_capacity,
-                       max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens,
-                       prefill_chunk_tokens=args.prefill_chunk, extrapolate=args.extrapolate)
-    return RunConfig(policy=getattr(args, "policy", "confidence"), profile=args.profile, acceptance=args.acceptance,
-                     mtp1_acceptance=args.mtp1_acceptance, engine=eng, traffic=traffic, warmup_s=args.warmup,
-                     seed=args.seed)
+    """The RunConfig of `run`-style options with ``traffic`` (see :func:`run_config`)."""
+    return run_config(args).replace(traffic=traffic)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -258,8 +211,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     check_run_args(args)  # every option and the output directory, before the simulation
     check_policy_inputs(args)
-    traffic = run_traffic(args, default_concurrency=32)
-    cfg = _run_config(args, traffic)
+    cfg = run_config(args)
+    traffic = cfg.traffic
     preflight(cfg, [cfg.policy])  # profile, acceptance, lengths and trace read before the progress bar starts
     t0 = time.perf_counter()
     total = traffic.duration_s
@@ -291,8 +244,8 @@ def _f(v: Any, nd: int = 1) -> str:
 def cmd_frontier(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from dsparksim.frontier import (DEFAULT_CONCURRENCY, DEFAULT_POLICIES, cells, comparison_table,
-                                    frontier_table, run_cells)
+    from dsparksim.frontier import DEFAULT_CONCURRENCY as DEFAULT_LOADS
+    from dsparksim.frontier import DEFAULT_POLICIES, cells, comparison_table, frontier_table, run_cells
     from dsparksim.plots import plot_frontier, plot_verify_budget
     from dsparksim.outputs import staged_dir
     from dsparksim.policies import make_policy
@@ -329,15 +282,13 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         import_ray()  # the missing extra is one line before any cell, not after the progress bar
     check_run_args(args, frontier=True)
     if args.trace:
-        loads, traffic, load_name = args.time_scales or [0.5, 1, 2, 4], _traffic(args, "trace", trace=args.trace,
-                                                                               time_scale=1.0), "trace time scale"
+        loads, load, load_name = args.time_scales or [0.5, 1, 2, 4], {"time_scale": 1.0}, "trace time scale"
     elif args.rates:
-        loads, traffic, load_name = args.rates, _traffic(args, "open", rate=args.rates[0]), "arrival rate (req/s)"
+        loads, load, load_name = args.rates, {"rate": args.rates[0]}, "arrival rate (req/s)"
     else:
-        loads = args.concurrency_levels or list(DEFAULT_CONCURRENCY)
-        traffic = _traffic(args, "closed", concurrency=int(max(loads)))
-        load_name = "concurrent users"
-    base = _run_config(args, traffic)
+        loads = args.concurrency_levels or list(DEFAULT_LOADS)
+        load, load_name = {"concurrency": int(max(loads))}, "concurrent users"
+    base = run_config(args, **load)
     preflight(base, policies)
     cfgs = cells(base, policies, loads)
     jobs = args.jobs or min(os.cpu_count() or 1, len(cfgs))
@@ -390,28 +341,13 @@ def _gain_cell(r: Any) -> str:
 def preflight(base: RunConfig, policies: Sequence[str]) -> None:
     """Load every input the cells will read (profile, each policy's acceptance source, length and trace files) in
     this process, so a bad one is one error line before any cell runs, not a failure inside a worker."""
-    from dsparksim.acceptance import load_acceptance
-    from dsparksim.policies import make_policy
-    from dsparksim.profile import load_profile
-    from dsparksim.simulate import engine_limits
+    from dsparksim.inputs import resolve_inputs
     from dsparksim.traffic.readers import read_trace
     from dsparksim.traffic.sources import resolve
 
-    prof = load_profile(base.profile)
-    if base.engine.extrapolate:
-        prof = prof.with_extrapolation(True)
-    engine_limits(base, prof)
-    loaded: dict[tuple[str, int], Any] = {}
+    cache: dict = {}  # each profile and (acceptance spec, K) is read once across the policies
     for spec in policies:
-        pol = make_policy(spec)
-        K = int(pol.block_size or base.engine.block_size)
-        src = (base.mtp1_acceptance if pol.drafter == "mtp1" else pol.drafter) if pol.drafter else base.acceptance
-        if (src, K) not in loaded:
-            loaded[(src, K)] = load_acceptance(src, K)
-        drafter = pol.drafter or base.engine.drafter or loaded[(src, K)].drafter
-        if drafter not in prof.drafters:
-            raise ConfigError(prof.source, "drafters", f"profile '{prof.name}' has no drafting cost for drafter "
-                              f"'{drafter}' (policy {spec}; has: {sorted(prof.drafters)})")
+        resolve_inputs(base.replace(policy=spec), cache=cache)
     t = base.traffic
     for key, val in (("lengths", t.lengths), ("trace", t.trace)):
         if val:
@@ -495,7 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="simulate one configuration",
                        description="Simulate one policy at one load; writes config.json, summary.json, "
                                    "requests.csv and a vllm-bench-serve-shaped bench_result.json.")
-    r.add_argument("--policy", default="confidence", help="policy spec, e.g. confidence, fixed:7 [%(default)s]")
+    add_option(r, "policy")
     _add_common(r, frontier=False)
     add_out(r, "results/run", "output directory, replaced whole by the new results")
     r.add_argument("--save-steps", action="store_true", help="also write the per-step log steps.csv")

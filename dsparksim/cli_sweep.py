@@ -9,7 +9,7 @@ def _backend_args(p: argparse.ArgumentParser, default: str = "local") -> None:
     g = p.add_argument_group("execution")
     g.add_argument("--backend", choices=["serial", "local", "ray"], default=default,
                    help="serial (this process), local (process pool) or ray (optional extra) [%(default)s]")
-    from dsparksim.cli import pos_int
+    from dsparksim.config import pos_int
     g.add_argument("--workers", "--jobs", dest="workers", type=pos_int, default=None,
                    help="worker processes / Ray CPUs [all cores]")
     g.add_argument("--ray-address", default=None,
@@ -81,7 +81,7 @@ def cmd_regress(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     """Add `sweep`, `capacity` and `regress` to the dsparksim CLI."""
-    from dsparksim.cli import pos_float
+    from dsparksim.config import pos_float
     s = subparsers.add_parser("sweep", help="run every cell of a TOML sweep spec (cached, resumable)",
                               description="Run the cross product of a sweep spec's axes. Finished cells are cached "
                                           "by content hash in OUT/cells and skipped on a rerun (an interrupted sweep "

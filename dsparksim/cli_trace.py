@@ -52,17 +52,18 @@ def _clean(x: Any) -> Any:
 
 def build_summary(args: argparse.Namespace) -> dict:
     """The summary dict for a trace path or a spec (used by the command and tests)."""
-    from .acceptance import TRACE_SUFFIXES, load_acceptance, resolve_trace_path
+    from .acceptance import load_acceptance, parse_spec
     from .acceptance.summary import summarize_model, summarize_trace
     from .acceptance.trace_format import read_trace
 
     target = args.target.strip()
-    if target.lower().endswith(TRACE_SUFFIXES):
-        trace = read_trace(resolve_trace_path(target))
+    ps = parse_spec(target)
+    if ps.kind == "trace":
+        trace = read_trace(ps.path)
         if args.K is not None and args.K != trace.K:
             trace = trace.truncated(args.K)
         return summarize_trace(trace)
-    K = args.K if args.K is not None else (1 if target.split("?")[0] == "mtp1" else 7)
+    K = args.K if args.K is not None else (1 if ps.kind == "parametric" and ps.name == "mtp1" else 7)
     if args.blocks < 2 or args.blocks_per_request < 1:
         raise InputError("trace inspect", "--blocks", "need --blocks >= 2 and --blocks-per-request >= 1")
     return summarize_model(load_acceptance(target, K), args.blocks, args.blocks_per_request, args.seed)

@@ -1,14 +1,181 @@
-"""Frozen configuration of one simulated run, saved next to every result (config.json)."""
+"""Frozen configuration of one simulated run, saved next to every result (config.json).
+
+Each field that is a run option carries its whole definition in ``dataclasses.field(metadata={"option": Option})``:
+command-line spellings, help, parser, the value types a sweep spec may give, choices and the value when it is not
+given. The CLI's shared run options (``dsparksim.cli``) and the sweep keys (``dsparksim.sweep.spec``) are generated
+from it (:func:`run_options`), and :meth:`RunConfig.from_options` builds a run from flat option values.
+"""
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from dsparksim.errors import ConfigError
 
+# Value types a sweep spec (TOML) may give for an option; NUM values become floats.
+STR: tuple[type, ...] = (str,)
+INT: tuple[type, ...] = (int,)
+NUM: tuple[type, ...] = (int, float)
+BOOL: tuple[type, ...] = (bool,)
 
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()       # Option.default when the option's default is the field's own
+DEFAULT_CONCURRENCY = 32    # closed-loop users of a run that names no load
+DEFAULT_DURATION_S = 60.0   # simulated seconds of a run that sets neither duration_s nor num_requests
+
+
+# ------------------------------------------------------------------------------------------- option parsers
+def _number(s: str, kind: type, lo: float, lo_open: bool, what: str):
+    try:
+        v = kind(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
+    if not math.isfinite(v) or v < lo or (lo_open and v == lo):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
+    return v
+
+
+def pos_float(s: str) -> float:
+    """Option parser: a finite number > 0."""
+    return _number(s, float, 0.0, True, "a finite number > 0")
+
+
+def nonneg_float(s: str) -> float:
+    """Option parser: a finite number >= 0."""
+    return _number(s, float, 0.0, False, "a finite number >= 0")
+
+
+def pos_int(s: str) -> int:
+    """Option parser: an integer >= 1."""
+    return _number(s, int, 1, False, "an integer >= 1")
+
+
+def nonneg_int(s: str) -> int:
+    """Option parser: an integer >= 0."""
+    return _number(s, int, 0, False, "an integer >= 0")
+
+
+# ------------------------------------------------------------------------------------------ option metadata
+@dataclass(frozen=True)
+class Option:
+    """How a configuration field is given as a run option (command line and sweep key).
+
+    flags:       command-line spellings, primary first; () = a sweep key only.
+    parse:       argparse type for the flag's string (None: the string itself).
+    kinds:       value types a sweep spec may give (NUM values become floats).
+    choices:     allowed values, or a function returning them (checked by argparse; the dataclass checks again).
+    default:     the value when the option is not given; UNSET = the field's default.
+    key:         the option / sweep key and argparse dest; None = the field name.
+    group:       command-line help group (inputs | traffic | engine; "" = top level); None = the section's.
+    exclusive:   command-line mutually exclusive group this flag belongs to.
+    switch:      a flag without value (store_true).
+    deprecated:  (flag, why) pairs: spellings that still work but warn.
+    load:        a load option (concurrency | rate | time_scale): replaced by load lists in ``frontier``.
+    common:      added by the shared run options; False = each command adds it (``--policy``).
+    frontier_help: help text in ``frontier`` where it differs.
+    """
+
+    flags: tuple[str, ...] = ()
+    help: str = ""
+    parse: Callable[[str], Any] | None = None
+    kinds: tuple[type, ...] = STR
+    choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None
+    default: Any = UNSET
+    key: str | None = None
+    group: str | None = None
+    exclusive: str | None = None
+    switch: bool = False
+    metavar: str | None = None
+    deprecated: tuple[tuple[str, str], ...] = ()
+    load: bool = False
+    common: bool = True
+    frontier_help: str | None = None
+
+    def choice_list(self) -> tuple[str, ...] | None:
+        return self.choices() if callable(self.choices) else self.choices
+
+
+def option(field_default: Any, /, *flags: str, **kw: Any) -> Any:
+    """A dataclass field with ``field_default`` that is also a run option (see :class:`Option`)."""
+    return field(default=field_default, metadata={"option": Option(flags=tuple(flags), **kw)})
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One run option resolved: its key, the config section and field it sets, its definition and default."""
+
+    key: str
+    section: str        # "run" | "engine" | "traffic"
+    field: str
+    option: Option
+    default: Any
+
+    @property
+    def group(self) -> str:
+        g = self.option.group
+        return g if g is not None else {"run": "inputs"}.get(self.section, self.section)
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """Other spellings of the key: each command-line flag with dashes as underscores (``-K`` -> ``k``)."""
+        out = []
+        for f in self.option.flags:
+            n = f.lstrip("-").replace("-", "_")
+            n = n.lower() if not f.startswith("--") else n
+            if n != self.key and n not in out:
+                out.append(n)
+        return tuple(out)
+
+
+def _section_classes() -> dict[str, type]:
+    from dsparksim.traffic.config import TrafficConfig  # lazy: keeps this module import-light
+
+    return {"run": RunConfig, "engine": EngineConfig, "traffic": TrafficConfig}
+
+
+@functools.lru_cache(maxsize=1)
+def run_options() -> dict[str, OptionSpec]:
+    """Every run option, keyed by option key, in definition order (RunConfig; its engine and traffic sections)."""
+    classes = _section_classes()
+    out: dict[str, OptionSpec] = {}
+
+    def walk(section: str) -> None:
+        for f in dataclasses.fields(classes[section]):
+            if f.name in classes and f.name != section:
+                walk(f.name)
+                continue
+            o = f.metadata.get("option")
+            if o is None:
+                continue
+            key = o.key or f.name
+            default = f.default if o.default is UNSET else o.default
+            out[key] = OptionSpec(key=key, section=section, field=f.name, option=o, default=default)
+
+    walk("run")
+    return out
+
+
+def _router_names() -> tuple[str, ...]:
+    from dsparksim.routers import ROUTER_NAMES  # lazy: the routers module grows with the replica engine
+
+    return ROUTER_NAMES
+
+
+def _count(name: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError("config", name, f"must be an integer >= 1, got {v!r}")
+
+
+# ------------------------------------------------------------------------------------------------- configs
 @dataclass(frozen=True)
 class EngineConfig:
     """The serving engine being simulated (DESIGN.md section 6).
@@ -21,15 +188,31 @@ class EngineConfig:
     max_batched_tokens:  token budget of one target forward; None = the profile's largest breakpoint.
     prefill_chunk_tokens: most prefill tokens scheduled in one step (chunked prefill).
     extrapolate:         allow (and report) cost lookups beyond the profile's largest breakpoint.
+    replicas:            identical engine replicas behind a router (each with this configuration).
+    router:              how requests are spread over the replicas (one of ``dsparksim.routers.ROUTER_NAMES``).
+    dp_ranks:            data-parallel attention ranks of one MoE engine, stepped in lockstep.
     """
 
-    block_size: int = 7
-    drafter: str | None = None
-    kv_capacity_tokens: int | None = None
-    max_num_seqs: int = 1024
-    max_batched_tokens: int | None = None
-    prefill_chunk_tokens: int = 2048
-    extrapolate: bool = False
+    block_size: int = option(
+        7, "--num-speculative-tokens", "-K", "--block-size", parse=int, kinds=INT, metavar="K", group="inputs",
+        deprecated=(("--block-size", "vLLM's --block-size is the KV page size"),),
+        help="draft tokens per block, K (--block-size: deprecated alias) [%(default)s]")
+    drafter: str | None = option(None)
+    kv_capacity_tokens: int | None = option(None, "--kv-capacity", parse=int, kinds=INT,
+                                            help="KV capacity in tokens [profile's value]")
+    max_num_seqs: int = option(1024, "--max-num-seqs", parse=int, kinds=INT, help="most running requests [%(default)s]")
+    max_batched_tokens: int | None = option(None, "--max-batched-tokens", parse=int, kinds=INT,
+                                            help="token budget per target forward [profile's largest breakpoint]")
+    prefill_chunk_tokens: int = option(2048, "--prefill-chunk", parse=int, kinds=INT,
+                                       help="chunked-prefill tokens per step [%(default)s]")
+    extrapolate: bool = option(False, "--extrapolate", switch=True, kinds=BOOL,
+                               help="allow cost lookups beyond the profile's last breakpoint (reported in the summary)")
+    replicas: int = option(1, "--replicas", parse=pos_int, kinds=INT, metavar="N",
+                           help="identical engine replicas behind a router [%(default)s]")
+    router: str = option("round-robin", "--router", choices=_router_names, metavar="NAME",
+                         help="how requests are spread over the replicas (and DP ranks): %(choices)s [%(default)s]")
+    dp_ranks: int = option(1, "--dp-ranks", parse=pos_int, kinds=INT, metavar="R",
+                           help="data-parallel attention ranks stepped in lockstep (one MoE engine) [%(default)s]")
 
     def __post_init__(self) -> None:
         if not 1 <= self.block_size <= 15:
@@ -42,20 +225,33 @@ class EngineConfig:
             raise ConfigError("config", "max_batched_tokens", f"must be >= 2, got {self.max_batched_tokens}")
         if self.prefill_chunk_tokens < 1:
             raise ConfigError("config", "prefill_chunk_tokens", f"must be >= 1, got {self.prefill_chunk_tokens}")
+        _count("replicas", self.replicas)
+        names = _router_names()
+        if self.router not in names:
+            raise ConfigError("config", "router", f"expected one of {', '.join(names)}, got {self.router!r}")
+        _count("dp_ranks", self.dp_ranks)
 
 
 @dataclass(frozen=True)
 class RunConfig:
     """One simulated run: which inputs, which policy, which load, how long, which seed."""
 
-    policy: str = "confidence"
-    profile: str = "h100-llama2-7b-tp1"
-    acceptance: str = "dspark"
-    mtp1_acceptance: str = "mtp1"
+    policy: str = option("confidence", "--policy", common=False,
+                         help="policy spec, e.g. confidence, fixed:7 [%(default)s]")
+    profile: str = option("h100-llama2-7b-tp1", "--profile",
+                          help="cost profile: shipped name (see `dsparksim profile list`) or JSON path [%(default)s]")
+    acceptance: str = option("dspark", "--acceptance",
+                             help="block drafter acceptance: parametric name (dspark, dflash, eagle3), "
+                                  "acceptance-trace file, vllm:PATH, sglang:PATH or tau:X [%(default)s]")
+    mtp1_acceptance: str = option("mtp1", "--mtp1-acceptance",
+                                  help="acceptance source the mtp1 baseline runs with [%(default)s]")
     engine: EngineConfig = field(default_factory=EngineConfig)
     traffic: Any = None  # dsparksim.traffic.TrafficConfig (kept Any so this module stays import-light)
-    warmup_s: float | None = None  # None = 10% of duration for duration-bound runs, 0 for count-bound runs
-    seed: int = 0
+    # None = 10% of duration for duration-bound runs, 0 for count-bound runs
+    warmup_s: float | None = option(None, "--warmup", parse=nonneg_float, kinds=NUM, group="traffic",
+                                    help="seconds excluded from the metrics, below --duration [10%% of --duration; "
+                                         "0 with --num-requests]")
+    seed: int = option(0, "--seed", parse=nonneg_int, kinds=INT, group="", help="random seed [%(default)s]")
 
     def __post_init__(self) -> None:
         if self.warmup_s is not None and not (math.isfinite(self.warmup_s) and self.warmup_s >= 0):
@@ -68,6 +264,62 @@ class RunConfig:
         if self.warmup_s is not None and dur is not None and self.warmup_s >= dur:
             raise ConfigError("config", "warmup_s", f"must be below duration_s ({dur:g}) so some time is measured, "
                               f"got {self.warmup_s:g}")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], source: str = "options", *, flags: bool = False,
+                     default_concurrency: int = DEFAULT_CONCURRENCY) -> "RunConfig":
+        """A RunConfig (with its EngineConfig and TrafficConfig) from flat option values keyed as
+        :func:`run_options` (sweep keys, parsed command-line values); an option not given takes its default.
+
+        The load picks the traffic mode: ``trace`` or ``time_scale`` -> trace replay (time scale 1 by default),
+        ``rate`` -> open loop (``arrival``, else gamma when ``burstiness`` != 1, else Poisson), otherwise closed
+        loop with ``concurrency`` (``default_concurrency`` users when not given). Without ``num_requests`` the run
+        lasts ``duration_s`` (60 s by default). Errors are ConfigErrors naming ``source`` and the option (its
+        command-line flag when ``flags``); the config dataclasses check every value again.
+        """
+        from dsparksim.traffic.config import OPEN_SYNTHETIC, TrafficConfig
+
+        specs = run_options()
+
+        def bad(key: str, message: str) -> ConfigError:
+            return ConfigError(source, specs[key].option.flags[0] if flags and specs[key].option.flags else key,
+                               message)
+
+        for k in options:
+            if k not in specs:
+                raise ConfigError(source, k, f"unknown option; known options: {', '.join(specs)}")
+        v = {k: options.get(k, s.default) for k, s in specs.items()}
+        sect: dict[str, dict[str, Any]] = {"run": {}, "engine": {}, "traffic": {}}
+        for k, s in specs.items():
+            sect[s.section][s.field] = v[k]
+        t = sect["traffic"]
+        if v["num_requests"] is not None and v["duration_s"] is not None:
+            # one stop rule: a run that names both would silently ignore one of them
+            raise bad("duration_s", f"conflicts with num_requests ({v['num_requests']!r}): a run stops after "
+                      "num_requests requests or after duration_s seconds; set one")
+        if v["num_requests"] is None and v["duration_s"] is None:
+            t["duration_s"] = DEFAULT_DURATION_S
+        if v["trace"] is not None or v["time_scale"] is not None:
+            mode = "trace"
+            t["time_scale"] = 1.0 if v["time_scale"] is None else v["time_scale"]
+        elif v["rate"] is not None:
+            mode = v["arrival"] or ("gamma" if v["burstiness"] != 1.0 else "poisson")
+        else:
+            mode = "closed"
+            t["concurrency"] = default_concurrency if v["concurrency"] is None else v["concurrency"]
+        if v["arrival"] is not None and mode not in OPEN_SYNTHETIC:
+            raise bad("arrival", f"applies to open-loop arrivals only (set a rate); got arrival {v['arrival']!r} "
+                      f"with {'trace replay' if mode == 'trace' else 'closed loop'}")
+        if mode != "gamma" and v["burstiness"] != 1.0:
+            raise bad("burstiness", f"only applies to gamma arrivals (got {'--arrival ' if flags else 'mode '}"
+                      f"{mode})")
+        t["mode"] = mode
+        if t["time_scale"] is None:
+            t["time_scale"] = 1.0
+        # Closed loop needs no pool: requests are generated lazily as users need them (traffic.base), so a cell
+        # never depends on the other load levels of a frontier or sweep.
+        traffic = TrafficConfig(**t)
+        return cls(engine=EngineConfig(**sect["engine"]), traffic=traffic, **sect["run"])
 
     def to_dict(self) -> dict[str, Any]:
         return _jsonable(dataclasses.asdict(self))

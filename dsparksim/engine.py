@@ -200,9 +200,12 @@ class Engine:
             self.n_admitted += 1
             self.running.append(row)
             new.append(row)
-            self._start(slot, row)
         if new:
             self._run_arr = None
+            rows = np.array(new, np.int64)
+            # one call for all admitted requests: each row's start draws are keyed by its request alone
+            rng = self.rng if self.streams is None else self.streams.rows(r.key[rows], -1, 1)
+            self.acc.start(r.slot_of[rows], r.domain[rows], rng)
             for cb in self.on_admit:
                 cb(new)
         return new
@@ -228,11 +231,6 @@ class Engine:
         r.phase[rows] = DECODE
         r.first_tok[rows] = now
         r.gen[rows] = 1
-
-    def _start(self, slot: int, row: int) -> None:
-        r = self.req
-        rng = self.rng if self.streams is None else self.streams.rows(r.key[row: row + 1], -1)
-        self.acc.start(np.array([slot]), r.domain[row: row + 1], rng)
 
     # ---------------------------------------------------------------- pricing
     def _dense_verify_table(self) -> np.ndarray | None:

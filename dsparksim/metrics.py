@@ -43,7 +43,7 @@ def per_request_table(res: SimResult) -> pd.DataFrame:
     rejected = res.rejected
     codes = res.reject_reason if res.reject_reason is not None else np.zeros(len(rejected), np.int8)
     reason = np.array([""] + [REJECT_REASONS.get(c, "") for c in range(1, 8)], dtype=object)[codes]
-    return pd.DataFrame({
+    cols = {
         "request_id": np.arange(len(res.arrival_s)),
         "domain": res.domain,
         "arrival_s": res.arrival_s,
@@ -65,7 +65,12 @@ def per_request_table(res: SimResult) -> pd.DataFrame:
         "accepted_tokens": res.accepted_tokens,
         "mean_verify_len": mean_vl,
         "tau": tau,
-    })
+    }
+    if res.replica is not None:
+        cols["replica"] = res.replica          # -1: rejected on arrival, never routed
+        if res.dp_ranks > 1:
+            cols["dp_rank"] = res.dp_rank
+    return pd.DataFrame(cols)
 
 
 def _pct(x: np.ndarray, q: float) -> float:
@@ -217,8 +222,29 @@ def summarize(res: SimResult, *, policy: str, load: Any, warmup_s: float, closed
         "kv_peak_used_tokens": int(st["kv_used"].max()) if len(st["kv_used"]) else 0,
         "block_size": res.block_size,
         "drafter": res.drafter,
+        "replicas": int(res.replicas),
+        "dp_ranks": int(res.dp_ranks),
     }
+    if res.replicas > 1:
+        # Per-replica view of the same window: how evenly the router spread the load.
+        s["per_replica"] = [_replica_summary(res.for_replica(r), r, warmup_s) for r in range(res.replicas)]
     return {k: _clean(v) for k, v in s.items()}
+
+
+def _replica_summary(res: SimResult, r: int, warmup_s: float) -> dict[str, Any]:
+    st = res.steps
+    t_end = st["t_start"] + st["dt"]
+    window = res.sim_time_s - warmup_s
+    frac = np.clip((t_end - warmup_s) / np.where(st["dt"] > 0, st["dt"], 1.0), 0.0, 1.0)
+    req = per_request_table(res)
+    done = req[req["completed"] & (req["arrival_s"] >= warmup_s)]
+    in_win = t_end > warmup_s
+    return {"replica": r, "num_requests_routed": int(len(req)), "num_requests_completed": int(len(done)),
+            "output_throughput_tok_s": float((st["emitted"] * frac).sum()) / window,
+            "tps_user_median": _pct(done["tps_user"].to_numpy(), 50),
+            "ttft_p99_s": _pct(done["ttft_s"].to_numpy(), 99),
+            "mean_running": _mean(st["n_running"][in_win].astype(float)),
+            "num_steps": int(in_win.sum())}
 
 
 def _tau(st: dict[str, np.ndarray], in_win: np.ndarray, dec_steps: float) -> float:

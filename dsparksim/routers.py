@@ -6,11 +6,12 @@ and returns an engine index. Adding a router means one small class and one regis
 ===================  =========================================================================================
 ``round-robin``      engines in turn
 ``random``           uniform, keyed by the request (request i goes to the same engine whatever else runs)
-``least-outstanding``  fewest running + waiting + queued requests (ties: lowest index)
+``least-outstanding``  fewest running + waiting + queued requests (ties: in turn, round-robin)
 ``least-kv``         most free KV (capacity - reserved - what queued requests will reserve; ties: fewest
-                     outstanding, then lowest index)
+                     outstanding, then in turn)
 ``session``          affinity: every request of a session / prefix goes where its first one went (the first is
-                     placed least-outstanding); needs session or prefix ids (Mooncake ``hash_ids``)
+                     placed least-outstanding, ties by the session id); needs session or prefix ids (Mooncake
+                     ``hash_ids``: the first block not every request shares)
 ===================  =========================================================================================
 """
 from __future__ import annotations
@@ -62,28 +63,41 @@ class Random(Router):
         return min(int(u * self.n), self.n - 1)
 
 
+def _argmin_from(values: list, start: int) -> int:
+    """Index of the smallest value; ties go to the first one at or after ``start`` (cyclically), so an idle
+    cluster spreads requests instead of piling them on engine 0."""
+    n = len(values)
+    best = start % n
+    for k in range(1, n):
+        i = (start + k) % n
+        if values[i] < values[best]:
+            best = i
+    return best
+
+
 class LeastOutstanding(Router):
     name = "least-outstanding"
 
-    def route(self, row, engines, table) -> int:
-        best, best_v = 0, None
-        for i, e in enumerate(engines):
-            v = e.outstanding
-            if best_v is None or v < best_v:
-                best, best_v = i, v
-        return best
+    def __init__(self, n: int, seed: int = 0) -> None:
+        super().__init__(n, seed)
+        self._next = 0
+
+    def route(self, row, engines, table, start: int | None = None) -> int:
+        if start is None:
+            start, self._next = self._next, (self._next + 1) % self.n
+        return _argmin_from([e.outstanding for e in engines], start)
 
 
 class LeastKV(Router):
     name = "least-kv"
 
+    def __init__(self, n: int, seed: int = 0) -> None:
+        super().__init__(n, seed)
+        self._next = 0
+
     def route(self, row, engines, table) -> int:
-        best, best_v = 0, None
-        for i, e in enumerate(engines):
-            v = (-e.free_kv, e.outstanding)
-            if best_v is None or v < best_v:
-                best, best_v = i, v
-        return best
+        start, self._next = self._next, (self._next + 1) % self.n
+        return _argmin_from([(-e.free_kv, e.outstanding) for e in engines], start)
 
 
 class Session(Router):
@@ -101,7 +115,7 @@ class Session(Router):
             return self._first.route(row, engines, table)
         e = self._home.get(s)
         if e is None:
-            e = self._home[s] = self._first.route(row, engines, table)
+            e = self._home[s] = self._first.route(row, engines, table, start=s % self.n)
         return e
 
 

@@ -12,14 +12,11 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from dsparksim.acceptance import load_acceptance
 from dsparksim.config import RunConfig
 from dsparksim.cluster import SimResult, Simulation
+from dsparksim.inputs import engine_limits, max_model_len, resolve_inputs  # noqa: F401  (engine_limits: re-export)
 from dsparksim.streams import RequestStreams
-from dsparksim.errors import ConfigError
 from dsparksim.metrics import bench_serve_json, per_request_table, summarize
-from dsparksim.policies import make_policy
-from dsparksim.profile import load_profile
 from dsparksim.traffic import build_workload
 
 __all__ = ["RunOutput", "simulate", "write_run", "load_label"]
@@ -59,26 +56,13 @@ def _streams(seed: int) -> dict[str, Any]:
 def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None) -> RunOutput:
     """Simulate one configuration and summarise it (nothing is written)."""
     rngs = _streams(cfg.seed)
-    profile = load_profile(cfg.profile)
-    if cfg.engine.extrapolate:
-        profile = profile.with_extrapolation(True)
-    policy = make_policy(cfg.policy)
-    K = int(policy.block_size or cfg.engine.block_size)
-    if policy.drafter is not None:
-        acceptance = load_acceptance(cfg.mtp1_acceptance if policy.drafter == "mtp1" else policy.drafter, K)
-        drafter = policy.drafter
-    else:
-        acceptance = load_acceptance(cfg.acceptance, K)
-        drafter = cfg.engine.drafter or acceptance.drafter
-    if drafter not in profile.drafters:
-        raise ConfigError(profile.source, "drafters",
-                          f"profile '{profile.name}' has no drafting cost for drafter '{drafter}' "
-                          f"(has: {sorted(profile.drafters)})")
+    ri = resolve_inputs(cfg)  # profile, policy, K, acceptance, drafter and engine limits (dsparksim.inputs)
+    profile, policy, K, acceptance, drafter = ri.profile, ri.policy, ri.K, ri.acceptance, ri.drafter
+    kv_cap, max_tok = ri.kv_cap, ri.max_tokens
     policy.reset(K, rngs["policy"])
 
     t = cfg.traffic
     workload = build_workload(t, rngs["workload"])
-    kv_cap, max_tok = engine_limits(cfg, profile)
     duration = t.duration_s if t.num_requests is None else None
     sim = Simulation(profile=profile, acceptance=acceptance, policy=policy, workload=workload, block_size=K,
                      drafter=drafter, kv_capacity_tokens=int(kv_cap), max_num_seqs=cfg.engine.max_num_seqs,
@@ -91,30 +75,6 @@ def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None) ->
     summary, inputs = run_summary(cfg, res, profile, acceptance, policy, workload, K, drafter, kv_cap, max_tok,
                                   duration)
     return RunOutput(config=cfg, summary=summary, result=res, inputs=inputs)
-
-
-def max_model_len(profile) -> int | None:
-    """The profile's ``metadata.max_model_len`` (longest prompt + output the server accepts), if it states one."""
-    v = profile.metadata.get("max_model_len")
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ConfigError(profile.source, "metadata.max_model_len", f"expected an integer >= 1, got {v!r}")
-    return v
-
-
-def engine_limits(cfg: RunConfig, profile) -> tuple[int, int]:
-    """(KV capacity in tokens, token budget per step) of a run: the config's values, else the profile's."""
-    kv_cap = cfg.engine.kv_capacity_tokens or profile.metadata.get("kv_capacity_tokens")
-    if not kv_cap:
-        raise ConfigError(profile.source, "metadata.kv_capacity_tokens",
-                          "profile states no KV capacity: pass --kv-capacity TOKENS")
-    max_tok = cfg.engine.max_batched_tokens or profile.max_tokens
-    if max_tok > profile.max_tokens and not cfg.engine.extrapolate:
-        raise ConfigError("config", "max_batched_tokens",
-                          f"{max_tok} exceeds the profile's largest breakpoint {profile.max_tokens}; "
-                          f"lower it or allow extrapolation (--extrapolate)")
-    return int(kv_cap), int(max_tok)
 
 
 def run_summary(cfg: RunConfig, res: SimResult, profile, acceptance, policy, workload, K: int, drafter: str,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["RequestStreams", "KeyedRows", "mix64"]
+__all__ = ["RequestStreams", "KeyedRows", "mix64", "normals_from_halves", "uniforms_from_halves"]
 
 _G1 = np.uint64(0x9E3779B97F4A7C15)
 _G2 = np.uint64(0xD1B54A32D192ED03)
@@ -81,8 +81,9 @@ class KeyedRows:
         self._half = np.zeros((self.n, 0), np.uint32)   # (n, 2 * words) unconsumed 32-bit halves
         self._pos = 0
 
-    def _halves(self, count: int) -> np.ndarray:
-        """The next ``count`` 32-bit halves of every row, (n, count) uint32."""
+    def halves(self, count: int) -> np.ndarray:
+        """The next ``count`` 32-bit halves of every row, (n, count) uint32 (the raw words behind random() and
+        standard_normal(): a source may consume them in one call and convert them with the functions below)."""
         if self._pos + count > self._half.shape[1]:
             need = (self._pos + count - self._half.shape[1] + 1) // 2
             width = max(need, self._prefetch)
@@ -98,24 +99,41 @@ class KeyedRows:
         return out
 
     def _shape(self, size) -> tuple[tuple[int, ...], int]:
-        shape = (size,) if isinstance(size, (int, np.integer)) else tuple(int(s) for s in size)
+        if isinstance(size, (int, np.integer)):
+            shape, width = (int(size),), 1
+        else:
+            shape = tuple(int(s) for s in size)
+            width = 1
+            for s in shape[1:]:
+                width *= s
         if not shape or shape[0] != self.n:
             raise ValueError(f"keyed draws need one row per request: size {size} for {self.n} rows")
-        width = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
         return shape, width
 
     def random(self, size) -> np.ndarray:
         """Uniforms in [0, 1) (resolution 2**-32)."""
         shape, width = self._shape(size)
-        return (self._halves(width) * _U32).reshape(shape)
+        return uniforms_from_halves(self.halves(width)).reshape(shape)
 
     def standard_normal(self, size) -> np.ndarray:
         """Standard normals, one per 32-bit half, by the inverse CDF (see :func:`_normal_table`)."""
         shape, width = self._shape(size)
-        h = self._halves(width)
-        a, b = _normal_table()
-        idx = h >> 16
-        return (a[idx] + b[idx] * (h & 0xFFFF)).reshape(shape)
+        return normals_from_halves(self.halves(width)).reshape(shape)
+
+
+def uniforms_from_halves(h: np.ndarray) -> np.ndarray:
+    """32-bit halves -> uniforms in [0, 1)."""
+    return h * _U32
+
+
+def normals_from_halves(h: np.ndarray) -> np.ndarray:
+    """32-bit halves -> standard normals (inverse CDF, :func:`_normal_table`)."""
+    a, b = _normal_table()
+    idx = (h >> 16).astype(np.intp)
+    z = b.take(idx)
+    z *= h & 0xFFFF
+    z += a.take(idx)
+    return z
 
 
 _TABLE: tuple[np.ndarray, np.ndarray] | None = None
@@ -123,7 +141,8 @@ _TABLE: tuple[np.ndarray, np.ndarray] | None = None
 
 def _normal_table() -> tuple[np.ndarray, np.ndarray]:
     """Inverse normal CDF on 2**16 equal-probability bins, linear inside each: z = a[hi] + b[hi] * lo for a 32-bit
-    uniform split into its high and low 16 bits. Exact at every inner bin edge, error inside a bin below 2e-5. The
+    uniform split into its high and low 16 bits. Exact at every inner bin edge; inside a bin the linear error is
+    below 1.3e-3 for 99.99% of draws and at most 0.013 (in the bins next to the outermost ones). The
     two outermost bins (probability 2**-16 each) cannot hold the unbounded tail: each is linear between the inner
     edge (4.17 sigma) and the point that gives the bin the tail's true conditional mean (about 4.61 sigma), so the
     mean, variance and kurtosis stay right. Cheaper than Box-Muller's log/sqrt/cos on these small arrays."""

@@ -133,6 +133,9 @@ def test_real_engine_refuses_replicas_and_dp_ranks():
     for k in ("replicas", "dp_ranks"):
         with pytest.raises(ConfigError, match=k):
             RealEngine(executor=None, **{k: 2})
+        cfg = _cfg("unused-profile.json")
+        with pytest.raises(ConfigError, match=f"{k}=2"):
+            real_run(cfg.replace(engine=replace(cfg.engine, **{k: 2})), RunnerConfig(model=TINY))
 
 
 def test_open_loop_real_run_waits_for_arrivals_without_sleeping(tiny_profile, tmp_path):

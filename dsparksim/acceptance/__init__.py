@@ -15,8 +15,10 @@
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Mapping
 
 from ..errors import ConfigError
 from ..textio import is_file
@@ -28,12 +30,44 @@ PARAMETRIC_DRAFTERS = ("dspark", "dflash", "eagle3", "mtp1")
 TRACE_SUFFIXES = (".csv", ".csv.gz", ".parquet")
 IMPORTERS = ("vllm", "sglang", "tau")
 
-__all__ = ["AcceptanceModel", "Block", "DOMAINS", "PARAMETRIC_DRAFTERS", "ParametricAcceptance", "ParametricParams",
-           "load_acceptance", "drafter_of", "resolve_trace_path"]
+__all__ = ["AcceptanceModel", "AcceptanceSpec", "Block", "DOMAINS", "PARAMETRIC_DRAFTERS", "ParametricAcceptance",
+           "ParametricParams", "load_acceptance", "drafter_of", "parse_spec", "resolve_trace_path"]
 
 
 def _src(spec: str) -> str:
     return f"acceptance spec {spec!r}"
+
+
+@dataclass(frozen=True)
+class AcceptanceSpec:
+    """A parsed acceptance spec string (the one registry of spec syntax; see the module docstring).
+
+    kind:   "parametric" | "trace" | "vllm" | "sglang" | "tau".
+    name:   the parametric drafter (dspark, dflash, eagle3, mtp1); else the kind.
+    arg:    the path (trace, vllm, sglang) or number (tau) as written; "" for a parametric name.
+    params: the ``?name=value&...`` parameters (a trace path takes none), still strings.
+    """
+
+    text: str
+    kind: str
+    name: str
+    arg: str = ""
+    params: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def path(self) -> Path | None:
+        """The file the source reads (a shipped ``traces/NAME`` resolved), or None for a model without one."""
+        if self.kind == "trace":
+            return resolve_trace_path(self.arg)
+        if self.kind in ("vllm", "sglang"):
+            return Path(self.arg)
+        return None
+
+
+def _text(spec) -> str:
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError("acceptance spec", None, f"expected a non-empty string, got {spec!r}")
+    return spec.strip()
 
 
 def _split_query(spec: str) -> tuple[str, dict[str, str]]:
@@ -53,8 +87,20 @@ def _split_query(spec: str) -> tuple[str, dict[str, str]]:
     return base, params
 
 
-def _is_trace_path(s: str) -> bool:
-    return s.lower().endswith(TRACE_SUFFIXES)
+def parse_spec(spec: str) -> AcceptanceSpec:
+    """Parse an acceptance spec string (no file is read): ConfigError naming the spec when it is malformed."""
+    text = _text(spec)
+    # a trace file by its suffix, unless an importer prefix says it is an engine log ('vllm:x.csv')
+    if text.lower().endswith(TRACE_SUFFIXES) and text.partition(":")[0] not in IMPORTERS:
+        return AcceptanceSpec(text, "trace", "trace", text)
+    base, params = _split_query(text)
+    kind, _, arg = base.partition(":")
+    if kind in PARAMETRIC_DRAFTERS and not arg:
+        return AcceptanceSpec(text, "parametric", kind, "", params)
+    if kind in IMPORTERS and arg:
+        return AcceptanceSpec(text, kind, kind, arg, params)
+    raise ConfigError(_src(text), None, f"unknown acceptance source; expected one of {PARAMETRIC_DRAFTERS}, a trace "
+                      f"file ({', '.join(TRACE_SUFFIXES)}), 'vllm:PATH', 'sglang:PATH' or 'tau:X'")
 
 
 def resolve_trace_path(path: str) -> Path:
@@ -99,54 +145,45 @@ def load_acceptance(spec: str, K: int, *, domain_default: str = "chat") -> Accep
     ``domain_default`` is used for requests whose domain is empty/None. Errors: ConfigError naming the spec
     (bad spec / K / parameter), InputError naming the file (malformed trace or log).
     """
-    if not isinstance(spec, str) or not spec.strip():
-        raise ConfigError("acceptance spec", None, f"expected a non-empty string, got {spec!r}")
-    spec = spec.strip()
+    spec = _text(spec)
     K = _check_K(spec, K)
     if domain_default not in DOMAINS:
         raise ConfigError(_src(spec), "domain_default", f"expected one of {DOMAINS}, got {domain_default!r}")
-    if _is_trace_path(spec) and spec.partition(":")[0] not in IMPORTERS:  # 'vllm:x.csv' is a log, not a trace
+    ps = parse_spec(spec)
+    if ps.kind == "trace":
         from .trace_model import TraceAcceptance
-        path = resolve_trace_path(spec)
+        path = ps.path
         if not is_file(path):
             raise ConfigError(_src(spec), "path", f"acceptance trace file not found: {spec}")
         return TraceAcceptance(path, K, domain_default=domain_default, source=spec)
-    base, params = _split_query(spec)
-    kind, _, arg = base.partition(":")
-    if kind in PARAMETRIC_DRAFTERS and not arg:
-        if kind == "mtp1" and K != 1:
+    params = dict(ps.params)
+    if ps.kind == "parametric":
+        if ps.name == "mtp1" and K != 1:
             raise ConfigError(_src(spec), "K", f"mtp1 drafts exactly one token: K must be 1, got {K}")
         p = ParametricParams.from_strings(params, _src(spec))
-        return ParametricAcceptance.from_paper(kind, K, p, domain_default=domain_default, source=spec)
-    if kind in IMPORTERS and arg:
-        from . import importers
-        drafter = _pop_str(params, "drafter", "dspark")
-        draft_len = _pop_int(spec, params, "draft_len") if kind == "sglang" else None
-        p = ParametricParams.from_strings(params, _src(spec))
-        kw = dict(params=p, drafter=drafter, domain_default=domain_default)
-        if kind == "tau":
-            try:
-                tau = float(arg)
-            except ValueError:
-                raise ConfigError(_src(spec), "tau", f"expected a number after 'tau:', got {arg!r}") from None
-            return importers.from_tau(tau, K, source=spec, **kw)
-        if kind == "vllm":
-            return importers.import_vllm(arg, K, **kw)
-        return importers.import_sglang(arg, K, draft_len=draft_len, **kw)
-    raise ConfigError(_src(spec), None, f"unknown acceptance source; expected one of {PARAMETRIC_DRAFTERS}, a trace "
-                      f"file ({', '.join(TRACE_SUFFIXES)}), 'vllm:PATH', 'sglang:PATH' or 'tau:X'")
+        return ParametricAcceptance.from_paper(ps.name, K, p, domain_default=domain_default, source=spec)
+    from . import importers
+    drafter = _pop_str(params, "drafter", "dspark")
+    draft_len = _pop_int(spec, params, "draft_len") if ps.kind == "sglang" else None
+    p = ParametricParams.from_strings(params, _src(spec))
+    kw = dict(params=p, drafter=drafter, domain_default=domain_default)
+    if ps.kind == "tau":
+        try:
+            tau = float(ps.arg)
+        except ValueError:
+            raise ConfigError(_src(spec), "tau", f"expected a number after 'tau:', got {ps.arg!r}") from None
+        return importers.from_tau(tau, K, source=spec, **kw)
+    if ps.kind == "vllm":
+        return importers.import_vllm(ps.arg, K, **kw)
+    return importers.import_sglang(ps.arg, K, draft_len=draft_len, **kw)
 
 
 def drafter_of(spec: str) -> str:
     """The drafter (draft-cost class) a spec runs with, without building the model."""
-    spec = spec.strip()
-    if _is_trace_path(spec):
+    ps = parse_spec(spec)
+    if ps.kind == "trace":
         from .trace_format import read_trace_metadata
-        return str(read_trace_metadata(resolve_trace_path(spec)).get("drafter", "unknown"))
-    base, params = _split_query(spec)
-    kind, _, arg = base.partition(":")
-    if kind in PARAMETRIC_DRAFTERS and not arg:
-        return kind
-    if kind in IMPORTERS and arg:
-        return params.get("drafter", "dspark")
-    raise ConfigError(_src(spec), None, "unknown acceptance source")
+        return str(read_trace_metadata(ps.path).get("drafter", "unknown"))
+    if ps.kind == "parametric":
+        return ps.name
+    return ps.params.get("drafter", "dspark")

@@ -10,12 +10,11 @@ from typing import Callable
 
 import numpy as np
 
-from ..acceptance import load_acceptance
 from ..config import RunConfig
 from ..errors import ConfigError
+from ..inputs import load_run_profile, resolve_inputs
 from ..policies import make_policy
-from ..profile import load_profile
-from ..simulate import RunOutput, _streams, engine_limits, run_summary
+from ..simulate import RunOutput, _streams, run_summary
 from ..traffic import build_workload
 from .engine import LiveEngine, RealEngine
 from .executor import Executor, ExecutorConfig, build_models, torch_dtype
@@ -61,9 +60,13 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
     """Serve ``cfg`` for real (``rcfg.mode``: trace replay or live drafters). ``target``/``proxy`` reuse already
     built models; ``record_outputs`` keeps each request's prompt and generated tokens (live mode) on the result;
     ``prompt_source`` overrides the live prompts (the audit gives every request the same prompt)."""
+    for k in ("replicas", "dp_ranks"):    # before any model is loaded
+        if getattr(cfg.engine, k, 1) != 1:
+            raise ConfigError("config", k, f"the real runner serves one engine on one device, got {k}="
+                              f"{getattr(cfg.engine, k)}; replicas and DP ranks exist only in the simulator")
     ex = rcfg.executor
     rngs = _streams(cfg.seed)
-    profile = load_profile(cfg.profile)
+    profile = load_run_profile(cfg)
     live = rcfg.mode == "live"
     if live:
         rcfg = replace(rcfg, model=f"ckpt:{Path(rcfg.models) / 'target.pt'}")
@@ -77,28 +80,29 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
                               "live mode needs drafting costs measured on the trained drafters, but this profile's "
                               f"come from {profile.metadata.get('drafting', 'the drafter proxy')!r}; measure with "
                               "`dsparksim measure --live --models MODELS` or pass --no-profile-check")
-    policy = make_policy(cfg.policy)
-    K = int(policy.block_size or cfg.engine.block_size)
-    if policy.needs_oracle:
-        raise ConfigError("config", "policy", f"{policy.spec} reads the true accepted length: it exists only in the "
+    probe = make_policy(cfg.policy)
+    if probe.needs_oracle:  # before any drafter is loaded
+        raise ConfigError("config", "policy", f"{probe.spec} reads the true accepted length: it exists only in the "
                           "simulator")
-    if live:
-        kind = "mtp1" if policy.drafter == "mtp1" else rcfg.live_drafter
-        acceptance, live_parts = _live_parts(rcfg, kind, K, ex)
-        spec = f"live:{kind}"
-    else:
-        spec = cfg.mtp1_acceptance if policy.drafter == "mtp1" else cfg.acceptance
-        acceptance = load_acceptance(spec, K)
+    kind = "mtp1" if probe.drafter == "mtp1" else rcfg.live_drafter
+    live_parts = None
+
+    def live_acceptance(policy, K):  # live mode: the trained drafter of this policy replaces the spec string
+        nonlocal live_parts
+        acc, live_parts = _live_parts(rcfg, kind, K, ex)
+        return acc
+
+    # profile, policy, K, acceptance, drafter and engine limits, resolved as the simulator does (dsparksim.inputs)
+    ri = resolve_inputs(cfg, profile=profile, acceptance=live_acceptance if live else None)
+    policy, K, acceptance, drafter = ri.policy, ri.K, ri.acceptance, ri.drafter
+    kv_cap, max_tok = ri.kv_cap, ri.max_tokens
+    spec = f"live:{kind}" if live else ri.acceptance_spec
     tK = acceptance.describe().get("trace_K")
     if tK is not None and tK != K:
         raise ConfigError(spec, "K", f"K mismatch: the run uses K={K} but the acceptance trace was recorded with "
                           f"K={tK}; a validation must replay blocks of the same size (record a K={K} trace)")
-    drafter = policy.drafter or cfg.engine.drafter or acceptance.drafter
-    if drafter not in profile.drafters:
-        raise ConfigError(profile.source, "drafters", f"profile '{profile.name}' has no drafting cost for '{drafter}'")
     policy.reset(K, rngs["policy"])
     workload = build_workload(cfg.traffic, rngs["workload"])
-    kv_cap, max_tok = engine_limits(cfg, profile)
     bits = torch_dtype(ex.dtype).itemsize * 8
     dev_cap = kv_capacity_tokens(mcfg, ex.device, bits)
     if kv_cap > dev_cap:

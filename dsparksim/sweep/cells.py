@@ -7,8 +7,6 @@ never serves a stale cached result).
 """
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import functools
 import hashlib
 import itertools
@@ -17,19 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsparksim.config import RunConfig
+from dsparksim.config import DEFAULT_CONCURRENCY, RunConfig
 from dsparksim.errors import ConfigError, InputError
 from dsparksim.sweep.spec import SweepSpec
 
-# spec key -> attribute of the `dsparksim run` argparse namespace (cells are built by the CLI's own functions).
-_ARG = {"policy": "policy", "profile": "profile", "acceptance": "acceptance", "mtp1_acceptance": "mtp1_acceptance",
-        "seed": "seed", "warmup_s": "warmup", "block_size": "block_size", "kv_capacity_tokens": "kv_capacity",
-        "max_num_seqs": "max_num_seqs", "max_batched_tokens": "max_batched_tokens",
-        "prefill_chunk_tokens": "prefill_chunk", "extrapolate": "extrapolate", "arrival": "arrival",
-        "burstiness": "burstiness", "lengths": "lengths", "domain": "domain", "mooncake_spread": "mooncake_spread",
-        "duration_s": "duration", "num_requests": "num_requests"}
-_TRAFFIC_EXTRA = ("trace_format", "max_prompt_tokens", "max_output_tokens")
-DEFAULT_CONCURRENCY = 32  # `dsparksim run` without a load option
+__all__ = ["DEFAULT_CONCURRENCY", "Cell", "build_config", "cell_hash", "expand", "input_hashes"]
 
 
 @dataclass(frozen=True)
@@ -42,38 +32,16 @@ class Cell:
     hash: str
 
 
-@functools.lru_cache(maxsize=1)
-def _run_defaults() -> dict[str, Any]:
-    # The defaults of `dsparksim run`, read from its parser so a sweep cell is exactly the run the CLI would do.
-    from dsparksim.cli import build_parser
-
-    return vars(build_parser().parse_args(["run"]))
-
-
 def build_config(values: dict[str, Any], source: str = "sweep spec") -> RunConfig:
-    """RunConfig for one cell from spec keys (missing keys take `dsparksim run`'s defaults)."""
-    from dsparksim.cli import _run_config, _traffic
-
-    ns = argparse.Namespace(**_run_defaults())
-    for k, attr in _ARG.items():
-        if k in values:
-            setattr(ns, attr, values[k])
-    over = {k: values[k] for k in _TRAFFIC_EXTRA if k in values}
+    """RunConfig for one cell from spec keys (missing keys take `dsparksim run`'s defaults: both build runs with
+    :meth:`RunConfig.from_options`, so a cell is exactly the run the CLI would do with the same options)."""
     try:
-        if "time_scale" in values:
-            traffic = _traffic(ns, "trace", trace=values.get("trace"), time_scale=values["time_scale"], **over)
-        elif "rate" in values:
-            traffic = _traffic(ns, "open", rate=values["rate"], **over)
-        else:
-            if "trace" in values:
-                raise ConfigError(source, "trace", "a trace is replayed on a time_scale load axis; set time_scale")
-            traffic = _traffic(ns, "closed", concurrency=int(values.get("concurrency", DEFAULT_CONCURRENCY)), **over)
-        cfg = _run_config(ns, traffic)
-        if "drafter" in values:
-            cfg = cfg.replace(engine=dataclasses.replace(cfg.engine, drafter=values["drafter"]))
+        if "trace" in values and "time_scale" not in values:
+            # the spec's load axis names the traffic mode; a trace under another load would be ignored
+            raise ConfigError(source, "trace", "a trace is replayed on a time_scale load axis; set time_scale")
+        return RunConfig.from_options(values, source)
     except InputError as e:
         raise ConfigError(source, e.field, f"cell {values}: {e}") from None
-    return cfg
 
 
 def expand(spec: SweepSpec) -> list[Cell]:
@@ -128,15 +96,14 @@ def _profile_path(name: str) -> Path | None:
 
 
 def _acceptance_sha(spec: str) -> str | None:
-    from dsparksim.acceptance import IMPORTERS, TRACE_SUFFIXES, resolve_trace_path
+    from dsparksim.acceptance import parse_spec
 
-    s = spec.strip()
-    if s.lower().endswith(TRACE_SUFFIXES):
-        return _file_sha(resolve_trace_path(s))
-    base = s.rsplit("?", 1)[0]
-    kind, _, arg = base.partition(":")
-    if kind in IMPORTERS and kind != "tau" and arg:
-        return _file_sha(Path(arg))
+    try:
+        ps = parse_spec(spec)
+    except InputError:
+        return None  # not a source at all: the cell fails when it runs, with this very error
+    if ps.path is not None:
+        return _file_sha(ps.path)  # a trace, or an engine log (also one named .csv: 'vllm:run.csv')
     return _file_sha(_reference_path())  # parametric models are calibrated on the shipped paper figures
 
 

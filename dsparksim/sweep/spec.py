@@ -19,11 +19,13 @@ Format (every key may appear either fixed in ``[base]`` or as a non-empty list i
     [capacity]                   # only read by `dsparksim capacity`
     [regress]                    # only read by `dsparksim regress`
 
-Key names: each key is a ``dsparksim run`` option, spelled with underscores or dashes as on the command line
-(``duration`` or ``duration_s``, ``num-speculative-tokens`` or ``block_size``, ``request_rate`` or ``rate``; see
-``KEY_ALIASES``); a key given twice under two spellings is an error, an unknown key is rejected with the list of
-known ones. Keys and defaults follow ``dsparksim run`` exactly (same defaults, same closed-loop pool rule), so a
-sweep cell is the very run ``dsparksim run`` would do with the same options. Relative paths are relative to the
+Key names: each key is a run option, defined once on the config dataclasses (``dsparksim.config.run_options``),
+spelled with underscores or dashes as on the command line (``duration`` or ``duration_s``,
+``num-speculative-tokens`` or ``block_size``, ``request_rate`` or ``rate``; see ``KEY_ALIASES``); a key given twice
+under two spellings is an error, an unknown key is rejected with the list of known ones. A few keys have no
+command-line flag (``drafter``, ``trace_format``, ``max_prompt_tokens``, ``max_output_tokens``). Cells are built by
+``RunConfig.from_options`` as ``dsparksim run`` builds its run (same defaults), so a sweep cell is the very run
+``dsparksim run`` would do with the same options. Relative paths are relative to the
 working directory, as on the command line.
 """
 from __future__ import annotations
@@ -33,24 +35,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from dsparksim.config import NUM, run_options
 from dsparksim.errors import ConfigError, InputError
 
-RUN_KEYS = ("policy", "profile", "acceptance", "mtp1_acceptance", "seed", "warmup_s")
-ENGINE_KEYS = ("block_size", "drafter", "kv_capacity_tokens", "max_num_seqs", "max_batched_tokens",
-               "prefill_chunk_tokens", "extrapolate")
-LOAD_KEYS = ("concurrency", "rate", "time_scale")
-TRAFFIC_KEYS = LOAD_KEYS + ("arrival", "burstiness", "trace", "trace_format", "mooncake_spread", "lengths", "domain",
-                            "duration_s", "num_requests", "max_prompt_tokens", "max_output_tokens")
+# Every key is a run option defined once, on the config dataclasses (dsparksim.config.run_options).
+_OPTIONS = run_options()
+RUN_KEYS = tuple(k for k, o in _OPTIONS.items() if o.section == "run")
+ENGINE_KEYS = tuple(k for k, o in _OPTIONS.items() if o.section == "engine")
+LOAD_KEYS = tuple(k for k, o in _OPTIONS.items() if o.option.load)
+TRAFFIC_KEYS = LOAD_KEYS + tuple(k for k, o in _OPTIONS.items() if o.section == "traffic" and not o.option.load)
 KEYS = RUN_KEYS + ENGINE_KEYS + TRAFFIC_KEYS
 TABLES = ("sweep", "base", "axes", "capacity", "regress")
 SWEEP_KEYS = ("name", "save_requests")
 
 # Command-line spellings (dashes become underscores first) -> the spec's key.
-KEY_ALIASES = {"duration": "duration_s", "warmup": "warmup_s", "num_speculative_tokens": "block_size",
-               "k": "block_size",
-               "kv_capacity": "kv_capacity_tokens", "prefill_chunk": "prefill_chunk_tokens",
-               "request_rate": "rate", "max_concurrency": "concurrency",
-               "num_prompts": "num_requests"}
+KEY_ALIASES = {alias: k for k, o in _OPTIONS.items() for alias in o.aliases}
 
 
 def canonical_key(key: str) -> str:
@@ -73,18 +72,7 @@ def _canonical_table(source: str, table: str, d: Mapping[str, Any]) -> dict[str,
 
 # The value types each key accepts in the TOML (checked here so the error names the spec field; ranges are checked
 # by the config dataclasses when the cells are built).
-_STR = (str,)
-_INT = (int,)
-_NUM = (int, float)
-_BOOL = (bool,)
-TYPES: dict[str, tuple[type, ...]] = {
-    "policy": _STR, "profile": _STR, "acceptance": _STR, "mtp1_acceptance": _STR, "seed": _INT, "warmup_s": _NUM,
-    "block_size": _INT, "drafter": _STR, "kv_capacity_tokens": _INT, "max_num_seqs": _INT,
-    "max_batched_tokens": _INT, "prefill_chunk_tokens": _INT, "extrapolate": _BOOL,
-    "concurrency": _INT, "rate": _NUM, "time_scale": _NUM, "arrival": _STR, "burstiness": _NUM, "trace": _STR,
-    "trace_format": _STR, "mooncake_spread": _BOOL, "lengths": _STR, "domain": _STR, "duration_s": _NUM,
-    "num_requests": _INT, "max_prompt_tokens": _INT, "max_output_tokens": _INT,
-}
+TYPES: dict[str, tuple[type, ...]] = {k: o.option.kinds for k, o in _OPTIONS.items()}
 
 
 @dataclass(frozen=True)
@@ -207,7 +195,7 @@ def _check_value(source: str, where: str, key: str, v: Any) -> Any:
     if not ok:
         names = " or ".join(t.__name__ for t in want)
         raise ConfigError(source, where, f"expected {names}, got {v!r}")
-    return float(v) if want is _NUM else v
+    return float(v) if want is NUM else v
 
 
 def _values(spec: SweepSpec, key: str) -> list[tuple[str, Any]]:

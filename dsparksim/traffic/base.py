@@ -22,7 +22,8 @@ CHUNK = 1024  # requests per keyed block
 STREAM_GAP, STREAM_ROW, STREAM_DOMAIN = 1, 2, 3
 
 # A block: (prompt_tokens, output_tokens, domain, arrival_s or None), all of one length.
-Block = tuple[np.ndarray, np.ndarray, np.ndarray, "np.ndarray | None"]
+# (prompt, output, domain, arrival or None[, session or None])
+Block = tuple[np.ndarray, ...]
 
 
 def keyed_rng(key: int, stream: int, block: int) -> np.random.Generator:
@@ -52,6 +53,7 @@ class Workload:
     arrival_s: np.ndarray | None = None
     concurrency: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    session: np.ndarray | None = None   # (n,) int64 session / prefix id per request (-1 = none), or None
 
     def __post_init__(self) -> None:
         n = len(self.prompt_tokens)
@@ -84,7 +86,8 @@ class Workload:
             j = i + CHUNK
             yield (np.asarray(self.prompt_tokens[i:j], np.int64), np.asarray(self.output_tokens[i:j], np.int64),
                    np.asarray(self.domain[i:j], dtype=object),
-                   None if self.arrival_s is None else np.asarray(self.arrival_s[i:j], np.float64))
+                   None if self.arrival_s is None else np.asarray(self.arrival_s[i:j], np.float64),
+                   None if self.session is None else np.asarray(self.session[i:j], np.int64))
 
 
 class LazyWorkload:

@@ -175,9 +175,12 @@ def _replay_workload(cfg: TrafficConfig, meta: dict, key: int) -> Workload:
     dom = np.concatenate([domains(b, rows[b * CHUNK:(b + 1) * CHUNK]) for b in range(-(-n // CHUNK))]) if n else \
         np.zeros(0, object)
     meta["domain"]["counts"] = _counts(dom)
+    if tab.session is not None:
+        meta["trace"]["session_ids"] = ("per row, the first hash_id not shared by every row (prefix affinity "
+                                         "for the session router)")
     return Workload(prompt_tokens=tab.prompt_tokens[rows].astype(np.int64),
                     output_tokens=tab.output_tokens[rows].astype(np.int64), domain=dom, arrival_s=arrival,
-                    metadata=meta)
+                    metadata=meta, session=None if tab.session is None else tab.session[:n])
 
 
 def _replay(cfg: TrafficConfig, meta: dict) -> tuple[np.ndarray, TraceTable, np.ndarray]:

@@ -4,12 +4,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dsparksim.config import BOOL, DEFAULT_DURATION_S, INT, NUM, option, pos_float, pos_int
 from dsparksim.errors import ConfigError
 from dsparksim.traffic.readers import DOMAINS, FORMATS
 
 MODES = ("closed", "poisson", "gamma", "constant", "trace")
 OPEN_SYNTHETIC = ("poisson", "gamma", "constant")
 DEFAULT_LENGTHS = "azure-conv"
+DEFAULT_DOMAIN_OPTION = "mix:math=1,code=1,chat=1"   # the --domain / sweep default (the field's is "chat")
 _SRC = "TrafficConfig"
 
 
@@ -116,20 +118,39 @@ class TrafficConfig:
         are generated lazily as users need them). A run that uses them up before its duration is an error.
     """
 
-    mode: str = "closed"
-    concurrency: int | None = None
-    rate: float | None = None
-    burstiness: float = 1.0
-    trace: str | None = None
-    trace_format: str | None = None
-    mooncake_spread: bool = False
-    time_scale: float = 1.0
-    lengths: str | None = None
-    domain: str = "chat"
-    num_requests: int | None = None
-    duration_s: float | None = None
-    max_prompt_tokens: int | None = None
-    max_output_tokens: int | None = None
+    # The option that sets the mode is --arrival (open loop); which load option is given picks the rest
+    # (RunConfig.from_options).
+    mode: str = option("closed", "--arrival", key="arrival", default=None, choices=OPEN_SYNTHETIC,
+                       help="open-loop arrival process (needs a rate) [poisson, or gamma when --burstiness != 1]")
+    concurrency: int | None = option(None, "--concurrency", "--max-concurrency", parse=pos_int, kinds=INT, load=True,
+                                     exclusive="load", help="closed loop with N concurrent users [32 if nothing else]")
+    rate: float | None = option(None, "--rate", "--request-rate", parse=pos_float, kinds=NUM, load=True,
+                                exclusive="load", help="open loop, mean arrival rate in req/s")
+    burstiness: float = option(1.0, "--burstiness", parse=pos_float, kinds=NUM,
+                               help="open loop: gamma shape (1 = Poisson, <1 burstier), as vllm bench serve "
+                                    "[%(default)s]")
+    trace: str | None = option(None, "--trace", exclusive="load",
+                               help="replay an arrival trace: an Azure 2023 CSV or Mooncake JSONL path, or a shipped "
+                                    "window (azure-conv-window, azure-code-window, mooncake-window)",
+                               frontier_help="replay an arrival trace at each --time-scales level")
+    trace_format: str | None = option(None)
+    mooncake_spread: bool = option(False, "--mooncake-spread", switch=True, kinds=BOOL,
+                                   help="Mooncake replay: spread each ~3 s timestamp group over the gap (default: "
+                                        "fire at once)")
+    time_scale: float = option(1.0, "--time-scale", default=None, parse=pos_float, kinds=NUM, load=True,
+                               help="trace replay rate multiplier (needs --trace) [1]")
+    lengths: str | None = option(None, "--lengths",
+                                 help="prompt/output length source, resampled: azure-conv (shipped sample), "
+                                      "azure-code, sharegpt, arxiv, or a CSV/JSONL path [azure-conv; a replayed "
+                                      "trace's own lengths]")
+    domain: str = option("chat", "--domain", default=DEFAULT_DOMAIN_OPTION,
+                         help="domain of each request: math | code | chat | mix:math=W,code=W,chat=W [%(default)s]")
+    num_requests: int | None = option(None, "--num-requests", "--num-prompts", parse=pos_int, kinds=INT,
+                                      exclusive="stop", help="serve exactly N requests, then stop")
+    duration_s: float | None = option(None, "--duration", parse=pos_float, kinds=NUM, exclusive="stop",
+                                      help=f"simulated seconds [{DEFAULT_DURATION_S:g}]")
+    max_prompt_tokens: int | None = option(None, kinds=INT)
+    max_output_tokens: int | None = option(None, kinds=INT)
     pool_size: int | None = None
 
     def __post_init__(self) -> None:

@@ -59,6 +59,7 @@ class TraceTable:
     domain: np.ndarray | None = None
     time_origin: str | None = None
     columns: tuple[str, str] = ("prompt_tokens", "output_tokens")
+    session: np.ndarray | None = None   # per row: prefix id (Mooncake: see _prefix_ids; -1 = none), for routing
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -299,6 +300,21 @@ def read_mooncake(path: str | Path) -> TraceTable:
     return _parse_mooncake(path, _text(path))
 
 
+_PREFIX_BLOCKS = 16
+
+
+def _prefix_ids(heads: list[list[int]]) -> np.ndarray | None:
+    """Per row, the id of its first prompt block that not every row shares (Mooncake's block 0 is a system prompt
+    common to all requests; the next block tells conversations apart): the prefix a session router keeps on one
+    replica. -1 for a row without hash_ids; None if no row has any."""
+    if not any(heads):
+        return None
+    c = 0
+    while c < _PREFIX_BLOCKS and all(len(h) > c and h[c] == heads[0][c] for h in heads if h):
+        c += 1
+    return np.array([(h[c] if len(h) > c else h[-1]) if h else -1 for h in heads], dtype=np.int64)
+
+
 def _short(v) -> str:
     r = repr(v)
     return r if len(r) <= 80 else r[:77] + "..."
@@ -308,6 +324,7 @@ def _parse_mooncake(path: Path, text: str) -> TraceTable:
     vals: dict[str, list] = {k: [] for k in MOONCAKE_KEYS}
     doms: list = []
     lines: list[int] = []
+    prefix: list[int] = []
     for n, row in enumerate(io.StringIO(text, newline=None), start=1):
         if not row.strip():
             continue
@@ -329,6 +346,11 @@ def _parse_mooncake(path: Path, text: str) -> TraceTable:
         if "hash_ids" in obj and not isinstance(obj["hash_ids"], list):
             raise InputError(path, "hash_ids", f"expected a list of block ids, got {_short(obj['hash_ids'])}",
                              line=n)
+        h = (obj.get("hash_ids") or [])[:_PREFIX_BLOCKS]
+        for x in h:
+            if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= MAX_EXACT_INT:
+                raise InputError(path, "hash_ids", f"expected integer block ids >= 0, got {_short(x)}", line=n)
+        prefix.append(h)
         doms.append(obj.get("domain"))
         lines.append(n)
     if not lines:
@@ -352,5 +374,6 @@ def _parse_mooncake(path: Path, text: str) -> TraceTable:
             i = present.index(False)
             raise InputError(path, "domain", "missing key (other lines have it)", line=int(line[i]))
         dom = _domains(path, np.asarray(doms, dtype=object), line)
+    sess = _prefix_ids(prefix)
     return _table(path, "mooncake", p, o, line, columns=MOONCAKE_KEYS[1:], arrival_s=(t - t[0]) / 1000.0,
-                  domain=dom, time_origin=str(raw_t[0]))
+                  domain=dom, time_origin=str(raw_t[0]), session=sess)

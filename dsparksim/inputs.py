@@ -1,0 +1,116 @@
+"""Input resolution of one run, done once for the simulator, the CLI's preflight and the real runner.
+
+``resolve_inputs(cfg)`` loads the cost profile (with extrapolation when the config allows it), builds the policy,
+fixes the block size K, loads the acceptance source the policy runs with (mtp1 policies: ``cfg.mtp1_acceptance``),
+picks the drafter (it must have a drafting cost in the profile) and the engine limits (KV capacity, token budget
+per step, ``max_model_len``). Every bad input is a ConfigError/InputError naming it, before anything runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from dsparksim.config import RunConfig
+from dsparksim.errors import ConfigError
+
+__all__ = ["ResolvedInputs", "acceptance_spec", "engine_limits", "load_run_profile", "max_model_len",
+           "resolve_inputs"]
+
+
+@dataclass(frozen=True)
+class ResolvedInputs:
+    """Everything a run reads besides its traffic. ``policy`` is a fresh policy object (reset it with the run's
+    random stream before use); ``acceptance_spec`` names the source ``acceptance`` was loaded from."""
+
+    profile: Any
+    policy: Any
+    K: int
+    acceptance: Any
+    acceptance_spec: str
+    drafter: str
+    kv_cap: int
+    max_tokens: int
+    max_model_len: int | None
+
+
+def load_run_profile(cfg: RunConfig, cache: dict | None = None):
+    """The run's cost profile, allowing extrapolation when ``cfg.engine.extrapolate`` is set."""
+    from dsparksim.profile import load_profile
+
+    key = ("profile", cfg.profile, bool(cfg.engine.extrapolate))
+    if cache is not None and key in cache:
+        return cache[key]
+    prof = load_profile(cfg.profile)
+    if cfg.engine.extrapolate:
+        prof = prof.with_extrapolation(True)
+    if cache is not None:
+        cache[key] = prof
+    return prof
+
+
+def acceptance_spec(cfg: RunConfig, policy) -> str:
+    """The acceptance source a policy runs with: its own drafter's (mtp1: ``cfg.mtp1_acceptance``), else the
+    run's block drafter ``cfg.acceptance``."""
+    if policy.drafter is None:
+        return cfg.acceptance
+    return cfg.mtp1_acceptance if policy.drafter == "mtp1" else policy.drafter
+
+
+def max_model_len(profile) -> int | None:
+    """The profile's ``metadata.max_model_len`` (longest prompt + output the server accepts), if it states one."""
+    v = profile.metadata.get("max_model_len")
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(profile.source, "metadata.max_model_len", f"expected an integer >= 1, got {v!r}")
+    return v
+
+
+def engine_limits(cfg: RunConfig, profile) -> tuple[int, int]:
+    """(KV capacity in tokens, token budget per step) of a run: the config's values, else the profile's."""
+    kv_cap = cfg.engine.kv_capacity_tokens or profile.metadata.get("kv_capacity_tokens")
+    if not kv_cap:
+        raise ConfigError(profile.source, "metadata.kv_capacity_tokens",
+                          "profile states no KV capacity: pass --kv-capacity TOKENS")
+    max_tok = cfg.engine.max_batched_tokens or profile.max_tokens
+    if max_tok > profile.max_tokens and not cfg.engine.extrapolate:
+        raise ConfigError("config", "max_batched_tokens",
+                          f"{max_tok} exceeds the profile's largest breakpoint {profile.max_tokens}; "
+                          f"lower it or allow extrapolation (--extrapolate)")
+    return int(kv_cap), int(max_tok)
+
+
+def resolve_inputs(cfg: RunConfig, *, profile=None, acceptance: Callable[[Any, int], Any] | None = None,
+                   cache: dict | None = None) -> ResolvedInputs:
+    """Resolve the inputs of ``cfg`` (see the module docstring).
+
+    profile:    an already loaded (and checked) profile to use instead of loading ``cfg.profile``.
+    acceptance: ``(policy, K) -> AcceptanceModel`` replacing the spec-string source (the real runner's live
+                drafters); the spec then reads ``live``.
+    cache:      a dict shared across calls (e.g. one per policy of a frontier) so each profile and each
+                (acceptance spec, K) is loaded once.
+    """
+    from dsparksim.acceptance import load_acceptance
+    from dsparksim.policies import make_policy
+
+    prof = profile if profile is not None else load_run_profile(cfg, cache)
+    policy = make_policy(cfg.policy)
+    K = int(policy.block_size or cfg.engine.block_size)
+    if acceptance is not None:
+        acc, spec = acceptance(policy, K), "live"
+    else:
+        spec = acceptance_spec(cfg, policy)
+        key = ("acceptance", spec, K)
+        if cache is not None and key in cache:
+            acc = cache[key]
+        else:
+            acc = load_acceptance(spec, K)
+            if cache is not None:
+                cache[key] = acc
+    drafter = policy.drafter or cfg.engine.drafter or acc.drafter
+    if drafter not in prof.drafters:
+        raise ConfigError(prof.source, "drafters", f"profile '{prof.name}' has no drafting cost for drafter "
+                          f"'{drafter}' (policy {policy.spec}; has: {sorted(prof.drafters)})")
+    kv_cap, max_tok = engine_limits(cfg, prof)
+    return ResolvedInputs(profile=prof, policy=policy, K=K, acceptance=acc, acceptance_spec=spec, drafter=drafter,
+                          kv_cap=kv_cap, max_tokens=max_tok, max_model_len=max_model_len(prof))
