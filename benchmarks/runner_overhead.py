@@ -27,17 +27,14 @@ def engine_overhead(n: int, steps: int, policy_spec: str = "confidence", K: int 
     from dsparksim.acceptance import load_acceptance
     from dsparksim.policies import make_policy
     from dsparksim.profile import load_profile
-    from dsparksim.runner.engine import RealEngine
     from dsparksim.runner.executor import Executor, ExecutorConfig, build_models
-    from dsparksim.runner.measure import _fast_prefill
+    from dsparksim.runner.measure import profiling_engine
     from dsparksim.runner.models import parse_model
-    from dsparksim.traffic.base import Workload
 
     ex = ExecutorConfig()
     out = steps * (K + 1) + 8
     T = ctx + out + K + 2
     if live:
-        from dsparksim.runner.engine import LiveEngine
         from dsparksim.runner.live import LiveExecutor
         from dsparksim.runner.measure import LiveDrafters
         from dsparksim.runner.models import load_target
@@ -51,23 +48,17 @@ def engine_overhead(n: int, steps: int, policy_spec: str = "confidence", K: int 
         exe = Executor(target, proxy, ex, T=T, slots=n)
     pol = make_policy(policy_spec)
     pol.reset(K, np.random.default_rng(0))
-    wl = Workload(prompt_tokens=np.full(n, ctx), output_tokens=np.full(n, out), domain=np.full(n, "chat", object),
-                  concurrency=n)
     prof_path = REPO / "profiles" / "cpu-tiny.json"
     prof = load_profile(str(prof_path) if prof_path.is_file() else "a100-llama3-8b-tp1").with_extrapolation(True)
     acc = load_acceptance(str(REPO / "traces" / "sample_dspark_k7.csv"), K)
-    eng = (LiveEngine if live else RealEngine)(executor=exe, profile=prof, acceptance=acc, policy=pol, workload=wl, block_size=K,
-                     drafter="dspark", kv_capacity_tokens=n * T, max_num_seqs=n, max_batched_tokens=n * (K + 1),
-                     prefill_chunk_tokens=1, rng=np.random.default_rng(0), num_requests=n)
-    for i in range(n):
-        eng._issue(i, 0.0)
-    eng._admit(0.0)
-    _fast_prefill(eng, exe, n, ctx)
+    st = profiling_engine(exe, n=n, ctx=ctx, out_len=out, T=T, K=K, drafter="dspark", policy=pol, acceptance=acc,
+                          profile=prof, max_batched_tokens=n * (K + 1), prefill_chunk_tokens=1, live=live,
+                          rng=np.random.default_rng(0))
     now = 0.0
     for _ in range(steps):
-        dt, dtm, plan, tm = eng.step_once(now)
-        now += dt + eng.apply_once(now + dt, now, dt, dtm, plan, tm)
-    st = {k: np.asarray(v[3:]) for k, v in eng.log.items()}   # first 3 steps = warm-up
+        plan, o, dt = st.begin()
+        now += dt + st.end(plan, o, dt, now, now + dt)
+    st = {k: np.asarray(v[3:]) for k, v in st.engine.log.items()}   # first 3 steps = warm-up
     med = {k: float(np.median(st[k])) * 1e3 for k in ("dt", "t_target", "t_draft", "t_host")}
     return {"mode": "live" if live else "replay", "n_req": n, "steps": len(st["dt"]), "step_ms": med["dt"], "target_ms": med["t_target"],
             "draft_ms": med["t_draft"], "host_ms": med["t_host"], "host_share": med["t_host"] / med["dt"],

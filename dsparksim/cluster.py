@@ -113,6 +113,11 @@ class Simulation:
 
     ``streams`` keys every acceptance draw by (request, step) so runs are paired; without it the draws come from
     ``rng`` in step order (legacy: unpaired). ``max_model_len``: longest prompt + output a request may have.
+
+    ``driver_factory(env, ranks)`` replaces the SimPy process that steps one replica's engines (default: the
+    step contract with :class:`CostExecutor` on the profile's clock; the real runner steps on a measured clock).
+    It returns an object with a ``run()`` generator (the process) and a ``wake`` attribute: None, or the event the
+    process waits on while nothing runs, which the cluster triggers when a request is routed to those engines.
     """
 
     def __init__(
@@ -138,6 +143,7 @@ class Simulation:
         dp_ranks: int = 1,
         router: str = "round-robin",
         router_seed: int = 0,
+        driver_factory: Callable[[simpy.Environment, list[Engine]], Any] | None = None,
     ) -> None:
         if (duration_s is None) == (num_requests is None):
             raise ConfigError("config", "duration_s/num_requests", "give exactly one of duration or number of requests")
@@ -183,6 +189,7 @@ class Simulation:
             raise ConfigError("config", "router", f"router '{router}' needs session or prefix ids, which this "
                               "workload does not carry (Mooncake traces carry hash_ids)")
         self.executor = CostExecutor()
+        self.driver_factory = driver_factory
         self.notes: dict[str, Any] = {}
         self.issued = 0
         self.n_rejected = 0
@@ -312,7 +319,8 @@ class Simulation:
         drivers = []
         for rep in range(self.replicas):
             ranks = self.engines[rep * self.dp_ranks: (rep + 1) * self.dp_ranks]
-            drv = _Driver(env, ranks, self.executor)
+            drv = (_Driver(env, ranks, self.executor) if self.driver_factory is None
+                   else self.driver_factory(env, ranks))
             drivers.append(drv)
             for eng in ranks:
                 eng.attach(env)

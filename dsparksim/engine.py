@@ -210,6 +210,28 @@ class Engine:
                 cb(new)
         return new
 
+    def skip_prefill(self, rows: np.ndarray, contexts: np.ndarray, now: float) -> None:
+        """Mark admitted requests ``rows`` (running, nothing prefilled yet) as fully prefilled with ``contexts``
+        tokens each, their first token emitted at ``now``, without running a prefill step; their prompt length
+        becomes the context and the KV reservation follows. For profiling decode steps at long contexts (the
+        real runner's ``measure``); a request must have more than one output token left."""
+        r = self.req
+        rows = np.asarray(rows, np.int64)
+        ctx = np.asarray(contexts, np.int64)
+        if rows.shape != ctx.shape or rows.ndim != 1:
+            raise ValueError(f"skip_prefill: {rows.shape} rows but {ctx.shape} contexts")
+        if not set(rows.tolist()) <= set(self.running):
+            raise ValueError("skip_prefill: every row must be running on this engine")
+        if (r.phase[rows] != PREFILL).any() or r.prefilled[rows].any() or (ctx < 1).any() or (r.out[rows] < 2).any():
+            raise ValueError("skip_prefill: rows must be admitted, not yet prefilled, with contexts >= 1 and more "
+                             "than one output token")
+        self.kv_reserved += int((ctx - r.prompt[rows]).sum())
+        r.prompt[rows] = ctx
+        r.prefilled[rows] = ctx
+        r.phase[rows] = DECODE
+        r.first_tok[rows] = now
+        r.gen[rows] = 1
+
     # ---------------------------------------------------------------- pricing
     def _dense_verify_table(self) -> np.ndarray | None:
         """Verify time (context term excluded) for every M in 0..max_tokens, looked up once.

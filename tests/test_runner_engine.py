@@ -126,3 +126,33 @@ def test_run_real_cli_writes_the_run_result_files(tiny_profile, tmp_path):
     assert s["engine"] == "real" and s["num_requests_completed"] == 4 and s["mean_verify_len"] == pytest.approx(7.0)
     for f in ("config.json", "requests.csv", "bench_result.json", "steps.csv"):
         assert (out / f).is_file()
+
+
+def test_real_engine_refuses_replicas_and_dp_ranks():
+    from dsparksim.runner.engine import RealEngine
+    for k in ("replicas", "dp_ranks"):
+        with pytest.raises(ConfigError, match=k):
+            RealEngine(executor=None, **{k: 2})
+        cfg = _cfg("unused-profile.json")
+        with pytest.raises(ConfigError, match=f"{k}=2"):
+            real_run(cfg.replace(engine=replace(cfg.engine, **{k: 2})), RunnerConfig(model=TINY))
+
+
+def test_open_loop_real_run_waits_for_arrivals_without_sleeping(tiny_profile, tmp_path):
+    # Poisson arrivals at 3/s over 6 s on a tiny target: the engine is idle most of the time. An idle engine wakes at
+    # the next arrival (the clock jumps there, nothing sleeps), so every step that does not follow the previous one
+    # back to back starts exactly at a request's arrival; the run ends at the horizon.
+    path, _ = tiny_profile
+    t = TrafficConfig(mode="poisson", rate=3.0, duration_s=6.0, lengths=_short_lengths(tmp_path),
+                      max_prompt_tokens=None, domain="chat")
+    cfg = RunConfig(policy="confidence", profile=path, acceptance=TRACE, engine=EngineConfig(
+        block_size=7, max_num_seqs=4, max_batched_tokens=64, prefill_chunk_tokens=32), traffic=t, seed=5)
+    r = real_run(cfg, RunnerConfig(model=TINY)).result
+    assert r.ended_by == "duration" and r.sim_time_s == 6.0 and len(r.arrival_s) >= 5
+    st = r.steps
+    start, end = st["t_start"], st["t_start"] + st["dt"]
+    gap = np.flatnonzero(~np.isclose(start[1:], end[:-1], rtol=0, atol=1e-9)) + 1
+    assert len(gap) >= 3 and start[0] == r.arrival_s[0]
+    for i in gap:
+        assert start[i] > end[i - 1] and np.isin(start[i], r.arrival_s), (i, start[i])
+    assert st["dt"].sum() < 0.5 * r.sim_time_s           # mostly idle: the clock jumped over the gaps

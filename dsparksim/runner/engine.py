@@ -1,14 +1,19 @@
 """The real serving engine: the simulator's scheduler driving real torch forwards, timed by a real clock.
 
-:class:`RealEngine` subclasses :class:`dsparksim.engine.Simulation`, so admission (FIFO, KV reservation), chunked
+Built on the public step contract of :mod:`dsparksim.engine` only: admission (FIFO, KV reservation), chunked
 prefill, the policy call (the very same policy objects, seeing the same StepContext), the acceptance draw,
-emission and the result arrays are the simulator's own code. What changes is the clock: each step's duration is
-the measured time (wall clock; or, on a shared CPU with one torch thread, this thread's CPU time, which
-other processes' preemption does not inflate — see ExecutorConfig.clock) of planning it (acceptance draw + policy), executing it (drafter forward, one flattened
-target forward, sampling) and applying it (bookkeeping, ``policy.observe``) — not the profile's prediction. The
-profile still prices candidate batches *inside* the policies (that is how a real DSpark scheduler works: it plans
-on the measured SPS curve). Every step also logs the profile's prediction ``dt_model`` next to the measured
-``dt`` and the split ``t_draft``/``t_target``/``t_host``, so simulator error can be traced step by step.
+emission and the result arrays are the simulator's own :class:`~dsparksim.engine.Engine`, and arrivals, the closed
+loop and rejection on arrival are :class:`~dsparksim.cluster.Simulation`'s (with a ``driver_factory`` that steps the
+engine on the real clock). The executor (:class:`~.executor.Executor`, or :class:`~.live.LiveExecutor` whose trained
+drafter proposes through ``plan_step(draft=...)``) implements ``execute(plan) -> StepOutcome``.
+
+What changes is the clock: each step's duration is the measured time (wall clock; or, on a shared CPU with one
+torch thread, this thread's CPU time, which other processes' preemption does not inflate — see
+ExecutorConfig.clock) of planning it (acceptance draw or drafter proposal + policy), executing it (drafter forward,
+one flattened target forward, sampling) and applying it (bookkeeping, ``policy.observe``) — not the profile's
+prediction. The profile still prices candidate batches *inside* the policies (that is how a real DSpark scheduler
+works: it plans on the measured SPS curve). Every step also logs the profile's prediction ``dt_model`` next to the
+measured ``dt`` and the split ``t_draft``/``t_target``/``t_host``, so simulator error can be traced step by step.
 
 Open-loop idle gaps (no request running, next arrival in the future) advance the clock without sleeping.
 """
@@ -19,93 +24,146 @@ from typing import Any, Callable
 import numpy as np
 import simpy
 
-from ..engine import DECODE as DECODE_PHASE  # noqa: F401 - re-exported for the profiler
-from ..engine import Simulation
-from .executor import Executor
+from ..cluster import Simulation, SimResult
+from ..engine import Engine, StepOutcome, StepPlan
+from ..errors import ConfigError
 
 EXTRA_LOG = ("dt_model", "t_draft", "t_target", "t_host", "pf_qk", "pf_chunks")
 
 
-class RealEngine(Simulation):
-    """Continuous-batching speculative decoding on a real target (trace-replay acceptance); see module doc."""
+def step_extra(plan: StepPlan, draft_s: float, target_s: float) -> dict[str, float]:
+    """The executor columns logged with a step (EXTRA_LOG order; ``t_host`` is filled by :meth:`RealStepper.end`
+    once the whole step, apply included, has been timed)."""
+    return {"dt_model": plan.predicted_s, "t_draft": draft_s, "t_target": target_s, "t_host": float("nan"),
+            "pf_qk": plan.prefill_qk, "pf_chunks": len(plan.prefill)}
 
-    def __init__(self, *, executor: Executor, clock: Callable[[], float] | None = None, **kw: Any) -> None:
-        super().__init__(**kw)
-        self.ex = executor
-        self.clock = clock or executor.clock   # the executor's clock (wall, or thread CPU time on a shared CPU)
-        for k in EXTRA_LOG:
-            self.log[k] = []
-        self.notes["engine"] = (f"real (torch), trace-replay acceptance; step time = measured "
-                                f"{executor.ex.clock_name()} clock")
 
-    # ---------------------------------------------------------------- lifecycle hooks
-    def _admit(self, now: float) -> None:
-        before = len(self.running)
-        super()._admit(now)
-        for row in self.running[before:]:
-            self.ex.start(int(row), int(self.slot_of[row]), int(self.prompt[row]), str(self.domain[row]))
+def connect(engine: Engine, executor: Any) -> None:
+    """Follow the engine's requests on the executor: an admitted request gets its KV slot and prompt tokens
+    (``executor.start``), a finished one frees its state (``executor.finish``)."""
+    req = engine.req
 
-    def _finish(self, rows: np.ndarray, now: float) -> None:
-        for r in rows:
-            self.ex.finish(int(r))
-        super()._finish(rows, now)
+    def admitted(rows: list[int]) -> None:
+        for row in rows:
+            executor.start(int(row), int(req.slot_of[row]), int(req.prompt[row]), str(req.domain[row]))
 
-    # ---------------------------------------------------------------- one real step
-    def _execute(self, plan: dict[str, Any]):
-        dec = plan["dec"]
-        chunks = [(int(r), int(self.slot_of[r]), int(self.prefilled[r]), int(c)) for r, c in plan["chunks"]]
-        return self.ex.execute(dec, self.slot_of[dec], plan["L"], plan["a"], self.K, chunks)
+    def finished(rows: np.ndarray, now: float) -> None:
+        for row in rows:
+            executor.finish(int(row))
 
-    def step_once(self, now: float) -> tuple[float, float, dict[str, Any], Any]:
-        """Plan + execute one step; returns (measured seconds so far, model seconds, plan, timing)."""
+    engine.on_admit.append(admitted)
+    engine.on_finish.append(finished)
+
+
+class RealStepper:
+    """One engine's steps on a measured clock: plan + execute (:meth:`begin`), then apply + record (:meth:`end`).
+
+    ``live``: the executor's trained drafter proposes the step's drafts (``plan_step(draft=executor.propose)``,
+    no drawn truth); the executor's verification decides the accepted prefixes.
+    """
+
+    def __init__(self, engine: Engine, executor: Any, clock: Callable[[], float] | None = None,
+                 live: bool = False) -> None:
+        self.engine, self.ex = engine, executor
+        self.clock = clock or executor.clock
+        K = engine.K
+        self.draft = (lambda rows, slots: executor.propose(rows, slots, K)) if live else None
+
+    def begin(self) -> tuple[StepPlan, StepOutcome, float] | None:
+        """Plan and execute the next step; returns (plan, outcome, measured seconds so far), None if nothing runs."""
         t0 = self.clock()
-        dt_model, plan = self._plan_step()
-        tm = self._execute(plan)
-        return self.clock() - t0, dt_model, plan, tm
+        plan = self.engine.plan_step(draft=self.draft)
+        if plan is None:
+            return None
+        out = self.ex.execute(plan)
+        return plan, out, self.clock() - t0
 
-    def apply_once(self, t_end: float, t_start: float, dt: float, dt_model: float, plan: dict[str, Any], tm) -> float:
-        """Apply a step (bookkeeping + observe), log it; returns the apply time (added to the step's dt)."""
+    def end(self, plan: StepPlan, out: StepOutcome, dt: float, t_start: float, t_end: float) -> float:
+        """Apply the step at ``t_end`` and log it with dt = measured plan + execute + apply time; returns the
+        apply time (the caller advances its clock by it)."""
         t1 = self.clock()
-        self._apply_step(t_end, t_start, dt, plan)
+        self.engine.apply(plan, out, t_end)
         t_apply = self.clock() - t1
-        lg = self.log
-        lg["dt"][-1] = dt + t_apply
-        lg["dt_model"].append(dt_model)
-        lg["t_draft"].append(tm.draft_s)
-        lg["t_target"].append(tm.target_s)
-        lg["t_host"].append(dt + t_apply - tm.draft_s - tm.target_s)
-        lg["pf_qk"].append(plan["pf_qk"])
-        lg["pf_chunks"].append(len(plan["chunks"]))
+        out.duration_s = dt + t_apply
+        out.extra["t_host"] = out.duration_s - out.extra["t_draft"] - out.extra["t_target"]
+        self.engine.record(plan, out, t_start)
         return t_apply
 
-    # ------------------------------------------------------- one step (the simulator's loop, real clock)
-    def _step(self, env: simpy.Environment, now: float):
-        dt, dt_model, plan, tm = self.step_once(now)
-        if self.duration is not None and now + dt > self.duration:
-            yield env.timeout(self.duration - now)
-            return True
-        yield env.timeout(dt)
-        t_apply = self.apply_once(env.now, now, dt, dt_model, plan, tm)
-        yield env.timeout(t_apply)
-        return False
+
+class RealDriver:
+    """The SimPy process of the real engine (the cluster's driver protocol: ``run()`` and ``wake``): the step
+    contract with measured durations; the apply time is added after the step's tokens are emitted."""
+
+    def __init__(self, env: simpy.Environment, stepper: RealStepper) -> None:
+        self.env, self.stepper = env, stepper
+        self.wake: simpy.Event | None = None
+
+    def run(self):
+        env, st, eng = self.env, self.stepper, self.stepper.engine
+        while True:
+            now = env.now
+            eng.drain()
+            eng.admit(now)
+            step = st.begin()
+            if step is None:
+                # idle: wait (in simulated time, no sleeping) for the cluster to route the next request here
+                self.wake = env.event()
+                yield self.wake
+                self.wake = None
+                continue
+            plan, out, dt = step
+            # a step that would end after the horizon never completes: the cluster stops the clock first
+            yield env.timeout(dt)
+            t_apply = st.end(plan, out, dt, now, env.now)
+            yield env.timeout(t_apply)
+
+
+class RealEngine:
+    """Continuous-batching speculative decoding on a real target (trace-replay acceptance); see module doc.
+
+    Takes :class:`~dsparksim.cluster.Simulation`'s keyword arguments (one replica, one rank) plus the executor.
+    """
+
+    live = False
+
+    def __init__(self, *, executor: Any, clock: Callable[[], float] | None = None, **kw: Any) -> None:
+        for k in ("replicas", "dp_ranks"):
+            if kw.get(k, 1) != 1:
+                raise ConfigError("runner", k, f"the real engine serves one engine on one device, got {k}={kw[k]}")
+        if "driver_factory" in kw:
+            raise TypeError("RealEngine sets its own driver_factory")
+        self.ex = executor
+        self.clock = clock or executor.clock   # the executor's clock (wall, or thread CPU time on a shared CPU)
+        self.sim = Simulation(driver_factory=self.driver, **kw)
+        (self.engine,) = self.sim.engines
+        connect(self.engine, executor)
+        self.stepper = RealStepper(self.engine, executor, self.clock, live=self.live)
+
+    def driver(self, env: simpy.Environment, ranks: list[Engine]) -> RealDriver:
+        """The cluster's driver_factory: the real clock's process for this (single) engine."""
+        if ranks != [self.engine]:
+            raise ConfigError("runner", "replicas", "the real engine drives exactly its one engine")
+        return RealDriver(env, self.stepper)
+
+    def describe(self) -> str:
+        return f"real (torch), trace-replay acceptance; step time = measured {self.ex.ex.clock_name()} clock"
+
+    def run(self) -> SimResult:
+        res = self.sim.run()
+        n = len(res.steps["dt"])
+        for k in EXTRA_LOG:               # present even when no step ran
+            if k not in res.steps:
+                res.steps[k] = np.full(n, np.nan)
+        res.notes["engine"] = self.describe()
+        return res
 
 
 class LiveEngine(RealEngine):
     """The real engine with trained drafters deciding acceptance online (:mod:`.live`): the step's confidences come
     from a real drafter forward, the accepted prefix from rejection sampling against the target."""
 
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
-        self.notes["engine"] = (f"real (torch), live drafter '{self.ex.kind}' (acceptance by rejection sampling); "
-                                f"step time = measured {self.ex.ex.clock_name()} clock")
+    live = True
 
-    def _draw_block(self, dec: np.ndarray, slots: np.ndarray):
-        return self.ex.propose(dec, slots, self.K)
-
-    def _accepted_prefix(self, blk, L: np.ndarray) -> None:
-        return None                      # decided by verification in _execute
-
-    def _execute(self, plan: dict[str, Any]):
-        tm, a = super()._execute(plan)
-        plan["a"] = a
-        return tm
+    def describe(self) -> str:
+        return (f"real (torch), live drafter '{self.ex.kind}' (acceptance by rejection sampling); "
+                f"step time = measured {self.ex.ex.clock_name()} clock")

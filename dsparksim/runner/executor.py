@@ -24,8 +24,10 @@ import numpy as np
 import torch
 
 from ..backend.model import ModelConfig, TargetModel
+from ..engine import StepOutcome, StepPlan
 from ..errors import ConfigError
 from .flat import FlatForward, KVPool, make_group
+from .engine import step_extra
 
 
 @dataclass
@@ -215,10 +217,19 @@ class Executor:
         tokens = torch.cat([t.to(dev) for t in toks])
         return tokens, torch.cat(poss).to(dev), groups, order, lens, lo
 
+    def execute(self, plan: StepPlan) -> StepOutcome:
+        """The step contract: run ``plan`` for real; accepted prefix a = min(L, A) replayed from the plan's drawn
+        truth. ``duration_s`` is the measured execution time (the engine's driver adds planning and apply time)."""
+        t0 = self.clock()
+        a = (np.minimum(plan.verify, plan.true_accepted) if plan.n_decode else np.zeros(0, np.int64))
+        tm = self.run_step(plan.decode, plan.slots, plan.verify, a, plan.K, plan.prefill)
+        return StepOutcome(duration_s=self.clock() - t0, accepted=a, extra=step_extra(plan, tm.draft_s, tm.target_s))
+
     @torch.no_grad()
-    def execute(self, dec_rows: np.ndarray, dec_slots: np.ndarray, L: np.ndarray, a: np.ndarray, K: int,
-                chunks: list[tuple[int, int, int, int]]) -> StepTiming:
-        """Run the step. chunks: (row, slot, start, length) prefill pieces. Returns the timing split."""
+    def run_step(self, dec_rows: np.ndarray, dec_slots: np.ndarray, L: np.ndarray, a: np.ndarray, K: int,
+                 chunks: list[tuple[int, int, int, int]]) -> StepTiming:
+        """Run a step given as arrays (``execute``'s work; profiling cells call it directly). chunks: (row, slot,
+        start, length) prefill pieces. Returns the timing split."""
         tm = StepTiming()
         dev = self.dev
         n = len(dec_rows)

@@ -6,7 +6,7 @@ Trace-replay (:mod:`.executor`) replays accepted lengths; here every decoding re
 1. draft: the trained drafter proposes K tokens per decoding request from its per-slot state (one batched
    forward for the parallel drafters, K sequential steps for eagle3, one for mtp1) and its raw confidences are
    STS-calibrated (``models/calibration.json``) — the scheduler sees exactly what the traces store;
-2. the policy picks L[i] from those confidences (``Simulation._plan_step``);
+2. the policy picks L[i] from those confidences (``Engine.plan_step(draft=executor.propose)``);
 3. verify: anchor + first L[i] drafts of every request and the step's prefill chunks in ONE flattened target
    forward (:class:`~.flat.FlatForward`), then exact rejection sampling of the first L[i] drafts
    (:func:`~dsparksim.backend.specdec.verify_prefix`): the accepted prefix a[i] <= L[i] and the correction/bonus
@@ -30,7 +30,9 @@ from ..acceptance.base import AcceptanceModel, Block
 from ..backend.calibration import apply_sts
 from ..backend.drafter_state import state_for
 from ..backend.specdec import verify_prefix
+from ..engine import StepOutcome, StepPlan
 from ..errors import ConfigError
+from .engine import step_extra
 from .executor import Executor, ExecutorConfig, StepTiming, sync
 
 
@@ -158,9 +160,16 @@ class LiveExecutor(Executor):
         self._draft = {"rows": dec_rows, "d": d, "q": q, "raw": raw, "t": self.clock() - t0}
         return Block(conf=apply_sts(raw, self.temps[:K]), accepted=None)
 
+    def execute(self, plan: StepPlan) -> StepOutcome:
+        """The step contract: the plan's drafts (this executor's :meth:`propose`, called by ``plan_step``) are
+        verified for real; ``outcome.accepted`` is what rejection sampling accepted."""
+        t0 = self.clock()
+        tm, a = self.run_step(plan.decode, plan.slots, plan.verify, None, plan.K, plan.prefill)
+        return StepOutcome(duration_s=self.clock() - t0, accepted=a, extra=step_extra(plan, tm.draft_s, tm.target_s))
+
     @torch.no_grad()
-    def execute(self, dec_rows: np.ndarray, dec_slots: np.ndarray, L: np.ndarray, a_unused, K: int,
-                chunks: list[tuple[int, int, int, int]]) -> tuple[StepTiming, np.ndarray]:
+    def run_step(self, dec_rows: np.ndarray, dec_slots: np.ndarray, L: np.ndarray, a_unused, K: int,
+                 chunks: list[tuple[int, int, int, int]]) -> tuple[StepTiming, np.ndarray]:
         """Verify + prefill in one target forward, rejection-sample, advance the drafter. Returns (timing, a)."""
         tm = StepTiming()
         dev, clock = self.dev, self.clock

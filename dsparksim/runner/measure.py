@@ -1,7 +1,8 @@
 """Measure a cost profile (format ``dsparksim-profile/1``) on the real engine.
 
-Sweep: for each context length c and number of decoding requests n, the real engine (:class:`RealEngine`, the
-very code that serves runs) is loaded with n requests whose prompts of c tokens are prefilled (untimed), then a
+Sweep: for each context length c and number of decoding requests n, the real engine (the scheduler's
+:class:`~dsparksim.engine.Engine` stepped on the real clock by :class:`~.engine.RealStepper`, the very code that
+serves runs) is loaded with n requests whose prompts of c tokens are prefilled (untimed), then a
 uniform verify length L = 0..K is forced on every request; after ``warmup`` discarded steps, ``reps`` steps are
 timed. Each timed step yields its measured split: drafter forward, target forward at M = n(1+L) with the KV
 tokens it read, and the rest (host: acceptance draw, policy, tensor building, sampling, bookkeeping).
@@ -39,7 +40,9 @@ from ..policies._common import draft_budget, rank_candidates, ratio_curve
 from ..policies.base import Policy, StepContext
 from ..profile import FORMAT, profile_from_dict
 from ..traffic.base import Workload
-from .engine import DECODE_PHASE, RealEngine
+from ..engine import Engine
+from ..requests import RequestTable
+from .engine import RealStepper, connect
 from .executor import Executor, ExecutorConfig, build_models, torch_dtype
 from .models import device_key, kv_capacity_tokens, load_target, model_key
 
@@ -156,6 +159,27 @@ def _slot_tokens(ctx: int, K: int, warmup: int, reps: int, nL: int | None = None
     return (3 * ctx) // 2 + 2 + nL * (warmup + reps) + 6 + K + 2
 
 
+def profiling_engine(exe: Any, *, n: int, ctx: int, out_len: int, T: int, K: int, drafter: str, policy: Policy,
+                     acceptance: AcceptanceModel, profile: Any, max_batched_tokens: int, prefill_chunk_tokens: int,
+                     live: bool, rng: np.random.Generator) -> RealStepper:
+    """One engine with n requests admitted and prefilled (untimed, :func:`_fast_prefill`) at contexts spread around
+    ctx (:func:`cell_contexts`), ready to be stepped on the executor's clock."""
+    wl = Workload(prompt_tokens=np.full(n, ctx, np.int64), output_tokens=np.full(n, out_len, np.int64),
+                  domain=np.full(n, "chat", dtype=object), concurrency=n)
+    table = RequestTable(wl, n, None)
+    table.load(n - 1)
+    eng = Engine(table=table, profile=profile, acceptance=acceptance, policy=policy, K=K, drafter=drafter,
+                 kv_capacity_tokens=n * T, max_num_seqs=n, max_batched_tokens=max_batched_tokens,
+                 prefill_chunk_tokens=prefill_chunk_tokens, rng=rng)
+    connect(eng, exe)
+    for i in range(n):
+        eng.enqueue(i)
+    if len(eng.admit(0.0)) != n:
+        raise RuntimeError(f"profiling engine admitted fewer than its {n} requests")
+    _fast_prefill(eng, exe, n, ctx)
+    return RealStepper(eng, exe, live=live)
+
+
 def _cell(target, proxy, ex: ExecutorConfig, K: int, drafter: str, n: int, ctx: int, Ls: list[int],
           warmup: int, reps: int, live: "LiveDrafters | None" = None) -> list[dict[str, float]]:
     """Timed steps for n requests at context ctx, for each L in Ls (one engine, prefilled once).
@@ -163,40 +187,31 @@ def _cell(target, proxy, ex: ExecutorConfig, K: int, drafter: str, n: int, ctx: 
     With ``live`` the step is the live-drafter step (trained drafter proposes, rejection sampling, drafter state
     update), every block then rejected at position 1 so the context still grows one token per step."""
     out_len = len(Ls) * (warmup + reps) + 6
-    wl = Workload(prompt_tokens=np.full(n, ctx, np.int64), output_tokens=np.full(n, out_len, np.int64),
-                  domain=np.full(n, "chat", dtype=object), concurrency=n)
     T = _slot_tokens(ctx, K, warmup, reps, len(Ls))
     if live is None:
-        exe, engine_cls = Executor(target, proxy, ex, T=T, slots=n), RealEngine
+        exe = Executor(target, proxy, ex, T=T, slots=n)
     else:
-        from .engine import LiveEngine
         from .live import LiveExecutor
         exe = LiveExecutor(target, live.drafters[drafter], drafter, live.temps[drafter], live.prompts, ex, T=T,
                            slots=n, force_reject=True)
-        engine_cls = LiveEngine
     pol = UniformL()
     pol.reset(K, np.random.default_rng(0))
-    prof = profile_from_dict(_DUMMY)
-    eng = engine_cls(executor=exe, profile=prof, acceptance=RejectAll(K, drafter), policy=pol, workload=wl,
-                     block_size=K, drafter=drafter, kv_capacity_tokens=n * T, max_num_seqs=n,
-                     max_batched_tokens=n * (K + 1) + n * ctx, prefill_chunk_tokens=n * ctx,
-                     rng=np.random.default_rng(0), num_requests=n)
-    for i in range(n):
-        eng._issue(i, 0.0)
-    eng._admit(0.0)
-    _fast_prefill(eng, exe, n, ctx)
+    st = profiling_engine(exe, n=n, ctx=ctx, out_len=out_len, T=T, K=K, drafter=drafter, policy=pol,
+                          acceptance=RejectAll(K, drafter), profile=profile_from_dict(_DUMMY),
+                          max_batched_tokens=n * (K + 1) + n * ctx, prefill_chunk_tokens=n * ctx,
+                          live=live is not None, rng=np.random.default_rng(0))
     now = 0.0
     recs = []
-    lg = eng.log
     for L in Ls:
         pol.L = L
         for s in range(warmup + reps):
-            dt, dtm, plan, tm = eng.step_once(now)
-            now += dt + eng.apply_once(now + dt, now, dt, dtm, plan, tm)
+            plan, out, dt = st.begin()
+            now += dt + st.end(plan, out, dt, now, now + dt)
             if s >= warmup:
-                recs.append({"n": n, "L": L, "ctx": ctx, "M": int(lg["M"][-1]), "kv": int(lg["kv_read"][-1]),
-                             "t_step": float(lg["dt"][-1]), "t_target": float(lg["t_target"][-1]),
-                             "t_draft": float(lg["t_draft"][-1]), "t_host": float(lg["t_host"][-1])})
+                x = out.extra
+                recs.append({"n": n, "L": L, "ctx": ctx, "M": int(plan.M), "kv": int(plan.kv_read),
+                             "t_step": float(out.duration_s), "t_target": float(x["t_target"]),
+                             "t_draft": float(x["t_draft"]), "t_host": float(x["t_host"])})
     return recs
 
 
@@ -230,7 +245,7 @@ def _prefill_cells(target, proxy, ex: ExecutorConfig, K: int, drafter: str, max_
             for r in range(n + k):
                 exe.start(r, r, 32 if r < n else c, "chat")
             none = np.zeros(0, np.int64)
-            exe.execute(none, none, none, none, K, [(r, r, 0, 32) for r in range(n)])     # decode rows' prompts
+            exe.run_step(none, none, none, none, K, [(r, r, 0, 32) for r in range(n)])     # decode rows' prompts
             dec = np.arange(n)
             L = np.full(n, K, np.int64)
             chunks = [(r, r, 0, c) for r in range(n, n + k)]
@@ -241,10 +256,10 @@ def _prefill_cells(target, proxy, ex: ExecutorConfig, K: int, drafter: str, max_
                     kv = sum(exe.cache_len[int(r)] for r in dec) + n * (K + 1) + c * len(ch)
                     t0 = exe.clock()
                     if live is None:                    # the proxy drafter runs inside execute
-                        tm = exe.execute(dec, dec, L, np.zeros(n, np.int64), K, ch)
+                        tm = exe.run_step(dec, dec, L, np.zeros(n, np.int64), K, ch)
                     else:
                         exe.propose(dec, dec, K)
-                        tm = exe.execute(dec, dec, L, None, K, ch)[0]
+                        tm = exe.run_step(dec, dec, L, None, K, ch)[0]
                     dt = exe.clock() - t0
                     pair.append((dt, tm.target_s, tm.draft_s, n * (K + 1) + c * len(ch), kv))
                 if i:
@@ -273,7 +288,7 @@ def fit_prefill(recs: list[dict], prof: dict) -> dict[str, Any]:
             "cells": len(recs)}
 
 
-def _fast_prefill(eng: RealEngine, exe: Executor, n: int, ctx: int) -> None:
+def _fast_prefill(eng: Engine, exe: Executor, n: int, ctx: int) -> None:
     """Mark n admitted requests as prefilled with ctx tokens without running the prefill.
 
     Decode timing does not depend on the cached values, only on how many positions are read, so the KV slots
@@ -281,16 +296,12 @@ def _fast_prefill(eng: RealEngine, exe: Executor, n: int, ctx: int) -> None:
     """
     rows = np.arange(n)
     lens = cell_contexts(n, ctx)
-    eng.prefilled[rows] = lens
-    eng.prompt[rows] = lens
-    eng.phase[rows] = DECODE_PHASE
-    eng.first_tok[rows] = 0.0
-    eng.gen[rows] = 1
+    eng.skip_prefill(rows, lens, 0.0)
     for r in rows:
         exe.cache_len[int(r)] = int(lens[r])
         exe.pending[int(r)] = int(exe.np_rng.integers(0, exe.V))
     if hasattr(exe, "dstate"):                 # live drafter: its per-slot state must point at the context too
-        slots = torch.as_tensor(eng.slot_of[rows], device=exe.dev)
+        slots = torch.as_tensor(eng.req.slot_of[rows], device=exe.dev)
         exe.dstate.fake_prefill(slots, torch.as_tensor(lens, device=exe.dev),
                                 torch.as_tensor([exe.pending[int(r)] for r in rows], device=exe.dev))
 

@@ -1,6 +1,7 @@
-"""A real run of one configuration: the same RunConfig, workload, policy and acceptance as ``simulate``, served
-by :class:`RealEngine`; returns the simulator's :class:`RunOutput`, so ``write_run``, the frontier table and the
-plots work unchanged."""
+"""A real run of one configuration: the same RunConfig, workload, policy and acceptance (keyed per-request draws)
+as ``simulate``, served by :class:`~.engine.RealEngine` (one engine on one device: replicas and DP ranks are
+refused); returns the simulator's :class:`RunOutput`, so ``write_run``, the frontier table and the plots work
+unchanged."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -59,6 +60,10 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
     """Serve ``cfg`` for real (``rcfg.mode``: trace replay or live drafters). ``target``/``proxy`` reuse already
     built models; ``record_outputs`` keeps each request's prompt and generated tokens (live mode) on the result;
     ``prompt_source`` overrides the live prompts (the audit gives every request the same prompt)."""
+    for k in ("replicas", "dp_ranks"):    # before any model is loaded
+        if getattr(cfg.engine, k, 1) != 1:
+            raise ConfigError("config", k, f"the real runner serves one engine on one device, got {k}="
+                              f"{getattr(cfg.engine, k)}; replicas and DP ranks exist only in the simulator")
     ex = rcfg.executor
     rngs = _streams(cfg.seed)
     profile = load_run_profile(cfg)
@@ -126,8 +131,9 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
     eng = engine_cls(executor=executor, profile=profile, acceptance=acceptance, policy=policy, workload=workload,
                      block_size=K, drafter=drafter, kv_capacity_tokens=int(kv_cap),
                      max_num_seqs=cfg.engine.max_num_seqs, max_batched_tokens=int(max_tok),
-                     prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens, rng=rngs["acceptance"],
-                     duration_s=duration, num_requests=cfg.traffic.num_requests, progress=progress)
+                     prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens, streams=rngs["acceptance"],
+                     duration_s=duration, num_requests=cfg.traffic.num_requests, progress=progress,
+                     replicas=getattr(cfg.engine, "replicas", 1), dp_ranks=getattr(cfg.engine, "dp_ranks", 1))
     res = eng.run()
     summary, inputs = run_summary(cfg, res, profile, acceptance, policy, workload, K, drafter, kv_cap, max_tok,
                                   duration)

@@ -1,0 +1,230 @@
+"""The real runner uses only the engine's public step contract (issue 10): no private attribute of the simulator's
+engine, cluster or request-table objects, no subclass of them, no rewrite of the step log. A static (AST) check of
+every module under dsparksim/runner/ and of the runner benchmark; it needs no torch."""
+import ast
+from pathlib import Path
+
+import pytest
+
+from dsparksim.requests import RequestTable
+
+REPO = Path(__file__).resolve().parents[1]
+CORE = [REPO / "dsparksim" / f for f in ("engine.py", "cluster.py", "requests.py")]
+RUNNER = sorted((REPO / "dsparksim" / "runner").glob("*.py")) + [REPO / "benchmarks" / "runner_overhead.py"]
+CORE_CLASSES = {"Engine", "Simulation", "RequestTable", "CostExecutor", "_Driver", "SimResult"}
+# The old private API the runner used to reach into (named so a regression is reported by name).
+LEGACY = {"_issue", "_admit", "_finish", "_step", "_plan_step", "_apply_step", "_draw_block", "_accepted_prefix",
+          "_execute", "_start", "_pull_arrivals", "_next_arrival", "_load", "_engine"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def core_private_names() -> set[str]:
+    """Private attributes and methods defined by the core modules (methods, class attributes, self._x = ...)."""
+    names = set(LEGACY)
+    for f in CORE:
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ClassDef):
+                for b in node.body:
+                    if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)) and _private(b.name):
+                        names.add(b.name)
+                    if isinstance(b, (ast.Assign, ast.AnnAssign)):
+                        for t in (b.targets if isinstance(b, ast.Assign) else [b.target]):
+                            if isinstance(t, ast.Name) and _private(t.id):
+                                names.add(t.id)
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _private(node.attr):
+                names.add(node.attr)
+    return names
+
+
+def violations(source: str, core_names: set[str]) -> list[str]:
+    """Private-API uses in ``source``: any ``obj._x`` on an object other than self/cls, a ``self._x`` that names
+    a core private member (an override or use through a subclass), a class deriving from a core class, a write
+    into an engine's step log (``....log[k][i] = ...``) or into a request-state array (``x.phase[rows] = ...``:
+    request state changes only through Engine methods)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            owner = node.value.id if isinstance(node.value, ast.Name) else None
+            if owner not in ("self", "cls"):
+                out.append(f"line {node.lineno}: {ast.unparse(node)}")
+            elif node.attr in core_names:
+                out.append(f"line {node.lineno}: {ast.unparse(node)} (a private member of the engine/cluster)")
+        if isinstance(node, ast.ClassDef):
+            for b in node.bases:
+                base = b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", None)
+                if base in CORE_CLASSES:
+                    out.append(f"line {node.lineno}: class {node.name}({base}) subclasses a core class")
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in LEGACY:
+            out.append(f"line {node.lineno}: def {node.name} overrides the old private engine hook")
+        if isinstance(node, (ast.Assign, ast.AugAssign)):
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                if not isinstance(t, ast.Subscript):
+                    continue
+                if {"log", "lg"} & set(ast.unparse(t.value).split("[")[0].split(".")):
+                    out.append(f"line {node.lineno}: {ast.unparse(t)} = ... rewrites the step log")
+                # (the runner's own objects may name a field alike: self.prompt is the executor's token dict)
+                if (isinstance(t.value, ast.Attribute) and t.value.attr in RequestTable.GROWN
+                        and not (isinstance(t.value.value, ast.Name) and t.value.value.id == "self")):
+                    out.append(f"line {node.lineno}: {ast.unparse(t)} = ... writes request state directly")
+    return out
+
+
+@pytest.mark.parametrize("path", RUNNER, ids=lambda p: p.name)
+def test_runner_uses_only_the_public_engine_api(path):
+    assert violations(path.read_text(), core_private_names()) == []
+
+
+def test_the_check_catches_the_old_runner():
+    # The runner before the port (issue 10's architecture review), condensed: every pattern must be reported.
+    old = '''
+class RealEngine(Simulation):
+    def _admit(self, now):
+        super()._admit(now)
+    def apply_once(self, plan):
+        self._apply_step(1.0, 0.0, 0.1, plan)
+        self.log["dt"][-1] = 0.2
+def cell(eng):
+    eng._issue(0, 0.0)
+    eng._admit(0.0)
+    eng.phase[0] = 3
+'''
+    v = violations(old, core_private_names())
+    text = "\n".join(v)
+    for needle in ("subclasses a core class", "def _admit", "self._apply_step", "self.log['dt'][-1] =",
+                   "eng._issue", "eng._admit", "eng.phase[0] ="):
+        assert needle in text, (needle, v)
+    # ...and what the port does is clean
+    new = '''
+class RealStepper:
+    def __init__(self, engine):
+        self.engine = engine
+        self._draft = None
+    def end(self, plan, out, now):
+        self.engine.apply(plan, out, now)
+        self.engine.record(plan, out, now)
+'''
+    assert violations(new, core_private_names()) == []
+
+
+# ---------------------------------------------------------------- the public additions the runner needs
+import numpy as np  # noqa: E402
+
+from dsparksim.acceptance.base import AcceptanceModel, Block  # noqa: E402
+from dsparksim.cluster import Simulation  # noqa: E402
+from dsparksim.engine import DECODE, CostExecutor, Engine  # noqa: E402
+from dsparksim.policies import make_policy  # noqa: E402
+from dsparksim.streams import RequestStreams  # noqa: E402
+from dsparksim.traffic.base import Workload  # noqa: E402
+
+
+class _Linear:
+    """verify_time = 1 ms + 10 us per token, no drafting cost (a stand-in profile)."""
+
+    name, source, metadata, context_model, min_tokens, max_tokens = "lin", "<test>", {}, "none", 1, 4096
+    fixed_overhead_s, drafters = 0.0, {"dspark": None}
+
+    def verify_time(self, M, kv_tokens=0):
+        return 1e-3 + 1e-5 * np.asarray(M)
+
+    def nontrimmable_time(self, drafter, n_req, K):
+        return 2e-4
+
+
+class _Half(AcceptanceModel):
+    drafter = "dspark"
+
+    def __init__(self, K):
+        self.K, self.metadata = K, {"source": "test"}
+
+    def start(self, slots, domains, rng):
+        pass
+
+    def draw(self, slots, rng):
+        ok = rng.random((len(slots), self.K)) < 0.6
+        A = np.where(ok.all(1), self.K, np.argmin(ok, 1))
+        return Block(conf=np.full((len(slots), self.K), 0.6), accepted=A.astype(np.int64))
+
+
+def _wl(n, prompt=10, out=20, users=3):
+    return Workload(prompt_tokens=np.full(n, prompt), output_tokens=np.full(n, out),
+                    domain=np.full(n, "chat", dtype=object), concurrency=users)
+
+
+def test_skip_prefill_marks_admitted_requests_decoding_at_their_contexts():
+    from dsparksim.requests import RequestTable
+    K = 3
+    table = RequestTable(_wl(4), 4, None)
+    table.load(3)
+    pol = make_policy("fixed:3")
+    pol.reset(K, np.random.default_rng(0))
+    eng = Engine(table=table, profile=_Linear(), acceptance=_Half(K), policy=pol, K=K, drafter="dspark",
+                 kv_capacity_tokens=10_000, max_num_seqs=3, max_batched_tokens=512, prefill_chunk_tokens=64,
+                 rng=np.random.default_rng(0))
+    for i in range(4):
+        eng.enqueue(i)
+    assert eng.admit(0.0) == [0, 1, 2]                  # 3 slots: row 3 waits
+    with pytest.raises(ValueError, match="running"):
+        eng.skip_prefill(np.array([3]), np.array([5]), 0.0)
+    rows, ctx = np.array([0, 1, 2]), np.array([5, 15, 25])
+    eng.skip_prefill(rows, ctx, 0.5)
+    assert (table.phase[rows] == DECODE).all() and (table.prompt[rows] == ctx).all()
+    assert (table.gen[rows] == 1).all() and (table.first_tok[rows] == 0.5).all()
+    assert eng.kv_reserved == int((ctx + 20 + K).sum())   # the reservation follows the new prompt lengths
+    plan = eng.plan_step()
+    assert plan.decode.tolist() == [0, 1, 2] and plan.n_prefill == 0 and plan.prefill == []
+    assert plan.kv_read == 45 + 3 and plan.M == 3 * (1 + K)
+    with pytest.raises(ValueError, match="not yet prefilled"):
+        eng.skip_prefill(rows, ctx, 0.5)                 # only once
+
+
+class _Slow:
+    """A driver (cluster.Simulation's driver protocol) running the step contract at twice the profile's price."""
+
+    made: list = []
+
+    def __init__(self, env, ranks):
+        self.env, self.ranks, self.wake = env, ranks, None
+        _Slow.made.append(list(ranks))
+
+    def run(self):
+        env, (eng,) = self.env, self.ranks
+        while True:
+            now = env.now
+            eng.drain()
+            eng.admit(now)
+            plan = eng.plan_step()
+            if plan is None:
+                self.wake = env.event()
+                yield self.wake
+                self.wake = None
+                continue
+            out = CostExecutor().execute(plan)
+            out.duration_s *= 2
+            yield env.timeout(out.duration_s)
+            eng.apply(plan, out, env.now)
+            eng.record(plan, out, now)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_driver_factory_replaces_the_replica_process(replicas):
+    # Closed loop, count-bound: a driver whose steps take exactly twice the price serves the same requests with the
+    # same decisions (keyed draws) and every time doubles; the factory is called once per replica with its engine.
+    def run(factory):
+        return Simulation(profile=_Linear(), acceptance=_Half(3), policy=make_policy("confidence"),
+                          workload=_wl(24, users=4), block_size=3, drafter="dspark", kv_capacity_tokens=10_000,
+                          max_num_seqs=4, max_batched_tokens=256, prefill_chunk_tokens=64,
+                          streams=RequestStreams(1), num_requests=24, replicas=replicas, driver_factory=factory)
+    _Slow.made = []
+    base = run(None).run()
+    sim = run(_Slow)
+    slow = sim.run()
+    assert [len(r) for r in _Slow.made] == [1] * replicas
+    assert [r[0] for r in _Slow.made] == sim.engines
+    assert slow.completed.all() and slow.ended_by == "all_requests_done"
+    np.testing.assert_array_equal(slow.verify_tokens, base.verify_tokens)
+    np.testing.assert_array_equal(slow.accepted_tokens, base.accepted_tokens)
+    np.testing.assert_allclose(slow.finish_s, 2 * base.finish_s, rtol=1e-12)
+    np.testing.assert_allclose(slow.steps["dt"], 2 * base.steps["dt"], rtol=1e-12)
