@@ -76,7 +76,7 @@ print(json.dumps({"package": dsparksim.__file__, "import_s": t1 - t0, "simulate_
 def whole_process(policy: str, users: int, duration: float, replicas: int | None, write: bool) -> dict:
     """Run one configuration in a fresh interpreter; wall time is measured around the whole process."""
     spec = dict(policy=policy, profile=PROFILE, users=users, duration=duration, seed=SEED, replicas=replicas,
-                engine=engine_kwargs(users), write=write)
+                engine=engine_kwargs(users // (replicas or 1)), write=write)   # per-replica batch limits
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], capture_output=True, text=True)
     wall = time.perf_counter() - t0
