@@ -54,8 +54,8 @@ class RequestStreams:
         ids = np.asarray(ids, dtype=np.int64)
         if ids.size and ids.min() < 0:
             raise ValueError(f"request ids must be >= 0, got {ids.min()}")
-        with np.errstate(over="ignore"):
-            return mix64(self.key + (ids.astype(np.uint64) + np.uint64(1)) * _G1)
+        # uint64 array arithmetic wraps modulo 2**64 silently (the hash relies on it; only scalar ops warn)
+        return mix64((ids.astype(np.uint64) + np.uint64(1)) * _G1 + self.key)
 
     def rows(self, keys: np.ndarray, steps: np.ndarray | int, prefetch: int = 8) -> "KeyedRows":
         """The draws of step ``steps`` (per row, or one for all; -1 = the request's start) of requests ``keys``;
@@ -63,8 +63,7 @@ class RequestStreams:
         st = np.asarray(steps, dtype=np.int64) + 1
         if st.size and st.min() < 0:
             raise ValueError(f"steps must be >= -1, got {st.min() - 1}")
-        with np.errstate(over="ignore"):
-            return KeyedRows(mix64(np.asarray(keys, np.uint64) + st.astype(np.uint64) * _G2), prefetch)
+        return KeyedRows(mix64(st.astype(np.uint64) * _G2 + np.asarray(keys, np.uint64)), prefetch)
 
 
 class KeyedRows:
@@ -89,8 +88,7 @@ class KeyedRows:
             width = max(need, self._prefetch)
             w = np.arange(self._words_done + 1, self._words_done + 1 + width, dtype=np.uint64)
             self._words_done += width
-            with np.errstate(over="ignore"):
-                words = mix64(self._base[:, None] + w[None, :] * _G3)            # (n, width)
+            words = mix64(self._base[:, None] + w[None, :] * _G3)                # (n, width)
             rest = self._half[:, self._pos:]
             self._half = np.concatenate([rest, words.view(np.uint32)], axis=1) if rest.size else words.view(np.uint32)
             self._pos = 0
