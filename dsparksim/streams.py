@@ -50,8 +50,8 @@ class RequestStreams:
                                                      0x5EED, int(purpose)]).generate_state(1, np.uint64)[0])
 
     def request_keys(self, ids: np.ndarray) -> np.ndarray:
-        """Per-request keys (uint64) for workload rows ``ids``."""
-        ids = np.asarray(ids, dtype=np.int64)
+        """Per-request keys (uint64, 1-d) for workload rows ``ids``."""
+        ids = np.atleast_1d(np.asarray(ids, dtype=np.int64))
         if ids.size and ids.min() < 0:
             raise ValueError(f"request ids must be >= 0, got {ids.min()}")
         # uint64 array arithmetic wraps modulo 2**64 silently (the hash relies on it; only scalar ops warn)
@@ -60,7 +60,7 @@ class RequestStreams:
     def rows(self, keys: np.ndarray, steps: np.ndarray | int, prefetch: int = 8) -> "KeyedRows":
         """The draws of step ``steps`` (per row, or one for all; -1 = the request's start) of requests ``keys``;
         ``prefetch``: words per row hashed at once (the number a step uses makes it one hash)."""
-        st = np.asarray(steps, dtype=np.int64) + 1
+        st = np.asarray(steps, dtype=np.int64).reshape(-1) + 1     # 1-d: array arithmetic, never a scalar's
         if st.size and st.min() < 0:
             raise ValueError(f"steps must be >= -1, got {st.min() - 1}")
         return KeyedRows(mix64(st.astype(np.uint64) * _G2 + np.asarray(keys, np.uint64)), prefetch)
