@@ -39,6 +39,49 @@ def _ints(s: str) -> list[int]:
     return [_number(x, int, 1, False, "comma-separated integers >= 1") for x in vals]
 
 
+# Run options that `frontier` takes as comma lists (one frontier per deployment = replicas x router).
+DEPLOYMENT_AXES = ("replicas", "router")
+
+
+def _option_list(key: str):
+    """The argparse type of a comma list of option ``key``'s values: each element goes through that option's own
+    parser or choices (config field metadata, as in `run`); empty elements and duplicates are refused."""
+    o = run_options()[key].option
+
+    def parse(s: str) -> list[Any]:
+        vals = [x.strip() for x in s.split(",")]
+        if not any(vals) or not all(vals):
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {s!r}")
+        out = []
+        for v in vals:
+            if o.choices is not None and v not in o.choice_list():
+                raise argparse.ArgumentTypeError(f"invalid choice {v!r} (choose from {', '.join(o.choice_list())})")
+            out.append(o.parse(v) if o.parse is not None else v)
+        dup = sorted({str(v) for v in out if out.count(v) > 1})
+        if dup:
+            raise argparse.ArgumentTypeError(f"lists {', '.join(dup)} more than once (each cell would run twice)")
+        return out
+
+    parse.__name__ = f"{key} list"
+    return parse
+
+
+def _add_axis_option(container, key: str, help: str) -> None:
+    """A frontier axis: the run option ``key`` as a comma list (dest ``key``, default [the option's default])."""
+    spec = run_options()[key]
+    o = spec.option
+    metavar = (o.metavar or key.upper()) + "[,...]"
+    container.add_argument(*o.flags, dest=key, type=_option_list(key), default=[spec.default], metavar=metavar,
+                           help=help)
+
+
+_AXIS_HELP = {
+    "replicas": "identical engine replicas behind the router, comma-separated: one frontier per count [1]",
+    "router": "how requests are spread over the replicas (and DP ranks), comma-separated: one frontier per router "
+              "({choices}) [round-robin]",
+}
+
+
 class _Deprecated(argparse.Action):
     """Stores the value; a deprecated spelling still works but warns (e.g. --block-size, vLLM's KV page size)."""
 
@@ -112,6 +155,9 @@ def _add_common(p: argparse.ArgumentParser, frontier: bool) -> None:
             if (spec.group, ex) not in exclusive:
                 exclusive[(spec.group, ex)] = g.add_mutually_exclusive_group()
             g = exclusive[(spec.group, ex)]
+        if frontier and key in DEPLOYMENT_AXES:
+            _add_axis_option(g, key, _AXIS_HELP[key].format(choices=", ".join(o.choice_list() or ())))
+            continue
         add_option(g, key, help=o.frontier_help if frontier and o.frontier_help else None)
     p.add_argument("--format", choices=["csv", "parquet"], default="csv", help="per-request table format")
 
@@ -245,7 +291,8 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from dsparksim.frontier import DEFAULT_CONCURRENCY as DEFAULT_LOADS
-    from dsparksim.frontier import DEFAULT_POLICIES, cells, comparison_table, frontier_table, run_cells
+    from dsparksim.frontier import (DEFAULT_POLICIES, cells, comparison_table, deployment_label, deployments,
+                                    frontier_table, run_cells)
     from dsparksim.plots import plot_frontier, plot_verify_budget
     from dsparksim.outputs import staged_dir
     from dsparksim.policies import make_policy
@@ -288,9 +335,11 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     else:
         loads = args.concurrency_levels or list(DEFAULT_LOADS)
         load, load_name = {"concurrency": int(max(loads))}, "concurrent users"
-    base = run_config(args, **load)
+    deploys = deployments(args.replicas, args.router)
+    # The base config is the first deployment's; each cell sets its own replicas and router.
+    base = run_config(args, replicas=deploys[0][0], router=deploys[0][1], **load)
     preflight(base, policies)
-    cfgs = cells(base, policies, loads)
+    cfgs = cells(base, policies, loads, deploys)
     jobs = args.jobs or min(os.cpu_count() or 1, len(cfgs))
     out = Path(args.out)
     t0 = time.perf_counter()
@@ -298,16 +347,20 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         summaries = run_cells(cfgs, jobs=jobs, on_done=lambda: bar.update(1), backend=args.backend,
                               ray_address=args.ray_address)
     wall = time.perf_counter() - t0
-    df = frontier_table(summaries)
+    df = frontier_table(summaries, cfgs)
     comp = comparison_table(df, baseline=args.baseline, slas=args.sla or ())
     names = {"config": "config.json", "frontier_csv": "frontier.csv", "comparison_csv": "comparison.csv",
              "frontier_png": "frontier.png", "verify_budget_png": "verify_budget.png"}
     with staged_dir(out) as d:  # all five files replace OUT together (dsparksim.outputs)
         write_json(d / names["config"], {"base_config": base.to_dict(), "policies": policies, "loads": list(loads),
-                                         "load_axis": load_name, "jobs": jobs, "wall_s": round(wall, 2)})
+                                         "load_axis": load_name, "replicas": list(args.replicas),
+                                         "routers": list(args.router),
+                                         "deployments": [deployment_label(*x) for x in deploys],
+                                         "jobs": jobs, "wall_s": round(wall, 2)})
         write_table(d / names["comparison_csv"], comp)
+        dep_title = "" if len(deploys) == 1 else f" | {len(deploys)} deployments"
         plot_frontier(df, d / names["frontier_png"], title=f"{base.profile} | {base.acceptance} "
-                      f"K={base.engine.block_size} | {load_name} {min(loads):g}-{max(loads):g}",
+                      f"K={base.engine.block_size} | {load_name} {min(loads):g}-{max(loads):g}{dep_title}",
                       slas=args.sla or (), load_name=load_name)
         plot_verify_budget(df, d / names["verify_budget_png"], load_name=load_name)
         write_table(d / names["frontier_csv"], df)
@@ -319,7 +372,9 @@ def cmd_frontier(args: argparse.Namespace) -> int:
               f"in frontier.csv with empty metrics and are never Pareto: {', '.join(empty)} (lengthen --duration)",
               file=sys.stderr)
     if not args.quiet:
-        print(f"{len(cfgs)} cells ({len(policies)} policies x {len(loads)} loads) in {wall:.1f} s with {jobs} jobs")
+        deps = f" x {len(deploys)} deployments" if len(deploys) > 1 else ""
+        print(f"{len(cfgs)} cells ({len(policies)} policies{deps} x {len(loads)} loads) in {wall:.1f} s with "
+              f"{jobs} jobs")
         print(_comparison_text(df, comp, args.baseline))
         for k, p in paths.items():
             print(f"  {k:18s} {p}")
@@ -367,31 +422,44 @@ def check_frontier_loads(args: argparse.Namespace) -> None:
 
 
 def _empty_cells(df) -> list[str]:
+    from dsparksim.frontier import series_labels
+
     if "num_requests_completed" not in df.columns:
         return []
+    labels = series_labels(df)
+    multi = labels.nunique() > 1
     bad = df[df["num_requests_completed"].fillna(0) <= 0]
-    return [f"{r['policy']}@{r['load']:g}" for _, r in bad.iterrows()]
+    return [f"{r['policy']}@{r['load']:g}" + (f" ({labels[i]})" if multi else "") for i, r in bad.iterrows()]
 
 
 def _comparison_text(df, comp, baseline: str) -> str:
-    """The frontier summary: per policy, unsaturated peak, best per-user speed, and every gain vs the baseline
-    with the range it was interpolated over; one column per --sla target; '!' marks a narrow overlap."""
+    """The frontier summary: per policy (and deployment, when there are several), unsaturated peak, best per-user
+    speed, and every gain vs the baseline at the same deployment with the range it was interpolated over; one
+    column per --sla target; '!' marks a narrow overlap."""
     import pandas as pd
+
+    from dsparksim.frontier import series_labels
 
     slas = [m for m in dict.fromkeys(comp["metric"]) if m.startswith("throughput_gain_at_sla:")] if len(comp) else []
     cols = [("tps_user_gain_at_matched_throughput", f"user-speed gain vs {baseline} @ same tok/s"),
             ("throughput_gain_at_matched_sla", f"throughput gain vs {baseline} @ same tok/s/user")]
     cols += [(m, f"tput gain @{m.split(':', 1)[1]} tok/s/user") for m in slas]
-    header = ["policy", "peak tok/s", "best user tok/s"] + [h for _, h in cols]
+    labels = series_labels(df)
+    multi = labels.nunique() > 1  # one deployment: the table of a single-engine frontier, unchanged
+    lead = ["policy", "deployment"] if multi else ["policy"]
+    header = lead + ["peak tok/s", "best user tok/s"] + [h for _, h in cols]
     table = [header]
     flagged = False
-    for pol, g in df.groupby("policy", sort=False):
+    for (dep, pol), g in df.groupby([labels, df["policy"]], sort=False):
         sat = g["saturated"].fillna(False).astype(bool) if "saturated" in g else pd.Series(False, index=g.index)
         ok = g[~sat]
-        row = [str(pol), f"{ok['output_throughput_tok_s'].max():.0f}" if len(ok) else "n/a (saturated)",
-               f"{ok['tps_user_median'].max():.1f}" if len(ok) else "n/a"]
+        row = [str(pol)] + ([str(dep)] if multi else [])
+        row += [f"{ok['output_throughput_tok_s'].max():.0f}" if len(ok) else "n/a (saturated)",
+                f"{ok['tps_user_median'].max():.1f}" if len(ok) else "n/a"]
         for metric, _ in cols:
             c = comp[(comp["policy"] == pol) & (comp["metric"] == metric)] if len(comp) else comp
+            if len(c) and "deployment" in c:
+                c = c[c["deployment"] == dep]
             if pol == baseline:
                 row.append("(baseline)")
             elif c.empty:
@@ -405,9 +473,10 @@ def _comparison_text(df, comp, baseline: str) -> str:
     lines = ["  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in enumerate(zip(r, widths))).rstrip()
              for r in table]
     lines.append("gains: mean [min..max] of (policy / baseline - 1) along the overlap of the two Pareto frontiers, "
-                 "over the stated range (tok/s for user-speed gains, tok/s/user for throughput gains); "
+                 + ("each policy against the baseline at the same deployment (replicas x router), " if multi else "")
+                 + "over the stated range (tok/s for user-speed gains, tok/s/user for throughput gains); "
                  "saturated points are never on a frontier; peak tok/s is over unsaturated points.")
-    if any(c == "n/a" for r in table[1:] for c in r[3:]):
+    if any(c == "n/a" for r in table[1:] for c in r[len(lead) + 2:]):
         lines.append("n/a: no overlap, or the SLA lies outside a frontier's per-user speed range (see the note "
                      "column of comparison.csv); nothing is extrapolated.")
     if flagged:

@@ -16,19 +16,41 @@ DEFAULT_POLICIES = ("mtp1", "fixed:7", "threshold:0.5", "goodput", "confidence",
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 96, 128)
 
 
-def cells(base: RunConfig, policies: Sequence[str], loads: Sequence[float]) -> list[RunConfig]:
-    """One RunConfig per policy x load level. The load replaces concurrency (closed loop) or rate (open loop)."""
+# A deployment is (replicas, router): how many identical engines serve the load and how requests reach them.
+Deployment = tuple[int, str]
+SERIES = ("replicas", "router", "policy")  # one Pareto frontier per series
+
+
+def deployment_label(replicas: Any, router: Any) -> str:
+    """'x2 least-outstanding': the deployment's name in comparison.csv, the printed table and the plots."""
+    return f"x{int(replicas)} {router}"
+
+
+def deployments(replicas: Sequence[int], routers: Sequence[str]) -> list[Deployment]:
+    """Every replicas x router pair, replica counts outermost."""
+    return [(int(r), str(name)) for r in replicas for name in routers]
+
+
+def cells(base: RunConfig, policies: Sequence[str], loads: Sequence[float],
+          deploys: Sequence[Deployment] | None = None) -> list[RunConfig]:
+    """One RunConfig per deployment x policy x load level (deployment outermost; ``None``: the base's own).
+    The load replaces concurrency (closed loop), rate (open loop) or time scale (trace); it is the load on the
+    whole deployment, which the router spreads over its replicas."""
     out = []
-    for pol in policies:
-        for load in loads:
-            t = base.traffic
-            if t.mode == "closed":
-                t = dataclasses.replace(t, concurrency=int(load))
-            elif t.mode == "trace":
-                t = dataclasses.replace(t, time_scale=float(load))
-            else:
-                t = dataclasses.replace(t, rate=float(load))
-            out.append(base.replace(policy=pol, traffic=t))
+    for dep in deploys or [(base.engine.replicas, base.engine.router)]:
+        b = base
+        if dep != (base.engine.replicas, base.engine.router):
+            b = base.replace(engine=dataclasses.replace(base.engine, replicas=dep[0], router=dep[1]))
+        for pol in policies:
+            for load in loads:
+                t = b.traffic
+                if t.mode == "closed":
+                    t = dataclasses.replace(t, concurrency=int(load))
+                elif t.mode == "trace":
+                    t = dataclasses.replace(t, time_scale=float(load))
+                else:
+                    t = dataclasses.replace(t, rate=float(load))
+                out.append(b.replace(policy=pol, traffic=t))
     return out
 
 
@@ -73,19 +95,46 @@ def pareto_mask(x: np.ndarray, y: np.ndarray, eligible: np.ndarray | None = None
     return mask
 
 
-def frontier_table(summaries: list[dict[str, Any]]) -> pd.DataFrame:
-    """frontier.csv: one row per policy x load with the summary fields and a Pareto flag.
+def _with_deployment(df: pd.DataFrame, cfgs: Sequence[RunConfig] | None = None) -> pd.DataFrame:
+    """``df`` with ``replicas`` and ``router`` columns: from ``cfgs`` (one per row) when given, else kept as they
+    are; a missing one gets the engine default (a table of single-engine runs). ``router`` follows ``replicas``."""
+    from dsparksim.config import EngineConfig
+
+    df = df.copy()
+    if cfgs is not None:
+        df["replicas"] = [c.engine.replicas for c in cfgs]
+    elif "replicas" not in df:
+        df["replicas"] = EngineConfig.replicas
+    routers = [c.engine.router for c in cfgs] if cfgs is not None else (
+        df["router"] if "router" in df else [EngineConfig.router] * len(df))
+    if "router" in df:
+        df = df.drop(columns="router")
+    df.insert(list(df.columns).index("replicas") + 1, "router", list(routers))
+    return df
+
+
+def frontier_table(summaries: list[dict[str, Any]], cfgs: Sequence[RunConfig] | None = None) -> pd.DataFrame:
+    """frontier.csv: one row per deployment x policy x load with the summary fields, ``replicas`` and ``router``
+    (from ``cfgs``, the cells' configs, when given) and a Pareto flag computed per series (deployment, policy).
 
     Saturated points are kept and marked but never Pareto-efficient: past saturation the numbers depend on how
     long the run was, not on the policy.
     """
     df = pd.DataFrame([{k: v for k, v in s.items() if not isinstance(v, dict)} for s in summaries])
+    df = _with_deployment(df, cfgs)
     df["pareto"] = False
     sat = df["saturated"].fillna(False).astype(bool) if "saturated" in df else pd.Series(False, index=df.index)
-    for pol, g in df.groupby("policy", sort=False):
+    for _, g in df.groupby(list(SERIES), sort=False):
         m = pareto_mask(g[X].to_numpy(float), g[Y].to_numpy(float), ~sat[g.index].to_numpy(bool))
         df.loc[g.index, "pareto"] = m
     return df
+
+
+def series_labels(df: pd.DataFrame) -> pd.Series:
+    """The deployment label of every row (the engine default where the table has no deployment columns)."""
+    d = _with_deployment(df[[c for c in ("replicas", "router") if c in df]])
+    return pd.Series([deployment_label(r, n) for r, n in zip(d["replicas"], d["router"])], index=df.index,
+                     dtype=object)
 
 
 # A gain is flagged when the two frontiers overlap on less than this share of the baseline's range on that axis,
@@ -94,7 +143,7 @@ def frontier_table(summaries: list[dict[str, Any]]) -> pd.DataFrame:
 NARROW_FRACTION = 0.25
 NARROW_MIN_POINTS = 2
 
-COMPARISON_COLUMNS = ("policy", "baseline", "metric", "axis", "range_lo", "range_hi", "overlap_frac",
+COMPARISON_COLUMNS = ("policy", "baseline", "deployment", "metric", "axis", "range_lo", "range_hi", "overlap_frac",
                       "n_points_policy", "n_points_baseline", "narrow_overlap", "gain_mean", "gain_min", "gain_max",
                       "gain_at_mid", "n_grid", "note")
 
@@ -137,7 +186,8 @@ def _gain_stats(xa: np.ndarray, ya: np.ndarray, xb: np.ndarray, yb: np.ndarray) 
 
 
 def comparison_table(df: pd.DataFrame, baseline: str = "mtp1", slas: Iterable[float] = ()) -> pd.DataFrame:
-    """comparison.csv: every policy vs the baseline, each gain with its interpolation range and a trust flag.
+    """comparison.csv: every policy vs the baseline at the same deployment (``deployment``: 'x2 least-outstanding';
+    one block per deployment, in the table's order), each gain with its interpolation range and a trust flag.
 
     - tps_user_gain_at_matched_throughput: per-user speed ratio - 1 at equal total throughput, over the overlap of
       the two Pareto frontiers' throughput ranges (range_lo..range_hi, axis tok/s).
@@ -154,14 +204,28 @@ def comparison_table(df: pd.DataFrame, baseline: str = "mtp1", slas: Iterable[fl
     if baseline not in policies:
         raise ConfigError("cli", "--baseline", f"baseline policy {baseline!r} is not among the frontier's policies "
                                                f"{policies}")
+    slas = list(slas)
+    labels = series_labels(df)
+    rows = []
+    for dep in dict.fromkeys(labels):
+        d = df[labels == dep]
+        if not (d["policy"] == baseline).any():
+            raise ConfigError("cli", "--baseline", f"baseline policy {baseline!r} has no cells at deployment {dep!r}: "
+                                                   "gains are only measured within one deployment")
+        rows += _compare_within(d, baseline, dep, slas)
+    return pd.DataFrame(rows, columns=list(COMPARISON_COLUMNS))
+
+
+def _compare_within(df: pd.DataFrame, baseline: str, deployment: str, slas: Iterable[float]) -> list[dict[str, Any]]:
+    """The comparison rows of one deployment's table (see :func:`comparison_table`)."""
     rows = []
     xb, yb = _frontier_curve(df, baseline)
     ob = np.argsort(yb, kind="stable")
-    for pol in policies:
+    for pol in df["policy"].unique():
         if pol == baseline:
             continue
         xa, ya = _frontier_curve(df, pol)
-        base = {"policy": pol, "baseline": baseline}
+        base = {"policy": pol, "baseline": baseline, "deployment": deployment}
         rows.append({**base, "metric": "tps_user_gain_at_matched_throughput", "axis": "tok/s",
                      **_gain_stats(xa, ya, xb, yb)})
         # Along a Pareto frontier y falls as x rises; swap axes and sort by y to interpolate x(y).
@@ -177,4 +241,4 @@ def comparison_table(df: pd.DataFrame, baseline: str = "mtp1", slas: Iterable[fl
                          "narrow_overlap": False, "gain_mean": gain, "gain_min": gain, "gain_max": gain,
                          "gain_at_mid": gain, "n_grid": 1 if inside else 0,
                          "note": "" if inside else "SLA outside a frontier's per-user speed range"})
-    return pd.DataFrame(rows, columns=list(COMPARISON_COLUMNS))
+    return rows
