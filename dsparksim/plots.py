@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from dsparksim.frontier import X, Y
+from dsparksim.frontier import X, Y, series_labels
 
 # The shipped policies (and the drafters they run with) get fixed colours; mtp1 is the grey baseline, oracle the
 # black upper bound.
@@ -33,6 +33,8 @@ POLICY_COLORS = {
 _FALLBACK = ("#8c564b", "#e377c2", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5",
              "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173")
 _LINESTYLE = {"oracle": "--"}
+# With several deployments (replicas x router), each gets its own line style and marker; colour stays the policy's.
+_DEPLOY_STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1)), "v"), ((0, (1, 3)), "P"))
 
 
 def policy_color(policy: str) -> str:
@@ -55,23 +57,39 @@ def _plain(ax, axis: str) -> None:
         a.set_minor_formatter(NullFormatter())
 
 
+def _series(df: pd.DataFrame):
+    """(policy, deployment label or None, line style, marker, name, rows) per series, in table order. With one
+    deployment a series is a policy, styled and named as a single-engine frontier always was."""
+    labels = series_labels(df)
+    deps = list(dict.fromkeys(labels))
+    for (dep, pol), g in df.groupby([labels, df["policy"]], sort=False):
+        if len(deps) == 1:
+            yield pol, None, _LINESTYLE.get(pol, "-"), "o", str(pol), g
+        else:
+            ls, mk = _DEPLOY_STYLES[deps.index(dep) % len(_DEPLOY_STYLES)]
+            yield pol, dep, ls, mk, f"{pol} | {dep}", g
+
+
 def frontier_figure(df: pd.DataFrame, title: str = "", slas: Iterable[float] = (),
                     load_name: str = "load") -> Figure:
     """Per-user tokens/s vs total output throughput: Pareto lines, dominated points faded, saturated ones as x,
-    every point labelled with its load level, one labelled horizontal line per SLA target."""
+    every point labelled with its load level, one labelled horizontal line per SLA target. One line per series:
+    colour = policy, line style and marker = deployment (replicas x router) when there are several."""
     fig = Figure(figsize=(9, 6), dpi=120)
     ax = fig.subplots()
-    for pol, g in df.groupby("policy", sort=False):
+    multi = False
+    for pol, dep, ls, mk, name, g in _series(df):
+        multi |= dep is not None
         col = policy_color(pol)
         sat_m = g["saturated"].fillna(False).astype(bool) if "saturated" in g else pd.Series(False, index=g.index)
         par_m = g["pareto"].astype(bool)
         par = g[par_m].sort_values(X)
-        ax.plot(par[X], par[Y], marker="o", ms=4, lw=1.8, label=pol, color=col, ls=_LINESTYLE.get(pol, "-"),
-                gid=f"pareto:{pol}")
+        sid = name if dep is None else f"{pol}@{dep}"
+        ax.plot(par[X], par[Y], marker=mk, ms=4, lw=1.8, label=name, color=col, ls=ls, gid=f"pareto:{sid}")
         rest = g[~par_m & ~sat_m]
-        ax.scatter(rest[X], rest[Y], s=14, alpha=0.3, color=col, gid=f"dominated:{pol}")
+        ax.scatter(rest[X], rest[Y], s=14, alpha=0.3, color=col, marker=mk, gid=f"dominated:{sid}")
         sat = g[sat_m]
-        ax.scatter(sat[X], sat[Y], s=32, marker="x", alpha=0.8, color=col, gid=f"saturated:{pol}")
+        ax.scatter(sat[X], sat[Y], s=32, marker="x", alpha=0.8, color=col, gid=f"saturated:{sid}")
         for r in g.itertuples(index=False):
             xv, yv = getattr(r, X), getattr(r, Y)
             if pd.notna(xv) and pd.notna(yv):
@@ -81,7 +99,9 @@ def frontier_figure(df: pd.DataFrame, title: str = "", slas: Iterable[float] = (
         ax.axhline(s, color="tab:red", lw=0.9, ls=":", gid=f"sla:{s:g}")
         ax.annotate(f"SLA {s:g} tok/s/user", (1.0, s), xycoords=("axes fraction", "data"), xytext=(-4, 2),
                     textcoords="offset points", ha="right", va="bottom", fontsize=7, color="tab:red")
-    ax.set_xlabel("total output throughput (tokens/s per engine)")
+    many = "replicas" in df and (pd.to_numeric(df["replicas"], errors="coerce").fillna(1) > 1).any()
+    ax.set_xlabel("total output throughput (tokens/s per deployment, all replicas)" if many
+                  else "total output throughput (tokens/s per engine)")
     ax.set_ylabel("per-user decode speed, median (tokens/s)")
     ax.set_yscale("log")
     _plain(ax, "x")
@@ -89,7 +109,8 @@ def frontier_figure(df: pd.DataFrame, title: str = "", slas: Iterable[float] = (
     ax.grid(True, which="both", alpha=0.3)
     ax.set_title(title or "Throughput vs per-user speed frontier", fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
-    handles += [Line2D([], [], color="0.4", marker="o", ms=4, lw=1.8, label="line: Pareto frontier"),
+    handles += [Line2D([], [], color="0.4", marker="o", ms=4, lw=1.8, label="line: Pareto frontier"
+                       + (" (colour: policy; style and marker: deployment xN router)" if multi else "")),
                 Line2D([], [], color="0.4", marker="o", ls="", alpha=0.3, label="faded: dominated (not Pareto)"),
                 Line2D([], [], color="0.4", marker="x", ls="", label="x: saturated (never Pareto)")]
     if any(True for _ in slas):
@@ -108,13 +129,13 @@ def plot_frontier(df: pd.DataFrame, path: str | Path, title: str = "", slas: Ite
 
 
 def verify_budget_figure(df: pd.DataFrame, load_name: str = "load") -> Figure:
-    """Mean verify length per request per step vs load level, per policy."""
+    """Mean verify length per request per step vs load level, per series (policy; x deployment when several)."""
     fig = Figure(figsize=(7, 4.5), dpi=120)
     ax = fig.subplots()
-    for pol, g in df.groupby("policy", sort=False):
+    for pol, dep, ls, mk, name, g in _series(df):
         g = g.sort_values("load")
-        ax.plot(g["load"], g["mean_verify_len"], marker="o", ms=4, label=pol, color=policy_color(pol),
-                ls=_LINESTYLE.get(pol, "-"), gid=f"verify:{pol}")
+        ax.plot(g["load"], g["mean_verify_len"], marker=mk, ms=4, label=name, color=policy_color(pol),
+                ls=ls, gid=f"verify:{name if dep is None else f'{pol}@{dep}'}")
     ax.set_xscale("log", base=2)
     _plain(ax, "x")
     _plain(ax, "y")
