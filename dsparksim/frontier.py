@@ -117,10 +117,13 @@ def frontier_table(summaries: list[dict[str, Any]], cfgs: Sequence[RunConfig] | 
     """frontier.csv: one row per deployment x policy x load with the summary fields, ``replicas`` and ``router``
     (from ``cfgs``, the cells' configs, when given) and a Pareto flag computed per series (deployment, policy).
 
-    Saturated points are kept and marked but never Pareto-efficient: past saturation the numbers depend on how
+    Nested summary fields (``saturation_detail``, ``per_replica``) are left out. Saturated points are kept and
+    marked but never Pareto-efficient: past saturation the numbers depend on how
     long the run was, not on the policy.
     """
-    df = pd.DataFrame([{k: v for k, v in s.items() if not isinstance(v, dict)} for s in summaries])
+    # Nested details (saturation_detail, a cluster's per_replica list) stay in the run summaries: a frontier row is
+    # one cell, and a column that only multi-replica cells had would move with the order of the cells.
+    df = pd.DataFrame([{k: v for k, v in s.items() if not isinstance(v, (dict, list, tuple))} for s in summaries])
     df = _with_deployment(df, cfgs)
     df["pareto"] = False
     sat = df["saturated"].fillna(False).astype(bool) if "saturated" in df else pd.Series(False, index=df.index)
