@@ -339,6 +339,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     # The base config is the first deployment's; each cell sets its own replicas and router.
     base = run_config(args, replicas=deploys[0][0], router=deploys[0][1], **load)
     preflight(base, policies)
+    _check_session_routers(base, args.router)
     cfgs = cells(base, policies, loads, deploys)
     jobs = args.jobs or min(os.cpu_count() or 1, len(cfgs))
     out = Path(args.out)
@@ -408,6 +409,23 @@ def preflight(base: RunConfig, policies: Sequence[str]) -> None:
         if val:
             path, _ = resolve(val, key)
             read_trace(path, t.trace_format if key == "trace" else None)
+
+
+def _check_session_routers(base: RunConfig, routers: Sequence[str]) -> None:
+    """A router that needs session or prefix ids (``session``) on a workload without them fails here, before any
+    cell, with the message its cells would give."""
+    import numpy as np
+
+    from dsparksim.routers import make_router
+    from dsparksim.traffic.build import build_workload
+
+    need = [r for r in routers if getattr(make_router(r, 1), "needs_session", False)]
+    if not need:
+        return
+    blk = next(iter(build_workload(base.traffic, np.random.default_rng(base.seed)).iter_blocks()), None)
+    if blk is None or len(blk) <= 4 or blk[4] is None:
+        raise _bad("--router", f"router '{need[0]}' needs session or prefix ids, which this workload does not carry "
+                   "(Mooncake traces carry hash_ids)")
 
 
 def check_frontier_loads(args: argparse.Namespace) -> None:

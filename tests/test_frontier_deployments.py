@@ -177,3 +177,13 @@ def test_plots_show_every_series_coloured_by_policy_styled_by_deployment():
         assert "verify:confidence@x2 least-outstanding" in gids and "verify:confidence@x1 round-robin" in gids
     finally:
         fig.clear()
+
+
+def test_a_session_router_on_a_workload_without_sessions_fails_before_any_cell(tmp_path, capsys, monkeypatch):
+    def no_cells(*a, **k):
+        raise AssertionError("a cell ran")
+
+    monkeypatch.setattr(frontier_mod, "run_cells", no_cells)
+    assert _run(tmp_path / "o", "--router", "round-robin,session") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--router" in err and "session" in err, err
