@@ -66,19 +66,20 @@ def _option_list(key: str):
     return parse
 
 
-def _add_axis_option(container, key: str, help: str) -> None:
+def _add_axis_option(container, key: str) -> None:
     """A frontier axis: the run option ``key`` as a comma list (dest ``key``, default [the option's default])."""
     spec = run_options()[key]
     o = spec.option
+    help = _AXIS_HELP[key].format(choices=", ".join(o.choice_list() or ()), default=spec.default)
     metavar = (o.metavar or key.upper()) + "[,...]"
     container.add_argument(*o.flags, dest=key, type=_option_list(key), default=[spec.default], metavar=metavar,
                            help=help)
 
 
 _AXIS_HELP = {
-    "replicas": "identical engine replicas behind the router, comma-separated: one frontier per count [1]",
+    "replicas": "identical engine replicas behind the router, comma-separated: one frontier per count [{default}]",
     "router": "how requests are spread over the replicas (and DP ranks), comma-separated: one frontier per router "
-              "({choices}) [round-robin]",
+              "({choices}) [{default}]",
 }
 
 
@@ -156,7 +157,7 @@ def _add_common(p: argparse.ArgumentParser, frontier: bool) -> None:
                 exclusive[(spec.group, ex)] = g.add_mutually_exclusive_group()
             g = exclusive[(spec.group, ex)]
         if frontier and key in DEPLOYMENT_AXES:
-            _add_axis_option(g, key, _AXIS_HELP[key].format(choices=", ".join(o.choice_list() or ())))
+            _add_axis_option(g, key)
             continue
         add_option(g, key, help=o.frontier_help if frontier and o.frontier_help else None)
     p.add_argument("--format", choices=["csv", "parquet"], default="csv", help="per-request table format")
