@@ -102,6 +102,8 @@ def test_frontier_cells_are_bit_identical_to_a_lone_run():
     # Built the way `run` (one load) and `frontier` (base config at the largest load) build them.
     args = build_parser().parse_args(["frontier", "--duration", "3", "--seed", "5", "--domain",
                                       "mix:math=1,code=1,chat=1"])
+    # frontier parses --replicas/--router as lists (deployments); its one default deployment, as cmd_frontier takes it
+    (args.replicas,), (args.router,) = args.replicas, args.router
     alone = simulate(_run_config(args, _traffic(args, "closed", concurrency=8)).replace(policy="goodput")).summary
     base = _run_config(args, _traffic(args, "closed", concurrency=64))
     among = [simulate(c).summary for c in cells(base, ["goodput"], [2, 8, 64])][1]
