@@ -213,6 +213,10 @@ def check_run_args(args: argparse.Namespace, frontier: bool = False) -> None:
                    f"got --arrival {args.arrival} without a rate")
     if not frontier and args.time_scale is not None and not args.trace:
         raise _bad("--time-scale", f"applies to trace replay only (set --trace); got --time-scale {args.time_scale:g}")
+    reps = args.replicas if isinstance(args.replicas, (list, tuple)) else [args.replicas]
+    if _given(args, "--router") and max(reps) == 1 and getattr(args, "dp_ranks", 1) == 1:
+        raise _bad("--router", f"has no effect on one engine (set --replicas or --dp-ranks above 1); got --router "
+                   f"{','.join(args.router) if isinstance(args.router, (list, tuple)) else args.router}")
     if args.format == "parquet":
         if frontier:
             raise _bad("--format", "frontier writes no per-request table; --format applies to run")

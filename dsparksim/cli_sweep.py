@@ -18,6 +18,11 @@ def _backend_args(p: argparse.ArgumentParser, default: str = "local") -> None:
     g.add_argument("--quiet", action="store_true", help="no progress bar or report")
 
 
+def _bar_off(args: argparse.Namespace) -> bool:
+    from dsparksim.cli import _bar_off as off   # one rule for every command: bars on a terminal only
+    return off(args)
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from dsparksim.sweep import failure_text, load_spec, run_sweep
 
@@ -27,7 +32,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     check_out_dir(args.out, "--out", replace=False)  # holds the cache: written into, never replaced whole
     try:
         res = run_sweep(spec, args.out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
-                        progress=not args.quiet)
+                        progress=not _bar_off(args))
     except KeyboardInterrupt:
         print(f"dsparksim: interrupted: finished cells are saved in {args.out}/cells; run the same command again "
               "to resume", file=sys.stderr)
@@ -55,7 +60,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     out = check_out_dir(args.out, "--out", replace=False)  # before any probe runs
     out.mkdir(parents=True, exist_ok=True)
     res = capacity_search(spec, st, out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
-                          progress=not args.quiet)
+                          progress=not _bar_off(args))
     table = capacity_table(res)
     # replaced as a set; capacity.manifest.json, written last, lists both (dsparksim.outputs)
     write_result_set(out, {"capacity.json": lambda p: _dump(p, res),

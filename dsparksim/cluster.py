@@ -388,8 +388,7 @@ class Simulation:
             steps[k] = np.concatenate(parts) if len(parts) > 1 else parts[0]
         lens = [len(e.log["dt"]) for e in self.engines]
         steps["replica"] = np.repeat(np.arange(len(self.engines)) // self.dp_ranks, lens).astype(np.int64)
-        if self.dp_ranks > 1:
-            steps["rank"] = np.repeat(np.arange(len(self.engines)) % self.dp_ranks, lens).astype(np.int64)
+        steps["rank"] = np.repeat(np.arange(len(self.engines)) % self.dp_ranks, lens).astype(np.int64)
         pos = [p for e in self.engines for p in e.acc_pos_log]
         eng_idx = r.replica[:m]
         return SimResult(

@@ -35,6 +35,8 @@ DEFAULT_DURATION_S = 60.0   # simulated seconds of a run that sets neither durat
 
 # ------------------------------------------------------------------------------------------- option parsers
 def _number(s: str, kind: type, lo: float, lo_open: bool, what: str):
+    if "_" in str(s):   # Python's int()/float() read '2_0' as 20: a typo, not a number
+        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
     try:
         v = kind(s)
     except ValueError:
@@ -170,9 +172,15 @@ def _router_names() -> tuple[str, ...]:
     return ROUTER_NAMES
 
 
-def _count(name: str, v: Any) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ConfigError("config", name, f"must be an integer >= 1, got {v!r}")
+def _count(name: str, v: Any, hi: int | None = None) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1 or (hi is not None and v > hi):
+        raise ConfigError("config", name, f"must be an integer in 1..{hi}, got {v!r}" if hi else
+                          f"must be an integer >= 1, got {v!r}")
+
+
+# Engines one run may simulate (replicas x DP ranks): each keeps its own scheduler state, so a typo like
+# --replicas 100000 would exhaust memory instead of answering.
+MAX_ENGINES = 4096
 
 
 # ------------------------------------------------------------------------------------------------- configs
@@ -225,11 +233,14 @@ class EngineConfig:
             raise ConfigError("config", "max_batched_tokens", f"must be >= 2, got {self.max_batched_tokens}")
         if self.prefill_chunk_tokens < 1:
             raise ConfigError("config", "prefill_chunk_tokens", f"must be >= 1, got {self.prefill_chunk_tokens}")
-        _count("replicas", self.replicas)
+        _count("replicas", self.replicas, MAX_ENGINES)
         names = _router_names()
         if self.router not in names:
             raise ConfigError("config", "router", f"expected one of {', '.join(names)}, got {self.router!r}")
-        _count("dp_ranks", self.dp_ranks)
+        _count("dp_ranks", self.dp_ranks, MAX_ENGINES)
+        if self.replicas * self.dp_ranks > MAX_ENGINES:
+            raise ConfigError("config", "replicas", f"replicas x dp_ranks = {self.replicas} x {self.dp_ranks} = "
+                              f"{self.replicas * self.dp_ranks} engines, above the limit of {MAX_ENGINES}")
 
 
 @dataclass(frozen=True)

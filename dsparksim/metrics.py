@@ -72,8 +72,7 @@ def per_request_table(res: SimResult) -> pd.DataFrame:
     }
     if res.replica is not None:
         cols["replica"] = res.replica          # -1: rejected on arrival, never routed
-        if res.dp_ranks > 1:
-            cols["dp_rank"] = res.dp_rank
+        cols["dp_rank"] = res.dp_rank if res.dp_rank is not None else np.where(res.replica >= 0, 0, -1)
     return pd.DataFrame(cols)
 
 
@@ -266,6 +265,8 @@ def _clean(v: Any) -> Any:
         return bool(v)
     if isinstance(v, dict):
         return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]      # e.g. per_replica: a replica that finished nothing has null metrics
     return v
 
 

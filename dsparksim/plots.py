@@ -103,7 +103,12 @@ def frontier_figure(df: pd.DataFrame, title: str = "", slas: Iterable[float] = (
     ax.set_xlabel("total output throughput (tokens/s per deployment, all replicas)" if many
                   else "total output throughput (tokens/s per engine)")
     ax.set_ylabel("per-user decode speed, median (tokens/s)")
-    ax.set_yscale("log")
+    ys = pd.to_numeric(df[Y], errors="coerce") if Y in df else pd.Series(dtype=float)
+    if (ys > 0).any():
+        ax.set_yscale("log")
+    else:   # no cell finished a request: nothing to place on a log axis (frontier.csv and a warning say so)
+        ax.text(0.5, 0.5, "no cell finished a request in its measurement window", ha="center", va="center",
+                transform=ax.transAxes, fontsize=9, color="0.4")
     _plain(ax, "x")
     _plain(ax, "y")
     ax.grid(True, which="both", alpha=0.3)

@@ -343,3 +343,31 @@ def test_rewritten_engine_reproduces_the_old_engine_on_the_legacy_draw_path(monk
             h.update(np.ascontiguousarray(a).tobytes())
         assert h.hexdigest() == want["cases"][pol]["sha256"], pol
         assert o.summary["output_throughput_tok_s"] == want["cases"][pol]["output_throughput_tok_s"]
+
+
+@pytest.mark.parametrize("argv,field,words", [
+    (["run", "--replicas", "100000"], "replicas", "1..4096"),
+    (["run", "--replicas", "64", "--dp-ranks", "128"], "replicas", "8192 engines"),
+    (["run", "--replicas", "2_0"], "--replicas", "'2_0'"),
+    (["run", "--router", "random"], "--router", "no effect on one engine"),
+])
+def test_deployment_options_out_of_range_or_ignored_are_one_line_errors(tmp_path, capsys, argv, field, words):
+    try:
+        rc = main([*argv, "--concurrency", "2", "--duration", "1", "--out", str(tmp_path / "o")])
+    except SystemExit as e:       # argparse's own type errors exit 2 from the parser
+        rc = e.code
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    err = "\n".join(ln for ln in err.splitlines() if not ln.startswith("usage:") and not ln.startswith(" "))
+    assert len(err.splitlines()) == 1 and field in err and words in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_replica_that_finishes_nothing_has_null_metrics_not_nan(tmp_path):
+    import json
+    assert main(["run", "--replicas", "4", "--concurrency", "1", "--num-requests", "2", "--quiet",
+                 "--out", str(tmp_path / "o")]) == 0
+    text = (tmp_path / "o" / "summary.json").read_text()
+    assert "NaN" not in text
+    idle = [p for p in json.loads(text)["per_replica"] if p["num_requests_routed"] == 0]
+    assert idle and all(p["tps_user_median"] is None and p["ttft_p99_s"] is None for p in idle)

@@ -143,8 +143,10 @@ def test_cli_rejects_bad_replica_options_in_one_line(tmp_path, capsys, argv, wor
 
 
 def test_replicas_router_dp_ranks_are_sweep_axes():
-    cells = expand(spec_from_dict({"base": {"duration_s": 2.0, "dp-ranks": 2},
-                                   "axes": {"replicas": [1, 4], "router": ["round-robin", "session"]}}))
+    d = {"base": {"duration_s": 2.0, "dp-ranks": 2}, "axes": {"replicas": [1, 4], "router": ["round-robin", "session"]}}
+    with pytest.raises(ConfigError, match=r"axes.router\[1\].*session or prefix ids"):
+        spec_from_dict(d)             # checked before any cell: no trace carries the ids the session router needs
+    cells = expand(spec_from_dict(d, check_inputs=False))
     got = [(c.config.engine.replicas, c.config.engine.router, c.config.engine.dp_ranks) for c in cells]
     assert got == [(1, "round-robin", 2), (1, "session", 2), (4, "round-robin", 2), (4, "session", 2)]
     assert len({c.hash for c in cells}) == 4

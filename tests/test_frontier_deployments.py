@@ -74,7 +74,7 @@ def test_one_deployment_given_explicitly_is_byte_identical_to_no_deployment_flag
                  "--backend", "serial", "--jobs", "1", "--out", str(tmp_path / "plain")]) == 0
     plain = capsys.readouterr().out
     assert main(["frontier", "--policies", "mtp1,fixed:7", "--concurrency-levels", "2,8", "--duration", "6",
-                 "--backend", "serial", "--jobs", "1", "--replicas", "1", "--router", "round-robin",
+                 "--backend", "serial", "--jobs", "1", "--replicas", "1",
                  "--out", str(tmp_path / "flags")]) == 0
     flags = capsys.readouterr().out
     for name in ("frontier.csv", "comparison.csv"):

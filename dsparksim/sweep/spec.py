@@ -250,10 +250,21 @@ def _check_inputs(spec: SweepSpec) -> None:
                     load_acceptance(acc, K)
                 except (InputError, OSError) as e:
                     raise ConfigError(src, where, f"acceptance source {acc!r} (K={K}) cannot be loaded: {e}") from None
+    tables = {}
     for key in ("lengths", "trace"):
         for where, val in _values(spec, key):
             try:
                 path, _ = resolve(val, key)
-                read_trace(path, spec.base.get("trace_format") if key == "trace" else None)
+                tables[(key, val)] = read_trace(path, spec.base.get("trace_format") if key == "trace" else None)
             except (InputError, OSError) as e:
                 raise ConfigError(src, where, f"{key} {val!r} cannot be read: {e}") from None
+    from dsparksim.routers import make_router
+    for where, r in _values(spec, "router"):
+        if not getattr(make_router(r, 1), "needs_session", False):
+            continue
+        traces = _values(spec, "trace")
+        bare = [v for _, v in traces if tables[("trace", v)].session is None]
+        if not traces or bare:
+            raise ConfigError(src, where, f"router {r!r} needs session or prefix ids, which "
+                              + (f"trace {bare[0]!r} does not carry" if traces else "only a replayed trace carries")
+                              + " (Mooncake traces carry hash_ids)")
