@@ -94,8 +94,8 @@ def parse_spec(spec: str) -> AcceptanceSpec:
     if text.lower().endswith(TRACE_SUFFIXES) and text.partition(":")[0] not in IMPORTERS:
         return AcceptanceSpec(text, "trace", "trace", text)
     base, params = _split_query(text)
-    kind, _, arg = base.partition(":")
-    if kind in PARAMETRIC_DRAFTERS and not arg:
+    kind, colon, arg = base.partition(":")
+    if kind in PARAMETRIC_DRAFTERS and not colon:     # 'dspark:' is a typo, not 'dspark'
         return AcceptanceSpec(text, "parametric", kind, "", params)
     if kind in IMPORTERS and arg:
         return AcceptanceSpec(text, kind, kind, arg, params)
