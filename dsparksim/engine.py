@@ -135,7 +135,6 @@ class Engine:
         self.acc_pos_log: list[np.ndarray] = []
         self._words = int(getattr(acceptance, "words_per_step", 8))
         self._dense = self._dense_verify_table()
-        self._flat_nontrim: dict[int, float] = {}
 
     # ---------------------------------------------------------------- inbox and admission
     def attach(self, env: simpy.Environment) -> simpy.Store:
@@ -252,19 +251,10 @@ class Engine:
 
     def step_cost(self, n_dec: int, kv_read: int, n_pf: int, pf_qk: int, n_chunks: int
                   ) -> Callable[[np.ndarray], np.ndarray]:
-        """Vectorised price of this step as a function of M (the profile's formula: verify(M, context) + drafting
-        of n_dec requests (or the fixed overhead of a prefill-only step) + the prefill terms)."""
+        """Vectorised price of this step as a function of M: the profile's verify_time(M, context) +
+        step_overhead(drafting of n_dec requests, prefill terms) -- the formula lives in the profile."""
         prof = self.profile
-        if n_dec:
-            nontrim = self._flat_nontrim.get(n_dec)
-            if nontrim is None:
-                nontrim = float(prof.nontrimmable_time(self.drafter, n_dec, self.K))
-                if len(self._flat_nontrim) < 65536:
-                    self._flat_nontrim[n_dec] = nontrim
-        else:
-            nontrim = float(prof.fixed_overhead_s)  # prefill-only step: no drafting
-        if n_pf and getattr(prof, "prefill_note", None) is not None:
-            nontrim += prof.prefill_time(self.drafter, n_pf, pf_qk, n_chunks)
+        nontrim = prof.step_overhead(self.drafter, n_dec, self.K, n_pf, pf_qk, n_chunks)
         dense = self._dense
         if dense is not None:
             # Same sum as the profile's verify_time(M, kv) + nontrim, with the per-step terms folded first.

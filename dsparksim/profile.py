@@ -392,8 +392,19 @@ class CostProfile:
         return float(t)
 
     def step_time(self, M: Any, n_req: Any, drafter: str | None, K: int, kv_tokens: Any = 0) -> Any:
-        """Whole step: verify_time(M, kv_tokens) + nontrimmable_time(drafter, n_req, K)."""
+        """Whole decode step without prefill: verify_time(M, kv_tokens) + nontrimmable_time(drafter, n_req, K)."""
         return self.verify_time(M, kv_tokens) + self.nontrimmable_time(drafter, n_req, K)
+
+    def step_overhead(self, drafter: str | None, n_req: int, K: int, prefill_tokens: int = 0,
+                      query_keys: int = 0, chunks: int = 0) -> float:
+        """Everything one engine step costs beyond verify_time(M, context) -- the one place of the step formula:
+        drafting + fixed + batch overhead for ``n_req`` decoding requests (a prefill-only step, n_req = 0, pays
+        the fixed overhead only: nothing is drafted) plus the prefill terms of its chunks, if the profile has them.
+        A step's price is ``verify_time(M, context) + step_overhead(...)`` (:class:`dsparksim.engine.Engine`)."""
+        t = float(self.nontrimmable_time(drafter, n_req, K)) if n_req else float(self.fixed_overhead_s)
+        if prefill_tokens and self.prefill_note is not None:
+            t += self.prefill_time(drafter, prefill_tokens, query_keys, chunks)
+        return t
 
     def __repr__(self) -> str:
         return (f"<CostProfile {self.name!r} M=[{self.min_tokens},{self.max_tokens}] ({len(self.verify_M)} steps), "

@@ -30,6 +30,10 @@ class FlatProfile:
     def nontrimmable_time(self, drafter, n_req, K):
         return self.draft
 
+    def step_overhead(self, drafter, n_req, K, prefill_tokens=0, query_keys=0, chunks=0):
+        # the profile protocol's non-verify part of a step (no prefill term in this stand-in)
+        return self.nontrimmable_time(drafter, n_req, K) if n_req else self.fixed_overhead_s
+
 
 class Homogeneous(AcceptanceModel):
     """Every position accepted independently with probability alpha; confidences = alpha (no heterogeneity)."""

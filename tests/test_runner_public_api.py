@@ -132,6 +132,10 @@ class _Linear:
     def nontrimmable_time(self, drafter, n_req, K):
         return 2e-4
 
+    def step_overhead(self, drafter, n_req, K, prefill_tokens=0, query_keys=0, chunks=0):
+        # the profile protocol's non-verify part of a step (no prefill term in this stand-in)
+        return self.nontrimmable_time(drafter, n_req, K) if n_req else self.fixed_overhead_s
+
 
 class _Half(AcceptanceModel):
     drafter = "dspark"
