@@ -133,3 +133,42 @@ def test_every_registered_policy_returns_empty_for_empty_batch():
         spec = {"fixed": "fixed:2", "threshold": "threshold:0.5"}.get(name, name)
         ctx = ctx_of(np.zeros((0, 3)), A=np.zeros(0, dtype=np.int64))
         assert choose(spec, ctx).shape == (0,)
+
+
+@st.composite
+def jagged_case(draw):
+    """Any positive step-time table, non-monotone allowed (measured staircases have T(1) > T(8))."""
+    n = draw(st.integers(1, 3))
+    K = draw(st.integers(1, 3))
+    A = np.array(draw(st.lists(st.integers(0, K), min_size=n, max_size=n)))
+    base = n + draw(st.integers(0, 2))
+    max_tokens = base + draw(st.integers(0, n * K + 1))
+    table = np.array(draw(st.lists(st.floats(0.05, 3), min_size=max_tokens + 1, max_size=max_tokens + 1)))
+    return n, K, A, base, max_tokens, (lambda M: table[np.asarray(M)])
+
+
+@settings(max_examples=300, deadline=None)
+@given(jagged_case())
+def test_oracle_is_a_per_step_bound_on_any_staircase(case):
+    # brute force over every verify-length vector: none realises more tokens per second on the same A
+    import itertools
+    n, K, A, base, max_tokens, T = case
+    ctx = ctx_of(np.full((n, K), 0.5), base=base, step_time=T, max_tokens=max_tokens, A=A)
+    Lo = choose("oracle", ctx)
+    assert (Lo >= 0).all() and (Lo <= K).all() and base + Lo.sum() <= max_tokens
+    best = (n + np.minimum(Lo, A).sum()) / T(np.array([base + Lo.sum()]))[0]
+    for L in itertools.product(range(K + 1), repeat=n):
+        L = np.array(L)
+        if base + L.sum() <= max_tokens:
+            assert best >= (n + np.minimum(L, A).sum()) / T(np.array([base + L.sum()]))[0] * (1 - 1e-12), L
+
+
+def test_oracle_pads_with_rejected_slots_only_where_the_staircase_is_cheaper():
+    # A = [1, 0]; T(M) = 2 for M <= 3, 1 at M = 4..5 (a riser that falls back), 9 beyond
+    T = lambda M: np.select([np.asarray(M) <= 3, np.asarray(M) <= 5], [2.0, 1.0], 9.0)  # noqa: E731
+    ctx = ctx_of(np.full((2, 3), 0.5), base=2, step_time=T, max_tokens=8, A=[1, 0])
+    L = choose("oracle", ctx)
+    assert L.sum() == 2 and L[0] >= 1            # M = 4: the accepted slot plus one padded rejected slot
+    mono = ctx_of(np.full((2, 3), 0.5), base=2, step_time=lambda M: 1.0 + 0.1 * np.asarray(M), max_tokens=8,
+                  A=[1, 0])
+    assert choose("oracle", mono).tolist() == [1, 0]   # non-decreasing cost: never verify a rejected slot

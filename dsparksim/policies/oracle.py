@@ -6,18 +6,20 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import InputError
-from ._common import draft_budget, global_best, lengths_from_ranked, ratio_curve
+from ._common import draft_budget, eval_times, global_best, lengths_from_ranked
 from .base import Policy, StepContext
 
 
 class Oracle(Policy):
     """Knows each request's true accepted prefix A[i]; L[i] <= A[i], so the step emits exactly n + sum(L).
 
-    Total b in 0..min(sum A, max_tokens - base_tokens) maximises (n + b) / step_time(base + b) by global search
-    (smallest b on ties). Every split of b with L <= A yields the same tokens; we water-fill: accepted slots are
-    taken position by position (all requests' slot 1, then slot 2, ...), lower request index first within a
-    position, so lengths stay as even as A allows. It beats every policy's realised tokens/time on the same A
-    whenever step_time is non-decreasing in M.
+    Total verified c in 0..min(n*K, max_tokens - base_tokens) maximises (n + min(c, sum A)) / step_time(base + c)
+    by global search (smallest c on ties): accepted slots first, then -- only where the staircase is cheaper
+    further up -- rejected ones as padding. Accepted slots are water-filled position by position (all requests'
+    slot 1, then slot 2, ...), lower request index first within a position, so lengths stay as even as A allows;
+    padding continues each request's prefix the same way. Per step it beats every policy's realised tokens/time
+    on the same A, whatever the shape of step_time (any L gives at most n + min(sum L, sum A) tokens at
+    step_time(base + sum L)).
     """
 
     name: ClassVar[str] = "oracle"
@@ -36,7 +38,17 @@ class Oracle(Policy):
                              f"shape {A.shape}, range {A.min() if A.size else '-'}..{A.max() if A.size else '-'}")
         if n == 0:
             return np.zeros(0, dtype=np.int64)
-        bmax = min(int(A.sum()), draft_budget(ctx))
-        b = global_best(ratio_curve(float(n), np.ones(bmax), ctx.base_tokens, ctx.step_time, bmax))
-        slots = np.flatnonzero((np.arange(K)[:, None] < A[None, :]).ravel())  # k-major: f = k*n + i
-        return lengths_from_ranked(slots, b, n)
+        # Candidate totals c = 0..budget of verified draft slots: accepted slots first (water-filled), then rejected
+        # ones. Tokens = n + min(c, sum A); padding past sum A adds no token but, on a non-monotone staircase
+        # (e.g. T(1) > T(8) on the 7B H100 profile), can make the step cheaper -- so the bound pads to the
+        # cheapest M at or above what it needs. With a non-decreasing step_time the choice is the unpadded one.
+        acc = int(A.sum())
+        budget = draft_budget(ctx)
+        c = np.arange(budget + 1, dtype=np.int64)
+        tokens = float(n) + np.minimum(c, acc)
+        ratio = tokens / eval_times(ctx.step_time, ctx.base_tokens + c)
+        best = global_best(ratio)
+        grid = np.arange(K)[:, None]                                     # k-major: f = k*n + i
+        order = np.concatenate([np.flatnonzero((grid < A[None, :]).ravel()),
+                                np.flatnonzero((grid >= A[None, :]).ravel())])
+        return lengths_from_ranked(order, best, n)
