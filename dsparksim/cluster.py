@@ -302,12 +302,9 @@ class Simulation:
         if self.wl.closed_loop:
             self.ended_by = "all_requests_done" if self.num_requests is not None else "workload_exhausted"
             self._done.succeed()
-        elif self.num_requests is not None and self._arrivals_done():
+        elif self.num_requests is not None and self._arrivals_finished:
             self.ended_by = "all_requests_done"
             self._done.succeed()
-
-    def _arrivals_done(self) -> bool:
-        return self._arrivals_finished
 
     # ---------------------------------------------------------------- engine processes
     def run(self) -> SimResult:
@@ -415,22 +412,6 @@ class _Driver:
 
     def run(self):
         env, ranks, ex = self.env, self.ranks, self.ex
-        if len(ranks) == 1:
-            eng = ranks[0]
-            while True:
-                now = env.now
-                eng.drain()
-                eng.admit(now)
-                plan = eng.plan_step()
-                if plan is None:
-                    self.wake = env.event()
-                    yield self.wake
-                    self.wake = None
-                    continue
-                out = ex.execute(plan)
-                yield env.timeout(out.duration_s)
-                eng.apply(plan, out, env.now)
-                eng.record(plan, out, now)
         while True:
             now = env.now
             plans: list[tuple[Engine, StepPlan]] = []
@@ -447,9 +428,10 @@ class _Driver:
                 continue
             outs = [ex.execute(p) for _, p in plans]
             dt = max(o.duration_s for o in outs)       # lockstep: the slowest rank sets the step
-            for o in outs:
-                o.extra["rank_busy_s"] = o.duration_s
-                o.duration_s = dt
+            if len(ranks) > 1:
+                for o in outs:
+                    o.extra["rank_busy_s"] = o.duration_s
+                    o.duration_s = dt
             yield env.timeout(dt)
             for (eng, p), o in zip(plans, outs):
                 eng.apply(p, o, env.now)

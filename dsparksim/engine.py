@@ -259,7 +259,6 @@ class Engine:
         if dense is not None:
             # Same sum as the profile's verify_time(M, kv) + nontrim, with the per-step terms folded first.
             extra = nontrim + float(getattr(prof, "seconds_per_kv_token", None) or 0.0) * kv_read
-            self._extra = extra
 
             def step_time(M: np.ndarray) -> np.ndarray:
                 return dense[M] + extra
@@ -324,7 +323,7 @@ class Engine:
         M = n_dec + n_pf + int(L.sum())
         if M > self.max_tokens:
             raise RuntimeError(f"policy {self.policy.spec} exceeded the token budget: M={M} > {self.max_tokens}")
-        dt = float(step_time(np.array([M]))[0]) if self._dense is None else float(self._dense[M] + self._extra)
+        dt = float(step_time(np.array([M]))[0])
         if not dt > 0:
             raise RuntimeError(f"non-positive step time {dt} at M={M}")
         return StepPlan(decode=dec, slots=slots, verify=L, conf=conf, true_accepted=A, prefill=chunks, M=M,

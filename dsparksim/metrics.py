@@ -230,24 +230,17 @@ def summarize(res: SimResult, *, policy: str, load: Any, warmup_s: float, closed
     }
     if res.replicas > 1:
         # Per-replica view of the same window: how evenly the router spread the load.
-        s["per_replica"] = [_replica_summary(res.for_replica(r), r, warmup_s) for r in range(res.replicas)]
+        s["per_replica"] = [_replica_summary(res.for_replica(r), r, warmup_s, closed_loop)
+                            for r in range(res.replicas)]
     return {k: _clean(v) for k, v in s.items()}
 
 
-def _replica_summary(res: SimResult, r: int, warmup_s: float) -> dict[str, Any]:
-    st = res.steps
-    t_end = st["t_start"] + st["dt"]
-    window = res.sim_time_s - warmup_s
-    frac = np.clip((t_end - warmup_s) / np.where(st["dt"] > 0, st["dt"], 1.0), 0.0, 1.0)
-    req = per_request_table(res)
-    done = req[req["completed"] & (req["arrival_s"] >= warmup_s)]
-    in_win = t_end > warmup_s
-    return {"replica": r, "num_requests_routed": int(len(req)), "num_requests_completed": int(len(done)),
-            "output_throughput_tok_s": float((st["emitted"] * frac).sum()) / window,
-            "tps_user_median": _pct(done["tps_user"].to_numpy(), 50),
-            "ttft_p99_s": _pct(done["ttft_s"].to_numpy(), 99),
-            "mean_running": _mean(st["n_running"][in_win].astype(float)),
-            "num_steps": int(in_win.sum())}
+def _replica_summary(res: SimResult, r: int, warmup_s: float, closed_loop: bool) -> dict[str, Any]:
+    """A few of summarize()'s figures for replica ``r`` alone (same definitions, same window)."""
+    s = summarize(res, policy="", load=None, warmup_s=warmup_s, closed_loop=closed_loop)
+    return {"replica": r, "num_requests_routed": s["num_requests_issued"],
+            **{k: s[k] for k in ("num_requests_completed", "output_throughput_tok_s", "tps_user_median",
+                                 "ttft_p99_s", "mean_running", "num_steps")}}
 
 
 def _tau(st: dict[str, np.ndarray], in_win: np.ndarray, dec_steps: float) -> float:

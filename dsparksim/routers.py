@@ -32,6 +32,13 @@ class Router:
     def __init__(self, n: int, seed: int = 0) -> None:
         self.n = int(n)
         self.seed = int(seed)
+        self._next = 0
+
+    def _turn(self) -> int:
+        """The engine whose turn it is (cycles 0..n-1): round-robin order and the routers' tie-break."""
+        e = self._next
+        self._next = (e + 1) % self.n
+        return e
 
     def route(self, row: int, engines: list[Any], table: Any) -> int:
         raise NotImplementedError
@@ -40,14 +47,8 @@ class Router:
 class RoundRobin(Router):
     name = "round-robin"
 
-    def __init__(self, n: int, seed: int = 0) -> None:
-        super().__init__(n, seed)
-        self._next = 0
-
     def route(self, row, engines, table) -> int:
-        e = self._next
-        self._next = (e + 1) % self.n
-        return e
+        return self._turn()
 
 
 class Random(Router):
@@ -78,25 +79,17 @@ def _argmin_from(values: list, start: int) -> int:
 class LeastOutstanding(Router):
     name = "least-outstanding"
 
-    def __init__(self, n: int, seed: int = 0) -> None:
-        super().__init__(n, seed)
-        self._next = 0
-
     def route(self, row, engines, table, start: int | None = None) -> int:
         if start is None:
-            start, self._next = self._next, (self._next + 1) % self.n
+            start = self._turn()
         return _argmin_from([e.outstanding for e in engines], start)
 
 
 class LeastKV(Router):
     name = "least-kv"
 
-    def __init__(self, n: int, seed: int = 0) -> None:
-        super().__init__(n, seed)
-        self._next = 0
-
     def route(self, row, engines, table) -> int:
-        start, self._next = self._next, (self._next + 1) % self.n
+        start = self._turn()
         return _argmin_from([(-e.free_kv, e.outstanding) for e in engines], start)
 
 
