@@ -1,4 +1,4 @@
-"""CLI: `dsparksim sweep | capacity | regress` (sweeps from a TOML spec; see dsparksim/sweep/)."""
+"""CLI: `dsparksim sweep | capacity | regress | plan` (sweeps from a TOML spec; see dsparksim/sweep/)."""
 from __future__ import annotations
 
 import argparse
@@ -128,3 +128,6 @@ def register(subparsers) -> None:
     r.add_argument("--update", action="store_true", help="(re)write the baseline from the current results")
     _backend_args(r)
     r.set_defaults(func=cmd_regress)
+
+    from dsparksim.plan.command import register as register_plan
+    register_plan(subparsers, _backend_args)

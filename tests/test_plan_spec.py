@@ -1,0 +1,111 @@
+"""dsparksim plan: bad specs are rejected before any cell runs, with the field and what was expected."""
+from __future__ import annotations
+
+import pytest
+
+from dsparksim.cli import main
+from dsparksim.plan import plan_from_dict
+from dsparksim.plan import search as search_mod
+
+H100 = "NVIDIA H100 SXM 80GB"
+
+
+def good():
+    return {"plan": {"slo": ["tps_user_p50 >= 60", "ttft_p99_s <= 2"]},
+            "traffic": {"rate": 8.0, "scales": [1.0, 2.0], "duration_s": 2.0},
+            "prices": {H100: 3.0},
+            "candidates": [{"name": "a", "profile": "h100-llama2-7b-tp1", "replicas": [1, 4],
+                            "policies": ["mtp1", "confidence"], "K": [3, 7]}]}
+
+
+def toml(d) -> str:
+    """A tiny TOML writer for the specs of these tests (strings, numbers, bools, lists, tables, [[arrays]])."""
+    def val(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return '"' + v.replace('"', '\\"') + '"'
+        if isinstance(v, list):
+            return "[" + ", ".join(val(x) for x in v) + "]"
+        return repr(v)
+
+    out = []
+    for t, body in d.items():
+        for b in (body if isinstance(body, list) else [body]):
+            out.append(f"[[{t}]]" if isinstance(body, list) else f"[{t}]")
+            out += [f'"{k}" = {val(v)}' for k, v in b.items()]
+    return "\n".join(out) + "\n"
+
+
+@pytest.fixture
+def no_cells(monkeypatch):
+    """Any cell run fails the test: validation must stop a bad spec first."""
+    def boom(*a, **k):
+        raise AssertionError("a cell ran for a bad spec")
+    monkeypatch.setattr(search_mod, "run_cells", boom)
+    import dsparksim.sweep.backends as backends
+    monkeypatch.setattr(backends, "execute_cell", boom)
+
+
+def edit(f):
+    d = good()
+    f(d)
+    return d
+
+
+BAD = {
+    "unknown candidate key": (lambda d: d["candidates"][0].update(replicaz=3), ["candidates[0].replicaz", "unknown"]),
+    "unknown plan key": (lambda d: d["plan"].update(sloo=["x"]), ["plan.sloo", "unknown key"]),
+    "unknown table": (lambda d: d.update(extra={"a": 1}), ["extra", "unknown table"]),
+    "unknown metric": (lambda d: d["plan"].update(slo=["tps_user_p42 >= 1"]),
+                       ["plan.slo[0]", "unknown metric 'tps_user_p42'", "tps_user_median"]),
+    "bad operator": (lambda d: d["plan"].update(slo=["ttft_p99_s => 2"]), ["plan.slo[0]", "'=>'", ">="]),
+    "missing price": (lambda d: d.update(prices={"NVIDIA A100 SXM 80GB": 1.0}),
+                      ["candidates[0].profile", "no price for GPU 'NVIDIA H100 SXM 80GB'", "[prices]"]),
+    "empty candidates": (lambda d: d.update(candidates=[]), ["candidates", "no candidate deployments"]),
+    "no candidates": (lambda d: d.pop("candidates"), ["candidates", "no candidate deployments"]),
+    "inverted replicas": (lambda d: d["candidates"][0].update(replicas=[5, 2]),
+                          ["candidates[0].replicas", "inverted", "5 > max 2"]),
+    "bad policy": (lambda d: d["candidates"][0].update(policies=["mtp2"]), ["candidates[0].policies[0]", "mtp2"]),
+    "no load": (lambda d: d["traffic"].pop("rate"), ["traffic", "no load"]),
+    "closed loop": (lambda d: d["traffic"].update(concurrency=4), ["traffic.concurrency"]),
+    "reserved option": (lambda d: d["candidates"][0].update(seed=3), ["candidates[0].seed", "set by the plan"]),
+    "bad option value": (lambda d: d["candidates"][0].update(router="nearest"), ["router", "nearest"]),
+    "bad K": (lambda d: d["candidates"][0].update(K=[0]), ["candidates[0].K", "1..15"]),
+    "negative price": (lambda d: d["prices"].update({H100: -1}), ["prices.NVIDIA H100", "> 0"]),
+    "unknown profile": (lambda d: d["candidates"][0].update(profile="h900-nothing"), ["candidates[0].profile",
+                                                                                      "h900-nothing"]),
+    "empty slo": (lambda d: d["plan"].update(slo=[]), ["plan.slo", "non-empty"]),
+    "duplicate seeds": (lambda d: d["plan"].update(seeds=[1, 1]), ["plan.seeds", "duplicate"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_spec_rejected_before_any_cell_runs(tmp_path, capsys, no_cells, case):
+    f, words = BAD[case]
+    p = tmp_path / "plan.toml"
+    p.write_text(toml(edit(f)))
+    rc = main(["plan", str(p), "--out", str(tmp_path / "out"), "--backend", "serial", "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("dsparksim: error:") and str(p) in lines[0], err
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    assert not (tmp_path / "out").exists()   # nothing written either
+
+
+def test_good_spec_resolves_deployments():
+    spec = plan_from_dict(good(), "g.toml")
+    # mtp1 forces K=1: one mtp1 deployment; confidence at K=3 and K=7
+    assert [(d.policy, d.K) for d in spec.deployments] == [("mtp1", 1), ("confidence", 3), ("confidence", 7)]
+    assert spec.slo[0].metric == "tps_user_median" and str(spec.slo[0]) == "tps_user_p50 >= 60"
+    assert all(d.gpus_per_replica == 1 and d.price == 3.0 and d.prefill_gpus == 0 for d in spec.deployments)
+    # a run option given as a list makes one deployment per value
+    d = good()
+    d["candidates"][0]["router"] = ["round-robin", "least-outstanding"]
+    assert len(plan_from_dict(d).deployments) == 6
+    # the GPU count can be stated on the candidate
+    d = good()
+    d["candidates"][0]["gpus_per_replica"] = 8
+    assert {x.gpus_per_replica for x in plan_from_dict(d).deployments} == {8}
