@@ -250,3 +250,45 @@ def test_real_simulator_small_grid_equals_brute_force_and_is_monotone(tmp_path):
     again = run_plan(spec, tmp_path, backend="serial", progress=False)
     assert again.n_ran == 0 and again.n_cached == run.n_cells
     assert summarize_plan(again)["scales"][0]["cheapest"] == doc["scales"][0]["cheapest"]
+
+
+def test_built_profile_path_gpus_and_price_from_its_metadata(tmp_path, fake):
+    """A profile given by path (e.g. one `dsparksim profile build` wrote) is priced by its own device and GPU
+    count: here TP2 with 4-way expert parallelism -> 4 GPUs per replica."""
+    from dsparksim.profile import shipped_dir
+
+    d = json.loads((shipped_dir() / "h100-llama2-7b-tp1.json").read_text())
+    d["metadata"].update(device="NVIDIA H200", tensor_parallel=2, expert_parallel=4)
+    d["name"] = "built-moe"
+    path = tmp_path / "built.json"
+    path.write_text(json.dumps(d))
+    spec = plan_from_dict({"plan": {"slo": ["ttft_p99_s <= 2"]}, "traffic": {"rate": 4.0, "duration_s": 2.0},
+                           "prices": {"NVIDIA H200": 4.5},
+                           "candidates": [{"profile": str(path), "replicas": [1, 3], "policies": ["mtp1"]}]})
+    dep = spec.deployments[0]
+    assert (dep.gpus_per_replica, dep.price, dep.device) == (4, 4.5, "NVIDIA H200")
+    assert "expert_parallel 4" in dep.gpus_note
+    fake({(str(path), "mtp1", 1): 2.0})
+    doc = summarize_plan(run_plan(spec, tmp_path / "o", backend="serial", progress=False))
+    c = doc["scales"][0]["cheapest"]["mtp1"]
+    assert c["cost_per_hour"] == c["replicas"] * 4 * 4.5
+
+
+def test_cli_plan_prints_the_answer_and_writes_the_set(tmp_path, fake, capsys):
+    from dsparksim.cli import main
+
+    d = spec_dict()
+    spec = plan_from_dict(d)
+    fake(params_for(spec, np.random.default_rng(7)))
+    p = tmp_path / "plan.toml"
+    from plan_toml import toml
+    p.write_text(toml(d))
+    rc = main(["plan", str(p), "--out", str(tmp_path / "out"), "--backend", "serial"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "traffic x3.5 (rate 35 req/s):" in out and "saving at rate 35 req/s:" in out
+    doc = json.loads((tmp_path / "out" / "plan.json").read_text())
+    for fam, c in doc["scales"][0]["cheapest"].items():
+        line = next(ln for ln in out.splitlines() if ln.strip().startswith(fam + " "))
+        assert (f"{c['replicas']} replicas, {c['gpus']} GPUs, ${c['cost_per_hour']:.2f}/h" in line) if c["feasible"] \
+            else "no feasible deployment" in line

@@ -6,6 +6,7 @@ import pytest
 from dsparksim.cli import main
 from dsparksim.plan import plan_from_dict
 from dsparksim.plan import search as search_mod
+from plan_toml import toml
 
 H100 = "NVIDIA H100 SXM 80GB"
 
@@ -16,25 +17,6 @@ def good():
             "prices": {H100: 3.0},
             "candidates": [{"name": "a", "profile": "h100-llama2-7b-tp1", "replicas": [1, 4],
                             "policies": ["mtp1", "confidence"], "K": [3, 7]}]}
-
-
-def toml(d) -> str:
-    """A tiny TOML writer for the specs of these tests (strings, numbers, bools, lists, tables, [[arrays]])."""
-    def val(v):
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, str):
-            return '"' + v.replace('"', '\\"') + '"'
-        if isinstance(v, list):
-            return "[" + ", ".join(val(x) for x in v) + "]"
-        return repr(v)
-
-    out = []
-    for t, body in d.items():
-        for b in (body if isinstance(body, list) else [body]):
-            out.append(f"[[{t}]]" if isinstance(body, list) else f"[{t}]")
-            out += [f'"{k}" = {val(v)}' for k, v in b.items()]
-    return "\n".join(out) + "\n"
 
 
 @pytest.fixture
