@@ -91,3 +91,29 @@ def test_good_spec_resolves_deployments():
     d = good()
     d["candidates"][0]["gpus_per_replica"] = 8
     assert {x.gpus_per_replica for x in plan_from_dict(d).deployments} == {8}
+
+
+def test_disaggregated_deployments_pay_for_their_prefill_pool(monkeypatch):
+    """When the run options `disaggregated` and `prefill_replicas` exist ([regime]), a disaggregated candidate's
+    GPUs are replicas x GPUs per replica + prefill_replicas x prefill GPUs. Simulated here by declaring the two
+    options; building their runs is left to the engine that defines them (probe checks are skipped)."""
+    import dsparksim.config as config
+    import dsparksim.plan.spec as ps
+    import dsparksim.sweep.spec as ss
+    from dsparksim.config import BOOL, INT, Option, OptionSpec
+
+    opts = dict(config.run_options())
+    opts["disaggregated"] = OptionSpec("disaggregated", "engine", "disaggregated", Option(kinds=BOOL), False)
+    opts["prefill_replicas"] = OptionSpec("prefill_replicas", "engine", "prefill_replicas", Option(kinds=INT), 1)
+    monkeypatch.setattr(config, "run_options", lambda: opts)
+    monkeypatch.setitem(ss.TYPES, "disaggregated", BOOL)
+    monkeypatch.setitem(ss.TYPES, "prefill_replicas", INT)
+    monkeypatch.setattr(ps, "_check_probes", lambda spec: None)
+    d = good()
+    d["candidates"] = [{"profile": "h100-llama2-70b-tp4", "replicas": [1, 3], "policies": ["mtp1"],
+                        "disaggregated": [False, True], "prefill_replicas": 2},
+                       {"profile": "h100-llama2-70b-tp4", "replicas": [1, 3], "policies": ["mtp1"],
+                        "disaggregated": True, "prefill_gpus_per_replica": 8}]
+    deps = plan_from_dict(d).deployments
+    assert [(x.gpus_per_replica, x.prefill_gpus, x.gpus(3)) for x in deps] == [(4, 0, 12), (4, 8, 20), (4, 8, 20)]
+    assert [x.options.get("disaggregated") for x in deps] == [False, True, True]

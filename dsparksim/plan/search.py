@@ -186,6 +186,7 @@ def run_plan(spec: PlanSpec, out_dir: str | Path, backend: str = "local", worker
     n_seeds = len(spec.seeds)
     bar = tqdm(total=_estimate(run.searches) * n_seeds, unit="cell", desc=f"plan {spec.name}",
                disable=not progress, dynamic_ncols=True)
+    ray_started = _start_ray(backend, workers, ray_address)
     try:
         while True:
             batch: list[tuple[Search, int, list[Cell]]] = []
@@ -241,7 +242,28 @@ def run_plan(spec: PlanSpec, out_dir: str | Path, backend: str = "local", worker
         bar.refresh()
     finally:
         bar.close()
+        if ray_started:
+            import ray
+
+            ray.shutdown()
     return run
+
+
+def _start_ray(backend: str, workers: int | None, address: str | None) -> bool:
+    """One local Ray instance for all rounds (the Ray backend would start and stop one per round, seconds each);
+    a cluster address is left to the backend, which connects per round. True if this call started it."""
+    if backend != "ray" or address:
+        return False
+    import os
+
+    from dsparksim.sweep.backends import import_ray
+
+    ray = import_ray()
+    if ray.is_initialized():
+        return False
+    ray.init(address="local", num_cpus=max(1, workers or os.cpu_count() or 1), include_dashboard=False,
+             log_to_driver=False)
+    return True
 
 
 def _estimate(searches: Sequence[Search]) -> int:

@@ -467,7 +467,10 @@ def _candidate(src: str, i: int, c: dict[str, Any], prices: Mapping[str, float],
                                   "tensor_parallel in its metadata: set gpus_per_replica on the candidate")
         prefill = 0
         if merged.get(DISAGG_KEY):
-            n_pre = merged.get(PREFILL_KEY, 1)
+            from dsparksim.config import run_options
+
+            spec_pre = run_options().get(PREFILL_KEY)
+            n_pre = merged.get(PREFILL_KEY, spec_pre.default if spec_pre is not None else 1) or 1
             prefill = int(n_pre) * over.get("prefill_gpus_per_replica", g)
         vary = ", ".join(f"{k}={v}" for k, v in zip(lists, combo) if k != "profile")
         for pspec, K, takes_k in policies:
