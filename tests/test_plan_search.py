@@ -292,3 +292,23 @@ def test_cli_plan_prints_the_answer_and_writes_the_set(tmp_path, fake, capsys):
         line = next(ln for ln in out.splitlines() if ln.strip().startswith(fam + " "))
         assert (f"{c['replicas']} replicas, {c['gpus']} GPUs, ${c['cost_per_hour']:.2f}/h" in line) if c["feasible"] \
             else "no feasible deployment" in line
+
+
+def test_non_monotone_feasibility_is_reported(tmp_path, monkeypatch):
+    """A deployment feasible at 1 replica but not at 4 (a router artefact, say) breaks the bisection's
+    assumption: the report says so instead of passing it over."""
+    spec = plan_from_dict({"plan": {"slo": ["ttft_p99_s <= 1"]}, "traffic": {"rate": 4.0, "duration_s": 2.0},
+                           "prices": {H100: 1.0},
+                           "candidates": [{"profile": "h100-llama2-7b-tp1", "replicas": [1, 4],
+                                           "policies": ["mtp1"]}]})
+    ttft = {1: 0.5, 2: 0.5, 3: 0.5, 4: 2.0}   # the first round probes both ends: 1 meets the SLO, 4 does not
+
+    def run_cells(cells, out_dir, backend, workers, ray_address, bar):
+        return ({c.index: {"ttft_p99_s": ttft[c.config.engine.replicas], "output_throughput_tok_s": 10.0,
+                           "tps_user_median": 50.0} for c in cells}, [], 0, len(cells))
+    monkeypatch.setattr(search_mod, "run_cells", run_cells)
+    doc = summarize_plan(run_plan(spec, tmp_path, backend="serial", progress=False))
+    se = doc["scales"][0]["searches"][0]
+    assert se["replicas"] == 1
+    assert se["monotonicity_violations"] == ["feasible at 1 replicas but not at 4"]
+    assert "feasibility not monotone in replicas" in text_report(doc)

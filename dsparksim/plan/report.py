@@ -180,6 +180,10 @@ def text_report(doc: dict[str, Any]) -> str:
             b = sc["binding_slo"]
             lines.append(f"  NO FEASIBLE DEPLOYMENT at this traffic" + (f": binding SLO {b['term']}" if b else ""))
         lines.append("  " + saving_line(sc, unit))
+        for se in sc["searches"]:
+            for v in se["monotonicity_violations"]:
+                lines.append(f"  warning: {se['deployment']}: {v} (feasibility not monotone in replicas: the "
+                             "bisection's answer may not be the smallest feasible count)")
     c = doc["counts"]
     lines.append(f"{c['probes']} probes ({c['cells']} cells: {c['cells_cached']} cached, {c['cells_ran']} run) in "
                  f"{c['rounds']} rounds; {c['pruned']} search(es) pruned; {c['failed']} failed")

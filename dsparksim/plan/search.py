@@ -118,8 +118,12 @@ class Search:
     error: str | None = None
 
     @property
-    def g(self) -> int:   # largest replica count seen infeasible (lo - 1 if none)
-        return max([r for r, p in self.probes.items() if not p.feasible], default=self.d.lo - 1)
+    def g(self) -> int:
+        """Largest replica count seen infeasible below the smallest seen feasible (lo - 1 if none): with monotone
+        feasibility simply the largest infeasible one; without, the bisection still ends on a feasible count."""
+        f = self.f
+        return max([r for r, p in self.probes.items() if not p.feasible and (f is None or r < f)],
+                   default=self.d.lo - 1)
 
     @property
     def f(self) -> int | None:   # smallest replica count seen feasible
