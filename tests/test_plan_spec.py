@@ -117,3 +117,19 @@ def test_disaggregated_deployments_pay_for_their_prefill_pool(monkeypatch):
     deps = plan_from_dict(d).deployments
     assert [(x.gpus_per_replica, x.prefill_gpus, x.gpus(3)) for x in deps] == [(4, 0, 12), (4, 8, 20), (4, 8, 20)]
     assert [x.options.get("disaggregated") for x in deps] == [False, True, True]
+
+
+def test_bad_out_and_missing_or_broken_spec_file_exit_2(tmp_path, capsys, no_cells):
+    p = tmp_path / "plan.toml"
+    p.write_text(toml(good()))
+    f = tmp_path / "afile"
+    f.write_text("x = 1\n")
+    cases = [([str(p), "--out", str(f)], "is a file"),
+             ([str(tmp_path / "nope.toml"), "--out", str(tmp_path / "o")], "cannot read plan spec"),
+             ([str(f), "--out", str(tmp_path / "o")], "unknown table [x]")]
+    (tmp_path / "bad.toml").write_text("[plan\n")
+    cases.append(([str(tmp_path / "bad.toml"), "--out", str(tmp_path / "o")], "not valid TOML"))
+    for argv, words in cases:
+        rc = main(["plan", *argv, "--backend", "serial", "--quiet"])
+        err = capsys.readouterr().err
+        assert rc == 2 and words in err and len(err.strip().splitlines()) == 1, (argv, err)
