@@ -95,7 +95,7 @@ def _register_build(sub: Any) -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from dsparksim.build.builder import build_profile
+    from dsparksim.analytic.builder import build_profile
 
     try:
         out = _check_out(args.out)
