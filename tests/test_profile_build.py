@@ -202,3 +202,54 @@ def test_leave_one_model_out_error_on_measured_dense_models():
     for r in s.itertuples():
         assert r.median_abs_rel_err <= 0.10, r    # the target on dense models
         assert r.max_abs_rel_err <= 0.50, r       # jagged kernel-selection steps the smooth curve does not follow
+
+
+# ------------------------------------------------------------------ architectures, weights, shipped runs
+def test_arch_keys_per_family():
+    ds = load_arch(MODELS / "deepseek-v3.json")
+    assert ds.is_mla and ds.is_moe and (ds.n_dense_layers, ds.n_moe_layers) == (3, 58)
+    assert (ds.n_experts, ds.top_k, ds.n_shared_experts, ds.moe_ffn, ds.head_dim) == (256, 8, 1, 2048, 192)
+    mx = load_arch(MODELS / "mixtral-8x7b.json")
+    assert (mx.n_experts, mx.top_k, mx.moe_ffn, mx.n_moe_layers) == (8, 2, 14336, 32)   # full-size experts
+    q = load_arch(MODELS / "qwen3-30b-a3b.json")
+    assert (q.n_experts, q.top_k, q.moe_ffn, q.head_dim, q.is_mla) == (128, 8, 768, 128, False)
+    assert load_arch(MODELS / "qwen-72b.json").ffn == 24576          # Qwen-1 counts gate+up: vidur's n_expanded_embd
+    assert load_arch(MODELS / "llama-3-8b.json").family == "dense"
+
+
+def test_deepseek_v3_weights_total_671b_params():
+    # DeepSeek-V3: 671B parameters without the MTP module (technical report); fp8 = 1 byte, embeddings/router bf16
+    fm = _fm("deepseek-v3", "H200", tp=8, dtype="fp8")
+    w = fm.weight_bytes_per_gpu()
+    a = fm.a
+    params = (sum(v for k, v in w.items() if k not in ("embedding_lm_head", "router")) * 8
+              + (w["embedding_lm_head"] * 8 + w["router"]) / 2)
+    assert params == pytest.approx(671e9, rel=0.01)
+    ep = _fm("deepseek-v3", "H200", tp=1, ep=8, dp=8, dtype="fp8").weight_bytes_per_gpu()
+    assert ep["routed_experts"] == pytest.approx(w["routed_experts"])   # 1/8 of the experts either way
+    # a DP rank holds the whole MLA attention: kv_a, q_a, q_b, kv_b, o
+    assert ep["attention"] == 61 * (7168 * 576 + 7168 * 1536 + 1536 * 128 * 192 + 512 * 128 * 256 + 128 * 128 * 7168)
+    assert a.n_moe_layers * 256 * 3 * 7168 * 2048 / 8 == w["routed_experts"]
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_every_shipped_built_profile_runs(name, tmp_path):
+    p = load_profile(REPO / "profiles" / f"{name}.json")
+    assert p.metadata["build"]["inputs"]["model_config"].startswith("dsparksim/data/models/")
+    dp = ["--dp-ranks", str(p.metadata["data_parallel"])] if p.metadata["data_parallel"] > 1 else []
+    assert main(["run", "--profile", str(REPO / "profiles" / f"{name}.json"), "--duration", "5", "--policy",
+                 "fixed:3", "--concurrency", "4", *dp, "--quiet", "--out", str(tmp_path / "r")]) == 0
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["num_requests_completed"] > 0
+
+
+@pytest.mark.skipif(not VIDUR.is_dir(), reason="needs ../shared/data/vidur-profiles")
+def test_shipped_efficiency_fit_is_what_the_script_fits(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "eff.json"
+    subprocess.run([sys.executable, str(REPO / "scripts" / "fit_efficiency.py"), str(VIDUR), "--out", str(out)],
+                   check=True, capture_output=True)
+    got = json.loads(out.read_text())["params"]
+    want = json.loads((REPO / "dsparksim" / "data" / "efficiency.json").read_text())["params"]
+    assert got == pytest.approx(want, rel=1e-6)
