@@ -80,7 +80,8 @@ def _register_build(sub: Any) -> None:
                    help="A100, H100, H200, H800, H20, B200 or a full name of dsparksim/data/hardware.csv")
     b.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per engine [1]")
     b.add_argument("--ep", type=int, default=1, help="expert-parallel degree: experts spread over EP GPUs; must "
-                                                     "divide tp*dp and the routed experts [1]")
+                                                     "divide tp*dp and the routed experts; with --dp > 1 tokens "
+                                                     "reach the experts by all-to-all [1]")
     b.add_argument("--dp", type=int, default=1, help="data-parallel engines sharing the experts (with --ep); the "
                                                      "profile prices one of them [1]")
     b.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp8"), help="weight dtype [bf16]")
@@ -162,11 +163,14 @@ def summarize(p: CostProfile) -> dict[str, Any]:
 def format_summary(s: dict[str, Any]) -> str:
     md = s["metadata"]
     lines = [f"profile {s['name']}  ({s['source']})"]
-    for k in ("device", "model", "dtype", "tensor_parallel", "date", "kv_capacity_tokens", "source", "method"):
+    for k in ("device", "model", "dtype", "tensor_parallel", "expert_parallel", "data_parallel", "date",
+              "kv_capacity_tokens", "max_model_len", "source", "method"):
         if k in md:
             lines.append(f"  {k:<18} {md[k]}")
     if s["has_derivation"]:
         lines.append("  derivation         in metadata.derivation (profile show --json omits it; read the JSON)")
+    if s["metadata"].get("build"):
+        lines.append("  build              in metadata.build: inputs, efficiency fit, GPU figures, assumptions with sources")
     for k in ("import_notes", "missing"):
         for n in md.get(k, []):
             lines.append(f"  {k:<18} {n}")

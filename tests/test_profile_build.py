@@ -71,6 +71,7 @@ def test_allreduce_and_alltoall_terms_match_closed_forms():
     want = 58 * (per(M * 8 * 7168 * 1.0) + per(M * 8 * 7168 * 2.0))
     np.testing.assert_allclose(ds.terms(M)["ep_alltoall"], want, rtol=1e-12)
     assert np.all(_fm("deepseek-v3", "H200", tp=8, dtype="fp8").terms(M)["ep_alltoall"] == 0)
+    assert np.all(_fm("deepseek-v3", "H200", tp=8, ep=8, dtype="fp8").terms(M)["ep_alltoall"] == 0)  # tokens replicated
 
 
 def test_kv_bytes_per_token_mla_vs_gqa():

@@ -180,7 +180,9 @@ class ForwardModel:
                "moe_shared": (self.dense_mlp(M, a.n_shared_experts * a.moe_ffn) if a.n_shared_experts
                               else np.zeros_like(Mf)),
                "ep_alltoall": np.zeros_like(Mf)}
-        if p.ep > 1:
+        if p.ep > 1 and p.dp > 1:
+            # DP ranks hold different tokens: dispatch to and combine from the experts' ranks. With dp == 1 every
+            # rank already holds all M tokens (TP attention) and the TP all-reduce after the layer combines them.
             lat = A("alltoall_latency_s")
             disp = Mf * a.top_k * a.hidden * A("alltoall_dispatch_bytes")
             comb = Mf * a.top_k * a.hidden * 2.0
