@@ -56,7 +56,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec)
     st = capacity_settings(spec, load=args.load, min=args.min, max=args.max, tolerance=args.tolerance,
-                           slo=args.slo, require_unsaturated=False if args.allow_saturated else None)
+                           slo=args.slo, require_unsaturated=False if args.allow_saturated else None,
+                           seeds=args.seeds)
     out = check_out_dir(args.out, "--out", replace=False)  # before any probe runs
     out.mkdir(parents=True, exist_ok=True)
     res = capacity_search(spec, st, out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
@@ -70,6 +71,12 @@ def cmd_capacity(args: argparse.Namespace) -> int:
               f"{' and not saturated' if st.require_unsaturated else ''}; {st.load} in [{st.lo:g}, {st.hi:g}], "
               f"tolerance {st.tolerance:g}")
         print(table.to_string(index=False))
+        if st.seeds > 1:
+            print(f"capacity: mean over {st.seeds} seeds of each seed's own search; capacity_lo..capacity_hi: its "
+                  f"95% t-interval (none unless every seed's search ended inside the range)")
+        else:
+            print("one seed: the capacity is known to within its bracket only; --seeds N states its spread over "
+                  "seeds (a 95% interval)")
         print(f"  capacity.json {out / 'capacity.json'} (with the search trace)")
         print(f"  capacity.csv  {out / 'capacity.csv'}")
     return 1 if (table["status"] == "error").any() else 0
@@ -86,7 +93,7 @@ def cmd_regress(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     """Add `sweep`, `capacity` and `regress` to the dsparksim CLI."""
-    from dsparksim.config import pos_float
+    from dsparksim.config import pos_float, pos_int
     s = subparsers.add_parser("sweep", help="run every cell of a TOML sweep spec (cached, resumable)",
                               description="Run the cross product of a sweep spec's axes. Finished cells are cached "
                                           "by content hash in OUT/cells and skipped on a rerun (an interrupted sweep "
@@ -116,6 +123,10 @@ def register(subparsers) -> None:
     c.add_argument("--tolerance", type=pos_float, default=None,
                    help="stop when the bracket is this narrow [1 for concurrency, (max-min)/100 otherwise]")
     c.add_argument("--allow-saturated", action="store_true", help="let a saturated run meet the SLO")
+    c.add_argument("--seeds", type=pos_int, default=None,
+                   help="search every group once per seed (the spec's seed, seed+1, ...; same seeds for every "
+                        "group): capacity is the mean of the per-seed capacities with a 95%% t-interval "
+                        "(capacity_lo, capacity_hi) [spec's capacity.seeds, else 1]")
     _backend_args(c)
     c.set_defaults(func=cmd_capacity)
 
