@@ -384,11 +384,12 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         plot_verify_budget(df, d / names["verify_budget_png"], load_name=load_name)
         write_table(d / names["frontier_csv"], df)
     paths = {k: out / v for k, v in names.items()}
-    empty = _empty_cells(df)
+    empty = _empty_cells(per_seed if len(seeds) > 1 else df)  # with seeds: any seed without a finished request
     if empty:
         # Kept in frontier.csv with empty metrics (never Pareto) -- said out loud, never silently left off a plot.
         print(f"dsparksim: warning: {len(empty)} cell(s) finished no request in the measurement window; they stay "
-              f"in frontier.csv with empty metrics and are never Pareto: {', '.join(empty)} (lengthen --duration)",
+              f"in frontier.csv with empty metrics and are never Pareto: {', '.join(empty)} (lengthen --duration)"
+              + ("; a cell's mean over seeds is empty when any of its seeds is" if len(seeds) > 1 else ""),
               file=sys.stderr)
     if not args.quiet:
         deps = f" x {len(deploys)} deployments" if len(deploys) > 1 else ""
@@ -469,7 +470,8 @@ def _empty_cells(df) -> list[str]:
     labels = series_labels(df)
     multi = labels.nunique() > 1
     bad = df[df["num_requests_completed"].fillna(0) <= 0]
-    return [f"{r['policy']}@{r['load']:g}" + (f" ({labels[i]})" if multi else "") for i, r in bad.iterrows()]
+    return [f"{r['policy']}@{r['load']:g}" + (f" seed {r['seed']}" if "seed" in df else "")
+            + (f" ({labels[i]})" if multi else "") for i, r in bad.iterrows()]
 
 
 def _comparison_text(df, comp, baseline: str) -> str:

@@ -131,3 +131,19 @@ def test_seed_means_and_plots_from_a_table():
     assert any("95% t-interval" in t.get_text() for t in ax.get_legend().get_texts())
     assert len(verify_budget_figure(mean).axes[0].containers) == 2
     assert len(frontier_figure(per[per["seed"] == 1].drop(columns="seed")).axes[0].containers) == 0
+
+
+def test_a_seed_without_a_finished_request_empties_the_cell_and_is_named(tmp_path, capsys):
+    out = tmp_path / "f"
+    assert main(["frontier", "--policies", "mtp1,fixed:7", "--concurrency-levels", "1,2", "--duration", "1",
+                 "--warmup", "0.5", "--backend", "serial", "--quiet", "--seeds", "3", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    per, mean = _read(out, "frontier_seeds.csv"), _read(out, "frontier.csv")
+    empty = per[per["num_requests_completed"] == 0]
+    assert len(empty) >= 1
+    line = next(x for x in err.splitlines() if "finished no request" in x)
+    for _, r in empty.iterrows():
+        assert f"{r['policy']}@{r['load']:g} seed {r['seed']}" in line
+        m = mean[(mean["policy"] == r["policy"]) & (mean["load"] == r["load"])].iloc[0]
+        # no mean of the other seeds: that would condition on the seeds that happened to finish a request
+        assert pd.isna(m["tps_user_median"]) and pd.isna(m["tps_user_median_lo"]) and not m["pareto"]
