@@ -62,7 +62,8 @@ def seed_means(per_seed: pd.DataFrame) -> pd.DataFrame:
 def comparison_with_intervals(mean_df: pd.DataFrame, per_seed: pd.DataFrame, baseline: str = "mtp1",
                               slas: Iterable[float] = ()) -> pd.DataFrame:
     """comparison.csv of a multi-seed run: the gains of the mean frontiers (as for one seed), plus the paired
-    per-seed gains' mean ``gain_seed_mean`` and 95% t-interval ``gain_lo``..``gain_hi`` over ``n_seeds`` seeds.
+    per-seed gains' mean ``gain_seed_mean`` and 95% t-interval ``gain_lo``..``gain_hi``; ``n_seeds``: the seeds
+    where that gain is defined.
 
     Each seed's gain is ``gain_mean`` of that seed's own frontiers (its own overlap range); a seed where the gain is
     undefined (no overlap, SLA outside a frontier) leaves the interval empty and says so in ``note``.
