@@ -86,7 +86,7 @@ def cmd_regress(args: argparse.Namespace) -> int:
     from dsparksim.sweep.regress import regress
 
     ok, text, _ = regress(args.baseline, spec_path=args.spec, backend=args.backend, workers=args.workers,
-                          ray_address=args.ray_address, update=args.update)
+                          ray_address=args.ray_address, update=args.update, exact=args.exact)
     print(text, file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1
 
@@ -131,11 +131,17 @@ def register(subparsers) -> None:
     c.set_defaults(func=cmd_capacity)
 
     r = subparsers.add_parser("regress", help="recompute a fixed sweep and compare frontiers with a baseline",
-                              description="Recompute the baseline's sweep (no cache) and compare every frontier "
-                                          "point and matched gain within the baseline's stated tolerances; exit 1 "
-                                          "with a per-policy diff if anything moved.")
+                              description="Recompute the baseline's sweep (no cache) over its seeds and compare "
+                                          "every frontier point and matched gain: flagged when |new - baseline| "
+                                          "exceeds both runs' 95%% t-interval half-widths over the seeds plus a "
+                                          "floor (atol + rtol*|baseline|; gains: gain_atol); exit 1 with a "
+                                          "per-policy diff if anything moved beyond that.")
     r.add_argument("--baseline", required=True, help="baseline JSON, e.g. tests/golden/regress_baseline.json")
     r.add_argument("--spec", default=None, help="sweep spec [the one the baseline names]")
     r.add_argument("--update", action="store_true", help="(re)write the baseline from the current results")
+    r.add_argument("--exact", action="store_true",
+                   help="tolerance is the floor alone (rtol/atol/gain_atol), not the seed intervals: on the same "
+                        "seeds a deterministic simulator reproduces the baseline to the last bit, so any change "
+                        "at all is flagged")
     _backend_args(r)
     r.set_defaults(func=cmd_regress)

@@ -79,6 +79,10 @@ def test_compare_tolerance_is_both_intervals_plus_a_floor():
     assert compare(base, cur) == {}
     f["mean_verify_len"] *= 1.001
     assert "mean_verify_len" in compare(base, cur)["fixed:7"][0]
+    # --exact: the floor alone, so a shift inside the seed intervals is flagged too
+    cur = json.loads(json.dumps(base))
+    _point(cur, "oracle", 8)[m] += 0.5 * _point(base, "oracle", 8)[m + "_hw"]
+    assert compare(base, cur) == {} and m in compare(base, cur, exact=True)["oracle"][0]
 
 
 def test_compare_gains_flags_and_missing_points():

@@ -14,7 +14,8 @@ simulator reproduces the baseline exactly (runs are deterministic given their se
 flags where it moves a mean further than the two intervals together allow. Adding the half-widths is conservative
 (the interval of a difference of independent means is at most that wide). The floor keeps a metric with no spread
 over seeds (e.g. fixed:7's verify length) from flagging on last-bit floating-point differences. With one seed
-there are no intervals and the floor alone is the tolerance (the exact check of format 1). Flag flips (Pareto,
+there are no intervals and the floor alone is the tolerance (the exact check of format 1); ``--exact`` applies
+that check to a multi-seed baseline (any change at all is flagged). Flag flips (Pareto,
 saturated) fail the check with one seed; with several they are reported as notes, since a point within its
 interval may cross a neighbour's.
 """
@@ -184,12 +185,13 @@ def _close(a: Any, b: Any, rtol: float, atol: float, a_hw: Any = None, b_hw: Any
 
 
 def compare(baseline: Mapping[str, Any], current: Mapping[str, Any],
-            notes: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
+            notes: dict[str, list[str]] | None = None, exact: bool = False) -> dict[str, list[str]]:
     """Per-policy list of differences of ``current`` from ``baseline`` (empty dict = within tolerance). With
-    several seeds, flag flips go to ``notes`` (when given) instead of failing."""
+    several seeds, flag flips go to ``notes`` (when given) instead of failing. ``exact``: the floor alone is the
+    tolerance (the same seeds reproduce a deterministic simulator to the last bit: any change is flagged)."""
     tol = baseline["tolerances"]
     rtol, atol, gatol = float(tol["rtol"]), float(tol["atol"]), float(tol["gain_atol"])
-    seeded = len(baseline.get("seeds") or [None]) > 1
+    seeded = len(baseline.get("seeds") or [None]) > 1 and not exact
     diffs: dict[str, list[str]] = {}
 
     def add(pol: str, msg: str, note: bool = False) -> None:
@@ -216,7 +218,8 @@ def compare(baseline: Mapping[str, Any], current: Mapping[str, Any],
             continue
         w, g = want[k], got[k]
         for m in baseline.get("metrics", METRICS):
-            if not _close(g.get(m), w.get(m), rtol, atol, g.get(m + HW), w.get(m + HW)):
+            hw = (None, None) if exact else (g.get(m + HW), w.get(m + HW))
+            if not _close(g.get(m), w.get(m), rtol, atol, *hw):
                 rel = ("" if w.get(m) in (None, 0) or g.get(m) is None
                        else f" ({100 * (float(g[m]) - float(w[m])) / abs(float(w[m])):+.4g}%)")
                 add(pol, f"load {load:g}: {m} {_fmt(w.get(m))}{_pm(w.get(m + HW))} -> {_fmt(g.get(m))}"
@@ -229,7 +232,7 @@ def compare(baseline: Mapping[str, Any], current: Mapping[str, Any],
     for k in sorted(set(cw) | set(cg)):
         a, b = (cw.get(k) or {}).get("gain_mean"), (cg.get(k) or {}).get("gain_mean")
         ah, bh = (cw.get(k) or {}).get("gain_hw"), (cg.get(k) or {}).get("gain_hw")
-        if not _close(b, a, 0.0, gatol, bh, ah):
+        if not _close(b, a, 0.0, gatol, *((None, None) if exact else (bh, ah))):
             add(k[0], f"{k[1]} (mean gain) {_fmt(a)}{_pm(ah)} -> {_fmt(b)}{_pm(bh)}")
     return diffs
 
@@ -242,8 +245,10 @@ def _fmt(v: Any) -> str:
     return "none" if v is None else f"{v:.10g}" if isinstance(v, float) else str(v)
 
 
-def _tol_text(tol: Mapping[str, float], seeds: Sequence[int] | None) -> str:
+def _tol_text(tol: Mapping[str, float], seeds: Sequence[int] | None, exact: bool = False) -> str:
     floor = f"rtol {tol['rtol']:g}, atol {tol['atol']:g}, gain atol {tol['gain_atol']:g}"
+    if exact:
+        return f"exact: {floor}, no seed intervals"
     if seeds and len(seeds) > 1:
         return (f"tolerance: both runs' 95% t-interval half-widths over {len(seeds)} seeds {seeds[0]}..{seeds[-1]} "
                 f"plus a floor of {floor}")
@@ -251,9 +256,9 @@ def _tol_text(tol: Mapping[str, float], seeds: Sequence[int] | None) -> str:
 
 
 def diff_text(diffs: Mapping[str, Sequence[str]], tol: Mapping[str, float],
-              seeds: Sequence[int] | None = None) -> str:
+              seeds: Sequence[int] | None = None, exact: bool = False) -> str:
     lines = [f"frontier regression: {sum(len(v) for v in diffs.values())} difference(s) in {len(diffs)} "
-             f"policy(ies) beyond tolerance ({_tol_text(tol, seeds)}):"]
+             f"policy(ies) beyond tolerance ({_tol_text(tol, seeds, exact)}):"]
     for pol in sorted(diffs):
         lines.append(f"  {pol}:")
         lines.extend(f"    {d}" for d in diffs[pol])
@@ -272,7 +277,7 @@ def _notes_text(notes: Mapping[str, Sequence[str]]) -> str:
 
 def regress(baseline_path: str | Path, spec_path: str | Path | None = None, backend: str = "local",
             workers: int | None = None, ray_address: str | None = None,
-            update: bool = False) -> tuple[bool, str, dict[str, Any]]:
+            update: bool = False, exact: bool = False) -> tuple[bool, str, dict[str, Any]]:
     """Recompute the baseline's sweep and compare. Returns (passed, readable report, current document).
 
     With ``update`` the baseline file is (re)written from the current results (``spec_path`` required if the
@@ -292,9 +297,9 @@ def regress(baseline_path: str | Path, spec_path: str | Path | None = None, back
         write_json(bp, cur)
         return True, f"baseline written: {bp} ({len(cur['frontier'])} frontier points)", cur
     notes: dict[str, list[str]] = {}
-    diffs = compare(base, cur, notes)
+    diffs = compare(base, cur, notes, exact)
     if not diffs:
         n_pol = len({r["policy"] for r in cur["frontier"]})
         return True, (f"frontiers match the baseline {bp}: {len(cur['frontier'])} points, {n_pol} policies "
-                      f"({_tol_text(base['tolerances'], base.get('seeds'))}){_notes_text(notes)}"), cur
-    return False, diff_text(diffs, base["tolerances"], base.get("seeds")) + _notes_text(notes), cur
+                      f"({_tol_text(base['tolerances'], base.get('seeds'), exact)}){_notes_text(notes)}"), cur
+    return False, diff_text(diffs, base["tolerances"], base.get("seeds"), exact) + _notes_text(notes), cur
