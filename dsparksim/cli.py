@@ -516,8 +516,8 @@ def _comparison_text(df, comp, baseline: str) -> str:
              for r in table]
     if "gain_lo" in comp.columns:
         n = int(comp["n_seeds"].max()) if len(comp) else 0
-        lines.append(f"values are means over {n} seeds; (CI lo..hi): 95% t-interval of the paired per-seed mean gain "
-                     "(each seed's policy frontier vs the baseline's frontier of the same seed, same draws)")
+        lines.append(f"values are means over {n} seeds; (CI lo..hi): 95% t-interval of the paired per-seed mean "
+                     "gain (each seed's policy frontier vs the baseline's frontier of the same seed, same draws)")
     lines.append("gains: mean [min..max] of (policy / baseline - 1) along the overlap of the two Pareto frontiers, "
                  + ("each policy against the baseline at the same deployment (replicas x router), " if multi else "")
                  + "over the stated range (tok/s for user-speed gains, tok/s/user for throughput gains); "
