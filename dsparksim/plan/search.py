@@ -35,15 +35,14 @@ THROUGHPUT = "output_throughput_tok_s"
 
 
 def interval(values: Sequence[float], confidence: float) -> tuple[float, float, float]:
-    """(mean, low, high): two-sided Student-t interval of the mean at ``confidence`` (one value: itself)."""
-    x = np.asarray(values, float)
-    m = float(x.mean())
-    if len(x) < 2:
-        return m, m, m
-    from scipy.stats import t
+    """(mean, low, high): the two-sided Student-t interval of the mean at ``confidence`` (dsparksim.stats, the
+    rule every seed interval of dsparksim uses); one value: the value itself (no spread to estimate)."""
+    from dsparksim.stats import t_interval
 
-    half = float(t.ppf(0.5 + confidence / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
-    return m, m - half, m + half
+    iv = t_interval(values, confidence)
+    if iv.n < 2:
+        return iv.mean, iv.mean, iv.mean
+    return iv.mean, iv.lo, iv.hi
 
 
 @dataclass
