@@ -290,7 +290,9 @@ def test_cli_plan_prints_the_answer_and_writes_the_set(tmp_path, fake, capsys):
     doc = json.loads((tmp_path / "out" / "plan.json").read_text())
     for fam, c in doc["scales"][0]["cheapest"].items():
         line = next(ln for ln in out.splitlines() if ln.strip().startswith(fam + " "))
-        assert (f"{c['replicas']} replicas, {c['gpus']} GPUs, ${c['cost_per_hour']:.2f}/h" in line) if c["feasible"] \
+        n, g = c["replicas"], c["gpus"]
+        assert (f"{n} replica{'s' * (n != 1)}, {g} GPU{'s' * (g != 1)}, ${c['cost_per_hour']:.2f}/h" in line) \
+            if c["feasible"] \
             else "no feasible deployment" in line
 
 

@@ -167,7 +167,7 @@ def text_report(doc: dict[str, Any]) -> str:
             if c["feasible"]:
                 hr = ", ".join(f"{k} {v:+.0%}" for k, v in c["headroom"].items() if v is not None)
                 mt = f"${c['cost_per_mtok']:.3f}/Mtok" if c["cost_per_mtok"] is not None else "$/Mtok n/a"
-                lines.append(f"  {fam:18s} {c['deployment']}: {c['replicas']} replicas, {c['gpus']} GPUs, "
+                lines.append(f"  {fam:18s} {c['deployment']}: {_n(c['replicas'], 'replica')}, {_n(c['gpus'], 'GPU')}, "
                              f"${c['cost_per_hour']:.2f}/h, {mt}; headroom {hr}")
             else:
                 b = c["binding_slo"]
@@ -271,3 +271,7 @@ def _family_colors(doc: dict[str, Any]) -> dict[str, str]:
             c = next((x for x in spare if x not in out.values()), c)
         out[fam] = c
     return out
+
+
+def _n(k: int, what: str) -> str:
+    return f"{k} {what}{'' if k == 1 else 's'}"
