@@ -334,8 +334,9 @@ class Simulation:
                 return
             if self._issue(self.issued, t):
                 return
+            idle = not self.in_prefill and not any(e.outstanding for e in self.engines)
             if self._reject_streak >= MAX_REJECT_STREAK or (self.n_admitted == 0 and self.n_rejected >= 1000
-                                                            and not self.in_prefill and not any(e.outstanding for e in self.engines)):
+                                                            and idle):
                 self._nothing_fits()
 
     def _nothing_fits(self) -> None:

@@ -454,8 +454,9 @@ class Engine:
             dctx = r.prefilled[dec] + r.gen[dec] - r.regen[dec]
             qk0, per, m0, sq = int(dctx.sum()), float(dctx.mean()), n_dec + n_pf, self._qk
 
-            def step_time(M: np.ndarray) -> np.ndarray:
+            def with_qk(M: np.ndarray) -> np.ndarray:
                 return base_time(M) + sq * (qk0 + (np.asarray(M) - m0) * per)
+            step_time = with_qk
         L = np.zeros(0, np.int64)
         conf = A = None
         slots = r.slot_of[dec]

@@ -23,8 +23,9 @@ def _profile(**extra):
          "verify": {"M": [1, 1000, 4096], "time_s": [0.01, 0.02, 0.05]},
          "attention": {"model": "kv_bandwidth", "seconds_per_kv_token": 1e-8},
          "prefill": {"seconds_per_token": 2e-6, "seconds_per_query_key": 3e-10, "seconds_per_chunk": 1e-4},
-         "fixed_overhead_s": 0.002, "drafters": {"dspark": {"kind": "parallel", "tokens": [1, 10000], "time_s": [0.001, 0.002],
-                                                            "prefill_s_per_token": 1e-7}}}
+         "fixed_overhead_s": 0.002,
+         "drafters": {"dspark": {"kind": "parallel", "tokens": [1, 10000], "time_s": [0.001, 0.002],
+                                 "prefill_s_per_token": 1e-7}}}
     d.update(extra)
     return profile_from_dict(d)
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from dsparksim.cli import main
 from dsparksim.cluster import Simulation
-from dsparksim.config import EngineConfig, RunConfig
+from dsparksim.config import EngineConfig
 from dsparksim.engine import R_KV
 from dsparksim.errors import ConfigError
 from dsparksim.policies import make_policy
