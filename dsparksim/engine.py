@@ -29,6 +29,10 @@ KV memory, two policies (``kv_policy``):
 * ``"reserve"`` (the pre-paging behaviour, bit for bit): a request is admitted only when its prompt + full output
   + K draft slots fit in the unreserved KV capacity, so nothing is ever preempted.
 
+:class:`Engine` and :class:`~dsparksim.cluster.Simulation` default to ``"reserve"`` (the real runner's fixed KV
+slots); a run's :class:`~dsparksim.config.EngineConfig` defaults to ``"paged"``. Paged steps log ``kv_pages`` (pages
+held, never above the capacity: checked every step) and ``preempted``; ``kv_used`` is then the pages' tokens.
+
 A request that can never be served (prompt + output beyond ``max_model_len``, or prompt + output + K beyond the
 whole KV capacity -- in pages when paged) is rejected on arrival by the cluster (:mod:`dsparksim.cluster`), as
 vLLM answers 400.
