@@ -116,7 +116,7 @@ def build_profile(model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int
         "date": date or _dt.date.today().isoformat(),
         "kv_capacity_tokens": kv_cap, "max_model_len": max_len,
         # read by --disaggregated (dsparksim/disagg.py): prompt_tokens * this / link = the KV transfer time
-        "kv_bytes_per_token": fm.kv_bytes_per_token_engine(),
+        "kv_bytes_per_token": int(fm.kv_bytes_per_token_engine()),   # whole bytes for every dtype here
         "kv_bytes_per_token_note": (
             f"KV bytes of one token for the whole model, counted once: {arch.n_layers} layers x "
             + (f"MLA latent ({arch.kv_lora_rank} kv_lora_rank + {arch.qk_rope_head_dim} rope dims)" if arch.is_mla
