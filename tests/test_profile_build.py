@@ -85,6 +85,50 @@ def test_kv_bytes_per_token_mla_vs_gqa():
     assert fm.seconds_per_kv_token() == pytest.approx(fm.kv_bytes_per_token() / (fm.g.hbm_Bps * EFF.bw_max))
 
 
+def test_decode_query_kv_term_closed_form():
+    """attention.seconds_per_query_kv = attention FLOPs per query-key pair / (bf16 peak * fl_max), per GPU."""
+    h200, h100 = get_gpu("H200"), get_gpu("H100")
+    cases = [  # (profile, FLOPs per pair per GPU, GPU)
+        ("built-h200x8-deepseek-v3-tp8", 61 * (128 / 8) * 2 * (2 * 512 + 64), h200),   # absorbed MLA, 16 heads/GPU
+        ("built-h200x8-deepseek-v3-dp8ep8", 61 * 128 * 2 * (2 * 512 + 64), h200),       # DP attention: all heads
+        ("built-h100-llama2-7b-tp1", 32 * 32 * 2 * (128 + 128), h100),                  # QK^T + PV
+        ("built-h100x8-qwen3-235b-a22b-tp8", 94 * (64 / 8) * 2 * (128 + 128), h100),
+    ]
+    for name, flops, g in cases:
+        d = build_shipped(name)
+        want = flops / (g.bf16_flops * EFF.fl_max)
+        assert d["attention"]["seconds_per_query_kv"] == pytest.approx(want, rel=1e-5), name
+        # the same per-pair price as the prefill chunks' pairs (disjoint pairs: no double count)
+        assert d["attention"]["seconds_per_query_kv"] == d["prefill"]["seconds_per_query_key"], name
+        # the KV-read term is bytes, not FLOPs: a different closed form
+        kvb = d["metadata"]["build"]["memory"]["kv_bytes_per_token_per_gpu"]
+        assert d["attention"]["seconds_per_kv_token"] == pytest.approx(kvb / (g.hbm_Bps * EFF.bw_max), rel=1e-5)
+        assert profile_from_dict(d).seconds_per_query_kv == d["attention"]["seconds_per_query_kv"]
+
+
+def test_metadata_kv_bytes_per_token_is_the_whole_model_once():
+    """metadata.kv_bytes_per_token: all layers, counted once (not per GPU, not TP replicas), in the KV dtype."""
+    want = {"built-h200x8-deepseek-v3-tp8": 61 * (512 + 64) * 2,        # MLA latent + rope key, bf16 KV
+            "built-h200x8-deepseek-v3-dp8ep8": 61 * (512 + 64) * 2,
+            "built-h100x8-qwen3-235b-a22b-tp8": 2 * 94 * 4 * 128 * 2,   # 4 KV heads, though each GPU holds 1
+            "built-a100x4-llama3-70b-tp4": 2 * 80 * 8 * 128 * 2,        # 8 KV heads, each GPU holds 2
+            "built-h100-llama2-7b-tp1": 2 * 32 * 32 * 128 * 2}          # = disagg.py's worked example, 524288
+    for name, b in want.items():
+        md = build_shipped(name)["metadata"]
+        assert md["kv_bytes_per_token"] == b, name
+        assert "bf16" in md["kv_bytes_per_token_note"] or "fp16" in md["kv_bytes_per_token_note"], name
+    assert build_profile(MODELS / "llama-3-8b.json", "H100", kv_dtype="fp8",
+                         date="2026-12-01")["metadata"]["kv_bytes_per_token"] == 2 * 32 * 8 * 128 * 1
+    # a disaggregated run reads it from the profile: transfer = prompt * bytes * 8 / (Gbit/s * 1e9)
+    from dsparksim.disagg import PrefillPool, kv_transfer_terms
+
+    p = load_profile(REPO / "profiles" / "built-h200x8-deepseek-v3-tp8.json")
+    gbps, bpt = kv_transfer_terms(p, 400.0, None)
+    assert bpt == 70272
+    pool = PrefillPool(profile=p, drafter=None, K=0, replicas=1, chunk_tokens=8192, gbps=gbps, bytes_per_token=bpt)
+    assert pool.transfer_s(1000) == pytest.approx(1000 * 70272 * 8 / 400e9, rel=1e-12)
+
+
 def test_routed_experts_touch_expected_distinct_per_ep_group():
     ds = _fm("deepseek-v3", "H200", tp=1, ep=8, dp=8, dtype="fp8")
     M = np.array([1.0, 4.0, 512.0])

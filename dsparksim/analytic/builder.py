@@ -22,7 +22,7 @@ from dsparksim.errors import InputError
 
 __all__ = ["BUILDER_VERSION", "M_GRID", "build_profile", "FIXED_OVERHEAD_S", "RESERVE_GIB", "DRAFTERS"]
 
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"
 # verify breakpoints: every M to 32, then steps of 8, 32, 128, 512 up to 16384 (above vLLM's 8192 default
 # max_num_batched_tokens; the run's default token budget is the profile's largest breakpoint)
 M_GRID = np.unique(np.concatenate([np.arange(1, 33), np.arange(40, 257, 8), np.arange(288, 1025, 32),
@@ -115,6 +115,19 @@ def build_profile(model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int
         "dtype": dtype, "tensor_parallel": tp, "expert_parallel": ep, "data_parallel": dp,
         "date": date or _dt.date.today().isoformat(),
         "kv_capacity_tokens": kv_cap, "max_model_len": max_len,
+        # read by --disaggregated (dsparksim/disagg.py): prompt_tokens * this / link = the KV transfer time
+        "kv_bytes_per_token": int(fm.kv_bytes_per_token_engine()),   # whole bytes for every dtype here
+        "kv_bytes_per_token_note": (
+            f"KV bytes of one token for the whole model, counted once: {arch.n_layers} layers x "
+            + (f"MLA latent ({arch.kv_lora_rank} kv_lora_rank + {arch.qk_rope_head_dim} rope dims)" if arch.is_mla
+               else f"K+V of {arch.n_kv_heads} KV heads x {arch.head_dim}")
+            + f" x {fm.kv_dtype} ({fm.kvb:g} bytes). --kv-transfer-gbps is the bandwidth that carries one "
+            "request's KV into the engine: "
+            + ("the latent is replicated on every TP rank, so each rank needs all of it; one NIC's figure "
+               "(e.g. scaleout_gb_s_per_gpu of hardware.csv x 8 Gbit/s) is the right link"
+               if arch.is_mla else
+               "TP ranks hold disjoint KV-head shards, each can pull its shard over its own NIC: up to tp x one "
+               "NIC's figure")),
         "build": {
             "builder_version": BUILDER_VERSION, "code": "dsparksim/analytic/",
             "inputs": {"model_config": label, "model_config_sha256_16": _sha16(mpath), "gpu": g.name,
@@ -148,19 +161,25 @@ def build_profile(model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int
                        "max_model_len": "min(max_position_embeddings, kv_capacity_tokens)"},
             "terms_ms_at_M": {str(int(M[i])): {k: round(float(v[i]) * 1e3, 4) for k, v in terms.items()}
                               for i in i1},
-            "attention_seconds_per_query_key": fm.seconds_per_query_key(),
             "not_modelled": ["overlap of communication with compute (terms add)", "load imbalance across experts",
-                             "attention work per verified token beyond its KV reads (in metadata: "
-                             "attention_seconds_per_query_key)", "pipeline parallelism", "drafters' attention"],
+                             "overlap of attention KV reads (seconds_per_kv_token, bytes) with attention FLOPs "
+                             "(seconds_per_query_kv, per query-key pair): the two add",
+                             "MLA prefill in the non-absorbed form (prefill pairs are priced absorbed, as decode)",
+                             "pipeline parallelism", "drafters' attention"],
         },
     }
+    qk_kind = (f"absorbed MLA: 2 x ({2 * arch.kv_lora_rank} + {arch.qk_rope_head_dim}) per head per layer"
+               if arch.is_mla else "QK^T + PV: 2 x (head_dim + v_head_dim) per head per layer")
     return {
         "format": "dsparksim-profile/1", "name": name, "metadata": meta,
         "verify": {"M": [int(x) for x in M], "time_s": [_r(x) for x in verify]},
         "attention": {"model": "kv_bandwidth", "seconds_per_kv_token": _r(fm.seconds_per_kv_token()),
-                      "note": f"{fm.kv_bytes_per_token():g} KV bytes per context token per GPU "
-                              f"({'MLA latent' if arch.is_mla else 'GQA K+V'}, {fm.kv_dtype}) at the fitted HBM "
-                              "fraction"},
+                      "seconds_per_query_kv": _r(fm.seconds_per_query_key()),
+                      "note": f"seconds_per_kv_token: {fm.kv_bytes_per_token():g} KV bytes per context token per "
+                              f"GPU ({'MLA latent' if arch.is_mla else 'GQA K+V'}, {fm.kv_dtype}) read once per "
+                              "step at the fitted HBM fraction (bytes). seconds_per_query_kv: "
+                              f"{fm.attn_flops_per_query_key():g} attention FLOPs per decode query-key pair per GPU "
+                              f"({qk_kind}) / (bf16 peak x fitted fl_max) (FLOPs); the two add (no overlap)"},
         "prefill": {"seconds_per_token": 0.0, "seconds_per_query_key": _r(fm.seconds_per_query_key()),
                     "seconds_per_chunk": 0.0,
                     "note": "prompt tokens' GEMMs are in the verify term at the step's M; the query-key work is "

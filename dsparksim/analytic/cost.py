@@ -229,6 +229,15 @@ class ForwardModel:
             return a.n_layers * (a.kv_lora_rank + a.qk_rope_head_dim) * self.kvb
         return 2 * a.n_layers * self.kv_heads_per_gpu * a.head_dim * self.kvb
 
+    def kv_bytes_per_token_engine(self) -> float:
+        """KV-cache bytes of one token for the whole model, counted once (all layers; MLA: the latent + rope key,
+        not its TP replicas; GQA: K and V of all n_kv_heads, not replicas): what a disaggregated deployment ships
+        per prompt token from the prefill pool to a decode engine (``metadata.kv_bytes_per_token``)."""
+        a = self.a
+        if a.is_mla:
+            return a.n_layers * (a.kv_lora_rank + a.qk_rope_head_dim) * self.kvb
+        return 2 * a.n_layers * a.n_kv_heads * a.head_dim * self.kvb
+
     def seconds_per_kv_token(self) -> float:
         """Reading one context token's KV in decode attention (fitted large-transfer bandwidth)."""
         return self.kv_bytes_per_token() / (self.bw * self.eff.bw_max)
@@ -242,6 +251,14 @@ class ForwardModel:
         return a.n_layers * nh * 2.0 * (a.head_dim + a.v_head_dim)
 
     def seconds_per_query_key(self) -> float:
+        """Seconds of one query-key pair's attention FLOPs (bf16 peak at the fitted large-GEMM fraction).
+
+        The profile uses it twice, for disjoint pairs: ``prefill.seconds_per_query_key`` (the prefill chunks'
+        causal pairs) and ``attention.seconds_per_query_kv`` (the decoding rows' pairs: 1 + L verified tokens over
+        the request's context). It does not double count the ``kv_bandwidth`` term ``seconds_per_kv_token``: that
+        one is BYTES (each decoding request's cache is read from HBM once per step, whatever its number of
+        queries), this one is FLOPs (QK^T and PV per query per key). Real kernels overlap the two; adding them is
+        the no-overlap bound (stated in metadata.build.not_modelled)."""
         return self.attn_flops_per_query_key() / (self.fl16 * self.eff.fl_max)
 
     def weight_bytes_per_gpu(self) -> dict[str, float]:
