@@ -43,7 +43,8 @@ import numpy as np
 
 from ..errors import ConfigError
 from .base import DOMAINS, AcceptanceModel, Block
-from .calibration import calibrate_mu, check_curve, model_conditional, tau_of_curve
+from .calibration import (calibrate_mu, calibrate_mu_steps, check_curve, model_conditional_steps,
+                          tau_of_curve)
 from .confidence import confidence_metrics
 from .reference import K_MAX, paper_curve, confidence_head_quality
 from ..streams import KeyedRows, normals_from_halves, uniforms_from_halves
@@ -129,7 +130,9 @@ class ParametricAcceptance(AcceptanceModel):
         self._row_of = {d: i for i, d in enumerate(self._rows)}
         self.curves = {d: check_curve(curves[d], f"{source} [{d}]", self.K)[: self.K] for d in self._rows}
         p = self.params
-        self._mu = np.vstack([calibrate_mu(self.curves[d], p.sigma_shared, p.sigma_tok, source) for d in self._rows])
+        # step-weighted calibration: long outputs pooled over all steps reproduce the curve (see calibration.py)
+        self._mu = np.vstack([calibrate_mu_steps(self.curves[d], p.sigma_req, p.sigma_block, p.sigma_tok, source)
+                              for d in self._rows])
         self._u = np.zeros(0)
         self._row = np.zeros(0, dtype=np.int16)
         # 64-bit words (two draws each) one draw() takes from keyed streams: block shift + K token shifts + K
@@ -259,8 +262,9 @@ class ParametricAcceptance(AcceptanceModel):
         return self._mu[self.domain_rows([domain])[0]].copy()
 
     def conditional_curve(self, domain: str) -> np.ndarray:
-        """Model-implied P(A>=k)/P(A>=k-1) by quadrature (equals the target curve after calibration)."""
-        return model_conditional(self.mu(domain), self.params.sigma_shared, self.params.sigma_tok)
+        """Model-implied step-weighted P(A>=k)/P(A>=k-1) by quadrature (equals the target curve)."""
+        p = self.params
+        return model_conditional_steps(self.mu(domain), p.sigma_req, p.sigma_block, p.sigma_tok)
 
     def expected_tau(self, domain: str) -> float:
         """Exact mean tokens per step with all K verified (1 + sum of survival)."""
