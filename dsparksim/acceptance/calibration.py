@@ -35,13 +35,33 @@ def _gauss_hermite(n: int) -> tuple[np.ndarray, np.ndarray]:
     return x, w / w.sum()
 
 
-def smoothed_sigmoid(m: np.ndarray, sigma_tok: float) -> np.ndarray:
-    """g(m) = E[sigmoid(m + sigma_tok * Z)], elementwise (plain sigmoid when sigma_tok == 0)."""
+_G_STEP = 0.004   # grid spacing of the g table (linear interpolation error <= h^2/8 * max|g''| < 2e-7)
+
+
+@lru_cache(maxsize=16)
+def _g_table(sigma_tok: float) -> tuple[np.ndarray, np.ndarray]:
+    """g on a fine grid over [-_MU_BRACKET - 12 sigma, +...]: quadrature once, interpolation afterwards."""
+    top = _MU_BRACKET + 12.0 * sigma_tok + 20.0
+    m = np.arange(-top, top + _G_STEP / 2, _G_STEP)
+    x, w = _gauss_hermite(_N_TOK)
+    g = np.empty_like(m)
+    for i in range(0, m.size, 4096):
+        g[i:i + 4096] = (expit(m[i:i + 4096, None] + sigma_tok * x) * w).sum(axis=-1)
+    return m, g
+
+
+def smoothed_sigmoid(m: np.ndarray, sigma_tok: float, exact: bool = False) -> np.ndarray:
+    """g(m) = E[sigmoid(m + sigma_tok * Z)], elementwise (plain sigmoid when sigma_tok == 0): Gauss-Hermite
+    quadrature, tabulated once per sigma_tok and interpolated (error < 2e-7) unless ``exact``."""
     m = np.asarray(m, dtype=float)
     if sigma_tok == 0.0:
         return expit(m)
-    x, w = _gauss_hermite(_N_TOK)
-    return (expit(m[..., None] + sigma_tok * x) * w).sum(axis=-1)
+    if exact:
+        x, w = _gauss_hermite(_N_TOK)
+        return (expit(m[..., None] + sigma_tok * x) * w).sum(axis=-1)
+    grid, g = _g_table(float(sigma_tok))
+    out = np.interp(m, grid, g)
+    return np.where(m == np.inf, 1.0, np.where(m == -np.inf, 0.0, np.where(np.isnan(m), np.nan, out)))
 
 
 def check_curve(alpha, source: str, K: int | None = None) -> np.ndarray:
@@ -63,7 +83,8 @@ def check_curve(alpha, source: str, K: int | None = None) -> np.ndarray:
     return a
 
 
-def _solve_mu(alpha: tuple[float, ...], s: np.ndarray, w0: np.ndarray, sigma_tok: float) -> tuple[float, ...]:
+def _solve_mu(alpha: tuple[float, ...], s: np.ndarray, w0: np.ndarray, sigma_tok: float,
+              guess: np.ndarray | None = None, exact: bool = False) -> tuple[float, ...]:
     """mu_1..mu_K with sum_n w0[n] prod_{j<=k} g(mu_j + s[n]) / (same for k-1) = alpha_k, left to right."""
     w = w0.copy()                       # w(s) * P(positions 1..k-1 accepted | s)
     mus: list[float] = []
@@ -77,11 +98,17 @@ def _solve_mu(alpha: tuple[float, ...], s: np.ndarray, w0: np.ndarray, sigma_tok
         total = w.sum()
 
         def gap(m: float) -> float:
-            return float((w * smoothed_sigmoid(m + s, sigma_tok)).sum() / total - a)
+            return float((w * smoothed_sigmoid(m + s, sigma_tok, exact)).sum() / total - a)
 
-        m = brentq(gap, -_MU_BRACKET, _MU_BRACKET, xtol=1e-12, rtol=1e-14, maxiter=200)
+        lo, hi = -_MU_BRACKET, _MU_BRACKET
+        if guess is not None and np.isfinite(guess[len(mus)]):
+            # warm start (fixed-point iterations move mu little): a narrow bracket when it holds the root
+            g0 = float(guess[len(mus)])
+            if gap(g0 - 0.05) < 0 < gap(g0 + 0.05):
+                lo, hi = g0 - 0.05, g0 + 0.05
+        m = brentq(gap, lo, hi, xtol=1e-12, rtol=1e-14, maxiter=200)
         mus.append(m)
-        w = w * smoothed_sigmoid(m + s, sigma_tok)
+        w = w * smoothed_sigmoid(m + s, sigma_tok, exact)
         if w.sum() < 1e-300:            # numerically nobody survives: later positions cannot be calibrated
             raise ConfigError("calibration", "alpha", "survival underflows; curve too close to 0")
     return tuple(mus)
@@ -90,7 +117,7 @@ def _solve_mu(alpha: tuple[float, ...], s: np.ndarray, w0: np.ndarray, sigma_tok
 @lru_cache(maxsize=256)
 def _calibrate_cached(alpha: tuple[float, ...], sigma_shared: float, sigma_tok: float) -> tuple[float, ...]:
     xs, ws = _gauss_hermite(_N_SHARED)
-    return _solve_mu(alpha, sigma_shared * xs, ws.copy(), sigma_tok)
+    return _solve_mu(alpha, sigma_shared * xs, ws.copy(), sigma_tok, exact=True)
 
 
 def _req_block_nodes(sigma_req: float, sigma_block: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
@@ -116,8 +143,9 @@ def _calibrate_steps_cached(alpha: tuple[float, ...], sigma_req: float, sigma_bl
     s, wu, wz, nu, nz = _req_block_nodes(sigma_req, sigma_block)
     step_w = np.ones(nu)
     mus = np.zeros(len(alpha))
-    for _ in range(_STEP_ITERS):
-        new = np.array(_solve_mu(alpha, s, ((wu * step_w)[:, None] * wz[None, :]).ravel(), sigma_tok))
+    for it in range(_STEP_ITERS):
+        new = np.array(_solve_mu(alpha, s, ((wu * step_w)[:, None] * wz[None, :]).ravel(), sigma_tok,
+                                 mus if it else None))
         fin = np.isfinite(new)
         done = np.max(np.abs(new[fin] - mus[fin]), initial=0.0) < 1e-12
         mus = new
