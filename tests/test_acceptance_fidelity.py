@@ -170,3 +170,26 @@ def test_trace_inspect_reports_deepspec_per_position_metrics_for_a_real_trace(ca
     args = parser.parse_args(["trace", "inspect", str(sample)])
     assert args.func(args) == 0
     assert "ECE_k" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------ summary: tau_unclipped
+def test_summary_tau_unclipped_counts_the_accepted_prefix_before_the_length_clip(tmp_path):
+    # Outputs of 3 tokens under fixed:7: the first token comes from prefill, so each request has 2 decode tokens
+    # left and most decode steps accept more than that. tau counts the emitted tokens (clipped), tau_unclipped
+    # sum(a + 1) / steps from the step log, so it is larger here; with long outputs the two nearly coincide.
+    from dsparksim.cli import main
+
+    lengths = tmp_path / "short.csv"
+    lengths.write_text("num_prefill_tokens,num_decode_tokens\n" + "100,3\n" * 20)
+    out = tmp_path / "out"
+    assert main(["run", "--policy", "fixed:7", "--concurrency", "4", "--num-requests", "40", "--lengths",
+                 str(lengths), "--acceptance", "dspark", "--domain", "math", "--quiet", "--save-steps",
+                 "--out", str(out)]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["tau"] <= 2.0 + 1e-9 < s["tau_unclipped"]
+    import pandas as pd
+
+    st = pd.read_csv(out / "steps.csv")                      # no warm-up in a --num-requests run
+    n = st["n_decode"].sum()
+    assert s["tau_unclipped"] == pytest.approx((st["accepted"].sum() + n) / n)
+    assert s["tau"] == pytest.approx(st["decode_emitted"].sum() / n)
