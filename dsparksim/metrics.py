@@ -253,7 +253,9 @@ def _tau_unclipped(st: dict[str, np.ndarray], in_win: np.ndarray, dec_steps: flo
     """Accepted prefix + bonus per decoding request per decode step, sum(a + 1) / steps, before the last step of
     each request is clipped at its output length (``tau`` counts only the tokens emitted). a = min(verified, true
     accepted prefix), so this is the acceptance length DeepSpec's evaluator pools over proposals."""
-    return float((st["accepted"][in_win].sum() + dec_steps) / dec_steps) if dec_steps else float("nan")
+    if not dec_steps or "accepted" not in st:      # a step log without accepted counts (hand-built results)
+        return float("nan")
+    return float((np.asarray(st["accepted"])[in_win].sum() + dec_steps) / dec_steps)
 
 
 def _clean(v: Any) -> Any:
