@@ -301,6 +301,10 @@ class RunConfig:
                                   "acceptance-trace file, vllm:PATH, sglang:PATH or tau:X [%(default)s]")
     mtp1_acceptance: str = option("mtp1", "--mtp1-acceptance",
                                   help="acceptance source the mtp1 baseline runs with [%(default)s]")
+    confidence: str = option("sts", "--confidence", choices=("sts", "raw"), metavar="{sts,raw}",
+                             help="confidences the policies see from a parametric acceptance source: sts = the "
+                                  "raw head after the simulator's sequential temperature scaling, raw = "
+                                  "uncalibrated (ECE ~5%%); acceptance itself is identical [%(default)s]")
     engine: EngineConfig = field(default_factory=EngineConfig)
     traffic: Any = None  # dsparksim.traffic.TrafficConfig (kept Any so this module stays import-light)
     # None = 10% of duration for duration-bound runs, 0 for count-bound runs
@@ -310,6 +314,8 @@ class RunConfig:
     seed: int = option(0, "--seed", parse=nonneg_int, kinds=INT, group="", help="random seed [%(default)s]")
 
     def __post_init__(self) -> None:
+        if self.confidence not in ("sts", "raw"):
+            raise ConfigError("config", "confidence", f"expected 'sts' or 'raw', got {self.confidence!r}")
         if self.warmup_s is not None and not (math.isfinite(self.warmup_s) and self.warmup_s >= 0):
             raise ConfigError("config", "warmup_s", f"must be a finite number >= 0, got {self.warmup_s}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:

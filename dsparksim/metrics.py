@@ -223,6 +223,7 @@ def summarize(res: SimResult, *, policy: str, load: Any, warmup_s: float, closed
         "e2e_p99_s": _pct(done["e2e_s"].to_numpy(), 99),
         "mean_verify_len": float(st["verify_tokens"][in_win].sum() / dec_steps) if dec_steps else float("nan"),
         "tau": _tau(st, in_win, dec_steps),
+        "tau_unclipped": _tau_unclipped(st, in_win, dec_steps),
         "mean_batch_tokens": _mean(st["M"][in_win].astype(float)),
         "mean_running": _mean(st["n_running"][in_win].astype(float)),
         "num_steps": int(in_win.sum()),
@@ -266,6 +267,15 @@ def _replica_summary(res: SimResult, r: int, warmup_s: float, closed_loop: bool)
 def _tau(st: dict[str, np.ndarray], in_win: np.ndarray, dec_steps: float) -> float:
     """Tokens emitted per decoding request per decode step (first tokens from prefill excluded)."""
     return float(st["decode_emitted"][in_win].sum() / dec_steps) if dec_steps else float("nan")
+
+
+def _tau_unclipped(st: dict[str, np.ndarray], in_win: np.ndarray, dec_steps: float) -> float:
+    """Accepted prefix + bonus per decoding request per decode step, sum(a + 1) / steps, before the last step of
+    each request is clipped at its output length (``tau`` counts only the tokens emitted). a = min(verified, true
+    accepted prefix), so this is the acceptance length DeepSpec's evaluator pools over proposals."""
+    if not dec_steps or "accepted" not in st:      # a step log without accepted counts (hand-built results)
+        return float("nan")
+    return float((np.asarray(st["accepted"])[in_win].sum() + dec_steps) / dec_steps)
 
 
 def _clean(v: Any) -> Any:
