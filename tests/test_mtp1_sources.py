@@ -39,3 +39,9 @@ def test_mtp1_runs_with_the_named_source():
         taus[src] = simulate(cfg).summary["tau"]
     assert taus["mtp1"] == pytest.approx(1.87, abs=0.04)
     assert taus["mtp1-v4"] == pytest.approx(1.775, abs=0.04)
+
+
+def test_spec_names_the_source():
+    from dsparksim.acceptance import parse_spec
+    assert [(parse_spec(s).name, parse_spec(s).arg) for s in ("mtp1", "mtp1-v3", "mtp1-v4?noise_sd=0.2")] == [
+        ("mtp1", ""), ("mtp1", "v3"), ("mtp1", "v4")]

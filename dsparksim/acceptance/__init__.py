@@ -30,8 +30,8 @@ from .reference import K_MAX
 PARAMETRIC_DRAFTERS = ("dspark", "dflash", "eagle3", "mtp1")
 TRACE_SUFFIXES = (".csv", ".csv.gz", ".parquet")
 IMPORTERS = ("vllm", "sglang", "tau")
-# Named MTP-1 acceptance sources -> the reference source they read (:func:`.reference.mtp1_alpha`)
-MTP1_NAMES = {"mtp1": "v3", "mtp1-v3": "v3", "mtp1-v4": "v4"}
+# Named MTP-1 acceptance sources -> the reference source they read (:func:`.reference.mtp1_alpha`; "" = default v3)
+MTP1_NAMES = {"mtp1": "", "mtp1-v3": "v3", "mtp1-v4": "v4"}
 
 __all__ = ["AcceptanceModel", "AcceptanceSpec", "Block", "DOMAINS", "PARAMETRIC_DRAFTERS", "ParametricAcceptance",
            "ParametricParams", "load_acceptance", "drafter_of", "parse_spec", "resolve_trace_path"]
@@ -47,8 +47,8 @@ class AcceptanceSpec:
 
     kind:   "parametric" | "trace" | "vllm" | "sglang" | "tau".
     name:   the parametric drafter (dspark, dflash, eagle3, mtp1); else the kind.
-    arg:    the path (trace, vllm, sglang) or number (tau) as written; for mtp1 its named source (v3, v4);
-            "" for another parametric name.
+    arg:    the path (trace, vllm, sglang) or number (tau) as written; for mtp1-v3 / mtp1-v4 the named source
+            (v3, v4); "" for a plain parametric name (mtp1 = the default source, v3).
     params: the ``?name=value&...`` parameters (a trace path takes none), still strings.
     """
 
@@ -168,7 +168,7 @@ def load_acceptance(spec: str, K: int, *, domain_default: str = "chat") -> Accep
         if ps.name == "mtp1" and K != 1:
             raise ConfigError(_src(spec), "K", f"mtp1 drafts exactly one token: K must be 1, got {K}")
         p = ParametricParams.from_strings(params, _src(spec))
-        kw = {"mtp1_source": ps.arg} if ps.name == "mtp1" else {}
+        kw = {"mtp1_source": ps.arg} if ps.name == "mtp1" and ps.arg else {}
         return ParametricAcceptance.from_paper(ps.name, K, p, domain_default=domain_default, source=spec, **kw)
     from . import importers
     drafter = _pop_str(params, "drafter", "dspark")
