@@ -537,7 +537,8 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("frontier", help="policies x load levels: frontier, comparison, plots",
                        description="Sweep policies over load levels; writes frontier.csv, comparison.csv, "
                                    "frontier.png, verify_budget.png and config.json.")
-    f.add_argument("--policies", default=None, help="comma-separated policy specs [all eight: none, mtp1, fixed:7, threshold:0.5, goodput, "
+    f.add_argument("--policies", default=None,
+                   help="comma-separated policy specs [all eight: none, mtp1, fixed:7, threshold:0.5, goodput, "
                         "confidence, confidence-async:2, oracle]")
     _add_common(f, frontier=True)
     f.add_argument("--baseline", default=None,
