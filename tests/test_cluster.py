@@ -336,7 +336,9 @@ def test_rewritten_engine_reproduces_the_old_engine_on_the_legacy_draw_path(monk
              "goodput": dict(mode="closed", concurrency=8, num_requests=40),
              "mtp1": dict(mode="poisson", rate=3.0, num_requests=50)}
     for pol, tr in cases.items():
-        o = S.simulate(RunConfig(policy=pol, traffic=TrafficConfig(**tr), seed=want["seed"]))
+        # the pre-paging numbers: KV reserved at admission (the run default is now paged KV)
+        o = S.simulate(RunConfig(policy=pol, engine=EngineConfig(kv_policy="reserve"), traffic=TrafficConfig(**tr),
+                                 seed=want["seed"]))
         r = o.result
         h = hashlib.sha256()
         for a in (r.finish_s, r.first_token_s, np.asarray(r.steps["dt"], float), r.decode_steps, r.accepted_tokens):
