@@ -44,18 +44,25 @@ def test_none_emits_one_token_per_request_per_step_and_pays_no_drafting():
     assert prof.draft_time("dspark", 6, 7) > 0 and prof.draft_time(None, 6, 7) == 0
 
 
-def test_none_reserves_no_draft_kv_slots():
-    out = _run("none")
-    st = out.result.steps
-    assert (np.asarray(st["kv_used"]) == np.asarray(st["kv_read"])).all()   # fixed:7 adds 7 per running request
-    f7 = _run("fixed:7").result.steps
-    assert (np.asarray(f7["kv_used"]) == np.asarray(f7["kv_read"]) + 7 * np.asarray(f7["n_running"])).all()
+@pytest.mark.parametrize("kv_policy", ["reserve", "paged"])
+def test_none_reserves_no_draft_kv_slots(kv_policy):
+    # one-token pages so both KV policies count the same tokens: paged holds ceil((context + K) / page) pages
+    eng = EngineConfig(kv_policy=kv_policy, kv_page_tokens=1)
+    kv = {}
+    for pol in ("none", "fixed:7"):
+        st = {k: np.asarray(v) for k, v in simulate(RunConfig(policy=pol, seed=3, engine=eng, traffic=TrafficConfig(
+            mode="closed", concurrency=6, duration_s=8.0))).result.steps.items()}
+        only = (st["n_prefill_tokens"] == 0) & (st["n_decode"] == st["n_running"]) & (st["n_decode"] > 0)
+        assert only.sum() > 100
+        kv[pol] = st["kv_used"][only] - st["kv_read"][only], st["n_running"][only]
+    assert (kv["none"][0] == 0).all()                        # context only: no draft slots
+    assert (kv["fixed:7"][0] == 7 * kv["fixed:7"][1]).all()  # K = 7 slots per running request
     # prompt + output within 7 tokens below the KV capacity: served without draft slots, rejected with K = 7
     cap = 1500
     res = {}
     for pol in ("none", "fixed:7"):
         cfg = RunConfig(policy=pol, traffic=TrafficConfig(mode="closed", concurrency=4, duration_s=8.0), seed=3,
-                        engine=EngineConfig(kv_capacity_tokens=cap))
+                        engine=EngineConfig(kv_capacity_tokens=cap, kv_policy=kv_policy, kv_page_tokens=1))
         r = simulate(cfg).result
         tot = r.prompt_tokens + r.output_tokens
         res[pol] = (tot, r.rejected)
