@@ -187,7 +187,12 @@ def check_policy_inputs(args: argparse.Namespace) -> None:
     from dsparksim.policies import make_policy
 
     pol = make_policy(args.policy)
-    if pol.drafter == "mtp1":
+    if not pol.drafts:
+        for flag, why in (("--acceptance", "nothing is drafted"), ("--num-speculative-tokens", "K is 0"),
+                          ("--mtp1-acceptance", "nothing is drafted")):
+            if _given(args, flag, *(("-K", "--block-size") if flag == "--num-speculative-tokens" else ())):
+                raise _bad(flag, f"has no effect with --policy {args.policy} (plain decoding: {why})")
+    elif pol.drafter == "mtp1":
         if _given(args, "--acceptance"):
             raise _bad("--acceptance", f"has no effect with --policy {args.policy} (the MTP-1 drafter runs with "
                        "--mtp1-acceptance)")
@@ -555,7 +560,9 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("frontier", help="policies x load levels: frontier, comparison, plots",
                        description="Sweep policies over load levels; writes frontier.csv, comparison.csv, "
                                    "frontier.png, verify_budget.png and config.json.")
-    f.add_argument("--policies", default=None, help="comma-separated policy specs [all seven]")
+    f.add_argument("--policies", default=None,
+                   help="comma-separated policy specs [all eight: none, mtp1, fixed:7, threshold:0.5, goodput, "
+                        "confidence, confidence-async:2, oracle]")
     _add_common(f, frontier=True)
     f.add_argument("--seeds", type=pos_int, default=1,
                    help="run every cell with N seeds (--seed, --seed+1, ...), the same seeds for every policy "

@@ -300,7 +300,10 @@ class RunConfig:
                              help="block drafter acceptance: parametric name (dspark, dflash, eagle3), "
                                   "acceptance-trace file, vllm:PATH, sglang:PATH or tau:X [%(default)s]")
     mtp1_acceptance: str = option("mtp1", "--mtp1-acceptance",
-                                  help="acceptance source the mtp1 baseline runs with [%(default)s]")
+                                  help="acceptance source the mtp1 baseline runs with: mtp1 = mtp1-v3 (0.87, "
+                                       "DeepSeek-V3 report), mtp1-v4 (0.775, DeepSeek-V4 MTP position 1 "
+                                       "0.76-0.79, the paper's production baseline) or any K=1 source "
+                                       "[%(default)s]")
     confidence: str = option("sts", "--confidence", choices=("sts", "raw"), metavar="{sts,raw}",
                              help="confidences the policies see from a parametric acceptance source: sts = the "
                                   "raw head after the simulator's sequential temperature scaling, raw = "

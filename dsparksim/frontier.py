@@ -10,7 +10,7 @@ import pandas as pd
 from dsparksim.config import RunConfig
 
 X, Y = "output_throughput_tok_s", "tps_user_median"
-DEFAULT_POLICIES = ("mtp1", "fixed:7", "threshold:0.5", "goodput", "confidence", "confidence-async:2", "oracle")
+DEFAULT_POLICIES = ("none", "mtp1", "fixed:7", "threshold:0.5", "goodput", "confidence", "confidence-async:2", "oracle")
 # The shipped H100 7B profile holds ~113k KV tokens, i.e. ~80 Azure-conversation requests: levels stop just past
 # that, where the engine saturates.
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 96, 128)

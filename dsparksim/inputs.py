@@ -1,9 +1,10 @@
 """Input resolution of one run, done once for the simulator, the CLI's preflight and the real runner.
 
 ``resolve_inputs(cfg)`` loads the cost profile (with extrapolation when the config allows it), builds the policy,
-fixes the block size K, loads the acceptance source the policy runs with (mtp1 policies: ``cfg.mtp1_acceptance``),
-picks the drafter (it must have a drafting cost in the profile) and the engine limits (KV capacity, token budget
-per step, ``max_model_len``). Every bad input is a ConfigError/InputError naming it, before anything runs.
+fixes the block size K, loads the acceptance source the policy runs with (mtp1 policies: ``cfg.mtp1_acceptance``;
+a policy that drafts nothing, ``none``: K = 0, no drafter, the no-draft source), picks the drafter (it must have
+a drafting cost in the profile) and the engine limits (KV capacity, token budget per step, ``max_model_len``).
+Every bad input is a ConfigError/InputError naming it, before anything runs.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ class ResolvedInputs:
     K: int
     acceptance: Any
     acceptance_spec: str
-    drafter: str
+    drafter: str | None     # None: the policy drafts nothing (``none``): no drafting cost
     kv_cap: int
     max_tokens: int
     max_model_len: int | None
@@ -95,6 +96,12 @@ def resolve_inputs(cfg: RunConfig, *, profile=None, acceptance: Callable[[Any, i
 
     prof = profile if profile is not None else load_run_profile(cfg, cache)
     policy = make_policy(cfg.policy)
+    if not getattr(policy, "drafts", True):
+        # plain decoding: K = 0 (no draft KV slots, M = anchors + prefill), no drafter (draft_time(None) = 0)
+        from dsparksim.acceptance.nodraft import NoDraftAcceptance
+        kv_cap, max_tok = engine_limits(cfg, prof)
+        return ResolvedInputs(profile=prof, policy=policy, K=0, acceptance=NoDraftAcceptance(), acceptance_spec="none",
+                              drafter=None, kv_cap=kv_cap, max_tokens=max_tok, max_model_len=max_model_len(prof))
     K = int(policy.block_size or cfg.engine.block_size)
     if acceptance is not None:
         acc, spec = acceptance(policy, K), "live"

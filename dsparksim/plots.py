@@ -19,9 +19,10 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from dsparksim.frontier import X, Y, series_labels
 
-# The shipped policies (and the drafters they run with) get fixed colours; mtp1 is the grey baseline, oracle the
-# black upper bound.
+# The shipped policies (and the drafters they run with) get fixed colours; mtp1 is the grey baseline, none (plain
+# decoding) light grey and dotted, oracle the black upper bound.
 POLICY_COLORS = {
+    "none": "#b0b0b0",
     "mtp1": "#7f7f7f",
     "fixed:7": "#1f77b4",
     "threshold:0.5": "#ff7f0e",
@@ -33,7 +34,7 @@ POLICY_COLORS = {
 # Any other spec: a colour picked by a stable hash of its text (same in every process, unlike hash()).
 _FALLBACK = ("#8c564b", "#e377c2", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5",
              "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173")
-_LINESTYLE = {"oracle": "--"}
+_LINESTYLE = {"oracle": "--", "none": ":"}
 # With several deployments (replicas x router), each gets its own line style and marker; colour stays the policy's.
 _DEPLOY_STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1)), "v"), ((0, (1, 3)), "P"))
 

@@ -60,10 +60,10 @@ def test_frontier_notebook_executes(tmp_path, monkeypatch):
     assert wall < 60, wall
     assert _outputs(nb, "image/png"), "no frontier figure"
     table = pd.read_csv(tmp_path / "frontier" / "results.csv")
-    # FAST settings: 2 profiles x 2 acceptance sources x 3 policies x 3 loads, all finished
-    assert len(table) == 36 and set(table["cfg.acceptance"]) == {"dspark", "traces/sample_dspark_k7.csv"}
+    # FAST settings: 2 profiles x 2 acceptance sources x 4 policies (none, mtp1, confidence, oracle) x 3 loads
+    assert len(table) == 48 and set(table["cfg.acceptance"]) == {"dspark", "traces/sample_dspark_k7.csv"}
     html = "".join(o["data"]["text/html"] for o in _outputs(nb, "text/html"))
-    assert "confidence" in html and "oracle" in html
+    assert "confidence" in html and "oracle" in html and "none" in html
 
 
 def test_whatif_notebook_executes(tmp_path, monkeypatch):
@@ -72,8 +72,8 @@ def test_whatif_notebook_executes(tmp_path, monkeypatch):
     assert _outputs(nb, "image/png"), "no frontier figure"
     text = _text(nb)
     assert "SLO: tps_user_median >= 150" in text
-    # the scenarios' cells all landed in one cache (5 scenarios x 2 policies x 3 loads + capacity probes)
-    assert len(list((tmp_path / "whatif" / "cells").glob("*/summary.json"))) >= 30
+    # the scenarios' cells all landed in one cache (5 scenarios x 3 policies x 3 loads + capacity probes)
+    assert len(list((tmp_path / "whatif" / "cells").glob("*/summary.json"))) >= 45
 
 
 @pytest.mark.slow
@@ -99,7 +99,7 @@ def test_frontier_notebook_full_mode(tmp_path, monkeypatch):
                 n_pairs += 1
             else:
                 assert acc not in got and f"note: skipping {prof} x {acc}" in text, (prof, acc)
-    assert len(table) == n_pairs * 7 * 8   # 7 policies x 8 loads per priced pair
+    assert len(table) == n_pairs * 8 * 8   # 8 policies (none included) x 8 loads per priced pair
     assert _outputs(nb, "image/png")
 
 
@@ -109,6 +109,6 @@ def test_whatif_notebook_full_mode(tmp_path, monkeypatch):
     nb, wall = _execute("whatif.ipynb", tmp_path, monkeypatch, fast=False)
     print(f"whatif.ipynb full mode: {wall:.0f} s")
     assert "SLO: tps_user_median >= 150" in _text(nb)
-    # 5 scenarios x 4 policies x 7 loads, plus the capacity probes
-    assert len(list((tmp_path / "whatif" / "cells").glob("*/summary.json"))) >= 140
+    # 5 scenarios x 5 policies (none included) x 7 loads, plus the capacity probes
+    assert len(list((tmp_path / "whatif" / "cells").glob("*/summary.json"))) >= 175
     assert _outputs(nb, "image/png")

@@ -172,3 +172,27 @@ def test_oracle_pads_with_rejected_slots_only_where_the_staircase_is_cheaper():
     mono = ctx_of(np.full((2, 3), 0.5), base=2, step_time=lambda M: 1.0 + 0.1 * np.asarray(M), max_tokens=8,
                   A=[1, 0])
     assert choose("oracle", mono).tolist() == [1, 0]   # non-decreasing cost: never verify a rejected slot
+
+
+def test_oracle_long_run_dinkelbach_on_a_closed_form_case():
+    # One request, K = 2, alternating steps: "good" (A = 2) and "bad" (A = 0). T(M) = 1.0 for M <= 2, 1.6 at M = 3.
+    # Good step: c = 1 gives 2 tokens / 1.0 s (ratio 2.0), c = 2 gives 3 / 1.6 (1.875): the myopic per-step choice
+    # is c = 1 and the long run is (2 + 1) / (1 + 1) = 1.5 tok/s. The second slot's marginal rate 1 / 0.6 = 1.67 beats
+    # that average, so the ratio of sums is larger with c = 2: (3 + 1) / (1.6 + 1) = 1.538 -- Dinkelbach's optimum
+    # (at lambda* = 1.538 < 1.67, c = 2 maximises tokens - lambda* time).
+    table = np.array([np.nan, 1.0, 1.0, 1.6])
+    p = make_policy("oracle")
+    p.reset(2, np.random.default_rng(0))
+    tok = tim = 0.0
+    chosen = []
+    for j in range(400):
+        A = [2] if j % 2 == 0 else [0]
+        L = p.choose(ctx_of(np.full((1, 2), 0.5), base=1, step_time=lambda M: table[np.asarray(M)],
+                            max_tokens=3, A=A))
+        chosen.append(int(L[0]))
+        tok += 1 + min(int(L[0]), A[0])
+        tim += table[1 + int(L[0])]
+    assert chosen[0] == 1                       # no history: the per-step bound (lambda = this step's best ratio)
+    assert chosen[2::2] == [2] * 199 and set(chosen[1::2]) == {0}
+    assert tok / tim == pytest.approx((3 * 199 + 2 + 200) / (1.6 * 199 + 1.0 + 200), rel=1e-12)
+    assert tok / tim > 1.53 > 1.5

@@ -119,8 +119,10 @@ def test_an_old_format_baseline_is_refused_with_the_command_that_migrates_it(tmp
 
 def test_update_writes_a_baseline_that_then_passes(tmp_path):
     spec = REPO / "sweeps" / "regress.toml"
-    text = spec.read_text().replace('policy = ["mtp1", "fixed:7", "threshold:0.5", "goodput", "confidence", '
-                                    '"confidence-async:2", "oracle"]', 'policy = ["mtp1", "oracle"]')
+    full = ('policy = ["none", "mtp1", "fixed:7", "threshold:0.5", "goodput", "confidence", "confidence-async:2", '
+            '"oracle"]')
+    assert full in spec.read_text()   # else the replace below would silently run the whole sweep
+    text = spec.read_text().replace(full, 'policy = ["mtp1", "oracle"]')
     text = text.replace("concurrency = [1, 8, 32, 96]", "concurrency = [2, 16]")
     small = tmp_path / "small.toml"
     small.write_text(text)

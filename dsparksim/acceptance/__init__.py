@@ -5,7 +5,8 @@
 =============================  ==========================================================================
 ``dspark`` ``dflash``          paper-calibrated parametric model (K <= 15; positions 8..15 use the paper's
 ``eagle3``                     flat tail, eagle3 repeats its position-7 value — stated in the metadata)
-``mtp1``                       parametric, K must be 1, acceptance 0.87 in every domain
+``mtp1`` ``mtp1-v3``           parametric, K must be 1, acceptance 0.87 in every domain (DeepSeek-V3 report)
+``mtp1-v4``                    the same with 0.775 (DeepSeek-V4 MTP position 1, 0.76-0.79: the paper's baseline)
 ``...?sigma_req=0.5&...``      override parameters: sigma_req, sigma_block, sigma_tok, noise_sd, temperature
 ``PATH.csv|.csv.gz|.parquet``  replay an acceptance trace (format: :mod:`.trace_format`)
 ``vllm:PATH`` ``sglang:PATH``  engine-log importers (:mod:`.importers`); extra params ``drafter=``,
@@ -29,6 +30,8 @@ from .reference import K_MAX
 PARAMETRIC_DRAFTERS = ("dspark", "dflash", "eagle3", "mtp1")
 TRACE_SUFFIXES = (".csv", ".csv.gz", ".parquet")
 IMPORTERS = ("vllm", "sglang", "tau")
+# Named MTP-1 acceptance sources -> the reference source they read (:func:`.reference.mtp1_alpha`; "" = default v3)
+MTP1_NAMES = {"mtp1": "", "mtp1-v3": "v3", "mtp1-v4": "v4"}
 
 __all__ = ["AcceptanceModel", "AcceptanceSpec", "Block", "DOMAINS", "PARAMETRIC_DRAFTERS", "ParametricAcceptance",
            "ParametricParams", "load_acceptance", "drafter_of", "parse_spec", "resolve_trace_path"]
@@ -44,7 +47,8 @@ class AcceptanceSpec:
 
     kind:   "parametric" | "trace" | "vllm" | "sglang" | "tau".
     name:   the parametric drafter (dspark, dflash, eagle3, mtp1); else the kind.
-    arg:    the path (trace, vllm, sglang) or number (tau) as written; "" for a parametric name.
+    arg:    the path (trace, vllm, sglang) or number (tau) as written; for mtp1-v3 / mtp1-v4 the named source
+            (v3, v4); "" for a plain parametric name (mtp1 = the default source, v3).
     params: the ``?name=value&...`` parameters (a trace path takes none), still strings.
     """
 
@@ -95,11 +99,14 @@ def parse_spec(spec: str) -> AcceptanceSpec:
         return AcceptanceSpec(text, "trace", "trace", text)
     base, params = _split_query(text)
     kind, colon, arg = base.partition(":")
+    if kind in MTP1_NAMES and not colon:
+        return AcceptanceSpec(text, "parametric", "mtp1", MTP1_NAMES[kind], params)
     if kind in PARAMETRIC_DRAFTERS and not colon:     # 'dspark:' is a typo, not 'dspark'
         return AcceptanceSpec(text, "parametric", kind, "", params)
     if kind in IMPORTERS and arg:
         return AcceptanceSpec(text, kind, kind, arg, params)
-    raise ConfigError(_src(text), None, f"unknown acceptance source; expected one of {PARAMETRIC_DRAFTERS}, a trace "
+    raise ConfigError(_src(text), None, f"unknown acceptance source; expected one of {PARAMETRIC_DRAFTERS}, "
+                      f"{', '.join(n for n in MTP1_NAMES if n != 'mtp1')}, a trace "
                       f"file ({', '.join(TRACE_SUFFIXES)}), 'vllm:PATH', 'sglang:PATH' or 'tau:X'")
 
 
@@ -177,8 +184,9 @@ def _load(spec: str, ps: AcceptanceSpec, K: int, domain_default: str, confidence
         if ps.name == "mtp1" and K != 1:
             raise ConfigError(_src(spec), "K", f"mtp1 drafts exactly one token: K must be 1, got {K}")
         p = ParametricParams.from_strings(params, _src(spec))
+        kw = {"mtp1_source": ps.arg} if ps.name == "mtp1" and ps.arg else {}
         return ParametricAcceptance.from_paper(ps.name, K, p, domain_default=domain_default, source=spec,
-                                              confidence=confidence)
+                                              confidence=confidence, **kw)
     from . import importers
     drafter = _pop_str(params, "drafter", "dspark")
     draft_len = _pop_int(spec, params, "draft_len") if ps.kind == "sglang" else None

@@ -45,7 +45,7 @@ from .base import DOMAINS, AcceptanceModel, Block
 from .calibration import (calibrate_mu, calibrate_mu_steps, check_curve, model_conditional, model_conditional_steps,
                           tau_of_curve)
 from .confidence import fit_sts_nll
-from .reference import K_MAX, paper_curve
+from .reference import K_MAX, MTP1_DEFAULT_SOURCE, mtp1_alpha, paper_curve
 from ..streams import KeyedRows, normals_from_halves, uniforms_from_halves
 
 POOLED = "all"   # curve key meaning "every domain uses this curve"
@@ -220,19 +220,20 @@ class ParametricAcceptance(AcceptanceModel):
     @classmethod
     def from_paper(cls, drafter: str, K: int, params: ParametricParams | None = None, *,
                    domain_default: str = "chat", source: str | None = None,
-                   confidence: str = "sts", calibration: str = "steps") -> "ParametricAcceptance":
-        """The paper-calibrated model for dspark / dflash / eagle3 (K <= 15) or mtp1 (K = 1)."""
+                   confidence: str = "sts", calibration: str = "steps",
+                   mtp1_source: str = MTP1_DEFAULT_SOURCE) -> "ParametricAcceptance":
+        """The paper-calibrated model for dspark / dflash / eagle3 (K <= 15) or mtp1 (K = 1; ``mtp1_source``
+        v3 or v4 names its acceptance, see :func:`.reference.mtp1_alpha`)."""
         src = source or drafter
         if drafter == "mtp1":
-            a, notes = paper_curve("mtp1", "chat", K)
+            a, notes = paper_curve("mtp1", "chat", K, mtp1_source)
             curves = {POOLED: a}
         else:
             curves, notes = {}, []
             for d in DOMAINS:
                 curves[d], n = paper_curve(drafter, d, K)
                 notes += n
-        meta = {"provenance": ("DeepSeek-V3 technical report: second-token (MTP-1) acceptance 85-90%, 0.87 used"
-                               if drafter == "mtp1" else
+        meta = {"provenance": (mtp1_alpha(mtp1_source)[1] if drafter == "mtp1" else
                                "DSpark paper (arXiv 2607.05147) Fig. 2 per-position conditional acceptance, "
                                "Qwen3-4B target, temperature 1")
                 + " (dsparksim/data/dspark_acceptance.json)"}

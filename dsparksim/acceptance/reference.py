@@ -28,10 +28,35 @@ def load_reference() -> dict[str, Any]:
     return json.loads(text)
 
 
-def paper_curve(drafter: str, domain: str, K: int) -> tuple[np.ndarray, list[str]]:
+# The MTP-1 baseline's one acceptance, by named source (``mtp1-v3`` / ``mtp1-v4`` specs; plain ``mtp1`` = v3).
+MTP1_SOURCES = ("v3", "v4")
+MTP1_DEFAULT_SOURCE = "v3"
+
+
+def mtp1_alpha(source: str = MTP1_DEFAULT_SOURCE) -> tuple[float, str]:
+    """(acceptance, provenance) of the MTP-1 draft token for a named source.
+
+    v3: 0.87, the DeepSeek-V3 technical report (second-token acceptance 85-90%).
+    v4: 0.775, the midpoint of DeepSeek-V4's MTP position-1 acceptance 0.76-0.79 (reference JSON,
+        ``other_published_tau.deepseek_v4_mtp_k2_unconditional_pos1_pos2``) -- the DSpark paper's production baseline.
+    """
+    ref = load_reference()
+    if source == "v3":
+        return float(ref["conditional_acceptance"]["mtp1"]["all"]["pos_1"]), (
+            "DeepSeek-V3 technical report: second-token (MTP-1) acceptance 85-90%, 0.87 used")
+    if source == "v4":
+        lo, hi = (float(x) for x in ref["other_published_tau"]["deepseek_v4_mtp_k2_unconditional_pos1_pos2"][0])
+        return (lo + hi) / 2, (f"DeepSeek-V4 MTP position-1 acceptance {lo:.2f}-{hi:.2f} (the DSpark paper's "
+                               f"production baseline), midpoint {(lo + hi) / 2:.3f} used")
+    raise ConfigError(DATA_NAME, "mtp1 source", f"expected one of {MTP1_SOURCES}, got {source!r}")
+
+
+def paper_curve(drafter: str, domain: str, K: int, mtp1_source: str = MTP1_DEFAULT_SOURCE
+                ) -> tuple[np.ndarray, list[str]]:
     """Conditional acceptance alpha_1..alpha_K for a paper drafter and domain, plus the assumptions used.
 
-    mtp1 has one number for every domain (DeepSeek-V3 report, 0.87) and K must be 1.
+    mtp1 has one number for every domain (``mtp1_source``: v3 = DeepSeek-V3 report, 0.87; v4 = DeepSeek-V4,
+    0.775) and K must be 1.
     """
     ref = load_reference()["conditional_acceptance"]
     src = f"{DATA_NAME}"
@@ -43,9 +68,10 @@ def paper_curve(drafter: str, domain: str, K: int) -> tuple[np.ndarray, list[str
     if drafter == "mtp1":
         if K != 1:
             raise ConfigError(src, "K", f"mtp1 drafts exactly one token (K=1), got K={K}")
-        notes.append("mtp1: one acceptance 0.87 for every domain (DeepSeek-V3 report, 85-90% second-token "
-                     "acceptance); domain does not change it")
-        return np.array([float(ref["mtp1"]["all"]["pos_1"])]), notes
+        alpha, why = mtp1_alpha(mtp1_source)
+        notes.append(f"mtp1 ({mtp1_source}): one acceptance {alpha:.3f} for every domain ({why}); domain does not "
+                     "change it")
+        return np.array([alpha]), notes
     if domain not in ref[drafter]:
         raise ConfigError(src, "domain", f"no {drafter} curve for domain {domain!r}; expected one of {DOMAINS}")
     entry = ref[drafter][domain]

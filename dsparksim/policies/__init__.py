@@ -14,10 +14,12 @@ from .confidence_global import ConfidenceGlobal, global_search_current
 from .fixed import Fixed
 from .goodput import Goodput
 from .mtp1 import MTP1
+from .none import NoSpeculation
 from .oracle import Oracle
 from .threshold import Threshold
 
 REGISTRY: dict[str, type[Policy]] = {
+    "none": NoSpeculation,  # plain autoregressive decoding (K = 0, no drafter)
     "mtp1": MTP1,
     "fixed": Fixed,
     "threshold": Threshold,
@@ -56,4 +58,4 @@ def make_policy(spec: str) -> Policy:
 
 __all__ = ["REGISTRY", "Policy", "StepContext", "make_policy", "list_policies", "list_specs", "algorithm1",
            "global_search_current", "MTP1", "Fixed", "Threshold", "Goodput", "Confidence", "ConfidenceAsync",
-           "ConfidenceGlobal", "Oracle"]
+           "ConfidenceGlobal", "Oracle", "NoSpeculation"]

@@ -52,14 +52,17 @@ class Policy:
     Class attributes:
       drafter:      None = use the run's block drafter; a string (e.g. "mtp1") = this policy always runs with
                     that drafter's acceptance and drafting cost (and its own block size, see ``block_size``).
-      block_size:   None = the run's K; an int forces K (mtp1 -> 1).
+      block_size:   None = the run's K; an int forces K (mtp1 -> 1; none -> 0).
       needs_oracle: True if the policy reads ``StepContext.true_accepted`` (not realisable).
+      drafts:       False = no speculation at all (the ``none`` policy): the run uses K = 0, no drafter and the
+                    no-draft acceptance source, so it pays no drafting cost and reserves no draft KV slots.
     """
 
     name: ClassVar[str] = "base"
     drafter: ClassVar[str | None] = None
     block_size: ClassVar[int | None] = None
     needs_oracle: ClassVar[bool] = False
+    drafts: ClassVar[bool] = True
 
     spec: str = "base"  # the exact spec string this instance was built from (set by the registry)
 
