@@ -12,9 +12,10 @@ from dsparksim.cli import main
 from dsparksim.frontier import comparison_table, pareto_mask
 
 GOLDEN = Path(__file__).parent / "golden"
-# --kv-policy reserve: the saved numbers predate paged KV (reserve reproduces them bit for bit)
+# The default run (paged KV, step-weighted acceptance); reserve is pinned by the legacy fingerprint test in
+# test_cluster.py, which reproduces the pre-[engine] code bit for bit.
 GOLDEN_ARGS = ["run", "--policy", "confidence-async:2", "--concurrency", "24", "--duration", "20", "--seed", "7",
-               "--kv-policy", "reserve", "--quiet"]
+               "--quiet"]
 
 
 def _run(tmp_path: Path, *args: str) -> Path:
@@ -25,7 +26,7 @@ def _run(tmp_path: Path, *args: str) -> Path:
 
 def test_golden_run_reproduces_saved_summary(tmp_path):
     # Regenerate with: dsparksim run --policy confidence-async:2 --concurrency 24 --duration 20 --seed 7 \
-    #                  --kv-policy reserve --out tests/golden/run_confidence_async  (then keep summary.json only)
+    #                  --out tests/golden/run_confidence_async  (then keep summary.json only)
     out = _run(tmp_path, *GOLDEN_ARGS)
     got = json.loads((out / "summary.json").read_text())
     want = json.loads((GOLDEN / "run_confidence_async" / "summary.json").read_text())

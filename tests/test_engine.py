@@ -8,6 +8,7 @@ from dsparksim.acceptance.base import AcceptanceModel, Block
 from dsparksim.engine import Simulation
 from dsparksim.metrics import summarize
 from dsparksim.policies import make_policy
+from dsparksim.streams import RequestStreams
 from dsparksim.traffic.base import Workload
 
 
@@ -59,13 +60,14 @@ def closed(n_users: int, prompt: int, out: int, pool: int, domain="chat") -> Wor
 
 
 def sim(policy: str, wl: Workload, *, profile=None, acc=None, K=7, duration=None, num_requests=None, seed=0,
-        kv=10**9, max_tokens=8192, chunk=2048, max_seqs=1024):
+        kv=10**9, max_tokens=8192, chunk=2048, max_seqs=1024, keyed=False):
     pol = make_policy(policy)
     k = pol.block_size or K
     pol.reset(k, np.random.default_rng(seed))
     s = Simulation(profile=profile or FlatProfile(), acceptance=acc or Homogeneous(0.8, k), policy=pol, workload=wl,
                    block_size=k, drafter="dspark", kv_capacity_tokens=kv, max_num_seqs=max_seqs,
-                   max_batched_tokens=max_tokens, prefill_chunk_tokens=chunk, rng=np.random.default_rng(seed),
+                   max_batched_tokens=max_tokens, prefill_chunk_tokens=chunk,
+                   **({"streams": RequestStreams(seed)} if keyed else {"rng": np.random.default_rng(seed)}),
                    duration_s=duration, num_requests=num_requests)
     return s.run()
 
@@ -131,9 +133,10 @@ def test_closed_loop_pool_exhaustion_is_an_error_not_a_short_result():
 
 @pytest.mark.parametrize("N", [8, 96])
 def test_oracle_bounds_every_policy_throughput(N):
-    # Same workload and acceptance stream statistics for every policy. The oracle never verifies a rejected
-    # token and picks the best tokens/time among waste-free lengths, so per step it dominates; over a run it must
-    # not fall below any policy by more than sampling noise (2%).
+    # Paired: keyed draws give every policy the same requests and the same (request, step) acceptance draws (with
+    # one sequential Generator the sample paths differ and the oracle lost to confidence by 4% on seed 5 at N=8).
+    # The oracle never verifies a rejected token unless padding is cheaper and picks by the long-run criterion, so
+    # over a run it must not fall below any same-drafter policy by more than 2%.
     from dsparksim.acceptance import load_acceptance
 
     class Staircase(FlatProfile):
@@ -146,7 +149,7 @@ def test_oracle_bounds_every_policy_throughput(N):
     out = {}
     for pol in ["fixed:7", "threshold:0.5", "goodput", "confidence", "confidence-async:2", "oracle"]:
         acc = load_acceptance("dspark", 7)
-        res = sim(pol, closed(N, 8, 100, N * 200), profile=prof, acc=acc, duration=30.0, seed=5)
+        res = sim(pol, closed(N, 8, 100, N * 200), profile=prof, acc=acc, duration=30.0, seed=5, keyed=True)
         out[pol] = summarize(res, policy=pol, load=N, warmup_s=3.0, closed_loop=True)["output_throughput_tok_s"]
     for pol, thr in out.items():
         assert out["oracle"] >= 0.98 * thr, (pol, thr, out["oracle"])
