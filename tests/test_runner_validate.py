@@ -4,6 +4,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 
 import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 from dsparksim.profile import load_profile  # noqa: E402
 from dsparksim.runner.measure import MeasureConfig  # noqa: E402
@@ -55,3 +56,22 @@ def test_reduced_validation_within_ten_percent(tmp_path):
     s = json.loads((out / "summary.json").read_text())["summary"]
     assert np.isclose(s["median_abs_rel_err_throughput"], thr)
     load_profile(str(out / "profile.json"))
+
+
+def test_policies_that_cannot_run_for_real_are_refused_before_any_work(tmp_path, monkeypatch):
+    from dsparksim.errors import ConfigError
+    from dsparksim.runner import measure as meas
+    from dsparksim.runner import validate as val
+
+    def no_work(*a, **k):
+        raise AssertionError("profiling / model work started before the refusal")
+
+    for mod, name in ((val, "load_target"), (val, "build_models"), (val, "measure"), (meas, "_cell"),
+                      (val, "real_run")):
+        monkeypatch.setattr(mod, name, no_work)
+    with pytest.raises(ConfigError, match="true accepted length.*nothing was measured"):
+        validate(ValidateConfig(policies=("fixed:7", "oracle")), tmp_path / "v", progress=False, log=lambda s: None)
+    # a K=5 validation replaying the K=7 sample trace is refused up front too, naming the trace and the fix
+    with pytest.raises(ConfigError, match="recorded with K=7.*--acceptance dspark"):
+        validate(ValidateConfig(policies=("fixed:5",), K=5), tmp_path / "v", progress=False, log=lambda s: None)
+    assert not (tmp_path / "v").exists()
