@@ -31,5 +31,7 @@ echo "== (b) trace-replay validation: $POLICIES x users $CONC" | tee -a "$OUT/ch
 $PY -m dsparksim.cli validate "${DEV[@]}" --model "$MODEL" --drafter-layers $DL -K 7 --profile "$OUT/$NAME.json" \
     --policies $POLICIES --concurrency $CONC --requests-per-user $RPU --out "$OUT/validation" --quiet \
     2>&1 | tee -a "$OUT/checklist.log"
+# the validation table (drift-normalised errors, speed factor, drift, kept) and the drift seen, into the log
+sed -n '/^| policy | users/,/^## Where/p' "$OUT/validation/REPORT.md" | grep -v '^## Where' | tee -a "$OUT/checklist.log"
 end=$(date +%s)
 { echo "== done in $((end - start)) s"; echo "command: scripts/gpu_checklist.sh $OUT $MODE"; } | tee -a "$OUT/checklist.log"

@@ -15,7 +15,8 @@ PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "cpu-tiny.json"
 
 def _profile():
     d = json.loads(PROFILE.read_text())
-    d["prefill"].update(seconds_per_token=2e-7, seconds_per_query_key=1e-9, seconds_per_chunk=1.3e-4)
+    d["prefill"].update(seconds_per_token=2e-7, seconds_per_query_key=1e-9, seconds_per_chunk=1.3e-4,
+                        seconds_per_token_per_decode=3e-9, seconds_per_chunk_per_decode=4e-6)
     d["drafters"]["dspark"]["prefill_s_per_token"] = 5e-8          # every term of the step formula is non-zero
     return profile_from_dict(d, source="test")
 

@@ -25,7 +25,8 @@ def _attempt(path):
                         measure=MeasureConfig(contexts=(32, 96, 160), reps=3,
                                               n_reqs=(1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32)))
     df = validate(vc, path, progress=False, log=lambda s: None)
-    return df, df["throughput_rel_err"].abs().median(), df["tps_user_median_rel_err"].abs().median()
+    s = json.loads((path / "summary.json").read_text())["summary"]     # medians over the steady cells
+    return df, s["median_abs_rel_err_throughput"], s["median_abs_rel_err_tps_user_median"]
 
 
 # The 10% wall-time gate is a timed test on a shared 2-core VM. In this session's full-suite runs it failed 3 of 4
@@ -51,10 +52,25 @@ def test_reduced_validation_within_ten_percent(tmp_path):
     if TIMING:
         assert thr <= GATE and usr <= GATE, f"median |rel err| (throughput, per-user) per attempt: {seen}\n{df}"
     assert len(df) == 6 and np.isfinite(df["throughput_rel_err"]).all()
-    for f in ("errors.csv", "REPORT.md", "frontier_overlay.png", "summary.json", "profile.json"):
+    for f in ("errors.csv", "REPORT.md", "frontier_overlay.png", "summary.json", "profile.json",
+              "step_residuals.csv", "residuals_by_shape.csv", "residuals_by_term.csv"):
         assert (out / f).is_file(), f
     s = json.loads((out / "summary.json").read_text())["summary"]
-    assert np.isclose(s["median_abs_rel_err_throughput"], thr)
+    kept = df[df["kept"]] if df["kept"].any() else df
+    assert np.isclose(s["median_abs_rel_err_throughput"], kept["throughput_rel_err"].abs().median())
+    # drift: every real run bracketed by reference timings (6 cells x 2 repeats, >= 1 attempt each, + 1 baseline)
+    d = s["drift"]
+    assert d["kept"] + d["discarded"] >= 12 and len(d["reference_s"]) == d["kept"] + d["discarded"] + 1
+    assert s["profile_drift"]["baseline_s"] == d["baseline_s"]          # the real runs go to the profile's speed
+    # the normalised real figure is the raw one times the run's speed factor
+    np.testing.assert_allclose(df["throughput_real"], df["throughput_real_raw"] * df["speed_factor"], rtol=1e-12)
+    # per-step residuals: every real step, accounting exact against the measured (normalised) step time
+    import pandas as pd
+    st = pd.read_csv(out / "step_residuals.csv")
+    assert len(st) == df["real_steps"].sum()
+    np.testing.assert_allclose(st["dt"] + st["r_total"], st["dt_model"], rtol=1e-7, atol=1e-10)
+    np.testing.assert_allclose(st[["r_verify", "r_context", "r_prefill", "r_per_request", "r_target_other",
+                                   "r_drafter", "r_host_loop"]].sum(axis=1), st["r_total"], atol=1e-10)
     load_profile(str(out / "profile.json"))
 
 

@@ -206,7 +206,7 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
                                 factor=br.factor)
             st.insert(0, "users", users)
             st.insert(0, "policy", pol)
-            st.to_csv(cell / "real" / "residuals.csv", index=False, float_format="%.6g")
+            st.to_csv(cell / "real" / "residuals.csv", index=False, float_format="%.9g")
             resid.append(st)
             row["real_steps"] = int(len(st))
             row["step_time_resid_pct"] = 100 * float(st["r_total"].sum() / st["dt"].sum())
@@ -221,7 +221,7 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
     df = pd.DataFrame(rows)
     df.to_csv(out / "errors.csv", index=False, float_format="%.6g")
     steps = pd.concat(resid, ignore_index=True)
-    steps.to_csv(out / "step_residuals.csv", index=False, float_format="%.6g")
+    steps.to_csv(out / "step_residuals.csv", index=False, float_format="%.9g")   # exact enough to re-add
     shape, term = by_shape(steps), by_term(steps)
     shape.to_csv(out / "residuals_by_shape.csv", index=False, float_format="%.4g")
     term.to_csv(out / "residuals_by_term.csv", index=False, float_format="%.6g")
