@@ -142,10 +142,10 @@ def test_prefill_fit_recovers_the_chunk_cost_growing_with_decoding_requests():
     recs = []
     for n in meas.PREFILL_DECODE_ROWS:
         for c in meas.PREFILL_CHUNKS:
-            for k in (1, 2):
+            for k, pre in ((k, pre) for k in (1, 2) for pre in meas.PREFILL_PREFIXES):
                 M0, kv0 = n * 8, n * 40.0
-                M1, kv1 = M0 + c * k, kv0 + c * k
-                qk = k * c * (c + 1) // 2
+                M1, kv1 = M0 + c * k, kv0 + (pre + c) * k
+                qk = k * (c * pre + c * (c + 1) // 2)           # a chunk after `pre` cached tokens
                 dv = p.verify_time(M1, kv1) - p.verify_time(M0, kv0)
                 add = a * c * k + b * qk + e * k + (tn * c * k + cn * k) * n
                 recs.append({"n_dec": n, "chunk": c, "k": k, "tokens": c * k, "qk": qk, "M0": M0, "M1": M1,
@@ -170,6 +170,7 @@ def test_prefill_fit_recovers_the_chunk_cost_growing_with_decoding_requests():
         pytest.approx(a * 100 + b * 5050 + e * 2, rel=1e-12)
     # one decode-row count only (old raw records): no interaction terms are fitted
     old_recs = [{k: v for k, v in r.items() if k != "n_dec"} for r in recs if r["n_dec"] == 4]
+    assert len({r["qk"] for r in recs}) > len(meas.PREFILL_CHUNKS) * 2    # prefixes make c*s separable from c^2
     assert meas.fit_prefill(old_recs, prof)["seconds_per_chunk_per_decode"] == 0.0
 
 

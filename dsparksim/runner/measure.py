@@ -239,6 +239,7 @@ def reference_probe(target, proxy, ex, drafter: str = "dspark") -> Callable[[], 
 
 
 PREFILL_CHUNKS = (16, 32, 64, 128)
+PREFILL_PREFIXES = (0, 512)         # tokens already cached before the chunk: its c*s query-key pairs
 PREFILL_DECODE_ROWS = (1, 4, 16)   # decoding requests beside the chunks (the chunk cost's n-dependence)
 
 
@@ -246,7 +247,8 @@ def _prefill_cells(target, proxy, ex: ExecutorConfig, K: int, drafter: str, max_
                    live: "LiveDrafters | None" = None) -> list[dict[str, float]]:
     """What prefill chunks add to a step: paired steps of the same n decoding requests (n in PREFILL_DECODE_ROWS,
     all K drafts verified) without and with k chunks of c fresh prompt tokens; medians over ``reps`` pairs after
-    one warm-up pair.
+    one warm-up pair. Each chunk starts after s cached prompt tokens (s in PREFILL_PREFIXES, prefilled untimed), so
+    the fit sees the c*s query-key pairs a chunk of a long prompt attends, not only the c(c+1)/2 of a first chunk.
 
     The differences per timer (target forward, drafter, host) against the verify term's own difference at the two
     M values are what :func:`fit_prefill` fits: the quadratic query-key attention, per-token work (the drafter's
@@ -254,10 +256,11 @@ def _prefill_cells(target, proxy, ex: ExecutorConfig, K: int, drafter: str, max_
     attention group and its bookkeeping).
     """
     recs = []
-    for n, c, k in ((n, c, k) for n in PREFILL_DECODE_ROWS for c in PREFILL_CHUNKS for k in (1, 2)):
+    for n, c, k, s in ((n, c, k, s) for n in PREFILL_DECODE_ROWS for c in PREFILL_CHUNKS for k in (1, 2)
+                       for s in PREFILL_PREFIXES):
         if n * (K + 1) + c * k > max_M:
             continue
-        T = 32 + 2 * (reps + 1) + K + 4 + c
+        T = 32 + 2 * (reps + 1) + K + 4 + c + s
         if live is None:
             exe = Executor(target, proxy, ex, T=T, slots=n + k)
         else:
@@ -265,17 +268,19 @@ def _prefill_cells(target, proxy, ex: ExecutorConfig, K: int, drafter: str, max_
             exe = LiveExecutor(target, live.drafters[drafter], drafter, live.temps[drafter], live.prompts, ex,
                                T=T, slots=n + k, force_reject=True)
         for r in range(n + k):
-            exe.start(r, r, 32 if r < n else c, "chat")
+            exe.start(r, r, 32 if r < n else s + c, "chat")
         none = np.zeros(0, np.int64)
         exe.run_step(none, none, none, none, K, [(r, r, 0, 32) for r in range(n)])     # decode rows' prompts
+        if s:                                                                        # the chunks' cached prefix
+            exe.run_step(none, none, none, none, K, [(r, r, 0, s) for r in range(n, n + k)])
         dec = np.arange(n)
         L = np.full(n, K, np.int64)
-        chunks = [(r, r, 0, c) for r in range(n, n + k)]
+        chunks = [(r, r, s, c) for r in range(n, n + k)]
         rows = []
         for i in range(reps + 1):
             pair = []
             for ch in ([], chunks):
-                kv = sum(exe.cache_len[int(r)] for r in dec) + n * (K + 1) + c * len(ch)
+                kv = sum(exe.cache_len[int(r)] for r in dec) + n * (K + 1) + (s + c) * len(ch)
                 t0 = exe.clock()
                 if live is None:                    # the proxy drafter runs inside execute
                     tm = exe.run_step(dec, dec, L, np.zeros(n, np.int64), K, ch)
@@ -287,7 +292,8 @@ def _prefill_cells(target, proxy, ex: ExecutorConfig, K: int, drafter: str, max_
             if i:
                 rows.append(pair)
         a = np.median(np.array(rows), axis=0)                # (2, 5): without / with the chunks
-        recs.append({"n_dec": n, "chunk": c, "k": k, "tokens": c * k, "qk": k * c * (c + 1) // 2,
+        recs.append({"n_dec": n, "chunk": c, "k": k, "prefix": s, "tokens": c * k,
+                     "qk": k * (c * s + c * (c + 1) // 2),
                      "M0": int(a[0, 3]), "M1": int(a[1, 3]), "kv0": float(a[0, 4]), "kv1": float(a[1, 4]),
                      "d_step": float(a[1, 0] - a[0, 0]), "d_target": float(a[1, 1] - a[0, 1]),
                      "d_draft": float(a[1, 2] - a[0, 2])})
