@@ -1,10 +1,11 @@
 """Simulator vs real: the same workloads, policies and acceptance replayed on the real engine and simulated on
-the profile measured by the same command; a table of relative errors, an overlay plot and an error breakdown.
+the profile measured by the same command; a table of relative errors, an overlay plot and per-step residuals.
 
 Relative error = (simulated - real) / real for output throughput, median per-user tokens/s, mean verify length
-and tau. The breakdown prices every real step with the profile (verify term at the step's M and KV tokens read,
-drafting at its n, floor at its n) and compares with the measured split (t_target, t_draft, t_host), so a
-throughput error can be traced to the term that causes it.
+and tau, the real figures brought to the profile's machine speed by reference-cell timings around every run
+(:mod:`.drift`). Every real step is priced by the profile at its exact shape and compared with its measured split
+(:mod:`.residuals`), by step shape and by cost term, so an error can be traced to the term that causes it.
+Policies that cannot run for real are refused before anything is measured (:func:`precheck`).
 """
 from __future__ import annotations
 
