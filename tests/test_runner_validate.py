@@ -91,4 +91,11 @@ def test_policies_that_cannot_run_for_real_are_refused_before_any_work(tmp_path,
     # a K=5 validation replaying the K=7 sample trace is refused up front too, naming the trace and the fix
     with pytest.raises(ConfigError, match="recorded with K=7.*--acceptance dspark"):
         validate(ValidateConfig(policies=("fixed:5",), K=5), tmp_path / "v", progress=False, log=lambda s: None)
+    # live mode: missing eval prompts are reported before the profile is measured (they were read after it)
+    from dsparksim.errors import InputError
+    from dsparksim.runner.run import RunnerConfig
+    live = RunnerConfig(mode="live", models=str(tmp_path / "models"), prompts_dir=str(tmp_path / "no-prompts"))
+    with pytest.raises((ConfigError, InputError)):
+        validate(ValidateConfig(policies=("confidence",), runner=live), tmp_path / "v", progress=False,
+                 log=lambda s: None)
     assert not (tmp_path / "v").exists()

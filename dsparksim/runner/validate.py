@@ -128,7 +128,10 @@ def precheck(vc: ValidateConfig) -> None:
             raise ConfigError("validate", "policies", f"{spec!r} reads the true accepted length: it exists only in "
                               "the simulator and cannot run on the real engine; drop it (nothing was measured)")
         pol.reset(vc.K, np.random.default_rng(0))        # e.g. fixed:7 at K=5 is refused here, not mid-run
-    if vc.runner.mode != "live":
+    if vc.runner.mode == "live":                         # the eval prompts are read after the profile otherwise
+        from .live import PromptSource
+        PromptSource.from_models(vc.runner.models, vc.runner.prompts_dir)
+    else:
         for spec, K in ((vc.acceptance, vc.K), (vc.mtp1_acceptance, 1)):
             tK = load_acceptance(spec, K).describe().get("trace_K")
             if tK is not None and tK != K:
