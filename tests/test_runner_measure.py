@@ -174,6 +174,12 @@ def test_prefill_fit_recovers_the_chunk_cost_growing_with_decoding_requests():
     assert meas.fit_prefill(old_recs, prof)["seconds_per_chunk_per_decode"] == 0.0
 
 
+def test_prefill_prefixes_span_the_measured_contexts():
+    assert meas.prefill_prefixes((32, 96, 160)) == (0, 512)
+    assert meas.prefill_prefixes((2048, 4096, 6144)) == (0, 6144)
+    assert meas.prefill_prefixes((1024, 8192, 32768)) == (0, meas.PREFIX_CAP)
+
+
 def test_per_request_and_context_shape_diagnostics_match_their_closed_forms():
     ns = np.array([1, 2, 4, 8, 16])
     c = meas.per_request_cost(ns, 2e-4 + 3e-5 * ns)

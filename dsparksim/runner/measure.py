@@ -240,14 +240,21 @@ def reference_probe(target, proxy, ex, drafter: str = "dspark") -> Callable[[], 
 
 PREFILL_CHUNKS = (16, 32, 64, 128)
 PREFILL_PREFIXES = (0, 512)         # tokens already cached before the chunk: its c*s query-key pairs
+PREFIX_CAP = 8192                   # (n + 2) KV slots of this many tokens must fit beside the model (GPU: 8B bf16)
+
+
+def prefill_prefixes(contexts) -> tuple[int, ...]:
+    """Cached-prefix lengths of the prefill cells: 0 and the largest measured context (at least 512, at most
+    PREFIX_CAP), so the query-key slope is fitted over the contexts the profile will price."""
+    return (0, int(min(PREFIX_CAP, max(PREFILL_PREFIXES[1], max(contexts)))))
 PREFILL_DECODE_ROWS = (1, 4, 16)   # decoding requests beside the chunks (the chunk cost's n-dependence)
 
 
 def _prefill_cells(target, proxy, ex: ExecutorConfig, K: int, drafter: str, max_M: int, reps: int,
-                   live: "LiveDrafters | None" = None) -> list[dict[str, float]]:
+                   live: "LiveDrafters | None" = None, prefixes=PREFILL_PREFIXES) -> list[dict[str, float]]:
     """What prefill chunks add to a step: paired steps of the same n decoding requests (n in PREFILL_DECODE_ROWS,
     all K drafts verified) without and with k chunks of c fresh prompt tokens; medians over ``reps`` pairs after
-    one warm-up pair. Each chunk starts after s cached prompt tokens (s in PREFILL_PREFIXES, prefilled untimed), so
+    one warm-up pair. Each chunk starts after s cached prompt tokens (s in ``prefixes``, prefilled untimed), so
     the fit sees the c*s query-key pairs a chunk of a long prompt attends, not only the c(c+1)/2 of a first chunk.
 
     The differences per timer (target forward, drafter, host) against the verify term's own difference at the two
@@ -257,7 +264,7 @@ def _prefill_cells(target, proxy, ex: ExecutorConfig, K: int, drafter: str, max_
     """
     recs = []
     for n, c, k, s in ((n, c, k, s) for n in PREFILL_DECODE_ROWS for c in PREFILL_CHUNKS for k in (1, 2)
-                       for s in PREFILL_PREFIXES):
+                       for s in prefixes):
         if n * (K + 1) + c * k > max_M:
             continue
         T = 32 + 2 * (reps + 1) + K + 4 + c + s
@@ -587,7 +594,7 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
         # paired steps: what prompt chunks add to a step beyond the decode-shaped verify term
         try:
             pf, b = timed(lambda: _prefill_cells(target, proxy, ex, mc.K, mc.block_drafter, prof["verify"]["M"][-1],
-                                                 mc.reps, live), "prefill cells")
+                                                 mc.reps, live, prefill_prefixes(mc.contexts)), "prefill cells")
             pf = normalise_records(pf, b, PREFILL_TIMES)
         except Exception as e:  # noqa: BLE001 - OOM: no prefill term (reported), never a partial one
             if not _is_oom(e):
@@ -607,7 +614,8 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
                            "seconds_per_query_key": pfit["seconds_per_query_key"],
                            "seconds_per_chunk": pfit["seconds_per_chunk"],
                            "note": f"fitted: NNLS over {pfit['cells']} paired steps ({pfit['decode_rows']} decoding "
-                                   f"requests without / with 1-2 prompt chunks of {list(PREFILL_CHUNKS)} tokens) of "
+                                   f"requests without / with 1-2 prompt chunks of {list(PREFILL_CHUNKS)} tokens after "
+                                   f"{list(prefill_prefixes(mc.contexts))} cached prompt tokens) of "
                                    "the added step time beyond the verify term's growth"}
         for k in ("seconds_per_token_per_decode", "seconds_per_chunk_per_decode"):
             if pfit[k] > 0:
@@ -615,7 +623,8 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
         if live is not None:
             prof["drafters"][mc.block_drafter]["prefill_s_per_token"] = pfit["drafter_s_per_token"]
             if "mtp1" in prof["drafters"] and mc.mtp1:
-                pm = _prefill_cells(target, proxy, ex, 1, "mtp1", prof["verify"]["M"][-1], mc.reps, live)
+                pm = _prefill_cells(target, proxy, ex, 1, "mtp1", prof["verify"]["M"][-1], mc.reps, live,
+                                    prefill_prefixes(mc.contexts))
                 prof["drafters"]["mtp1"]["prefill_s_per_token"] = fit_prefill(pm, prof)["drafter_s_per_token"]
         fit["prefill"] = pfit
     mkey = model_key(mcfg, ck, ex.drafter_layers, ex.dtype, live=mc.live_models is not None)
