@@ -298,8 +298,10 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     from dsparksim.frontier import DEFAULT_CONCURRENCY as DEFAULT_LOADS
     from dsparksim.frontier import (DEFAULT_POLICIES, cells, comparison_table, deployment_label, deployments,
                                     frontier_table, run_cells)
+    from dsparksim.frontier_seeds import comparison_with_intervals, seed_means
     from dsparksim.plots import plot_frontier, plot_verify_budget
     from dsparksim.outputs import staged_dir
+    from dsparksim.stats import seed_list
     from dsparksim.policies import make_policy
     from dsparksim.simulate import write_json, write_table
 
@@ -345,7 +347,8 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     base = run_config(args, replicas=deploys[0][0], router=deploys[0][1], **load)
     preflight(base, policies)
     _check_session_routers(base, args.router)
-    cfgs = cells(base, policies, loads, deploys)
+    seeds = seed_list(base.seed, args.seeds)
+    cfgs = cells(base, policies, loads, deploys, seeds=seeds if len(seeds) > 1 else None)
     jobs = args.jobs or min(os.cpu_count() or 1, len(cfgs))
     out = Path(args.out)
     t0 = time.perf_counter()
@@ -353,16 +356,26 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         summaries = run_cells(cfgs, jobs=jobs, on_done=lambda: bar.update(1), backend=args.backend,
                               ray_address=args.ray_address)
     wall = time.perf_counter() - t0
-    df = frontier_table(summaries, cfgs)
-    comp = comparison_table(df, baseline=args.baseline, slas=args.sla or ())
     names = {"config": "config.json", "frontier_csv": "frontier.csv", "comparison_csv": "comparison.csv",
              "frontier_png": "frontier.png", "verify_budget_png": "verify_budget.png"}
-    with staged_dir(out) as d:  # all five files replace OUT together (dsparksim.outputs)
+    extra: dict[str, Any] = {}
+    if len(seeds) > 1:  # per-seed rows, then means with intervals and paired gain intervals
+        per_seed = frontier_table(summaries, cfgs, seeded=True)
+        df = seed_means(per_seed)
+        comp = comparison_with_intervals(df, per_seed, baseline=args.baseline, slas=args.sla or ())
+        names["frontier_seeds_csv"] = "frontier_seeds.csv"
+        extra = {"seeds": seeds, "interval": "95% Student-t over seeds; gains paired per seed"}
+    else:
+        df = frontier_table(summaries, cfgs)
+        comp = comparison_table(df, baseline=args.baseline, slas=args.sla or ())
+    with staged_dir(out) as d:  # all the files replace OUT together (dsparksim.outputs)
         write_json(d / names["config"], {"base_config": base.to_dict(), "policies": policies, "loads": list(loads),
                                          "load_axis": load_name, "replicas": list(args.replicas),
                                          "routers": list(args.router),
                                          "deployments": [deployment_label(*x) for x in deploys],
-                                         "jobs": jobs, "wall_s": round(wall, 2)})
+                                         **extra, "jobs": jobs, "wall_s": round(wall, 2)})
+        if len(seeds) > 1:
+            write_table(d / names["frontier_seeds_csv"], per_seed)
         write_table(d / names["comparison_csv"], comp)
         dep_title = "" if len(deploys) == 1 else f" | {len(deploys)} deployments"
         plot_frontier(df, d / names["frontier_png"], title=f"{base.profile} | {base.acceptance} "
@@ -371,15 +384,17 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         plot_verify_budget(df, d / names["verify_budget_png"], load_name=load_name)
         write_table(d / names["frontier_csv"], df)
     paths = {k: out / v for k, v in names.items()}
-    empty = _empty_cells(df)
+    empty = _empty_cells(per_seed if len(seeds) > 1 else df)  # with seeds: any seed without a finished request
     if empty:
         # Kept in frontier.csv with empty metrics (never Pareto) -- said out loud, never silently left off a plot.
         print(f"dsparksim: warning: {len(empty)} cell(s) finished no request in the measurement window; they stay "
-              f"in frontier.csv with empty metrics and are never Pareto: {', '.join(empty)} (lengthen --duration)",
+              f"in frontier.csv with empty metrics and are never Pareto: {', '.join(empty)} (lengthen --duration)"
+              + ("; a cell's mean over seeds is empty when any of its seeds is" if len(seeds) > 1 else ""),
               file=sys.stderr)
     if not args.quiet:
         deps = f" x {len(deploys)} deployments" if len(deploys) > 1 else ""
-        print(f"{len(cfgs)} cells ({len(policies)} policies{deps} x {len(loads)} loads) in {wall:.1f} s with "
+        reps = f" x {len(seeds)} seeds {seeds[0]}..{seeds[-1]}" if len(seeds) > 1 else ""
+        print(f"{len(cfgs)} cells ({len(policies)} policies{deps} x {len(loads)} loads{reps}) in {wall:.1f} s with "
               f"{jobs} jobs")
         print(_comparison_text(df, comp, args.baseline))
         for k, p in paths.items():
@@ -392,9 +407,12 @@ def _gain_cell(r: Any) -> str:
     g = r["gain_mean"]
     if g is None or g != g:
         return "-" if not r["note"] else "n/a"
+    ci = r.get("gain_lo"), r.get("gain_hi")
+    ci_txt = (f" (CI {100 * ci[0]:+.1f}..{100 * ci[1]:+.1f})" if "gain_lo" in r and all(
+        v is not None and v == v for v in ci) else "")
     if r["range_lo"] == r["range_hi"]:  # a single SLA target: one interpolated value
-        return f"{100 * g:+.0f}%"
-    txt = (f"{100 * g:+.0f}% [{100 * r['gain_min']:+.0f}..{100 * r['gain_max']:+.0f}] "
+        return f"{100 * g:+.0f}%{ci_txt}"
+    txt = (f"{100 * g:+.0f}%{ci_txt} [{100 * r['gain_min']:+.0f}..{100 * r['gain_max']:+.0f}] "
            f"over {r['range_lo']:.4g}-{r['range_hi']:.4g}")
     return txt + (" !" if bool(r.get("narrow_overlap")) else "")
 
@@ -452,7 +470,8 @@ def _empty_cells(df) -> list[str]:
     labels = series_labels(df)
     multi = labels.nunique() > 1
     bad = df[df["num_requests_completed"].fillna(0) <= 0]
-    return [f"{r['policy']}@{r['load']:g}" + (f" ({labels[i]})" if multi else "") for i, r in bad.iterrows()]
+    return [f"{r['policy']}@{r['load']:g}" + (f" seed {r['seed']}" if "seed" in df else "")
+            + (f" ({labels[i]})" if multi else "") for i, r in bad.iterrows()]
 
 
 def _comparison_text(df, comp, baseline: str) -> str:
@@ -495,6 +514,10 @@ def _comparison_text(df, comp, baseline: str) -> str:
     widths = [max(len(r[k]) for r in table) for k in range(len(header))]
     lines = ["  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in enumerate(zip(r, widths))).rstrip()
              for r in table]
+    if "gain_lo" in comp.columns:
+        n = int(comp["n_seeds"].max()) if len(comp) else 0
+        lines.append(f"values are means over {n} seeds; (CI lo..hi): 95% t-interval of the paired per-seed mean "
+                     "gain (each seed's policy frontier vs the baseline's frontier of the same seed, same draws)")
     lines.append("gains: mean [min..max] of (policy / baseline - 1) along the overlap of the two Pareto frontiers, "
                  + ("each policy against the baseline at the same deployment (replicas x router), " if multi else "")
                  + "over the stated range (tok/s for user-speed gains, tok/s/user for throughput gains); "
@@ -534,6 +557,11 @@ def build_parser() -> argparse.ArgumentParser:
                                    "frontier.png, verify_budget.png and config.json.")
     f.add_argument("--policies", default=None, help="comma-separated policy specs [all seven]")
     _add_common(f, frontier=True)
+    f.add_argument("--seeds", type=pos_int, default=1,
+                   help="run every cell with N seeds (--seed, --seed+1, ...), the same seeds for every policy "
+                        "(paired draws); frontier.csv then holds per-cell means with 95%% t-intervals "
+                        "(<metric>_lo, <metric>_hi, n_seeds), frontier_seeds.csv every seed's row, comparison.csv "
+                        "paired per-seed gain intervals, and the plots error bars [%(default)s]")
     f.add_argument("--baseline", default=None,
                    help="policy the gains are measured against [mtp1 if swept, else the first policy]")
     f.add_argument("--slo", "--sla", dest="sla", type=_floats, default=None, action="extend",

@@ -1,4 +1,4 @@
-"""``dsparksim profile show|import|list`` -- inspect and import cost profiles.
+"""``dsparksim profile show|import|list|build`` -- inspect, import and build cost profiles.
 
 The lead's CLI calls :func:`register` with its argparse subparsers object; every subcommand sets ``func``.
 """
@@ -62,7 +62,62 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
     li = sub.add_parser("list", help="list shipped profiles")
     li.set_defaults(func=cmd_list)
+    _register_build(sub)
     return p
+
+
+def _register_build(sub: Any) -> None:
+    b = sub.add_parser("build", help="build a profile analytically from a HF config.json and a GPU datasheet",
+                       description="Analytic cost profile of one engine (one DP rank of --tp GPUs): GEMMs, MoE "
+                                   "experts and fixed MoE costs, attention KV reads, TP all-reduce / EP all-to-all, "
+                                   "LM head, sampling, drafters; efficiencies fitted on measured operator times "
+                                   "(dsparksim/data/efficiency.json). Every input and assumption goes to "
+                                   "metadata.build.")
+    b.add_argument("--model", required=True, metavar="CONFIG.json",
+                   help="Hugging Face config.json (Llama, Qwen/Qwen3, Qwen3-MoE, Mixtral, DeepSeek-V3 keys); "
+                        "shipped ones are in dsparksim/data/models/")
+    b.add_argument("--gpu", required=True, metavar="NAME",
+                   help="A100, H100, H200, H800, H20, B200 or a full name of dsparksim/data/hardware.csv")
+    b.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per engine [1]")
+    b.add_argument("--ep", type=int, default=1, help="expert-parallel degree: experts spread over EP GPUs; must "
+                                                     "divide tp*dp and the routed experts; with --dp > 1 tokens "
+                                                     "reach the experts by all-to-all [1]")
+    b.add_argument("--dp", type=int, default=1, help="data-parallel engines sharing the experts (with --ep); the "
+                                                     "profile prices one of them [1]")
+    b.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp8"), help="weight dtype [bf16]")
+    b.add_argument("--kv-dtype", choices=("bf16", "fp16", "fp8"),
+                   help="KV-cache dtype [bf16 for fp8 weights, else the weight dtype]")
+    b.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="fraction of GPU memory the engine may use, as vLLM's flag [0.9]")
+    b.add_argument("--name", help="profile name (default: built-<gpu>-<model>-<parallelism>)")
+    b.add_argument("--date", help="date written into metadata (default today; fix it for reproducible files)")
+    b.add_argument("--out", required=True, help="profile JSON to write")
+    b.set_defaults(func=cmd_build)
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from dsparksim.analytic.builder import build_profile
+
+    try:
+        out = _check_out(args.out)
+        d = build_profile(args.model, args.gpu, tp=args.tp, ep=args.ep, dp=args.dp, dtype=args.dtype,
+                          kv_dtype=args.kv_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
+                          name=args.name or None, date=args.date)
+        try:
+            save_profile(d, out)
+        except OSError as e:
+            raise InputError(str(out), "--out", f"cannot write the profile: {e.strerror or e}") from None
+    except InputError as e:
+        print(f"dsparksim: error: {e}", file=sys.stderr)
+        return 2
+    md = d["metadata"]
+    v = d["verify"]
+    print(f"wrote {out}: {md['model']} on {md['device']} tp={args.tp} ep={args.ep} dp={args.dp} {args.dtype}; "
+          f"M {v['M'][0]}..{v['M'][-1]}, verify {v['time_s'][0] * 1e3:.2f} ms at M=1, "
+          f"{v['time_s'][-1] * 1e3:.1f} ms at M={v['M'][-1]}")
+    print(f"  kv_capacity_tokens: {md['kv_capacity_tokens']}  max_model_len: {md['max_model_len']}")
+    print(f"  ready: dsparksim run --profile {out}")
+    return 0
 
 
 # ---------------------------------------------------------------------------- show
@@ -108,11 +163,14 @@ def summarize(p: CostProfile) -> dict[str, Any]:
 def format_summary(s: dict[str, Any]) -> str:
     md = s["metadata"]
     lines = [f"profile {s['name']}  ({s['source']})"]
-    for k in ("device", "model", "dtype", "tensor_parallel", "date", "kv_capacity_tokens", "source", "method"):
+    for k in ("device", "model", "dtype", "tensor_parallel", "expert_parallel", "data_parallel", "date",
+              "kv_capacity_tokens", "max_model_len", "source", "method"):
         if k in md:
             lines.append(f"  {k:<18} {md[k]}")
     if s["has_derivation"]:
         lines.append("  derivation         in metadata.derivation (profile show --json omits it; read the JSON)")
+    if s["metadata"].get("build"):
+        lines.append("  build              in metadata.build: inputs, efficiency fit, GPU figures, assumptions with sources")
     for k in ("import_notes", "missing"):
         for n in md.get(k, []):
             lines.append(f"  {k:<18} {n}")

@@ -1,4 +1,4 @@
-"""CLI: `dsparksim sweep | capacity | regress` (sweeps from a TOML spec; see dsparksim/sweep/)."""
+"""CLI: `dsparksim sweep | capacity | regress | plan` (sweeps from a TOML spec; see dsparksim/sweep/)."""
 from __future__ import annotations
 
 import argparse
@@ -56,7 +56,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec)
     st = capacity_settings(spec, load=args.load, min=args.min, max=args.max, tolerance=args.tolerance,
-                           slo=args.slo, require_unsaturated=False if args.allow_saturated else None)
+                           slo=args.slo, require_unsaturated=False if args.allow_saturated else None,
+                           seeds=args.seeds)
     out = check_out_dir(args.out, "--out", replace=False)  # before any probe runs
     out.mkdir(parents=True, exist_ok=True)
     res = capacity_search(spec, st, out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
@@ -70,6 +71,12 @@ def cmd_capacity(args: argparse.Namespace) -> int:
               f"{' and not saturated' if st.require_unsaturated else ''}; {st.load} in [{st.lo:g}, {st.hi:g}], "
               f"tolerance {st.tolerance:g}")
         print(table.to_string(index=False))
+        if st.seeds > 1:
+            print(f"capacity: mean over {st.seeds} seeds of each seed's own search; capacity_lo..capacity_hi: its "
+                  f"95% t-interval (none unless every seed's search ended inside the range)")
+        else:
+            print("one seed: the capacity is known to within its bracket only; --seeds N states its spread over "
+                  "seeds (a 95% interval)")
         print(f"  capacity.json {out / 'capacity.json'} (with the search trace)")
         print(f"  capacity.csv  {out / 'capacity.csv'}")
     return 1 if (table["status"] == "error").any() else 0
@@ -79,14 +86,14 @@ def cmd_regress(args: argparse.Namespace) -> int:
     from dsparksim.sweep.regress import regress
 
     ok, text, _ = regress(args.baseline, spec_path=args.spec, backend=args.backend, workers=args.workers,
-                          ray_address=args.ray_address, update=args.update)
+                          ray_address=args.ray_address, update=args.update, exact=args.exact)
     print(text, file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1
 
 
 def register(subparsers) -> None:
     """Add `sweep`, `capacity` and `regress` to the dsparksim CLI."""
-    from dsparksim.config import pos_float
+    from dsparksim.config import pos_float, pos_int
     s = subparsers.add_parser("sweep", help="run every cell of a TOML sweep spec (cached, resumable)",
                               description="Run the cross product of a sweep spec's axes. Finished cells are cached "
                                           "by content hash in OUT/cells and skipped on a rerun (an interrupted sweep "
@@ -116,15 +123,28 @@ def register(subparsers) -> None:
     c.add_argument("--tolerance", type=pos_float, default=None,
                    help="stop when the bracket is this narrow [1 for concurrency, (max-min)/100 otherwise]")
     c.add_argument("--allow-saturated", action="store_true", help="let a saturated run meet the SLO")
+    c.add_argument("--seeds", type=pos_int, default=None,
+                   help="search every group once per seed (the spec's seed, seed+1, ...; same seeds for every "
+                        "group): capacity is the mean of the per-seed capacities with a 95%% t-interval "
+                        "(capacity_lo, capacity_hi) [spec's capacity.seeds, else 1]")
     _backend_args(c)
     c.set_defaults(func=cmd_capacity)
 
     r = subparsers.add_parser("regress", help="recompute a fixed sweep and compare frontiers with a baseline",
-                              description="Recompute the baseline's sweep (no cache) and compare every frontier "
-                                          "point and matched gain within the baseline's stated tolerances; exit 1 "
-                                          "with a per-policy diff if anything moved.")
+                              description="Recompute the baseline's sweep (no cache) over its seeds and compare "
+                                          "every frontier point and matched gain: flagged when |new - baseline| "
+                                          "exceeds both runs' 95%% t-interval half-widths over the seeds plus a "
+                                          "floor (atol + rtol*|baseline|; gains: gain_atol); exit 1 with a "
+                                          "per-policy diff if anything moved beyond that.")
     r.add_argument("--baseline", required=True, help="baseline JSON, e.g. tests/golden/regress_baseline.json")
     r.add_argument("--spec", default=None, help="sweep spec [the one the baseline names]")
     r.add_argument("--update", action="store_true", help="(re)write the baseline from the current results")
+    r.add_argument("--exact", action="store_true",
+                   help="tolerance is the floor alone (rtol/atol/gain_atol), not the seed intervals: on the same "
+                        "seeds a deterministic simulator reproduces the baseline to the last bit, so any change "
+                        "at all is flagged")
     _backend_args(r)
     r.set_defaults(func=cmd_regress)
+
+    from dsparksim.plan.command import register as register_plan
+    register_plan(subparsers, _backend_args)

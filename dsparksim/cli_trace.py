@@ -18,7 +18,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("trace", help="acceptance traces: inspect recorded or simulated draft blocks")
     sub = p.add_subparsers(dest="trace_cmd", metavar="{inspect}")
     sub.required = True
-    q = sub.add_parser("inspect", help="metadata, tau, per-position acceptance (95%% CI), confidence ECE/AUC",
+    q = sub.add_parser("inspect", help="metadata, tau, per-position acceptance (95%% CI), confidence ECE/AUC (per position: DeepSpec's)",
                        description="TARGET is a trace file (.csv, .csv.gz, .parquet) or an acceptance spec "
                                    "(dspark, dflash, eagle3, mtp1, tau:X, vllm:PATH, sglang:PATH; specs are "
                                    "simulated).")
@@ -84,6 +84,8 @@ def render_text(s: dict) -> str:
         lines.append("model: " + json.dumps(_clean(keep)))
         lines.append("simulated: " + json.dumps(s["simulation"]))
     lines.append(f"CI: {s['ci_method']}; ECE: {s['ece_definition']}")
+    if s.get("per_position_definition"):
+        lines.append(f"per position ECE_k / AUC_k: {s['per_position_definition']}")
     lines.append("")
     lines.append(f"{'domain':<7}{'requests':>9}{'blocks':>9}  {'tau (all K verified) [95% CI]':<32}{'ECE':>7}"
                  f"{'meanAUC':>9}")
@@ -93,14 +95,17 @@ def render_text(s: dict) -> str:
     for d, v in s["domains"].items():
         lines.append("")
         lines.append(f"[{d}] per position: conditional acceptance P(k | 1..k-1 accepted)")
-        lines.append(f"  {'k':>2}{'at risk':>9}{'cond.acc':>10}  {'95% CI':<16}{'mean conf':>10}{'AUC':>7}")
+        lines.append(f"  {'k':>2}{'at risk':>9}{'cond.acc':>10}  {'95% CI':<16}{'mean conf':>10}{'AUC':>7}"
+                     f"{'ECE_k':>8}{'AUC_k':>8}")
         for p in v["positions"]:
             ci = f"[{_fmt(p['ci95'][0])}, {_fmt(p['ci95'][1])}]"
             auc = v["auc_by_position"].get(p["k"], v["auc_by_position"].get(str(p["k"])))
             lines.append(f"  {p['k']:>2}{p['at_risk']:>9}{_fmt(p['conditional']):>10}  {ci:<16}"
-                         f"{_fmt(p['mean_conf_at_risk']):>10}{_fmt(auc):>7}")
+                         f"{_fmt(p['mean_conf_at_risk']):>10}{_fmt(auc):>7}{_fmt(p.get('ece_survival')):>8}"
+                         f"{_fmt(p.get('auc_survival')):>8}")
     lines.append("")
-    lines.append("mean conf = mean conf_k over blocks at risk at k (comparable to the conditional acceptance)")
+    lines.append("mean conf = mean conf_k over blocks at risk at k (comparable to the conditional acceptance); AUC = "
+                 "conditional conf_k among blocks at risk at k; ECE_k / AUC_k = survival, DeepSpec's definitions")
     return "\n".join(lines)
 
 

@@ -10,6 +10,15 @@ Each replica is one SimPy process that runs the step contract with :class:`~dspa
 rank plans its own batch, and the step takes as long as the slowest rank (max of the ranks' prices), which is
 what DP imbalance in context and verify lengths costs. The router assigns requests to ranks.
 
+KV memory (``kv_policy``): ``"reserve"`` reserves prompt + output + K at admission (never preempts);
+``"paged"`` allocates pages as tokens are written and preempts by recompute (see :mod:`dsparksim.engine`). The
+result counts preemptions and recomputed tokens per request (``SimResult.preemptions``/``recomputed_tokens``).
+
+Disaggregated (``disaggregated=True``): every engine is decode-only. An arriving request that can be served first
+goes through the prefill pool (:class:`dsparksim.disagg.PrefillPool`: ``prefill_replicas`` FIFO instances, then
+the KV transfer); when its KV lands it is routed to a decode engine and its first token counts as delivered then.
+TTFT = queue + prefill + transfer, reported per request (``SimResult.ttft_queue_s`` etc.).
+
 Stop rules: ``duration_s`` stops the clock there (requests still running are reported as not completed; a step
 that would end after it never completes); ``num_requests`` issues that many requests and runs until all of them
 finish. Exactly one must be given.
@@ -74,6 +83,14 @@ class SimResult:
     dp_rank: np.ndarray | None = None        # per request: DP rank inside its replica (-1 = never routed)
     replicas: int = 1
     dp_ranks: int = 1
+    kv_policy: str = "reserve"
+    kv_page_tokens: int = 0                   # paged KV: tokens per page
+    preemptions: np.ndarray | None = None     # per request: times preempted (paged KV)
+    recomputed_tokens: np.ndarray | None = None  # per request: KV tokens discarded by preemption, computed again
+    disaggregated: bool = False
+    ttft_queue_s: np.ndarray | None = None    # per request (disaggregated): prefill-pool queueing
+    ttft_prefill_s: np.ndarray | None = None  # per request (disaggregated): prefill time
+    ttft_transfer_s: np.ndarray | None = None  # per request (disaggregated): KV transfer time
 
     @property
     def completed(self) -> np.ndarray:
@@ -97,6 +114,9 @@ class SimResult:
         per_req = {k: getattr(self, k)[keep] for k in (
             "arrival_s", "admitted_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
             "emitted_tokens", "decode_steps", "verify_tokens", "accepted_tokens", "domain")}
+        for k in ("preemptions", "recomputed_tokens", "ttft_queue_s", "ttft_prefill_s", "ttft_transfer_s"):
+            v = getattr(self, k)
+            per_req[k] = None if v is None else v[keep]
         return SimResult(**per_req, steps={k: v[sk] for k, v in self.steps.items()}, sim_time_s=self.sim_time_s,
                          ended_by=self.ended_by, kv_capacity_tokens=self.kv_capacity_tokens,
                          max_batched_tokens=self.max_batched_tokens, block_size=self.block_size,
@@ -105,7 +125,8 @@ class SimResult:
                          step_accepted_per_pos=(None if self.step_accepted_per_pos is None
                                                 else self.step_accepted_per_pos[sk]),
                          replica=self.replica[keep], dp_rank=None if self.dp_rank is None else self.dp_rank[keep],
-                         replicas=1, dp_ranks=self.dp_ranks)
+                         replicas=1, dp_ranks=self.dp_ranks, kv_policy=self.kv_policy,
+                         kv_page_tokens=self.kv_page_tokens, disaggregated=self.disaggregated)
 
 
 class Simulation:
@@ -118,6 +139,10 @@ class Simulation:
     step contract with :class:`CostExecutor` on the profile's clock; the real runner steps on a measured clock).
     It returns an object with a ``run()`` generator (the process) and a ``wake`` attribute: None, or the event the
     process waits on while nothing runs, which the cluster triggers when a request is routed to those engines.
+
+    ``kv_policy`` ("reserve" | "paged"), ``kv_page_tokens`` and ``kv_watermark``: the engines' KV memory.
+    ``disaggregated`` with ``prefill_replicas``, ``kv_transfer_gbps`` (Gbit/s) and ``kv_bytes_per_token``: decode-only
+    engines behind a prefill pool (see the module doc).
     """
 
     def __init__(
@@ -144,6 +169,13 @@ class Simulation:
         router: str = "round-robin",
         router_seed: int = 0,
         driver_factory: Callable[[simpy.Environment, list[Engine]], Any] | None = None,
+        kv_policy: str = "reserve",
+        kv_page_tokens: int = 16,
+        kv_watermark: float = 0.01,
+        disaggregated: bool = False,
+        prefill_replicas: int = 1,
+        kv_transfer_gbps: float | None = None,
+        kv_bytes_per_token: float | None = None,
     ) -> None:
         if (duration_s is None) == (num_requests is None):
             raise ConfigError("config", "duration_s/num_requests", "give exactly one of duration or number of requests")
@@ -162,6 +194,30 @@ class Simulation:
                               f"{max_batched_tokens} cannot hold even one request's 1+K={1 + K} verify tokens")
         if streams is None and rng is None:
             raise ValueError("Simulation needs streams (keyed, paired draws) or rng")
+        if kv_policy not in ("paged", "reserve"):
+            raise ConfigError("config", "kv_policy", f"expected 'paged' or 'reserve', got {kv_policy!r}")
+        if isinstance(kv_page_tokens, bool) or not isinstance(kv_page_tokens, (int, np.integer)) or kv_page_tokens < 1:
+            raise ConfigError("config", "kv_page_tokens", f"must be an integer >= 1, got {kv_page_tokens!r}")
+        if not 0 <= kv_watermark < 1:
+            raise ConfigError("config", "kv_watermark", f"must be a fraction in [0, 1), got {kv_watermark!r}")
+        if kv_policy == "paged" and int(kv_capacity_tokens) < kv_page_tokens:
+            raise ConfigError("config", "kv_capacity_tokens", f"{kv_capacity_tokens} KV tokens hold no page of "
+                              f"{kv_page_tokens} tokens")
+        self.kv_policy, self.kv_page_tokens = kv_policy, int(kv_page_tokens)
+        self.disagg = bool(disaggregated)
+        self.pool = None
+        if self.disagg:
+            from dsparksim.disagg import PrefillPool, kv_transfer_terms
+
+            _count_ok = not isinstance(prefill_replicas, bool) and isinstance(prefill_replicas, (int, np.integer))
+            if not _count_ok or prefill_replicas < 1:
+                raise ConfigError("config", "prefill_replicas", f"must be an integer >= 1, got {prefill_replicas!r}")
+            gbps, bpt = kv_transfer_terms(profile, kv_transfer_gbps, kv_bytes_per_token)
+            self.notes_kv = {"kv_transfer_gbps": gbps, "kv_bytes_per_token": bpt}
+            self.pool = PrefillPool(profile=profile, drafter=drafter, K=K, replicas=int(prefill_replicas),
+                                    chunk_tokens=min(int(prefill_chunk_tokens), int(max_batched_tokens)),
+                                    gbps=gbps, bytes_per_token=bpt)
+        self.in_prefill = 0   # requests in the prefill pool or on the link (disaggregated)
         self.wl, self.K, self.drafter, self.policy = workload, K, drafter, policy
         self.duration, self.num_requests, self.progress = duration_s, num_requests, progress
         self.kv_cap, self.max_tokens = int(kv_capacity_tokens), int(max_batched_tokens)
@@ -183,14 +239,15 @@ class Simulation:
                 kv_capacity_tokens=kv_capacity_tokens, max_num_seqs=max_num_seqs,
                 max_batched_tokens=max_batched_tokens, prefill_chunk_tokens=prefill_chunk_tokens, streams=streams,
                 rng=rng, index=e, rank=e % self.dp_ranks, slot_base=e * int(max_num_seqs),
-                max_model_len=self.max_model_len))
+                max_model_len=self.max_model_len, kv_policy=kv_policy, kv_page_tokens=int(kv_page_tokens),
+                kv_watermark=float(kv_watermark), disaggregated=self.disagg))
         self.router = make_router(router, n_eng, seed=router_seed)
         if getattr(self.router, "needs_session", False) and not self._has_sessions():
             raise ConfigError("config", "router", f"router '{router}' needs session or prefix ids, which this "
                               "workload does not carry (Mooncake traces carry hash_ids)")
         self.executor = CostExecutor()
         self.driver_factory = driver_factory
-        self.notes: dict[str, Any] = {}
+        self.notes: dict[str, Any] = dict(self.notes_kv) if self.disagg else {}
         self.issued = 0
         self.n_rejected = 0
         self._reject_streak = 0
@@ -237,6 +294,27 @@ class Simulation:
             self._reject_streak += 1
             return False
         self._reject_streak = 0
+        if self.pool is not None:
+            # disaggregated: the prefill pool first; the request reaches a decode engine when its KV lands
+            q, pf, tx = self.pool.serve(t, int(r.prompt[row]))
+            r.ttft_q[row], r.ttft_pf[row], r.ttft_tx[row] = q, pf, tx
+            self.in_prefill += 1
+            if self.in_prefill > MAX_WAITING:
+                raise ConfigError("config", "traffic", f"{self.in_prefill:,} requests wait in the prefill pool at "
+                                  f"t={t:.3f}s, above the limit of {MAX_WAITING:,}: the prefill pool is far past "
+                                  "saturation (add --prefill-replicas or lower the load)")
+            ev = self.env.timeout(q + pf + tx)
+            ev.callbacks.append(lambda _ev, row=row: self._route(row, self.env.now))
+            return True
+        self._route(row, t)
+        return True
+
+    def _route(self, row: int, t: float) -> None:
+        """Put servable request ``row`` into its engine's inbox at ``t`` (disaggregated: its first token now)."""
+        r = self.req
+        if self.pool is not None:
+            self.in_prefill -= 1
+            r.first_tok[row] = t
         e = self.router.route(row, self.engines, r)
         eng = self.engines[e]
         eng.inbox.put(row)
@@ -248,7 +326,6 @@ class Simulation:
                               f"t={t:.3f}s, above the limit of {MAX_WAITING:,}: the load is far past saturation "
                               + ("(lower --concurrency)" if self.wl.closed_loop else
                                  "(lower --rate / --time-scale, or shorten the run)"))
-        return True
 
     def _issue_user(self, t: float) -> None:
         """Closed loop: a free user sends requests until one is queued (rejected ones are answered at once)."""
@@ -257,8 +334,9 @@ class Simulation:
                 return
             if self._issue(self.issued, t):
                 return
+            idle = not self.in_prefill and not any(e.outstanding for e in self.engines)
             if self._reject_streak >= MAX_REJECT_STREAK or (self.n_admitted == 0 and self.n_rejected >= 1000
-                                                            and not any(e.outstanding for e in self.engines)):
+                                                            and idle):
                 self._nothing_fits()
 
     def _nothing_fits(self) -> None:
@@ -294,7 +372,7 @@ class Simulation:
 
     def _maybe_done(self) -> None:
         """Count-bound runs (and a closed-loop pool that ran dry) end when nothing is left to serve."""
-        if self._done.triggered or any(e.outstanding for e in self.engines):
+        if self._done.triggered or self.in_prefill or any(e.outstanding for e in self.engines):
             return
         more = (self.n_rows is None or self.issued < self.n_rows) and self.req.load(self.issued)
         if more:
@@ -398,7 +476,12 @@ class Simulation:
             step_accepted_per_pos=(np.vstack(pos) if pos else np.zeros((0, self.K), np.int64)),
             replica=np.where(eng_idx >= 0, eng_idx // self.dp_ranks, -1).astype(np.int64),
             dp_rank=np.where(eng_idx >= 0, eng_idx % self.dp_ranks, -1).astype(np.int64),
-            replicas=self.replicas, dp_ranks=self.dp_ranks,
+            replicas=self.replicas, dp_ranks=self.dp_ranks, kv_policy=self.kv_policy,
+            kv_page_tokens=self.kv_page_tokens if self.kv_policy == "paged" else 0,
+            preemptions=r.preempt[:m].copy(), recomputed_tokens=r.recomp[:m].copy(), disaggregated=self.disagg,
+            ttft_queue_s=r.ttft_q[:m].copy() if self.disagg else None,
+            ttft_prefill_s=r.ttft_pf[:m].copy() if self.disagg else None,
+            ttft_transfer_s=r.ttft_tx[:m].copy() if self.disagg else None,
         )
 
 

@@ -199,6 +199,14 @@ class EngineConfig:
     replicas:            identical engine replicas behind a router (each with this configuration).
     router:              how requests are spread over the replicas (one of ``dsparksim.routers.ROUTER_NAMES``).
     dp_ranks:            data-parallel attention ranks of one MoE engine, stepped in lockstep.
+    kv_policy:           KV memory: "paged" (pages taken as tokens are written, preemption by recompute, as vLLM)
+                         or "reserve" (prompt + output + K reserved at admission, never preempts).
+    kv_page_tokens:      tokens per KV page (paged).
+    kv_watermark:        fraction of KV pages admission keeps free (paged; vLLM's 0.01).
+    disaggregated:       decode-only engines behind a prefill pool (dsparksim.disagg).
+    prefill_replicas:    prefill instances of the pool (disaggregated).
+    kv_transfer_gbps:    prefill -> decode link bandwidth in Gbit/s (disaggregated; required there).
+    kv_bytes_per_token:  KV bytes per token shipped (disaggregated); None = the profile's metadata value.
     """
 
     block_size: int = option(
@@ -221,6 +229,26 @@ class EngineConfig:
                          help="how requests are spread over the replicas (and DP ranks): %(choices)s [%(default)s]")
     dp_ranks: int = option(1, "--dp-ranks", parse=pos_int, kinds=INT, metavar="R",
                            help="data-parallel attention ranks stepped in lockstep (one MoE engine) [%(default)s]")
+    kv_policy: str = option("paged", "--kv-policy", choices=("paged", "reserve"), metavar="POLICY",
+                            help="KV memory: paged (pages taken as tokens are written; when a step cannot get its "
+                                 "pages the most recently admitted request is preempted and recomputed, as vLLM) "
+                                 "or reserve (prompt+output+K reserved at admission, never preempts) [%(default)s]")
+    kv_page_tokens: int = option(16, "--kv-page-tokens", parse=pos_int, kinds=INT, metavar="N",
+                                 help="tokens per KV page with --kv-policy paged (vLLM's --block-size) [%(default)s]")
+    kv_watermark: float = option(0.01, "--kv-watermark", parse=nonneg_float, kinds=NUM, metavar="FRAC",
+                                 help="fraction of KV pages admission keeps free with --kv-policy paged (vLLM's "
+                                      "watermark) [%(default)s]")
+    disaggregated: bool = option(False, "--disaggregated", switch=True, kinds=BOOL,
+                                 help="decode-only engines: a prefill pool builds each prompt's KV and ships it "
+                                      "(TTFT = pool queueing + prefill + KV transfer; needs --kv-transfer-gbps)")
+    prefill_replicas: int = option(1, "--prefill-replicas", parse=pos_int, kinds=INT, metavar="N",
+                                   help="prefill instances with --disaggregated (FIFO, one request at a time) "
+                                        "[%(default)s]")
+    kv_transfer_gbps: float | None = option(None, "--kv-transfer-gbps", parse=pos_float, kinds=NUM, metavar="GBIT",
+                                            help="prefill -> decode KV link bandwidth in Gbit/s (--disaggregated)")
+    kv_bytes_per_token: float | None = option(
+        None, "--kv-bytes-per-token", parse=pos_float, kinds=NUM, metavar="B",
+        help="KV bytes per token shipped with --disaggregated [the profile's metadata.kv_bytes_per_token]")
 
     def __post_init__(self) -> None:
         if not 1 <= self.block_size <= 15:
@@ -238,6 +266,23 @@ class EngineConfig:
         if self.router not in names:
             raise ConfigError("config", "router", f"expected one of {', '.join(names)}, got {self.router!r}")
         _count("dp_ranks", self.dp_ranks, MAX_ENGINES)
+        if self.kv_policy not in ("paged", "reserve"):
+            raise ConfigError("config", "kv_policy", f"expected 'paged' or 'reserve', got {self.kv_policy!r}")
+        _count("kv_page_tokens", self.kv_page_tokens)
+        if isinstance(self.kv_watermark, bool) or not (isinstance(self.kv_watermark, (int, float))
+                                                       and 0 <= self.kv_watermark < 1):
+            raise ConfigError("config", "kv_watermark", f"must be a fraction in [0, 1), got {self.kv_watermark!r}")
+        _count("prefill_replicas", self.prefill_replicas, MAX_ENGINES)
+        for name in ("kv_transfer_gbps", "kv_bytes_per_token"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                                  or v <= 0):
+                raise ConfigError("config", name, f"must be a finite number > 0, got {v!r}")
+        if not self.disaggregated and (self.prefill_replicas != 1 or self.kv_transfer_gbps is not None
+                                       or self.kv_bytes_per_token is not None):
+            raise ConfigError("config", "disaggregated", "--prefill-replicas, --kv-transfer-gbps and "
+                              "--kv-bytes-per-token describe the prefill pool of a --disaggregated run; "
+                              "add --disaggregated or drop them")
         if self.replicas * self.dp_ranks > MAX_ENGINES:
             raise ConfigError("config", "replicas", f"replicas x dp_ranks = {self.replicas} x {self.dp_ranks} = "
                               f"{self.replicas * self.dp_ranks} engines, above the limit of {MAX_ENGINES}")
@@ -256,6 +301,10 @@ class RunConfig:
                                   "acceptance-trace file, vllm:PATH, sglang:PATH or tau:X [%(default)s]")
     mtp1_acceptance: str = option("mtp1", "--mtp1-acceptance",
                                   help="acceptance source the mtp1 baseline runs with [%(default)s]")
+    confidence: str = option("sts", "--confidence", choices=("sts", "raw"), metavar="{sts,raw}",
+                             help="confidences the policies see from a parametric acceptance source: sts = the "
+                                  "raw head after the simulator's sequential temperature scaling, raw = "
+                                  "uncalibrated (ECE ~5%%); acceptance itself is identical [%(default)s]")
     engine: EngineConfig = field(default_factory=EngineConfig)
     traffic: Any = None  # dsparksim.traffic.TrafficConfig (kept Any so this module stays import-light)
     # None = 10% of duration for duration-bound runs, 0 for count-bound runs
@@ -265,6 +314,8 @@ class RunConfig:
     seed: int = option(0, "--seed", parse=nonneg_int, kinds=INT, group="", help="random seed [%(default)s]")
 
     def __post_init__(self) -> None:
+        if self.confidence not in ("sts", "raw"):
+            raise ConfigError("config", "confidence", f"expected 'sts' or 'raw', got {self.confidence!r}")
         if self.warmup_s is not None and not (math.isfinite(self.warmup_s) and self.warmup_s >= 0):
             raise ConfigError("config", "warmup_s", f"must be a finite number >= 0, got {self.warmup_s}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:

@@ -12,10 +12,41 @@ The public step contract, shared by the simulator and the torch runner::
 :class:`CostExecutor` (here) prices a plan on a cost profile; the runner's executors run torch. All per-request
 work inside a step is numpy over the running requests (no Python event per token).
 
-KV admission is conservative: a request is admitted only when its prompt + full output + K draft slots fit in the
-free KV capacity, so the cache can never overflow and nothing is ever preempted (stated in results). A request
-that can never be served (prompt + output beyond ``max_model_len``, or prompt + output + K beyond the whole KV
-capacity) is rejected on arrival by the cluster (:mod:`dsparksim.cluster`), as vLLM answers 400.
+KV memory, two policies (``kv_policy``):
+
+* ``"paged"`` (the run default, as vLLM): the cache is ``kv_capacity_tokens // page_tokens`` pages of
+  ``page_tokens`` tokens. Admission (FIFO) takes the pages of the request's prompt (plus, after a preemption, its
+  already generated tokens) and keeps at least ``watermark`` x pages free unless nothing runs (vLLM's block manager:
+  ``watermark=0.01``, ``watermark_blocks = int(watermark * num_gpu_blocks)``, a prompt is admitted only if
+  ``free - required >= watermark_blocks``; vllm/core/block_manager.py). Before each step every decoding request
+  holds ``ceil((context + K) / page_tokens)`` pages (context = prompt + generated tokens; the step's K draft slots
+  are written too, as vLLM V1's lookahead slots). When the step cannot get its pages the most recently admitted
+  running request is preempted by recompute (vLLM V1 ``self.running.pop()``): its pages are freed, it re-queues at
+  the FRONT of the waiting queue, and when readmitted it re-prefills prompt + already generated tokens (the last
+  chunk's forward emits its next token). Nothing is admitted in a step that preempted (vLLM V1 schedules waiting
+  requests only when no running one was preempted). Counted per request: preemptions and recomputed tokens (the
+  KV tokens each preemption discarded).
+* ``"reserve"`` (the pre-paging behaviour, bit for bit): a request is admitted only when its prompt + full output
+  + K draft slots fit in the unreserved KV capacity, so nothing is ever preempted.
+
+:class:`Engine` and :class:`~dsparksim.cluster.Simulation` default to ``"reserve"`` (the real runner's fixed KV
+slots); a run's :class:`~dsparksim.config.EngineConfig` defaults to ``"paged"``. Paged steps log ``kv_pages`` (pages
+held, never above the capacity: checked every step) and ``preempted``; ``kv_used`` is then the pages' tokens.
+
+A request that can never be served (prompt + output beyond ``max_model_len``, or prompt + output + K beyond the
+whole KV capacity -- in pages when paged) is rejected on arrival by the cluster (:mod:`dsparksim.cluster`), as
+vLLM answers 400.
+
+Disaggregated (``disaggregated=True``, decode-only engines): a request reaches the engine with its prompt's KV built
+by the prefill pool (:mod:`dsparksim.disagg`) and its first token already streamed; admission makes it decode at
+once (no prefill chunk in any step), except a request preempted here, which re-prefills locally by recompute. Its
+first token is counted in the ``emitted`` column of this engine's next step.
+
+Long context: with the profile's ``seconds_per_query_kv`` (attention block) a step also pays that much per
+query-key pair of its decoding requests' attention: request i, with context c_i and L_i verified drafts, runs
+1 + L_i queries over its cache, (1 + L_i) * c_i + L_i (L_i + 1) / 2 pairs (``StepPlan.decode_qk``). The policy
+prices candidate M with every extra verified token at the decoding requests' mean context (a 1-D price in M, the
+paper's SPS(B)); the step itself is priced with the exact pairs.
 
 Randomness: with ``streams`` (:class:`dsparksim.streams.RequestStreams`) the confidences and true accepted prefix
 of request i's j-th decode step are a pure function of (seed, i, j), whichever engine, policy or load serves it.
@@ -37,6 +68,10 @@ from dsparksim.streams import RequestStreams
 # Why a request was rejected on arrival (SimResult.reject_reason; 0 = not rejected).
 REJECT_REASONS = {1: "max_model_len", 2: "kv_capacity"}
 R_LEN, R_KV = 1, 2
+KV_POLICIES = ("paged", "reserve")
+# vLLM's admission watermark (vllm/core/block_manager.py, CacheConfig.watermark): 1% of the KV pages stay free.
+DEFAULT_WATERMARK = 0.01
+DEFAULT_PAGE_TOKENS = 16    # vLLM's default --block-size (KV page) on CUDA
 LOG_KEYS = ("t_start", "dt", "n_decode", "n_prefill_tokens", "M", "verify_tokens", "emitted", "decode_emitted",
             "n_waiting", "n_running", "kv_used", "kv_read", "drafts", "accepted")
 
@@ -55,6 +90,9 @@ class StepPlan:
     kv_read:       context tokens read (prefilled + generated of every running request, + this step's chunks)
     prefill_qk:    query-key pairs of the prefill chunks' causal attention
     predicted_s:   the cost profile's price of exactly this step
+    decode_qk:     query-key pairs of the decoding rows' attention (long-context term; see the module doc)
+    preempted:     rows preempted (paged KV) since the previous plan, to make room for this step; None = none
+    kv_pages:      KV pages held after this step's allocation (paged KV; 0 under reserve)
     """
 
     decode: np.ndarray
@@ -70,6 +108,9 @@ class StepPlan:
     K: int
     predicted_s: float
     n_running: int = 0
+    decode_qk: int = 0
+    preempted: np.ndarray | None = None
+    kv_pages: int = 0
 
     @property
     def n_decode(self) -> int:
@@ -111,9 +152,27 @@ class Engine:
                  drafter: str, kv_capacity_tokens: int, max_num_seqs: int, max_batched_tokens: int,
                  prefill_chunk_tokens: int, streams: RequestStreams | None = None,
                  rng: np.random.Generator | None = None, index: int = 0, rank: int = 0, slot_base: int = 0,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None, kv_policy: str = "reserve",
+                 kv_page_tokens: int = DEFAULT_PAGE_TOKENS, kv_watermark: float = DEFAULT_WATERMARK,
+                 disaggregated: bool = False) -> None:
         if streams is None and rng is None:
             raise ValueError("Engine needs keyed streams or a Generator for its acceptance draws")
+        if kv_policy not in KV_POLICIES:
+            raise ValueError(f"kv_policy must be one of {KV_POLICIES}, got {kv_policy!r}")
+        if int(kv_page_tokens) < 1 or not 0 <= kv_watermark < 1:
+            raise ValueError(f"need kv_page_tokens >= 1 and 0 <= kv_watermark < 1, got {kv_page_tokens}, "
+                             f"{kv_watermark}")
+        self.paged, self.disagg = kv_policy == "paged", bool(disaggregated)
+        self.kv_policy = kv_policy
+        self.page = int(kv_page_tokens)
+        self.n_pages = int(kv_capacity_tokens) // self.page
+        self.wm_pages = int(kv_watermark * self.n_pages)
+        self.pages_used = 0
+        self.n_preemptions = 0
+        self._preempted: list[int] = []
+        self._first_pending = 0   # disaggregated: first tokens (made by the prefill pool) not yet logged
+        # long-context attention: seconds per query-key pair of the decoding rows (absent = 0: priced as before)
+        self._qk = float(getattr(profile, "seconds_per_query_kv", 0.0) or 0.0)
         self.req, self.profile, self.acc, self.policy = table, profile, acceptance, policy
         self.K, self.drafter = int(K), drafter
         self.kv_cap, self.max_seqs = int(kv_capacity_tokens), int(max_num_seqs)
@@ -157,7 +216,19 @@ class Engine:
         r.phase[row] = WAITING
         r.replica[row] = self.index
         self.waiting.append(row)
-        self.waiting_need += int(r.prompt[row] + r.out[row]) + self.K
+        self.waiting_need += self._need(row)
+
+    def _need(self, row: int) -> int:
+        """KV tokens request ``row`` takes at admission: prompt + output + K (reserve); the pages of its prompt and
+        regenerated tokens (paged)."""
+        r = self.req
+        if self.paged:
+            return self.pages_for(int(r.prompt[row] + r.regen[row])) * self.page
+        return int(r.prompt[row] + r.out[row]) + self.K
+
+    def pages_for(self, tokens: Any) -> Any:
+        """KV pages that hold ``tokens`` tokens (ceil)."""
+        return -(-tokens // self.page)
 
     @property
     def outstanding(self) -> int:
@@ -166,7 +237,9 @@ class Engine:
 
     @property
     def free_kv(self) -> int:
-        """KV tokens neither reserved by running requests nor needed by queued ones."""
+        """KV tokens neither reserved (paged: held in pages) by running requests nor needed by queued ones."""
+        if self.paged:
+            return (self.n_pages - self.pages_used) * self.page - self.waiting_need
         return self.kv_cap - self.kv_reserved - self.waiting_need
 
     def reject_reason(self, row: int) -> int:
@@ -174,28 +247,53 @@ class Engine:
         total = int(self.req.prompt[row] + self.req.out[row])
         if self.max_model_len is not None and total > self.max_model_len:
             return R_LEN
-        if total + self.K > self.kv_cap:
+        if (self.pages_for(total + self.K) > self.n_pages) if self.paged else (total + self.K > self.kv_cap):
             return R_KV
         return 0
 
     def admit(self, now: float) -> list[int]:
-        """Admit waiting requests FIFO while KV, slots and the token budget allow; returns the rows admitted."""
+        """Admit waiting requests FIFO while KV, slots and the token budget allow; returns the rows admitted.
+        Paged KV: first gives the running requests their next step's pages (preempting if needed; a step that
+        preempted admits nothing)."""
         K, r = self.K, self.req
         new: list[int] = []
+        if self.paged and self._grow_pages():
+            return new
+        done1: list[int] = []
         while self.waiting and self.free_slots:
             row = self.waiting[0]
-            need = int(r.prompt[row] + r.out[row] + K)
-            if self.kv_reserved + need > self.kv_cap:
-                break  # FIFO: the head waits for KV; nothing behind it jumps the queue
+            if self.paged:
+                need = self._need(row)
+                pages, free = need // self.page, self.n_pages - self.pages_used
+                # the watermark keeps headroom for the running requests' growth; alone, a request may use it all
+                if pages > free or (self.running and free - pages < self.wm_pages):
+                    break
+            else:
+                need = int(r.prompt[row] + r.out[row] + K)
+                if self.kv_reserved + need > self.kv_cap:
+                    break  # FIFO: the head waits for KV; nothing behind it jumps the queue
             if (len(self.running) + 1) * (1 + K) > self.max_tokens:
                 break
             self.waiting.popleft()
             self.waiting_need -= need
-            self.kv_reserved += need
+            if self.paged:
+                r.pages[row] = pages
+                self.pages_used += pages
+            else:
+                self.kv_reserved += need
             slot = self.free_slots.pop()
             r.slot_of[row] = slot
             r.phase[row] = PREFILL
-            r.admitted[row] = now
+            if r.preempt[row] == 0:
+                r.admitted[row] = now       # first admission (a preempted request keeps its own)
+                if self.disagg:
+                    # the prefill pool built the prompt's KV and streamed the first token (cluster set first_tok)
+                    r.phase[row] = DECODE
+                    r.prefilled[row] = r.prompt[row]
+                    r.gen[row] = 1
+                    self._first_pending += 1
+                    if r.out[row] == 1:
+                        done1.append(row)
             self.n_admitted += 1
             self.running.append(row)
             new.append(row)
@@ -207,7 +305,49 @@ class Engine:
             self.acc.start(r.slot_of[rows], r.domain[rows], rng)
             for cb in self.on_admit:
                 cb(new)
+        if done1:
+            self._finish(np.array(done1, np.int64), now)
         return new
+
+    # ---------------------------------------------------------------- paged KV
+    def _grow_pages(self) -> bool:
+        """Paged KV: give every decoding request the pages of its context + K draft slots, preempting the most
+        recently admitted running request while they do not fit; True if any request was preempted."""
+        r = self.req
+        preempted = False
+        while self.running:
+            run = self.running_rows()
+            dec = run[r.phase[run] == DECODE]
+            want = self.pages_for(r.prefilled[dec] + r.gen[dec] - r.regen[dec] + self.K)
+            grow = np.maximum(want - r.pages[dec], 0)
+            need = int(grow.sum())
+            if need <= self.n_pages - self.pages_used:
+                r.pages[dec] += grow
+                self.pages_used += need
+                break
+            self._preempt(self.running[-1])
+            preempted = True
+        if self.pages_used > self.n_pages:   # the invariant the property tests check step by step
+            raise RuntimeError(f"KV pages overflow: {self.pages_used} > {self.n_pages}")
+        return preempted
+
+    def _preempt(self, row: int) -> None:
+        """Preempt running request ``row`` by recompute: free its pages and slot, re-queue it at the front."""
+        r = self.req
+        r.recomp[row] += int(r.prefilled[row] + r.gen[row] - r.regen[row])   # KV tokens thrown away
+        r.preempt[row] += 1
+        self.n_preemptions += 1
+        self.pages_used -= int(r.pages[row])
+        r.pages[row] = 0
+        self.running.remove(row)
+        self._run_arr = None
+        self.free_slots.append(int(r.slot_of[row]))
+        r.regen[row] = r.gen[row]            # re-prefill prompt + every token generated so far
+        r.prefilled[row] = 0
+        r.phase[row] = WAITING
+        self.waiting.appendleft(row)
+        self.waiting_need += self._need(row)
+        self._preempted.append(row)
 
     def skip_prefill(self, rows: np.ndarray, contexts: np.ndarray, now: float) -> None:
         """Mark admitted requests ``rows`` (running, nothing prefilled yet) as fully prefilled with ``contexts``
@@ -219,6 +359,8 @@ class Engine:
         ctx = np.asarray(contexts, np.int64)
         if rows.shape != ctx.shape or rows.ndim != 1:
             raise ValueError(f"skip_prefill: {rows.shape} rows but {ctx.shape} contexts")
+        if self.paged:
+            raise ValueError("skip_prefill: supported with kv_policy 'reserve' only")
         if not set(rows.tolist()) <= set(self.running):
             raise ValueError("skip_prefill: every row must be running on this engine")
         if (r.phase[rows] != PREFILL).any() or r.prefilled[rows].any() or (ctx < 1).any() or (r.out[rows] < 2).any():
@@ -252,7 +394,8 @@ class Engine:
     def step_cost(self, n_dec: int, kv_read: int, n_pf: int, pf_qk: int, n_chunks: int
                   ) -> Callable[[np.ndarray], np.ndarray]:
         """Vectorised price of this step as a function of M: the profile's verify_time(M, context) +
-        step_overhead(drafting of n_dec requests, prefill terms) -- the formula lives in the profile."""
+        step_overhead(drafting of n_dec requests, prefill terms) -- the formula lives in the profile.
+        The long-context query-key term is added by :meth:`plan_step` (it depends on each row's length)."""
         prof = self.profile
         nontrim = prof.step_overhead(self.drafter, n_dec, self.K, n_pf, pf_qk, n_chunks)
         dense = self._dense
@@ -283,6 +426,8 @@ class Engine:
     def plan_step(self, draft: Callable[[np.ndarray, np.ndarray], Block] | None = None) -> StepPlan | None:
         """Plan the next step over the running requests (None if none runs). ``draft(rows, slots)`` replaces the
         acceptance draw (the live runner drafts for real and leaves ``true_accepted`` None)."""
+        if self.paged:
+            self._grow_pages()
         if not self.running:
             return None
         K, r = self.K, self.req
@@ -299,14 +444,23 @@ class Engine:
                 if budget <= 0:
                     break
                 done = int(r.prefilled[row])
-                c = int(min(r.prompt[row] - done, budget))
+                c = int(min(r.prompt[row] + r.regen[row] - done, budget))
                 chunks.append((int(row), int(r.slot_of[row]), done, c))
                 budget -= c
                 n_pf += c
                 # prefill beyond the verify term: the quadratic query-key part of the chunk's causal attention
                 pf_qk += c * done + c * (c + 1) // 2
-        kv_read = int(r.prefilled[run].sum() + r.gen[run].sum()) + n_pf
-        step_time = self.step_cost(n_dec, kv_read, n_pf, pf_qk, len(chunks))
+        kv_read = int(r.prefilled[run].sum() + r.gen[run].sum() - r.regen[run].sum()) + n_pf
+        step_time = base_time = self.step_cost(n_dec, kv_read, n_pf, pf_qk, len(chunks))
+        dctx = None
+        if self._qk and n_dec:
+            # long context: the policy prices each extra verified token at the decoding rows' mean context
+            dctx = r.prefilled[dec] + r.gen[dec] - r.regen[dec]
+            qk0, per, m0, sq = int(dctx.sum()), float(dctx.mean()), n_dec + n_pf, self._qk
+
+            def with_qk(M: np.ndarray) -> np.ndarray:
+                return base_time(M) + sq * (qk0 + (np.asarray(M) - m0) * per)
+            step_time = with_qk
         L = np.zeros(0, np.int64)
         conf = A = None
         slots = r.slot_of[dec]
@@ -323,12 +477,21 @@ class Engine:
         M = n_dec + n_pf + int(L.sum())
         if M > self.max_tokens:
             raise RuntimeError(f"policy {self.policy.spec} exceeded the token budget: M={M} > {self.max_tokens}")
-        dt = float(step_time(np.array([M]))[0])
+        dec_qk = 0
+        if dctx is not None:
+            n = 1 + L
+            dec_qk = int((n * dctx).sum() + (L * (L + 1) // 2).sum())
+            dt = float(base_time(np.array([M]))[0]) + self._qk * dec_qk
+        else:
+            dt = float(step_time(np.array([M]))[0])
         if not dt > 0:
             raise RuntimeError(f"non-positive step time {dt} at M={M}")
+        pre = None
+        if self._preempted:
+            pre, self._preempted = np.array(self._preempted, np.int64), []
         return StepPlan(decode=dec, slots=slots, verify=L, conf=conf, true_accepted=A, prefill=chunks, M=M,
                         n_prefill=n_pf, kv_read=kv_read, prefill_qk=pf_qk, K=K, predicted_s=dt,
-                        n_running=len(run))
+                        n_running=len(run), decode_qk=dec_qk, preempted=pre, kv_pages=self.pages_used)
 
     def apply(self, plan: StepPlan, outcome: StepOutcome, now: float) -> np.ndarray:
         """Apply an executed step at time ``now`` (its end): emit tokens, advance prefills, finish requests.
@@ -359,14 +522,19 @@ class Engine:
         outcome.decode_emitted = emitted
         for row, _slot, _done, c in plan.prefill:
             r.prefilled[row] += c
-            if r.prefilled[row] == r.prompt[row]:
-                # The last prefill chunk's forward produces the first output token.
+            if r.prefilled[row] == r.prompt[row] + r.regen[row]:
+                # The last prefill chunk's forward produces the first output token (after a preemption: the
+                # next one; the first token's time stays).
                 r.phase[row] = DECODE
-                r.first_tok[row] = now
-                r.gen[row] = 1
+                if r.regen[row] == 0:
+                    r.first_tok[row] = now
+                r.gen[row] += 1
                 emitted += 1
-                if r.out[row] == 1:
+                if r.gen[row] >= r.out[row]:
                     finished.append(np.array([row]))
+        if self._first_pending:
+            emitted += self._first_pending
+            self._first_pending = 0
         outcome.emitted = emitted
         done = np.concatenate(finished) if finished else np.zeros(0, np.int64)
         if len(done):
@@ -386,7 +554,12 @@ class Engine:
         lg["decode_emitted"].append(outcome.decode_emitted)
         lg["n_waiting"].append(len(self.waiting))
         lg["n_running"].append(plan.n_running)
-        lg["kv_used"].append(plan.kv_read + plan.n_running * self.K)
+        if self.paged:
+            lg["kv_used"].append(plan.kv_pages * self.page)    # tokens held in pages
+            lg.setdefault("kv_pages", []).append(plan.kv_pages)
+            lg.setdefault("preempted", []).append(0 if plan.preempted is None else len(plan.preempted))
+        else:
+            lg["kv_used"].append(plan.kv_read + plan.n_running * self.K)
         lg["kv_read"].append(plan.kv_read)
         lg["drafts"].append(outcome.drafts)
         lg["accepted"].append(outcome.accepted_total)
@@ -404,7 +577,11 @@ class Engine:
             done = set(rows.tolist())
             self.running = [x for x in self.running if x not in done]
         self._run_arr = None
-        self.kv_reserved -= int((r.prompt[rows] + r.out[rows]).sum()) + K * len(rows)
+        if self.paged:
+            self.pages_used -= int(r.pages[rows].sum())
+            r.pages[rows] = 0
+        else:
+            self.kv_reserved -= int((r.prompt[rows] + r.out[rows]).sum()) + K * len(rows)
         self.free_slots.extend(r.slot_of[rows].tolist())
         for cb in self.on_finish:
             cb(rows, now)

@@ -32,10 +32,13 @@ def deployments(replicas: Sequence[int], routers: Sequence[str]) -> list[Deploym
 
 
 def cells(base: RunConfig, policies: Sequence[str], loads: Sequence[float],
-          deploys: Sequence[Deployment] | None = None) -> list[RunConfig]:
+          deploys: Sequence[Deployment] | None = None, seeds: Sequence[int] | None = None) -> list[RunConfig]:
     """One RunConfig per deployment x policy x load level (deployment outermost; ``None``: the base's own).
     The load replaces concurrency (closed loop), rate (open loop) or time scale (trace); it is the load on the
-    whole deployment, which the router spreads over its replicas."""
+    whole deployment, which the router spreads over its replicas. With ``seeds`` every cell is repeated once per
+    seed (innermost), the same seeds for every policy, so policies are compared on paired draws."""
+    if seeds is not None:
+        return [c.replace(seed=int(s)) for c in cells(base, policies, loads, deploys) for s in seeds]
     out = []
     for dep in deploys or [(base.engine.replicas, base.engine.router)]:
         b = base
@@ -113,9 +116,12 @@ def _with_deployment(df: pd.DataFrame, cfgs: Sequence[RunConfig] | None = None) 
     return df
 
 
-def frontier_table(summaries: list[dict[str, Any]], cfgs: Sequence[RunConfig] | None = None) -> pd.DataFrame:
+def frontier_table(summaries: list[dict[str, Any]], cfgs: Sequence[RunConfig] | None = None,
+                   seeded: bool = False) -> pd.DataFrame:
     """frontier.csv: one row per deployment x policy x load with the summary fields, ``replicas`` and ``router``
     (from ``cfgs``, the cells' configs, when given) and a Pareto flag computed per series (deployment, policy).
+    ``seeded``: the cells are repeated over seeds (frontier_seeds.csv): a leading ``seed`` column from ``cfgs``,
+    Pareto flags per series and seed.
 
     Nested summary fields (``saturation_detail``, ``per_replica``) are left out. Saturated points are kept and
     marked but never Pareto-efficient: past saturation the numbers depend on how
@@ -125,9 +131,16 @@ def frontier_table(summaries: list[dict[str, Any]], cfgs: Sequence[RunConfig] | 
     # one cell, and a column that only multi-replica cells had would move with the order of the cells.
     df = pd.DataFrame([{k: v for k, v in s.items() if not isinstance(v, (dict, list, tuple))} for s in summaries])
     df = _with_deployment(df, cfgs)
+    if cfgs is not None and seeded:
+        df.insert(0, "seed", [c.seed for c in cfgs])
+    return _mark_pareto(df, SERIES + (("seed",) if seeded else ()))
+
+
+def _mark_pareto(df: pd.DataFrame, series: Sequence[str]) -> pd.DataFrame:
+    """``df`` with its ``pareto`` column (re)computed per ``series`` group; saturated points are never Pareto."""
     df["pareto"] = False
     sat = df["saturated"].fillna(False).astype(bool) if "saturated" in df else pd.Series(False, index=df.index)
-    for _, g in df.groupby(list(SERIES), sort=False):
+    for _, g in df.groupby(list(series), sort=False):
         m = pareto_mask(g[X].to_numpy(float), g[Y].to_numpy(float), ~sat[g.index].to_numpy(bool))
         df.loc[g.index, "pareto"] = m
     return df

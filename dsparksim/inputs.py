@@ -100,11 +100,11 @@ def resolve_inputs(cfg: RunConfig, *, profile=None, acceptance: Callable[[Any, i
         acc, spec = acceptance(policy, K), "live"
     else:
         spec = acceptance_spec(cfg, policy)
-        key = ("acceptance", spec, K)
+        key = ("acceptance", spec, K, cfg.confidence)
         if cache is not None and key in cache:
             acc = cache[key]
         else:
-            acc = load_acceptance(spec, K)
+            acc = load_acceptance(spec, K, confidence=cfg.confidence)
             if cache is not None:
                 cache[key] = acc
     drafter = policy.drafter or cfg.engine.drafter or acc.drafter

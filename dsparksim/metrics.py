@@ -70,6 +70,13 @@ def per_request_table(res: SimResult) -> pd.DataFrame:
         "mean_verify_len": mean_vl,
         "tau": tau,
     }
+    if res.kv_policy == "paged" and res.preemptions is not None:
+        cols["preemptions"] = res.preemptions              # times preempted (paged KV, recompute)
+        cols["recomputed_tokens"] = res.recomputed_tokens  # KV tokens its preemptions discarded
+    if res.disaggregated and res.ttft_queue_s is not None:
+        cols["ttft_queue_s"] = res.ttft_queue_s            # prefill-pool queueing
+        cols["ttft_prefill_s"] = res.ttft_prefill_s        # prefill time
+        cols["ttft_transfer_s"] = res.ttft_transfer_s      # KV transfer
     if res.replica is not None:
         cols["replica"] = res.replica          # -1: rejected on arrival, never routed
         cols["dp_rank"] = res.dp_rank if res.dp_rank is not None else np.where(res.replica >= 0, 0, -1)
@@ -216,6 +223,7 @@ def summarize(res: SimResult, *, policy: str, load: Any, warmup_s: float, closed
         "e2e_p99_s": _pct(done["e2e_s"].to_numpy(), 99),
         "mean_verify_len": float(st["verify_tokens"][in_win].sum() / dec_steps) if dec_steps else float("nan"),
         "tau": _tau(st, in_win, dec_steps),
+        "tau_unclipped": _tau_unclipped(st, in_win, dec_steps),
         "mean_batch_tokens": _mean(st["M"][in_win].astype(float)),
         "mean_running": _mean(st["n_running"][in_win].astype(float)),
         "num_steps": int(in_win.sum()),
@@ -228,6 +236,19 @@ def summarize(res: SimResult, *, policy: str, load: Any, warmup_s: float, closed
         "replicas": int(res.replicas),
         "dp_ranks": int(res.dp_ranks),
     }
+    if res.kv_policy == "paged" and res.preemptions is not None:
+        # whole-run counts (not windowed): every preemption and the KV tokens it threw away
+        s.update(kv_policy="paged", kv_page_tokens=int(res.kv_page_tokens),
+                 kv_peak_used_pages=int(st["kv_pages"].max()) if len(st.get("kv_pages", ())) else 0,
+                 num_preemptions=int(res.preemptions.sum()),
+                 num_requests_preempted=int((res.preemptions > 0).sum()),
+                 recomputed_tokens=int(res.recomputed_tokens.sum()))
+    if res.disaggregated and res.ttft_queue_s is not None:
+        s["disaggregated"] = True
+        for part in ("queue", "prefill", "transfer"):
+            x = done[f"ttft_{part}_s"].to_numpy()
+            s[f"ttft_{part}_mean_s"], s[f"ttft_{part}_median_s"] = _mean(x), _pct(x, 50)
+            s[f"ttft_{part}_p99_s"] = _pct(x, 99)
     if res.replicas > 1:
         # Per-replica view of the same window: how evenly the router spread the load.
         s["per_replica"] = [_replica_summary(res.for_replica(r), r, warmup_s, closed_loop)
@@ -246,6 +267,15 @@ def _replica_summary(res: SimResult, r: int, warmup_s: float, closed_loop: bool)
 def _tau(st: dict[str, np.ndarray], in_win: np.ndarray, dec_steps: float) -> float:
     """Tokens emitted per decoding request per decode step (first tokens from prefill excluded)."""
     return float(st["decode_emitted"][in_win].sum() / dec_steps) if dec_steps else float("nan")
+
+
+def _tau_unclipped(st: dict[str, np.ndarray], in_win: np.ndarray, dec_steps: float) -> float:
+    """Accepted prefix + bonus per decoding request per decode step, sum(a + 1) / steps, before the last step of
+    each request is clipped at its output length (``tau`` counts only the tokens emitted). a = min(verified, true
+    accepted prefix), so this is the acceptance length DeepSpec's evaluator pools over proposals."""
+    if not dec_steps or "accepted" not in st:      # a step log without accepted counts (hand-built results)
+        return float("nan")
+    return float((np.asarray(st["accepted"])[in_win].sum() + dec_steps) / dec_steps)
 
 
 def _clean(v: Any) -> Any:

@@ -9,6 +9,7 @@ import hashlib
 from pathlib import Path
 from typing import Iterable
 
+import numpy as np
 import pandas as pd
 # Figures are built without pyplot: no GUI backend is needed to save them, and importing this module does not
 # switch the backend of a notebook that displays them (matplotlib.use("Agg") here would hide inline plots).
@@ -70,6 +71,29 @@ def _series(df: pd.DataFrame):
             yield pol, dep, ls, mk, f"{pol} | {dep}", g
 
 
+def _error_bars(ax, g: pd.DataFrame, x: str, y: str, color: str, gid: str) -> bool:
+    """Error bars from a multi-seed frontier's ``<col>_lo``/``<col>_hi`` columns (x and/or y); False if none."""
+    def err(c: str):
+        if f"{c}_lo" not in g or f"{c}_hi" not in g:
+            return None
+        v, lo, hi = (pd.to_numeric(g[k], errors="coerce").to_numpy(float) for k in (c, f"{c}_lo", f"{c}_hi"))
+        return np.vstack([v - lo, hi - v])
+
+    xe, ye = err(x), err(y)
+    if xe is None and ye is None:
+        return False
+    ok = np.isfinite(pd.to_numeric(g[x], errors="coerce").to_numpy(float)) & np.isfinite(
+        pd.to_numeric(g[y], errors="coerce").to_numpy(float))
+    for e in (xe, ye):
+        if e is not None:
+            ok &= np.isfinite(e).all(axis=0)
+    if not ok.any():
+        return False
+    ax.errorbar(g[x][ok], g[y][ok], xerr=None if xe is None else xe[:, ok], yerr=None if ye is None else ye[:, ok],
+                fmt="none", ecolor=color, elinewidth=0.8, capsize=2, alpha=0.6, gid=gid)
+    return True
+
+
 def frontier_figure(df: pd.DataFrame, title: str = "", slas: Iterable[float] = (),
                     load_name: str = "load") -> Figure:
     """Per-user tokens/s vs total output throughput: Pareto lines, dominated points faded, saturated ones as x,
@@ -77,7 +101,7 @@ def frontier_figure(df: pd.DataFrame, title: str = "", slas: Iterable[float] = (
     colour = policy, line style and marker = deployment (replicas x router) when there are several."""
     fig = Figure(figsize=(9, 6), dpi=120)
     ax = fig.subplots()
-    multi = False
+    multi = bars = False
     for pol, dep, ls, mk, name, g in _series(df):
         multi |= dep is not None
         col = policy_color(pol)
@@ -90,6 +114,7 @@ def frontier_figure(df: pd.DataFrame, title: str = "", slas: Iterable[float] = (
         ax.scatter(rest[X], rest[Y], s=14, alpha=0.3, color=col, marker=mk, gid=f"dominated:{sid}")
         sat = g[sat_m]
         ax.scatter(sat[X], sat[Y], s=32, marker="x", alpha=0.8, color=col, gid=f"saturated:{sid}")
+        bars |= _error_bars(ax, g, X, Y, col, f"ci:{sid}")
         for r in g.itertuples(index=False):
             xv, yv = getattr(r, X), getattr(r, Y)
             if pd.notna(xv) and pd.notna(yv):
@@ -120,6 +145,10 @@ def frontier_figure(df: pd.DataFrame, title: str = "", slas: Iterable[float] = (
                 Line2D([], [], color="0.4", marker="x", ls="", label="x: saturated (never Pareto)")]
     if any(True for _ in slas):
         handles.append(Line2D([], [], color="tab:red", ls=":", label="dotted: SLA target"))
+    if bars:
+        n = int(pd.to_numeric(df["n_seeds"]).max()) if "n_seeds" in df else 0
+        handles.append(Line2D([], [], color="0.4", marker="|", lw=0.8,
+                              label=f"bars: 95% t-interval of the mean over {n} seeds"))
     handles.append(Line2D([], [], ls="", label=f"numbers: {load_name}"))
     ax.legend(handles=handles, fontsize=7, loc="best")
     fig.tight_layout()
@@ -141,6 +170,7 @@ def verify_budget_figure(df: pd.DataFrame, load_name: str = "load") -> Figure:
         g = g.sort_values("load")
         ax.plot(g["load"], g["mean_verify_len"], marker=mk, ms=4, label=name, color=policy_color(pol),
                 ls=ls, gid=f"verify:{name if dep is None else f'{pol}@{dep}'}")
+        _error_bars(ax, g, "load", "mean_verify_len", policy_color(pol), f"ci:{name}")
     ax.set_xscale("log", base=2)
     _plain(ax, "x")
     _plain(ax, "y")

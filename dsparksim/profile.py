@@ -16,7 +16,8 @@ JSON format ``dsparksim-profile/1`` (also documented in profiles/README.md)::
                 "time_s": [float > 0, one per M]},                  # 1-D staircase
        or     {"M": [...], "kv_tokens": [int, strictly increasing, first 0],
                "time_s": [[one per M] for each kv_tokens row]},     # 2-D: context axis
-     "attention": {"model": "kv_bandwidth", "seconds_per_kv_token": float >= 0, "note": str},  # optional
+     "attention": {"model": "kv_bandwidth", "seconds_per_kv_token": float >= 0, "note": str,   # optional
+                   "seconds_per_query_kv": float >= 0},                # optional, long-context term
      "prefill": {"seconds_per_token": float >= 0, "seconds_per_query_key": float >= 0,
                  "seconds_per_chunk": float >= 0, "note": str,                 # optional
                  "seconds_per_token_per_decode": float >= 0,                   # optional inside prefill
@@ -45,6 +46,9 @@ Semantics:
   * Context: a 2-D table (``context_model == "table"``) floors on both axes; a ``kv_bandwidth`` attention
     term (``"linear"``) adds ``seconds_per_kv_token * kv_tokens``; otherwise (``"none"``) kv_tokens is unused.
     The two cannot be combined (that would count attention twice).
+  * Long context (optional ``attention.seconds_per_query_kv``, absent = 0): the engine adds that much per
+    query-key pair of its decoding requests (request i with context c_i verifying L_i drafts runs 1 + L_i queries
+    over its cache: (1 + L_i) c_i + L_i (L_i + 1) / 2 pairs), so verified tokens cost more in long requests.
   * Prefill (optional): a step's prefill chunks cost, beyond the verify term at the step's M,
     ``seconds_per_token * prefill_tokens + seconds_per_query_key * query_key_pairs + seconds_per_chunk * chunks``
     (a chunk of c tokens starting after s cached ones attends c*s + c(c+1)/2 query-key pairs: the quadratic part
@@ -174,6 +178,7 @@ class CostProfile:
     prefill_s_per_token_per_decode: float = 0.0
     prefill_s_per_chunk_per_decode: float = 0.0
     prefill_note: str | None = None       # None = the profile has no prefill term
+    seconds_per_query_kv: float = 0.0     # long-context attention term per decode query-key pair
     _extrap: _ExtrapolationLog = field(default_factory=_ExtrapolationLog, repr=False, compare=False)
     # Per-copy caches of the hot per-step lookups (not init: every copy, e.g. with_extrapolation, starts empty).
     _memo: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -581,13 +586,18 @@ def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False)
                                           f"({len(kv)}), got {n}")
         T = np.stack([c.times(row, f"verify.time_s[{r}]", len(M)) for r, row in enumerate(t_raw)])
 
-    spk, att_note = None, ""
+    spk, att_note, sqk = None, "", 0.0
     att = c.get(d, "attention", required=False)
     if att is not None:
         model = c.get(att, "model", "attention.")
         if model != "kv_bandwidth":
             raise c.fail("attention.model", f"expected 'kv_bandwidth', got {model!r}")
+        bad = sorted(set(att) - {"model", "seconds_per_kv_token", "seconds_per_query_kv", "note"})
+        if bad:
+            raise c.fail(f"attention.{bad[0]}", "unknown key (allowed: model, seconds_per_kv_token, "
+                                                "seconds_per_query_kv, note)")
         spk = c.number(c.get(att, "seconds_per_kv_token", "attention."), "attention.seconds_per_kv_token")
+        sqk = c.number(att.get("seconds_per_query_kv", 0.0), "attention.seconds_per_query_kv")
         att_note = str(att.get("note", ""))
         if kv is not None:
             raise c.fail("attention", "a profile with a 2-D verify table (verify.kv_tokens) already prices context; "
@@ -649,7 +659,7 @@ def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False)
                        batch_overhead=bo, drafters=drafters, source=source, extrapolate=bool(extrapolate),
                        attention_note=att_note, prefill_s_per_token=pf_tok, prefill_s_per_query_key=pf_qk,
                        prefill_s_per_chunk=pf_ch, prefill_s_per_token_per_decode=pf_tn,
-                       prefill_s_per_chunk_per_decode=pf_cn, prefill_note=pf_note)
+                       prefill_s_per_chunk_per_decode=pf_cn, prefill_note=pf_note, seconds_per_query_kv=sqk)
 
 
 def profile_to_dict(p: CostProfile) -> dict[str, Any]:
@@ -664,6 +674,8 @@ def profile_to_dict(p: CostProfile) -> dict[str, Any]:
     if p.seconds_per_kv_token is not None:
         out["attention"] = {"model": "kv_bandwidth", "seconds_per_kv_token": float(p.seconds_per_kv_token),
                             "note": p.attention_note}
+        if p.seconds_per_query_kv:
+            out["attention"]["seconds_per_query_kv"] = float(p.seconds_per_query_kv)
     if p.prefill_note is not None:
         out["prefill"] = {"seconds_per_token": float(p.prefill_s_per_token),
                           "seconds_per_query_key": float(p.prefill_s_per_query_key),

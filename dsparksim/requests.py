@@ -3,6 +3,11 @@
 Requests are loaded from the workload lazily, block by block, and the arrays grow geometrically, so memory follows
 the requests issued, not users x duration. Every engine of a cluster reads and writes the rows of the requests
 routed to it; the row index is the request's stable id (policy history, keyed random streams, result tables).
+
+Paged KV (:mod:`dsparksim.engine`) adds: ``regen`` generated tokens a preempted request re-prefills (its prefill
+target is prompt + regen; its context is prefilled + gen - regen), ``pages`` KV pages held, ``preempt`` times
+preempted, ``recomp`` KV tokens discarded by preemption (computed again). Disaggregated runs add the TTFT parts
+``ttft_q`` (prefill-pool queueing), ``ttft_pf`` (prefill) and ``ttft_tx`` (KV transfer), in seconds.
 """
 from __future__ import annotations
 
@@ -19,12 +24,15 @@ class RequestTable:
     """Growable per-request arrays (see the module doc); ``n_rows`` caps the rows (None = unbounded)."""
 
     GROWN = ("phase", "arrival", "admitted", "first_tok", "finish", "prompt", "out", "prefilled", "gen", "dsteps",
-             "vtok", "atok", "slot_of", "reject", "domain", "arr_time", "replica", "key", "session")
+             "vtok", "atok", "slot_of", "reject", "domain", "arr_time", "replica", "key", "session",
+             "regen", "pages", "preempt", "recomp", "ttft_q", "ttft_pf", "ttft_tx")
     _FILL = {"arrival": np.nan, "admitted": np.nan, "first_tok": np.nan, "finish": np.nan, "slot_of": -1,
-             "arr_time": np.nan, "replica": -1, "session": -1}
+             "arr_time": np.nan, "replica": -1, "session": -1, "ttft_q": np.nan, "ttft_pf": np.nan,
+             "ttft_tx": np.nan}
     _DTYPE = {"phase": np.int8, "prompt": np.int64, "out": np.int64, "prefilled": np.int64, "gen": np.int64,
               "dsteps": np.int64, "vtok": np.int64, "atok": np.int64, "slot_of": np.int64, "reject": np.int8,
-              "domain": object, "replica": np.int32, "key": np.uint64, "session": np.int64}
+              "domain": object, "replica": np.int32, "key": np.uint64, "session": np.int64, "regen": np.int64,
+              "pages": np.int64, "preempt": np.int64, "recomp": np.int64}
 
     def __init__(self, workload: Workload, n_rows: int | None, streams: RequestStreams | None) -> None:
         self.wl = workload

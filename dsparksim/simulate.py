@@ -72,11 +72,20 @@ def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None) ->
                      streams=rngs["acceptance"], duration_s=duration, num_requests=t.num_requests,
                      progress=progress, max_model_len=max_model_len(profile),
                      replicas=getattr(cfg.engine, "replicas", 1), dp_ranks=getattr(cfg.engine, "dp_ranks", 1),
-                     router=getattr(cfg.engine, "router", "round-robin"), router_seed=cfg.seed)
+                     router=getattr(cfg.engine, "router", "round-robin"), router_seed=cfg.seed,
+                     **kv_options(cfg))
     res = sim.run()
     summary, inputs = run_summary(cfg, res, profile, acceptance, policy, workload, K, drafter, kv_cap, max_tok,
                                   duration)
     return RunOutput(config=cfg, summary=summary, result=res, inputs=inputs)
+
+
+def kv_options(cfg: RunConfig) -> dict[str, Any]:
+    """The Simulation keywords of the run's KV memory and disaggregation options."""
+    e = cfg.engine
+    return {"kv_policy": e.kv_policy, "kv_page_tokens": e.kv_page_tokens, "kv_watermark": float(e.kv_watermark),
+            "disaggregated": e.disaggregated, "prefill_replicas": e.prefill_replicas,
+            "kv_transfer_gbps": e.kv_transfer_gbps, "kv_bytes_per_token": e.kv_bytes_per_token}
 
 
 def run_summary(cfg: RunConfig, res: SimResult, profile, acceptance, policy, workload, K: int, drafter: str,
@@ -96,11 +105,24 @@ def run_summary(cfg: RunConfig, res: SimResult, profile, acceptance, policy, wor
         "policy": {"spec": policy.spec, "block_size": K, "drafter": drafter},
         "engine": {"kv_capacity_tokens": int(kv_cap), "max_batched_tokens": int(max_tok),
                    "max_model_len": max_model_len(profile),
-                   "admission": "FIFO; reserve prompt+output+K KV tokens at admission (no preemption)",
+                   "admission": _ADMISSION[getattr(cfg.engine, "kv_policy", "reserve")],
                    "rejection": "on arrival when prompt+output > max_model_len or prompt+output+K > KV capacity "
                                 "(counted, never admitted; closed loop: the user sends its next request)"},
     }
+    if getattr(cfg.engine, "disaggregated", False):
+        inputs["engine"]["disaggregated"] = (
+            f"decode-only engines; {cfg.engine.prefill_replicas} FIFO prefill instance(s), one request at a time in "
+            "chunks priced as prefill-only steps; KV shipped at full link bandwidth "
+            f"({res.notes.get('kv_transfer_gbps')} Gbit/s, {res.notes.get('kv_bytes_per_token')} bytes/token)")
     return summary, inputs
+
+
+_ADMISSION = {
+    "reserve": "FIFO; reserve prompt+output+K KV tokens at admission (no preemption)",
+    "paged": "FIFO; paged KV (pages taken as tokens, draft slots included, are written; admission keeps the "
+             "watermark of pages free); a step that cannot get its pages preempts the most recently admitted "
+             "request by recompute (re-queued first, re-prefills prompt + generated tokens)",
+}
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:

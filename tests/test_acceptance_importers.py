@@ -12,6 +12,7 @@ from dsparksim.acceptance import load_acceptance
 from dsparksim.acceptance.calibration import tau_of_curve
 from dsparksim.acceptance.importers import (conditional_from_histograms, conditional_from_unconditional, read_sglang,
                                             read_vllm)
+from dsparksim.acceptance.parametric import ParametricParams
 from dsparksim.errors import ConfigError, InputError
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -47,7 +48,8 @@ def test_vllm_per_request_fixture_exact():
     np.testing.assert_array_equal(m.curves["all"], F("19/61", "13/19", "7/8"))
     np.testing.assert_allclose(m.conditional_curve("chat"), F("19/61", "13/19", "7/8"), atol=1e-9)
     lost = " ".join(m.describe()["lost"])
-    for phrase in ("heterogeneity", "sigma_req=0.8", "confidences", "noise_sd", "domain mix pooled", "drafter"):
+    for phrase in ("heterogeneity", f"sigma_req={ParametricParams().sigma_req}", "confidences", "noise_sd",
+                   "domain mix pooled", "drafter"):
         assert phrase in lost
     assert m.describe()["low_support_positions"] == {"all": [2, 3]}
 
@@ -120,12 +122,12 @@ def test_tau_spec_gives_tau(tau, K):
     a = m.describe()["flat_alpha"]
     assert tau_of_curve(np.full(K, a)) == pytest.approx(tau, abs=1e-9)
     assert m.expected_tau("math") == pytest.approx(tau, abs=1e-9)
-    # simulated mean tokens per step within 4 SE (60k independent blocks)
-    rng = np.random.default_rng(3)
-    n = 60_000
-    m.start(np.arange(n), np.full(n, "code", dtype=object), rng)
-    A = m.draw(np.arange(n), rng).accepted
-    assert abs(1 + A.mean() - tau) <= 4 * A.std() / np.sqrt(n)
+    # tokens per step pooled over every step of long outputs (the step-weighted measure engine logs report,
+    # issue 11) within 1% (3000 requests x 150 tokens, stratified request shifts: SE ~0.2%)
+    from dsparksim.acceptance.longrun import simulate_long
+
+    r = simulate_long(m.with_confidence("raw"), "code", n_requests=3000, tokens=150, seed=3, stratified=True)
+    assert r["tau_unclipped"] == pytest.approx(tau, rel=0.01)
     assert "flat conditional acceptance" in m.describe()["lost"][0]
 
 

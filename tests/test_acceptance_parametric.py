@@ -5,6 +5,8 @@ import json
 import time
 from pathlib import Path
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from scipy import integrate, stats
@@ -13,7 +15,7 @@ from scipy.special import expit
 from dsparksim.acceptance import PARAMETRIC_DRAFTERS, drafter_of, load_acceptance
 from dsparksim.acceptance.calibration import calibrate_mu, model_conditional, tau_of_curve
 from dsparksim.acceptance.confidence import auc, calibration_quality, ece_survival
-from dsparksim.acceptance.parametric import ParametricAcceptance, ParametricParams, fit_confidence_params
+from dsparksim.acceptance.parametric import ParametricAcceptance, ParametricParams
 from dsparksim.acceptance.reference import load_reference, paper_curve, table1_domain_tau
 from dsparksim.errors import ConfigError
 
@@ -41,19 +43,19 @@ def test_package_copy_matches_shared_reference():
 
 @pytest.mark.parametrize("drafter", BLOCK_DRAFTERS)
 def test_table1_tau_reproduced_at_K7(drafter):
-    # Analytic tau (1 + sum prod alpha) must be within 0.05 of the Table 1 domain mean; the simulated mean with a
-    # fixed seed must agree with the analytic one within 4 standard errors (n = 40k independent blocks, SE ~ 0.012)
-    # and hence with Table 1 within 0.05 + 4 SE.
+    # Analytic tau (1 + sum prod alpha) must be within 0.05 of the Table 1 domain mean; the long-output tau pooled
+    # over all steps (DeepSpec's measure, fixed seed, 3000 requests x 150 tokens, stratified request shifts:
+    # SE ~0.2%) must agree with the analytic one within 1% and hence with Table 1 within 0.05 + 1%.
+    from dsparksim.acceptance.longrun import simulate_long
+
     table = table1_domain_tau(drafter)
-    model = load_acceptance(drafter, 7)
+    model = load_acceptance(drafter, 7, confidence="raw")
     for i, d in enumerate(DOMAINS):
         exact = model.expected_tau(d)
         assert abs(exact - table[d]) <= 0.05, (drafter, d, exact, table[d])
-        blk = one_block_each(model, d, 40_000, seed=11 + i)
-        sim = 1 + blk.accepted.mean()
-        se = blk.accepted.std() / np.sqrt(blk.accepted.size)
-        assert abs(sim - exact) <= 4 * se, (drafter, d, sim, exact, se)
-        assert abs(sim - table[d]) <= 0.05 + 4 * se
+        sim = simulate_long(model, d, n_requests=3000, tokens=150, seed=11 + i, stratified=True)["tau_unclipped"]
+        assert abs(sim - exact) <= 0.01 * exact, (drafter, d, sim, exact)
+        assert abs(sim - table[d]) <= 0.05 + 0.01 * exact
 
 
 @pytest.mark.parametrize("drafter,K", [("dspark", 15), ("dflash", 15), ("eagle3", 15), ("mtp1", 1)])
@@ -82,16 +84,19 @@ def test_calibration_matches_adaptive_integration():
 
 @pytest.mark.parametrize("domain", ["math", "chat"])
 def test_conditional_curve_recovered_by_simulation(domain):
-    # Per position, the empirical P(A>=k)/P(A>=k-1) over 60k independent blocks lies within 4 binomial standard
-    # errors of alpha_k (SE = sqrt(a(1-a)/n_at_risk), at most ~0.004 here).
-    model = load_acceptance("dspark", 7)
-    A = one_block_each(model, domain, 60_000, seed=5).accepted
+    # Pooled over every step of long outputs (the step-weighted measure the model is calibrated in, issue 11),
+    # the empirical P(A>=k)/P(A>=k-1) lies within 0.01 of alpha_k at every position (3000 requests x 200 tokens,
+    # request shifts on stratified quantiles; per-position SE ~0.002). One block per fresh request is
+    # request-weighted and reads higher: on average > 0.005 above alpha there (SE ~0.001).
+    from dsparksim.acceptance.longrun import simulate_long
+
+    model = load_acceptance("dspark", 7, confidence="raw")
     alpha = paper_curve("dspark", domain, 7)[0]
-    for k in range(1, 8):
-        risk = (A >= k - 1).sum()
-        c = (A >= k).sum() / risk
-        se = np.sqrt(alpha[k - 1] * (1 - alpha[k - 1]) / risk)
-        assert abs(c - alpha[k - 1]) <= 4 * se, (k, c, alpha[k - 1])
+    c = simulate_long(model, domain, n_requests=3000, tokens=200, seed=5, stratified=True)["conditional"]
+    np.testing.assert_allclose(c, alpha, atol=0.01)
+    A = one_block_each(model, domain, 60_000, seed=5).accepted
+    fresh = np.array([(A >= k).sum() / (A >= k - 1).sum() for k in range(1, 8)])
+    assert (fresh - alpha).mean() > 0.005
 
 
 def _request_effect_pvalue(model, n_req=300, blocks=20, seed=3):
@@ -117,50 +122,34 @@ def test_heterogeneity_is_per_request_and_significant():
 
 
 @pytest.mark.parametrize("drafter", BLOCK_DRAFTERS)
-def test_confidence_quality_at_defaults_matches_paper(drafter):
-    # Paper: ECE ~1% after calibration, AUC 0.81-0.91 across positions. Defaults must give survival-ECE <= 0.02
-    # and every position's AUC inside [0.81, 0.91] in every domain (40k blocks: AUC SE <= ~0.005, the default
-    # values sit >= 0.012 inside the range).
+def test_confidence_quality_at_defaults_is_calibrated(drafter):
+    # Paper: ECE ~1% after (sequential) temperature scaling. The simulator's own STS of the raw head must give a
+    # survival ECE <= 0.02 in every domain (40k blocks). The AUC by position against Fig. 6 is checked with the
+    # fit (tests/test_acceptance_fidelity.py).
     model = load_acceptance(drafter, 7)
     for i, d in enumerate(DOMAINS):
         q = calibration_quality(model, d, 40_000, np.random.default_rng(100 + i))
         assert q["ece"] <= 0.02, (drafter, d, q["ece"])
-        for k, a in q["auc_by_position"].items():
-            assert 0.81 <= a <= 0.91, (drafter, d, k, a)
 
 
-def test_more_noise_lowers_auc_and_raises_ece():
+def test_more_noise_lowers_auc():
+    # Noise in the confidence logit loses ranking information that no temperature can restore.
     base = load_acceptance("dspark", 7)
-    noisy = base.with_params(ParametricParams(noise_sd=2.0))
+    noisy = base.with_params(replace(base.params, noise_sd=2.0, noise_sd_end=2.0))
     q0 = calibration_quality(base, "math", 30_000, np.random.default_rng(1))
     q1 = calibration_quality(noisy, "math", 30_000, np.random.default_rng(1))
     assert q1["mean_auc"] < q0["mean_auc"] - 0.03
-    assert q1["ece"] > q0["ece"] + 0.02
-
-
-def test_fit_confidence_params_hits_targets():
-    # Fitting noise_sd alone to a mean-AUC target, then to an ECE target; achieved values (common random
-    # numbers, 30k blocks) within 0.004 of the target, and a fresh simulation agrees within 0.01.
-    curves = {d: paper_curve("dspark", d, 7)[0] for d in DOMAINS}
-    p, got = fit_confidence_params(curves, 7, target_auc=0.80, n_blocks=30_000, iters=12, seed=1)
-    assert abs(got["mean_auc"] - 0.80) < 0.004
-    assert p.temperature == 1.0 and p.sigma_tok == ParametricParams().sigma_tok
-    fresh = ParametricAcceptance(curves, 7, params=p)
-    q = calibration_quality(fresh, "code", 30_000, np.random.default_rng(9))
-    assert abs(q["mean_auc"] - 0.80) < 0.01
-    p2, got2 = fit_confidence_params(curves, 7, target_ece=0.03, n_blocks=30_000, iters=12, seed=1)
-    assert abs(got2["ece"] - 0.03) < 0.004 and p2.noise_sd > ParametricParams().noise_sd  # ECE grows with noise
-    with pytest.raises(ConfigError, match="target_auc"):
-        fit_confidence_params(curves, 7, target_auc=0.99, n_blocks=5_000, iters=4, base=ParametricParams(sigma_tok=0))
 
 
 def test_mtp1_mean_acceptance_is_087_in_every_domain():
-    model = load_acceptance("mtp1", 1)
+    # pooled over every step of long outputs (step-weighted, issue 11): within 0.01 of 0.87
+    from dsparksim.acceptance.longrun import simulate_long
+
+    model = load_acceptance("mtp1", 1, confidence="raw")
     for i, d in enumerate(DOMAINS):
         assert model.expected_tau(d) == pytest.approx(1.87)
-        A = one_block_each(model, d, 50_000, seed=20 + i).accepted
-        se = np.sqrt(0.87 * 0.13 / A.size)
-        assert abs(A.mean() - 0.87) <= 4 * se
+        c = simulate_long(model, d, n_requests=3000, tokens=100, seed=20 + i, stratified=True)["conditional"]
+        assert abs(c[0] - 0.87) <= 0.01
     with pytest.raises(ConfigError, match="mtp1"):
         load_acceptance("mtp1", 7)
 

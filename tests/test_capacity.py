@@ -8,8 +8,8 @@ import pytest
 from dsparksim.cli import main
 from dsparksim.errors import ConfigError
 from dsparksim.sweep import run_sweep, spec_from_dict
-from dsparksim.sweep.capacity import (CapacitySettings, _Search, capacity_search, capacity_settings, check_slo,
-                                      parse_slo)
+from dsparksim.sweep.capacity import (CapacitySettings, _Search, capacity_search, capacity_settings, capacity_table,
+                                      check_slo, parse_slo)
 
 BASE = {"duration_s": 4.0, "seed": 3}
 SLO = ["tps_user_median >= 190", "ttft_p99_s <= 1.0"]
@@ -110,3 +110,40 @@ def test_cli_capacity_writes_slo_and_trace(tmp_path, capsys):
                  "--slo", "tps_user_median>=1000"]) == 0
     d = json.loads((tmp_path / "o" / "capacity.json").read_text())
     assert d["results"][0]["status"] == "infeasible_at_min"
+
+
+def test_capacity_over_seeds_reports_a_t_interval_of_the_per_seed_capacities(tmp_path):
+    from dsparksim.stats import t_interval
+
+    spec = spec_from_dict({"base": BASE, "axes": {"policy": ["mtp1"]}})
+    out = tmp_path / "cap"
+    one = {}
+    for seed in (3, 4, 5):  # each seed alone: the per-seed searches of the multi-seed run must equal these
+        sp = spec_from_dict({"base": {**BASE, "seed": seed}, "axes": {"policy": ["mtp1"]}})
+        st1 = capacity_settings(sp, load="concurrency", min=1, max=32, slo=SLO)
+        one[seed] = capacity_search(sp, st1, out, backend="serial", progress=False)["results"][0]["capacity"]
+    st = capacity_settings(spec, load="concurrency", min=1, max=32, slo=SLO, seeds=3)
+    res = capacity_search(spec, st, out, backend="serial", progress=False)
+    (r,) = res["results"]
+    assert [x["seed"] for x in r["seeds"]] == [3, 4, 5] and r["capacities"] == [one[3], one[4], one[5]]
+    iv = t_interval(r["capacities"])
+    assert r["capacity"] == pytest.approx(iv.mean) and (r["capacity_lo"], r["capacity_hi"]) == (iv.lo, iv.hi)
+    assert r["status"] == "ok" and r["n_seeds"] == 3 and res["settings"]["seeds"] == 3
+    assert len(set(r["capacities"])) > 1 and r["capacity_lo"] < r["capacity"] < r["capacity_hi"]  # seeds differ here
+    table = capacity_table(res)
+    assert list(table.columns[:8]) == ["policy", "load", "capacity", "capacity_lo", "capacity_hi", "n_seeds",
+                                       "capacities", "status"]
+
+
+def test_capacity_over_seeds_censored_at_a_range_end_has_no_interval():
+    from dsparksim.sweep.capacity import _over_seeds
+
+    r = _over_seeds({"policy": "x"}, [{"group": {"seed": 1}, "capacity": 64, "status": "feasible_at_max",
+                                       "bracket": [64, 64], "n_probes": 2, "trace": []},
+                                      {"group": {"seed": 2}, "capacity": 40, "status": "ok", "bracket": [40, 41],
+                                       "n_probes": 7, "trace": []}])
+    assert r["capacity"] is None and r["capacity_lo"] is None and r["capacities"] == [64, 40]
+    assert r["status"] == "mixed: 1 feasible_at_max, 1 ok"
+    with pytest.raises(ConfigError, match="capacity.seeds"):
+        capacity_settings(spec_from_dict({"base": BASE, "axes": {"policy": ["mtp1"]}}), load="concurrency", min=1,
+                          max=8, slo=SLO, seeds=0)

@@ -12,8 +12,9 @@ from dsparksim.cli import main
 from dsparksim.frontier import comparison_table, pareto_mask
 
 GOLDEN = Path(__file__).parent / "golden"
+# --kv-policy reserve: the saved numbers predate paged KV (reserve reproduces them bit for bit)
 GOLDEN_ARGS = ["run", "--policy", "confidence-async:2", "--concurrency", "24", "--duration", "20", "--seed", "7",
-               "--quiet"]
+               "--kv-policy", "reserve", "--quiet"]
 
 
 def _run(tmp_path: Path, *args: str) -> Path:
@@ -24,7 +25,7 @@ def _run(tmp_path: Path, *args: str) -> Path:
 
 def test_golden_run_reproduces_saved_summary(tmp_path):
     # Regenerate with: dsparksim run --policy confidence-async:2 --concurrency 24 --duration 20 --seed 7 \
-    #                  --out tests/golden/run_confidence_async  (then keep summary.json only)
+    #                  --kv-policy reserve --out tests/golden/run_confidence_async  (then keep summary.json only)
     out = _run(tmp_path, *GOLDEN_ARGS)
     got = json.loads((out / "summary.json").read_text())
     want = json.loads((GOLDEN / "run_confidence_async" / "summary.json").read_text())

@@ -331,12 +331,22 @@ def test_rewritten_engine_reproduces_the_old_engine_on_the_legacy_draw_path(monk
             super().__init__(**kw)
     monkeypatch.setattr(S, "_streams", legacy)
     monkeypatch.setattr(S, "Simulation", LegacySimulation)
+    # The acceptance model of c58c5ed (issue 11 changed the default: step-weighted calibration, fitted confidence
+    # parameters, STS): request-weighted calibration, flat noise 0.43, T = 1, raw confidences; draw for draw the same.
+    import dsparksim.acceptance as acc_pkg
+    from dsparksim.acceptance.parametric import ParametricAcceptance, ParametricParams
+    old = ParametricParams(sigma_req=0.8, sigma_block=0.8, sigma_tok=1.4, noise_sd=0.43, noise_sd_end=0.43,
+                           raw_gain=1.0)
+    monkeypatch.setattr(acc_pkg, "load_acceptance", lambda spec, K, **kw: ParametricAcceptance.from_paper(
+        spec, K, old, confidence="raw", calibration="requests"))
     cases = {"confidence": dict(mode="closed", concurrency=32, duration_s=20.0),
              "fixed:7": dict(mode="poisson", rate=6.0, duration_s=30.0),
              "goodput": dict(mode="closed", concurrency=8, num_requests=40),
              "mtp1": dict(mode="poisson", rate=3.0, num_requests=50)}
     for pol, tr in cases.items():
-        o = S.simulate(RunConfig(policy=pol, traffic=TrafficConfig(**tr), seed=want["seed"]))
+        # the pre-paging numbers: KV reserved at admission (the run default is now paged KV)
+        o = S.simulate(RunConfig(policy=pol, engine=EngineConfig(kv_policy="reserve"), traffic=TrafficConfig(**tr),
+                                 seed=want["seed"]))
         r = o.result
         h = hashlib.sha256()
         for a in (r.finish_s, r.first_token_s, np.asarray(r.steps["dt"], float), r.decode_steps, r.accepted_tokens):

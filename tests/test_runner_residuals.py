@@ -17,7 +17,8 @@ def _profile():
     d = json.loads(PROFILE.read_text())
     d["prefill"].update(seconds_per_token=2e-7, seconds_per_query_key=1e-9, seconds_per_chunk=1.3e-4,
                         seconds_per_token_per_decode=3e-9, seconds_per_chunk_per_decode=4e-6)
-    d["drafters"]["dspark"]["prefill_s_per_token"] = 5e-8          # every term of the step formula is non-zero
+    d["drafters"]["dspark"]["prefill_s_per_token"] = 5e-8
+    d["attention"]["seconds_per_query_kv"] = 2e-10                     # the long-context term          # every term of the step formula is non-zero
     return profile_from_dict(d, source="test")
 
 
@@ -32,16 +33,17 @@ def _steps(p, rng, n_steps=300):
     M = n + vt + pf
     nr = n + ch
     kv = nr * rng.integers(16, 200, n_steps) + pf
-    # the engine's price of the step: Engine.step_cost = verify_time(M, kv) + profile.step_overhead(...)
+    dqk = np.where(n > 0, kv * 3, 0)                # decoding rows' query-key pairs (StepPlan.decode_qk)
+    # the engine's price of the step: verify_time(M, kv) + profile.step_overhead(...) + long-context pairs
     dt_model = np.array([p.verify_time(int(M[i]), int(kv[i])) + p.step_overhead("dspark", int(n[i]), K, int(pf[i]),
                                                                                  int(qk[i]), int(ch[i]))
-                         for i in range(n_steps)])
+                         + p.seconds_per_query_kv * dqk[i] for i in range(n_steps)])
     # measured split: the model's shares, randomly mis-scaled per timer
     tt = dt_model * 0.7 * rng.uniform(0.8, 1.3, n_steps)
     td = dt_model * 0.1 * rng.uniform(0.8, 1.3, n_steps)
     th = dt_model * 0.2 * rng.uniform(0.8, 1.3, n_steps)
     return {"t_start": np.cumsum(tt + td + th), "dt": tt + td + th, "n_decode": n, "M": M, "verify_tokens": vt,
-            "n_prefill_tokens": pf, "kv_read": kv, "n_running": nr, "pf_qk": qk, "pf_chunks": ch,
+            "n_prefill_tokens": pf, "kv_read": kv, "n_running": nr, "pf_qk": qk, "pf_chunks": ch, "dec_qk": dqk,
             "dt_model": dt_model, "t_target": tt, "t_draft": td, "t_host": th}
 
 

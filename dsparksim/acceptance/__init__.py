@@ -139,8 +139,12 @@ def _pop_int(spec: str, params: dict[str, str], name: str) -> int | None:
         raise ConfigError(_src(spec), name, f"expected an integer, got {v!r}") from None
 
 
-def load_acceptance(spec: str, K: int, *, domain_default: str = "chat") -> AcceptanceModel:
+def load_acceptance(spec: str, K: int, *, domain_default: str = "chat", confidence: str = "sts") -> AcceptanceModel:
     """Build the acceptance source named by ``spec`` for block size ``K`` (see module docstring).
+
+    ``confidence``: "sts" (default: the simulator's sequential temperature scaling of the raw head) or "raw"
+    (uncalibrated head) for parametric sources (paper drafters, tau:, vllm:, sglang:); a trace replays the
+    confidences it recorded, so only "sts" (as recorded) is accepted there.
 
     ``domain_default`` is used for requests whose domain is empty/None. Errors: ConfigError naming the spec
     (bad spec / K / parameter), InputError naming the file (malformed trace or log).
@@ -149,7 +153,19 @@ def load_acceptance(spec: str, K: int, *, domain_default: str = "chat") -> Accep
     K = _check_K(spec, K)
     if domain_default not in DOMAINS:
         raise ConfigError(_src(spec), "domain_default", f"expected one of {DOMAINS}, got {domain_default!r}")
+    if confidence not in ("sts", "raw"):
+        raise ConfigError(_src(spec), "confidence", f"expected 'sts' or 'raw', got {confidence!r}")
     ps = parse_spec(spec)
+    if ps.kind == "trace" and confidence != "sts":
+        raise ConfigError(_src(spec), "confidence", f"{confidence!r} applies to parametric sources; a trace "
+                          "replays the confidences it recorded (use the default 'sts')")
+    model = _load(spec, ps, K, domain_default, confidence)
+    if isinstance(model, ParametricAcceptance) and model.confidence != confidence:
+        model = model.with_confidence(confidence)
+    return model
+
+
+def _load(spec: str, ps: AcceptanceSpec, K: int, domain_default: str, confidence: str) -> AcceptanceModel:
     if ps.kind == "trace":
         from .trace_model import TraceAcceptance
         path = ps.path
@@ -161,7 +177,8 @@ def load_acceptance(spec: str, K: int, *, domain_default: str = "chat") -> Accep
         if ps.name == "mtp1" and K != 1:
             raise ConfigError(_src(spec), "K", f"mtp1 drafts exactly one token: K must be 1, got {K}")
         p = ParametricParams.from_strings(params, _src(spec))
-        return ParametricAcceptance.from_paper(ps.name, K, p, domain_default=domain_default, source=spec)
+        return ParametricAcceptance.from_paper(ps.name, K, p, domain_default=domain_default, source=spec,
+                                              confidence=confidence)
     from . import importers
     drafter = _pop_str(params, "drafter", "dspark")
     draft_len = _pop_int(spec, params, "draft_len") if ps.kind == "sglang" else None

@@ -23,6 +23,9 @@ from ..rootfind import brentq  # SciPy's brentq bit for bit, without importing s
 _N_SHARED = 96   # quadrature nodes over the shared shift (smooth integrand; 96 is far past convergence)
 _N_TOK = 48      # nodes over the per-position term
 _MU_BRACKET = 60.0
+_N_REQ = 40      # step-weighted calibration: nodes over the request shift u ...
+_N_BLOCK = 24    # ... and over the block shift z (product rule; tau(u) is smooth in u)
+_STEP_ITERS = 60
 
 
 @lru_cache(maxsize=8)
@@ -32,13 +35,33 @@ def _gauss_hermite(n: int) -> tuple[np.ndarray, np.ndarray]:
     return x, w / w.sum()
 
 
-def smoothed_sigmoid(m: np.ndarray, sigma_tok: float) -> np.ndarray:
-    """g(m) = E[sigmoid(m + sigma_tok * Z)], elementwise (plain sigmoid when sigma_tok == 0)."""
+_G_STEP = 0.004   # grid spacing of the g table (linear interpolation error <= h^2/8 * max|g''| < 2e-7)
+
+
+@lru_cache(maxsize=16)
+def _g_table(sigma_tok: float) -> tuple[np.ndarray, np.ndarray]:
+    """g on a fine grid over [-_MU_BRACKET - 12 sigma, +...]: quadrature once, interpolation afterwards."""
+    top = _MU_BRACKET + 12.0 * sigma_tok + 20.0
+    m = np.arange(-top, top + _G_STEP / 2, _G_STEP)
+    x, w = _gauss_hermite(_N_TOK)
+    g = np.empty_like(m)
+    for i in range(0, m.size, 4096):
+        g[i:i + 4096] = (expit(m[i:i + 4096, None] + sigma_tok * x) * w).sum(axis=-1)
+    return m, g
+
+
+def smoothed_sigmoid(m: np.ndarray, sigma_tok: float, exact: bool = False) -> np.ndarray:
+    """g(m) = E[sigmoid(m + sigma_tok * Z)], elementwise (plain sigmoid when sigma_tok == 0): Gauss-Hermite
+    quadrature, tabulated once per sigma_tok and interpolated (error < 2e-7) unless ``exact``."""
     m = np.asarray(m, dtype=float)
     if sigma_tok == 0.0:
         return expit(m)
-    x, w = _gauss_hermite(_N_TOK)
-    return (expit(m[..., None] + sigma_tok * x) * w).sum(axis=-1)
+    if exact:
+        x, w = _gauss_hermite(_N_TOK)
+        return (expit(m[..., None] + sigma_tok * x) * w).sum(axis=-1)
+    grid, g = _g_table(float(sigma_tok))
+    out = np.interp(m, grid, g)
+    return np.where(m == np.inf, 1.0, np.where(m == -np.inf, 0.0, np.where(np.isnan(m), np.nan, out)))
 
 
 def check_curve(alpha, source: str, K: int | None = None) -> np.ndarray:
@@ -60,11 +83,10 @@ def check_curve(alpha, source: str, K: int | None = None) -> np.ndarray:
     return a
 
 
-@lru_cache(maxsize=256)
-def _calibrate_cached(alpha: tuple[float, ...], sigma_shared: float, sigma_tok: float) -> tuple[float, ...]:
-    xs, ws = _gauss_hermite(_N_SHARED)
-    s = sigma_shared * xs
-    w = ws.copy()                       # w(s) * P(positions 1..k-1 accepted | s)
+def _solve_mu(alpha: tuple[float, ...], s: np.ndarray, w0: np.ndarray, sigma_tok: float,
+              guess: np.ndarray | None = None, exact: bool = False) -> tuple[float, ...]:
+    """mu_1..mu_K with sum_n w0[n] prod_{j<=k} g(mu_j + s[n]) / (same for k-1) = alpha_k, left to right."""
+    w = w0.copy()                       # w(s) * P(positions 1..k-1 accepted | s)
     mus: list[float] = []
     for a in alpha:
         if a >= 1.0:
@@ -76,14 +98,98 @@ def _calibrate_cached(alpha: tuple[float, ...], sigma_shared: float, sigma_tok: 
         total = w.sum()
 
         def gap(m: float) -> float:
-            return float((w * smoothed_sigmoid(m + s, sigma_tok)).sum() / total - a)
+            return float((w * smoothed_sigmoid(m + s, sigma_tok, exact)).sum() / total - a)
 
-        m = brentq(gap, -_MU_BRACKET, _MU_BRACKET, xtol=1e-12, rtol=1e-14, maxiter=200)
+        lo, hi = -_MU_BRACKET, _MU_BRACKET
+        if guess is not None and np.isfinite(guess[len(mus)]):
+            # warm start (fixed-point iterations move mu little): a narrow bracket when it holds the root
+            g0 = float(guess[len(mus)])
+            if gap(g0 - 0.05) < 0 < gap(g0 + 0.05):
+                lo, hi = g0 - 0.05, g0 + 0.05
+        m = brentq(gap, lo, hi, xtol=1e-12, rtol=1e-14, maxiter=200)
         mus.append(m)
-        w = w * smoothed_sigmoid(m + s, sigma_tok)
+        w = w * smoothed_sigmoid(m + s, sigma_tok, exact)
         if w.sum() < 1e-300:            # numerically nobody survives: later positions cannot be calibrated
             raise ConfigError("calibration", "alpha", "survival underflows; curve too close to 0")
     return tuple(mus)
+
+
+@lru_cache(maxsize=256)
+def _calibrate_cached(alpha: tuple[float, ...], sigma_shared: float, sigma_tok: float) -> tuple[float, ...]:
+    xs, ws = _gauss_hermite(_N_SHARED)
+    return _solve_mu(alpha, sigma_shared * xs, ws.copy(), sigma_tok, exact=True)
+
+
+def _req_block_nodes(sigma_req: float, sigma_block: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """Product quadrature over (request shift u, block shift z): s = u + z flattened, weights (n_u, n_z)."""
+    xu, wu = _gauss_hermite(_N_REQ) if sigma_req > 0 else (np.zeros(1), np.ones(1))
+    xz, wz = _gauss_hermite(_N_BLOCK) if sigma_block > 0 else (np.zeros(1), np.ones(1))
+    s = (sigma_req * xu[:, None] + sigma_block * xz[None, :]).ravel()
+    return s, wu, wz, xu.size, xz.size
+
+
+def request_tau(mu, sigma_req: float, sigma_block: float, sigma_tok: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Per-request mean tokens per step with all K verified, tau(u) = 1 + sum_k E_z[prod_{j<=k} g(mu_j+u+z)],
+    at the request-shift quadrature nodes; returns (tau(u) (n_u,), node weights (n_u,))."""
+    s, wu, wz, nu, nz = _req_block_nodes(sigma_req, sigma_block)
+    mu = np.asarray(mu, dtype=float)
+    surv = np.cumprod(smoothed_sigmoid(mu[:, None] + s[None, :], sigma_tok), axis=0)     # (K, nu*nz)
+    return 1.0 + (surv.reshape(mu.size, nu, nz) * wz).sum(axis=(0, 2)), wu
+
+
+@lru_cache(maxsize=256)
+def _calibrate_steps_cached(alpha: tuple[float, ...], sigma_req: float, sigma_block: float,
+                            sigma_tok: float) -> tuple[float, ...]:
+    s, wu, wz, nu, nz = _req_block_nodes(sigma_req, sigma_block)
+    step_w = np.ones(nu)
+    mus = np.zeros(len(alpha))
+    for it in range(_STEP_ITERS):
+        new = np.array(_solve_mu(alpha, s, ((wu * step_w)[:, None] * wz[None, :]).ravel(), sigma_tok,
+                                 mus if it else None))
+        fin = np.isfinite(new)
+        done = np.max(np.abs(new[fin] - mus[fin]), initial=0.0) < 1e-12
+        mus = new
+        if done:
+            break
+        tau_u, _ = request_tau(mus, sigma_req, sigma_block, sigma_tok)
+        step_w = 1.0 / tau_u      # a request that emits tau(u) tokens per step takes 1/tau(u) steps per token
+    else:
+        raise ConfigError("calibration", "alpha", f"step-weighted calibration did not converge in {_STEP_ITERS} "
+                          "iterations")
+    return tuple(float(m) for m in mus)
+
+
+def calibrate_mu_steps(alpha, sigma_req: float, sigma_block: float, sigma_tok: float = 0.0,
+                       source: str = "curve") -> np.ndarray:
+    """Offsets mu_1..mu_K making the STEP-weighted conditional acceptance equal ``alpha`` exactly.
+
+    Step-weighted = pooled over every verification step of long outputs, as DeepSpec's evaluator pools
+    acceptance lengths over all proposals: a request with shift u contributes in proportion to the steps it
+    takes per output token, 1/tau(u) (blocks within a request are i.i.d. given u, so the block shift z is
+    not reweighted). Solved as a fixed point: calibrate under the current step weights, recompute tau(u),
+    repeat until mu moves by < 1e-12. Then tau = sum tokens / sum steps = 1 + sum_k prod_{j<=k} alpha_j.
+    """
+    a = check_curve(alpha, source)
+    return np.array(_calibrate_steps_cached(tuple(float(x) for x in a), float(sigma_req), float(sigma_block),
+                                            float(sigma_tok)))
+
+
+def model_survival_steps(mu, sigma_req: float, sigma_block: float, sigma_tok: float = 0.0) -> np.ndarray:
+    """Step-weighted P(A >= k), k = 1..K, implied by offsets mu (quadrature; see :func:`calibrate_mu_steps`)."""
+    s, wu, wz, nu, nz = _req_block_nodes(sigma_req, sigma_block)
+    mu = np.asarray(mu, dtype=float)
+    surv = np.cumprod(smoothed_sigmoid(mu[:, None] + s[None, :], sigma_tok), axis=0).reshape(mu.size, nu, nz)
+    per_u = (surv * wz).sum(axis=2)                                   # (K, nu)
+    step_w = wu / (1.0 + per_u.sum(axis=0))
+    return (per_u * step_w).sum(axis=1) / step_w.sum()
+
+
+def model_conditional_steps(mu, sigma_req: float, sigma_block: float, sigma_tok: float = 0.0) -> np.ndarray:
+    """Step-weighted P(A >= k) / P(A >= k-1) implied by mu (what :func:`calibrate_mu_steps` targets)."""
+    surv = model_survival_steps(mu, sigma_req, sigma_block, sigma_tok)
+    prev = np.concatenate(([1.0], surv[:-1]))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return surv / prev
 
 
 def calibrate_mu(alpha, sigma_shared: float, sigma_tok: float = 0.0, source: str = "curve") -> np.ndarray:

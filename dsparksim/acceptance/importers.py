@@ -296,8 +296,9 @@ def _common_lost(params: ParametricParams, pooled: bool) -> list[str]:
     lost = [f"heterogeneity: not identifiable from acceptance histograms (each one pools many blocks); ASSUMED the "
             f"paper-calibrated default sigma_req={params.sigma_req}, sigma_block={params.sigma_block}, "
             f"sigma_tok={params.sigma_tok} (logit units)",
-            f"confidences: engine logs carry none; ASSUMED the calibration-error model noise_sd={params.noise_sd}, "
-            f"T={params.temperature} (matches the paper's confidence head: ECE ~1%, AUC ~0.85)",
+            f"confidences: engine logs carry none; ASSUMED the confidence model fitted to the DSpark paper (noise_sd="
+            f"{params.noise_sd} to noise_sd_end={params.noise_sd_end}, raw_gain={params.raw_gain}, simulator-applied "
+            f"STS unless --confidence raw, T={params.temperature}; dsparksim/data/acceptance_fit.json)",
             "the last step of a response can be cut short by EOS / max_tokens, which slightly lowers measured "
             "acceptance at late positions"]
     if pooled:

@@ -2,7 +2,8 @@
 
 Per domain: requests, blocks, tau with all K verified (1 + mean accepted_len), conditional acceptance per
 position with a 95% confidence interval, mean confidence per position, and ECE / AUC of the confidences
-(definitions in :mod:`.confidence`). Intervals are cluster-robust by request (delta method for the ratio
+(definitions in :mod:`.confidence`), and per position DeepSpec's survival ECE (20 bins) and survival AUC
+(1000-bin histogram) over all blocks (:func:`.confidence.per_position_metrics`). Intervals are cluster-robust by request (delta method for the ratio
 sum(successes)/sum(at-risk) with requests as clusters), because blocks of one response are correlated; they are
 normal approximations clipped to [0, 1].
 """
@@ -14,11 +15,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from .base import DOMAINS, AcceptanceModel
-from .confidence import confidence_metrics
+from .confidence import confidence_metrics, per_position_metrics
 from .synthetic import simulate_blocks
 from .trace_format import AcceptanceTrace
 
 Z95 = 1.959963984540054
+PER_POSITION_DEFINITION = ("DeepSpec (deepseek-ai/DeepSpec deepspec/eval/dspark/confidence_head.py): at position k the "
+                           "survival c_1..c_k against 1[A>=k] over all blocks; ECE 20 equal-width bins, AUC from a "
+                           "1000-bin histogram")
 
 
 def _ratio_se(y: np.ndarray, n: np.ndarray) -> tuple[float, float]:
@@ -60,10 +64,15 @@ def summarize_blocks(request_id: np.ndarray, domain: np.ndarray, accepted: np.nd
                         "mean_conf_at_risk": float(C[risk, k - 1].mean()) if risk.any() else math.nan,
                         "mean_conf": float(C[:, k - 1].mean())})
         q = confidence_metrics(C, A)
+        dq = per_position_metrics(C, A)
+        for p in pos:
+            p["ece_survival"] = dq["ece_by_position"][p["k"]]
+            p["auc_survival"] = dq["auc_by_position"][p["k"]]
         out[d] = {"requests": m, "blocks": int(A.size), "tau_all_verified": tau,
                   "tau_ci95": _ci(tau, tau_se, clip=False),
                   "positions": pos, "ece": q["ece"], "auc_by_position": q["auc_by_position"],
-                  "mean_auc": q["mean_auc"]}
+                  "mean_auc": q["mean_auc"],
+                  "ece_by_position": dq["ece_by_position"], "auc_survival_by_position": dq["auc_by_position"]}
     return out
 
 
@@ -72,6 +81,7 @@ def summarize_trace(trace: AcceptanceTrace) -> dict:
     return {"source": trace.path, "kind": "trace", "K": trace.K, "metadata": trace.metadata,
             "ci_method": "cluster-robust by request, normal approximation, clipped to [0,1]",
             "ece_definition": "survival vs realised survival, 15 equal-width bins",
+            "per_position_definition": PER_POSITION_DEFINITION,
             "domains": summarize_blocks(trace.request_id, trace.domain, trace.accepted, trace.conf)}
 
 
@@ -87,4 +97,5 @@ def summarize_model(model: AcceptanceModel, n_blocks: int, blocks_per_request: i
                                                          "blocks_per_request": blocks_per_request},
             "ci_method": "cluster-robust by request, normal approximation, clipped to [0,1]",
             "ece_definition": "survival vs realised survival, 15 equal-width bins",
+            "per_position_definition": PER_POSITION_DEFINITION,
             "domains": summarize_blocks(data["request_id"], data["domain"], data["accepted_len"], data["conf"])}

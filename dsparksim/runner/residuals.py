@@ -6,6 +6,7 @@ A real step's log row (the engine's public step log + the executor's split) give
 
     verify   = verify_time(M, 0)                       (staircase)
     context  = verify_time(M, kv) - verify_time(M, 0)  (attention over the KV tokens read)
+               + seconds_per_query_kv * decode_qk      (the long-context term, when the profile has one)
     prefill  = the prefill terms of the step's chunks  (target part; per-chunk part; drafter part)
     drafter  = draft_time(drafter, n, K)
     host     = fixed_overhead_s + batch_overhead(n)    (the floor; its per-request target part B(n) is measured
@@ -52,6 +53,9 @@ def model_terms(steps: Mapping[str, np.ndarray], profile: Any, K: int, drafter: 
     ch = np.asarray(steps.get("pf_chunks", np.zeros(len(n))), float)
     v0 = np.asarray(profile.verify_time(M, np.zeros_like(M)), float).reshape(-1)
     v = np.asarray(profile.verify_time(M, kv), float).reshape(-1)
+    # long-context term (profile attention.seconds_per_query_kv; absent = 0): the decoding rows' query-key pairs
+    dqk = np.asarray(steps.get("dec_qk", np.zeros(len(n))), float)
+    v = v + float(getattr(profile, "seconds_per_query_kv", 0.0) or 0.0) * np.where(n > 0, dqk, 0.0)
     d = np.asarray(profile.draft_time(drafter, n, K), float) if drafter is not None else np.zeros(len(n))
     host = profile.fixed_overhead_s + np.asarray(profile.batch_overhead_time(n), float)
     has_pf = (pf > 0) & (profile.prefill_note is not None)

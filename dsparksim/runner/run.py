@@ -64,6 +64,13 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
         if getattr(cfg.engine, k, 1) != 1:
             raise ConfigError("config", k, f"the real runner serves one engine on one device, got {k}="
                               f"{getattr(cfg.engine, k)}; replicas and DP ranks exist only in the simulator")
+    if getattr(cfg.engine, "disaggregated", False):
+        raise ConfigError("config", "disaggregated", "the real runner serves one engine that prefills its own "
+                          "requests; --disaggregated exists only in the simulator")
+    if getattr(cfg.engine, "kv_policy", "reserve") != "reserve":
+        # The real runner's KV is one fixed slot per request (no pages to preempt): it always reserves at
+        # admission. The saved config says so (kv_policy "reserve"), whatever the run default is.
+        cfg = cfg.replace(engine=replace(cfg.engine, kv_policy="reserve"))
     ex = rcfg.executor
     rngs = _streams(cfg.seed)
     profile = load_run_profile(cfg)

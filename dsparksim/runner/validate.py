@@ -101,7 +101,9 @@ def run_config(vc: ValidateConfig, policy: str, users: int, profile: str, length
     n = max(vc.min_requests, users * vc.requests_per_user)
     dom = "trace" if vc.runner.mode == "live" else "mix:math=1,code=1,chat=1"
     t = TrafficConfig(mode="closed", concurrency=users, num_requests=n, lengths=lengths, domain=dom)
-    e = EngineConfig(block_size=vc.K, max_num_seqs=users, prefill_chunk_tokens=vc.prefill_chunk_tokens)
+    # kv_policy reserve: the real runner reserves KV at admission, so the simulated side must too
+    e = EngineConfig(block_size=vc.K, max_num_seqs=users, prefill_chunk_tokens=vc.prefill_chunk_tokens,
+                     kv_policy="reserve")
     return RunConfig(policy=policy, profile=profile, acceptance=vc.acceptance, mtp1_acceptance=vc.mtp1_acceptance,
                      engine=e, traffic=t, seed=vc.seed)
 

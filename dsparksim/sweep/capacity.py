@@ -107,15 +107,22 @@ class CapacitySettings:
     tolerance: float
     slo: tuple[Constraint, ...]
     require_unsaturated: bool = True
+    seeds: int = 1  # > 1: one search per seed (seed, seed+1, ...), capacity = mean with a 95% t-interval
 
     @property
     def integer(self) -> bool:
         return self.load == "concurrency"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"load": self.load, "min": self.lo, "max": self.hi, "tolerance": self.tolerance,
-                "slo": [str(c) for c in self.slo], "require_unsaturated": self.require_unsaturated,
-                "assumption": "the SLO holds at every load below the capacity and fails above it (monotone)"}
+        d = {"load": self.load, "min": self.lo, "max": self.hi, "tolerance": self.tolerance,
+             "slo": [str(c) for c in self.slo], "require_unsaturated": self.require_unsaturated,
+             "assumption": "the SLO holds at every load below the capacity and fails above it (monotone)"}
+        if self.seeds > 1:
+            d["seeds"] = self.seeds
+            d["interval"] = ("capacity searched independently per seed; reported: the mean of the per-seed "
+                             "capacities and its 95% Student-t interval over seeds (each per-seed capacity is "
+                             "itself known to within the bisection tolerance)")
+        return d
 
 
 def capacity_settings(spec: SweepSpec, **over: Any) -> CapacitySettings:
@@ -130,7 +137,7 @@ def capacity_settings(spec: SweepSpec, **over: Any) -> CapacitySettings:
                 raise ConfigError(src, f"capacity.{alias}", f"same setting as capacity.{key}; keep one")
             table[key] = conv(table.pop(alias))
     d = {**table, **{k: v for k, v in over.items() if v is not None}}
-    known = ("load", "min", "max", "tolerance", "slo", "require_unsaturated")
+    known = ("load", "min", "max", "tolerance", "slo", "require_unsaturated", "seeds")
     for k in d:
         if k not in known:
             raise ConfigError(src, f"capacity.{k}", f"unknown key; expected some of {', '.join(known)} (or sla, "
@@ -158,9 +165,15 @@ def capacity_settings(spec: SweepSpec, **over: Any) -> CapacitySettings:
     req = d.get("require_unsaturated", True)
     if not isinstance(req, bool):
         raise ConfigError(src, "capacity.require_unsaturated", f"expected true or false, got {req!r}")
+    seeds = d.get("seeds", 1)
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ConfigError(src, "capacity.seeds", f"expected an integer >= 1, got {seeds!r}")
+    if seeds > 1 and "seed" in spec.axes:
+        raise ConfigError(src, "axes.seed", "conflicts with capacity.seeds / --seeds, which repeats the search "
+                                            "over seeds; keep one")
     slo = parse_slo(d.get("slo") or [], f"{src} [capacity] / --slo")
     check_slo_metrics(slo, f"{src} [capacity] / --slo")
-    return CapacitySettings(load, lo, hi, float(tol), tuple(slo), req)
+    return CapacitySettings(load, lo, hi, float(tol), tuple(slo), req, seeds)
 
 
 @dataclass
@@ -227,11 +240,15 @@ def capacity_search(spec: SweepSpec, settings: CapacitySettings, out_dir: str | 
 
     from dsparksim.sweep.runner import run_cells_cached
 
+    from dsparksim.stats import seed_list
+
     st = settings
     names = list(spec.axes)
     base = {k: v for k, v in spec.base.items() if k != st.load}
-    searches = [_Search(dict(zip(names, combo)), st, st.lo, st.hi)
-                for combo in itertools.product(*(spec.axes[k] for k in names))]
+    groups = [dict(zip(names, combo)) for combo in itertools.product(*(spec.axes[k] for k in names))]
+    seeds = seed_list(int(base.get("seed", 0)), st.seeds) if st.seeds > 1 else [None]
+    # one search per group and seed (seed innermost); the probe cells of a seed carry it in their key
+    searches = [_Search(g if s is None else {**g, "seed": s}, st, st.lo, st.hi) for g in groups for s in seeds]
     rnd = 0
     while True:
         batch: list[tuple[_Search, float, Cell]] = []
@@ -264,13 +281,41 @@ def capacity_search(spec: SweepSpec, settings: CapacitySettings, out_dir: str | 
         results.append({"group": s.key, "capacity": None if cap is None else _load_value(st, cap),
                         "status": s.status, "bracket": [_load_value(st, s.lo), _load_value(st, s.hi)],
                         "n_probes": len(s.trace), "trace": s.trace})
+    if st.seeds > 1:
+        results = [_over_seeds(g, results[i * len(seeds):(i + 1) * len(seeds)]) for i, g in enumerate(groups)]
     return {"spec": spec.source, "settings": st.to_dict(), "base": dict(spec.base), "results": results}
 
 
+def _over_seeds(group: dict[str, Any], per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """A group's result over seeds: mean capacity and its 95% t-interval when every seed's search ended inside
+    the range ("ok"); otherwise no mean or interval (a capacity at a range end is censored, not measured) and a
+    status naming the seeds' outcomes. Each seed's own search (bracket, trace) is kept under ``seeds``."""
+    from dsparksim.stats import t_interval
+
+    statuses = [r["status"] for r in per_seed]
+    ok = all(x == "ok" for x in statuses)
+    iv = t_interval([r["capacity"] for r in per_seed]) if ok else None
+    status = statuses[0] if len(set(statuses)) == 1 else "mixed: " + ", ".join(
+        f"{n} {x}" for x, n in sorted({x: statuses.count(x) for x in statuses}.items()))
+    seeds = [{"seed": r["group"]["seed"], **{k: v for k, v in r.items() if k != "group"}} for r in per_seed]
+    return {"group": group, "capacity": iv.mean if iv else None, "capacity_lo": iv.lo if iv else None,
+            "capacity_hi": iv.hi if iv else None, "n_seeds": len(per_seed),
+            "capacities": [r["capacity"] for r in per_seed], "status": status,
+            "n_probes": sum(r["n_probes"] for r in per_seed), "seeds": seeds}
+
+
 def capacity_table(res: Mapping[str, Any]) -> pd.DataFrame:
-    """One row per group: its axis values, capacity, status, bracket and number of probes."""
+    """One row per group: its axis values, capacity, status, bracket and number of probes; over several seeds the
+    mean capacity, its 95% interval (capacity_lo, capacity_hi), n_seeds and every seed's capacity instead of the
+    bracket."""
     rows = []
     for r in res["results"]:
+        if "seeds" in r:
+            rows.append({**r["group"], "load": res["settings"]["load"], "capacity": r["capacity"],
+                         "capacity_lo": r["capacity_lo"], "capacity_hi": r["capacity_hi"], "n_seeds": r["n_seeds"],
+                         "capacities": " ".join("-" if c is None else f"{c:g}" for c in r["capacities"]),
+                         "status": r["status"], "n_probes": r["n_probes"]})
+            continue
         rows.append({**r["group"], "load": res["settings"]["load"], "capacity": r["capacity"], "status": r["status"],
                      "bracket_lo": r["bracket"][0], "bracket_hi": r["bracket"][1], "n_probes": r["n_probes"]})
     return pd.DataFrame(rows)

@@ -130,12 +130,12 @@ def _sha_cached(path: str, size: int, mtime_ns: int) -> str:
 @functools.lru_cache(maxsize=1)
 def code_fingerprint() -> str:
     """sha256 over the simulator's source files. Excluded, as they cannot change a simulated result: the sweep
-    machinery, the CLI modules, plotting and the torch runner (dsparksim.backend)."""
+    machinery, the planner (dsparksim.plan), the CLI modules, plotting and the torch runner (dsparksim.backend)."""
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     for p in sorted(root.rglob("*.py")):
         rel = p.relative_to(root).as_posix()
-        if rel.startswith(("sweep/", "backend/", "cli", "plots")):
+        if rel.startswith(("sweep/", "plan/", "backend/", "cli", "plots")):
             continue
         h.update(rel.encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()

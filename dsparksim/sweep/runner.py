@@ -37,8 +37,12 @@ class SweepResult:
 
 def run_cells_cached(cells: Sequence[Cell], out_dir: str | Path, backend: str = "local", workers: int | None = None,
                      ray_address: str | None = None, save_requests: bool = False, progress: bool = True,
-                     desc: str = "sweep") -> tuple[dict[int, dict[str, Any]], list[dict[str, Any]], int, int]:
-    """Run the cells not already finished in ``out_dir``. Returns (summaries by cell index, failures, cached, ran)."""
+                     desc: str = "sweep", bar: Any = None
+                     ) -> tuple[dict[int, dict[str, Any]], list[dict[str, Any]], int, int]:
+    """Run the cells not already finished in ``out_dir``. Returns (summaries by cell index, failures, cached, ran).
+
+    ``bar``: a tqdm bar to advance (one step per cell, cached ones at once) instead of a bar of its own, for a
+    caller that runs several batches under one progress bar (``dsparksim plan``); it is left open."""
     from dsparksim import __version__
 
     cache = CellCache(out_dir)
@@ -54,8 +58,12 @@ def run_cells_cached(cells: Sequence[Cell], out_dir: str | Path, backend: str = 
 
     from tqdm import tqdm
 
-    bar = tqdm(total=len(cells), initial=len(cells) - len(todo), unit="cell", desc=desc, disable=not progress,
-               dynamic_ncols=True)
+    own = bar is None
+    if own:
+        bar = tqdm(total=len(cells), initial=len(cells) - len(todo), unit="cell", desc=desc, disable=not progress,
+                   dynamic_ncols=True)
+    else:
+        bar.update(len(cells) - len(todo))
 
     def on_result(res: dict[str, Any]) -> None:
         c = by_index[res["index"]]
@@ -77,7 +85,8 @@ def run_cells_cached(cells: Sequence[Cell], out_dir: str | Path, backend: str = 
         make_backend(backend, workers, ray_address).run([Task(c.index, c.config, save_requests) for c in todo],
                                                         on_result)
     finally:
-        bar.close()
+        if own:
+            bar.close()
     summaries = {c.index: rec["summary"] for c in cells if (rec := cache.get(c.hash)) is not None}
     failures.sort(key=lambda f: f["cell"])
     return summaries, failures, len(cells) - len(todo), len(todo)

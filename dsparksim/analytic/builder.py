@@ -1,0 +1,189 @@
+"""Assemble a ``dsparksim-profile/1`` profile from architecture x hardware x parallelism (``profile build``).
+
+The profile describes ONE engine (one DP rank of tp GPUs): verify staircase = the analytic forward over M query
+tokens (:class:`~dsparksim.analytic.cost.ForwardModel`), attention = KV bytes read per context token, prefill = the
+query-key work of prompt chunks, drafters = small target-width stacks priced the same way. Every input,
+fitted parameter and assumption is recorded in ``metadata.build``.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dsparksim.analytic.arch import Arch, load_arch
+from dsparksim.analytic.cost import ASSUMPTIONS, DTYPE_BYTES, ForwardModel, Parallel
+from dsparksim.analytic.efficiency import EFFICIENCY_JSON, load_efficiency
+from dsparksim.analytic.hardware import HARDWARE_CSV, get_gpu
+from dsparksim.errors import InputError
+
+__all__ = ["BUILDER_VERSION", "M_GRID", "build_profile", "FIXED_OVERHEAD_S", "RESERVE_GIB", "DRAFTERS"]
+
+BUILDER_VERSION = "2"
+# verify breakpoints: every M to 32, then steps of 8, 32, 128, 512 up to 16384 (above vLLM's 8192 default
+# max_num_batched_tokens; the run's default token budget is the profile's largest breakpoint)
+M_GRID = np.unique(np.concatenate([np.arange(1, 33), np.arange(40, 257, 8), np.arange(288, 1025, 32),
+                                   np.arange(1152, 4097, 128), np.arange(4608, 16385, 512)])).astype(int)
+FIXED_OVERHEAD_S = 1.5e-3    # same stated assumption as profiles/derive_vidur.py (host scheduling, launch)
+RESERVE_GIB = 4.0            # activations, CUDA graphs, NCCL buffers per GPU (assumption, as derive_vidur.py)
+DRAFTERS: dict[str, dict[str, Any]] = {
+    # layers: dense target-width layers (attention + dense MLP of the config's intermediate_size)
+    "dspark": {"kind": "parallel", "layers": 3, "moe": False, "markov_overhead_frac": 0.008,
+               "note": "3 target-width dense layers + LM head (public DSpark drafts use 3 layers); Markov head "
+                       "+0.8% (paper: 0.2-1.3%); one forward over n_req*K tokens"},
+    "dflash": {"kind": "parallel", "layers": 3, "moe": False, "markov_overhead_frac": 0.0,
+               "note": "3 target-width dense layers + LM head; one forward over n_req*K tokens"},
+    "eagle3": {"kind": "autoregressive", "layers": 1, "moe": False, "markov_overhead_frac": 0.0,
+               "note": "1 target-width dense layer + LM head per sequential step"},
+    "mtp1": {"kind": "mtp", "layers": 1, "moe": True, "markov_overhead_frac": 0.0,
+             "note": "1 target layer (MoE when the target is MoE, as DeepSeek's MTP module) + shared LM head"},
+}
+
+
+def _sha16(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def _r(x: float) -> float:
+    return float(f"{float(x):.6g}")
+
+
+def build_profile(model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int = 1, dtype: str = "bf16",
+                  kv_dtype: str | None = None, gpu_memory_utilization: float = 0.9, name: str | None = None,
+                  date: str | None = None, model_label: str | None = None) -> dict[str, Any]:
+    """The profile JSON object (validate/save with dsparksim.profile). InputError/ConfigError on bad input."""
+    for flag, v in (("--tp", tp), ("--ep", ep), ("--dp", dp)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise InputError(flag, flag.lstrip("-"), f"expected a positive integer, got {v!r}")
+    if dtype not in DTYPE_BYTES:
+        raise InputError("--dtype", "dtype", f"expected one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+    if kv_dtype is not None and kv_dtype not in DTYPE_BYTES:
+        raise InputError("--kv-dtype", "kv_dtype", f"expected one of {', '.join(DTYPE_BYTES)}, got {kv_dtype!r}")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise InputError("--gpu-memory-utilization", "gpu_memory_utilization",
+                         f"expected a fraction in (0, 1], got {gpu_memory_utilization!r}")
+    mpath = Path(model)
+    arch: Arch = load_arch(mpath)
+    g = get_gpu(gpu)
+    eff, eff_json = load_efficiency()
+    fm = ForwardModel(arch, g, Parallel(tp=tp, ep=ep, dp=dp), eff, dtype=dtype, kv_dtype=kv_dtype)
+    fm.check_shapes()
+
+    # ---- memory: weights, KV capacity
+    wparts = fm.weight_bytes_per_gpu()
+    weights = sum(wparts.values())
+    usable = g.memory_bytes * gpu_memory_utilization
+    free = usable - weights - RESERVE_GIB * 2**30
+    if free <= 0:
+        raise InputError(str(mpath), "weights", f"{arch.name} in {dtype} needs {weights / 2**30:.1f} GiB of weights "
+                                               f"per GPU with tp={tp}, ep={ep}, dp={dp}, but {g.name} offers "
+                                               f"{usable / 2**30:.1f} GiB at gpu_memory_utilization "
+                                               f"{gpu_memory_utilization} minus a {RESERVE_GIB:g} GiB activation "
+                                               "reserve; use more GPUs (tp/ep) or --dtype fp8")
+    kv_cap = int(free // fm.kv_bytes_per_token())
+    max_len = int(min(arch.max_position, kv_cap))
+
+    # ---- verify staircase and drafters
+    M = M_GRID
+    terms = fm.terms(M)
+    verify = sum(terms.values())
+    drafters: dict[str, Any] = {}
+    for dn, spec in DRAFTERS.items():
+        moe_layers = spec["layers"] if (spec["moe"] and arch.is_moe) else 0
+        t = fm.forward(M, n_layers=spec["layers"], n_moe_layers=moe_layers)
+        e: dict[str, Any] = {"kind": spec["kind"], "tokens": [int(x) for x in M], "time_s": [_r(x) for x in t]}
+        if spec["markov_overhead_frac"]:
+            e["markov_overhead_frac"] = spec["markov_overhead_frac"]
+        # state update per prompt token (drafters read the target's features of every prompt token): marginal
+        # cost per token over the top octave of the grid
+        e["prefill_s_per_token"] = _r(max((t[-1] - t[np.searchsorted(M, M[-1] // 2)]) / (M[-1] - M[-1] // 2), 0.0))
+        e["note"] = spec["note"]
+        drafters[dn] = e
+
+    i1 = [int(np.searchsorted(M, m)) for m in (1, 64, 1024)]
+    par = f"tp{tp}" + (f"-ep{ep}" if ep > 1 else "") + (f"-dp{dp}" if dp > 1 else "")
+    name = name or f"built-{gpu.lower()}-{arch.name}-{par}"
+    label = model_label or str(mpath)
+    meta: dict[str, Any] = {
+        "device": g.name, "model": arch.name, "source": f"dsparksim profile build (builder v{BUILDER_VERSION}) from "
+                                                        f"{label} and {HARDWARE_CSV.name}",
+        "method": "analytic: per-forward roofline terms with efficiency curves fitted on measured vidur operator "
+                  "times; MoE fixed costs and communication from cited engine benchmarks; see metadata.build",
+        "dtype": dtype, "tensor_parallel": tp, "expert_parallel": ep, "data_parallel": dp,
+        "date": date or _dt.date.today().isoformat(),
+        "kv_capacity_tokens": kv_cap, "max_model_len": max_len,
+        # read by --disaggregated (dsparksim/disagg.py): prompt_tokens * this / link = the KV transfer time
+        "kv_bytes_per_token": int(fm.kv_bytes_per_token_engine()),   # whole bytes for every dtype here
+        "kv_bytes_per_token_note": (
+            f"KV bytes of one token for the whole model, counted once: {arch.n_layers} layers x "
+            + (f"MLA latent ({arch.kv_lora_rank} kv_lora_rank + {arch.qk_rope_head_dim} rope dims)" if arch.is_mla
+               else f"K+V of {arch.n_kv_heads} KV heads x {arch.head_dim}")
+            + f" x {fm.kv_dtype} ({fm.kvb:g} bytes). --kv-transfer-gbps is the bandwidth that carries one "
+            "request's KV into the engine: "
+            + ("the latent is replicated on every TP rank, so each rank needs all of it; one NIC's figure "
+               "(e.g. scaleout_gb_s_per_gpu of hardware.csv x 8 Gbit/s) is the right link"
+               if arch.is_mla else
+               "TP ranks hold disjoint KV-head shards, each can pull its shard over its own NIC: up to tp x one "
+               "NIC's figure")),
+        "build": {
+            "builder_version": BUILDER_VERSION, "code": "dsparksim/analytic/",
+            "inputs": {"model_config": label, "model_config_sha256_16": _sha16(mpath), "gpu": g.name,
+                       "hardware_table": f"dsparksim/data/{HARDWARE_CSV.name}",
+                       "hardware_table_sha256_16": _sha16(HARDWARE_CSV),
+                       "tp": tp, "ep": ep, "dp": dp, "dtype": dtype, "kv_dtype": fm.kv_dtype,
+                       "gpu_memory_utilization": gpu_memory_utilization},
+            "architecture": {k: v for k, v in arch.__dict__.items()},
+            "gpu_figures": g.as_dict(),
+            "efficiency_fit": {"file": f"dsparksim/data/{EFFICIENCY_JSON.name}",
+                               "sha256_16": _sha16(EFFICIENCY_JSON), "params": eff_json["params"],
+                               "fit": {k: v for k, v in eff_json["fit"].items() if k != "files"}},
+            "assumptions": {**ASSUMPTIONS,
+                            "fixed_overhead_s": {"value": FIXED_OVERHEAD_S, "source": "assumption (as "
+                                                 "profiles/derive_vidur.py): host scheduling and launch per step"},
+                            "activation_reserve_GiB": {"value": RESERVE_GIB, "source": "assumption (as "
+                                                       "profiles/derive_vidur.py)"},
+                            "routing": {"value": "uniform independent top-k", "source": "assumption: expected "
+                                        "distinct experts E*(1-(1-k/E)^tokens) over the EP group's tokens"},
+                            "dp_lockstep": {"value": dp, "source": "assumption: with dp > 1 and ep > 1 every DP "
+                                            "rank routes a batch of the same M each step (tokens per EP group = "
+                                            "dp*M); run this profile with --dp-ranks dp"},
+                            "drafter_shapes": {"value": {k: {"layers": v["layers"], "moe": v["moe"]}
+                                                         for k, v in DRAFTERS.items()},
+                                               "source": "assumption: drafters are target-width stacks; their "
+                                                         "attention over context is not priced"}},
+            "memory": {"weights_GiB_per_gpu": {k: round(v / 2**30, 3) for k, v in wparts.items()},
+                       "usable_GiB": round(usable / 2**30, 3), "free_for_kv_GiB": round(free / 2**30, 3),
+                       "kv_bytes_per_token_per_gpu": fm.kv_bytes_per_token(),
+                       "kv_capacity": "(memory * gpu_memory_utilization - weights - reserve) / KV bytes per token",
+                       "max_model_len": "min(max_position_embeddings, kv_capacity_tokens)"},
+            "terms_ms_at_M": {str(int(M[i])): {k: round(float(v[i]) * 1e3, 4) for k, v in terms.items()}
+                              for i in i1},
+            "not_modelled": ["overlap of communication with compute (terms add)", "load imbalance across experts",
+                             "overlap of attention KV reads (seconds_per_kv_token, bytes) with attention FLOPs "
+                             "(seconds_per_query_kv, per query-key pair): the two add",
+                             "MLA prefill in the non-absorbed form (prefill pairs are priced absorbed, as decode)",
+                             "pipeline parallelism", "drafters' attention"],
+        },
+    }
+    qk_kind = (f"absorbed MLA: 2 x ({2 * arch.kv_lora_rank} + {arch.qk_rope_head_dim}) per head per layer"
+               if arch.is_mla else "QK^T + PV: 2 x (head_dim + v_head_dim) per head per layer")
+    return {
+        "format": "dsparksim-profile/1", "name": name, "metadata": meta,
+        "verify": {"M": [int(x) for x in M], "time_s": [_r(x) for x in verify]},
+        "attention": {"model": "kv_bandwidth", "seconds_per_kv_token": _r(fm.seconds_per_kv_token()),
+                      "seconds_per_query_kv": _r(fm.seconds_per_query_key()),
+                      "note": f"seconds_per_kv_token: {fm.kv_bytes_per_token():g} KV bytes per context token per "
+                              f"GPU ({'MLA latent' if arch.is_mla else 'GQA K+V'}, {fm.kv_dtype}) read once per "
+                              "step at the fitted HBM fraction (bytes). seconds_per_query_kv: "
+                              f"{fm.attn_flops_per_query_key():g} attention FLOPs per decode query-key pair per GPU "
+                              f"({qk_kind}) / (bf16 peak x fitted fl_max) (FLOPs); the two add (no overlap)"},
+        "prefill": {"seconds_per_token": 0.0, "seconds_per_query_key": _r(fm.seconds_per_query_key()),
+                    "seconds_per_chunk": 0.0,
+                    "note": "prompt tokens' GEMMs are in the verify term at the step's M; the query-key work is "
+                            "attention FLOPs per pair / (bf16 peak * fitted fl_max)"},
+        "fixed_overhead_s": FIXED_OVERHEAD_S,
+        "drafters": drafters,
+    }

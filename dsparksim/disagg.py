@@ -1,0 +1,88 @@
+"""The prefill pool of a disaggregated deployment (``--disaggregated``): it builds each prompt's KV and ships it to
+a decode engine.
+
+Model (deliberately simple, every part reported per request):
+
+* ``replicas`` identical prefill instances serve requests FIFO in arrival order; a request goes to the instance
+  that is free first and waits for it (``ttft_queue``).
+* An instance runs one request at a time (no batching across requests), its prompt in chunks of
+  ``chunk_tokens`` tokens; a chunk of c tokens after s already prefilled costs one prefill-only step of the cost
+  profile: ``verify_time(c, s + c) + step_overhead(drafter, 0, K, c, c*s + c(c+1)/2, 1)`` (the fixed overhead
+  plus the profile's prefill terms, the drafter's prompt update included) -- ``ttft_prefill``.
+* The prompt's KV then crosses the link at full bandwidth, with no contention between transfers:
+  ``prompt_tokens * kv_bytes_per_token * 8 / (kv_transfer_gbps * 1e9)`` seconds (``ttft_transfer``).
+
+The first token (sampled by the prefill instance) reaches the user when the KV lands on the decode engine:
+TTFT = queue + prefill + transfer. Waiting for admission on the decode engine delays the later tokens only.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any
+
+from dsparksim.errors import ConfigError
+
+
+def kv_transfer_terms(profile: Any, gbps: float | None, bytes_per_token: float | None) -> tuple[float, float]:
+    """(link Gbit/s, KV bytes per token) of a disaggregated run: the link from ``--kv-transfer-gbps`` (required),
+    the bytes from ``--kv-bytes-per-token`` or else the profile's ``metadata.kv_bytes_per_token``."""
+    if gbps is None:
+        raise ConfigError("config", "kv_transfer_gbps", "a disaggregated run ships each prompt's KV from the "
+                          "prefill pool to a decode engine: give the link bandwidth with --kv-transfer-gbps "
+                          "(Gbit/s)")
+    if bytes_per_token is None:
+        v = profile.metadata.get("kv_bytes_per_token")
+        if v is None:
+            raise ConfigError(f"profile '{profile.name}' ({profile.source})", "metadata.kv_bytes_per_token",
+                              "a disaggregated run needs the KV bytes per token to price the transfer; the profile "
+                              "does not give it: pass --kv-bytes-per-token (e.g. Llama-2-7B bf16: 2 x 32 layers x "
+                              "4096 x 2 bytes = 524288)")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ConfigError(f"profile '{profile.name}' ({profile.source})", "metadata.kv_bytes_per_token",
+                              f"expected a number > 0, got {v!r}")
+        bytes_per_token = float(v)
+    for name, x in (("kv_transfer_gbps", gbps), ("kv_bytes_per_token", bytes_per_token)):
+        if not (math.isfinite(x) and x > 0):
+            raise ConfigError("config", name, f"must be a finite number > 0, got {x!r}")
+    return float(gbps), float(bytes_per_token)
+
+
+class PrefillPool:
+    """FIFO prefill instances (see the module doc); :meth:`serve` gives one request's TTFT parts."""
+
+    def __init__(self, *, profile: Any, drafter: str | None, K: int, replicas: int, chunk_tokens: int,
+                 gbps: float, bytes_per_token: float) -> None:
+        if replicas < 1 or chunk_tokens < 1:
+            raise ValueError(f"need replicas >= 1 and chunk_tokens >= 1, got {replicas}, {chunk_tokens}")
+        self.profile, self.drafter, self.K = profile, drafter, int(K)
+        self.chunk = int(chunk_tokens)
+        self.bytes_per_s = float(gbps) * 1e9 / 8.0
+        self.bytes_per_token = float(bytes_per_token)
+        self._free = [0.0] * int(replicas)     # heap of the instances' next free times
+        self._memo: dict[int, float] = {}
+
+    def prefill_s(self, prompt: int) -> float:
+        """Seconds one instance takes to prefill a ``prompt``-token prompt (chunked; see the module doc)."""
+        t = self._memo.get(prompt)
+        if t is None:
+            t, s, prof = 0.0, 0, self.profile
+            while s < prompt:
+                c = min(self.chunk, prompt - s)
+                t += float(prof.verify_time(c, s + c)) + float(
+                    prof.step_overhead(self.drafter, 0, self.K, c, c * s + c * (c + 1) // 2, 1))
+                s += c
+            self._memo[prompt] = t
+        return t
+
+    def transfer_s(self, prompt: int) -> float:
+        """Seconds the prompt's KV takes over the link."""
+        return prompt * self.bytes_per_token / self.bytes_per_s
+
+    def serve(self, t: float, prompt: int) -> tuple[float, float, float]:
+        """A request arriving at ``t`` (calls in arrival order): (queue, prefill, transfer) seconds."""
+        free = heapq.heappop(self._free)
+        start = max(t, free)
+        pf = self.prefill_s(int(prompt))
+        heapq.heappush(self._free, start + pf)
+        return start - t, pf, self.transfer_s(int(prompt))

@@ -1,0 +1,48 @@
+"""CLI: `dsparksim plan SPEC.toml --out DIR` (registered by dsparksim.cli_sweep)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from dsparksim.cli_sweep import _bar_off
+    from dsparksim.outputs import check_out_dir
+    from dsparksim.plan import load_plan, run_plan, text_report, write_plan
+
+    spec = load_plan(args.spec)  # validated (every probe's configuration, prices, SLO metrics): nothing runs before
+    out = check_out_dir(args.out, "--out", replace=False)  # holds the cell cache: written into, never replaced
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        run = run_plan(spec, out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
+                       progress=not _bar_off(args))
+    except KeyboardInterrupt:
+        print(f"dsparksim: interrupted: finished probes are saved in {out}/cells; run the same command again to "
+              "resume", file=sys.stderr)
+        return 130
+    doc, paths = write_plan(run, out)
+    if not args.quiet:
+        print(text_report(doc))
+        for name, p in paths.items():
+            print(f"  {name:13s} {p}")
+    if run.failures:
+        for f in run.failures[:20]:
+            print(f"dsparksim: probe failed: {f['deployment']} x{f['scale']:g} at {f['replicas']} replicas: "
+                  f"{f['error']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def register(subparsers, backend_args) -> None:
+    p = subparsers.add_parser(
+        "plan", help="cheapest deployment meeting an SLO at a given traffic, per policy family",
+        description="Search candidate deployments (profile, run options, policy and K) for the fewest replicas "
+                    "meeting every SLO term at each traffic scale, by bisection on replicas (feasibility assumed "
+                    "monotone in replicas) with dominance pruning; probes are cached sweep cells in OUT/cells (a "
+                    "rerun resumes). Writes plan.json (with the resolved spec and the search trace), spec.json, "
+                    "cheapest.csv, pareto.csv/.json, probes.csv, plan.png and, last, plan.manifest.json. A spec "
+                    "error exits 2 before any probe runs.")
+    p.add_argument("spec", help="plan spec (TOML), e.g. sweeps/plan-example.toml")
+    p.add_argument("--out", "--result-dir", dest="out", required=True, help="output folder (also the probe cache)")
+    backend_args(p)
+    p.set_defaults(func=cmd_plan)

@@ -1,0 +1,509 @@
+"""Plan spec files (TOML): traffic, SLOs, candidate deployments and GPU prices, validated before any cell runs.
+
+Format::
+
+    [plan]                          # optional except slo
+    name = "plan-example"
+    slo = ["tps_user_p50 >= 60", "ttft_p99_s <= 2"]   # METRIC OP NUMBER on run-summary fields (aliases: p50)
+    seeds = [0, 1, 2]               # each probe runs once per seed [0]
+    confidence = 0.95               # interval level of the feasibility rule with >= 2 seeds
+    require_unsaturated = true      # a saturated probe never meets the SLO
+    prune = true                    # skip deployments that cannot beat their family's cheapest so far
+
+    [traffic]                       # one load: rate (open loop, req/s) or trace (replayed at time_scale)
+    rate = 8.0
+    scales = [1.0, 2.0]             # plan for each multiple of the load
+    duration_s = 20.0               # and any other traffic option (domain, lengths, arrival, warmup_s, ...)
+
+    [base]                          # run options shared by every candidate (acceptance, router, ...)
+
+    [prices]                        # $ per GPU-hour, keyed by the profile's metadata.device
+    "NVIDIA H100 SXM 80GB" = 3.0
+
+    [[candidates]]
+    name = "7b"                     # optional
+    profile = "h100-llama2-7b-tp1"  # shipped name or JSON path; a list = one deployment per profile
+    replicas = [1, 8]               # inclusive range searched by bisection
+    policies = ["mtp1", "confidence", "fixed"]
+    K = [3, 7]                      # draft block sizes for policies that take the run's K [7]
+    router = "least-outstanding"    # any run option; a list = one deployment per value
+    gpus_per_replica = 8            # optional: overrides the profile's metadata
+
+Every key of ``[base]``, ``[traffic]`` (besides the load and ``scales``) and a candidate (besides ``name``,
+``replicas``, ``policies``, ``K``, ``gpus_per_replica``, ``prefill_gpus_per_replica``) is a run option defined once
+on the config dataclasses (``dsparksim.config.run_options``), spelled as in sweep specs, so options added there
+(e.g. ``kv_policy``, ``disaggregated``, ``prefill_replicas``) are plan keys with no change here.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from dsparksim.errors import ConfigError, InputError
+
+TABLES = ("plan", "traffic", "base", "prices", "candidates")
+PLAN_KEYS = ("name", "slo", "seeds", "confidence", "require_unsaturated", "prune")
+CANDIDATE_KEYS = ("name", "replicas", "policies", "K", "gpus_per_replica", "prefill_gpus_per_replica")
+LOADS = ("rate", "trace")   # the [traffic] load; scales multiply rate or the trace's time_scale
+# Run options a plan sets itself: the load (from [traffic] x scale), the seed ([plan] seeds), the replica count
+# (searched) and the policy / K (candidates' policies and K).
+RESERVED = ("concurrency", "rate", "time_scale", "trace", "seed", "replicas", "policy", "block_size")
+_OPS = (">=", "<=", ">", "<")
+_SLO_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=|>|<)\s*([-+0-9.eE]+)\s*$")
+# Percentile spellings of the summary's median fields (summary.json says median).
+METRIC_ALIASES = {f"{m}_p50{u}": f"{m}_median{u}" for m, u in
+                  (("tps_user", ""), ("ttft", "_s"), ("tpot", "_s"), ("itl", "_s"), ("e2e", "_s"))}
+# Run options that make a deployment disaggregated and size its prefill pool ([regime]); read by name so the
+# planner counts their GPUs as soon as the options exist.
+DISAGG_KEY, PREFILL_KEY = "disaggregated", "prefill_replicas"
+
+
+def slo_metrics() -> tuple[str, ...]:
+    """Run-summary fields an SLO may constrain (dsparksim.metrics.summarize)."""
+    from dsparksim.sweep.capacity import SLO_METRICS
+
+    return tuple(SLO_METRICS)
+
+
+@dataclass(frozen=True)
+class SLOTerm:
+    """One SLO term on a run-summary field: ``metric op value`` (``spelled``: as the spec wrote the metric)."""
+
+    metric: str
+    op: str
+    value: float
+    spelled: str
+
+    def __str__(self) -> str:
+        return f"{self.spelled} {self.op} {self.value:g}"
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.op in (">=", ">")
+
+    def holds(self, x: float) -> bool:
+        return {">=": x >= self.value, "<=": x <= self.value, ">": x > self.value, "<": x < self.value}[self.op]
+
+    def headroom(self, x: float) -> float:
+        """Relative slack of ``x`` against the threshold: > 0 met with room, < 0 missed by that fraction."""
+        d = (x - self.value) if self.higher_is_better else (self.value - x)
+        return d / abs(self.value) if self.value else d
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One point of the search space but the replica count: a profile, options, policy and K.
+
+    ``gpus_per_replica``: GPUs of one decode replica; ``prefill_gpus``: GPUs of the prefill pool (disaggregated
+    deployments: prefill_replicas x prefill GPUs per replica, else 0). Cost per hour at r replicas =
+    (r x gpus_per_replica + prefill_gpus) x price."""
+
+    index: int
+    candidate: str
+    label: str
+    family: str
+    policy: str
+    K: int
+    options: Mapping[str, Any]     # run options, without load, seed and replicas
+    device: str
+    price: float
+    gpus_per_replica: int
+    gpus_note: str
+    prefill_gpus: int
+    lo: int
+    hi: int
+
+    def gpus(self, replicas: int) -> int:
+        return replicas * self.gpus_per_replica + self.prefill_gpus
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "candidate": self.candidate, "label": self.label, "family": self.family,
+                "policy": self.policy, "K": self.K, "options": dict(self.options), "device": self.device,
+                "price_per_gpu_hour": self.price, "gpus_per_replica": self.gpus_per_replica,
+                "gpus_per_replica_from": self.gpus_note, "prefill_gpus": self.prefill_gpus,
+                "replicas": [self.lo, self.hi]}
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """A parsed, validated plan spec (``raw``: the file's tables, saved next to the results as resolved)."""
+
+    source: str
+    name: str
+    slo: tuple[SLOTerm, ...]
+    seeds: tuple[int, ...]
+    confidence: float
+    require_unsaturated: bool
+    prune: bool
+    load_key: str                 # "rate" | "time_scale"
+    load_base: float
+    scales: tuple[float, ...]
+    traffic: Mapping[str, Any]    # traffic options (trace included) but the load
+    base: Mapping[str, Any]
+    prices: Mapping[str, float]
+    deployments: tuple[Deployment, ...]
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+    def load(self, scale: float) -> float:
+        return self.load_base * scale
+
+    def options(self, d: Deployment, scale: float, replicas: int, seed: int) -> dict[str, Any]:
+        """Flat run options of one probe (``RunConfig.from_options`` keys)."""
+        return {**self.traffic, **self.base, **d.options, self.load_key: self.load(scale), "replicas": replicas,
+                "seed": seed, "policy": d.policy, "block_size": d.K}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "name": self.name, "slo": [str(t) for t in self.slo],
+                "slo_metrics": {t.spelled: t.metric for t in self.slo}, "seeds": list(self.seeds),
+                "confidence": self.confidence, "require_unsaturated": self.require_unsaturated, "prune": self.prune,
+                "traffic": {**self.traffic, "load": self.load_key, "load_at_scale_1": self.load_base,
+                            "scales": list(self.scales)},
+                "base": dict(self.base), "prices_per_gpu_hour": dict(self.prices),
+                "deployments": [d.to_dict() for d in self.deployments], "file": dict(self.raw)}
+
+
+def load_plan(path: str | Path) -> PlanSpec:
+    """Read and validate a TOML plan spec (structure, SLOs, prices, every probe's configuration) -- no cell runs."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise InputError(str(p), None, f"cannot read plan spec: {e.strerror or e}") from None
+    try:
+        d = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise InputError(str(p), None, f"not valid TOML: {e}") from None
+    return plan_from_dict(d, source=str(p))
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def _table(src: str, d: Mapping[str, Any], name: str, required: bool = False) -> dict[str, Any]:
+    v = d.get(name)
+    if v is None:
+        if required:
+            raise ConfigError(src, name, f"required table [{name}] is missing")
+        return {}
+    if not isinstance(v, Mapping):
+        raise ConfigError(src, name, f"expected a table [{name}], got {v!r}")
+    return dict(v)
+
+
+def _run_options(src: str, where: str, d: Mapping[str, Any], allow_lists: bool) -> dict[str, Any]:
+    """Run options of a table, keys canonical, values type-checked (lists: one value each)."""
+    from dsparksim.sweep.spec import _check_value, canonical_key
+
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        c = canonical_key(k)
+        if c in RESERVED:
+            raise ConfigError(src, f"{where}.{k}", f"is set by the plan itself (load: [traffic]; seed: plan.seeds; "
+                              "replicas: the candidate's range; policy/K: the candidate's policies and K)")
+        if c in out:
+            raise ConfigError(src, f"{where}.{k}", f"same key as another spelling (both mean {c!r}); keep one")
+        if allow_lists and isinstance(v, list):
+            if not v:
+                raise ConfigError(src, f"{where}.{k}", "empty list: give at least one value")
+            vals = [_check_value(src, f"{where}.{k}[{i}]", c, x) for i, x in enumerate(v)]
+            if len(set(map(repr, vals))) != len(vals):
+                raise ConfigError(src, f"{where}.{k}", f"duplicate values in {v!r}")
+            out[c] = vals
+        else:
+            out[c] = _check_value(src, f"{where}.{k}", c, v)
+    return out
+
+
+def _pos_number(src: str, where: str, v: Any, integer: bool = False) -> float:
+    kinds = (int,) if integer else (int, float)
+    if isinstance(v, bool) or not isinstance(v, kinds) or not (0 < v < math.inf):
+        raise ConfigError(src, where, f"expected {'an integer >= 1' if integer else 'a finite number > 0'}, "
+                          f"got {v!r}")
+    return v
+
+
+def parse_slo_terms(src: str, terms: Any) -> tuple[SLOTerm, ...]:
+    """SLO terms ``METRIC OP NUMBER`` (OP in >=, <=, >, <) on known run-summary metrics."""
+    if isinstance(terms, str) or not isinstance(terms, list) or not terms:
+        raise ConfigError(src, "plan.slo", f"expected a non-empty list of terms like 'tps_user_p50 >= 60', "
+                          f"got {terms!r}")
+    known = slo_metrics()
+    out = []
+    for i, t in enumerate(terms):
+        where = f"plan.slo[{i}]"
+        m = _SLO_RE.match(t) if isinstance(t, str) else None
+        if not m:
+            ops = t.split()[1] if isinstance(t, str) and len(t.split()) == 3 else None
+            hint = f" (operator {ops!r} is not one of {', '.join(_OPS)})" if ops and ops not in _OPS else ""
+            raise ConfigError(src, where, f"expected 'METRIC OP NUMBER' with OP one of {', '.join(_OPS)}, "
+                              f"got {t!r}{hint}")
+        name, op = m.group(1), m.group(2)
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            raise ConfigError(src, where, f"threshold is not a number in {t!r}") from None
+        if not math.isfinite(value):
+            raise ConfigError(src, where, f"threshold must be finite, got {t!r}")
+        metric = METRIC_ALIASES.get(name, name)
+        if metric not in known:
+            raise ConfigError(src, where, f"unknown metric {name!r}; expected one of {', '.join(known)} "
+                              f"(or {', '.join(METRIC_ALIASES)})")
+        out.append(SLOTerm(metric, op, value, name))
+    return tuple(out)
+
+
+def _family(policy: str) -> str:
+    return policy.partition(":")[0]
+
+
+def gpus_per_replica(meta: Mapping[str, Any], dp_ranks: int = 1) -> tuple[int, str]:
+    """GPUs of one replica from profile metadata, and where the figure came from.
+
+    ``gpus`` (or ``num_gpus``/``gpu_count``) when the profile states it; else tensor_parallel x pipeline_parallel
+    x data_parallel (metadata ``data_parallel``/``dp``, else the run's dp_ranks), at least expert_parallel
+    (experts are laid out over those GPUs, not beside them). tensor_parallel absent -> None (the caller refuses).
+    """
+    for k in ("gpus", "num_gpus", "gpu_count"):
+        v = meta.get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+            return v, f"metadata.{k}"
+
+    def num(*keys: str) -> tuple[int | None, str | None]:
+        for k in keys:
+            v = meta.get(k)
+            if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+                return v, k
+        return None, None
+
+    tp, _ = num("tensor_parallel", "tp")
+    if tp is None:
+        return 0, "none"
+    pp, ppk = num("pipeline_parallel", "pp")
+    dp, dpk = num("data_parallel", "dp")
+    ep, epk = num("expert_parallel", "ep")
+    parts = [f"tensor_parallel {tp}"]
+    n = tp
+    if pp:
+        n *= pp
+        parts.append(f"{ppk} {pp}")
+    if dp:
+        n *= dp
+        parts.append(f"{dpk} {dp}")
+    elif dp_ranks > 1:
+        n *= dp_ranks
+        parts.append(f"dp_ranks {dp_ranks}")
+    if ep and ep > n:
+        n = ep
+        parts.append(f"raised to {epk} {ep}")
+    return n, "metadata: " + " x ".join(parts)
+
+
+# ------------------------------------------------------------------------------------------------- parsing
+def plan_from_dict(d: Mapping[str, Any], source: str = "plan spec") -> PlanSpec:
+    """Validate a plan spec given as the parsed TOML and resolve its deployments (loads profiles; runs nothing)."""
+    src = source
+    if not isinstance(d, Mapping):
+        raise ConfigError(src, None, f"expected a table, got {type(d).__name__}")
+    for t in d:
+        if t not in TABLES:
+            raise ConfigError(src, t, f"unknown table [{t}]; expected some of {', '.join(TABLES)}")
+    plan = _table(src, d, "plan", required=True)
+    for k in plan:
+        if k not in PLAN_KEYS:
+            raise ConfigError(src, f"plan.{k}", f"unknown key; expected some of {', '.join(PLAN_KEYS)}")
+    name = plan.get("name", Path(src).stem)
+    if not isinstance(name, str) or not name:
+        raise ConfigError(src, "plan.name", f"expected a non-empty string, got {name!r}")
+    slo = parse_slo_terms(src, plan.get("slo"))
+    seeds = plan.get("seeds", [0])
+    if (not isinstance(seeds, list) or not seeds
+            or any(isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**63 for s in seeds)):
+        raise ConfigError(src, "plan.seeds", f"expected a non-empty list of integers >= 0, got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(src, "plan.seeds", f"duplicate seeds in {seeds!r}")
+    conf = plan.get("confidence", 0.95)
+    if isinstance(conf, bool) or not isinstance(conf, (int, float)) or not 0 < conf < 1:
+        raise ConfigError(src, "plan.confidence", f"expected a number in (0, 1), got {conf!r}")
+    flags = {}
+    for k, default in (("require_unsaturated", True), ("prune", True)):
+        flags[k] = plan.get(k, default)
+        if not isinstance(flags[k], bool):
+            raise ConfigError(src, f"plan.{k}", f"expected true or false, got {flags[k]!r}")
+
+    traffic = _table(src, d, "traffic", required=True)
+    scales = traffic.pop("scales", [1.0])
+    if not isinstance(scales, list) or not scales:
+        raise ConfigError(src, "traffic.scales", f"expected a non-empty list of numbers > 0, got {scales!r}")
+    scales = [float(_pos_number(src, f"traffic.scales[{i}]", s)) for i, s in enumerate(scales)]
+    if len(set(scales)) != len(scales):
+        raise ConfigError(src, "traffic.scales", f"duplicate scales in {scales!r}")
+    loads = [k for k in traffic if k in LOADS or k in ("request_rate", "concurrency", "time_scale")]
+    if "concurrency" in loads:
+        raise ConfigError(src, "traffic.concurrency", "a plan serves a given traffic: set rate (open loop, req/s) "
+                          "or trace (replayed, scaled by time_scale); closed-loop users are not a traffic level")
+    if "rate" in traffic and "request_rate" in traffic:
+        raise ConfigError(src, "traffic.request_rate", "same key as traffic.rate; keep one")
+    if "request_rate" in traffic:
+        traffic["rate"] = traffic.pop("request_rate")
+    if "rate" in traffic and "trace" in traffic:
+        raise ConfigError(src, "traffic.trace", "set one load: rate (open loop) or trace (replay), not both")
+    if "rate" in traffic:
+        load_key, load_base = "rate", float(_pos_number(src, "traffic.rate", traffic.pop("rate")))
+        if "time_scale" in traffic:
+            raise ConfigError(src, "traffic.time_scale", "applies to a trace; this plan's load is a rate")
+    elif "trace" in traffic:
+        load_key = "time_scale"
+        load_base = float(_pos_number(src, "traffic.time_scale", traffic.pop("time_scale", 1.0)))
+    else:
+        raise ConfigError(src, "traffic", "no load: set rate (open loop, req/s) or trace (an arrival trace to "
+                          "replay; time_scale multiplies its rate)")
+    trace = traffic.pop("trace", None)
+    topts = _run_options(src, "traffic", traffic, allow_lists=False)
+    if trace is not None:
+        if not isinstance(trace, str):
+            raise ConfigError(src, "traffic.trace", f"expected a trace path or shipped name, got {trace!r}")
+        topts["trace"] = trace
+    base = _run_options(src, "base", _table(src, d, "base"), allow_lists=False)
+    for k in base:
+        if k in topts:
+            raise ConfigError(src, f"base.{k}", f"also set in [traffic] ({topts[k]!r}); keep one")
+
+    prices = _table(src, d, "prices")
+    for k, v in prices.items():
+        prices[k] = float(_pos_number(src, f"prices.{k}", v))
+
+    cands = d.get("candidates")
+    if cands is None or (isinstance(cands, list) and not cands):
+        raise ConfigError(src, "candidates", "no candidate deployments: add at least one [[candidates]] table")
+    if not isinstance(cands, list) or not all(isinstance(c, Mapping) for c in cands):
+        raise ConfigError(src, "candidates", f"expected [[candidates]] tables, got {cands!r}")
+    deps: list[Deployment] = []
+    for i, c in enumerate(cands):
+        deps.extend(_candidate(src, i, dict(c), prices, len(deps), {**topts, **base}))
+    if not deps:
+        raise ConfigError(src, "candidates", "no deployment to search")
+    spec = PlanSpec(source=src, name=name, slo=slo, seeds=tuple(seeds), confidence=float(conf),
+                    require_unsaturated=flags["require_unsaturated"], prune=flags["prune"], load_key=load_key,
+                    load_base=load_base, scales=tuple(scales), traffic=topts, base=base, prices=prices,
+                    deployments=tuple(deps), raw=_plain(d))
+    _check_probes(spec)
+    return spec
+
+
+def _plain(d: Any) -> Any:
+    if isinstance(d, Mapping):
+        return {k: _plain(v) for k, v in d.items()}
+    if isinstance(d, list):
+        return [_plain(v) for v in d]
+    return d if isinstance(d, (str, int, float, bool)) or d is None else str(d)
+
+
+def _candidate(src: str, i: int, c: dict[str, Any], prices: Mapping[str, float], start: int,
+               shared: Mapping[str, Any]) -> list[Deployment]:
+    from dsparksim.policies import make_policy
+    from dsparksim.profile import load_profile
+
+    where = f"candidates[{i}]"
+    cname = c.pop("name", f"c{i}")
+    if not isinstance(cname, str) or not cname:
+        raise ConfigError(src, f"{where}.name", f"expected a non-empty string, got {cname!r}")
+    rng = c.pop("replicas", None)
+    if (not isinstance(rng, list) or len(rng) != 2
+            or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in rng)):
+        raise ConfigError(src, f"{where}.replicas", f"expected [MIN, MAX], integers >= 1, got {rng!r}")
+    lo, hi = rng
+    if lo > hi:
+        raise ConfigError(src, f"{where}.replicas", f"range is inverted: min {lo} > max {hi}")
+    pols = c.pop("policies", None)
+    if not isinstance(pols, list) or not pols or not all(isinstance(p, str) for p in pols):
+        raise ConfigError(src, f"{where}.policies", f"expected a non-empty list of policy specs, got {pols!r}")
+    ks = c.pop("K", c.pop("k", [7]))
+    ks = ks if isinstance(ks, list) else [ks]
+    if not ks or any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 15 for k in ks):
+        raise ConfigError(src, f"{where}.K", f"expected draft block sizes in 1..15, got {ks!r}")
+    over = {}
+    for k in ("gpus_per_replica", "prefill_gpus_per_replica"):
+        if k in c:
+            over[k] = int(_pos_number(src, f"{where}.{k}", c.pop(k), integer=True))
+    opts = _run_options(src, where, c, allow_lists=True)
+    if "profile" not in opts and "profile" not in shared:
+        raise ConfigError(src, f"{where}.profile", "required: the cost profile (shipped name or JSON path)")
+    lists = {k: v for k, v in opts.items() if isinstance(v, list)}
+    fixed = {k: v for k, v in opts.items() if not isinstance(v, list)}
+    policies = []
+    for j, p in enumerate(pols):
+        try:
+            pol = make_policy(p)
+        except InputError as e:
+            raise ConfigError(src, f"{where}.policies[{j}]", f"invalid policy spec {p!r}: {e}") from None
+        for K in ks:
+            eff = int(pol.block_size or K)
+            if (pol.spec, eff, pol.block_size is None) not in policies:
+                policies.append((pol.spec, eff, pol.block_size is None))
+    out: list[Deployment] = []
+    for combo in itertools.product(*lists.values()):
+        o = {**fixed, **dict(zip(lists, combo))}
+        merged = {**shared, **o}
+        prof_name = merged["profile"]
+        try:
+            prof = load_profile(prof_name)
+        except InputError as e:
+            raise ConfigError(src, f"{where}.profile", f"profile {prof_name!r} cannot be loaded: {e}") from None
+        meta = prof.metadata
+        device = str(meta.get("device", ""))
+        if device not in prices:
+            raise ConfigError(src, f"{where}.profile", f"no price for GPU {device!r} (profile {prof_name!r}'s "
+                              f"metadata.device): add it to [prices] in $/GPU-hour"
+                              + (f"; priced: {', '.join(prices)}" if prices else ""))
+        if "gpus_per_replica" in over:
+            g, note = over["gpus_per_replica"], "candidate gpus_per_replica"
+        else:
+            g, note = gpus_per_replica(meta, int(merged.get("dp_ranks", 1)))
+            if not g:
+                raise ConfigError(src, f"{where}.profile", f"profile {prof_name!r} states neither gpus nor "
+                                  "tensor_parallel in its metadata: set gpus_per_replica on the candidate")
+        prefill = 0
+        if merged.get(DISAGG_KEY):
+            from dsparksim.config import run_options
+
+            spec_pre = run_options().get(PREFILL_KEY)
+            n_pre = merged.get(PREFILL_KEY, spec_pre.default if spec_pre is not None else 1) or 1
+            prefill = int(n_pre) * over.get("prefill_gpus_per_replica", g)
+        vary = ", ".join(f"{k}={v}" for k, v in zip(lists, combo) if k != "profile")
+        for pspec, K, takes_k in policies:
+            label = (f"{cname}/{Path(str(prof_name)).stem}" + (f" [{vary}]" if vary else "") + f" {pspec}"
+                     + (f" K={K}" if takes_k else ""))
+            out.append(Deployment(index=start + len(out), candidate=cname, label=label,
+                                  family=_family(pspec), policy=pspec, K=K, options=o, device=device,
+                                  price=prices[device], gpus_per_replica=int(g), gpus_note=note,
+                                  prefill_gpus=prefill, lo=lo, hi=hi))
+    return out
+
+
+def _check_probes(spec: PlanSpec) -> None:
+    """Every probe the search may run builds a valid RunConfig; the inputs it reads open (no cell runs)."""
+    from dsparksim.sweep.cells import build_config
+    from dsparksim.sweep.spec import spec_from_dict
+
+    seen: set[str] = set()
+    for d in spec.deployments:
+        where = f"candidates ({d.label})"
+        for scale in (min(spec.scales), max(spec.scales)):
+            for r in (d.lo, d.hi):
+                try:
+                    build_config(spec.options(d, scale, r, spec.seeds[0]), spec.source)
+                except ConfigError as e:
+                    raise ConfigError(spec.source, where, f"replicas={r}, scale={scale:g}: {e}") from None
+        # Input files (acceptance sources, traces, length tables, routers) are checked as a sweep checks them.
+        opts = {k: v for k, v in spec.options(d, spec.scales[0], d.lo, spec.seeds[0]).items()}
+        key = repr(sorted((k, repr(v)) for k, v in opts.items() if k not in ("replicas", "seed")))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            spec_from_dict({"sweep": {"name": spec.name}, "base": opts}, source=spec.source)
+        except ConfigError as e:
+            raise ConfigError(spec.source, where, str(e)) from None
