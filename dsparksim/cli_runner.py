@@ -18,6 +18,16 @@ def _strs(s: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in s.split(",") if x.strip())
 
 
+DEFAULT_POLICIES = ("mtp1", "fixed:7", "threshold:0.5", "goodput", "confidence", "confidence-async:2")
+
+
+def _pair(s: str) -> tuple[int, int]:
+    v = _ints(s)
+    if len(v) != 2 or not 1 <= v[0] <= v[1]:
+        raise argparse.ArgumentTypeError(f"expected LO,HI with 1 <= LO <= HI, got {s!r}")
+    return v
+
+
 def _device_args(p: argparse.ArgumentParser, seed: bool = True) -> None:
     g = p.add_argument_group("real engine")
     g.add_argument("--model", default="tiny",
@@ -56,6 +66,16 @@ def _measure_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--contexts", type=_ints, default=None, help="context lengths in tokens, comma-separated")
     g.add_argument("--warmup", type=int, default=2, help="discarded steps per cell [%(default)s]")
     g.add_argument("--reps", type=int, default=5, help="timed steps per cell (median) [%(default)s]")
+    g.add_argument("--drift-threshold", type=float, default=0.10,
+                   help="re-time a fixed reference cell beside every measurement, bring times to the baseline "
+                        "machine speed, and discard (re-measure, counted) a measurement across which the reference "
+                        "moved more than this fraction [%(default)s]")
+    g.add_argument("--drift-attempts", type=int, default=None,
+                   help="measurements of one cell/run while the machine drifts past the threshold [measure 3, "
+                        "validate 2]")
+    g.add_argument("--no-drift", action="store_true",
+                   help="no drift normalisation: raw times, nothing discarded (validate still times and reports "
+                        "the reference cell around each run)")
     g.add_argument("--min-growth", type=float, default=1.05,
                    help="refuse the profile as flat if the verify time at the largest M is less than this multiple "
                         "of the time at M=1 [%(default)s]")
@@ -94,7 +114,10 @@ def _live_model(args) -> str:
 def _mc(args):
     from dsparksim.runner.measure import MeasureConfig
     kw = {"model": _live_model(args), "executor": _executor(args), "K": args.block_size, "warmup": args.warmup,
-          "reps": args.reps, "min_growth": args.min_growth}
+          "reps": args.reps, "min_growth": args.min_growth, "drift": not args.no_drift,
+          "drift_threshold": args.drift_threshold}
+    if args.drift_attempts is not None:
+        kw["drift_attempts"] = args.drift_attempts
     if getattr(args, "live", False):
         kw["live_models"] = args.models
         kw["block_drafter"] = args.live_drafter
@@ -122,6 +145,21 @@ def cmd_measure(args) -> int:
     print(f"wrote {out}: M 1..{prof['verify']['M'][-1]} ({len(prof['verify']['M'])} breakpoints), verify growth "
           f"{fit['verify_growth']:.2f}x, s/KV token {fit['seconds_per_kv_token']}, failed cells "
           f"{len(prof['metadata']['failed_cells'])}")
+    pf = fit.get("prefill") or {}
+    if "seconds_per_chunk" in pf:
+        print(f"  prefill: {pf['seconds_per_token']:.3g} s/token, {pf['seconds_per_query_key']:.3g} s/query-key, "
+              f"{pf['seconds_per_chunk']:.3g} s/chunk, + per decoding request beside it "
+              f"{pf['seconds_per_token_per_decode']:.3g} s/token, {pf['seconds_per_chunk_per_decode']:.3g} s/chunk "
+              f"(decode rows {pf['decode_rows']})")
+    print(f"  per request: drafter {fit['drafter_per_request']['per_request_s']:.3g} s, host loop "
+          f"{fit['host_per_request']['per_request_s']:.3g} s"
+          + ("" if not fit.get("context_shape") else "; context s/KV token by context "
+             + ", ".join(f"{c}: {v:.3g}" for c, v in fit["context_shape"]["s_per_kv_token_by_context"].items())))
+    d = prof["metadata"].get("drift")
+    if d:
+        print(f"  drift: {100 * d['drift_over_command']:.1f}% over the command ({len(d['reference_s'])} reference "
+              f"timings), {d['kept']} measurement(s) kept, {d['discarded']} discarded (threshold "
+              f"{100 * d['threshold']:.0f}%)")
     return 0
 
 
@@ -130,20 +168,39 @@ def cmd_validate(args) -> int:
     from dsparksim.runner.validate import ValidateConfig, validate
     mc = _mc(args)
     acc, acc1 = args.acceptance, args.mtp1_acceptance
+    K = args.block_size
+    if acc is None and not args.live and K != 7:
+        acc = "dspark"          # the shipped sample trace is K=7; another K replays the parametric dspark source
+    pols = args.policies or tuple(f"fixed:{K}" if p == "fixed:7" else p for p in DEFAULT_POLICIES)
+    extra = {}
+    for k in ("prompt_tokens", "output_tokens"):
+        if getattr(args, k) is not None:
+            extra[k] = getattr(args, k)
+    if args.prefill_chunk is not None:
+        extra["prefill_chunk_tokens"] = args.prefill_chunk
+    if args.drift_attempts is not None:
+        extra["drift_attempts"] = args.drift_attempts
     if args.live:
         # the simulated side replays traces collected from the same trained pair (`dsparksim collect`)
         acc = acc or f"traces/real_{args.live_drafter}_k{args.block_size}.csv.gz"
         acc1 = acc1 or "traces/real_mtp1_k1.csv.gz"
-    vc = ValidateConfig(policies=args.policies, concurrency=args.concurrency, acceptance=acc or
+    if args.live and "output_tokens" not in extra:
+        # live: stay inside the traces' horizon (collected over the first 20 blocks per response)
+        extra["output_tokens"] = (24, 56)
+    vc = ValidateConfig(policies=pols, concurrency=args.concurrency, drift_threshold=args.drift_threshold,
+                        normalise=not args.no_drift, acceptance=acc or
                         "traces/sample_dspark_k7.csv", mtp1_acceptance=acc1 or "mtp1", K=args.block_size,
                         requests_per_user=args.requests_per_user, repeats=args.repeats, seed=args.seed, measure=mc, profile=args.profile,
-                        runner=_runner(args, mc.executor),
-                        # live: stay inside the traces' horizon (collected over the first 20 blocks per response)
-                        **({"output_tokens": (24, 56)} if args.live else {}))
+                        runner=_runner(args, mc.executor), **extra)
     df = validate(vc, args.out, progress=not args.quiet)
-    worst = max(df["throughput_rel_err"].abs().median(), df["tps_user_median_rel_err"].abs().median())
-    print(f"median |rel err|: throughput {100 * df['throughput_rel_err'].abs().median():.1f}%, per-user median "
-          f"{100 * df['tps_user_median_rel_err'].abs().median():.1f}%; report {args.out}/REPORT.md")
+    s = json.loads((Path(args.out) / "summary.json").read_text())["summary"]
+    worst = max(s["median_abs_rel_err_throughput"], s["median_abs_rel_err_tps_user_median"])
+    d = s["drift"]
+    print(f"median |rel err| over {s['cells_in_stats']}/{s['cells']} steady cells: throughput "
+          f"{100 * s['median_abs_rel_err_throughput']:.1f}% (p95 {100 * s['p95_abs_rel_err_throughput']:.1f}%), "
+          f"per-user median {100 * s['median_abs_rel_err_tps_user_median']:.1f}% (p95 "
+          f"{100 * s['p95_abs_rel_err_tps_user_median']:.1f}%); drift over the runs "
+          f"{100 * d['drift_over_command']:.1f}%, {d['discarded']} run(s) discarded; report {args.out}/REPORT.md")
     if args.max_error is not None and worst > args.max_error:
         print(f"FAIL: median relative error {100 * worst:.1f}% > {100 * args.max_error:.1f}%", file=sys.stderr)
         return 1
@@ -227,8 +284,9 @@ def register(sub) -> None:
     _device_args(v)
     _measure_args(v)
     _live_args(v)
-    v.add_argument("--policies", type=_strs,
-                   default=("mtp1", "fixed:7", "threshold:0.5", "goodput", "confidence", "confidence-async:2"))
+    v.add_argument("--policies", type=_strs, default=None,
+                   help="policy specs, comma-separated; policies that read the true accepted length (oracle) are "
+                        "refused before any measurement [" + ",".join(DEFAULT_POLICIES) + "; fixed:7 -> fixed:K]")
     v.add_argument("--concurrency", type=_ints, default=(1, 4, 16))
     v.add_argument("--acceptance", default=None,
                    help="acceptance trace the simulated side (and trace replay) uses [traces/sample_dspark_k7.csv; "
@@ -236,8 +294,13 @@ def register(sub) -> None:
     v.add_argument("--mtp1-acceptance", default=None,
                    help="mtp1 acceptance [mtp1 (parametric); with --live traces/real_mtp1_k1.csv.gz]")
     v.add_argument("--requests-per-user", type=int, default=4)
+    v.add_argument("--prompt-tokens", type=_pair, default=None,
+                   help="prompt length range LO,HI in tokens, drawn uniformly (e.g. 768,1280 for ~1k contexts, "
+                        "3584,4608 for ~4k; measure --contexts around them) [16,64]")
+    v.add_argument("--output-tokens", type=_pair, default=None, help="output length range LO,HI [32,96]")
+    v.add_argument("--prefill-chunk", type=int, default=None, help="prefill chunk tokens per step [128]")
     v.add_argument("--repeats", type=int, default=1,
-                   help="real runs per cell, the fastest kept (rejects interference on a shared machine) [%(default)s]")
+                   help="real runs per cell, the one with the least reference drift kept [%(default)s]")
     v.add_argument("--profile", default=None,
                    help="use this profile measured earlier by `dsparksim measure` for the same model/device "
                         "(default: measure it now, in this command)")

@@ -19,7 +19,9 @@ JSON format ``dsparksim-profile/1`` (also documented in profiles/README.md)::
      "attention": {"model": "kv_bandwidth", "seconds_per_kv_token": float >= 0, "note": str,   # optional
                    "seconds_per_query_kv": float >= 0},                # optional, long-context term
      "prefill": {"seconds_per_token": float >= 0, "seconds_per_query_key": float >= 0,
-                 "seconds_per_chunk": float >= 0, "note": str},                # optional
+                 "seconds_per_chunk": float >= 0, "note": str,                 # optional
+                 "seconds_per_token_per_decode": float >= 0,                   # optional inside prefill
+                 "seconds_per_chunk_per_decode": float >= 0},                  # (absent = 0)
      "fixed_overhead_s": float >= 0,
      "batch_overhead": {"n_req": [int, strictly increasing, >= 1], "time_s": [float >= 0]},    # optional
      "drafters": {"dspark": {"kind": "parallel", "tokens": [...], "time_s": [...],
@@ -50,7 +52,10 @@ Semantics:
   * Prefill (optional): a step's prefill chunks cost, beyond the verify term at the step's M,
     ``seconds_per_token * prefill_tokens + seconds_per_query_key * query_key_pairs + seconds_per_chunk * chunks``
     (a chunk of c tokens starting after s cached ones attends c*s + c(c+1)/2 query-key pairs: the quadratic part
-    a decode-shaped staircase does not see; a chunk is one more attention group with its bookkeeping) plus the drafter's ``prefill_s_per_token * prefill_tokens`` (drafters consume the
+    a decode-shaped staircase does not see; a chunk is one more attention group with its bookkeeping), plus
+    ``(seconds_per_token_per_decode * prefill_tokens + seconds_per_chunk_per_decode * chunks) * n_decode`` (what a
+    chunk costs more beside each decoding request of the same step; absent = 0, so older profiles price
+    identically), plus the drafter's ``prefill_s_per_token * prefill_tokens`` (drafters consume the
     target's features of every prompt token). Absent = 0, as in profiles derived from decode-only tables.
   * Drafting: ``parallel`` = one drafter forward over n_req*K tokens, times (1 + markov_overhead_frac);
     ``autoregressive`` = K sequential forwards of n_req tokens; ``mtp`` = one forward of n_req tokens (K must
@@ -170,6 +175,8 @@ class CostProfile:
     prefill_s_per_token: float = 0.0
     prefill_s_per_query_key: float = 0.0
     prefill_s_per_chunk: float = 0.0
+    prefill_s_per_token_per_decode: float = 0.0
+    prefill_s_per_chunk_per_decode: float = 0.0
     prefill_note: str | None = None       # None = the profile has no prefill term
     seconds_per_query_kv: float = 0.0     # long-context attention term per decode query-key pair
     _extrap: _ExtrapolationLog = field(default_factory=_ExtrapolationLog, repr=False, compare=False)
@@ -388,10 +395,15 @@ class CostProfile:
         d = self.draft_time(drafter, n_req, K)
         return d + self.fixed_overhead_s + self.batch_overhead_time(n_req)
 
-    def prefill_time(self, drafter: str | None, prefill_tokens: float, query_keys: float, chunks: int = 1) -> float:
-        """Extra seconds of a step's prefill chunks beyond the verify term (0 without a prefill term)."""
+    def prefill_time(self, drafter: str | None, prefill_tokens: float, query_keys: float, chunks: int = 1,
+                     n_decode: int = 0) -> float:
+        """Extra seconds of a step's prefill chunks beyond the verify term, beside ``n_decode`` decoding requests
+        (0 without a prefill term)."""
         t = (self.prefill_s_per_token * prefill_tokens + self.prefill_s_per_query_key * query_keys
              + self.prefill_s_per_chunk * chunks)
+        if n_decode:
+            t += (self.prefill_s_per_token_per_decode * prefill_tokens
+                  + self.prefill_s_per_chunk_per_decode * chunks) * n_decode
         if drafter is not None and drafter in self.drafters:
             t += self.drafters[drafter].prefill_s_per_token * prefill_tokens
         return float(t)
@@ -408,7 +420,7 @@ class CostProfile:
         A step's price is ``verify_time(M, context) + step_overhead(...)`` (:class:`dsparksim.engine.Engine`)."""
         t = float(self.nontrimmable_time(drafter, n_req, K)) if n_req else float(self.fixed_overhead_s)
         if prefill_tokens and self.prefill_note is not None:
-            t += self.prefill_time(drafter, prefill_tokens, query_keys, chunks)
+            t += self.prefill_time(drafter, prefill_tokens, query_keys, chunks, n_req)
         return t
 
     def __repr__(self) -> str:
@@ -591,19 +603,23 @@ def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False)
             raise c.fail("attention", "a profile with a 2-D verify table (verify.kv_tokens) already prices context; "
                                       "a kv_bandwidth term on top would count attention twice")
 
-    pf_tok = pf_qk = pf_ch = 0.0
+    pf_tok = pf_qk = pf_ch = pf_tn = pf_cn = 0.0
     pf_note = None
     pf = c.get(d, "prefill", required=False)
     if pf is not None:
         if not isinstance(pf, Mapping):
             raise c.fail("prefill", f"expected an object, got {type(pf).__name__}")
-        bad = sorted(set(pf) - {"seconds_per_token", "seconds_per_query_key", "seconds_per_chunk", "note"})
+        bad = sorted(set(pf) - {"seconds_per_token", "seconds_per_query_key", "seconds_per_chunk", "note",
+                                "seconds_per_token_per_decode", "seconds_per_chunk_per_decode"})
         if bad:
             raise c.fail(f"prefill.{bad[0]}", "unknown key (allowed: seconds_per_token, seconds_per_query_key, "
-                                              "seconds_per_chunk, note)")
+                                              "seconds_per_chunk, seconds_per_token_per_decode, "
+                                              "seconds_per_chunk_per_decode, note)")
         pf_tok = c.number(c.get(pf, "seconds_per_token", "prefill."), "prefill.seconds_per_token")
         pf_qk = c.number(pf.get("seconds_per_query_key", 0.0), "prefill.seconds_per_query_key")
         pf_ch = c.number(pf.get("seconds_per_chunk", 0.0), "prefill.seconds_per_chunk")
+        pf_tn = c.number(pf.get("seconds_per_token_per_decode", 0.0), "prefill.seconds_per_token_per_decode")
+        pf_cn = c.number(pf.get("seconds_per_chunk_per_decode", 0.0), "prefill.seconds_per_chunk_per_decode")
         pf_note = str(pf.get("note", ""))
 
     fixed = c.number(c.get(d, "fixed_overhead_s"), "fixed_overhead_s")
@@ -642,7 +658,8 @@ def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False)
                        kv_tokens=None if kv is None else _ro(kv), seconds_per_kv_token=spk, fixed_overhead_s=fixed,
                        batch_overhead=bo, drafters=drafters, source=source, extrapolate=bool(extrapolate),
                        attention_note=att_note, prefill_s_per_token=pf_tok, prefill_s_per_query_key=pf_qk,
-                       prefill_s_per_chunk=pf_ch, prefill_note=pf_note, seconds_per_query_kv=sqk)
+                       prefill_s_per_chunk=pf_ch, prefill_s_per_token_per_decode=pf_tn,
+                       prefill_s_per_chunk_per_decode=pf_cn, prefill_note=pf_note, seconds_per_query_kv=sqk)
 
 
 def profile_to_dict(p: CostProfile) -> dict[str, Any]:
@@ -663,6 +680,10 @@ def profile_to_dict(p: CostProfile) -> dict[str, Any]:
         out["prefill"] = {"seconds_per_token": float(p.prefill_s_per_token),
                           "seconds_per_query_key": float(p.prefill_s_per_query_key),
                           "seconds_per_chunk": float(p.prefill_s_per_chunk), "note": p.prefill_note}
+        for k in ("token", "chunk"):      # optional terms: written only when measured (absent = 0)
+            v = float(getattr(p, f"prefill_s_per_{k}_per_decode"))
+            if v:
+                out["prefill"][f"seconds_per_{k}_per_decode"] = v
     out["fixed_overhead_s"] = float(p.fixed_overhead_s)
     if p.batch_overhead is not None:
         out["batch_overhead"] = {"n_req": [int(x) for x in p.batch_overhead[0]],

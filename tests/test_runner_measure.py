@@ -123,3 +123,79 @@ def test_measured_profile_drives_dsparksim_frontier(tmp_path):
     import pandas as pd
     df = pd.read_csv(out / "frontier.csv")
     assert set(df["policy"]) == {"fixed:3", "confidence"} and (df["output_throughput_tok_s"] > 0).all()
+
+
+def _fit_base():
+    """A measured-profile skeleton (linear staircase) for fit_prefill's verify-growth subtraction."""
+    return {"format": "dsparksim-profile/1", "verify": {"M": list(range(1, 513)),
+                                                       "time_s": [1e-3 + 2e-6 * m for m in range(1, 513)]},
+            "attention": {"model": "kv_bandwidth", "seconds_per_kv_token": 1e-8, "note": "t"},
+            "fixed_overhead_s": 1e-4, "drafters": {"dspark": {"kind": "parallel", "tokens": [1, 4096],
+                                                              "time_s": [1e-4, 1e-4]}}}
+
+
+def test_prefill_fit_recovers_the_chunk_cost_growing_with_decoding_requests():
+    from dsparksim.profile import profile_from_dict
+    prof = _fit_base()
+    p = profile_from_dict(prof | {"name": "t", "metadata": {k: "-" for k in ("device", "model", "source", "method")}})
+    a, b, e, tn, cn = 3e-7, 2e-9, 1.5e-4, 4e-9, 6e-6          # the closed form being fitted
+    recs = []
+    for n in meas.PREFILL_DECODE_ROWS:
+        for c in meas.PREFILL_CHUNKS:
+            for k, pre in ((k, pre) for k in (1, 2) for pre in meas.PREFILL_PREFIXES):
+                M0, kv0 = n * 8, n * 40.0
+                M1, kv1 = M0 + c * k, kv0 + (pre + c) * k
+                qk = k * (c * pre + c * (c + 1) // 2)           # a chunk after `pre` cached tokens
+                dv = p.verify_time(M1, kv1) - p.verify_time(M0, kv0)
+                add = a * c * k + b * qk + e * k + (tn * c * k + cn * k) * n
+                recs.append({"n_dec": n, "chunk": c, "k": k, "tokens": c * k, "qk": qk, "M0": M0, "M1": M1,
+                             "kv0": kv0, "kv1": kv1, "d_step": dv + add + 1e-5 * c * k, "d_target": dv + add,
+                             "d_draft": 1e-5 * c * k})
+    fit = meas.fit_prefill(recs, prof)
+    assert fit["decode_rows"] == list(meas.PREFILL_DECODE_ROWS)
+    for key, want in (("seconds_per_token", a), ("seconds_per_query_key", b), ("seconds_per_chunk", e),
+                      ("seconds_per_token_per_decode", tn), ("seconds_per_chunk_per_decode", cn),
+                      ("drafter_s_per_token", 1e-5)):
+        assert fit[key] == pytest.approx(want, rel=1e-6), key
+    # the profile prices a step's chunks with the fitted terms beside n decoding requests; absent terms price 0
+    d = prof | {"name": "t", "metadata": {k: "-" for k in ("device", "model", "source", "method")},
+                "prefill": {"seconds_per_token": a, "seconds_per_query_key": b, "seconds_per_chunk": e,
+                            "seconds_per_token_per_decode": tn, "seconds_per_chunk_per_decode": cn, "note": "t"}}
+    cp = profile_from_dict(d)
+    got = cp.step_overhead("dspark", 16, 7, 100, 5050, 2) - cp.step_overhead("dspark", 16, 7)
+    assert got == pytest.approx(a * 100 + b * 5050 + e * 2 + (tn * 100 + cn * 2) * 16, rel=1e-12)
+    old = {k: v for k, v in d["prefill"].items() if "per_decode" not in k}
+    cp0 = profile_from_dict(d | {"prefill": old})
+    assert cp0.step_overhead("dspark", 16, 7, 100, 5050, 2) - cp0.step_overhead("dspark", 16, 7) == \
+        pytest.approx(a * 100 + b * 5050 + e * 2, rel=1e-12)
+    # one decode-row count only (old raw records): no interaction terms are fitted
+    old_recs = [{k: v for k, v in r.items() if k != "n_dec"} for r in recs if r["n_dec"] == 4]
+    assert len({r["qk"] for r in recs}) > len(meas.PREFILL_CHUNKS) * 2    # prefixes make c*s separable from c^2
+    assert meas.fit_prefill(old_recs, prof)["seconds_per_chunk_per_decode"] == 0.0
+
+
+def test_prefill_prefixes_span_the_measured_contexts():
+    assert meas.prefill_prefixes((32, 96, 160)) == (0, 512)
+    assert meas.prefill_prefixes((2048, 4096, 6144)) == (0, 6144)
+    assert meas.prefill_prefixes((1024, 8192, 32768)) == (0, meas.PREFIX_CAP)
+
+
+def test_per_request_and_context_shape_diagnostics_match_their_closed_forms():
+    ns = np.array([1, 2, 4, 8, 16])
+    c = meas.per_request_cost(ns, 2e-4 + 3e-5 * ns)
+    assert c["intercept_s"] == pytest.approx(2e-4, rel=1e-9) and c["per_request_s"] == pytest.approx(3e-5, rel=1e-9)
+    V0 = lambda M: 1e-3 + 2e-5 * M  # noqa: E731
+    B = lambda n: 3e-4 * (n - 1)    # noqa: E731
+    r = {k: np.array([x[k] for x in _synthetic(V0, B, 1e-7, ctxs=(10, 50, 200))], float)
+         for k in _synthetic(V0, B, 1e-7)[0]}
+    M, V, Bn, s = decompose_target(r)
+    sh = meas.context_shape(r, M, V, np.array([1, 2, 4]), Bn)
+    assert sh["s_per_kv_token_by_context"] == pytest.approx({"10": 1e-7, "50": 1e-7, "200": 1e-7}, rel=1e-5)
+    assert sh["max_over_min"] == pytest.approx(1.0, rel=1e-5)                         # linear: shapes agree
+    # a context term growing faster than linearly shows as a slope rising with the context
+    recs = _synthetic(V0, B, 0.0, ctxs=(10, 50, 200))
+    for x in recs:
+        x["t_target"] += 1e-9 * x["kv"] * x["ctx"]
+    r2 = {k: np.array([x[k] for x in recs], float) for k in recs[0]}
+    sh2 = meas.context_shape(r2, M, V, np.array([1, 2, 4]), Bn)["s_per_kv_token_by_context"]
+    assert sh2["10"] == pytest.approx(1e-8) and sh2["200"] == pytest.approx(2e-7)

@@ -28,14 +28,14 @@ from ..cluster import Simulation, SimResult
 from ..engine import Engine, StepOutcome, StepPlan
 from ..errors import ConfigError
 
-EXTRA_LOG = ("dt_model", "t_draft", "t_target", "t_host", "pf_qk", "pf_chunks")
+EXTRA_LOG = ("dt_model", "t_draft", "t_target", "t_host", "pf_qk", "pf_chunks", "dec_qk")
 
 
 def step_extra(plan: StepPlan, draft_s: float, target_s: float) -> dict[str, float]:
     """The executor columns logged with a step (EXTRA_LOG order; ``t_host`` is filled by :meth:`RealStepper.end`
     once the whole step, apply included, has been timed)."""
     return {"dt_model": plan.predicted_s, "t_draft": draft_s, "t_target": target_s, "t_host": float("nan"),
-            "pf_qk": plan.prefill_qk, "pf_chunks": len(plan.prefill)}
+            "pf_qk": plan.prefill_qk, "pf_chunks": len(plan.prefill), "dec_qk": plan.decode_qk}
 
 
 def connect(engine: Engine, executor: Any) -> None:

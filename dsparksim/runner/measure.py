@@ -42,6 +42,7 @@ from ..profile import FORMAT, profile_from_dict
 from ..traffic.base import Workload
 from ..engine import Engine
 from ..requests import RequestTable
+from .drift import DEFAULT_THRESHOLD, Bracket, DriftMonitor
 from .engine import RealStepper, connect
 from .executor import Executor, ExecutorConfig, build_models, torch_dtype
 from .models import device_key, kv_capacity_tokens, load_target, model_key
@@ -126,6 +127,9 @@ class MeasureConfig:
     name: str | None = None
     live_models: str | None = None   # time live-drafter steps with the trained drafters of this models dir
     prefill: bool = True             # also fit the prefill term (prefill-only cells)
+    drift: bool = True               # re-time the reference cell beside every cell and normalise by it
+    drift_threshold: float = DEFAULT_THRESHOLD   # a cell whose bracketing reference moved more is re-measured
+    drift_attempts: int = 3          # measurements of one cell while the machine drifts past the threshold
 
     def __post_init__(self) -> None:
         if self.K < 1:
@@ -136,6 +140,9 @@ class MeasureConfig:
             raise ConfigError("measure", "n_reqs", "must include 1 (the staircase must start at M=1)")
         if not self.contexts or min(self.contexts) < 1:
             raise ConfigError("measure", "contexts", f"expected context lengths >= 1, got {self.contexts}")
+        if not self.drift_threshold > 0 or self.drift_attempts < 1:
+            raise ConfigError("measure", "drift_threshold/drift_attempts", f"need a threshold > 0 and >= 1 attempt, "
+                              f"got {self.drift_threshold}/{self.drift_attempts}")
         if self.warmup < 1 or self.reps < 3:
             raise ConfigError("measure", "warmup/reps", f"need warmup >= 1 and reps >= 3, got {self.warmup}/{self.reps}")
 
@@ -215,75 +222,110 @@ def _cell(target, proxy, ex: ExecutorConfig, K: int, drafter: str, n: int, ctx: 
     return recs
 
 
+REFERENCE_CELL = {"n_req": 4, "context": 64, "K": 3, "L": 3, "warmup": 2, "reps": 7}
+
+
+def reference_probe(target, proxy, ex, drafter: str = "dspark") -> Callable[[], float]:
+    """The drift reference cell (REFERENCE_CELL: 4 requests, context 64, every request verifying L=3 of K=3):
+    returns a function timing it (median step seconds on the executor's clock). The same cell, whatever the
+    command's K, so reference timings from `measure` and `validate` compare."""
+    rc = REFERENCE_CELL
+
+    def probe() -> float:
+        recs = _cell(target, proxy, ex, rc["K"], drafter, rc["n_req"], rc["context"], [rc["L"]], rc["warmup"],
+                     rc["reps"])
+        return float(np.median([r["t_step"] for r in recs]))
+    return probe
+
+
 PREFILL_CHUNKS = (16, 32, 64, 128)
-PREFILL_DECODE_ROWS = 4
+PREFILL_PREFIXES = (0, 512)         # tokens already cached before the chunk: its c*s query-key pairs
+PREFIX_CAP = 8192                   # (n + 2) KV slots of this many tokens must fit beside the model (GPU: 8B bf16)
+
+
+def prefill_prefixes(contexts) -> tuple[int, ...]:
+    """Cached-prefix lengths of the prefill cells: 0 and the largest measured context (at least 512, at most
+    PREFIX_CAP), so the query-key slope is fitted over the contexts the profile will price."""
+    return (0, int(min(PREFIX_CAP, max(PREFILL_PREFIXES[1], max(contexts)))))
+PREFILL_DECODE_ROWS = (1, 4, 16)   # decoding requests beside the chunks (the chunk cost's n-dependence)
 
 
 def _prefill_cells(target, proxy, ex: ExecutorConfig, K: int, drafter: str, max_M: int, reps: int,
-                   live: "LiveDrafters | None" = None) -> list[dict[str, float]]:
-    """What prefill chunks add to a step: paired steps of the same 4 decoding requests (all K drafts verified)
-    without and with k chunks of c fresh prompt tokens; medians over ``reps`` pairs after one warm-up pair.
+                   live: "LiveDrafters | None" = None, prefixes=PREFILL_PREFIXES) -> list[dict[str, float]]:
+    """What prefill chunks add to a step: paired steps of the same n decoding requests (n in PREFILL_DECODE_ROWS,
+    all K drafts verified) without and with k chunks of c fresh prompt tokens; medians over ``reps`` pairs after
+    one warm-up pair. Each chunk starts after s cached prompt tokens (s in ``prefixes``, prefilled untimed), so
+    the fit sees the c*s query-key pairs a chunk of a long prompt attends, not only the c(c+1)/2 of a first chunk.
 
     The differences per timer (target forward, drafter, host) against the verify term's own difference at the two
     M values are what :func:`fit_prefill` fits: the quadratic query-key attention, per-token work (the drafter's
     state update over prompt features; 0 for the proxy, which ignores prompts) and a per-chunk cost (one more
     attention group and its bookkeeping).
     """
-    n = PREFILL_DECODE_ROWS
     recs = []
-    for c in PREFILL_CHUNKS:
-        for k in (1, 2):
-            if n * (K + 1) + c * k > max_M:
-                continue
-            T = 32 + 2 * (reps + 1) + K + 4 + c
-            if live is None:
-                exe = Executor(target, proxy, ex, T=T, slots=n + k)
-            else:
-                from .live import LiveExecutor
-                exe = LiveExecutor(target, live.drafters[drafter], drafter, live.temps[drafter], live.prompts, ex,
-                                   T=T, slots=n + k, force_reject=True)
-            for r in range(n + k):
-                exe.start(r, r, 32 if r < n else c, "chat")
-            none = np.zeros(0, np.int64)
-            exe.run_step(none, none, none, none, K, [(r, r, 0, 32) for r in range(n)])     # decode rows' prompts
-            dec = np.arange(n)
-            L = np.full(n, K, np.int64)
-            chunks = [(r, r, 0, c) for r in range(n, n + k)]
-            rows = []
-            for i in range(reps + 1):
-                pair = []
-                for ch in ([], chunks):
-                    kv = sum(exe.cache_len[int(r)] for r in dec) + n * (K + 1) + c * len(ch)
-                    t0 = exe.clock()
-                    if live is None:                    # the proxy drafter runs inside execute
-                        tm = exe.run_step(dec, dec, L, np.zeros(n, np.int64), K, ch)
-                    else:
-                        exe.propose(dec, dec, K)
-                        tm = exe.run_step(dec, dec, L, None, K, ch)[0]
-                    dt = exe.clock() - t0
-                    pair.append((dt, tm.target_s, tm.draft_s, n * (K + 1) + c * len(ch), kv))
-                if i:
-                    rows.append(pair)
-            a = np.median(np.array(rows), axis=0)                # (2, 5): without / with the chunks
-            recs.append({"chunk": c, "k": k, "tokens": c * k, "qk": k * c * (c + 1) // 2,
-                         "M0": int(a[0, 3]), "M1": int(a[1, 3]), "kv0": float(a[0, 4]), "kv1": float(a[1, 4]),
-                         "d_step": float(a[1, 0] - a[0, 0]), "d_target": float(a[1, 1] - a[0, 1]),
-                         "d_draft": float(a[1, 2] - a[0, 2])})
+    for n, c, k, s in ((n, c, k, s) for n in PREFILL_DECODE_ROWS for c in PREFILL_CHUNKS for k in (1, 2)
+                       for s in prefixes):
+        if n * (K + 1) + c * k > max_M:
+            continue
+        T = 32 + 2 * (reps + 1) + K + 4 + c + s
+        if live is None:
+            exe = Executor(target, proxy, ex, T=T, slots=n + k)
+        else:
+            from .live import LiveExecutor
+            exe = LiveExecutor(target, live.drafters[drafter], drafter, live.temps[drafter], live.prompts, ex,
+                               T=T, slots=n + k, force_reject=True)
+        for r in range(n + k):
+            exe.start(r, r, 32 if r < n else s + c, "chat")
+        none = np.zeros(0, np.int64)
+        exe.run_step(none, none, none, none, K, [(r, r, 0, 32) for r in range(n)])     # decode rows' prompts
+        if s:                                                                        # the chunks' cached prefix
+            exe.run_step(none, none, none, none, K, [(r, r, 0, s) for r in range(n, n + k)])
+        dec = np.arange(n)
+        L = np.full(n, K, np.int64)
+        chunks = [(r, r, s, c) for r in range(n, n + k)]
+        rows = []
+        for i in range(reps + 1):
+            pair = []
+            for ch in ([], chunks):
+                kv = sum(exe.cache_len[int(r)] for r in dec) + n * (K + 1) + (s + c) * len(ch)
+                t0 = exe.clock()
+                if live is None:                    # the proxy drafter runs inside execute
+                    tm = exe.run_step(dec, dec, L, np.zeros(n, np.int64), K, ch)
+                else:
+                    exe.propose(dec, dec, K)
+                    tm = exe.run_step(dec, dec, L, None, K, ch)[0]
+                dt = exe.clock() - t0
+                pair.append((dt, tm.target_s, tm.draft_s, n * (K + 1) + c * len(ch), kv))
+            if i:
+                rows.append(pair)
+        a = np.median(np.array(rows), axis=0)                # (2, 5): without / with the chunks
+        recs.append({"n_dec": n, "chunk": c, "k": k, "prefix": s, "tokens": c * k,
+                     "qk": k * (c * s + c * (c + 1) // 2),
+                     "M0": int(a[0, 3]), "M1": int(a[1, 3]), "kv0": float(a[0, 4]), "kv1": float(a[1, 4]),
+                     "d_step": float(a[1, 0] - a[0, 0]), "d_target": float(a[1, 1] - a[0, 1]),
+                     "d_draft": float(a[1, 2] - a[0, 2])})
     return recs
 
 
 def fit_prefill(recs: list[dict], prof: dict) -> dict[str, Any]:
     """NNLS of what the chunks add to a step beyond the verify term's own growth (target + host) on prompt
-    tokens, query-key pairs and chunks; the drafter's part per prompt token (median)."""
+    tokens, query-key pairs, chunks, and tokens and chunks times the decoding requests beside them (when the
+    cells have more than one n); the drafter's part per prompt token (median)."""
     p = profile_from_dict(prof | {"name": "fit", "metadata": {k: "-" for k in ("device", "model", "source",
                                                                                   "method")}})
     tok = np.array([r["tokens"] for r in recs], float)
     qk = np.array([r["qk"] for r in recs], float)
     ch = np.array([r["k"] for r in recs], float)
+    nd = np.array([r.get("n_dec", 4) for r in recs], float)
     dv = np.array([float(p.verify_time(r["M1"], r["kv1"]) - p.verify_time(r["M0"], r["kv0"])) for r in recs])
     resid = np.array([r["d_step"] - r["d_draft"] for r in recs]) - dv
-    (a, b, e), _ = nnls(np.stack([tok, qk, ch], 1), resid)
+    cols = [tok, qk, ch] + ([tok * nd, ch * nd] if len(np.unique(nd)) > 1 else [])
+    x, _ = nnls(np.stack(cols, 1), resid)
+    a, b, e = x[:3]
+    tn, cn = (x[3], x[4]) if len(x) > 3 else (0.0, 0.0)
     return {"seconds_per_token": float(a), "seconds_per_query_key": float(b), "seconds_per_chunk": float(e),
+            "seconds_per_token_per_decode": float(tn), "seconds_per_chunk_per_decode": float(cn),
+            "decode_rows": sorted({int(v) for v in nd}),
             "drafter_s_per_token": float(max(0.0, np.median([r["d_draft"] / r["tokens"] for r in recs]))),
             "cells": len(recs)}
 
@@ -366,6 +408,47 @@ def decompose_target(r: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, 
     return Ms, V, B, s
 
 
+BLOCK_TIMES = ("t_step", "t_target", "t_draft", "t_host")
+PREFILL_TIMES = ("d_step", "d_target", "d_draft")
+
+
+def normalise_records(recs: list[dict] | None, b: Bracket | None, keys=BLOCK_TIMES) -> list[dict] | None:
+    """Cell records with their times brought to the baseline speed (divided by the bracket's factor); the
+    factor and drift are kept on every record."""
+    if recs is None or b is None:
+        return recs
+    return [{**r, **{k: r[k] / b.factor for k in keys}, "speed_factor": b.factor, "drift": b.drift} for r in recs]
+
+
+def per_request_cost(n: np.ndarray, t: np.ndarray) -> dict[str, float]:
+    """Least-squares line t = intercept + per_request * n over per-n medians (a diagnostic of the per-n tables:
+    what one more request costs in the drafter or the host loop)."""
+    A = np.stack([np.ones(len(n)), np.asarray(n, float)], 1)
+    (c0, c1), *_ = np.linalg.lstsq(A, np.asarray(t, float), rcond=None)
+    return {"intercept_s": float(c0), "per_request_s": float(c1)}
+
+
+def context_shape(r: dict[str, np.ndarray], M: np.ndarray, V: np.ndarray, ns: np.ndarray,
+                  B: np.ndarray) -> dict[str, Any]:
+    """The context term's shape: at each measured context, the least-squares seconds per KV token of what the
+    target forward costs beyond V0(M) + B(n). A linear (kv_bandwidth) term is right when these agree; a slope
+    that grows with the context says attention costs more than linearly (or a 2-D table is needed)."""
+    keys = np.stack([r["n"], r["L"], r["ctx"]], 1)
+    uk, inv = np.unique(keys, axis=0, return_inverse=True)
+    inv = inv.ravel()
+    t = np.array([np.median(r["t_target"][inv == i]) for i in range(len(uk))])
+    kv = np.array([np.median(r["kv"][inv == i]) for i in range(len(uk))])
+    Mc = (uk[:, 0] * (1 + uk[:, 1])).astype(int)
+    e = t - V[np.searchsorted(M, Mc)] - B[np.searchsorted(ns, uk[:, 0].astype(int))]
+    out = {}
+    for c in np.unique(uk[:, 2]):
+        m = uk[:, 2] == c
+        out[str(int(c))] = float((e[m] * kv[m]).sum() / (kv[m] ** 2).sum()) if (kv[m] > 0).any() else float("nan")
+    vals = np.array([v for v in out.values() if np.isfinite(v)])
+    return {"s_per_kv_token_by_context": out,
+            "max_over_min": float(vals.max() / vals.min()) if len(vals) > 1 and vals.min() > 0 else None}
+
+
 def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig) -> dict[str, Any]:
     """Separate the floor from the verify term (see module doc). Raises MeasurementError if flat or inert."""
     if not recs:
@@ -417,7 +500,10 @@ def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig) -> di
         prof["attention"] = {"model": "kv_bandwidth", "seconds_per_kv_token": s,
                              "note": "fitted: non-negative least squares of target-forward time on V0(M) + B(n) + "
                                      f"s*kv_tokens over cells at contexts {list(mc.contexts)}"}
+    _, H_raw = _median_by(r["n"].astype(int), r["t_host"])
     prof["_fit"] = {"verify_growth": growth, "seconds_per_kv_token": s,
+                    "drafter_per_request": per_request_cost(ns, D), "host_per_request": per_request_cost(ns, H_raw),
+                    "context_shape": context_shape(r, M, V, ns, Bn) if s is not None else None,
                     "target_per_request_s_by_n": [float(x) for x in Bn], "floor_s_by_n": [float(x) for x in H]}
     return prof
 
@@ -450,6 +536,22 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
         live = LiveDrafters.load(mc.live_models, [mc.block_drafter] + (["mtp1"] if mc.mtp1 else []), target)
         log(f"measure: live-drafter steps with the trained {mc.block_drafter}"
             + (" and mtp1" if mc.mtp1 else "") + f" from {mc.live_models}")
+    # interleaved reference timings: every cell is brought to the speed of the first one (the baseline that
+    # validate normalises real runs to) and re-measured while the machine drifts past the threshold
+    mon = DriftMonitor(reference_probe(target, proxy, ex), threshold=mc.drift_threshold) if mc.drift else None
+    if mon is not None:
+        mon.probe()                    # untimed: the first forward of a process pays one-off allocation costs
+        mon.calibrate("before the cells")
+
+    def timed(fn, label):
+        if mon is None:
+            return fn(), None
+        out, b, kept = mon.measure(fn, label, attempts=mc.drift_attempts)
+        if not kept:
+            log(f"measure: {label} drifted {100 * b.drift:.1f}% (> {100 * mc.drift_threshold:.0f}%) on all "
+                f"{mc.drift_attempts} attempts; kept the last, normalised")
+        return out, b
+
     for c, n in cells:
         need = n * _slot_tokens(c, mc.K, mc.warmup, mc.reps)
         if need > cap:
@@ -459,7 +561,9 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
                 bar.update()
             continue
         try:
-            recs += _cell(target, proxy, ex, mc.K, mc.block_drafter, n, c, Ls, mc.warmup, mc.reps, live)
+            cr, b = timed(lambda: _cell(target, proxy, ex, mc.K, mc.block_drafter, n, c, Ls, mc.warmup, mc.reps,
+                                        live), f"cell ctx={c} n={n}")
+            recs += normalise_records(cr, b)
         except Exception as e:  # noqa: BLE001 - OOM is recorded per cell; anything else is a bug
             if not _is_oom(e):
                 raise
@@ -473,7 +577,9 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
     if mc.mtp1:
         for n in mc.n_reqs:
             try:
-                mtp += _cell(target, proxy, ex, 1, "mtp1", n, mc.contexts[0], [0, 1], mc.warmup, mc.reps, live)
+                cr, b = timed(lambda: _cell(target, proxy, ex, 1, "mtp1", n, mc.contexts[0], [0, 1], mc.warmup,
+                                            mc.reps, live), f"mtp1 cell n={n}")
+                mtp += normalise_records(cr, b)
             except Exception as e:  # noqa: BLE001
                 if not _is_oom(e):
                     raise
@@ -487,7 +593,9 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
     if mc.prefill:
         # paired steps: what prompt chunks add to a step beyond the decode-shaped verify term
         try:
-            pf = _prefill_cells(target, proxy, ex, mc.K, mc.block_drafter, prof["verify"]["M"][-1], mc.reps, live)
+            pf, b = timed(lambda: _prefill_cells(target, proxy, ex, mc.K, mc.block_drafter, prof["verify"]["M"][-1],
+                                                 mc.reps, live, prefill_prefixes(mc.contexts)), "prefill cells")
+            pf = normalise_records(pf, b, PREFILL_TIMES)
         except Exception as e:  # noqa: BLE001 - OOM: no prefill term (reported), never a partial one
             if not _is_oom(e):
                 raise
@@ -505,13 +613,18 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
         prof["prefill"] = {"seconds_per_token": pfit["seconds_per_token"],
                            "seconds_per_query_key": pfit["seconds_per_query_key"],
                            "seconds_per_chunk": pfit["seconds_per_chunk"],
-                           "note": f"fitted: NNLS over {pfit['cells']} paired steps ({PREFILL_DECODE_ROWS} decoding "
-                                   f"requests without / with 1-2 prompt chunks of {list(PREFILL_CHUNKS)} tokens) of "
+                           "note": f"fitted: NNLS over {pfit['cells']} paired steps ({pfit['decode_rows']} decoding "
+                                   f"requests without / with 1-2 prompt chunks of {list(PREFILL_CHUNKS)} tokens after "
+                                   f"{list(prefill_prefixes(mc.contexts))} cached prompt tokens) of "
                                    "the added step time beyond the verify term's growth"}
+        for k in ("seconds_per_token_per_decode", "seconds_per_chunk_per_decode"):
+            if pfit[k] > 0:
+                prof["prefill"][k] = pfit[k]
         if live is not None:
             prof["drafters"][mc.block_drafter]["prefill_s_per_token"] = pfit["drafter_s_per_token"]
             if "mtp1" in prof["drafters"] and mc.mtp1:
-                pm = _prefill_cells(target, proxy, ex, 1, "mtp1", prof["verify"]["M"][-1], mc.reps, live)
+                pm = _prefill_cells(target, proxy, ex, 1, "mtp1", prof["verify"]["M"][-1], mc.reps, live,
+                                    prefill_prefixes(mc.contexts))
                 prof["drafters"]["mtp1"]["prefill_s_per_token"] = fit_prefill(pm, prof)["drafter_s_per_token"]
         fit["prefill"] = pfit
     mkey = model_key(mcfg, ck, ex.drafter_layers, ex.dtype, live=mc.live_models is not None)
@@ -537,5 +650,10 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
                  "reps": mc.reps},
         "fit": fit, "failed_cells": failed, "wall_s": round(time.time() - t_start, 1),
     }
+    if mon is not None:
+        prof["metadata"]["drift"] = {**mon.summary(), "reference_cell": dict(REFERENCE_CELL),
+                                     "note": "every cell timed between two reference-cell timings and divided by "
+                                             "their mean over the baseline (the first); cells whose reference moved "
+                                             "more than the threshold re-measured"}
     profile_from_dict(prof, source=f"measured:{name}")  # refuse to hand back anything the core cannot load
     return prof, {"block": recs, "mtp1": mtp}

@@ -1,10 +1,11 @@
 """Simulator vs real: the same workloads, policies and acceptance replayed on the real engine and simulated on
-the profile measured by the same command; a table of relative errors, an overlay plot and an error breakdown.
+the profile measured by the same command; a table of relative errors, an overlay plot and per-step residuals.
 
 Relative error = (simulated - real) / real for output throughput, median per-user tokens/s, mean verify length
-and tau. The breakdown prices every real step with the profile (verify term at the step's M and KV tokens read,
-drafting at its n, floor at its n) and compares with the measured split (t_target, t_draft, t_host), so a
-throughput error can be traced to the term that causes it.
+and tau, the real figures brought to the profile's machine speed by reference-cell timings around every run
+(:mod:`.drift`). Every real step is priced by the profile at its exact shape and compared with its measured split
+(:mod:`.residuals`), by step shape and by cost term, so an error can be traced to the term that causes it.
+Policies that cannot run for real are refused before anything is measured (:func:`precheck`).
 """
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ from ..profile import load_profile, save_profile
 from ..simulate import simulate, write_run
 from ..traffic import TrafficConfig
 from .executor import build_models
-from .measure import MeasureConfig, _cell, measure
+from .drift import DEFAULT_THRESHOLD, Bracket, DriftMonitor
+from .measure import REFERENCE_CELL, MeasureConfig, measure, reference_probe
+from .residuals import attribute, by_shape, by_term, step_residuals
 from .models import load_target
 from .run import RunnerConfig, real_run
 
@@ -47,13 +50,21 @@ class ValidateConfig:
     output_tokens: tuple[int, int] = (32, 96)
     prefill_chunk_tokens: int = 128
     warmup_frac: float = 0.1
-    repeats: int = 1             # real runs per cell; the fastest is kept (interference only ever slows a run)
+    repeats: int = 1             # real runs per cell; the steadiest (least drift) is kept
+    drift_threshold: float = DEFAULT_THRESHOLD   # largest reference-cell drift across one real run that is kept
+    drift_attempts: int = 2      # real runs tried per repeat while the machine drifts past the threshold
+    normalise: bool = True       # False: real figures as measured (drift still timed and reported, nothing discarded)
+    drift_profile_baseline: bool = True   # --profile: normalise to the profile's own reference timing if stored
     seed: int = 0
     profile: str | None = None   # an already measured profile (same model/device, checked); None = measure now
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
 
     def __post_init__(self) -> None:
+        if self.drift_attempts < 1:
+            raise ConfigError("validate", "drift_attempts", f"must be >= 1, got {self.drift_attempts}")
+        if not self.drift_threshold > 0:
+            raise ConfigError("validate", "drift_threshold", f"must be > 0, got {self.drift_threshold}")
         if self.repeats < 1:
             raise ConfigError("validate", "repeats", f"must be >= 1, got {self.repeats}")
         if not self.policies or not self.concurrency:
@@ -107,59 +118,49 @@ def _warm(out, frac: float) -> Any:
     return s
 
 
-def breakdown(res, profile, K: int, drafter: str) -> dict[str, float]:
-    """Mean per-step (model - real) seconds per cost term over decode steps, and the real step's mean."""
-    st = res.steps
-    dec = st["n_decode"] > 0
-    if not dec.any():
-        return {}
-    n, M, kv = st["n_decode"][dec], st["M"][dec], st["kv_read"][dec]
-    v = np.asarray(profile.verify_time(M, kv))
-    d = np.asarray(profile.draft_time(drafter, n, K))
-    if profile.prefill_note is not None and "pf_qk" in st:
-        pf_tok, qk = st["n_prefill_tokens"][dec], st["pf_qk"][dec]
-        v = v + profile.prefill_s_per_token * pf_tok + profile.prefill_s_per_query_key * qk
-        f_pf = profile.prefill_s_per_chunk * st["pf_chunks"][dec]      # group + bookkeeping: counted as host
-        if drafter in profile.drafters:
-            d = d + profile.drafters[drafter].prefill_s_per_token * pf_tok
-    f = profile.fixed_overhead_s + np.asarray(profile.batch_overhead_time(n))
-    fit = profile.metadata.get("fit", {})
-    bt = fit.get("target_per_request_s_by_n")
-    if bt is not None:
-        # the target forward's per-request part sits in batch_overhead; compare it with the target forward
-        grid = np.asarray(profile.metadata["grid"]["n_req"])
-        b = np.asarray(bt)[np.clip(np.searchsorted(grid, n, side="right") - 1, 0, len(grid) - 1)]
-        v, f = v + b, f - b
-    if profile.prefill_note is not None and "pf_qk" in st:
-        f = f + f_pf
-    real = {"verify": st["t_target"][dec], "draft": st["t_draft"][dec], "host": st["t_host"][dec]}
-    model = {"verify": v, "draft": d, "host": f}
-    total = float(st["dt"][dec].mean())
-    out = {"real_step_mean_s": total, "model_step_mean_s": float((v + d + f).mean())}
-    for k in real:
-        out[f"{k}_real_s"] = float(real[k].mean())
-        out[f"{k}_err_frac_of_step"] = float((model[k] - real[k]).mean() / total)
-    return out
-
-
-def probe(target, proxy, vc: ValidateConfig) -> float:
-    """Median step seconds of a fixed reference cell (4 requests, context 64, L=3): tracks machine-speed drift
-    over the command (on a shared machine, other processes change how fast the same work runs)."""
-    recs = _cell(target, proxy, vc.runner.executor, vc.K, "dspark", 4, 64, [3], 2, 7)
-    return float(np.median([r["t_step"] for r in recs]))
+def precheck(vc: ValidateConfig) -> None:
+    """Everything that can be refused without measuring, refused first: policy specs, policies that cannot run
+    for real (the oracle reads the true accepted length), verify lengths beyond K, and an acceptance trace
+    recorded for another K. Runs before any model is built or any profile cell is timed."""
+    from ..acceptance import load_acceptance
+    from ..policies import make_policy
+    for spec in vc.policies:
+        pol = make_policy(spec)
+        if pol.needs_oracle:
+            raise ConfigError("validate", "policies", f"{spec!r} reads the true accepted length: it exists only in "
+                              "the simulator and cannot run on the real engine; drop it (nothing was measured)")
+        pol.reset(vc.K, np.random.default_rng(0))        # e.g. fixed:7 at K=5 is refused here, not mid-run
+    if vc.runner.mode == "live":                         # the eval prompts are read after the profile otherwise
+        from .live import PromptSource
+        PromptSource.from_models(vc.runner.models, vc.runner.prompts_dir)
+    else:
+        for spec, K in ((vc.acceptance, vc.K), (vc.mtp1_acceptance, 1)):
+            tK = load_acceptance(spec, K).describe().get("trace_K")
+            if tK is not None and tK != K:
+                raise ConfigError(spec, "K", f"the acceptance trace was recorded with K={tK} but the validation "
+                                  f"uses K={K}; pass an acceptance source for K={K} (e.g. --acceptance dspark)")
 
 
 def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
              log: Callable[[str], None] = print) -> pd.DataFrame:
-    """Measure, run real + simulated for every (policy, users), write the report; returns the error table."""
+    """Measure, run real + simulated for every (policy, users), write the report; returns the error table.
+
+    Refusals that need no measurement come first (:func:`precheck`). Every real run is bracketed by timings of
+    the reference cell (:mod:`.drift`): its figures and step times are brought to the profile's machine speed,
+    and a run during which the speed moved past ``vc.drift_threshold`` is re-run (``vc.drift_attempts`` in all)
+    and counted as discarded; a cell with no steady attempt is kept in the table but flagged and left out of
+    the medians."""
+    precheck(vc)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     ex = vc.runner.executor
     mcfg, tmodel, _ = load_target(vc.runner.model, ex.device, ex.dtype)
     target, proxy = build_models(mcfg, ex, tmodel)
+    probe = reference_probe(target, proxy, ex)
     if vc.profile is None:
-        mc = replace(vc.measure, model=vc.runner.model, executor=ex, K=vc.K)
+        mc = replace(vc.measure, model=vc.runner.model, executor=ex, K=vc.K,
+                     drift_threshold=vc.drift_threshold)
         log(f"validate: measuring the profile ({len(mc.n_reqs)} n_req x {mc.K + 1} L x {len(mc.contexts)} contexts)")
         prof, raw = measure(mc, progress=progress, log=log, target=target, proxy=proxy)
         ppath = save_profile(prof, out / "profile.json")
@@ -168,48 +169,101 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
         prof = json.loads(ppath.read_text())
         log(f"validate: using the measured profile {ppath}")
     profile = load_profile(str(ppath))
+    # the profile's own reference timing is the speed every real figure is brought back to
+    pd_ = prof["metadata"].get("drift") or {}
+    same_cell = pd_.get("reference_cell") == REFERENCE_CELL
+    base = pd_.get("baseline_s") if same_cell and (vc.profile is None or vc.drift_profile_baseline) else None
+    mon = DriftMonitor(probe, threshold=vc.drift_threshold, baseline=base)
+    mon.calibrate("before the runs")
     lengths = (write_live_lengths if vc.runner.mode == "live" else write_lengths)(out / "lengths.csv", vc)
-    rows = []
-    drift = [("after profile", probe(target, proxy, vc))]
+    rows, resid = [], []
     for users in vc.concurrency:
         for pol in vc.policies:
             cfg = run_config(vc, pol, users, str(ppath), str(lengths))
-            reals = [real_run(cfg, vc.runner, target=target, proxy=proxy) for _ in range(vc.repeats)]
-            thr = [_warm(r, vc.warmup_frac)["output_throughput_tok_s"] for r in reals]
-            real = reals[int(np.argmax(thr))]
+            label = f"{pol} users={users}"
+            tries = []
+            for _ in range(vc.repeats):
+                tries.append(mon.measure(lambda: real_run(cfg, vc.runner, target=target, proxy=proxy), label,
+                                         attempts=vc.drift_attempts))
+            # among steady repeats, the one with the least drift (normalised figures; interference is removed
+            # by the reference, not by picking the fastest)
+            steady = [t for t in tries if t[2]] or tries
+            real, br, kept = min(steady, key=lambda t: t[1].drift)
+            if not vc.normalise:
+                br, kept = Bracket(br.before, br.after, 0.5 * (br.before + br.after)), True   # factor 1
             sim = simulate(cfg)
             cell = out / "runs" / f"{pol.replace(':', '_')}-c{users}"
             write_run(real, cell / "real", steps=True)
             write_run(sim, cell / "sim", steps=True)
             rs, ss = _warm(real, vc.warmup_frac), _warm(sim, vc.warmup_frac)
-            row: dict[str, Any] = {"policy": pol, "users": users,
-                                   "real_repeats_throughput": ";".join(f"{x:.1f}" for x in thr)}
+            row: dict[str, Any] = {"policy": pol, "users": users, "kept": kept, "speed_factor": br.factor,
+                                   "drift": br.drift, "ref_before_ms": 1e3 * br.before, "ref_after_ms": 1e3 * br.after,
+                                   "real_repeats_throughput_raw": ";".join(
+                                       f"{_warm(t[0], vc.warmup_frac)['output_throughput_tok_s']:.1f}" for t in tries)}
             for short, key in METRICS.items():
                 r, s = rs[key], ss[key]
+                if short in RATES:
+                    row[f"{short}_real_raw"] = r
+                    r = br.rate(r)
                 row[f"{short}_real"], row[f"{short}_sim"] = r, s
                 row[f"{short}_rel_err"] = (s - r) / r if r else float("nan")
             drafter = real.inputs["policy"]["drafter"]
-            bd = breakdown(real.result, profile, real.inputs["policy"]["block_size"], drafter)
-            row.update({f"bd_{k}": v for k, v in bd.items()})
-            row["real_steps"] = int(len(real.result.steps["dt"]))
+            st = step_residuals(real.result.steps, profile, real.inputs["policy"]["block_size"], drafter,
+                                factor=br.factor)
+            st.insert(0, "users", users)
+            st.insert(0, "policy", pol)
+            st.to_csv(cell / "real" / "residuals.csv", index=False, float_format="%.9g")
+            resid.append(st)
+            row["real_steps"] = int(len(st))
+            row["step_time_resid_pct"] = 100 * float(st["r_total"].sum() / st["dt"].sum())
+            for t in ("target", "draft", "host"):
+                row[f"{t}_resid_pct"] = 100 * float(st[f"r_{t}"].sum() / st["dt"].sum())
             rows.append(row)
-            log(f"validate: {pol:>20} users={users:<3} throughput real {row['throughput_real']:.1f} sim "
-                f"{row['throughput_sim']:.1f} ({100 * row['throughput_rel_err']:+.1f}%), per-user median "
+            log(f"validate: {pol:>20} users={users:<3} throughput real {row['throughput_real']:.1f} (raw "
+                f"{row['throughput_real_raw']:.1f}, speed x{br.factor:.3f}, drift {100 * br.drift:.1f}%"
+                f"{'' if kept else ', DRIFTING'}) sim {row['throughput_sim']:.1f} "
+                f"({100 * row['throughput_rel_err']:+.1f}%), per-user median "
                 f"{100 * row['tps_user_median_rel_err']:+.1f}%")
-        drift.append((f"after users={users}", probe(target, proxy, vc)))
     df = pd.DataFrame(rows)
     df.to_csv(out / "errors.csv", index=False, float_format="%.6g")
-    summ = {f"median_abs_rel_err_{k}": float(df[f"{k}_rel_err"].abs().median()) for k in METRICS}
-    summ.update({f"max_abs_rel_err_{k}": float(df[f"{k}_rel_err"].abs().max()) for k in METRICS})
+    steps = pd.concat(resid, ignore_index=True)
+    steps.to_csv(out / "step_residuals.csv", index=False, float_format="%.9g")   # exact enough to re-add
+    shape, term = by_shape(steps), by_term(steps)
+    shape.to_csv(out / "residuals_by_shape.csv", index=False, float_format="%.4g")
+    term.to_csv(out / "residuals_by_term.csv", index=False, float_format="%.6g")
+    summ = error_summary(df)
     summ["wall_s"] = round(time.time() - t0, 1)
-    ref = [t for _, t in drift]
-    summ["reference_cell_step_ms"] = {k: round(1e3 * t, 3) for k, t in drift}
-    summ["machine_speed_drift"] = float(max(ref) / min(ref) - 1.0)
+    summ["drift"] = mon.summary()
+    summ["profile_drift"] = prof["metadata"].get("drift")
+    summ["target_term_scale_error"] = attribute(
+        steps["r_target"].to_numpy(), {"verify": steps["m_verify"].to_numpy(), "context": steps["m_context"].to_numpy(),
+                                       "prefill": steps["m_prefill_target"].to_numpy(),
+                                       "per_request": steps["m_per_request"].to_numpy()})
     (out / "summary.json").write_text(json.dumps({"summary": summ, "config": _jsonable(vc),
-                                                  "profile": prof["name"]}, indent=2) + "\n")
+                                                  "profile": prof["name"]}, indent=2, default=float) + "\n")
     plot_overlay(df, out / "frontier_overlay.png")
-    write_report(df, summ, vc, out / "REPORT.md", prof)
+    write_report(df, summ, vc, out / "REPORT.md", prof, shape, term)
     return df
+
+
+RATES = ("throughput", "tps_user_median")
+
+
+def error_summary(df: pd.DataFrame) -> dict[str, Any]:
+    """Median, 95th percentile and max |relative error| per metric over the steady cells (all cells when none is
+    steady, stated by ``cells_in_stats``)."""
+    use = df[df["kept"]] if df["kept"].any() else df
+    out: dict[str, Any] = {"cells": int(len(df)), "cells_in_stats": int(len(use)),
+                           "cells_drifting": int((~df["kept"]).sum())}
+    for k in METRICS:
+        a = use[f"{k}_rel_err"].abs()
+        out[f"median_abs_rel_err_{k}"] = float(a.median())
+        out[f"p95_abs_rel_err_{k}"] = float(a.quantile(0.95))
+        out[f"max_abs_rel_err_{k}"] = float(a.max())
+        if k in RATES:
+            raw = ((use[f"{k}_sim"] - use[f"{k}_real_raw"]) / use[f"{k}_real_raw"]).abs()
+            out[f"median_abs_rel_err_{k}_unnormalised"] = float(raw.median())
+    return out
 
 
 def _jsonable(vc: ValidateConfig) -> Any:
@@ -236,34 +290,82 @@ def plot_overlay(df: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(df: pd.DataFrame, summ: dict, vc: ValidateConfig, path: Path, prof: dict) -> None:
+def write_report(df: pd.DataFrame, summ: dict, vc: ValidateConfig, path: Path, prof: dict,
+                 shape: pd.DataFrame, term: pd.DataFrame) -> None:
     cols = ["policy", "users"] + [f"{k}_rel_err" for k in METRICS]
+    d = summ["drift"]
     lines = ["# Simulator vs real validation", "",
              f"Profile `{prof['name']}` ({prof['metadata']['device']}; {prof['metadata']['model']}; drafting "
-             f"{prof['metadata'].get('drafting', 'proxy')}), measured in the same command. "
+             f"{prof['metadata'].get('drafting', 'proxy')}), "
+             + ("measured in the same command. " if vc.profile is None else f"from `{vc.profile}`. ")
              + (f"Real side: LIVE drafters from `{vc.runner.models}` (drafter {vc.runner.live_drafter}; mtp1 for "
                 f"mtp1), acceptance by rejection sampling at temperature {vc.runner.executor.temperature}; prompts "
                 "are the held-out eval prompts at their native lengths. Simulated side: acceptance traces "
                 if vc.runner.mode == "live" else "Both sides replay the acceptance ")
              + f"`{vc.acceptance}` (mtp1: `{vc.mtp1_acceptance}`), K={vc.K}. "
              f"Closed loop, {vc.requests_per_user} requests per user (>= {vc.min_requests}), prompts "
-             f"{'native' if vc.runner.mode == 'live' else vc.prompt_tokens}, outputs {vc.output_tokens} tokens, warm-up {vc.warmup_frac:.0%} of each run "
-             f"discarded; {vc.repeats} real run(s) per cell, the fastest kept. Relative error = (sim - real) / real.",
+             f"{'native' if vc.runner.mode == 'live' else vc.prompt_tokens}, outputs {vc.output_tokens} tokens, "
+             f"warm-up {vc.warmup_frac:.0%} of each run discarded; {vc.repeats} real run(s) per cell, the steadiest "
+             "kept. Relative error = (sim - real) / real, real figures at the profile's machine speed (drift "
+             "normalised, below); `raw` = as measured.",
              "",
-             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+             "| " + " | ".join(cols) + " | raw throughput err | speed x | drift | kept |",
+             "|" + "---|" * (len(cols) + 4)]
     for _, r in df.iterrows():
+        raw = (r["throughput_sim"] - r["throughput_real_raw"]) / r["throughput_real_raw"]
         lines.append("| " + " | ".join(str(r[c]) if c in ("policy", "users") else f"{100 * r[c]:+.1f}%"
-                                         for c in cols) + " |")
-    lines += ["", "Median |relative error|: " + ", ".join(f"{k} {100 * summ[f'median_abs_rel_err_{k}']:.1f}%"
-                                                          for k in METRICS),
-              "", f"Machine-speed drift over the command (reference cell: 4 requests, context 64, L=3; max/min "
-                 f"median step - 1): {100 * summ['machine_speed_drift']:.1f}% — "
-                 + ", ".join(f"{k} {v} ms" for k, v in summ["reference_cell_step_ms"].items()),
-             "", "## Error breakdown (model - real per decode step, as a fraction of the real step)", "",
-              "| policy | users | real step ms | verify | draft | host |", "|---|---|---|---|---|---|"]
+                                         for c in cols)
+                     + f" | {100 * raw:+.1f}% | {r['speed_factor']:.3f} | {100 * r['drift']:.1f}% | "
+                       f"{'yes' if r['kept'] else 'NO'} |")
+    lines += ["", f"Over {summ['cells_in_stats']} of {summ['cells']} cells (cells whose run drifted past the "
+                  f"threshold on every attempt are left out: {summ['cells_drifting']}):", ""]
+    for k in METRICS:
+        lines.append(f"- {k}: median |rel err| {100 * summ[f'median_abs_rel_err_{k}']:.1f}%, p95 "
+                     f"{100 * summ[f'p95_abs_rel_err_{k}']:.1f}%, max {100 * summ[f'max_abs_rel_err_{k}']:.1f}%"
+                     + (f" (unnormalised median {100 * summ[f'median_abs_rel_err_{k}_unnormalised']:.1f}%)"
+                        if k in RATES else ""))
+    rc = REFERENCE_CELL
+    lines += ["", "## Machine drift", "",
+              f"Reference cell ({rc['n_req']} requests, context {rc['context']}, L={rc['L']} of K={rc['K']}, median "
+              f"of {rc['reps']} steps) re-timed before and after every real run; threshold {100 * d['threshold']:.0f}% "
+              f"(max/min of the two timings - 1). Baseline {1e3 * d['baseline_s']:.3f} ms"
+              + (" (the profile's, measured with it)" if summ.get("profile_drift") else " (timed before the runs)")
+              + f". Drift over the runs: {100 * d['drift_over_command']:.1f}%; machine speed vs baseline "
+              + (f"x{d['speed_vs_baseline_range'][0]:.3f}..x{d['speed_vs_baseline_range'][1]:.3f}; "
+                 if d["speed_vs_baseline_range"] else "")
+              + f"{d['kept']} run(s) kept, {d['discarded']} discarded"
+              + (f" ({', '.join(d['discarded_labels'])})" if d["discarded"] else "") + "."]
+    pdr = summ.get("profile_drift")
+    if pdr:
+        lines.append(f"Profile measurement: drift {100 * pdr['drift_over_command']:.1f}% over "
+                     f"{len(pdr['reference_s'])} reference timings, {pdr['kept']} cell(s) kept, {pdr['discarded']} "
+                     "discarded and re-measured.")
+    lines += ["", "## Where the bias lives: per-step residuals (model - measured)", "",
+              "Every real step priced by the profile at its exact shape (`step_residuals.csv`, per cell "
+              "`runs/*/real/residuals.csv`). By cost term over all steps (% of all measured step time; the terms "
+              "sum to the total; `prefill` is the target-forward part, the drafter and per-chunk parts sit in "
+              "`drafter` and `host_loop`):", "",
+              "| term | model s | residual s | % of measured time | % of the term |", "|---|---|---|---|---|"]
+    for _, r in term.iterrows():
+        lines.append(f"| {r['term']} | {r['model_s']:.4g} | {r['resid_s']:+.4g} | "
+                     f"{r['resid_pct_of_measured_time']:+.2f}% | {r['resid_pct_of_term']:+.1f}% |")
+    se = summ.get("target_term_scale_error") or {}
+    if se:
+        lines += ["", "Target-forward residual attributed by least squares (+x: measured below the model's price "
+                      "by x of it): " + ", ".join(f"{k} {100 * v:+.1f}%" for k, v in se.items())]
+    lines += ["", "By step shape (top 15 groups by |contribution|; `resid` = group residual / group time, "
+                  "`contrib` = over all steps' time):", "",
+              "| n decode | M | prefill | context | steps | time share | measured ms | resid | contrib | "
+              "target | draft | host |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    top = shape.reindex(shape["contrib_pct"].abs().sort_values(ascending=False).index).head(15)
+    for _, r in top.iterrows():
+        lines.append(f"| {r['n_decode']} | {r['M']} | {r['prefill']} | {r['context']} | {r['steps']} | "
+                     f"{r['time_share_pct']:.1f}% | {r['measured_ms']:.3f} | {r['resid_pct']:+.1f}% | "
+                     f"{r['contrib_pct']:+.2f}% | {r['target_resid_pct']:+.1f}% | {r['draft_resid_pct']:+.1f}% | "
+                     f"{r['host_resid_pct']:+.1f}% |")
+    lines += ["", "Per cell (residual of the summed step time, and per timer, % of the cell's measured time):", "",
+              "| policy | users | steps | step time | target | draft | host |", "|---|---|---|---|---|---|---|"]
     for _, r in df.iterrows():
-        if "bd_real_step_mean_s" in r and np.isfinite(r.get("bd_real_step_mean_s", np.nan)):
-            lines.append(f"| {r['policy']} | {r['users']} | {1e3 * r['bd_real_step_mean_s']:.2f} | "
-                         f"{100 * r['bd_verify_err_frac_of_step']:+.1f}% | {100 * r['bd_draft_err_frac_of_step']:+.1f}% "
-                         f"| {100 * r['bd_host_err_frac_of_step']:+.1f}% |")
+        lines.append(f"| {r['policy']} | {r['users']} | {r['real_steps']} | {r['step_time_resid_pct']:+.1f}% | "
+                     f"{r['target_resid_pct']:+.1f}% | {r['draft_resid_pct']:+.1f}% | {r['host_resid_pct']:+.1f}% |")
     path.write_text("\n".join(lines) + "\n")

@@ -1,0 +1,180 @@
+"""Per-step residuals: every real step's measured time next to the profile's price for that exact step shape.
+
+A real step's log row (the engine's public step log + the executor's split) gives its shape (decoding requests
+``n_decode``, verified tokens, ``M``, prefill tokens/chunks/query-key pairs, KV tokens read) and its measured time
+``dt = t_target + t_draft + t_host``. The profile prices the same shape as a sum of terms (profile.py)::
+
+    verify   = verify_time(M, 0)                       (staircase)
+    context  = verify_time(M, kv) - verify_time(M, 0)  (attention over the KV tokens read)
+               + seconds_per_query_kv * decode_qk      (the long-context term, when the profile has one)
+    prefill  = the prefill terms of the step's chunks  (target part; per-chunk part; drafter part)
+    drafter  = draft_time(drafter, n, K)
+    host     = fixed_overhead_s + batch_overhead(n)    (the floor; its per-request target part B(n) is measured
+                                                        inside the target forward, see measure.decompose_target)
+
+which sums to the step's logged price ``dt_model`` (checked). Each term belongs to one measured timer (target:
+verify, context, prefill-target, B(n); draft: drafter, prefill-drafter; host: the rest), so the residual
+``model - measured`` of each timer is exact, and they sum to ``dt_model - dt``. Inside the target timer the
+residual is attributed to its terms by least squares over the run's steps (one scale error per term; what is
+left is ``r_target_other``), so the per-step columns ``r_*`` also sum exactly to ``dt_model - dt``.
+
+Measured times are brought to the profile's machine speed first when a drift factor is given (:mod:`.drift`).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+TERMS = ("verify", "context", "prefill", "per_request", "drafter", "host")
+TARGET_TERMS = ("verify", "context", "prefill", "per_request")
+
+
+def _per_request_target(profile: Any, n: np.ndarray) -> np.ndarray:
+    """B(n): the target forward's per-request part that a measured profile keeps in its floor (0 otherwise)."""
+    fit = profile.metadata.get("fit", {}) if isinstance(profile.metadata, Mapping) else {}
+    bt = fit.get("target_per_request_s_by_n") if isinstance(fit, Mapping) else None
+    grid = profile.metadata.get("grid", {}).get("n_req") if isinstance(profile.metadata.get("grid"), Mapping) else None
+    if bt is None or grid is None:
+        return np.zeros(len(n))
+    grid, bt = np.asarray(grid), np.asarray(bt, float)
+    b = bt[np.clip(np.searchsorted(grid, n, side="right") - 1, 0, len(grid) - 1)]
+    return np.where(n > 0, b, 0.0)
+
+
+def model_terms(steps: Mapping[str, np.ndarray], profile: Any, K: int, drafter: str | None) -> pd.DataFrame:
+    """The profile's price of every logged step, term by term (seconds; see module doc)."""
+    n = np.asarray(steps["n_decode"], np.int64)
+    M = np.asarray(steps["M"], np.int64)
+    kv = np.asarray(steps["kv_read"], np.int64)
+    pf = np.asarray(steps["n_prefill_tokens"], np.int64)
+    qk = np.asarray(steps.get("pf_qk", np.zeros(len(n))), float)
+    ch = np.asarray(steps.get("pf_chunks", np.zeros(len(n))), float)
+    v0 = np.asarray(profile.verify_time(M, np.zeros_like(M)), float).reshape(-1)
+    v = np.asarray(profile.verify_time(M, kv), float).reshape(-1)
+    # long-context term (profile attention.seconds_per_query_kv; absent = 0): the decoding rows' query-key pairs
+    dqk = np.asarray(steps.get("dec_qk", np.zeros(len(n))), float)
+    v = v + float(getattr(profile, "seconds_per_query_kv", 0.0) or 0.0) * np.where(n > 0, dqk, 0.0)
+    d = np.asarray(profile.draft_time(drafter, n, K), float) if drafter is not None else np.zeros(len(n))
+    host = profile.fixed_overhead_s + np.asarray(profile.batch_overhead_time(n), float)
+    has_pf = (pf > 0) & (profile.prefill_note is not None)
+    pf_t = np.where(has_pf, profile.prefill_s_per_token * pf + profile.prefill_s_per_query_key * qk
+                    + float(getattr(profile, "prefill_s_per_token_per_decode", 0.0)) * pf * n, 0.0)
+    pf_c = np.where(has_pf, profile.prefill_s_per_chunk * ch
+                    + float(getattr(profile, "prefill_s_per_chunk_per_decode", 0.0)) * ch * n, 0.0)
+    dpf = profile.drafters[drafter].prefill_s_per_token if drafter in profile.drafters else 0.0
+    pf_d = np.where(has_pf, dpf * pf, 0.0)
+    B = _per_request_target(profile, n)
+    return pd.DataFrame({"m_verify": v0, "m_context": v - v0, "m_prefill_target": pf_t, "m_prefill_chunk": pf_c,
+                         "m_prefill_drafter": pf_d, "m_per_request": B, "m_drafter": d, "m_host": host - B})
+
+
+def step_residuals(steps: Mapping[str, np.ndarray], profile: Any, K: int, drafter: str | None,
+                   factor: float = 1.0, check_price: bool = True) -> pd.DataFrame:
+    """One row per step: shape, measured split (at baseline speed: divided by the drift ``factor``), the model's
+    terms, and residuals (model - measured) per timer and per term; ``r_total = dt_model - dt``.
+
+    ``check_price``: the terms must add up to the logged ``dt_model`` (the price the engine used); a mismatch means
+    the profile is not the run's, and raises ValueError.
+    """
+    n_steps = len(steps["dt"])
+    base = {k: np.asarray(steps[k]) for k in ("t_start", "n_decode", "M", "verify_tokens", "n_prefill_tokens",
+                                               "kv_read", "n_running") if k in steps}
+    df = pd.DataFrame(base)
+    df["pf_chunks"] = np.asarray(steps.get("pf_chunks", np.zeros(n_steps)))
+    df["ctx_mean"] = df["kv_read"] / np.maximum(df["n_running"] if "n_running" in df else 1, 1)
+    df["dt_raw"] = np.asarray(steps["dt"], float)
+    df["factor"] = float(factor)
+    for k in ("t_target", "t_draft", "t_host"):
+        df[k] = np.asarray(steps[k], float) / factor
+    df["dt"] = df["t_target"] + df["t_draft"] + df["t_host"]      # == dt_raw / factor (t_host is the remainder)
+    m = model_terms(steps, profile, K, drafter)
+    df = pd.concat([df, m], axis=1)
+    df["model_target"] = m["m_verify"] + m["m_context"] + m["m_prefill_target"] + m["m_per_request"]
+    df["model_draft"] = m["m_drafter"] + m["m_prefill_drafter"]
+    df["model_host"] = m["m_host"] + m["m_prefill_chunk"]
+    df["dt_model"] = df["model_target"] + df["model_draft"] + df["model_host"]
+    if check_price and "dt_model" in steps:
+        logged = np.asarray(steps["dt_model"], float)
+        bad = ~np.isclose(df["dt_model"].to_numpy(), logged, rtol=1e-9, atol=1e-12)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"step {i}: the profile's terms sum to {df['dt_model'].iloc[i]:.9g} s but the run "
+                             f"priced it {logged[i]:.9g} s; residuals need the run's own profile")
+    for t, tm in (("target", "t_target"), ("draft", "t_draft"), ("host", "t_host")):
+        df[f"r_{t}"] = df[f"model_{t}"] - df[tm]
+    df["r_total"] = df["dt_model"] - df["dt"]
+    # attribute the target timer's residual to its terms: one scale error per term, least squares over steps
+    cols = {"verify": m["m_verify"], "context": m["m_context"], "prefill": m["m_prefill_target"],
+            "per_request": m["m_per_request"]}
+    scale = attribute(df["r_target"].to_numpy(), {k: v.to_numpy() for k, v in cols.items()})
+    for k, v in cols.items():
+        df[f"r_{k}"] = scale.get(k, 0.0) * v
+    df["r_target_other"] = df["r_target"] - sum(df[f"r_{k}"] for k in cols)
+    df["r_drafter"] = df["r_draft"]
+    df["r_host_loop"] = df["r_host"]
+    df.attrs["target_term_scale_error"] = scale
+    return df
+
+
+def attribute(r: np.ndarray, cols: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """Least-squares scale errors x_k with r ~ sum_k x_k * col_k over the steps (columns that are all zero are
+    left out: nothing to attribute to them). x_k = +0.1: the measured term is 10% below the model's price
+    (model - real = 0.1 * model)."""
+    use = [k for k, c in cols.items() if np.any(np.abs(c) > 0)]
+    if not use or len(r) == 0:
+        return {}
+    A = np.stack([cols[k] for k in use], 1)
+    x, *_ = np.linalg.lstsq(A, r, rcond=None)
+    return {k: float(v) for k, v in zip(use, x)}
+
+
+RESID_COLS = ("r_verify", "r_context", "r_prefill", "r_per_request", "r_target_other", "r_drafter", "r_host_loop")
+
+BINS = {
+    "n_decode": ([-1, 0, 1, 4, 8, 16, 32, np.inf], ["0", "1", "2-4", "5-8", "9-16", "17-32", ">32"]),
+    "M": ([0, 8, 32, 64, 128, 256, 512, np.inf], ["1-8", "9-32", "33-64", "65-128", "129-256", "257-512", ">512"]),
+    "ctx_mean": ([-1, 128, 512, 2048, 8192, np.inf], ["<=128", "129-512", "513-2k", "2k-8k", ">8k"]),
+}
+
+
+def by_shape(df: pd.DataFrame) -> pd.DataFrame:
+    """Residuals grouped by step shape: (n decoding, M, prefill or not, mean context) bins. ``resid_pct`` =
+    sum(model - measured) / sum(measured) in the group; ``contrib_pct`` = the group's residual over all steps'
+    measured time (what it adds to the run's total error); per-timer residuals likewise."""
+    g = df.copy()
+    for k, (edges, labels) in BINS.items():
+        g[f"{k}_bin"] = pd.cut(g[k], edges, labels=labels)
+    g["prefill"] = np.where(g["n_prefill_tokens"] > 0, "yes", "no")
+    total = float(g["dt"].sum())
+    rows = []
+    for key, grp in g.groupby(["n_decode_bin", "M_bin", "prefill", "ctx_mean_bin"], observed=True, sort=True):
+        t = float(grp["dt"].sum())
+        row = dict(zip(("n_decode", "M", "prefill", "context"), key))
+        row.update({"steps": len(grp), "time_share_pct": 100 * t / total, "measured_ms": 1e3 * t / len(grp),
+                    "model_ms": 1e3 * float(grp["dt_model"].mean()),
+                    "resid_pct": 100 * float(grp["r_total"].sum()) / t,
+                    "contrib_pct": 100 * float(grp["r_total"].sum()) / total})
+        for tm in ("target", "draft", "host"):
+            row[f"{tm}_resid_pct"] = 100 * float(grp[f"r_{tm}"].sum()) / t
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def by_term(df: pd.DataFrame) -> pd.DataFrame:
+    """Residuals by cost term over all steps: model seconds, residual seconds, and the residual as a share of all
+    measured time (the terms' shares sum to the total error of the summed step time)."""
+    total = float(df["dt"].sum())
+    model = {"verify": df["m_verify"], "context": df["m_context"], "prefill": df["m_prefill_target"],
+             "per_request": df["m_per_request"], "target_other": 0 * df["dt"], "drafter": df["model_draft"],
+             "host_loop": df["model_host"]}
+    rows = []
+    for k, c in zip(model, RESID_COLS):
+        ms, rs = float(model[k].sum()), float(df[c].sum())
+        rows.append({"term": k, "model_s": ms, "resid_s": rs, "resid_pct_of_measured_time": 100 * rs / total,
+                     "resid_pct_of_term": (100 * rs / (ms - rs)) if ms - rs > 0 else float("nan")})
+    rows.append({"term": "total", "model_s": float(df["dt_model"].sum()), "resid_s": float(df["r_total"].sum()),
+                 "resid_pct_of_measured_time": 100 * float(df["r_total"].sum()) / total,
+                 "resid_pct_of_term": 100 * float(df["r_total"].sum()) / total})
+    return pd.DataFrame(rows)
