@@ -110,7 +110,9 @@ def frontier_figure(df: pd.DataFrame, title: str = "", slas: Iterable[float] = (
         par_m = g["pareto"].astype(bool)
         par = g[par_m].sort_values(X)
         sid = name if dep is None else f"{pol}@{dep}"
-        ax.plot(par[X], par[Y], marker=mk, ms=4, lw=1.8, label=name, color=col, ls=ls, gid=f"pareto:{sid}")
+        # The oracle bounds throughput at each load (same drafter and K), not per-user speed: say so in the legend.
+        label = f"{name} (throughput bound per load)" if str(pol).startswith("oracle") else name
+        ax.plot(par[X], par[Y], marker=mk, ms=4, lw=1.8, label=label, color=col, ls=ls, gid=f"pareto:{sid}")
         rest = g[~par_m & ~sat_m]
         ax.scatter(rest[X], rest[Y], s=14, alpha=0.3, color=col, marker=mk, gid=f"dominated:{sid}")
         sat = g[sat_m]
