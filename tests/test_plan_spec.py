@@ -93,6 +93,24 @@ def test_good_spec_resolves_deployments():
     assert {x.gpus_per_replica for x in plan_from_dict(d).deployments} == {8}
 
 
+def test_short_gpu_name_prices_built_and_vidur_profiles_alike():
+    from dsparksim.plan.spec import price_key_for
+
+    # vidur-derived 'NVIDIA H100 SXM 80GB' and built 'H100-SXM5-80GB' both take the price of 'H100'
+    d = good()
+    d["prices"] = {"H100": 2.5}
+    d["candidates"].append({"name": "b", "profile": "built-h100-llama2-7b-tp1", "replicas": [1, 2],
+                            "policies": ["mtp1"]})
+    assert {x.price for x in plan_from_dict(d).deployments} == {2.5}
+    # the exact device string wins; a short name must be a whole token (H20 does not price an H200)
+    assert price_key_for(H100, {H100: 3.0, "H100": 2.5}) == H100
+    assert price_key_for("H200-SXM-141GB", {"H20": 1.0}) is None
+    assert price_key_for("H200-SXM-141GB", {"h200": 4.0}) == "h200"
+    d["prices"] = {"H20": 1.0}
+    with pytest.raises(Exception, match="no price for GPU"):
+        plan_from_dict(d)
+
+
 def test_disaggregated_deployments_pay_for_their_prefill_pool(monkeypatch):
     """When the run options `disaggregated` and `prefill_replicas` exist ([regime]), a disaggregated candidate's
     GPUs are replicas x GPUs per replica + prefill_replicas x prefill GPUs. Simulated here by declaring the two

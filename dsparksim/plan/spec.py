@@ -17,7 +17,7 @@ Format::
 
     [base]                          # run options shared by every candidate (acceptance, router, ...)
 
-    [prices]                        # $ per GPU-hour, keyed by the profile's metadata.device
+    [prices]                        # $ per GPU-hour, keyed by the profile's metadata.device or a short GPU name (H100, ...)
     "NVIDIA H100 SXM 80GB" = 3.0
 
     [[candidates]]
@@ -401,6 +401,19 @@ def _plain(d: Any) -> Any:
     return d if isinstance(d, (str, int, float, bool)) or d is None else str(d)
 
 
+def price_key_for(device: str, prices: Mapping[str, float]) -> str | None:
+    """The [prices] key for a profile's metadata.device: the exact string, else the one short GPU name (A100,
+    H100, ...) that appears in it as a whole token (built profiles say 'H100-SXM5-80GB', vidur-derived ones
+    'NVIDIA H100 SXM 80GB': 'H100' prices both). Two matching short names are ambiguous: None."""
+    if device in prices:
+        return device
+    from dsparksim.analytic.hardware import SHORT_NAMES
+
+    hits = [k for k in prices if k.upper() in SHORT_NAMES
+            and re.search(rf"(?<![A-Za-z0-9]){re.escape(k.upper())}(?![A-Za-z0-9])", device.upper())]
+    return hits[0] if len(hits) == 1 else None
+
+
 def _candidate(src: str, i: int, c: dict[str, Any], prices: Mapping[str, float], start: int,
                shared: Mapping[str, Any]) -> list[Deployment]:
     from dsparksim.policies import make_policy
@@ -454,9 +467,11 @@ def _candidate(src: str, i: int, c: dict[str, Any], prices: Mapping[str, float],
             raise ConfigError(src, f"{where}.profile", f"profile {prof_name!r} cannot be loaded: {e}") from None
         meta = prof.metadata
         device = str(meta.get("device", ""))
-        if device not in prices:
+        price_key = price_key_for(device, prices)
+        if price_key is None:
             raise ConfigError(src, f"{where}.profile", f"no price for GPU {device!r} (profile {prof_name!r}'s "
-                              f"metadata.device): add it to [prices] in $/GPU-hour"
+                              f"metadata.device): add it, or its short name (A100, H100, H200, H800, H20, B200), "
+                              f"to [prices] in $/GPU-hour"
                               + (f"; priced: {', '.join(prices)}" if prices else ""))
         if "gpus_per_replica" in over:
             g, note = over["gpus_per_replica"], "candidate gpus_per_replica"
@@ -478,7 +493,7 @@ def _candidate(src: str, i: int, c: dict[str, Any], prices: Mapping[str, float],
                      + (f" K={K}" if takes_k else ""))
             out.append(Deployment(index=start + len(out), candidate=cname, label=label,
                                   family=_family(pspec), policy=pspec, K=K, options=o, device=device,
-                                  price=prices[device], gpus_per_replica=int(g), gpus_note=note,
+                                  price=prices[price_key], gpus_per_replica=int(g), gpus_note=note,
                                   prefill_gpus=prefill, lo=lo, hi=hi))
     return out
 
