@@ -81,6 +81,24 @@ def engine_limits(cfg: RunConfig, profile) -> tuple[int, int]:
     return int(kv_cap), int(max_tok)
 
 
+def check_deployment(cfg: RunConfig, prof: Any) -> None:
+    """Checks of a run's deployment options against its profile, before anything runs: a disaggregated run needs
+    its KV transfer terms (ConfigError otherwise); a profile that prices one of D > 1 data-parallel ranks
+    (metadata.data_parallel, e.g. a built DP8+EP8 profile) run with another number of --dp-ranks is warned about
+    (its EP all-to-all assumes D ranks)."""
+    eng = cfg.engine
+    if getattr(eng, "disaggregated", False):
+        from dsparksim.disagg import kv_transfer_terms
+        kv_transfer_terms(prof, eng.kv_transfer_gbps, eng.kv_bytes_per_token)
+    d = prof.metadata.get("data_parallel") if isinstance(getattr(prof, "metadata", None), dict) else None
+    if isinstance(d, int) and d > 1 and int(getattr(eng, "dp_ranks", 1)) != d:
+        import logging
+        logging.getLogger("dsparksim").warning(
+            "profile '%s' prices one of %d data-parallel ranks (metadata.data_parallel) but this run simulates "
+            "--dp-ranks %d: its per-rank costs assume %d ranks; pass --dp-ranks %d", prof.name, d,
+            int(getattr(eng, "dp_ranks", 1)), d, d)
+
+
 def resolve_inputs(cfg: RunConfig, *, profile=None, acceptance: Callable[[Any, int], Any] | None = None,
                    cache: dict | None = None) -> ResolvedInputs:
     """Resolve the inputs of ``cfg`` (see the module docstring).
@@ -95,6 +113,7 @@ def resolve_inputs(cfg: RunConfig, *, profile=None, acceptance: Callable[[Any, i
     from dsparksim.policies import make_policy
 
     prof = profile if profile is not None else load_run_profile(cfg, cache)
+    check_deployment(cfg, prof)
     policy = make_policy(cfg.policy)
     if not getattr(policy, "drafts", True):
         # plain decoding: K = 0 (no draft KV slots, M = anchors + prefill), no drafter (draft_time(None) = 0)

@@ -113,3 +113,25 @@ def test_profile_kv_bytes_per_token_is_checked():
     prof.metadata = {"kv_bytes_per_token": -1}
     with pytest.raises(ConfigError, match="kv_bytes_per_token"):
         _sim(_wl([4], [4], arrivals=[0.0]), profile=prof, disaggregated=True, kv_transfer_gbps=1.0)
+
+
+def test_sweep_refuses_a_disaggregated_cell_without_transfer_terms_before_any_cell_runs(tmp_path, monkeypatch,
+                                                                                      capsys):
+    # found by a hostile test: the sweep ran the other cells, then failed the disaggregated one at run time
+    import dsparksim.sweep.backends as backends
+    from dsparksim.cli import main
+
+    def boom(*a, **k):
+        raise AssertionError("a cell ran for a bad spec")
+    monkeypatch.setattr(backends, "execute_cell", boom)
+    spec = tmp_path / "s.toml"
+    spec.write_text('[sweep]\nname = "x"\n[base]\nconcurrency = 4\nduration_s = 3.0\n'
+                    '[axes]\ndisaggregated = [false, true]\n')
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "o"), "--backend", "serial"]) == 2
+    err = capsys.readouterr().err
+    assert "disaggregated=True" in err and "kv_transfer_gbps" in err
+    # with the link but a profile without kv_bytes_per_token: also refused up front, naming the field
+    spec.write_text('[sweep]\nname = "x"\n[base]\nconcurrency = 4\nduration_s = 3.0\nkv_transfer_gbps = 400.0\n'
+                    'disaggregated = true\n[axes]\npolicy = ["mtp1"]\n')
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "o2"), "--backend", "serial"]) == 2
+    assert "kv_bytes_per_token" in capsys.readouterr().err

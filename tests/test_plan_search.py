@@ -117,7 +117,11 @@ def test_cost_arithmetic():
     # GPUs per replica from profile metadata
     assert gpus_per_replica({"tensor_parallel": 4}) == (4, "metadata: tensor_parallel 4")
     assert gpus_per_replica({"tensor_parallel": 8, "gpus": 8})[0] == 8
-    assert gpus_per_replica({"tensor_parallel": 1, "data_parallel": 8, "expert_parallel": 8})[0] == 8
+    assert gpus_per_replica({"tensor_parallel": 1, "data_parallel": 8, "expert_parallel": 8}, dp_ranks=8)[0] == 8
+    # a profile pricing one of 8 DP ranks run as 1 rank (or a TP8 profile run as 2 ranks) is priced honestly
+    with pytest.raises(ValueError, match="set dp_ranks = 8"):
+        gpus_per_replica({"tensor_parallel": 1, "data_parallel": 8, "expert_parallel": 8})
+    assert gpus_per_replica({"tensor_parallel": 8, "data_parallel": 1}, dp_ranks=2)[0] == 16
     assert gpus_per_replica({"tensor_parallel": 2, "expert_parallel": 4})[0] == 4
     assert gpus_per_replica({"tensor_parallel": 2}, dp_ranks=4)[0] == 8
     assert gpus_per_replica({})[0] == 0

@@ -263,8 +263,9 @@ def gpus_per_replica(meta: Mapping[str, Any], dp_ranks: int = 1) -> tuple[int, s
     """GPUs of one replica from profile metadata, and where the figure came from.
 
     ``gpus`` (or ``num_gpus``/``gpu_count``) when the profile states it; else tensor_parallel x pipeline_parallel
-    x data_parallel (metadata ``data_parallel``/``dp``, else the run's dp_ranks), at least expert_parallel
-    (experts are laid out over those GPUs, not beside them). tensor_parallel absent -> None (the caller refuses).
+    x the run's dp_ranks (the ranks simulated), at least expert_parallel (experts are laid out over those GPUs,
+    not beside them). A profile whose metadata ``data_parallel``/``dp`` D > 1 prices one of D ranks: dp_ranks must
+    be D (ValueError otherwise). tensor_parallel absent -> (0, "none") (the caller refuses).
     """
     for k in ("gpus", "num_gpus", "gpu_count"):
         v = meta.get(k)
@@ -289,10 +290,12 @@ def gpus_per_replica(meta: Mapping[str, Any], dp_ranks: int = 1) -> tuple[int, s
     if pp:
         n *= pp
         parts.append(f"{ppk} {pp}")
-    if dp:
-        n *= dp
-        parts.append(f"{dpk} {dp}")
-    elif dp_ranks > 1:
+    if dp and dp > 1 and dp != dp_ranks:
+        # the profile prices ONE of dp data-parallel ranks (its EP all-to-all assumes dp of them): simulating
+        # another number of ranks would cost GPUs the simulation does not model, or model GPUs nobody pays for
+        raise ValueError(f"the profile prices one of {dp} data-parallel ranks ({dpk} {dp}) but the deployment "
+                         f"simulates dp_ranks = {dp_ranks}: set dp_ranks = {dp}")
+    if dp_ranks > 1:
         n *= dp_ranks
         parts.append(f"dp_ranks {dp_ranks}")
     if ep and ep > n:
@@ -476,7 +479,10 @@ def _candidate(src: str, i: int, c: dict[str, Any], prices: Mapping[str, float],
         if "gpus_per_replica" in over:
             g, note = over["gpus_per_replica"], "candidate gpus_per_replica"
         else:
-            g, note = gpus_per_replica(meta, int(merged.get("dp_ranks", 1)))
+            try:
+                g, note = gpus_per_replica(meta, int(merged.get("dp_ranks", 1)))
+            except ValueError as e:
+                raise ConfigError(src, f"{where}.dp_ranks", f"profile {prof_name!r}: {e}") from None
             if not g:
                 raise ConfigError(src, f"{where}.profile", f"profile {prof_name!r} states neither gpus nor "
                                   "tensor_parallel in its metadata: set gpus_per_replica on the candidate")

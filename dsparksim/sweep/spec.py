@@ -227,7 +227,28 @@ def _check_semantics(spec: SweepSpec, check_inputs: bool) -> None:
         _check_inputs(spec)
     from dsparksim.sweep.cells import expand
 
-    expand(spec)  # builds every RunConfig: raises ConfigError naming the spec and the cell's values
+    cells = expand(spec)  # builds every RunConfig: raises ConfigError naming the spec and the cell's values
+    if check_inputs:
+        _check_deployments(spec, cells)
+
+
+def _check_deployments(spec: SweepSpec, cells: list) -> None:
+    """Every disaggregated cell can price its KV transfer (link and bytes per token), before any cell runs."""
+    from dsparksim.inputs import check_deployment
+    from dsparksim.profile import load_profile
+
+    profiles: dict[str, Any] = {}
+    for cell in cells:
+        cfg = cell.config
+        if not getattr(cfg.engine, "disaggregated", False):
+            continue
+        if cfg.profile not in profiles:
+            profiles[cfg.profile] = load_profile(cfg.profile)
+        try:
+            check_deployment(cfg, profiles[cfg.profile])
+        except ConfigError as e:
+            where = ", ".join(f"{k}={v}" for k, v in cell.key.items()) or "base"
+            raise ConfigError(spec.source, f"cell {where}", str(e)) from None
 
 
 def _check_inputs(spec: SweepSpec) -> None:
