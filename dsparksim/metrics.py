@@ -115,6 +115,24 @@ OPEN_GROWTH_MIN = 5          # ... and above this many requests
 CLOSED_WAIT_FRACTION = 0.5   # closed loop: requests wait for admission in more than this fraction of steps
 
 
+def _prefill_pool_waiting(res: SimResult, t: np.ndarray) -> np.ndarray | None:
+    """Requests queued at the disaggregated prefill pool at each time t (arrived, prefill not started: the
+    interval [arrival, arrival + ttft_queue_s)); None when the run was not disaggregated."""
+    qs = getattr(res, "ttft_queue_s", None)
+    if qs is None:
+        return None
+    qs = np.asarray(qs, float)
+    arr = np.asarray(res.arrival_s, float)
+    ok = np.isfinite(arr) & ~np.asarray(res.rejected, bool)
+    start = arr[ok]
+    # a request still queued at the end of the run has no queue time: it waits until the end
+    end = np.where(np.isfinite(qs[ok]), start + np.where(np.isfinite(qs[ok]), qs[ok], 0.0), np.inf)
+    if not np.isfinite(qs[ok]).any() and not (end == np.inf).any():
+        return None
+    s_sorted, e_sorted = np.sort(start), np.sort(end)
+    return (np.searchsorted(s_sorted, t, "right") - np.searchsorted(e_sorted, t, "right")).astype(np.int64)
+
+
 def saturation(res: SimResult, warmup_s: float, closed_loop: bool) -> tuple[bool, dict[str, Any]]:
     """Is the engine past saturation (queue growing without bound)? Defined from the admission queue.
 
@@ -136,13 +154,21 @@ def saturation(res: SimResult, warmup_s: float, closed_loop: bool) -> tuple[bool
     if closed_loop:
         st = res.steps
         t_end = st["t_start"] + st["dt"] if len(st["dt"]) else np.zeros(0)
-        q = st["n_waiting"][t_end > warmup_s]
+        win = t_end > warmup_s
+        q = np.asarray(st["n_waiting"])[win]
         if q.size < 4:
             return False, {"note": "too few steps to judge"}
+        pool = _prefill_pool_waiting(res, t_end[win])
+        if pool is not None:
+            q = q + pool   # disaggregated: a request queued at the prefill pool waits for admission too
         frac = float((q > 0).mean())
-        return frac > CLOSED_WAIT_FRACTION, {"rule": f"closed loop: requests wait for admission in more than "
-                                             f"{CLOSED_WAIT_FRACTION:g} of the window's steps",
-                                             "frac_steps_with_waiting": frac, "steps": int(q.size)}
+        info = {"rule": f"closed loop: requests wait for admission in more than "
+                        f"{CLOSED_WAIT_FRACTION:g} of the window's steps"
+                        + (" (decode engines' queue + the prefill pool's queue)" if pool is not None else ""),
+                "frac_steps_with_waiting": frac, "steps": int(q.size)}
+        if pool is not None:
+            info["frac_steps_with_prefill_pool_waiting"] = float((pool > 0).mean())
+        return frac > CLOSED_WAIT_FRACTION, info
     ok = ~res.rejected & np.isfinite(res.arrival_s)
     arr = np.sort(res.arrival_s[ok])
     adm = np.sort(res.admitted_s[ok][np.isfinite(res.admitted_s[ok])])

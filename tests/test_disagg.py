@@ -135,3 +135,24 @@ def test_sweep_refuses_a_disaggregated_cell_without_transfer_terms_before_any_ce
                     'disaggregated = true\n[axes]\npolicy = ["mtp1"]\n')
     assert main(["sweep", str(spec), "--out", str(tmp_path / "o2"), "--backend", "serial"]) == 2
     assert "kv_bytes_per_token" in capsys.readouterr().err
+
+
+def test_closed_loop_saturation_counts_the_prefill_pool_queue(tmp_path):
+    # found by a hostile test: 256 users queued ~10 s at one prefill instance while the decode engine never had a
+    # waiting request, so the point read as unsaturated (and could be Pareto)
+    import json
+
+    from dsparksim.cli import main
+
+    def sat(n_pool):
+        out = tmp_path / f"o{n_pool}"
+        assert main(["run", "--profile", "built-h200x8-deepseek-v3-tp8", "--disaggregated", "--kv-transfer-gbps",
+                     "400", "--prefill-replicas", str(n_pool), "--concurrency", "128", "--duration", "12",
+                     "--quiet", "--out", str(out)]) == 0
+        return json.loads((out / "summary.json").read_text())
+
+    s = sat(1)
+    assert s["ttft_queue_median_s"] > 1.0
+    assert s["saturated"] is True and s["saturation_detail"]["frac_steps_with_prefill_pool_waiting"] > 0.5
+    s = sat(16)   # enough prefill instances: nobody waits anywhere
+    assert s["saturated"] is False and s["saturation_detail"]["frac_steps_with_prefill_pool_waiting"] < 0.5
