@@ -415,11 +415,12 @@ def _gain_cell(r: Any) -> str:
     ci = r.get("gain_lo"), r.get("gain_hi")
     ci_txt = (f" (CI {100 * ci[0]:+.1f}..{100 * ci[1]:+.1f})" if "gain_lo" in r and all(
         v is not None and v == v for v in ci) else "")
-    if r["range_lo"] == r["range_hi"]:  # a single SLA target: one interpolated value
-        return f"{100 * g:+.0f}%{ci_txt}"
+    mark = " !" if bool(r.get("narrow_overlap")) else ""
+    if r["range_lo"] == r["range_hi"]:  # one point: an SLA target, or frontiers that touch at a single value
+        return f"{100 * g:+.0f}%{ci_txt}" + (f" at {r['range_lo']:.4g}{mark}" if mark else "")
     txt = (f"{100 * g:+.0f}%{ci_txt} [{100 * r['gain_min']:+.0f}..{100 * r['gain_max']:+.0f}] "
            f"over {r['range_lo']:.4g}-{r['range_hi']:.4g}")
-    return txt + (" !" if bool(r.get("narrow_overlap")) else "")
+    return txt + mark
 
 
 def preflight(base: RunConfig, policies: Sequence[str]) -> None:

@@ -99,6 +99,11 @@ def cmd_build(args: argparse.Namespace) -> int:
     from dsparksim.analytic.builder import build_profile
 
     try:
+        if args.dp > 1 and args.ep <= 1:
+            # data-parallel engines only interact through expert parallelism: without --ep the profile would be
+            # that of one independent engine, and --dp only a GPU count others would multiply in
+            raise InputError("profile build", "--dp", f"--dp {args.dp} without --ep has no effect on one engine's "
+                             "costs: run independent engines as --replicas, or give --ep to spread the experts")
         out = _check_out(args.out)
         d = build_profile(args.model, args.gpu, tp=args.tp, ep=args.ep, dp=args.dp, dtype=args.dtype,
                           kv_dtype=args.kv_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
@@ -116,7 +121,8 @@ def cmd_build(args: argparse.Namespace) -> int:
           f"M {v['M'][0]}..{v['M'][-1]}, verify {v['time_s'][0] * 1e3:.2f} ms at M=1, "
           f"{v['time_s'][-1] * 1e3:.1f} ms at M={v['M'][-1]}")
     print(f"  kv_capacity_tokens: {md['kv_capacity_tokens']}  max_model_len: {md['max_model_len']}")
-    print(f"  ready: dsparksim run --profile {out}")
+    dp_hint = f" --dp-ranks {args.dp}" if args.dp > 1 else ""   # the profile prices ONE of dp ranks
+    print(f"  ready: dsparksim run --profile {out}{dp_hint}")
     return 0
 
 

@@ -298,3 +298,19 @@ def test_shipped_efficiency_fit_is_what_the_script_fits(tmp_path):
     got = json.loads(out.read_text())["params"]
     want = json.loads((REPO / "dsparksim" / "data" / "efficiency.json").read_text())["params"]
     assert got == pytest.approx(want, rel=1e-6)
+
+
+def test_build_refuses_dp_without_ep_and_non_utf8_configs(tmp_path, capsys):
+    # found by a hostile test: --dp without --ep changed nothing but metadata.data_parallel (which a planner
+    # multiplies into the GPU count), and a non-UTF-8 config crashed with a traceback
+    from dsparksim.cli import main
+
+    models = Path(__file__).resolve().parents[1] / "dsparksim" / "data" / "models"
+    out = str(tmp_path / "p.json")
+    assert main(["profile", "build", "--model", str(models / "llama-2-7b.json"), "--gpu", "H100", "--dp", "4",
+                 "--out", out]) == 2
+    assert "--dp" in capsys.readouterr().err
+    bad = tmp_path / "bin.json"
+    bad.write_bytes(b"\xff\xfe{}")
+    assert main(["profile", "build", "--model", str(bad), "--gpu", "H100", "--out", out]) == 2
+    assert "UTF-8" in capsys.readouterr().err

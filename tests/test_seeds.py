@@ -148,3 +148,15 @@ def test_a_seed_without_a_finished_request_empties_the_cell_and_is_named(tmp_pat
         m = mean[(mean["policy"] == r["policy"]) & (mean["load"] == r["load"])].iloc[0]
         # no mean of the other seeds: that would condition on the seeds that happened to finish a request
         assert pd.isna(m["tps_user_median"]) and pd.isna(m["tps_user_median_lo"]) and not m["pareto"]
+
+
+def test_gain_cell_keeps_the_narrow_overlap_mark_on_a_single_point_overlap():
+    # found by a hostile test: frontiers touching at one value printed '-51%' with no '!' although
+    # comparison.csv said narrow_overlap=True
+    from dsparksim.cli import _gain_cell
+
+    row = {"gain_mean": -0.51, "gain_min": -0.51, "gain_max": -0.51, "range_lo": 788.18, "range_hi": 788.18,
+           "narrow_overlap": True, "note": "narrow overlap"}
+    assert _gain_cell(row).endswith("at 788.2 !")
+    sla = {**row, "narrow_overlap": False, "note": ""}   # an SLA target: one interpolated value, no mark
+    assert _gain_cell(sla) == "-51%"

@@ -119,6 +119,9 @@ def load_arch(path: str | Path) -> Arch:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise InputError(str(path), "--model", f"cannot read the model config: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise InputError(str(path), "--model", f"not UTF-8 text (byte {e.start}): a config.json is UTF-8 "
+                         "JSON") from None
     try:
         d = json.loads(text)
     except json.JSONDecodeError as e:
