@@ -283,6 +283,10 @@ class EngineConfig:
             raise ConfigError("config", "disaggregated", "--prefill-replicas, --kv-transfer-gbps and "
                               "--kv-bytes-per-token describe the prefill pool of a --disaggregated run; "
                               "add --disaggregated or drop them")
+        if self.kv_policy == "reserve" and (self.kv_page_tokens != 16 or self.kv_watermark != 0.01):
+            raise ConfigError("config", "kv_policy", f"--kv-page-tokens {self.kv_page_tokens} / --kv-watermark "
+                              f"{self.kv_watermark} describe paged KV; --kv-policy reserve has no pages and no "
+                              "watermark: drop them or use --kv-policy paged")
         if self.replicas * self.dp_ranks > MAX_ENGINES:
             raise ConfigError("config", "replicas", f"replicas x dp_ranks = {self.replicas} x {self.dp_ranks} = "
                               f"{self.replicas * self.dp_ranks} engines, above the limit of {MAX_ENGINES}")

@@ -181,3 +181,17 @@ def test_cli_paged_run_reports_preemptions_and_reserve_keeps_the_old_files(tmp_p
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     req = pd.read_csv(tmp_path / "r" / "requests.csv")
     assert "num_preemptions" not in s and "preemptions" not in req.columns
+
+
+def test_reserve_refuses_paged_only_options():
+    # found by a hostile test: --kv-policy reserve --kv-watermark 0.5 --kv-page-tokens 7 ran, with no effect
+    import pytest as _pytest
+
+    from dsparksim.config import EngineConfig
+    from dsparksim.errors import ConfigError
+
+    with _pytest.raises(ConfigError, match="reserve has no pages"):
+        EngineConfig(kv_policy="reserve", kv_watermark=0.5)
+    with _pytest.raises(ConfigError, match="reserve has no pages"):
+        EngineConfig(kv_policy="reserve", kv_page_tokens=7)
+    EngineConfig(kv_policy="reserve")   # the defaults are fine
