@@ -545,8 +545,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="dsparksim",
         description="Discrete-event serving simulator for speculative decoding: compare verification policies "
-                    "(mtp1, fixed:K, threshold:T, goodput, confidence, confidence-async:LAG, oracle) on a measured "
-                    "cost profile, a drafter's acceptance and your traffic.")
+                    "(none, mtp1, fixed:K, threshold:T, goodput, confidence, confidence-async:LAG, oracle; "
+                    "`run --help` lists them all) on a measured cost profile, a drafter's acceptance and your "
+                    "traffic.")
     p.add_argument("--version", action="version", version=f"dsparksim {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="simulate one configuration",

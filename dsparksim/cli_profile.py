@@ -24,7 +24,7 @@ SHOW_K = 7
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``profile`` (with show / import / list) to an argparse subparsers object."""
-    p = subparsers.add_parser("profile", help="inspect, list and import cost profiles")
+    p = subparsers.add_parser("profile", help="list, inspect, import and build (analytic, from a model config) cost profiles")
     sub = p.add_subparsers(dest="profile_cmd", required=True)
 
     s = sub.add_parser("show", help="metadata, staircase summary, SPS, drafter costs, context model")

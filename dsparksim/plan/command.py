@@ -41,7 +41,13 @@ def register(subparsers, backend_args) -> None:
                     "monotone in replicas) with dominance pruning; probes are cached sweep cells in OUT/cells (a "
                     "rerun resumes). Writes plan.json (with the resolved spec and the search trace), spec.json, "
                     "cheapest.csv, pareto.csv/.json, probes.csv, plan.png and, last, plan.manifest.json. A spec "
-                    "error exits 2 before any probe runs.")
+                    "error exits 2 before any probe runs. Spec tables: [plan] slo = [\"METRIC OP NUMBER\", ...] "
+                    "(OP >= or <=; METRIC any summary.json metric, *_p50 = *_median; e.g. \"tps_user_p50 >= 60\", "
+                    "\"ttft_p99_s <= 2\"), seeds, require_unsaturated, prune; [traffic] rate or trace, scales; "
+                    "[base] run options for every candidate; [prices] $/GPU-hour by metadata.device or short GPU "
+                    "name; [[candidates]] profile, replicas = [MIN, MAX], policies, K, any run option (a list = one "
+                    "deployment per value). The format is documented in dsparksim/plan/spec.py; see "
+                    "sweeps/plan-example.toml.")
     p.add_argument("spec", help="plan spec (TOML), e.g. sweeps/plan-example.toml")
     p.add_argument("--out", "--result-dir", dest="out", required=True, help="output folder (also the probe cache)")
     backend_args(p)
