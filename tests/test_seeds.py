@@ -160,3 +160,23 @@ def test_gain_cell_keeps_the_narrow_overlap_mark_on_a_single_point_overlap():
     assert _gain_cell(row).endswith("at 788.2 !")
     sla = {**row, "narrow_overlap": False, "note": ""}   # an SLA target: one interpolated value, no mark
     assert _gain_cell(sla) == "-51%"
+
+
+def test_a_seed_that_finished_nothing_empties_every_metric_of_its_cell():
+    # found by a hostile test: throughput was still averaged over the other seeds and became the printed peak
+    import math
+
+    import pandas as pd
+
+    from dsparksim.frontier_seeds import seed_means
+
+    rows = [{"replicas": 1, "router": "round-robin", "policy": "none", "load": 64, "seed": s,
+             "num_requests_completed": n, "output_throughput_tok_s": thr, "tps_user_median": tps,
+             "saturated": False, "pareto": False, "kv_page_tokens": 16}
+            for s, n, thr, tps in ((0, 10, 1800.0, 30.0), (1, 0, 1700.0, float("nan")), (2, 12, 1760.0, 31.0))]
+    rows += [{**rows[0], "load": 8, "seed": s, "num_requests_completed": 5, "output_throughput_tok_s": 900.0 + s}
+             for s in range(3)]
+    out = seed_means(pd.DataFrame(rows)).set_index("load")
+    assert math.isnan(out.loc[64, "output_throughput_tok_s"]) and math.isnan(out.loc[64, "output_throughput_tok_s_hi"])
+    assert out.loc[8, "output_throughput_tok_s"] == 901.0
+    assert "kv_page_tokens_lo" not in out.columns     # a setting, not a metric
