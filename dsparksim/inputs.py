@@ -81,6 +81,9 @@ def engine_limits(cfg: RunConfig, profile) -> tuple[int, int]:
     return int(kv_cap), int(max_tok)
 
 
+_DP_WARNED: set[tuple[str, int]] = set()
+
+
 def check_deployment(cfg: RunConfig, prof: Any) -> None:
     """Checks of a run's deployment options against its profile, before anything runs: a disaggregated run needs
     its KV transfer terms (ConfigError otherwise); a profile that prices one of D > 1 data-parallel ranks
@@ -91,8 +94,10 @@ def check_deployment(cfg: RunConfig, prof: Any) -> None:
         from dsparksim.disagg import kv_transfer_terms
         kv_transfer_terms(prof, eng.kv_transfer_gbps, eng.kv_bytes_per_token)
     d = prof.metadata.get("data_parallel") if isinstance(getattr(prof, "metadata", None), dict) else None
-    if isinstance(d, int) and d > 1 and int(getattr(eng, "dp_ranks", 1)) != d:
+    if isinstance(d, int) and d > 1 and int(getattr(eng, "dp_ranks", 1)) != d \
+            and (prof.name, int(getattr(eng, "dp_ranks", 1))) not in _DP_WARNED:
         import logging
+        _DP_WARNED.add((prof.name, int(getattr(eng, "dp_ranks", 1))))   # once per process, not per resolve
         logging.getLogger("dsparksim").warning(
             "profile '%s' prices one of %d data-parallel ranks (metadata.data_parallel) but this run simulates "
             "--dp-ranks %d: its per-rank costs assume %d ranks; pass --dp-ranks %d", prof.name, d,
