@@ -84,7 +84,9 @@ def _register_build(sub: Any) -> None:
                                                      "reach the experts by all-to-all [1]")
     b.add_argument("--dp", type=int, default=1, help="data-parallel engines sharing the experts (with --ep); the "
                                                      "profile prices one of them [1]")
-    b.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp8"), help="weight dtype [bf16]")
+    b.add_argument("--dtype", default=None, choices=("bf16", "fp16", "fp8"),
+                   help="weight dtype [the dtype the config says its weights are published in (DeepSeek-V3: fp8), "
+                        "else bf16]")
     b.add_argument("--kv-dtype", choices=("bf16", "fp16", "fp8"),
                    help="KV-cache dtype [bf16 for fp8 weights, else the weight dtype]")
     b.add_argument("--gpu-memory-utilization", type=float, default=0.9,
@@ -117,7 +119,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         return 2
     md = d["metadata"]
     v = d["verify"]
-    print(f"wrote {out}: {md['model']} on {md['device']} tp={args.tp} ep={args.ep} dp={args.dp} {args.dtype}; "
+    print(f"wrote {out}: {md['model']} on {md['device']} tp={args.tp} ep={args.ep} dp={args.dp} {md.get('dtype')}; "
           f"M {v['M'][0]}..{v['M'][-1]}, verify {v['time_s'][0] * 1e3:.2f} ms at M=1, "
           f"{v['time_s'][-1] * 1e3:.1f} ms at M={v['M'][-1]}")
     print(f"  kv_capacity_tokens: {md['kv_capacity_tokens']}  max_model_len: {md['max_model_len']}")

@@ -188,7 +188,7 @@ def test_bad_inputs_are_clear_errors(tmp_path):
     with pytest.raises(InputError, match="3 does not divide the 8 routed experts"):
         build_profile(MODELS / "mixtral-8x7b.json", "H100", tp=1, ep=3, dp=3)
     with pytest.raises(InputError, match=r"needs 1249\.\d GiB of weights per GPU.*offers 72\.0 GiB"):
-        build_profile(MODELS / "deepseek-v3.json", "H100")
+        build_profile(MODELS / "deepseek-v3.json", "H100", dtype="bf16")
     with pytest.raises(InputError, match="no fp8"):
         build_profile(MODELS / "llama-2-7b.json", "A100", dtype="fp8")
     with pytest.raises(ConfigError, match="expected a positive integer"):
@@ -314,3 +314,13 @@ def test_build_refuses_dp_without_ep_and_non_utf8_configs(tmp_path, capsys):
     bad.write_bytes(b"\xff\xfe{}")
     assert main(["profile", "build", "--model", str(bad), "--gpu", "H100", "--out", out]) == 2
     assert "UTF-8" in capsys.readouterr().err
+
+
+def test_dtype_defaults_to_the_configs_published_weights():
+    # found by a hostile test: the brief's own command (DeepSeek-V3 on 8 x H200, no --dtype) failed on memory
+    # because the default was bf16 although the config says its weights are published in fp8
+    from dsparksim.analytic.builder import build_profile
+
+    models = Path(__file__).resolve().parents[1] / "dsparksim" / "data" / "models"
+    assert build_profile(models / "deepseek-v3.json", "H200", tp=8)["metadata"]["dtype"] == "fp8"
+    assert build_profile(models / "llama-2-7b.json", "H100")["metadata"]["dtype"] == "bf16"

@@ -89,7 +89,7 @@ def arch_from_dict(d: dict[str, Any], src: str = "<config>", name: str | None = 
         ffn //= 2   # Qwen-1 counts both gate and up halves in intermediate_size (vidur's n_expanded_embd = half)
     common = dict(name=name, n_layers=L, hidden=h, n_heads=nh, n_kv_heads=nkv, vocab=_req(d, "vocab_size", src),
                   max_position=_req(d, "max_position_embeddings", src), ffn=ffn,
-                  weight_dtype_hint=str(d.get("quantization", "")))
+                  weight_dtype_hint=_dtype_hint(d))
     if a0.startswith("Deepseek") or "kv_lora_rank" in d:
         nope, rope = _req(d, "qk_nope_head_dim", src), _req(d, "qk_rope_head_dim", src)
         E = _req(d, "n_routed_experts", src)
@@ -110,6 +110,17 @@ def arch_from_dict(d: dict[str, Any], src: str = "<config>", name: str | None = 
         return Arch(family="moe", head_dim=hd, v_head_dim=hd, n_experts=E, top_k=_req(d, "num_experts_per_tok", src),
                     moe_ffn=moe_ffn, **common)
     return Arch(family="dense", head_dim=hd, v_head_dim=hd, **common)
+
+
+def _dtype_hint(d: dict) -> str:
+    """The published weight dtype: our configs' "quantization" note, or HF's quantization_config.quant_method."""
+    q = d.get("quantization")
+    if isinstance(q, str) and q:
+        return q
+    qc = d.get("quantization_config")
+    if isinstance(qc, dict) and isinstance(qc.get("quant_method"), str):
+        return qc["quant_method"]
+    return ""
 
 
 def load_arch(path: str | Path) -> Arch:

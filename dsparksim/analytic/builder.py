@@ -51,13 +51,17 @@ def _r(x: float) -> float:
     return float(f"{float(x):.6g}")
 
 
-def build_profile(model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int = 1, dtype: str = "bf16",
+def build_profile(model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int = 1, dtype: str | None = None,
                   kv_dtype: str | None = None, gpu_memory_utilization: float = 0.9, name: str | None = None,
                   date: str | None = None, model_label: str | None = None) -> dict[str, Any]:
-    """The profile JSON object (validate/save with dsparksim.profile). InputError/ConfigError on bad input."""
+    """The profile JSON object (validate/save with dsparksim.profile). InputError/ConfigError on bad input.
+    ``dtype`` None = the weight dtype the config says its weights are published in (DeepSeek-V3: fp8), else bf16."""
     for flag, v in (("--tp", tp), ("--ep", ep), ("--dp", dp)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise InputError(flag, flag.lstrip("-"), f"expected a positive integer, got {v!r}")
+    if dtype is None:
+        hint = load_arch(Path(model)).weight_dtype_hint.lower()
+        dtype = hint if hint in DTYPE_BYTES else "bf16"
     if dtype not in DTYPE_BYTES:
         raise InputError("--dtype", "dtype", f"expected one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
     if kv_dtype is not None and kv_dtype not in DTYPE_BYTES:
