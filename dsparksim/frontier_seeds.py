@@ -41,10 +41,6 @@ def seed_means(per_seed: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for _, g in per_seed.groupby(list(CELL_KEYS), sort=False, dropna=False):
         row: dict[str, Any] = {}
-        # a seed that finished no request empties the whole cell: no metric (throughput included) is averaged over
-        # the other seeds only, or the printed peak could come from a cell whose per-user metrics are empty
-        empty = "num_requests_completed" in g and bool((pd.to_numeric(g["num_requests_completed"],
-                                                                      errors="coerce").fillna(0) <= 0).any())
         for c in cols:
             col = g[c]
             if c in CELL_KEYS or c == "pareto":
@@ -55,8 +51,6 @@ def seed_means(per_seed: pd.DataFrame) -> pd.DataFrame:
             elif c not in _NOT_METRICS and _numeric(col):
                 iv = t_interval(col.tolist())
                 row[c], row[f"{c}_lo"], row[f"{c}_hi"] = iv.mean, iv.lo, iv.hi
-                if empty and c != "num_requests_completed":
-                    row[c] = row[f"{c}_lo"] = row[f"{c}_hi"] = float("nan")
             else:  # a setting or a label: one value when the seeds agree, every value otherwise
                 vals = list(dict.fromkeys(str(v) for v in col))
                 row[c] = col.iloc[0] if len(vals) == 1 else "|".join(vals)

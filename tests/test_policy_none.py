@@ -47,7 +47,8 @@ def test_none_emits_one_token_per_request_per_step_and_pays_no_drafting():
 @pytest.mark.parametrize("kv_policy", ["reserve", "paged"])
 def test_none_reserves_no_draft_kv_slots(kv_policy):
     # one-token pages so both KV policies count the same tokens: paged holds ceil((context + K) / page) pages
-    eng = EngineConfig(kv_policy=kv_policy, kv_page_tokens=1)
+    pages = {"kv_page_tokens": 1} if kv_policy == "paged" else {}   # reserve has no pages (refused there)
+    eng = EngineConfig(kv_policy=kv_policy, **pages)
     kv = {}
     for pol in ("none", "fixed:7"):
         st = {k: np.asarray(v) for k, v in simulate(RunConfig(policy=pol, seed=3, engine=eng, traffic=TrafficConfig(
@@ -62,7 +63,7 @@ def test_none_reserves_no_draft_kv_slots(kv_policy):
     res = {}
     for pol in ("none", "fixed:7"):
         cfg = RunConfig(policy=pol, traffic=TrafficConfig(mode="closed", concurrency=4, duration_s=8.0), seed=3,
-                        engine=EngineConfig(kv_capacity_tokens=cap, kv_policy=kv_policy, kv_page_tokens=1))
+                        engine=EngineConfig(kv_capacity_tokens=cap, kv_policy=kv_policy, **pages))
         r = simulate(cfg).result
         tot = r.prompt_tokens + r.output_tokens
         res[pol] = (tot, r.rejected)
