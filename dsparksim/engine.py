@@ -173,6 +173,10 @@ class Engine:
         self._first_pending = 0   # disaggregated: first tokens (made by the prefill pool) not yet logged
         # long-context attention: seconds per query-key pair of the decoding rows (absent = 0: priced as before)
         self._qk = float(getattr(profile, "seconds_per_query_kv", 0.0) or 0.0)
+        # the drafter's context term (profile drafters.<name>.seconds_per_kv_token; absent = 0): only then is the
+        # step's kv_read passed to step_overhead, so profiles without it are priced by the very same call
+        dc = (getattr(profile, "drafters", None) or {}).get(drafter) if drafter is not None else None
+        self._draft_kv = bool(getattr(dc, "seconds_per_kv_token", 0.0))
         self.req, self.profile, self.acc, self.policy = table, profile, acceptance, policy
         self.K, self.drafter = int(K), drafter
         self.kv_cap, self.max_seqs = int(kv_capacity_tokens), int(max_num_seqs)
@@ -395,9 +399,13 @@ class Engine:
                   ) -> Callable[[np.ndarray], np.ndarray]:
         """Vectorised price of this step as a function of M: the profile's verify_time(M, context) +
         step_overhead(drafting of n_dec requests, prefill terms) -- the formula lives in the profile.
-        The long-context query-key term is added by :meth:`plan_step` (it depends on each row's length)."""
+        The long-context query-key term is added by :meth:`plan_step` (it depends on each row's length); the
+        drafter's context term (its attention over ``kv_read``) is inside step_overhead, constant in M."""
         prof = self.profile
-        nontrim = prof.step_overhead(self.drafter, n_dec, self.K, n_pf, pf_qk, n_chunks)
+        if self._draft_kv:
+            nontrim = prof.step_overhead(self.drafter, n_dec, self.K, n_pf, pf_qk, n_chunks, kv_tokens=kv_read)
+        else:
+            nontrim = prof.step_overhead(self.drafter, n_dec, self.K, n_pf, pf_qk, n_chunks)
         dense = self._dense
         if dense is not None:
             # Same sum as the profile's verify_time(M, kv) + nontrim, with the per-step terms folded first.

@@ -3,7 +3,7 @@
 A profile is provenance metadata + a measured verification staircase + the non-trimmable terms::
 
     step_time(M, n_req, drafter, K, kv) = verify_time(M, kv)                       # trimmable
-                                        + draft_time(drafter, n_req, K)            # paid whatever is verified
+                                        + draft_time(drafter, n_req, K, kv)        # paid whatever is verified
                                         + fixed_overhead_s + batch_overhead(n_req) # floor
 
 JSON format ``dsparksim-profile/1`` (also documented in profiles/README.md)::
@@ -28,6 +28,7 @@ JSON format ``dsparksim-profile/1`` (also documented in profiles/README.md)::
                              "markov_overhead_frac": 0.008},
                   "eagle3": {"kind": "autoregressive", ...}, "mtp1": {"kind": "mtp", ...}}}
                  # any drafter may add "prefill_s_per_token": float >= 0 (its state update per prompt token)
+                 # and "seconds_per_kv_token": float >= 0 (its attention over the step's KV tokens read)
 
 Keys starting with "_" are comments and ignored; any other unknown key is an error (it is usually a typo).
 
@@ -60,6 +61,12 @@ Semantics:
   * Drafting: ``parallel`` = one drafter forward over n_req*K tokens, times (1 + markov_overhead_frac);
     ``autoregressive`` = K sequential forwards of n_req tokens; ``mtp`` = one forward of n_req tokens (K must
     be 1). ``drafter=None`` means no drafting (plain decoding).
+  * Drafter context (optional ``drafters.<name>.seconds_per_kv_token``, absent = 0, so older profiles price
+    identically): a drafting step (n_req > 0) adds ``seconds_per_kv_token * kv_tokens``, the drafter's attention
+    over the context. ``kv_tokens`` is the step's whole kv_read (the same quantity the target's attention term
+    uses and the step log records): in a decode-only step that is exactly the decoding requests' context; in a
+    mixed step it also counts the prefill chunks' prefixes, which the drafter's state update attends too. It does
+    not depend on the verify length, so policies see it as a per-step constant.
 """
 from __future__ import annotations
 
@@ -118,6 +125,7 @@ class DrafterCost:
     markov_overhead_frac: float = 0.0
     note: str = ""
     prefill_s_per_token: float = 0.0
+    seconds_per_kv_token: float = 0.0   # drafter attention per KV token the step reads (absent = 0)
 
 
 @dataclass
@@ -332,8 +340,9 @@ class CostProfile:
         raise ConfigError(f"profile '{self.name}' ({self.source})", "drafters",
                           f"unknown drafter '{name}'; this profile has: {', '.join(sorted(self.drafters))}")
 
-    def draft_time(self, drafter: str | None, n_req: Any, K: int) -> Any:
-        """Drafting time (s) of one step for n_req decoding requests with block size K (see module doc)."""
+    def draft_time(self, drafter: str | None, n_req: Any, K: int, kv_tokens: Any = 0) -> Any:
+        """Drafting time (s) of one step for n_req decoding requests with block size K, reading ``kv_tokens``
+        KV tokens (the drafter's context term; see module doc)."""
         if drafter is None:
             return _scalar_or(np.zeros_like(_as_query(n_req, self.name, "n_req")), n_req)
         d = self.drafter(drafter)
@@ -353,7 +362,16 @@ class CostProfile:
                                   f"an 'mtp' drafter makes one forward per step and only supports K=1, got K={K}; "
                                   "model a deeper MTP chain as an 'autoregressive' drafter")
             t = self._floor_pos(d.tokens, d.time_s, n, axis)
+        if d.seconds_per_kv_token:
+            t = t + self._draft_kv(d, n, kv_tokens)
         return _scalar_or(t, n_req)
+
+    def _draft_kv(self, d: DrafterCost, n: np.ndarray, kv_tokens: Any) -> np.ndarray:
+        """The drafter's context term: seconds_per_kv_token * kv_tokens on drafting steps (n > 0), else 0."""
+        kv = _as_query(kv_tokens, self.name, "kv_tokens")
+        if np.any(kv < 0):
+            raise ConfigError(f"profile '{self.name}'", "kv_tokens", f"must be >= 0, got {_num(float(kv.min()))}")
+        return np.where(n > 0, d.seconds_per_kv_token * kv, 0.0)
 
     def _floor_pos(self, axis: np.ndarray, values: np.ndarray, x: np.ndarray, name: str) -> np.ndarray:
         """Floor lookup where x == 0 costs nothing (no requests -> no forward)."""
@@ -373,12 +391,20 @@ class CostProfile:
         ax, val = self.batch_overhead
         return _scalar_or(self._floor_pos(ax, val, n, "batch_overhead.n_req"), n_req)
 
-    def nontrimmable_time(self, drafter: str | None, n_req: Any, K: int) -> Any:
+    def nontrimmable_time(self, drafter: str | None, n_req: Any, K: int, kv_tokens: Any = 0) -> Any:
         """draft_time + fixed_overhead_s + batch overhead: what a step costs whatever is verified.
 
         Integer (n_req, K) queries -- one per engine step -- are memoised per (drafter, n_req, K); a lookup that
         raised or extrapolated is never stored, so errors and extrapolation reports are as without the memo.
+        The drafter's context term (``kv_tokens``) is added outside the memo (it changes every step).
         """
+        d = self.drafters.get(drafter) if drafter is not None else None
+        if d is not None and d.seconds_per_kv_token:
+            t = self._nontrim_memo(drafter, n_req, K)
+            return _scalar_or(t + self._draft_kv(d, _as_query(n_req, self.name, "n_req"), kv_tokens), n_req, kv_tokens)
+        return self._nontrim_memo(drafter, n_req, K)
+
+    def _nontrim_memo(self, drafter: str | None, n_req: Any, K: int) -> Any:
         ints = (int, np.integer)
         if isinstance(n_req, ints) and isinstance(K, ints) and not isinstance(n_req, bool):
             key = ("nontrim", drafter, int(n_req), int(K))
@@ -392,7 +418,7 @@ class CostProfile:
         return self._nontrimmable(drafter, n_req, K)
 
     def _nontrimmable(self, drafter: str | None, n_req: Any, K: int) -> Any:
-        d = self.draft_time(drafter, n_req, K)
+        d = self.draft_time(drafter, n_req, K)    # kv_tokens = 0: the context term is added by the caller
         return d + self.fixed_overhead_s + self.batch_overhead_time(n_req)
 
     def prefill_time(self, drafter: str | None, prefill_tokens: float, query_keys: float, chunks: int = 1,
@@ -409,16 +435,18 @@ class CostProfile:
         return float(t)
 
     def step_time(self, M: Any, n_req: Any, drafter: str | None, K: int, kv_tokens: Any = 0) -> Any:
-        """Whole decode step without prefill: verify_time(M, kv_tokens) + nontrimmable_time(drafter, n_req, K)."""
-        return self.verify_time(M, kv_tokens) + self.nontrimmable_time(drafter, n_req, K)
+        """Whole decode step without prefill: verify_time(M, kv_tokens) + nontrimmable_time(drafter, n_req, K,
+        kv_tokens)."""
+        return self.verify_time(M, kv_tokens) + self.nontrimmable_time(drafter, n_req, K, kv_tokens)
 
     def step_overhead(self, drafter: str | None, n_req: int, K: int, prefill_tokens: int = 0,
-                      query_keys: int = 0, chunks: int = 0) -> float:
+                      query_keys: int = 0, chunks: int = 0, kv_tokens: int = 0) -> float:
         """Everything one engine step costs beyond verify_time(M, context) -- the one place of the step formula:
         drafting + fixed + batch overhead for ``n_req`` decoding requests (a prefill-only step, n_req = 0, pays
         the fixed overhead only: nothing is drafted) plus the prefill terms of its chunks, if the profile has them.
-        A step's price is ``verify_time(M, context) + step_overhead(...)`` (:class:`dsparksim.engine.Engine`)."""
-        t = float(self.nontrimmable_time(drafter, n_req, K)) if n_req else float(self.fixed_overhead_s)
+        A step's price is ``verify_time(M, context) + step_overhead(...)`` (:class:`dsparksim.engine.Engine`).
+        ``kv_tokens`` (the step's kv_read) prices the drafter's context term, if its profile entry has one."""
+        t = float(self.nontrimmable_time(drafter, n_req, K, kv_tokens)) if n_req else float(self.fixed_overhead_s)
         if prefill_tokens and self.prefill_note is not None:
             t += self.prefill_time(drafter, prefill_tokens, query_keys, chunks, n_req)
         return t
@@ -651,8 +679,10 @@ def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False)
         if mo and kind != "parallel":
             raise c.fail(p + "markov_overhead_frac", f"only a 'parallel' drafter has a Markov head; kind is {kind!r}")
         dpf = c.number(spec.get("prefill_s_per_token", 0.0), p + "prefill_s_per_token")
+        dkv = c.number(spec.get("seconds_per_kv_token", 0.0), p + "seconds_per_kv_token")
         drafters[str(dname)] = DrafterCost(kind=kind, tokens=_ro(tok), time_s=_ro(tt), markov_overhead_frac=mo,
-                                           note=str(spec.get("note", "")), prefill_s_per_token=dpf)
+                                           note=str(spec.get("note", "")), prefill_s_per_token=dpf,
+                                           seconds_per_kv_token=dkv)
 
     return CostProfile(name=name, metadata=json.loads(json.dumps(meta)), verify_M=_ro(M), verify_time_s=_ro(T),
                        kv_tokens=None if kv is None else _ro(kv), seconds_per_kv_token=spk, fixed_overhead_s=fixed,
@@ -696,6 +726,8 @@ def profile_to_dict(p: CostProfile) -> dict[str, Any]:
             e["markov_overhead_frac"] = float(dc.markov_overhead_frac)
         if dc.prefill_s_per_token:
             e["prefill_s_per_token"] = float(dc.prefill_s_per_token)
+        if dc.seconds_per_kv_token:       # optional: written only when non-zero (absent = 0)
+            e["seconds_per_kv_token"] = float(dc.seconds_per_kv_token)
         if dc.note:
             e["note"] = dc.note
         drs[k] = e

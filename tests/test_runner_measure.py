@@ -199,3 +199,38 @@ def test_per_request_and_context_shape_diagnostics_match_their_closed_forms():
     r2 = {k: np.array([x[k] for x in recs], float) for k in recs[0]}
     sh2 = meas.context_shape(r2, M, V, np.array([1, 2, 4]), Bn)["s_per_kv_token_by_context"]
     assert sh2["10"] == pytest.approx(1e-8) and sh2["200"] == pytest.approx(2e-7)
+
+
+def _drafter_recs(s_draft, D=lambda n: 4e-4 + 1e-4 * n, ctxs=(10, 50, 200)):
+    """The target as in _synthetic; the drafter timer costs D(n) + s_draft * kv (a known slope)."""
+    recs = _synthetic(lambda M: 1e-3 + 2e-5 * M, lambda n: 3e-4 * (n - 1), 1e-7, ctxs=ctxs)
+    for x in recs:
+        x["t_draft"] = D(x["n"]) + s_draft * x["kv"]
+    return recs
+
+
+def test_measure_fits_the_drafter_context_slope_and_its_no_context_table():
+    mc = MeasureConfig(K=3, n_reqs=(1, 2, 4), contexts=(10, 50, 200))
+    prof = fit_profile(_drafter_recs(2e-7), [], mc)
+    d = prof["drafters"]["dspark"]
+    assert d["seconds_per_kv_token"] == pytest.approx(2e-7, rel=1e-6)
+    # the table is the drafter time at no context (the slope is not counted twice)
+    np.testing.assert_allclose(d["time_s"], [4e-4 + 1e-4 * n for n in (1, 2, 4)], rtol=1e-6)
+    assert prof["_fit"]["drafter_context"]["seconds_per_kv_token"] == pytest.approx(2e-7, rel=1e-6)
+    # the written profile prices a drafting step at D(n) + slope * kv_read
+    from dsparksim.profile import profile_from_dict
+    p = profile_from_dict({k: v for k, v in prof.items() if k != "_fit"} | {
+        "name": "fit", "metadata": {k: "-" for k in ("device", "model", "source", "method")}}, "fit")
+    assert p.draft_time("dspark", 2, 3, 1000) == pytest.approx(4e-4 + 2e-4 + 2e-7 * 1000, rel=1e-6)
+
+
+def test_drafter_context_negative_or_absent_slope_writes_no_term():
+    mc = MeasureConfig(K=3, n_reqs=(1, 2, 4), contexts=(10, 50, 200))
+    neg = fit_profile(_drafter_recs(-1e-9), [], mc)          # drafter "gets cheaper" with context: noise
+    assert "seconds_per_kv_token" not in neg["drafters"]["dspark"]
+    assert neg["_fit"]["drafter_context"]["seconds_per_kv_token"] == 0.0
+    note = neg["_fit"]["drafter_context"]["note"]
+    assert "negative" in note and "clipped to 0" in note
+    one = fit_profile(_drafter_recs(2e-7, ctxs=(50,)), [], MeasureConfig(K=3, n_reqs=(1, 2, 4), contexts=(50,)))
+    assert "seconds_per_kv_token" not in one["drafters"]["dspark"]
+    assert one["_fit"]["drafter_context"]["seconds_per_kv_token"] is None

@@ -18,6 +18,7 @@ def _profile():
     d["prefill"].update(seconds_per_token=2e-7, seconds_per_query_key=1e-9, seconds_per_chunk=1.3e-4,
                         seconds_per_token_per_decode=3e-9, seconds_per_chunk_per_decode=4e-6)
     d["drafters"]["dspark"]["prefill_s_per_token"] = 5e-8
+    d["drafters"]["dspark"]["seconds_per_kv_token"] = 3e-8             # the drafter's context term
     d["attention"]["seconds_per_query_kv"] = 2e-10                     # the long-context term          # every term of the step formula is non-zero
     return profile_from_dict(d, source="test")
 
@@ -36,7 +37,8 @@ def _steps(p, rng, n_steps=300):
     dqk = np.where(n > 0, kv * 3, 0)                # decoding rows' query-key pairs (StepPlan.decode_qk)
     # the engine's price of the step: verify_time(M, kv) + profile.step_overhead(...) + long-context pairs
     dt_model = np.array([p.verify_time(int(M[i]), int(kv[i])) + p.step_overhead("dspark", int(n[i]), K, int(pf[i]),
-                                                                                 int(qk[i]), int(ch[i]))
+                                                                                 int(qk[i]), int(ch[i]),
+                                                                                 kv_tokens=int(kv[i]))
                          + p.seconds_per_query_kv * dqk[i] for i in range(n_steps)])
     # measured split: the model's shares, randomly mis-scaled per timer
     tt = dt_model * 0.7 * rng.uniform(0.8, 1.3, n_steps)
@@ -89,3 +91,14 @@ def test_a_foreign_profile_is_refused():
     st["dt_model"] = st["dt_model"] * 1.01
     with pytest.raises(ValueError, match="residuals need the run's own profile"):
         step_residuals(st, p, K, "dspark")
+
+
+def test_drafter_context_term_is_its_own_column_on_drafting_steps():
+    p = _profile()
+    st = _steps(p, np.random.default_rng(7), 60)
+    df = step_residuals(st, p, K, "dspark")
+    want = np.where(st["n_decode"] > 0, 3e-8 * st["kv_read"], 0.0)
+    np.testing.assert_allclose(df["m_drafter_context"], want, rtol=1e-9, atol=1e-15)
+    assert (df["m_drafter_context"] > 0).any() and (st["n_decode"] == 0).any()
+    # it is the draft timer's: the draft model includes it
+    np.testing.assert_allclose(df["model_draft"], df["m_drafter"] + want + df["m_prefill_drafter"], rtol=1e-12)

@@ -15,7 +15,11 @@ Separation (as TensorRT-LLM's DSpark profiler does, the floor from the verify te
   including a representative scheduler workload: Algorithm 1's ranking and pricing of the n*K candidates) and
   B(n); the minimum over n is ``fixed_overhead_s`` and the rest ``batch_overhead(n)``.
 * a cell's contexts are spread over [c/2, 3c/2] (mean c), as in a served batch (:func:`cell_contexts`).
-* mtp1: a K=1 sweep over n gives its one-forward cost (kind "mtp").
+* drafter context: with >= 2 contexts, least squares of the drafter time per cell on D(n) + s_d * kv_tokens
+  (:func:`fit_drafter_context`) gives ``drafters.<name>.seconds_per_kv_token`` (its attention over the context),
+  written when > 0; the drafter table is then D(n), the time at no context. A negative slope is clipped to 0
+  (no term) with a logged note.
+* mtp1: a K=1 sweep over n gives its one-forward cost (kind "mtp"; one context, so no context term).
 
 A result whose verify term does not grow with M (ratio of the largest to the smallest M's time < min_growth) is
 refused as flat, and any non-positive or non-finite median as inert: neither is ever written. An out-of-memory
@@ -449,6 +453,39 @@ def context_shape(r: dict[str, np.ndarray], M: np.ndarray, V: np.ndarray, ns: np
             "max_over_min": float(vals.max() / vals.min()) if len(vals) > 1 and vals.min() > 0 else None}
 
 
+def fit_drafter_context(r: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, float | None, str]:
+    """Least squares t_draft = D(n) + s * kv over the cell medians (one intercept per n, rows weighted by 1/t).
+
+    Returns (ns, D per n, s or None, note). s is None with one context (nothing to fit); a negative s is clipped
+    to 0 and then D(n) is the plain median per n, as without the term; so is a fit that would leave some
+    D(n) <= 0 (the slope would claim more than the whole drafter time), with the note saying so.
+    """
+    keys = np.stack([r["n"], r["L"], r["ctx"]], 1)
+    uk, inv = np.unique(keys, axis=0, return_inverse=True)
+    inv = inv.ravel()
+    t = np.array([np.median(r["t_draft"][inv == i]) for i in range(len(uk))])
+    kv = np.array([np.median(r["kv"][inv == i]) for i in range(len(uk))])
+    ns, D0 = _median_by(r["n"].astype(int), r["t_draft"])
+    if len(np.unique(uk[:, 2])) < 2:
+        return ns, D0, None, "one context measured: no drafter context term"
+    ni = np.searchsorted(ns, uk[:, 0].astype(int))
+    A = np.zeros((len(uk), len(ns) + 1))
+    A[np.arange(len(uk)), ni] = 1.0
+    A[:, -1] = kv
+    w = 1.0 / t
+    x, *_ = np.linalg.lstsq(A * w[:, None], t * w, rcond=None)
+    s, D = float(x[-1]), x[:-1]
+    if s < 0:
+        return ns, D0, 0.0, (f"fitted drafter slope {s:.3g} s per KV token is negative (noise: the drafter does not "
+                             "get cheaper with context); clipped to 0, no term written")
+    if s * kv.max() < 1e-9 * t.max():      # a float-noise slope (exact data): nothing measurable to write
+        return ns, D0, 0.0, f"fitted drafter slope {s:.3g} s per KV token is below resolution; no term written"
+    if not (D > 0).all():
+        return ns, D0, 0.0, (f"fitted drafter slope {s:.3g} s per KV token leaves a non-positive drafter time at "
+                             f"n={int(ns[np.argmin(D)])}; not used, no term written")
+    return ns, D, s, "least squares of drafter time on D(n) + s*kv_tokens over the cell medians"
+
+
 def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig) -> dict[str, Any]:
     """Separate the floor from the verify term (see module doc). Raises MeasurementError if flat or inert."""
     if not recs:
@@ -468,7 +505,7 @@ def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig) -> di
                                f"{growth:.3f}x the time at M={int(M[0])} (need >= {mc.min_growth}); the step is "
                                "dominated by overhead/noise, so no verify term can be separated. Measure larger M "
                                "or a larger model, or reduce background load")
-    ns, D = _median_by(r["n"].astype(int), r["t_draft"])
+    ns, D, s_draft, draft_note = fit_drafter_context(r)
     _, H = _median_by(r["n"].astype(int), r["t_host"])
     H = H + Bn                      # the target forward's per-request term joins the floor
     fixed = float(H.min())
@@ -482,6 +519,8 @@ def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig) -> di
                                    "note": f"measured: {what}"}}
     if kind == "parallel":
         drafters[mc.block_drafter]["markov_overhead_frac"] = 0.0
+    if s_draft:                     # written only when > 0 (absent = 0); once per step, not per sequential forward
+        drafters[mc.block_drafter]["seconds_per_kv_token"] = s_draft
     if mtp_recs:
         m = {k: np.array([x[k] for x in mtp_recs], dtype=float) for k in mtp_recs[0]}
         mn, mD = _median_by(m["n"].astype(int), m["t_draft"])
@@ -502,7 +541,8 @@ def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig) -> di
                                      f"s*kv_tokens over cells at contexts {list(mc.contexts)}"}
     _, H_raw = _median_by(r["n"].astype(int), r["t_host"])
     prof["_fit"] = {"verify_growth": growth, "seconds_per_kv_token": s,
-                    "drafter_per_request": per_request_cost(ns, D), "host_per_request": per_request_cost(ns, H_raw),
+                    "drafter_per_request": per_request_cost(ns, D),
+                    "drafter_context": {"seconds_per_kv_token": s_draft, "note": draft_note}, "host_per_request": per_request_cost(ns, H_raw),
                     "context_shape": context_shape(r, M, V, ns, Bn) if s is not None else None,
                     "target_per_request_s_by_n": [float(x) for x in Bn], "floor_s_by_n": [float(x) for x in H]}
     return prof
@@ -590,6 +630,8 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
         bar.close()
     prof = fit_profile(recs, mtp, mc)
     fit = prof.pop("_fit")
+    if fit["drafter_context"]["seconds_per_kv_token"] == 0.0:     # clipped or refused: say so, never silently
+        log(f"measure: drafter context term: {fit['drafter_context']['note']}")
     if mc.prefill:
         # paired steps: what prompt chunks add to a step beyond the decode-shaped verify term
         try:

@@ -9,6 +9,8 @@ A real step's log row (the engine's public step log + the executor's split) give
                + seconds_per_query_kv * decode_qk      (the long-context term, when the profile has one)
     prefill  = the prefill terms of the step's chunks  (target part; per-chunk part; drafter part)
     drafter  = draft_time(drafter, n, K)
+               + the drafter's context term: draft_time(drafter, n, K, kv) - draft_time(drafter, n, K)
+                 (profile drafters.<name>.seconds_per_kv_token * kv; 0 when the profile has none)
     host     = fixed_overhead_s + batch_overhead(n)    (the floor; its per-request target part B(n) is measured
                                                         inside the target forward, see measure.decompose_target)
 
@@ -57,6 +59,11 @@ def model_terms(steps: Mapping[str, np.ndarray], profile: Any, K: int, drafter: 
     dqk = np.asarray(steps.get("dec_qk", np.zeros(len(n))), float)
     v = v + float(getattr(profile, "seconds_per_query_kv", 0.0) or 0.0) * np.where(n > 0, dqk, 0.0)
     d = np.asarray(profile.draft_time(drafter, n, K), float) if drafter is not None else np.zeros(len(n))
+    dc = profile.drafters.get(drafter) if drafter is not None else None
+    if dc is not None and getattr(dc, "seconds_per_kv_token", 0.0):
+        d_ctx = np.asarray(profile.draft_time(drafter, n, K, kv), float) - d
+    else:
+        d_ctx = np.zeros(len(n))
     host = profile.fixed_overhead_s + np.asarray(profile.batch_overhead_time(n), float)
     has_pf = (pf > 0) & (profile.prefill_note is not None)
     pf_t = np.where(has_pf, profile.prefill_s_per_token * pf + profile.prefill_s_per_query_key * qk
@@ -67,7 +74,8 @@ def model_terms(steps: Mapping[str, np.ndarray], profile: Any, K: int, drafter: 
     pf_d = np.where(has_pf, dpf * pf, 0.0)
     B = _per_request_target(profile, n)
     return pd.DataFrame({"m_verify": v0, "m_context": v - v0, "m_prefill_target": pf_t, "m_prefill_chunk": pf_c,
-                         "m_prefill_drafter": pf_d, "m_per_request": B, "m_drafter": d, "m_host": host - B})
+                         "m_prefill_drafter": pf_d, "m_per_request": B, "m_drafter": d, "m_drafter_context": d_ctx,
+                         "m_host": host - B})
 
 
 def step_residuals(steps: Mapping[str, np.ndarray], profile: Any, K: int, drafter: str | None,
@@ -92,7 +100,7 @@ def step_residuals(steps: Mapping[str, np.ndarray], profile: Any, K: int, drafte
     m = model_terms(steps, profile, K, drafter)
     df = pd.concat([df, m], axis=1)
     df["model_target"] = m["m_verify"] + m["m_context"] + m["m_prefill_target"] + m["m_per_request"]
-    df["model_draft"] = m["m_drafter"] + m["m_prefill_drafter"]
+    df["model_draft"] = m["m_drafter"] + m["m_drafter_context"] + m["m_prefill_drafter"]
     df["model_host"] = m["m_host"] + m["m_prefill_chunk"]
     df["dt_model"] = df["model_target"] + df["model_draft"] + df["model_host"]
     if check_price and "dt_model" in steps:
