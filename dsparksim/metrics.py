@@ -121,14 +121,11 @@ def _prefill_pool_waiting(res: SimResult, t: np.ndarray) -> np.ndarray | None:
     qs = getattr(res, "ttft_queue_s", None)
     if qs is None:
         return None
-    qs = np.asarray(qs, float)
     arr = np.asarray(res.arrival_s, float)
     ok = np.isfinite(arr) & ~np.asarray(res.rejected, bool)
-    start = arr[ok]
+    q, start = np.asarray(qs, float)[ok], arr[ok]
     # a request still queued at the end of the run has no queue time: it waits until the end
-    end = np.where(np.isfinite(qs[ok]), start + np.where(np.isfinite(qs[ok]), qs[ok], 0.0), np.inf)
-    if not np.isfinite(qs[ok]).any() and not (end == np.inf).any():
-        return None
+    end = start + np.where(np.isfinite(q), q, np.inf)
     s_sorted, e_sorted = np.sort(start), np.sort(end)
     return (np.searchsorted(s_sorted, t, "right") - np.searchsorted(e_sorted, t, "right")).astype(np.int64)
 

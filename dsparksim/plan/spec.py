@@ -39,7 +39,6 @@ from __future__ import annotations
 import itertools
 import math
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -169,16 +168,9 @@ class PlanSpec:
 
 def load_plan(path: str | Path) -> PlanSpec:
     """Read and validate a TOML plan spec (structure, SLOs, prices, every probe's configuration) -- no cell runs."""
-    p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise InputError(str(p), None, f"cannot read plan spec: {e.strerror or e}") from None
-    try:
-        d = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise InputError(str(p), None, f"not valid TOML: {e}") from None
-    return plan_from_dict(d, source=str(p))
+    from dsparksim.sweep.spec import read_toml
+
+    return plan_from_dict(read_toml(path, "plan spec"), source=str(Path(path)))
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -201,7 +193,7 @@ def _run_options(src: str, where: str, d: Mapping[str, Any], allow_lists: bool) 
     for k, v in d.items():
         c = canonical_key(k)
         if c in RESERVED:
-            raise ConfigError(src, f"{where}.{k}", f"is set by the plan itself (load: [traffic]; seed: plan.seeds; "
+            raise ConfigError(src, f"{where}.{k}", "is set by the plan itself (load: [traffic]; seed: plan.seeds; "
                               "replicas: the candidate's range; policy/K: the candidate's policies and K)")
         if c in out:
             raise ConfigError(src, f"{where}.{k}", f"same key as another spelling (both mean {c!r}); keep one")

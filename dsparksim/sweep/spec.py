@@ -122,18 +122,22 @@ class SweepSpec:
                                "regress": dict(self.regress)}, source=self.source)
 
 
-def load_spec(path: str | Path) -> SweepSpec:
-    """Read and validate a TOML sweep spec (structure, types, policies, input files) -- no cell runs."""
+def read_toml(path: str | Path, label: str) -> dict[str, Any]:
+    """The parsed TOML file; InputError naming the file when it cannot be read or is not UTF-8 TOML."""
     p = Path(path)
     try:
         raw = p.read_bytes()
     except OSError as e:
-        raise InputError(str(p), None, f"cannot read sweep spec: {e.strerror or e}") from None
+        raise InputError(str(p), None, f"cannot read {label}: {e.strerror or e}") from None
     try:
-        d = tomllib.loads(raw.decode("utf-8"))
+        return tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise InputError(str(p), None, f"not valid TOML: {e}") from None
-    return spec_from_dict(d, source=str(p))
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read and validate a TOML sweep spec (structure, types, policies, input files) -- no cell runs."""
+    return spec_from_dict(read_toml(path, "sweep spec"), source=str(Path(path)))
 
 
 def spec_from_dict(d: Mapping[str, Any], source: str = "sweep spec", check_inputs: bool = True) -> SweepSpec:
