@@ -66,19 +66,33 @@ def _measure_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--contexts", type=_ints, default=None, help="context lengths in tokens, comma-separated")
     g.add_argument("--warmup", type=int, default=2, help="discarded steps per cell [%(default)s]")
     g.add_argument("--reps", type=int, default=5, help="timed steps per cell (median) [%(default)s]")
-    g.add_argument("--drift-threshold", type=float, default=0.10,
+    g.add_argument("--drift-threshold", type=float, default=0.15,
                    help="re-time a fixed reference cell beside every measurement, bring times to the baseline "
                         "machine speed, and discard (re-measure, counted) a measurement across which the reference "
                         "moved more than this fraction [%(default)s]")
+    g.add_argument("--drift-gate", type=float, default=0.25,
+                   help="measure only in the machine's fast state: a cell or run window starts (waiting, re-probing) "
+                        "and must end with the reference within this fraction of the baseline (the lower quartile "
+                        "of 9 calibration probes); 0 = off [%(default)s]")
+    g.add_argument("--drift-window", type=float, default=0.5,
+                   help="validate: seconds of a real run's measured time between in-run reference timings; each "
+                        "step is normalised by its window's timings [%(default)s]")
     g.add_argument("--drift-attempts", type=int, default=None,
                    help="measurements of one cell/run while the machine drifts past the threshold [measure 3, "
-                        "validate 2]")
+                        "validate 1 per repeat]")
     g.add_argument("--no-drift", action="store_true",
                    help="no drift normalisation: raw times, nothing discarded (validate still times and reports "
                         "the reference cell around each run)")
     g.add_argument("--min-growth", type=float, default=1.05,
                    help="refuse the profile as flat if the verify time at the largest M is less than this multiple "
                         "of the time at M=1 [%(default)s]")
+
+
+def _gate(args) -> float | None:
+    from dsparksim.errors import ConfigError
+    if args.drift_gate < 0:
+        raise ConfigError("cli", "--drift-gate", f"must be >= 0 (0 = off), got {args.drift_gate}")
+    return args.drift_gate or None
 
 
 def _need_torch() -> None:
@@ -115,7 +129,7 @@ def _mc(args):
     from dsparksim.runner.measure import MeasureConfig
     kw = {"model": _live_model(args), "executor": _executor(args), "K": args.block_size, "warmup": args.warmup,
           "reps": args.reps, "min_growth": args.min_growth, "drift": not args.no_drift,
-          "drift_threshold": args.drift_threshold}
+          "drift_threshold": args.drift_threshold, "drift_gate": _gate(args)}
     if args.drift_attempts is not None:
         kw["drift_attempts"] = args.drift_attempts
     if getattr(args, "live", False):
@@ -188,6 +202,7 @@ def cmd_validate(args) -> int:
         # live: stay inside the traces' horizon (collected over the first 20 blocks per response)
         extra["output_tokens"] = (24, 56)
     vc = ValidateConfig(policies=pols, concurrency=args.concurrency, drift_threshold=args.drift_threshold,
+                        drift_gate=_gate(args), window_s=args.drift_window,
                         normalise=not args.no_drift, acceptance=acc or
                         "traces/sample_dspark_k7.csv", mtp1_acceptance=acc1 or "mtp1", K=args.block_size,
                         requests_per_user=args.requests_per_user, repeats=args.repeats, seed=args.seed, measure=mc, profile=args.profile,
@@ -293,14 +308,16 @@ def register(sub) -> None:
                         "with --live traces/real_<drafter>_k<K>.csv.gz]")
     v.add_argument("--mtp1-acceptance", default=None,
                    help="mtp1 acceptance [mtp1 (parametric); with --live traces/real_mtp1_k1.csv.gz]")
-    v.add_argument("--requests-per-user", type=int, default=4)
+    v.add_argument("--requests-per-user", type=int, default=8,
+                   help="closed-loop requests per user (at least 16 per cell) [%(default)s]")
     v.add_argument("--prompt-tokens", type=_pair, default=None,
                    help="prompt length range LO,HI in tokens, drawn uniformly (e.g. 768,1280 for ~1k contexts, "
                         "3584,4608 for ~4k; measure --contexts around them) [16,64]")
     v.add_argument("--output-tokens", type=_pair, default=None, help="output length range LO,HI [32,96]")
     v.add_argument("--prefill-chunk", type=int, default=None, help="prefill chunk tokens per step [128]")
-    v.add_argument("--repeats", type=int, default=1,
-                   help="real runs per cell, the one with the least reference drift kept [%(default)s]")
+    v.add_argument("--repeats", type=int, default=3,
+                   help="real runs per cell; they run the same steps, and each step's time is the median over the "
+                        "steady runs [%(default)s]")
     v.add_argument("--profile", default=None,
                    help="use this profile measured earlier by `dsparksim measure` for the same model/device "
                         "(default: measure it now, in this command)")

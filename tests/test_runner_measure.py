@@ -29,10 +29,41 @@ def test_decomposition_recovers_verify_floor_and_context_terms():
     B = lambda n: 3e-4 * (n - 1)    # noqa: E731
     recs = _synthetic(V0, B, 1e-7)
     r = {k: np.array([x[k] for x in recs], float) for k in recs[0]}
-    M, V, Bn, s = decompose_target(r)
+    M, V, Bn, s, q = decompose_target(r)
     np.testing.assert_allclose(V, V0(M), rtol=1e-6)
     np.testing.assert_allclose(Bn, [B(1), B(2), B(4)], atol=1e-9)
     assert s == pytest.approx(1e-7, rel=1e-6)
+
+
+def test_decomposition_recovers_the_query_key_term_that_a_kv_only_fit_misses():
+    # target = V0(M) + B(n) + s*kv + q*qk: one request verifying L scores its cache 1+L times (qk), n requests at
+    # L=0 read n caches once each (kv). The fit must return q, and pricing with it must match every cell exactly.
+    V0 = lambda M: 1e-3 + 2e-5 * M  # noqa: E731
+    B = lambda n: 3e-4 * (n - 1)    # noqa: E731
+    s_true, q_true = 5e-8, 1e-7
+    recs = []
+    for c in (10, 50, 200):
+        for n in (1, 2, 4, 8):
+            for L in range(8):
+                M, kv, qk = n * (1 + L), n * c, n * ((1 + L) * c + L * (L + 1) // 2)
+                t = V0(M) + B(n) + s_true * kv + q_true * qk
+                recs.append({"n": n, "L": L, "ctx": c, "M": M, "kv": kv, "qk": qk, "t_step": t + 2e-3,
+                             "t_target": t, "t_draft": 1e-3 * n, "t_host": 1e-3})
+    r = {k: np.array([x[k] for x in recs], float) for k in recs[0]}
+    M, V, Bn, s, q = decompose_target(r)
+    assert q == pytest.approx(q_true, rel=1e-6) and s == pytest.approx(s_true, rel=1e-6)
+    np.testing.assert_allclose(V, V0(M), rtol=1e-6)
+    # without the qk column (old records) the same data cannot be priced exactly: a kv-only fit is off somewhere
+    r_old = {k: v for k, v in r.items() if k != "qk"}
+    M2, V2, B2, s2, q2 = decompose_target(r_old)
+    assert q2 is None
+    pred = V2[np.searchsorted(M2, r["M"].astype(int))] + B2[np.searchsorted([1, 2, 4, 8], r["n"].astype(int))] \
+        + s2 * r["kv"]
+    assert np.max(np.abs(pred / r["t_target"] - 1)) > 0.05
+    # the fitted profile carries it, and the core prices a step with it (absent = 0 keeps old profiles)
+    prof = fit_profile(recs, [], MeasureConfig(K=7, n_reqs=(1, 2, 4, 8), contexts=(10, 50, 200)))
+    assert prof["attention"]["seconds_per_query_kv"] == pytest.approx(q_true, rel=1e-6)
+    assert prof["_fit"]["context_shape"]["max_over_min"] == pytest.approx(1.0, rel=1e-4)
 
 
 def test_flat_and_inert_results_are_refused():
@@ -188,7 +219,7 @@ def test_per_request_and_context_shape_diagnostics_match_their_closed_forms():
     B = lambda n: 3e-4 * (n - 1)    # noqa: E731
     r = {k: np.array([x[k] for x in _synthetic(V0, B, 1e-7, ctxs=(10, 50, 200))], float)
          for k in _synthetic(V0, B, 1e-7)[0]}
-    M, V, Bn, s = decompose_target(r)
+    M, V, Bn, s, q = decompose_target(r)
     sh = meas.context_shape(r, M, V, np.array([1, 2, 4]), Bn)
     assert sh["s_per_kv_token_by_context"] == pytest.approx({"10": 1e-7, "50": 1e-7, "200": 1e-7}, rel=1e-5)
     assert sh["max_over_min"] == pytest.approx(1.0, rel=1e-5)                         # linear: shapes agree

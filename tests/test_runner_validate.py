@@ -23,6 +23,7 @@ ATTEMPTS = 5
 def _attempt(path):
     # drift: one attempt per run / cell (a drifting one is counted and flagged, not retried: a bounded test time)
     vc = ValidateConfig(policies=("fixed:7", "confidence", "mtp1"), concurrency=(1, 8), repeats=2, drift_attempts=1,
+                        requests_per_user=4, min_requests=8,
                         measure=MeasureConfig(contexts=(32, 96, 160), reps=3, drift_attempts=1,
                                               n_reqs=(1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32)))
     df = validate(vc, path, progress=False, log=lambda s: None)
@@ -59,14 +60,22 @@ def test_reduced_validation_within_ten_percent(tmp_path):
     s = json.loads((out / "summary.json").read_text())["summary"]
     kept = df[df["kept"]] if df["kept"].any() else df
     assert np.isclose(s["median_abs_rel_err_throughput"], kept["throughput_rel_err"].abs().median())
-    # drift: every real run bracketed by reference timings (6 cells x 2 repeats, >= 1 attempt each, + 1 baseline)
+    # drift: 6 cells x 2 repeats, one attempt each, every one counted kept or discarded; each real run has its
+    # in-run reference timings (a checkpoint before the first step and one after the last at least)
     d = s["drift"]
-    assert d["kept"] + d["discarded"] == 12 and len(d["reference_s"]) == d["kept"] + d["discarded"] + 1
+    assert d["kept"] + d["discarded"] == 12 and len(d["reference_s"]) >= 1 + 2 * 12
+    assert (df["windows"] >= 1).all() and df["unsteady_share"].between(0, 1).all()
     assert s["profile_drift"]["baseline_s"] == d["baseline_s"]          # the real runs go to the profile's speed
-    # the normalised real figure is the raw one times the run's speed factor
-    np.testing.assert_allclose(df["throughput_real"], df["throughput_real_raw"] * df["speed_factor"], rtol=1e-12)
-    # per-step residuals: every real step, accounting exact against the measured (normalised) step time
+    # the normalised real run is the raw one with every step divided by its factor and the timeline rebuilt:
+    # the same steps, the raw times kept beside them, and the cell's factor = raw / normalised summed step time
     import pandas as pd
+    for _, r in df.iterrows():
+        cell = out / "runs" / f"{r['policy'].replace(':', '_')}-c{r['users']}" / "real" / "steps.csv"
+        stp = pd.read_csv(cell)
+        np.testing.assert_allclose(stp["dt"] * stp["speed_factor"], stp["dt_raw"], rtol=1e-6)
+        assert r["speed_factor"] == pytest.approx(stp["dt_raw"].sum() / stp["dt"].sum(), rel=1e-6)
+        assert np.all(np.diff(stp["t_start"]) >= -1e-12)
+    # per-step residuals: every real step, accounting exact against the measured (normalised) step time
     st = pd.read_csv(out / "step_residuals.csv")
     assert len(st) == df["real_steps"].sum()
     np.testing.assert_allclose(st["dt"] + st["r_total"], st["dt_model"], rtol=1e-7, atol=1e-10)

@@ -8,10 +8,12 @@ timed. Each timed step yields its measured split: drafter forward, target forwar
 tokens it read, and the rest (host: acceptance draw, policy, tensor building, sampling, bookkeeping).
 
 Separation (as TensorRT-LLM's DSpark profiler does, the floor from the verify term):
-* verify term: target-forward time = V0(M) + B(n) + s * kv_tokens, fitted by non-negative least squares over the
-  cell medians (:func:`decompose_target`; s needs >= 2 contexts, otherwise no context term). V0 is the profile's
+* verify term: target-forward time = V0(M) + B(n) + s * kv_tokens + q * query_key_pairs, fitted by non-negative
+  least squares over the cell means (:func:`decompose_target`; s and q need >= 2 contexts, otherwise no context
+  term; q, written as ``attention.seconds_per_query_kv`` when > 0, prices a request's 1 + L queries each scoring
+  its whole cache, which the engine charges per request at its own context). V0 is the profile's
   staircase (floor lookup); B(n), what the forward costs per request whatever is verified, joins the floor.
-* non-trimmable floor: drafter forward per n (median; parallel drafter tokens n*K), host time per n (median,
+* non-trimmable floor: drafter forward per n (mean; parallel drafter tokens n*K), host time per n (mean,
   including a representative scheduler workload: Algorithm 1's ranking and pricing of the n*K candidates) and
   B(n); the minimum over n is ``fixed_overhead_s`` and the rest ``batch_overhead(n)``.
 * a cell's contexts are spread over [c/2, 3c/2] (mean c), as in a served batch (:func:`cell_contexts`).
@@ -46,7 +48,7 @@ from ..profile import FORMAT, profile_from_dict
 from ..traffic.base import Workload
 from ..engine import Engine
 from ..requests import RequestTable
-from .drift import DEFAULT_THRESHOLD, Bracket, DriftMonitor
+from .drift import CALIBRATION_PROBES, DEFAULT_GATE, DEFAULT_THRESHOLD, Bracket, DriftMonitor
 from .engine import RealStepper, connect
 from .executor import Executor, ExecutorConfig, build_models, torch_dtype
 from .models import device_key, kv_capacity_tokens, load_target, model_key
@@ -134,6 +136,7 @@ class MeasureConfig:
     drift: bool = True               # re-time the reference cell beside every cell and normalise by it
     drift_threshold: float = DEFAULT_THRESHOLD   # a cell whose bracketing reference moved more is re-measured
     drift_attempts: int = 3          # measurements of one cell while the machine drifts past the threshold
+    drift_gate: float | None = DEFAULT_GATE   # cells start and end in the machine's fast state (drift.py); None: off
 
     def __post_init__(self) -> None:
         if self.K < 1:
@@ -213,14 +216,20 @@ def _cell(target, proxy, ex: ExecutorConfig, K: int, drafter: str, n: int, ctx: 
                           live=live is not None, rng=np.random.default_rng(0))
     now = 0.0
     recs = []
-    for L in Ls:
-        pol.L = L
-        for s in range(warmup + reps):
+    # verify lengths interleaved step by step (a fresh shuffled order every round): consecutive steps change
+    # shape as in a served batch, and a speed change inside the cell hits every L alike instead of bending the
+    # staircase; the first ``warmup`` rounds are discarded
+    order = np.random.default_rng(1000 * n + ctx)
+    for s in range(warmup + reps):
+        for L in order.permutation(Ls):
+            L = int(L)
+            pol.L = L
             plan, out, dt = st.begin()
             now += dt + st.end(plan, out, dt, now, now + dt)
             if s >= warmup:
                 x = out.extra
                 recs.append({"n": n, "L": L, "ctx": ctx, "M": int(plan.M), "kv": int(plan.kv_read),
+                             "qk": int(plan.decode_qk),
                              "t_step": float(out.duration_s), "t_target": float(x["t_target"]),
                              "t_draft": float(x["t_draft"]), "t_host": float(x["t_host"])})
     return recs
@@ -373,43 +382,53 @@ def _release(ex: ExecutorConfig) -> None:
         torch.cuda.empty_cache()
 
 
-def _median_by(keys: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _mean_by(keys: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-key means. Means, not medians, throughout the fit: a real run's time is the sum of its steps, tails
+    included (measured here: mean/median of a cell's steps 1.00-1.04), so a median-based profile is optimistic."""
     u = np.unique(keys)
-    return u, np.array([np.median(vals[keys == k]) for k in u])
+    return u, np.array([np.mean(vals[keys == k]) for k in u])
 
 
-def decompose_target(r: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, float | None]:
-    """Non-negative least squares t_target = V0(M) + B(n) + s * kv over the cell medians, B(smallest n) = 0.
+def decompose_target(r: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, float | None,
+                                                        float | None]:
+    """Non-negative least squares t_target = V0(M) + B(n) + s * kv + q * qk over the cell means, B(smallest n) = 0.
 
     At one M the target forward still costs more with more requests (per-request attention/KV gathers): that
     per-request part is non-trimmable (it is paid whatever is verified), so it belongs in the floor B(n), and
-    V0(M) is the marginal cost of the verified tokens. Rows are weighted by 1/t (relative errors). Returns
-    (M breakpoints, V0, B per measured n, s or None when only one context was measured).
+    V0(M) is the marginal cost of the verified tokens. ``kv`` is the KV tokens read (sum of contexts: the KV
+    gathers); ``qk`` (records with a ``qk`` field) the decoding rows' query-key pairs, sum of (1+L) c + L(L+1)/2:
+    one request verifying L=7 reads its cache once but scores it 8 times, which a kv-only term prices as 8
+    requests' reads would not. Rows are weighted by 1/t (relative errors). Returns (M breakpoints, V0, B per
+    measured n, s or None when only one context was measured, q or None without qk records or one context).
     """
     keys = np.stack([r["n"], r["L"], r["ctx"]], 1)
     uk, inv = np.unique(keys, axis=0, return_inverse=True)
     inv = inv.ravel()
-    t = np.array([np.median(r["t_target"][inv == i]) for i in range(len(uk))])
-    kv = np.array([np.median(r["kv"][inv == i]) for i in range(len(uk))])
+    t = np.array([np.mean(r["t_target"][inv == i]) for i in range(len(uk))])
+    kv = np.array([np.mean(r["kv"][inv == i]) for i in range(len(uk))])
     n = uk[:, 0].astype(int)
     Mc = (uk[:, 0] * (1 + uk[:, 1])).astype(int)
     Ms, mi = np.unique(Mc, return_inverse=True)
     ns, ni = np.unique(n, return_inverse=True)
     use_kv = len(np.unique(uk[:, 2])) >= 2
-    A = np.zeros((len(uk), len(Ms) + len(ns) - 1 + int(use_kv)))
+    use_qk = use_kv and "qk" in r and len(np.unique(uk[:, 1])) >= 2
+    A = np.zeros((len(uk), len(Ms) + len(ns) - 1 + int(use_kv) + int(use_qk)))
     A[np.arange(len(uk)), mi] = 1.0
     sel = ni > 0
     A[np.flatnonzero(sel), len(Ms) + ni[sel] - 1] = 1.0
     if use_kv:
-        A[:, -1] = kv
+        A[:, len(Ms) + len(ns) - 1] = kv
+    if use_qk:
+        A[:, -1] = np.array([np.mean(r["qk"][inv == i]) for i in range(len(uk))])
     w = 1.0 / t
     # Non-negative least squares: every term is a cost (>= 0); unconstrained, background-load noise lets a
     # negative per-request term trade off against an inflated context slope.
     x, _ = nnls(A * w[:, None], t * w)
     V = x[: len(Ms)]
     B = np.concatenate([[0.0], x[len(Ms): len(Ms) + len(ns) - 1]])
-    s = float(x[-1]) if use_kv else None
-    return Ms, V, B, s
+    s = float(x[len(Ms) + len(ns) - 1]) if use_kv else None
+    q = float(x[-1]) if use_qk else None
+    return Ms, V, B, s, q
 
 
 BLOCK_TIMES = ("t_step", "t_target", "t_draft", "t_host")
@@ -425,7 +444,7 @@ def normalise_records(recs: list[dict] | None, b: Bracket | None, keys=BLOCK_TIM
 
 
 def per_request_cost(n: np.ndarray, t: np.ndarray) -> dict[str, float]:
-    """Least-squares line t = intercept + per_request * n over per-n medians (a diagnostic of the per-n tables:
+    """Least-squares line t = intercept + per_request * n over per-n means (a diagnostic of the per-n tables:
     what one more request costs in the drafter or the host loop)."""
     A = np.stack([np.ones(len(n)), np.asarray(n, float)], 1)
     (c0, c1), *_ = np.linalg.lstsq(A, np.asarray(t, float), rcond=None)
@@ -433,17 +452,19 @@ def per_request_cost(n: np.ndarray, t: np.ndarray) -> dict[str, float]:
 
 
 def context_shape(r: dict[str, np.ndarray], M: np.ndarray, V: np.ndarray, ns: np.ndarray,
-                  B: np.ndarray) -> dict[str, Any]:
+                  B: np.ndarray, q: float | None = None) -> dict[str, Any]:
     """The context term's shape: at each measured context, the least-squares seconds per KV token of what the
     target forward costs beyond V0(M) + B(n). A linear (kv_bandwidth) term is right when these agree; a slope
     that grows with the context says attention costs more than linearly (or a 2-D table is needed)."""
     keys = np.stack([r["n"], r["L"], r["ctx"]], 1)
     uk, inv = np.unique(keys, axis=0, return_inverse=True)
     inv = inv.ravel()
-    t = np.array([np.median(r["t_target"][inv == i]) for i in range(len(uk))])
-    kv = np.array([np.median(r["kv"][inv == i]) for i in range(len(uk))])
+    t = np.array([np.mean(r["t_target"][inv == i]) for i in range(len(uk))])
+    kv = np.array([np.mean(r["kv"][inv == i]) for i in range(len(uk))])
     Mc = (uk[:, 0] * (1 + uk[:, 1])).astype(int)
     e = t - V[np.searchsorted(M, Mc)] - B[np.searchsorted(ns, uk[:, 0].astype(int))]
+    if q:
+        e = e - q * np.array([np.mean(r["qk"][inv == i]) for i in range(len(uk))])
     out = {}
     for c in np.unique(uk[:, 2]):
         m = uk[:, 2] == c
@@ -454,18 +475,18 @@ def context_shape(r: dict[str, np.ndarray], M: np.ndarray, V: np.ndarray, ns: np
 
 
 def fit_drafter_context(r: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, float | None, str]:
-    """Least squares t_draft = D(n) + s * kv over the cell medians (one intercept per n, rows weighted by 1/t).
+    """Least squares t_draft = D(n) + s * kv over the cell means (one intercept per n, rows weighted by 1/t).
 
     Returns (ns, D per n, s or None, note). s is None with one context (nothing to fit); a negative s is clipped
-    to 0 and then D(n) is the plain median per n, as without the term; so is a fit that would leave some
+    to 0 and then D(n) is the plain mean per n, as without the term; so is a fit that would leave some
     D(n) <= 0 (the slope would claim more than the whole drafter time), with the note saying so.
     """
     keys = np.stack([r["n"], r["L"], r["ctx"]], 1)
     uk, inv = np.unique(keys, axis=0, return_inverse=True)
     inv = inv.ravel()
-    t = np.array([np.median(r["t_draft"][inv == i]) for i in range(len(uk))])
-    kv = np.array([np.median(r["kv"][inv == i]) for i in range(len(uk))])
-    ns, D0 = _median_by(r["n"].astype(int), r["t_draft"])
+    t = np.array([np.mean(r["t_draft"][inv == i]) for i in range(len(uk))])
+    kv = np.array([np.mean(r["kv"][inv == i]) for i in range(len(uk))])
+    ns, D0 = _mean_by(r["n"].astype(int), r["t_draft"])
     if len(np.unique(uk[:, 2])) < 2:
         return ns, D0, None, "one context measured: no drafter context term"
     ni = np.searchsorted(ns, uk[:, 0].astype(int))
@@ -483,7 +504,7 @@ def fit_drafter_context(r: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarra
     if not (D > 0).all():
         return ns, D0, 0.0, (f"fitted drafter slope {s:.3g} s per KV token leaves a non-positive drafter time at "
                              f"n={int(ns[np.argmin(D)])}; not used, no term written")
-    return ns, D, s, "least squares of drafter time on D(n) + s*kv_tokens over the cell medians"
+    return ns, D, s, "least squares of drafter time on D(n) + s*kv_tokens over the cell means"
 
 
 def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig) -> dict[str, Any]:
@@ -495,7 +516,7 @@ def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig) -> di
         if not (np.isfinite(r[k]).all() and (r[k] > 0).all()):
             raise MeasurementError("measure", k, "inert measurement: non-positive or non-finite timings "
                                    f"(min {np.nanmin(r[k])}); the timer or the forward did nothing")
-    M, V, Bn, s = decompose_target(r)
+    M, V, Bn, s, q = decompose_target(r)
     if not (np.isfinite(V).all() and (V > 0).all()):
         raise MeasurementError("measure", "verify.time_s", f"inert: a verify time is non-positive after separating "
                                f"the per-request and context terms ({V.min():.3g} s at M={int(M[np.argmin(V)])})")
@@ -506,7 +527,7 @@ def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig) -> di
                                "dominated by overhead/noise, so no verify term can be separated. Measure larger M "
                                "or a larger model, or reduce background load")
     ns, D, s_draft, draft_note = fit_drafter_context(r)
-    _, H = _median_by(r["n"].astype(int), r["t_host"])
+    _, H = _mean_by(r["n"].astype(int), r["t_host"])
     H = H + Bn                      # the target forward's per-request term joins the floor
     fixed = float(H.min())
     what = (f"the trained {mc.block_drafter} drafter from {mc.live_models} (propose + state update)"
@@ -523,7 +544,7 @@ def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig) -> di
         drafters[mc.block_drafter]["seconds_per_kv_token"] = s_draft
     if mtp_recs:
         m = {k: np.array([x[k] for x in mtp_recs], dtype=float) for k in mtp_recs[0]}
-        mn, mD = _median_by(m["n"].astype(int), m["t_draft"])
+        mn, mD = _mean_by(m["n"].astype(int), m["t_draft"])
         drafters["mtp1"] = {"kind": "mtp", "tokens": [int(x) for x in mn], "time_s": [float(x) for x in mD],
                             "note": "measured: " + (f"the trained mtp1 drafter from {mc.live_models}"
                                                     if mc.live_models is not None else
@@ -538,12 +559,15 @@ def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig) -> di
     if s is not None:
         prof["attention"] = {"model": "kv_bandwidth", "seconds_per_kv_token": s,
                              "note": "fitted: non-negative least squares of target-forward time on V0(M) + B(n) + "
-                                     f"s*kv_tokens over cells at contexts {list(mc.contexts)}"}
-    _, H_raw = _median_by(r["n"].astype(int), r["t_host"])
-    prof["_fit"] = {"verify_growth": growth, "seconds_per_kv_token": s,
+                                     "s*kv_tokens" + (" + q*query_key_pairs" if q is not None else "")
+                                     + f" over cells at contexts {list(mc.contexts)}"}
+        if q:                        # written only when > 0 (absent = 0)
+            prof["attention"]["seconds_per_query_kv"] = q
+    _, H_raw = _mean_by(r["n"].astype(int), r["t_host"])
+    prof["_fit"] = {"verify_growth": growth, "seconds_per_kv_token": s, "seconds_per_query_kv": q,
                     "drafter_per_request": per_request_cost(ns, D),
                     "drafter_context": {"seconds_per_kv_token": s_draft, "note": draft_note}, "host_per_request": per_request_cost(ns, H_raw),
-                    "context_shape": context_shape(r, M, V, ns, Bn) if s is not None else None,
+                    "context_shape": context_shape(r, M, V, ns, Bn, q) if s is not None else None,
                     "target_per_request_s_by_n": [float(x) for x in Bn], "floor_s_by_n": [float(x) for x in H]}
     return prof
 
@@ -578,18 +602,20 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
             + (" and mtp1" if mc.mtp1 else "") + f" from {mc.live_models}")
     # interleaved reference timings: every cell is brought to the speed of the first one (the baseline that
     # validate normalises real runs to) and re-measured while the machine drifts past the threshold
-    mon = DriftMonitor(reference_probe(target, proxy, ex), threshold=mc.drift_threshold) if mc.drift else None
+    mon = (DriftMonitor(reference_probe(target, proxy, ex), threshold=mc.drift_threshold, gate=mc.drift_gate)
+           if mc.drift else None)
     if mon is not None:
         mon.probe()                    # untimed: the first forward of a process pays one-off allocation costs
-        mon.calibrate("before the cells")
+        mon.calibrate("before the cells", probes=CALIBRATION_PROBES)
 
     def timed(fn, label):
         if mon is None:
             return fn(), None
         out, b, kept = mon.measure(fn, label, attempts=mc.drift_attempts)
         if not kept:
-            log(f"measure: {label} drifted {100 * b.drift:.1f}% (> {100 * mc.drift_threshold:.0f}%) on all "
-                f"{mc.drift_attempts} attempts; kept the last, normalised")
+            log(f"measure: {label} drifted {100 * b.drift:.1f}% (threshold {100 * mc.drift_threshold:.0f}%) or ran "
+                f"outside the fast state (reference x{b.before / b.baseline:.2f}/x{b.after / b.baseline:.2f} of the "
+                f"baseline) on all {mc.drift_attempts} attempts; kept the last, normalised")
         return out, b
 
     for c, n in cells:
@@ -678,8 +704,8 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
         "device": dkey, "model": mkey, "runner_device": dkey, "runner_model": mkey,
         "source": "measured by `dsparksim measure` on the real engine (dsparksim.runner)",
         "method": "n_req x uniform verify length L=0..K x context sweep (a cell's contexts spread over [c/2, 3c/2], "
-                  "mean c); per cell warm-up steps discarded, median of timed steps; target forward = V0(M) + "
-                  "B(n) + s*kv by non-negative least squares over the cell medians (V0: verify staircase; B(n): "
+                  "mean c); verify lengths interleaved step by step, warm-up rounds discarded, mean of timed "
+                  "steps; target forward = V0(M) + B(n) + s*kv + q*qk by non-negative least squares over the cell means (V0: verify staircase; B(n): "
                   "per-request part, moved into the floor); drafter forward and host time (incl. a representative "
                   "Algorithm-1 ranking) per n_req; floor = fixed_overhead_s + batch_overhead(n)",
         "dtype": ex.dtype, "tensor_parallel": 1,
@@ -694,8 +720,10 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
     }
     if mon is not None:
         prof["metadata"]["drift"] = {**mon.summary(), "reference_cell": dict(REFERENCE_CELL),
-                                     "note": "every cell timed between two reference-cell timings and divided by "
-                                             "their mean over the baseline (the first); cells whose reference moved "
-                                             "more than the threshold re-measured"}
+                                     "note": "every cell started in the machine's fast state (reference within the "
+                                             "gate of the baseline, the lower quartile of the calibration probes), "
+                                             "timed between two reference-cell timings and divided by their mean "
+                                             "over the baseline; cells whose reference moved more than the threshold "
+                                             "or left the fast state re-measured"}
     profile_from_dict(prof, source=f"measured:{name}")  # refuse to hand back anything the core cannot load
     return prof, {"block": recs, "mtp1": mtp}

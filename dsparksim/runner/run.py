@@ -56,10 +56,13 @@ def _check_profile(profile, mkey: str, dkey: str) -> None:
 
 def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None, proxy=None,
              progress: Callable[[float], None] | None = None, record_outputs: bool = False,
-             prompt_source=None) -> RunOutput:
+             prompt_source=None, checkpoint: Callable[[int], None] | None = None,
+             checkpoint_every_s: float = 0.5) -> RunOutput:
     """Serve ``cfg`` for real (``rcfg.mode``: trace replay or live drafters). ``target``/``proxy`` reuse already
     built models; ``record_outputs`` keeps each request's prompt and generated tokens (live mode) on the result;
-    ``prompt_source`` overrides the live prompts (the audit gives every request the same prompt)."""
+    ``prompt_source`` overrides the live prompts (the audit gives every request the same prompt); ``checkpoint``
+    (next step index) is called between steps every ``checkpoint_every_s`` of measured time (drift windows,
+    :class:`~.drift.RunWindows`)."""
     for k in ("replicas", "dp_ranks"):    # before any model is loaded
         if getattr(cfg.engine, k, 1) != 1:
             raise ConfigError("config", k, f"the real runner serves one engine on one device, got {k}="
@@ -140,7 +143,8 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
                      max_num_seqs=cfg.engine.max_num_seqs, max_batched_tokens=int(max_tok),
                      prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens, streams=rngs["acceptance"],
                      duration_s=duration, num_requests=cfg.traffic.num_requests, progress=progress,
-                     replicas=getattr(cfg.engine, "replicas", 1), dp_ranks=getattr(cfg.engine, "dp_ranks", 1))
+                     replicas=getattr(cfg.engine, "replicas", 1), dp_ranks=getattr(cfg.engine, "dp_ranks", 1),
+                     checkpoint=checkpoint, checkpoint_every_s=checkpoint_every_s)
     res = eng.run()
     summary, inputs = run_summary(cfg, res, profile, acceptance, policy, workload, K, drafter, kv_cap, max_tok,
                                   duration)

@@ -2,8 +2,8 @@
 the profile measured by the same command; a table of relative errors, an overlay plot and per-step residuals.
 
 Relative error = (simulated - real) / real for output throughput, median per-user tokens/s, mean verify length
-and tau, the real figures brought to the profile's machine speed by reference-cell timings around every run
-(:mod:`.drift`). Every real step is priced by the profile at its exact shape and compared with its measured split
+and tau, the real figures brought to the profile's machine speed by reference-cell timings every half second
+through every run, each window started in the machine's fast state (:mod:`.drift`). Every real step is priced by the profile at its exact shape and compared with its measured split
 (:mod:`.residuals`), by step shape and by cost term, so an error can be traced to the term that causes it.
 Policies that cannot run for real are refused before anything is measured (:func:`precheck`).
 """
@@ -24,7 +24,8 @@ from ..profile import load_profile, save_profile
 from ..simulate import simulate, write_run
 from ..traffic import TrafficConfig
 from .executor import build_models
-from .drift import DEFAULT_THRESHOLD, Bracket, DriftMonitor
+from .drift import (CALIBRATION_PROBES, DEFAULT_GATE, DEFAULT_THRESHOLD, DriftMonitor, RunWindows,
+                    warp_result)
 from .measure import REFERENCE_CELL, MeasureConfig, measure, reference_probe
 from .residuals import attribute, by_shape, by_term, step_residuals
 from .models import load_target
@@ -44,15 +45,18 @@ class ValidateConfig:
     acceptance: str = "traces/sample_dspark_k7.csv"
     mtp1_acceptance: str = "mtp1"
     K: int = 7
-    requests_per_user: int = 4
-    min_requests: int = 8
+    requests_per_user: int = 8
+    min_requests: int = 16
     prompt_tokens: tuple[int, int] = (16, 64)
     output_tokens: tuple[int, int] = (32, 96)
     prefill_chunk_tokens: int = 128
     warmup_frac: float = 0.1
-    repeats: int = 1             # real runs per cell; the steadiest (least drift) is kept
-    drift_threshold: float = DEFAULT_THRESHOLD   # largest reference-cell drift across one real run that is kept
-    drift_attempts: int = 2      # real runs tried per repeat while the machine drifts past the threshold
+    repeats: int = 3             # real runs per cell; each step's time is the median over the steady ones
+    drift_threshold: float = DEFAULT_THRESHOLD   # largest reference-cell drift across one window that is steady
+    drift_gate: float | None = DEFAULT_GATE      # windows start (wait) and must end in the fast state; None: off
+    window_s: float = 0.5        # measured run time between in-run reference timings
+    max_unsteady_share: float = 0.25   # a run with more of its measured time in unsteady windows is discarded
+    drift_attempts: int = 1      # real runs tried per repeat while the machine drifts past the threshold
     normalise: bool = True       # False: real figures as measured (drift still timed and reported, nothing discarded)
     drift_profile_baseline: bool = True   # --profile: normalise to the profile's own reference timing if stored
     seed: int = 0
@@ -65,6 +69,12 @@ class ValidateConfig:
             raise ConfigError("validate", "drift_attempts", f"must be >= 1, got {self.drift_attempts}")
         if not self.drift_threshold > 0:
             raise ConfigError("validate", "drift_threshold", f"must be > 0, got {self.drift_threshold}")
+        if self.drift_gate is not None and not self.drift_gate > 0:
+            raise ConfigError("validate", "drift_gate", f"must be > 0 (or None: off), got {self.drift_gate}")
+        if not self.window_s > 0:
+            raise ConfigError("validate", "window_s", f"must be > 0, got {self.window_s}")
+        if not 0 <= self.max_unsteady_share <= 1:
+            raise ConfigError("validate", "max_unsteady_share", f"must be in [0, 1], got {self.max_unsteady_share}")
         if self.repeats < 1:
             raise ConfigError("validate", "repeats", f"must be >= 1, got {self.repeats}")
         if not self.policies or not self.concurrency:
@@ -173,43 +183,41 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
     pd_ = prof["metadata"].get("drift") or {}
     same_cell = pd_.get("reference_cell") == REFERENCE_CELL
     base = pd_.get("baseline_s") if same_cell and (vc.profile is None or vc.drift_profile_baseline) else None
-    mon = DriftMonitor(probe, threshold=vc.drift_threshold, baseline=base)
-    mon.calibrate("before the runs")
+    mon = DriftMonitor(probe, threshold=vc.drift_threshold, baseline=base, gate=vc.drift_gate)
+    mon.calibrate("before the runs", probes=1 if base is not None else CALIBRATION_PROBES)
     lengths = (write_live_lengths if vc.runner.mode == "live" else write_lengths)(out / "lengths.csv", vc)
     rows, resid = [], []
     for users in vc.concurrency:
         for pol in vc.policies:
             cfg = run_config(vc, pol, users, str(ppath), str(lengths))
             label = f"{pol} users={users}"
-            tries = []
-            for _ in range(vc.repeats):
-                tries.append(mon.measure(lambda: real_run(cfg, vc.runner, target=target, proxy=proxy), label,
-                                         attempts=vc.drift_attempts))
-            # among steady repeats, the one with the least drift (normalised figures; interference is removed
-            # by the reference, not by picking the fastest)
-            steady = [t for t in tries if t[2]] or tries
-            real, br, kept = min(steady, key=lambda t: t[1].drift)
+            tries = [timed_run(vc, cfg, mon, f"{label} #{i + 1}", target, proxy) for i in range(vc.repeats)]
+            # per-step median over the steady repeats (normalised figures; interference is removed by the
+            # windows' reference timings and the median, not by picking the fastest)
+            tr = combine_runs(tries, cfg)
+            real, kept, factor = tr.norm, tr.kept, tr.factor
             if not vc.normalise:
-                br, kept = Bracket(br.before, br.after, 0.5 * (br.before + br.after)), True   # factor 1
+                real, kept, factor = tr.raw, True, 1.0
             sim = simulate(cfg)
             cell = out / "runs" / f"{pol.replace(':', '_')}-c{users}"
             write_run(real, cell / "real", steps=True)
             write_run(sim, cell / "sim", steps=True)
             rs, ss = _warm(real, vc.warmup_frac), _warm(sim, vc.warmup_frac)
-            row: dict[str, Any] = {"policy": pol, "users": users, "kept": kept, "speed_factor": br.factor,
-                                   "drift": br.drift, "ref_before_ms": 1e3 * br.before, "ref_after_ms": 1e3 * br.after,
+            rraw = _warm(tr.raw, vc.warmup_frac)
+            row: dict[str, Any] = {"policy": pol, "users": users, "kept": kept, "speed_factor": factor,
+                                   "drift": tr.max_drift, "unsteady_share": tr.unsteady_share, "windows": tr.windows,
+                                   "ref_min_ms": 1e3 * tr.ref_min, "ref_max_ms": 1e3 * tr.ref_max,
                                    "real_repeats_throughput_raw": ";".join(
-                                       f"{_warm(t[0], vc.warmup_frac)['output_throughput_tok_s']:.1f}" for t in tries)}
+                                       f"{_warm(t.raw, vc.warmup_frac)['output_throughput_tok_s']:.1f}" for t in tries)}
             for short, key in METRICS.items():
                 r, s = rs[key], ss[key]
                 if short in RATES:
-                    row[f"{short}_real_raw"] = r
-                    r = br.rate(r)
+                    row[f"{short}_real_raw"] = rraw[key]
                 row[f"{short}_real"], row[f"{short}_sim"] = r, s
                 row[f"{short}_rel_err"] = (s - r) / r if r else float("nan")
             drafter = real.inputs["policy"]["drafter"]
-            st = step_residuals(real.result.steps, profile, real.inputs["policy"]["block_size"], drafter,
-                                factor=br.factor)
+            # the steps are at baseline speed already (warped); factor 1 keeps them as they are
+            st = step_residuals(real.result.steps, profile, real.inputs["policy"]["block_size"], drafter)
             st.insert(0, "users", users)
             st.insert(0, "policy", pol)
             st.to_csv(cell / "real" / "residuals.csv", index=False, float_format="%.9g")
@@ -220,8 +228,8 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
                 row[f"{t}_resid_pct"] = 100 * float(st[f"r_{t}"].sum() / st["dt"].sum())
             rows.append(row)
             log(f"validate: {pol:>20} users={users:<3} throughput real {row['throughput_real']:.1f} (raw "
-                f"{row['throughput_real_raw']:.1f}, speed x{br.factor:.3f}, drift {100 * br.drift:.1f}%"
-                f"{'' if kept else ', DRIFTING'}) sim {row['throughput_sim']:.1f} "
+                f"{row['throughput_real_raw']:.1f}, speed x{factor:.3f}, {tr.windows} windows, "
+                f"{100 * tr.unsteady_share:.0f}% unsteady{'' if kept else ', DRIFTING'}) sim {row['throughput_sim']:.1f} "
                 f"({100 * row['throughput_rel_err']:+.1f}%), per-user median "
                 f"{100 * row['tps_user_median_rel_err']:+.1f}%")
     df = pd.DataFrame(rows)
@@ -247,6 +255,91 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
 
 
 RATES = ("throughput", "tps_user_median")
+
+
+@dataclass
+class TimedRun:
+    """One real run with its drift windows: as measured (``raw``) and at baseline speed (``norm``)."""
+
+    raw: Any
+    norm: Any
+    factor: float            # measured / normalised step time over the run (> 1: the machine was slower)
+    windows: int
+    unsteady_share: float    # share of the run's measured time in windows that were not steady
+    max_drift: float         # largest max/min - 1 of a window's two reference timings
+    ref_min: float
+    ref_max: float
+    kept: bool
+
+
+def timed_run(vc: ValidateConfig, cfg: RunConfig, mon: DriftMonitor, label: str, target, proxy) -> TimedRun:
+    """A real run re-timed against the reference every ``vc.window_s`` of its measured time (each window starts
+    in the fast state, :class:`~.drift.RunWindows`), its steps normalised per window and its timeline rebuilt
+    (:func:`~.drift.warp_result`); re-run (``vc.drift_attempts`` in all) while more than ``max_unsteady_share``
+    of its time fell in unsteady windows. Every attempt is counted kept or discarded on the monitor."""
+    for i in range(vc.drift_attempts):
+        lab = label if i == 0 else f"{label} (retry {i})"
+        win = RunWindows(mon, vc.window_s)
+        raw = real_run(cfg, vc.runner, target=target, proxy=proxy, checkpoint=win.checkpoint,
+                       checkpoint_every_s=vc.window_s)
+        n = len(raw.result.steps["dt"])
+        win.close(n)
+        f, ok = win.step_factors(n)
+        dt = np.asarray(raw.result.steps["dt"], float)
+        share = float(dt[~ok].sum() / dt.sum()) if dt.sum() > 0 else 0.0
+        res = warp_result(raw.result, f)
+        norm = _normalised_output(raw, res, cfg, {
+            "windows": len(win.marks) - 1, "unsteady_share": share, "factor": float(dt.sum() / res.steps["dt"].sum()),
+            "reference_s": [[s_, t] for s_, t in win.marks], "baseline_s": mon.baseline})
+        refs = [t for _, t in win.marks]
+        pairs = zip(refs[:-1], refs[1:])
+        tr = TimedRun(raw, norm, norm.summary["speed_normalised"]["factor"], len(refs) - 1, share,
+                      max(max(a, b) / min(a, b) - 1.0 for a, b in pairs), min(refs), max(refs),
+                      share <= vc.max_unsteady_share)
+        if tr.kept:
+            mon.kept += 1
+            return tr
+        mon.discarded.append(lab)
+    return tr
+
+
+SHAPE_COLS = ("n_decode", "M", "n_prefill_tokens", "verify_tokens", "kv_read")
+
+
+def _normalised_output(raw: Any, res: Any, cfg: RunConfig, extra: dict[str, Any]) -> Any:
+    from ..metrics import summarize
+    from ..simulate import RunOutput, load_label
+    summ = {**raw.summary, **summarize(res, policy=raw.summary["policy"], load=load_label(cfg), warmup_s=0.0,
+                                       closed_loop=True)}
+    summ["speed_normalised"] = {**raw.summary.get("speed_normalised", {}), **extra}
+    return RunOutput(config=raw.config, summary=summ, result=res, inputs=raw.inputs)
+
+
+def combine_runs(tries: list[TimedRun], cfg: RunConfig) -> TimedRun:
+    """The repeats of one cell as one run: every step's normalised time is the median over the steady repeats
+    (all repeats when none is steady). The engine's decisions depend on the profile's prices and the keyed draws,
+    never on measured time, so repeats run the same steps (checked: the step shapes must agree, else the
+    steadiest repeat alone is used); the median then drops a slow spell that hit one repeat at some step, which
+    the windows' reference timings, half a second apart, cannot see (measured: a quarter-second spell slowed 4
+    concurrent requests by 14-20% in a window whose two reference timings were both fast)."""
+    steady = [t for t in tries if t.kept] or tries
+    best = min(steady, key=lambda t: (t.unsteady_share, t.max_drift))
+    if len(steady) < 2:
+        return best
+    shapes = [np.stack([np.asarray(t.raw.result.steps[k]) for k in SHAPE_COLS]) for t in steady]
+    if any(x.shape != shapes[0].shape or not np.array_equal(x, shapes[0]) for x in shapes[1:]):
+        return best
+    dts = np.stack([np.asarray(t.norm.result.steps["dt"], float) for t in steady])
+    med = np.median(dts, axis=0)
+    base = steady[0]
+    raw_dt = np.asarray(base.raw.result.steps["dt"], float)
+    res = warp_result(base.raw.result, raw_dt / med)
+    norm = _normalised_output(base.raw, res, cfg, {
+        "median_of_repeats": len(steady), "factor": float(raw_dt.sum() / med.sum()),
+        "repeat_spread": float((dts.sum(axis=1).max() / dts.sum(axis=1).min()) - 1.0)})
+    return TimedRun(base.raw, norm, float(raw_dt.sum() / med.sum()), sum(t.windows for t in steady),
+                    float(np.mean([t.unsteady_share for t in steady])), max(t.max_drift for t in steady),
+                    min(t.ref_min for t in steady), max(t.ref_max for t in steady), True)
 
 
 def error_summary(df: pd.DataFrame) -> dict[str, Any]:
@@ -309,13 +402,13 @@ def write_report(df: pd.DataFrame, summ: dict, vc: ValidateConfig, path: Path, p
              "kept. Relative error = (sim - real) / real, real figures at the profile's machine speed (drift "
              "normalised, below); `raw` = as measured.",
              "",
-             "| " + " | ".join(cols) + " | raw throughput err | speed x | drift | kept |",
+             "| " + " | ".join(cols) + " | raw throughput err | speed x | unsteady | kept |",
              "|" + "---|" * (len(cols) + 4)]
     for _, r in df.iterrows():
         raw = (r["throughput_sim"] - r["throughput_real_raw"]) / r["throughput_real_raw"]
         lines.append("| " + " | ".join(str(r[c]) if c in ("policy", "users") else f"{100 * r[c]:+.1f}%"
                                          for c in cols)
-                     + f" | {100 * raw:+.1f}% | {r['speed_factor']:.3f} | {100 * r['drift']:.1f}% | "
+                     + f" | {100 * raw:+.1f}% | {r['speed_factor']:.3f} | {100 * r['unsteady_share']:.0f}% | "
                        f"{'yes' if r['kept'] else 'NO'} |")
     lines += ["", f"Over {summ['cells_in_stats']} of {summ['cells']} cells (cells whose run drifted past the "
                   f"threshold on every attempt are left out: {summ['cells_drifting']}):", ""]
@@ -327,13 +420,22 @@ def write_report(df: pd.DataFrame, summ: dict, vc: ValidateConfig, path: Path, p
     rc = REFERENCE_CELL
     lines += ["", "## Machine drift", "",
               f"Reference cell ({rc['n_req']} requests, context {rc['context']}, L={rc['L']} of K={rc['K']}, median "
-              f"of {rc['reps']} steps) re-timed before and after every real run; threshold {100 * d['threshold']:.0f}% "
-              f"(max/min of the two timings - 1). Baseline {1e3 * d['baseline_s']:.3f} ms"
+              f"of {rc['reps']} steps) re-timed every {vc.window_s:g} s of each real run's measured time (windows); "
+              + (f"every window starts in the machine's fast state (reference within {100 * vc.drift_gate:.0f}% of "
+                 "the baseline; the run waits between steps, which its measured clock does not see) and "
+                 if vc.drift_gate is not None else "")
+              + f"every step is divided by the mean of its window's two timings over the baseline, and the run's "
+              f"timeline rebuilt from those times. A window is unsteady when its timings differ by more than "
+              f"{100 * d['threshold']:.0f}%" + (" or either leaves the fast state" if vc.drift_gate is not None else "")
+              + f"; a run with more than {100 * vc.max_unsteady_share:.0f}% of its time in unsteady windows is "
+              f"discarded and re-run. Baseline {1e3 * d['baseline_s']:.3f} ms"
               + (" (the profile's, measured with it)" if summ.get("profile_drift") else " (timed before the runs)")
-              + f". Drift over the runs: {100 * d['drift_over_command']:.1f}%; machine speed vs baseline "
+              + f". Reference over the runs: {100 * d['drift_over_command']:.1f}% max/min; machine speed vs baseline "
               + (f"x{d['speed_vs_baseline_range'][0]:.3f}..x{d['speed_vs_baseline_range'][1]:.3f}; "
                  if d["speed_vs_baseline_range"] else "")
-              + f"{d['kept']} run(s) kept, {d['discarded']} discarded"
+              + f"waited for the fast state {d.get('waits_for_fast_state', 0)} time(s) "
+              f"({d.get('probes_while_waiting', 0)} probes, gave up {d.get('gave_up_waiting', 0)}); "
+              f"{d['kept']} run(s) kept, {d['discarded']} discarded"
               + (f" ({', '.join(d['discarded_labels'])})" if d["discarded"] else "") + "."]
     pdr = summ.get("profile_drift")
     if pdr:
