@@ -65,7 +65,8 @@ def _measure_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--n-req", type=_ints, default=None, help="numbers of requests, comma-separated (must include 1)")
     g.add_argument("--contexts", type=_ints, default=None, help="context lengths in tokens, comma-separated")
     g.add_argument("--warmup", type=int, default=2, help="discarded steps per cell [%(default)s]")
-    g.add_argument("--reps", type=int, default=5, help="timed steps per cell (median) [%(default)s]")
+    g.add_argument("--reps", type=int, default=5,
+                   help="timed rounds per cell (every verify length once per round, mean) [%(default)s]")
     g.add_argument("--drift-threshold", type=float, default=0.15,
                    help="re-time a fixed reference cell beside every measurement, bring times to the baseline "
                         "machine speed, and discard (re-measure, counted) a measurement across which the reference "
@@ -74,7 +75,7 @@ def _measure_args(p: argparse.ArgumentParser) -> None:
                    help="measure only in the machine's fast state: a cell or run window starts (waiting, re-probing) "
                         "and must end with the reference within this fraction of the baseline (the lower quartile "
                         "of 9 calibration probes); 0 = off [%(default)s]")
-    g.add_argument("--drift-window", type=float, default=0.5,
+    g.add_argument("--drift-window", type=float, default=0.25,
                    help="validate: seconds of a real run's measured time between in-run reference timings; each "
                         "step is normalised by its window's timings [%(default)s]")
     g.add_argument("--drift-attempts", type=int, default=None,
@@ -315,9 +316,9 @@ def register(sub) -> None:
                         "3584,4608 for ~4k; measure --contexts around them) [16,64]")
     v.add_argument("--output-tokens", type=_pair, default=None, help="output length range LO,HI [32,96]")
     v.add_argument("--prefill-chunk", type=int, default=None, help="prefill chunk tokens per step [128]")
-    v.add_argument("--repeats", type=int, default=3,
-                   help="real runs per cell; they run the same steps, and each step's time is the median over the "
-                        "steady runs [%(default)s]")
+    v.add_argument("--repeats", type=int, default=5,
+                   help="real runs per cell; they run the same steps, and each step's time is the median over "
+                        "them; a cell is steady when half its runs are [%(default)s]")
     v.add_argument("--profile", default=None,
                    help="use this profile measured earlier by `dsparksim measure` for the same model/device "
                         "(default: measure it now, in this command)")

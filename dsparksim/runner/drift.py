@@ -19,10 +19,11 @@ corrects it exactly. Hence three more rules:
 
 * **gate**: a measurement starts only in the machine's fast state (reference within ``gate`` of the baseline;
   :meth:`DriftMonitor.settle` waits, re-probing, up to ``max_wait_s``) and is kept only if the reference after it
-  is in that state too; the baseline is the lower quartile of several calibration probes (the fast state);
+  is in that state too; the baseline is the lower quartile of several calibration probes (the fast state); a
+  steady gated measurement is not rescaled (:meth:`DriftMonitor.speed`), one outside the fast state is;
 * **windows**: a real run is re-timed every ``every_s`` of its measured time (:class:`RunWindows`, a checkpoint
   between steps; waiting there changes nothing in the run, whose clock is its measured step time), and every
-  step is normalised by the mean of the two probes around its window;
+  step outside the fast state is normalised by the mean of the two probes around its window;
 * **warp**: a run's timeline is rebuilt from the normalised step times (:func:`warp_result`), so every metric of
   the real run is at baseline speed, not only its throughput.
 
@@ -156,6 +157,12 @@ class DriftMonitor:
         """Drift <= threshold and, with a gate, both bracketing timings in the fast state."""
         return b.drift <= self.threshold and self.fast(b.before) and self.fast(b.after)
 
+    def speed(self, b: Bracket) -> float:
+        """The factor a measurement is divided by: 1 when gated and steady (both timings in the fast state: the
+        probe's own scatter there, +-5-10% from one probe to the next, is larger than the speed change it would
+        correct, measured), else the bracket's factor."""
+        return 1.0 if self.gate is not None and self.steady(b) else b.factor
+
     def judge(self, b: Bracket, label: str) -> bool:
         """True if the measurement is kept (:meth:`steady`); a discarded one is counted under its label."""
         ok = self.steady(b)
@@ -213,8 +220,8 @@ class RunWindows:
             self.marks.append((int(n_steps), self.mon.sample(f"after step {n_steps - 1}")))
 
     def step_factors(self, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
-        """(factor, steady) per step: the mean of its window's two probes over the baseline, and whether the
-        window was steady (:meth:`DriftMonitor.steady`). Needs a checkpoint at step 0 and :meth:`close`."""
+        """(factor, steady) per step: :meth:`DriftMonitor.speed` of its window's two probes (1 in a steady gated
+        window, else their mean over the baseline), and whether the window was steady (:meth:`DriftMonitor.steady`). Needs a checkpoint at step 0 and :meth:`close`."""
         if not self.marks or self.marks[0][0] != 0 or self.marks[-1][0] != n_steps:
             raise ValueError(f"windows must start at step 0 and end at step {n_steps}, got marks "
                              f"{[m[0] for m in self.marks]}")
@@ -222,7 +229,7 @@ class RunWindows:
         ok = np.empty(n_steps, bool)
         for (s0, p0), (s1, p1) in zip(self.marks[:-1], self.marks[1:]):
             b = Bracket(p0, p1, float(self.mon.baseline))
-            f[s0:s1], ok[s0:s1] = b.factor, self.mon.steady(b)
+            f[s0:s1], ok[s0:s1] = self.mon.speed(b), self.mon.steady(b)
         return f, ok
 
 

@@ -38,31 +38,55 @@ class StepTiming:
 
 
 def split_rows(lens: np.ndarray, tk: np.ndarray, penalty: float, max_groups: int) -> list[np.ndarray]:
-    """Partition rows (sorted by query length) into <= max_groups contiguous groups minimising
-    sum_g rows_g * max(lens_g) * max(tk_g) + penalty * groups (split points only between distinct lengths)."""
-    order = np.argsort(lens, kind="stable")
-    ls, ts = lens[order], tk[order]
-    cuts = np.flatnonzero(np.diff(ls)) + 1                 # candidate boundaries
-    bounds = np.concatenate([[0], cuts, [len(ls)]])
-    m = len(bounds) - 1
+    """Partition rows into <= max_groups (<= 3) attention groups minimising the padded attention work
+    sum_g rows_g * max(lens_g) * max(tk_g) + penalty * groups: the better of contiguous groups in query-length
+    order (split only between distinct lengths) and in key-length order. A group pads every row's keys to its
+    longest context, so a batch mixing fresh and long requests would pay rows x max context where a varlen kernel
+    (and the profile's KV term) charges the sum of contexts; grouping by context too bounds that padding."""
+    lens, tk = np.asarray(lens), np.asarray(tk)
+    if len(lens) < 2 or max_groups < 2:
+        return [np.arange(len(lens))]
+    best = None
+    for key in (lens, tk):
+        order = np.argsort(key, kind="stable")
+        ks = key[order]
+        starts = np.concatenate([[0], np.flatnonzero(np.diff(ks)) + 1])     # units: runs of equal key
+        ends = np.concatenate([starts[1:], [len(ks)]])
+        cnt = (ends - starts).astype(float)
+        lmax = np.maximum.reduceat(lens[order], starts).astype(float)
+        tmax = np.maximum.reduceat(tk[order], starts).astype(float)
+        cost, cuts = _best_partition(cnt, lmax, tmax, penalty, min(max_groups, 3))
+        if best is None or cost < best[0]:
+            b = [0] + [int(starts[c]) for c in cuts] + [len(ks)]
+            best = (cost, [order[x:y] for x, y in zip(b[:-1], b[1:])])
+    return best[1]
 
-    def cost(i: int, j: int) -> float:                      # segments i..j-1 as one group
-        a, b = bounds[i], bounds[j]
-        return (b - a) * float(ls[b - 1]) * float(ts[a:b].max()) + penalty
 
-    best = {(0, 0): (0.0, [])}
-    for g in range(1, max_groups + 1):
-        for j in range(1, m + 1):
-            cands = [(best[(i, g - 1)][0] + cost(i, j), best[(i, g - 1)][1] + [j]) for i in range(j)
-                     if (i, g - 1) in best]
-            if cands:
-                best[(j, g)] = min(cands, key=lambda c: c[0])
-    total, ends = min((best[(m, g)] for g in range(1, max_groups + 1) if (m, g) in best), key=lambda c: c[0])
-    out, prev = [], 0
-    for j in ends:
-        out.append(order[bounds[prev]: bounds[j]])
-        prev = j
-    return out
+def _best_partition(cnt: np.ndarray, lmax: np.ndarray, tmax: np.ndarray, penalty: float,
+                    max_groups: int) -> tuple[float, tuple[int, ...]]:
+    """Best split of u ordered units into <= max_groups (<= 3) contiguous groups; group cost = rows * max L *
+    max tk + penalty. Returns (cost, unit indices where groups 2.. start). All splits at once in numpy, O(u^2)."""
+    u = len(cnt)
+    i, j = np.arange(u)[:, None], np.arange(u)[None, :]
+    valid = j >= i
+    rows = np.cumsum(cnt)
+    R = np.where(valid, rows[j] - rows[i] + cnt[i], 0.0)                      # rows of units i..j
+    Lm = np.maximum.accumulate(np.where(valid, lmax[j], 0.0), axis=1)        # max over i..j (0 before i)
+    Tm = np.maximum.accumulate(np.where(valid, tmax[j], 0.0), axis=1)
+    C = np.where(valid, R * Lm * Tm + penalty, np.inf)
+    best, cut = float(C[0, u - 1]), ()
+    if max_groups >= 2 and u >= 2:
+        two = C[0, :-1] + C[1:, u - 1]                                       # 0..a | a+1..u-1
+        a = int(np.argmin(two))
+        if two[a] < best:
+            best, cut = float(two[a]), (a + 1,)
+    if max_groups >= 3 and u >= 3:
+        a, b = np.arange(u - 2)[:, None], np.arange(1, u - 1)[None, :]       # 0..a | a+1..b | b+1..u-1
+        T = np.where(b > a, C[0, a] + C[np.minimum(a + 1, u - 1), b] + C[b + 1, u - 1], np.inf)
+        k = np.unravel_index(int(np.argmin(T)), T.shape)
+        if T[k] < best:
+            best, cut = float(T[k]), (int(k[0]) + 1, int(k[1]) + 2)
+    return best, cut
 
 
 def sync(device: torch.device) -> None:
@@ -239,12 +263,21 @@ class Executor:
             t0 = clock()
             starts = np.array([self.cache_len[int(r)] for r in dec_rows], np.int64)
             pend = torch.tensor([self.pending[int(r)] for r in dec_rows], dtype=torch.long)
-            # drafter proxy: the anchor + K-1 mask ids at positions start+1..start+K, one forward for all rows
-            g, pos = make_group(0, dec_slots, np.full(n, K), starts + 1, dev)
+            # drafter proxy: the anchor + K-1 mask ids at positions start+1..start+K, one forward for all rows,
+            # its attention grouped by context like the target's (split_rows) so no row pays the longest context
+            parts = split_rows(np.full(n, K), starts + 1 + K, self.ex.group_penalty, self.ex.max_groups)
+            order = np.concatenate(parts)
+            groups, poss, lo = [], [], 0
+            for idx in parts:
+                g, pos = make_group(lo, dec_slots[idx], np.full(len(idx), K), starts[idx] + 1, dev)
+                groups.append(g)
+                poss.append(pos)
+                lo = g.hi
             blk = torch.zeros(n, K, dtype=torch.long)
-            blk[:, 0] = pend
-            dl = self.pf(blk.reshape(-1).to(dev), pos.to(dev), [g], self.dpool)
-            drafts = self._sample(dl).view(n, K).cpu()
+            blk[:, 0] = pend[torch.as_tensor(order)]
+            dl = self.pf(blk.reshape(-1).to(dev), torch.cat(poss).to(dev), groups, self.dpool)
+            drafts = torch.empty(n, K, dtype=torch.long)
+            drafts[torch.as_tensor(order)] = self._sample(dl).view(n, K).cpu()      # back to plan order
             sync(dev)
             tm.draft_s = clock() - t0
         t0 = clock()

@@ -9,11 +9,11 @@ tokens it read, and the rest (host: acceptance draw, policy, tensor building, sa
 
 Separation (as TensorRT-LLM's DSpark profiler does, the floor from the verify term):
 * verify term: target-forward time = V0(M) + B(n) + s * kv_tokens + q * query_key_pairs, fitted by non-negative
-  least squares over the cell means (:func:`decompose_target`; s and q need >= 2 contexts, otherwise no context
+  least squares over the cell medians (:func:`decompose_target`; s and q need >= 2 contexts, otherwise no context
   term; q, written as ``attention.seconds_per_query_kv`` when > 0, prices a request's 1 + L queries each scoring
   its whole cache, which the engine charges per request at its own context). V0 is the profile's
   staircase (floor lookup); B(n), what the forward costs per request whatever is verified, joins the floor.
-* non-trimmable floor: drafter forward per n (mean; parallel drafter tokens n*K), host time per n (mean,
+* non-trimmable floor: drafter forward per n (median; parallel drafter tokens n*K), host time per n (median,
   including a representative scheduler workload: Algorithm 1's ranking and pricing of the n*K candidates) and
   B(n); the minimum over n is ``fixed_overhead_s`` and the rest ``batch_overhead(n)``.
 * a cell's contexts are spread over [c/2, 3c/2] (mean c), as in a served batch (:func:`cell_contexts`).
@@ -38,7 +38,7 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
-from scipy.optimize import nnls
+from scipy.optimize import isotonic_regression, nnls
 
 from ..acceptance.base import AcceptanceModel, Block
 from ..errors import ConfigError
@@ -382,16 +382,17 @@ def _release(ex: ExecutorConfig) -> None:
         torch.cuda.empty_cache()
 
 
-def _mean_by(keys: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-key means. Means, not medians, throughout the fit: a real run's time is the sum of its steps, tails
-    included (measured here: mean/median of a cell's steps 1.00-1.04), so a median-based profile is optimistic."""
+def _median_by(keys: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-key medians. Medians of times throughout the fit (means of KV and query-key counts): a spike in one of
+    a cell's few steps moves a mean by 10%, and validation takes each real step's median over repeated runs too."""
     u = np.unique(keys)
-    return u, np.array([np.mean(vals[keys == k]) for k in u])
+    return u, np.array([np.median(vals[keys == k]) for k in u])
 
 
 def decompose_target(r: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, float | None,
                                                         float | None]:
-    """Non-negative least squares t_target = V0(M) + B(n) + s * kv + q * qk over the cell means, B(smallest n) = 0.
+    """Non-negative least squares t_target = V0(M) + b (n - n_min) + s * kv + q * qk over the cell medians (B(n) =
+    b (n - n_min), one per-request slope), then V0 made non-decreasing in M (weighted isotonic regression).
 
     At one M the target forward still costs more with more requests (per-request attention/KV gathers): that
     per-request part is non-trimmable (it is paid whatever is verified), so it belongs in the floor B(n), and
@@ -404,29 +405,33 @@ def decompose_target(r: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, 
     keys = np.stack([r["n"], r["L"], r["ctx"]], 1)
     uk, inv = np.unique(keys, axis=0, return_inverse=True)
     inv = inv.ravel()
-    t = np.array([np.mean(r["t_target"][inv == i]) for i in range(len(uk))])
+    t = np.array([np.median(r["t_target"][inv == i]) for i in range(len(uk))])
     kv = np.array([np.mean(r["kv"][inv == i]) for i in range(len(uk))])
     n = uk[:, 0].astype(int)
     Mc = (uk[:, 0] * (1 + uk[:, 1])).astype(int)
     Ms, mi = np.unique(Mc, return_inverse=True)
-    ns, ni = np.unique(n, return_inverse=True)
+    ns = np.unique(n)
     use_kv = len(np.unique(uk[:, 2])) >= 2
     use_qk = use_kv and "qk" in r and len(np.unique(uk[:, 1])) >= 2
-    A = np.zeros((len(uk), len(Ms) + len(ns) - 1 + int(use_kv) + int(use_qk)))
+    # columns: V0 per M | b * (n - n_min) | s * kv | q * qk. B(n) is one per-request slope: a free B per n
+    # trades off against the free V0 per M (n and M are tied by M = n(1+L)) and zigzagged by +-0.5 ms between
+    # neighbouring n on this machine's noise.
+    A = np.zeros((len(uk), len(Ms) + 1 + int(use_kv) + int(use_qk)))
     A[np.arange(len(uk)), mi] = 1.0
-    sel = ni > 0
-    A[np.flatnonzero(sel), len(Ms) + ni[sel] - 1] = 1.0
+    A[:, len(Ms)] = n - ns[0]
     if use_kv:
-        A[:, len(Ms) + len(ns) - 1] = kv
+        A[:, len(Ms) + 1] = kv
     if use_qk:
         A[:, -1] = np.array([np.mean(r["qk"][inv == i]) for i in range(len(uk))])
     w = 1.0 / t
     # Non-negative least squares: every term is a cost (>= 0); unconstrained, background-load noise lets a
     # negative per-request term trade off against an inflated context slope.
     x, _ = nnls(A * w[:, None], t * w)
-    V = x[: len(Ms)]
-    B = np.concatenate([[0.0], x[len(Ms): len(Ms) + len(ns) - 1]])
-    s = float(x[len(Ms) + len(ns) - 1]) if use_kv else None
+    # the verify staircase never falls with more tokens: a weighted isotonic fit over M (weights = cells per M)
+    # keeps its steps and removes the dips that noise puts between them
+    V = isotonic_regression(x[: len(Ms)], weights=np.bincount(mi).astype(float)).x
+    B = x[len(Ms)] * (ns - ns[0]).astype(float)
+    s = float(x[len(Ms) + 1]) if use_kv else None
     q = float(x[-1]) if use_qk else None
     return Ms, V, B, s, q
 
@@ -435,16 +440,18 @@ BLOCK_TIMES = ("t_step", "t_target", "t_draft", "t_host")
 PREFILL_TIMES = ("d_step", "d_target", "d_draft")
 
 
-def normalise_records(recs: list[dict] | None, b: Bracket | None, keys=BLOCK_TIMES) -> list[dict] | None:
+def normalise_records(recs: list[dict] | None, b: Bracket | None, keys=BLOCK_TIMES,
+                      factor: float | None = None) -> list[dict] | None:
     """Cell records with their times brought to the baseline speed (divided by the bracket's factor); the
     factor and drift are kept on every record."""
     if recs is None or b is None:
         return recs
-    return [{**r, **{k: r[k] / b.factor for k in keys}, "speed_factor": b.factor, "drift": b.drift} for r in recs]
+    f = b.factor if factor is None else float(factor)
+    return [{**r, **{k: r[k] / f for k in keys}, "speed_factor": f, "drift": b.drift} for r in recs]
 
 
 def per_request_cost(n: np.ndarray, t: np.ndarray) -> dict[str, float]:
-    """Least-squares line t = intercept + per_request * n over per-n means (a diagnostic of the per-n tables:
+    """Least-squares line t = intercept + per_request * n over per-n medians (a diagnostic of the per-n tables:
     what one more request costs in the drafter or the host loop)."""
     A = np.stack([np.ones(len(n)), np.asarray(n, float)], 1)
     (c0, c1), *_ = np.linalg.lstsq(A, np.asarray(t, float), rcond=None)
@@ -459,7 +466,7 @@ def context_shape(r: dict[str, np.ndarray], M: np.ndarray, V: np.ndarray, ns: np
     keys = np.stack([r["n"], r["L"], r["ctx"]], 1)
     uk, inv = np.unique(keys, axis=0, return_inverse=True)
     inv = inv.ravel()
-    t = np.array([np.mean(r["t_target"][inv == i]) for i in range(len(uk))])
+    t = np.array([np.median(r["t_target"][inv == i]) for i in range(len(uk))])
     kv = np.array([np.mean(r["kv"][inv == i]) for i in range(len(uk))])
     Mc = (uk[:, 0] * (1 + uk[:, 1])).astype(int)
     e = t - V[np.searchsorted(M, Mc)] - B[np.searchsorted(ns, uk[:, 0].astype(int))]
@@ -475,18 +482,18 @@ def context_shape(r: dict[str, np.ndarray], M: np.ndarray, V: np.ndarray, ns: np
 
 
 def fit_drafter_context(r: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, float | None, str]:
-    """Least squares t_draft = D(n) + s * kv over the cell means (one intercept per n, rows weighted by 1/t).
+    """Least squares t_draft = D(n) + s * kv over the cell medians (one intercept per n, rows weighted by 1/t).
 
     Returns (ns, D per n, s or None, note). s is None with one context (nothing to fit); a negative s is clipped
-    to 0 and then D(n) is the plain mean per n, as without the term; so is a fit that would leave some
+    to 0 and then D(n) is the plain median per n, as without the term; so is a fit that would leave some
     D(n) <= 0 (the slope would claim more than the whole drafter time), with the note saying so.
     """
     keys = np.stack([r["n"], r["L"], r["ctx"]], 1)
     uk, inv = np.unique(keys, axis=0, return_inverse=True)
     inv = inv.ravel()
-    t = np.array([np.mean(r["t_draft"][inv == i]) for i in range(len(uk))])
+    t = np.array([np.median(r["t_draft"][inv == i]) for i in range(len(uk))])
     kv = np.array([np.mean(r["kv"][inv == i]) for i in range(len(uk))])
-    ns, D0 = _mean_by(r["n"].astype(int), r["t_draft"])
+    ns, D0 = _median_by(r["n"].astype(int), r["t_draft"])
     if len(np.unique(uk[:, 2])) < 2:
         return ns, D0, None, "one context measured: no drafter context term"
     ni = np.searchsorted(ns, uk[:, 0].astype(int))
@@ -504,7 +511,7 @@ def fit_drafter_context(r: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarra
     if not (D > 0).all():
         return ns, D0, 0.0, (f"fitted drafter slope {s:.3g} s per KV token leaves a non-positive drafter time at "
                              f"n={int(ns[np.argmin(D)])}; not used, no term written")
-    return ns, D, s, "least squares of drafter time on D(n) + s*kv_tokens over the cell means"
+    return ns, D, s, "least squares of drafter time on D(n) + s*kv_tokens over the cell medians"
 
 
 def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig) -> dict[str, Any]:
@@ -527,7 +534,7 @@ def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig) -> di
                                "dominated by overhead/noise, so no verify term can be separated. Measure larger M "
                                "or a larger model, or reduce background load")
     ns, D, s_draft, draft_note = fit_drafter_context(r)
-    _, H = _mean_by(r["n"].astype(int), r["t_host"])
+    _, H = _median_by(r["n"].astype(int), r["t_host"])
     H = H + Bn                      # the target forward's per-request term joins the floor
     fixed = float(H.min())
     what = (f"the trained {mc.block_drafter} drafter from {mc.live_models} (propose + state update)"
@@ -544,7 +551,7 @@ def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig) -> di
         drafters[mc.block_drafter]["seconds_per_kv_token"] = s_draft
     if mtp_recs:
         m = {k: np.array([x[k] for x in mtp_recs], dtype=float) for k in mtp_recs[0]}
-        mn, mD = _mean_by(m["n"].astype(int), m["t_draft"])
+        mn, mD = _median_by(m["n"].astype(int), m["t_draft"])
         drafters["mtp1"] = {"kind": "mtp", "tokens": [int(x) for x in mn], "time_s": [float(x) for x in mD],
                             "note": "measured: " + (f"the trained mtp1 drafter from {mc.live_models}"
                                                     if mc.live_models is not None else
@@ -563,7 +570,7 @@ def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig) -> di
                                      + f" over cells at contexts {list(mc.contexts)}"}
         if q:                        # written only when > 0 (absent = 0)
             prof["attention"]["seconds_per_query_kv"] = q
-    _, H_raw = _mean_by(r["n"].astype(int), r["t_host"])
+    _, H_raw = _median_by(r["n"].astype(int), r["t_host"])
     prof["_fit"] = {"verify_growth": growth, "seconds_per_kv_token": s, "seconds_per_query_kv": q,
                     "drafter_per_request": per_request_cost(ns, D),
                     "drafter_context": {"seconds_per_kv_token": s_draft, "note": draft_note}, "host_per_request": per_request_cost(ns, H_raw),
@@ -629,7 +636,7 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
         try:
             cr, b = timed(lambda: _cell(target, proxy, ex, mc.K, mc.block_drafter, n, c, Ls, mc.warmup, mc.reps,
                                         live), f"cell ctx={c} n={n}")
-            recs += normalise_records(cr, b)
+            recs += normalise_records(cr, b, factor=mon.speed(b) if b is not None else None)
         except Exception as e:  # noqa: BLE001 - OOM is recorded per cell; anything else is a bug
             if not _is_oom(e):
                 raise
@@ -645,7 +652,7 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
             try:
                 cr, b = timed(lambda: _cell(target, proxy, ex, 1, "mtp1", n, mc.contexts[0], [0, 1], mc.warmup,
                                             mc.reps, live), f"mtp1 cell n={n}")
-                mtp += normalise_records(cr, b)
+                mtp += normalise_records(cr, b, factor=mon.speed(b) if b is not None else None)
             except Exception as e:  # noqa: BLE001
                 if not _is_oom(e):
                     raise
@@ -663,7 +670,7 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
         try:
             pf, b = timed(lambda: _prefill_cells(target, proxy, ex, mc.K, mc.block_drafter, prof["verify"]["M"][-1],
                                                  mc.reps, live, prefill_prefixes(mc.contexts)), "prefill cells")
-            pf = normalise_records(pf, b, PREFILL_TIMES)
+            pf = normalise_records(pf, b, PREFILL_TIMES, factor=mon.speed(b) if b is not None else None)
         except Exception as e:  # noqa: BLE001 - OOM: no prefill term (reported), never a partial one
             if not _is_oom(e):
                 raise
@@ -704,8 +711,8 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
         "device": dkey, "model": mkey, "runner_device": dkey, "runner_model": mkey,
         "source": "measured by `dsparksim measure` on the real engine (dsparksim.runner)",
         "method": "n_req x uniform verify length L=0..K x context sweep (a cell's contexts spread over [c/2, 3c/2], "
-                  "mean c); verify lengths interleaved step by step, warm-up rounds discarded, mean of timed "
-                  "steps; target forward = V0(M) + B(n) + s*kv + q*qk by non-negative least squares over the cell means (V0: verify staircase; B(n): "
+                  "mean c); verify lengths interleaved step by step, warm-up rounds discarded, median of timed "
+                  "steps; target forward = V0(M) + B(n) + s*kv + q*qk by non-negative least squares over the cell medians (V0: verify staircase; B(n): "
                   "per-request part, moved into the floor); drafter forward and host time (incl. a representative "
                   "Algorithm-1 ranking) per n_req; floor = fixed_overhead_s + batch_overhead(n)",
         "dtype": ex.dtype, "tensor_parallel": 1,
