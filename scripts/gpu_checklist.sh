@@ -15,7 +15,7 @@ MODE=${2:-gpu}
 PY=${PYTHON:-python}
 mkdir -p "$OUT"
 if [[ "$MODE" == "--tiny" ]]; then
-  DEV=(--device cpu --dtype float32 --threads 1)
+  DEV=(--device cpu --dtype float32 --threads 1 --drift-gate 0)   # no fast-state wait: a bounded smoke test
   MODEL="tiny,n_layers=1,d_model=32,n_heads=2,n_kv_heads=1,d_ff=64,vocab_size=128"
   NREQ=1,2,3,4,6,8; CTX=16,48; NAME=cpu-checklist-tiny; DL=1
   POLICIES=fixed:7,confidence,mtp1; CONC=1,2,4; RPU=2; GROWTH=0.25

@@ -113,6 +113,12 @@ def test_settle_gives_up_after_max_wait_and_says_so():
     mon.sample("slow")
     assert mon.settle("cell") == pytest.approx(150.0)
     assert mon.gave_up == 1 and mon.summary()["gave_up_waiting"] == 1
+    # the command's total waiting budget: once spent, settle measures at once (no probe, no sleep)
+    mon2 = DriftMonitor(m.probe, baseline=50.0, gate=0.25, max_total_wait_s=0.0, sleep=lambda s: None)
+    mon2.sample("slow")
+    n = len(mon2.samples)
+    mon2.waited_s = 0.0
+    assert mon2.settle("cell") == pytest.approx(150.0) and len(mon2.samples) == n and mon2.gave_up == 1
 
 
 # ---------------------------------------------------------------------------------------------------- windows

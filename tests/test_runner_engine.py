@@ -43,8 +43,9 @@ def test_flat_forward_matches_full_causal_pass():
 @pytest.fixture(scope="module")
 def tiny_profile(tmp_path_factory):
     ex = ExecutorConfig(seed=0)
-    mc = MeasureConfig(model=TINY, executor=ex, K=7, n_reqs=(1, 2, 3, 4, 6, 8), contexts=(16, 48), reps=3,
-                       min_growth=0.0)
+    mc = MeasureConfig(
+        model=TINY, drift_gate=None, executor=ex, K=7, n_reqs=(1, 2, 3, 4, 6, 8), contexts=(16, 48), reps=3,
+        min_growth=0.0)
     prof, _ = measure(mc, progress=False, log=lambda s: None)
     path = tmp_path_factory.mktemp("prof") / "p.json"
     save_profile(prof, path)

@@ -85,8 +85,9 @@ def test_measured_profile_loads_in_core_and_oom_cell_is_reported_not_measured(tm
         return real_cell(target, proxy, ex, K, drafter, n, ctx, *a)
 
     monkeypatch.setattr(meas, "_cell", flaky)
-    mc = MeasureConfig(model=TINY, executor=ExecutorConfig(), K=3, n_reqs=(1, 2, 4), contexts=(16, 48), reps=3,
-                       min_growth=0.0)
+    mc = MeasureConfig(
+        model=TINY, drift_gate=None, executor=ExecutorConfig(), K=3, n_reqs=(1, 2, 4), contexts=(16, 48), reps=3,
+        min_growth=0.0)
     prof, raw = meas.measure(mc, progress=False, log=lambda s: None)
     fails = prof["metadata"]["failed_cells"]
     assert len(fails) == 1 and fails[0]["n_req"] == 2 and fails[0]["context"] == 16 and "out of memory" in fails[0]["error"]
@@ -104,8 +105,9 @@ def test_prefill_cells_out_of_memory_leave_no_prefill_term(monkeypatch):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
 
     monkeypatch.setattr(meas, "_prefill_cells", oom)
-    mc = MeasureConfig(model=TINY, executor=ExecutorConfig(), K=3, n_reqs=(1, 2, 4), contexts=(16,), reps=3,
-                       min_growth=0.0)
+    mc = MeasureConfig(
+        model=TINY, drift_gate=None, executor=ExecutorConfig(), K=3, n_reqs=(1, 2, 4), contexts=(16,), reps=3,
+        min_growth=0.0)
     prof, _ = meas.measure(mc, progress=False, log=lambda s: None)
     assert "prefill" not in prof                                        # no partial / guessed term
     assert prof["metadata"]["fit"]["prefill"] == {"skipped": "out of memory"}
@@ -119,8 +121,9 @@ def load_profile_dict(d):
 
 
 def test_measure_fits_a_prefill_term_from_paired_steps():
-    mc = MeasureConfig(model=TINY, executor=ExecutorConfig(), K=3, n_reqs=(1, 2, 4, 8, 12), contexts=(16,), reps=3,
-                       min_growth=0.0)
+    mc = MeasureConfig(
+        model=TINY, drift_gate=None, executor=ExecutorConfig(), K=3, n_reqs=(1, 2, 4, 8, 12), contexts=(16,), reps=3,
+        min_growth=0.0)
     prof, _ = meas.measure(mc, progress=False, log=lambda s: None)
     fit = prof["metadata"]["fit"]["prefill"]
     assert fit["cells"] >= 3 and "prefill" in prof                       # 4 x (1+3) + chunk <= 48 tokens
@@ -142,8 +145,9 @@ def test_shipped_cpu_profile_loads_and_states_provenance():
 
 def test_measured_profile_drives_dsparksim_frontier(tmp_path):
     from dsparksim.cli import main
-    mc = MeasureConfig(model=TINY, executor=ExecutorConfig(), K=3, n_reqs=(1, 2, 4), contexts=(16, 48), reps=3,
-                       min_growth=0.0)
+    mc = MeasureConfig(
+        model=TINY, drift_gate=None, executor=ExecutorConfig(), K=3, n_reqs=(1, 2, 4), contexts=(16, 48), reps=3,
+        min_growth=0.0)
     prof, _ = meas.measure(mc, progress=False, log=lambda s: None)
     p = save_profile(prof, tmp_path / "p.json")
     out = tmp_path / "fr"

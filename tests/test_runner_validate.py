@@ -10,21 +10,23 @@ from dsparksim.profile import load_profile  # noqa: E402
 from dsparksim.runner.measure import MeasureConfig  # noqa: E402
 from dsparksim.runner.validate import ValidateConfig, validate  # noqa: E402
 
-# CI-sized validation (about 45 s per attempt on 2 shared cores): the tiny CPU target, a profile measured in the
-# same call, three policies x two closed-loop loads, two real runs per cell (the faster kept: interference only
-# slows a run). The issue's gate: median |relative error| of output throughput and of median per-user tokens/s
-# <= 10%. This is a wall-time (thread CPU-time) measurement on a shared VM whose speed drifts by 10-60% within
-# minutes (validation/README.md), so a failed attempt is retried (up to 5 attempts) with a freshly measured profile; all
-# attempts' figures are in the assertion message.
-GATE = 0.10
+# CI-sized validation: the tiny CPU target, a profile measured in the same call, three policies x two closed-loop
+# loads, two real runs per cell (each step's time the median over them). The gate: median |relative error| of
+# output throughput and of median per-user tokens/s <= GATE. This is a wall-time (thread CPU-time) measurement on a
+# shared VM whose speed switches between a fast state and states 40-100% slower (runner/drift.py), so a failed
+# attempt is retried (up to 5 attempts) with a freshly measured profile; all attempts' figures are in the assertion
+# message. With DSPARKSIM_TIMING=1 the measurement is gated to the fast state (the command waits for it); in CI
+# (no timing claim) the gate is off so the test time stays bounded on a loaded runner.
+GATE = 0.08
 ATTEMPTS = 5
 
 
 def _attempt(path):
     # drift: one attempt per run / cell (a drifting one is counted and flagged, not retried: a bounded test time)
+    gate = {} if TIMING else {"drift_gate": None}
     vc = ValidateConfig(policies=("fixed:7", "confidence", "mtp1"), concurrency=(1, 8), repeats=2, drift_attempts=1,
-                        requests_per_user=4, min_requests=8,
-                        measure=MeasureConfig(contexts=(32, 96, 160), reps=3, drift_attempts=1,
+                        requests_per_user=4, min_requests=8, **gate,
+                        measure=MeasureConfig(contexts=(32, 96, 160), reps=3, drift_attempts=1, **gate,
                                               n_reqs=(1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32)))
     df = validate(vc, path, progress=False, log=lambda s: None)
     s = json.loads((path / "summary.json").read_text())["summary"]     # medians over the steady cells

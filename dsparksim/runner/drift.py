@@ -88,6 +88,7 @@ class DriftMonitor:
     baseline: float | None = None
     gate: float | None = None          # None: no gating (every state accepted, normalised by the factor)
     max_wait_s: float = 20.0           # settle: longest wait for the fast state before measuring anyway
+    max_total_wait_s: float = 300.0    # settle: all waits of the command together; past it, no more waiting
     pause_s: float = 0.1               # settle: sleep between probes while the machine is slow
     sleep: Callable[[float], None] = time.sleep
     samples: list[tuple[str, float]] = field(default_factory=list)
@@ -95,7 +96,8 @@ class DriftMonitor:
     kept: int = 0
     waits: int = 0                     # settle calls that found the machine slow
     waited_probes: int = 0             # probes taken while waiting
-    gave_up: int = 0                   # settle calls that measured anyway after max_wait_s
+    gave_up: int = 0                   # settle calls that measured anyway (max_wait_s or max_total_wait_s)
+    waited_s: float = 0.0              # wall seconds spent waiting for the fast state
 
     def __post_init__(self) -> None:
         if not self.threshold > 0:
@@ -133,16 +135,22 @@ class DriftMonitor:
         if self.fast(t):
             return t
         self.waits += 1
+        if self.waited_s >= self.max_total_wait_s:       # the command's waiting budget is spent: measure now
+            self.gave_up += 1
+            return t
         t0 = time.monotonic()
-        while True:
-            self.sleep(self.pause_s)
-            t = self.sample(f"settle {label}")
-            self.waited_probes += 1
-            if self.fast(t):
-                return t
-            if time.monotonic() - t0 >= self.max_wait_s:
-                self.gave_up += 1
-                return t
+        try:
+            while True:
+                self.sleep(self.pause_s)
+                t = self.sample(f"settle {label}")
+                self.waited_probes += 1
+                if self.fast(t):
+                    return t
+                if time.monotonic() - t0 >= self.max_wait_s:
+                    self.gave_up += 1
+                    return t
+        finally:
+            self.waited_s += time.monotonic() - t0
 
     def bracket(self, fn: Callable[[], Any], label: str) -> tuple[Any, Bracket]:
         """Run ``fn`` between two reference timings; returns (its result, the bracket). Does not judge it."""
@@ -193,7 +201,7 @@ class DriftMonitor:
                                             if ts and self.baseline else None),
                 "kept": self.kept, "discarded": len(self.discarded), "discarded_labels": list(self.discarded),
                 "gate": self.gate, "waits_for_fast_state": self.waits, "probes_while_waiting": self.waited_probes,
-                "gave_up_waiting": self.gave_up}
+                "waited_s": round(self.waited_s, 2), "gave_up_waiting": self.gave_up}
 
 
 @dataclass
@@ -221,7 +229,8 @@ class RunWindows:
 
     def step_factors(self, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
         """(factor, steady) per step: :meth:`DriftMonitor.speed` of its window's two probes (1 in a steady gated
-        window, else their mean over the baseline), and whether the window was steady (:meth:`DriftMonitor.steady`). Needs a checkpoint at step 0 and :meth:`close`."""
+        window, else their mean over the baseline), and whether the window was steady
+        (:meth:`DriftMonitor.steady`). Needs a checkpoint at step 0 and :meth:`close`."""
         if not self.marks or self.marks[0][0] != 0 or self.marks[-1][0] != n_steps:
             raise ValueError(f"windows must start at step 0 and end at step {n_steps}, got marks "
                              f"{[m[0] for m in self.marks]}")

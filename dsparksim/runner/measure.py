@@ -712,8 +712,9 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
         "source": "measured by `dsparksim measure` on the real engine (dsparksim.runner)",
         "method": "n_req x uniform verify length L=0..K x context sweep (a cell's contexts spread over [c/2, 3c/2], "
                   "mean c); verify lengths interleaved step by step, warm-up rounds discarded, median of timed "
-                  "steps; target forward = V0(M) + B(n) + s*kv + q*qk by non-negative least squares over the cell medians (V0: verify staircase; B(n): "
-                  "per-request part, moved into the floor); drafter forward and host time (incl. a representative "
+                  "steps; target forward = V0(M) + B(n) + s*kv + q*qk by non-negative least squares over the "
+                  "cell medians (V0: verify staircase, made non-decreasing; B(n) = b*(n - n_min): per-request "
+                  "part, moved into the floor); drafter forward and host time (incl. a representative "
                   "Algorithm-1 ranking) per n_req; floor = fixed_overhead_s + batch_overhead(n)",
         "dtype": ex.dtype, "tensor_parallel": 1,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
