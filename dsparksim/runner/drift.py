@@ -219,9 +219,12 @@ class RunWindows:
             raise ConfigError("drift", "every_s", f"must be > 0, got {self.every_s}")
 
     def checkpoint(self, step: int) -> None:
+        probes = self.mon.waited_probes
         if self.mon.gate is not None:
-            self.mon.settle(f"window at step {step}")
-        self.marks.append((int(step), self.mon.sample(f"window at step {step}")))
+            t = self.mon.settle(f"window at step {step}")
+        if self.mon.waited_probes == probes:       # settle did not probe: take the window's timing now
+            t = self.mon.sample(f"window at step {step}")
+        self.marks.append((int(step), t))
 
     def close(self, n_steps: int) -> None:
         if not self.marks or self.marks[-1][0] != n_steps:

@@ -389,6 +389,19 @@ def _median_by(keys: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return u, np.array([np.median(vals[keys == k]) for k in u])
 
 
+def cell_table(r: dict[str, np.ndarray], time_key: str) -> dict[str, np.ndarray]:
+    """One row per measured (n, L, context) cell: ``key`` (n, L, ctx), the median of ``time_key`` and the mean
+    KV tokens read (and query-key pairs, when recorded) over the cell's timed steps."""
+    uk, inv = np.unique(np.stack([r["n"], r["L"], r["ctx"]], 1), axis=0, return_inverse=True)
+    inv = inv.ravel()
+    cells = range(len(uk))
+    out = {"key": uk, "t": np.array([np.median(r[time_key][inv == i]) for i in cells]),
+           "kv": np.array([np.mean(r["kv"][inv == i]) for i in cells])}
+    if "qk" in r:
+        out["qk"] = np.array([np.mean(r["qk"][inv == i]) for i in cells])
+    return out
+
+
 def decompose_target(r: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, float | None,
                                                         float | None]:
     """Non-negative least squares t_target = V0(M) + b (n - n_min) + s * kv + q * qk over the cell medians (B(n) =
@@ -402,17 +415,14 @@ def decompose_target(r: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, 
     requests' reads would not. Rows are weighted by 1/t (relative errors). Returns (M breakpoints, V0, B per
     measured n, s or None when only one context was measured, q or None without qk records or one context).
     """
-    keys = np.stack([r["n"], r["L"], r["ctx"]], 1)
-    uk, inv = np.unique(keys, axis=0, return_inverse=True)
-    inv = inv.ravel()
-    t = np.array([np.median(r["t_target"][inv == i]) for i in range(len(uk))])
-    kv = np.array([np.mean(r["kv"][inv == i]) for i in range(len(uk))])
+    c = cell_table(r, "t_target")
+    uk, t, kv = c["key"], c["t"], c["kv"]
     n = uk[:, 0].astype(int)
     Mc = (uk[:, 0] * (1 + uk[:, 1])).astype(int)
     Ms, mi = np.unique(Mc, return_inverse=True)
     ns = np.unique(n)
     use_kv = len(np.unique(uk[:, 2])) >= 2
-    use_qk = use_kv and "qk" in r and len(np.unique(uk[:, 1])) >= 2
+    use_qk = use_kv and "qk" in c and len(np.unique(uk[:, 1])) >= 2
     # columns: V0 per M | b * (n - n_min) | s * kv | q * qk. B(n) is one per-request slope: a free B per n
     # trades off against the free V0 per M (n and M are tied by M = n(1+L)) and zigzagged by +-0.5 ms between
     # neighbouring n on this machine's noise.
@@ -422,7 +432,7 @@ def decompose_target(r: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, 
     if use_kv:
         A[:, len(Ms) + 1] = kv
     if use_qk:
-        A[:, -1] = np.array([np.mean(r["qk"][inv == i]) for i in range(len(uk))])
+        A[:, -1] = c["qk"]
     w = 1.0 / t
     # Non-negative least squares: every term is a cost (>= 0); unconstrained, background-load noise lets a
     # negative per-request term trade off against an inflated context slope.
@@ -463,15 +473,12 @@ def context_shape(r: dict[str, np.ndarray], M: np.ndarray, V: np.ndarray, ns: np
     """The context term's shape: at each measured context, the least-squares seconds per KV token of what the
     target forward costs beyond V0(M) + B(n). A linear (kv_bandwidth) term is right when these agree; a slope
     that grows with the context says attention costs more than linearly (or a 2-D table is needed)."""
-    keys = np.stack([r["n"], r["L"], r["ctx"]], 1)
-    uk, inv = np.unique(keys, axis=0, return_inverse=True)
-    inv = inv.ravel()
-    t = np.array([np.median(r["t_target"][inv == i]) for i in range(len(uk))])
-    kv = np.array([np.mean(r["kv"][inv == i]) for i in range(len(uk))])
+    ct = cell_table(r, "t_target")
+    uk, t, kv = ct["key"], ct["t"], ct["kv"]
     Mc = (uk[:, 0] * (1 + uk[:, 1])).astype(int)
     e = t - V[np.searchsorted(M, Mc)] - B[np.searchsorted(ns, uk[:, 0].astype(int))]
     if q:
-        e = e - q * np.array([np.mean(r["qk"][inv == i]) for i in range(len(uk))])
+        e = e - q * ct["qk"]
     out = {}
     for c in np.unique(uk[:, 2]):
         m = uk[:, 2] == c
@@ -488,11 +495,8 @@ def fit_drafter_context(r: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarra
     to 0 and then D(n) is the plain median per n, as without the term; so is a fit that would leave some
     D(n) <= 0 (the slope would claim more than the whole drafter time), with the note saying so.
     """
-    keys = np.stack([r["n"], r["L"], r["ctx"]], 1)
-    uk, inv = np.unique(keys, axis=0, return_inverse=True)
-    inv = inv.ravel()
-    t = np.array([np.median(r["t_draft"][inv == i]) for i in range(len(uk))])
-    kv = np.array([np.mean(r["kv"][inv == i]) for i in range(len(uk))])
+    c = cell_table(r, "t_draft")
+    uk, t, kv = c["key"], c["t"], c["kv"]
     ns, D0 = _median_by(r["n"].astype(int), r["t_draft"])
     if len(np.unique(uk[:, 2])) < 2:
         return ns, D0, None, "one context measured: no drafter context term"
