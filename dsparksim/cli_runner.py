@@ -204,7 +204,7 @@ def cmd_validate(args) -> int:
         extra["output_tokens"] = (24, 56)
     vc = ValidateConfig(policies=pols, concurrency=args.concurrency, drift_threshold=args.drift_threshold,
                         drift_gate=_gate(args), window_s=args.drift_window,
-                        normalise=not args.no_drift, acceptance=acc or
+                        normalise=not args.no_drift, pair_cells=not args.no_pair_cells, acceptance=acc or
                         "traces/sample_dspark_k7.csv", mtp1_acceptance=acc1 or "mtp1", K=args.block_size,
                         requests_per_user=args.requests_per_user, repeats=args.repeats, seed=args.seed, measure=mc, profile=args.profile,
                         runner=_runner(args, mc.executor), **extra)
@@ -319,6 +319,9 @@ def register(sub) -> None:
     v.add_argument("--repeats", type=int, default=5,
                    help="real runs per cell; they run the same steps, and each step's time is the median over "
                         "them; a cell is steady when half its runs are [%(default)s]")
+    v.add_argument("--no-pair-cells", action="store_true",
+                   help="normalise real steps by the drift windows' reference cell only, instead of re-timing the "
+                        "profile cell nearest each decode step right after it (paired cells; trace replay only)")
     v.add_argument("--profile", default=None,
                    help="use this profile measured earlier by `dsparksim measure` for the same model/device "
                         "(default: measure it now, in this command)")

@@ -112,8 +112,12 @@ class RealDriver:
     contract with measured durations; the apply time is added after the step's tokens are emitted."""
 
     def __init__(self, env: simpy.Environment, stepper: RealStepper,
-                 checkpoint: Callable[[int], None] | None = None, every_s: float = 0.5) -> None:
+                 checkpoint: Callable[[int], None] | None = None, every_s: float = 0.5,
+                 after_step: Callable[[int, StepPlan], None] | None = None) -> None:
         self.env, self.stepper = env, stepper
+        # after_step(step index, plan) once a step is applied and logged, also off the measured clock (the
+        # paired reference cells of runner.paired)
+        self.after_step = after_step
         self.wake: simpy.Event | None = None
         # checkpoint(next step index) between steps every ``every_s`` of measured time (the drift windows): it
         # runs off the measured clock, so whatever it does (re-timing a reference, waiting) changes nothing here
@@ -140,6 +144,8 @@ class RealDriver:
             # a step that would end after the horizon never completes: the cluster stops the clock first
             yield env.timeout(dt)
             t_apply = st.end(plan, out, dt, now, env.now)
+            if self.after_step is not None:
+                self.after_step(self.steps, plan)
             self.steps += 1
             self._since += dt + t_apply
             yield env.timeout(t_apply)
@@ -155,7 +161,7 @@ class RealEngine:
 
     def __init__(self, *, executor: Any, clock: Callable[[], float] | None = None,
                  checkpoint: Callable[[int], None] | None = None, checkpoint_every_s: float = 0.5,
-                 **kw: Any) -> None:
+                 after_step: Callable[[int, StepPlan], None] | None = None, **kw: Any) -> None:
         for k in ("replicas", "dp_ranks"):
             if kw.get(k, 1) != 1:
                 raise ConfigError("runner", k, f"the real engine serves one engine on one device, got {k}={kw[k]}")
@@ -163,7 +169,7 @@ class RealEngine:
             raise TypeError("RealEngine sets its own driver_factory")
         self.ex = executor
         self.clock = clock or executor.clock   # the executor's clock (wall, or thread CPU time on a shared CPU)
-        self.checkpoint, self.checkpoint_every_s = checkpoint, checkpoint_every_s
+        self.checkpoint, self.checkpoint_every_s, self.after_step = checkpoint, checkpoint_every_s, after_step
         self.sim = Simulation(driver_factory=self.driver, **kw)
         (self.engine,) = self.sim.engines
         connect(self.engine, executor)
@@ -173,7 +179,7 @@ class RealEngine:
         """The cluster's driver_factory: the real clock's process for this (single) engine."""
         if ranks != [self.engine]:
             raise ConfigError("runner", "replicas", "the real engine drives exactly its one engine")
-        return RealDriver(env, self.stepper, self.checkpoint, self.checkpoint_every_s)
+        return RealDriver(env, self.stepper, self.checkpoint, self.checkpoint_every_s, self.after_step)
 
     def describe(self) -> str:
         return f"real (torch), trace-replay acceptance; step time = measured {self.ex.ex.clock_name()} clock"

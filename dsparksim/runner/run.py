@@ -57,12 +57,13 @@ def _check_profile(profile, mkey: str, dkey: str) -> None:
 def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None, proxy=None,
              progress: Callable[[float], None] | None = None, record_outputs: bool = False,
              prompt_source=None, checkpoint: Callable[[int], None] | None = None,
-             checkpoint_every_s: float = 0.5) -> RunOutput:
+             checkpoint_every_s: float = 0.5, after_step=None) -> RunOutput:
     """Serve ``cfg`` for real (``rcfg.mode``: trace replay or live drafters). ``target``/``proxy`` reuse already
     built models; ``record_outputs`` keeps each request's prompt and generated tokens (live mode) on the result;
     ``prompt_source`` overrides the live prompts (the audit gives every request the same prompt); ``checkpoint``
     (next step index) is called between steps every ``checkpoint_every_s`` of measured time (drift windows,
-    :class:`~.drift.RunWindows`)."""
+    :class:`~.drift.RunWindows`); ``after_step(step index, plan)`` after every step, off the measured clock too
+    (paired reference cells, :class:`~.paired.RunPairs`)."""
     for k in ("replicas", "dp_ranks"):    # before any model is loaded
         if getattr(cfg.engine, k, 1) != 1:
             raise ConfigError("config", k, f"the real runner serves one engine on one device, got {k}="
@@ -144,7 +145,7 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
                      prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens, streams=rngs["acceptance"],
                      duration_s=duration, num_requests=cfg.traffic.num_requests, progress=progress,
                      replicas=getattr(cfg.engine, "replicas", 1), dp_ranks=getattr(cfg.engine, "dp_ranks", 1),
-                     checkpoint=checkpoint, checkpoint_every_s=checkpoint_every_s)
+                     checkpoint=checkpoint, checkpoint_every_s=checkpoint_every_s, after_step=after_step)
     res = eng.run()
     summary, inputs = run_summary(cfg, res, profile, acceptance, policy, workload, K, drafter, kv_cap, max_tok,
                                   duration)

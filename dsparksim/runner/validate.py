@@ -31,6 +31,7 @@ from .drift import (CALIBRATION_PROBES, DEFAULT_GATE, DEFAULT_THRESHOLD, DriftMo
 from .measure import REFERENCE_CELL, MeasureConfig, measure, reference_probe
 from .residuals import attribute, by_shape, by_term, step_residuals
 from .models import load_target
+from .paired import PairedCells, RunPairs
 from .run import RunnerConfig, real_run
 
 POLICIES = ("mtp1", "fixed:7", "threshold:0.5", "goodput", "confidence", "confidence-async:2")
@@ -60,6 +61,8 @@ class ValidateConfig:
     max_unsteady_share: float = 0.25   # a run with more of its measured time in unsteady windows is discarded
     drift_attempts: int = 1      # real runs tried per repeat while the machine drifts past the threshold
     normalise: bool = True       # False: real figures as measured (drift still timed and reported, nothing discarded)
+    pair_cells: bool = True      # re-time the profile cell nearest each real decode step right after it (paired.py)
+    pair_span: int = 4           # a step's paired factor: median over this many paired steps each side
     drift_profile_baseline: bool = True   # --profile: normalise to the profile's own reference timing if stored
     seed: int = 0
     profile: str | None = None   # an already measured profile (same model/device, checked); None = measure now
@@ -77,6 +80,8 @@ class ValidateConfig:
             raise ConfigError("validate", "window_s", f"must be > 0, got {self.window_s}")
         if not 0 <= self.max_unsteady_share <= 1:
             raise ConfigError("validate", "max_unsteady_share", f"must be in [0, 1], got {self.max_unsteady_share}")
+        if self.pair_span < 0:
+            raise ConfigError("validate", "pair_span", f"must be >= 0, got {self.pair_span}")
         if self.repeats < 1:
             raise ConfigError("validate", "repeats", f"must be >= 1, got {self.repeats}")
         if not self.policies or not self.concurrency:
@@ -187,13 +192,24 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
     base = pd_.get("baseline_s") if same_cell and (vc.profile is None or vc.drift_profile_baseline) else None
     mon = DriftMonitor(probe, threshold=vc.drift_threshold, baseline=base, gate=vc.drift_gate)
     mon.calibrate("before the runs", probes=1 if base is not None else CALIBRATION_PROBES)
+    cells = None
+    if vc.pair_cells and vc.normalise:
+        if vc.runner.mode != "replay" or prof["metadata"].get("drafting", "proxy") != "proxy":
+            log("validate: paired reference cells need trace replay on the drafter proxy; live runs are "
+                "normalised by the drift windows")
+        else:
+            cells = PairedCells.from_profile(prof, target, proxy, ex)
+            if cells is None:
+                log(f"validate: the profile {ppath} stores no cell timings (metadata.cells, written by `dsparksim "
+                    "measure` since 2026-12-01): real runs are normalised by the drift windows, not paired cells")
     lengths = (write_live_lengths if vc.runner.mode == "live" else write_lengths)(out / "lengths.csv", vc)
     rows, resid = [], []
     for users in vc.concurrency:
         for pol in vc.policies:
             cfg = run_config(vc, pol, users, str(ppath), str(lengths))
             label = f"{pol} users={users}"
-            tries = [timed_run(vc, cfg, mon, f"{label} #{i + 1}", target, proxy) for i in range(vc.repeats)]
+            tries = [timed_run(vc, cfg, mon, f"{label} #{i + 1}", target, proxy, cells)
+                     for i in range(vc.repeats)]
             # per-step median over the repeats (normalised figures; interference is removed by the windows'
             # reference timings and the median, not by picking the fastest)
             tr = combine_runs(tries, cfg)
@@ -208,6 +224,7 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
             rraw = _warm(tr.raw, vc.warmup_frac)
             row: dict[str, Any] = {"policy": pol, "users": users, "kept": kept, "speed_factor": factor,
                                    "drift": tr.max_drift, "unsteady_share": tr.unsteady_share, "windows": tr.windows,
+                                   "paired_steps": tr.paired,
                                    "ref_min_ms": 1e3 * tr.ref_min, "ref_max_ms": 1e3 * tr.ref_max,
                                    "real_repeats_throughput_raw": ";".join(
                                        f"{_warm(t.raw, vc.warmup_frac)['output_throughput_tok_s']:.1f}" for t in tries)}
@@ -273,32 +290,44 @@ class TimedRun:
     ref_min: float
     ref_max: float
     kept: bool
+    paired: int = 0          # steps normalised by their own paired profile cell (0: by the drift windows)
 
 
-def timed_run(vc: ValidateConfig, cfg: RunConfig, mon: DriftMonitor, label: str, target, proxy) -> TimedRun:
+def timed_run(vc: ValidateConfig, cfg: RunConfig, mon: DriftMonitor, label: str, target, proxy,
+              cells: PairedCells | None = None) -> TimedRun:
     """A real run re-timed against the reference every ``vc.window_s`` of its measured time (each window starts
-    in the fast state, :class:`~.drift.RunWindows`), its steps normalised per window and its timeline rebuilt
+    in the fast state, :class:`~.drift.RunWindows`), its steps normalised and its timeline rebuilt
     (:func:`~.drift.warp_result`); re-run (``vc.drift_attempts`` in all) while more than ``max_unsteady_share``
-    of its time fell in unsteady windows. Every attempt is counted kept or discarded on the monitor."""
+    of its time fell in unsteady windows. Every attempt is counted kept or discarded on the monitor. A step's
+    factor is its paired profile cell's (``cells``, :mod:`.paired`) when the run had paired steps, else its
+    window's."""
+    from ..policies import make_policy
+    drafter = make_policy(cfg.policy).drafter or vc.measure.block_drafter
     for i in range(vc.drift_attempts):
         lab = label if i == 0 else f"{label} (retry {i})"
         win = RunWindows(mon, vc.window_s)
+        pairs = RunPairs(cells, drafter, vc.pair_span) if cells is not None else None
         raw = real_run(cfg, vc.runner, target=target, proxy=proxy, checkpoint=win.checkpoint,
-                       checkpoint_every_s=vc.window_s)
+                       checkpoint_every_s=vc.window_s, after_step=pairs.after_step if pairs else None)
         n = len(raw.result.steps["dt"])
         win.close(n)
         f, ok = win.step_factors(n)
+        fp = pairs.factors(n) if pairs is not None else None
+        if fp is not None:
+            f = fp
         dt = np.asarray(raw.result.steps["dt"], float)
         share = float(dt[~ok].sum() / dt.sum()) if dt.sum() > 0 else 0.0
         res = warp_result(raw.result, f)
         norm = _normalised_output(raw, res, cfg, {
             "windows": len(win.marks) - 1, "unsteady_share": share, "factor": float(dt.sum() / res.steps["dt"].sum()),
-            "reference_s": [[s_, t] for s_, t in win.marks], "baseline_s": mon.baseline})
+            "reference_s": [[s_, t] for s_, t in win.marks], "baseline_s": mon.baseline,
+            "normalised_by": "paired profile cells" if fp is not None else "drift windows",
+            "paired_steps": len(pairs.idx) if pairs is not None else 0})
         refs = [t for _, t in win.marks]
-        pairs = zip(refs[:-1], refs[1:])
+        adjacent = zip(refs[:-1], refs[1:])
         tr = TimedRun(raw, norm, norm.summary["speed_normalised"]["factor"], len(refs) - 1, share,
-                      max((max(a, b) / min(a, b) - 1.0 for a, b in pairs), default=0.0), min(refs), max(refs),
-                      share <= vc.max_unsteady_share)
+                      max((max(a, b) / min(a, b) - 1.0 for a, b in adjacent), default=0.0), min(refs), max(refs),
+                      share <= vc.max_unsteady_share, len(pairs.idx) if fp is not None else 0)
         if tr.kept:
             mon.kept += 1
             return tr
@@ -342,7 +371,8 @@ def combine_runs(tries: list[TimedRun], cfg: RunConfig) -> TimedRun:
         "repeat_spread": float((dts.sum(axis=1).max() / dts.sum(axis=1).min()) - 1.0)})
     return TimedRun(base.raw, norm, float(raw_dt.sum() / med.sum()), sum(t.windows for t in tries),
                     float(np.mean([t.unsteady_share for t in tries])), max(t.max_drift for t in tries),
-                    min(t.ref_min for t in tries), max(t.ref_max for t in tries), 2 * n_steady >= len(tries))
+                    min(t.ref_min for t in tries), max(t.ref_max for t in tries), 2 * n_steady >= len(tries),
+                    sum(t.paired for t in tries))
 
 
 def error_summary(df: pd.DataFrame) -> dict[str, Any]:
@@ -440,6 +470,14 @@ def write_report(df: pd.DataFrame, summ: dict, vc: ValidateConfig, path: Path, p
               f"({d.get('probes_while_waiting', 0)} probes, gave up {d.get('gave_up_waiting', 0)}); "
               f"{d['kept']} run(s) kept, {d['discarded']} discarded"
               + (f" ({', '.join(d['discarded_labels'])})" if d["discarded"] else "") + "."]
+    if "paired_steps" in df and df["paired_steps"].sum() > 0:
+        lines += ["", f"**Paired cells.** {int(df['paired_steps'].sum())} decode steps were each followed by one step "
+                  "of the profile cell nearest their shape (same drafter; nearest measured n_req, context and "
+                  "uniform verify length), timed on the same clock; a step's factor is that cell's time now over "
+                  "its median when the profile was measured (`metadata.cells`), the median over "
+                  f"{2 * vc.pair_span + 1} neighbouring paired steps, and these factors (not the windows') "
+                  "normalise the run; steps with no pair (prefill) take the nearest paired step's. The windows "
+                  "above still gate the runs and decide which are steady."]
     pdr = summ.get("profile_drift")
     if pdr:
         lines.append(f"Profile measurement: drift {100 * pdr['drift_over_command']:.1f}% over "

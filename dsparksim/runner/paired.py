@@ -1,0 +1,175 @@
+"""Paired reference cells: the profile's own cells re-timed beside every real step.
+
+The drift windows (:mod:`.drift`) re-time one small reference cell every quarter second; on this shared VM the
+speed changes faster than that and not in proportion across step shapes (a 32-request step slowed 1.37x while
+the 4-request reference slowed 1.5x). Here, right after every decode step of a real run, one step of the
+*profile cell of the nearest shape* is timed (same drafter, the measured n_req nearest the step's decoding
+requests, the measured context nearest its mean context, the uniform verify length nearest its mean), on the
+same clock, a few milliseconds later. That cell's median time when the profile was measured is stored in the
+profile (``metadata.cells``), so
+
+    factor(step) = t(cell, now) / t(cell, when profiled)          (> 1: the machine is slower now)
+
+brings the step to the speed at which the profile saw that very shape. The profile's *fit* is still under test:
+the step is priced by the fitted profile at its exact shape, while the factor uses the raw cell median. Measured
+here (2026-12-01, alternating 1,100 real steps with their matched cells): real steps and cells of the same shape
+timed back to back agree within 1% (step 0.99-1.01x; the host loop is 8-11% dearer in the real run, 0.1 ms).
+
+A single step's time scatters by a few percent, so a step's factor is the median over its neighbouring paired
+steps (``span`` each side); a step with no pair (prefill, or a shape outside the profile's cells) takes the
+nearest paired step's factor.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+
+
+def cell_medians(recs: list[dict], K: int) -> dict[str, Any]:
+    """The profile's raw cell timings for ``metadata.cells``: one row [n, ctx, L, median t_step (s), mean context
+    per request] per measured (n, ctx, L) cell (times as the profile's fit saw them: at the baseline speed)."""
+    if not recs:
+        return {"K": K, "rows": []}
+    keys = sorted({(r["n"], r["ctx"], r["L"]) for r in recs})
+    by: dict[tuple, list] = {k: [] for k in keys}
+    for r in recs:
+        by[(r["n"], r["ctx"], r["L"])].append(r)
+    rows = [[int(n), int(c), int(L), float(np.median([r["t_step"] for r in by[(n, c, L)]])),
+             float(np.mean([r["kv"] / n for r in by[(n, c, L)]]))] for n, c, L in keys]
+    return {"K": K, "rows": rows}
+
+
+class PairedCells:
+    """The profile cells a real run is paired with (see module doc): ``tables[drafter]`` holds the stored cell
+    medians; :meth:`time` steps a (cached) profiling engine of the matched cell once and returns its seconds."""
+
+    def __init__(self, target, proxy, ex, cells: dict[str, Any], warmup: int, reps: int) -> None:
+        self.target, self.proxy, self.ex = target, proxy, ex
+        self.warmup, self.reps = warmup, reps
+        self.tables: dict[str, dict[str, Any]] = {}
+        for drafter, c in cells.items():
+            rows = np.asarray(c["rows"], float).reshape(-1, 5)
+            if len(rows) == 0:
+                continue
+            self.tables[drafter] = {"K": int(c["K"]), "rows": rows, "n": np.unique(rows[:, 0]).astype(int)}
+        self._engines: dict[tuple, list] = {}
+        self.timed = 0
+
+    @classmethod
+    def from_profile(cls, prof: dict[str, Any], target, proxy, ex) -> "PairedCells | None":
+        """From a measured profile dict (``metadata.cells``, written by `dsparksim measure`); None without them."""
+        meta = prof.get("metadata", {})
+        cells, grid = meta.get("cells"), meta.get("grid") or {}
+        if not cells:
+            return None
+        return cls(target, proxy, ex, cells, int(grid.get("warmup", 2)), int(grid.get("reps", 5)))
+
+    def match(self, drafter: str, n: int, L: float, ctx: float) -> tuple | None:
+        """(drafter, n, ctx, L) of the stored cell nearest a decode step of ``n`` requests with mean verify length
+        ``L`` and mean context ``ctx``, or None when the profile has no cells for this drafter."""
+        tab = self.tables.get(drafter)
+        if tab is None or n < 1:
+            return None
+        rows = tab["rows"]
+        nn = int(tab["n"][np.argmin(np.abs(tab["n"] - n))])
+        Li = int(np.clip(np.rint(L), 0, tab["K"]))
+        sel = rows[(rows[:, 0] == nn) & (rows[:, 2] == Li)]
+        if len(sel) == 0:
+            return None
+        r = sel[np.argmin(np.abs(sel[:, 4] - ctx))]
+        return drafter, nn, int(r[1]), Li
+
+    def baseline(self, key: tuple) -> float:
+        """The cell's median step time when the profile was measured."""
+        drafter, n, c, L = key
+        rows = self.tables[drafter]["rows"]
+        return float(rows[(rows[:, 0] == n) & (rows[:, 1] == c) & (rows[:, 2] == L)][0, 3])
+
+    def time(self, key: tuple) -> float | None:
+        """One step of the matched cell's profiling engine at verify length L (seconds on the executor's clock);
+        None for the untimed warm-up steps of a freshly built engine. An engine lives as long as a profile cell
+        did ((warmup + reps) rounds of every L), so its contexts stay in the range the profile timed."""
+        from .measure import RejectAll, UniformL, _DUMMY, _slot_tokens, profiling_engine
+        from .executor import Executor
+        from ..profile import profile_from_dict
+        drafter, n, c, L = key
+        K = self.tables[drafter]["K"]
+        nL = K + 1
+        ek = (drafter, n, c)
+        e = self._engines.get(ek)
+        if e is None:
+            T = _slot_tokens(c, K, self.warmup, self.reps, nL)
+            exe = Executor(self.target, self.proxy, self.ex, T=T, slots=n)
+            pol = UniformL()
+            pol.reset(K, np.random.default_rng(0))
+            st = profiling_engine(exe, n=n, ctx=c, out_len=nL * (self.warmup + self.reps) + 6, T=T, K=K,
+                                  drafter=drafter, policy=pol, acceptance=RejectAll(K, drafter),
+                                  profile=profile_from_dict(_DUMMY), max_batched_tokens=n * (K + 1) + n * c,
+                                  prefill_chunk_tokens=n * c, live=False, rng=np.random.default_rng(0))
+            e = self._engines[ek] = [st, pol, 0.0, 0]
+        st, pol = e[0], e[1]
+        pol.L = L
+        step = st.begin()
+        if step is None:                       # cannot happen within the engine's lifetime; rebuild next time
+            del self._engines[ek]
+            return None
+        plan, out, dt = step
+        e[2] += dt + st.end(plan, out, dt, e[2], e[2] + dt)
+        e[3] += 1
+        if e[3] >= nL * (self.warmup + self.reps):
+            del self._engines[ek]
+        if e[3] <= 2:                          # a fresh engine's first steps pay one-off allocation costs
+            return None
+        self.timed += 1
+        return float(out.duration_s)
+
+
+class RunPairs:
+    """One real run's paired timings: :meth:`after_step` (the real engine's hook, off the measured clock) times
+    the matched cell after every decode-only step; :meth:`factors` gives every step its smoothed factor."""
+
+    def __init__(self, cells: PairedCells, drafter: str, span: int = 4) -> None:
+        if span < 0:
+            raise ConfigError("validate", "pair_span", f"must be >= 0, got {span}")
+        self.cells, self.drafter, self.span = cells, drafter, span
+        self.idx: list[int] = []
+        self.f: list[float] = []
+
+    def after_step(self, i: int, plan) -> None:
+        n = plan.n_decode
+        if n == 0 or plan.prefill:       # prefill steps have no decode-shaped cell; they take a neighbour's
+            return
+        key = self.cells.match(self.drafter, n, float(np.mean(plan.verify)), plan.kv_read / n)
+        if key is None:
+            return
+        t = self.cells.time(key)
+        if t is None:
+            return
+        self.idx.append(int(i))
+        self.f.append(t / self.cells.baseline(key))
+
+    def factors(self, n_steps: int) -> np.ndarray | None:
+        """(n_steps,) factor per step: the median over each paired step and its ``span`` paired neighbours each
+        side; unpaired steps take the nearest paired step's. None when no step was paired."""
+        return smooth_factors(np.asarray(self.idx, int), np.asarray(self.f, float), n_steps, self.span)
+
+
+def smooth_factors(idx: np.ndarray, f: np.ndarray, n_steps: int, span: int) -> np.ndarray | None:
+    """Per-step factors from factors measured at steps ``idx`` (increasing): a running median over 2*span + 1
+    measured steps, carried to every step from the nearest measured one (ties: the earlier)."""
+    if len(idx) == 0:
+        return None
+    if np.any(np.diff(idx) <= 0) or idx[0] < 0 or idx[-1] >= n_steps:
+        raise ValueError(f"paired step indices must increase within 0..{n_steps - 1}, got {idx.tolist()[:10]}...")
+    if not np.all(f > 0):
+        raise ValueError(f"paired factors must be positive, got min {f.min()}")
+    m = len(f)
+    sm = np.array([np.median(f[max(0, j - span):j + span + 1]) for j in range(m)])
+    steps = np.arange(n_steps)
+    pos = np.clip(np.searchsorted(idx, steps), 0, m - 1)
+    prev = np.clip(pos - 1, 0, m - 1)
+    nearest = np.where(np.abs(idx[prev] - steps) <= np.abs(idx[pos] - steps), prev, pos)
+    return sm[nearest]
