@@ -202,9 +202,15 @@ def cmd_validate(args) -> int:
     if args.live and "output_tokens" not in extra:
         # live: stay inside the traces' horizon (collected over the first 20 blocks per response)
         extra["output_tokens"] = (24, 56)
+    if not args.n_req and not args.profile and args.concurrency:
+        from dataclasses import replace
+        from dsparksim.runner.validate import dense_n_reqs
+        chunk = extra.get("prefill_chunk_tokens", ValidateConfig.prefill_chunk_tokens)
+        mc = replace(mc, n_reqs=dense_n_reqs(args.concurrency, K, chunk))
     vc = ValidateConfig(policies=pols, concurrency=args.concurrency, drift_threshold=args.drift_threshold,
                         drift_gate=_gate(args), window_s=args.drift_window,
-                        normalise=not args.no_drift, pair_cells=not args.no_pair_cells, acceptance=acc or
+                        normalise=not args.no_drift, pair_cells=not args.no_pair_cells,
+                        pair_baseline=args.pair_baseline, acceptance=acc or
                         "traces/sample_dspark_k7.csv", mtp1_acceptance=acc1 or "mtp1", K=args.block_size,
                         requests_per_user=args.requests_per_user, repeats=args.repeats, seed=args.seed, measure=mc, profile=args.profile,
                         runner=_runner(args, mc.executor), **extra)
@@ -322,6 +328,10 @@ def register(sub) -> None:
     v.add_argument("--no-pair-cells", action="store_true",
                    help="normalise real steps by the drift windows' reference cell only, instead of re-timing the "
                         "profile cell nearest each decode step right after it (paired cells; trace replay only)")
+    v.add_argument("--pair-baseline", choices=("fit", "cell"), default="fit",
+                   help="a paired cell's reference time: the profile's own price of its shape (fit), or its raw "
+                        "median when profiled (cell; a 5-step median scatters by several %% on a shared CPU) "
+                        "[%(default)s]")
     v.add_argument("--profile", default=None,
                    help="use this profile measured earlier by `dsparksim measure` for the same model/device "
                         "(default: measure it now, in this command)")

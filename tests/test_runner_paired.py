@@ -40,7 +40,8 @@ class FakeCells(PairedCells):
     """Stored cells timed on a fake machine: a cell's time now = its stored time x the machine's slowdown."""
 
     def __init__(self, rows, K=3):
-        super().__init__(None, None, None, {"dspark": {"K": K, "rows": rows}}, warmup=2, reps=3)
+        super().__init__(None, None, None, {"dspark": {"K": K, "rows": rows}}, warmup=2, reps=3,
+                         baseline="cell")
         self.slowdown = 1.0
         self.asked = []
 
@@ -74,17 +75,45 @@ def test_paired_factors_recover_an_injected_slowdown_step_by_step():
     shapes = [(1 + i % 8, i % 4, 30 + 2 * i) for i in range(60)]
     for i, (n, L, ctx) in enumerate(shapes):
         cells.slowdown = truth[i]
-        pf = [(0, 0, 0, 16)] if i % 10 == 5 else []    # prefill steps are not paired
-        pairs.after_step(i, _plan(n, L, ctx, pf))
-    assert len(pairs.idx) == 60 - 6 and all(i % 10 != 5 for i in pairs.idx)
+        pf = [(0, 0, 0, 16)] if i % 10 == 5 else []    # steps with a prefill chunk are paired by their decode part
+        pairs.after_step(i, _plan(0 if i % 10 == 7 else n, L, ctx, pf))   # prefill-only steps are not paired
+    assert len(pairs.idx) == 60 - 6 and all(i % 10 != 7 for i in pairs.idx) and 5 in pairs.idx
     f = pairs.factors(60)
     # exact away from the switch (the running median needs span paired steps on the new side)
     inside = np.r_[0:18, 23:38, 43:60]
     assert np.allclose(f[inside], truth[inside])
     # a step's time divided by its factor is the stored cell speed again: the slowdown is undone
     assert np.allclose((truth / f)[inside], 1.0)
-    # every step has a factor, unpaired prefill steps included, and decode steps of shapes not in the profile
+    # every step has a factor, unpaired prefill-only steps included, and decode steps of shapes not in the profile
     # (no cells for mtp1) are left unpaired
     other = RunPairs(cells, "mtp1")
     other.after_step(0, _plan(1, 1, 30))
     assert other.factors(3) is None and other.idx == []
+
+
+def test_fit_baseline_is_the_profiles_closed_form_price_of_the_cell_shape():
+    from dsparksim.errors import ConfigError
+    from dsparksim.profile import FORMAT, profile_from_dict
+    prof = profile_from_dict({
+        "format": FORMAT, "name": "t", "metadata": {"device": "-", "model": "-", "source": "-", "method": "-"},
+        "verify": {"M": [1, 16, 1000], "time_s": [1e-3, 3e-3, 9e-3]}, "fixed_overhead_s": 1e-4,
+        "attention": {"model": "kv_bandwidth", "seconds_per_kv_token": 1e-6},
+        "drafters": {"dspark": {"kind": "parallel", "tokens": [3, 12, 300], "time_s": [5e-4, 2e-3, 5e-3]}}})
+    rows = [[2, 32, 3, 7e-3, 36.0], [4, 32, 3, 1e-2, 40.0]]
+    cells = PairedCells(None, None, None, {"dspark": {"K": 3, "rows": rows}}, 2, 3, profile=prof)
+    # n=2, L=3: M = 2 x 4 = 8 -> floor to the M=1 step (1 ms) + 2 x 36 KV tokens x 1 us; drafter 2 x 3 = 6 tokens
+    # -> floor to 3 (0.5 ms); fixed overhead 0.1 ms
+    assert cells.fit_price(("dspark", 2, 32, 3)) == pytest.approx(1e-3 + 72e-6 + 5e-4 + 1e-4)
+    # n=4: M = 16 (3 ms) + 160 us; 12 drafter tokens (2 ms); 0.1 ms
+    assert cells.baseline(("dspark", 4, 32, 3)) == pytest.approx(3e-3 + 160e-6 + 2e-3 + 1e-4)
+    assert cells.cell_median(("dspark", 4, 32, 3)) == 1e-2
+    # a run paired with the fit baseline records what the raw cell median would have said
+    cells.time = lambda key: 2 * cells.fit_price(key)          # the machine runs at half the profile's speed
+    pairs = RunPairs(cells, "dspark", span=0)
+    pairs.after_step(0, _plan(4, 3, 40.0))
+    assert pairs.f == [pytest.approx(2.0)]
+    assert pairs.median_over_fit == [pytest.approx(1e-2 / (3e-3 + 160e-6 + 2e-3 + 1e-4))]
+    with pytest.raises(ConfigError, match="pair_baseline"):
+        PairedCells(None, None, None, {"dspark": {"K": 3, "rows": rows}}, 2, 3, profile=None)
+    with pytest.raises(ConfigError, match="pair_baseline"):
+        PairedCells(None, None, None, {"dspark": {"K": 3, "rows": rows}}, 2, 3, profile=prof, baseline="mean")

@@ -84,6 +84,14 @@ def test_reduced_validation_within_ten_percent(tmp_path):
     np.testing.assert_allclose(st[["r_verify", "r_context", "r_prefill", "r_per_request", "r_target_other",
                                    "r_drafter", "r_host_loop"]].sum(axis=1), st["r_total"], atol=1e-10)
     load_profile(str(out / "profile.json"))
+    # paired reference cells: the profile stores every cell's raw median (n_req x context x L, and mtp1's), and
+    # every real run of every cell had its decode steps paired with one of them
+    prof = json.loads((out / "profile.json").read_text())
+    cells = prof["metadata"]["cells"]
+    assert len(cells["dspark"]["rows"]) == 16 * 3 * 8 and len(cells["mtp1"]["rows"]) == 16 * 2
+    assert (df["paired_steps"] > 0).all(), df[["policy", "users", "paired_steps"]]
+    assert set(s["profile_fit_vs_cells"]) == {"dspark", "mtp1"}
+    assert "**Paired cells.**" in (out / "REPORT.md").read_text()
 
 
 def test_policies_that_cannot_run_for_real_are_refused_before_any_work(tmp_path, monkeypatch):
@@ -110,3 +118,16 @@ def test_policies_that_cannot_run_for_real_are_refused_before_any_work(tmp_path,
         validate(ValidateConfig(policies=("confidence",), runner=live), tmp_path / "v", progress=False,
                  log=lambda s: None)
     assert not (tmp_path / "v").exists()
+
+
+def test_validate_profiles_every_batch_size_it_will_run():
+    from dsparksim.errors import ConfigError
+    from dsparksim.runner.validate import dense_n_reqs
+    # every decode batch 1..32, then up to the largest step: 32 users x (1+7) + a 128-token chunk = 384 = 48 x 8
+    assert dense_n_reqs((1, 4, 16, 32), 7, 128) == tuple(range(1, 33)) + (40, 48)
+    assert dense_n_reqs((16, 1), 7, 128) == tuple(range(1, 17)) + (32,)
+    assert dense_n_reqs((3,), 5, 130) == (1, 2, 3, 25)        # ceil((18 + 130) / 6)
+    vc = ValidateConfig(measure=MeasureConfig(n_reqs=dense_n_reqs((1, 16), 7, 128)), concurrency=(1, 16))
+    assert max(vc.measure.n_reqs) == 32                      # accepted by the config's own M check
+    with pytest.raises(ConfigError, match="pair_baseline"):
+        ValidateConfig(pair_baseline="median")

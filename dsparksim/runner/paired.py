@@ -8,16 +8,29 @@ requests, the measured context nearest its mean context, the uniform verify leng
 same clock, a few milliseconds later. That cell's median time when the profile was measured is stored in the
 profile (``metadata.cells``), so
 
-    factor(step) = t(cell, now) / t(cell, when profiled)          (> 1: the machine is slower now)
+    factor(step) = t(cell, now) / base(cell)                     (> 1: the machine is slower now)
 
-brings the step to the speed at which the profile saw that very shape. The profile's *fit* is still under test:
-the step is priced by the fitted profile at its exact shape, while the factor uses the raw cell median. Measured
-here (2026-12-01, alternating 1,100 real steps with their matched cells): real steps and cells of the same shape
-timed back to back agree within 1% (step 0.99-1.01x; the host loop is 8-11% dearer in the real run, 0.1 ms).
+brings the step to the speed at which the profile describes that very shape. Two baselines (``baseline=``):
 
-A single step's time scatters by a few percent, so a step's factor is the median over its neighbouring paired
-steps (``span`` each side); a step with no pair (prefill, or a shape outside the profile's cells) takes the
-nearest paired step's factor.
+* ``"fit"`` (default): the profile's own price of the cell's shape (its fitted terms, as the simulator prices a
+  step). A 5-step cell median on this VM scatters far more than the fit over ~500 cells does (2026-12-02: cell
+  medians vs the fit |err| median 8.6%, one 16-request cell 40% off, and a longer context timed *faster* than a
+  shorter one), and that scatter would pass one to one into every step paired with that cell. What is then under
+  test is everything *relative* to the profile at the nearest measured shape: that a real step costs what an
+  isolated profiling step of that shape costs at the same moment, the model's interpolation from that shape to the
+  step's exact one (heterogeneous verify lengths and contexts, prefill chunks, floor lookups between breakpoints),
+  and the simulated engine's timeline; not the profile's absolute level at its own cells (reported apart).
+* ``"cell"``: the cell's raw median when the profile was measured (``metadata.cells``).
+
+Measured here (2026-12-01, alternating 1,100 real steps with their matched cells): real steps and cells of the
+same shape timed back to back agree within 1% (step 0.99-1.01x; the host loop is 8-11% dearer in the real run,
+0.1 ms).
+
+A single step's time scatters by a few percent (on 2026-12-02: real over its paired cell 0.8-1.45 step by step),
+so a step's factor is the median over its neighbouring paired steps (``span`` each side). A step with prefill
+chunks is paired with the cell of its decode part (its factor is the machine's speed at that moment; the prefill
+price stays under test); a step with no pair (prefill only, or a drafter without cells) takes the nearest paired
+step's factor.
 """
 from __future__ import annotations
 
@@ -26,6 +39,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
+
+BASELINES = ("fit", "cell")
 
 
 def cell_medians(recs: list[dict], K: int) -> dict[str, Any]:
@@ -46,9 +61,16 @@ class PairedCells:
     """The profile cells a real run is paired with (see module doc): ``tables[drafter]`` holds the stored cell
     medians; :meth:`time` steps a (cached) profiling engine of the matched cell once and returns its seconds."""
 
-    def __init__(self, target, proxy, ex, cells: dict[str, Any], warmup: int, reps: int) -> None:
+    def __init__(self, target, proxy, ex, cells: dict[str, Any], warmup: int, reps: int, profile=None,
+                 baseline: str = "fit") -> None:
+        if baseline not in BASELINES:
+            raise ConfigError("validate", "pair_baseline", f"expected one of {BASELINES}, got {baseline!r}")
+        if baseline == "fit" and profile is None:
+            raise ConfigError("validate", "pair_baseline", "'fit' needs the profile that prices the cells")
         self.target, self.proxy, self.ex = target, proxy, ex
         self.warmup, self.reps = warmup, reps
+        self.profile, self.baseline_kind = profile, baseline
+        self._price: dict[tuple, float] = {}
         self.tables: dict[str, dict[str, Any]] = {}
         for drafter, c in cells.items():
             rows = np.asarray(c["rows"], float).reshape(-1, 5)
@@ -59,13 +81,15 @@ class PairedCells:
         self.timed = 0
 
     @classmethod
-    def from_profile(cls, prof: dict[str, Any], target, proxy, ex) -> "PairedCells | None":
+    def from_profile(cls, prof: dict[str, Any], target, proxy, ex, baseline: str = "fit") -> "PairedCells | None":
         """From a measured profile dict (``metadata.cells``, written by `dsparksim measure`); None without them."""
+        from ..profile import profile_from_dict
         meta = prof.get("metadata", {})
         cells, grid = meta.get("cells"), meta.get("grid") or {}
         if not cells:
             return None
-        return cls(target, proxy, ex, cells, int(grid.get("warmup", 2)), int(grid.get("reps", 5)))
+        return cls(target, proxy, ex, cells, int(grid.get("warmup", 2)), int(grid.get("reps", 5)),
+                   profile=profile_from_dict(prof), baseline=baseline)
 
     def match(self, drafter: str, n: int, L: float, ctx: float) -> tuple | None:
         """(drafter, n, ctx, L) of the stored cell nearest a decode step of ``n`` requests with mean verify length
@@ -82,11 +106,33 @@ class PairedCells:
         r = sel[np.argmin(np.abs(sel[:, 4] - ctx))]
         return drafter, nn, int(r[1]), Li
 
-    def baseline(self, key: tuple) -> float:
-        """The cell's median step time when the profile was measured."""
+    def _row(self, key: tuple) -> np.ndarray:
         drafter, n, c, L = key
         rows = self.tables[drafter]["rows"]
-        return float(rows[(rows[:, 0] == n) & (rows[:, 1] == c) & (rows[:, 2] == L)][0, 3])
+        return rows[(rows[:, 0] == n) & (rows[:, 1] == c) & (rows[:, 2] == L)][0]
+
+    def cell_median(self, key: tuple) -> float:
+        """The cell's median step time when the profile was measured."""
+        return float(self._row(key)[3])
+
+    def fit_price(self, key: tuple) -> float:
+        """The profile's price of the cell's shape (n requests at verify length L, the cell's mean context), term by
+        term as :func:`~.residuals.model_terms` prices a logged step."""
+        p = self._price.get(key)
+        if p is None:
+            from .residuals import model_terms
+            drafter, n, _, L = key
+            ctx = float(self._row(key)[4])
+            steps = {"n_decode": np.array([n]), "M": np.array([n * (L + 1)]),
+                     "kv_read": np.array([int(round(n * ctx))]), "n_prefill_tokens": np.array([0]),
+                     "dec_qk": np.array([n * ((L + 1) * ctx + L * (L + 1) // 2)], float)}
+            p = self._price[key] = float(model_terms(steps, self.profile, self.tables[drafter]["K"],
+                                                     drafter).to_numpy().sum())
+        return p
+
+    def baseline(self, key: tuple) -> float:
+        """The cell's reference time: the profile's price of its shape (``baseline="fit"``) or its raw median."""
+        return self.fit_price(key) if self.baseline_kind == "fit" else self.cell_median(key)
 
     def time(self, key: tuple) -> float | None:
         """One step of the matched cell's profiling engine at verify length L (seconds on the executor's clock);
@@ -137,11 +183,15 @@ class RunPairs:
         self.cells, self.drafter, self.span = cells, drafter, span
         self.idx: list[int] = []
         self.f: list[float] = []
+        self.median_over_fit: list[float] = []   # the other baseline's view: raw cell median / fit price
+        self.log: list[tuple] = []               # (step, drafter, n, ctx, L, cell time now, baseline) per pair
 
     def after_step(self, i: int, plan) -> None:
         n = plan.n_decode
-        if n == 0 or plan.prefill:       # prefill steps have no decode-shaped cell; they take a neighbour's
+        if n == 0:                       # a prefill-only step has no decode cell; it takes a neighbour's factor
             return
+        # a step with prefill chunks is paired with the cell of its decode part: the factor is the machine's speed
+        # at that moment (its prefill part's price is what stays under test)
         key = self.cells.match(self.drafter, n, float(np.mean(plan.verify)), plan.kv_read / n)
         if key is None:
             return
@@ -150,6 +200,17 @@ class RunPairs:
             return
         self.idx.append(int(i))
         self.f.append(t / self.cells.baseline(key))
+        self.log.append((int(i), *key, t, self.cells.baseline(key)))
+        if self.cells.profile is not None:
+            self.median_over_fit.append(self.cells.cell_median(key) / self.cells.fit_price(key))
+
+    def table(self):
+        """The run's pairs as a DataFrame (``paired.csv``): step, cell (drafter, n_req, ctx, L), its time now, its
+        baseline and the raw factor."""
+        import pandas as pd
+        df = pd.DataFrame(self.log, columns=["step", "drafter", "n_req", "ctx", "L", "cell_s", "baseline_s"])
+        df["factor"] = df["cell_s"] / df["baseline_s"]
+        return df
 
     def factors(self, n_steps: int) -> np.ndarray | None:
         """(n_steps,) factor per step: the median over each paired step and its ``span`` paired neighbours each
@@ -173,3 +234,17 @@ def smooth_factors(idx: np.ndarray, f: np.ndarray, n_steps: int, span: int) -> n
     prev = np.clip(pos - 1, 0, m - 1)
     nearest = np.where(np.abs(idx[prev] - steps) <= np.abs(idx[pos] - steps), prev, pos)
     return sm[nearest]
+
+
+def fit_vs_cells(cells: PairedCells) -> dict[str, dict[str, float]]:
+    """The profile's fit at its own cells: per drafter, the fit's price of each stored cell over the cell's raw
+    median, minus 1 (median, median |.|, 95th percentile |.|): how far the profile's level is from its raw
+    measurements (noise of 5-step medians on a drifting machine, plus what the fit's form cannot follow)."""
+    out = {}
+    for drafter, tab in cells.tables.items():
+        e = np.array([cells.fit_price((drafter, int(n), int(c), int(L))) / t - 1.0
+                      for n, c, L, t, _ in tab["rows"]])
+        out[drafter] = {"cells": int(len(e)), "median_err": float(np.median(e)),
+                        "median_abs_err": float(np.median(np.abs(e))),
+                        "p95_abs_err": float(np.quantile(np.abs(e), 0.95))}
+    return out

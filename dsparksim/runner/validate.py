@@ -31,7 +31,7 @@ from .drift import (CALIBRATION_PROBES, DEFAULT_GATE, DEFAULT_THRESHOLD, DriftMo
 from .measure import REFERENCE_CELL, MeasureConfig, measure, reference_probe
 from .residuals import attribute, by_shape, by_term, step_residuals
 from .models import load_target
-from .paired import PairedCells, RunPairs
+from .paired import BASELINES, PairedCells, RunPairs, fit_vs_cells
 from .run import RunnerConfig, real_run
 
 POLICIES = ("mtp1", "fixed:7", "threshold:0.5", "goodput", "confidence", "confidence-async:2")
@@ -63,6 +63,7 @@ class ValidateConfig:
     normalise: bool = True       # False: real figures as measured (drift still timed and reported, nothing discarded)
     pair_cells: bool = True      # re-time the profile cell nearest each real decode step right after it (paired.py)
     pair_span: int = 4           # a step's paired factor: median over this many paired steps each side
+    pair_baseline: str = "fit"   # a paired cell's reference time: the profile's price of its shape, or "cell" median
     drift_profile_baseline: bool = True   # --profile: normalise to the profile's own reference timing if stored
     seed: int = 0
     profile: str | None = None   # an already measured profile (same model/device, checked); None = measure now
@@ -80,6 +81,8 @@ class ValidateConfig:
             raise ConfigError("validate", "window_s", f"must be > 0, got {self.window_s}")
         if not 0 <= self.max_unsteady_share <= 1:
             raise ConfigError("validate", "max_unsteady_share", f"must be in [0, 1], got {self.max_unsteady_share}")
+        if self.pair_baseline not in BASELINES:
+            raise ConfigError("validate", "pair_baseline", f"expected one of {BASELINES}, got {self.pair_baseline!r}")
         if self.pair_span < 0:
             raise ConfigError("validate", "pair_span", f"must be >= 0, got {self.pair_span}")
         if self.repeats < 1:
@@ -198,7 +201,7 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
             log("validate: paired reference cells need trace replay on the drafter proxy; live runs are "
                 "normalised by the drift windows")
         else:
-            cells = PairedCells.from_profile(prof, target, proxy, ex)
+            cells = PairedCells.from_profile(prof, target, proxy, ex, vc.pair_baseline)
             if cells is None:
                 log(f"validate: the profile {ppath} stores no cell timings (metadata.cells, written by `dsparksim "
                     "measure` since 2026-12-01): real runs are normalised by the drift windows, not paired cells")
@@ -219,12 +222,18 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
             sim = simulate(cfg)
             cell = out / "runs" / f"{pol.replace(':', '_')}-c{users}"
             write_run(real, cell / "real", steps=True)
+            for i, t in enumerate(tries):
+                if t.pairs is not None:
+                    t.pairs.table().to_csv(cell / "real" / f"paired_{i + 1}.csv", index=False, float_format="%.9g")
             write_run(sim, cell / "sim", steps=True)
             rs, ss = _warm(real, vc.warmup_frac), _warm(sim, vc.warmup_frac)
             rraw = _warm(tr.raw, vc.warmup_frac)
             row: dict[str, Any] = {"policy": pol, "users": users, "kept": kept, "speed_factor": factor,
                                    "drift": tr.max_drift, "unsteady_share": tr.unsteady_share, "windows": tr.windows,
                                    "paired_steps": tr.paired,
+                                   "paired_cell_over_fit": _mean_or_nan(
+                                       t.norm.summary["speed_normalised"].get("paired_cell_median_over_fit")
+                                       for t in tries),
                                    "ref_min_ms": 1e3 * tr.ref_min, "ref_max_ms": 1e3 * tr.ref_max,
                                    "real_repeats_throughput_raw": ";".join(
                                        f"{_warm(t.raw, vc.warmup_frac)['output_throughput_tok_s']:.1f}" for t in tries)}
@@ -263,6 +272,7 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
     summ["wall_s"] = round(time.time() - t0, 1)
     summ["drift"] = mon.summary()
     summ["profile_drift"] = prof["metadata"].get("drift")
+    summ["profile_fit_vs_cells"] = fit_vs_cells(cells) if cells is not None else None
     summ["target_term_scale_error"] = attribute(
         steps["r_target"].to_numpy(), {"verify": steps["m_verify"].to_numpy(), "context": steps["m_context"].to_numpy(),
                                        "prefill": steps["m_prefill_target"].to_numpy(),
@@ -291,6 +301,7 @@ class TimedRun:
     ref_max: float
     kept: bool
     paired: int = 0          # steps normalised by their own paired profile cell (0: by the drift windows)
+    pairs: RunPairs | None = None
 
 
 def timed_run(vc: ValidateConfig, cfg: RunConfig, mon: DriftMonitor, label: str, target, proxy,
@@ -322,12 +333,17 @@ def timed_run(vc: ValidateConfig, cfg: RunConfig, mon: DriftMonitor, label: str,
             "windows": len(win.marks) - 1, "unsteady_share": share, "factor": float(dt.sum() / res.steps["dt"].sum()),
             "reference_s": [[s_, t] for s_, t in win.marks], "baseline_s": mon.baseline,
             "normalised_by": "paired profile cells" if fp is not None else "drift windows",
-            "paired_steps": len(pairs.idx) if pairs is not None else 0})
+            "paired_steps": len(pairs.idx) if pairs is not None else 0,
+            "pair_baseline": vc.pair_baseline if fp is not None else None,
+            # > 1: the raw cell medians sat above the fit here, so a "cell" baseline would make the run faster
+            "paired_cell_median_over_fit": float(np.mean(pairs.median_over_fit))
+            if pairs is not None and pairs.median_over_fit else None})
         refs = [t for _, t in win.marks]
         adjacent = zip(refs[:-1], refs[1:])
         tr = TimedRun(raw, norm, norm.summary["speed_normalised"]["factor"], len(refs) - 1, share,
                       max((max(a, b) / min(a, b) - 1.0 for a, b in adjacent), default=0.0), min(refs), max(refs),
-                      share <= vc.max_unsteady_share, len(pairs.idx) if fp is not None else 0)
+                      share <= vc.max_unsteady_share, len(pairs.idx) if fp is not None else 0,
+                      pairs if fp is not None else None)
         if tr.kept:
             mon.kept += 1
             return tr
@@ -373,6 +389,20 @@ def combine_runs(tries: list[TimedRun], cfg: RunConfig) -> TimedRun:
                     float(np.mean([t.unsteady_share for t in tries])), max(t.max_drift for t in tries),
                     min(t.ref_min for t in tries), max(t.ref_max for t in tries), 2 * n_steady >= len(tries),
                     sum(t.paired for t in tries))
+
+
+def dense_n_reqs(concurrency, K: int, prefill_chunk_tokens: int) -> tuple[int, ...]:
+    """validate's own profile grid: every decode batch size 1..max(concurrency) (the profile is a floor lookup, so
+    a batch between two measured sizes is priced at the smaller one: 7% under at n=15 between 14 and 16 on this
+    CPU), then sparser sizes up to the largest step M (every user verifying K plus a prefill chunk)."""
+    c = max(concurrency)
+    top = -(-(c * (1 + K) + prefill_chunk_tokens) // (1 + K))
+    return tuple(range(1, c + 1)) + tuple(x for x in (40, 48, 56, 64, 80, 96, 128) if c < x < top) + (top,)
+
+
+def _mean_or_nan(xs) -> float:
+    xs = [x for x in xs if x is not None]
+    return float(np.mean(xs)) if xs else float("nan")
 
 
 def error_summary(df: pd.DataFrame) -> dict[str, Any]:
@@ -474,15 +504,28 @@ def write_report(df: pd.DataFrame, summ: dict, vc: ValidateConfig, path: Path, p
         lines += ["", f"**Paired cells.** {int(df['paired_steps'].sum())} decode steps were each followed by one step "
                   "of the profile cell nearest their shape (same drafter; nearest measured n_req, context and "
                   "uniform verify length), timed on the same clock; a step's factor is that cell's time now over "
-                  "its median when the profile was measured (`metadata.cells`), the median over "
-                  f"{2 * vc.pair_span + 1} neighbouring paired steps, and these factors (not the windows') "
-                  "normalise the run; steps with no pair (prefill) take the nearest paired step's. The windows "
-                  "above still gate the runs and decide which are steady."]
+                  + ("the profile's own price of the cell's shape (`--pair-baseline fit`: the comparison is then "
+                     "relative to the profile at the nearest measured shape; the profile's absolute level at its "
+                     "own cells is stated below)" if vc.pair_baseline == "fit" else
+                     "its median when the profile was measured (`metadata.cells`, `--pair-baseline cell`)")
+                  + f", the median over {2 * vc.pair_span + 1} neighbouring paired steps, and these factors (not the "
+                  "windows') normalise the run; steps with no pair (prefill) take the nearest paired step's. The "
+                  "windows above still gate the runs and decide which are steady."]
+        cof = df["paired_cell_over_fit"].dropna() if "paired_cell_over_fit" in df else pd.Series(dtype=float)
+        if len(cof):
+            lines.append(f"Raw cell medians over the fit's price, averaged over each cell's paired steps: "
+                         f"{cof.min():.3f}..{cof.max():.3f} (median {cof.median():.3f}); with the other baseline "
+                         "each real figure would move by about that ratio.")
     pdr = summ.get("profile_drift")
     if pdr:
         lines.append(f"Profile measurement: drift {100 * pdr['drift_over_command']:.1f}% over "
                      f"{len(pdr['reference_s'])} reference timings, {pdr['kept']} cell(s) kept, {pdr['discarded']} "
                      "discarded and re-measured.")
+    fvc = summ.get("profile_fit_vs_cells")
+    if fvc:
+        lines.append("Profile fit at its own cells (fit price / raw cell median - 1): " + "; ".join(
+            f"{d}: median {100 * v['median_err']:+.1f}%, median |.| {100 * v['median_abs_err']:.1f}%, p95 |.| "
+            f"{100 * v['p95_abs_err']:.1f}% over {v['cells']} cells" for d, v in fvc.items()) + ".")
     lines += ["", "## Where the bias lives: per-step residuals (model - measured)", "",
               "Every real step priced by the profile at its exact shape (`step_residuals.csv`, per cell "
               "`runs/*/real/residuals.csv`). By cost term over all steps (% of all measured step time; the terms "
