@@ -17,7 +17,7 @@ from dsparksim.runner.validate import ValidateConfig, validate  # noqa: E402
 # attempt is retried (up to 5 attempts) with a freshly measured profile; all attempts' figures are in the assertion
 # message. With DSPARKSIM_TIMING=1 the measurement is gated to the fast state (the command waits for it); in CI
 # (no timing claim) the gate is off so the test time stays bounded on a loaded runner.
-GATE = 0.08
+GATE = 0.07   # 2026-12-02, paired cells: 10 consecutive runs passed on their first attempt (max 5.4% / 6.1%)
 ATTEMPTS = 5
 
 
@@ -41,7 +41,7 @@ def _attempt(path):
 TIMING = os.environ.get("DSPARKSIM_TIMING") == "1"
 
 
-def test_reduced_validation_within_ten_percent(tmp_path):
+def test_reduced_validation_within_the_gate(tmp_path):
     seen = []
     for i in range(ATTEMPTS if TIMING else 1):
         out = tmp_path / f"attempt{i}"
