@@ -62,6 +62,9 @@ def test_reduced_validation_within_the_gate(tmp_path):
     s = json.loads((out / "summary.json").read_text())["summary"]
     kept = df[df["kept"]] if df["kept"].any() else df
     assert np.isclose(s["median_abs_rel_err_throughput"], kept["throughput_rel_err"].abs().median())
+    assert np.isclose(s["median_abs_rel_err_throughput_all_cells"], df["throughput_rel_err"].abs().median())
+    assert np.isclose(s["p95_abs_rel_err_tps_user_median_all_cells"],
+                      df["tps_user_median_rel_err"].abs().quantile(0.95))
     # drift: 6 cells x 2 repeats, one attempt each, every one counted kept or discarded; each real run has its
     # in-run reference timings (a checkpoint before the first step and one after the last at least)
     d = s["drift"]
