@@ -175,7 +175,7 @@ class PairedCells:
 
 class RunPairs:
     """One real run's paired timings: :meth:`after_step` (the real engine's hook, off the measured clock) times
-    the matched cell after every decode-only step; :meth:`factors` gives every step its smoothed factor."""
+    the matched cell after every step with decoding requests; :meth:`factors` gives every step its smoothed factor."""
 
     def __init__(self, cells: PairedCells, drafter: str, span: int = 4) -> None:
         if span < 0:
