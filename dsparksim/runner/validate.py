@@ -393,8 +393,8 @@ def combine_runs(tries: list[TimedRun], cfg: RunConfig) -> TimedRun:
 
 def dense_n_reqs(concurrency, K: int, prefill_chunk_tokens: int) -> tuple[int, ...]:
     """validate's own profile grid: every decode batch size 1..max(concurrency) (the profile is a floor lookup, so
-    a batch between two measured sizes is priced at the smaller one: 7% under at n=15 between 14 and 16 on this
-    CPU), then sparser sizes up to the largest step M (every user verifying K plus a prefill chunk)."""
+    a batch between two measured sizes is priced at the smaller one: the drafter was 20% under at 13-15 requests
+    between 12 and 16 on this CPU), then sparser sizes up to the largest step M (every user verifying K plus a prefill chunk)."""
     c = max(concurrency)
     top = -(-(c * (1 + K) + prefill_chunk_tokens) // (1 + K))
     return tuple(range(1, c + 1)) + tuple(x for x in (40, 48, 56, 64, 80, 96, 128) if c < x < top) + (top,)
@@ -512,7 +512,7 @@ def write_report(df: pd.DataFrame, summ: dict, vc: ValidateConfig, path: Path, p
               f"{d['kept']} run(s) kept, {d['discarded']} discarded"
               + (f" ({', '.join(d['discarded_labels'])})" if d["discarded"] else "") + "."]
     if "paired_steps" in df and df["paired_steps"].sum() > 0:
-        lines += ["", f"**Paired cells.** {int(df['paired_steps'].sum())} decode steps were each followed by one step "
+        lines += ["", f"**Paired cells.** {int(df['paired_steps'].sum())} steps with decoding requests were each followed by one step "
                   "of the profile cell nearest their shape (same drafter; nearest measured n_req, context and "
                   "uniform verify length), timed on the same clock; a step's factor is that cell's time now over "
                   + ("the profile's own price of the cell's shape (`--pair-baseline fit`: the comparison is then "
@@ -520,13 +520,14 @@ def write_report(df: pd.DataFrame, summ: dict, vc: ValidateConfig, path: Path, p
                      "own cells is stated below)" if vc.pair_baseline == "fit" else
                      "its median when the profile was measured (`metadata.cells`, `--pair-baseline cell`)")
                   + f", the median over {2 * vc.pair_span + 1} neighbouring paired steps, and these factors (not the "
-                  "windows') normalise the run; steps with no pair (prefill) take the nearest paired step's. The "
+                  "windows') normalise the run (a step with prefill chunks is paired by its decode part; a prefill-only step takes "
+                  "the nearest paired step's factor). The "
                   "windows above still gate the runs and decide which are steady."]
         cof = df["paired_cell_over_fit"].dropna() if "paired_cell_over_fit" in df else pd.Series(dtype=float)
         if len(cof):
             lines.append(f"Raw cell medians over the fit's price, averaged over each cell's paired steps: "
                          f"{cof.min():.3f}..{cof.max():.3f} (median {cof.median():.3f}); with the other baseline "
-                         "each real figure would move by about that ratio.")
+                         "each normalised real step time would be multiplied by about that ratio.")
     pdr = summ.get("profile_drift")
     if pdr:
         lines.append(f"Profile measurement: drift {100 * pdr['drift_over_command']:.1f}% over "
