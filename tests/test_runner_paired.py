@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from dsparksim.runner.paired import PairedCells, RunPairs, cell_medians, smooth_factors
+from dsparksim.runner.paired import PairedCells, RunPairs, smooth_factors
 
 
 def test_smooth_factors_carries_the_running_median_to_every_step():
@@ -29,6 +29,8 @@ def test_smooth_factors_carries_the_running_median_to_every_step():
 
 
 def test_cell_medians_are_the_per_cell_medians_and_mean_contexts():
+    pytest.importorskip("torch")
+    from dsparksim.runner.measure import cell_medians
     recs = [{"n": 2, "ctx": 32, "L": 1, "t_step": t, "kv": kv} for t, kv in ((3.0, 64), (1.0, 66), (2.0, 68))]
     recs += [{"n": 1, "ctx": 32, "L": 0, "t_step": 5.0, "kv": 40}]
     c = cell_medians(recs, 3)

@@ -52,7 +52,6 @@ from .drift import CALIBRATION_PROBES, DEFAULT_GATE, DEFAULT_THRESHOLD, Bracket,
 from .engine import RealStepper, connect
 from .executor import Executor, ExecutorConfig, build_models, torch_dtype
 from .models import device_key, kv_capacity_tokens, load_target, model_key
-from .paired import cell_medians
 
 
 @dataclass
@@ -401,6 +400,17 @@ def cell_table(r: dict[str, np.ndarray], time_key: str) -> dict[str, np.ndarray]
     if "qk" in r:
         out["qk"] = np.array([np.mean(r["qk"][inv == i]) for i in cells])
     return out
+
+
+def cell_medians(recs: list[dict], K: int) -> dict[str, Any]:
+    """The profile's raw cell timings for ``metadata.cells`` (validate's paired cells, :mod:`.paired`): one row
+    [n, ctx, L, median t_step (s), mean context per request] per measured cell (times as the fit saw them: at the
+    baseline speed)."""
+    if not recs:
+        return {"K": K, "rows": []}
+    c = cell_table({k: np.array([x[k] for x in recs], float) for k in ("n", "L", "ctx", "t_step", "kv")}, "t_step")
+    return {"K": K, "rows": [[int(n), int(ctx), int(L), float(t), float(kv / n)]
+                             for (n, L, ctx), t, kv in zip(c["key"], c["t"], c["kv"])]}
 
 
 def decompose_target(r: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, float | None,

@@ -43,20 +43,6 @@ from ..errors import ConfigError
 BASELINES = ("fit", "cell")
 
 
-def cell_medians(recs: list[dict], K: int) -> dict[str, Any]:
-    """The profile's raw cell timings for ``metadata.cells``: one row [n, ctx, L, median t_step (s), mean context
-    per request] per measured (n, ctx, L) cell (times as the profile's fit saw them: at the baseline speed)."""
-    if not recs:
-        return {"K": K, "rows": []}
-    keys = sorted({(r["n"], r["ctx"], r["L"]) for r in recs})
-    by: dict[tuple, list] = {k: [] for k in keys}
-    for r in recs:
-        by[(r["n"], r["ctx"], r["L"])].append(r)
-    rows = [[int(n), int(c), int(L), float(np.median([r["t_step"] for r in by[(n, c, L)]])),
-             float(np.mean([r["kv"] / n for r in by[(n, c, L)]]))] for n, c, L in keys]
-    return {"K": K, "rows": rows}
-
-
 class PairedCells:
     """The profile cells a real run is paired with (see module doc): ``tables[drafter]`` holds the stored cell
     medians; :meth:`time` steps a (cached) profiling engine of the matched cell once and returns its seconds."""
@@ -70,15 +56,15 @@ class PairedCells:
         self.target, self.proxy, self.ex = target, proxy, ex
         self.warmup, self.reps = warmup, reps
         self.profile, self.baseline_kind = profile, baseline
-        self._price: dict[tuple, float] = {}
         self.tables: dict[str, dict[str, Any]] = {}
         for drafter, c in cells.items():
             rows = np.asarray(c["rows"], float).reshape(-1, 5)
             if len(rows) == 0:
                 continue
-            self.tables[drafter] = {"K": int(c["K"]), "rows": rows, "n": np.unique(rows[:, 0]).astype(int)}
+            K = int(c["K"])
+            self.tables[drafter] = {"K": K, "rows": rows, "n": np.unique(rows[:, 0]).astype(int),
+                                    "price": None if profile is None else _fit_prices(profile, rows, K, drafter)}
         self._engines: dict[tuple, list] = {}
-        self.timed = 0
 
     @classmethod
     def from_profile(cls, prof: dict[str, Any], target, proxy, ex, baseline: str = "fit") -> "PairedCells | None":
@@ -106,29 +92,19 @@ class PairedCells:
         r = sel[np.argmin(np.abs(sel[:, 4] - ctx))]
         return drafter, nn, int(r[1]), Li
 
-    def _row(self, key: tuple) -> np.ndarray:
+    def _index(self, key: tuple) -> int:
         drafter, n, c, L = key
         rows = self.tables[drafter]["rows"]
-        return rows[(rows[:, 0] == n) & (rows[:, 1] == c) & (rows[:, 2] == L)][0]
+        return int(np.flatnonzero((rows[:, 0] == n) & (rows[:, 1] == c) & (rows[:, 2] == L))[0])
 
     def cell_median(self, key: tuple) -> float:
         """The cell's median step time when the profile was measured."""
-        return float(self._row(key)[3])
+        return float(self.tables[key[0]]["rows"][self._index(key), 3])
 
     def fit_price(self, key: tuple) -> float:
         """The profile's price of the cell's shape (n requests at verify length L, the cell's mean context), term by
         term as :func:`~.residuals.model_terms` prices a logged step."""
-        p = self._price.get(key)
-        if p is None:
-            from .residuals import model_terms
-            drafter, n, _, L = key
-            ctx = float(self._row(key)[4])
-            steps = {"n_decode": np.array([n]), "M": np.array([n * (L + 1)]),
-                     "kv_read": np.array([int(round(n * ctx))]), "n_prefill_tokens": np.array([0]),
-                     "dec_qk": np.array([n * ((L + 1) * ctx + L * (L + 1) // 2)], float)}
-            p = self._price[key] = float(model_terms(steps, self.profile, self.tables[drafter]["K"],
-                                                     drafter).to_numpy().sum())
-        return p
+        return float(self.tables[key[0]]["price"][self._index(key)])
 
     def baseline(self, key: tuple) -> float:
         """The cell's reference time: the profile's price of its shape (``baseline="fit"``) or its raw median."""
@@ -169,8 +145,17 @@ class PairedCells:
             del self._engines[ek]
         if e[3] <= 2:                          # a fresh engine's first steps pay one-off allocation costs
             return None
-        self.timed += 1
         return float(out.duration_s)
+
+
+def _fit_prices(profile, rows: np.ndarray, K: int, drafter: str) -> np.ndarray:
+    """(len(rows),) the profile's price of each stored cell's shape: n requests at verify length L reading the
+    cell's mean context each (the query-key count as the engine logs it for decoding rows)."""
+    from .residuals import model_terms
+    n, L, ctx = rows[:, 0].astype(np.int64), rows[:, 2].astype(np.int64), rows[:, 4]
+    steps = {"n_decode": n, "M": n * (L + 1), "kv_read": np.rint(n * ctx).astype(np.int64),
+             "n_prefill_tokens": np.zeros(len(n), np.int64), "dec_qk": n * ((L + 1) * ctx + L * (L + 1) // 2)}
+    return model_terms(steps, profile, K, drafter).to_numpy().sum(axis=1)
 
 
 class RunPairs:
@@ -181,9 +166,6 @@ class RunPairs:
         if span < 0:
             raise ConfigError("validate", "pair_span", f"must be >= 0, got {span}")
         self.cells, self.drafter, self.span = cells, drafter, span
-        self.idx: list[int] = []
-        self.f: list[float] = []
-        self.median_over_fit: list[float] = []   # the other baseline's view: raw cell median / fit price
         self.log: list[tuple] = []               # (step, drafter, n, ctx, L, cell time now, baseline) per pair
 
     def after_step(self, i: int, plan) -> None:
@@ -198,11 +180,25 @@ class RunPairs:
         t = self.cells.time(key)
         if t is None:
             return
-        self.idx.append(int(i))
-        self.f.append(t / self.cells.baseline(key))
         self.log.append((int(i), *key, t, self.cells.baseline(key)))
-        if self.cells.profile is not None:
-            self.median_over_fit.append(self.cells.cell_median(key) / self.cells.fit_price(key))
+
+    @property
+    def idx(self) -> list[int]:
+        """The paired steps' indices."""
+        return [r[0] for r in self.log]
+
+    @property
+    def f(self) -> list[float]:
+        """Each paired step's raw factor: the cell's time now over its baseline."""
+        return [r[5] / r[6] for r in self.log]
+
+    @property
+    def median_over_fit(self) -> list[float]:
+        """The other baseline's view, per pair: the cell's raw median over the fit's price (empty without a
+        profile)."""
+        if self.cells.profile is None:
+            return []
+        return [self.cells.cell_median(r[1:5]) / self.cells.fit_price(r[1:5]) for r in self.log]
 
     def table(self):
         """The run's pairs as a DataFrame (``paired.csv``): step, cell (drafter, n_req, ctx, L), its time now, its
@@ -242,8 +238,7 @@ def fit_vs_cells(cells: PairedCells) -> dict[str, dict[str, float]]:
     measurements (noise of 5-step medians on a drifting machine, plus what the fit's form cannot follow)."""
     out = {}
     for drafter, tab in cells.tables.items():
-        e = np.array([cells.fit_price((drafter, int(n), int(c), int(L))) / t - 1.0
-                      for n, c, L, t, _ in tab["rows"]])
+        e = tab["price"] / tab["rows"][:, 3] - 1.0
         out[drafter] = {"cells": int(len(e)), "median_err": float(np.median(e)),
                         "median_abs_err": float(np.median(np.abs(e))),
                         "p95_abs_err": float(np.quantile(np.abs(e), 0.95))}
