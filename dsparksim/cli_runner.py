@@ -64,6 +64,10 @@ def _measure_args(p: argparse.ArgumentParser) -> None:
     add_draft_len(g)
     g.add_argument("--n-req", type=_ints, default=None, help="numbers of requests, comma-separated (must include 1)")
     g.add_argument("--contexts", type=_ints, default=None, help="context lengths in tokens, comma-separated")
+    g.add_argument("--anchor-context", type=int, default=32,
+                   help="also measure the cells at this short context when every --contexts value is longer, so the "
+                        "verify staircase (the forward's cost without context, which prefill chunks and short "
+                        "requests pay) is measured, not extrapolated from long contexts; 0 = off [%(default)s]")
     g.add_argument("--warmup", type=int, default=2, help="discarded steps per cell [%(default)s]")
     g.add_argument("--reps", type=int, default=5,
                    help="timed rounds per cell (every verify length once per round, mean) [%(default)s]")
@@ -130,7 +134,7 @@ def _mc(args):
     from dsparksim.runner.measure import MeasureConfig
     kw = {"model": _live_model(args), "executor": _executor(args), "K": args.block_size, "warmup": args.warmup,
           "reps": args.reps, "min_growth": args.min_growth, "drift": not args.no_drift,
-          "drift_threshold": args.drift_threshold, "drift_gate": _gate(args)}
+          "drift_threshold": args.drift_threshold, "drift_gate": _gate(args), "anchor_context": args.anchor_context}
     if args.drift_attempts is not None:
         kw["drift_attempts"] = args.drift_attempts
     if getattr(args, "live", False):
@@ -325,7 +329,7 @@ def register(sub) -> None:
                    help="closed-loop requests per user (at least 16 per cell) [%(default)s]")
     v.add_argument("--prompt-tokens", type=_pair, default=None,
                    help="prompt length range LO,HI in tokens, drawn uniformly (e.g. 768,1280 for ~1k contexts, "
-                        "3584,4608 for ~4k; measure --contexts around them) [16,64]")
+                        "3584,4608 for ~4k; measure --contexts around them, a short anchor context is added) [16,64]")
     v.add_argument("--output-tokens", type=_pair, default=None, help="output length range LO,HI [32,96]")
     v.add_argument("--prefill-chunk", type=int, default=None, help="prefill chunk tokens per step [128]")
     v.add_argument("--repeats", type=int, default=5,

@@ -269,3 +269,58 @@ def test_drafter_context_negative_or_absent_slope_writes_no_term():
     one = fit_profile(_drafter_recs(2e-7, ctxs=(50,)), [], MeasureConfig(K=3, n_reqs=(1, 2, 4), contexts=(50,)))
     assert "seconds_per_kv_token" not in one["drafters"]["dspark"]
     assert one["_fit"]["drafter_context"]["seconds_per_kv_token"] is None
+
+
+def test_anchor_context_is_added_only_when_every_context_is_long():
+    assert MeasureConfig(contexts=(512, 1024, 1536)).grid_contexts == (32, 512, 1024, 1536)
+    assert MeasureConfig(contexts=(32, 96, 160)).grid_contexts == (32, 96, 160)      # the default grid: unchanged
+    assert MeasureConfig(contexts=(16, 48)).grid_contexts == (16, 48)
+    assert MeasureConfig(contexts=(512,), anchor_context=0).grid_contexts == (512,)  # off
+    assert MeasureConfig(contexts=(512,), anchor_context=64).grid_contexts == (64, 512)
+    with pytest.raises(Exception, match="anchor_context"):
+        MeasureConfig(anchor_context=-1)
+
+
+def test_anchor_context_pins_the_verify_staircase_that_long_contexts_only_extrapolate():
+    """The c1k grid's shape: n = 1..8 then 24 (validate's dense grid to the largest step), so every M > 64 is
+    only measured by 24-request cells. Their attention costs more per KV token once the batch reads > 8k tokens (a
+    cache effect the linear kv term cannot express); with long contexts only, V0(M > 64) absorbs it (the measured
+    c1k profile's staircase jumped 6.2 -> 11.0 ms between M=64 and 72). The anchor context measures those M at
+    ~800 KV tokens, where the effect is absent."""
+    def records(ctxs, ns=(1, 2, 3, 4, 5, 6, 7, 8, 24), K=7):
+        recs = []
+        for c in ctxs:
+            for n in ns:
+                for L in range(K + 1):
+                    M, kv = n * (1 + L), n * c
+                    recs.append({"n": n, "L": L, "ctx": c, "M": M, "kv": kv,
+                                 "t_target": 1e-3 + 2e-5 * M + 5e-7 * kv + 1e-6 * max(0, kv - 8000)})
+        return {k: np.array([x[k] for x in recs], float) for k in recs[0]}
+
+    mc = MeasureConfig(contexts=(512, 1024, 1536))
+    errs = {}
+    for ctxs in (mc.contexts, mc.grid_contexts):
+        M, V, *_ = decompose_target(records(ctxs))
+        errs[ctxs] = np.abs(V / (1e-3 + 2e-5 * M) - 1)[M > 64].max()
+    assert errs[mc.contexts] > 1.0                 # long contexts only: V0 more than 2x the truth somewhere
+    assert errs[mc.grid_contexts] < 0.15           # anchored: within 15% at every M > 64
+
+
+def test_mtp1_gets_its_own_context_slope_from_cells_at_every_context():
+    mc = MeasureConfig(K=3, n_reqs=(1, 2, 4), contexts=(10, 50, 200))
+    mtp = []
+    for c in (10, 50, 200):
+        for n in (1, 2, 4):
+            for L in (0, 1):
+                kv = n * c
+                mtp.append({"n": n, "L": L, "ctx": c, "M": n * (1 + L), "kv": kv, "t_step": 1e-3, "t_target": 1e-3,
+                            "t_draft": 2e-4 + 5e-5 * n + 3e-7 * kv, "t_host": 1e-4})
+    prof = fit_profile(_drafter_recs(2e-7), mtp, mc)
+    d = prof["drafters"]["mtp1"]
+    assert d["seconds_per_kv_token"] == pytest.approx(3e-7, rel=1e-6)
+    np.testing.assert_allclose(d["time_s"], [2e-4 + 5e-5 * n for n in (1, 2, 4)], rtol=1e-6)
+    assert prof["_fit"]["mtp1_context"]["seconds_per_kv_token"] == pytest.approx(3e-7, rel=1e-6)
+    # one context: the plain medians, no term (as before)
+    one = fit_profile(_drafter_recs(2e-7), [x for x in mtp if x["ctx"] == 50], mc)
+    assert "seconds_per_kv_token" not in one["drafters"]["mtp1"]
+    np.testing.assert_allclose(one["drafters"]["mtp1"]["time_s"], [2e-4 + 5e-5 * n + 3e-7 * 50 * n for n in (1, 2, 4)])

@@ -91,7 +91,7 @@ def test_reduced_validation_within_the_gate(tmp_path):
     # every real run of every cell had its decode steps paired with one of them
     prof = json.loads((out / "profile.json").read_text())
     cells = prof["metadata"]["cells"]
-    assert len(cells["dspark"]["rows"]) == 16 * 3 * 8 and len(cells["mtp1"]["rows"]) == 16 * 2
+    assert len(cells["dspark"]["rows"]) == 16 * 3 * 8 and len(cells["mtp1"]["rows"]) == 16 * 3 * 2
     assert (df["paired_steps"] > 0).all(), df[["policy", "users", "paired_steps"]]
     assert set(s["profile_fit_vs_cells"]) == {"dspark", "mtp1"}
     assert "**Paired cells.**" in (out / "REPORT.md").read_text()

@@ -21,7 +21,10 @@ Separation (as TensorRT-LLM's DSpark profiler does, the floor from the verify te
   (:func:`fit_drafter_context`) gives ``drafters.<name>.seconds_per_kv_token`` (its attention over the context),
   written when > 0; the drafter table is then D(n), the time at no context. A negative slope is clipped to 0
   (no term) with a logged note.
-* mtp1: a K=1 sweep over n gives its one-forward cost (kind "mtp"; one context, so no context term).
+* mtp1: a K=1 sweep over n and the same contexts gives its one-forward cost (kind "mtp"), with its own
+  context term fitted as the block drafter's.
+* anchor context: unless a measured context is at most ``anchor_context`` (32) tokens, the cells are also
+  measured there (:attr:`MeasureConfig.grid_contexts`), so V0(M) is measured at (almost) no context.
 
 A result whose verify term does not grow with M (ratio of the largest to the smallest M's time < min_growth) is
 refused as flat, and any non-positive or non-finite median as inert: neither is ever written. An out-of-memory
@@ -118,6 +121,9 @@ class RejectAll(AcceptanceModel):
         return Block(conf=conf, accepted=np.zeros(n, np.int64))
 
 
+ANCHOR_CONTEXT = 32    # tokens: the short context the cells are also measured at (MeasureConfig.grid_contexts)
+
+
 @dataclass(frozen=True)
 class MeasureConfig:
     model: str = "tiny"
@@ -137,6 +143,7 @@ class MeasureConfig:
     drift_threshold: float = DEFAULT_THRESHOLD   # a cell whose bracketing reference moved more is re-measured
     drift_attempts: int = 3          # measurements of one cell while the machine drifts past the threshold
     drift_gate: float | None = DEFAULT_GATE   # cells start and end in the machine's fast state (drift.py); None: off
+    anchor_context: int = ANCHOR_CONTEXT   # also measured when every context is longer (0: off); see grid_contexts
 
     def __post_init__(self) -> None:
         if self.K < 1:
@@ -152,6 +159,18 @@ class MeasureConfig:
                               f"got {self.drift_threshold}/{self.drift_attempts}")
         if self.warmup < 1 or self.reps < 3:
             raise ConfigError("measure", "warmup/reps", f"need warmup >= 1 and reps >= 3, got {self.warmup}/{self.reps}")
+        if self.anchor_context < 0:
+            raise ConfigError("measure", "anchor_context", f"expected >= 0 (0: off), got {self.anchor_context}")
+
+    @property
+    def grid_contexts(self) -> tuple[int, ...]:
+        """The contexts the cells are measured at: ``contexts`` plus ``anchor_context`` when every context is
+        longer. V0(M) is the forward's cost with no context, which prefill chunks (from the first one of every
+        prompt) and short requests pay; fitted from long contexts only it is an extrapolation to kv = 0, and on
+        this CPU it came out 1.5-2x too high at M >= 72 (2026-12-02, contexts 512-1536: the dense part absorbed
+        the 24-request cells' 12k-37k KV tokens; prefill-only steps were priced +41%, validation -7% pessimistic)."""
+        a = self.anchor_context
+        return (a,) + tuple(self.contexts) if a and min(self.contexts) > a else tuple(self.contexts)
 
 
 _DUMMY = {"format": FORMAT, "name": "profiling-placeholder",
@@ -566,11 +585,13 @@ def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig) -> di
         drafters[mc.block_drafter]["seconds_per_kv_token"] = s_draft
     if mtp_recs:
         m = {k: np.array([x[k] for x in mtp_recs], dtype=float) for k in mtp_recs[0]}
-        mn, mD = _median_by(m["n"].astype(int), m["t_draft"])
+        mn, mD, s_mtp, mtp_note = fit_drafter_context(m)
         drafters["mtp1"] = {"kind": "mtp", "tokens": [int(x) for x in mn], "time_s": [float(x) for x in mD],
                             "note": "measured: " + (f"the trained mtp1 drafter from {mc.live_models}"
                                                     if mc.live_models is not None else
                                                     "drafter proxy, one forward over n tokens")}
+        if s_mtp:
+            drafters["mtp1"]["seconds_per_kv_token"] = s_mtp
     prof: dict[str, Any] = {
         "format": FORMAT,
         "verify": {"M": [int(x) for x in M], "time_s": [float(x) for x in V]},
@@ -582,13 +603,15 @@ def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig) -> di
         prof["attention"] = {"model": "kv_bandwidth", "seconds_per_kv_token": s,
                              "note": "fitted: non-negative least squares of target-forward time on V0(M) + B(n) + "
                                      "s*kv_tokens" + (" + q*query_key_pairs" if q is not None else "")
-                                     + f" over cells at contexts {list(mc.contexts)}"}
+                                     + f" over cells at contexts {sorted({int(c) for c in r['ctx']})}"}
         if q:                        # written only when > 0 (absent = 0)
             prof["attention"]["seconds_per_query_kv"] = q
     _, H_raw = _median_by(r["n"].astype(int), r["t_host"])
     prof["_fit"] = {"verify_growth": growth, "seconds_per_kv_token": s, "seconds_per_query_kv": q,
                     "drafter_per_request": per_request_cost(ns, D),
-                    "drafter_context": {"seconds_per_kv_token": s_draft, "note": draft_note}, "host_per_request": per_request_cost(ns, H_raw),
+                    "drafter_context": {"seconds_per_kv_token": s_draft, "note": draft_note},
+                    "mtp1_context": ({"seconds_per_kv_token": s_mtp, "note": mtp_note} if mtp_recs else None),
+                    "host_per_request": per_request_cost(ns, H_raw),
                     "context_shape": context_shape(r, M, V, ns, Bn, q) if s is not None else None,
                     "target_per_request_s_by_n": [float(x) for x in Bn], "floor_s_by_n": [float(x) for x in H]}
     return prof
@@ -601,7 +624,11 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
     mcfg, tmodel, ck = load_target(mc.model, ex.device, ex.dtype)
     if target is None or proxy is None:
         target, proxy = build_models(mcfg, ex, tmodel)
-    cells = [(c, n) for c in mc.contexts for n in mc.n_reqs]
+    contexts = mc.grid_contexts
+    if contexts != tuple(mc.contexts):
+        log(f"measure: also measuring context {contexts[0]} (anchor: the verify staircase V0(M) is the forward's cost "
+            "without context, which prefill chunks and short requests pay; measured, not extrapolated to it)")
+    cells = [(c, n) for c in contexts for n in mc.n_reqs]
     # Shuffled (fixed seed) so a drift in background load does not line up with the n or context axis.
     cells = [cells[i] for i in np.random.default_rng(ex.seed).permutation(len(cells))]
     bits = torch_dtype(ex.dtype).itemsize * 8
@@ -613,7 +640,7 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
     t_start = time.time()
     try:
         from tqdm import tqdm
-        bar = tqdm(total=len(cells) + (len(mc.n_reqs) if mc.mtp1 else 0), desc="measure", disable=not progress)
+        bar = tqdm(total=len(cells) * (2 if mc.mtp1 else 1), desc="measure", disable=not progress)
     except ImportError:  # pragma: no cover
         bar = None
     Ls = list(range(mc.K + 1))
@@ -663,15 +690,24 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
         if bar:
             bar.update()
     if mc.mtp1:
-        for n in mc.n_reqs:
+        # every context, as the block drafter: mtp1's own attention over the context is a per-step term too
+        # (measured at one context only, mtp1 at ~1k contexts was priced 19% under)
+        for c, n in cells:
+            if n * _slot_tokens(c, 1, mc.warmup, mc.reps) > cap:
+                failed.append({"context": c, "n_req": n, "K": 1, "error": "skipped: needs more KV tokens than the "
+                               f"device holds (about {cap})"})
+                if bar:
+                    bar.update()
+                continue
             try:
-                cr, b = timed(lambda: _cell(target, proxy, ex, 1, "mtp1", n, mc.contexts[0], [0, 1], mc.warmup,
-                                            mc.reps, live), f"mtp1 cell n={n}")
+                cr, b = timed(lambda: _cell(target, proxy, ex, 1, "mtp1", n, c, [0, 1], mc.warmup,
+                                            mc.reps, live), f"mtp1 cell ctx={c} n={n}")
                 mtp += normalise_records(cr, b, factor=mon.speed(b) if b is not None else None)
             except Exception as e:  # noqa: BLE001
                 if not _is_oom(e):
                     raise
-                failed.append({"context": mc.contexts[0], "n_req": n, "K": 1, "error": f"out of memory: {e}"[:200]})
+                failed.append({"context": c, "n_req": n, "K": 1, "error": f"out of memory: {e}"[:200]})
+            _release(ex)
             if bar:
                 bar.update()
     if bar:
@@ -684,7 +720,7 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
         # paired steps: what prompt chunks add to a step beyond the decode-shaped verify term
         try:
             pf, b = timed(lambda: _prefill_cells(target, proxy, ex, mc.K, mc.block_drafter, prof["verify"]["M"][-1],
-                                                 mc.reps, live, prefill_prefixes(mc.contexts)), "prefill cells")
+                                                 mc.reps, live, prefill_prefixes(contexts)), "prefill cells")
             pf = normalise_records(pf, b, PREFILL_TIMES, factor=mon.speed(b) if b is not None else None)
         except Exception as e:  # noqa: BLE001 - OOM: no prefill term (reported), never a partial one
             if not _is_oom(e):
@@ -705,7 +741,7 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
                            "seconds_per_chunk": pfit["seconds_per_chunk"],
                            "note": f"fitted: NNLS over {pfit['cells']} paired steps ({pfit['decode_rows']} decoding "
                                    f"requests without / with 1-2 prompt chunks of {list(PREFILL_CHUNKS)} tokens after "
-                                   f"{list(prefill_prefixes(mc.contexts))} cached prompt tokens) of "
+                                   f"{list(prefill_prefixes(contexts))} cached prompt tokens) of "
                                    "the added step time beyond the verify term's growth"}
         for k in ("seconds_per_token_per_decode", "seconds_per_chunk_per_decode"):
             if pfit[k] > 0:
@@ -714,7 +750,7 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
             prof["drafters"][mc.block_drafter]["prefill_s_per_token"] = pfit["drafter_s_per_token"]
             if "mtp1" in prof["drafters"] and mc.mtp1:
                 pm = _prefill_cells(target, proxy, ex, 1, "mtp1", prof["verify"]["M"][-1], mc.reps, live,
-                                    prefill_prefixes(mc.contexts))
+                                    prefill_prefixes(contexts))
                 prof["drafters"]["mtp1"]["prefill_s_per_token"] = fit_prefill(pm, prof)["drafter_s_per_token"]
         fit["prefill"] = pfit
     mkey = model_key(mcfg, ck, ex.drafter_layers, ex.dtype, live=mc.live_models is not None)
@@ -737,7 +773,7 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
         "torch": torch.__version__, "python": platform.python_version(), "host": platform.node(),
         "target_config": asdict(mcfg), "checkpoint": ck, "drafter_proxy_layers": ex.drafter_layers,
         "drafting": f"live:{mc.live_models}" if mc.live_models is not None else "proxy",
-        "grid": {"K": mc.K, "n_req": list(mc.n_reqs), "L": Ls, "contexts": list(mc.contexts), "warmup": mc.warmup,
+        "grid": {"K": mc.K, "n_req": list(mc.n_reqs), "L": Ls, "contexts": list(contexts), "warmup": mc.warmup,
                  "reps": mc.reps},
         "fit": fit, "failed_cells": failed, "wall_s": round(time.time() - t_start, 1),
     }

@@ -181,7 +181,7 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
     if vc.profile is None:
         mc = replace(vc.measure, model=vc.runner.model, executor=ex, K=vc.K,
                      drift_threshold=vc.drift_threshold)
-        log(f"validate: measuring the profile ({len(mc.n_reqs)} n_req x {mc.K + 1} L x {len(mc.contexts)} contexts)")
+        log(f"validate: measuring the profile ({len(mc.n_reqs)} n_req x {mc.K + 1} L x {len(mc.grid_contexts)} contexts)")
         prof, raw = measure(mc, progress=progress, log=log, target=target, proxy=proxy)
         ppath = save_profile(prof, out / "profile.json")
     else:
