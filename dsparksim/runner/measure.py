@@ -716,6 +716,8 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
     fit = prof.pop("_fit")
     if fit["drafter_context"]["seconds_per_kv_token"] == 0.0:     # clipped or refused: say so, never silently
         log(f"measure: drafter context term: {fit['drafter_context']['note']}")
+    if fit["mtp1_context"] and fit["mtp1_context"]["seconds_per_kv_token"] == 0.0:
+        log(f"measure: mtp1 context term: {fit['mtp1_context']['note']}")
     if mc.prefill:
         # paired steps: what prompt chunks add to a step beyond the decode-shaped verify term
         try:
