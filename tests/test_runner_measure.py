@@ -286,24 +286,39 @@ def test_anchor_context_pins_the_verify_staircase_that_long_contexts_only_extrap
     only measured by 24-request cells. Their attention costs more per KV token once the batch reads > 8k tokens (a
     cache effect the linear kv term cannot express); with long contexts only, V0(M > 64) absorbs it (the measured
     c1k profile's staircase jumped 6.2 -> 11.0 ms between M=64 and 72). The anchor context measures those M at
-    ~800 KV tokens, where the effect is absent."""
+    ~800 KV tokens; taking V0 from the anchor cells alone (what fit_profile does when the anchor was added) leaves
+    the long contexts' misfit out of V0."""
     def records(ctxs, ns=(1, 2, 3, 4, 5, 6, 7, 8, 24), K=7):
         recs = []
         for c in ctxs:
             for n in ns:
                 for L in range(K + 1):
                     M, kv = n * (1 + L), n * c
-                    recs.append({"n": n, "L": L, "ctx": c, "M": M, "kv": kv,
-                                 "t_target": 1e-3 + 2e-5 * M + 5e-7 * kv + 1e-6 * max(0, kv - 8000)})
+                    t = 1e-3 + 2e-5 * M + 5e-7 * kv + 1e-6 * max(0, kv - 8000)
+                    recs.append({"n": n, "L": L, "ctx": c, "M": M, "kv": kv, "t_target": t, "t_step": t + 2e-3,
+                                 "t_draft": 1e-3 * n, "t_host": 1e-3})
+        return recs
+
+    def err(M, V):
+        return np.abs(V / (1e-3 + 2e-5 * M) - 1)[M > 64].max()
+
+    def arrays(recs):
         return {k: np.array([x[k] for x in recs], float) for k in recs[0]}
 
-    mc = MeasureConfig(contexts=(512, 1024, 1536))
-    errs = {}
-    for ctxs in (mc.contexts, mc.grid_contexts):
-        M, V, *_ = decompose_target(records(ctxs))
-        errs[ctxs] = np.abs(V / (1e-3 + 2e-5 * M) - 1)[M > 64].max()
-    assert errs[mc.contexts] > 1.0                 # long contexts only: V0 more than 2x the truth somewhere
-    assert errs[mc.grid_contexts] < 0.15           # anchored: within 15% at every M > 64
+    mc = MeasureConfig(K=7, n_reqs=(1, 2, 3, 4, 5, 6, 7, 8, 24), contexts=(512, 1024, 1536))
+    long_only = err(*decompose_target(arrays(records(mc.contexts)))[:2])
+    joint = err(*decompose_target(arrays(records(mc.grid_contexts)))[:2])
+    at_anchor = err(*decompose_target(arrays(records(mc.grid_contexts)), v0_at_shortest=True)[:2])
+    assert long_only > 1.0                 # long contexts only: V0 more than 2x the truth somewhere
+    assert joint < 0.2                     # anchored, fitted jointly with the long contexts
+    assert at_anchor < 0.1 and at_anchor < joint / 1.5   # V0 from the anchor cells alone
+    # fit_profile takes V0 at the anchor when the anchor was added, and fits jointly otherwise
+    prof = fit_profile(records(mc.grid_contexts), [], mc)
+    M = np.array(prof["verify"]["M"])
+    assert err(M, np.array(prof["verify"]["time_s"])) == pytest.approx(at_anchor, rel=1e-9)
+    short = MeasureConfig(K=7, n_reqs=mc.n_reqs, contexts=mc.grid_contexts)      # the same contexts, requested
+    assert err(M, np.array(fit_profile(records(short.contexts), [], short)["verify"]["time_s"])) == \
+        pytest.approx(joint, rel=1e-9)
 
 
 def test_mtp1_gets_its_own_context_slope_from_cells_at_every_context():

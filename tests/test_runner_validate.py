@@ -95,6 +95,13 @@ def test_reduced_validation_within_the_gate(tmp_path):
     assert (df["paired_steps"] > 0).all(), df[["policy", "users", "paired_steps"]]
     assert set(s["profile_fit_vs_cells"]) == {"dspark", "mtp1"}
     assert "**Paired cells.**" in (out / "REPORT.md").read_text()
+    # the raw cell records behind the profile are kept (offline refits): every timed step of every cell, and the
+    # refit from them reproduces the written profile's verify staircase
+    raw = json.loads((out / "profile_raw.json").read_text())
+    assert len(raw["block"]) == 16 * 3 * 8 * 3 and len(raw["mtp1"]) == 16 * 3 * 2 * 3 and raw["prefill"]
+    from dsparksim.runner.measure import fit_profile
+    refit = fit_profile(raw["block"], raw["mtp1"], MeasureConfig(K=7, n_reqs=tuple(prof["metadata"]["grid"]["n_req"])))
+    np.testing.assert_allclose(refit["verify"]["time_s"], prof["verify"]["time_s"], rtol=1e-12)
 
 
 def test_policies_that_cannot_run_for_real_are_refused_before_any_work(tmp_path, monkeypatch):

@@ -432,8 +432,8 @@ def cell_medians(recs: list[dict], K: int) -> dict[str, Any]:
                              for (n, L, ctx), t, kv in zip(c["key"], c["t"], c["kv"])]}
 
 
-def decompose_target(r: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, float | None,
-                                                        float | None]:
+def decompose_target(r: dict[str, np.ndarray], v0_at_shortest: bool = False
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float | None, float | None]:
     """Non-negative least squares t_target = V0(M) + b (n - n_min) + s * kv + q * qk over the cell medians (B(n) =
     b (n - n_min), one per-request slope), then V0 made non-decreasing in M (weighted isotonic regression).
 
@@ -442,7 +442,10 @@ def decompose_target(r: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, 
     V0(M) is the marginal cost of the verified tokens. ``kv`` is the KV tokens read (sum of contexts: the KV
     gathers); ``qk`` (records with a ``qk`` field) the decoding rows' query-key pairs, sum of (1+L) c + L(L+1)/2:
     one request verifying L=7 reads its cache once but scores it 8 times, which a kv-only term prices as 8
-    requests' reads would not. Rows are weighted by 1/t (relative errors). Returns (M breakpoints, V0, B per
+    requests' reads would not. Rows are weighted by 1/t (relative errors). With ``v0_at_shortest`` (and two or more
+    contexts), V0 at every M the shortest context measured is then what those cells leave after the fitted B, s
+    and q terms (see the code comment; :func:`fit_profile` asks for it when the anchor context was added).
+    Returns (M breakpoints, V0, B per
     measured n, s or None when only one context was measured, q or None without qk records or one context).
     """
     c = cell_table(r, "t_target")
@@ -467,9 +470,20 @@ def decompose_target(r: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, 
     # Non-negative least squares: every term is a cost (>= 0); unconstrained, background-load noise lets a
     # negative per-request term trade off against an inflated context slope.
     x, _ = nnls(A * w[:, None], t * w)
+    V0 = x[: len(Ms)].copy()
+    if use_kv and v0_at_shortest:
+        # V0(M) is the forward's cost without context: at every M measured at the shortest context, it is what
+        # those cells leave after the fitted per-request, KV and query-key terms. Shared with the long contexts
+        # in the least squares, V0 also absorbed whatever a linear KV term misses there (attention that costs
+        # more per KV token in large long-context batches); prefill chunks and short requests would pay it.
+        short = uk[:, 2] == uk[:, 2].min()
+        e = (t - A[:, len(Ms):] @ x[len(Ms):])[short]
+        ms = mi[short]
+        for j in np.unique(ms):
+            V0[j] = max(0.0, float(np.median(e[ms == j])))
     # the verify staircase never falls with more tokens: a weighted isotonic fit over M (weights = cells per M)
     # keeps its steps and removes the dips that noise puts between them
-    V = isotonic_regression(x[: len(Ms)], weights=np.bincount(mi).astype(float)).x
+    V = isotonic_regression(V0, weights=np.bincount(mi).astype(float)).x
     B = x[len(Ms)] * (ns - ns[0]).astype(float)
     s = float(x[len(Ms) + 1]) if use_kv else None
     q = float(x[-1]) if use_qk else None
@@ -557,7 +571,10 @@ def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig) -> di
         if not (np.isfinite(r[k]).all() and (r[k] > 0).all()):
             raise MeasurementError("measure", k, "inert measurement: non-positive or non-finite timings "
                                    f"(min {np.nanmin(r[k])}); the timer or the forward did nothing")
-    M, V, Bn, s, q = decompose_target(r)
+    # the anchor was added (every requested context is long): V0 from the anchor cells alone. Where the contexts
+    # start short anyway, the joint fit is kept: on the default grid (32/96/160) anchor-only V0 moved the real
+    # steps' priced-over-measured bias from -2.7% to -3.3% (on the ~1k grid: +3.5% -> -0.3%), 2026-12-02
+    M, V, Bn, s, q = decompose_target(r, v0_at_shortest=mc.grid_contexts != tuple(mc.contexts))
     if not (np.isfinite(V).all() and (V > 0).all()):
         raise MeasurementError("measure", "verify.time_s", f"inert: a verify time is non-positive after separating "
                                f"the per-request and context terms ({V.min():.3g} s at M={int(M[np.argmin(V)])})")
@@ -775,7 +792,8 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
         "torch": torch.__version__, "python": platform.python_version(), "host": platform.node(),
         "target_config": asdict(mcfg), "checkpoint": ck, "drafter_proxy_layers": ex.drafter_layers,
         "drafting": f"live:{mc.live_models}" if mc.live_models is not None else "proxy",
-        "grid": {"K": mc.K, "n_req": list(mc.n_reqs), "L": Ls, "contexts": list(contexts), "warmup": mc.warmup,
+        "grid": {"K": mc.K, "n_req": list(mc.n_reqs), "L": Ls, "contexts": list(contexts),
+                 "requested_contexts": list(mc.contexts), "warmup": mc.warmup,
                  "reps": mc.reps},
         "fit": fit, "failed_cells": failed, "wall_s": round(time.time() - t_start, 1),
     }
@@ -792,4 +810,4 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
                                              "over the baseline; cells whose reference moved more than the threshold "
                                              "or left the fast state re-measured"}
     profile_from_dict(prof, source=f"measured:{name}")  # refuse to hand back anything the core cannot load
-    return prof, {"block": recs, "mtp1": mtp}
+    return prof, {"block": recs, "mtp1": mtp, "prefill": pf if mc.prefill else None}

@@ -184,6 +184,8 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
         log(f"validate: measuring the profile ({len(mc.n_reqs)} n_req x {mc.K + 1} L x {len(mc.grid_contexts)} contexts)")
         prof, raw = measure(mc, progress=progress, log=log, target=target, proxy=proxy)
         ppath = save_profile(prof, out / "profile.json")
+        # the raw per-step cell records, as `measure --raw` writes them: refits offline without re-measuring
+        (out / "profile_raw.json").write_text(json.dumps(raw) + "\n")
     else:
         ppath = Path(vc.profile)
         prof = json.loads(ppath.read_text())
