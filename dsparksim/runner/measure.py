@@ -24,7 +24,8 @@ Separation (as TensorRT-LLM's DSpark profiler does, the floor from the verify te
 * mtp1: a K=1 sweep over n and the same contexts gives its one-forward cost (kind "mtp"), with its own
   context term fitted as the block drafter's.
 * anchor context: unless a measured context is at most ``anchor_context`` (32) tokens, the cells are also
-  measured there (:attr:`MeasureConfig.grid_contexts`), so V0(M) is measured at (almost) no context.
+  measured there (:attr:`MeasureConfig.grid_contexts`), so V0(M) is measured at (almost) no context, and V0 is
+  then taken from the anchor cells alone (``decompose_target(v0_at_shortest=True)``).
 
 A result whose verify term does not grow with M (ratio of the largest to the smallest M's time < min_growth) is
 refused as flat, and any non-positive or non-finite median as inert: neither is ever written. An out-of-memory
