@@ -24,8 +24,9 @@ Separation (as TensorRT-LLM's DSpark profiler does, the floor from the verify te
 * mtp1: a K=1 sweep over n and the same contexts gives its one-forward cost (kind "mtp"), with its own
   context term fitted as the block drafter's.
 * anchor context: unless a measured context is at most ``anchor_context`` (32) tokens, the cells are also
-  measured there (:attr:`MeasureConfig.grid_contexts`), so V0(M) is measured at (almost) no context, and V0 is
-  then taken from the anchor cells alone (``decompose_target(v0_at_shortest=True)``).
+  measured there (:attr:`MeasureConfig.grid_contexts`), so V0(M) is measured at (almost) no context (fitted
+  jointly with the other contexts; ``decompose_target(v0_at_shortest=True)``, V0 from the anchor cells alone, is
+  an option that measured no reliable gain).
 
 A result whose verify term does not grow with M (ratio of the largest to the smallest M's time < min_growth) is
 refused as flat, and any non-positive or non-finite median as inert: neither is ever written. An out-of-memory
@@ -445,7 +446,7 @@ def decompose_target(r: dict[str, np.ndarray], v0_at_shortest: bool = False
     one request verifying L=7 reads its cache once but scores it 8 times, which a kv-only term prices as 8
     requests' reads would not. Rows are weighted by 1/t (relative errors). With ``v0_at_shortest`` (and two or more
     contexts), V0 at every M the shortest context measured is then what those cells leave after the fitted B, s
-    and q terms (see the code comment; :func:`fit_profile` asks for it when the anchor context was added).
+    and q terms (see the code comment; :func:`fit_profile` does not use it: no reliable gain measured).
     Returns (M breakpoints, V0, B per
     measured n, s or None when only one context was measured, q or None without qk records or one context).
     """
@@ -572,10 +573,11 @@ def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig) -> di
         if not (np.isfinite(r[k]).all() and (r[k] > 0).all()):
             raise MeasurementError("measure", k, "inert measurement: non-positive or non-finite timings "
                                    f"(min {np.nanmin(r[k])}); the timer or the forward did nothing")
-    # the anchor was added (every requested context is long): V0 from the anchor cells alone. Where the contexts
-    # start short anyway, the joint fit is kept: on the default grid (32/96/160) anchor-only V0 moved the real
-    # steps' priced-over-measured bias from -2.7% to -3.3% (on the ~1k grid: +3.5% -> -0.3%), 2026-12-02
-    M, V, Bn, s, q = decompose_target(r, v0_at_shortest=mc.grid_contexts != tuple(mc.contexts))
+    # V0 fitted jointly over all contexts (anchor included). Taking it from the anchor cells alone
+    # (v0_at_shortest) was refitted on the same cells and real steps of three long-context validations on
+    # 2026-12-02: priced-over-measured bias +3.5 -> -0.3%, +6.1 -> +4.3%, -3.6 -> -8.1% (~1k, ~1k, ~4k): no
+    # reliable gain, so not used (validation/README.md); measuring the anchor at all: +1.5/+22.2/+10.0% without it
+    M, V, Bn, s, q = decompose_target(r)
     if not (np.isfinite(V).all() and (V > 0).all()):
         raise MeasurementError("measure", "verify.time_s", f"inert: a verify time is non-positive after separating "
                                f"the per-request and context terms ({V.min():.3g} s at M={int(M[np.argmin(V)])})")
