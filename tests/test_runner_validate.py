@@ -102,6 +102,18 @@ def test_reduced_validation_within_the_gate(tmp_path):
     from dsparksim.runner.measure import fit_profile
     refit = fit_profile(raw["block"], raw["mtp1"], MeasureConfig(K=7, n_reqs=tuple(prof["metadata"]["grid"]["n_req"])))
     np.testing.assert_allclose(refit["verify"]["time_s"], prof["verify"]["time_s"], rtol=1e-12)
+    # pricing the same real steps offline (runner.refit): the used profile reproduces every run's residual sum, a
+    # refit from the raw cells prices identically, and a variant fit moves the prices
+    from dsparksim.runner.refit import price_runs, refit as refit_dir
+    used = price_runs(out, load_profile(str(out / "profile.json"))).set_index("run")
+    for run in used.index:
+        r = pd.read_csv(out / "runs" / run / "real" / "residuals.csv")
+        assert used.loc[run, "priced_over_measured"] == pytest.approx(r["dt_model"].sum() / r["dt"].sum() - 1,
+                                                                       abs=1e-9)
+    again = price_runs(out, refit_dir(out)).set_index("run")
+    np.testing.assert_allclose(again["priced_over_measured"], used["priced_over_measured"], atol=1e-9)
+    other = price_runs(out, refit_dir(out, drop_anchor=True)).set_index("run")
+    assert np.abs(other["priced_over_measured"] - used["priced_over_measured"]).max() > 1e-4
 
 
 def test_policies_that_cannot_run_for_real_are_refused_before_any_work(tmp_path, monkeypatch):

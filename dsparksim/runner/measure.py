@@ -564,8 +564,10 @@ def fit_drafter_context(r: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarra
     return ns, D, s, "least squares of drafter time on D(n) + s*kv_tokens over the cell medians"
 
 
-def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig) -> dict[str, Any]:
-    """Separate the floor from the verify term (see module doc). Raises MeasurementError if flat or inert."""
+def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig,
+                v0_at_shortest: bool = False) -> dict[str, Any]:
+    """Separate the floor from the verify term (see module doc). Raises MeasurementError if flat or inert.
+    ``v0_at_shortest``: see :func:`decompose_target` (off in `measure`; :mod:`.refit` compares it)."""
     if not recs:
         raise MeasurementError("measure", "cells", "no cell was measured (all failed?)")
     r = {k: np.array([x[k] for x in recs], dtype=float) for k in recs[0]}
@@ -577,7 +579,7 @@ def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig) -> di
     # (v0_at_shortest) was refitted on the same cells and real steps of three long-context validations on
     # 2026-12-02: priced-over-measured bias +3.5 -> -0.3%, +6.1 -> +4.3%, -3.6 -> -8.1% (~1k, ~1k, ~4k): no
     # reliable gain, so not used (validation/README.md); measuring the anchor at all: +1.5/+22.2/+10.0% without it
-    M, V, Bn, s, q = decompose_target(r)
+    M, V, Bn, s, q = decompose_target(r, v0_at_shortest=v0_at_shortest)
     if not (np.isfinite(V).all() and (V > 0).all()):
         raise MeasurementError("measure", "verify.time_s", f"inert: a verify time is non-positive after separating "
                                f"the per-request and context terms ({V.min():.3g} s at M={int(M[np.argmin(V)])})")

@@ -63,7 +63,7 @@ class PairedCells:
                 continue
             K = int(c["K"])
             self.tables[drafter] = {"K": K, "rows": rows, "n": np.unique(rows[:, 0]).astype(int),
-                                    "price": None if profile is None else _fit_prices(profile, rows, K, drafter)}
+                                    "price": None if profile is None else cell_prices(profile, rows, K, drafter)}
         self._engines: dict[tuple, list] = {}
 
     @classmethod
@@ -148,7 +148,7 @@ class PairedCells:
         return float(out.duration_s)
 
 
-def _fit_prices(profile, rows: np.ndarray, K: int, drafter: str) -> np.ndarray:
+def cell_prices(profile, rows: np.ndarray, K: int, drafter: str) -> np.ndarray:
     """(len(rows),) the profile's price of each stored cell's shape: n requests at verify length L reading the
     cell's mean context each (the query-key count as the engine logs it for decoding rows)."""
     from .residuals import model_terms

@@ -1,0 +1,138 @@
+"""Refit a validation's profile from its kept raw cells and price the same real steps with it.
+
+`validate` keeps the profile's raw cell records (``profile_raw.json``) and every real run's steps and paired cells
+(``runs/*/real/steps.csv``, ``paired_N.csv``). A fit variant can then be compared with the one the validation used
+on the *same* cells and the *same* real steps, free of this machine's run-to-run noise (at ~1k-4k contexts one
+command moved up to 9 points between runs, more than any fit choice tried).
+
+A real step's measured time at the profile's speed is ``dt = dt_raw / factor`` with ``factor = t(cell now) /
+price(cell)`` (:mod:`.paired`, baseline "fit"). Under another fit the paired factor changes with the cell's
+price, so each step's ``dt`` is rescaled by ``price_new(cell) / price_used(cell)`` (median over the step's
+neighbouring pairs and the repeats, as validate smooths factors). ``price_runs`` returns per run the priced over
+measured step time - 1, overall and for steps with / without prefill chunks; with the profile the validation used
+it equals ``step_residuals.csv``'s ``sum(dt_model) / sum(dt) - 1`` (a test checks this).
+
+    python -m dsparksim.runner.refit VALIDATE_DIR       # the used fit, its refit, and the variants side by side
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..profile import CostProfile, profile_from_dict
+from .measure import MeasureConfig, fit_prefill, fit_profile
+from .paired import cell_prices
+from .residuals import model_terms
+
+
+def _grid_config(prof: dict) -> MeasureConfig:
+    g = prof["metadata"]["grid"]
+    return MeasureConfig(K=int(g["K"]), n_reqs=tuple(g["n_req"]),
+                         contexts=tuple(g.get("requested_contexts") or g["contexts"]))
+
+
+def refit(out_dir: str | Path, *, v0_at_shortest: bool = False, drop_anchor: bool = False) -> CostProfile:
+    """The profile refitted from ``profile_raw.json`` (as `measure` fits it; the prefill terms refitted against the
+    new staircase). ``v0_at_shortest``: V0 from the shortest context's cells alone (``decompose_target``);
+    ``drop_anchor``: leave the shortest context's cells out (what the fit would be without the anchor)."""
+    out = Path(out_dir)
+    base = json.loads((out / "profile.json").read_text())
+    raw_path = out / "profile_raw.json"
+    if not raw_path.is_file():
+        raise FileNotFoundError(f"{raw_path}: no raw cell records (validate keeps them since 2026-12-02; a run with "
+                                "--profile has none)")
+    raw = json.loads(raw_path.read_text())
+    blk, mtp = raw["block"], raw["mtp1"]
+    if drop_anchor:
+        a = min(x["ctx"] for x in blk)
+        blk, mtp = [x for x in blk if x["ctx"] != a], [x for x in mtp if x["ctx"] != a]
+    prof = fit_profile(blk, mtp, _grid_config(base), v0_at_shortest=v0_at_shortest)
+    fit = prof.pop("_fit")
+    if raw.get("prefill"):
+        pf = fit_prefill(raw["prefill"], prof)
+        prof["prefill"] = {k: pf[k] for k in ("seconds_per_token", "seconds_per_query_key", "seconds_per_chunk")}
+        prof["prefill"]["note"] = "refitted from profile_raw.json"
+        for k in ("seconds_per_token_per_decode", "seconds_per_chunk_per_decode"):
+            if pf[k] > 0:
+                prof["prefill"][k] = pf[k]
+        for d in ("mtp1", _grid_block_drafter(base)):
+            dpf = base.get("drafters", {}).get(d, {}).get("prefill_s_per_token")
+            if dpf is not None and d in prof["drafters"]:
+                prof["drafters"][d]["prefill_s_per_token"] = dpf
+    prof["name"] = f"{base.get('name', 'profile')}-refit"
+    prof["metadata"] = {**base["metadata"], "fit": fit}
+    return profile_from_dict(prof, source=f"refit:{out}")
+
+
+def _grid_block_drafter(prof: dict) -> str:
+    return next((d for d in prof.get("drafters", {}) if d != "mtp1"), "dspark")
+
+
+def price_runs(out_dir: str | Path, profile: CostProfile) -> pd.DataFrame:
+    """Per real run of a validation: the profile's price of its steps over their measured time at the profile's
+    speed, minus 1 (overall, prefill steps, decode-only steps); see the module doc."""
+    out = Path(out_dir)
+    base_d = json.loads((out / "profile.json").read_text())
+    used = profile_from_dict(base_d, source=f"validate:{out}")
+    rows = []
+    for run in sorted(p for p in (out / "runs").iterdir() if (p / "real" / "steps.csv").is_file()):
+        real = run / "real"
+        pol = json.loads((real / "config.json").read_text())["inputs"]["policy"]
+        drafter, K = pol["drafter"], int(pol["block_size"])
+        st = pd.read_csv(real / "steps.csv")
+        price = model_terms({k: st[k].to_numpy() for k in st.columns}, profile, K, drafter).to_numpy().sum(axis=1)
+        scale = np.ones(len(st))
+        cells = (base_d["metadata"].get("cells") or {}).get(drafter)
+        pairs = sorted(real.glob("paired_*.csv"))
+        if cells and pairs and profile is not used:
+            stored = np.asarray(cells["rows"], float)
+            per_rep = []
+            for f in pairs:
+                pr = pd.read_csv(f)
+                if pr.empty:
+                    continue
+                keys = pr[["n_req", "ctx", "L"]].to_numpy(float)
+                hit = (stored[None, :, [0, 1, 2]] == keys[:, None, :]).all(axis=2)
+                if not hit.any(axis=1).all():
+                    bad = keys[~hit.any(axis=1)][0]
+                    raise ValueError(f"{f}: paired cell (n_req, ctx, L) = {tuple(int(v) for v in bad)} is not among "
+                                     "the profile's metadata.cells")
+                rows_ = stored[hit.argmax(axis=1)]
+                ratio = cell_prices(profile, rows_, K, drafter) / cell_prices(used, rows_, K, drafter)
+                sm = pd.Series(ratio).rolling(9, center=True, min_periods=1).median().to_numpy()
+                per_rep.append(np.interp(np.arange(len(st)), pr["step"].to_numpy(), sm))
+            if per_rep:
+                scale = np.median(np.array(per_rep), axis=0)
+        meas = st["dt"].to_numpy() * scale
+        pf = st["n_prefill_tokens"].to_numpy() > 0
+
+        def over(m):
+            return float(price[m].sum() / meas[m].sum() - 1) if m.any() else float("nan")
+        rows.append({"run": run.name, "priced_over_measured": over(np.ones(len(st), bool)),
+                     "prefill_steps": over(pf), "decode_steps": over(~pf), "steps": int(len(st))})
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dsparksim.runner.refit", description=__doc__.split("\n\n")[0])
+    ap.add_argument("validate_dir", help="a `dsparksim validate --out` folder made without --profile")
+    a = ap.parse_args(argv)
+    out = Path(a.validate_dir)
+    used = profile_from_dict(json.loads((out / "profile.json").read_text()), source=str(out))
+    variants = {"used by the validation": used, "refit (measure's current fit)": refit(out),
+                "V0 from the shortest context": refit(out, v0_at_shortest=True),
+                "shortest context dropped": refit(out, drop_anchor=True)}
+    for name, p in variants.items():
+        df = price_runs(out, p)
+        x = df["priced_over_measured"]
+        print(f"{name}: median |priced/measured - 1| {100 * x.abs().median():.1f}%, mean {100 * x.mean():+.1f}%")
+        print(df.to_string(index=False, float_format=lambda v: f"{v:+.3f}"))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
