@@ -657,7 +657,6 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
     wbytes = sum(p.numel() * p.element_size() for p in target.parameters())
     cap = kv_capacity_tokens(mcfg, ex.device, bits, wbytes)
     failed: list[dict] = []
-    recs: list[dict] = []
     mtp: list[dict] = []
     t_start = time.time()
     try:
@@ -689,49 +688,37 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
                 f"baseline) on all {mc.drift_attempts} attempts; kept the last, normalised")
         return out, b
 
-    for c, n in cells:
-        need = n * _slot_tokens(c, mc.K, mc.warmup, mc.reps)
-        if need > cap:
-            failed.append({"context": c, "n_req": n, "K": mc.K, "error": f"skipped: needs {need} KV tokens, the "
-                           f"device holds about {cap}"})
+    def sweep(K: int, drafter: str, Lv: list[int], label: str) -> list[dict]:
+        """Every (context, n) cell of one drafter, normalised to the baseline speed; a cell that cannot fit or
+        runs out of memory is recorded under failed_cells, never measured."""
+        out = []
+        for c, n in cells:
+            need = n * _slot_tokens(c, K, mc.warmup, mc.reps)
+            if need > cap:
+                failed.append({"context": c, "n_req": n, "K": K, "error": f"skipped: needs {need} KV tokens, the "
+                               f"device holds about {cap}"})
+            else:
+                try:
+                    cr, b = timed(lambda: _cell(target, proxy, ex, K, drafter, n, c, Lv, mc.warmup, mc.reps, live),
+                                  f"{label}ctx={c} n={n}")
+                    out += normalise_records(cr, b, factor=mon.speed(b) if b is not None else None)
+                except Exception as e:  # noqa: BLE001 - OOM is recorded per cell; anything else is a bug
+                    if not _is_oom(e):
+                        raise
+                    failed.append({"context": c, "n_req": n, "K": K, "error": f"out of memory: {str(e)[:200]}"})
+                    log(f"measure: {label}ctx={c} n={n} ran out of memory; recorded as failed, not measured")
+                    if torch.cuda.is_available():
+                        torch.cuda.empty_cache()
+                _release(ex)
             if bar:
                 bar.update()
-            continue
-        try:
-            cr, b = timed(lambda: _cell(target, proxy, ex, mc.K, mc.block_drafter, n, c, Ls, mc.warmup, mc.reps,
-                                        live), f"cell ctx={c} n={n}")
-            recs += normalise_records(cr, b, factor=mon.speed(b) if b is not None else None)
-        except Exception as e:  # noqa: BLE001 - OOM is recorded per cell; anything else is a bug
-            if not _is_oom(e):
-                raise
-            failed.append({"context": c, "n_req": n, "K": mc.K, "error": f"out of memory: {str(e)[:200]}"})
-            log(f"measure: cell ctx={c} n={n} ran out of memory; recorded as failed, not measured")
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        _release(ex)
-        if bar:
-            bar.update()
+        return out
+
+    recs = sweep(mc.K, mc.block_drafter, Ls, "cell ")
     if mc.mtp1:
         # every context, as the block drafter: mtp1's own attention over the context is a per-step term too
         # (measured at one context only, mtp1 at ~1k contexts was priced 19% under)
-        for c, n in cells:
-            if n * _slot_tokens(c, 1, mc.warmup, mc.reps) > cap:
-                failed.append({"context": c, "n_req": n, "K": 1, "error": "skipped: needs more KV tokens than the "
-                               f"device holds (about {cap})"})
-                if bar:
-                    bar.update()
-                continue
-            try:
-                cr, b = timed(lambda: _cell(target, proxy, ex, 1, "mtp1", n, c, [0, 1], mc.warmup,
-                                            mc.reps, live), f"mtp1 cell ctx={c} n={n}")
-                mtp += normalise_records(cr, b, factor=mon.speed(b) if b is not None else None)
-            except Exception as e:  # noqa: BLE001
-                if not _is_oom(e):
-                    raise
-                failed.append({"context": c, "n_req": n, "K": 1, "error": f"out of memory: {e}"[:200]})
-            _release(ex)
-            if bar:
-                bar.update()
+        mtp = sweep(1, "mtp1", [0, 1], "mtp1 cell ")
     if bar:
         bar.close()
     prof = fit_profile(recs, mtp, mc)

@@ -7,8 +7,9 @@ command moved up to 9 points between runs, more than any fit choice tried).
 
 A real step's measured time at the profile's speed is ``dt = dt_raw / factor`` with ``factor = t(cell now) /
 price(cell)`` (:mod:`.paired`, baseline "fit"). Under another fit the paired factor changes with the cell's
-price, so each step's ``dt`` is rescaled by ``price_new(cell) / price_used(cell)`` (median over the step's
-neighbouring pairs and the repeats, as validate smooths factors). ``price_runs`` returns per run the priced over
+price, so each step's ``dt`` is rescaled by f_used / f_new, both smoothed over neighbouring pairs as validate does
+(:func:`~.paired.smooth_factors`), median over the repeats (the step times themselves are already combined over
+the repeats, so this is an approximation of re-running validate's normalisation). ``price_runs`` returns per run the priced over
 measured step time - 1, overall and for steps with / without prefill chunks; with the profile the validation used
 it equals ``step_residuals.csv``'s ``sum(dt_model) / sum(dt) - 1`` (a test checks this).
 
@@ -25,7 +26,7 @@ import pandas as pd
 
 from ..profile import CostProfile, profile_from_dict
 from .measure import MeasureConfig, fit_prefill, fit_profile
-from .paired import cell_prices
+from .paired import cell_prices, smooth_factors
 from .residuals import model_terms
 
 
@@ -59,22 +60,19 @@ def refit(out_dir: str | Path, *, v0_at_shortest: bool = False, drop_anchor: boo
         for k in ("seconds_per_token_per_decode", "seconds_per_chunk_per_decode"):
             if pf[k] > 0:
                 prof["prefill"][k] = pf[k]
-        for d in ("mtp1", _grid_block_drafter(base)):
+        for d, spec in prof["drafters"].items():     # the drafters' own prefill rate (live profiles) as measured
             dpf = base.get("drafters", {}).get(d, {}).get("prefill_s_per_token")
-            if dpf is not None and d in prof["drafters"]:
-                prof["drafters"][d]["prefill_s_per_token"] = dpf
+            if dpf is not None:
+                spec["prefill_s_per_token"] = dpf
     prof["name"] = f"{base.get('name', 'profile')}-refit"
     prof["metadata"] = {**base["metadata"], "fit": fit}
     return profile_from_dict(prof, source=f"refit:{out}")
 
 
-def _grid_block_drafter(prof: dict) -> str:
-    return next((d for d in prof.get("drafters", {}) if d != "mtp1"), "dspark")
-
-
-def price_runs(out_dir: str | Path, profile: CostProfile) -> pd.DataFrame:
+def price_runs(out_dir: str | Path, profile: CostProfile, span: int = 4) -> pd.DataFrame:
     """Per real run of a validation: the profile's price of its steps over their measured time at the profile's
-    speed, minus 1 (overall, prefill steps, decode-only steps); see the module doc."""
+    speed, minus 1 (overall, prefill steps, decode-only steps); see the module doc. ``span``: validate's
+    ``pair_span`` (the factor's running median over 2 * span + 1 paired steps)."""
     out = Path(out_dir)
     base_d = json.loads((out / "profile.json").read_text())
     used = profile_from_dict(base_d, source=f"validate:{out}")
@@ -87,26 +85,26 @@ def price_runs(out_dir: str | Path, profile: CostProfile) -> pd.DataFrame:
         price = model_terms({k: st[k].to_numpy() for k in st.columns}, profile, K, drafter).to_numpy().sum(axis=1)
         scale = np.ones(len(st))
         cells = (base_d["metadata"].get("cells") or {}).get(drafter)
-        pairs = sorted(real.glob("paired_*.csv"))
+        pairs = [pd.read_csv(f) for f in sorted(real.glob("paired_*.csv"))]
+        pairs = [pr for pr in pairs if not pr.empty]
         if cells and pairs and profile is not used:
+            # each stored cell's price under both fits, once; a pair's factor is its cell's time now over that price
             stored = np.asarray(cells["rows"], float)
+            p_used, p_new = cell_prices(used, stored, K, drafter), cell_prices(profile, stored, K, drafter)
             per_rep = []
-            for f in pairs:
-                pr = pd.read_csv(f)
-                if pr.empty:
-                    continue
+            for pr in pairs:
                 keys = pr[["n_req", "ctx", "L"]].to_numpy(float)
-                hit = (stored[None, :, [0, 1, 2]] == keys[:, None, :]).all(axis=2)
+                hit = (stored[None, :, :3] == keys[:, None, :]).all(axis=2)
                 if not hit.any(axis=1).all():
                     bad = keys[~hit.any(axis=1)][0]
-                    raise ValueError(f"{f}: paired cell (n_req, ctx, L) = {tuple(int(v) for v in bad)} is not among "
-                                     "the profile's metadata.cells")
-                rows_ = stored[hit.argmax(axis=1)]
-                ratio = cell_prices(profile, rows_, K, drafter) / cell_prices(used, rows_, K, drafter)
-                sm = pd.Series(ratio).rolling(9, center=True, min_periods=1).median().to_numpy()
-                per_rep.append(np.interp(np.arange(len(st)), pr["step"].to_numpy(), sm))
-            if per_rep:
-                scale = np.median(np.array(per_rep), axis=0)
+                    raise ValueError(f"{real}: paired cell (n_req, ctx, L) = {tuple(int(v) for v in bad)} is not "
+                                     "among the profile's metadata.cells")
+                j, idx, t = hit.argmax(axis=1), pr["step"].to_numpy(int), pr["cell_s"].to_numpy(float)
+                # validate's own smoothing (paired.smooth_factors): the step's time at the new fit's speed is
+                # dt_raw / f_new = dt * f_used / f_new
+                per_rep.append(smooth_factors(idx, t / p_used[j], len(st), span)
+                               / smooth_factors(idx, t / p_new[j], len(st), span))
+            scale = np.median(np.array(per_rep), axis=0)
         meas = st["dt"].to_numpy() * scale
         pf = st["n_prefill_tokens"].to_numpy() > 0
 
