@@ -337,7 +337,8 @@ def register(sub) -> None:
                         "them; a cell is steady when half its runs are [%(default)s]")
     v.add_argument("--no-pair-cells", action="store_true",
                    help="normalise real steps by the drift windows' reference cell only, instead of re-timing the "
-                        "profile cell nearest each decode step right after it (paired cells; trace replay only)")
+                        "profile cell nearest each decode step right after it (paired cells: proxy cells in trace "
+                        "replay, live-step cells with --live)")
     v.add_argument("--pair-baseline", choices=("fit", "cell"), default="fit",
                    help="a paired cell's reference time: the profile's own price of its shape (fit), or its raw "
                         "median when profiled (cell; a 5-step median scatters by several %% on a shared CPU) "

@@ -119,3 +119,49 @@ def test_fit_baseline_is_the_profiles_closed_form_price_of_the_cell_shape():
         PairedCells(None, None, None, {"dspark": {"K": 3, "rows": rows}}, 2, 3, profile=None)
     with pytest.raises(ConfigError, match="pair_baseline"):
         PairedCells(None, None, None, {"dspark": {"K": 3, "rows": rows}}, 2, 3, profile=prof, baseline="mean")
+
+
+def _live_meta(drafting):
+    return {"metadata": {"drafting": drafting, "grid": {"warmup": 1, "reps": 2},
+                         "cells": {"dspark": {"K": 7, "rows": [[2, 32, 3, 1e-3, 32.0]]}}}}
+
+
+def test_pairing_refuses_cells_of_the_other_step_kind():
+    """Cells measured on live steps pair only live runs, proxy cells only trace replay (the two steps differ)."""
+    from types import SimpleNamespace
+    from dsparksim.errors import ConfigError
+    with pytest.raises(ConfigError, match="live.*proxy"):
+        PairedCells.from_profile(_live_meta("live:models"), None, None, None, baseline="cell")
+    with pytest.raises(ConfigError, match="drafter-proxy.*live"):
+        PairedCells.from_profile(_live_meta("proxy"), None, None, None, baseline="cell",
+                                 live=SimpleNamespace(drafters={"dspark": None}))
+    with pytest.raises(ConfigError, match="dspark"):
+        PairedCells.from_profile(_live_meta("live:models"), None, None, None, baseline="cell",
+                                 live=SimpleNamespace(drafters={"mtp1": None}))
+
+
+def test_live_cells_are_timed_on_the_trained_drafters_step():
+    """Live pairing re-times the live profiling step (trained drafter + rejection sampling + state update, every
+    block rejected after position 1) on its own engine, which lives as long as a profile cell did."""
+    pytest.importorskip("torch")
+    from pathlib import Path
+    from dsparksim.runner.executor import ExecutorConfig, build_models
+    from dsparksim.runner.live import LiveExecutor
+    from dsparksim.runner.measure import LiveDrafters
+    from dsparksim.runner.models import load_target
+    models = Path(__file__).resolve().parents[1] / "models"
+    ex = ExecutorConfig()
+    mcfg, tmodel, _ = load_target(f"ckpt:{models / 'target.pt'}", ex.device, ex.dtype)
+    target, proxy = build_models(mcfg, ex, tmodel)
+    lv = LiveDrafters.load(str(models), ["dspark"], target)
+    cells = PairedCells(target, proxy, ex, _live_meta("live:models")["metadata"]["cells"], warmup=1, reps=2,
+                        baseline="cell", live=lv)
+    key = cells.match("dspark", 3, 2.8, 40.0)
+    assert key == ("dspark", 2, 32, 3)
+    times = [cells.time(key) for _ in range(8 * 3)]        # (warmup + reps) rounds of the 8 verify lengths
+    assert times[:2] == [None, None]                         # a fresh engine's first steps are not used
+    assert all(t is not None and 0 < t < 1 for t in times[2:])
+    assert not cells._engines                                # its lifetime is over: the next call starts afresh
+    cells.time(key)
+    (st, *_), = cells._engines.values()
+    assert isinstance(st.ex, LiveExecutor) and st.ex.force_reject

@@ -31,6 +31,12 @@ so a step's factor is the median over its neighbouring paired steps (``span`` ea
 chunks is paired with the cell of its decode part (its factor is the machine's speed at that moment; the prefill
 price stays under test); a step with no pair (prefill only, or a drafter without cells) takes the nearest paired
 step's factor.
+
+Live mode (``live=``, a :class:`~.measure.LiveDrafters`): a profile measured on live steps (``measure --live``)
+stores cells of the trained drafter's step (propose, rejection sampling, drafter state update; every block
+rejected at position 1 so the context grows one token per step), and the paired cell is that very step
+(:class:`~.live.LiveExecutor` with ``force_reject``), as the profile timed it. A live run's acceptance is sampled,
+so its verify lengths scatter more than in trace replay; the cell is still matched on the step's mean L.
 """
 from __future__ import annotations
 
@@ -48,7 +54,7 @@ class PairedCells:
     medians; :meth:`time` steps a (cached) profiling engine of the matched cell once and returns its seconds."""
 
     def __init__(self, target, proxy, ex, cells: dict[str, Any], warmup: int, reps: int, profile=None,
-                 baseline: str = "fit") -> None:
+                 baseline: str = "fit", live=None) -> None:
         if baseline not in BASELINES:
             raise ConfigError("validate", "pair_baseline", f"expected one of {BASELINES}, got {baseline!r}")
         if baseline == "fit" and profile is None:
@@ -56,6 +62,7 @@ class PairedCells:
         self.target, self.proxy, self.ex = target, proxy, ex
         self.warmup, self.reps = warmup, reps
         self.profile, self.baseline_kind = profile, baseline
+        self.live = live                         # LiveDrafters: cells are live steps (measure --live)
         self.tables: dict[str, dict[str, Any]] = {}
         for drafter, c in cells.items():
             rows = np.asarray(c["rows"], float).reshape(-1, 5)
@@ -67,15 +74,27 @@ class PairedCells:
         self._engines: dict[tuple, list] = {}
 
     @classmethod
-    def from_profile(cls, prof: dict[str, Any], target, proxy, ex, baseline: str = "fit") -> "PairedCells | None":
-        """From a measured profile dict (``metadata.cells``, written by `dsparksim measure`); None without them."""
+    def from_profile(cls, prof: dict[str, Any], target, proxy, ex, baseline: str = "fit",
+                     live=None) -> "PairedCells | None":
+        """From a measured profile dict (``metadata.cells``, written by `dsparksim measure`); None without them.
+        ``live``: the trained drafters (:class:`~.measure.LiveDrafters`) when the profile was measured on live
+        steps (its ``metadata.drafting`` is ``live:...``); a proxy-measured profile's cells need ``live=None``."""
         from ..profile import profile_from_dict
         meta = prof.get("metadata", {})
         cells, grid = meta.get("cells"), meta.get("grid") or {}
         if not cells:
             return None
+        live_cells = str(meta.get("drafting", "proxy")).startswith("live:")
+        if live_cells != (live is not None):
+            raise ConfigError("validate", "metadata.drafting", f"the profile's cells were measured on "
+                              f"{'live' if live_cells else 'drafter-proxy'} steps ({meta.get('drafting', 'proxy')!r})"
+                              f" but the pairing was asked for {'live' if live is not None else 'proxy'} steps")
+        missing = sorted(set(cells) - set(live.drafters)) if live is not None else []
+        if missing:
+            raise ConfigError("validate", "metadata.cells", f"the profile has live cells of {missing} but the "
+                              f"loaded drafters are {sorted(live.drafters)}")
         return cls(target, proxy, ex, cells, int(grid.get("warmup", 2)), int(grid.get("reps", 5)),
-                   profile=profile_from_dict(prof), baseline=baseline)
+                   profile=profile_from_dict(prof), baseline=baseline, live=live)
 
     def match(self, drafter: str, n: int, L: float, ctx: float) -> tuple | None:
         """(drafter, n, ctx, L) of the stored cell nearest a decode step of ``n`` requests with mean verify length
@@ -124,13 +143,20 @@ class PairedCells:
         e = self._engines.get(ek)
         if e is None:
             T = _slot_tokens(c, K, self.warmup, self.reps, nL)
-            exe = Executor(self.target, self.proxy, self.ex, T=T, slots=n)
+            if self.live is None:
+                exe = Executor(self.target, self.proxy, self.ex, T=T, slots=n)
+            else:                              # the live step exactly as measure --live timed it (measure._cell)
+                from .live import LiveExecutor
+                lv = self.live
+                exe = LiveExecutor(self.target, lv.drafters[drafter], drafter, lv.temps[drafter], lv.prompts,
+                                   self.ex, T=T, slots=n, force_reject=True)
             pol = UniformL()
             pol.reset(K, np.random.default_rng(0))
             st = profiling_engine(exe, n=n, ctx=c, out_len=nL * (self.warmup + self.reps) + 6, T=T, K=K,
                                   drafter=drafter, policy=pol, acceptance=RejectAll(K, drafter),
                                   profile=profile_from_dict(_DUMMY), max_batched_tokens=n * (K + 1) + n * c,
-                                  prefill_chunk_tokens=n * c, live=False, rng=np.random.default_rng(0))
+                                  prefill_chunk_tokens=n * c, live=self.live is not None,
+                                  rng=np.random.default_rng(0))
             e = self._engines[ek] = [st, pol, 0.0, 0]
         st, pol = e[0], e[1]
         pol.L = L

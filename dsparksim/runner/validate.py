@@ -199,11 +199,18 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
     mon.calibrate("before the runs", probes=1 if base is not None else CALIBRATION_PROBES)
     cells = None
     if vc.pair_cells and vc.normalise:
-        if vc.runner.mode != "replay" or prof["metadata"].get("drafting", "proxy") != "proxy":
-            log("validate: paired reference cells need trace replay on the drafter proxy; live runs are "
-                "normalised by the drift windows")
+        drafting = str(prof["metadata"].get("drafting", "proxy"))
+        live = vc.runner.mode == "live"
+        if live != drafting.startswith("live:"):
+            # the stored cells are steps of the other kind (proxy vs trained drafter): not this run's shape
+            log(f"validate: the profile's cells were measured on {drafting!r} steps, not on this run's "
+                f"{'live' if live else 'drafter-proxy'} steps; real runs are normalised by the drift windows")
         else:
-            cells = PairedCells.from_profile(prof, target, proxy, ex, vc.pair_baseline)
+            lv = None
+            if live and prof["metadata"].get("cells"):
+                from .measure import LiveDrafters
+                lv = LiveDrafters.load(vc.runner.models, sorted(prof["metadata"]["cells"]), target)
+            cells = PairedCells.from_profile(prof, target, proxy, ex, vc.pair_baseline, live=lv)
             if cells is None:
                 log(f"validate: the profile {ppath} stores no cell timings (metadata.cells, written by `dsparksim "
                     "measure` since 2026-12-01): real runs are normalised by the drift windows, not paired cells")
