@@ -153,3 +153,37 @@ def test_validate_profiles_every_batch_size_it_will_run():
     assert max(vc.measure.n_reqs) == 32                      # accepted by the config's own M check
     with pytest.raises(ConfigError, match="pair_baseline"):
         ValidateConfig(pair_baseline="median")
+
+
+def test_live_validation_pairs_every_run_with_the_live_profiles_cells(tmp_path):
+    """Live mode: the profile is measured on live steps and every live run's decode steps are paired with its
+    own live cells (not left to the drift windows); the pipeline, not a timing claim (no gate)."""
+    from pathlib import Path
+    from dsparksim.runner.run import RunnerConfig
+    repo = Path(__file__).resolve().parents[1]
+    prompts = repo.parent / "shared" / "data" / "prompts"
+    if not prompts.is_dir():
+        pytest.skip("needs ../shared/data/prompts (eval prompts)")
+    models = repo / "models"
+    runner = RunnerConfig(mode="live", models=str(models), model=f"ckpt:{models / 'target.pt'}")
+    vc = ValidateConfig(policies=("fixed:7", "mtp1"), concurrency=(1, 2), repeats=1, drift_attempts=1,
+                        drift_gate=None, requests_per_user=4, min_requests=4, output_tokens=(24, 40),
+                        prefill_chunk_tokens=32,
+                        acceptance="traces/real_dspark_k7.csv.gz", mtp1_acceptance="traces/real_mtp1_k1.csv.gz",
+                        runner=runner,
+                        measure=MeasureConfig(contexts=(32, 96), reps=3, drift_attempts=1, drift_gate=None,
+                                              n_reqs=(1, 2, 3, 4, 5, 6), live_models=str(models),
+                                              model=f"ckpt:{models / 'target.pt'}"))
+    df = validate(vc, tmp_path, progress=False, log=lambda s: None)
+    prof = json.loads((tmp_path / "profile.json").read_text())
+    assert prof["metadata"]["drafting"].startswith("live:")
+    assert set(prof["metadata"]["cells"]) == {"dspark", "mtp1"}
+    assert len(df) == 4 and (df["paired_steps"] > 0).all(), df[["policy", "users", "paired_steps"]]
+    for _, r in df.iterrows():
+        real = tmp_path / "runs" / f"{r['policy'].replace(':', '_')}-c{r['users']}" / "real"
+        s = json.loads((real / "summary.json").read_text())
+        assert s["speed_normalised"]["normalised_by"] == "paired profile cells"
+        pairs = __import__("pandas").read_csv(real / "paired_1.csv")
+        # fixed:7 is paired with dspark's live cells, mtp1 with mtp1's
+        assert set(pairs["drafter"]) == {"mtp1" if r["policy"] == "mtp1" else "dspark"}
+        assert (pairs["factor"] > 0).all()

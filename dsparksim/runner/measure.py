@@ -789,11 +789,11 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
                  "reps": mc.reps},
         "fit": fit, "failed_cells": failed, "wall_s": round(time.time() - t_start, 1),
     }
-    if live is None:
-        # the raw cell medians: validate re-times these very cells beside every real step (runner.paired)
-        prof["metadata"]["cells"] = {mc.block_drafter: cell_medians(recs, mc.K)}
-        if mtp:
-            prof["metadata"]["cells"]["mtp1"] = cell_medians(mtp, 1)
+    # the raw cell medians: validate re-times these very cells beside every real step (runner.paired); a live
+    # profile's cells are live steps, re-timed as such beside live runs
+    prof["metadata"]["cells"] = {mc.block_drafter: cell_medians(recs, mc.K)}
+    if mtp:
+        prof["metadata"]["cells"]["mtp1"] = cell_medians(mtp, 1)
     if mon is not None:
         prof["metadata"]["drift"] = {**mon.summary(), "reference_cell": dict(REFERENCE_CELL),
                                      "note": "every cell started in the machine's fast state (reference within the "
