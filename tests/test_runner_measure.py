@@ -181,7 +181,7 @@ def test_prefill_fit_recovers_the_chunk_cost_growing_with_decoding_requests():
                 M0, kv0 = n * 8, n * 40.0
                 M1, kv1 = M0 + c * k, kv0 + (pre + c) * k
                 qk = k * (c * pre + c * (c + 1) // 2)           # a chunk after `pre` cached tokens
-                dv = p.verify_time(M1, kv1) - p.verify_time(M0, kv0)
+                dv = p.verify_time(M1, kv1) - (p.verify_time(M0, kv0) if M0 else 0.0)   # n=0: a whole step
                 add = a * c * k + b * qk + e * k + (tn * c * k + cn * k) * n
                 recs.append({"n_dec": n, "chunk": c, "k": k, "tokens": c * k, "qk": qk, "M0": M0, "M1": M1,
                              "kv0": kv0, "kv1": kv1, "d_step": dv + add + 1e-5 * c * k, "d_target": dv + add,

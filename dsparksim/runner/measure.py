@@ -281,7 +281,11 @@ def prefill_prefixes(contexts) -> tuple[int, ...]:
     """Cached-prefix lengths of the prefill cells: 0 and the largest measured context (at least 512, at most
     PREFIX_CAP), so the query-key slope is fitted over the contexts the profile will price."""
     return (0, int(min(PREFIX_CAP, max(PREFILL_PREFIXES[1], max(contexts)))))
-PREFILL_DECODE_ROWS = (1, 4, 16)   # decoding requests beside the chunks (the chunk cost's n-dependence)
+# decoding requests beside the chunks (the chunk cost's n-dependence). 0 = a prefill-only step, timed whole: without
+# it the chunk cost of a step with no decoding request was an extrapolation of the 1/4/16-request cells to n = 0,
+# and at ~1k-token prompts (6-10 chunks per request) a single user's prefill-only steps were priced +17-18%
+# (2026-12-02 c1k validation, runner.refit)
+PREFILL_DECODE_ROWS = (0, 1, 4, 16)
 
 
 def _prefill_cells(target, proxy, ex: ExecutorConfig, K: int, drafter: str, max_M: int, reps: int,
@@ -290,6 +294,10 @@ def _prefill_cells(target, proxy, ex: ExecutorConfig, K: int, drafter: str, max_
     all K drafts verified) without and with k chunks of c fresh prompt tokens; medians over ``reps`` pairs after
     one warm-up pair. Each chunk starts after s cached prompt tokens (s in ``prefixes``, prefilled untimed), so
     the fit sees the c*s query-key pairs a chunk of a long prompt attends, not only the c(c+1)/2 of a first chunk.
+
+    With n = 0 there is no step without the chunks: the record is the prefill-only step itself (M0 = 0, the
+    "without" step costs nothing), which is how the engine prices it (the verify term at the chunks' M, the fixed
+    overhead, the prefill terms with no decoding request beside them).
 
     The differences per timer (target forward, drafter, host) against the verify term's own difference at the two
     M values are what :func:`fit_prefill` fits: the quadratic query-key attention, per-token work (the drafter's
@@ -311,7 +319,8 @@ def _prefill_cells(target, proxy, ex: ExecutorConfig, K: int, drafter: str, max_
         for r in range(n + k):
             exe.start(r, r, 32 if r < n else s + c, "chat")
         none = np.zeros(0, np.int64)
-        exe.run_step(none, none, none, none, K, [(r, r, 0, 32) for r in range(n)])     # decode rows' prompts
+        if n:
+            exe.run_step(none, none, none, none, K, [(r, r, 0, 32) for r in range(n)])  # decode rows' prompts
         if s:                                                                        # the chunks' cached prefix
             exe.run_step(none, none, none, none, K, [(r, r, 0, s) for r in range(n, n + k)])
         dec = np.arange(n)
@@ -322,11 +331,15 @@ def _prefill_cells(target, proxy, ex: ExecutorConfig, K: int, drafter: str, max_
             pair = []
             for ch in ([], chunks):
                 kv = sum(exe.cache_len[int(r)] for r in dec) + n * (K + 1) + (s + c) * len(ch)
+                if n == 0 and not ch:            # a prefill-only cell: no step without the chunks
+                    pair.append((0.0, 0.0, 0.0, 0, 0))
+                    continue
                 t0 = exe.clock()
                 if live is None:                    # the proxy drafter runs inside execute
                     tm = exe.run_step(dec, dec, L, np.zeros(n, np.int64), K, ch)
                 else:
-                    exe.propose(dec, dec, K)
+                    if n:
+                        exe.propose(dec, dec, K)
                     tm = exe.run_step(dec, dec, L, None, K, ch)[0]
                 dt = exe.clock() - t0
                 pair.append((dt, tm.target_s, tm.draft_s, n * (K + 1) + c * len(ch), kv))
@@ -351,7 +364,9 @@ def fit_prefill(recs: list[dict], prof: dict) -> dict[str, Any]:
     qk = np.array([r["qk"] for r in recs], float)
     ch = np.array([r["k"] for r in recs], float)
     nd = np.array([r.get("n_dec", 4) for r in recs], float)
-    dv = np.array([float(p.verify_time(r["M1"], r["kv1"]) - p.verify_time(r["M0"], r["kv0"])) for r in recs])
+    # a prefill-only record (M0 = 0) is a whole step: its verify term is the staircase at the chunks' M
+    dv = np.array([float(p.verify_time(r["M1"], r["kv1"]) - (p.verify_time(r["M0"], r["kv0"]) if r["M0"] else 0.0))
+                   for r in recs])
     resid = np.array([r["d_step"] - r["d_draft"] for r in recs]) - dv
     cols = [tok, qk, ch] + ([tok * nd, ch * nd] if len(np.unique(nd)) > 1 else [])
     x, _ = nnls(np.stack(cols, 1), resid)

@@ -36,10 +36,13 @@ def _grid_config(prof: dict) -> MeasureConfig:
                          contexts=tuple(g.get("requested_contexts") or g["contexts"]))
 
 
-def refit(out_dir: str | Path, *, v0_at_shortest: bool = False, drop_anchor: bool = False) -> CostProfile:
+def refit(out_dir: str | Path, *, v0_at_shortest: bool = False, drop_anchor: bool = False,
+          drop_prefill_only: bool = False) -> CostProfile:
     """The profile refitted from ``profile_raw.json`` (as `measure` fits it; the prefill terms refitted against the
     new staircase). ``v0_at_shortest``: V0 from the shortest context's cells alone (``decompose_target``);
-    ``drop_anchor``: leave the shortest context's cells out (what the fit would be without the anchor)."""
+    ``drop_anchor``: leave the shortest context's cells out (what the fit would be without the anchor);
+    ``drop_prefill_only``: leave the prefill-only cells (no decoding request beside the chunks) out of the prefill
+    fit (what it was before they were measured)."""
     out = Path(out_dir)
     base = json.loads((out / "profile.json").read_text())
     raw_path = out / "profile_raw.json"
@@ -53,8 +56,9 @@ def refit(out_dir: str | Path, *, v0_at_shortest: bool = False, drop_anchor: boo
         blk, mtp = [x for x in blk if x["ctx"] != a], [x for x in mtp if x["ctx"] != a]
     prof = fit_profile(blk, mtp, _grid_config(base), v0_at_shortest=v0_at_shortest)
     fit = prof.pop("_fit")
-    if raw.get("prefill"):
-        pf = fit_prefill(raw["prefill"], prof)
+    pre = [r for r in raw.get("prefill") or [] if not (drop_prefill_only and r.get("n_dec", 4) == 0)]
+    if pre:
+        pf = fit_prefill(pre, prof)
         prof["prefill"] = {k: pf[k] for k in ("seconds_per_token", "seconds_per_query_key", "seconds_per_chunk")}
         prof["prefill"]["note"] = "refitted from profile_raw.json"
         for k in ("seconds_per_token_per_decode", "seconds_per_chunk_per_decode"):
@@ -124,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     variants = {"used by the validation": used, "refit (measure's current fit)": refit(out),
                 "V0 from the shortest context": refit(out, v0_at_shortest=True),
                 "shortest context dropped": refit(out, drop_anchor=True)}
+    raw = json.loads((out / "profile_raw.json").read_text())
+    if any(r.get("n_dec") == 0 for r in raw.get("prefill") or []):
+        variants["prefill-only cells dropped"] = refit(out, drop_prefill_only=True)
     for name, p in variants.items():
         df = price_runs(out, p)
         x = df["priced_over_measured"]
