@@ -449,6 +449,14 @@ def cell_medians(recs: list[dict], K: int) -> dict[str, Any]:
                              for (n, L, ctx), t, kv in zip(c["key"], c["t"], c["kv"])]}
 
 
+def prefill_cell_rows(recs: list[dict] | None) -> list[list[float]]:
+    """The prefill-only cells for ``metadata.prefill_cells`` (validate pairs every real prefill-only step with the
+    nearest one, :mod:`.paired`): one row [chunk, k, prefix, median step time (s), KV tokens read] per cell with no
+    decoding request beside its chunks (times at the baseline speed, as the fit saw them)."""
+    return [[int(r["chunk"]), int(r["k"]), int(r["prefix"]), float(r["d_step"]), float(r["kv1"])]
+            for r in recs or [] if r.get("n_dec", 4) == 0]
+
+
 def decompose_target(r: dict[str, np.ndarray], v0_at_shortest: bool = False
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float | None, float | None]:
     """Non-negative least squares t_target = V0(M) + b (n - n_min) + s * kv + q * qk over the cell medians (B(n) =
@@ -742,6 +750,7 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
         log(f"measure: drafter context term: {fit['drafter_context']['note']}")
     if fit["mtp1_context"] and fit["mtp1_context"]["seconds_per_kv_token"] == 0.0:
         log(f"measure: mtp1 context term: {fit['mtp1_context']['note']}")
+    pm = None
     if mc.prefill:
         # paired steps: what prompt chunks add to a step beyond the decode-shaped verify term
         try:
@@ -809,6 +818,15 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
     prof["metadata"]["cells"] = {mc.block_drafter: cell_medians(recs, mc.K)}
     if mtp:
         prof["metadata"]["cells"]["mtp1"] = cell_medians(mtp, 1)
+    pc = prefill_cell_rows(pf if mc.prefill else None)
+    if pc:
+        # a prefill-only step of the drafter proxy runs no drafter, so its cells serve every drafter; a live
+        # step updates the drafter's state over the prompt, so mtp1 has its own (measured with mtp1's state)
+        prof["metadata"]["prefill_cells"] = {mc.block_drafter: {"rows": pc}}
+        if mtp:
+            rows = pc if live is None else prefill_cell_rows(pm)
+            if rows:
+                prof["metadata"]["prefill_cells"]["mtp1"] = {"rows": rows}
     if mon is not None:
         prof["metadata"]["drift"] = {**mon.summary(), "reference_cell": dict(REFERENCE_CELL),
                                      "note": "every cell started in the machine's fast state (reference within the "

@@ -54,7 +54,7 @@ class PairedCells:
     medians; :meth:`time` steps a (cached) profiling engine of the matched cell once and returns its seconds."""
 
     def __init__(self, target, proxy, ex, cells: dict[str, Any], warmup: int, reps: int, profile=None,
-                 baseline: str = "fit", live=None) -> None:
+                 baseline: str = "fit", live=None, prefill_cells: dict[str, Any] | None = None) -> None:
         if baseline not in BASELINES:
             raise ConfigError("validate", "pair_baseline", f"expected one of {BASELINES}, got {baseline!r}")
         if baseline == "fit" and profile is None:
@@ -71,6 +71,13 @@ class PairedCells:
             K = int(c["K"])
             self.tables[drafter] = {"K": K, "rows": rows, "n": np.unique(rows[:, 0]).astype(int),
                                     "price": None if profile is None else cell_prices(profile, rows, K, drafter)}
+        # prefill-only cells (metadata.prefill_cells): rows [chunk, k, prefix, median s, KV read] per drafter
+        self.prefill: dict[str, dict[str, Any]] = {}
+        for drafter, c in (prefill_cells or {}).items():
+            rows = np.asarray(c["rows"], float).reshape(-1, 5)
+            if len(rows):
+                self.prefill[drafter] = {"rows": rows, "price": None if profile is None else
+                                         prefill_cell_prices(profile, rows, drafter)}
         self._engines: dict[tuple, list] = {}
 
     @classmethod
@@ -94,7 +101,8 @@ class PairedCells:
             raise ConfigError("validate", "metadata.cells", f"the profile has live cells of {missing} but the "
                               f"loaded drafters are {sorted(live.drafters)}")
         return cls(target, proxy, ex, cells, int(grid.get("warmup", 2)), int(grid.get("reps", 5)),
-                   profile=profile_from_dict(prof), baseline=baseline, live=live)
+                   profile=profile_from_dict(prof), baseline=baseline, live=live,
+                   prefill_cells=meta.get("prefill_cells"))
 
     def match(self, drafter: str, n: int, L: float, ctx: float) -> tuple | None:
         """(drafter, n, ctx, L) of the stored cell nearest a decode step of ``n`` requests with mean verify length
@@ -174,6 +182,73 @@ class PairedCells:
         return float(out.duration_s)
 
 
+    # ---------------------------------------------------------------- prefill-only steps
+    def match_prefill(self, drafter: str, tokens: int, chunks: int, qk: float) -> tuple | None:
+        """("prefill", drafter, chunk, k, prefix) of the stored prefill-only cell nearest a prefill-only step of
+        ``chunks`` chunks, ``tokens`` prompt tokens and ``qk`` query-key pairs (nearest chunk length, chunk count
+        and cached prefix, the prefix estimated from the query-key pairs); None without prefill cells."""
+        tab = self.prefill.get(drafter)
+        if tab is None or chunks < 1 or tokens < 1:
+            return None
+        rows = tab["rows"]
+        c = tokens / chunks
+        pre = max(0.0, qk / tokens - (c + 1) / 2)          # qk = sum c_i s_i + c_i (c_i + 1) / 2
+        d = (np.abs(np.log(rows[:, 0] / c)) + np.abs(rows[:, 1] - chunks)
+             + np.abs(np.log((rows[:, 2] + 32) / (pre + 32))))
+        r = rows[int(np.argmin(d))]
+        return "prefill", drafter, int(r[0]), int(r[1]), int(r[2])
+
+    def _prefill_index(self, key: tuple) -> int:
+        _, drafter, c, k, pre = key
+        rows = self.prefill[drafter]["rows"]
+        return int(np.flatnonzero((rows[:, 0] == c) & (rows[:, 1] == k) & (rows[:, 2] == pre))[0])
+
+    def prefill_baseline(self, key: tuple) -> float:
+        """A prefill-only cell's reference time: the profile's price of its shape (``"fit"``) or its raw median."""
+        tab, i = self.prefill[key[1]], self._prefill_index(key)
+        return float(tab["price"][i] if self.baseline_kind == "fit" else tab["rows"][i, 3])
+
+    def time_prefill(self, key: tuple) -> float | None:
+        """One prefill-only step of the matched cell (k chunks of c prompt tokens after ``prefix`` cached ones, as
+        ``measure`` timed it) on the executor's clock; None for the first steps of a freshly built executor. The
+        executor is kept: every call re-runs the same chunks over the same positions."""
+        from .executor import Executor
+        _, drafter, c, k, pre = key
+        e = self._engines.get(key)
+        none = np.zeros(0, np.int64)
+        if e is None:
+            T = pre + c + 8
+            if self.live is None:
+                exe = Executor(self.target, self.proxy, self.ex, T=T, slots=k)
+            else:
+                from .live import LiveExecutor
+                lv = self.live
+                exe = LiveExecutor(self.target, lv.drafters[drafter], drafter, lv.temps[drafter], lv.prompts,
+                                   self.ex, T=T, slots=k, force_reject=True)
+            for r in range(k):
+                exe.start(r, r, pre + c, "chat")
+            if pre:
+                exe.run_step(none, none, none, none, 1, [(r, r, 0, pre) for r in range(k)])
+            e = self._engines[key] = [exe, 0]
+        exe = e[0]
+        t0 = exe.clock()
+        exe.run_step(none, none, none, none, 1, [(r, r, pre, c) for r in range(k)])
+        dt = exe.clock() - t0
+        e[1] += 1
+        return None if e[1] <= 2 else float(dt)
+
+
+def prefill_cell_prices(profile, rows: np.ndarray, drafter: str) -> np.ndarray:
+    """(len(rows),) the profile's price of each stored prefill-only cell: the verify term at the chunks' M and KV
+    read plus the prefill terms beside no decoding request (no host loop: the cell times the executor's step)."""
+    out = []
+    for c, k, pre, _, kv in rows:
+        c, k, pre = int(c), int(k), int(pre)
+        qk = k * (c * pre + c * (c + 1) // 2)
+        out.append(float(profile.verify_time(c * k, kv)) + profile.prefill_time(drafter, c * k, qk, k, 0))
+    return np.array(out)
+
+
 def cell_prices(profile, rows: np.ndarray, K: int, drafter: str) -> np.ndarray:
     """(len(rows),) the profile's price of each stored cell's shape: n requests at verify length L reading the
     cell's mean context each (the query-key count as the engine logs it for decoding rows)."""
@@ -193,10 +268,28 @@ class RunPairs:
             raise ConfigError("validate", "pair_span", f"must be >= 0, got {span}")
         self.cells, self.drafter, self.span = cells, drafter, span
         self.log: list[tuple] = []               # (step, drafter, n, ctx, L, cell time now, baseline) per pair
+        self.pf_log: list[tuple] = []            # (step, drafter, chunk, k, prefix, cell time now, baseline)
+        self.pf_steps: list[int] = []            # every prefill-only step with a matched cell (timed or warm-up)
 
     def after_step(self, i: int, plan) -> None:
         n = plan.n_decode
-        if n == 0:                       # a prefill-only step has no decode cell; it takes a neighbour's factor
+        if n == 0:
+            # a prefill-only step is paired with the nearest prefill-only cell: on this VM a slow spell slowed
+            # ~1k-context decode steps 20-44% while the prefill-only steps between them ran at the profile's
+            # speed (2026-12-02, c1k runs: raw / priced 0.85-1.05 beside decode factors up to 1.43), so a
+            # decode cell's factor over-corrects them; without prefill cells it takes a neighbour's factor
+            pf = plan.prefill
+            if not pf:
+                return
+            tokens = sum(int(c[3]) for c in pf)
+            qk = sum(int(c[3]) * int(c[2]) + int(c[3]) * (int(c[3]) + 1) // 2 for c in pf)
+            key = self.cells.match_prefill(self.drafter, tokens, len(pf), qk)
+            if key is None:
+                return
+            self.pf_steps.append(int(i))
+            t = self.cells.time_prefill(key)
+            if t is not None:
+                self.pf_log.append((int(i), *key[1:], t, self.cells.prefill_baseline(key)))
             return
         # a step with prefill chunks is paired with the cell of its decode part: the factor is the machine's speed
         # at that moment (its prefill part's price is what stays under test)
@@ -234,10 +327,26 @@ class RunPairs:
         df["factor"] = df["cell_s"] / df["baseline_s"]
         return df
 
+    def prefill_table(self):
+        """The run's prefill-only pairs as a DataFrame (``paired_prefill.csv``): step, cell (drafter, chunk, k,
+        prefix), its time now, its baseline and the raw factor."""
+        import pandas as pd
+        df = pd.DataFrame(self.pf_log, columns=["step", "drafter", "chunk", "k", "prefix", "cell_s", "baseline_s"])
+        df["factor"] = df["cell_s"] / df["baseline_s"]
+        return df
+
     def factors(self, n_steps: int) -> np.ndarray | None:
         """(n_steps,) factor per step: the median over each paired step and its ``span`` paired neighbours each
-        side; unpaired steps take the nearest paired step's. None when no step was paired."""
-        return smooth_factors(np.asarray(self.idx, int), np.asarray(self.f, float), n_steps, self.span)
+        side; unpaired steps take the nearest paired step's. Prefill-only steps take the same from the
+        prefill-only pairs when there are any. None when no decode step was paired."""
+        f = smooth_factors(np.asarray(self.idx, int), np.asarray(self.f, float), n_steps, self.span)
+        if f is None or not self.pf_log:
+            return f
+        idx = np.array([r[0] for r in self.pf_log], int)
+        fp = smooth_factors(idx, np.array([r[5] / r[6] for r in self.pf_log]), n_steps, self.span)
+        steps = np.array(self.pf_steps, int)
+        f[steps] = fp[steps]
+        return f
 
 
 def smooth_factors(idx: np.ndarray, f: np.ndarray, n_steps: int, span: int) -> np.ndarray | None:

@@ -26,7 +26,7 @@ import pandas as pd
 
 from ..profile import CostProfile, profile_from_dict
 from .measure import MeasureConfig, fit_prefill, fit_profile
-from .paired import cell_prices, smooth_factors
+from .paired import cell_prices, prefill_cell_prices, smooth_factors
 from .residuals import model_terms
 
 
@@ -89,8 +89,9 @@ def price_runs(out_dir: str | Path, profile: CostProfile, span: int = 4) -> pd.D
         price = model_terms({k: st[k].to_numpy() for k in st.columns}, profile, K, drafter).to_numpy().sum(axis=1)
         scale = np.ones(len(st))
         cells = (base_d["metadata"].get("cells") or {}).get(drafter)
-        pairs = [pd.read_csv(f) for f in sorted(real.glob("paired_*.csv"))]
+        pairs = [pd.read_csv(f) for f in sorted(real.glob("paired_[0-9]*.csv"))]
         pairs = [pr for pr in pairs if not pr.empty]
+        pf_cells = (base_d["metadata"].get("prefill_cells") or {}).get(drafter)
         if cells and pairs and profile is not used:
             # each stored cell's price under both fits, once; a pair's factor is its cell's time now over that price
             stored = np.asarray(cells["rows"], float)
@@ -108,6 +109,21 @@ def price_runs(out_dir: str | Path, profile: CostProfile, span: int = 4) -> pd.D
                 # dt_raw / f_new = dt * f_used / f_new
                 per_rep.append(smooth_factors(idx, t / p_used[j], len(st), span)
                                / smooth_factors(idx, t / p_new[j], len(st), span))
+            # prefill-only steps took the factors of their own prefill-only pairs (paired_prefill_N.csv)
+            only = ((st["n_decode"] == 0) & (st["n_prefill_tokens"] > 0)).to_numpy()
+            for rep, f in enumerate(sorted(real.glob("paired_prefill_*.csv"))):
+                pr = pd.read_csv(f)
+                if pf_cells is None or pr.empty or rep >= len(per_rep):
+                    continue
+                rows_pf = np.asarray(pf_cells["rows"], float)
+                q_used, q_new = prefill_cell_prices(used, rows_pf, drafter), prefill_cell_prices(profile, rows_pf,
+                                                                                                  drafter)
+                keys = pr[["chunk", "k", "prefix"]].to_numpy(float)
+                j = (rows_pf[None, :, :3] == keys[:, None, :]).all(axis=2).argmax(axis=1)
+                idx, t = pr["step"].to_numpy(int), pr["cell_s"].to_numpy(float)
+                ratio = (smooth_factors(idx, t / q_used[j], len(st), span)
+                         / smooth_factors(idx, t / q_new[j], len(st), span))
+                per_rep[rep] = np.where(only, ratio, per_rep[rep])
             scale = np.median(np.array(per_rep), axis=0)
         meas = st["dt"].to_numpy() * scale
         pf = st["n_prefill_tokens"].to_numpy() > 0
