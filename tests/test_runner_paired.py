@@ -165,3 +165,94 @@ def test_live_cells_are_timed_on_the_trained_drafters_step():
     cells.time(key)
     (st, *_), = cells._engines.values()
     assert isinstance(st.ex, LiveExecutor) and st.ex.force_reject
+
+
+PF_ROWS = [[c, k, pre, 1e-3 * (1 + c / 64) * k * (1 + pre / 512), pre + c] for c in (16, 32, 64, 128)
+           for k in (1, 2) for pre in (0, 1536)]
+
+
+class FakePrefillCells(FakeCells):
+    """FakeCells with prefill-only cells on the same fake machine (its own slowdown)."""
+
+    def __init__(self):
+        super().__init__(ROWS)
+        self.prefill = {"dspark": {"rows": np.asarray(PF_ROWS, float), "price": None}}
+        self.pf_slowdown = 1.0
+
+    def time_prefill(self, key):
+        return self.prefill_baseline(key) * self.pf_slowdown
+
+
+def test_prefill_only_steps_take_the_factor_of_their_own_prefill_cells():
+    """A slow spell that hits decode steps but not prefill-only ones (what this VM does at ~1k contexts) is undone
+    for each kind by its own paired cells; without prefill cells prefill-only steps take a decode neighbour's."""
+    cells = FakePrefillCells()
+    # nearest chunk length, chunk count and prefix (estimated from the query-key pairs)
+    assert cells.match_prefill("dspark", 120, 1, 120 * 1000 + 120 * 121 // 2) == ("prefill", "dspark", 128, 1, 1536)
+    assert cells.match_prefill("dspark", 60, 2, 2 * (30 * 31 // 2)) == ("prefill", "dspark", 32, 2, 0)
+    assert cells.match_prefill("mtp1", 60, 1, 100) is None
+    pairs = RunPairs(cells, "dspark", span=1)
+    decode = np.ones(40, bool)
+    decode[10:20] = False                                   # steps 10..19: one request's prompt, chunk by chunk
+    cells.slowdown, cells.pf_slowdown = 1.4, 1.0           # decode steps 40% slower, prefill-only ones not
+    for i in range(40):
+        plan = _plan(2, 3, 500) if decode[i] else _plan(0, 0, 0, [(0, 0, 128 * (i - 10), 128)])
+        pairs.after_step(i, plan)
+    assert len(pairs.idx) == 30 and len(pairs.pf_log) == 10 and pairs.pf_steps == list(range(10, 20))
+    f = pairs.factors(40)
+    assert np.allclose(f[decode], 1.4) and np.allclose(f[~decode], 1.0)
+    t = pairs.prefill_table()
+    assert list(t.columns) == ["step", "drafter", "chunk", "k", "prefix", "cell_s", "baseline_s", "factor"]
+    assert np.allclose(t["factor"], 1.0) and set(t["prefix"]) == {0, 1536}
+    # without prefill cells: the decode neighbours' factor (the old behaviour)
+    plain = FakeCells(ROWS)
+    plain.slowdown = 1.4
+    p2 = RunPairs(plain, "dspark", span=1)
+    for i in range(40):
+        p2.after_step(i, _plan(2, 3, 500) if decode[i] else _plan(0, 0, 0, [(0, 0, 0, 128)]))
+    assert np.allclose(p2.factors(40), 1.4) and p2.pf_log == []
+
+
+def test_prefill_cell_price_is_the_verify_term_plus_prefill_terms_beside_no_decode():
+    from dsparksim.profile import FORMAT, profile_from_dict
+    from dsparksim.runner.paired import prefill_cell_prices
+    prof = profile_from_dict({
+        "format": FORMAT, "name": "t", "metadata": {"device": "-", "model": "-", "source": "-", "method": "-"},
+        "verify": {"M": [1, 64, 1000], "time_s": [1e-3, 3e-3, 9e-3]}, "fixed_overhead_s": 1e-4,
+        "attention": {"model": "kv_bandwidth", "seconds_per_kv_token": 1e-6},
+        "prefill": {"seconds_per_token": 1e-6, "seconds_per_query_key": 1e-9, "seconds_per_chunk": 2e-4,
+                    "seconds_per_token_per_decode": 5e-7, "note": "t"},
+        "drafters": {"dspark": {"kind": "parallel", "tokens": [3, 300], "time_s": [5e-4, 5e-3],
+                                "prefill_s_per_token": 3e-7}}})
+    # one 64-token chunk after 512 cached tokens: M = 64 (3 ms) + 576 KV tokens x 1 us; 64 x 1 us per token;
+    # 64 x 512 + 64 x 65 / 2 query-key pairs x 1 ns; 0.2 ms per chunk; no per-decode term; drafter 64 x 0.3 us;
+    # no fixed overhead (the cell times the executor's step, not the host loop)
+    want = 3e-3 + 576e-6 + 64e-6 + (64 * 512 + 64 * 65 // 2) * 1e-9 + 2e-4 + 64 * 3e-7
+    got = prefill_cell_prices(prof, np.array([[64, 1, 512, 0.0, 576.0]]), "dspark")
+    assert got == pytest.approx([want], rel=1e-12)
+
+
+def test_mixed_steps_take_the_summed_factor_of_their_decode_and_prefill_cells():
+    cells = FakePrefillCells()
+    cells.slowdown, cells.pf_slowdown = 1.5, 1.0
+    pairs = RunPairs(cells, "dspark", span=0)
+    chunk = [(9, 9, 512, 128)]                                  # 128 prompt tokens after 512 cached ones
+
+    def mixed():                                                # 4 decoding requests at context 96 + the chunk:
+        p = _plan(4, 3, 96, chunk)                              # kv_read also counts the chunk's prefix and tokens
+        p.kv_read += 512 + 128
+        return p
+    for i in range(10):
+        pairs.after_step(i, _plan(4, 3, 96) if i < 5 else _plan(0, 0, 0, chunk) if i == 7 else mixed())
+    # the decode part is matched on the decoding rows' own context, and is still a decode pair
+    assert {r[1:5] for r in pairs.log} == {("dspark", 4, 96, 3)} and len(pairs.log) == 9
+    assert len(pairs.mx_log) == 4 and pairs.mx_steps == [5, 6, 8, 9] and pairs.pf_steps == [7]
+    f = pairs.factors(10)
+    bd = cells.baseline(("dspark", 4, 96, 3))
+    pk = cells.match_prefill("dspark", 128, 1, 128 * 512 + 128 * 129 // 2)
+    assert pk == ("prefill", "dspark", 128, 1, 1536)          # 512 cached: nearer 1536 than 0 (log(prefix + 32))
+    bp = cells.prefill_baseline(pk)
+    assert np.allclose(f[:5], 1.5) and f[7] == pytest.approx(1.0)
+    assert np.allclose(f[[5, 6, 8, 9]], (1.5 * bd + bp) / (bd + bp))
+    t = pairs.mixed_table()
+    assert np.allclose(t["factor"], (1.5 * bd + bp) / (bd + bp)) and len(t) == 4

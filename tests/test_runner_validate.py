@@ -93,6 +93,11 @@ def test_reduced_validation_within_the_gate(tmp_path):
     cells = prof["metadata"]["cells"]
     assert len(cells["dspark"]["rows"]) == 16 * 3 * 8 and len(cells["mtp1"]["rows"]) == 16 * 3 * 2
     assert (df["paired_steps"] > 0).all(), df[["policy", "users", "paired_steps"]]
+    # prefill-only cells (4 chunk lengths x 1-2 chunks x 2 cached prefixes; a proxy prefill-only step runs no
+    # drafter, so mtp1 shares them) and the 1-user runs' prefill-only steps paired with them
+    pc = prof["metadata"]["prefill_cells"]
+    assert set(pc) == {"dspark", "mtp1"} and len(pc["dspark"]["rows"]) == 16 and pc["mtp1"] == pc["dspark"]
+    assert (df[df["users"] == 1]["paired_prefill_steps"] > 0).all(), df[["policy", "users", "paired_prefill_steps"]]
     assert set(s["profile_fit_vs_cells"]) == {"dspark", "mtp1"}
     assert "**Paired cells.**" in (out / "REPORT.md").read_text()
     # the raw cell records behind the profile are kept (offline refits): every timed step of every cell, and the

@@ -270,36 +270,49 @@ class RunPairs:
         self.log: list[tuple] = []               # (step, drafter, n, ctx, L, cell time now, baseline) per pair
         self.pf_log: list[tuple] = []            # (step, drafter, chunk, k, prefix, cell time now, baseline)
         self.pf_steps: list[int] = []            # every prefill-only step with a matched cell (timed or warm-up)
+        # mixed steps (decoding requests + chunks): (step, drafter, n, ctx, L, decode cell now, its baseline,
+        # chunk, k, prefix, prefill cell now, its baseline)
+        self.mx_log: list[tuple] = []
+        self.mx_steps: list[int] = []
 
     def after_step(self, i: int, plan) -> None:
-        n = plan.n_decode
+        n, pf = plan.n_decode, plan.prefill
+        pkey = None
+        if pf:
+            tokens = sum(int(c[3]) for c in pf)
+            qk = sum(int(c[3]) * int(c[2]) + int(c[3]) * (int(c[3]) + 1) // 2 for c in pf)
+            pkey = self.cells.match_prefill(self.drafter, tokens, len(pf), qk)
         if n == 0:
             # a prefill-only step is paired with the nearest prefill-only cell: on this VM a slow spell slowed
             # ~1k-context decode steps 20-44% while the prefill-only steps between them ran at the profile's
             # speed (2026-12-02, c1k runs: raw / priced 0.85-1.05 beside decode factors up to 1.43), so a
             # decode cell's factor over-corrects them; without prefill cells it takes a neighbour's factor
-            pf = plan.prefill
-            if not pf:
-                return
-            tokens = sum(int(c[3]) for c in pf)
-            qk = sum(int(c[3]) * int(c[2]) + int(c[3]) * (int(c[3]) + 1) // 2 for c in pf)
-            key = self.cells.match_prefill(self.drafter, tokens, len(pf), qk)
-            if key is None:
+            if pkey is None:
                 return
             self.pf_steps.append(int(i))
-            t = self.cells.time_prefill(key)
+            t = self.cells.time_prefill(pkey)
             if t is not None:
-                self.pf_log.append((int(i), *key[1:], t, self.cells.prefill_baseline(key)))
+                self.pf_log.append((int(i), *pkey[1:], t, self.cells.prefill_baseline(pkey)))
             return
-        # a step with prefill chunks is paired with the cell of its decode part: the factor is the machine's speed
-        # at that moment (its prefill part's price is what stays under test)
-        key = self.cells.match(self.drafter, n, float(np.mean(plan.verify)), plan.kv_read / n)
+        # the decode part: its requests' own context (kv_read also counts the chunks' prefixes and tokens)
+        ctx = max(1.0, (plan.kv_read - sum(int(c[2]) + int(c[3]) for c in pf)) / n)
+        key = self.cells.match(self.drafter, n, float(np.mean(plan.verify)), ctx)
         if key is None:
             return
+        if pkey is not None:
+            self.mx_steps.append(int(i))
         t = self.cells.time(key)
         if t is None:
             return
         self.log.append((int(i), *key, t, self.cells.baseline(key)))
+        if pkey is not None:
+            # a mixed step: also its prefill part's cell; the step's factor is the pair's summed time now over
+            # their summed references (the decode cell's factor alone over-corrected mixed steps at ~1k
+            # contexts, where they were 96% of an 8-user run's time: raw / priced 0.92 beside a factor of 0.75)
+            tp = self.cells.time_prefill(pkey)
+            if tp is not None:
+                self.mx_log.append((int(i), *key, t, self.cells.baseline(key), *pkey[2:], tp,
+                                    self.cells.prefill_baseline(pkey)))
 
     @property
     def idx(self) -> list[int]:
@@ -335,17 +348,30 @@ class RunPairs:
         df["factor"] = df["cell_s"] / df["baseline_s"]
         return df
 
+    def mixed_table(self):
+        """The run's mixed-step pairs as a DataFrame (``paired_mixed.csv``): step, decode cell (drafter, n_req, ctx,
+        L) and prefill cell (chunk, k, prefix), each one's time now and baseline, and the step's factor."""
+        import pandas as pd
+        df = pd.DataFrame(self.mx_log, columns=["step", "drafter", "n_req", "ctx", "L", "cell_s", "baseline_s",
+                                                "chunk", "k", "prefix", "prefill_s", "prefill_baseline_s"])
+        df["factor"] = (df["cell_s"] + df["prefill_s"]) / (df["baseline_s"] + df["prefill_baseline_s"])
+        return df
+
     def factors(self, n_steps: int) -> np.ndarray | None:
         """(n_steps,) factor per step: the median over each paired step and its ``span`` paired neighbours each
         side; unpaired steps take the nearest paired step's. Prefill-only steps take the same from the
-        prefill-only pairs when there are any. None when no decode step was paired."""
+        prefill-only pairs, and mixed steps from the mixed pairs, when there are any. None when no decode step was
+        paired."""
         f = smooth_factors(np.asarray(self.idx, int), np.asarray(self.f, float), n_steps, self.span)
-        if f is None or not self.pf_log:
+        if f is None:
             return f
-        idx = np.array([r[0] for r in self.pf_log], int)
-        fp = smooth_factors(idx, np.array([r[5] / r[6] for r in self.pf_log]), n_steps, self.span)
-        steps = np.array(self.pf_steps, int)
-        f[steps] = fp[steps]
+        for log, steps, fac in ((self.pf_log, self.pf_steps, lambda r: r[5] / r[6]),
+                                (self.mx_log, self.mx_steps, lambda r: (r[5] + r[10]) / (r[6] + r[11]))):
+            if log:
+                fs = smooth_factors(np.array([r[0] for r in log], int), np.array([fac(r) for r in log]), n_steps,
+                                    self.span)
+                st = np.array(steps, int)
+                f[st] = fs[st]
         return f
 
 

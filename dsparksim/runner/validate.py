@@ -237,6 +237,9 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
                     if t.pairs.pf_log:
                         t.pairs.prefill_table().to_csv(cell / "real" / f"paired_prefill_{i + 1}.csv", index=False,
                                                        float_format="%.9g")
+                    if t.pairs.mx_log:
+                        t.pairs.mixed_table().to_csv(cell / "real" / f"paired_mixed_{i + 1}.csv", index=False,
+                                                     float_format="%.9g")
             write_run(sim, cell / "sim", steps=True)
             rs, ss = _warm(real, vc.warmup_frac), _warm(sim, vc.warmup_frac)
             rraw = _warm(tr.raw, vc.warmup_frac)
@@ -245,6 +248,8 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
                                    "paired_steps": tr.paired,
                                    "paired_prefill_steps": sum(len(t.pairs.pf_log) for t in tries
                                                                if t.pairs is not None),
+                                   "paired_mixed_steps": sum(len(t.pairs.mx_log) for t in tries
+                                                             if t.pairs is not None),
                                    "paired_cell_over_fit": _mean_or_nan(
                                        t.norm.summary["speed_normalised"].get("paired_cell_median_over_fit")
                                        for t in tries),
@@ -349,6 +354,7 @@ def timed_run(vc: ValidateConfig, cfg: RunConfig, mon: DriftMonitor, label: str,
             "normalised_by": "paired profile cells" if fp is not None else "drift windows",
             "paired_steps": len(pairs.idx) if pairs is not None else 0,
             "paired_prefill_steps": len(pairs.pf_log) if pairs is not None else 0,
+            "paired_mixed_steps": len(pairs.mx_log) if pairs is not None else 0,
             "pair_baseline": vc.pair_baseline if fp is not None else None,
             # > 1: the raw cell medians sat above the fit here, so a "cell" baseline would make the run faster
             "paired_cell_median_over_fit": float(np.mean(pairs.median_over_fit))
@@ -535,13 +541,16 @@ def write_report(df: pd.DataFrame, summ: dict, vc: ValidateConfig, path: Path, p
                      "own cells is stated below)" if vc.pair_baseline == "fit" else
                      "its median when the profile was measured (`metadata.cells`, `--pair-baseline cell`)")
                   + f", the median over {2 * vc.pair_span + 1} neighbouring paired steps, and these factors (not the "
-                  "windows') normalise the run (a step with prefill chunks is paired by its decode part; "
+                  "windows') normalise the run ("
                   + (f"{int(df['paired_prefill_steps'].sum())} prefill-only steps were each followed by one step of "
                      "the profile's nearest prefill-only cell (`metadata.prefill_cells`: chunk length, chunk count, "
-                     "cached prefix) and take those factors"
-                     if df.get("paired_prefill_steps", pd.Series(dtype=float)).sum() > 0 else
-                     "a prefill-only step takes the nearest paired step's factor: the profile stores no "
-                     "prefill-only cells")
+                     f"cached prefix) and take those factors; {int(df['paired_mixed_steps'].sum())} steps with both "
+                     "decoding requests and chunks were followed by their decode part's cell and their chunks' "
+                     "prefill-only cell, and take the pair's summed time over their summed references"
+                     if df.get("paired_prefill_steps", pd.Series(dtype=float)).sum()
+                     + df.get("paired_mixed_steps", pd.Series(dtype=float)).sum() > 0 else
+                     "the profile stores no prefill-only cells: a step with prefill chunks is paired by its decode "
+                     "part, a prefill-only step takes the nearest paired step's factor")
                   + "). The "
                   "windows above still gate the runs and decide which are steady."]
         cof = df["paired_cell_over_fit"].dropna() if "paired_cell_over_fit" in df else pd.Series(dtype=float)
