@@ -218,7 +218,7 @@ def cmd_validate(args) -> int:
                         "traces/sample_dspark_k7.csv", mtp1_acceptance=acc1 or "mtp1", K=args.block_size,
                         requests_per_user=args.requests_per_user, repeats=args.repeats, seed=args.seed, measure=mc, profile=args.profile,
                         runner=_runner(args, mc.executor), **extra)
-    df = validate(vc, args.out, progress=not args.quiet)
+    validate(vc, args.out, progress=not args.quiet)
     s = json.loads((Path(args.out) / "summary.json").read_text())["summary"]
     worst = max(s["median_abs_rel_err_throughput"], s["median_abs_rel_err_tps_user_median"])
     d = s["drift"]

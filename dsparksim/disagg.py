@@ -8,7 +8,8 @@ Model (deliberately simple, every part reported per request):
 * An instance runs one request at a time (no batching across requests), its prompt in chunks of
   ``chunk_tokens`` tokens; a chunk of c tokens after s already prefilled costs one prefill-only step of the cost
   profile: ``verify_time(c, s + c) + step_overhead(drafter, 0, K, c, c*s + c(c+1)/2, 1)`` (the fixed overhead
-  plus the profile's prefill terms, the drafter's prompt update included) -- ``ttft_prefill``.
+  plus the profile's prefill terms, the drafter's prompt update included; a profile with a measured
+  ``prefill.only`` price of prefill-only steps uses that instead, as the engine does) -- ``ttft_prefill``.
 * The prompt's KV then crosses the link at full bandwidth, with no contention between transfers:
   ``prompt_tokens * kv_bytes_per_token * 8 / (kv_transfer_gbps * 1e9)`` seconds (``ttft_transfer``).
 
@@ -69,8 +70,11 @@ class PrefillPool:
             t, s, prof = 0.0, 0, self.profile
             while s < prompt:
                 c = min(self.chunk, prompt - s)
-                t += float(prof.verify_time(c, s + c)) + float(
-                    prof.step_overhead(self.drafter, 0, self.K, c, c * s + c * (c + 1) // 2, 1))
+                qk = c * s + c * (c + 1) // 2
+                only = getattr(prof, "prefill_only", None) is not None
+                # a profile's measured prefill-only step price (prefill.only) when it has one, as the engine
+                t += (float(prof.fixed_overhead_s) + prof.prefill_only_time(self.drafter, c, qk, 1) if only else
+                      float(prof.verify_time(c, s + c)) + float(prof.step_overhead(self.drafter, 0, self.K, c, qk, 1)))
                 s += c
             self._memo[prompt] = t
         return t

@@ -402,6 +402,13 @@ class Engine:
         The long-context query-key term is added by :meth:`plan_step` (it depends on each row's length); the
         drafter's context term (its attention over ``kv_read``) is inside step_overhead, constant in M."""
         prof = self.profile
+        if n_dec == 0 and n_pf and getattr(prof, "prefill_only", None) is not None:
+            # a prefill-only step has its own measured price (profile prefill.only), whatever its M
+            t_only = float(prof.fixed_overhead_s) + prof.prefill_only_time(self.drafter, n_pf, pf_qk, n_chunks)
+
+            def only_time(M: np.ndarray) -> np.ndarray:
+                return np.full(np.shape(M), t_only)
+            return only_time
         if self._draft_kv:
             nontrim = prof.step_overhead(self.drafter, n_dec, self.K, n_pf, pf_qk, n_chunks, kv_tokens=kv_read)
         else:

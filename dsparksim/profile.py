@@ -21,7 +21,9 @@ JSON format ``dsparksim-profile/1`` (also documented in profiles/README.md)::
      "prefill": {"seconds_per_token": float >= 0, "seconds_per_query_key": float >= 0,
                  "seconds_per_chunk": float >= 0, "note": str,                 # optional
                  "seconds_per_token_per_decode": float >= 0,                   # optional inside prefill
-                 "seconds_per_chunk_per_decode": float >= 0},                  # (absent = 0)
+                 "seconds_per_chunk_per_decode": float >= 0,                   # (absent = 0)
+                 "only": {"seconds_per_step": float > 0, "seconds_per_token": float >= 0,   # optional: steps
+                          "seconds_per_query_key": float >= 0, "seconds_per_chunk": float >= 0}},  # with no decode
      "fixed_overhead_s": float >= 0,
      "batch_overhead": {"n_req": [int, strictly increasing, >= 1], "time_s": [float >= 0]},    # optional
      "drafters": {"dspark": {"kind": "parallel", "tokens": [...], "time_s": [...],
@@ -58,6 +60,12 @@ Semantics:
     chunk costs more beside each decoding request of the same step; absent = 0, so older profiles price
     identically), plus the drafter's ``prefill_s_per_token * prefill_tokens`` (drafters consume the
     target's features of every prompt token). Absent = 0, as in profiles derived from decode-only tables.
+  * Prefill-only steps (optional ``prefill.only``): a step with no decoding request costs
+    ``only.seconds_per_step + only.seconds_per_token * prefill_tokens + only.seconds_per_query_key *
+    query_key_pairs + only.seconds_per_chunk * chunks`` (its whole forward and sampling, measured as such) plus
+    the fixed overhead and the drafter's ``prefill_s_per_token * prefill_tokens``, instead of the verify term at
+    its M plus the prefill terms: the staircase is fitted on decode-shaped batches and priced a measured CPU
+    prefill-only step 1.1-1.8x its time (2026-12-02). Absent: the verify term + prefill terms, as before.
   * Drafting: ``parallel`` = one drafter forward over n_req*K tokens, times (1 + markov_overhead_frac);
     ``autoregressive`` = K sequential forwards of n_req tokens; ``mtp`` = one forward of n_req tokens (K must
     be 1). ``drafter=None`` means no drafting (plain decoding).
@@ -186,6 +194,8 @@ class CostProfile:
     prefill_s_per_token_per_decode: float = 0.0
     prefill_s_per_chunk_per_decode: float = 0.0
     prefill_note: str | None = None       # None = the profile has no prefill term
+    # prefill.only: (seconds_per_step, per_token, per_query_key, per_chunk) of a step with no decoding request
+    prefill_only: tuple[float, float, float, float] | None = None
     seconds_per_query_kv: float = 0.0     # long-context attention term per decode query-key pair
     _extrap: _ExtrapolationLog = field(default_factory=_ExtrapolationLog, repr=False, compare=False)
     # Per-copy caches of the hot per-step lookups (not init: every copy, e.g. with_extrapolation, starts empty).
@@ -434,6 +444,18 @@ class CostProfile:
             t += self.drafters[drafter].prefill_s_per_token * prefill_tokens
         return float(t)
 
+    def prefill_only_time(self, drafter: str | None, prefill_tokens: float, query_keys: float,
+                          chunks: int = 1) -> float | None:
+        """A prefill-only step's price without the fixed overhead (``prefill.only`` + the drafter's prompt-token
+        term), or None when the profile has no ``prefill.only`` (then it is the verify term + prefill terms)."""
+        if self.prefill_only is None:
+            return None
+        p0, a, b, e = self.prefill_only
+        t = p0 + a * prefill_tokens + b * query_keys + e * chunks
+        if drafter is not None and drafter in self.drafters:
+            t += self.drafters[drafter].prefill_s_per_token * prefill_tokens
+        return float(t)
+
     def step_time(self, M: Any, n_req: Any, drafter: str | None, K: int, kv_tokens: Any = 0) -> Any:
         """Whole decode step without prefill: verify_time(M, kv_tokens) + nontrimmable_time(drafter, n_req, K,
         kv_tokens)."""
@@ -633,16 +655,29 @@ def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False)
 
     pf_tok = pf_qk = pf_ch = pf_tn = pf_cn = 0.0
     pf_note = None
+    pf_only = None
     pf = c.get(d, "prefill", required=False)
     if pf is not None:
         if not isinstance(pf, Mapping):
             raise c.fail("prefill", f"expected an object, got {type(pf).__name__}")
         bad = sorted(set(pf) - {"seconds_per_token", "seconds_per_query_key", "seconds_per_chunk", "note",
-                                "seconds_per_token_per_decode", "seconds_per_chunk_per_decode"})
+                                "seconds_per_token_per_decode", "seconds_per_chunk_per_decode", "only"})
         if bad:
             raise c.fail(f"prefill.{bad[0]}", "unknown key (allowed: seconds_per_token, seconds_per_query_key, "
                                               "seconds_per_chunk, seconds_per_token_per_decode, "
-                                              "seconds_per_chunk_per_decode, note)")
+                                              "seconds_per_chunk_per_decode, only, note)")
+        po = pf.get("only")
+        if po is not None:
+            if not isinstance(po, Mapping):
+                raise c.fail("prefill.only", f"expected an object, got {type(po).__name__}")
+            keys = ("seconds_per_step", "seconds_per_token", "seconds_per_query_key", "seconds_per_chunk")
+            bad = sorted(set(po) - set(keys))
+            if bad:
+                raise c.fail(f"prefill.only.{bad[0]}", f"unknown key (allowed: {', '.join(keys)})")
+            # a step is never free: the per-step part must be > 0
+            pf_only = (c.number(c.get(po, "seconds_per_step", "prefill.only."), "prefill.only.seconds_per_step",
+                                strict=True),
+                       *(c.number(po.get(k, 0.0), f"prefill.only.{k}") for k in keys[1:]))
         pf_tok = c.number(c.get(pf, "seconds_per_token", "prefill."), "prefill.seconds_per_token")
         pf_qk = c.number(pf.get("seconds_per_query_key", 0.0), "prefill.seconds_per_query_key")
         pf_ch = c.number(pf.get("seconds_per_chunk", 0.0), "prefill.seconds_per_chunk")
@@ -689,7 +724,8 @@ def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False)
                        batch_overhead=bo, drafters=drafters, source=source, extrapolate=bool(extrapolate),
                        attention_note=att_note, prefill_s_per_token=pf_tok, prefill_s_per_query_key=pf_qk,
                        prefill_s_per_chunk=pf_ch, prefill_s_per_token_per_decode=pf_tn,
-                       prefill_s_per_chunk_per_decode=pf_cn, prefill_note=pf_note, seconds_per_query_kv=sqk)
+                       prefill_s_per_chunk_per_decode=pf_cn, prefill_note=pf_note, seconds_per_query_kv=sqk,
+                       prefill_only=pf_only)
 
 
 def profile_to_dict(p: CostProfile) -> dict[str, Any]:
@@ -714,6 +750,9 @@ def profile_to_dict(p: CostProfile) -> dict[str, Any]:
             v = float(getattr(p, f"prefill_s_per_{k}_per_decode"))
             if v:
                 out["prefill"][f"seconds_per_{k}_per_decode"] = v
+        if p.prefill_only is not None:
+            out["prefill"]["only"] = dict(zip(("seconds_per_step", "seconds_per_token", "seconds_per_query_key",
+                                               "seconds_per_chunk"), (float(x) for x in p.prefill_only)))
     out["fixed_overhead_s"] = float(p.fixed_overhead_s)
     if p.batch_overhead is not None:
         out["batch_overhead"] = {"n_req": [int(x) for x in p.batch_overhead[0]],

@@ -187,7 +187,8 @@ def test_prefill_fit_recovers_the_chunk_cost_growing_with_decoding_requests():
                              "kv0": kv0, "kv1": kv1, "d_step": dv + add + 1e-5 * c * k, "d_target": dv + add,
                              "d_draft": 1e-5 * c * k})
     fit = meas.fit_prefill(recs, prof)
-    assert fit["decode_rows"] == list(meas.PREFILL_DECODE_ROWS)
+    # the prefill-only records (n_dec = 0) go to prefill.only (fit_prefill_only), not to these terms
+    assert 0 in meas.PREFILL_DECODE_ROWS and fit["decode_rows"] == [n for n in meas.PREFILL_DECODE_ROWS if n]
     for key, want in (("seconds_per_token", a), ("seconds_per_query_key", b), ("seconds_per_chunk", e),
                       ("seconds_per_token_per_decode", tn), ("seconds_per_chunk_per_decode", cn),
                       ("drafter_s_per_token", 1e-5)):
@@ -335,3 +336,53 @@ def test_mtp1_gets_its_own_context_slope_from_cells_at_every_context():
     one = fit_profile(_drafter_recs(2e-7), [x for x in mtp if x["ctx"] == 50], mc)
     assert "seconds_per_kv_token" not in one["drafters"]["mtp1"]
     np.testing.assert_allclose(one["drafters"]["mtp1"]["time_s"], [2e-4 + 5e-5 * n + 3e-7 * 50 * n for n in (1, 2, 4)])
+
+
+def test_prefill_only_fit_recovers_the_whole_step_closed_form_and_the_profile_prices_it():
+    """Prefill-only steps (no decoding request) are priced from their own cells: NNLS of the whole step time on
+    [1, tokens, query-key pairs, chunks] recovers the closed form; the engine and disaggregated prefill price such a
+    step with it (plus the fixed overhead), and a step with decoding requests is priced as before."""
+    from dsparksim.profile import profile_from_dict, profile_to_dict
+    from dsparksim.errors import InputError
+    p0, a, b, e, dft = 2e-3, 4e-6, 3e-9, 1e-4, 1e-6
+    recs = []
+    for c in meas.PREFILL_CHUNKS:
+        for k in (1, 2):
+            for pre in (0, 1536):
+                qk = k * (c * pre + c * (c + 1) // 2)
+                recs.append({"n_dec": 0, "chunk": c, "k": k, "prefix": pre, "tokens": c * k, "qk": qk, "M0": 0,
+                             "M1": c * k, "kv0": 0.0, "kv1": float(k * (pre + c)), "d_target": 0.0,
+                             "d_step": p0 + a * c * k + b * qk + e * k + dft * c * k, "d_draft": dft * c * k})
+    only = meas.fit_prefill_only(recs)
+    for key, want in (("seconds_per_step", p0), ("seconds_per_token", a), ("seconds_per_query_key", b),
+                      ("seconds_per_chunk", e)):
+        assert only[key] == pytest.approx(want, rel=1e-6), key
+    assert meas.fit_prefill_only(recs[:3]) is None                       # too few cells
+    assert meas.fit_prefill_only([{**r, "n_dec": 1} for r in recs]) is None   # none without decoding requests
+    d = _fit_base() | {"name": "t", "metadata": {k: "-" for k in ("device", "model", "source", "method")},
+                       "prefill": {"seconds_per_token": 1e-6, "seconds_per_query_key": 0.0, "note": "t",
+                                   "only": only}}
+    d["drafters"]["dspark"]["prefill_s_per_token"] = dft
+    prof = profile_from_dict(d)
+    assert profile_from_dict(profile_to_dict(prof)).prefill_only == prof.prefill_only
+    t = prof.prefill_only_time("dspark", 128, 128 * 500 + 128 * 129 // 2, 1)
+    assert t == pytest.approx(p0 + a * 128 + b * (128 * 500 + 128 * 129 // 2) + e + dft * 128, rel=1e-6)
+    # the engine: a prefill-only step costs fixed + that, whatever its M; with a decoding request, the old formula
+    import numpy as np
+    from dsparksim.engine import Engine
+    eng = Engine.__new__(Engine)
+    eng.profile, eng.drafter, eng.K, eng._draft_kv, eng._dense = prof, "dspark", 7, False, None
+    cost = eng.step_cost(0, 628, 128, 128 * 500 + 128 * 129 // 2, 1)
+    assert np.allclose(cost(np.array([128, 129])), 1e-4 + t)
+    mixed = eng.step_cost(1, 628, 128, 128 * 500 + 128 * 129 // 2, 1)(np.array([136]))[0]
+    assert mixed == pytest.approx(prof.verify_time(136, 628) + prof.step_overhead("dspark", 1, 7, 128, 128 * 500
+                                                                                  + 128 * 129 // 2, 1))
+    # disaggregated prefill prices its chunks the same way
+    from dsparksim.disagg import PrefillPool
+    pool = PrefillPool(profile=prof, drafter="dspark", K=7, replicas=1, chunk_tokens=128, gbps=100.0,
+                       bytes_per_token=1.0)
+    want = sum(1e-4 + prof.prefill_only_time("dspark", 128, 128 * s + 128 * 129 // 2, 1) for s in (0, 128))
+    assert pool.prefill_s(256) == pytest.approx(want)
+    for bad, msg in (({**only, "seconds_per_step": 0.0}, "seconds_per_step"), ({**only, "x": 1}, "only.x")):
+        with pytest.raises(InputError, match=msg):
+            profile_from_dict(d | {"prefill": {**d["prefill"], "only": bad}})

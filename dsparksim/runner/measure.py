@@ -354,10 +354,32 @@ def _prefill_cells(target, proxy, ex: ExecutorConfig, K: int, drafter: str, max_
     return recs
 
 
+def fit_prefill_only(recs: list[dict]) -> dict[str, Any] | None:
+    """``prefill.only`` from the prefill-only cells (n_dec = 0): NNLS of their whole step time less the drafter's
+    part on [1, prompt tokens, query-key pairs, chunks]. None without such cells or when the fit leaves no
+    positive per-step part (a step is never free)."""
+    rows = [r for r in recs if r.get("n_dec", 4) == 0]
+    if len(rows) < 4:
+        return None
+    A = np.array([[1.0, r["tokens"], r["qk"], r["k"]] for r in rows])
+    y = np.array([r["d_step"] - r["d_draft"] for r in rows])
+    w = 1.0 / np.maximum(np.abs(y), 1e-9)            # relative errors, as the target fit
+    x, _ = nnls(A * w[:, None], y * w)
+    if not x[0] > 0:
+        return None
+    return {"seconds_per_step": float(x[0]), "seconds_per_token": float(x[1]),
+            "seconds_per_query_key": float(x[2]), "seconds_per_chunk": float(x[3])}
+
+
 def fit_prefill(recs: list[dict], prof: dict) -> dict[str, Any]:
     """NNLS of what the chunks add to a step beyond the verify term's own growth (target + host) on prompt
     tokens, query-key pairs, chunks, and tokens and chunks times the decoding requests beside them (when the
-    cells have more than one n); the drafter's part per prompt token (median)."""
+    cells have more than one n); the drafter's part per prompt token (median). The prefill-only cells (n_dec = 0)
+    are left to :func:`fit_prefill_only` when there are enough of them (a step with no decoding request is priced
+    by ``prefill.only``, not by the verify term: the decode-shaped staircase at a chunk's M alone was 1.1-1.8x a
+    measured prefill-only step here, which no non-negative prefill term can take back)."""
+    if fit_prefill_only(recs) is not None:
+        recs = [r for r in recs if r.get("n_dec", 4) != 0]
     p = profile_from_dict(prof | {"name": "fit", "metadata": {k: "-" for k in ("device", "model", "source",
                                                                                   "method")}})
     tok = np.array([r["tokens"] for r in recs], float)
@@ -781,6 +803,12 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
         for k in ("seconds_per_token_per_decode", "seconds_per_chunk_per_decode"):
             if pfit[k] > 0:
                 prof["prefill"][k] = pfit[k]
+        only = fit_prefill_only(pf)
+        if only is not None:
+            prof["prefill"]["only"] = only
+            prof["prefill"]["note"] += ("; prefill-only steps: prefill.only, NNLS of the prefill-only cells' whole "
+                                        "step time on [1, tokens, query-key pairs, chunks]")
+        pfit["only"] = only
         if live is not None:
             prof["drafters"][mc.block_drafter]["prefill_s_per_token"] = pfit["drafter_s_per_token"]
             if "mtp1" in prof["drafters"] and mc.mtp1:

@@ -239,13 +239,16 @@ class PairedCells:
 
 
 def prefill_cell_prices(profile, rows: np.ndarray, drafter: str) -> np.ndarray:
-    """(len(rows),) the profile's price of each stored prefill-only cell: the verify term at the chunks' M and KV
-    read plus the prefill terms beside no decoding request (no host loop: the cell times the executor's step)."""
+    """(len(rows),) the profile's price of each stored prefill-only cell: its ``prefill.only`` price, else the verify
+    term at the chunks' M and KV read plus the prefill terms beside no decoding request (no host loop either way:
+    the cell times the executor's step)."""
     out = []
     for c, k, pre, _, kv in rows:
         c, k, pre = int(c), int(k), int(pre)
         qk = k * (c * pre + c * (c + 1) // 2)
-        out.append(float(profile.verify_time(c * k, kv)) + profile.prefill_time(drafter, c * k, qk, k, 0))
+        only = profile.prefill_only_time(drafter, c * k, qk, k)
+        out.append(only if only is not None else
+                   float(profile.verify_time(c * k, kv)) + profile.prefill_time(drafter, c * k, qk, k, 0))
     return np.array(out)
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from ..profile import CostProfile, profile_from_dict
-from .measure import MeasureConfig, fit_prefill, fit_profile
+from .measure import MeasureConfig, fit_prefill, fit_prefill_only, fit_profile
 from .paired import cell_prices, prefill_cell_prices, smooth_factors
 from .residuals import model_terms
 
@@ -64,6 +64,9 @@ def refit(out_dir: str | Path, *, v0_at_shortest: bool = False, drop_anchor: boo
         for k in ("seconds_per_token_per_decode", "seconds_per_chunk_per_decode"):
             if pf[k] > 0:
                 prof["prefill"][k] = pf[k]
+        only = fit_prefill_only(pre)
+        if only is not None:
+            prof["prefill"]["only"] = only
         for d, spec in prof["drafters"].items():     # the drafters' own prefill rate (live profiles) as measured
             dpf = base.get("drafters", {}).get(d, {}).get("prefill_s_per_token")
             if dpf is not None:

@@ -73,6 +73,15 @@ def model_terms(steps: Mapping[str, np.ndarray], profile: Any, K: int, drafter: 
     dpf = profile.drafters[drafter].prefill_s_per_token if drafter in profile.drafters else 0.0
     pf_d = np.where(has_pf, dpf * pf, 0.0)
     B = _per_request_target(profile, n)
+    po = getattr(profile, "prefill_only", None)
+    if po is not None:
+        # prefill-only steps (no decoding request) priced by the profile's own prefill.only terms: their target
+        # forward is the whole measured term (no verify staircase, no context, no per-chunk host part)
+        only = (n == 0) & (pf > 0)
+        t_only = po[0] + po[1] * pf + po[2] * qk + po[3] * ch
+        v0, v = np.where(only, 0.0, v0), np.where(only, 0.0, v)
+        pf_t = np.where(only, t_only, pf_t)
+        pf_c = np.where(only, 0.0, pf_c)
     return pd.DataFrame({"m_verify": v0, "m_context": v - v0, "m_prefill_target": pf_t, "m_prefill_chunk": pf_c,
                          "m_prefill_drafter": pf_d, "m_per_request": B, "m_drafter": d, "m_drafter_context": d_ctx,
                          "m_host": host - B})
