@@ -281,10 +281,10 @@ def prefill_prefixes(contexts) -> tuple[int, ...]:
     """Cached-prefix lengths of the prefill cells: 0 and the largest measured context (at least 512, at most
     PREFIX_CAP), so the query-key slope is fitted over the contexts the profile will price."""
     return (0, int(min(PREFIX_CAP, max(PREFILL_PREFIXES[1], max(contexts)))))
-# decoding requests beside the chunks (the chunk cost's n-dependence). 0 = a prefill-only step, timed whole: without
-# it the chunk cost of a step with no decoding request was an extrapolation of the 1/4/16-request cells to n = 0,
-# and at ~1k-token prompts (6-10 chunks per request) a single user's prefill-only steps were priced +17-18%
-# (2026-12-02 c1k validation, runner.refit)
+# decoding requests beside the chunks (the chunk cost's n-dependence). 0 = a prefill-only step, timed whole
+# (prefill.only): before, a step with no decoding request was priced as the decode-fitted staircase at its M plus
+# an extrapolation of the 1/4/16-request cells to n = 0, and at ~1k-token prompts (6-10 chunks per request) a
+# single user's prefill-only steps were priced +17-18% (2026-12-02 c1k validations, runner.refit)
 PREFILL_DECODE_ROWS = (0, 1, 4, 16)
 
 
@@ -296,8 +296,8 @@ def _prefill_cells(target, proxy, ex: ExecutorConfig, K: int, drafter: str, max_
     the fit sees the c*s query-key pairs a chunk of a long prompt attends, not only the c(c+1)/2 of a first chunk.
 
     With n = 0 there is no step without the chunks: the record is the prefill-only step itself (M0 = 0, the
-    "without" step costs nothing), which is how the engine prices it (the verify term at the chunks' M, the fixed
-    overhead, the prefill terms with no decoding request beside them).
+    "without" step costs nothing), fitted on its own (:func:`fit_prefill_only`, the profile's ``prefill.only``)
+    and stored for validate's paired prefill-only cells (``metadata.prefill_cells``).
 
     The differences per timer (target forward, drafter, host) against the verify term's own difference at the two
     M values are what :func:`fit_prefill` fits: the quadratic query-key attention, per-token work (the drafter's

@@ -27,10 +27,14 @@ same shape timed back to back agree within 1% (step 0.99-1.01x; the host loop is
 0.1 ms).
 
 A single step's time scatters by a few percent (on 2026-12-02: real over its paired cell 0.8-1.45 step by step),
-so a step's factor is the median over its neighbouring paired steps (``span`` each side). A step with prefill
-chunks is paired with the cell of its decode part (its factor is the machine's speed at that moment; the prefill
-price stays under test); a step with no pair (prefill only, or a drafter without cells) takes the nearest paired
-step's factor.
+so a step's factor is the median over its neighbouring paired steps (``span`` each side), among steps of its own
+kind. A prefill-only step is paired with the profile's nearest prefill-only cell (``metadata.prefill_cells``:
+chunk length, chunk count, cached prefix); a step with decoding requests and chunks with both its decode part's
+cell and its chunks' prefill-only cell, its factor the pair's summed time now over their summed references. On
+this VM a slow spell slowed ~1k-context decode cells 20-44% while prefill-only steps ran at the profile's speed,
+so one decode cell's factor over-corrected every step with chunks. Without prefill cells (profiles measured before
+2026-12-02) a step with chunks is paired by its decode part and a prefill-only step takes the nearest paired
+step's factor; so does a step of a drafter without cells.
 
 Live mode (``live=``, a :class:`~.measure.LiveDrafters`): a profile measured on live steps (``measure --live``)
 stores cells of the trained drafter's step (propose, rejection sampling, drafter state update; every block
@@ -180,7 +184,6 @@ class PairedCells:
         if e[3] <= 2:                          # a fresh engine's first steps pay one-off allocation costs
             return None
         return float(out.duration_s)
-
 
     # ---------------------------------------------------------------- prefill-only steps
     def match_prefill(self, drafter: str, tokens: int, chunks: int, qk: float) -> tuple | None:
