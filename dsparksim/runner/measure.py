@@ -291,9 +291,10 @@ PREFILL_DECODE_ROWS = (0, 1, 4, 16)
 def _prefill_cells(target, proxy, ex: ExecutorConfig, K: int, drafter: str, max_M: int, reps: int,
                    live: "LiveDrafters | None" = None, prefixes=PREFILL_PREFIXES) -> list[dict[str, float]]:
     """What prefill chunks add to a step: paired steps of the same n decoding requests (n in PREFILL_DECODE_ROWS,
-    all K drafts verified) without and with k chunks of c fresh prompt tokens; medians over ``reps`` pairs after
-    one warm-up pair. Each chunk starts after s cached prompt tokens (s in ``prefixes``, prefilled untimed), so
-    the fit sees the c*s query-key pairs a chunk of a long prompt attends, not only the c(c+1)/2 of a first chunk.
+    all K drafts verified) without and with k chunks of c fresh prompt tokens; medians over ``reps`` pairs (3 x
+    ``reps`` steps for a prefill-only cell) after one warm-up. Each chunk starts after s cached prompt tokens (s in
+    ``prefixes``, prefilled untimed), so the fit sees the c*s query-key pairs a chunk of a long prompt attends, not
+    only the c(c+1)/2 of a first chunk.
 
     With n = 0 there is no step without the chunks: the record is the prefill-only step itself (M0 = 0, the
     "without" step costs nothing), fitted on its own (:func:`fit_prefill_only`, the profile's ``prefill.only``)
@@ -327,7 +328,9 @@ def _prefill_cells(target, proxy, ex: ExecutorConfig, K: int, drafter: str, max_
         L = np.full(n, K, np.int64)
         chunks = [(r, r, s, c) for r in range(n, n + k)]
         rows = []
-        for i in range(reps + 1):
+        # a prefill-only cell is one step (no pair) of a few ms, and its median is the whole price of such steps
+        # and their pairs' reference: 3x the steps (their 5-step medians scattered +-25% around the fit here)
+        for i in range((reps if n else 3 * reps) + 1):
             pair = []
             for ch in ([], chunks):
                 kv = sum(exe.cache_len[int(r)] for r in dec) + n * (K + 1) + (s + c) * len(ch)
