@@ -232,7 +232,8 @@ def test_prefill_cell_price_is_the_verify_term_plus_prefill_terms_beside_no_deco
     assert got == pytest.approx([want], rel=1e-12)
 
 
-def test_mixed_steps_take_the_summed_factor_of_their_decode_and_prefill_cells():
+def test_mixed_steps_take_the_blended_factor_of_their_decode_and_prefill_cells():
+    # without a profile the blend weights the two cells by their references: summed times over summed references
     cells = FakePrefillCells()
     cells.slowdown, cells.pf_slowdown = 1.5, 1.0
     pairs = RunPairs(cells, "dspark", span=0)
@@ -256,3 +257,21 @@ def test_mixed_steps_take_the_summed_factor_of_their_decode_and_prefill_cells():
     assert np.allclose(f[[5, 6, 8, 9]], (1.5 * bd + bp) / (bd + bp))
     t = pairs.mixed_table()
     assert np.allclose(t["factor"], (1.5 * bd + bp) / (bd + bp)) and len(t) == 4
+
+
+def test_mixed_blend_weights_the_prefill_cell_by_the_price_beyond_the_decode_part():
+    from dsparksim.profile import FORMAT, profile_from_dict
+    prof = profile_from_dict({
+        "format": FORMAT, "name": "t", "metadata": {"device": "-", "model": "-", "source": "-", "method": "-"},
+        "verify": {"M": [1, 16, 1000], "time_s": [1e-3, 3e-3, 9e-3]}, "fixed_overhead_s": 1e-4,
+        "drafters": {"dspark": {"kind": "parallel", "tokens": [3, 12, 300], "time_s": [5e-4, 2e-3, 5e-3]}}})
+    cells = PairedCells(None, None, None, {"dspark": {"K": 3, "rows": [[4, 32, 3, 1e-2, 40.0]]}}, 2, 3,
+                        profile=prof)
+    key = ("dspark", 4, 32, 3)
+    dec = cells.fit_price(key)                           # M = 16: 3 ms + 12 drafter tokens 2 ms + 0.1 ms
+    assert dec == pytest.approx(5.1e-3)
+    assert cells.prefill_weight(key, 4 * dec, 1.0, 1.0) == pytest.approx(0.75)     # 3/4 of the step is the chunk
+    assert cells.prefill_weight(key, 0.5 * dec, 1.0, 1.0) == 0.0                   # clipped to [0, 1]
+    from dsparksim.runner.paired import _mixed_factor
+    row = (0, "dspark", 4, 32, 3, 1.5, 1.0, 128, 1, 0, 1.0, 1.0, 0.25)             # decode x1.5, prefill x1.0
+    assert _mixed_factor(row) == pytest.approx(0.75 * 1.5 + 0.25 * 1.0)

@@ -30,7 +30,8 @@ A single step's time scatters by a few percent (on 2026-12-02: real over its pai
 so a step's factor is the median over its neighbouring paired steps (``span`` each side), among steps of its own
 kind. A prefill-only step is paired with the profile's nearest prefill-only cell (``metadata.prefill_cells``:
 chunk length, chunk count, cached prefix); a step with decoding requests and chunks with both its decode part's
-cell and its chunks' prefill-only cell, its factor the pair's summed time now over their summed references. On
+cell and its chunks' prefill-only cell, its factor the two cells' factors blended, the prefill one weighted by the
+share of the step's price beyond its decode part. On
 this VM a slow spell slowed ~1k-context decode cells 20-44% while prefill-only steps ran at the profile's speed,
 so one decode cell's factor over-corrected every step with chunks. Without prefill cells (profiles measured before
 2026-12-02) a step with chunks is paired by its decode part and a prefill-only step takes the nearest paired
@@ -185,6 +186,14 @@ class PairedCells:
             return None
         return float(out.duration_s)
 
+    def prefill_weight(self, key: tuple, step_price: float, base_d: float, base_p: float) -> float:
+        """The prefill cell's weight in a mixed step's factor: 1 - (the profile's price of the step's decode part,
+        the cell shape ``key``) / (its price of the whole step), in [0, 1]; without a profile, the two references'
+        shares."""
+        if self.profile is None or not step_price > 0:
+            return base_p / (base_d + base_p)
+        return float(np.clip(1.0 - self.fit_price(key) / step_price, 0.0, 1.0))
+
     # ---------------------------------------------------------------- prefill-only steps
     def match_prefill(self, drafter: str, tokens: int, chunks: int, qk: float) -> tuple | None:
         """("prefill", drafter, chunk, k, prefix) of the stored prefill-only cell nearest a prefill-only step of
@@ -241,6 +250,13 @@ class PairedCells:
         return None if e[1] <= 2 else float(dt)
 
 
+def _mixed_factor(r: tuple) -> float:
+    """A mixed pair's factor (a ``RunPairs.mx_log`` row): the decode and prefill cells' factors blended by the
+    prefill weight."""
+    w = r[12]
+    return (1.0 - w) * r[5] / r[6] + w * r[10] / r[11]
+
+
 def prefill_cell_prices(profile, rows: np.ndarray, drafter: str) -> np.ndarray:
     """(len(rows),) the profile's price of each stored prefill-only cell: its ``prefill.only`` price, else the verify
     term at the chunks' M and KV read plus the prefill terms beside no decoding request (no host loop either way:
@@ -277,7 +293,7 @@ class RunPairs:
         self.pf_log: list[tuple] = []            # (step, drafter, chunk, k, prefix, cell time now, baseline)
         self.pf_steps: list[int] = []            # every prefill-only step with a matched cell (timed or warm-up)
         # mixed steps (decoding requests + chunks): (step, drafter, n, ctx, L, decode cell now, its baseline,
-        # chunk, k, prefix, prefill cell now, its baseline)
+        # chunk, k, prefix, prefill cell now, its baseline, the prefill cell's weight)
         self.mx_log: list[tuple] = []
         self.mx_steps: list[int] = []
 
@@ -312,13 +328,17 @@ class RunPairs:
             return
         self.log.append((int(i), *key, t, self.cells.baseline(key)))
         if pkey is not None:
-            # a mixed step: also its prefill part's cell; the step's factor is the pair's summed time now over
-            # their summed references (the decode cell's factor alone over-corrected mixed steps at ~1k
-            # contexts, where they were 96% of an 8-user run's time: raw / priced 0.92 beside a factor of 0.75)
+            # a mixed step: also its prefill part's cell. The step's factor blends the two cells' factors, the
+            # prefill one weighted by the share of the step's price beyond its decode part (the decode cell's
+            # factor alone over-corrected mixed steps at ~1k contexts, where they were 96% of an 8-user run's
+            # time: raw / priced 0.92 beside a factor of 0.75; weighting the prefill cell by its whole step time
+            # over-weighted short chunks: mixed-step |error| over four validations 6.6% decode factor, 4.7% summed
+            # times, 3.6% this blend)
             tp = self.cells.time_prefill(pkey)
             if tp is not None:
-                self.mx_log.append((int(i), *key, t, self.cells.baseline(key), *pkey[2:], tp,
-                                    self.cells.prefill_baseline(pkey)))
+                bd, bp = self.cells.baseline(key), self.cells.prefill_baseline(pkey)
+                w = self.cells.prefill_weight(key, float(getattr(plan, "predicted_s", 0.0)), bd, bp)
+                self.mx_log.append((int(i), *key, t, bd, *pkey[2:], tp, bp, w))
 
     @property
     def idx(self) -> list[int]:
@@ -359,8 +379,9 @@ class RunPairs:
         L) and prefill cell (chunk, k, prefix), each one's time now and baseline, and the step's factor."""
         import pandas as pd
         df = pd.DataFrame(self.mx_log, columns=["step", "drafter", "n_req", "ctx", "L", "cell_s", "baseline_s",
-                                                "chunk", "k", "prefix", "prefill_s", "prefill_baseline_s"])
-        df["factor"] = (df["cell_s"] + df["prefill_s"]) / (df["baseline_s"] + df["prefill_baseline_s"])
+                                                "chunk", "k", "prefix", "prefill_s", "prefill_baseline_s",
+                                                "w_prefill"])
+        df["factor"] = [_mixed_factor(r) for r in self.mx_log]
         return df
 
     def factors(self, n_steps: int) -> np.ndarray | None:
@@ -372,7 +393,7 @@ class RunPairs:
         if f is None:
             return f
         for log, steps, fac in ((self.pf_log, self.pf_steps, lambda r: r[5] / r[6]),
-                                (self.mx_log, self.mx_steps, lambda r: (r[5] + r[10]) / (r[6] + r[11]))):
+                                (self.mx_log, self.mx_steps, _mixed_factor)):
             if log:
                 fs = smooth_factors(np.array([r[0] for r in log], int), np.array([fac(r) for r in log]), n_steps,
                                     self.span)

@@ -127,7 +127,7 @@ def price_runs(out_dir: str | Path, profile: CostProfile, span: int = 4) -> pd.D
                 ratio = (smooth_factors(idx, t / q_used[j], len(st), span)
                          / smooth_factors(idx, t / q_new[j], len(st), span))
                 per_rep[rep] = np.where(only, ratio, per_rep[rep])
-            # mixed steps took the factors of their decode + prefill pair (paired_mixed_N.csv)
+            # mixed steps took the blended factors of their decode + prefill pair (paired_mixed_N.csv)
             mixed = ((st["n_decode"] > 0) & (st["n_prefill_tokens"] > 0)).to_numpy()
             for rep, f in enumerate(sorted(real.glob("paired_mixed_*.csv"))):
                 pr = pd.read_csv(f)
@@ -140,9 +140,11 @@ def price_runs(out_dir: str | Path, profile: CostProfile, span: int = 4) -> pd.D
                 jd = (stored[None, :, :3] == kd[:, None, :]).all(axis=2).argmax(axis=1)
                 kp = pr[["chunk", "k", "prefix"]].to_numpy(float)
                 jp = (rows_pf[None, :, :3] == kp[:, None, :]).all(axis=2).argmax(axis=1)
-                idx, t = pr["step"].to_numpy(int), (pr["cell_s"] + pr["prefill_s"]).to_numpy(float)
-                ratio = (smooth_factors(idx, t / (p_used[jd] + q_used[jp]), len(st), span)
-                         / smooth_factors(idx, t / (p_new[jd] + q_new[jp]), len(st), span))
+                # the blend's weights as validate recorded them (not re-derived for the new fit's prices)
+                idx, td, tp, w = (pr["step"].to_numpy(int), pr["cell_s"].to_numpy(float),
+                                  pr["prefill_s"].to_numpy(float), pr["w_prefill"].to_numpy(float))
+                ratio = (smooth_factors(idx, (1 - w) * td / p_used[jd] + w * tp / q_used[jp], len(st), span)
+                         / smooth_factors(idx, (1 - w) * td / p_new[jd] + w * tp / q_new[jp], len(st), span))
                 per_rep[rep] = np.where(mixed, ratio, per_rep[rep])
             scale = np.median(np.array(per_rep), axis=0)
         meas = st["dt"].to_numpy() * scale

@@ -546,7 +546,8 @@ def write_report(df: pd.DataFrame, summ: dict, vc: ValidateConfig, path: Path, p
                      "the profile's nearest prefill-only cell (`metadata.prefill_cells`: chunk length, chunk count, "
                      f"cached prefix) and take those factors; {int(df['paired_mixed_steps'].sum())} steps with both "
                      "decoding requests and chunks were followed by their decode part's cell and their chunks' "
-                     "prefill-only cell, and take the pair's summed time over their summed references"
+                     "prefill-only cell, and take the two factors blended (the prefill one weighted by the share of "
+                     "the step's price beyond its decode part)"
                      if df.get("paired_prefill_steps", pd.Series(dtype=float)).sum()
                      + df.get("paired_mixed_steps", pd.Series(dtype=float)).sum() > 0 else
                      "the profile stores no prefill-only cells: a step with prefill chunks is paired by its decode "
