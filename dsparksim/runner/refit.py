@@ -92,15 +92,17 @@ def price_runs(out_dir: str | Path, profile: CostProfile, span: int = 4) -> pd.D
         price = model_terms({k: st[k].to_numpy() for k in st.columns}, profile, K, drafter).to_numpy().sum(axis=1)
         scale = np.ones(len(st))
         cells = (base_d["metadata"].get("cells") or {}).get(drafter)
-        pairs = [pd.read_csv(f) for f in sorted(real.glob("paired_[0-9]*.csv"))]
-        pairs = [pr for pr in pairs if not pr.empty]
+        # {repeat number: its decode pairs} (paired_N.csv; the prefill-only and mixed pairs of repeat N are
+        # paired_prefill_N.csv / paired_mixed_N.csv)
+        pairs = {int(f.stem.split("_")[-1]): pd.read_csv(f) for f in real.glob("paired_[0-9]*.csv")}
+        pairs = {k: pr for k, pr in sorted(pairs.items()) if not pr.empty}
         pf_cells = (base_d["metadata"].get("prefill_cells") or {}).get(drafter)
         if cells and pairs and profile is not used:
             # each stored cell's price under both fits, once; a pair's factor is its cell's time now over that price
             stored = np.asarray(cells["rows"], float)
             p_used, p_new = cell_prices(used, stored, K, drafter), cell_prices(profile, stored, K, drafter)
-            per_rep = []
-            for pr in pairs:
+            per_rep = {}
+            for rep, pr in pairs.items():
                 keys = pr[["n_req", "ctx", "L"]].to_numpy(float)
                 hit = (stored[None, :, :3] == keys[:, None, :]).all(axis=2)
                 if not hit.any(axis=1).all():
@@ -110,13 +112,13 @@ def price_runs(out_dir: str | Path, profile: CostProfile, span: int = 4) -> pd.D
                 j, idx, t = hit.argmax(axis=1), pr["step"].to_numpy(int), pr["cell_s"].to_numpy(float)
                 # validate's own smoothing (paired.smooth_factors): the step's time at the new fit's speed is
                 # dt_raw / f_new = dt * f_used / f_new
-                per_rep.append(smooth_factors(idx, t / p_used[j], len(st), span)
-                               / smooth_factors(idx, t / p_new[j], len(st), span))
+                per_rep[rep] = (smooth_factors(idx, t / p_used[j], len(st), span)
+                                / smooth_factors(idx, t / p_new[j], len(st), span))
             # prefill-only steps took the factors of their own prefill-only pairs (paired_prefill_N.csv)
             only = ((st["n_decode"] == 0) & (st["n_prefill_tokens"] > 0)).to_numpy()
-            for rep, f in enumerate(sorted(real.glob("paired_prefill_*.csv"))):
-                pr = pd.read_csv(f)
-                if pf_cells is None or pr.empty or rep >= len(per_rep):
+            for f in real.glob("paired_prefill_*.csv"):
+                rep, pr = int(f.stem.split("_")[-1]), pd.read_csv(f)
+                if pf_cells is None or pr.empty or rep not in per_rep:
                     continue
                 rows_pf = np.asarray(pf_cells["rows"], float)
                 q_used, q_new = prefill_cell_prices(used, rows_pf, drafter), prefill_cell_prices(profile, rows_pf,
@@ -129,9 +131,9 @@ def price_runs(out_dir: str | Path, profile: CostProfile, span: int = 4) -> pd.D
                 per_rep[rep] = np.where(only, ratio, per_rep[rep])
             # mixed steps took the blended factors of their decode + prefill pair (paired_mixed_N.csv)
             mixed = ((st["n_decode"] > 0) & (st["n_prefill_tokens"] > 0)).to_numpy()
-            for rep, f in enumerate(sorted(real.glob("paired_mixed_*.csv"))):
-                pr = pd.read_csv(f)
-                if pf_cells is None or pr.empty or rep >= len(per_rep):
+            for f in real.glob("paired_mixed_*.csv"):
+                rep, pr = int(f.stem.split("_")[-1]), pd.read_csv(f)
+                if pf_cells is None or pr.empty or rep not in per_rep:
                     continue
                 rows_pf = np.asarray(pf_cells["rows"], float)
                 q_used, q_new = prefill_cell_prices(used, rows_pf, drafter), prefill_cell_prices(profile, rows_pf,
@@ -140,13 +142,17 @@ def price_runs(out_dir: str | Path, profile: CostProfile, span: int = 4) -> pd.D
                 jd = (stored[None, :, :3] == kd[:, None, :]).all(axis=2).argmax(axis=1)
                 kp = pr[["chunk", "k", "prefix"]].to_numpy(float)
                 jp = (rows_pf[None, :, :3] == kp[:, None, :]).all(axis=2).argmax(axis=1)
-                # the blend's weights as validate recorded them (not re-derived for the new fit's prices)
-                idx, td, tp, w = (pr["step"].to_numpy(int), pr["cell_s"].to_numpy(float),
-                                  pr["prefill_s"].to_numpy(float), pr["w_prefill"].to_numpy(float))
-                ratio = (smooth_factors(idx, (1 - w) * td / p_used[jd] + w * tp / q_used[jp], len(st), span)
-                         / smooth_factors(idx, (1 - w) * td / p_new[jd] + w * tp / q_new[jp], len(st), span))
+                idx, td, tp = pr["step"].to_numpy(int), pr["cell_s"].to_numpy(float), pr["prefill_s"].to_numpy(float)
+                if "w_prefill" in pr:
+                    # the blend's weights as validate recorded them (not re-derived for the new fit's prices)
+                    w = pr["w_prefill"].to_numpy(float)
+                    f_used = (1 - w) * td / p_used[jd] + w * tp / q_used[jp]
+                    f_new = (1 - w) * td / p_new[jd] + w * tp / q_new[jp]
+                else:       # pairs written before the blend: summed times over summed references
+                    f_used, f_new = (td + tp) / (p_used[jd] + q_used[jp]), (td + tp) / (p_new[jd] + q_new[jp])
+                ratio = smooth_factors(idx, f_used, len(st), span) / smooth_factors(idx, f_new, len(st), span)
                 per_rep[rep] = np.where(mixed, ratio, per_rep[rep])
-            scale = np.median(np.array(per_rep), axis=0)
+            scale = np.median(np.array(list(per_rep.values())), axis=0)
         meas = st["dt"].to_numpy() * scale
         pf = st["n_prefill_tokens"].to_numpy() > 0
 
