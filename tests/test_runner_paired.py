@@ -53,7 +53,10 @@ class FakeCells(PairedCells):
 
 
 def _plan(n, L, ctx, prefill=()):
-    return SimpleNamespace(n_decode=n, verify=np.full(n, L), kv_read=n * ctx, prefill=list(prefill))
+    # a StepPlan's fields the pairing reads; prompt tokens and query-key pairs as the engine counts them
+    return SimpleNamespace(n_decode=n, verify=np.full(n, L), kv_read=n * ctx, prefill=list(prefill),
+                           n_prefill=sum(c[3] for c in prefill),
+                           prefill_qk=sum(c[3] * c[2] + c[3] * (c[3] + 1) // 2 for c in prefill))
 
 
 ROWS = [[n, c, L, 1e-3 * (1 + n + L) * (1 + c / 100), c + 4.0]

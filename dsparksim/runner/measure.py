@@ -215,6 +215,17 @@ def profiling_engine(exe: Any, *, n: int, ctx: int, out_len: int, T: int, K: int
     return RealStepper(eng, exe, live=live)
 
 
+def cell_executor(target, proxy, ex: ExecutorConfig, T: int, slots: int, drafter: str,
+                  live: "LiveDrafters | None" = None):
+    """The executor a profiling cell runs on: the drafter proxy's (trace replay), or with ``live`` the trained
+    drafter's live step with every block rejected after position 1 (the context grows one token per step)."""
+    if live is None:
+        return Executor(target, proxy, ex, T=T, slots=slots)
+    from .live import LiveExecutor
+    return LiveExecutor(target, live.drafters[drafter], drafter, live.temps[drafter], live.prompts, ex, T=T,
+                        slots=slots, force_reject=True)
+
+
 def _cell(target, proxy, ex: ExecutorConfig, K: int, drafter: str, n: int, ctx: int, Ls: list[int],
           warmup: int, reps: int, live: "LiveDrafters | None" = None) -> list[dict[str, float]]:
     """Timed steps for n requests at context ctx, for each L in Ls (one engine, prefilled once).
@@ -223,12 +234,7 @@ def _cell(target, proxy, ex: ExecutorConfig, K: int, drafter: str, n: int, ctx: 
     update), every block then rejected at position 1 so the context still grows one token per step."""
     out_len = len(Ls) * (warmup + reps) + 6
     T = _slot_tokens(ctx, K, warmup, reps, len(Ls))
-    if live is None:
-        exe = Executor(target, proxy, ex, T=T, slots=n)
-    else:
-        from .live import LiveExecutor
-        exe = LiveExecutor(target, live.drafters[drafter], drafter, live.temps[drafter], live.prompts, ex, T=T,
-                           slots=n, force_reject=True)
+    exe = cell_executor(target, proxy, ex, T, n, drafter, live)
     pol = UniformL()
     pol.reset(K, np.random.default_rng(0))
     st = profiling_engine(exe, n=n, ctx=ctx, out_len=out_len, T=T, K=K, drafter=drafter, policy=pol,
@@ -311,12 +317,7 @@ def _prefill_cells(target, proxy, ex: ExecutorConfig, K: int, drafter: str, max_
         if n * (K + 1) + c * k > max_M:
             continue
         T = 32 + 2 * (reps + 1) + K + 4 + c + s
-        if live is None:
-            exe = Executor(target, proxy, ex, T=T, slots=n + k)
-        else:
-            from .live import LiveExecutor
-            exe = LiveExecutor(target, live.drafters[drafter], drafter, live.temps[drafter], live.prompts, ex,
-                               T=T, slots=n + k, force_reject=True)
+        exe = cell_executor(target, proxy, ex, T, n + k, drafter, live)
         for r in range(n + k):
             exe.start(r, r, 32 if r < n else s + c, "chat")
         none = np.zeros(0, np.int64)
@@ -374,14 +375,31 @@ def fit_prefill_only(recs: list[dict]) -> dict[str, Any] | None:
             "seconds_per_query_key": float(x[2]), "seconds_per_chunk": float(x[3])}
 
 
+def prefill_section(pfit: dict[str, Any], note: str) -> dict[str, Any]:
+    """The profile's ``prefill`` object from a :func:`fit_prefill` result: the three base terms, the per-decode
+    terms when > 0 (absent = 0) and ``only`` when fitted."""
+    out = {k: pfit[k] for k in ("seconds_per_token", "seconds_per_query_key", "seconds_per_chunk")}
+    out["note"] = note
+    for k in ("seconds_per_token_per_decode", "seconds_per_chunk_per_decode"):
+        if pfit[k] > 0:
+            out[k] = pfit[k]
+    if pfit.get("only") is not None:
+        out["only"] = pfit["only"]
+        out["note"] += ("; prefill-only steps: prefill.only, NNLS of the prefill-only cells' whole step time on "
+                        "[1, tokens, query-key pairs, chunks]")
+    return out
+
+
 def fit_prefill(recs: list[dict], prof: dict) -> dict[str, Any]:
     """NNLS of what the chunks add to a step beyond the verify term's own growth (target + host) on prompt
     tokens, query-key pairs, chunks, and tokens and chunks times the decoding requests beside them (when the
     cells have more than one n); the drafter's part per prompt token (median). The prefill-only cells (n_dec = 0)
     are left to :func:`fit_prefill_only` when there are enough of them (a step with no decoding request is priced
     by ``prefill.only``, not by the verify term: the decode-shaped staircase at a chunk's M alone was 1.1-1.8x a
-    measured prefill-only step here, which no non-negative prefill term can take back)."""
-    if fit_prefill_only(recs) is not None:
+    measured prefill-only step here, which no non-negative prefill term can take back); ``"only"`` is that fit
+    (None without it)."""
+    only = fit_prefill_only(recs)
+    if only is not None:
         recs = [r for r in recs if r.get("n_dec", 4) != 0]
     p = profile_from_dict(prof | {"name": "fit", "metadata": {k: "-" for k in ("device", "model", "source",
                                                                                   "method")}})
@@ -399,7 +417,7 @@ def fit_prefill(recs: list[dict], prof: dict) -> dict[str, Any]:
     tn, cn = (x[3], x[4]) if len(x) > 3 else (0.0, 0.0)
     return {"seconds_per_token": float(a), "seconds_per_query_key": float(b), "seconds_per_chunk": float(e),
             "seconds_per_token_per_decode": float(tn), "seconds_per_chunk_per_decode": float(cn),
-            "decode_rows": sorted({int(v) for v in nd}),
+            "decode_rows": sorted({int(v) for v in nd}), "only": only,
             "drafter_s_per_token": float(max(0.0, np.median([r["d_draft"] / r["tokens"] for r in recs]))),
             "cells": len(recs)}
 
@@ -796,22 +814,11 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
         fit["prefill"] = {"skipped": "largest measured M too small for a paired prefill cell"}
     elif mc.prefill:
         pfit = fit_prefill(pf, prof)
-        prof["prefill"] = {"seconds_per_token": pfit["seconds_per_token"],
-                           "seconds_per_query_key": pfit["seconds_per_query_key"],
-                           "seconds_per_chunk": pfit["seconds_per_chunk"],
-                           "note": f"fitted: NNLS over {pfit['cells']} paired steps ({pfit['decode_rows']} decoding "
-                                   f"requests without / with 1-2 prompt chunks of {list(PREFILL_CHUNKS)} tokens after "
-                                   f"{list(prefill_prefixes(contexts))} cached prompt tokens) of "
-                                   "the added step time beyond the verify term's growth"}
-        for k in ("seconds_per_token_per_decode", "seconds_per_chunk_per_decode"):
-            if pfit[k] > 0:
-                prof["prefill"][k] = pfit[k]
-        only = fit_prefill_only(pf)
-        if only is not None:
-            prof["prefill"]["only"] = only
-            prof["prefill"]["note"] += ("; prefill-only steps: prefill.only, NNLS of the prefill-only cells' whole "
-                                        "step time on [1, tokens, query-key pairs, chunks]")
-        pfit["only"] = only
+        prof["prefill"] = prefill_section(
+            pfit, f"fitted: NNLS over {pfit['cells']} paired steps ({pfit['decode_rows']} decoding requests "
+                  f"without / with 1-2 prompt chunks of {list(PREFILL_CHUNKS)} tokens after "
+                  f"{list(prefill_prefixes(contexts))} cached prompt tokens) of the added step time beyond the verify "
+                  "term's growth")
         if live is not None:
             prof["drafters"][mc.block_drafter]["prefill_s_per_token"] = pfit["drafter_s_per_token"]
             if "mtp1" in prof["drafters"] and mc.mtp1:

@@ -146,8 +146,7 @@ class PairedCells:
         """One step of the matched cell's profiling engine at verify length L (seconds on the executor's clock);
         None for the untimed warm-up steps of a freshly built engine. An engine lives as long as a profile cell
         did ((warmup + reps) rounds of every L), so its contexts stay in the range the profile timed."""
-        from .measure import RejectAll, UniformL, _DUMMY, _slot_tokens, profiling_engine
-        from .executor import Executor
+        from .measure import RejectAll, UniformL, _DUMMY, _slot_tokens, cell_executor, profiling_engine
         from ..profile import profile_from_dict
         drafter, n, c, L = key
         K = self.tables[drafter]["K"]
@@ -156,13 +155,8 @@ class PairedCells:
         e = self._engines.get(ek)
         if e is None:
             T = _slot_tokens(c, K, self.warmup, self.reps, nL)
-            if self.live is None:
-                exe = Executor(self.target, self.proxy, self.ex, T=T, slots=n)
-            else:                              # the live step exactly as measure --live timed it (measure._cell)
-                from .live import LiveExecutor
-                lv = self.live
-                exe = LiveExecutor(self.target, lv.drafters[drafter], drafter, lv.temps[drafter], lv.prompts,
-                                   self.ex, T=T, slots=n, force_reject=True)
+            # live: the live step exactly as measure --live timed it
+            exe = cell_executor(self.target, self.proxy, self.ex, T, n, drafter, self.live)
             pol = UniformL()
             pol.reset(K, np.random.default_rng(0))
             st = profiling_engine(exe, n=n, ctx=c, out_len=nL * (self.warmup + self.reps) + 6, T=T, K=K,
@@ -224,19 +218,13 @@ class PairedCells:
         """One prefill-only step of the matched cell (k chunks of c prompt tokens after ``prefix`` cached ones, as
         ``measure`` timed it) on the executor's clock; None for the first steps of a freshly built executor. The
         executor is kept: every call re-runs the same chunks over the same positions."""
-        from .executor import Executor
+        from .measure import cell_executor
         _, drafter, c, k, pre = key
         e = self._engines.get(key)
         none = np.zeros(0, np.int64)
         if e is None:
             T = pre + c + 8
-            if self.live is None:
-                exe = Executor(self.target, self.proxy, self.ex, T=T, slots=k)
-            else:
-                from .live import LiveExecutor
-                lv = self.live
-                exe = LiveExecutor(self.target, lv.drafters[drafter], drafter, lv.temps[drafter], lv.prompts,
-                                   self.ex, T=T, slots=k, force_reject=True)
+            exe = cell_executor(self.target, self.proxy, self.ex, T, k, drafter, self.live)
             for r in range(k):
                 exe.start(r, r, pre + c, "chat")
             if pre:
@@ -301,9 +289,7 @@ class RunPairs:
         n, pf = plan.n_decode, plan.prefill
         pkey = None
         if pf:
-            tokens = sum(int(c[3]) for c in pf)
-            qk = sum(int(c[3]) * int(c[2]) + int(c[3]) * (int(c[3]) + 1) // 2 for c in pf)
-            pkey = self.cells.match_prefill(self.drafter, tokens, len(pf), qk)
+            pkey = self.cells.match_prefill(self.drafter, plan.n_prefill, len(pf), plan.prefill_qk)
         if n == 0:
             # a prefill-only step is paired with the nearest prefill-only cell: on this VM a slow spell slowed
             # ~1k-context decode steps 20-44% while the prefill-only steps between them ran at the profile's

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from ..profile import CostProfile, profile_from_dict
-from .measure import MeasureConfig, fit_prefill, fit_prefill_only, fit_profile
+from .measure import MeasureConfig, fit_prefill, fit_profile, prefill_section
 from .paired import cell_prices, prefill_cell_prices, smooth_factors
 from .residuals import model_terms
 
@@ -58,15 +58,7 @@ def refit(out_dir: str | Path, *, v0_at_shortest: bool = False, drop_anchor: boo
     fit = prof.pop("_fit")
     pre = [r for r in raw.get("prefill") or [] if not (drop_prefill_only and r.get("n_dec", 4) == 0)]
     if pre:
-        pf = fit_prefill(pre, prof)
-        prof["prefill"] = {k: pf[k] for k in ("seconds_per_token", "seconds_per_query_key", "seconds_per_chunk")}
-        prof["prefill"]["note"] = "refitted from profile_raw.json"
-        for k in ("seconds_per_token_per_decode", "seconds_per_chunk_per_decode"):
-            if pf[k] > 0:
-                prof["prefill"][k] = pf[k]
-        only = fit_prefill_only(pre)
-        if only is not None:
-            prof["prefill"]["only"] = only
+        prof["prefill"] = prefill_section(fit_prefill(pre, prof), "refitted from profile_raw.json")
         for d, spec in prof["drafters"].items():     # the drafters' own prefill rate (live profiles) as measured
             dpf = base.get("drafters", {}).get(d, {}).get("prefill_s_per_token")
             if dpf is not None:
@@ -74,6 +66,17 @@ def refit(out_dir: str | Path, *, v0_at_shortest: bool = False, drop_anchor: boo
     prof["name"] = f"{base.get('name', 'profile')}-refit"
     prof["metadata"] = {**base["metadata"], "fit": fit}
     return profile_from_dict(prof, source=f"refit:{out}")
+
+
+def _rows(table: np.ndarray, pairs: pd.DataFrame, cols: tuple[str, ...], real: Path, what: str) -> np.ndarray:
+    """Index into ``table`` (stored cell rows, keyed by their first len(cols) columns) of every pair's cell."""
+    keys = pairs[list(cols)].to_numpy(float)
+    hit = (table[None, :, :len(cols)] == keys[:, None, :]).all(axis=2)
+    if not hit.any(axis=1).all():
+        bad = keys[~hit.any(axis=1)][0]
+        raise ValueError(f"{real}: paired cell ({', '.join(cols)}) = {tuple(int(v) for v in bad)} is not among the "
+                         f"profile's {what}")
+    return hit.argmax(axis=1)
 
 
 def price_runs(out_dir: str | Path, profile: CostProfile, span: int = 4) -> pd.DataFrame:
@@ -103,55 +106,42 @@ def price_runs(out_dir: str | Path, profile: CostProfile, span: int = 4) -> pd.D
             p_used, p_new = cell_prices(used, stored, K, drafter), cell_prices(profile, stored, K, drafter)
             per_rep = {}
             for rep, pr in pairs.items():
-                keys = pr[["n_req", "ctx", "L"]].to_numpy(float)
-                hit = (stored[None, :, :3] == keys[:, None, :]).all(axis=2)
-                if not hit.any(axis=1).all():
-                    bad = keys[~hit.any(axis=1)][0]
-                    raise ValueError(f"{real}: paired cell (n_req, ctx, L) = {tuple(int(v) for v in bad)} is not "
-                                     "among the profile's metadata.cells")
-                j, idx, t = hit.argmax(axis=1), pr["step"].to_numpy(int), pr["cell_s"].to_numpy(float)
+                j = _rows(stored, pr, ("n_req", "ctx", "L"), real, "metadata.cells")
+                idx, t = pr["step"].to_numpy(int), pr["cell_s"].to_numpy(float)
                 # validate's own smoothing (paired.smooth_factors): the step's time at the new fit's speed is
                 # dt_raw / f_new = dt * f_used / f_new
                 per_rep[rep] = (smooth_factors(idx, t / p_used[j], len(st), span)
                                 / smooth_factors(idx, t / p_new[j], len(st), span))
-            # prefill-only steps took the factors of their own prefill-only pairs (paired_prefill_N.csv)
-            only = ((st["n_decode"] == 0) & (st["n_prefill_tokens"] > 0)).to_numpy()
-            for f in real.glob("paired_prefill_*.csv"):
-                rep, pr = int(f.stem.split("_")[-1]), pd.read_csv(f)
-                if pf_cells is None or pr.empty or rep not in per_rep:
-                    continue
+            if pf_cells is not None:
+                # prefill-only steps took the factors of their own prefill-only pairs (paired_prefill_N.csv), mixed
+                # steps the blend of their decode + prefill pair (paired_mixed_N.csv)
                 rows_pf = np.asarray(pf_cells["rows"], float)
                 q_used, q_new = prefill_cell_prices(used, rows_pf, drafter), prefill_cell_prices(profile, rows_pf,
                                                                                                   drafter)
-                keys = pr[["chunk", "k", "prefix"]].to_numpy(float)
-                j = (rows_pf[None, :, :3] == keys[:, None, :]).all(axis=2).argmax(axis=1)
-                idx, t = pr["step"].to_numpy(int), pr["cell_s"].to_numpy(float)
-                ratio = (smooth_factors(idx, t / q_used[j], len(st), span)
-                         / smooth_factors(idx, t / q_new[j], len(st), span))
-                per_rep[rep] = np.where(only, ratio, per_rep[rep])
-            # mixed steps took the blended factors of their decode + prefill pair (paired_mixed_N.csv)
-            mixed = ((st["n_decode"] > 0) & (st["n_prefill_tokens"] > 0)).to_numpy()
-            for f in real.glob("paired_mixed_*.csv"):
-                rep, pr = int(f.stem.split("_")[-1]), pd.read_csv(f)
-                if pf_cells is None or pr.empty or rep not in per_rep:
-                    continue
-                rows_pf = np.asarray(pf_cells["rows"], float)
-                q_used, q_new = prefill_cell_prices(used, rows_pf, drafter), prefill_cell_prices(profile, rows_pf,
-                                                                                                  drafter)
-                kd = pr[["n_req", "ctx", "L"]].to_numpy(float)
-                jd = (stored[None, :, :3] == kd[:, None, :]).all(axis=2).argmax(axis=1)
-                kp = pr[["chunk", "k", "prefix"]].to_numpy(float)
-                jp = (rows_pf[None, :, :3] == kp[:, None, :]).all(axis=2).argmax(axis=1)
-                idx, td, tp = pr["step"].to_numpy(int), pr["cell_s"].to_numpy(float), pr["prefill_s"].to_numpy(float)
-                if "w_prefill" in pr:
-                    # the blend's weights as validate recorded them (not re-derived for the new fit's prices)
-                    w = pr["w_prefill"].to_numpy(float)
-                    f_used = (1 - w) * td / p_used[jd] + w * tp / q_used[jp]
-                    f_new = (1 - w) * td / p_new[jd] + w * tp / q_new[jp]
-                else:       # pairs written before the blend: summed times over summed references
-                    f_used, f_new = (td + tp) / (p_used[jd] + q_used[jp]), (td + tp) / (p_new[jd] + q_new[jp])
-                ratio = smooth_factors(idx, f_used, len(st), span) / smooth_factors(idx, f_new, len(st), span)
-                per_rep[rep] = np.where(mixed, ratio, per_rep[rep])
+                n_dec, n_pf = st["n_decode"].to_numpy(), st["n_prefill_tokens"].to_numpy()
+                for kind, steps in (("prefill", (n_dec == 0) & (n_pf > 0)), ("mixed", (n_dec > 0) & (n_pf > 0))):
+                    for f in real.glob(f"paired_{kind}_*.csv"):
+                        rep, pr = int(f.stem.split("_")[-1]), pd.read_csv(f)
+                        if pr.empty or rep not in per_rep:
+                            continue
+                        idx, tp = pr["step"].to_numpy(int), pr["cell_s" if kind == "prefill" else "prefill_s"]
+                        jp = _rows(rows_pf, pr, ("chunk", "k", "prefix"), real, "metadata.prefill_cells")
+                        tp = tp.to_numpy(float)
+                        if kind == "prefill":
+                            f_used, f_new = tp / q_used[jp], tp / q_new[jp]
+                        else:
+                            jd = _rows(stored, pr, ("n_req", "ctx", "L"), real, "metadata.cells")
+                            td = pr["cell_s"].to_numpy(float)
+                            if "w_prefill" in pr:
+                                # the blend's weights as validate recorded them (not re-derived for the new fit)
+                                w = pr["w_prefill"].to_numpy(float)
+                                f_used = (1 - w) * td / p_used[jd] + w * tp / q_used[jp]
+                                f_new = (1 - w) * td / p_new[jd] + w * tp / q_new[jp]
+                            else:       # pairs written before the blend: summed times over summed references
+                                f_used = (td + tp) / (p_used[jd] + q_used[jp])
+                                f_new = (td + tp) / (p_new[jd] + q_new[jp])
+                        ratio = smooth_factors(idx, f_used, len(st), span) / smooth_factors(idx, f_new, len(st), span)
+                        per_rep[rep] = np.where(steps, ratio, per_rep[rep])
             scale = np.median(np.array(list(per_rep.values())), axis=0)
         meas = st["dt"].to_numpy() * scale
         pf = st["n_prefill_tokens"].to_numpy() > 0
