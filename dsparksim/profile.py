@@ -411,6 +411,13 @@ class CostProfile:
         d = self.drafters.get(drafter) if drafter is not None else None
         if d is not None and d.seconds_per_kv_token:
             t = self._nontrim_memo(drafter, n_req, K)
+            ints = (int, np.integer)
+            if isinstance(n_req, ints) and isinstance(kv_tokens, ints) and isinstance(t, float):
+                # one engine step's scalar query: the same sum without the array round trip (it is priced on
+                # the real runner's host loop every step, which the profiling cells price with a trivial profile)
+                if kv_tokens < 0:
+                    raise ConfigError(f"profile '{self.name}'", "kv_tokens", f"must be >= 0, got {kv_tokens}")
+                return t + d.seconds_per_kv_token * float(kv_tokens) if n_req > 0 else t
             return _scalar_or(t + self._draft_kv(d, _as_query(n_req, self.name, "n_req"), kv_tokens), n_req, kv_tokens)
         return self._nontrim_memo(drafter, n_req, K)
 

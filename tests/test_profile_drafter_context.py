@@ -72,6 +72,20 @@ def test_bad_values_are_refused_naming_the_field(tmp_path, bad, needle):
     assert str(path) in msg and "'drafters.dspark.seconds_per_kv_token'" in msg and needle in msg, msg
 
 
+def test_scalar_step_query_prices_bit_identically_to_the_array_path():
+    # the engine prices one step per call with Python ints: that fast path must be the array path's sum exactly,
+    # for numpy integers too, and still refuse a negative context
+    p = profile_from_dict(_dict(), "ctx")
+    for n in (0, 1, 2, 3, 4):
+        for kv in (0, 1, 37, 4000, 10**6):
+            want = float(p.nontrimmable_time("dspark", np.array([n]), 4, np.array([kv]))[0])
+            assert p.nontrimmable_time("dspark", n, 4, kv) == want, (n, kv)
+            assert p.nontrimmable_time("dspark", np.int64(n), 4, np.int64(kv)) == want, (n, kv)
+            assert p.step_overhead("dspark", n, 4, kv_tokens=kv) == (want if n else p.fixed_overhead_s)
+    with pytest.raises(ConfigError, match="kv_tokens"):
+        p.nontrimmable_time("dspark", 2, 4, -1)
+
+
 def test_absent_term_prices_bit_identically():
     base, zero = profile_from_dict(_dict(None), "base"), profile_from_dict(_dict(0.0), "zero")
     for n, K, kv in ((1, 4, 0), (3, 7, 4321), (0, 4, 99)):

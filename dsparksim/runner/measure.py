@@ -390,7 +390,7 @@ def prefill_section(pfit: dict[str, Any], note: str) -> dict[str, Any]:
     return out
 
 
-def fit_prefill(recs: list[dict], prof: dict) -> dict[str, Any]:
+def fit_prefill(recs: list[dict], prof: dict, relative: bool = True) -> dict[str, Any]:
     """NNLS of what the chunks add to a step beyond the verify term's own growth (target + host) on prompt
     tokens, query-key pairs, chunks, and tokens and chunks times the decoding requests beside them (when the
     cells have more than one n); the drafter's part per prompt token (median). The prefill-only cells (n_dec = 0)
@@ -412,7 +412,11 @@ def fit_prefill(recs: list[dict], prof: dict) -> dict[str, Any]:
                    for r in recs])
     resid = np.array([r["d_step"] - r["d_draft"] for r in recs]) - dv
     cols = [tok, qk, ch] + ([tok * nd, ch * nd] if len(np.unique(nd)) > 1 else [])
-    x, _ = nnls(np.stack(cols, 1), resid)
+    A = np.stack(cols, 1)
+    if relative:
+        w = 1.0 / np.maximum(np.array([r["d_step"] for r in recs]), 1e-9)
+        A, resid = A * w[:, None], resid * w
+    x, _ = nnls(A, resid)
     a, b, e = x[:3]
     tn, cn = (x[3], x[4]) if len(x) > 3 else (0.0, 0.0)
     return {"seconds_per_token": float(a), "seconds_per_query_key": float(b), "seconds_per_chunk": float(e),

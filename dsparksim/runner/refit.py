@@ -37,12 +37,13 @@ def _grid_config(prof: dict) -> MeasureConfig:
 
 
 def refit(out_dir: str | Path, *, v0_at_shortest: bool = False, drop_anchor: bool = False,
-          drop_prefill_only: bool = False) -> CostProfile:
+          drop_prefill_only: bool = False, absolute_prefill: bool = False) -> CostProfile:
     """The profile refitted from ``profile_raw.json`` (as `measure` fits it; the prefill terms refitted against the
     new staircase). ``v0_at_shortest``: V0 from the shortest context's cells alone (``decompose_target``);
     ``drop_anchor``: leave the shortest context's cells out (what the fit would be without the anchor);
     ``drop_prefill_only``: leave the prefill-only cells (no decoding request beside the chunks) out of the prefill
-    fit (what it was before they were measured)."""
+    fit (what it was before they were measured); ``absolute_prefill``: the prefill terms fitted in absolute seconds
+    (as before 2026-12-02's fourth session) instead of relative errors."""
     out = Path(out_dir)
     base = json.loads((out / "profile.json").read_text())
     raw_path = out / "profile_raw.json"
@@ -58,7 +59,7 @@ def refit(out_dir: str | Path, *, v0_at_shortest: bool = False, drop_anchor: boo
     fit = prof.pop("_fit")
     pre = [r for r in raw.get("prefill") or [] if not (drop_prefill_only and r.get("n_dec", 4) == 0)]
     if pre:
-        prof["prefill"] = prefill_section(fit_prefill(pre, prof), "refitted from profile_raw.json")
+        prof["prefill"] = prefill_section(fit_prefill(pre, prof, relative=not absolute_prefill), "refitted from profile_raw.json")
         for d, spec in prof["drafters"].items():     # the drafters' own prefill rate (live profiles) as measured
             dpf = base.get("drafters", {}).get(d, {}).get("prefill_s_per_token")
             if dpf is not None:
@@ -161,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     used = profile_from_dict(json.loads((out / "profile.json").read_text()), source=str(out))
     variants = {"used by the validation": used, "refit (measure's current fit)": refit(out),
                 "V0 from the shortest context": refit(out, v0_at_shortest=True),
-                "shortest context dropped": refit(out, drop_anchor=True)}
+                "shortest context dropped": refit(out, drop_anchor=True),
+                "prefill terms fitted in absolute seconds": refit(out, absolute_prefill=True)}
     raw = json.loads((out / "profile_raw.json").read_text())
     if any(r.get("n_dec") == 0 for r in raw.get("prefill") or []):
         variants["prefill-only cells dropped"] = refit(out, drop_prefill_only=True)
