@@ -17,7 +17,8 @@ from dsparksim.runner.validate import ValidateConfig, validate  # noqa: E402
 # attempt is retried (up to 5 attempts) with a freshly measured profile; all attempts' figures are in the assertion
 # message. With DSPARKSIM_TIMING=1 the measurement is gated to the fast state (the command waits for it); in CI
 # (no timing claim) the gate is off so the test time stays bounded on a loaded runner.
-GATE = 0.07   # 2026-12-02, paired cells: 10 consecutive runs passed on their first attempt (max 5.4% / 6.1%)
+GATE = 0.05   # 2026-12-02 (4th session, host-loop pricing + relative prefill fit): 10 consecutive runs passed on
+#               their first attempt, throughput 0.5-1.1%, per-user 1.1-2.3% (at 7% before: max 5.4% / 6.1%, then 8.4%)
 ATTEMPTS = 5
 
 
