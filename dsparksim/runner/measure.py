@@ -402,7 +402,8 @@ def fit_prefill(recs: list[dict], prof: dict, relative: bool = True) -> dict[str
     ``relative`` (default): each cell weighted by 1 / its added time, i.e. least squares in relative error, as the
     target and prefill-only fits. In absolute seconds the few 2 x 128-token cells after a 512-token prefix ruled
     the fit and 16-32-token chunks (what short-prompt traffic schedules) were priced 15-50% low on this CPU
-    (2026-12-02: the cells' mean bias +4.9% -> +1.1%)."""
+    (2026-12-02: the cells' mean bias +4.9% -> +1.5%). A cell's weight is capped at twice the median cell's, so one
+    noisy cell timed at ~0 s cannot take the fit over."""
     only = fit_prefill_only(recs)
     if only is not None:
         recs = [r for r in recs if r.get("n_dec", 4) != 0]
@@ -419,7 +420,9 @@ def fit_prefill(recs: list[dict], prof: dict, relative: bool = True) -> dict[str
     cols = [tok, qk, ch] + ([tok * nd, ch * nd] if len(np.unique(nd)) > 1 else [])
     A = np.stack(cols, 1)
     if relative:
-        w = 1.0 / np.maximum(np.array([r["d_step"] for r in recs]), 1e-9)
+        # a noisy cell can time its chunks at ~0 s (or below): its weight is capped at 2x the median cell's
+        d = np.abs(np.array([r["d_step"] for r in recs], float))
+        w = 1.0 / np.maximum(d, 0.5 * max(float(np.median(d)), 1e-12))
         A, resid = A * w[:, None], resid * w
     x, _ = nnls(A, resid)
     a, b, e = x[:3]

@@ -59,7 +59,8 @@ def refit(out_dir: str | Path, *, v0_at_shortest: bool = False, drop_anchor: boo
     fit = prof.pop("_fit")
     pre = [r for r in raw.get("prefill") or [] if not (drop_prefill_only and r.get("n_dec", 4) == 0)]
     if pre:
-        prof["prefill"] = prefill_section(fit_prefill(pre, prof, relative=not absolute_prefill), "refitted from profile_raw.json")
+        prof["prefill"] = prefill_section(fit_prefill(pre, prof, relative=not absolute_prefill),
+                                          "refitted from profile_raw.json")
         for d, spec in prof["drafters"].items():     # the drafters' own prefill rate (live profiles) as measured
             dpf = base.get("drafters", {}).get(d, {}).get("prefill_s_per_token")
             if dpf is not None:
