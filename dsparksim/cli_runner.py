@@ -149,11 +149,18 @@ def _mc(args):
     return MeasureConfig(**kw)
 
 
+def _bar_off(args) -> bool:
+    """The CLI's rule for progress bars (a terminal only, DSPARKSIM_PROGRESS=1 forces them, --quiet never): a log
+    or a pipe gets the result lines without carriage-return noise."""
+    from dsparksim.cli import _bar_off as off
+    return off(args)
+
+
 def cmd_measure(args) -> int:
     _need_torch()
     from dsparksim.profile import save_profile
     from dsparksim.runner.measure import measure
-    prof, raw = measure(_mc(args), progress=not args.quiet)
+    prof, raw = measure(_mc(args), progress=not _bar_off(args))
     prof["metadata"]["command"] = "dsparksim " + " ".join(sys.argv[1:])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -218,7 +225,7 @@ def cmd_validate(args) -> int:
                         "traces/sample_dspark_k7.csv", mtp1_acceptance=acc1 or "mtp1", K=args.block_size,
                         requests_per_user=args.requests_per_user, repeats=args.repeats, seed=args.seed, measure=mc, profile=args.profile,
                         runner=_runner(args, mc.executor), **extra)
-    validate(vc, args.out, progress=not args.quiet)
+    validate(vc, args.out, progress=not _bar_off(args))
     s = json.loads((Path(args.out) / "summary.json").read_text())["summary"]
     worst = max(s["median_abs_rel_err_throughput"], s["median_abs_rel_err_tps_user_median"])
     d = s["drift"]
