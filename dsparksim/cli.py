@@ -200,6 +200,9 @@ def check_policy_inputs(args: argparse.Namespace) -> None:
             raise _bad("--num-speculative-tokens", f"has no effect with --policy {args.policy} (MTP-1 drafts K=1)")
     elif _given(args, "--mtp1-acceptance"):
         raise _bad("--mtp1-acceptance", f"only applies to the mtp1 policy, not --policy {args.policy}")
+    if _given(args, "--confidence") and not pol.reads_confidence:
+        raise _bad("--confidence", f"has no effect with --policy {args.policy} (it never reads the confidences; "
+                   "the policies that do: threshold, confidence, confidence-global, confidence-async)")
 
 
 def check_run_args(args: argparse.Namespace, frontier: bool = False) -> None:

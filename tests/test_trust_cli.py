@@ -71,6 +71,11 @@ RUN_CASES = [
     (["--policy", "mtp1", "--acceptance", "dflash"], "--acceptance"),
     (["--policy", "mtp1", "-K", "5"], "--num-speculative-tokens"),
     (["--policy", "confidence", "--mtp1-acceptance", "tau:2"], "--mtp1-acceptance"),
+    # --confidence with a policy that never reads the confidences (it was silently accepted)
+    (["--policy", "fixed:7", "--confidence", "raw"], "--confidence"),
+    (["--policy", "mtp1", "--confidence", "raw"], "--confidence"),
+    (["--policy", "none", "--confidence", "sts"], "--confidence"),
+    (["--policy", "goodput", "--confidence", "raw"], "--confidence"),
     (["--seed", str(2**63)], "seed"),
     (["--profile", "nosuch"], "nosuch"),
     (["--lengths", "{file}.missing.csv"], "lengths"),
@@ -368,3 +373,14 @@ def test_vllm_prefix_wins_over_a_csv_suffix(tmp_path, capsys):
     err = _fails(["run", "--acceptance", f"vllm:{log}", "--num-requests", "2", "--quiet", "--out",
                   str(tmp_path / "o")], capsys)
     assert "not found" not in err and str(log) in err
+
+
+def test_confidence_option_reaches_the_policies_that_read_it(tmp_path, capsys):
+    # the policies that read the confidences accept --confidence; reads_confidence marks exactly those
+    from dsparksim.policies import make_policy
+    readers = {s for s in ("none", "mtp1", "fixed:7", "threshold:0.5", "goodput", "confidence",
+                           "confidence-global", "confidence-async:2", "oracle") if make_policy(s).reads_confidence}
+    assert readers == {"threshold:0.5", "confidence", "confidence-global", "confidence-async:2"}
+    rc = main(["run", "--policy", "threshold:0.5", "--confidence", "raw", "--num-requests", "8", "--concurrency", "2",
+               "--out", str(tmp_path / "o"), "--quiet"])
+    assert rc == 0 and (tmp_path / "o" / "summary.json").is_file()

@@ -54,6 +54,8 @@ class Policy:
                     that drafter's acceptance and drafting cost (and its own block size, see ``block_size``).
       block_size:   None = the run's K; an int forces K (mtp1 -> 1; none -> 0).
       needs_oracle: True if the policy reads ``StepContext.true_accepted`` (not realisable).
+      reads_confidence: False if the policy never looks at the confidences (``StepContext.conf`` / ``survival``):
+                    a ``--confidence`` choice has no effect on it and `run` refuses one given explicitly.
       drafts:       False = no speculation at all (the ``none`` policy): the run uses K = 0, no drafter and the
                     no-draft acceptance source, so it pays no drafting cost and reserves no draft KV slots.
     """
@@ -63,6 +65,7 @@ class Policy:
     block_size: ClassVar[int | None] = None
     needs_oracle: ClassVar[bool] = False
     drafts: ClassVar[bool] = True
+    reads_confidence: ClassVar[bool] = True
 
     spec: str = "base"  # the exact spec string this instance was built from (set by the registry)
 

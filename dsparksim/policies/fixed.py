@@ -17,6 +17,7 @@ class Fixed(Policy):
     """
 
     name: ClassVar[str] = "fixed"
+    reads_confidence: ClassVar[bool] = False
     usage: ClassVar[str] = "fixed:K"
 
     def __init__(self, k: int) -> None:

@@ -26,6 +26,7 @@ class Goodput(Policy):
     """
 
     name: ClassVar[str] = "goodput"
+    reads_confidence: ClassVar[bool] = False
     usage: ClassVar[str] = "goodput"
     prior_succ: ClassVar[float] = 1.0  # Beta(1, 1)
     prior_fail: ClassVar[float] = 1.0

@@ -18,6 +18,7 @@ class MTP1(Policy):
     """
 
     name: ClassVar[str] = "mtp1"
+    reads_confidence: ClassVar[bool] = False
     usage: ClassVar[str] = "mtp1"
     drafter: ClassVar[str | None] = "mtp1"
     block_size: ClassVar[int | None] = 1

@@ -17,6 +17,7 @@ class NoSpeculation(Policy):
     """
 
     name: ClassVar[str] = "none"
+    reads_confidence: ClassVar[bool] = False
     usage: ClassVar[str] = "none"
     drafts: ClassVar[bool] = False
     block_size: ClassVar[int | None] = 0

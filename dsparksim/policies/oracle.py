@@ -43,6 +43,7 @@ class Oracle(Policy):
     """
 
     name: ClassVar[str] = "oracle"
+    reads_confidence: ClassVar[bool] = False
     usage: ClassVar[str] = "oracle"
     needs_oracle: ClassVar[bool] = True
     # discount per decode step of the running throughput lambda: half-life ln 2 / (1/512) ~ 355 steps, long enough
