@@ -189,7 +189,7 @@ def test_malformed_csv_is_located(tmp_path, lines, field, line, fragment):
 def test_missing_or_renamed_column(tmp_path, header, missing):
     rows = [header] + [",".join(r.split(",")[: header.count(",") + 1]) for r in ROWS[1:]]
     p = write_lines(tmp_path, [HEADER] + rows)
-    with pytest.raises(InputError, match=f"missing column") as ei:
+    with pytest.raises(InputError, match="missing column") as ei:
         read_trace(p)
     assert ei.value.field == missing and str(p) in str(ei.value)
 

@@ -178,7 +178,7 @@ def text_report(doc: dict[str, Any]) -> str:
                                 if b else f" ({c['why']})"))
         if not sc["feasible"]:
             b = sc["binding_slo"]
-            lines.append(f"  NO FEASIBLE DEPLOYMENT at this traffic" + (f": binding SLO {b['term']}" if b else ""))
+            lines.append("  NO FEASIBLE DEPLOYMENT at this traffic" + (f": binding SLO {b['term']}" if b else ""))
         lines.append("  " + saving_line(sc, unit))
         for se in sc["searches"]:
             for v in se["monotonicity_violations"]:
