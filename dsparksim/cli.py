@@ -319,8 +319,13 @@ def cmd_frontier(args: argparse.Namespace) -> int:
             raise _bad("--policies", f"expected comma-separated policy specs, got {args.policies!r}")
     else:
         policies = list(DEFAULT_POLICIES)
-    for p in policies:
-        make_policy(p)  # fail fast on a bad spec, before any cell runs
+    pols = [make_policy(p) for p in policies]  # fail fast on a bad spec, before any cell runs
+    # an option that no swept policy reads would change nothing in any cell: refused, as `run` refuses it
+    if _given(args, "--confidence") and not any(p.reads_confidence for p in pols):
+        raise _bad("--confidence", f"has no effect: none of --policies {','.join(policies)} reads the confidences "
+                   "(threshold, confidence, confidence-global and confidence-async do)")
+    if _given(args, "--mtp1-acceptance") and not any(p.drafter == "mtp1" for p in pols):
+        raise _bad("--mtp1-acceptance", f"has no effect: mtp1 is not among --policies {','.join(policies)}")
     dup = sorted({p for p in policies if policies.count(p) > 1})
     if dup:
         raise _bad("--policies", f"lists {', '.join(dup)} more than once (each cell would run twice)")

@@ -115,6 +115,9 @@ FRONTIER_CASES = [
     (["--slo", "0"], "--slo"),
     (["--workers", "0"], "--workers"),
     (["--out", "{file}"], "--out"),
+    # options no swept policy reads
+    (["--policies", "mtp1,fixed:7,goodput", "--confidence", "raw"], "--confidence"),
+    (["--policies", "fixed:7,confidence", "--mtp1-acceptance", "tau:2"], "--mtp1-acceptance"),
 ]
 
 
@@ -384,3 +387,11 @@ def test_confidence_option_reaches_the_policies_that_read_it(tmp_path, capsys):
     rc = main(["run", "--policy", "threshold:0.5", "--confidence", "raw", "--num-requests", "8", "--concurrency", "2",
                "--out", str(tmp_path / "o"), "--quiet"])
     assert rc == 0 and (tmp_path / "o" / "summary.json").is_file()
+
+
+@pytest.mark.parametrize("args", [["--policies", "fixed:7,confidence", "--confidence", "raw"],
+                                  ["--policies", "mtp1,fixed:7", "--mtp1-acceptance", "tau:1.8"]])
+def test_frontier_accepts_options_one_swept_policy_reads(tmp_path, no_sim, args):
+    # the checks pass (the first cell is the next thing to run: the no_sim guard stops it there)
+    with pytest.raises(AssertionError, match="a simulation started"):
+        main(["frontier", *args, "--concurrency-levels", "1", "--out", str(tmp_path / "o"), "--quiet"])
