@@ -184,7 +184,7 @@ def _bar_off(args: argparse.Namespace) -> bool:
 
 def check_policy_inputs(args: argparse.Namespace) -> None:
     """`run` with one policy: an acceptance or draft-length option that policy never reads is an error."""
-    from dsparksim.policies import make_policy
+    from dsparksim.policies import confidence_readers, make_policy
 
     pol = make_policy(args.policy)
     if not pol.drafts:
@@ -202,7 +202,7 @@ def check_policy_inputs(args: argparse.Namespace) -> None:
         raise _bad("--mtp1-acceptance", f"only applies to the mtp1 policy, not --policy {args.policy}")
     if _given(args, "--confidence") and not pol.reads_confidence:
         raise _bad("--confidence", f"has no effect with --policy {args.policy} (it never reads the confidences; "
-                   "the policies that do: threshold, confidence, confidence-global, confidence-async)")
+                   f"the policies that do: {', '.join(confidence_readers())})")
 
 
 def check_run_args(args: argparse.Namespace, frontier: bool = False) -> None:
@@ -310,7 +310,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     from dsparksim.plots import plot_frontier, plot_verify_budget
     from dsparksim.outputs import staged_dir
     from dsparksim.stats import seed_list
-    from dsparksim.policies import make_policy
+    from dsparksim.policies import confidence_readers, make_policy
     from dsparksim.simulate import write_json, write_table
 
     if args.policies is not None:
@@ -323,7 +323,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     # an option that no swept policy reads would change nothing in any cell: refused, as `run` refuses it
     if _given(args, "--confidence") and not any(p.reads_confidence for p in pols):
         raise _bad("--confidence", f"has no effect: none of --policies {','.join(policies)} reads the confidences "
-                   "(threshold, confidence, confidence-global and confidence-async do)")
+                   f"({', '.join(confidence_readers())} do)")
     if _given(args, "--mtp1-acceptance") and not any(p.drafter == "mtp1" for p in pols):
         raise _bad("--mtp1-acceptance", f"has no effect: mtp1 is not among --policies {','.join(policies)}")
     dup = sorted({p for p in policies if policies.count(p) > 1})

@@ -149,15 +149,9 @@ def _mc(args):
     return MeasureConfig(**kw)
 
 
-def _bar_off(args) -> bool:
-    """The CLI's rule for progress bars (a terminal only, DSPARKSIM_PROGRESS=1 forces them, --quiet never): a log
-    or a pipe gets the result lines without carriage-return noise."""
-    from dsparksim.cli import _bar_off as off
-    return off(args)
-
-
 def cmd_measure(args) -> int:
     _need_torch()
+    from dsparksim.cli import _bar_off          # one rule for every command: bars on a terminal only
     from dsparksim.profile import save_profile
     from dsparksim.runner.measure import measure
     prof, raw = measure(_mc(args), progress=not _bar_off(args))
@@ -191,6 +185,7 @@ def cmd_measure(args) -> int:
 
 def cmd_validate(args) -> int:
     _need_torch()
+    from dsparksim.cli import _bar_off
     from dsparksim.runner.validate import ValidateConfig, validate
     mc = _mc(args)
     acc, acc1 = args.acceptance, args.mtp1_acceptance

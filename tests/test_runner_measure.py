@@ -232,14 +232,11 @@ def test_prefill_fit_weighs_cells_by_relative_error():
                              "kv0": kv0, "kv1": kv1, "d_step": d, "d_target": d, "d_draft": 0.0})
 
     def errors(fit):
-        out = []
-        for r in recs:
-            m = (p.verify_time(r["M1"], r["kv1"]) - p.verify_time(r["M0"], r["kv0"])
-                 + fit["seconds_per_token"] * r["tokens"] + fit["seconds_per_query_key"] * r["qk"]
-                 + fit["seconds_per_chunk"] * r["k"] + (fit["seconds_per_token_per_decode"] * r["tokens"]
-                                                        + fit["seconds_per_chunk_per_decode"] * r["k"]) * r["n_dec"])
-            out.append(m / r["d_step"] - 1)
-        return np.array(out)
+        # the profile's own price of each cell's chunks with the fitted terms (measure.prefill_section writes them)
+        fp = profile_from_dict(prof | {"name": "f", "metadata": p.metadata, "prefill": meas.prefill_section(fit, "f")})
+        return np.array([(fp.verify_time(r["M1"], r["kv1"]) - fp.verify_time(r["M0"], r["kv0"])
+                          + fp.prefill_time(None, r["tokens"], r["qk"], r["k"], r["n_dec"])) / r["d_step"] - 1
+                         for r in recs])
 
     rel, ab = errors(meas.fit_prefill(recs, prof)), errors(meas.fit_prefill(recs, prof, relative=False))
     small = np.array([r["chunk"] <= 32 for r in recs])

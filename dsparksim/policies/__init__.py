@@ -42,6 +42,11 @@ def list_policies() -> list[str]:
     return [f"{cls.usage:<{width}}  {(cls.__doc__ or '').strip().splitlines()[0]}" for cls in REGISTRY.values()]
 
 
+def confidence_readers() -> list[str]:
+    """The registered policies that read the confidences (``Policy.reads_confidence``)."""
+    return [name for name, cls in REGISTRY.items() if cls.reads_confidence]
+
+
 def make_policy(spec: str) -> Policy:
     """Build a policy from a spec such as 'confidence', 'fixed:7', 'threshold:0.6', 'confidence-async:2'."""
     if not isinstance(spec, str) or not spec.strip():
@@ -56,6 +61,7 @@ def make_policy(spec: str) -> Policy:
     return policy
 
 
-__all__ = ["REGISTRY", "Policy", "StepContext", "make_policy", "list_policies", "list_specs", "algorithm1",
+__all__ = ["REGISTRY", "Policy", "StepContext", "make_policy", "list_policies", "list_specs", "confidence_readers",
+           "algorithm1",
            "global_search_current", "MTP1", "Fixed", "Threshold", "Goodput", "Confidence", "ConfidenceAsync",
            "ConfidenceGlobal", "Oracle", "NoSpeculation"]
