@@ -68,6 +68,11 @@ def _measure_args(p: argparse.ArgumentParser) -> None:
                    help="also measure the cells at this short context when every --contexts value is longer, so the "
                         "verify staircase (the forward's cost without context, which prefill chunks and short "
                         "requests pay) is measured, not extrapolated from long contexts; 0 = off [%(default)s]")
+    g.add_argument("--context-spread-from", default=None, metavar="LENGTHS_CSV",
+                   help="spread each cell's contexts like the decode contexts of this workload (columns "
+                        "num_prefill_tokens, num_decode_tokens), scaled to the cell's context, instead of evenly over "
+                        "[c/2, 3c/2]; the runner pads each attention group to its longest context, so cells spread "
+                        "like the served batches price them best (validate: --cell-spread)")
     g.add_argument("--warmup", type=int, default=2, help="discarded steps per cell [%(default)s]")
     g.add_argument("--reps", type=int, default=5,
                    help="timed rounds per cell (every verify length once per round, mean) [%(default)s]")
@@ -144,6 +149,9 @@ def _mc(args):
         kw["n_reqs"] = args.n_req
     if args.contexts:
         kw["contexts"] = args.contexts
+    if args.context_spread_from:
+        from dsparksim.runner.measure import context_spread_from_csv
+        kw["context_spread"] = context_spread_from_csv(args.context_spread_from)
     if getattr(args, "name", None):
         kw["name"] = args.name
     return MeasureConfig(**kw)
@@ -216,7 +224,7 @@ def cmd_validate(args) -> int:
     vc = ValidateConfig(policies=pols, concurrency=args.concurrency, drift_threshold=args.drift_threshold,
                         drift_gate=_gate(args), window_s=args.drift_window,
                         normalise=not args.no_drift, pair_cells=not args.no_pair_cells,
-                        pair_baseline=args.pair_baseline, acceptance=acc or
+                        pair_baseline=args.pair_baseline, cell_spread=args.cell_spread, acceptance=acc or
                         "traces/sample_dspark_k7.csv", mtp1_acceptance=acc1 or "mtp1", K=args.block_size,
                         requests_per_user=args.requests_per_user, repeats=args.repeats, seed=args.seed, measure=mc, profile=args.profile,
                         runner=_runner(args, mc.executor), **extra)
@@ -344,6 +352,10 @@ def register(sub) -> None:
     v.add_argument("--pair-baseline", choices=("fit", "cell"), default="fit",
                    help="a paired cell's reference time: the profile's own price of its shape (fit), or its raw "
                         "median when profiled (cell; a 5-step median scatters by several %% on a shared CPU) "
+                        "[%(default)s]")
+    v.add_argument("--cell-spread", choices=("even", "workload"), default="even",
+                   help="contexts of the profile's cells: evenly over [c/2, 3c/2] (even), or spread like this "
+                        "validation's own decode contexts (workload); --context-spread-from overrides both "
                         "[%(default)s]")
     v.add_argument("--profile", default=None,
                    help="use this profile measured earlier by `dsparksim measure` for the same model/device "

@@ -38,7 +38,7 @@ class StepTiming:
 
 
 def split_rows(lens: np.ndarray, tk: np.ndarray, penalty: float, max_groups: int) -> list[np.ndarray]:
-    """Partition rows into <= max_groups (<= 3) attention groups minimising the padded attention work
+    """Partition rows into <= max_groups attention groups minimising the padded attention work
     sum_g rows_g * max(lens_g) * max(tk_g) + penalty * groups: the better of contiguous groups in query-length
     order (split only between distinct lengths) and in key-length order. A group pads every row's keys to its
     longest context, so a batch mixing fresh and long requests would pay rows x max context where a varlen kernel
@@ -55,7 +55,7 @@ def split_rows(lens: np.ndarray, tk: np.ndarray, penalty: float, max_groups: int
         cnt = (ends - starts).astype(float)
         lmax = np.maximum.reduceat(lens[order], starts).astype(float)
         tmax = np.maximum.reduceat(tk[order], starts).astype(float)
-        cost, cuts = _best_partition(cnt, lmax, tmax, penalty, min(max_groups, 3))
+        cost, cuts = _best_partition(cnt, lmax, tmax, penalty, max_groups)
         if best is None or cost < best[0]:
             b = [0] + [int(starts[c]) for c in cuts] + [len(ks)]
             best = (cost, [order[x:y] for x, y in zip(b[:-1], b[1:])])
@@ -64,8 +64,9 @@ def split_rows(lens: np.ndarray, tk: np.ndarray, penalty: float, max_groups: int
 
 def _best_partition(cnt: np.ndarray, lmax: np.ndarray, tmax: np.ndarray, penalty: float,
                     max_groups: int) -> tuple[float, tuple[int, ...]]:
-    """Best split of u ordered units into <= max_groups (<= 3) contiguous groups; group cost = rows * max L *
-    max tk + penalty. Returns (cost, unit indices where groups 2.. start). All splits at once in numpy, O(u^2)."""
+    """Best split of u ordered units into <= max_groups contiguous groups; group cost = rows * max L * max tk +
+    penalty. Returns (cost, unit indices where groups 2.. start). Dynamic programme over the last group's start,
+    each stage one numpy min over an (u, u) cost matrix: O(max_groups * u^2)."""
     u = len(cnt)
     i, j = np.arange(u)[:, None], np.arange(u)[None, :]
     valid = j >= i
@@ -73,20 +74,26 @@ def _best_partition(cnt: np.ndarray, lmax: np.ndarray, tmax: np.ndarray, penalty
     R = np.where(valid, rows[j] - rows[i] + cnt[i], 0.0)                      # rows of units i..j
     Lm = np.maximum.accumulate(np.where(valid, lmax[j], 0.0), axis=1)        # max over i..j (0 before i)
     Tm = np.maximum.accumulate(np.where(valid, tmax[j], 0.0), axis=1)
-    C = np.where(valid, R * Lm * Tm + penalty, np.inf)
-    best, cut = float(C[0, u - 1]), ()
-    if max_groups >= 2 and u >= 2:
-        two = C[0, :-1] + C[1:, u - 1]                                       # 0..a | a+1..u-1
-        a = int(np.argmin(two))
-        if two[a] < best:
-            best, cut = float(two[a]), (a + 1,)
-    if max_groups >= 3 and u >= 3:
-        a, b = np.arange(u - 2)[:, None], np.arange(1, u - 1)[None, :]       # 0..a | a+1..b | b+1..u-1
-        T = np.where(b > a, C[0, a] + C[np.minimum(a + 1, u - 1), b] + C[b + 1, u - 1], np.inf)
-        k = np.unravel_index(int(np.argmin(T)), T.shape)
-        if T[k] < best:
-            best, cut = float(T[k]), (int(k[0]) + 1, int(k[1]) + 2)
-    return best, cut
+    C = np.where(valid, R * Lm * Tm + penalty, np.inf)                       # C[i, j]: one group of units i..j
+    f = C[0].copy()                                 # f[j]: best cost of units 0..j in <= g groups
+    back: list[np.ndarray] = []                     # per stage: start of the last group (0 = one group)
+    for _ in range(1, min(max_groups, u)):
+        # last group i..j (i >= 1) after the best split of 0..i-1
+        T = np.where(valid[1:], f[:-1, None] + C[1:], np.inf)               # (u-1, u): i-1 = row index
+        arg = np.argmin(T, axis=0)
+        cand = T[arg, np.arange(u)]
+        better = cand < f
+        back.append(np.where(better, arg + 1, -1))
+        f = np.where(better, cand, f)
+    cuts, j = [], u - 1
+    for bk in reversed(back):                       # walk back through the stages that improved on fewer groups
+        if j < 0:
+            break
+        s = int(bk[j])
+        if s > 0:
+            cuts.append(s)
+            j = s - 1
+    return float(f[u - 1]), tuple(sorted(cuts))
 
 
 def sync(device: torch.device) -> None:

@@ -16,7 +16,9 @@ Separation (as TensorRT-LLM's DSpark profiler does, the floor from the verify te
 * non-trimmable floor: drafter forward per n (median; parallel drafter tokens n*K), host time per n (median,
   including a representative scheduler workload: Algorithm 1's ranking and pricing of the n*K candidates) and
   B(n); the minimum over n is ``fixed_overhead_s`` and the rest ``batch_overhead(n)``.
-* a cell's contexts are spread over [c/2, 3c/2] (mean c), as in a served batch (:func:`cell_contexts`).
+* a cell's contexts are spread over [c/2, 3c/2] (mean c), as in a served batch (:func:`cell_contexts`), or, with
+  ``context_spread``, follow a workload's own context distribution scaled to mean c (:func:`context_spread`:
+  validate passes its workload's, so the cells' attention padding is the served batches').
 * drafter context: with >= 2 contexts, least squares of the drafter time per cell on D(n) + s_d * kv_tokens
   (:func:`fit_drafter_context`) gives ``drafters.<name>.seconds_per_kv_token`` (its attention over the context),
   written when > 0; the drafter table is then D(n), the time at no context. A negative slope is clipped to 0
@@ -146,6 +148,9 @@ class MeasureConfig:
     drift_attempts: int = 3          # measurements of one cell while the machine drifts past the threshold
     drift_gate: float | None = DEFAULT_GATE   # cells start and end in the machine's fast state (drift.py); None: off
     anchor_context: int = ANCHOR_CONTEXT   # also measured when every context is longer (0: off); see grid_contexts
+    # a cell's contexts relative to their mean (quantiles of a workload's context distribution, :func:`context_spread`);
+    # None: evenly over [c/2, 3c/2]
+    context_spread: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.K < 1:
@@ -163,6 +168,8 @@ class MeasureConfig:
             raise ConfigError("measure", "warmup/reps", f"need warmup >= 1 and reps >= 3, got {self.warmup}/{self.reps}")
         if self.anchor_context < 0:
             raise ConfigError("measure", "anchor_context", f"expected >= 0 (0: off), got {self.anchor_context}")
+        if self.context_spread is not None:
+            check_spread(self.context_spread, "measure")
 
     @property
     def grid_contexts(self) -> tuple[int, ...]:
@@ -188,17 +195,19 @@ def _is_oom(e: BaseException) -> bool:
     return isinstance(e, getattr(torch, "OutOfMemoryError", ())) or "out of memory" in str(e).lower()
 
 
-def _slot_tokens(ctx: int, K: int, warmup: int, reps: int, nL: int | None = None) -> int:
-    """KV positions one profiling request needs: context + one token per step + the draft block."""
+def _slot_tokens(ctx: int, K: int, warmup: int, reps: int, nL: int | None = None,
+                 spread: tuple[float, ...] | None = None) -> int:
+    """KV positions one profiling request needs: its longest context + one token per step + the draft block."""
     nL = K + 1 if nL is None else nL
-    return (3 * ctx) // 2 + 2 + nL * (warmup + reps) + 6 + K + 2
+    top = (3 * ctx) // 2 if spread is None else int(np.ceil(ctx * max(spread) / np.mean(spread))) + 1
+    return top + 2 + nL * (warmup + reps) + 6 + K + 2
 
 
 def profiling_engine(exe: Any, *, n: int, ctx: int, out_len: int, T: int, K: int, drafter: str, policy: Policy,
                      acceptance: AcceptanceModel, profile: Any, max_batched_tokens: int, prefill_chunk_tokens: int,
-                     live: bool, rng: np.random.Generator) -> RealStepper:
+                     live: bool, rng: np.random.Generator, spread: tuple[float, ...] | None = None) -> RealStepper:
     """One engine with n requests admitted and prefilled (untimed, :func:`_fast_prefill`) at contexts spread around
-    ctx (:func:`cell_contexts`), ready to be stepped on the executor's clock."""
+    ctx (:func:`cell_contexts`, with ``spread``), ready to be stepped on the executor's clock."""
     wl = Workload(prompt_tokens=np.full(n, ctx, np.int64), output_tokens=np.full(n, out_len, np.int64),
                   domain=np.full(n, "chat", dtype=object), concurrency=n)
     table = RequestTable(wl, n, None)
@@ -211,7 +220,7 @@ def profiling_engine(exe: Any, *, n: int, ctx: int, out_len: int, T: int, K: int
         eng.enqueue(i)
     if len(eng.admit(0.0)) != n:
         raise RuntimeError(f"profiling engine admitted fewer than its {n} requests")
-    _fast_prefill(eng, exe, n, ctx)
+    _fast_prefill(eng, exe, n, ctx, spread)
     return RealStepper(eng, exe, live=live)
 
 
@@ -227,20 +236,21 @@ def cell_executor(target, proxy, ex: ExecutorConfig, T: int, slots: int, drafter
 
 
 def _cell(target, proxy, ex: ExecutorConfig, K: int, drafter: str, n: int, ctx: int, Ls: list[int],
-          warmup: int, reps: int, live: "LiveDrafters | None" = None) -> list[dict[str, float]]:
+          warmup: int, reps: int, live: "LiveDrafters | None" = None,
+          spread: tuple[float, ...] | None = None) -> list[dict[str, float]]:
     """Timed steps for n requests at context ctx, for each L in Ls (one engine, prefilled once).
 
     With ``live`` the step is the live-drafter step (trained drafter proposes, rejection sampling, drafter state
     update), every block then rejected at position 1 so the context still grows one token per step."""
     out_len = len(Ls) * (warmup + reps) + 6
-    T = _slot_tokens(ctx, K, warmup, reps, len(Ls))
+    T = _slot_tokens(ctx, K, warmup, reps, len(Ls), spread)
     exe = cell_executor(target, proxy, ex, T, n, drafter, live)
     pol = UniformL()
     pol.reset(K, np.random.default_rng(0))
     st = profiling_engine(exe, n=n, ctx=ctx, out_len=out_len, T=T, K=K, drafter=drafter, policy=pol,
                           acceptance=RejectAll(K, drafter), profile=profile_from_dict(_DUMMY),
                           max_batched_tokens=n * (K + 1) + n * ctx, prefill_chunk_tokens=n * ctx,
-                          live=live is not None, rng=np.random.default_rng(0))
+                          live=live is not None, rng=np.random.default_rng(0), spread=spread)
     now = 0.0
     recs = []
     # verify lengths interleaved step by step (a fresh shuffled order every round): consecutive steps change
@@ -434,14 +444,14 @@ def fit_prefill(recs: list[dict], prof: dict, relative: bool = True) -> dict[str
             "cells": len(recs)}
 
 
-def _fast_prefill(eng: Engine, exe: Executor, n: int, ctx: int) -> None:
+def _fast_prefill(eng: Engine, exe: Executor, n: int, ctx: int, spread: tuple[float, ...] | None = None) -> None:
     """Mark n admitted requests as prefilled with ctx tokens without running the prefill.
 
     Decode timing does not depend on the cached values, only on how many positions are read, so the KV slots
     are left as allocated; this makes long contexts (8k, 32k tokens) measurable without a quadratic prefill.
     """
     rows = np.arange(n)
-    lens = cell_contexts(n, ctx)
+    lens = cell_contexts(n, ctx, spread)
     eng.skip_prefill(rows, lens, 0.0)
     for r in rows:
         exe.cache_len[int(r)] = int(lens[r])
@@ -452,17 +462,71 @@ def _fast_prefill(eng: Engine, exe: Executor, n: int, ctx: int) -> None:
                                 torch.as_tensor([exe.pending[int(r)] for r in rows], device=exe.dev))
 
 
-def cell_contexts(n: int, ctx: int) -> np.ndarray:
-    """Per-request contexts of a cell: evenly spread over [ctx/2, 3ctx/2] (mean ctx), in a fixed shuffled order.
+def cell_contexts(n: int, ctx: int, spread: tuple[float, ...] | None = None) -> np.ndarray:
+    """Per-request contexts of a cell (mean ctx), in a fixed shuffled order: evenly spread over [ctx/2, 3ctx/2], or,
+    with ``spread`` (sorted contexts relative to their mean, :func:`context_spread`), ctx times its quantiles at
+    (i + 1/2)/n.
 
     A served batch is heterogeneous, and a batch's attention cost follows its longest contexts, not only their
-    sum; a homogeneous profiling batch would under-price real batches with the same total KV tokens.
+    sum (the real runner pads each attention group to its longest context): a homogeneous profiling batch would
+    under-price real batches with the same total KV tokens, and a batch spread less or more widely than the served
+    ones mis-prices them by the difference in padding (2026-12-02: a 32-request step at mean context 88 cost 3-6%
+    more spread over 16-160 than over 44-132).
     """
     if n == 1:
         return np.array([ctx], np.int64)
-    lens = np.rint(np.linspace(0.5 * ctx, 1.5 * ctx, n)).astype(np.int64)
+    if spread is None:
+        lens = np.rint(np.linspace(0.5 * ctx, 1.5 * ctx, n)).astype(np.int64)
+    else:
+        q = np.asarray(spread, float) / float(np.mean(spread))
+        lens = np.rint(ctx * np.interp((np.arange(n) + 0.5) / n, (np.arange(len(q)) + 0.5) / len(q), q)
+                       ).astype(np.int64)
     lens += ctx - int(round(lens.mean()))
     return np.maximum(1, np.random.default_rng(n).permutation(lens))
+
+
+SPREAD_POINTS = 33
+SPREAD_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
+
+
+def check_spread(spread, where: str) -> None:
+    """A context spread is >= 2 finite positive relative contexts in non-decreasing order."""
+    q = np.asarray(spread, float)
+    if q.ndim != 1 or len(q) < 2 or not np.all(np.isfinite(q)) or q.min() <= 0 or np.any(np.diff(q) < 0):
+        raise ConfigError(where, "context_spread", f"expected >= 2 positive relative contexts in non-decreasing "
+                          f"order, got {list(spread)}")
+
+
+def context_spread(prompt: np.ndarray, output: np.ndarray, points: int = SPREAD_POINTS) -> tuple[float, ...]:
+    """The contexts a workload's decoding requests have, relative to their mean: ``points`` quantiles (at
+    (j + 1/2)/points) of p + k over every request (p prompt tokens, o output tokens) and every k in [0, o), each
+    decode position weighted once, as a served batch samples requests at every stage of their output."""
+    p, o = np.asarray(prompt, np.int64), np.asarray(output, np.int64)
+    if len(p) == 0 or len(p) != len(o) or p.min() < 1 or o.min() < 1:
+        raise ConfigError("measure", "context_spread", "needs >= 1 request with prompt and output tokens >= 1")
+    ctx = np.repeat(p, o) + (np.arange(int(o.sum())) - np.repeat(np.cumsum(o) - o, o))
+    q = np.quantile(ctx, (np.arange(points) + 0.5) / points)
+    return tuple(round(float(x), 4) for x in q / ctx.mean())
+
+
+def context_spread_from_csv(path: str | Path, points: int = SPREAD_POINTS) -> tuple[float, ...]:
+    """:func:`context_spread` of a lengths CSV (columns num_prefill_tokens, num_decode_tokens: what
+    `dsparksim validate` writes as lengths.csv and the length-only traces use)."""
+    import pandas as pd
+    try:
+        df = pd.read_csv(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(str(path), "context_spread", f"cannot read a lengths CSV: {e}") from None
+    miss = [c for c in SPREAD_COLUMNS if c not in df.columns]
+    if miss:
+        raise ConfigError(str(path), "columns", f"expected {list(SPREAD_COLUMNS)}, missing {miss}")
+    for c in SPREAD_COLUMNS:
+        v = pd.to_numeric(df[c], errors="coerce")
+        bad = np.flatnonzero(~(v >= 1) | (v != np.floor(v)))
+        if len(bad):
+            raise ConfigError(str(path), c, f"line {int(bad[0]) + 2}: expected an integer >= 1, got "
+                              f"{df[c].iloc[int(bad[0])]!r}")
+    return context_spread(df[SPREAD_COLUMNS[0]].to_numpy(np.int64), df[SPREAD_COLUMNS[1]].to_numpy(np.int64), points)
 
 
 def _release(ex: ExecutorConfig) -> None:
@@ -771,13 +835,14 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
         runs out of memory is recorded under failed_cells, never measured."""
         out = []
         for c, n in cells:
-            need = n * _slot_tokens(c, K, mc.warmup, mc.reps)
+            need = n * _slot_tokens(c, K, mc.warmup, mc.reps, spread=mc.context_spread)
             if need > cap:
                 failed.append({"context": c, "n_req": n, "K": K, "error": f"skipped: needs {need} KV tokens, the "
                                f"device holds about {cap}"})
             else:
                 try:
-                    cr, b = timed(lambda: _cell(target, proxy, ex, K, drafter, n, c, Lv, mc.warmup, mc.reps, live),
+                    cr, b = timed(lambda: _cell(target, proxy, ex, K, drafter, n, c, Lv, mc.warmup, mc.reps, live,
+                                                mc.context_spread),
                                   f"{label}ctx={c} n={n}")
                     out += normalise_records(cr, b, factor=mon.speed(b) if b is not None else None)
                 except Exception as e:  # noqa: BLE001 - OOM is recorded per cell; anything else is a bug
@@ -846,8 +911,10 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
     prof["metadata"] = {
         "device": dkey, "model": mkey, "runner_device": dkey, "runner_model": mkey,
         "source": "measured by `dsparksim measure` on the real engine (dsparksim.runner)",
-        "method": "n_req x uniform verify length L=0..K x context sweep (a cell's contexts spread over [c/2, 3c/2], "
-                  "mean c); verify lengths interleaved step by step, warm-up rounds discarded, median of timed "
+        "method": "n_req x uniform verify length L=0..K x context sweep (a cell's contexts spread over "
+                  + ("[c/2, 3c/2], mean c" if mc.context_spread is None else
+                     "c x the quantiles of grid.context_spread, mean c")
+                  + "); verify lengths interleaved step by step, warm-up rounds discarded, median of timed "
                   "steps; target forward = V0(M) + B(n) + s*kv + q*qk by non-negative least squares over the "
                   "cell medians (V0: verify staircase, made non-decreasing; B(n) = b*(n - n_min): per-request "
                   "part, moved into the floor); drafter forward and host time (incl. a representative "
@@ -860,7 +927,8 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
         "drafting": f"live:{mc.live_models}" if mc.live_models is not None else "proxy",
         "grid": {"K": mc.K, "n_req": list(mc.n_reqs), "L": Ls, "contexts": list(contexts),
                  "requested_contexts": list(mc.contexts), "warmup": mc.warmup,
-                 "reps": mc.reps},
+                 "reps": mc.reps,
+                 "context_spread": None if mc.context_spread is None else list(mc.context_spread)},
         "fit": fit, "failed_cells": failed, "wall_s": round(time.time() - t_start, 1),
     }
     # the raw cell medians: validate re-times these very cells beside every real step (runner.paired); a live

@@ -59,13 +59,15 @@ class PairedCells:
     medians; :meth:`time` steps a (cached) profiling engine of the matched cell once and returns its seconds."""
 
     def __init__(self, target, proxy, ex, cells: dict[str, Any], warmup: int, reps: int, profile=None,
-                 baseline: str = "fit", live=None, prefill_cells: dict[str, Any] | None = None) -> None:
+                 baseline: str = "fit", live=None, prefill_cells: dict[str, Any] | None = None,
+                 spread: tuple[float, ...] | None = None) -> None:
         if baseline not in BASELINES:
             raise ConfigError("validate", "pair_baseline", f"expected one of {BASELINES}, got {baseline!r}")
         if baseline == "fit" and profile is None:
             raise ConfigError("validate", "pair_baseline", "'fit' needs the profile that prices the cells")
         self.target, self.proxy, self.ex = target, proxy, ex
         self.warmup, self.reps = warmup, reps
+        self.spread = None if spread is None else tuple(float(x) for x in spread)   # the cells' context spread
         self.profile, self.baseline_kind = profile, baseline
         self.live = live                         # LiveDrafters: cells are live steps (measure --live)
         self.tables: dict[str, dict[str, Any]] = {}
@@ -107,7 +109,7 @@ class PairedCells:
                               f"loaded drafters are {sorted(live.drafters)}")
         return cls(target, proxy, ex, cells, int(grid.get("warmup", 2)), int(grid.get("reps", 5)),
                    profile=profile_from_dict(prof), baseline=baseline, live=live,
-                   prefill_cells=meta.get("prefill_cells"))
+                   prefill_cells=meta.get("prefill_cells"), spread=grid.get("context_spread"))
 
     def match(self, drafter: str, n: int, L: float, ctx: float) -> tuple | None:
         """(drafter, n, ctx, L) of the stored cell nearest a decode step of ``n`` requests with mean verify length
@@ -154,7 +156,7 @@ class PairedCells:
         ek = (drafter, n, c)
         e = self._engines.get(ek)
         if e is None:
-            T = _slot_tokens(c, K, self.warmup, self.reps, nL)
+            T = _slot_tokens(c, K, self.warmup, self.reps, nL, self.spread)
             # live: the live step exactly as measure --live timed it
             exe = cell_executor(self.target, self.proxy, self.ex, T, n, drafter, self.live)
             pol = UniformL()
@@ -163,7 +165,7 @@ class PairedCells:
                                   drafter=drafter, policy=pol, acceptance=RejectAll(K, drafter),
                                   profile=profile_from_dict(_DUMMY), max_batched_tokens=n * (K + 1) + n * c,
                                   prefill_chunk_tokens=n * c, live=self.live is not None,
-                                  rng=np.random.default_rng(0))
+                                  rng=np.random.default_rng(0), spread=self.spread)
             e = self._engines[ek] = [st, pol, 0.0, 0]
         st, pol = e[0], e[1]
         pol.L = L

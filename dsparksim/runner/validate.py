@@ -28,7 +28,7 @@ from ..traffic import TrafficConfig
 from .executor import build_models
 from .drift import (CALIBRATION_PROBES, DEFAULT_GATE, DEFAULT_THRESHOLD, DriftMonitor, RunWindows,
                     warp_result)
-from .measure import REFERENCE_CELL, MeasureConfig, measure, reference_probe
+from .measure import REFERENCE_CELL, MeasureConfig, context_spread, measure, reference_probe
 from .residuals import attribute, by_shape, by_term, step_residuals
 from .models import load_target
 from .paired import BASELINES, PairedCells, RunPairs, fit_vs_cells
@@ -37,6 +37,9 @@ from .run import RunnerConfig, real_run
 POLICIES = ("mtp1", "fixed:7", "threshold:0.5", "goodput", "confidence", "confidence-async:2")
 METRICS = {"throughput": "output_throughput_tok_s", "tps_user_median": "tps_user_median",
            "mean_verify_len": "mean_verify_len", "tau": "tau"}
+
+
+CELL_SPREADS = ("workload", "even")
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,11 @@ class ValidateConfig:
     pair_baseline: str = "fit"   # a paired cell's reference time: the profile's price of its shape, or "cell" median
     drift_profile_baseline: bool = True   # --profile: normalise to the profile's own reference timing if stored
     seed: int = 0
+    # the profile cells' contexts: "even" = evenly over [c/2, 3c/2]; "workload" = the spread of this validation's
+    # own decode contexts (measure.context_spread of lengths.csv). One A/B on the issue-13 grid (2026-12-02) moved
+    # the 32-user bias from +3..+7.5% to -1.4..+3.2% but 4-16 users from -1..+2.8% to +1.5..+5.9% (medians
+    # 1.0%/1.2% even vs 2.3%/2.7% workload), so the default stays "even"
+    cell_spread: str = "even"
     profile: str | None = None   # an already measured profile (same model/device, checked); None = measure now
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
@@ -83,6 +91,8 @@ class ValidateConfig:
             raise ConfigError("validate", "max_unsteady_share", f"must be in [0, 1], got {self.max_unsteady_share}")
         if self.pair_baseline not in BASELINES:
             raise ConfigError("validate", "pair_baseline", f"expected one of {BASELINES}, got {self.pair_baseline!r}")
+        if self.cell_spread not in CELL_SPREADS:
+            raise ConfigError("validate", "cell_spread", f"expected one of {CELL_SPREADS}, got {self.cell_spread!r}")
         if self.pair_span < 0:
             raise ConfigError("validate", "pair_span", f"must be >= 0, got {self.pair_span}")
         if self.repeats < 1:
@@ -178,9 +188,19 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
     mcfg, tmodel, _ = load_target(vc.runner.model, ex.device, ex.dtype)
     target, proxy = build_models(mcfg, ex, tmodel)
     probe = reference_probe(target, proxy, ex)
+    lengths = (write_live_lengths if vc.runner.mode == "live" else write_lengths)(out / "lengths.csv", vc)
     if vc.profile is None:
         mc = replace(vc.measure, model=vc.runner.model, executor=ex, K=vc.K,
                      drift_threshold=vc.drift_threshold)
+        if vc.cell_spread == "workload" and mc.context_spread is None:
+            # cells whose contexts spread like the served batches': the runner pads each attention group to its
+            # longest context, so a cell spread less widely than the real batches under-prices them
+            lw = pd.read_csv(lengths)
+            mc = replace(mc, context_spread=context_spread(lw["num_prefill_tokens"].to_numpy(),
+                                                           lw["num_decode_tokens"].to_numpy()))
+            q = mc.context_spread
+            log(f"validate: profile cells spread like this workload's decode contexts ({q[0]:.2f}-{q[-1]:.2f} x "
+                "the mean)")
         log(f"validate: measuring the profile ({len(mc.n_reqs)} n_req x {mc.K + 1} L x {len(mc.grid_contexts)} contexts)")
         prof, raw = measure(mc, progress=progress, log=log, target=target, proxy=proxy)
         ppath = save_profile(prof, out / "profile.json")
@@ -214,7 +234,6 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
             if cells is None:
                 log(f"validate: the profile {ppath} stores no cell timings (metadata.cells, written by `dsparksim "
                     "measure` since 2026-12-01): real runs are normalised by the drift windows, not paired cells")
-    lengths = (write_live_lengths if vc.runner.mode == "live" else write_lengths)(out / "lengths.csv", vc)
     rows, resid = [], []
     for users in vc.concurrency:
         for pol in vc.policies:
