@@ -10,7 +10,7 @@ import json  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from dsparksim.errors import ConfigError  # noqa: E402
+from dsparksim.errors import ConfigError, InputError  # noqa: E402
 from dsparksim.runner import measure as meas  # noqa: E402
 from dsparksim.runner.measure import (MeasureConfig, _slot_tokens, cell_contexts, context_spread,  # noqa: E402
                                       context_spread_from_csv)
@@ -56,10 +56,10 @@ def test_bad_spreads_and_lengths_files_are_refused_with_the_field(tmp_path):
             MeasureConfig(context_spread=bad)
     f = tmp_path / "l.csv"
     f.write_text("num_prefill_tokens,num_decode_tokens\n10,20\n12,x\n")
-    with pytest.raises(ConfigError, match=r"num_decode_tokens.*line 3.*'x'"):
+    with pytest.raises(InputError, match=r":3: field 'num_decode_tokens'.*'x'"):      # the traffic reader's checks
         context_spread_from_csv(f)
     f.write_text("num_prefill_tokens,output\n10,20\n")
-    with pytest.raises(ConfigError, match=r"missing \['num_decode_tokens'\]"):
+    with pytest.raises(InputError, match=r"field 'num_decode_tokens': missing column"):
         context_spread_from_csv(f)
     f.write_text("num_prefill_tokens,num_decode_tokens\n40,81\n12,30\n")
     assert context_spread_from_csv(f, points=9) == context_spread(np.array([40, 12]), np.array([81, 30]), points=9)

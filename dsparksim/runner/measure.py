@@ -17,8 +17,9 @@ Separation (as TensorRT-LLM's DSpark profiler does, the floor from the verify te
   including a representative scheduler workload: Algorithm 1's ranking and pricing of the n*K candidates) and
   B(n); the minimum over n is ``fixed_overhead_s`` and the rest ``batch_overhead(n)``.
 * a cell's contexts are spread over [c/2, 3c/2] (mean c), as in a served batch (:func:`cell_contexts`), or, with
-  ``context_spread``, follow a workload's own context distribution scaled to mean c (:func:`context_spread`:
-  validate passes its workload's, so the cells' attention padding is the served batches').
+  ``context_spread``, follow a workload's own context distribution scaled to mean c (:func:`context_spread`;
+  ``validate --cell-spread workload`` passes its own workload's, so the cells' attention padding is the served
+  batches').
 * drafter context: with >= 2 contexts, least squares of the drafter time per cell on D(n) + s_d * kv_tokens
   (:func:`fit_drafter_context`) gives ``drafters.<name>.seconds_per_kv_token`` (its attention over the context),
   written when > 0; the drafter table is then D(n), the time at no context. A negative slope is clipped to 0
@@ -486,7 +487,6 @@ def cell_contexts(n: int, ctx: int, spread: tuple[float, ...] | None = None) -> 
 
 
 SPREAD_POINTS = 33
-SPREAD_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
 
 
 def check_spread(spread, where: str) -> None:
@@ -510,23 +510,11 @@ def context_spread(prompt: np.ndarray, output: np.ndarray, points: int = SPREAD_
 
 
 def context_spread_from_csv(path: str | Path, points: int = SPREAD_POINTS) -> tuple[float, ...]:
-    """:func:`context_spread` of a lengths CSV (columns num_prefill_tokens, num_decode_tokens: what
-    `dsparksim validate` writes as lengths.csv and the length-only traces use)."""
-    import pandas as pd
-    try:
-        df = pd.read_csv(path)
-    except (OSError, ValueError) as e:
-        raise ConfigError(str(path), "context_spread", f"cannot read a lengths CSV: {e}") from None
-    miss = [c for c in SPREAD_COLUMNS if c not in df.columns]
-    if miss:
-        raise ConfigError(str(path), "columns", f"expected {list(SPREAD_COLUMNS)}, missing {miss}")
-    for c in SPREAD_COLUMNS:
-        v = pd.to_numeric(df[c], errors="coerce")
-        bad = np.flatnonzero(~(v >= 1) | (v != np.floor(v)))
-        if len(bad):
-            raise ConfigError(str(path), c, f"line {int(bad[0]) + 2}: expected an integer >= 1, got "
-                              f"{df[c].iloc[int(bad[0])]!r}")
-    return context_spread(df[SPREAD_COLUMNS[0]].to_numpy(np.int64), df[SPREAD_COLUMNS[1]].to_numpy(np.int64), points)
+    """:func:`context_spread` of a length-only CSV (num_prefill_tokens/num_decode_tokens, as `dsparksim validate`
+    writes lengths.csv), read and checked by the traffic readers (errors name file, line and column)."""
+    from ..traffic.readers import read_lengths
+    t = read_lengths(path)
+    return context_spread(t.prompt_tokens, t.output_tokens, points)
 
 
 def _release(ex: ExecutorConfig) -> None:

@@ -28,7 +28,7 @@ from ..traffic import TrafficConfig
 from .executor import build_models
 from .drift import (CALIBRATION_PROBES, DEFAULT_GATE, DEFAULT_THRESHOLD, DriftMonitor, RunWindows,
                     warp_result)
-from .measure import REFERENCE_CELL, MeasureConfig, context_spread, measure, reference_probe
+from .measure import REFERENCE_CELL, MeasureConfig, context_spread_from_csv, measure, reference_probe
 from .residuals import attribute, by_shape, by_term, step_residuals
 from .models import load_target
 from .paired import BASELINES, PairedCells, RunPairs, fit_vs_cells
@@ -195,9 +195,7 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
         if vc.cell_spread == "workload" and mc.context_spread is None:
             # cells whose contexts spread like the served batches': the runner pads each attention group to its
             # longest context, so a cell spread less widely than the real batches under-prices them
-            lw = pd.read_csv(lengths)
-            mc = replace(mc, context_spread=context_spread(lw["num_prefill_tokens"].to_numpy(),
-                                                           lw["num_decode_tokens"].to_numpy()))
+            mc = replace(mc, context_spread=context_spread_from_csv(lengths))
             q = mc.context_spread
             log(f"validate: profile cells spread like this workload's decode contexts ({q[0]:.2f}-{q[-1]:.2f} x "
                 "the mean)")
