@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # GPU checklist: measure profiles for a random-weight Qwen3-8B-shaped target in bf16 (M up to 4096; contexts
-# ~1k, 8k, 32k) with a DSpark-like 3-layer parallel drafter proxy, then run trace-replay validation for three
-# policies x three concurrency levels, writing profiles and the validation report to OUT_DIR.
-# Budget: <= 8 minutes on one H200 (grid sized for it: 10 n_req x 8 verify lengths x 3 contexts, 2 warm-up +
-# 3 timed steps per cell; cells beyond the KV capacity are recorded as skipped, never measured).
+# ~1k, 8k, 32k) with a DSpark-like 3-layer parallel drafter proxy, compare it with the analytic builder, then run
+# trace-replay validation for three policies x three concurrency levels, writing profiles and the validation report
+# to OUT_DIR. Stages run in that order (the profile first, the validation last) and each logs when it is done, so a
+# run stopped by a time budget keeps what the earlier stages wrote.
+# Budget: sized for <= 8 minutes on one H200 (an estimate: not yet run on one; grid 10 n_req x 8 verify lengths x
+# 3 contexts + the 32-token anchor, 2 warm-up + 3 timed steps per cell; cells beyond the KV capacity are recorded as
+# skipped, never measured). On a lent device use scripts/gpu_checklist_device.sh (wheels, budget, packing).
 #
 #   scripts/gpu_checklist.sh OUT_DIR            # CUDA, Qwen3-8B shape, bf16
 #   scripts/gpu_checklist.sh OUT_DIR --tiny     # CPU smoke test of the same pipeline (what the test runs)
@@ -28,9 +31,15 @@ else
   BUILD_GPU=H200; BUILD_NOTE="same dense shape, bf16, one H200: builder (fitted on vidur A100/H100 data) vs this measurement"
 fi
 start=$(date +%s)
+done_() { echo "== ($1) done at $(( $(date +%s) - start )) s" | tee -a "$OUT/checklist.log"; }
 echo "== (a) profile: $MODEL" | tee "$OUT/checklist.log"
 $PY -m dsparksim.cli measure "${DEV[@]}" --model "$MODEL" --drafter-layers $DL -K 7 --n-req $NREQ --contexts $CTX \
     --warmup 2 --reps 3 --min-growth $GROWTH --name "$NAME" --out "$OUT/$NAME.json" --quiet 2>&1 | tee -a "$OUT/checklist.log"
+done_ a
+echo "== (c) analytic builder vs (a) on $BUILD_GPU; MoE (Qwen3-30B-A3B shape): not measurable yet" | tee -a "$OUT/checklist.log"
+$PY scripts/compare_builder.py "$OUT/$NAME.json" --gpu $BUILD_GPU --note "$BUILD_NOTE" --out "$OUT/builder_vs_measured.md" \
+    2>&1 | tee -a "$OUT/checklist.log"
+done_ c
 echo "== (b) trace-replay validation: $POLICIES x users $CONC" | tee -a "$OUT/checklist.log"
 $PY -m dsparksim.cli validate "${DEV[@]}" --model "$MODEL" --drafter-layers $DL -K 7 --profile "$OUT/$NAME.json" \
     --policies $POLICIES --concurrency $CONC --requests-per-user $RPU --repeats 1 --out "$OUT/validation" --quiet \
@@ -38,8 +47,6 @@ $PY -m dsparksim.cli validate "${DEV[@]}" --model "$MODEL" --drafter-layers $DL 
 # the validation table (drift-normalised errors, speed factor, unsteady share, kept) and the drift seen, into the log;
 # one real run per cell (--repeats 1): the per-step median over repeats is for shared CPUs, and the budget is tight
 sed -n '/^| policy | users/,/^## Where/p' "$OUT/validation/REPORT.md" | grep -v '^## Where' | tee -a "$OUT/checklist.log"
-echo "== (c) analytic builder vs (a) on $BUILD_GPU; MoE (Qwen3-30B-A3B shape): not measurable yet" | tee -a "$OUT/checklist.log"
-$PY scripts/compare_builder.py "$OUT/$NAME.json" --gpu $BUILD_GPU --note "$BUILD_NOTE" --out "$OUT/builder_vs_measured.md" \
-    2>&1 | tee -a "$OUT/checklist.log"
+done_ b
 end=$(date +%s)
 { echo "== done in $((end - start)) s"; echo "command: scripts/gpu_checklist.sh $OUT $MODE"; } | tee -a "$OUT/checklist.log"
