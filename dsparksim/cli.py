@@ -284,6 +284,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not s["num_requests_completed"]:
         print(f"dsparksim: warning: no request both arrived inside the measurement window (after the {s['warmup_s']:g} s "
               "warm-up) and completed: per-request metrics are empty (lower --warmup or run longer)", file=sys.stderr)
+    rej = _rejected_text(s)
+    if rej:
+        # never silently: the metrics describe only the requests that were admitted
+        print(f"dsparksim: warning: {rej}; every metric covers only the admitted requests (see "
+              "summary.json: num_requests_rejected, rejected_by_reason; requests.csv: reject_reason)", file=sys.stderr)
     if not args.quiet:
         print(f"policy {s['policy']}: {s['num_requests_completed']} requests in {s['window_s']:.1f} s measured "
               f"({s['sim_time_s']:.1f} s simulated, {wall:.1f} s wall)")
@@ -404,6 +409,11 @@ def cmd_frontier(args: argparse.Namespace) -> int:
               f"in frontier.csv with empty metrics and are never Pareto: {', '.join(empty)} (lengthen --duration)"
               + ("; a cell's mean over seeds is empty when any of its seeds is" if len(seeds) > 1 else ""),
               file=sys.stderr)
+    rejected = _rejected_cells(per_seed if len(seeds) > 1 else df)
+    if rejected:
+        print(f"dsparksim: warning: requests were rejected on arrival in {len(rejected)} cell(s) and their metrics "
+              f"cover only the admitted requests: {', '.join(rejected)} (frontier.csv: num_requests_rejected)",
+              file=sys.stderr)
     if not args.quiet:
         deps = f" x {len(deploys)} deployments" if len(deploys) > 1 else ""
         reps = f" x {len(seeds)} seeds {seeds[0]}..{seeds[-1]}" if len(seeds) > 1 else ""
@@ -486,6 +496,26 @@ def _empty_cells(df) -> list[str]:
     bad = df[df["num_requests_completed"].fillna(0) <= 0]
     return [f"{r['policy']}@{r['load']:g}" + (f" seed {r['seed']}" if "seed" in df else "")
             + (f" ({labels[i]})" if multi else "") for i, r in bad.iterrows()]
+
+
+def _rejected_text(s: dict[str, Any]) -> str:
+    """'151 of 286 issued requests (53%) were rejected on arrival (too_long: 151)', or '' when none was."""
+    n = int(s.get("num_requests_rejected") or 0)
+    if not n:
+        return ""
+    issued = int(s.get("num_requests_issued") or 0)
+    why = ", ".join(f"{k}: {v}" for k, v in (s.get("rejected_by_reason") or {}).items() if v)
+    share = f" ({100 * n / issued:.0f}%)" if issued else ""
+    return f"{n} of {issued} issued requests{share} were rejected on arrival" + (f" ({why})" if why else "")
+
+
+def _rejected_cells(df) -> list[str]:
+    """'policy@load: N rejected' for every frontier cell (row) with requests rejected on arrival."""
+    if "num_requests_rejected" not in df.columns:
+        return []
+    bad = df[df["num_requests_rejected"].fillna(0) > 0]
+    return [f"{r['policy']}@{r['load']:g}" + (f" seed {r['seed']}" if "seed" in df else "")
+            + f": {int(r['num_requests_rejected'])} rejected" for _, r in bad.iterrows()]
 
 
 def _comparison_text(df, comp, baseline: str) -> str:

@@ -1,8 +1,9 @@
 """Result directories that are complete or absent, checked before any work starts.
 
 * ``check_out_dir`` (called before a simulation starts): OUT must be creatable and writable, and an existing OUT
-  must be a directory holding only result files (it is replaced whole, so it must never be a folder with other
-  things in it, such as the working directory).
+  must be a directory holding only result files that a dsparksim run or frontier wrote (its ``config.json``
+  says so), never the working directory or a folder above it: it is replaced whole, so a folder of the user's own
+  .json/.csv files (a measured profile, a lengths file, a model's config.json) must never qualify.
 * ``staged_dir`` (``run``, ``run-real``, ``frontier``): every file is written into the hidden sibling
   ``.OUT.tmp-<pid>``, which then replaces OUT (rename). An old ``steps.csv`` never survives a rerun, and a run
   killed while writing leaves the previous OUT as it was (or, killed between the two renames, no OUT at all).
@@ -35,6 +36,11 @@ def check_out_dir(path: str | Path, option: str = "--out", replace: bool = True)
     ``replace``: OUT is replaced whole, so an existing OUT may only hold result files (no subdirectories).
     """
     p = Path(path)
+    if replace:
+        here = Path.cwd().resolve()
+        if here == p.resolve() or p.resolve() in here.parents:
+            raise ConfigError("cli", option, f"{str(p)!r} is the working directory or holds it, and OUT is replaced "
+                              "whole by the new results; choose a new directory (e.g. --out results/run1)")
     if p.exists() or p.is_symlink():
         if not p.is_dir():
             raise ConfigError("cli", option, f"expected a directory, but {str(p)!r} is a file")
@@ -44,6 +50,12 @@ def check_out_dir(path: str | Path, option: str = "--out", replace: bool = True)
             if other:
                 raise ConfigError("cli", option, f"{str(p)!r} is replaced whole by the new results but holds "
                                   f"other things ({', '.join(other[:5])}); choose a new or empty directory")
+            files = sorted(c.name for c in p.iterdir())
+            if files and not written_by_dsparksim(p):
+                raise ConfigError("cli", option, f"{str(p)!r} is replaced whole by the new results but holds files "
+                                  f"that no dsparksim run or frontier wrote ({', '.join(files[:5])}"
+                                  f"{', ...' if len(files) > 5 else ''}; their config.json would name the "
+                                  "dsparksim version); choose a new or empty directory")
         _check_writable(p, option)
         anchor = p.resolve().parent if replace else p
         _check_writable(anchor, option)
@@ -55,6 +67,16 @@ def check_out_dir(path: str | Path, option: str = "--out", replace: bool = True)
         raise ConfigError("cli", option, f"cannot create {str(p)!r}: {str(anc)!r} is a file")
     _check_writable(anc, option)
     return p
+
+
+def written_by_dsparksim(d: Path) -> bool:
+    """True when ``d/config.json`` is a result config of ``run``/``run-real`` or ``frontier`` (it records the
+    dsparksim version; frontier folders written before it did are known by their base_config and policies)."""
+    try:
+        doc = json.loads((d / "config.json").read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(doc, dict) and ("dsparksim_version" in doc or {"base_config", "policies"} <= doc.keys())
 
 
 def _check_writable(d: Path, option: str) -> None:

@@ -172,3 +172,57 @@ def test_sigkill_while_writing_leaves_the_previous_run_and_the_next_run_cleans_u
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]  # the killed run's staging
     _run(out, "--seed", "3")
     assert _siblings(out) == []  # removed by the next run (its pid is gone)
+
+
+def test_a_folder_of_the_users_own_result_like_files_is_never_replaced(tmp_path, capsys):
+    # hostile-tester finding (2026-12-03): a folder holding only .json/.csv files counted as "results" and was
+    # deleted, the run's own profile and lengths files with it, and a model's config.json was overwritten
+    d = tmp_path / "mydata"
+    d.mkdir()
+    (d / "my_measured_profile.json").write_text('{"name": "mine"}')
+    (d / "my_lengths.csv").write_text("prompt_tokens,output_tokens\n100,200\n")
+    assert main([*RUN, "--out", str(d)]) == 2
+    assert sorted(p.name for p in d.iterdir()) == ["my_lengths.csv", "my_measured_profile.json"]
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text('{"hidden_size": 4096}')
+    assert main([*RUN, "--out", str(hf)]) == 2
+    assert "no dsparksim run or frontier wrote (config.json" in capsys.readouterr().err
+    assert (hf / "config.json").read_text() == '{"hidden_size": 4096}'
+
+
+def test_results_of_earlier_runs_and_frontiers_are_still_replaced(tmp_path):
+    from dsparksim.outputs import check_out_dir
+
+    out = tmp_path / "out"
+    _run(out)
+    _run(out, "--seed", "3")             # a rerun into its own results
+    assert json.loads((out / "config.json").read_text())["config"]["seed"] == 3
+    old = tmp_path / "old_frontier"      # frontier folders written before their config.json named the version
+    old.mkdir()
+    (old / "config.json").write_text(json.dumps({"base_config": {}, "policies": ["mtp1"]}))
+    (old / "frontier.csv").write_text("a\n1\n")
+    check_out_dir(old)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    check_out_dir(empty)
+
+
+def test_the_working_directory_or_a_folder_above_it_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    from dsparksim.outputs import check_out_dir
+
+    # `--out .` used to simulate, then fail renaming '.' (a traceback, results lost); `--out "$PWD"` renamed the
+    # shell's working directory away
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    called = []
+    monkeypatch.setattr(simulate_mod, "simulate", lambda *a, **k: called.append(1))
+    for out in (".", str(work), str(tmp_path / "a"), ".."):
+        assert main([*RUN, "--out", out]) == 2
+        assert "is the working directory or holds it" in capsys.readouterr().err
+        with pytest.raises(ConfigError, match="working directory"):
+            check_out_dir(out)
+        check_out_dir(out, replace=False)   # a sweep writes into a folder, never replaces it: allowed
+    assert not called and sorted(p.name for p in tmp_path.iterdir()) == ["a"] and list(work.iterdir()) == []
+    check_out_dir("sub")                    # a new folder below the working directory is fine
