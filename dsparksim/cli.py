@@ -386,8 +386,15 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     else:
         df = frontier_table(summaries, cfgs)
         comp = comparison_table(df, baseline=args.baseline, slas=args.sla or ())
+    from dsparksim import __version__
+    from dsparksim.sweep.cells import input_hashes
     with staged_dir(out) as d:  # all the files replace OUT together (dsparksim.outputs)
-        write_json(d / names["config"], {"base_config": base.to_dict(), "policies": policies, "loads": list(loads),
+        write_json(d / names["config"], {"base_config": base.to_dict(),
+                                         "base_config_note": "the options every cell shares; each cell sets its own "
+                                                             "policy and load from 'policies' and 'loads' (and its "
+                                                             "replicas and router from 'deployments')",
+                                         "dsparksim_version": __version__, "input_sha256": input_hashes(base),
+                                         "policies": policies, "loads": list(loads),
                                          "load_axis": load_name, "replicas": list(args.replicas),
                                          "routers": list(args.router),
                                          "deployments": [deployment_label(*x) for x in deploys],

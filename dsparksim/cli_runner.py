@@ -249,8 +249,29 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def _check_audit_args(args) -> None:
+    """Every audit option before any sampling (a zero step count made every lossless policy 'look biased' at
+    p = nan, and an unwritable --out raised after the whole audit)."""
+    from dsparksim.errors import ConfigError
+    from dsparksim.outputs import check_out_file
+    if args.steps < 1:
+        raise ConfigError("cli", "--steps", f"expected at least 1 engine step per setting, got {args.steps}")
+    if args.live and args.requests < 1:
+        raise ConfigError("cli", "--requests", f"expected at least 1 request per policy, got {args.requests}")
+    if not 0.0 < args.alpha < 1.0:
+        raise ConfigError("cli", "--alpha", f"expected a significance level in (0, 1), got {args.alpha:g}")
+    if args.out:
+        check_out_file(args.out, "--out")
+
+
+def _write_rows(path: str, rows) -> None:
+    from dsparksim.simulate import atomic_write
+    atomic_write(Path(path), lambda p: p.write_text(json.dumps(rows, indent=2) + "\n"))
+
+
 def cmd_audit(args) -> int:
     from dsparksim.runner.audit import LOSSLESS, audit_all
+    _check_audit_args(args)
     if args.live:
         return _audit_live(args, LOSSLESS)
     rows = audit_all(steps=args.steps, seed=args.seed, policies=LOSSLESS + ("confidence-global",))
@@ -266,7 +287,7 @@ def cmd_audit(args) -> int:
         print(f"{r['setting']:>10} {r['policy']:>20} tokens={r['tokens']:>6} chi2={r['chi2']:8.2f} dof={r['dof']} "
               f"p={r['p_value']:.3g}{flag}")
     if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+        _write_rows(args.out, rows)
     return 1 if bad else 0
 
 
@@ -282,7 +303,7 @@ def _audit_live(args, policies) -> int:
               f"dof={r['dof']} p={r['p_value']:.3g} tau={r['tau']:.2f} verify={r['mean_verify_len']:.2f}"
               + ("" if ok else "  <-- FAILS (lossless policy looks biased)"))
     if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+        _write_rows(args.out, rows)
     return 1 if bad else 0
 
 
@@ -387,8 +408,8 @@ def register(sub) -> None:
                         "with --live cpu-tiny-live]")
 
     a = sub.add_parser("audit", help="statistical test that lossless policies keep the target distribution")
-    a.add_argument("--steps", type=int, default=6000)
-    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--steps", type=int, default=6000, help="engine steps per synthetic setting [%(default)s]")
+    a.add_argument("--seed", type=int, default=0, help="random seed [%(default)s]")
     a.add_argument("--alpha", type=float, default=1e-3, help="significance level [%(default)s]")
     a.add_argument("--out", default=None, help="write the results as JSON")
     g = a.add_argument_group("live audit (the real engine with the trained drafters)")

@@ -42,6 +42,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               f"failed) in {res.wall_s:.1f} s on backend {args.backend}")
         for k, p in res.paths.items():
             print(f"  {k:9s} {p}")
+    if "parquet" not in res.paths:
+        print("dsparksim: note: results.parquet not written: pyarrow is not installed (pip install pyarrow); "
+              "results.csv holds the same table", file=sys.stderr)
     if res.failures:
         print(failure_text(res.failures), file=sys.stderr)
         return 1

@@ -69,6 +69,21 @@ def check_out_dir(path: str | Path, option: str = "--out", replace: bool = True)
     return p
 
 
+def check_out_file(path: str | Path, option: str = "--out") -> Path:
+    """Raise ConfigError (naming ``option``) unless ``path`` can be written as one result file: not a directory,
+    and its folder exists and is writable or can be created (checked before any work starts)."""
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError("cli", option, f"{str(p)!r} is a directory; expected the path of the file to write")
+    anc = p.absolute().parent
+    while not anc.exists():
+        anc = anc.parent
+    if not anc.is_dir():
+        raise ConfigError("cli", option, f"cannot create {str(p)!r}: {str(anc)!r} is a file")
+    _check_writable(anc, option)
+    return p
+
+
 def written_by_dsparksim(d: Path) -> bool:
     """True when ``d/config.json`` is a result config of ``run``/``run-real`` or ``frontier`` (it records the
     dsparksim version; frontier folders written before it did are known by their base_config and policies)."""
@@ -152,9 +167,12 @@ def replace_dir(new: Path, out: Path) -> None:
 
 
 def write_result_set(out: str | Path, files: Mapping[str, Callable[[Path], None]], manifest: str,
-                     stale: tuple[str, ...] = ()) -> dict[str, Path]:
+                     stale: tuple[str, ...] = (), status: Mapping[str, object] | None = None) -> dict[str, Path]:
     """Replace a set of result files in ``out`` as a unit: drop the manifest, write each file atomically, remove
-    the ``stale`` names this set no longer has, then write the manifest (size + sha256 of every file) last."""
+    the ``stale`` names this set no longer has, then write the manifest (size + sha256 of every file) last.
+
+    ``status``: what the set describes, recorded in the manifest; its ``complete`` (default True) says whether the
+    work behind the files finished (a sweep with failed cells writes its files whole but is not complete)."""
     from dsparksim.simulate import atomic_write
 
     d = Path(out)
@@ -168,7 +186,7 @@ def write_result_set(out: str | Path, files: Mapping[str, Callable[[Path], None]
         if name not in files:
             (d / name).unlink(missing_ok=True)
     entries = {name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for name, p in paths.items()}
-    doc = {"complete": True, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": entries}
+    doc = {"complete": True, **(status or {}), "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": entries}
     atomic_write(d / manifest, lambda p: p.write_text(json.dumps(doc, indent=1) + "\n"))
     return paths
 

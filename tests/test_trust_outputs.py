@@ -226,3 +226,37 @@ def test_the_working_directory_or_a_folder_above_it_is_refused_before_any_work(t
         check_out_dir(out, replace=False)   # a sweep writes into a folder, never replaces it: allowed
     assert not called and sorted(p.name for p in tmp_path.iterdir()) == ["a"] and list(work.iterdir()) == []
     check_out_dir("sub")                    # a new folder below the working directory is fine
+
+
+def test_a_sweep_with_failed_cells_is_not_marked_complete_and_its_table_stays_readable(tmp_path, capsys):
+    # hostile-tester finding (2026-12-03): "complete": true beside failed cells, and an all-failed sweep wrote a
+    # 1-byte results.csv that pandas could not read
+    spec = tmp_path / "t.toml"
+    spec.write_text('[sweep]\nname = "t"\n[base]\nduration_s = 3.0\nkv_capacity_tokens = 20\n'
+                    '[axes]\npolicy = ["confidence", "mtp1"]\nconcurrency = [2]\n')
+    out = tmp_path / "o"
+    assert main(["sweep", str(spec), "--out", str(out), "--backend", "serial", "--quiet"]) == 1
+    m = json.loads((out / "sweep.manifest.json").read_text())
+    assert m["complete"] is False and m["n_failed"] == 2 and m["n_cells"] == 2
+    df = pd.read_csv(out / "results.csv")
+    assert len(df) == 0 and list(df.columns) == ["cell", "cell_hash", "cfg.policy", "cfg.concurrency"]
+    # a sweep whose every cell finished is complete
+    spec.write_text('[sweep]\nname = "t"\n[base]\nduration_s = 3.0\n[axes]\npolicy = ["mtp1"]\nconcurrency = [2]\n')
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "o2"), "--backend", "serial", "--quiet"]) == 0
+    m = json.loads((tmp_path / "o2" / "sweep.manifest.json").read_text())
+    assert m["complete"] is True and m["n_failed"] == 0
+
+
+def test_frontier_config_records_the_version_and_the_inputs_bytes(tmp_path):
+    import hashlib
+
+    from dsparksim import __version__
+    from dsparksim.profile import shipped_dir
+
+    out = tmp_path / "f"
+    assert main(["frontier", "--policies", "mtp1,fixed:3", "--concurrency-levels", "1,2", "--duration", "3",
+                 "--workers", "1", "--quiet", "--profile", "h100-llama2-7b-tp1", "--out", str(out)]) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["dsparksim_version"] == __version__
+    sha = hashlib.sha256((Path(shipped_dir()) / "h100-llama2-7b-tp1.json").read_bytes()).hexdigest()
+    assert cfg["input_sha256"]["profile"] == sha and cfg["policies"] == ["mtp1", "fixed:3"]

@@ -107,6 +107,8 @@ def results_table(cells: Sequence[Cell], summaries: dict[int, dict[str, Any]]) -
         for k, v in s.items():
             row[k] = json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v
         rows.append(row)
+    if not rows:   # no cell finished: still a readable table (its header), never an empty file
+        return pd.DataFrame(columns=["cell", "cell_hash", *(KEY_PREFIX + k for k in (cells[0].key if cells else {}))])
     return pd.DataFrame(rows)
 
 
@@ -133,7 +135,9 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, backend: str = "local", work
     if have_parquet():
         files["results.parquet"] = lambda p: table.to_parquet(p, index=False)
     files["results.csv"] = lambda p: table.to_csv(p, index=False)
-    written = write_result_set(out, files, MANIFEST, stale=("results.parquet",))
+    # "complete" only when every cell finished; the files themselves are always written whole
+    written = write_result_set(out, files, MANIFEST, stale=("results.parquet",),
+                               status={"complete": not failures, "n_cells": len(cells), "n_failed": len(failures)})
     keys = {"sweep.json": "sweep", "failures.json": "failures", "results.parquet": "parquet", "results.csv": "csv"}
     paths = {keys[n]: p for n, p in written.items()}
     paths["manifest"] = out / MANIFEST
