@@ -599,6 +599,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Simulate one policy at one load; writes config.json, summary.json, "
                                    "requests.csv and a vllm-bench-serve-shaped bench_result.json.")
     add_option(r, "policy")
+    from dsparksim.policies import list_specs
+    for act in r._actions:
+        if act.dest == "policy":   # every spec the registry knows (the top-level help points here)
+            act.help = f"policy spec, one of: {', '.join(list_specs())} [%(default)s]"
     _add_common(r, frontier=False)
     add_out(r, "results/run", "output directory, replaced whole by the new results")
     r.add_argument("--save-steps", action="store_true", help="also write the per-step log steps.csv")
@@ -645,6 +649,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = None
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
+        if not argv:                  # bare `dsparksim`: the command list, not only "arguments are required"
+            build_parser().print_help(sys.stderr)
+            return 2
         args = build_parser().parse_args(argv)
         args._argv = argv  # which options were typed (see _given)
         command = args.command

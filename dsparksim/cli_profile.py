@@ -74,8 +74,8 @@ def _register_build(sub: Any) -> None:
                                    "(dsparksim/data/efficiency.json). Every input and assumption goes to "
                                    "metadata.build.")
     b.add_argument("--model", required=True, metavar="CONFIG.json",
-                   help="Hugging Face config.json (Llama, Qwen/Qwen3, Qwen3-MoE, Mixtral, DeepSeek-V3 keys); "
-                        "shipped ones are in dsparksim/data/models/")
+                   help="Hugging Face config.json (Llama, Qwen/Qwen3, Qwen3-MoE, Mixtral, DeepSeek-V3 keys), or "
+                        "the name of a shipped one in dsparksim/data/models/ (e.g. llama-3-8b, qwen3-235b-a22b)")
     b.add_argument("--gpu", required=True, metavar="NAME",
                    help="A100, H100, H200, H800, H20, B200 or a full name of dsparksim/data/hardware.csv")
     b.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per engine [1]")
@@ -97,6 +97,20 @@ def _register_build(sub: Any) -> None:
     b.set_defaults(func=cmd_build)
 
 
+def _model_config(spec: str) -> str:
+    """A config.json path, or the name of a shipped one (``llama-3-8b`` -> dsparksim/data/models/llama-3-8b.json)
+    when no such file exists; an unknown name is left to the reader's error, which lists the shipped names."""
+    from dsparksim.analytic.loo import MODELS_DIR
+    p = Path(spec)
+    if p.exists() or p.suffix or len(p.parts) > 1:
+        return spec
+    shipped = MODELS_DIR / f"{spec}.json"
+    if shipped.is_file():
+        return str(shipped)
+    names = ", ".join(sorted(q.stem for q in MODELS_DIR.glob("*.json")))
+    raise InputError(spec, "--model", f"no such config.json file and not a shipped model name (shipped: {names})")
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     from dsparksim.analytic.builder import build_profile
 
@@ -107,7 +121,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             raise InputError("profile build", "--dp", f"--dp {args.dp} without --ep has no effect on one engine's "
                              "costs: run independent engines as --replicas, or give --ep to spread the experts")
         out = _check_out(args.out)
-        d = build_profile(args.model, args.gpu, tp=args.tp, ep=args.ep, dp=args.dp, dtype=args.dtype,
+        d = build_profile(_model_config(args.model), args.gpu, tp=args.tp, ep=args.ep, dp=args.dp, dtype=args.dtype,
                           kv_dtype=args.kv_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
                           name=args.name or None, date=args.date)
         try:

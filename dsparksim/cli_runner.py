@@ -111,8 +111,8 @@ def _need_torch() -> None:
 
     from dsparksim.errors import ConfigError
     if importlib.util.find_spec("torch") is None:
-        raise ConfigError("cli", "torch", "this command runs the real engine and needs torch "
-                          "(pip install torch --index-url https://download.pytorch.org/whl/cpu)")
+        raise ConfigError("cli", "torch", "this command runs the real engine and needs torch: pip install "
+                          "'dsparksim[torch]' (the pinned torch==2.13.0, as `train`/`collect` say)")
 
 
 def _executor(args):

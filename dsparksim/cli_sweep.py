@@ -136,7 +136,7 @@ def register(subparsers) -> None:
     r = subparsers.add_parser("regress", help="recompute a fixed sweep and compare frontiers with a baseline",
                               description="Recompute the baseline's sweep (no cache) over its seeds and compare "
                                           "every frontier point and matched gain: flagged when |new - baseline| "
-                                          "exceeds both runs' 95%% t-interval half-widths over the seeds plus a "
+                                          "exceeds both runs' 95% t-interval half-widths over the seeds plus a "
                                           "floor (atol + rtol*|baseline|; gains: gain_atol); exit 1 with a "
                                           "per-policy diff if anything moved beyond that.")
     r.add_argument("--baseline", required=True, help="baseline JSON, e.g. tests/golden/regress_baseline.json")

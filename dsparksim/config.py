@@ -387,8 +387,15 @@ class RunConfig:
             t["time_scale"] = 1.0
         # Closed loop needs no pool: requests are generated lazily as users need them (traffic.base), so a cell
         # never depends on the other load levels of a frontier or sweep.
-        traffic = TrafficConfig(**t)
-        return cls(engine=EngineConfig(**sect["engine"]), traffic=traffic, **sect["run"])
+        try:
+            traffic = TrafficConfig(**t)
+            return cls(engine=EngineConfig(**sect["engine"]), traffic=traffic, **sect["run"])
+        except ConfigError as e:
+            # the dataclasses name their fields (block_size); a command line names its flag (--num-speculative-tokens)
+            key = next((k for k, s in specs.items() if s.field == e.field), None)
+            if key is None or e.source != "config":
+                raise
+            raise bad(key, e.message) from None
 
     def to_dict(self) -> dict[str, Any]:
         return _jsonable(dataclasses.asdict(self))

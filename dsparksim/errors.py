@@ -20,6 +20,7 @@ class InputError(ValueError):
         self.source = str(source) if source is not None else None
         self.field = field
         self.line = line
+        self.message = message
         parts = []
         if self.source:
             parts.append(self.source + (f":{line}" if line is not None else ""))
