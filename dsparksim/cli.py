@@ -160,7 +160,9 @@ def _add_common(p: argparse.ArgumentParser, frontier: bool) -> None:
             _add_axis_option(g, key)
             continue
         add_option(g, key, help=o.frontier_help if frontier and o.frontier_help else None)
-    p.add_argument("--format", choices=["csv", "parquet"], default="csv", help="per-request table format")
+    # frontier writes no per-request table: the option stays (refused with a reason) but is not offered
+    p.add_argument("--format", choices=["csv", "parquet"], default="csv",
+                   help=argparse.SUPPRESS if frontier else "per-request table format [%(default)s]")
 
 
 def _bad(option: str, message: str) -> ConfigError:

@@ -76,7 +76,7 @@ def test_mtp1_runs_with_its_own_drafter_and_block_size(tmp_path):
     (["--policy", "nosuch"], "nosuch"),
     (["--profile", "no-such-profile"], "no-such-profile"),
     (["--acceptance", "tests/data/does_not_exist.csv"], "does_not_exist.csv"),
-    (["--block-size", "0"], "block_size"),
+    (["--block-size", "0"], "--num-speculative-tokens"),   # the flag, not the dataclass field
     (["--kv-capacity", "100"], "kv_capacity_tokens"),
 ])
 def test_bad_input_is_one_clear_error_line(tmp_path, capsys, args, needle):

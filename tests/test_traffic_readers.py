@@ -168,6 +168,20 @@ def test_ragged_csv_row(tmp_path):
     _raises(p, None, 3, match="malformed CSV")
 
 
+def test_extra_field_in_the_first_data_row(tmp_path):
+    # pandas takes a first row with one field too many as an index and shifts every value: the hostile tester's
+    # trace gave "field 'TIMESTAMP' ... got '389'" instead of naming the ragged row
+    p = _write(tmp_path, "r.csv", AZ_HEAD + "2023-11-16 18:00:00.0,5,5,9\n2023-11-16 18:00:01.0,5,5\n")
+    _raises(p, None, 2, match="malformed CSV: expected 3 fields")
+    p = _write(tmp_path, "l.csv", "num_prefill_tokens,num_decode_tokens\n1,2,3\n4,5\n")
+    _raises(p, None, 2, match="malformed CSV: expected 2 fields")
+
+
+def test_a_column_named_twice_is_refused(tmp_path):
+    p = _write(tmp_path, "d.csv", "num_prefill_tokens,num_decode_tokens,num_decode_tokens\n1,2,3\n")
+    _raises(p, "num_decode_tokens", 1, match="named twice")
+
+
 def test_bad_domain_value(tmp_path):
     p = _write(tmp_path, "d.csv", "num_prefill_tokens,num_decode_tokens,domain\n1,1,math\n1,1,poetry\n")
     _raises(p, "domain", 3, match="poetry")

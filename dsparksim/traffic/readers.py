@@ -128,12 +128,14 @@ def _read_cached(path: str, size: int, mtime_ns: int, fmt: str | None) -> TraceT
 # ---------------------------------------------------------------- CSV
 
 
-def _read_csv_strings(path: Path, text: str) -> tuple[pd.DataFrame, np.ndarray]:
-    """All cells as strings, blank lines removed; returns the frame and each row's 1-based file line."""
+def _read_csv_strings(path: Path, text: str, cols: tuple[str, ...] = ()) -> tuple[pd.DataFrame, np.ndarray]:
+    """All cells as strings, blank lines removed; returns the frame and each row's 1-based file line. ``cols``: the
+    required columns, checked in the header before the rows' field counts (a missing column is the clearer error)."""
     if not text.strip():
         raise InputError(path, None, "empty file: expected a header line and at least one data row", line=1)
     import pandas as pd
 
+    _check_fields(path, text, cols)
     try:
         # skip_blank_lines=False keeps row i on file line i + 2, so line numbers stay exact.
         df = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, skip_blank_lines=False)
@@ -148,6 +150,30 @@ def _read_csv_strings(path: Path, text: str) -> tuple[pd.DataFrame, np.ndarray]:
     if len(df) == 0:
         raise InputError(path, None, "no data rows after the header", line=2)
     return df, line
+
+
+def _check_fields(path: Path, text: str, cols: tuple[str, ...] = ()) -> None:
+    """Every data row has the header's number of fields, and no column is named twice (pandas would take a row
+    with one field too many as an index and shift every value, or rename a second ``X`` to ``X.1`` and read the
+    first)."""
+    import csv
+
+    rows = csv.reader(io.StringIO(text))
+    try:
+        header = next(rows)
+        for c in cols:
+            if c not in header:
+                raise InputError(path, c, f"missing column; expected columns {list(cols)}, found {header}", line=1)
+        dup = sorted({h for h in header if header.count(h) > 1})
+        if dup:
+            raise InputError(path, dup[0], f"column named twice in the header {header}: which one to read is "
+                             "ambiguous", line=1)
+        for r in rows:
+            if len(r) != len(header) and any(x.strip() for x in r):
+                raise InputError(path, None, f"malformed CSV: expected {len(header)} fields as in the header "
+                                 f"{header}, got {len(r)}: {r[:8]}", line=rows.line_num)
+    except csv.Error as e:
+        raise InputError(path, None, f"malformed CSV: {e}", line=rows.line_num) from None
 
 
 def _require(path: Path, df: pd.DataFrame, cols: tuple[str, ...]) -> None:
@@ -272,7 +298,7 @@ def read_azure(path: str | Path) -> TraceTable:
 
 
 def _parse_azure(path: Path, text: str) -> TraceTable:
-    df, line = _read_csv_strings(path, text)
+    df, line = _read_csv_strings(path, text, AZURE_COLUMNS)
     _require(path, df, AZURE_COLUMNS)
     raw_t = df["TIMESTAMP"].to_numpy()
     ns = _timestamps_ns(path, df, line)
