@@ -508,7 +508,7 @@ def _empty_cells(df) -> list[str]:
 
 
 def _rejected_text(s: dict[str, Any]) -> str:
-    """'151 of 286 issued requests (53%) were rejected on arrival (too_long: 151)', or '' when none was."""
+    """'151 of 315 issued requests (48%) were rejected on arrival (kv_capacity: 151)', or '' when none was."""
     n = int(s.get("num_requests_rejected") or 0)
     if not n:
         return ""

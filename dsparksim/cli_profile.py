@@ -99,7 +99,7 @@ def _register_build(sub: Any) -> None:
 
 def _model_config(spec: str) -> str:
     """A config.json path, or the name of a shipped one (``llama-3-8b`` -> dsparksim/data/models/llama-3-8b.json)
-    when no such file exists; an unknown name is left to the reader's error, which lists the shipped names."""
+    when no such file exists; a bare name that is neither is refused with the list of shipped names."""
     from dsparksim.analytic.loo import MODELS_DIR
     p = Path(spec)
     if p.exists() or p.suffix or len(p.parts) > 1:
