@@ -81,14 +81,16 @@ def _cpu_name() -> str:
 
 def kv_capacity_tokens(cfg: ModelConfig, device: str, dtype_bits: int, weights_bytes: int = 0,
                        frac: float = 0.8) -> int:
-    """KV tokens the device can hold: CUDA free memory after weights * frac; CPU 25% of RAM."""
+    """KV tokens the device can hold: CUDA free memory * frac (the weights, already loaded, are not free; the
+    caching allocator's freed blocks are released first, e.g. the fp32 copy a bf16 model was built from); CPU 25%
+    of RAM less ``weights_bytes``."""
     per_tok = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * dtype_bits // 8
     d = torch.device(device)
     if d.type == "cuda":
+        torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(d)
-        budget = free * frac
-    else:
-        budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.25
+        return int(max(0.0, free * frac) // per_tok)
+    budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.25
     return int(max(0, budget - weights_bytes) // per_tok)
 
 
