@@ -5,6 +5,7 @@ torch is imported inside the command functions only, so ``dsparksim --help`` wor
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from .errors import InputError
 
@@ -62,7 +63,17 @@ def _stages(s: str):
     return st
 
 
+def _check_dir_args(args: argparse.Namespace) -> None:
+    """--threads and the output directory, before any model is built or trained."""
+    if args.threads < 1:
+        raise InputError("cli", "--threads", f"expected at least 1 CPU thread, got {args.threads}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise InputError(str(out), "--out", "is a file; expected the output directory")
+
+
 def train_command(args: argparse.Namespace) -> int:
+    _check_dir_args(args)
     if not _need_torch("train"):
         return 3
     from .backend.config import preset
@@ -75,6 +86,7 @@ def train_command(args: argparse.Namespace) -> int:
 
 
 def collect_command(args: argparse.Namespace) -> int:
+    _check_dir_args(args)
     if not _need_torch("collect"):
         return 3
     from .backend.collect import collect

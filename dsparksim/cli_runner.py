@@ -73,9 +73,10 @@ def _measure_args(p: argparse.ArgumentParser) -> None:
                         "num_prefill_tokens, num_decode_tokens), scaled to the cell's context, instead of evenly over "
                         "[c/2, 3c/2]; the runner pads each attention group to its longest context, so cells spread "
                         "like the served batches price them best (validate: --cell-spread)")
-    g.add_argument("--warmup", type=int, default=2, help="discarded steps per cell [%(default)s]")
+    g.add_argument("--warmup", type=int, default=2, help="discarded steps per cell, at least 1 [%(default)s]")
     g.add_argument("--reps", type=int, default=5,
-                   help="timed rounds per cell (every verify length once per round, mean) [%(default)s]")
+                   help="timed rounds per cell (every verify length once per round, median), at least 3 "
+                        "[%(default)s]")
     g.add_argument("--drift-threshold", type=float, default=0.15,
                    help="re-time a fixed reference cell beside every measurement, bring times to the baseline "
                         "machine speed, and discard (re-measure, counted) a measurement across which the reference "
@@ -113,6 +114,87 @@ def _need_torch() -> None:
     if importlib.util.find_spec("torch") is None:
         raise ConfigError("cli", "torch", "this command runs the real engine and needs torch: pip install "
                           "'dsparksim[torch]' (the pinned torch==2.13.0, as `train`/`collect` say)")
+
+
+def _check_engine_args(args) -> None:
+    """The real engine's options, before any model is built (hostile-tester findings 2026-12-03: --threads 0
+    wrote a profile of garbage, --threads -1 / --seed -3 / --device cuda without CUDA ended in tracebacks)."""
+    import math
+
+    import torch
+
+    from dsparksim.errors import ConfigError
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError("cli", "--threads", f"expected at least 1 CPU thread, got {args.threads}")
+    if getattr(args, "seed", 0) < 0:
+        raise ConfigError("cli", "--seed", f"expected a non-negative integer, got {args.seed}")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise ConfigError("cli", "--temperature", f"expected >= 0 (0 = greedy), got {args.temperature}")
+    if args.drafter_layers < 1:
+        raise ConfigError("cli", "--drafter-layers", f"expected at least 1 layer, got {args.drafter_layers}")
+    try:
+        d = torch.device(args.device)
+    except RuntimeError:
+        raise ConfigError("cli", "--device", f"not a torch device: {args.device!r} (expected cpu, cuda or "
+                          "cuda:N)") from None
+    if d.type not in ("cpu", "cuda"):
+        raise ConfigError("cli", "--device", f"the real engine runs on cpu or cuda, got {args.device!r}")
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("cli", "--device", f"CUDA is not available to this torch ({torch.__version__}); "
+                              "use --device cpu")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise ConfigError("cli", "--device", f"{args.device!r}: this machine has {torch.cuda.device_count()} "
+                              "CUDA device(s)")
+
+
+def _check_measure_args(args, validate: bool = False) -> None:
+    """The profile sweep's options and --out, before any model is built (an unwritable --out used to fail after
+    the whole sweep)."""
+    from dsparksim.cli import _given
+    from dsparksim.errors import ConfigError
+    from dsparksim.outputs import check_out_dir, check_out_file
+    if not 1 <= args.block_size <= 15:
+        raise ConfigError("cli", "--num-speculative-tokens", f"must be in 1..15 (as the simulator's), got "
+                          f"{args.block_size}")
+    if args.contexts and len(set(args.contexts)) != len(args.contexts):
+        raise ConfigError("cli", "--contexts", f"each context once, got {list(args.contexts)}")
+    if not validate:
+        check_out_file(args.out, "--out")
+        return
+    if args.profile is not None:
+        # the sweep options shape a profile measured in this command; with --profile they would be ignored
+        given = [f for f in ("--n-req", "--contexts", "--anchor-context", "--context-spread-from", "--warmup",
+                             "--reps", "--min-growth") if _given(args, f)]
+        if given:
+            raise ConfigError("cli", given[0], f"shapes the profile measured in this command, but --profile "
+                              f"{args.profile} is given; drop {', '.join(given)} or --profile")
+    if not args.concurrency or min(args.concurrency) < 1 or len(set(args.concurrency)) != len(args.concurrency):
+        raise ConfigError("cli", "--concurrency", f"expected distinct user counts >= 1, got "
+                          f"{list(args.concurrency or ())}")
+    if args.policies is not None:
+        if not args.policies:
+            raise ConfigError("cli", "--policies", "expected at least one policy spec")
+        if len(set(args.policies)) != len(args.policies):
+            raise ConfigError("cli", "--policies", f"each policy once, got {','.join(args.policies)}")
+    if args.max_error is not None and not args.max_error > 0:
+        raise ConfigError("cli", "--max-error", f"expected a fraction > 0 (e.g. 0.10), got {args.max_error}")
+    from dsparksim.runner.validate import OUT_NAMES
+    out = Path(args.out)
+    _no_cwd(out)
+    check_out_dir(out, "--out", replace=False)
+    other = sorted(p.name for p in out.iterdir() if p.name not in OUT_NAMES) if out.is_dir() else []
+    if other:
+        raise ConfigError("cli", "--out", f"{str(out)!r} holds files that no validation wrote ({', '.join(other[:5])}"
+                          f"{', ...' if len(other) > 5 else ''}); choose a new or empty directory")
+
+
+def _no_cwd(out: Path) -> None:
+    from dsparksim.errors import ConfigError
+    here = Path.cwd().resolve()
+    if here == out.resolve() or out.resolve() in here.parents:
+        raise ConfigError("cli", "--out", f"{str(out)!r} is the working directory or holds it; choose a new "
+                          "directory (e.g. --out validation/my-run)")
 
 
 def _executor(args):
@@ -159,6 +241,8 @@ def _mc(args):
 
 def cmd_measure(args) -> int:
     _need_torch()
+    _check_engine_args(args)
+    _check_measure_args(args)
     from dsparksim.cli import _bar_off          # one rule for every command: bars on a terminal only
     from dsparksim.profile import save_profile
     from dsparksim.runner.measure import measure
@@ -171,7 +255,7 @@ def cmd_measure(args) -> int:
         Path(args.raw).write_text(json.dumps(raw) + "\n")
     fit = prof["metadata"]["fit"]
     print(f"wrote {out}: M 1..{prof['verify']['M'][-1]} ({len(prof['verify']['M'])} breakpoints), verify growth "
-          f"{fit['verify_growth']:.2f}x, s/KV token {fit['seconds_per_kv_token']}, failed cells "
+          f"{fit['verify_growth']:.2f}x, s/KV token {_g(fit['seconds_per_kv_token'])}, failed cells "
           f"{len(prof['metadata']['failed_cells'])}")
     pf = fit.get("prefill") or {}
     if "seconds_per_chunk" in pf:
@@ -191,8 +275,14 @@ def cmd_measure(args) -> int:
     return 0
 
 
+def _g(v) -> str:
+    return "n/a (one context)" if v is None else f"{v:.3g}"
+
+
 def cmd_validate(args) -> int:
     _need_torch()
+    _check_engine_args(args)
+    _check_measure_args(args, validate=True)
     from dsparksim.cli import _bar_off
     from dsparksim.runner.validate import ValidateConfig, validate
     mc = _mc(args)
@@ -313,6 +403,7 @@ def cmd_run_real(args) -> int:
 
     check_run_args(args)  # options and the output directory, before the engine starts
     _need_torch()
+    _check_engine_args(args)
     from dsparksim.runner.run import real_run
 
     if args.profile is None:    # the shipped profile of this machine's CPU target, measured for the mode

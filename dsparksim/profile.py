@@ -826,8 +826,8 @@ def list_profiles() -> list[str]:
     return sorted(p.stem for p in d.glob("*.json")) if d.is_dir() else []
 
 
-def load_profile(name_or_path: str | Path, extrapolate: bool = False) -> CostProfile:
-    """Load a profile from a JSON path, or a shipped profile by name (see :func:`list_profiles`)."""
+def profile_path(name_or_path: str | Path) -> Path:
+    """The file of a profile JSON path or shipped profile name (InputError / ConfigError when there is none)."""
     s = str(name_or_path)
     path = Path(s)
     looks_like_path = path.suffix == ".json" or "/" in s or "\\" in s
@@ -838,5 +838,16 @@ def load_profile(name_or_path: str | Path, extrapolate: bool = False) -> CostPro
         if not is_file(path):
             raise ConfigError("profile", "name", f"unknown profile {s!r}: not a file, and not a shipped profile "
                                                  f"(shipped: {', '.join(list_profiles()) or 'none'})")
-    d = loads_json(read_text(path, "profile file", bom=False), str(path), label="not valid JSON")
+    return path
+
+
+def read_profile_dict(name_or_path: str | Path) -> tuple[dict, Path]:
+    """(the profile's JSON object, its file): errors name the file and line, as :func:`load_profile`'s."""
+    path = profile_path(name_or_path)
+    return loads_json(read_text(path, "profile file", bom=False), str(path), label="not valid JSON"), path
+
+
+def load_profile(name_or_path: str | Path, extrapolate: bool = False) -> CostProfile:
+    """Load a profile from a JSON path, or a shipped profile by name (see :func:`list_profiles`)."""
+    d, path = read_profile_dict(name_or_path)
     return profile_from_dict(d, str(path), extrapolate=extrapolate)

@@ -256,6 +256,10 @@ def _clean(x):
 def write_report(models: str | Path, traces_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write ``report.md``, ``quality.png`` and ``summary.json`` into ``out`` (default MODELS/report)."""
     models, traces_dir = Path(models), Path(traces_dir)
+    if not models.is_dir():
+        # the report's target and training sections come from here: without it they would be silently missing
+        raise InputError(models, "--models", "models directory not found (run `dsparksim train`, or point --models "
+                         "at the committed models/ directory)")
     out = Path(out) if out is not None else models / "report"
     found = {}
     for kind in ORDER:

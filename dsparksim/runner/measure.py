@@ -718,7 +718,11 @@ def fit_profile(recs: list[dict], mtp_recs: list[dict], mc: MeasureConfig,
         raise MeasurementError("measure", "verify", f"flat result: the target forward at M={int(M[-1])} is only "
                                f"{growth:.3f}x the time at M={int(M[0])} (need >= {mc.min_growth}); the step is "
                                "dominated by overhead/noise, so no verify term can be separated. Measure larger M "
-                               "or a larger model, or reduce background load")
+                               "or a larger model, or reduce background load"
+                               + (f". With only {len(mc.n_reqs)} batch sizes ({list(mc.n_reqs)}) every M above "
+                                  f"{mc.K + 1} comes from the largest alone and the per-request term can absorb "
+                                  "all of the growth: add intermediate --n-req values (e.g. 1,2,4,8)"
+                                  if len(mc.n_reqs) < 4 else ""))
     ns, D, s_draft, draft_note = fit_drafter_context(r)
     _, H = _median_by(r["n"].astype(int), r["t_host"])
     H = H + Bn                      # the target forward's per-request term joins the floor
@@ -786,6 +790,12 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
     bits = torch_dtype(ex.dtype).itemsize * 8
     wbytes = sum(p.numel() * p.element_size() for p in target.parameters())
     cap = kv_capacity_tokens(mcfg, ex.device, bits, wbytes)
+    for c in contexts:
+        # a context no cell of which fits is refused before anything is timed, never written as measured
+        need = min(mc.n_reqs) * _slot_tokens(c, mc.K, mc.warmup, mc.reps, spread=mc.context_spread)
+        if need > cap:
+            raise ConfigError("measure", "--contexts", f"context {c}: even {min(mc.n_reqs)} request(s) need {need} "
+                              f"KV tokens and {ex.device} holds about {cap} for this model; measure shorter contexts")
     failed: list[dict] = []
     mtp: list[dict] = []
     t_start = time.time()
@@ -852,6 +862,12 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
         mtp = sweep(1, "mtp1", [0, 1], "mtp1 cell ")
     if bar:
         bar.close()
+    lost = sorted(set(contexts) - {int(r["ctx"]) for r in recs})
+    if lost:
+        # every cell at these contexts ran out of memory: a profile claiming them would price what was never timed
+        raise ConfigError("measure", "--contexts", f"no cell at context(s) {lost} could be measured ("
+                          + "; ".join(f["error"][:80] for f in failed[:3]) + "); nothing written: measure shorter "
+                          "contexts or fewer requests")
     prof = fit_profile(recs, mtp, mc)
     fit = prof.pop("_fit")
     if fit["drafter_context"]["seconds_per_kv_token"] == 0.0:     # clipped or refused: say so, never silently

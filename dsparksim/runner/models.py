@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..backend.model import ModelConfig, TargetModel
-from ..errors import ConfigError
+from ..errors import ConfigError, InputError
 
 # Published decoder shapes (random weights: timing only). Qwen3-8B: config.json of Qwen/Qwen3-8B
 # (hidden 4096, 36 layers, 32 query / 8 KV heads of 128, intermediate 12288, vocab 151936); the q/k RMSNorm of
@@ -33,10 +33,17 @@ def parse_model(spec: str) -> tuple[ModelConfig, str | None]:
     spec = spec.strip()
     if spec.startswith("ckpt:"):
         path = spec[5:]
+        # with --live the target is MODELS/target.pt: name --models, the option the user typed
+        opt = "--models" if Path(path).name == "target.pt" else "--model"
         if not Path(path).is_file():
-            raise ConfigError("--model", "model", f"checkpoint file not found: {path}")
-        ck = torch.load(path, map_location="cpu", weights_only=True)
-        return ModelConfig(**ck["config"]), path
+            raise ConfigError(opt, "model", f"checkpoint file not found: {path}")
+        try:
+            ck = torch.load(path, map_location="cpu", weights_only=True)
+            cfg = ModelConfig(**ck["config"])
+        except Exception as e:  # noqa: BLE001 - zip, pickle, key and type errors all mean "not our checkpoint"
+            raise InputError(path, opt, f"not a readable target checkpoint (`dsparksim train` writes them): "
+                             f"{type(e).__name__}: {str(e)[:200]}") from None
+        return cfg, path
     name, *over = spec.split(",")
     if name not in SHAPES:
         raise ConfigError("--model", "model", f"unknown shape {name!r}; expected one of {sorted(SHAPES)} or ckpt:PATH")

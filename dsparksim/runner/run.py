@@ -48,6 +48,11 @@ def _check_profile(profile, mkey: str, dkey: str) -> None:
     meta = profile.metadata
     for k, want in (("runner_model", mkey), ("runner_device", dkey)):
         got = meta.get(k)
+        if got is None:
+            raise ConfigError(f"profile '{profile.name}' ({profile.source})", f"metadata.{k}",
+                              "the profile has no runner metadata: it was not measured by `dsparksim measure` on the "
+                              "real engine (a simulator-only profile describes another engine); measure one for "
+                              f"this model/device ({want!r}) or pass --no-profile-check")
         if got != want:
             raise ConfigError(f"profile '{profile.name}' ({profile.source})", f"metadata.{k}",
                               f"the profile was measured for {got!r} but this run is {want!r}; measure a profile "

@@ -12,6 +12,7 @@ measured (:func:`precheck`).
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -171,6 +172,13 @@ def precheck(vc: ValidateConfig) -> None:
                                   f"uses K={K}; pass an acceptance source for K={K} (e.g. --acceptance dspark)")
 
 
+# what `validate` writes into OUT: a folder holding anything else is refused by the CLI; STALE_OUT is removed at
+# the start of a validation (REPORT.md last written, so a folder with it is a finished validation)
+STALE_OUT = ("REPORT.md", "summary.json", "errors.csv", "step_residuals.csv", "residuals_by_shape.csv",
+             "residuals_by_term.csv", "frontier_overlay.png", "runs")
+OUT_NAMES = frozenset(STALE_OUT + ("lengths.csv", "profile.json", "profile_raw.json"))
+
+
 def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
              log: Callable[[str], None] = print) -> pd.DataFrame:
     """Measure, run real + simulated for every (policy, users), write the report; returns the error table.
@@ -181,8 +189,28 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
     and counted as discarded; a cell with no steady attempt is kept in the table but flagged and left out of
     the medians."""
     precheck(vc)
+    given = None
+    if vc.profile is not None:
+        # read and checked before any model is built or file written: shipped names resolve, a bad file names its
+        # line, a profile of another K is refused as such (not as a range error of the simulated side)
+        from ..profile import read_profile_dict
+        given = read_profile_dict(vc.profile)
+        load_profile(str(given[1]))
+        gK = ((given[0].get("metadata") or {}).get("grid") or {}).get("K")
+        if gK is not None and int(gK) != vc.K:
+            raise ConfigError(str(given[1]), "-K", f"the profile was measured with K={gK} but this validation uses "
+                              f"K={vc.K}: validate with -K {gK}, or measure a profile with -K {vc.K}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # an earlier validation's results go before any new one is written: its runs/ must not stand beside the new
+    # runs (a cell it had and this one has not), nor its report beside a new run that fails (profile.json,
+    # lengths.csv: overwritten below; a --profile inside OUT is kept)
+    for name in STALE_OUT:
+        q = out / name
+        if q.is_dir():
+            shutil.rmtree(q)
+        elif q.exists():
+            q.unlink()
     t0 = time.time()
     ex = vc.runner.executor
     mcfg, tmodel, _ = load_target(vc.runner.model, ex.device, ex.dtype)
@@ -205,8 +233,7 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
         # the raw per-step cell records, as `measure --raw` writes them: refits offline without re-measuring
         (out / "profile_raw.json").write_text(json.dumps(raw) + "\n")
     else:
-        ppath = Path(vc.profile)
-        prof = json.loads(ppath.read_text())
+        prof, ppath = given
         log(f"validate: using the measured profile {ppath}")
     profile = load_profile(str(ppath))
     # the profile's own reference timing is the speed every real figure is brought back to
