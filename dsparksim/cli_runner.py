@@ -412,6 +412,7 @@ def cmd_run_real(args) -> int:
     out = real_run(cfg, _runner(args, _executor(args)))
     paths = write_run(out, args.out, fmt=args.format, steps=True)
     s = out.summary
+    _warn_beyond_measured(out, args.profile)
     if not args.quiet:
         print(f"real run, policy {s['policy']}: {s['num_requests_completed']} requests, output throughput "
               f"{s['output_throughput_tok_s']:.1f} tok/s, per-user median {s['tps_user_median']:.1f} tok/s, "
@@ -419,6 +420,24 @@ def cmd_run_real(args) -> int:
         for k, p in paths.items():
             print(f"  {k:9s} {p}")
     return 0
+
+
+def _warn_beyond_measured(out, profile: str) -> None:
+    """Say so when served requests reached contexts beyond the profile's measured cells (their contexts span up
+    to 1.5x the largest grid context): the policies priced those steps by extrapolating the context term."""
+    from dsparksim.profile import load_profile
+    grid = (load_profile(profile).metadata or {}).get("grid") or {}
+    if not grid.get("contexts"):
+        return
+    top = 1.5 * max(grid["contexts"])
+    req = out.requests()
+    ctx = (req["prompt_tokens"] + req["emitted_tokens"])[~req["rejected"].astype(bool)]
+    beyond = int((ctx > top).sum())
+    if beyond:
+        print(f"dsparksim: warning: {beyond} of {len(ctx)} requests reached contexts above {top:.0f} tokens (up to "
+              f"{int(ctx.max())}), beyond the profile's measured cells (grid contexts {grid['contexts']}); the "
+              "policies priced those steps by extrapolating its context term (measure --contexts to cover them)",
+              file=sys.stderr)
 
 
 def register(sub) -> None:

@@ -131,3 +131,24 @@ def test_a_context_that_cannot_fit_is_refused_before_any_cell(tmp_path, capsys, 
 def test_report_needs_the_models_directory(tmp_path, capsys):
     assert main(["report", "--models", str(tmp_path / "none"), "--out", str(tmp_path / "rep")]) == 2
     assert "models directory not found" in capsys.readouterr().err and not (tmp_path / "rep").exists()
+
+
+def test_run_real_says_when_requests_outgrow_the_profiles_measured_contexts(capsys):
+    import pandas as pd
+
+    from dsparksim.cli_runner import _warn_beyond_measured
+
+    class Out:       # a finished run: only its per-request table is read
+        def __init__(self, p, e, rej):
+            self.df = pd.DataFrame({"prompt_tokens": p, "emitted_tokens": e, "rejected": rej})
+
+        def requests(self):
+            return self.df
+
+    # cpu-tiny's grid contexts are 32/96/160: its cells reach 1.5 x 160 = 240 tokens
+    _warn_beyond_measured(Out([30, 100, 200], [40, 100, 41], [False, False, False]), "cpu-tiny")
+    err = capsys.readouterr().err
+    assert "1 of 3 requests reached contexts above 240 tokens (up to 241)" in err
+    _warn_beyond_measured(Out([30, 100, 5000], [40, 100, 0], [False, False, True]), "cpu-tiny")  # rejected: never served
+    _warn_beyond_measured(Out([30], [40], [False]), "h100-llama2-7b-tp1")   # no measured grid: nothing to say
+    assert capsys.readouterr().err == ""
