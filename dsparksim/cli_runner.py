@@ -153,7 +153,7 @@ def _check_measure_args(args, validate: bool = False) -> None:
     the whole sweep)."""
     from dsparksim.cli import _given
     from dsparksim.errors import ConfigError
-    from dsparksim.outputs import check_out_dir, check_out_file
+    from dsparksim.outputs import check_out_dir, check_out_file, refuse_working_dir
     if not 1 <= args.block_size <= 15:
         raise ConfigError("cli", "--num-speculative-tokens", f"must be in 1..15 (as the simulator's), got "
                           f"{args.block_size}")
@@ -181,20 +181,12 @@ def _check_measure_args(args, validate: bool = False) -> None:
         raise ConfigError("cli", "--max-error", f"expected a fraction > 0 (e.g. 0.10), got {args.max_error}")
     from dsparksim.runner.validate import OUT_NAMES
     out = Path(args.out)
-    _no_cwd(out)
+    refuse_working_dir(out, "--out")       # validate cleans an earlier validation's files out of OUT
     check_out_dir(out, "--out", replace=False)
     other = sorted(p.name for p in out.iterdir() if p.name not in OUT_NAMES) if out.is_dir() else []
     if other:
         raise ConfigError("cli", "--out", f"{str(out)!r} holds files that no validation wrote ({', '.join(other[:5])}"
                           f"{', ...' if len(other) > 5 else ''}); choose a new or empty directory")
-
-
-def _no_cwd(out: Path) -> None:
-    from dsparksim.errors import ConfigError
-    here = Path.cwd().resolve()
-    if here == out.resolve() or out.resolve() in here.parents:
-        raise ConfigError("cli", "--out", f"{str(out)!r} is the working directory or holds it; choose a new "
-                          "directory (e.g. --out validation/my-run)")
 
 
 def _executor(args):
@@ -412,7 +404,7 @@ def cmd_run_real(args) -> int:
     out = real_run(cfg, _runner(args, _executor(args)))
     paths = write_run(out, args.out, fmt=args.format, steps=True)
     s = out.summary
-    _warn_beyond_measured(out, args.profile)
+    _warn_beyond_measured(out)
     if not args.quiet:
         print(f"real run, policy {s['policy']}: {s['num_requests_completed']} requests, output throughput "
               f"{s['output_throughput_tok_s']:.1f} tok/s, per-user median {s['tps_user_median']:.1f} tok/s, "
@@ -422,11 +414,10 @@ def cmd_run_real(args) -> int:
     return 0
 
 
-def _warn_beyond_measured(out, profile: str) -> None:
+def _warn_beyond_measured(out) -> None:
     """Say so when served requests reached contexts beyond the profile's measured cells (their contexts span up
     to 1.5x the largest grid context): the policies priced those steps by extrapolating the context term."""
-    from dsparksim.profile import load_profile
-    grid = (load_profile(profile).metadata or {}).get("grid") or {}
+    grid = (out.inputs["profile"]["metadata"] or {}).get("grid") or {}   # the run's own profile, as it loaded it
     if not grid.get("contexts"):
         return
     top = 1.5 * max(grid["contexts"])

@@ -37,20 +37,18 @@ def check_out_dir(path: str | Path, option: str = "--out", replace: bool = True)
     """
     p = Path(path)
     if replace:
-        here = Path.cwd().resolve()
-        if here == p.resolve() or p.resolve() in here.parents:
-            raise ConfigError("cli", option, f"{str(p)!r} is the working directory or holds it, and OUT is replaced "
-                              "whole by the new results; choose a new directory (e.g. --out results/run1)")
+        refuse_working_dir(p, option)
     if p.exists() or p.is_symlink():
         if not p.is_dir():
             raise ConfigError("cli", option, f"expected a directory, but {str(p)!r} is a file")
         if replace:
-            other = sorted(c.name for c in p.iterdir()
-                           if not (c.is_file() and (c.suffix in RESULT_SUFFIXES or c.name.endswith(".tmp"))))
+            entries = sorted(p.iterdir())
+            other = [c.name for c in entries
+                     if not (c.is_file() and (c.suffix in RESULT_SUFFIXES or c.name.endswith(".tmp")))]
             if other:
                 raise ConfigError("cli", option, f"{str(p)!r} is replaced whole by the new results but holds "
                                   f"other things ({', '.join(other[:5])}); choose a new or empty directory")
-            files = sorted(c.name for c in p.iterdir())
+            files = [c.name for c in entries]
             if files and not written_by_dsparksim(p):
                 raise ConfigError("cli", option, f"{str(p)!r} is replaced whole by the new results but holds files "
                                   f"that no dsparksim run or frontier wrote ({', '.join(files[:5])}"
@@ -60,12 +58,7 @@ def check_out_dir(path: str | Path, option: str = "--out", replace: bool = True)
         anchor = p.resolve().parent if replace else p
         _check_writable(anchor, option)
         return p
-    anc = p.absolute().parent
-    while not anc.exists():
-        anc = anc.parent
-    if not anc.is_dir():
-        raise ConfigError("cli", option, f"cannot create {str(p)!r}: {str(anc)!r} is a file")
-    _check_writable(anc, option)
+    _check_creatable(p, option)
     return p
 
 
@@ -75,13 +68,27 @@ def check_out_file(path: str | Path, option: str = "--out") -> Path:
     p = Path(path)
     if p.is_dir():
         raise ConfigError("cli", option, f"{str(p)!r} is a directory; expected the path of the file to write")
+    _check_creatable(p, option)
+    return p
+
+
+def refuse_working_dir(p: Path, option: str = "--out") -> None:
+    """Raise ConfigError unless ``p`` is neither the working directory nor a folder above it (an OUT that is
+    replaced or cleaned must never take the user's working tree with it)."""
+    here = Path.cwd().resolve()
+    if here == p.resolve() or p.resolve() in here.parents:
+        raise ConfigError("cli", option, f"{str(p)!r} is the working directory or holds it; choose a new "
+                          "directory (e.g. --out results/run1)")
+
+
+def _check_creatable(p: Path, option: str) -> None:
+    # the nearest existing ancestor must be a writable directory: everything below it can be created
     anc = p.absolute().parent
     while not anc.exists():
         anc = anc.parent
     if not anc.is_dir():
         raise ConfigError("cli", option, f"cannot create {str(p)!r}: {str(anc)!r} is a file")
     _check_writable(anc, option)
-    return p
 
 
 def written_by_dsparksim(d: Path) -> bool:

@@ -138,17 +138,20 @@ def test_run_real_says_when_requests_outgrow_the_profiles_measured_contexts(caps
 
     from dsparksim.cli_runner import _warn_beyond_measured
 
-    class Out:       # a finished run: only its per-request table is read
-        def __init__(self, p, e, rej):
+    from dsparksim.profile import load_profile
+
+    class Out:       # a finished run: its per-request table and the profile it loaded are read
+        def __init__(self, p, e, rej, profile):
             self.df = pd.DataFrame({"prompt_tokens": p, "emitted_tokens": e, "rejected": rej})
+            self.inputs = {"profile": {"metadata": load_profile(profile).metadata}}
 
         def requests(self):
             return self.df
 
     # cpu-tiny's grid contexts are 32/96/160: its cells reach 1.5 x 160 = 240 tokens
-    _warn_beyond_measured(Out([30, 100, 200], [40, 100, 41], [False, False, False]), "cpu-tiny")
+    _warn_beyond_measured(Out([30, 100, 200], [40, 100, 41], [False, False, False], "cpu-tiny"))
     err = capsys.readouterr().err
     assert "1 of 3 requests reached contexts above 240 tokens (up to 241)" in err
-    _warn_beyond_measured(Out([30, 100, 5000], [40, 100, 0], [False, False, True]), "cpu-tiny")  # rejected: never served
-    _warn_beyond_measured(Out([30], [40], [False]), "h100-llama2-7b-tp1")   # no measured grid: nothing to say
+    _warn_beyond_measured(Out([30, 100, 5000], [40, 100, 0], [False, False, True], "cpu-tiny"))  # rejected: never served
+    _warn_beyond_measured(Out([30], [40], [False], "h100-llama2-7b-tp1"))   # no measured grid: nothing to say
     assert capsys.readouterr().err == ""

@@ -193,12 +193,12 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
     if vc.profile is not None:
         # read and checked before any model is built or file written: shipped names resolve, a bad file names its
         # line, a profile of another K is refused as such (not as a range error of the simulated side)
-        from ..profile import read_profile_dict
-        given = read_profile_dict(vc.profile)
-        load_profile(str(given[1]))
-        gK = ((given[0].get("metadata") or {}).get("grid") or {}).get("K")
+        from ..profile import profile_from_dict, read_profile_dict
+        d, p = read_profile_dict(vc.profile)
+        given = d, p, profile_from_dict(d, str(p))      # read once; the core loader's checks too
+        gK = ((d.get("metadata") or {}).get("grid") or {}).get("K")
         if gK is not None and int(gK) != vc.K:
-            raise ConfigError(str(given[1]), "-K", f"the profile was measured with K={gK} but this validation uses "
+            raise ConfigError(str(p), "-K", f"the profile was measured with K={gK} but this validation uses "
                               f"K={vc.K}: validate with -K {gK}, or measure a profile with -K {vc.K}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -232,10 +232,10 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
         ppath = save_profile(prof, out / "profile.json")
         # the raw per-step cell records, as `measure --raw` writes them: refits offline without re-measuring
         (out / "profile_raw.json").write_text(json.dumps(raw) + "\n")
+        profile = load_profile(str(ppath))
     else:
-        prof, ppath = given
+        prof, ppath, profile = given
         log(f"validate: using the measured profile {ppath}")
-    profile = load_profile(str(ppath))
     # the profile's own reference timing is the speed every real figure is brought back to
     pd_ = prof["metadata"].get("drift") or {}
     same_cell = pd_.get("reference_cell") == REFERENCE_CELL

@@ -86,13 +86,12 @@ def input_hashes(cfg: RunConfig) -> dict[str, str | None]:
 
 
 def _profile_path(name: str) -> Path | None:
-    from dsparksim.profile import shipped_dir
+    from dsparksim.profile import profile_path
 
-    p = Path(name)
-    if p.is_file():
-        return p
-    q = shipped_dir() / f"{name}.json"
-    return q if q.is_file() else None
+    try:
+        return profile_path(name)          # the loader's own rule: a file, else a shipped name
+    except InputError:                     # ConfigError included: the run itself reports the missing profile
+        return None
 
 
 def _acceptance_sha(spec: str) -> str | None:
