@@ -35,8 +35,8 @@ def main(argv=None) -> int:
 
     from dsparksim.config import EngineConfig, RunConfig
     from dsparksim.errors import ConfigError, InputError
-    from dsparksim.profile import list_profiles
-    from dsparksim.simulate import simulate
+    from dsparksim.cost.profile import list_profiles
+    from dsparksim.sim.simulate import simulate
     from dsparksim.traffic import TrafficConfig
 
     profiles = a.profiles.split(",") if a.profiles else list_profiles()

@@ -26,7 +26,7 @@ def engine_overhead(n: int, steps: int, policy_spec: str = "confidence", K: int 
                     live: bool = False) -> dict:
     from dsparksim.acceptance import load_acceptance
     from dsparksim.policies import make_policy
-    from dsparksim.profile import load_profile
+    from dsparksim.cost.profile import load_profile
     from dsparksim.runner.executor import Executor, ExecutorConfig, build_models
     from dsparksim.runner.measure import profiling_engine
     from dsparksim.runner.models import parse_model
@@ -68,7 +68,7 @@ def engine_overhead(n: int, steps: int, policy_spec: str = "confidence", K: int 
 def policy_cost(n: int, policy_spec: str, reps: int = 50, K: int = 7) -> dict:
     from dsparksim.policies import make_policy
     from dsparksim.policies.base import StepContext
-    from dsparksim.profile import load_profile
+    from dsparksim.cost.profile import load_profile
 
     prof = load_profile("a100-llama3-8b-tp1")
     maxM = n * (K + 1)

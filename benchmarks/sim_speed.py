@@ -7,7 +7,7 @@ Prints
     timed as a whole process in a fresh subprocess (interpreter start, imports, simulation, summary and the result
     files `dsparksim run` writes), with its peak RSS; the split import / simulate / write is printed too;
   * with --replicas N (only if EngineConfig has a ``replicas`` field): the same for N replicas x 256 users each;
-  * a table for 16, 64, 256, 1024, 4096 users x every policy of dsparksim.frontier.DEFAULT_POLICIES, timed in
+  * a table for 16, 64, 256, 1024, 4096 users x every policy of dsparksim.results.frontier.DEFAULT_POLICIES, timed in
     process around ``simulate()`` (the loop plus workload set-up and summary; no interpreter start, no files),
     over a shorter simulated duration stated in the output.
 Closed loop with exactly N users running: the KV capacity is lifted (one H100 holds ~80 such 7B requests; this
@@ -46,7 +46,7 @@ t0 = time.perf_counter()
 import dataclasses, json, resource, sys, tempfile
 import dsparksim
 from dsparksim.config import EngineConfig, RunConfig
-from dsparksim.simulate import simulate, write_run
+from dsparksim.sim.simulate import simulate, write_run
 from dsparksim.traffic import TrafficConfig
 t1 = time.perf_counter()
 spec = json.loads(sys.argv[1])
@@ -108,7 +108,7 @@ def headline(label: str, res: dict) -> str:
 
 def in_process(policy: str, users: int, duration: float) -> tuple[float, float, int]:
     from dsparksim.config import EngineConfig, RunConfig
-    from dsparksim.simulate import simulate
+    from dsparksim.sim.simulate import simulate
     from dsparksim.traffic import TrafficConfig
 
     t = TrafficConfig(mode="closed", concurrency=users, duration_s=duration)
@@ -160,7 +160,7 @@ def main() -> None:
 
     if args.no_table:
         return
-    from dsparksim.frontier import DEFAULT_POLICIES
+    from dsparksim.results.frontier import DEFAULT_POLICIES
 
     print(f"\ntable: x real time of simulate() in process (no interpreter start, no files), {tdur:g} simulated s "
           f"per cell; steps/s = engine steps per wall second")

@@ -2,7 +2,7 @@
 
 Each field that is a run option carries its whole definition in ``dataclasses.field(metadata={"option": Option})``:
 command-line spellings, help, parser, the value types a sweep spec may give, choices and the value when it is not
-given. The CLI's shared run options (``dsparksim.cli``) and the sweep keys (``dsparksim.sweep.spec``) are generated
+given. The CLI's shared run options (``dsparksim.cli.main``) and the sweep keys (``dsparksim.sweep.spec``) are generated
 from it (:func:`run_options`), and :meth:`RunConfig.from_options` builds a run from flat option values.
 """
 from __future__ import annotations
@@ -167,7 +167,7 @@ def run_options() -> dict[str, OptionSpec]:
 
 
 def _router_names() -> tuple[str, ...]:
-    from dsparksim.routers import ROUTER_NAMES  # lazy: the routers module grows with the replica engine
+    from dsparksim.sim.routers import ROUTER_NAMES  # lazy: the routers module grows with the replica engine
 
     return ROUTER_NAMES
 
@@ -197,13 +197,13 @@ class EngineConfig:
     prefill_chunk_tokens: most prefill tokens scheduled in one step (chunked prefill).
     extrapolate:         allow (and report) cost lookups beyond the profile's largest breakpoint.
     replicas:            identical engine replicas behind a router (each with this configuration).
-    router:              how requests are spread over the replicas (one of ``dsparksim.routers.ROUTER_NAMES``).
+    router:              how requests are spread over the replicas (one of ``dsparksim.sim.routers.ROUTER_NAMES``).
     dp_ranks:            data-parallel attention ranks of one MoE engine, stepped in lockstep.
     kv_policy:           KV memory: "paged" (pages taken as tokens are written, preemption by recompute, as vLLM)
                          or "reserve" (prompt + output + K reserved at admission, never preempts).
     kv_page_tokens:      tokens per KV page (paged).
     kv_watermark:        fraction of KV pages admission keeps free (paged; vLLM's 0.01).
-    disaggregated:       decode-only engines behind a prefill pool (dsparksim.disagg).
+    disaggregated:       decode-only engines behind a prefill pool (dsparksim.sim.disagg).
     prefill_replicas:    prefill instances of the pool (disaggregated).
     kv_transfer_gbps:    prefill -> decode link bandwidth in Gbit/s (disaggregated; required there).
     kv_bytes_per_token:  KV bytes per token shipped (disaggregated); None = the profile's metadata value.

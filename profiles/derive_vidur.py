@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", choices=sorted(SHIPPED), help="regenerate only these")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
-    from dsparksim.profile import profile_from_dict, save_profile
+    from dsparksim.cost.profile import profile_from_dict, save_profile
 
     for name in args.only or sorted(SHIPPED):
         d = derive(name, Path(args.csv_dir), args.date)

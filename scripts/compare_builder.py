@@ -22,8 +22,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dsparksim.analytic.builder import build_profile  # noqa: E402
-from dsparksim.profile import load_profile, profile_from_dict  # noqa: E402
+from dsparksim.cost.analytic.builder import build_profile  # noqa: E402
+from dsparksim.cost.profile import load_profile, profile_from_dict  # noqa: E402
 
 MOE_NOTE = ("MoE: not measured. The runner builds dense targets only (dsparksim/backend/model.py: attention + "
             "SwiGLU blocks), so a Qwen3-30B-A3B-shaped random-weight model cannot be measured yet; the MoE terms "

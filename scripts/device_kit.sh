@@ -3,7 +3,7 @@
 # wheels in .whl/ (ignored by git; the device tool's `carry` takes it along) of the base dependencies the device
 # image lacks (KINDS.md's package list, read 2026-11-17: simpy only; numpy, scipy, pandas, matplotlib, tqdm,
 # tokenizers and torch are there). The project itself runs from the working tree the device call copies (the
-# checklist runs `python -m dsparksim.cli` in the repo root, which imports the checkout, as the tests do).
+# checklist runs `python -m dsparksim.cli.main` in the repo root, which imports the checkout, as the tests do).
 # Then, on the device (one call; see scripts/gpu_checklist_device.sh):
 #   run(command="bash scripts/gpu_checklist_device.sh", carry=[".whl"], timeout_s=600)
 #

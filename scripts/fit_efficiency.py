@@ -2,7 +2,7 @@
 """Fit the builder's kernel efficiency curves on vidur's measured operator times; write dsparksim/data/efficiency.json.
 
 Usage (repo root): python scripts/fit_efficiency.py [CSV_DIR] [--out dsparksim/data/efficiency.json]
-CSV_DIR defaults to ../shared/data/vidur-profiles. The model is in dsparksim/analytic/efficiency.py.
+CSV_DIR defaults to ../shared/data/vidur-profiles. The model is in dsparksim/cost/analytic/efficiency.py.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dsparksim.analytic.efficiency import EFFICIENCY_JSON, VIDUR_FILES, fit, params_dict, vidur_rows  # noqa: E402
-from dsparksim.analytic.hardware import get_gpu  # noqa: E402
+from dsparksim.cost.analytic.efficiency import EFFICIENCY_JSON, VIDUR_FILES, fit, params_dict, vidur_rows  # noqa: E402
+from dsparksim.cost.analytic.hardware import get_gpu  # noqa: E402
 
 DEFAULT_CSV_DIR = REPO / ".." / "shared" / "data" / "vidur-profiles"
 
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     gpus = {g: get_gpu(g) for g in sorted({v[0] for v in VIDUR_FILES.values()})}
     eff, stats = fit(rows, gpus)
     out = {
-        "_about": "fitted kernel efficiency curves of the analytic profile builder (dsparksim/analytic/efficiency.py)",
+        "_about": "fitted kernel efficiency curves of the analytic profile builder (dsparksim/cost/analytic/efficiency.py)",
         "params": params_dict(eff),
         "fit": {**stats, "script": "scripts/fit_efficiency.py",
                 "data": "microsoft/vidur data/profiling/compute/<sku>/<org>/<model>/mlp.csv @7d47513363ec (MIT)",

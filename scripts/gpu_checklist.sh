@@ -33,7 +33,7 @@ fi
 start=$(date +%s)
 done_() { echo "== ($1) done at $(( $(date +%s) - start )) s" | tee -a "$OUT/checklist.log"; }
 echo "== (a) profile: $MODEL" | tee "$OUT/checklist.log"
-$PY -m dsparksim.cli measure "${DEV[@]}" --model "$MODEL" --drafter-layers $DL -K 7 --n-req $NREQ --contexts $CTX \
+$PY -m dsparksim.cli.main measure "${DEV[@]}" --model "$MODEL" --drafter-layers $DL -K 7 --n-req $NREQ --contexts $CTX \
     --warmup 2 --reps 3 --min-growth $GROWTH --name "$NAME" --out "$OUT/$NAME.json" --quiet 2>&1 | tee -a "$OUT/checklist.log"
 done_ a
 echo "== (c) analytic builder vs (a) on $BUILD_GPU; MoE (Qwen3-30B-A3B shape): not measurable yet" | tee -a "$OUT/checklist.log"
@@ -41,7 +41,7 @@ $PY scripts/compare_builder.py "$OUT/$NAME.json" --gpu $BUILD_GPU --note "$BUILD
     2>&1 | tee -a "$OUT/checklist.log"
 done_ c
 echo "== (b) trace-replay validation: $POLICIES x users $CONC" | tee -a "$OUT/checklist.log"
-$PY -m dsparksim.cli validate "${DEV[@]}" --model "$MODEL" --drafter-layers $DL -K 7 --profile "$OUT/$NAME.json" \
+$PY -m dsparksim.cli.main validate "${DEV[@]}" --model "$MODEL" --drafter-layers $DL -K 7 --profile "$OUT/$NAME.json" \
     --policies $POLICIES --concurrency $CONC --requests-per-user $RPU --repeats 1 --out "$OUT/validation" --quiet \
     2>&1 | tee -a "$OUT/checklist.log"
 # the validation table (drift-normalised errors, speed factor, unsteady share, kept) and the drift seen, into the log;

@@ -3,7 +3,7 @@
 
 Usage (repo root): python scripts/validate_builder.py [CSV_DIR] [--out-dir profiles]
 Writes OUT_DIR/builder_loo.md (per-model table) and builder_loo.png (measured vs
-built per model, one line per TP degree) and with --detail builder_loo.csv (every point). What is compared: see dsparksim/analytic/loo.py.
+built per model, one line per TP degree) and with --detail builder_loo.csv (every point). What is compared: see dsparksim/cost/analytic/loo.py.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dsparksim.analytic.loo import loo_table  # noqa: E402
+from dsparksim.cost.analytic.loo import loo_table  # noqa: E402
 
 DEFAULT_CSV_DIR = REPO / ".." / "shared" / "data" / "vidur-profiles"
 

@@ -1,4 +1,4 @@
-"""Run ``dsparksim.cli.main`` in-process under a hang guard and judge what it did (shared by the trust tests).
+"""Run ``dsparksim.cli.main.main`` in-process under a hang guard and judge what it did (shared by the trust tests).
 
 The property every command must keep: exit 0, or exit 2 with exactly one stderr line
 ``dsparksim: error: ...`` -- never a traceback, another exception, another exit code or a hang.
@@ -42,7 +42,7 @@ def run_cli(argv: list[str], limit_s: int = 30) -> Outcome:
     A run longer than ``limit_s`` seconds is stopped by SIGALRM (main thread only) and recorded as a
     :class:`Hang`.
     """
-    from dsparksim.cli import main
+    from dsparksim.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
     rc, exc = None, None

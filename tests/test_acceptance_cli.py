@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dsparksim import cli_trace
+from dsparksim.cli import trace as cli_trace
 from dsparksim.acceptance import load_acceptance
 from dsparksim.acceptance.trace_format import read_trace
 

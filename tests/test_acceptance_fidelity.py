@@ -107,7 +107,7 @@ def test_raw_and_sts_share_acceptance_but_not_confidences():
 
 def test_confidence_option_reaches_the_model_and_rejects_bad_values():
     from dsparksim.config import RunConfig
-    from dsparksim.inputs import resolve_inputs
+    from dsparksim.sim.inputs import resolve_inputs
 
     with pytest.raises(ConfigError, match="confidence"):
         RunConfig(confidence="calibrated")
@@ -151,7 +151,7 @@ def test_trace_inspect_reports_deepspec_per_position_metrics_for_a_real_trace(ca
     import argparse
     from pathlib import Path
 
-    from dsparksim import cli_trace
+    from dsparksim.cli import trace as cli_trace
     from dsparksim.acceptance.trace_format import read_trace
 
     sample = Path(__file__).resolve().parents[1] / "traces" / "sample_dspark_k7.csv"
@@ -177,7 +177,7 @@ def test_summary_tau_unclipped_counts_the_accepted_prefix_before_the_length_clip
     # Outputs of 3 tokens under fixed:7: the first token comes from prefill, so each request has 2 decode tokens
     # left and most decode steps accept more than that. tau counts the emitted tokens (clipped), tau_unclipped
     # sum(a + 1) / steps from the step log, so it is larger here; with long outputs the two nearly coincide.
-    from dsparksim.cli import main
+    from dsparksim.cli.main import main
 
     lengths = tmp_path / "short.csv"
     lengths.write_text("num_prefill_tokens,num_decode_tokens\n" + "100,3\n" * 20)

@@ -147,7 +147,7 @@ def test_report_is_regenerated_from_models_and_traces(smoke, tmp_path):
 
 
 def test_cli_collect_without_models_exits_2_naming_the_file(tmp_path, capsys):
-    from dsparksim.cli import main
+    from dsparksim.cli.main import main
     rc = main(["collect", "--models", str(tmp_path / "none"), "--out", str(tmp_path / "t"), "--quiet"])
     assert rc == 2
     assert "training_log.json" in capsys.readouterr().err

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsparksim.bench_json import ALL_KEYS, bench_result
-from dsparksim.cli import main
-from dsparksim.engine import SimResult
+from dsparksim.results.bench_json import ALL_KEYS, bench_result
+from dsparksim.cli.main import main
+from dsparksim.sim.engine import SimResult
 
 # Written out from vllm/benchmarks/serve.py (vllm-project/vllm @ 009e6d4a): main_async's setup keys, benchmark()'s
 # result dict, the spec_decode_* keys, and process_one_metric for ttft,tpot,itl,e2el at --metric-percentiles 99.
@@ -150,7 +150,7 @@ def test_num_requests_run_completes_every_prompt(tmp_path):
 def test_itl_lists_json_items_are_json_dumps_of_each_list(tmp_path):
     import json
 
-    from dsparksim.bench_json import ItlLists, write_bench_json
+    from dsparksim.results.bench_json import ItlLists, write_bench_json
 
     rng = np.random.default_rng(3)
     dt = np.concatenate([rng.uniform(1e-4, 0.3, 500), [0.1, 1e-7, 123.456789012345678, 5e-324, 1.0, 2.5e16]])

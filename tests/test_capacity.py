@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from dsparksim.cli import main
+from dsparksim.cli.main import main
 from dsparksim.errors import ConfigError
 from dsparksim.sweep import run_sweep, spec_from_dict
 from dsparksim.sweep.capacity import (CapacitySettings, _Search, capacity_search, capacity_settings, capacity_table,
@@ -113,7 +113,7 @@ def test_cli_capacity_writes_slo_and_trace(tmp_path, capsys):
 
 
 def test_capacity_over_seeds_reports_a_t_interval_of_the_per_seed_capacities(tmp_path):
-    from dsparksim.stats import t_interval
+    from dsparksim.results.stats import t_interval
 
     # seeds 5, 6, 7 give capacities 6, 5, 7 (seeds 3-5 all give 6 since paged KV and the step-weighted acceptance)
     spec = spec_from_dict({"base": {**BASE, "seed": 5}, "axes": {"policy": ["mtp1"]}})

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import dsparksim.runner.audit as audit_mod
-from dsparksim.cli import main
+from dsparksim.cli.main import main
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dsparksim.cli import build_parser, main
+from dsparksim.cli.main import build_parser, main
 from dsparksim.policies import REGISTRY
 
 

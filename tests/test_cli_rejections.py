@@ -6,7 +6,7 @@ import json
 
 import pandas as pd
 
-from dsparksim.cli import main
+from dsparksim.cli.main import main
 
 
 def _lengths(tmp_path, big_every: int):

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsparksim.cli import main
-from dsparksim.frontier import comparison_table, pareto_mask
+from dsparksim.cli.main import main
+from dsparksim.results.frontier import comparison_table, pareto_mask
 
 GOLDEN = Path(__file__).parent / "golden"
 # The default run (paged KV, step-weighted acceptance); reserve is pinned by the legacy fingerprint test in

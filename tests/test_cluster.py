@@ -10,15 +10,15 @@ import simpy
 from scipy import stats
 
 from dsparksim.acceptance import load_acceptance
-from dsparksim.cli import main
-from dsparksim.cluster import Simulation
+from dsparksim.cli.main import main
+from dsparksim.sim.cluster import Simulation
 from dsparksim.config import EngineConfig, RunConfig
-from dsparksim.engine import CostExecutor, Engine
+from dsparksim.sim.engine import CostExecutor, Engine
 from dsparksim.policies import make_policy
-from dsparksim.profile import load_profile
-from dsparksim.requests import RequestTable
-from dsparksim.simulate import simulate
-from dsparksim.streams import RequestStreams
+from dsparksim.cost.profile import load_profile
+from dsparksim.sim.requests import RequestTable
+from dsparksim.sim.simulate import simulate
+from dsparksim.sim.streams import RequestStreams
 from dsparksim.traffic import TrafficConfig
 from dsparksim.traffic.base import Workload
 
@@ -198,7 +198,7 @@ def test_replica_column_and_per_replica_itls(tmp_path):
     out = simulate(cfg)
     req = out.requests()
     assert set(req["replica"]) <= {0, 1, 2} and req["replica"].nunique() == 3
-    from dsparksim.bench_json import bench_result
+    from dsparksim.results.bench_json import bench_result
     b = bench_result(out.result, warmup_s=2.0, duration_s=18.0, model_id="m", request_rate=6.0, burstiness=1.0,
                      max_concurrency=None)
     st = pd.DataFrame(out.result.steps)
@@ -215,7 +215,7 @@ def test_replica_column_and_per_replica_itls(tmp_path):
 
 def test_unknown_router_and_bad_replica_count_are_config_errors():
     from dsparksim.errors import ConfigError
-    from dsparksim.routers import make_router
+    from dsparksim.sim.routers import make_router
     with pytest.raises(ConfigError, match="router.*'nearest'"):
         make_router("nearest", 2)
     with pytest.raises(ConfigError, match="replicas"):
@@ -317,7 +317,7 @@ def test_rewritten_engine_reproduces_the_old_engine_on_the_legacy_draw_path(monk
     import json
     from pathlib import Path
 
-    import dsparksim.simulate as S
+    import dsparksim.sim.simulate as S
     want = json.loads((Path(__file__).parent / "golden" / "legacy_engine.json").read_text())
 
     def legacy(seed):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dsparksim.cli import build_parser, main, run_config
+from dsparksim.cli.main import build_parser, main, run_config
 from dsparksim.config import EngineConfig, RunConfig, run_options
 from dsparksim.errors import ConfigError
 from dsparksim.sweep import spec_from_dict
@@ -34,7 +34,7 @@ def test_sweeps_never_import_the_cli():
             "from dsparksim.sweep.cells import build_config, expand\n"
             "build_config({'policy': 'mtp1', 'concurrency': 4, 'duration_s': 2.0})\n"
             "expand(spec_from_dict({'base': {'duration_s': 2.0}, 'axes': {'rate': [1.0, 2.0]}}))\n"
-            "bad = sorted(m for m in sys.modules if m == 'dsparksim.cli' or m.startswith('dsparksim.cli_'))\n"
+            "bad = sorted(m for m in sys.modules if m == 'dsparksim.cli.main' or m.startswith('dsparksim.cli_'))\n"
             "print(bad)\n"
             "sys.exit(1 if bad else 0)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
@@ -114,7 +114,7 @@ def test_a_sweep_trace_under_a_rate_load_is_an_error_not_ignored(tmp_path):
 def test_new_engine_fields_default_and_land_in_config_json():
     e = RunConfig().to_dict()["engine"]
     assert (e["replicas"], e["router"], e["dp_ranks"]) == (1, "round-robin", 1)
-    from dsparksim.routers import ROUTER_NAMES
+    from dsparksim.sim.routers import ROUTER_NAMES
 
     assert tuple(_run_parser()._option_string_actions["--router"].choices) == ROUTER_NAMES
 
@@ -198,7 +198,7 @@ def test_engine_log_named_csv_is_a_log_everywhere(tmp_path):
 # -------------------------------------------------------------------------------------------- input resolution
 def test_resolve_inputs_matches_the_run_and_loads_each_input_once(monkeypatch):
     import dsparksim.acceptance as acc_mod
-    from dsparksim.inputs import resolve_inputs
+    from dsparksim.sim.inputs import resolve_inputs
 
     base = RunConfig.from_options({"duration_s": 2.0, "acceptance": "dflash", "mtp1_acceptance": "tau:1.5?drafter=mtp1"})
     mtp1 = resolve_inputs(base.replace(policy="mtp1"))
@@ -217,7 +217,7 @@ def test_resolve_inputs_matches_the_run_and_loads_each_input_once(monkeypatch):
 
 
 def test_missing_drafter_names_the_policy(tmp_path):
-    from dsparksim.inputs import resolve_inputs
+    from dsparksim.sim.inputs import resolve_inputs
 
     cfg = RunConfig.from_options({"profile": "cpu-tiny", "acceptance": "eagle3", "policy": "fixed:3",
                                   "duration_s": 2.0})

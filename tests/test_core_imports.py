@@ -6,10 +6,10 @@ import sys
 def test_core_never_imports_torch():
     code = (
         "import sys\n"
-        "import dsparksim, dsparksim.cli, dsparksim.simulate, dsparksim.frontier, dsparksim.plots\n"
-        "import dsparksim.acceptance, dsparksim.traffic, dsparksim.policies, dsparksim.profile\n"
-        "dsparksim.cli.build_parser()\n"
-        "from dsparksim.cli import main\n"
+        "import dsparksim, dsparksim.cli.main, dsparksim.sim.simulate, dsparksim.results.frontier, dsparksim.results.plots\n"
+        "import dsparksim.acceptance, dsparksim.traffic, dsparksim.policies, dsparksim.cost.profile\n"
+        "dsparksim.cli.main.build_parser()\n"
+        "from dsparksim.cli.main import main\n"
         "assert main(['run', '--concurrency', '2', '--duration', '3', '--quiet', '--out', sys.argv[1]]) == 0\n"
         "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.') or m == 'ray')\n"
         "print(bad)\n"

@@ -7,10 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsparksim.cli import main
-from dsparksim.disagg import PrefillPool
+from dsparksim.cli.main import main
+from dsparksim.sim.disagg import PrefillPool
 from dsparksim.errors import ConfigError
-from dsparksim.profile import profile_from_dict
+from dsparksim.cost.profile import profile_from_dict
 
 from test_engine import FlatProfile
 from test_kv_paged import _sim, _wl
@@ -119,7 +119,7 @@ def test_sweep_refuses_a_disaggregated_cell_without_transfer_terms_before_any_ce
                                                                                       capsys):
     # found by a hostile test: the sweep ran the other cells, then failed the disaggregated one at run time
     import dsparksim.sweep.backends as backends
-    from dsparksim.cli import main
+    from dsparksim.cli.main import main
 
     def boom(*a, **k):
         raise AssertionError("a cell ran for a bad spec")
@@ -142,7 +142,7 @@ def test_closed_loop_saturation_counts_the_prefill_pool_queue(tmp_path):
     # waiting request, so the point read as unsaturated (and could be Pareto)
     import json
 
-    from dsparksim.cli import main
+    from dsparksim.cli.main import main
 
     def sat(n_pool):
         out = tmp_path / f"o{n_pool}"

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from dsparksim.acceptance.base import AcceptanceModel, Block
-from dsparksim.engine import Simulation
-from dsparksim.metrics import summarize
+from dsparksim.sim.engine import Simulation
+from dsparksim.results.metrics import summarize
 from dsparksim.policies import make_policy
-from dsparksim.streams import RequestStreams
+from dsparksim.sim.streams import RequestStreams
 from dsparksim.traffic.base import Workload
 
 
@@ -157,7 +157,7 @@ def test_oracle_bounds_every_policy_throughput(N):
 
 def test_dense_verify_table_equals_profile_lookup():
     from dsparksim.acceptance import load_acceptance
-    from dsparksim.profile import load_profile
+    from dsparksim.cost.profile import load_profile
 
     prof = load_profile("h100-llama2-7b-tp1")
     pol = make_policy("confidence")
@@ -171,7 +171,7 @@ def test_dense_verify_table_equals_profile_lookup():
 
 def test_prefill_term_is_charged_per_chunk_token_and_query_key():
     """Each step's time = the same step without the term + prefill_time(tokens, query-key pairs, chunks)."""
-    from dsparksim.profile import load_profile, profile_from_dict, profile_to_dict
+    from dsparksim.cost.profile import load_profile, profile_from_dict, profile_to_dict
 
     base = load_profile("h100-llama2-7b-tp1")
     d = profile_to_dict(base)

@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import dsparksim.frontier as frontier_mod
-from dsparksim.cli import _comparison_text, main
-from dsparksim.frontier import X, Y, comparison_table, frontier_table, pareto_mask
-from dsparksim.plots import frontier_figure, policy_color, verify_budget_figure
+import dsparksim.results.frontier as frontier_mod
+from dsparksim.cli.main import _comparison_text, main
+from dsparksim.results.frontier import X, Y, comparison_table, frontier_table, pareto_mask
+from dsparksim.results.plots import frontier_figure, policy_color, verify_budget_figure
 
 FAST = ["--duration", "6", "--backend", "serial", "--jobs", "1", "--quiet"]
 

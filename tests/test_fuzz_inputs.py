@@ -3,7 +3,7 @@
 
 Inputs: corrupted variants (byte flips, truncation, inserted/deleted bytes, random bytes, wrong types, missing
 fields, huge/negative/NaN values, gzip damage) of the valid files in tests/data and the shipped traces/profiles,
-fed to every reader through ``dsparksim.cli.main``; and arbitrary values for the numeric options, policy,
+fed to every reader through ``dsparksim.cli.main.main``; and arbitrary values for the numeric options, policy,
 domain and acceptance spec strings. Valid inputs run with ``--num-requests 2`` (or a sub-second duration) so
 they finish fast; a per-example SIGALRM guard turns a hang into a failure.
 
@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cli_guard import Outcome, classify, run_cli
-from dsparksim.profile import shipped_dir
+from dsparksim.cost.profile import shipped_dir
 from dsparksim.traffic.sources import traces_dir
 
 DATA = Path(__file__).parent / "data"

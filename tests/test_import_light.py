@@ -13,14 +13,14 @@ def _loaded(code: str) -> list[str]:
 
 
 def test_importing_the_simulator_loads_no_heavy_library():
-    assert _loaded("import dsparksim.simulate, dsparksim.cli") == []
+    assert _loaded("import dsparksim.sim.simulate, dsparksim.cli.main") == []
 
 
 def test_a_simulated_run_needs_neither_scipy_optimize_nor_scipy_stats():
     loaded = _loaded(
         "from dsparksim.config import RunConfig\n"
         "from dsparksim.traffic import TrafficConfig\n"
-        "from dsparksim.simulate import simulate\n"
+        "from dsparksim.sim.simulate import simulate\n"
         "t = TrafficConfig(mode='closed', concurrency=4, duration_s=2.0)\n"
         "o = simulate(RunConfig(policy='confidence', traffic=t))\n"
         "assert o.summary['num_requests_completed'] > 0\n")

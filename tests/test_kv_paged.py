@@ -9,13 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsparksim.cli import main
-from dsparksim.cluster import Simulation
+from dsparksim.cli.main import main
+from dsparksim.sim.cluster import Simulation
 from dsparksim.config import EngineConfig
-from dsparksim.engine import R_KV
+from dsparksim.sim.engine import R_KV
 from dsparksim.errors import ConfigError
 from dsparksim.policies import make_policy
-from dsparksim.profile import load_profile
+from dsparksim.cost.profile import load_profile
 from dsparksim.traffic.base import Workload
 
 from test_engine import FlatProfile, Homogeneous

@@ -6,7 +6,7 @@ import pytest
 import simpy
 
 from dsparksim.errors import InputError
-from dsparksim.profile import profile_from_dict, profile_to_dict
+from dsparksim.cost.profile import profile_from_dict, profile_to_dict
 
 from test_disagg import _profile
 from test_kv_paged import _sim, _wl

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from dsparksim.acceptance.base import AcceptanceModel, Block
-from dsparksim.engine import SimResult, Simulation
-from dsparksim.metrics import per_request_table, summarize
+from dsparksim.sim.engine import SimResult, Simulation
+from dsparksim.results.metrics import per_request_table, summarize
 from dsparksim.policies import make_policy
-from dsparksim.profile import FORMAT, profile_from_dict
+from dsparksim.cost.profile import FORMAT, profile_from_dict
 from dsparksim.traffic.base import Workload
 
 NAN = float("nan")

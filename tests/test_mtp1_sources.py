@@ -7,7 +7,7 @@ from dsparksim.acceptance import drafter_of, load_acceptance
 from dsparksim.acceptance.reference import load_reference
 from dsparksim.config import RunConfig
 from dsparksim.errors import ConfigError
-from dsparksim.simulate import simulate
+from dsparksim.sim.simulate import simulate
 from dsparksim.traffic import TrafficConfig
 
 

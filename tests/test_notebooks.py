@@ -81,7 +81,7 @@ def test_whatif_notebook_executes(tmp_path, monkeypatch):
 def test_frontier_notebook_full_mode(tmp_path, monkeypatch):
     """Full settings: every shipped profile x acceptance source it can price; the pairs it cannot are announced."""
     from dsparksim.acceptance import load_acceptance
-    from dsparksim.profile import list_profiles, load_profile
+    from dsparksim.cost.profile import list_profiles, load_profile
 
     nb, wall = _execute("frontier.ipynb", tmp_path, monkeypatch, fast=False)
     print(f"frontier.ipynb full mode: {wall:.0f} s")

@@ -15,7 +15,7 @@ import pytest
 from scipy import stats
 
 from dsparksim.config import RunConfig
-from dsparksim.simulate import simulate
+from dsparksim.sim.simulate import simulate
 from dsparksim.traffic import TrafficConfig
 
 SEEDS = (0, 1, 2)

@@ -221,7 +221,7 @@ def test_feasibility_on_the_pessimistic_end_of_the_seed_interval():
 def test_real_simulator_small_grid_equals_brute_force_and_is_monotone(tmp_path):
     """The real simulator on a tiny grid: the plan's answer equals running every replica count, feasibility is
     monotone in replicas, and a rerun is served from the cache."""
-    from dsparksim.simulate import simulate
+    from dsparksim.sim.simulate import simulate
     from dsparksim.sweep.cells import build_config
 
     d = {"plan": {"name": "real", "slo": ["tps_user_p50 >= 120", "ttft_p99_s <= 1"]},
@@ -259,7 +259,7 @@ def test_real_simulator_small_grid_equals_brute_force_and_is_monotone(tmp_path):
 def test_built_profile_path_gpus_and_price_from_its_metadata(tmp_path, fake):
     """A profile given by path (e.g. one `dsparksim profile build` wrote) is priced by its own device and GPU
     count: here TP2 with 4-way expert parallelism -> 4 GPUs per replica."""
-    from dsparksim.profile import shipped_dir
+    from dsparksim.cost.profile import shipped_dir
 
     d = json.loads((shipped_dir() / "h100-llama2-7b-tp1.json").read_text())
     d["metadata"].update(device="NVIDIA H200", tensor_parallel=2, expert_parallel=4)
@@ -279,7 +279,7 @@ def test_built_profile_path_gpus_and_price_from_its_metadata(tmp_path, fake):
 
 
 def test_cli_plan_prints_the_answer_and_writes_the_set(tmp_path, fake, capsys):
-    from dsparksim.cli import main
+    from dsparksim.cli.main import main
 
     d = spec_dict()
     spec = plan_from_dict(d)

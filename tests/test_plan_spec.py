@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsparksim.cli import main
+from dsparksim.cli.main import main
 from dsparksim.plan import plan_from_dict
 from dsparksim.plan import search as search_mod
 from plan_toml import toml

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from dsparksim.config import EngineConfig, RunConfig
-from dsparksim.frontier import DEFAULT_POLICIES
-from dsparksim.inputs import resolve_inputs
-from dsparksim.simulate import simulate
+from dsparksim.results.frontier import DEFAULT_POLICIES
+from dsparksim.sim.inputs import resolve_inputs
+from dsparksim.sim.simulate import simulate
 from dsparksim.traffic import TrafficConfig
 
 
@@ -75,7 +75,7 @@ def test_none_reserves_no_draft_kv_slots(kv_policy):
 
 @pytest.mark.parametrize("flag", [["-K", "5"], ["--acceptance", "dflash"], ["--mtp1-acceptance", "mtp1"]])
 def test_options_none_never_reads_are_errors(flag, tmp_path, capsys):
-    from dsparksim.cli import main
+    from dsparksim.cli.main import main
     with pytest.raises(SystemExit) as e:
         rc = main(["run", "--policy", "none", "--duration", "1", "--out", str(tmp_path / "o"), *flag])
         raise SystemExit(rc)

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dsparksim.simulate import simulate
+from dsparksim.sim.simulate import simulate
 from dsparksim.sweep.cells import build_config
 from dsparksim.sweep.spec import load_spec
 

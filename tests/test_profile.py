@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dsparksim.errors import ConfigError, InputError
-from dsparksim.profile import (CostProfile, ProfileRangeError, list_profiles, load_profile, profile_from_dict,
+from dsparksim.cost.profile import (CostProfile, ProfileRangeError, list_profiles, load_profile, profile_from_dict,
                                profile_to_dict, save_profile)
 
 DATA = Path(__file__).resolve().parent / "data"

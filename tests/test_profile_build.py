@@ -8,16 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dsparksim.analytic.arch import arch_from_dict, load_arch
-from dsparksim.analytic.builder import M_GRID, build_profile
-from dsparksim.analytic.cost import (A, ForwardModel, Parallel, allreduce_time, alltoall_time,
+from dsparksim.cost.analytic.arch import arch_from_dict, load_arch
+from dsparksim.cost.analytic.builder import M_GRID, build_profile
+from dsparksim.cost.analytic.cost import (A, ForwardModel, Parallel, allreduce_time, alltoall_time,
                                      expected_distinct_experts)
-from dsparksim.analytic.efficiency import elementwise_time, gemm_time, load_efficiency
-from dsparksim.analytic.hardware import SHORT_NAMES, get_gpu
-from dsparksim.analytic.shipped import SHIPPED, build_shipped
-from dsparksim.cli import main
+from dsparksim.cost.analytic.efficiency import elementwise_time, gemm_time, load_efficiency
+from dsparksim.cost.analytic.hardware import SHORT_NAMES, get_gpu
+from dsparksim.cost.analytic.shipped import SHIPPED, build_shipped
+from dsparksim.cli.main import main
 from dsparksim.errors import ConfigError, InputError
-from dsparksim.profile import load_profile, profile_from_dict, profile_to_dict
+from dsparksim.cost.profile import load_profile, profile_from_dict, profile_to_dict
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / "dsparksim" / "data" / "models"
@@ -120,7 +120,7 @@ def test_metadata_kv_bytes_per_token_is_the_whole_model_once():
     assert build_profile(MODELS / "llama-3-8b.json", "H100", kv_dtype="fp8",
                          date="2026-12-01")["metadata"]["kv_bytes_per_token"] == 2 * 32 * 8 * 128 * 1
     # a disaggregated run reads it from the profile: transfer = prompt * bytes * 8 / (Gbit/s * 1e9)
-    from dsparksim.disagg import PrefillPool, kv_transfer_terms
+    from dsparksim.sim.disagg import PrefillPool, kv_transfer_terms
 
     p = load_profile(REPO / "profiles" / "built-h200x8-deepseek-v3-tp8.json")
     gbps, bpt = kv_transfer_terms(p, 400.0, None)
@@ -234,13 +234,13 @@ def test_shipped_built_profiles_match_the_builder():
     for name in SHIPPED:
         shipped = json.loads((REPO / "profiles" / f"{name}.json").read_text())
         rebuilt = json.loads(json.dumps(build_shipped(name)))
-        assert shipped == rebuilt, f"{name}: regenerate with python -m dsparksim.analytic.shipped"
+        assert shipped == rebuilt, f"{name}: regenerate with python -m dsparksim.cost.analytic.shipped"
 
 
 # ------------------------------------------------------------------ leave one model out
 @pytest.mark.skipif(not VIDUR.is_dir(), reason="needs ../shared/data/vidur-profiles")
 def test_leave_one_model_out_error_on_measured_dense_models():
-    from dsparksim.analytic.loo import loo_table
+    from dsparksim.cost.analytic.loo import loo_table
 
     # two held-out models (one per GPU) keep the test to a few fits; scripts/validate_builder.py runs all six
     s, _ = loo_table(VIDUR, models=["llama-2-7b", "llama-3-70b"])
@@ -303,7 +303,7 @@ def test_shipped_efficiency_fit_is_what_the_script_fits(tmp_path):
 def test_build_refuses_dp_without_ep_and_non_utf8_configs(tmp_path, capsys):
     # found by a hostile test: --dp without --ep changed nothing but metadata.data_parallel (which a planner
     # multiplies into the GPU count), and a non-UTF-8 config crashed with a traceback
-    from dsparksim.cli import main
+    from dsparksim.cli.main import main
 
     models = Path(__file__).resolve().parents[1] / "dsparksim" / "data" / "models"
     out = str(tmp_path / "p.json")
@@ -319,7 +319,7 @@ def test_build_refuses_dp_without_ep_and_non_utf8_configs(tmp_path, capsys):
 def test_dtype_defaults_to_the_configs_published_weights():
     # found by a hostile test: the brief's own command (DeepSeek-V3 on 8 x H200, no --dtype) failed on memory
     # because the default was bf16 although the config says its weights are published in fp8
-    from dsparksim.analytic.builder import build_profile
+    from dsparksim.cost.analytic.builder import build_profile
 
     models = Path(__file__).resolve().parents[1] / "dsparksim" / "data" / "models"
     assert build_profile(models / "deepseek-v3.json", "H200", tp=8)["metadata"]["dtype"] == "fp8"

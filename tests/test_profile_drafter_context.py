@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from dsparksim.acceptance.base import AcceptanceModel, Block
-from dsparksim.engine import Simulation
+from dsparksim.sim.engine import Simulation
 from dsparksim.errors import ConfigError, InputError
 from dsparksim.policies import make_policy
-from dsparksim.profile import load_profile, profile_from_dict, profile_to_dict
+from dsparksim.cost.profile import load_profile, profile_from_dict, profile_to_dict
 from dsparksim.traffic.base import Workload
 
 DATA = Path(__file__).resolve().parent / "data"

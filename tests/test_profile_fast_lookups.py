@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from dsparksim.profile import ProfileRangeError, list_profiles, load_profile, profile_from_dict
+from dsparksim.cost.profile import ProfileRangeError, list_profiles, load_profile, profile_from_dict
 
 SHIPPED = list_profiles()
 

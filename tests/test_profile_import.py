@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dsparksim import cli_profile
+from dsparksim.cli import profile as cli_profile
 from dsparksim.errors import ConfigError, InputError
-from dsparksim.profile import ProfileRangeError, load_profile, profile_to_dict, save_profile
-from dsparksim.profile_import import import_sps_dict, import_sps_table
+from dsparksim.cost.profile import ProfileRangeError, load_profile, profile_to_dict, save_profile
+from dsparksim.cost.profile_import import import_sps_dict, import_sps_table
 
 DATA = Path(__file__).resolve().parent / "data"
 

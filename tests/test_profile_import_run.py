@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dsparksim.cli import main
-from dsparksim.profile import load_profile
+from dsparksim.cli.main import main
+from dsparksim.cost.profile import load_profile
 
 DATA = Path(__file__).resolve().parent / "data"
 TABLES = [("vllm", "profile_vllm_sps.json"), ("sglang", "profile_sglang_additive.json"),

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dsparksim.cli import main
+from dsparksim.cli.main import main
 from dsparksim.policies.fixed import Fixed
 from dsparksim.sweep.regress import allowed, compare, load_baseline, regress
 

@@ -1,4 +1,4 @@
-"""dsparksim.rootfind.brentq returns bitwise SciPy's brentq roots (it replaces it on the start-up path)."""
+"""dsparksim.acceptance.rootfind.brentq returns bitwise SciPy's brentq roots (it replaces it on the start-up path)."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,7 @@ import pytest
 scipy_optimize = pytest.importorskip("scipy.optimize")
 
 from dsparksim.acceptance.calibration import smoothed_sigmoid, tau_of_curve  # noqa: E402
-from dsparksim.rootfind import brentq  # noqa: E402
+from dsparksim.acceptance.rootfind import brentq  # noqa: E402
 
 
 def _families(rng):

@@ -9,7 +9,7 @@ from pathlib import Path  # noqa: E402
 
 import pandas as pd  # noqa: E402
 
-from dsparksim.profile import load_profile  # noqa: E402
+from dsparksim.cost.profile import load_profile  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 import dsparksim.runner.measure as measure_mod  # noqa: E402
 import dsparksim.runner.validate as validate_mod  # noqa: E402
-from dsparksim.cli import main  # noqa: E402
+from dsparksim.cli.main import main  # noqa: E402
 
 
 @pytest.fixture
@@ -136,9 +136,9 @@ def test_report_needs_the_models_directory(tmp_path, capsys):
 def test_run_real_says_when_requests_outgrow_the_profiles_measured_contexts(capsys):
     import pandas as pd
 
-    from dsparksim.cli_runner import _warn_beyond_measured
+    from dsparksim.cli.runner import _warn_beyond_measured
 
-    from dsparksim.profile import load_profile
+    from dsparksim.cost.profile import load_profile
 
     class Out:       # a finished run: its per-request table and the profile it loaded are read
         def __init__(self, p, e, rej, profile):

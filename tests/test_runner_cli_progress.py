@@ -8,7 +8,7 @@ pytest.importorskip("torch")
 
 import dsparksim.runner.measure as measure_mod  # noqa: E402
 import dsparksim.runner.validate as validate_mod  # noqa: E402
-from dsparksim.cli import main  # noqa: E402
+from dsparksim.cli.main import main  # noqa: E402
 
 
 class _Seen(Exception):

@@ -125,7 +125,7 @@ def test_settle_gives_up_after_max_wait_and_says_so():
 def _run_result(dts, factors_true):
     """A closed-loop-like timeline: back-to-back steps; request 0 finishes at the end of step 2, request 1 at the
     end; a first token inside step 1 (after 40% of it)."""
-    from dsparksim.cluster import SimResult
+    from dsparksim.sim.cluster import SimResult
     dts = np.asarray(dts, float)
     t0 = np.concatenate([[0.0], np.cumsum(dts)[:-1]])
     end = t0 + dts

@@ -9,9 +9,9 @@ import pytest  # noqa: E402
 
 from dsparksim.config import EngineConfig, RunConfig  # noqa: E402
 from dsparksim.errors import ConfigError  # noqa: E402
-from dsparksim.frontier import frontier_table  # noqa: E402
-from dsparksim.profile import save_profile  # noqa: E402
-from dsparksim.simulate import simulate, write_run  # noqa: E402
+from dsparksim.results.frontier import frontier_table  # noqa: E402
+from dsparksim.cost.profile import save_profile  # noqa: E402
+from dsparksim.sim.simulate import simulate, write_run  # noqa: E402
 from dsparksim.traffic import TrafficConfig  # noqa: E402
 
 from dsparksim.backend.model import ModelConfig, TargetModel  # noqa: E402
@@ -116,7 +116,7 @@ def test_kv_capacity_beyond_device_is_refused(tiny_profile):
 
 
 def test_run_real_cli_writes_the_run_result_files(tiny_profile, tmp_path):
-    from dsparksim.cli import main
+    from dsparksim.cli.main import main
     path, _ = tiny_profile
     out = tmp_path / "rr"
     rc = main(["run-real", "--model", TINY, "--profile", path, "--policy", "fixed:7", "--concurrency", "2",

@@ -176,8 +176,8 @@ def test_run_real_live_cli_with_the_shipped_live_profile(tmp_path):
     # it drives `run-real --live` and the result files are the simulator's, marked as a live real run. (The
     # device half of the check is skipped: CI may run on another CPU model than the one that measured it.)
     from dsparksim.backend.model import ModelConfig
-    from dsparksim.cli import main
-    from dsparksim.profile import load_profile
+    from dsparksim.cli.main import main
+    from dsparksim.cost.profile import load_profile
     from dsparksim.runner.models import model_key
 
     prof = load_profile("cpu-tiny-live")

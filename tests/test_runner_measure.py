@@ -3,7 +3,7 @@ torch = __import__("pytest").importorskip("torch")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from dsparksim.profile import load_profile, save_profile  # noqa: E402
+from dsparksim.cost.profile import load_profile, save_profile  # noqa: E402
 from dsparksim.runner import measure as meas  # noqa: E402
 from dsparksim.runner.executor import ExecutorConfig  # noqa: E402
 from dsparksim.runner.measure import MeasureConfig, MeasurementError, decompose_target, fit_profile  # noqa: E402
@@ -116,7 +116,7 @@ def test_prefill_cells_out_of_memory_leave_no_prefill_term(monkeypatch):
 
 
 def load_profile_dict(d):
-    from dsparksim.profile import profile_from_dict
+    from dsparksim.cost.profile import profile_from_dict
     return profile_from_dict(d, source="t")
 
 
@@ -144,7 +144,7 @@ def test_shipped_cpu_profile_loads_and_states_provenance():
 
 
 def test_measured_profile_drives_dsparksim_frontier(tmp_path):
-    from dsparksim.cli import main
+    from dsparksim.cli.main import main
     mc = MeasureConfig(
         model=TINY, drift_gate=None, executor=ExecutorConfig(), K=3, n_reqs=(1, 2, 4), contexts=(16, 48), reps=3,
         min_growth=0.0)
@@ -170,7 +170,7 @@ def _fit_base():
 
 
 def test_prefill_fit_recovers_the_chunk_cost_growing_with_decoding_requests():
-    from dsparksim.profile import profile_from_dict
+    from dsparksim.cost.profile import profile_from_dict
     prof = _fit_base()
     p = profile_from_dict(prof | {"name": "t", "metadata": {k: "-" for k in ("device", "model", "source", "method")}})
     a, b, e, tn, cn = 3e-7, 2e-9, 1.5e-4, 4e-9, 6e-6          # the closed form being fitted
@@ -216,7 +216,7 @@ def test_prefill_fit_weighs_cells_by_relative_error():
     the small chunks real traffic schedules most (short prompts: 16-64 tokens); the relative fit (the default)
     balances them: its root-mean-square relative error over the cells is smaller, and so is the small chunks'
     mean bias."""
-    from dsparksim.profile import profile_from_dict
+    from dsparksim.cost.profile import profile_from_dict
     prof = _fit_base()
     p = profile_from_dict(prof | {"name": "t", "metadata": {k: "-" for k in ("device", "model", "source", "method")}})
     recs = []
@@ -295,7 +295,7 @@ def test_measure_fits_the_drafter_context_slope_and_its_no_context_table():
     np.testing.assert_allclose(d["time_s"], [4e-4 + 1e-4 * n for n in (1, 2, 4)], rtol=1e-6)
     assert prof["_fit"]["drafter_context"]["seconds_per_kv_token"] == pytest.approx(2e-7, rel=1e-6)
     # the written profile prices a drafting step at D(n) + slope * kv_read
-    from dsparksim.profile import profile_from_dict
+    from dsparksim.cost.profile import profile_from_dict
     p = profile_from_dict({k: v for k, v in prof.items() if k != "_fit"} | {
         "name": "fit", "metadata": {k: "-" for k in ("device", "model", "source", "method")}}, "fit")
     assert p.draft_time("dspark", 2, 3, 1000) == pytest.approx(4e-4 + 2e-4 + 2e-7 * 1000, rel=1e-6)
@@ -383,7 +383,7 @@ def test_prefill_only_fit_recovers_the_whole_step_closed_form_and_the_profile_pr
     """Prefill-only steps (no decoding request) are priced from their own cells: NNLS of the whole step time on
     [1, tokens, query-key pairs, chunks] recovers the closed form; the engine and disaggregated prefill price such a
     step with it (plus the fixed overhead), and a step with decoding requests is priced as before."""
-    from dsparksim.profile import profile_from_dict, profile_to_dict
+    from dsparksim.cost.profile import profile_from_dict, profile_to_dict
     from dsparksim.errors import InputError
     p0, a, b, e, dft = 2e-3, 4e-6, 3e-9, 1e-4, 1e-6
     recs = []
@@ -410,7 +410,7 @@ def test_prefill_only_fit_recovers_the_whole_step_closed_form_and_the_profile_pr
     assert t == pytest.approx(p0 + a * 128 + b * (128 * 500 + 128 * 129 // 2) + e + dft * 128, rel=1e-6)
     # the engine: a prefill-only step costs fixed + that, whatever its M; with a decoding request, the old formula
     import numpy as np
-    from dsparksim.engine import Engine
+    from dsparksim.sim.engine import Engine
     eng = Engine.__new__(Engine)
     eng.profile, eng.drafter, eng.K, eng._draft_kv, eng._dense = prof, "dspark", 7, False, None
     cost = eng.step_cost(0, 628, 128, 128 * 500 + 128 * 129 // 2, 1)
@@ -419,7 +419,7 @@ def test_prefill_only_fit_recovers_the_whole_step_closed_form_and_the_profile_pr
     assert mixed == pytest.approx(prof.verify_time(136, 628) + prof.step_overhead("dspark", 1, 7, 128, 128 * 500
                                                                                   + 128 * 129 // 2, 1))
     # disaggregated prefill prices its chunks the same way
-    from dsparksim.disagg import PrefillPool
+    from dsparksim.sim.disagg import PrefillPool
     pool = PrefillPool(profile=prof, drafter="dspark", K=7, replicas=1, chunk_tokens=128, gbps=100.0,
                        bytes_per_token=1.0)
     want = sum(1e-4 + prof.prefill_only_time("dspark", 128, 128 * s + 128 * 129 // 2, 1) for s in (0, 128))

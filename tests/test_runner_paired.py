@@ -98,7 +98,7 @@ def test_paired_factors_recover_an_injected_slowdown_step_by_step():
 
 def test_fit_baseline_is_the_profiles_closed_form_price_of_the_cell_shape():
     from dsparksim.errors import ConfigError
-    from dsparksim.profile import FORMAT, profile_from_dict
+    from dsparksim.cost.profile import FORMAT, profile_from_dict
     prof = profile_from_dict({
         "format": FORMAT, "name": "t", "metadata": {"device": "-", "model": "-", "source": "-", "method": "-"},
         "verify": {"M": [1, 16, 1000], "time_s": [1e-3, 3e-3, 9e-3]}, "fixed_overhead_s": 1e-4,
@@ -217,7 +217,7 @@ def test_prefill_only_steps_take_the_factor_of_their_own_prefill_cells():
 
 
 def test_prefill_cell_price_is_the_verify_term_plus_prefill_terms_beside_no_decode():
-    from dsparksim.profile import FORMAT, profile_from_dict
+    from dsparksim.cost.profile import FORMAT, profile_from_dict
     from dsparksim.runner.paired import prefill_cell_prices
     prof = profile_from_dict({
         "format": FORMAT, "name": "t", "metadata": {"device": "-", "model": "-", "source": "-", "method": "-"},
@@ -263,7 +263,7 @@ def test_mixed_steps_take_the_blended_factor_of_their_decode_and_prefill_cells()
 
 
 def test_mixed_blend_weights_the_prefill_cell_by_the_price_beyond_the_decode_part():
-    from dsparksim.profile import FORMAT, profile_from_dict
+    from dsparksim.cost.profile import FORMAT, profile_from_dict
     prof = profile_from_dict({
         "format": FORMAT, "name": "t", "metadata": {"device": "-", "model": "-", "source": "-", "method": "-"},
         "verify": {"M": [1, 16, 1000], "time_s": [1e-3, 3e-3, 9e-3]}, "fixed_overhead_s": 1e-4,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dsparksim.requests import RequestTable
+from dsparksim.sim.requests import RequestTable
 
 REPO = Path(__file__).resolve().parents[1]
 CORE = [REPO / "dsparksim" / f for f in ("engine.py", "cluster.py", "requests.py")]
@@ -113,10 +113,10 @@ class RealStepper:
 import numpy as np  # noqa: E402
 
 from dsparksim.acceptance.base import AcceptanceModel, Block  # noqa: E402
-from dsparksim.cluster import Simulation  # noqa: E402
-from dsparksim.engine import DECODE, CostExecutor, Engine  # noqa: E402
+from dsparksim.sim.cluster import Simulation  # noqa: E402
+from dsparksim.sim.engine import DECODE, CostExecutor, Engine  # noqa: E402
 from dsparksim.policies import make_policy  # noqa: E402
-from dsparksim.streams import RequestStreams  # noqa: E402
+from dsparksim.sim.streams import RequestStreams  # noqa: E402
 from dsparksim.traffic.base import Workload  # noqa: E402
 
 
@@ -158,7 +158,7 @@ def _wl(n, prompt=10, out=20, users=3):
 
 
 def test_skip_prefill_marks_admitted_requests_decoding_at_their_contexts():
-    from dsparksim.requests import RequestTable
+    from dsparksim.sim.requests import RequestTable
     K = 3
     table = RequestTable(_wl(4), 4, None)
     table.load(3)

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dsparksim.profile import profile_from_dict
+from dsparksim.cost.profile import profile_from_dict
 from dsparksim.runner.residuals import RESID_COLS, by_shape, by_term, step_residuals
 
 K = 7

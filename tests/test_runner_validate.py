@@ -6,7 +6,7 @@ import os  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from dsparksim.profile import load_profile  # noqa: E402
+from dsparksim.cost.profile import load_profile  # noqa: E402
 from dsparksim.runner.measure import MeasureConfig  # noqa: E402
 from dsparksim.runner.validate import ValidateConfig, validate  # noqa: E402
 

@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsparksim.cli import main
-from dsparksim.frontier import X, Y, cells, comparison_table, frontier_table, run_cells
-from dsparksim.frontier_seeds import comparison_with_intervals, seed_means
-from dsparksim.plots import frontier_figure, verify_budget_figure
-from dsparksim.stats import seed_list, t_interval, t_quantile
+from dsparksim.cli.main import main
+from dsparksim.results.frontier import X, Y, cells, comparison_table, frontier_table, run_cells
+from dsparksim.results.frontier_seeds import comparison_with_intervals, seed_means
+from dsparksim.results.plots import frontier_figure, verify_budget_figure
+from dsparksim.results.stats import seed_list, t_interval, t_quantile
 
 FAST = ["--duration", "4", "--backend", "serial", "--quiet"]
 
@@ -153,7 +153,7 @@ def test_a_seed_without_a_finished_request_empties_the_cell_and_is_named(tmp_pat
 def test_gain_cell_keeps_the_narrow_overlap_mark_on_a_single_point_overlap():
     # found by a hostile test: frontiers touching at one value printed '-51%' with no '!' although
     # comparison.csv said narrow_overlap=True
-    from dsparksim.cli import _gain_cell
+    from dsparksim.cli.main import _gain_cell
 
     row = {"gain_mean": -0.51, "gain_min": -0.51, "gain_max": -0.51, "range_lo": 788.18, "range_hi": 788.18,
            "narrow_overlap": True, "note": "narrow overlap"}
@@ -169,7 +169,7 @@ def test_a_metric_missing_in_one_seed_is_empty_while_step_metrics_average_every_
 
     import pandas as pd
 
-    from dsparksim.frontier_seeds import seed_means
+    from dsparksim.results.frontier_seeds import seed_means
 
     rows = [{"replicas": 1, "router": "round-robin", "policy": "none", "load": 64, "seed": s,
              "num_requests_completed": n, "output_throughput_tok_s": thr, "tps_user_median": tps,

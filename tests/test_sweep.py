@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dsparksim.cli import main
+from dsparksim.cli.main import main
 from dsparksim.errors import ConfigError, InputError
 from dsparksim.sweep import expand, load_spec, run_sweep, spec_from_dict
 from dsparksim.sweep.cells import build_config, cell_hash
@@ -81,7 +81,7 @@ def test_unreadable_spec_and_bad_toml_are_input_errors(tmp_path):
 
 def test_cell_config_matches_dsparksim_run_defaults():
     # A cell is exactly the run `dsparksim run` builds: lazy closed-loop requests, default domain, engine defaults.
-    from dsparksim.cli import _run_config, _traffic, build_parser
+    from dsparksim.cli.main import _run_config, _traffic, build_parser
 
     args = build_parser().parse_args(["run", "--concurrency", "16", "--duration", "3", "--policy", "mtp1"])
     want = _run_config(args, _traffic(args, "closed", concurrency=16))
@@ -170,7 +170,7 @@ def test_kill_and_resume_gives_the_uninterrupted_table(tmp_path):
          "axes": {"policy": ["mtp1", "confidence", "oracle"], "concurrency": [4, 16, 32, 48]}}
     p = _write_spec(tmp_path, d)
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "dsparksim.cli", "sweep", str(p), "--out", str(out),
+    proc = subprocess.Popen([sys.executable, "-m", "dsparksim.cli.main", "sweep", str(p), "--out", str(out),
                              "--backend", "serial", "--quiet"], cwd=REPO, start_new_session=True)
     deadline = time.time() + 60
     try:
@@ -193,7 +193,7 @@ def test_kill_and_resume_gives_the_uninterrupted_table(tmp_path):
 
 
 def test_importing_dsparksim_sweep_does_not_import_ray():
-    code = "import dsparksim.sweep, dsparksim.cli, sys; sys.exit(1 if 'ray' in sys.modules else 0)"
+    code = "import dsparksim.sweep, dsparksim.cli.main, sys; sys.exit(1 if 'ray' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
 
 

@@ -8,10 +8,10 @@ import sys
 import pandas as pd
 import pytest
 
-import dsparksim.frontier as frontier_mod
-import dsparksim.simulate as simulate_mod
+import dsparksim.results.frontier as frontier_mod
+import dsparksim.sim.simulate as simulate_mod
 import dsparksim.sweep.runner as sweep_runner
-from dsparksim.cli import _run_config, build_parser, main, run_traffic
+from dsparksim.cli.main import _run_config, build_parser, main, run_traffic
 from dsparksim.errors import ConfigError
 
 
@@ -257,7 +257,7 @@ def test_capacity_report_names_missing_values_in_the_trace(tmp_path):
     d = json.loads((tmp_path / "o" / "capacity.json").read_text())
     trace = d["results"][0]["trace"]
     assert any("no value" in v for t in trace for v in t["violations"]), trace
-    from dsparksim.outputs import result_set_complete
+    from dsparksim.results.outputs import result_set_complete
 
     assert result_set_complete(tmp_path / "o", "capacity.manifest.json")
 

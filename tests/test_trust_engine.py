@@ -9,15 +9,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsparksim import cluster as engine_mod
+from dsparksim.sim import cluster as engine_mod
 from dsparksim.acceptance.base import AcceptanceModel, Block
-from dsparksim.cli import main
+from dsparksim.cli.main import main
 from dsparksim.config import RunConfig
-from dsparksim.engine import SimResult, Simulation
+from dsparksim.sim.engine import SimResult, Simulation
 from dsparksim.errors import ConfigError
-from dsparksim.metrics import per_request_table, saturation, summarize
+from dsparksim.results.metrics import per_request_table, saturation, summarize
 from dsparksim.policies import make_policy
-from dsparksim.simulate import simulate
+from dsparksim.sim.simulate import simulate
 from dsparksim.traffic import TrafficConfig, build_workload
 from dsparksim.traffic.base import Workload
 
@@ -100,8 +100,8 @@ def test_frontier_cell_equals_run_whatever_the_other_load_levels(tmp_path):
 
 
 def test_frontier_cells_are_bit_identical_to_a_lone_run():
-    from dsparksim.cli import _run_config, _traffic, build_parser
-    from dsparksim.frontier import cells
+    from dsparksim.cli.main import _run_config, _traffic, build_parser
+    from dsparksim.results.frontier import cells
 
     # Built the way `run` (one load) and `frontier` (base config at the largest load) build them.
     args = build_parser().parse_args(["frontier", "--duration", "3", "--seed", "5", "--domain",
@@ -200,7 +200,7 @@ def test_closed_loop_user_sends_next_request_after_a_rejection():
 
 
 def _profiles() -> list[str]:
-    from dsparksim.profile import list_profiles
+    from dsparksim.cost.profile import list_profiles
     return sorted(list_profiles())
 
 

@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsparksim.cli import _comparison_text, main
+from dsparksim.cli.main import _comparison_text, main
 from dsparksim.errors import ConfigError
-from dsparksim.frontier import DEFAULT_POLICIES, X, Y, comparison_table, frontier_table
-from dsparksim.plots import POLICY_COLORS, frontier_figure, plot_frontier, policy_color, verify_budget_figure
+from dsparksim.results.frontier import DEFAULT_POLICIES, X, Y, comparison_table, frontier_table
+from dsparksim.results.plots import POLICY_COLORS, frontier_figure, plot_frontier, policy_color, verify_budget_figure
 
 
 def _summ(policy, load, x, y, saturated=False, L=3.0):
@@ -130,7 +130,7 @@ def test_policy_colours_are_fixed_distinct_and_deterministic_across_processes():
     specs = ["fixed:3", "threshold:0.7", "confidence-async:4", "my-policy", *DEFAULT_POLICIES]
     here = [policy_color(p) for p in specs]
     assert here == [policy_color(p) for p in specs]
-    code = ("import sys; from dsparksim.plots import policy_color; "
+    code = ("import sys; from dsparksim.results.plots import policy_color; "
             "print(','.join(policy_color(p) for p in sys.argv[1:]))")
     for seed in ("1", "12345"):  # str hashing differs per process; the colours must not
         env = dict(os.environ, PYTHONHASHSEED=seed)
@@ -196,8 +196,8 @@ def test_verify_budget_figure_is_titled_and_coloured(tmp_path):
 def test_profile_plot_colours_drafters_like_their_policies(tmp_path, monkeypatch):
     from matplotlib.figure import Figure
 
-    from dsparksim.cli_profile import plot_profile
-    from dsparksim.profile import load_profile
+    from dsparksim.cli.profile import plot_profile
+    from dsparksim.cost.profile import load_profile
 
     seen = []
     monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: seen.append(self))

@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import dsparksim.simulate as simulate_mod
-from dsparksim.cli import main
+import dsparksim.sim.simulate as simulate_mod
+from dsparksim.cli.main import main
 from dsparksim.errors import ConfigError
 
 RUN = ["run", "--policy", "fixed:3", "--concurrency", "2", "--duration", "3", "--quiet"]
@@ -55,7 +55,7 @@ def test_a_crash_while_writing_leaves_the_previous_run_intact(tmp_path, monkeypa
 
 
 def test_frontier_crash_keeps_the_previous_complete_frontier(tmp_path, monkeypatch):
-    import dsparksim.plots as plots
+    import dsparksim.results.plots as plots
 
     out = tmp_path / "f"
     args = ["frontier", "--policies", "mtp1,fixed:3", "--concurrency-levels", "1,2", "--duration", "3", "--workers",
@@ -88,7 +88,7 @@ def test_result_files_follow_the_umask(tmp_path, umask, fmode, dmode):
 
 
 def test_stale_staging_folders_of_dead_runs_are_removed(tmp_path):
-    from dsparksim.outputs import staged_dir
+    from dsparksim.results.outputs import staged_dir
 
     out = tmp_path / "out"
     dead = tmp_path / ".out.tmp-999999999"  # no such pid
@@ -100,7 +100,7 @@ def test_stale_staging_folders_of_dead_runs_are_removed(tmp_path):
 
 
 def test_an_existing_directory_with_other_things_is_never_replaced(tmp_path):
-    from dsparksim.outputs import check_out_dir
+    from dsparksim.results.outputs import check_out_dir
 
     d = tmp_path / "project"
     (d / "src").mkdir(parents=True)
@@ -120,7 +120,7 @@ def _spec(tmp_path: Path) -> Path:
 
 def test_sweep_results_are_replaced_as_a_set_and_keep_the_cache(tmp_path, monkeypatch):
     import dsparksim.sweep.runner as runner
-    from dsparksim.outputs import result_set_complete
+    from dsparksim.results.outputs import result_set_complete
     from dsparksim.sweep import load_spec
 
     spec, out = _spec(tmp_path), tmp_path / "sw"
@@ -159,7 +159,7 @@ def test_sigkill_while_writing_leaves_the_previous_run_and_the_next_run_cleans_u
     _run(out, "--seed", "1")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     # The child is killed (no cleanup handlers run) right after it wrote its config.json.
-    code = ("import os, signal, sys; import dsparksim.simulate as s; from dsparksim.cli import main\n"
+    code = ("import os, signal, sys; import dsparksim.sim.simulate as s; from dsparksim.cli.main import main\n"
             "def kill(path, df): os.kill(os.getpid(), signal.SIGKILL)\n"
             "s.write_table = kill\n"
             f"sys.exit(main({[*RUN, '--seed', '2', '--out', str(out)]!r}))\n")
@@ -192,7 +192,7 @@ def test_a_folder_of_the_users_own_result_like_files_is_never_replaced(tmp_path,
 
 
 def test_results_of_earlier_runs_and_frontiers_are_still_replaced(tmp_path):
-    from dsparksim.outputs import check_out_dir
+    from dsparksim.results.outputs import check_out_dir
 
     out = tmp_path / "out"
     _run(out)
@@ -209,7 +209,7 @@ def test_results_of_earlier_runs_and_frontiers_are_still_replaced(tmp_path):
 
 
 def test_the_working_directory_or_a_folder_above_it_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
-    from dsparksim.outputs import check_out_dir
+    from dsparksim.results.outputs import check_out_dir
 
     # `--out .` used to simulate, then fail renaming '.' (a traceback, results lost); `--out "$PWD"` renamed the
     # shell's working directory away
@@ -251,7 +251,7 @@ def test_frontier_config_records_the_version_and_the_inputs_bytes(tmp_path):
     import hashlib
 
     from dsparksim import __version__
-    from dsparksim.profile import shipped_dir
+    from dsparksim.cost.profile import shipped_dir
 
     out = tmp_path / "f"
     assert main(["frontier", "--policies", "mtp1,fixed:3", "--concurrency-levels", "1,2", "--duration", "3",

@@ -2,7 +2,7 @@
 line/field) and what was expected -- through the CLI entry point, never a traceback.
 
 Each case builds a corrupted copy of a valid file from tests/data (or a shipped profile) and runs
-``dsparksim.cli.main``; many of them raised UnicodeDecodeError, EOFError, zlib.error, AttributeError,
+``dsparksim.cli.main.main``; many of them raised UnicodeDecodeError, EOFError, zlib.error, AttributeError,
 OverflowError, RecursionError, ValueError or MemoryError before, or ran on silently wrapped/truncated values.
 """
 from __future__ import annotations
@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from dsparksim.profile import shipped_dir
+from dsparksim.cost.profile import shipped_dir
 
 DATA = Path(__file__).parent / "data"
 
 
 def _fails_cleanly(capsys, argv: list[str], *needles: str, prefix: str = "dsparksim: error:") -> str:
     """main(argv) returns 2 and prints exactly one stderr line with the prefix and every needle (regex)."""
-    from dsparksim.cli import main
+    from dsparksim.cli.main import main
 
     rc = main(argv)
     err = capsys.readouterr().err
@@ -173,7 +173,7 @@ def test_profile_file(capsys, tmp_path, run, data, needles):
 
 
 def test_integral_float_kv_capacity_is_accepted(tmp_path):
-    from dsparksim.profile import load_profile
+    from dsparksim.cost.profile import load_profile
 
     p = _w(tmp_path, "p.json", _profile_case(_set("metadata.kv_capacity_tokens", 113534.0)))
     assert load_profile(p).metadata["kv_capacity_tokens"] == 113534

@@ -23,10 +23,10 @@ import pandas as pd
 import pytest
 
 import dsparksim
-from dsparksim.cli import main
+from dsparksim.cli.main import main
 from dsparksim.errors import ConfigError, InputError, MissingExtraError, missing_extra, one_line
-from dsparksim.frontier import cells as frontier_cells
-from dsparksim.frontier import run_cells
+from dsparksim.results.frontier import cells as frontier_cells
+from dsparksim.results.frontier import run_cells
 from dsparksim.sweep import run_sweep, spec_from_dict
 from dsparksim.sweep.backends import Task, cell_exception
 
@@ -110,7 +110,7 @@ def _base_config(**kw):
 def test_every_error_class_crosses_the_local_pool(cls, monkeypatch):
     # The pool forks, so the workers inherit the patched simulate; cell 0 raises, cells 1-2 succeed.
     e = _sample(cls)
-    monkeypatch.setattr("dsparksim.simulate.simulate", _raise_by_seed([e]))
+    monkeypatch.setattr("dsparksim.sim.simulate.simulate", _raise_by_seed([e]))
     with pytest.raises(cls) as got:
         run_cells(_cfgs(3), jobs=2, backend="local")
     assert str(got.value) == str(e) and got.value.__dict__ == e.__dict__
@@ -137,7 +137,7 @@ def test_a_failing_cell_aborts_the_frontier_promptly(monkeypatch):
             raise boom
         time.sleep(60)
 
-    monkeypatch.setattr("dsparksim.simulate.simulate", fake)
+    monkeypatch.setattr("dsparksim.sim.simulate.simulate", fake)
     before = set(_children(os.getpid()))
     t0 = time.perf_counter()
     with pytest.raises(ConfigError, match="too small"):
@@ -150,7 +150,7 @@ def test_an_unpicklable_worker_exception_still_arrives_as_one_line(monkeypatch):
     class Local(RuntimeError):  # defined in a function: cannot be pickled by reference
         pass
 
-    monkeypatch.setattr("dsparksim.simulate.simulate", _raise_by_seed([Local("disk on fire")]))
+    monkeypatch.setattr("dsparksim.sim.simulate.simulate", _raise_by_seed([Local("disk on fire")]))
     with pytest.raises(RuntimeError, match="cell 0 failed: Local: disk on fire"):
         run_cells(_cfgs(2), jobs=2, backend="local")
 
@@ -162,7 +162,7 @@ def test_sweep_failures_json_holds_the_one_line_message(tmp_path):
     spec = spec_from_dict({"base": {"duration_s": 2.0, "policy": "mtp1", "kv_capacity_tokens": 50},
                            "axes": {"concurrency": [1, 2]}})
     res = run_sweep(spec, tmp_path / "o", backend="local", workers=2, progress=False)
-    from dsparksim.simulate import simulate
+    from dsparksim.sim.simulate import simulate
     from dsparksim.sweep import expand
 
     with pytest.raises(ConfigError) as direct:
@@ -201,7 +201,7 @@ def test_frontier_input_errors_exit_2_with_one_line(tmp_path):
     # One interpreter runs every case (in-process main, a 2-worker pool each) to keep the test fast.
     script = f"""
 import contextlib, io, json, sys
-from dsparksim.cli import main
+from dsparksim.cli.main import main
 out = {{}}
 for name, extra in {json.dumps(cases)}.items():
     err = io.StringIO()
@@ -234,7 +234,7 @@ def ray_instance():
 
 def _execute_raising(e: BaseException, task: Task) -> dict:
     """Runs in a Ray worker: execute_cell with simulate raising ``e`` (shipped by value, see the test)."""
-    import dsparksim.simulate as sim
+    import dsparksim.sim.simulate as sim
     from dsparksim.sweep.backends import execute_cell as run
 
     orig = sim.simulate
@@ -309,7 +309,7 @@ def _wait_gone(pids, timeout: float) -> list[int]:
 def _start(args: list[str], tmp_path: Path) -> tuple[subprocess.Popen, list[str]]:
     """Start the CLI in its own process group; a thread collects stderr so the test can poll it."""
     # stderr is a pipe here: DSPARKSIM_PROGRESS=1 keeps the progress bar the tests poll for
-    proc = subprocess.Popen([sys.executable, "-m", "dsparksim.cli", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-m", "dsparksim.cli.main", *args], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env=dict(os.environ, DSPARKSIM_PROGRESS="1"))
     err: list[str] = []
@@ -445,7 +445,7 @@ def test_corrupt_cache_on_the_cli_is_one_warning_line(tmp_path):
     assert main(["sweep", str(spec), "--out", str(tmp_path / "o"), "--backend", "serial", "--quiet"]) == 0
     f = next((tmp_path / "o").glob("cells/*/summary.json"))
     f.write_text("not json")
-    p = subprocess.run([sys.executable, "-m", "dsparksim.cli", "sweep", str(spec), "--out", str(tmp_path / "o"),
+    p = subprocess.run([sys.executable, "-m", "dsparksim.cli.main", "sweep", str(spec), "--out", str(tmp_path / "o"),
                         "--backend", "serial", "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     lines = p.stderr.strip().splitlines()
@@ -474,7 +474,7 @@ def _without(module: str, argv: list[str], tmp_path: Path) -> subprocess.Complet
             f"        if name.split('.')[0] == {module!r}:\n"
             "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
             "sys.meta_path.insert(0, Block())\n"
-            f"from dsparksim.cli import main; sys.exit(main({argv!r}))")
+            f"from dsparksim.cli.main import main; sys.exit(main({argv!r}))")
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=240)
 
 

@@ -21,11 +21,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Mapping
 
-from ..errors import ConfigError
-from ..textio import is_file
-from .base import DOMAINS, AcceptanceModel, Block
-from .parametric import ParametricAcceptance, ParametricParams
-from .reference import K_MAX
+from dsparksim.errors import ConfigError
+from dsparksim.io.textio import is_file
+from dsparksim.acceptance.base import DOMAINS, AcceptanceModel, Block
+from dsparksim.acceptance.parametric import ParametricAcceptance, ParametricParams
+from dsparksim.acceptance.reference import K_MAX
 
 PARAMETRIC_DRAFTERS = ("dspark", "dflash", "eagle3", "mtp1")
 TRACE_SUFFIXES = (".csv", ".csv.gz", ".parquet")
@@ -174,7 +174,7 @@ def load_acceptance(spec: str, K: int, *, domain_default: str = "chat", confiden
 
 def _load(spec: str, ps: AcceptanceSpec, K: int, domain_default: str, confidence: str) -> AcceptanceModel:
     if ps.kind == "trace":
-        from .trace_model import TraceAcceptance
+        from dsparksim.acceptance.trace_model import TraceAcceptance
         path = ps.path
         if not is_file(path):
             raise ConfigError(_src(spec), "path", f"acceptance trace file not found: {spec}")
@@ -187,7 +187,7 @@ def _load(spec: str, ps: AcceptanceSpec, K: int, domain_default: str, confidence
         kw = {"mtp1_source": ps.arg} if ps.name == "mtp1" and ps.arg else {}
         return ParametricAcceptance.from_paper(ps.name, K, p, domain_default=domain_default, source=spec,
                                               confidence=confidence, **kw)
-    from . import importers
+    from dsparksim.acceptance import importers
     drafter = _pop_str(params, "drafter", "dspark")
     draft_len = _pop_int(spec, params, "draft_len") if ps.kind == "sglang" else None
     p = ParametricParams.from_strings(params, _src(spec))
@@ -207,7 +207,7 @@ def drafter_of(spec: str) -> str:
     """The drafter (draft-cost class) a spec runs with, without building the model."""
     ps = parse_spec(spec)
     if ps.kind == "trace":
-        from .trace_format import read_trace_metadata
+        from dsparksim.acceptance.trace_format import read_trace_metadata
         return str(read_trace_metadata(ps.path).get("drafter", "unknown"))
     if ps.kind == "parametric":
         return ps.name

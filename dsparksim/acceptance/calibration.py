@@ -17,8 +17,8 @@ from functools import lru_cache
 import numpy as np
 from scipy.special import expit
 
-from ..errors import ConfigError
-from ..rootfind import brentq  # SciPy's brentq bit for bit, without importing scipy.optimize at start-up
+from dsparksim.errors import ConfigError
+from dsparksim.acceptance.rootfind import brentq  # SciPy's brentq bit for bit, without importing scipy.optimize at start-up
 
 _N_SHARED = 96   # quadrature nodes over the shared shift (smooth integrand; 96 is far past convergence)
 _N_TOK = 48      # nodes over the per-position term

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import AcceptanceModel
+from dsparksim.acceptance.base import AcceptanceModel
 
 ECE_BINS = 15
 

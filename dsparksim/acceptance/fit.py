@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from .base import DOMAINS
-from .calibration import _gauss_hermite
-from .confidence import per_position_metrics
-from .parametric import ParametricAcceptance, ParametricParams, _sigmoid
-from .reference import load_reference
+from dsparksim.acceptance.base import DOMAINS
+from dsparksim.acceptance.calibration import _gauss_hermite
+from dsparksim.acceptance.confidence import per_position_metrics
+from dsparksim.acceptance.parametric import ParametricAcceptance, ParametricParams, _sigmoid
+from dsparksim.acceptance.reference import load_reference
 
 THRESHOLDS = (0.5, 0.7, 0.9)
 AUC_POSITIONS = (1, 3, 5, 7)

@@ -47,11 +47,11 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, InputError
-from ..textio import MAX_EXACT_INT, loads_json, read_text
-from .base import DOMAINS
-from .calibration import flat_alpha_for_tau
-from .parametric import POOLED, ParametricAcceptance, ParametricParams
+from dsparksim.errors import ConfigError, InputError
+from dsparksim.io.textio import MAX_EXACT_INT, loads_json, read_text
+from dsparksim.acceptance.base import DOMAINS
+from dsparksim.acceptance.calibration import flat_alpha_for_tau
+from dsparksim.acceptance.parametric import POOLED, ParametricAcceptance, ParametricParams
 
 LOW_SUPPORT = 50   # positions estimated from fewer steps are flagged in the metadata
 MAX_COUNT = MAX_EXACT_INT   # larger counts would not survive int64 sums / float ratios exactly

@@ -1,7 +1,7 @@
 """Long-output block simulation straight on an acceptance model (no engine, no cost profile).
 
 Each of ``n_requests`` requests (one domain) decodes ``tokens`` output tokens, one block per step, drawn with the
-engine's keyed streams (:class:`dsparksim.streams.RequestStreams`: request i's step j uses the words of
+engine's keyed streams (:class:`dsparksim.sim.streams.RequestStreams`: request i's step j uses the words of
 (seed, i, j), exactly what the engine hands the model), and verifies the length a per-step rule picks:
 
 * ``fixed``: all K positions (the paper's evaluator: every proposal verified whole);
@@ -10,7 +10,7 @@ engine's keyed streams (:class:`dsparksim.streams.RequestStreams`: request i's s
 Tokens emitted per step are a + 1 (accepted prefix plus the bonus token), clipped at the tokens the request still
 needs. Pooled over every step of every request, as DeepSpec pools acceptance lengths over all proposals:
 
-* ``tau`` = sum emitted / sum steps (clipped at each request's length, as :mod:`dsparksim.metrics` reports it);
+* ``tau`` = sum emitted / sum steps (clipped at each request's length, as :mod:`dsparksim.results.metrics` reports it);
 * ``tau_unclipped`` = sum (a + 1) / sum steps (the same steps without the end-of-output clip; by Wald's
   identity its expectation equals the model's step-weighted 1 + sum_k P(a >= k) whatever the length);
 * ``verified`` = sum (L + 1) / sum steps (verified slots including the bonus position, Fig. 5's count);
@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from ..streams import RequestStreams
-from .base import AcceptanceModel
+from dsparksim.sim.streams import RequestStreams
+from dsparksim.acceptance.base import AcceptanceModel
 
 
 def _lengths(rule: str, conf: np.ndarray) -> np.ndarray:

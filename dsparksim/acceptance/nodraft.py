@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import AcceptanceModel, Block
+from dsparksim.acceptance.base import AcceptanceModel, Block
 
 
 class NoDraftAcceptance(AcceptanceModel):

@@ -40,13 +40,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError
-from .base import DOMAINS, AcceptanceModel, Block
-from .calibration import (calibrate_mu, calibrate_mu_steps, check_curve, model_conditional, model_conditional_steps,
+from dsparksim.errors import ConfigError
+from dsparksim.acceptance.base import DOMAINS, AcceptanceModel, Block
+from dsparksim.acceptance.calibration import (calibrate_mu, calibrate_mu_steps, check_curve, model_conditional, model_conditional_steps,
                           tau_of_curve)
-from .confidence import fit_sts_nll
-from .reference import K_MAX, MTP1_DEFAULT_SOURCE, mtp1_alpha, paper_curve
-from ..streams import KeyedRows, normals_from_halves, uniforms_from_halves
+from dsparksim.acceptance.confidence import fit_sts_nll
+from dsparksim.acceptance.reference import K_MAX, MTP1_DEFAULT_SOURCE, mtp1_alpha, paper_curve
+from dsparksim.sim.streams import KeyedRows, normals_from_halves, uniforms_from_halves
 
 POOLED = "all"   # curve key meaning "every domain uses this curve"
 NOISE_RAMP = 7   # positions over which the confidence noise moves from noise_sd to noise_sd_end (Fig. 6: 1..7)

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
-from .base import DOMAINS
+from dsparksim.errors import ConfigError
+from dsparksim.acceptance.base import DOMAINS
 
 K_MAX = 15                     # positions 1..7 measured, 8..15 the fitted flat tail
 MEASURED_POSITIONS = 7

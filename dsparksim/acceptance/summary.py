@@ -14,10 +14,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .base import DOMAINS, AcceptanceModel
-from .confidence import confidence_metrics, per_position_metrics
-from .synthetic import simulate_blocks
-from .trace_format import AcceptanceTrace
+from dsparksim.acceptance.base import DOMAINS, AcceptanceModel
+from dsparksim.acceptance.confidence import confidence_metrics, per_position_metrics
+from dsparksim.acceptance.synthetic import simulate_blocks
+from dsparksim.acceptance.trace_format import AcceptanceTrace
 
 Z95 = 1.959963984540054
 PER_POSITION_DEFINITION = ("DeepSpec (deepseek-ai/DeepSpec deepspec/eval/dspark/confidence_head.py): at position k the "

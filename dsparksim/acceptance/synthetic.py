@@ -7,8 +7,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .base import DOMAINS, AcceptanceModel
-from .trace_format import write_trace
+from dsparksim.acceptance.base import DOMAINS, AcceptanceModel
+from dsparksim.acceptance.trace_format import write_trace
 
 
 def simulate_blocks(model: AcceptanceModel, domains: Sequence[str], lengths: Sequence[int],
@@ -46,7 +46,7 @@ def write_parametric_trace(path: str | Path, spec: str = "dspark", K: int = 7, *
     Each response has a uniformly random number of blocks in ``blocks`` (inclusive). The metadata says
     "synthetic, from the parametric model" and records the spec, seed and model parameters.
     """
-    from . import load_acceptance  # local import: the registry imports this module's siblings
+    from dsparksim.acceptance import load_acceptance  # local import: the registry imports this module's siblings
 
     model = load_acceptance(spec, K)
     rng = np.random.default_rng(seed)

@@ -48,10 +48,10 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from ..errors import ConfigError, InputError
-from ..textio import MAX_EXACT_INT, is_file, loads_json, escape_controls, read_text
-from .base import DOMAINS
-from .reference import K_MAX
+from dsparksim.errors import ConfigError, InputError
+from dsparksim.io.textio import MAX_EXACT_INT, is_file, loads_json, escape_controls, read_text
+from dsparksim.acceptance.base import DOMAINS
+from dsparksim.acceptance.reference import K_MAX
 
 MAGIC = "dsparksim-acceptance-trace/1"
 REQUIRED_META = ("drafter", "K", "temperature", "target", "source", "created")

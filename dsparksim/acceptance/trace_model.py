@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
-from .base import DOMAINS, AcceptanceModel, Block
-from .trace_format import AcceptanceTrace, read_trace
+from dsparksim.errors import ConfigError
+from dsparksim.acceptance.base import DOMAINS, AcceptanceModel, Block
+from dsparksim.acceptance.trace_format import AcceptanceTrace, read_trace
 
 
 class TraceAcceptance(AcceptanceModel):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..acceptance.confidence import ece_survival
+from dsparksim.acceptance.confidence import ece_survival
 
 EPS = 1e-6
 T_MIN, T_MAX = 0.05, 20.0

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from ..errors import InputError
-from .drafters import DRAFTERS, DrafterConfig, build_drafter
-from .model import ModelConfig, TargetModel
+from dsparksim.errors import InputError
+from dsparksim.backend.drafters import DRAFTERS, DrafterConfig, build_drafter
+from dsparksim.backend.model import ModelConfig, TargetModel
 
 FORMAT = "dsparksim-backend-checkpoint/1"
 

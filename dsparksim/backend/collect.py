@@ -16,15 +16,15 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..acceptance.trace_format import write_trace
-from ..errors import InputError
-from .calibration import apply_sts
-from .checkpoint import load_drafter, load_target
-from .config import PipelineConfig, preset
-from .data import DOMAINS, build_corpus
-from .drafters import DRAFTERS
-from .tokenizer import file_sha256, load_tokenizer
-from .train import decode_domain
+from dsparksim.acceptance.trace_format import write_trace
+from dsparksim.errors import InputError
+from dsparksim.backend.calibration import apply_sts
+from dsparksim.backend.checkpoint import load_drafter, load_target
+from dsparksim.backend.config import PipelineConfig, preset
+from dsparksim.backend.data import DOMAINS, build_corpus
+from dsparksim.backend.drafters import DRAFTERS
+from dsparksim.backend.tokenizer import file_sha256, load_tokenizer
+from dsparksim.backend.train import decode_domain
 
 
 def load_models(models: str | Path):

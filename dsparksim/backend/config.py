@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from ..errors import ConfigError
-from .data import DataConfig
-from .model import ModelConfig
+from dsparksim.errors import ConfigError
+from dsparksim.backend.data import DataConfig
+from dsparksim.backend.model import ModelConfig
 
 
 @dataclass(frozen=True)

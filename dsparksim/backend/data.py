@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError
+from dsparksim.errors import InputError
 
 EOT, USER, ASSISTANT = "<|endoftext|>", "<|user|>", "<|assistant|>"
 SPECIAL = (EOT, USER, ASSISTANT)

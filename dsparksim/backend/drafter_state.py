@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .drafters import ARDrafter, ParallelDrafter, propose_ar, propose_parallel
+from dsparksim.backend.drafters import ARDrafter, ParallelDrafter, propose_ar, propose_parallel
 
 
 def _grow(x: torch.Tensor | None, old: int, new: int, shape, dtype, dev) -> torch.Tensor:

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .model import Block, ModelConfig, RMSNorm, TargetModel, _init, cache_mask
+from dsparksim.backend.model import Block, ModelConfig, RMSNorm, TargetModel, _init, cache_mask
 
 DRAFTERS = ("mtp1", "eagle3", "dflash", "dspark")
 
@@ -269,7 +269,7 @@ def propose_parallel(m: ParallelDrafter, target, anchor, t0, cache, K, temperatu
 
 def _runtime(m, target, B: int, T: int):
     """Decoding state for B requests of at most T positions (see :mod:`.drafter_state`)."""
-    from .drafter_state import BatchRuntime, state_for   # lazy: drafter_state imports this module
+    from dsparksim.backend.drafter_state import BatchRuntime, state_for   # lazy: drafter_state imports this module
     return BatchRuntime(state_for(m, target, B, T), B)
 
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..acceptance.confidence import ece_survival
-from ..acceptance.summary import Z95, _ratio_se, summarize_blocks
-from ..acceptance.trace_format import read_trace
-from ..errors import InputError
+from dsparksim.acceptance.confidence import ece_survival
+from dsparksim.acceptance.summary import Z95, _ratio_se, summarize_blocks
+from dsparksim.acceptance.trace_format import read_trace
+from dsparksim.errors import InputError
 
 ORDER = ("dspark", "dflash", "eagle3", "mtp1")
 DOMS = ("math", "code", "chat")

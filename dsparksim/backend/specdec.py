@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .drafters import sample
+from dsparksim.backend.drafters import sample
 
 
 @dataclass

@@ -4,8 +4,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from ..errors import InputError
-from .data import EOT, SPECIAL
+from dsparksim.errors import InputError
+from dsparksim.backend.data import EOT, SPECIAL
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):

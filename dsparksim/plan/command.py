@@ -1,4 +1,4 @@
-"""CLI: `dsparksim plan SPEC.toml --out DIR` (registered by dsparksim.cli_sweep)."""
+"""CLI: `dsparksim plan SPEC.toml --out DIR` (registered by dsparksim.cli.sweep)."""
 from __future__ import annotations
 
 import argparse
@@ -6,8 +6,8 @@ import sys
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from dsparksim.cli_sweep import _bar_off
-    from dsparksim.outputs import check_out_dir
+    from dsparksim.cli.sweep import _bar_off
+    from dsparksim.results.outputs import check_out_dir
     from dsparksim.plan import load_plan, run_plan, text_report, write_plan
 
     spec = load_plan(args.spec)  # validated (every probe's configuration, prices, SLO metrics): nothing runs before

@@ -192,7 +192,7 @@ def text_report(doc: dict[str, Any]) -> str:
 
 def write_plan(run: PlanRun, out: str | Path) -> tuple[dict[str, Any], dict[str, Path]]:
     """Write the plan's result set into ``out`` (see the module docstring); returns (plan.json document, paths)."""
-    from dsparksim.outputs import write_result_set
+    from dsparksim.results.outputs import write_result_set
 
     doc = summarize_plan(run)
     probes = pd.DataFrame([probe_row(s, s.probes[r]) for s in run.searches for r in sorted(s.probes)])
@@ -255,10 +255,10 @@ def plot(doc: dict[str, Any], path: Path) -> None:
 
 
 def _family_colors(doc: dict[str, Any]) -> dict[str, str]:
-    """Each family the colour of its first policy spec (dsparksim.plots), made distinct within the plot."""
+    """Each family the colour of its first policy spec (dsparksim.results.plots), made distinct within the plot."""
     from matplotlib import colormaps
 
-    from dsparksim.plots import policy_color
+    from dsparksim.results.plots import policy_color
 
     spare = [colormaps["tab10"](i) for i in range(10)]
     out: dict[str, Any] = {}

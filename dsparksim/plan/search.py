@@ -35,9 +35,9 @@ THROUGHPUT = "output_throughput_tok_s"
 
 
 def interval(values: Sequence[float], confidence: float) -> tuple[float, float, float]:
-    """(mean, low, high): the two-sided Student-t interval of the mean at ``confidence`` (dsparksim.stats, the
+    """(mean, low, high): the two-sided Student-t interval of the mean at ``confidence`` (dsparksim.results.stats, the
     rule every seed interval of dsparksim uses); one value: the value itself (no spread to estimate)."""
-    from dsparksim.stats import t_interval
+    from dsparksim.results.stats import t_interval
 
     iv = t_interval(values, confidence)
     if iv.n < 2:

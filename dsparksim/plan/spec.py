@@ -63,7 +63,7 @@ DISAGG_KEY, PREFILL_KEY = "disaggregated", "prefill_replicas"
 
 
 def slo_metrics() -> tuple[str, ...]:
-    """Run-summary fields an SLO may constrain (dsparksim.metrics.summarize)."""
+    """Run-summary fields an SLO may constrain (dsparksim.results.metrics.summarize)."""
     from dsparksim.sweep.capacity import SLO_METRICS
 
     return tuple(SLO_METRICS)
@@ -402,7 +402,7 @@ def price_key_for(device: str, prices: Mapping[str, float]) -> str | None:
     'NVIDIA H100 SXM 80GB': 'H100' prices both). Two matching short names are ambiguous: None."""
     if device in prices:
         return device
-    from dsparksim.analytic.hardware import SHORT_NAMES
+    from dsparksim.cost.analytic.hardware import SHORT_NAMES
 
     hits = [k for k in prices if k.upper() in SHORT_NAMES
             and re.search(rf"(?<![A-Za-z0-9]){re.escape(k.upper())}(?![A-Za-z0-9])", device.upper())]
@@ -412,7 +412,7 @@ def price_key_for(device: str, prices: Mapping[str, float]) -> str | None:
 def _candidate(src: str, i: int, c: dict[str, Any], prices: Mapping[str, float], start: int,
                shared: Mapping[str, Any]) -> list[Deployment]:
     from dsparksim.policies import make_policy
-    from dsparksim.profile import load_profile
+    from dsparksim.cost.profile import load_profile
 
     where = f"candidates[{i}]"
     cname = c.pop("name", f"c{i}")

@@ -5,18 +5,18 @@ takes an argument) and one line in ``REGISTRY``. Specs are ``name`` or ``name:ar
 """
 from __future__ import annotations
 
-from ..errors import ConfigError
-from ._common import spec_error
-from .base import Policy, StepContext
-from .confidence import Confidence, algorithm1
-from .confidence_async import ConfidenceAsync
-from .confidence_global import ConfidenceGlobal, global_search_current
-from .fixed import Fixed
-from .goodput import Goodput
-from .mtp1 import MTP1
-from .none import NoSpeculation
-from .oracle import Oracle
-from .threshold import Threshold
+from dsparksim.errors import ConfigError
+from dsparksim.policies._common import spec_error
+from dsparksim.policies.base import Policy, StepContext
+from dsparksim.policies.confidence import Confidence, algorithm1
+from dsparksim.policies.confidence_async import ConfidenceAsync
+from dsparksim.policies.confidence_global import ConfidenceGlobal, global_search_current
+from dsparksim.policies.fixed import Fixed
+from dsparksim.policies.goodput import Goodput
+from dsparksim.policies.mtp1 import MTP1
+from dsparksim.policies.none import NoSpeculation
+from dsparksim.policies.oracle import Oracle
+from dsparksim.policies.threshold import Threshold
 
 REGISTRY: dict[str, type[Policy]] = {
     "none": NoSpeculation,  # plain autoregressive decoding (K = 0, no drafter)

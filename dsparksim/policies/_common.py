@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ConfigError, InputError
-from .base import StepContext
+from dsparksim.errors import ConfigError, InputError
+from dsparksim.policies.base import StepContext
 
 _SRC = "StepContext"
 
@@ -19,7 +19,7 @@ _SRC = "StepContext"
 # ----------------------------------------------------------------------------------------------- spec parsing
 def spec_error(name: str, arg: str | None, why: str) -> ConfigError:
     """A ConfigError naming the spec as written and listing the valid specs."""
-    from . import list_specs  # lazy: the registry imports the policy modules that import this one
+    from dsparksim.policies import list_specs  # lazy: the registry imports the policy modules that import this one
 
     spec = name if arg is None else f"{name}:{arg}"
     return ConfigError(None, "policy", f"bad spec {spec!r}: {why}; valid specs: {', '.join(list_specs())}")

@@ -75,7 +75,7 @@ class Policy:
     @classmethod
     def from_arg(cls, arg: str | None) -> "Policy":
         """Build from the text after ':' in the spec (None if absent). Default: the policy takes no argument."""
-        from ._common import no_arg  # lazy: _common imports this module
+        from dsparksim.policies._common import no_arg  # lazy: _common imports this module
         no_arg(cls.name, arg)
         return cls()
 

@@ -5,8 +5,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from ._common import Ranking, draft_budget, eval_times, first_drop, ratio_curve
-from .base import Policy, StepContext
+from dsparksim.policies._common import Ranking, draft_budget, eval_times, first_drop, ratio_curve
+from dsparksim.policies.base import Policy, StepContext
 
 
 def early_stop_count(ctx: StepContext, values: np.ndarray) -> int:

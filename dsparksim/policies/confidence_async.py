@@ -6,10 +6,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from ._common import Ranking, draft_budget, int_arg, spec_error
-from .base import Policy, StepContext
-from .confidence import early_stop_count
-from .confidence_global import global_budget
+from dsparksim.policies._common import Ranking, draft_budget, int_arg, spec_error
+from dsparksim.policies.base import Policy, StepContext
+from dsparksim.policies.confidence import early_stop_count
+from dsparksim.policies.confidence_global import global_budget
 
 
 class ConfidenceAsync(Policy):

@@ -11,8 +11,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from ._common import Ranking, draft_budget, global_best, ratio_curve
-from .base import Policy, StepContext
+from dsparksim.policies._common import Ranking, draft_budget, global_best, ratio_curve
+from dsparksim.policies.base import Policy, StepContext
 
 
 def global_budget(ctx: StepContext, values: np.ndarray) -> int:

@@ -5,8 +5,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from ._common import cap_lowest_index_first, draft_budget, int_arg
-from .base import Policy, StepContext
+from dsparksim.policies._common import cap_lowest_index_first, draft_budget, int_arg
+from dsparksim.policies.base import Policy, StepContext
 
 
 class Fixed(Policy):

@@ -9,9 +9,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..errors import InputError
-from ._common import draft_budget, eval_times
-from .base import Policy, StepContext
+from dsparksim.errors import InputError
+from dsparksim.policies._common import draft_budget, eval_times
+from dsparksim.policies.base import Policy, StepContext
 
 
 class Goodput(Policy):

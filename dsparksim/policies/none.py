@@ -5,7 +5,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import Policy, StepContext
+from dsparksim.policies.base import Policy, StepContext
 
 
 class NoSpeculation(Policy):

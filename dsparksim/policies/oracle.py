@@ -5,9 +5,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..errors import InputError
-from ._common import draft_budget, eval_times, lengths_from_ranked
-from .base import Policy, StepContext
+from dsparksim.errors import InputError
+from dsparksim.policies._common import draft_budget, eval_times, lengths_from_ranked
+from dsparksim.policies.base import Policy, StepContext
 
 
 def dinkelbach_choice(tokens: np.ndarray, times: np.ndarray, lam: float | None) -> int:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from ..policies import make_policy
-from ..policies.base import StepContext
+from dsparksim.policies import make_policy
+from dsparksim.policies.base import StepContext
 
 
 @dataclass(frozen=True)

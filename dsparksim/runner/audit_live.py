@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from scipy import stats
 
-from ..config import EngineConfig, RunConfig
-from ..traffic import TrafficConfig
-from .executor import ExecutorConfig
+from dsparksim.config import EngineConfig, RunConfig
+from dsparksim.traffic import TrafficConfig
+from dsparksim.runner.executor import ExecutorConfig
 
 BINS = 24
 
@@ -33,9 +33,9 @@ def audit_live(models: str | Path, profile: str, policies, n_requests: int = 200
     """Chi-square of generated tokens 2..3 against the target, per policy (see module doc)."""
     import tempfile
 
-    from ..backend.checkpoint import load_target
-    from .live import PromptSource
-    from .run import RunnerConfig, real_run
+    from dsparksim.backend.checkpoint import load_target
+    from dsparksim.runner.live import PromptSource
+    from dsparksim.runner.run import RunnerConfig, real_run
 
     src = PromptSource.from_models(models, prompts_dir)
     prompt = list(src.enc["math"][0])

@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import ConfigError
+from dsparksim.errors import ConfigError
 
 DEFAULT_THRESHOLD = 0.15
 DEFAULT_GATE = 0.25          # fast state: reference within 25% of the baseline (fast-state noise

@@ -1,9 +1,9 @@
 """The real serving engine: the simulator's scheduler driving real torch forwards, timed by a real clock.
 
-Built on the public step contract of :mod:`dsparksim.engine` only: admission (FIFO, KV reservation), chunked
+Built on the public step contract of :mod:`dsparksim.sim.engine` only: admission (FIFO, KV reservation), chunked
 prefill, the policy call (the very same policy objects, seeing the same StepContext), the acceptance draw,
-emission and the result arrays are the simulator's own :class:`~dsparksim.engine.Engine`, and arrivals, the closed
-loop and rejection on arrival are :class:`~dsparksim.cluster.Simulation`'s (with a ``driver_factory`` that steps the
+emission and the result arrays are the simulator's own :class:`~dsparksim.sim.engine.Engine`, and arrivals, the closed
+loop and rejection on arrival are :class:`~dsparksim.sim.cluster.Simulation`'s (with a ``driver_factory`` that steps the
 engine on the real clock). The executor (:class:`~.executor.Executor`, or :class:`~.live.LiveExecutor` whose trained
 drafter proposes through ``plan_step(draft=...)``) implements ``execute(plan) -> StepOutcome``.
 
@@ -24,9 +24,9 @@ from typing import Any, Callable
 import numpy as np
 import simpy
 
-from ..cluster import Simulation, SimResult
-from ..engine import Engine, StepOutcome, StepPlan
-from ..errors import ConfigError
+from dsparksim.sim.cluster import Simulation, SimResult
+from dsparksim.sim.engine import Engine, StepOutcome, StepPlan
+from dsparksim.errors import ConfigError
 
 EXTRA_LOG = ("dt_model", "t_draft", "t_target", "t_host", "pf_qk", "pf_chunks", "dec_qk", "t_replay")
 
@@ -154,7 +154,7 @@ class RealDriver:
 class RealEngine:
     """Continuous-batching speculative decoding on a real target (trace-replay acceptance); see module doc.
 
-    Takes :class:`~dsparksim.cluster.Simulation`'s keyword arguments (one replica, one rank) plus the executor.
+    Takes :class:`~dsparksim.sim.cluster.Simulation`'s keyword arguments (one replica, one rank) plus the executor.
     """
 
     live = False

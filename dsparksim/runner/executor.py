@@ -23,11 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..backend.model import ModelConfig, TargetModel
-from ..engine import StepOutcome, StepPlan
-from ..errors import ConfigError
-from .flat import FlatForward, KVPool, make_group
-from .engine import step_extra
+from dsparksim.backend.model import ModelConfig, TargetModel
+from dsparksim.sim.engine import StepOutcome, StepPlan
+from dsparksim.errors import ConfigError
+from dsparksim.runner.flat import FlatForward, KVPool, make_group
+from dsparksim.runner.engine import step_extra
 
 
 @dataclass

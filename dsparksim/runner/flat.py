@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..backend.model import TargetModel, rope
+from dsparksim.backend.model import TargetModel, rope
 
 
 class KVPool:

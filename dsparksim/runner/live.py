@@ -26,14 +26,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..acceptance.base import AcceptanceModel, Block
-from ..backend.calibration import apply_sts
-from ..backend.drafter_state import state_for
-from ..backend.specdec import verify_prefix
-from ..engine import StepOutcome, StepPlan
-from ..errors import ConfigError
-from .engine import step_extra
-from .executor import Executor, ExecutorConfig, StepTiming, sync
+from dsparksim.acceptance.base import AcceptanceModel, Block
+from dsparksim.backend.calibration import apply_sts
+from dsparksim.backend.drafter_state import state_for
+from dsparksim.backend.specdec import verify_prefix
+from dsparksim.sim.engine import StepOutcome, StepPlan
+from dsparksim.errors import ConfigError
+from dsparksim.runner.engine import step_extra
+from dsparksim.runner.executor import Executor, ExecutorConfig, StepTiming, sync
 
 
 # ---------------------------------------------------------------------------------------------- prompts
@@ -94,9 +94,9 @@ class PromptSource:
 def _eval_prompts(models: str, prompts_dir: str | None) -> tuple[dict[str, tuple[tuple[int, ...], ...]], int]:
     """Token ids of the eval split per domain and the end-of-text id (building the corpus reads the stdlib:
     a validation's many runs share one read)."""
-    from ..backend.collect import load_models
-    from ..backend.data import EOT, build_corpus
-    from ..backend.train import PROMPT_KEEP, encode_prompts
+    from dsparksim.backend.collect import load_models
+    from dsparksim.backend.data import EOT, build_corpus
+    from dsparksim.backend.train import PROMPT_KEEP, encode_prompts
 
     cfg, tok, _, _, _ = load_models(models)
     corpus = build_corpus(cfg.data, prompts_dir)

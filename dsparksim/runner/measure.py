@@ -1,7 +1,7 @@
 """Measure a cost profile (format ``dsparksim-profile/1``) on the real engine.
 
 Sweep: for each context length c and number of decoding requests n, the real engine (the scheduler's
-:class:`~dsparksim.engine.Engine` stepped on the real clock by :class:`~.engine.RealStepper`, the very code that
+:class:`~dsparksim.sim.engine.Engine` stepped on the real clock by :class:`~.engine.RealStepper`, the very code that
 serves runs) is loaded with n requests whose prompts of c tokens are prefilled (untimed), then a
 uniform verify length L = 0..K is forced on every request; after ``warmup`` discarded steps, ``reps`` steps are
 timed. Each timed step yields its measured split: drafter forward, target forward at M = n(1+L) with the KV
@@ -48,18 +48,18 @@ import numpy as np
 import torch
 from scipy.optimize import isotonic_regression, nnls
 
-from ..acceptance.base import AcceptanceModel, Block
-from ..errors import ConfigError
-from ..policies._common import draft_budget, rank_candidates, ratio_curve
-from ..policies.base import Policy, StepContext
-from ..profile import FORMAT, profile_from_dict
-from ..traffic.base import Workload
-from ..engine import Engine
-from ..requests import RequestTable
-from .drift import CALIBRATION_PROBES, DEFAULT_GATE, DEFAULT_THRESHOLD, Bracket, DriftMonitor
-from .engine import RealStepper, connect
-from .executor import Executor, ExecutorConfig, build_models, torch_dtype
-from .models import device_key, kv_capacity_tokens, load_target, model_key
+from dsparksim.acceptance.base import AcceptanceModel, Block
+from dsparksim.errors import ConfigError
+from dsparksim.policies._common import draft_budget, rank_candidates, ratio_curve
+from dsparksim.policies.base import Policy, StepContext
+from dsparksim.cost.profile import FORMAT, profile_from_dict
+from dsparksim.traffic.base import Workload
+from dsparksim.sim.engine import Engine
+from dsparksim.sim.requests import RequestTable
+from dsparksim.runner.drift import CALIBRATION_PROBES, DEFAULT_GATE, DEFAULT_THRESHOLD, Bracket, DriftMonitor
+from dsparksim.runner.engine import RealStepper, connect
+from dsparksim.runner.executor import Executor, ExecutorConfig, build_models, torch_dtype
+from dsparksim.runner.models import device_key, kv_capacity_tokens, load_target, model_key
 
 
 @dataclass
@@ -72,9 +72,9 @@ class LiveDrafters:
 
     @classmethod
     def load(cls, models: str, kinds, target) -> "LiveDrafters":
-        from ..backend.checkpoint import load_drafter
-        from ..backend.collect import load_models
-        from .live import PromptSource
+        from dsparksim.backend.checkpoint import load_drafter
+        from dsparksim.backend.collect import load_models
+        from dsparksim.runner.live import PromptSource
         _, _, tcpu, tmeta, cal = load_models(models)
         dev, dt = target.embed.weight.device, target.embed.weight.dtype
         ds, ts = {}, {}
@@ -231,7 +231,7 @@ def cell_executor(target, proxy, ex: ExecutorConfig, T: int, slots: int, drafter
     drafter's live step with every block rejected after position 1 (the context grows one token per step)."""
     if live is None:
         return Executor(target, proxy, ex, T=T, slots=slots)
-    from .live import LiveExecutor
+    from dsparksim.runner.live import LiveExecutor
     return LiveExecutor(target, live.drafters[drafter], drafter, live.temps[drafter], live.prompts, ex, T=T,
                         slots=slots, force_reject=True)
 
@@ -512,7 +512,7 @@ def context_spread(prompt: np.ndarray, output: np.ndarray, points: int = SPREAD_
 def context_spread_from_csv(path: str | Path, points: int = SPREAD_POINTS) -> tuple[float, ...]:
     """:func:`context_spread` of a length-only CSV (num_prefill_tokens/num_decode_tokens, as `dsparksim validate`
     writes lengths.csv), read and checked by the traffic readers (errors name file, line and column)."""
-    from ..traffic.readers import read_lengths
+    from dsparksim.traffic.readers import read_lengths
     t = read_lengths(path)
     return context_spread(t.prompt_tokens, t.output_tokens, points)
 

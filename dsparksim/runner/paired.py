@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from dsparksim.errors import ConfigError
 
 BASELINES = ("fit", "cell")
 
@@ -93,7 +93,7 @@ class PairedCells:
         """From a measured profile dict (``metadata.cells``, written by `dsparksim measure`); None without them.
         ``live``: the trained drafters (:class:`~.measure.LiveDrafters`) when the profile was measured on live
         steps (its ``metadata.drafting`` is ``live:...``); a proxy-measured profile's cells need ``live=None``."""
-        from ..profile import profile_from_dict
+        from dsparksim.cost.profile import profile_from_dict
         meta = prof.get("metadata", {})
         cells, grid = meta.get("cells"), meta.get("grid") or {}
         if not cells:
@@ -148,8 +148,8 @@ class PairedCells:
         """One step of the matched cell's profiling engine at verify length L (seconds on the executor's clock);
         None for the untimed warm-up steps of a freshly built engine. An engine lives as long as a profile cell
         did ((warmup + reps) rounds of every L), so its contexts stay in the range the profile timed."""
-        from .measure import RejectAll, UniformL, _DUMMY, _slot_tokens, cell_executor, profiling_engine
-        from ..profile import profile_from_dict
+        from dsparksim.runner.measure import RejectAll, UniformL, _DUMMY, _slot_tokens, cell_executor, profiling_engine
+        from dsparksim.cost.profile import profile_from_dict
         drafter, n, c, L = key
         K = self.tables[drafter]["K"]
         nL = K + 1
@@ -220,7 +220,7 @@ class PairedCells:
         """One prefill-only step of the matched cell (k chunks of c prompt tokens after ``prefix`` cached ones, as
         ``measure`` timed it) on the executor's clock; None for the first steps of a freshly built executor. The
         executor is kept: every call re-runs the same chunks over the same positions."""
-        from .measure import cell_executor
+        from dsparksim.runner.measure import cell_executor
         _, drafter, c, k, pre = key
         e = self._engines.get(key)
         none = np.zeros(0, np.int64)
@@ -264,7 +264,7 @@ def prefill_cell_prices(profile, rows: np.ndarray, drafter: str) -> np.ndarray:
 def cell_prices(profile, rows: np.ndarray, K: int, drafter: str) -> np.ndarray:
     """(len(rows),) the profile's price of each stored cell's shape: n requests at verify length L reading the
     cell's mean context each (the query-key count as the engine logs it for decoding rows)."""
-    from .residuals import model_terms
+    from dsparksim.runner.residuals import model_terms
     n, L, ctx = rows[:, 0].astype(np.int64), rows[:, 2].astype(np.int64), rows[:, 4]
     steps = {"n_decode": n, "M": n * (L + 1), "kv_read": np.rint(n * ctx).astype(np.int64),
              "n_prefill_tokens": np.zeros(len(n), np.int64), "dec_qk": n * ((L + 1) * ctx + L * (L + 1) // 2)}

@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..profile import CostProfile, profile_from_dict
-from .measure import MeasureConfig, fit_prefill, fit_profile, prefill_section
-from .paired import cell_prices, prefill_cell_prices, smooth_factors
-from .residuals import model_terms
+from dsparksim.cost.profile import CostProfile, profile_from_dict
+from dsparksim.runner.measure import MeasureConfig, fit_prefill, fit_profile, prefill_section
+from dsparksim.runner.paired import cell_prices, prefill_cell_prices, smooth_factors
+from dsparksim.runner.residuals import model_terms
 
 
 def _grid_config(prof: dict) -> MeasureConfig:

@@ -10,16 +10,16 @@ from typing import Callable
 
 import numpy as np
 
-from ..config import RunConfig
-from ..errors import ConfigError
-from ..inputs import load_run_profile, resolve_inputs
-from ..policies import make_policy
-from ..simulate import RunOutput, _streams, run_summary
-from ..traffic import build_workload
-from .engine import LiveEngine, RealEngine
-from .executor import Executor, ExecutorConfig, build_models, torch_dtype
-from .live import LiveExecutor
-from .models import device_key, kv_capacity_tokens, load_target, model_key
+from dsparksim.config import RunConfig
+from dsparksim.errors import ConfigError
+from dsparksim.sim.inputs import load_run_profile, resolve_inputs
+from dsparksim.policies import make_policy
+from dsparksim.sim.simulate import RunOutput, _streams, run_summary
+from dsparksim.traffic import build_workload
+from dsparksim.runner.engine import LiveEngine, RealEngine
+from dsparksim.runner.executor import Executor, ExecutorConfig, build_models, torch_dtype
+from dsparksim.runner.live import LiveExecutor
+from dsparksim.runner.models import device_key, kv_capacity_tokens, load_target, model_key
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
         acc, live_parts = _live_parts(rcfg, kind, K, ex)
         return acc
 
-    # profile, policy, K, acceptance, drafter and engine limits, resolved as the simulator does (dsparksim.inputs)
+    # profile, policy, K, acceptance, drafter and engine limits, resolved as the simulator does (dsparksim.sim.inputs)
     ri = resolve_inputs(cfg, profile=profile, acceptance=live_acceptance if live else None)
     policy, K, acceptance, drafter = ri.policy, ri.K, ri.acceptance, ri.drafter
     kv_cap, max_tok = ri.kv_cap, ri.max_tokens
@@ -174,10 +174,10 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
 
 def _live_parts(rcfg: RunnerConfig, kind: str, K: int, ex: ExecutorConfig):
     """(LiveAcceptance, (drafter module, STS temperatures, PromptSource)) from a models directory, all checked."""
-    from ..backend.checkpoint import load_drafter
-    from ..backend.collect import load_models
-    from ..errors import InputError
-    from .live import LiveAcceptance, PromptSource
+    from dsparksim.backend.checkpoint import load_drafter
+    from dsparksim.backend.collect import load_models
+    from dsparksim.errors import InputError
+    from dsparksim.runner.live import LiveAcceptance, PromptSource
 
     models = Path(rcfg.models)
     _, _, target, tmeta, cal = load_models(models)

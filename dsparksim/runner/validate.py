@@ -21,19 +21,19 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from ..config import EngineConfig, RunConfig
-from ..errors import ConfigError
-from ..profile import load_profile, save_profile
-from ..simulate import simulate, write_run
-from ..traffic import TrafficConfig
-from .executor import build_models
-from .drift import (CALIBRATION_PROBES, DEFAULT_GATE, DEFAULT_THRESHOLD, DriftMonitor, RunWindows,
+from dsparksim.config import EngineConfig, RunConfig
+from dsparksim.errors import ConfigError
+from dsparksim.cost.profile import load_profile, save_profile
+from dsparksim.sim.simulate import simulate, write_run
+from dsparksim.traffic import TrafficConfig
+from dsparksim.runner.executor import build_models
+from dsparksim.runner.drift import (CALIBRATION_PROBES, DEFAULT_GATE, DEFAULT_THRESHOLD, DriftMonitor, RunWindows,
                     warp_result)
-from .measure import REFERENCE_CELL, MeasureConfig, context_spread_from_csv, measure, reference_probe
-from .residuals import attribute, by_shape, by_term, step_residuals
-from .models import load_target
-from .paired import BASELINES, PairedCells, RunPairs, fit_vs_cells
-from .run import RunnerConfig, real_run
+from dsparksim.runner.measure import REFERENCE_CELL, MeasureConfig, context_spread_from_csv, measure, reference_probe
+from dsparksim.runner.residuals import attribute, by_shape, by_term, step_residuals
+from dsparksim.runner.models import load_target
+from dsparksim.runner.paired import BASELINES, PairedCells, RunPairs, fit_vs_cells
+from dsparksim.runner.run import RunnerConfig, real_run
 
 POLICIES = ("mtp1", "fixed:7", "threshold:0.5", "goodput", "confidence", "confidence-async:2")
 METRICS = {"throughput": "output_throughput_tok_s", "tps_user_median": "tps_user_median",
@@ -118,7 +118,7 @@ def write_lengths(path: Path, vc: ValidateConfig, n: int = 400) -> Path:
 def write_live_lengths(path: Path, vc: ValidateConfig) -> Path:
     """Live mode: every eval prompt at its native token length, with its domain, and a drawn output length, so
     no prompt is packed and the live contexts are the ones the traces were collected on."""
-    from .live import PromptSource
+    from dsparksim.runner.live import PromptSource
     ps = PromptSource.from_models(vc.runner.models, vc.runner.prompts_dir)
     nat = ps.native_lengths()
     rng = np.random.default_rng(vc.seed + 12345)
@@ -141,8 +141,8 @@ def run_config(vc: ValidateConfig, policy: str, users: int, profile: str, length
 
 def _warm(out, frac: float) -> Any:
     """Re-summarise a RunOutput with the first ``frac`` of its run time discarded as warm-up."""
-    from ..metrics import summarize
-    from ..simulate import load_label
+    from dsparksim.results.metrics import summarize
+    from dsparksim.sim.simulate import load_label
     res = out.result
     s = summarize(res, policy=out.summary["policy"], load=load_label(out.config), warmup_s=frac * res.sim_time_s,
                   closed_loop=True)
@@ -153,8 +153,8 @@ def precheck(vc: ValidateConfig) -> None:
     """Everything that can be refused without measuring, refused first: policy specs, policies that cannot run
     for real (the oracle reads the true accepted length), verify lengths beyond K, and an acceptance trace
     recorded for another K. Runs before any model is built or any profile cell is timed."""
-    from ..acceptance import load_acceptance
-    from ..policies import make_policy
+    from dsparksim.acceptance import load_acceptance
+    from dsparksim.policies import make_policy
     for spec in vc.policies:
         pol = make_policy(spec)
         if pol.needs_oracle:
@@ -162,7 +162,7 @@ def precheck(vc: ValidateConfig) -> None:
                               "the simulator and cannot run on the real engine; drop it (nothing was measured)")
         pol.reset(vc.K, np.random.default_rng(0))        # e.g. fixed:7 at K=5 is refused here, not mid-run
     if vc.runner.mode == "live":                         # the eval prompts are read after the profile otherwise
-        from .live import PromptSource
+        from dsparksim.runner.live import PromptSource
         PromptSource.from_models(vc.runner.models, vc.runner.prompts_dir)
     else:
         for spec, K in ((vc.acceptance, vc.K), (vc.mtp1_acceptance, 1)):
@@ -193,7 +193,7 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
     if vc.profile is not None:
         # read and checked before any model is built or file written: shipped names resolve, a bad file names its
         # line, a profile of another K is refused as such (not as a range error of the simulated side)
-        from ..profile import profile_from_dict, read_profile_dict
+        from dsparksim.cost.profile import profile_from_dict, read_profile_dict
         d, p = read_profile_dict(vc.profile)
         given = d, p, profile_from_dict(d, str(p))      # read once; the core loader's checks too
         gK = ((d.get("metadata") or {}).get("grid") or {}).get("K")
@@ -253,7 +253,7 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
         else:
             lv = None
             if live and prof["metadata"].get("cells"):
-                from .measure import LiveDrafters
+                from dsparksim.runner.measure import LiveDrafters
                 lv = LiveDrafters.load(vc.runner.models, sorted(prof["metadata"]["cells"]), target)
             cells = PairedCells.from_profile(prof, target, proxy, ex, vc.pair_baseline, live=lv)
             if cells is None:
@@ -375,7 +375,7 @@ def timed_run(vc: ValidateConfig, cfg: RunConfig, mon: DriftMonitor, label: str,
     of its time fell in unsteady windows. Every attempt is counted kept or discarded on the monitor. A step's
     factor is its paired profile cell's (``cells``, :mod:`.paired`) when the run had paired steps, else its
     window's."""
-    from ..policies import make_policy
+    from dsparksim.policies import make_policy
     drafter = make_policy(cfg.policy).drafter or vc.measure.block_drafter
     for i in range(vc.drift_attempts):
         lab = label if i == 0 else f"{label} (retry {i})"
@@ -420,8 +420,8 @@ SHAPE_COLS = ("n_decode", "M", "n_prefill_tokens", "verify_tokens", "kv_read")
 
 
 def _normalised_output(raw: Any, res: Any, cfg: RunConfig, extra: dict[str, Any]) -> Any:
-    from ..metrics import summarize
-    from ..simulate import RunOutput, load_label
+    from dsparksim.results.metrics import summarize
+    from dsparksim.sim.simulate import RunOutput, load_label
     summ = {**raw.summary, **summarize(res, policy=raw.summary["policy"], load=load_label(cfg), warmup_s=0.0,
                                        closed_loop=True)}
     summ["speed_normalised"] = {**raw.summary.get("speed_normalised", {}), **extra}
@@ -493,7 +493,7 @@ def error_summary(df: pd.DataFrame) -> dict[str, Any]:
 
 
 def _jsonable(vc: ValidateConfig) -> Any:
-    from ..config import _jsonable as j
+    from dsparksim.config import _jsonable as j
     return j(asdict(vc))
 
 

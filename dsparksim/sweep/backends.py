@@ -46,7 +46,7 @@ def execute_cell(task: Task) -> dict[str, Any]:
     t0 = time.perf_counter()
     res: dict[str, Any] = {"index": task.index, "pid": os.getpid(), "code": code_fingerprint()}
     try:
-        from dsparksim.simulate import simulate
+        from dsparksim.sim.simulate import simulate
 
         out = simulate(task.config)
         res.update(ok=True, summary=out.summary, inputs=_jsonable(out.inputs),

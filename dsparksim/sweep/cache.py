@@ -22,8 +22,8 @@ from typing import Any
 import pandas as pd
 
 from dsparksim.config import _jsonable
-from dsparksim.metrics import SUMMARY_FIELDS
-from dsparksim.simulate import atomic_write
+from dsparksim.results.metrics import SUMMARY_FIELDS
+from dsparksim.sim.simulate import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -240,7 +240,7 @@ def capacity_search(spec: SweepSpec, settings: CapacitySettings, out_dir: str | 
 
     from dsparksim.sweep.runner import run_cells_cached
 
-    from dsparksim.stats import seed_list
+    from dsparksim.results.stats import seed_list
 
     st = settings
     names = list(spec.axes)
@@ -290,7 +290,7 @@ def _over_seeds(group: dict[str, Any], per_seed: list[dict[str, Any]]) -> dict[s
     """A group's result over seeds: mean capacity and its 95% t-interval when every seed's search ended inside
     the range ("ok"); otherwise no mean or interval (a capacity at a range end is censored, not measured) and a
     status naming the seeds' outcomes. Each seed's own search (bracket, trace) is kept under ``seeds``."""
-    from dsparksim.stats import t_interval
+    from dsparksim.results.stats import t_interval
 
     statuses = [r["status"] for r in per_seed]
     ok = all(x == "ok" for x in statuses)

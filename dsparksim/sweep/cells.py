@@ -86,7 +86,7 @@ def input_hashes(cfg: RunConfig) -> dict[str, str | None]:
 
 
 def _profile_path(name: str) -> Path | None:
-    from dsparksim.profile import profile_path
+    from dsparksim.cost.profile import profile_path
 
     try:
         return profile_path(name)          # the loader's own rule: a file, else a shipped name

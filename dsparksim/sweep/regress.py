@@ -47,7 +47,7 @@ HW = "_hw"  # suffix of a metric's half-width in the baseline document
 
 def _seeds(spec: SweepSpec) -> list[int]:
     """The regress run's seeds: [regress] seeds = N -> the base seed and the N-1 after it (default 1)."""
-    from dsparksim.stats import seed_list
+    from dsparksim.results.stats import seed_list
 
     for k in spec.regress:
         if k not in REGRESS_KEYS:
@@ -65,8 +65,8 @@ def compute(spec: SweepSpec, backend: str = "local", workers: int | None = None,
             ray_address: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Run every cell over the spec's seeds (no cache: this is the check) and return (frontier table, comparison
     table); with several seeds the tables of ``frontier --seeds`` (means, ``<metric>_lo/_hi``, paired gains)."""
-    from dsparksim.frontier import comparison_table, frontier_table
-    from dsparksim.frontier_seeds import comparison_with_intervals, seed_means
+    from dsparksim.results.frontier import comparison_table, frontier_table
+    from dsparksim.results.frontier_seeds import comparison_with_intervals, seed_means
     from dsparksim.sweep.backends import Task, make_backend
     from dsparksim.sweep.cells import expand
 

@@ -124,8 +124,8 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, backend: str = "local", work
         cells, out, backend, workers, ray_address, spec.save_requests, progress, desc=spec.name)
     wall = time.perf_counter() - t0
     table = results_table(cells, summaries)
-    # The final files are replaced as a set; sweep.manifest.json (written last) lists them (dsparksim.outputs).
-    from dsparksim.outputs import write_result_set
+    # The final files are replaced as a set; sweep.manifest.json (written last) lists them (dsparksim.results.outputs).
+    from dsparksim.results.outputs import write_result_set
 
     files = {"sweep.json": lambda p: _dump(p, {
                  "spec": spec.to_dict(), "n_cells": len(cells), "n_cached": n_cached, "n_ran": n_ran,

@@ -238,8 +238,8 @@ def _check_semantics(spec: SweepSpec, check_inputs: bool) -> None:
 
 def _check_deployments(spec: SweepSpec, cells: list) -> None:
     """Every disaggregated cell can price its KV transfer (link and bytes per token), before any cell runs."""
-    from dsparksim.inputs import check_deployment
-    from dsparksim.profile import load_profile
+    from dsparksim.sim.inputs import check_deployment
+    from dsparksim.cost.profile import load_profile
 
     profiles: dict[str, Any] = {}
     for cell in cells:
@@ -257,7 +257,7 @@ def _check_deployments(spec: SweepSpec, cells: list) -> None:
 
 def _check_inputs(spec: SweepSpec) -> None:
     from dsparksim.acceptance import load_acceptance
-    from dsparksim.profile import load_profile
+    from dsparksim.cost.profile import load_profile
     from dsparksim.traffic.readers import read_trace
     from dsparksim.traffic.sources import resolve
 
@@ -283,7 +283,7 @@ def _check_inputs(spec: SweepSpec) -> None:
                 tables[(key, val)] = read_trace(path, spec.base.get("trace_format") if key == "trace" else None)
             except (InputError, OSError) as e:
                 raise ConfigError(src, where, f"{key} {val!r} cannot be read: {e}") from None
-    from dsparksim.routers import make_router
+    from dsparksim.sim.routers import make_router
     for where, r in _values(spec, "router"):
         if not getattr(make_router(r, 1), "needs_session", False):
             continue

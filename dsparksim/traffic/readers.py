@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dsparksim.errors import InputError
-from dsparksim.textio import MAX_EXACT_INT, finite_float, is_file, loads_json, read_text
+from dsparksim.io.textio import MAX_EXACT_INT, finite_float, is_file, loads_json, read_text
 
 if TYPE_CHECKING:  # pandas is imported by the CSV readers that use it (lazy: ~0.4 s of start-up)
     import pandas as pd

@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 
 from dsparksim.errors import ConfigError
-from dsparksim.textio import expand_user, is_file
+from dsparksim.io.textio import expand_user, is_file
 
 # name -> (file in traces/, what it is)
 SHIPPED: dict[str, tuple[str, str]] = {

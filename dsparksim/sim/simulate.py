@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from dsparksim.config import RunConfig
-from dsparksim.cluster import SimResult, Simulation
-from dsparksim.inputs import engine_limits, max_model_len, resolve_inputs  # noqa: F401  (engine_limits: re-export)
-from dsparksim.streams import RequestStreams
-from dsparksim.metrics import bench_serve_json, per_request_table, summarize
+from dsparksim.sim.cluster import SimResult, Simulation
+from dsparksim.sim.inputs import engine_limits, max_model_len, resolve_inputs  # noqa: F401  (engine_limits: re-export)
+from dsparksim.sim.streams import RequestStreams
+from dsparksim.results.metrics import bench_serve_json, per_request_table, summarize
 from dsparksim.traffic import build_workload
 
 if TYPE_CHECKING:  # pandas is imported where results are written (lazy: ~0.4 s of start-up)
@@ -58,7 +58,7 @@ def _streams(seed: int) -> dict[str, Any]:
 def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None) -> RunOutput:
     """Simulate one configuration and summarise it (nothing is written)."""
     rngs = _streams(cfg.seed)
-    ri = resolve_inputs(cfg)  # profile, policy, K, acceptance, drafter and engine limits (dsparksim.inputs)
+    ri = resolve_inputs(cfg)  # profile, policy, K, acceptance, drafter and engine limits (dsparksim.sim.inputs)
     profile, policy, K, acceptance, drafter = ri.profile, ri.policy, ri.K, ri.acceptance, ri.drafter
     kv_cap, max_tok = ri.kv_cap, ri.max_tokens
     policy.reset(K, rngs["policy"])
@@ -167,10 +167,10 @@ def round_floats(obj: Any, sig: int = 10) -> Any:
 def write_run(out: RunOutput, out_dir: str | Path, fmt: str = "csv", steps: bool = False) -> dict[str, Path]:
     """Write config.json, requests.{csv,parquet}, bench_result.json, [steps.csv] and summary.json.
 
-    Everything goes into a staging directory that then replaces ``out_dir`` whole (dsparksim.outputs): the result
+    Everything goes into a staging directory that then replaces ``out_dir`` whole (dsparksim.results.outputs): the result
     is complete or absent, and no file of an earlier run into the same directory survives."""
-    from dsparksim.bench_json import write_bench_json
-    from dsparksim.outputs import staged_dir
+    from dsparksim.results.bench_json import write_bench_json
+    from dsparksim.results.outputs import staged_dir
 
     final = Path(out_dir)
     cfg = out.config

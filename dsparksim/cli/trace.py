@@ -10,7 +10,7 @@ import math
 import sys
 from typing import Any
 
-from .errors import InputError
+from dsparksim.errors import InputError
 
 
 def register(subparsers) -> None:
@@ -22,7 +22,7 @@ def register(subparsers) -> None:
                        description="TARGET is a trace file (.csv, .csv.gz, .parquet) or an acceptance spec "
                                    "(dspark, dflash, eagle3, mtp1, tau:X, vllm:PATH, sglang:PATH; specs are "
                                    "simulated).")
-    from .cli import nonneg_int, pos_int
+    from dsparksim.cli.main import nonneg_int, pos_int
 
     q.add_argument("target", help="trace path or acceptance spec")
     q.add_argument("--K", type=pos_int, default=None,
@@ -52,9 +52,9 @@ def _clean(x: Any) -> Any:
 
 def build_summary(args: argparse.Namespace) -> dict:
     """The summary dict for a trace path or a spec (used by the command and tests)."""
-    from .acceptance import load_acceptance, parse_spec
-    from .acceptance.summary import summarize_model, summarize_trace
-    from .acceptance.trace_format import read_trace
+    from dsparksim.acceptance import load_acceptance, parse_spec
+    from dsparksim.acceptance.summary import summarize_model, summarize_trace
+    from dsparksim.acceptance.trace_format import read_trace
 
     target = args.target.strip()
     ps = parse_spec(target)
@@ -124,7 +124,7 @@ def inspect_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (``python -m dsparksim.cli_trace trace inspect ...``) until the main CLI wires it."""
+    """Standalone entry (``python -m dsparksim.cli.trace trace inspect ...``) until the main CLI wires it."""
     parser = argparse.ArgumentParser(prog="dsparksim")
     register(parser.add_subparsers(dest="cmd", required=True))
     args = parser.parse_args(argv)

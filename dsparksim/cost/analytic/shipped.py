@@ -1,6 +1,6 @@
 """The built profiles shipped in profiles/ and how to regenerate them (the golden test rebuilds and compares).
 
-Usage (repo root): python -m dsparksim.analytic.shipped [--out-dir profiles]
+Usage (repo root): python -m dsparksim.cost.analytic.shipped [--out-dir profiles]
 """
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from dsparksim.analytic.builder import build_profile
+from dsparksim.cost.analytic.builder import build_profile
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DATE = "2026-12-01"   # fixed so regenerated files are byte-identical
 # name -> (config under dsparksim/data/models, gpu, tp, ep, dp, dtype)
 SHIPPED: dict[str, tuple[str, str, int, int, int, str]] = {
@@ -34,7 +34,7 @@ def build_shipped(name: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dsparksim.profile import save_profile
+    from dsparksim.cost.profile import save_profile
 
     ap = argparse.ArgumentParser(description="regenerate the shipped built profiles")
     ap.add_argument("--out-dir", default=str(REPO / "profiles"))

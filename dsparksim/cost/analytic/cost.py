@@ -1,6 +1,6 @@
 """Per-forward analytic cost terms: one forward of M query tokens on one GPU of one engine (DP rank).
 
-Every term is a kernel priced with the fitted efficiency curves (:mod:`dsparksim.analytic.efficiency`) or a stated
+Every term is a kernel priced with the fitted efficiency curves (:mod:`dsparksim.cost.analytic.efficiency`) or a stated
 communication/launch model whose figures are cited in :data:`ASSUMPTIONS`. Context-dependent attention work is
 NOT in :meth:`ForwardModel.terms` (it is the profile's linear ``attention`` term and ``prefill`` query-key term:
 :meth:`ForwardModel.seconds_per_kv_token`, :meth:`ForwardModel.seconds_per_query_key`).
@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from dsparksim.analytic.arch import Arch
-from dsparksim.analytic.efficiency import Efficiency, elementwise_time, gemm_time
-from dsparksim.analytic.hardware import GPU
+from dsparksim.cost.analytic.arch import Arch
+from dsparksim.cost.analytic.efficiency import Efficiency, elementwise_time, gemm_time
+from dsparksim.cost.analytic.hardware import GPU
 from dsparksim.errors import InputError
 
 __all__ = ["Parallel", "ForwardModel", "ASSUMPTIONS", "DTYPE_BYTES", "expected_distinct_experts",

@@ -19,14 +19,14 @@ def _backend_args(p: argparse.ArgumentParser, default: str = "local") -> None:
 
 
 def _bar_off(args: argparse.Namespace) -> bool:
-    from dsparksim.cli import _bar_off as off   # one rule for every command: bars on a terminal only
+    from dsparksim.cli.main import _bar_off as off   # one rule for every command: bars on a terminal only
     return off(args)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from dsparksim.sweep import failure_text, load_spec, run_sweep
 
-    from dsparksim.outputs import check_out_dir
+    from dsparksim.results.outputs import check_out_dir
 
     spec = load_spec(args.spec)  # validated before any cell runs
     check_out_dir(args.out, "--out", replace=False)  # holds the cache: written into, never replaced whole
@@ -52,7 +52,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    from dsparksim.outputs import check_out_dir, write_result_set
+    from dsparksim.results.outputs import check_out_dir, write_result_set
     from dsparksim.sweep import load_spec
     from dsparksim.sweep.runner import _dump
     from dsparksim.sweep.capacity import capacity_search, capacity_settings, capacity_table
@@ -66,7 +66,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     res = capacity_search(spec, st, out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
                           progress=not _bar_off(args))
     table = capacity_table(res)
-    # replaced as a set; capacity.manifest.json, written last, lists both (dsparksim.outputs)
+    # replaced as a set; capacity.manifest.json, written last, lists both (dsparksim.results.outputs)
     write_result_set(out, {"capacity.json": lambda p: _dump(p, res),
                            "capacity.csv": lambda p: table.to_csv(p, index=False)}, "capacity.manifest.json")
     if not args.quiet:

@@ -56,7 +56,7 @@ class Random(Router):
 
     def __init__(self, n: int, seed: int = 0) -> None:
         super().__init__(n, seed)
-        from dsparksim.streams import RequestStreams
+        from dsparksim.sim.streams import RequestStreams
         self._streams = RequestStreams(seed, purpose=7)
 
     def route(self, row, engines, table) -> int:

@@ -4,7 +4,7 @@ Requests are loaded from the workload lazily, block by block, and the arrays gro
 the requests issued, not users x duration. Every engine of a cluster reads and writes the rows of the requests
 routed to it; the row index is the request's stable id (policy history, keyed random streams, result tables).
 
-Paged KV (:mod:`dsparksim.engine`) adds: ``regen`` generated tokens a preempted request re-prefills (its prefill
+Paged KV (:mod:`dsparksim.sim.engine`) adds: ``regen`` generated tokens a preempted request re-prefills (its prefill
 target is prompt + regen; its context is prefilled + gen - regen), ``pages`` KV pages held, ``preempt`` times
 preempted, ``recomp`` KV tokens discarded by preemption (computed again). Disaggregated runs add the TTFT parts
 ``ttft_q`` (prefill-pool queueing), ``ttft_pf`` (prefill) and ``ttft_tx`` (KV transfer), in seconds.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dsparksim.streams import RequestStreams
+from dsparksim.sim.streams import RequestStreams
 from dsparksim.traffic.base import Workload
 
 # Request phases.

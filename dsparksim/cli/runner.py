@@ -58,7 +58,7 @@ def _live_args(p: argparse.ArgumentParser) -> None:
 
 
 def _measure_args(p: argparse.ArgumentParser) -> None:
-    from dsparksim.cli import add_draft_len
+    from dsparksim.cli.main import add_draft_len
 
     g = p.add_argument_group("profile sweep")
     add_draft_len(g)
@@ -151,9 +151,9 @@ def _check_engine_args(args) -> None:
 def _check_measure_args(args, validate: bool = False) -> None:
     """The profile sweep's options and --out, before any model is built (an unwritable --out used to fail after
     the whole sweep)."""
-    from dsparksim.cli import _given
+    from dsparksim.cli.main import _given
     from dsparksim.errors import ConfigError
-    from dsparksim.outputs import check_out_dir, check_out_file, refuse_working_dir
+    from dsparksim.results.outputs import check_out_dir, check_out_file, refuse_working_dir
     if not 1 <= args.block_size <= 15:
         raise ConfigError("cli", "--num-speculative-tokens", f"must be in 1..15 (as the simulator's), got "
                           f"{args.block_size}")
@@ -235,8 +235,8 @@ def cmd_measure(args) -> int:
     _need_torch()
     _check_engine_args(args)
     _check_measure_args(args)
-    from dsparksim.cli import _bar_off          # one rule for every command: bars on a terminal only
-    from dsparksim.profile import save_profile
+    from dsparksim.cli.main import _bar_off          # one rule for every command: bars on a terminal only
+    from dsparksim.cost.profile import save_profile
     from dsparksim.runner.measure import measure
     prof, raw = measure(_mc(args), progress=not _bar_off(args))
     prof["metadata"]["command"] = "dsparksim " + " ".join(sys.argv[1:])
@@ -275,7 +275,7 @@ def cmd_validate(args) -> int:
     _need_torch()
     _check_engine_args(args)
     _check_measure_args(args, validate=True)
-    from dsparksim.cli import _bar_off
+    from dsparksim.cli.main import _bar_off
     from dsparksim.runner.validate import ValidateConfig, validate
     mc = _mc(args)
     acc, acc1 = args.acceptance, args.mtp1_acceptance
@@ -335,7 +335,7 @@ def _check_audit_args(args) -> None:
     """Every audit option before any sampling (a zero step count made every lossless policy 'look biased' at
     p = nan, and an unwritable --out raised after the whole audit)."""
     from dsparksim.errors import ConfigError
-    from dsparksim.outputs import check_out_file
+    from dsparksim.results.outputs import check_out_file
     if args.steps < 1:
         raise ConfigError("cli", "--steps", f"expected at least 1 engine step per setting, got {args.steps}")
     if args.live and args.requests < 1:
@@ -347,7 +347,7 @@ def _check_audit_args(args) -> None:
 
 
 def _write_rows(path: str, rows) -> None:
-    from dsparksim.simulate import atomic_write
+    from dsparksim.sim.simulate import atomic_write
     atomic_write(Path(path), lambda p: p.write_text(json.dumps(rows, indent=2) + "\n"))
 
 
@@ -390,8 +390,8 @@ def _audit_live(args, policies) -> int:
 
 
 def cmd_run_real(args) -> int:
-    from dsparksim.cli import _run_config, check_run_args, run_traffic
-    from dsparksim.simulate import write_run
+    from dsparksim.cli.main import _run_config, check_run_args, run_traffic
+    from dsparksim.sim.simulate import write_run
 
     check_run_args(args)  # options and the output directory, before the engine starts
     _need_torch()
@@ -492,14 +492,14 @@ def register(sub) -> None:
                        description="Like `dsparksim run`, but every step is executed for real (one flattened target "
                                    "forward per step, drafter-proxy forward, sampling) and timed; writes the same "
                                    "result files (plus steps.csv), so real and simulated runs load into one frontier.")
-    from dsparksim.cli import _add_common
+    from dsparksim.cli.main import _add_common
     r.add_argument("--policy", default="confidence", help="policy spec [%(default)s]")
     _add_common(r, frontier=False)
     _device_args(r, seed=False)
     _live_args(r)
     r.add_argument("--no-profile-check", action="store_true",
                    help="allow a profile measured for another model/device (its metadata is otherwise checked)")
-    from dsparksim.cli import add_out
+    from dsparksim.cli.main import add_out
     add_out(r, "results/run-real", "output directory, replaced whole by the new results")
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(func=cmd_run_real, profile=None, acceptance="traces/sample_dspark_k7.csv")

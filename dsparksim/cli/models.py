@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .errors import InputError
+from dsparksim.errors import InputError
 
 
 def _need_torch(cmd: str) -> bool:
@@ -15,7 +15,7 @@ def _need_torch(cmd: str) -> bool:
         import torch  # noqa: F401
         import tokenizers  # noqa: F401
     except ImportError as e:  # main() prints the one line and exits 2, as for every missing extra
-        from .errors import MissingExtraError
+        from dsparksim.errors import MissingExtraError
         raise MissingExtraError(getattr(e, "name", None) or "torch", "torch", f"dsparksim {cmd}") from None
     return True
 
@@ -55,7 +55,7 @@ def register(subparsers) -> None:
 
 
 def _stages(s: str):
-    from .backend.train import STAGES
+    from dsparksim.backend.train import STAGES
     st = tuple(x.strip() for x in s.split(",") if x.strip())
     bad = [x for x in st if x not in STAGES]
     if bad or not st:
@@ -76,8 +76,8 @@ def train_command(args: argparse.Namespace) -> int:
     _check_dir_args(args)
     if not _need_torch("train"):
         return 3
-    from .backend.config import preset
-    from .backend.train import run_pipeline
+    from dsparksim.backend.config import preset
+    from dsparksim.backend.train import run_pipeline
     log = run_pipeline(preset(args.preset), args.out, _stages(args.stages), args.prompts_dir,
                        progress=not args.quiet, threads=args.threads)
     print(f"trained preset {args.preset!r} into {args.out}: seconds {log['seconds']}, "
@@ -89,7 +89,7 @@ def collect_command(args: argparse.Namespace) -> int:
     _check_dir_args(args)
     if not _need_torch("collect"):
         return 3
-    from .backend.collect import collect
+    from dsparksim.backend.collect import collect
     paths = collect(args.models, args.out, [d.strip() for d in args.drafters.split(",") if d.strip()],
                     preset_name=args.preset, prompts_dir=args.prompts_dir, progress=not args.quiet,
                     threads=args.threads)
@@ -99,7 +99,7 @@ def collect_command(args: argparse.Namespace) -> int:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from .backend.report import write_report   # numpy/matplotlib only: works without torch
+    from dsparksim.backend.report import write_report   # numpy/matplotlib only: works without torch
     md = write_report(args.models, args.traces, args.out)
     print(f"wrote {md}")
     return 0

@@ -230,9 +230,9 @@ def check_run_args(args: argparse.Namespace, frontier: bool = False) -> None:
     if args.format == "parquet":
         if frontier:
             raise _bad("--format", "frontier writes no per-request table; --format applies to run")
-        from dsparksim.outputs import need_parquet
+        from dsparksim.results.outputs import need_parquet
         need_parquet("--format")
-    from dsparksim.outputs import check_out_dir
+    from dsparksim.results.outputs import check_out_dir
     check_out_dir(args.out, "--out")
 
 
@@ -268,7 +268,7 @@ def _run_config(args: argparse.Namespace, traffic) -> RunConfig:
 def cmd_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from dsparksim.simulate import simulate, write_run
+    from dsparksim.sim.simulate import simulate, write_run
 
     check_run_args(args)  # every option and the output directory, before the simulation
     check_policy_inputs(args)
@@ -310,15 +310,15 @@ def _f(v: Any, nd: int = 1) -> str:
 def cmd_frontier(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from dsparksim.frontier import DEFAULT_CONCURRENCY as DEFAULT_LOADS
-    from dsparksim.frontier import (DEFAULT_POLICIES, cells, comparison_table, deployment_label, deployments,
+    from dsparksim.results.frontier import DEFAULT_CONCURRENCY as DEFAULT_LOADS
+    from dsparksim.results.frontier import (DEFAULT_POLICIES, cells, comparison_table, deployment_label, deployments,
                                     frontier_table, run_cells)
-    from dsparksim.frontier_seeds import comparison_with_intervals, seed_means
-    from dsparksim.plots import plot_frontier, plot_verify_budget
-    from dsparksim.outputs import staged_dir
-    from dsparksim.stats import seed_list
+    from dsparksim.results.frontier_seeds import comparison_with_intervals, seed_means
+    from dsparksim.results.plots import plot_frontier, plot_verify_budget
+    from dsparksim.results.outputs import staged_dir
+    from dsparksim.results.stats import seed_list
     from dsparksim.policies import confidence_readers, make_policy
-    from dsparksim.simulate import write_json, write_table
+    from dsparksim.sim.simulate import write_json, write_table
 
     if args.policies is not None:
         policies = [p.strip() for p in args.policies.split(",")]
@@ -390,7 +390,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         comp = comparison_table(df, baseline=args.baseline, slas=args.sla or ())
     from dsparksim import __version__
     from dsparksim.sweep.cells import input_hashes
-    with staged_dir(out) as d:  # all the files replace OUT together (dsparksim.outputs)
+    with staged_dir(out) as d:  # all the files replace OUT together (dsparksim.results.outputs)
         write_json(d / names["config"], {"base_config": base.to_dict(),
                                          "base_config_note": "the options every cell shares; each cell sets its own "
                                                              "policy and load from 'policies' and 'loads' (and its "
@@ -453,7 +453,7 @@ def _gain_cell(r: Any) -> str:
 def preflight(base: RunConfig, policies: Sequence[str]) -> None:
     """Load every input the cells will read (profile, each policy's acceptance source, length and trace files) in
     this process, so a bad one is one error line before any cell runs, not a failure inside a worker."""
-    from dsparksim.inputs import resolve_inputs
+    from dsparksim.sim.inputs import resolve_inputs
     from dsparksim.traffic.readers import read_trace
     from dsparksim.traffic.sources import resolve
 
@@ -472,7 +472,7 @@ def _check_session_routers(base: RunConfig, routers: Sequence[str]) -> None:
     cell, with the message its cells would give."""
     import numpy as np
 
-    from dsparksim.routers import make_router
+    from dsparksim.sim.routers import make_router
     from dsparksim.traffic.build import build_workload
 
     need = [r for r in routers if getattr(make_router(r, 1), "needs_session", False)]
@@ -496,7 +496,7 @@ def check_frontier_loads(args: argparse.Namespace) -> None:
 
 
 def _empty_cells(df) -> list[str]:
-    from dsparksim.frontier import series_labels
+    from dsparksim.results.frontier import series_labels
 
     if "num_requests_completed" not in df.columns:
         return []
@@ -533,7 +533,7 @@ def _comparison_text(df, comp, baseline: str) -> str:
     column per --sla target; '!' marks a narrow overlap."""
     import pandas as pd
 
-    from dsparksim.frontier import series_labels
+    from dsparksim.results.frontier import series_labels
 
     slas = [m for m in dict.fromkeys(comp["metric"]) if m.startswith("throughput_gain_at_sla:")] if len(comp) else []
     cols = [("tps_user_gain_at_matched_throughput", f"user-speed gain vs {baseline} @ same tok/s"),
@@ -579,7 +579,7 @@ def _comparison_text(df, comp, baseline: str) -> str:
         lines.append("n/a: no overlap, or the SLA lies outside a frontier's per-user speed range (see the note "
                      "column of comparison.csv); nothing is extrapolated.")
     if flagged:
-        from dsparksim.frontier import NARROW_FRACTION, NARROW_MIN_POINTS
+        from dsparksim.results.frontier import NARROW_FRACTION, NARROW_MIN_POINTS
         lines.append(f"! narrow overlap: the frontiers share less than {NARROW_FRACTION:.0%} of the baseline's range "
                      f"on that axis, or fewer than {NARROW_MIN_POINTS} points of either frontier lie in it: the gain "
                      f"is an edge interpolation, not a frontier-wide result.")
@@ -635,8 +635,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_out(f, "results/frontier", "output directory, replaced whole by the new results")
     f.add_argument("--quiet", action="store_true")
     f.set_defaults(func=cmd_frontier)
-    for mod in ("dsparksim.cli_profile", "dsparksim.cli_trace", "dsparksim.cli_sweep",
-                "dsparksim.cli_models", "dsparksim.cli_runner"):
+    for mod in ("dsparksim.cli.profile", "dsparksim.cli.trace", "dsparksim.cli.sweep",
+                "dsparksim.cli.models", "dsparksim.cli.runner"):
         __import__(mod, fromlist=["register"]).register(sub)
     return p
 

@@ -25,7 +25,7 @@ import numpy as np
 __all__ = ["Efficiency", "EFFICIENCY_JSON", "load_efficiency", "gemm_time", "elementwise_time",
            "vidur_rows", "VIDUR_FILES", "fit", "predict_ops", "OPS"]
 
-EFFICIENCY_JSON = Path(__file__).resolve().parents[1] / "data" / "efficiency.json"
+EFFICIENCY_JSON = Path(__file__).resolve().parents[2] / "data" / "efficiency.json"
 PARAMS = ("t0_gemm_s", "bw_max", "bw_half_bytes", "fl_max", "fl_half_tokens", "t0_ew_s", "ew_frac")
 
 

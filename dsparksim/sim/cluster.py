@@ -1,21 +1,21 @@
 """A cluster of engines in one SimPy environment: arrivals, closed-loop users, a router, replicas, DP ranks.
 
-:class:`Simulation` builds ``replicas x dp_ranks`` :class:`~dsparksim.engine.Engine` objects over one shared
+:class:`Simulation` builds ``replicas x dp_ranks`` :class:`~dsparksim.sim.engine.Engine` objects over one shared
 request table. Requests arrive from an arrival process (open loop and trace replay: one SimPy timeout per arrival)
 or from closed-loop users (each finished request makes its user send the next at once), are checked servable
-(rejected on arrival otherwise), routed (:mod:`dsparksim.routers`) and put into the chosen engine's inbox.
+(rejected on arrival otherwise), routed (:mod:`dsparksim.sim.routers`) and put into the chosen engine's inbox.
 
-Each replica is one SimPy process that runs the step contract with :class:`~dsparksim.engine.CostExecutor`. With
+Each replica is one SimPy process that runs the step contract with :class:`~dsparksim.sim.engine.CostExecutor`. With
 ``dp_ranks`` R > 1 a replica is one MoE engine with R data-parallel attention ranks stepped in lockstep: every
 rank plans its own batch, and the step takes as long as the slowest rank (max of the ranks' prices), which is
 what DP imbalance in context and verify lengths costs. The router assigns requests to ranks.
 
 KV memory (``kv_policy``): ``"reserve"`` reserves prompt + output + K at admission (never preempts);
-``"paged"`` allocates pages as tokens are written and preempts by recompute (see :mod:`dsparksim.engine`). The
+``"paged"`` allocates pages as tokens are written and preempts by recompute (see :mod:`dsparksim.sim.engine`). The
 result counts preemptions and recomputed tokens per request (``SimResult.preemptions``/``recomputed_tokens``).
 
 Disaggregated (``disaggregated=True``): every engine is decode-only. An arriving request that can be served first
-goes through the prefill pool (:class:`dsparksim.disagg.PrefillPool`: ``prefill_replicas`` FIFO instances, then
+goes through the prefill pool (:class:`dsparksim.sim.disagg.PrefillPool`: ``prefill_replicas`` FIFO instances, then
 the KV transfer); when its KV lands it is routed to a decode engine and its first token counts as delivered then.
 TTFT = queue + prefill + transfer, reported per request (``SimResult.ttft_queue_s`` etc.).
 
@@ -33,12 +33,12 @@ import numpy as np
 import simpy
 
 from dsparksim.acceptance.base import AcceptanceModel
-from dsparksim.engine import REJECT_REASONS, R_LEN, CostExecutor, Engine, StepOutcome, StepPlan  # noqa: F401
+from dsparksim.sim.engine import REJECT_REASONS, R_LEN, CostExecutor, Engine, StepOutcome, StepPlan  # noqa: F401
 from dsparksim.errors import ConfigError
 from dsparksim.policies.base import Policy
-from dsparksim.requests import REJECTED, RequestTable
-from dsparksim.routers import make_router
-from dsparksim.streams import RequestStreams
+from dsparksim.sim.requests import REJECTED, RequestTable
+from dsparksim.sim.routers import make_router
+from dsparksim.sim.streams import RequestStreams
 from dsparksim.traffic.base import Workload
 
 # Memory bound: an open-loop queue this long is far past saturation; the run stops with a ConfigError.
@@ -207,7 +207,7 @@ class Simulation:
         self.disagg = bool(disaggregated)
         self.pool = None
         if self.disagg:
-            from dsparksim.disagg import PrefillPool, kv_transfer_terms
+            from dsparksim.sim.disagg import PrefillPool, kv_transfer_terms
 
             _count_ok = not isinstance(prefill_replicas, bool) and isinstance(prefill_replicas, (int, np.integer))
             if not _count_ok or prefill_replicas < 1:

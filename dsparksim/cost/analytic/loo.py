@@ -4,7 +4,7 @@ Like for like: vidur measures the non-attention part of a forward (per layer: in
 QKV projection, rope, output projection, gate/up, activation, down, residual add; plus the embedding), not the
 attention kernel, LM head, sampling or communication. So the comparison is the measured sum
 ``layers * sum(ops) + emb`` against the builder's own terms for exactly those kernels
-(:class:`~dsparksim.analytic.cost.ForwardModel` attention projections + dense MLP + norms/rope/add + embedding),
+(:class:`~dsparksim.cost.analytic.cost.ForwardModel` attention projections + dense MLP + norms/rope/add + embedding),
 with the efficiency curves fitted WITHOUT the model being predicted. It is not a comparison with the shipped
 vidur-derived staircases, whose other terms are modelled (not measured) and would only compare two models.
 """
@@ -15,14 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from dsparksim.analytic.arch import load_arch
-from dsparksim.analytic.cost import ForwardModel, Parallel
-from dsparksim.analytic.efficiency import OPS, VIDUR_FILES, Efficiency, fit, vidur_rows
-from dsparksim.analytic.hardware import get_gpu
+from dsparksim.cost.analytic.arch import load_arch
+from dsparksim.cost.analytic.cost import ForwardModel, Parallel
+from dsparksim.cost.analytic.efficiency import OPS, VIDUR_FILES, Efficiency, fit, vidur_rows
+from dsparksim.cost.analytic.hardware import get_gpu
 
 __all__ = ["MODELS_DIR", "measured_forward", "built_forward", "loo_table"]
 
-MODELS_DIR = Path(__file__).resolve().parents[1] / "data" / "models"
+MODELS_DIR = Path(__file__).resolve().parents[2] / "data" / "models"
 
 
 def measured_forward(rows: Any, n_layers: int) -> np.ndarray:

@@ -36,7 +36,7 @@ class ResolvedInputs:
 
 def load_run_profile(cfg: RunConfig, cache: dict | None = None):
     """The run's cost profile, allowing extrapolation when ``cfg.engine.extrapolate`` is set."""
-    from dsparksim.profile import load_profile
+    from dsparksim.cost.profile import load_profile
 
     key = ("profile", cfg.profile, bool(cfg.engine.extrapolate))
     if cache is not None and key in cache:
@@ -91,7 +91,7 @@ def check_deployment(cfg: RunConfig, prof: Any) -> None:
     (its EP all-to-all assumes D ranks)."""
     eng = cfg.engine
     if getattr(eng, "disaggregated", False):
-        from dsparksim.disagg import kv_transfer_terms
+        from dsparksim.sim.disagg import kv_transfer_terms
         kv_transfer_terms(prof, eng.kv_transfer_gbps, eng.kv_bytes_per_token)
     d = prof.metadata.get("data_parallel") if isinstance(getattr(prof, "metadata", None), dict) else None
     if isinstance(d, int) and d > 1 and int(getattr(eng, "dp_ranks", 1)) != d \

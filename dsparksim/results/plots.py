@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from dsparksim.frontier import X, Y, series_labels
+from dsparksim.results.frontier import X, Y, series_labels
 
 # The shipped policies (and the drafters they run with) get fixed colours; mtp1 is the grey baseline, none (plain
 # decoding) light grey and dotted, oracle the black upper bound.

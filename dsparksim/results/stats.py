@@ -1,7 +1,7 @@
 """Seed statistics: Student-t intervals over independent seeds, and the seed list of a multi-seed run.
 
 A frontier or capacity run with N seeds repeats every cell with seeds ``seed, seed+1, ..., seed+N-1``. Simulation
-draws are keyed per (seed, request, step) (dsparksim.streams), so two policies at one load and seed serve the same
+draws are keyed per (seed, request, step) (dsparksim.sim.streams), so two policies at one load and seed serve the same
 requests with the same draws: per-seed differences between policies are paired, and an interval over the per-seed
 differences (a gain) is the paired interval.
 """

@@ -17,8 +17,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from dsparksim.frontier import SERIES, _mark_pareto, comparison_table
-from dsparksim.stats import LEVEL, t_interval
+from dsparksim.results.frontier import SERIES, _mark_pareto, comparison_table
+from dsparksim.results.stats import LEVEL, t_interval
 
 # Columns that name a cell rather than measure it: equal across seeds, never averaged.
 CELL_KEYS = ("replicas", "router", "policy", "load")

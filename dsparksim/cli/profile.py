@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from dsparksim.errors import InputError
-from dsparksim.profile import CostProfile, list_profiles, load_profile, save_profile, shipped_dir
-from dsparksim.profile_import import (FORMATS, LOOKUPS, complete_profile, import_sps_table, parse_drafter_cost,
+from dsparksim.cost.profile import CostProfile, list_profiles, load_profile, save_profile, shipped_dir
+from dsparksim.cost.profile_import import (FORMATS, LOOKUPS, complete_profile, import_sps_table, parse_drafter_cost,
                                       run_readiness)
 
 SHOW_M = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -100,7 +100,7 @@ def _register_build(sub: Any) -> None:
 def _model_config(spec: str) -> str:
     """A config.json path, or the name of a shipped one (``llama-3-8b`` -> dsparksim/data/models/llama-3-8b.json)
     when no such file exists; a bare name that is neither is refused with the list of shipped names."""
-    from dsparksim.analytic.loo import MODELS_DIR
+    from dsparksim.cost.analytic.loo import MODELS_DIR
     p = Path(spec)
     if p.exists() or p.suffix or len(p.parts) > 1:
         return spec
@@ -112,7 +112,7 @@ def _model_config(spec: str) -> str:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from dsparksim.analytic.builder import build_profile
+    from dsparksim.cost.analytic.builder import build_profile
 
     try:
         if args.dp > 1 and args.ep <= 1:
@@ -251,7 +251,7 @@ def plot_profile(p: CostProfile, path: str | Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     vt = p.verify_time_s if p.verify_time_s.ndim == 1 else p.verify_time_s[0]
-    from dsparksim.plots import policy_color  # one colour per policy/drafter name in every plot
+    from dsparksim.results.plots import policy_color  # one colour per policy/drafter name in every plot
 
     ax.step(p.verify_M, vt * 1e3, where="post", color="0.3", lw=1.6, label="verify (target forward)")
     for name, d in p.drafters.items():

@@ -1,7 +1,7 @@
 """GPU datasheet figures (shipped table dsparksim/data/hardware.csv, copied from ../shared/data/deployments).
 
-Peaks are vendor ceilings; achieved fractions come from :mod:`dsparksim.analytic.efficiency` (fitted) or are stated
-assumptions in :mod:`dsparksim.analytic.cost`.
+Peaks are vendor ceilings; achieved fractions come from :mod:`dsparksim.cost.analytic.efficiency` (fitted) or are stated
+assumptions in :mod:`dsparksim.cost.analytic.cost`.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dsparksim.errors import InputError
 
 __all__ = ["GPU", "HARDWARE_CSV", "SHORT_NAMES", "load_gpus", "get_gpu"]
 
-HARDWARE_CSV = Path(__file__).resolve().parents[1] / "data" / "hardware.csv"
+HARDWARE_CSV = Path(__file__).resolve().parents[2] / "data" / "hardware.csv"
 # short name -> full name in the table (the issue's names; matched case-insensitively)
 SHORT_NAMES = {"A100": "A100-SXM4-80GB", "H100": "H100-SXM5-80GB", "H200": "H200-SXM-141GB",
                "H800": "H800-SXM5-80GB", "H20": "H20-96GB", "B200": "B200-180GB"}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dsparksim.engine import REJECT_REASONS, SimResult
+from dsparksim.sim.engine import REJECT_REASONS, SimResult
 
 if TYPE_CHECKING:  # pandas is imported where a table is built: a run imports it only to write results
     import pandas as pd
@@ -319,8 +319,8 @@ def _clean(v: Any) -> Any:
 def bench_serve_json(res: SimResult, summary: dict[str, Any], *, model_id: str, request_rate: Any,
                      burstiness: Any, max_concurrency: Any) -> dict[str, Any]:
     """The run shaped exactly as `vllm bench serve --save-result` writes it (keys, units, meanings):
-    see :mod:`dsparksim.bench_json`. Prompts are the requests issued in the measurement window."""
-    from dsparksim.bench_json import bench_result
+    see :mod:`dsparksim.results.bench_json`. Prompts are the requests issued in the measurement window."""
+    from dsparksim.results.bench_json import bench_result
 
     d = bench_result(res, warmup_s=float(summary["warmup_s"]), duration_s=float(summary["window_s"]),
                      model_id=model_id, request_rate=request_rate, burstiness=burstiness,

@@ -42,8 +42,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from dsparksim.errors import InputError
-from dsparksim.textio import MAX_EXACT_INT, decode, finite_float, loads_json, escape_controls, read_bytes
-from dsparksim.profile import FORMAT, CostProfile, load_profile, profile_from_dict, profile_to_dict
+from dsparksim.io.textio import MAX_EXACT_INT, decode, finite_float, loads_json, escape_controls, read_bytes
+from dsparksim.cost.profile import FORMAT, CostProfile, load_profile, profile_from_dict, profile_to_dict
 
 __all__ = ["FORMATS", "import_sps_table", "import_sps_dict", "parse_drafter_cost", "complete_profile", "run_readiness"]
 
@@ -259,7 +259,7 @@ def import_sps_dict(data: Any, fmt: str, *, source: str = "<dict>", name: str | 
         missing = [m for m in missing if not m.startswith("drafter costs")]
     meta.update(dict(metadata or {}))
     meta.update({
-        "source": source, "method": f"imported from a {fmt} step-cost table by dsparksim.profile_import",
+        "source": source, "method": f"imported from a {fmt} step-cost table by dsparksim.cost.profile_import",
         "date": meta.get("date") or _dt.date.today().isoformat(),
         "imported": {**imported, **({"sha256_16": source_sha256_16} if source_sha256_16 else {})},
         "import_notes": notes, "missing": missing,

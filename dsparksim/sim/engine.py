@@ -29,16 +29,16 @@ KV memory, two policies (``kv_policy``):
 * ``"reserve"`` (the pre-paging behaviour, bit for bit): a request is admitted only when its prompt + full output
   + K draft slots fit in the unreserved KV capacity, so nothing is ever preempted.
 
-:class:`Engine` and :class:`~dsparksim.cluster.Simulation` default to ``"reserve"`` (the real runner's fixed KV
+:class:`Engine` and :class:`~dsparksim.sim.cluster.Simulation` default to ``"reserve"`` (the real runner's fixed KV
 slots); a run's :class:`~dsparksim.config.EngineConfig` defaults to ``"paged"``. Paged steps log ``kv_pages`` (pages
 held, never above the capacity: checked every step) and ``preempted``; ``kv_used`` is then the pages' tokens.
 
 A request that can never be served (prompt + output beyond ``max_model_len``, or prompt + output + K beyond the
-whole KV capacity -- in pages when paged) is rejected on arrival by the cluster (:mod:`dsparksim.cluster`), as
+whole KV capacity -- in pages when paged) is rejected on arrival by the cluster (:mod:`dsparksim.sim.cluster`), as
 vLLM answers 400.
 
 Disaggregated (``disaggregated=True``, decode-only engines): a request reaches the engine with its prompt's KV built
-by the prefill pool (:mod:`dsparksim.disagg`) and its first token already streamed; admission makes it decode at
+by the prefill pool (:mod:`dsparksim.sim.disagg`) and its first token already streamed; admission makes it decode at
 once (no prefill chunk in any step), except a request preempted here, which re-prefills locally by recompute. Its
 first token is counted in the ``emitted`` column of this engine's next step.
 
@@ -48,7 +48,7 @@ query-key pair of its decoding requests' attention: request i, with context c_i 
 prices candidate M with every extra verified token at the decoding requests' mean context (a 1-D price in M, the
 paper's SPS(B)); the step itself is priced with the exact pairs.
 
-Randomness: with ``streams`` (:class:`dsparksim.streams.RequestStreams`) the confidences and true accepted prefix
+Randomness: with ``streams`` (:class:`dsparksim.sim.streams.RequestStreams`) the confidences and true accepted prefix
 of request i's j-th decode step are a pure function of (seed, i, j), whichever engine, policy or load serves it.
 """
 from __future__ import annotations
@@ -62,8 +62,8 @@ import simpy
 
 from dsparksim.acceptance.base import AcceptanceModel, Block
 from dsparksim.policies.base import Policy, StepContext
-from dsparksim.requests import DECODE, DONE, NOT_ARRIVED, PREFILL, REJECTED, WAITING, RequestTable  # noqa: F401
-from dsparksim.streams import RequestStreams
+from dsparksim.sim.requests import DECODE, DONE, NOT_ARRIVED, PREFILL, REJECTED, WAITING, RequestTable  # noqa: F401
+from dsparksim.sim.streams import RequestStreams
 
 # Why a request was rejected on arrival (SimResult.reject_reason; 0 = not rejected).
 REJECT_REASONS = {1: "max_model_len", 2: "kv_capacity"}
@@ -603,8 +603,8 @@ class Engine:
 
 
 def __getattr__(name: str):
-    # SimResult and Simulation live in dsparksim.cluster (the engine is one of many); kept importable from here.
+    # SimResult and Simulation live in dsparksim.sim.cluster (the engine is one of many); kept importable from here.
     if name in ("SimResult", "Simulation", "MAX_WAITING", "MAX_REJECT_STREAK"):
-        from dsparksim import cluster
+        from dsparksim.sim import cluster
         return getattr(cluster, name)
     raise AttributeError(name)

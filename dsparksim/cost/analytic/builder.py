@@ -1,7 +1,7 @@
 """Assemble a ``dsparksim-profile/1`` profile from architecture x hardware x parallelism (``profile build``).
 
 The profile describes ONE engine (one DP rank of tp GPUs): verify staircase = the analytic forward over M query
-tokens (:class:`~dsparksim.analytic.cost.ForwardModel`), attention = KV bytes read per context token, prefill = the
+tokens (:class:`~dsparksim.cost.analytic.cost.ForwardModel`), attention = KV bytes read per context token, prefill = the
 query-key work of prompt chunks, drafters = small target-width stacks priced the same way. Every input,
 fitted parameter and assumption is recorded in ``metadata.build``.
 """
@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from dsparksim.analytic.arch import Arch, load_arch
-from dsparksim.analytic.cost import ASSUMPTIONS, DTYPE_BYTES, ForwardModel, Parallel
-from dsparksim.analytic.efficiency import EFFICIENCY_JSON, load_efficiency
-from dsparksim.analytic.hardware import HARDWARE_CSV, get_gpu
+from dsparksim.cost.analytic.arch import Arch, load_arch
+from dsparksim.cost.analytic.cost import ASSUMPTIONS, DTYPE_BYTES, ForwardModel, Parallel
+from dsparksim.cost.analytic.efficiency import EFFICIENCY_JSON, load_efficiency
+from dsparksim.cost.analytic.hardware import HARDWARE_CSV, get_gpu
 from dsparksim.errors import InputError
 
 __all__ = ["BUILDER_VERSION", "M_GRID", "build_profile", "FIXED_OVERHEAD_S", "RESERVE_GIB", "DRAFTERS"]
@@ -54,7 +54,7 @@ def _r(x: float) -> float:
 def build_profile(model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int = 1, dtype: str | None = None,
                   kv_dtype: str | None = None, gpu_memory_utilization: float = 0.9, name: str | None = None,
                   date: str | None = None, model_label: str | None = None) -> dict[str, Any]:
-    """The profile JSON object (validate/save with dsparksim.profile). InputError/ConfigError on bad input.
+    """The profile JSON object (validate/save with dsparksim.cost.profile). InputError/ConfigError on bad input.
     ``dtype`` None = the weight dtype the config says its weights are published in (DeepSeek-V3: fp8), else bf16."""
     for flag, v in (("--tp", tp), ("--ep", ep), ("--dp", dp)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -119,7 +119,7 @@ def build_profile(model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int
         "dtype": dtype, "tensor_parallel": tp, "expert_parallel": ep, "data_parallel": dp,
         "date": date or _dt.date.today().isoformat(),
         "kv_capacity_tokens": kv_cap, "max_model_len": max_len,
-        # read by --disaggregated (dsparksim/disagg.py): prompt_tokens * this / link = the KV transfer time
+        # read by --disaggregated (dsparksim/sim/disagg.py): prompt_tokens * this / link = the KV transfer time
         "kv_bytes_per_token": int(fm.kv_bytes_per_token_engine()),   # whole bytes for every dtype here
         "kv_bytes_per_token_note": (
             f"KV bytes of one token for the whole model, counted once: {arch.n_layers} layers x "
@@ -133,7 +133,7 @@ def build_profile(model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int
                "TP ranks hold disjoint KV-head shards, each can pull its shard over its own NIC: up to tp x one "
                "NIC's figure")),
         "build": {
-            "builder_version": BUILDER_VERSION, "code": "dsparksim/analytic/",
+            "builder_version": BUILDER_VERSION, "code": "dsparksim/cost/analytic/",
             "inputs": {"model_config": label, "model_config_sha256_16": _sha16(mpath), "gpu": g.name,
                        "hardware_table": f"dsparksim/data/{HARDWARE_CSV.name}",
                        "hardware_table_sha256_16": _sha16(HARDWARE_CSV),

@@ -180,7 +180,7 @@ def write_result_set(out: str | Path, files: Mapping[str, Callable[[Path], None]
 
     ``status``: what the set describes, recorded in the manifest; its ``complete`` (default True) says whether the
     work behind the files finished (a sweep with failed cells writes its files whole but is not complete)."""
-    from dsparksim.simulate import atomic_write
+    from dsparksim.sim.simulate import atomic_write
 
     d = Path(out)
     d.mkdir(parents=True, exist_ok=True)

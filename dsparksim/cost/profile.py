@@ -89,7 +89,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from dsparksim.errors import ConfigError, InputError
-from dsparksim.textio import MAX_EXACT_INT, finite_float, is_file, loads_json, escape_controls, read_text
+from dsparksim.io.textio import MAX_EXACT_INT, finite_float, is_file, loads_json, escape_controls, read_text
 
 __all__ = [
     "FORMAT", "DRAFTER_KINDS", "CostProfile", "DrafterCost", "ProfileRangeError",
@@ -473,7 +473,7 @@ class CostProfile:
         """Everything one engine step costs beyond verify_time(M, context) -- the one place of the step formula:
         drafting + fixed + batch overhead for ``n_req`` decoding requests (a prefill-only step, n_req = 0, pays
         the fixed overhead only: nothing is drafted) plus the prefill terms of its chunks, if the profile has them.
-        A step's price is ``verify_time(M, context) + step_overhead(...)`` (:class:`dsparksim.engine.Engine`).
+        A step's price is ``verify_time(M, context) + step_overhead(...)`` (:class:`dsparksim.sim.engine.Engine`).
         ``kv_tokens`` (the step's kv_read) prices the drafter's context term, if its profile entry has one."""
         t = float(self.nontrimmable_time(drafter, n_req, K, kv_tokens)) if n_req else float(self.fixed_overhead_s)
         if prefill_tokens and self.prefill_note is not None:
@@ -817,7 +817,7 @@ def shipped_dir() -> Path:
             return p
     except (ModuleNotFoundError, TypeError):
         pass
-    return Path(__file__).resolve().parents[1] / "profiles"  # source checkout without install
+    return Path(__file__).resolve().parents[2] / "profiles"  # source checkout without install
 
 
 def list_profiles() -> list[str]:

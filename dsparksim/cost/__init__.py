@@ -1,0 +1,1 @@
+"""Cost layer: cost profiles, their importers, the analytic builder and fitting."""

@@ -1,0 +1,1 @@
+"""Input reading primitives shared by every reader (one-line errors, never tracebacks)."""
