@@ -128,6 +128,15 @@ def add_out(p: argparse.ArgumentParser, default: str | None, help: str = "output
     kw = {"default": default} if default is not None else {"required": True}
     p.add_argument("--out", "--result-dir", dest="out", **kw,
                    help=f"{help}" + (" [%(default)s]" if default is not None else ""))
+    p.add_argument("--force", action="store_true",
+                   help="replace an --out folder of result files that no dsparksim run wrote (by default refused)")
+
+
+def default_out_note(args: argparse.Namespace, existed: bool) -> None:
+    """Say so when a command without --out replaced its default folder (the previous results are gone)."""
+    if existed and not _given(args, "--out", "--result-dir"):
+        print(f"dsparksim: note: replaced {args.out} (the previous results there); give --out DIR to keep each "
+              "run's results", file=sys.stderr)
 
 
 _GROUPS = {"inputs": "inputs", "traffic": "traffic (closed loop by default)", "engine": "engine"}
@@ -233,7 +242,7 @@ def check_run_args(args: argparse.Namespace, frontier: bool = False) -> None:
         from dsparksim.results.outputs import need_parquet
         need_parquet("--format")
     from dsparksim.results.outputs import check_out_dir
-    check_out_dir(args.out, "--out")
+    check_out_dir(args.out, "--out", force=getattr(args, "force", False))
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
@@ -275,6 +284,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = run_config(args)
     traffic = cfg.traffic
     preflight(cfg, [cfg.policy])  # profile, acceptance, lengths and trace read before the progress bar starts
+    existed = Path(args.out).is_dir() and any(Path(args.out).iterdir())
     t0 = time.perf_counter()
     total = traffic.duration_s
     with tqdm(total=total, unit="sim-s", disable=_bar_off(args) or total is None, leave=False,
@@ -282,6 +292,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         out = simulate(cfg, progress=(lambda now: bar.update(min(now, total) - bar.n)) if total else None)
     wall = time.perf_counter() - t0
     paths = write_run(out, args.out, fmt=args.format, steps=args.save_steps)
+    default_out_note(args, existed)
     s = out.summary
     if not s["num_requests_completed"]:
         print(f"dsparksim: warning: no request both arrived inside the measurement window (after the {s['warmup_s']:g} s "
@@ -371,6 +382,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     cfgs = cells(base, policies, loads, deploys, seeds=seeds if len(seeds) > 1 else None)
     jobs = args.jobs or min(os.cpu_count() or 1, len(cfgs))
     out = Path(args.out)
+    existed = out.is_dir() and any(out.iterdir())
     t0 = time.perf_counter()
     with tqdm(total=len(cfgs), unit="cell", disable=_bar_off(args), desc="frontier") as bar:
         summaries = run_cells(cfgs, jobs=jobs, on_done=lambda: bar.update(1), backend=args.backend,
@@ -411,6 +423,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         plot_verify_budget(df, d / names["verify_budget_png"], load_name=load_name)
         write_table(d / names["frontier_csv"], df)
     paths = {k: out / v for k, v in names.items()}
+    default_out_note(args, existed)
     empty = _empty_cells(per_seed if len(seeds) > 1 else df)  # with seeds: any seed without a finished request
     if empty:
         # Kept in frontier.csv with empty metrics (never Pareto) -- said out loud, never silently left off a plot.

@@ -18,18 +18,24 @@ def _backend_args(p: argparse.ArgumentParser, default: str = "local") -> None:
     g.add_argument("--quiet", action="store_true", help="no progress bar or report")
 
 
+def _force_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", action="store_true",
+                   help="replace same-named files in --out that dsparksim did not write (by default they are refused)")
+
+
 def _bar_off(args: argparse.Namespace) -> bool:
     from dsparksim.cli.main import _bar_off as off   # one rule for every command: bars on a terminal only
     return off(args)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from dsparksim.results.outputs import claim_result_set
     from dsparksim.sweep import failure_text, load_spec, run_sweep
-
-    from dsparksim.results.outputs import check_out_dir
+    from dsparksim.sweep.runner import MANIFEST, RESULT_FILES
 
     spec = load_spec(args.spec)  # validated before any cell runs
-    check_out_dir(args.out, "--out", replace=False)  # holds the cache: written into, never replaced whole
+    # holds the cache: written into, never replaced whole; a same-named file of the user's is never replaced
+    claim_result_set(args.out, RESULT_FILES, MANIFEST, args.force, "--out")
     try:
         res = run_sweep(spec, args.out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
                         progress=not _bar_off(args))
@@ -52,7 +58,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    from dsparksim.results.outputs import check_out_dir, write_result_set
+    from dsparksim.results.outputs import claim_result_set, write_result_set
     from dsparksim.sweep import load_spec
     from dsparksim.sweep.runner import _dump
     from dsparksim.sweep.capacity import capacity_search, capacity_settings, capacity_table
@@ -61,7 +67,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     st = capacity_settings(spec, load=args.load, min=args.min, max=args.max, tolerance=args.tolerance,
                            slo=args.slo, require_unsaturated=False if args.allow_saturated else None,
                            seeds=args.seeds)
-    out = check_out_dir(args.out, "--out", replace=False)  # before any probe runs
+    out = claim_result_set(args.out, CAPACITY_FILES, "capacity.manifest.json", args.force, "--out")  # before any probe
     out.mkdir(parents=True, exist_ok=True)
     res = capacity_search(spec, st, out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
                           progress=not _bar_off(args))
@@ -85,6 +91,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     return 1 if (table["status"] == "error").any() else 0
 
 
+CAPACITY_FILES = ("capacity.json", "capacity.csv")
+
+
 def cmd_regress(args: argparse.Namespace) -> int:
     from dsparksim.sweep.regress import regress
 
@@ -104,6 +113,7 @@ def register(subparsers) -> None:
                                           "sweep.manifest.json (the set is complete when it is present).")
     s.add_argument("spec", help="sweep spec (TOML), e.g. sweeps/example.toml")
     s.add_argument("--out", "--result-dir", dest="out", required=True, help="output folder (also the cache)")
+    _force_arg(s)
     _backend_args(s)
     s.set_defaults(func=cmd_sweep)
 
@@ -116,6 +126,7 @@ def register(subparsers) -> None:
     c.add_argument("spec", help="sweep spec (TOML) whose axes must not include the load; its [capacity] table "
                                 "may set load, min, max, tolerance, slo")
     c.add_argument("--out", "--result-dir", dest="out", required=True, help="output folder (also the probe cache)")
+    _force_arg(c)
     c.add_argument("--slo", "--sla", dest="slo", action="append", default=None,
                    help="SLO term METRIC>=X or METRIC<=Y on a run-summary field, repeatable, e.g. "
                         "--slo 'tps_user_median>=50' --slo 'ttft_p99_s<=2' [spec's capacity.slo]")
@@ -150,4 +161,4 @@ def register(subparsers) -> None:
     r.set_defaults(func=cmd_regress)
 
     from dsparksim.plan.command import register as register_plan
-    register_plan(subparsers, _backend_args)
+    register_plan(subparsers, _backend_args, _force_arg)
