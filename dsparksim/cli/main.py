@@ -630,11 +630,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated policy specs [all eight: none, mtp1, fixed:7, threshold:0.5, goodput, "
                         "confidence, confidence-async:2, oracle]")
     _add_common(f, frontier=True)
-    f.add_argument("--seeds", type=pos_int, default=1,
+    from dsparksim.results.stats import MAX_SEEDS, seeds_arg
+    f.add_argument("--seeds", type=seeds_arg, default=1,
                    help="run every cell with N seeds (--seed, --seed+1, ...), the same seeds for every policy "
                         "(paired draws); frontier.csv then holds per-cell means with 95%% t-intervals "
                         "(<metric>_lo, <metric>_hi, n_seeds), frontier_seeds.csv every seed's row, comparison.csv "
-                        "paired per-seed gain intervals, and the plots error bars [%(default)s]")
+                        f"paired per-seed gain intervals, and the plots error bars; at most {MAX_SEEDS} "
+                        "[%(default)s]")
     f.add_argument("--baseline", default=None,
                    help="policy the gains are measured against [mtp1 if swept, else the first policy]")
     f.add_argument("--slo", "--sla", dest="sla", type=_floats, default=None, action="extend",

@@ -137,7 +137,8 @@ def register(subparsers) -> None:
     c.add_argument("--tolerance", type=pos_float, default=None,
                    help="stop when the bracket is this narrow [1 for concurrency, (max-min)/100 otherwise]")
     c.add_argument("--allow-saturated", action="store_true", help="let a saturated run meet the SLO")
-    c.add_argument("--seeds", type=pos_int, default=None,
+    from dsparksim.results.stats import seeds_arg
+    c.add_argument("--seeds", type=seeds_arg, default=None,
                    help="search every group once per seed (the spec's seed, seed+1, ...; same seeds for every "
                         "group): capacity is the mean of the per-seed capacities with a 95%% t-interval "
                         "(capacity_lo, capacity_hi) [spec's capacity.seeds, else 1]")

@@ -314,9 +314,10 @@ def plan_from_dict(d: Mapping[str, Any], source: str = "plan spec") -> PlanSpec:
         raise ConfigError(src, "plan.name", f"expected a non-empty string, got {name!r}")
     slo = parse_slo_terms(src, plan.get("slo"))
     seeds = plan.get("seeds", [0])
-    if (not isinstance(seeds, list) or not seeds
+    from dsparksim.results.stats import MAX_SEEDS
+    if (not isinstance(seeds, list) or not seeds or len(seeds) > MAX_SEEDS
             or any(isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**63 for s in seeds)):
-        raise ConfigError(src, "plan.seeds", f"expected a non-empty list of integers >= 0, got {seeds!r}")
+        raise ConfigError(src, "plan.seeds", f"expected a list of 1..{MAX_SEEDS} integers >= 0, got {seeds!r}")
     if len(set(seeds)) != len(seeds):
         raise ConfigError(src, "plan.seeds", f"duplicate seeds in {seeds!r}")
     conf = plan.get("confidence", 0.95)
@@ -496,6 +497,21 @@ def _candidate(src: str, i: int, c: dict[str, Any], prices: Mapping[str, float],
     return out
 
 
+def _check_arrivals(spec: PlanSpec, cfg: Any, scale: float) -> None:
+    """An open-loop probe whose expected arrivals exceed the per-run limit is refused here, as `run` refuses it,
+    naming the plan's [traffic] rate (not after a round of probes has failed)."""
+    from dsparksim.traffic.build import check_expected_arrivals
+
+    t = cfg.traffic
+    if t.rate is None or t.duration_s is None:
+        return
+    try:
+        check_expected_arrivals(t.rate * t.time_scale, t.duration_s)
+    except ConfigError as e:
+        raise ConfigError(spec.source, "traffic.rate", f"at scale {scale:g}: {e.message.replace(' (--rate / --time-scale)', '')} "
+                          "(or [traffic] scales)") from None
+
+
 def _check_probes(spec: PlanSpec) -> None:
     """Every probe the search may run builds a valid RunConfig; the inputs it reads open (no cell runs)."""
     from dsparksim.sweep.cells import build_config
@@ -507,9 +523,10 @@ def _check_probes(spec: PlanSpec) -> None:
         for scale in (min(spec.scales), max(spec.scales)):
             for r in (d.lo, d.hi):
                 try:
-                    build_config(spec.options(d, scale, r, spec.seeds[0]), spec.source)
+                    cfg = build_config(spec.options(d, scale, r, spec.seeds[0]), spec.source)
                 except ConfigError as e:
                     raise ConfigError(spec.source, where, f"replicas={r}, scale={scale:g}: {e}") from None
+                _check_arrivals(spec, cfg, scale)
         # Input files (acceptance sources, traces, length tables, routers) are checked as a sweep checks them.
         opts = {k: v for k, v in spec.options(d, spec.scales[0], d.lo, spec.seeds[0]).items()}
         key = repr(sorted((k, repr(v)) for k, v in opts.items() if k not in ("replicas", "seed")))

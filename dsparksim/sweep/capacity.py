@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from dsparksim.errors import ConfigError
+from dsparksim.results.stats import MAX_SEEDS
 from dsparksim.sweep.cells import Cell, build_config, cell_hash
 from dsparksim.sweep.spec import LOAD_KEYS, SweepSpec
 
@@ -166,8 +167,8 @@ def capacity_settings(spec: SweepSpec, **over: Any) -> CapacitySettings:
     if not isinstance(req, bool):
         raise ConfigError(src, "capacity.require_unsaturated", f"expected true or false, got {req!r}")
     seeds = d.get("seeds", 1)
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise ConfigError(src, "capacity.seeds", f"expected an integer >= 1, got {seeds!r}")
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SEEDS:
+        raise ConfigError(src, "capacity.seeds", f"expected an integer in 1..{MAX_SEEDS}, got {seeds!r}")
     if seeds > 1 and "seed" in spec.axes:
         raise ConfigError(src, "axes.seed", "conflicts with capacity.seeds / --seeds, which repeats the search "
                                             "over seeds; keep one")
