@@ -31,7 +31,6 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from dsparksim.errors import ConfigError, InputError
-from dsparksim.results.stats import MAX_SEEDS
 from dsparksim.sweep.spec import LOAD_KEYS, SweepSpec, load_spec
 
 FORMAT = "dsparksim-regress/2"
@@ -54,72 +53,12 @@ def _seeds(spec: SweepSpec) -> list[int]:
         if k not in REGRESS_KEYS:
             raise ConfigError(spec.source, f"regress.{k}", f"unknown key; expected some of {', '.join(REGRESS_KEYS)}")
     n = spec.regress.get("seeds", 1)
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SEEDS:
-        raise ConfigError(spec.source, "regress.seeds", f"expected an integer in 1..{MAX_SEEDS}, got {n!r}")
-    for k in DEFAULT_TOLERANCES:
-        if k in spec.regress and not _tolerance_ok(spec.regress[k]):
-            raise ConfigError(spec.source, f"regress.{k}", f"expected a finite number >= 0, got {spec.regress[k]!r}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(spec.source, "regress.seeds", f"expected an integer >= 1, got {n!r}")
     if "seed" in spec.axes:
         raise ConfigError(spec.source, "axes.seed", "regress repeats every cell over [regress] seeds; do not vary "
                                                     "the seed as an axis")
     return seed_list(int(spec.base.get("seed", 0)), n)
-
-
-def _tolerance_ok(v: Any) -> bool:
-    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0
-
-
-def _is_num(v: Any) -> bool:
-    return not isinstance(v, bool) and isinstance(v, (int, float))
-
-
-def check_baseline(d: Mapping[str, Any], src: str) -> None:
-    """InputError naming the baseline file and the field unless every value the comparison reads has its type:
-    tolerances finite numbers >= 0, seeds a non-empty list of integers, frontier points {policy, numeric load,
-    numeric-or-null metrics and half-widths, boolean flags}, comparison gains numeric or null."""
-    tol = d["tolerances"]
-    if not isinstance(tol, dict):
-        raise InputError(src, "tolerances", f"expected an object of {', '.join(DEFAULT_TOLERANCES)}, got {tol!r}")
-    for k in DEFAULT_TOLERANCES:
-        if k not in tol:
-            raise InputError(src, f"tolerances.{k}", "required field missing")
-        if not _tolerance_ok(tol[k]):
-            raise InputError(src, f"tolerances.{k}", f"expected a finite number >= 0, got {tol[k]!r}")
-    seeds = d.get("seeds")
-    if (not isinstance(seeds, list) or not seeds or len(seeds) > MAX_SEEDS
-            or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds)):
-        raise InputError(src, "seeds", f"expected a list of 1..{MAX_SEEDS} integer seeds, got {seeds!r}")
-    metrics = d.get("metrics", list(METRICS))
-    if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
-        raise InputError(src, "metrics", f"expected a list of metric names, got {metrics!r}")
-    for table, keys in (("frontier", ("policy", "load")), ("comparison", ("policy", "metric"))):
-        rows = d[table]
-        if not isinstance(rows, list):
-            raise InputError(src, table, f"expected a list of objects, got {type(rows).__name__}")
-        for i, r in enumerate(rows):
-            where = f"{table}[{i}]"
-            if not isinstance(r, dict):
-                raise InputError(src, where, f"expected an object, got {r!r}")
-            for k in keys:
-                if k not in r:
-                    raise InputError(src, f"{where}.{k}", "required field missing")
-            if not isinstance(r["policy"], str):
-                raise InputError(src, f"{where}.policy", f"expected a policy spec, got {r['policy']!r}")
-            if table == "frontier":
-                if not _is_num(r["load"]):
-                    raise InputError(src, f"{where}.load", f"expected a number, got {r['load']!r}")
-                nums = [k for m in metrics for k in (m, m + HW)]
-                flags = FLAGS
-            else:
-                if not isinstance(r["metric"], str):
-                    raise InputError(src, f"{where}.metric", f"expected a metric name, got {r['metric']!r}")
-                nums, flags = ["gain_mean", "gain_hw"], ()
-            for k in nums:
-                if r.get(k) is not None and not _is_num(r[k]):
-                    raise InputError(src, f"{where}.{k}", f"expected a number or null, got {r[k]!r}")
-            for k in flags:
-                if k in r and not isinstance(r[k], bool):
-                    raise InputError(src, f"{where}.{k}", f"expected true or false, got {r[k]!r}")
 
 
 def compute(spec: SweepSpec, backend: str = "local", workers: int | None = None,
@@ -225,10 +164,6 @@ def load_baseline(path: str | Path, old_ok: bool = False) -> dict[str, Any]:
     for k in ("spec", "tolerances", "frontier", "comparison"):
         if k not in d:
             raise InputError(str(p), k, "required field missing")
-    if not isinstance(d["spec"], str):
-        raise InputError(str(p), "spec", f"expected the spec's path, got {d['spec']!r}")
-    if got == FORMAT:
-        check_baseline(d, str(p))
     return d
 
 
