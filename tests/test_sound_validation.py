@@ -61,3 +61,90 @@ def test_plan_refuses_impossible_traffic_and_seeds_before_any_probe(tmp_path, ca
     line = _one_error(capsys)
     assert str(spec) in line and f"'{field}'" in line and words in line, line
     assert not (tmp_path / "o").exists()
+
+
+# ------------------------------------------------------------------ item 12: one SLO vocabulary; where it came from
+def _cap_spec(tmp_path: Path, slo: str = '["tps_user_median >= 100", "ttft_p99_s <= 2.0"]', extra: str = "") -> Path:
+    text = (REPO / "sweeps" / "capacity.toml").read_text()
+    old = 'slo = ["tps_user_median >= 100", "ttft_p99_s <= 2.0"]'
+    assert old in text
+    p = tmp_path / "cap.toml"
+    p.write_text(text.replace(old, f"slo = {slo}\n{extra}"))
+    return p
+
+
+@pytest.fixture
+def no_search(monkeypatch):
+    import dsparksim.sweep.capacity as cap
+    monkeypatch.setattr(cap, "capacity_search", lambda *a, **k: (_ for _ in ()).throw(AssertionError("probes ran")))
+
+
+@pytest.mark.parametrize("term,canonical", [("tps_user_p50>=100", "tps_user_median"), ("ttft_p50_s<=1", "ttft_median_s"),
+                                            ("tpot_p50_s <= 0.05", "tpot_median_s"), ("e2e_p99_s<=9", "e2e_p99_s")])
+def test_capacity_takes_the_plan_vocabulary(tmp_path, term, canonical):
+    from dsparksim.plan.spec import parse_slo_terms
+    from dsparksim.sweep import load_spec
+    from dsparksim.sweep.capacity import capacity_settings
+
+    st = capacity_settings(load_spec(_cap_spec(tmp_path)), slo=[term])
+    assert [c.metric for c in st.slo] == [canonical]
+    assert [t.metric for t in parse_slo_terms("p.toml", [term])] == [canonical]
+
+
+def _all_metric_spellings():
+    from dsparksim.sweep.capacity import METRIC_ALIASES, SLO_METRICS
+    return list(SLO_METRICS) + list(METRIC_ALIASES)
+
+
+@pytest.mark.parametrize("name", ["ttft_p95_s", "tps_user_p51", "foo", "saturated", "policy"])
+def test_capacity_and_plan_refuse_the_same_unknown_metrics(tmp_path, name):
+    from dsparksim.errors import ConfigError
+    from dsparksim.plan.spec import parse_slo_terms
+    from dsparksim.sweep import load_spec
+    from dsparksim.sweep.capacity import capacity_settings
+
+    with pytest.raises(ConfigError):
+        capacity_settings(load_spec(_cap_spec(tmp_path)), slo=[f"{name} >= 1"])
+    with pytest.raises(ConfigError):
+        parse_slo_terms("p.toml", [f"{name} >= 1"])
+
+
+def test_every_slo_spelling_is_a_summary_metric_and_accepted_by_both(tmp_path):
+    from dsparksim.plan.spec import parse_slo_terms
+    from dsparksim.results.metrics import SUMMARY_FIELDS
+    from dsparksim.sweep import load_spec
+    from dsparksim.sweep.capacity import capacity_settings
+
+    names = _all_metric_spellings()
+    terms = [f"{n} >= 1" for n in names]
+    a = [c.metric for c in capacity_settings(load_spec(_cap_spec(tmp_path)), slo=terms).slo]
+    b = [t.metric for t in parse_slo_terms("p.toml", terms)]
+    assert a == b
+    summary_keys = set(SUMMARY_FIELDS) | {"num_requests_completed_total", "num_requests_issued", "num_steps",
+                                          "kv_peak_used_tokens"}
+    assert set(a) <= summary_keys, set(a) - summary_keys
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--slo", "tps_user_p5>=100"], "--slo"),
+    (["--slo", "tps_user_median>>100"], "--slo"),
+    (["--max", "0.5"], "--max"),                 # below the file's min = 1
+    (["--tolerance", "0.5"], "--tolerance"),     # concurrency is an integer
+    (["--min", "200"], "--min"),                 # above the file's max = 128
+])
+def test_capacity_blames_the_command_line_for_a_bad_command_line_value(tmp_path, capsys, no_search, argv, flag):
+    spec = _cap_spec(tmp_path)
+    assert main(["capacity", str(spec), *argv, "--out", str(tmp_path / "o")]) == 2
+    line = _one_error(capsys)
+    assert line.startswith("dsparksim: error: command line: ") and f"'{flag}'" in line, line
+    assert str(spec) not in line.split(":", 3)[2], line
+
+
+@pytest.mark.parametrize("slo,field", [('["tps_user_p5 >= 100"]', "capacity.slo[0]"),
+                                       ('["tps_user_median >= 100", "x <= 2"]', "capacity.slo[1]")])
+def test_capacity_blames_the_file_for_a_bad_file_value(tmp_path, capsys, no_search, slo, field):
+    spec = _cap_spec(tmp_path, slo)
+    assert main(["capacity", str(spec), "--out", str(tmp_path / "o")]) == 2
+    line = _one_error(capsys)
+    assert line.startswith(f"dsparksim: error: {spec}: field '{field}'"), line
+    assert "--slo" not in line
