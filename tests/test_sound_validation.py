@@ -148,3 +148,51 @@ def test_capacity_blames_the_file_for_a_bad_file_value(tmp_path, capsys, no_sear
     line = _one_error(capsys)
     assert line.startswith(f"dsparksim: error: {spec}: field '{field}'"), line
     assert "--slo" not in line
+
+
+# ------------------------------------------------------------------ item 13: the four messages
+@pytest.mark.parametrize("dtype,suggests_fp8", [(None, False), ("fp8", False), ("bf16", True)])
+def test_profile_build_suggests_fp8_only_when_the_weights_are_not_fp8(tmp_path, capsys, dtype, suggests_fp8):
+    argv = ["profile", "build", "--model", "deepseek-v3", "--gpu", "H100", "--out", str(tmp_path / "p.json")]
+    assert main(argv + (["--dtype", dtype] if dtype else [])) == 2     # 671B on one GPU fits in no dtype
+    line = _one_error(capsys)
+    assert ("--dtype fp8" in line) == suggests_fp8, line
+    assert "more GPUs" in line
+
+
+RUN = ["run", "--duration", "1", "--concurrency", "2", "--quiet", "--kv-policy", "reserve"]
+
+
+@pytest.mark.parametrize("extra,named,not_named", [
+    (["--kv-page-tokens", "32"], "--kv-page-tokens", "--kv-watermark"),
+    (["--kv-page-tokens", "16"], "--kv-page-tokens", "--kv-watermark"),    # the default value, given: refused alike
+    (["--kv-watermark", "0.01"], "--kv-watermark", "--kv-page-tokens"),
+    (["--kv-watermark", "0.2"], "--kv-watermark", "--kv-page-tokens"),
+])
+def test_run_reserve_refuses_each_paged_option_given_naming_only_it(tmp_path, capsys, extra, named, not_named):
+    assert main([*RUN, *extra, "--out", str(tmp_path / "o")]) == 2
+    line = _one_error(capsys)
+    assert named in line and not_named not in line, line
+
+
+@pytest.mark.parametrize("base,named,not_named", [("kv_page_tokens = 32", "kv_page_tokens", "kv_watermark"),
+                                                  ("kv_page_tokens = 16", "kv_page_tokens", "kv_watermark"),
+                                                  ("kv_watermark = 0.05", "kv_watermark", "kv_page_tokens")])
+def test_reserve_vs_paged_sweep_names_only_the_key_it_set(tmp_path, capsys, base, named, not_named):
+    spec = tmp_path / "kv.toml"
+    spec.write_text('[sweep]\nname = "kv"\n[base]\nprofile = "h100-llama2-7b-tp1"\nduration_s = 1.0\n'
+                    f'concurrency = 2\n{base}\n[axes]\nkv_policy = ["reserve", "paged"]\n')
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "o"), "--backend", "serial", "--quiet"]) == 2
+    line = _one_error(capsys)
+    assert named in line and not_named not in line and str(spec) in line, line
+    assert line.count(str(spec)) == 1, line                                # said once, not nested twice
+
+
+def test_dp_ranks_warning_has_the_warning_prefix(tmp_path, capsys):
+    import dsparksim.sim.inputs as inputs
+    inputs._DP_WARNED.clear()
+    rc = main(["run", "--profile", "built-h200x8-deepseek-v3-dp8ep8", "--duration", "0.5", "--concurrency", "1",
+               "--quiet", "--out", str(tmp_path / "o")])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "data-parallel" in ln]
+    assert rc == 0 and len(err) == 1, err
+    assert err[0].startswith("dsparksim: warning: profile 'built-h200x8-deepseek-v3-dp8ep8'"), err

@@ -236,6 +236,11 @@ def check_run_args(args: argparse.Namespace, frontier: bool = False) -> None:
     if _given(args, "--router") and max(reps) == 1 and getattr(args, "dp_ranks", 1) == 1:
         raise _bad("--router", f"has no effect on one engine (set --replicas or --dp-ranks above 1); got --router "
                    f"{','.join(args.router) if isinstance(args.router, (list, tuple)) else args.router}")
+    from dsparksim.config import PAGED_ONLY, reserved_kv_conflict
+    hit = reserved_kv_conflict(args.kv_policy, {k: getattr(args, k) for k, f in PAGED_ONLY.items() if _given(args, f)},
+                               flags=True)
+    if hit:
+        raise _bad(*hit)
     if args.format == "parquet":
         if frontier:
             raise _bad("--format", "frontier writes no per-request table; --format applies to run")
