@@ -162,6 +162,10 @@ def _check_measure_args(args, validate: bool = False) -> None:
     if not validate:
         from dsparksim.results.outputs import claim_out_file
         claim_out_file(args.out, "profile", args.force, "--out")
+        if args.raw:
+            if Path(args.raw).absolute() == Path(args.out).absolute():
+                raise ConfigError("cli", "--raw", f"{args.raw!r} is also --out; the raw records need their own file")
+            claim_out_file(args.raw, "json", args.force, "--raw")
         return
     if args.profile is not None:
         # the sweep options shape a profile measured in this command; with --profile they would be ignored
@@ -244,7 +248,10 @@ def cmd_measure(args) -> int:
     from dsparksim.cli.profile import _save
     _save(prof, out)
     if args.raw:
-        Path(args.raw).write_text(json.dumps(raw) + "\n")
+        from dsparksim.results.outputs import written_by
+        from dsparksim.sim.simulate import atomic_write
+        doc = {"written_by": written_by(), **raw}
+        atomic_write(Path(args.raw), lambda p: p.write_text(json.dumps(doc) + "\n"))
     fit = prof["metadata"]["fit"]
     print(f"wrote {out}: M 1..{prof['verify']['M'][-1]} ({len(prof['verify']['M'])} breakpoints), verify growth "
           f"{fit['verify_growth']:.2f}x, s/KV token {_g(fit['seconds_per_kv_token'])}, failed cells "
@@ -444,7 +451,8 @@ def register(sub) -> None:
                                                       "wrote it)")
     p.add_argument("--force", action="store_true", help="replace an existing --out file that dsparksim did not write")
     p.add_argument("--name", default=None, help="profile name [DEVICE-MODEL]")
-    p.add_argument("--raw", default=None, help="also write the raw per-step records (JSON)")
+    p.add_argument("--raw", default=None, help="also write the raw per-step records (JSON; an existing file only if "
+                                                "dsparksim wrote it)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_measure)
 
