@@ -76,7 +76,10 @@ def check_out_dir(path: str | Path, option: str = "--out", replace: bool = True,
 
 def check_out_file(path: str | Path, option: str = "--out") -> Path:
     """Raise ConfigError (naming ``option``) unless ``path`` can be written as one result file: not a directory,
-    and its folder exists and is writable or can be created (checked before any work starts)."""
+    and its folder exists and is writable or can be created (checked before any work starts).
+
+    It does not judge an existing file: a command that writes a file uses :func:`claim_out_file` (the overwrite
+    rule), which also makes these checks."""
     p = Path(path)
     if p.is_dir():
         raise ConfigError("cli", option, f"{str(p)!r} is a directory; expected the path of the file to write")
