@@ -94,7 +94,7 @@ def sniff(text: str, path: str | Path) -> str:
         return "json"
     first = head.splitlines()[0]
     cols = {c.strip() for c in next(csv.reader([first]), [])}
-    if {"hardware", "framework", "concurrency", "output_tput_per_gpu"} <= cols:
+    if {"hardware", "framework", "framework_image"} <= cols:   # then every column it needs is checked
         return "inferencex"
     raise InputError(path, None, f"unknown format: {EXPECTED}")
 
