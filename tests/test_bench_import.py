@@ -14,12 +14,13 @@ import io
 import json
 import math
 import os
+import re
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from dsparksim.bench.importers import import_file
+from dsparksim.bench.importers import FILLED_BY, import_file
 from dsparksim.bench.runs import COLUMNS, MARKER, NAMES, read_runs, write_runs
 from dsparksim.cli.main import main
 from dsparksim.errors import InputError
@@ -208,9 +209,28 @@ def test_runs_table_round_trips_exactly(tmp_path, capsys):
 
 def test_every_column_is_documented_in_the_readme():
     readme = (REPO / "README.md").read_text()
-    sec = readme.split("### Benchmark runs as input", 1)[1].split("\n## ", 1)[0]
+    sec = re.split(r"\n#{2,3} ", readme.split("### Benchmark runs as input", 1)[1], maxsplit=1)[0]
     for c in COLUMNS:
         assert f"`{c.name}`" in sec, c.name
+        if c.cli:
+            assert f"`--{c.name.replace('_', '-')}`" in sec, c.name
+
+
+def test_filled_by_says_what_each_importer_fills():
+    """The documented field map (FILLED_BY, the README table) against the fixtures: every column a format
+    fills is filled in some fixture row, and no other column is (vLLM --metadata columns aside)."""
+    tool = {"run_id", "source_format", "source_file", "source_row"}
+    meta = {"gpu", "tp", "engine"}   # vllm_result.json's --metadata pairs
+    for fmt, rows in (("vllm", import_file(VLLM) + import_file(VLLM_PLAIN, overrides={"random_range_ratio": 0.5,
+                                                                                      "gpu_count": 8})),
+                      ("sglang", import_file(SGLANG)), ("inferencex", import_file(IX))):
+        filled = {n for n in NAMES if any(r[n] is not None for r in rows)} - tool
+        if fmt == "vllm":
+            filled -= meta | {"random_range_ratio", "gpu_count"}   # set by the options above
+            want = set(FILLED_BY[fmt]) - {f"{s}_e2el_ms" for s in ("mean", "median", "p99")}  # not in the file
+        else:
+            want = set(FILLED_BY[fmt])
+        assert filled == want, (fmt, filled ^ want)
 
 
 @pytest.mark.parametrize("edit, field, msg", [
@@ -344,6 +364,15 @@ def test_option_values_are_checked(tmp_path, capsys):
     assert "--gpu-count" in _err(capsys) and not out.exists()
     assert main(["bench", "import", str(VLLM_PLAIN), "--out", str(out), "--random-range-convention", "wide"]) == 2
     assert "expected one of low, symmetric" in _err(capsys)
+    assert main(["bench", "import", str(VLLM_PLAIN), "--out", str(out), "--measurement-date", "26/11/2026"]) == 2
+    assert "'--measurement-date': expected YYYY-MM-DD[THH:MM:SS]" in _err(capsys) and not out.exists()
+
+
+def test_a_runs_table_is_not_imported_again(tmp_path, capsys):
+    p = tmp_path / "runs.csv"
+    write_runs(import_file(IX), p)
+    assert main(["bench", "import", str(p), "--out", str(tmp_path / "again.csv")]) == 2
+    assert "already a dsparksim runs table" in _err(capsys)
 
 
 # --- never overwrite ------------------------------------------------------------------------------------------

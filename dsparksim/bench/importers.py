@@ -51,8 +51,57 @@ INFERENCEX_COLUMNS = ("row_id", "source", "measurement_date", "run_url", "model"
 _ENGINES = {"sglang": "sglang", "sglang-native": "sglang", "sglang-oai": "sglang", "sglang-oai-chat": "sglang",
             "vllm": "vllm", "vllm-chat": "vllm", "trt": "trtllm", "lmdeploy": "lmdeploy",
             "lmdeploy-chat": "lmdeploy"}
-# Which columns each format fills from the file itself (the README table is generated from the same facts).
 STAT_COLUMNS = tuple(f"{s}_{m}_ms" for m in ("tpot", "ttft", "e2el") for s in ("mean", "median", "p99"))
+_STATS = ("mean", "median", "p99")
+# Which columns each format fills from the file itself, and from what (the README table says the same; a test
+# checks it against the fixtures). Provenance columns are always filled; anything else comes from an option (or,
+# for vLLM, a `--metadata KEY=VALUE` pair whose KEY is an option column) or stays empty.
+FILLED_BY: dict[str, dict[str, str]] = {
+    "vllm": {
+        "source_ref": "label", "measurement_date": "date", "model": "model_id", "num_prompts": "num_prompts",
+        "request_rate": "request_rate", "max_concurrency": "max_concurrency", "duration_s": "duration",
+        "completed": "completed", "failed": "failed", "total_input_tokens": "total_input_tokens",
+        "total_output_tokens": "total_output_tokens", "output_throughput": "output_throughput",
+        "output_throughput_per_gpu": "output_throughput / gpu_count",
+        "acceptance_length": "spec_decode_acceptance_length",
+        "random_range_convention": "symmetric when a range ratio is set",
+        **{f"{s}_{m}_ms": f"{s}_{m}_ms" for m in ("tpot", "ttft") for s in _STATS},
+        **{f"{s}_e2el_ms": f"{s}_e2el_ms (with --percentile-metrics ...,e2el)" for s in _STATS},
+    },
+    "sglang": {
+        "source_ref": "tag", "model": "server_info.served_model_name or model_path", "tp": "server_info.tp_size",
+        "ep": "server_info.ep_size", "dp_attention": "server_info.enable_dp_attention",
+        "gpu_count": "server_info: tp_size x pp_size (x dp_size without DP attention)",
+        "engine": "backend (sglang*, vllm*, trt -> trtllm, lmdeploy*)", "engine_version": "server_info.version",
+        "spec_method": "server_info.speculative_algorithm (null -> none)",
+        "spec_num_steps": "server_info.speculative_num_steps",
+        "spec_num_draft_tokens": "server_info.speculative_num_draft_tokens",
+        "spec_topk": "server_info.speculative_eagle_topk", "acceptance_length": "accept_length",
+        "dataset_name": "dataset_name", "random_input_len": "random_input_len (random datasets)",
+        "random_output_len": "random_output_len (random datasets)",
+        "random_range_ratio": "random_range_ratio (random datasets)", "random_range_convention": "low",
+        "max_concurrency": "max_concurrency", "request_rate": "request_rate", "duration_s": "duration",
+        "completed": "completed", "total_input_tokens": "total_input_tokens",
+        "total_output_tokens": "total_output_tokens", "output_throughput": "output_throughput",
+        "output_throughput_per_gpu": "output_throughput / gpu_count",
+        **{f"{s}_{m}_ms": f"{s}_{m}_ms" for m in ("tpot", "ttft") for s in _STATS},
+        **{f"{s}_e2el_ms": f"{s}_e2e_latency_ms" for s in _STATS},
+    },
+    "inferencex": {
+        "source_ref": "run_url (else source)", "measurement_date": "measurement_date", "model": "model",
+        "gpu": "hardware", "gpu_count": "gpu_count_total", "tp": "tp", "ep": "ep", "dp_attention": "dp_attention",
+        "engine": "framework (trt -> trtllm)", "engine_version": "framework_image", "precision": "precision",
+        "spec_method": "mtp off -> none; on -> spec_config's method", "spec_num_steps": "spec_config num_steps",
+        "spec_num_draft_tokens": "spec_config num_draft_tokens", "spec_topk": "spec_config topk",
+        "acceptance_length": "acceptance_length_reported", "dataset_name": "random", "random_input_len": "isl",
+        "random_output_len": "osl", "random_range_ratio": "random_range_ratio", "random_range_convention": "low",
+        "max_concurrency": "concurrency", "request_rate": "inf", "num_prompts": "num_prompts",
+        "num_warmup_prompts": "2 x concurrency from 2026-01-21, else 0", "ignore_eos": "true",
+        "output_throughput": "output_tput_aggregate", "output_throughput_per_gpu": "output_tput_per_gpu",
+        **{f"{s}_{m}_ms": f"{s}_{m}_ms" for m in ("tpot", "ttft") for s in _STATS},
+        **{f"{s}_e2el_ms": f"{s}_e2el_s x 1000" for s in _STATS},
+    },
+}
 
 
 def import_files(paths: list[str | Path], fmt: str = "auto",
@@ -93,6 +142,9 @@ def sniff(text: str, path: str | Path) -> str:
     if head[:1] in "{[":
         return "json"
     first = head.splitlines()[0]
+    if first.startswith("# dsparksim runs table"):
+        raise InputError(path, None, "already a dsparksim runs table (bench import writes these; the commands that "
+                         "take runs read it as it is)")
     cols = {c.strip() for c in next(csv.reader([first]), [])}
     if {"hardware", "framework", "framework_image"} <= cols:   # then every column it needs is checked
         return "inferencex"

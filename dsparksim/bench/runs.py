@@ -11,6 +11,7 @@ import csv
 import io
 import math
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any, Iterable, Mapping
 
 from dsparksim.errors import ConfigError, InputError
 from dsparksim.io.textio import escape_controls, read_text
+from dsparksim.results.outputs import check_out_file
 
 FORMAT_VERSION = 1
 MARKER = f"# dsparksim runs table v{FORMAT_VERSION} (README: Benchmark runs as input)"
@@ -39,6 +41,8 @@ class Column:
     inf: bool = False
     cli: bool = False
     choices: tuple[str, ...] = ()
+    pattern: str = ""      # a str column's values must match this regex (fullmatch)
+    pattern_text: str = ""
 
 
 def _c(group: str, name: str, type_: str, unit: str, meaning: str, **kw: Any) -> Column:
@@ -56,7 +60,7 @@ COLUMNS: tuple[Column, ...] = (
     _c(_P, "source_ref", "str", "", "upstream reference: vLLM `label`, SGLang `tag`, InferenceX `run_url` "
        "(else its `source`)"),
     _c(_P, "measurement_date", "str", "", "when the run was measured: YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS",
-       cli=True),
+       cli=True, pattern=r"\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}:\d{2})?", pattern_text="YYYY-MM-DD[THH:MM:SS]"),
     _c(_D, "model", "str", "", "served model (HF id or name)", cli=True),
     _c(_D, "gpu", "str", "", "accelerator, as the source names it (e.g. h200, H200-SXM-141GB)", cli=True),
     _c(_D, "gpu_count", "int", "GPUs", "GPUs serving the run (all replicas)", lo=1, cli=True),
@@ -119,7 +123,7 @@ def parse_cell(col: Column, text: str, source: str | Path, line: int | None) -> 
     if s == "":
         return None
     if col.type == "str":
-        return s
+        return check_value(col, s, source, line)
     if col.type == "bool":
         low = s.lower()
         if low in ("true", "false"):
@@ -144,6 +148,8 @@ def check_value(col: Column, v: Any, source: str | Path, line: int | None) -> An
         if col.choices and v not in col.choices:
             raise InputError(source, col.name, f"expected one of {', '.join(col.choices)}, got "
                              f"{escape_controls(v)!r}", line=line)
+        if col.pattern and not re.fullmatch(col.pattern, v):
+            raise InputError(source, col.name, f"expected {col.pattern_text}, got {escape_controls(v)!r}", line=line)
         return v
     if col.type == "bool":
         if not isinstance(v, bool):
@@ -290,12 +296,7 @@ def check_out(path: str | Path, force: bool, inputs: Iterable[str | Path] = (), 
             raise ConfigError("cli", option, f"{str(p)!r} exists and is not a runs table that bench import wrote "
                               "(its first line is not the runs-table marker); it is never replaced, even with "
                               "--force")
-    anc = p.absolute().parent
-    while not anc.exists():
-        anc = anc.parent
-    if not anc.is_dir() or not os.access(anc, os.W_OK):
-        raise ConfigError("cli", option, f"cannot create {str(p)!r}: {str(anc)!r} is not a writable directory")
-    return p
+    return check_out_file(p, option)   # its folder exists and is writable, or can be created
 
 
 def write_runs(runs: Iterable[Mapping[str, Any]], path: str | Path) -> int:
