@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from dsparksim.bench.importers import FILLED_BY, import_file
-from dsparksim.bench.runs import COLUMNS, MARKER, NAMES, read_runs, write_runs
+from dsparksim.bench.runs import COLUMNS, MARKER, NAMES, read_runs, runs_frame, write_runs
 from dsparksim.cli.main import main
 from dsparksim.errors import InputError
 
@@ -31,6 +31,7 @@ SHARED_CSV = Path(os.environ.get("DSPARKSIM_SHARED", REPO / ".." / "shared")) / 
     "deepseek_r1_single_node.csv"
 VLLM, VLLM_PLAIN, SGLANG, IX = (DATA / n for n in ("vllm_result.json", "vllm_plain.json", "sglang_runs.jsonl",
                                                    "inferencex_rows.csv"))
+STATS = tuple(f"{s}_{m}_ms" for m in ("tpot", "ttft", "e2el") for s in ("mean", "median", "p99"))
 
 
 def _err(capsys) -> str:
@@ -404,3 +405,39 @@ def test_the_same_file_twice_is_refused(tmp_path, capsys):
     out = tmp_path / "o.csv"
     assert main(["bench", "import", str(VLLM), str(VLLM), "--out", str(out)]) == 2
     assert "imported twice" in _err(capsys) and not out.exists()
+
+
+def test_the_simulators_own_vllm_shaped_result_imports(tmp_path, capsys):
+    """`dsparksim run` writes bench_result.json in vLLM's shape (pretty-printed, one key per line, with e2el
+    statistics): it imports as a vLLM run with every statistic taken from it."""
+    assert main(["run", "--concurrency", "2", "--duration", "2", "--quiet", "--out", str(tmp_path / "r")]) == 0
+    src = json.loads((tmp_path / "r" / "bench_result.json").read_text())
+    (row,) = import_file(tmp_path / "r" / "bench_result.json")
+    assert row["source_format"] == "vllm" and row["model"] == src["model_id"]
+    assert row["acceptance_length"] == src["spec_decode_acceptance_length"]
+    for col in STATS:
+        assert row[col] == src[col], col
+    for col, key in (("completed", "completed"), ("failed", "failed"), ("duration_s", "duration"),
+                     ("num_prompts", "num_prompts"), ("max_concurrency", "max_concurrency")):
+        assert row[col] == src[key], col
+
+
+def test_runs_frame_types(tmp_path):
+    df = runs_frame(import_file(IX) + import_file(SGLANG))
+    assert list(df.columns) == list(NAMES) and len(df) == 9
+    assert str(df["tp"].dtype) == "Int64" and str(df["dp_attention"].dtype) == "boolean"
+    assert df["num_prompts"].isna().sum() == 3 and df["request_rate"].eq(math.inf).all()
+
+
+def test_write_runs_itself_never_replaces_another_file(tmp_path):
+    rows = import_file(IX)[:1]
+    mine = tmp_path / "notes.csv"
+    mine.write_text("keep me\n")
+    with pytest.raises(InputError, match="exists"):
+        write_runs(rows, mine)
+    with pytest.raises(InputError, match="never replaced"):
+        write_runs(rows, mine, force=True)
+    assert mine.read_text() == "keep me\n"
+    ours = tmp_path / "runs.csv"
+    write_runs(rows, ours)
+    assert write_runs(import_file(IX), ours, force=True) == 6 and len(read_runs(ours)) == 6

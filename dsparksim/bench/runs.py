@@ -299,10 +299,11 @@ def check_out(path: str | Path, force: bool, inputs: Iterable[str | Path] = (), 
     return check_out_file(p, option)   # its folder exists and is writable, or can be created
 
 
-def write_runs(runs: Iterable[Mapping[str, Any]], path: str | Path) -> int:
+def write_runs(runs: Iterable[Mapping[str, Any]], path: str | Path, force: bool = False) -> int:
     """Write the runs (each validated with ``check_row``) as a runs table, atomically: the file appears complete
-    or not at all. Returns the number of rows. The caller checks ``path`` with ``check_out`` first."""
-    path = Path(path)
+    or not at all. An existing ``path`` is refused unless ``force`` and it is a runs table (``check_out``; a
+    command checks that before reading its inputs too). Returns the number of rows."""
+    path = check_out(path, force)
     rows = [check_row(r, f"run {r.get('run_id')!r}", None) for r in runs]
     ids = [r["run_id"] for r in rows]
     dup = next((i for i in ids if ids.count(i) > 1), None)

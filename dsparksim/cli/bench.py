@@ -72,7 +72,7 @@ def import_command(args: argparse.Namespace) -> int:
 
     check_out(args.out, args.force, inputs=args.files)
     rows = import_files(args.files, args.format, overrides(args))
-    n = write_runs(rows, args.out)
+    n = write_runs(rows, args.out, force=args.force)
     kinds = Counter(r["source_format"] for r in rows)
     print(f"{n} runs from {len(args.files)} file(s) ({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))}) "
           f"-> {args.out}")
