@@ -202,3 +202,10 @@ def test_unsupported_configs_name_the_field(args, field):
         map_spec(*args, source="runs.csv line 7")
     msg = str(e.value)
     assert msg.startswith("runs.csv line 7") and f"field '{field}'" in msg and "\n" not in msg
+
+
+def test_imported_profiles_price_an_mtp_drafter_as_a_chain():
+    from dsparksim.cost.profile_import import parse_drafter_cost
+
+    assert parse_drafter_cost("mtp=0.0003") == ("mtp", "autoregressive", 0.0003)    # K forwards, not mtp1's one
+    assert parse_drafter_cost("mtp1=0.0003")[1] == "mtp"
