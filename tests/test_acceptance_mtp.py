@@ -209,3 +209,20 @@ def test_imported_profiles_price_an_mtp_drafter_as_a_chain():
 
     assert parse_drafter_cost("mtp=0.0003") == ("mtp", "autoregressive", 0.0003)    # K forwards, not mtp1's one
     assert parse_drafter_cost("mtp1=0.0003")[1] == "mtp"
+
+
+def test_draws_are_keyed_by_seed_request_and_step():
+    """A request's acceptance does not depend on what runs beside it: the same seed at 2 and 16 users gives every
+    request the same decode steps and accepted tokens under fixed:3; another seed changes them."""
+    from dsparksim.sim.simulate import simulate
+
+    def per_request(concurrency, seed):
+        cfg = RunConfig.from_options({"profile": str(DS_PROFILE), "acceptance": "mtp", "block_size": 3,
+                                      "policy": "fixed:3", "concurrency": concurrency, "num_requests": 40,
+                                      "seed": seed})
+        df = simulate(cfg).requests().sort_values("request_id")
+        return df[["request_id", "decode_steps", "accepted_tokens"]].to_numpy()
+
+    a = per_request(2, 5)
+    np.testing.assert_array_equal(a, per_request(16, 5))
+    assert not np.array_equal(a, per_request(2, 6))
