@@ -1,1 +1,2 @@
-"""Measured serving-benchmark runs as input: the runs table (``runs``) and the importers that fill it."""
+"""Serving-benchmark runs as input (issue 30): the runs table (``runs``), its importers, the client simulated as it
+runs, the speculative-config mapping (``spec``), replay."""
