@@ -1,7 +1,7 @@
 """Issue 31 items 5-7: nothing the user wrote is ever overwritten. One rule for every command that writes
 (dsparksim.results.outputs.claim_out_file / claim_result_set / check_out_dir): replace only what dsparksim wrote,
-never an input, never a file it did not write; --force where the user means it; a replaced default folder is
-announced."""
+never an input, never a file it did not write (not even with --force); an earlier single-file result of dsparksim's
+only with --force (the user means it); a replaced default folder is announced."""
 from __future__ import annotations
 
 import json
@@ -43,7 +43,7 @@ def test_profile_build_never_overwrites_its_model_input(tmp_path, capsys):
     before = cfg.read_bytes()
     for extra in ((), ("--force",)):
         assert _build(cfg, *extra, model=str(cfg)) == 2
-        assert "is an input of this command" in _err(capsys)
+        assert "also an input of this command" in _err(capsys)
         assert cfg.read_bytes() == before
     link = tmp_path / "link.json"
     link.symlink_to(cfg)
@@ -51,17 +51,21 @@ def test_profile_build_never_overwrites_its_model_input(tmp_path, capsys):
     assert cfg.read_bytes() == before
 
 
-def test_profile_build_refuses_a_user_file_replaces_its_own_and_forces(tmp_path, capsys):
+def test_profile_build_never_replaces_a_user_file_and_its_own_only_with_force(tmp_path, capsys):
     out = _user_file(tmp_path / "p.json")
-    assert _build(out) == 2
-    line = _err(capsys)
-    assert "dsparksim did not write it" in line and "--force" in line and str(out) in line
-    assert out.read_bytes() == USER
-    assert _build(out, "--force") == 0                  # the user means it
-    doc = json.loads(out.read_text())
-    assert doc["metadata"]["written_by"].startswith("dsparksim ")
+    for extra in ((), ("--force",)):
+        assert _build(out, *extra) == 2
+        line = _err(capsys)
+        assert "dsparksim did not write it" in line and "even with --force" in line and str(out) in line
+        assert out.read_bytes() == USER
+    mine = tmp_path / "mine.json"
+    assert _build(mine) == 0
+    assert json.loads(mine.read_text())["metadata"]["written_by"].startswith("dsparksim ")
     capsys.readouterr()
-    assert _build(out) == 0                             # its own file: a rerun replaces it without --force
+    assert _build(mine) == 2 and "add --force" in _err(capsys)   # an earlier result: not silently replaced
+    mine.write_text(mine.read_text().replace('"2026-01-01"', '"2000-01-01"'))
+    assert _build(mine, "--force") == 0                          # the user means it
+    assert "2026-01-01" in mine.read_text()
 
 
 def test_profile_import_never_overwrites_its_input_or_a_user_file(tmp_path, capsys):
@@ -71,39 +75,46 @@ def test_profile_import_never_overwrites_its_input_or_a_user_file(tmp_path, caps
     assert main(["profile", "import", str(table), "--format", "vllm", "--out", str(table), "--force"]) == 2
     assert "input" in _err(capsys) and table.read_bytes() == before
     user = _user_file(tmp_path / "u.json")
-    assert main(["profile", "import", str(table), "--format", "vllm", "--out", str(user)]) == 2
+    assert main(["profile", "import", str(table), "--format", "vllm", "--out", str(user), "--force"]) == 2
     assert "did not write" in _err(capsys) and user.read_bytes() == USER
 
 
 def test_profile_show_plot_refuses_an_existing_image_it_did_not_write(tmp_path, capsys):
     png = _user_file(tmp_path / "existing.png", b"\x89PNG\r\n\x1a\nnot ours")
-    assert main(["profile", "show", "h100-llama2-7b-tp1", "--plot", str(png)]) == 2
-    assert "did not write" in _err(capsys) and png.read_bytes().endswith(b"not ours")
-    fresh = tmp_path / "fresh.png"
-    assert main(["profile", "show", "h100-llama2-7b-tp1", "--plot", str(fresh)]) == 0
-    capsys.readouterr()
-    assert main(["profile", "show", "h100-llama2-7b-tp1", "--plot", str(fresh)]) == 0   # ours: replaced
-    assert main(["profile", "show", "h100-llama2-7b-tp1", "--plot", str(png), "--force"]) == 0
-    assert not png.read_bytes().endswith(b"not ours")
+    for extra in ((), ("--force",)):
+        assert main(["profile", "show", "h100-llama2-7b-tp1", "--plot", str(png), *extra]) == 2
+        assert "did not write" in _err(capsys) and png.read_bytes().endswith(b"not ours")
+    for fmt in ("png", "svg", "pdf"):
+        fresh = tmp_path / f"fresh.{fmt}"
+        assert main(["profile", "show", "h100-llama2-7b-tp1", "--plot", str(fresh)]) == 0
+        capsys.readouterr()
+        assert main(["profile", "show", "h100-llama2-7b-tp1", "--plot", str(fresh)]) == 2   # not silently
+        assert "add --force" in _err(capsys)
+        assert main(["profile", "show", "h100-llama2-7b-tp1", "--plot", str(fresh), "--force"]) == 0   # ours
 
 
 def test_audit_out_refuses_an_existing_file_it_did_not_write(tmp_path, capsys, monkeypatch):
     import dsparksim.runner.audit as audit
     monkeypatch.setattr(audit, "audit_all", lambda **k: (_ for _ in ()).throw(AssertionError("audit ran")))
     out = _user_file(tmp_path / "existing.json")
-    assert main(["audit", "--steps", "10", "--out", str(out)]) == 2
+    assert main(["audit", "--steps", "10", "--out", str(out), "--force"]) == 2
     assert "did not write" in _err(capsys) and out.read_bytes() == USER
 
 
 def test_claim_out_file_recognises_each_kind(tmp_path):
     rows = tmp_path / "audit.json"
     rows.write_text(json.dumps([{"policy": "mtp1", "setting": "a", "p_value": 0.5}]))
-    assert claim_out_file(rows, "audit") == rows
-    with pytest.raises(ConfigError):
-        claim_out_file(rows, "profile")            # an audit file is not a profile dsparksim wrote
+    assert claim_out_file(rows, "audit", force=True) == rows
+    with pytest.raises(ConfigError, match="add --force"):
+        claim_out_file(rows, "audit")
+    with pytest.raises(ConfigError, match="even with --force"):
+        claim_out_file(rows, "profile", force=True)   # an audit file is not a profile dsparksim wrote
     marked = tmp_path / "doc.json"
     marked.write_text(json.dumps({"written_by": "dsparksim 9.9", "x": 1}))
-    assert claim_out_file(marked, "json") == marked
+    assert claim_out_file(marked, "json", force=True) == marked
+    marked.write_text(json.dumps({"written_by": "dsparksimX 9.9", "x": 1}))
+    with pytest.raises(ConfigError, match="did not write"):
+        claim_out_file(marked, "json", force=True)
     with pytest.raises(ConfigError, match="not a regular file|directory"):
         claim_out_file(tmp_path, "json")
     with pytest.raises(ValueError):
@@ -123,18 +134,18 @@ policy = ["none"]
 """
 
 
-def test_sweep_refuses_a_user_results_csv_and_replaces_its_own(tmp_path, capsys):
+def test_sweep_refuses_a_user_results_csv_and_updates_its_own(tmp_path, capsys):
     spec = tmp_path / "s.toml"
     spec.write_text(SPEC)
     out = tmp_path / "out"
     user = _user_file(out / "results.csv", b"my,own\n1,2\n")
     assert main(["sweep", str(spec), "--out", str(out), "--backend", "serial", "--quiet"]) == 2
     line = _err(capsys)
-    assert "results.csv" in line and "--force" in line and user.read_bytes() == b"my,own\n1,2\n"
+    assert "results.csv" in line and "did not write" in line and user.read_bytes() == b"my,own\n1,2\n"
     assert not (out / "cells").exists()                                 # refused before any cell ran
-    assert main(["sweep", str(spec), "--out", str(out), "--backend", "serial", "--quiet", "--force"]) == 0
-    assert user.read_bytes() != b"my,own\n1,2\n"
-    assert main(["sweep", str(spec), "--out", str(out), "--backend", "serial", "--quiet"]) == 0  # its own set
+    mine = tmp_path / "mine"
+    assert main(["sweep", str(spec), "--out", str(mine), "--backend", "serial", "--quiet"]) == 0
+    assert main(["sweep", str(spec), "--out", str(mine), "--backend", "serial", "--quiet"]) == 0  # its own set
 
 
 @pytest.mark.parametrize("cmd,name", [("plan", "plan.json"), ("plan", "spec.json"), ("plan", "probes.csv"),
@@ -170,13 +181,11 @@ def test_result_set_manifest_keeps_its_names_claimed_while_writing(tmp_path):
 RUN = ["run", "--duration", "1", "--concurrency", "2", "--quiet"]
 
 
-def test_run_force_replaces_a_folder_of_result_files_it_did_not_write(tmp_path, capsys):
+def test_run_never_replaces_a_folder_of_result_files_it_did_not_write(tmp_path, capsys):
     out = tmp_path / "r"
     _user_file(out / "summary.json")
-    assert main([*RUN, "--out", str(out)]) == 2 and "--force" in _err(capsys)
+    assert main([*RUN, "--out", str(out)]) == 2 and "no dsparksim run or frontier wrote" in _err(capsys)
     assert (out / "summary.json").read_bytes() == USER
-    assert main([*RUN, "--out", str(out), "--force"]) == 0
-    assert json.loads((out / "summary.json").read_text()) != json.loads(USER)
 
 
 def test_run_without_out_says_it_replaced_results_run(tmp_path, capsys, monkeypatch):

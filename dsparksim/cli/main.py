@@ -128,8 +128,6 @@ def add_out(p: argparse.ArgumentParser, default: str | None, help: str = "output
     kw = {"default": default} if default is not None else {"required": True}
     p.add_argument("--out", "--result-dir", dest="out", **kw,
                    help=f"{help}" + (" [%(default)s]" if default is not None else ""))
-    p.add_argument("--force", action="store_true",
-                   help="replace an --out folder of result files that no dsparksim run wrote (by default refused)")
 
 
 def default_out_note(args: argparse.Namespace, existed: bool) -> None:
@@ -247,7 +245,7 @@ def check_run_args(args: argparse.Namespace, frontier: bool = False) -> None:
         from dsparksim.results.outputs import need_parquet
         need_parquet("--format")
     from dsparksim.results.outputs import check_out_dir
-    check_out_dir(args.out, "--out", force=getattr(args, "force", False))
+    check_out_dir(args.out, "--out")
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:

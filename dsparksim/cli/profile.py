@@ -31,16 +31,18 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument("profile", help="shipped profile name or path to a profile JSON")
     s.add_argument("--json", action="store_true", help="print a machine-readable summary")
     s.add_argument("--plot", metavar="FILE.png", help="also plot the verify staircase (and drafters) to this file "
-                                                      "(an existing file only if dsparksim wrote it)")
-    s.add_argument("--force", action="store_true", help="replace an existing --plot file that dsparksim did not write")
+                                                      "(an existing file only if dsparksim wrote it, with --force)")
+    s.add_argument("--force", action="store_true",
+                   help="replace an existing --plot image that dsparksim wrote (never any other file)")
     s.set_defaults(func=cmd_show)
 
     i = sub.add_parser("import", help="convert an engine SPS table (vLLM/SGLang/TensorRT-LLM) to a profile")
     i.add_argument("input", help="engine table JSON")
     i.add_argument("--format", required=True, choices=FORMATS, dest="fmt")
     i.add_argument("--out", required=True, help="profile JSON to write (never the input; an existing file only if "
-                                                "dsparksim wrote it)")
-    i.add_argument("--force", action="store_true", help="replace an existing --out file that dsparksim did not write")
+                                                "dsparksim wrote it, with --force)")
+    i.add_argument("--force", action="store_true",
+                   help="replace an existing --out file that dsparksim wrote (never any other file)")
     i.add_argument("--name", help="profile name (default: the output file stem)")
     i.add_argument("--drafters-from", metavar="PROFILE", help="copy drafter costs from this profile (name or path)")
     i.add_argument("--lookup", choices=LOOKUPS, default="auto",
@@ -98,8 +100,9 @@ def _register_build(sub: Any) -> None:
     b.add_argument("--name", help="profile name (default: built-<gpu>-<model>-<parallelism>)")
     b.add_argument("--date", help="date written into metadata (default today; fix it for reproducible files)")
     b.add_argument("--out", required=True, help="profile JSON to write (never the --model config; an existing file "
-                                                "only if dsparksim wrote it)")
-    b.add_argument("--force", action="store_true", help="replace an existing --out file that dsparksim did not write")
+                                                "only if dsparksim wrote it, with --force)")
+    b.add_argument("--force", action="store_true",
+                   help="replace an existing --out file that dsparksim wrote (never any other file)")
     b.set_defaults(func=cmd_build)
 
 

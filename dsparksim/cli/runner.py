@@ -449,7 +449,8 @@ def register(sub) -> None:
     _live_args(p)
     p.add_argument("--out", "-o", required=True, help="profile JSON to write (an existing file only if dsparksim "
                                                       "wrote it)")
-    p.add_argument("--force", action="store_true", help="replace an existing --out file that dsparksim did not write")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing --out file that dsparksim wrote (never any other file)")
     p.add_argument("--name", default=None, help="profile name [DEVICE-MODEL]")
     p.add_argument("--raw", default=None, help="also write the raw per-step records (JSON; an existing file only if "
                                                 "dsparksim wrote it)")
@@ -525,7 +526,8 @@ def register(sub) -> None:
     a.add_argument("--seed", type=int, default=0, help="random seed [%(default)s]")
     a.add_argument("--alpha", type=float, default=1e-3, help="significance level [%(default)s]")
     a.add_argument("--out", default=None, help="write the results as JSON (an existing file only if an audit wrote it)")
-    a.add_argument("--force", action="store_true", help="replace an existing --out file that dsparksim did not write")
+    a.add_argument("--force", action="store_true",
+                   help="replace an existing --out file that dsparksim wrote (never any other file)")
     g = a.add_argument_group("live audit (the real engine with the trained drafters)")
     g.add_argument("--live", action="store_true",
                    help="audit the batched real engine with the trained pair instead of the synthetic Markov settings")

@@ -18,10 +18,6 @@ def _backend_args(p: argparse.ArgumentParser, default: str = "local") -> None:
     g.add_argument("--quiet", action="store_true", help="no progress bar or report")
 
 
-def _force_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--force", action="store_true",
-                   help="replace same-named files in --out that dsparksim did not write (by default they are refused)")
-
 
 def _bar_off(args: argparse.Namespace) -> bool:
     from dsparksim.cli.main import _bar_off as off   # one rule for every command: bars on a terminal only
@@ -35,7 +31,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec)  # validated before any cell runs
     # holds the cache: written into, never replaced whole; a same-named file of the user's is never replaced
-    claim_result_set(args.out, RESULT_FILES, MANIFEST, args.force, "--out")
+    claim_result_set(args.out, RESULT_FILES, MANIFEST, "--out")
     try:
         res = run_sweep(spec, args.out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
                         progress=not _bar_off(args))
@@ -67,7 +63,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     st = capacity_settings(spec, load=args.load, min=args.min, max=args.max, tolerance=args.tolerance,
                            slo=args.slo, require_unsaturated=False if args.allow_saturated else None,
                            seeds=args.seeds)
-    out = claim_result_set(args.out, CAPACITY_FILES, "capacity.manifest.json", args.force, "--out")  # before any probe
+    out = claim_result_set(args.out, CAPACITY_FILES, "capacity.manifest.json", "--out")  # before any probe
     out.mkdir(parents=True, exist_ok=True)
     res = capacity_search(spec, st, out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
                           progress=not _bar_off(args))
@@ -113,7 +109,6 @@ def register(subparsers) -> None:
                                           "sweep.manifest.json (the set is complete when it is present).")
     s.add_argument("spec", help="sweep spec (TOML), e.g. sweeps/example.toml")
     s.add_argument("--out", "--result-dir", dest="out", required=True, help="output folder (also the cache)")
-    _force_arg(s)
     _backend_args(s)
     s.set_defaults(func=cmd_sweep)
 
@@ -126,7 +121,6 @@ def register(subparsers) -> None:
     c.add_argument("spec", help="sweep spec (TOML) whose axes must not include the load; its [capacity] table "
                                 "may set load, min, max, tolerance, slo")
     c.add_argument("--out", "--result-dir", dest="out", required=True, help="output folder (also the probe cache)")
-    _force_arg(c)
     c.add_argument("--slo", "--sla", dest="slo", action="append", default=None,
                    help="SLO term METRIC>=X or METRIC<=Y on a run-summary field, repeatable, e.g. "
                         "--slo 'tps_user_median>=50' --slo 'ttft_p99_s<=2' [spec's capacity.slo]")
@@ -162,4 +156,4 @@ def register(subparsers) -> None:
     r.set_defaults(func=cmd_regress)
 
     from dsparksim.plan.command import register as register_plan
-    register_plan(subparsers, _backend_args, _force_arg)
+    register_plan(subparsers, _backend_args)

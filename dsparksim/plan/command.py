@@ -13,7 +13,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     spec = load_plan(args.spec)  # validated (every probe's configuration, prices, SLO metrics): nothing runs before
     # holds the cell cache: written into, never replaced; a same-named file of the user's is never replaced
-    out = claim_result_set(args.out, RESULT_FILES, MANIFEST, args.force, "--out")
+    out = claim_result_set(args.out, RESULT_FILES, MANIFEST, "--out")
     out.mkdir(parents=True, exist_ok=True)
     try:
         run = run_plan(spec, out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
@@ -35,7 +35,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers, backend_args, force_arg) -> None:
+def register(subparsers, backend_args) -> None:
     p = subparsers.add_parser(
         "plan", help="cheapest deployment meeting an SLO at a given traffic, per policy family",
         description="Search candidate deployments (profile, run options, policy and K) for the fewest replicas "
@@ -52,6 +52,5 @@ def register(subparsers, backend_args, force_arg) -> None:
                     "sweeps/plan-example.toml.")
     p.add_argument("spec", help="plan spec (TOML), e.g. sweeps/plan-example.toml")
     p.add_argument("--out", "--result-dir", dest="out", required=True, help="output folder (also the probe cache)")
-    force_arg(p)
     backend_args(p)
     p.set_defaults(func=cmd_plan)

@@ -483,8 +483,8 @@ def _check_arrivals(spec: PlanSpec, cfg: Any, scale: float) -> None:
     try:
         check_expected_arrivals(t.rate * t.time_scale, t.duration_s)
     except ConfigError as e:
-        raise ConfigError(spec.source, "traffic.rate", f"at scale {scale:g}: {e.message.replace(' (--rate / --time-scale)', '')} "
-                          "(or [traffic] scales)") from None
+        why = e.message.replace(" (--rate / --time-scale)", "")
+        raise ConfigError(spec.source, "traffic.rate", f"at scale {scale:g}: {why} (or [traffic] scales)") from None
 
 
 def _check_probes(spec: PlanSpec) -> None:

@@ -12,14 +12,16 @@
   and written last, listing every file with its size and sha256. Result files whose manifest is pending (or whose
   bytes disagree with it) are an interrupted write.
 
-One rule for every command that writes (issue 31): dsparksim replaces only what dsparksim wrote, as the file's own
-mark, its folder's ``config.json`` or its result set's manifest says; never an input of the command, never a file
-it did not write. ``--force`` lets a user replace a file dsparksim did not write (still never an input):
+One rule for every command that writes (issue 31): nothing the user wrote is ever overwritten. dsparksim replaces
+only what dsparksim wrote, as the file's own mark, its folder's ``config.json`` or its result set's manifest says;
+never an input of the command, never a file it did not write -- not even with ``--force``:
 
-* ``claim_out_file`` (one file: ``profile build|import|measure --out``, ``profile show --plot``, ``audit --out``,
-  and every new command that writes one file);
-* ``claim_result_set`` (``sweep``, ``capacity``, ``plan``: the set's file names in an existing folder);
-* ``check_out_dir`` (``run``, ``frontier``: the folder replaced whole).
+* ``claim_out_file`` (one file: ``profile build|import|measure --out``, ``measure --raw``, ``profile show --plot``,
+  ``audit --out``, ``bench import --out`` and every new command that writes one file): an existing file that
+  dsparksim wrote is replaced only with ``--force`` (the user means it);
+* ``claim_result_set`` (``sweep``, ``capacity``, ``plan``: the set's file names in an existing folder; a rerun
+  updates its own set, which is how an interrupted search resumes);
+* ``check_out_dir`` (``run``, ``frontier``: a folder of dsparksim's results, replaced whole by a rerun).
 
 New files and directories get the usual permissions (0644 / 0755 under a 022 umask).
 """
@@ -40,11 +42,11 @@ from dsparksim.errors import ConfigError
 RESULT_SUFFIXES = (".json", ".csv", ".parquet", ".png", ".gz")
 
 
-def check_out_dir(path: str | Path, option: str = "--out", replace: bool = True, force: bool = False) -> Path:
+def check_out_dir(path: str | Path, option: str = "--out", replace: bool = True) -> Path:
     """Raise ConfigError (naming ``option``) unless ``path`` can become a result directory.
 
     ``replace``: OUT is replaced whole, so an existing OUT may only hold result files (no subdirectories), and
-    only ones a dsparksim run or frontier wrote (its config.json says so) unless ``force``.
+    only ones a dsparksim run or frontier wrote (its config.json says so).
     """
     p = Path(path)
     if replace:
@@ -60,12 +62,11 @@ def check_out_dir(path: str | Path, option: str = "--out", replace: bool = True,
                 raise ConfigError("cli", option, f"{str(p)!r} is replaced whole by the new results but holds "
                                   f"other things ({', '.join(other[:5])}); choose a new or empty directory")
             files = [c.name for c in entries]
-            if files and not force and not written_by_dsparksim(p):
+            if files and not written_by_dsparksim(p):
                 raise ConfigError("cli", option, f"{str(p)!r} is replaced whole by the new results but holds files "
                                   f"that no dsparksim run or frontier wrote ({', '.join(files[:5])}"
                                   f"{', ...' if len(files) > 5 else ''}; their config.json would name the "
-                                  "dsparksim version); choose a new or empty directory, or add --force to replace "
-                                  "them")
+                                  "dsparksim version); choose a new or empty directory")
         _check_writable(p, option)
         anchor = p.resolve().parent if replace else p
         _check_writable(anchor, option)
@@ -100,7 +101,7 @@ def written_by() -> str:
 
 def image_metadata(path: str | Path) -> dict[str, str] | None:
     """matplotlib ``savefig(metadata=...)`` marking a plot as dsparksim's (PNG Software, SVG/PDF Creator); None
-    for formats that carry no such text (their existing files are replaced only with --force)."""
+    for formats that carry no such text (an existing file of such a format is never replaced)."""
     ext = Path(path).suffix.lower()
     if ext == ".png":
         return {"Software": written_by()}
@@ -176,7 +177,8 @@ def claim_out_file(path: str | Path, kind: str, force: bool = False, option: str
     * a new file: its folder exists and is writable, or can be created;
     * an existing file only when dsparksim wrote it, as recognised by ``kind`` (see ``KINDS``: "profile" reads
       ``metadata.written_by``, "json" a top-level ``written_by``, "plot" the image's Software/Creator text,
-      "audit" the audit rows), or with ``force`` (the user's ``--force``).
+      "audit" the audit rows; :func:`register_kind` adds one), and only with ``force`` (the user's ``--force``:
+      a rerun does not silently replace an earlier result); a file dsparksim did not write never, force or not.
 
     Write the file with :func:`~dsparksim.sim.simulate.atomic_write`, carrying ``written_by()`` (or
     ``image_metadata``), so that a rerun may replace it. Returns ``Path(path)``.
@@ -186,17 +188,19 @@ def claim_out_file(path: str | Path, kind: str, force: bool = False, option: str
         raise ValueError(f"unknown kind {kind!r}; register it with register_kind")
     for src in inputs:
         if src is not None and (_same_file(p, Path(src)) or p.absolute() == Path(src).absolute()):
-            raise ConfigError("cli", option, f"{str(p)!r} is an input of this command ({src}); dsparksim never "
-                              "overwrites its inputs: choose another output file")
+            raise ConfigError("cli", option, f"{str(p)!r} is also an input of this command ({src}); dsparksim "
+                              "never overwrites its inputs, even with --force: choose another output file")
     if p.is_dir():
         raise ConfigError("cli", option, f"{str(p)!r} is a directory; expected the path of the file to write")
     if p.exists() or p.is_symlink():
         if not p.is_file():
             raise ConfigError("cli", option, f"{str(p)!r} exists and is not a regular file")
-        if not force and not KINDS[kind](p):
-            raise ConfigError("cli", option, f"{str(p)!r} exists and dsparksim did not write it (no {kind} "
-                              f"{'file ' if kind != 'plot' else ''}written by dsparksim); choose another path, or add "
-                              "--force to replace it")
+        if not KINDS[kind](p):
+            raise ConfigError("cli", option, f"{str(p)!r} exists and dsparksim did not write it (it is not a {kind} "
+                              "file dsparksim wrote): it is never replaced, even with --force; choose another path")
+        if not force:
+            raise ConfigError("cli", option, f"{str(p)!r} exists (a {kind} file dsparksim wrote); add --force to "
+                              "replace it, or choose a new path")
         _check_writable(p.parent, option)
         return p
     _check_creatable(p, option)
@@ -215,12 +219,12 @@ def manifest_files(d: Path) -> set[str]:
     return names
 
 
-def claim_result_set(out: str | Path, names: Sequence[str], manifest: str, force: bool = False,
-                     option: str = "--out") -> Path:
+def claim_result_set(out: str | Path, names: Sequence[str], manifest: str, option: str = "--out") -> Path:
     """Check, before any work starts, that the result set ``names`` (+ its ``manifest``) may be written into the
     folder ``out`` (``sweep``, ``capacity``, ``plan``): the folder is usable (see :func:`check_out_dir`), and every
     one of those names that already exists there is listed by a dsparksim manifest in the folder, i.e. was
-    written by dsparksim; a same-named file of the user's is refused unless ``force``. Returns ``Path(out)``."""
+    written by dsparksim (a rerun updates its own set); a same-named file of the user's is refused, always.
+    Returns ``Path(out)``."""
     p = check_out_dir(out, option, replace=False)
     if not p.is_dir():
         return p
@@ -229,10 +233,10 @@ def claim_result_set(out: str | Path, names: Sequence[str], manifest: str, force
     bad = [n for n in clash if not (p / n).is_file()]
     if bad:
         raise ConfigError("cli", option, f"{str(p / bad[0])!r} is in the way of a result file and is not a file")
-    if clash and not force:
+    if clash:
         raise ConfigError("cli", option, f"{str(p)!r} holds {', '.join(clash[:5])}{', ...' if len(clash) > 5 else ''}, "
-                          "which dsparksim did not write (no result manifest there lists them); choose a new or "
-                          "empty folder, or add --force to replace them")
+                          "which dsparksim did not write (no result manifest there lists them) and never replaces; "
+                          "choose a new or empty folder")
     return p
 
 
@@ -364,7 +368,8 @@ def write_result_set(out: str | Path, files: Mapping[str, Callable[[Path], None]
         if name not in files:
             (d / name).unlink(missing_ok=True)
     entries = {name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for name, p in paths.items()}
-    doc = {"written_by": written_by(), "complete": True, **(status or {}), "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": entries}
+    doc = {"written_by": written_by(), "complete": True, **(status or {}),
+           "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": entries}
     atomic_write(d / manifest, lambda p: p.write_text(json.dumps(doc, indent=1) + "\n"))
     return paths
 

@@ -108,7 +108,8 @@ def arch_from_dict(d: dict[str, Any], src: str = "<config>", name: str | None = 
             raise ConfigError(src, "first_k_dense_replace", f"expected at most num_hidden_layers ({L}) leading "
                               f"dense layers, got {dense}")
         return Arch(family="moe", head_dim=nope + rope, v_head_dim=_req(d, "v_head_dim", src),
-                    n_dense_layers=dense, n_experts=E, top_k=_top_k(d, E, src), moe_ffn=_req(d, "moe_intermediate_size", src),
+                    n_dense_layers=dense, n_experts=E, top_k=_top_k(d, E, src),
+                    moe_ffn=_req(d, "moe_intermediate_size", src),
                     n_shared_experts=_opt(d, "n_shared_experts", src, 0), q_lora_rank=_opt(d, "q_lora_rank", src, 0),
                     kv_lora_rank=_req(d, "kv_lora_rank", src), qk_rope_head_dim=rope, qk_nope_head_dim=nope,
                     mtp_layers=_opt(d, "num_nextn_predict_layers", src, 0), **common)
