@@ -1,0 +1,1 @@
+"""Serving benchmarks as input: the benchmark client simulated as it runs (client), runs tables, replay."""
