@@ -59,7 +59,7 @@ RUN_CASES = [
     (["--duration", "-3"], "--duration"),
     (["--seed", "-1"], "--seed"),
     (["--concurrency", "0"], "--concurrency"),
-    (["--max-concurrency", "-2"], "--concurrency"),
+    (["--max-concurrency", "-2"], "--max-concurrency"),
     (["--rate", "0"], "--rate"),
     (["--num-requests", "0"], "--num-requests"),
     (["--time-scale", "2"], "--time-scale"),

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 __all__ = ["ClientWorkload", "ServerSettings", "ClientRun", "run_client", "client_metrics", "random_lengths",
            "client_arrivals", "server_kv_capacity"]
 
+from dsparksim.cost.memory import kv_capacity_at_fraction as server_kv_capacity  # noqa: E402
+
 _SRC = "client"
 STATS = ("mean", "median", "p99")
 
@@ -158,36 +160,6 @@ def client_arrivals(w: ClientWorkload, n: int, rng: np.random.Generator) -> np.n
 
 
 # ------------------------------------------------------------------------------------------------ the server
-def server_kv_capacity(profile: Any, fraction: float) -> tuple[int, str]:
-    """(KV tokens, how) at SGLang's ``--mem-fraction-static`` ``fraction``: (GPU memory x fraction - weights per
-    GPU) / KV bytes per token per GPU (the static pool holds weights and KV; activations live outside it). Needs
-    the profile's metadata.build.memory (weights_GiB_per_gpu, kv_bytes_per_token_per_gpu) and
-    metadata.build.gpu_figures.memory_GiB, as `profile build` writes them; else a ConfigError naming the missing
-    field."""
-    b = (profile.metadata or {}).get("build") if isinstance(getattr(profile, "metadata", None), dict) else None
-    mem = b.get("memory") if isinstance(b, dict) else None
-    gpu = b.get("gpu_figures") if isinstance(b, dict) else None
-    need = {"metadata.build.memory.weights_GiB_per_gpu": (mem or {}).get("weights_GiB_per_gpu"),
-            "metadata.build.memory.kv_bytes_per_token_per_gpu": (mem or {}).get("kv_bytes_per_token_per_gpu"),
-            "metadata.build.gpu_figures.memory_GiB": (gpu or {}).get("memory_GiB")}
-    missing = [k for k, v in need.items() if v is None]
-    if missing:
-        raise ConfigError(str(getattr(profile, "source", profile)), missing[0],
-                          f"--mem-fraction-static needs the GPU memory, the weights per GPU and the KV bytes per "
-                          f"token, which profile '{getattr(profile, 'name', '?')}' does not state (missing: "
-                          f"{', '.join(missing)}); give --kv-capacity TOKENS instead")
-    weights = float(sum(need["metadata.build.memory.weights_GiB_per_gpu"].values()))
-    total = float(need["metadata.build.gpu_figures.memory_GiB"])
-    per_tok = float(need["metadata.build.memory.kv_bytes_per_token_per_gpu"])
-    free = (total * fraction - weights) * 2**30
-    if free < per_tok:
-        raise ConfigError("server", "mem_fraction_static", f"{fraction} of {total:g} GiB leaves no room for KV "
-                          f"after {weights:.3f} GiB of weights per GPU")
-    how = (f"({total:g} GiB x mem_fraction_static {fraction} - {weights:.3f} GiB weights per GPU) / "
-           f"{per_tok:g} KV bytes per token per GPU (profile metadata.build.memory; weights rounded to 1 MiB)")
-    return int(free // per_tok), how
-
-
 # ---------------------------------------------------------------------------------------------------- metrics
 def client_metrics(requests: "pd.DataFrame", duration_s: float, gpus: int = 1) -> dict[str, Any]:
     """The client's summary of its measured requests (columns of :class:`ClientRun` ``requests``)."""
@@ -214,74 +186,69 @@ def client_metrics(requests: "pd.DataFrame", duration_s: float, gpus: int = 1) -
 _CACHE: dict = {}   # acceptance sources by (spec, K, confidence): profile fits call run_client many times
 
 
+def client_config(profile_name: str, workload: ClientWorkload, server: ServerSettings = ServerSettings(),
+                  policy: str = "none", block_size: int | None = None, acceptance: str | None = None,
+                  drafter: str | None = None, seed: int = 0):
+    """The RunConfig of one benchmark run: the very configuration ``dsparksim run`` builds from the client's flags
+    (RunConfig.from_options), so the CLI and :func:`run_client` simulate the same thing."""
+    from dsparksim.config import RunConfig
+
+    opts: dict[str, Any] = {"profile": profile_name, "policy": policy, "seed": int(seed),
+                            "dataset_name": "random", "random_input_len": workload.random_input_len,
+                            "random_output_len": workload.random_output_len,
+                            "random_range_ratio": float(workload.random_range_ratio),
+                            "num_requests": workload.num_prompts, "max_concurrency": workload.max_concurrency,
+                            "rate": float(workload.request_rate), "num_warmup_prompts": workload.num_warmup_prompts,
+                            "domain": "chat"}
+    if workload.burstiness != 1.0:
+        opts["burstiness"] = float(workload.burstiness)
+    for key, v in (("block_size", block_size), ("acceptance", acceptance),
+                   ("prefill_chunk_tokens", server.chunked_prefill_size),
+                   ("max_num_seqs", server.max_running_requests), ("cuda_graph_max_bs", server.cuda_graph_max_bs),
+                   ("mem_fraction_static", server.mem_fraction_static)):
+        if v is not None:
+            opts[key] = v
+    cfg = RunConfig.from_options(opts, _SRC)
+    if drafter is not None:
+        from dataclasses import replace
+        cfg = cfg.replace(engine=replace(cfg.engine, drafter=drafter))
+    return cfg
+
+
 def run_client(profile: Any, workload: ClientWorkload, server: ServerSettings = ServerSettings(),
                policy: str = "none", block_size: int | None = None, acceptance: str | None = None,
                drafter: str | None = None, seed: int = 0) -> ClientRun:
     """Simulate one benchmark run (see the module doc). ``profile``: a loaded CostProfile, a shipped name or a
     path. ``policy`` / ``block_size`` / ``acceptance`` / ``drafter``: as ``dsparksim run``'s --policy, -K,
-    --acceptance (None = its default) and the profile's drafter entry. Deterministic in ``seed``."""
-    import pandas as pd
-
-    from dsparksim.config import EngineConfig, RunConfig
+    --acceptance (None = its default) and the profile's drafter entry. Deterministic in ``seed``; the same
+    simulation as ``dsparksim run --dataset-name random ... --num-prompts ... --max-concurrency ...``."""
     from dsparksim.cost.profile import load_profile
-    from dsparksim.sim.cluster import Simulation
-    from dsparksim.sim.inputs import max_model_len, resolve_inputs
-    from dsparksim.sim.simulate import _streams
-    from dsparksim.traffic.base import Workload
-    from dsparksim.traffic.config import TrafficConfig
+    from dsparksim.sim.simulate import simulate
 
     if not isinstance(workload, ClientWorkload):
         raise ConfigError(_SRC, "workload", f"expected a ClientWorkload, got {type(workload).__name__}")
     if not isinstance(server, ServerSettings):
         raise ConfigError(_SRC, "server", f"expected ServerSettings, got {type(server).__name__}")
     prof = load_profile(profile) if isinstance(profile, (str, bytes)) or hasattr(profile, "__fspath__") else profile
-    notes: dict[str, Any] = {}
-    eng_kw: dict[str, Any] = {}
-    if block_size is not None:
-        eng_kw["block_size"] = int(block_size)
-    if drafter is not None:
-        eng_kw["drafter"] = drafter
-    if server.chunked_prefill_size is not None:
-        eng_kw["prefill_chunk_tokens"] = server.chunked_prefill_size
-    if server.max_running_requests is not None:
-        eng_kw["max_num_seqs"] = server.max_running_requests
-    if server.mem_fraction_static is not None:
-        eng_kw["kv_capacity_tokens"], notes["kv_capacity"] = server_kv_capacity(prof, server.mem_fraction_static)
-    if server.cuda_graph_max_bs is not None:
-        notes["cuda_graph_max_bs"] = (f"{server.cuda_graph_max_bs}: recorded, not priced (profile "
-                                      f"'{prof.name}' prices every step as a captured graph; no eager-mode term)")
-    n_w, n = workload.num_warmup_prompts, workload.num_prompts
-    run_kw = {"policy": policy, "profile": str(getattr(prof, "name", "profile")), "seed": int(seed)}
-    if acceptance is not None:
-        run_kw["acceptance"] = acceptance
-    # the traffic section only records the load (the client builds its own requests below)
-    cfg = RunConfig(engine=EngineConfig(**eng_kw), traffic=TrafficConfig(mode="closed", concurrency=1,
-                                                                         num_requests=n), **run_kw)
-    ri = resolve_inputs(cfg, profile=prof, cache=_CACHE)
-    rngs = _streams(int(seed))
-    ri.policy.reset(ri.K, rngs["policy"])
-    g = rngs["workload"]
-    L_in, L_out, R = workload.random_input_len, workload.random_output_len, workload.random_range_ratio
-    # the measured requests first, the warm-up's after: the measured ones do not depend on the warm-up count
-    prompt, out = random_lengths(L_in, R, n, g), random_lengths(L_out, R, n, g)
-    arrival = np.concatenate((np.zeros(n_w), client_arrivals(workload, n, g)))
-    prompt = np.concatenate((random_lengths(L_in, R, n_w, g), prompt))
-    out = np.concatenate((random_lengths(L_out, R, n_w, g), out))
-    wl = Workload(prompt_tokens=prompt, output_tokens=out, domain=np.full(n_w + n, "chat", dtype=object),
-                  arrival_s=arrival, metadata={"process": "client", "workload": workload.__dict__.copy()})
-    eng = cfg.engine
-    sim = Simulation(profile=prof, acceptance=ri.acceptance, policy=ri.policy, workload=wl, block_size=ri.K,
-                     drafter=ri.drafter, kv_capacity_tokens=int(ri.kv_cap), max_num_seqs=eng.max_num_seqs,
-                     max_batched_tokens=int(ri.max_tokens), prefill_chunk_tokens=eng.prefill_chunk_tokens,
-                     streams=rngs["acceptance"], num_requests=n_w + n, max_model_len=max_model_len(prof),
-                     kv_policy=eng.kv_policy, kv_page_tokens=eng.kv_page_tokens, kv_watermark=eng.kv_watermark,
-                     client_cap=workload.max_concurrency or (n_w + n), warmup_requests=n_w)
-    res = sim.run()
-    t0 = float(res.notes.get("benchmark_start_s", 0.0))
+    cfg = client_config(str(getattr(prof, "name", "profile")), workload, server, policy, block_size, acceptance,
+                        drafter, seed)
+    out = simulate(cfg, profile=prof, cache=_CACHE)
+    return client_run(out, server.gpus)
 
+
+def client_run(out: Any, gpus: int = 1) -> ClientRun:
+    """The client's view of a finished count-bound run (a :class:`dsparksim.sim.simulate.RunOutput`)."""
+    import pandas as pd
+
+    res, cfg = out.result, out.config
+    t = cfg.traffic
+    if t.num_requests is None:
+        raise ConfigError(_SRC, "num_requests", "the client's view needs a count-bound run (--num-prompts)")
+    n_w, n = t.num_warmup_prompts, t.num_requests
+    t0 = float(res.notes.get("benchmark_start_s", 0.0))
     steps = pd.DataFrame(res.steps)
     steps["t_end"] = steps["t_start"] + steps["dt"]
-    steps["warmup"] = steps["t_start"] < t0 if n_w else False
+    steps["warmup"] = (steps["t_start"] < t0) if n_w else False
     steps["t_start"] -= t0
     steps["t_end"] -= t0
     t_start, t_end = steps["t_start"].to_numpy(), steps["t_end"].to_numpy()
@@ -290,13 +257,13 @@ def run_client(profile: Any, workload: ClientWorkload, server: ServerSettings = 
     arr = res.arrival_s[sl] - t0
     ft = res.first_token_s[sl] - t0
     fin = res.finish_s[sl] - t0
-    failed = res.rejected[sl] if res.reject_reason is not None else np.zeros(n, bool)
+    failed = np.asarray(res.rejected[sl], bool)
     outl = res.output_tokens[sl].astype(np.int64)
 
-    def step_of_end(t: np.ndarray) -> np.ndarray:
-        i = np.searchsorted(t_end, t, side="left")
-        ok = np.isfinite(t) & (i < len(t_end))
-        return np.where(ok, np.minimum(i, len(t_end) - 1), -1).astype(np.int64)
+    def step_of_end(x: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(t_end, x, side="left")
+        ok = np.isfinite(x) & (i < len(t_end))
+        return np.where(ok, np.minimum(i, max(len(t_end) - 1, 0)), -1).astype(np.int64)
 
     ttft = (ft - arr) * 1e3
     e2el = (fin - arr) * 1e3
@@ -310,10 +277,18 @@ def run_client(profile: Any, workload: ClientWorkload, server: ServerSettings = 
         "tpot_ms": tpot, "ttft_ms": ttft, "e2el_ms": e2el, "failed": failed})
     done = np.isfinite(fin)
     duration = float(fin[done].max()) if done.any() else 0.0
-    metrics = client_metrics(reqs, duration, server.gpus)
-    notes |= {"benchmark_start_s": t0, "kv_capacity_tokens": int(ri.kv_cap), "max_num_seqs": int(eng.max_num_seqs),
-              "prefill_chunk_tokens": int(eng.prefill_chunk_tokens), "max_batched_tokens": int(ri.max_tokens),
-              "block_size": int(ri.K), "drafter": ri.drafter, "policy": ri.policy.spec,
-              "acceptance": ri.acceptance_spec, "ended_by": res.ended_by, "gpus": server.gpus}
+    metrics = client_metrics(reqs, duration, gpus)
+    eng = out.inputs["engine"]
+    notes: dict[str, Any] = {
+        "benchmark_start_s": t0, "kv_capacity_tokens": int(eng["kv_capacity_tokens"]),
+        "max_num_seqs": int(cfg.engine.max_num_seqs), "prefill_chunk_tokens": int(cfg.engine.prefill_chunk_tokens),
+        "max_batched_tokens": int(eng["max_batched_tokens"]), "block_size": int(res.block_size),
+        "drafter": res.drafter, "policy": cfg.policy, "acceptance": out.inputs["acceptance"],
+        "ended_by": res.ended_by, "gpus": int(gpus), "config": cfg}
+    if cfg.engine.mem_fraction_static is not None:
+        notes["kv_capacity"] = (f"mem_fraction_static {cfg.engine.mem_fraction_static}: (GPU memory x fraction - "
+                                "weights per GPU) / KV bytes per token per GPU (dsparksim.cost.memory)")
+    if cfg.engine.cuda_graph_max_bs is not None:
+        notes["cuda_graph_max_bs"] = (f"{cfg.engine.cuda_graph_max_bs}: recorded, not priced (the profile prices "
+                                      "every step as a captured graph; no eager-mode term)")
     return ClientRun(metrics=metrics, requests=reqs, steps=steps, notes=notes)
-

@@ -24,9 +24,10 @@ The benchmark client (``client_cap``, ``warmup_requests``; open loop only), as `
 semaphore of ``client_cap`` caps those in flight: an arrival that finds the cap reached waits in the client, FIFO,
 and is sent when an earlier request finishes (or is rejected). A request's arrival time is the time it is sent
 (the clients start a request's clock after acquiring the semaphore). The first ``warmup_requests`` rows are
-warm-up: sent first (under the same cap), and the other rows' arrival times count from the moment the last
-warm-up request finished (``SimResult.notes["benchmark_start_s"]``), as the clients start the benchmark after
-their warm-up. A closed loop of c users over N requests is this client at rate inf with cap c (same requests,
+warm-up: all sent at t = 0 (under the same cap; a closed loop's users send them first), and the other rows'
+arrival times count from the moment the last warm-up request finished (``SimResult.notes["benchmark_start_s"]``:
+row i >= W arrives at that moment + its arrival time - row W's), as the clients start the benchmark after their
+warm-up; a closed loop's users send the measured rows from that moment on. A closed loop of c users over N requests is this client at rate inf with cap c (same requests,
 same steps: tested).
 
 Stop rules: ``duration_s`` stops the clock there (requests still running are reported as not completed; a step
@@ -215,9 +216,11 @@ class Simulation:
         if kv_policy == "paged" and int(kv_capacity_tokens) < kv_page_tokens:
             raise ConfigError("config", "kv_capacity_tokens", f"{kv_capacity_tokens} KV tokens hold no page of "
                               f"{kv_page_tokens} tokens")
-        if (client_cap is not None or warmup_requests) and workload.closed_loop:
-            raise ConfigError("config", "client_cap", "the client's cap and warm-up apply to arrivals (open loop); "
-                              "a closed loop already caps its users")
+        if client_cap is not None and workload.closed_loop:
+            raise ConfigError("config", "client_cap", "the client's cap applies to arrivals (open loop); a closed "
+                              "loop already caps its users")
+        if warmup_requests and num_requests is None:
+            raise ConfigError("config", "warmup_requests", "warm-up requests need a count-bound run (num_requests)")
         if client_cap is not None and (isinstance(client_cap, bool) or int(client_cap) < 1):
             raise ConfigError("config", "client_cap", f"must be an integer >= 1, got {client_cap!r}")
         if isinstance(warmup_requests, bool) or int(warmup_requests) < 0:
@@ -355,8 +358,12 @@ class Simulation:
                                  "(lower --rate / --time-scale, or shorten the run)"))
 
     def _issue_user(self, t: float) -> None:
-        """Closed loop: a free user sends requests until one is queued (rejected ones are answered at once)."""
+        """Closed loop: a free user sends requests until one is queued (rejected ones are answered at once).
+        With a warm-up, a user that reaches the first measured row waits for the warm-up's end."""
         while self.n_rows is None or self.issued < self.n_rows:
+            if self.issued == self.warmup_requests and self.warmup_requests and not self._warm_done.triggered:
+                self._users_waiting += 1
+                return
             if not self.req.load(self.issued):
                 return
             if self._issue(self.issued, t):
@@ -379,12 +386,13 @@ class Simulation:
         sent when a slot frees; after a warm-up: arrival times count from the benchmark's start)."""
         r = self.req
         nxt = 0   # next row to arrive (rows issued .. nxt-1 wait in the client for the cap)
+        w = self.warmup_requests
         while r.load(nxt):
-            if nxt == self.warmup_requests and nxt:
+            if nxt == w and w:
                 if not self._warm_done.triggered:
                     yield self._warm_done
-                self.bench_start = env.now
-            t = float(r.arr_time[nxt]) + (self.bench_start if nxt >= self.warmup_requests else 0.0)
+            t = (0.0 if nxt < w else
+                 float(r.arr_time[nxt]) + (self.bench_start - float(r.arr_time[w]) if w else 0.0))
             if self.duration is not None and t >= self.duration:
                 return
             if t > env.now:
@@ -413,7 +421,11 @@ class Simulation:
         """Trigger the end of the warm-up when every warm-up request has finished or been rejected."""
         w = self.warmup_requests
         if w and not self._warm_done.triggered and self.issued >= w and self.n_finished + self.n_rejected >= w:
+            self.bench_start = t
             self._warm_done.succeed()
+            users, self._users_waiting = self._users_waiting, 0
+            for _ in range(users):   # closed loop: the users that finished their warm-up start the benchmark
+                self._issue_user(t)
 
     def _on_finish(self, rows: np.ndarray, now: float) -> None:
         self.n_finished += len(rows)
@@ -446,6 +458,7 @@ class Simulation:
         self.env = env
         self._done = env.event()
         self._warm_done = env.event()
+        self._users_waiting = 0
         self._error: BaseException | None = None
         self._driver_of: list[_Driver] = []
         drivers = []

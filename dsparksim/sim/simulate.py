@@ -55,10 +55,13 @@ def _streams(seed: int) -> dict[str, Any]:
             "policy": np.random.default_rng(pol)}
 
 
-def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None) -> RunOutput:
-    """Simulate one configuration and summarise it (nothing is written)."""
+def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None, *, profile: Any = None,
+             cache: dict | None = None) -> RunOutput:
+    """Simulate one configuration and summarise it (nothing is written). ``profile``: an already loaded profile
+    instead of ``cfg.profile``; ``cache``: shared across calls (see :func:`resolve_inputs`)."""
     rngs = _streams(cfg.seed)
-    ri = resolve_inputs(cfg)  # profile, policy, K, acceptance, drafter and engine limits (dsparksim.sim.inputs)
+    # profile, policy, K, acceptance, drafter and engine limits (dsparksim.sim.inputs)
+    ri = resolve_inputs(cfg, profile=profile, cache=cache)
     profile, policy, K, acceptance, drafter = ri.profile, ri.policy, ri.K, ri.acceptance, ri.drafter
     kv_cap, max_tok = ri.kv_cap, ri.max_tokens
     policy.reset(K, rngs["policy"])
@@ -69,11 +72,11 @@ def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None) ->
     sim = Simulation(profile=profile, acceptance=acceptance, policy=policy, workload=workload, block_size=K,
                      drafter=drafter, kv_capacity_tokens=int(kv_cap), max_num_seqs=cfg.engine.max_num_seqs,
                      max_batched_tokens=int(max_tok), prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens,
-                     streams=rngs["acceptance"], duration_s=duration, num_requests=t.num_requests,
+                     streams=rngs["acceptance"], duration_s=duration, num_requests=t.total_requests,
                      progress=progress, max_model_len=max_model_len(profile),
                      replicas=getattr(cfg.engine, "replicas", 1), dp_ranks=getattr(cfg.engine, "dp_ranks", 1),
                      router=getattr(cfg.engine, "router", "round-robin"), router_seed=cfg.seed,
-                     **kv_options(cfg))
+                     client_cap=t.max_concurrency, warmup_requests=t.num_warmup_prompts, **kv_options(cfg))
     res = sim.run()
     summary, inputs = run_summary(cfg, res, profile, acceptance, policy, workload, K, drafter, kv_cap, max_tok,
                                   duration)
@@ -92,6 +95,9 @@ def run_summary(cfg: RunConfig, res: SimResult, profile, acceptance, policy, wor
                 kv_cap: int, max_tok: int, duration: float | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(summary, resolved inputs) of a finished run, simulated or real (the real runner adds its own fields)."""
     warmup = cfg.warmup_s if cfg.warmup_s is not None else (0.1 * duration if duration else 0.0)
+    if getattr(cfg.traffic, "num_warmup_prompts", 0):
+        # the benchmark client's warm-up: the measurement starts when the warm-up requests have finished
+        warmup = float(res.notes["benchmark_start_s"])
     summary = summarize(res, policy=policy.spec, load=load_label(cfg), warmup_s=warmup,
                         closed_loop=workload.closed_loop)
     summary["context_model"] = profile.context_model
