@@ -170,25 +170,45 @@ def round_floats(obj: Any, sig: int = 10) -> Any:
     return obj
 
 
-def write_run(out: RunOutput, out_dir: str | Path, fmt: str = "csv", steps: bool = False) -> dict[str, Path]:
+def bench_json_of(out: RunOutput, **options: Any) -> dict[str, Any]:
+    """The run's bench_result.json dict (``options``: bench_json.bench_result's vLLM output options)."""
+    t = out.config.traffic
+    bench = bench_serve_json(out.result, out.summary, model_id=str(out.inputs["profile"]["metadata"].get("model", "")),
+                             request_rate=(t.rate if t.mode in ("poisson", "gamma", "constant") else "inf"),
+                             burstiness=t.burstiness,
+                             max_concurrency=t.concurrency if t.mode == "closed" else t.max_concurrency, **options)
+    bench["date"] = time.strftime("%Y%m%d-%H%M%S")
+    return bench
+
+
+def write_run(out: RunOutput, out_dir: str | Path | None, fmt: str = "csv", steps: bool = False,
+              bench_options: dict[str, Any] | None = None, result_file: Path | None = None,
+              bench_copy_name: str | None = None) -> dict[str, Path]:
     """Write config.json, requests.{csv,parquet}, bench_result.json, [steps.csv] and summary.json.
 
     Everything goes into a staging directory that then replaces ``out_dir`` whole (dsparksim.results.outputs): the result
-    is complete or absent, and no file of an earlier run into the same directory survives."""
+    is complete or absent, and no file of an earlier run into the same directory survives. ``out_dir`` None: no
+    folder. ``result_file``: also write the bench JSON there, as a new file (``--result-dir``: never replaces the
+    folder, never an existing file); ``bench_copy_name``: also inside ``out_dir`` under that name
+    (``--result-filename`` without ``--result-dir``)."""
     from dsparksim.results.bench_json import write_bench_json
     from dsparksim.results.outputs import staged_dir
 
-    final = Path(out_dir)
     cfg = out.config
-    t = cfg.traffic
     names = {"config": "config.json", "requests": f"requests.{fmt}", "bench": "bench_result.json",
              "summary": "summary.json"}
     if steps:
         names["steps"] = "steps.csv"
-    bench = bench_serve_json(out.result, out.summary, model_id=str(out.inputs["profile"]["metadata"].get("model", "")),
-                             request_rate=(t.rate if t.mode in ("poisson", "gamma", "constant") else "inf"),
-                             burstiness=t.burstiness, max_concurrency=t.concurrency)
-    bench["date"] = time.strftime("%Y%m%d-%H%M%S")
+    if bench_copy_name:
+        names["result"] = bench_copy_name
+    bench = bench_json_of(out, **(bench_options or {}))
+    paths: dict[str, Path] = {}
+    if result_file is not None:
+        _write_new_file(Path(result_file), lambda p: write_bench_json(p, bench))
+        paths["result"] = Path(result_file)
+    if out_dir is None:
+        return paths
+    final = Path(out_dir)
     with staged_dir(final) as d:
         write_json(d / names["config"], {"config": cfg.to_dict(), "inputs": _jsonable(out.inputs),
                                          "dsparksim_version": _version()})
@@ -199,7 +219,22 @@ def write_run(out: RunOutput, out_dir: str | Path, fmt: str = "csv", steps: bool
 
             write_table(d / names["steps"], pd.DataFrame(out.result.steps))
         write_json(d / names["summary"], round_floats(out.summary))
-    return {k: final / v for k, v in names.items()}
+        if bench_copy_name:
+            write_bench_json(d / bench_copy_name, bench)
+    return {**{k: final / v for k, v in names.items()}, **paths}
+
+
+def _write_new_file(path: Path, write: Callable[[Path], None]) -> None:
+    """Write ``path`` as a new file (its folder is created if missing; an existing file is never replaced: the
+    final rename is a link that fails if the name was taken meanwhile)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    try:
+        write(tmp)
+        os.link(tmp, path)    # FileExistsError if it exists: checked up front, so only a race gets here
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _jsonable(x: Any) -> Any:

@@ -286,6 +286,9 @@ class TrafficConfig:
         elif any(v is not None for v in rnd):
             name = ("random_input_len", "random_output_len", "random_range_ratio")[
                 next(i for i, v in enumerate(rnd) if v is not None)]
+            if self.lengths is not None:
+                raise ConfigError(_SRC, name, f"is a random-dataset length and conflicts with lengths "
+                                  f"{self.lengths!r}: give one length source")
             raise ConfigError(_SRC, name, "applies to the random dataset: set dataset_name 'random' (--dataset-name "
                               "random)")
         if self.max_concurrency is not None:
