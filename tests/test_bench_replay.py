@@ -18,17 +18,8 @@ PROFILE = "h100-llama2-7b-tp1"
 
 
 def _names() -> list[str]:
-    try:
-        from dsparksim.bench.runs import NAMES
-        return list(NAMES)
-    except ImportError:   # before `bench import` lands: the columns replay reads
-        return ["run_id", "source_format", "source_file", "source_row", "model", "gpu", "gpu_count", "tp", "ep",
-                "engine", "engine_version", "spec_method", "spec_num_steps", "spec_num_draft_tokens", "spec_topk",
-                "spec_mtp_nextn", "dataset_name", "random_input_len", "random_output_len", "random_range_ratio",
-                "random_range_convention", "lengths_file", "max_concurrency", "request_rate", "num_prompts",
-                "num_warmup_prompts", "ignore_eos", "completed", "failed", "duration_s", "output_throughput",
-                "output_throughput_per_gpu", *[f"{s}_{m}_ms" for m in ("tpot", "ttft", "e2el")
-                                                for s in ("mean", "median", "p99")]]
+    from dsparksim.bench.runs import NAMES
+    return list(NAMES)
 
 
 def _row(i: int, conc: int, **kw) -> dict:
@@ -121,3 +112,17 @@ def test_bench_replay_refuses_a_row_before_simulating(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "random_range_convention" in err and "t.csv:2" in err
     assert not out.exists()
+
+
+def test_mtp_rows_replay_with_their_spec_mapping():
+    row = _row(1, 2, spec_method="eagle", spec_num_steps=2, spec_num_draft_tokens=3, spec_topk=1, gpu_count=8,
+               tp=8, random_input_len=256, random_output_len=24, num_prompts=6)
+    df = replay([row], "built-h200x8-deepseek-v3-tp8")
+    assert df["policy"].tolist() == ["fixed:2"]
+    plain = replay([{**row, "spec_method": "none", "spec_num_steps": None, "spec_num_draft_tokens": None,
+                     "spec_topk": None}], "built-h200x8-deepseek-v3-tp8")
+    assert plain["policy"].tolist() == ["none"]
+    # MTP emits more than one token per step at low load: TPOT falls
+    assert df["simulated_mean_tpot_ms"][0] < plain["simulated_mean_tpot_ms"][0]
+    with pytest.raises(InputError, match="spec_topk"):
+        replay([{**row, "spec_topk": 4}], "built-h200x8-deepseek-v3-tp8")

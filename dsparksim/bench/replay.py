@@ -38,17 +38,8 @@ def _missing(v: Any) -> bool:
 
 def read_table(path: str | Path) -> list[dict[str, Any]]:
     """The runs of a runs table (dsparksim.bench.runs.read_runs, which validates every cell)."""
-    try:
-        from dsparksim.bench.runs import read_runs
-    except ImportError:   # until `bench import` lands: the same CSV, read without its cell checks
-        import pandas as pd
+    from dsparksim.bench.runs import read_runs
 
-        try:
-            df = pd.read_csv(path, comment=None, skiprows=1 if Path(path).read_text().startswith("#") else 0)
-        except (OSError, ValueError) as e:
-            raise InputError(path, None, f"not a readable runs table: {e}") from None
-        return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
-                for r in df.to_dict("records")]
     return read_runs(path)
 
 
@@ -149,12 +140,8 @@ def row_policy(row: Mapping[str, Any], source: str = "runs table") -> dict[str, 
     plain = _missing(method) or str(method).strip().lower() in ("none", "off")
     if plain and all(_missing(row.get(k)) for k in ("spec_num_steps", "spec_num_draft_tokens", "spec_mtp_nextn")):
         return {"policy": "none"}
-    try:
-        from dsparksim.bench.spec import map_row
-    except ImportError:
-        raise InputError(source, "spec_method", f"run {row.get('run_id')}: {method!r}: speculative runs need the "
-                         "mtp acceptance and the spec mapping (dsparksim.bench.spec), not in this build; select "
-                         "MTP-off rows (--where spec_method=none)") from None
+    from dsparksim.bench.spec import map_row
+
     try:
         m = map_row(row, source=source)
     except ConfigError as e:
