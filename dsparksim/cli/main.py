@@ -391,6 +391,11 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"{_f(s['tps_user_median'])} tok/s | TTFT median {_f(s['ttft_median_s'], 3)} s | "
               f"tau {_f(s['tau'], 2)} | mean verify len {_f(s['mean_verify_len'], 2)} | "
               f"saturated {s['saturated']}")
+        if traffic.num_requests is not None and out.bench is not None:
+            b = out.bench   # the client's view, as vllm bench serve prints it
+            print(f"  client: {b['completed']} completed, {b['failed']} failed in {b['duration']:.2f} s | output "
+                  f"{b['output_throughput']:.1f} tok/s | TPOT mean {_f(b.get('mean_tpot_ms'), 2)} ms, median "
+                  f"{_f(b.get('median_tpot_ms'), 2)} ms | TTFT mean {_f(b.get('mean_ttft_ms'), 1)} ms")
         for k, p in paths.items():
             print(f"  {k:9s} {p}")
     return 0

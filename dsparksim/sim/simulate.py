@@ -30,6 +30,7 @@ class RunOutput:
     summary: dict[str, Any]
     result: SimResult
     inputs: dict[str, Any]  # resolved provenance of profile / acceptance / workload / policy
+    bench: dict[str, Any] | None = None   # bench_result.json's dict, once write_run built it
 
     def requests(self) -> pd.DataFrame:
         return per_request_table(self.result)
@@ -202,6 +203,7 @@ def write_run(out: RunOutput, out_dir: str | Path | None, fmt: str = "csv", step
     if bench_copy_name:
         names["result"] = bench_copy_name
     bench = bench_json_of(out, **(bench_options or {}))
+    out.bench = bench
     paths: dict[str, Path] = {}
     if result_file is not None:
         _write_new_file(Path(result_file), lambda p: write_bench_json(p, bench))
