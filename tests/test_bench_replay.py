@@ -126,3 +126,21 @@ def test_mtp_rows_replay_with_their_spec_mapping():
     assert df["simulated_mean_tpot_ms"][0] < plain["simulated_mean_tpot_ms"][0]
     with pytest.raises(InputError, match="spec_topk"):
         replay([{**row, "spec_topk": 4}], "built-h200x8-deepseek-v3-tp8")
+
+
+def test_round_trip_run_import_replay_is_exact(tmp_path, monkeypatch, capsys):
+    """A simulated run's vLLM result file, imported and replayed with its seed, is reproduced exactly."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--profile", PROFILE, "--policy", "none", "--random-input-len", "300", "--random-output-len",
+                 "40", "--random-range-ratio", "0.5", "--num-prompts", "30", "--max-concurrency", "5",
+                 "--num-warmup-prompts", "4", "--seed", "4", "--result-dir", "rd", "--result-filename", "r.json",
+                 "--quiet"]) == 0
+    assert main(["bench", "import", "rd/r.json", "--gpu", "h100", "--gpu-count", "1", "--tp", "1", "--engine", "vllm",
+                 "--dataset-name", "random", "--random-input-len", "300", "--random-output-len", "40",
+                 "--random-range-ratio", "0.5", "--random-range-convention", "low", "--ignore-eos", "true",
+                 "--num-warmup-prompts", "4", "--out", "runs.csv"]) == 0
+    assert main(["bench", "replay", "runs.csv", "--profile", PROFILE, "--seed", "4", "--out", "rep", "--quiet"]) == 0
+    df = pd.read_csv(tmp_path / "rep" / "replay.csv")
+    errs = df[[f"rel_error_{m}" for m in METRICS]].iloc[0]
+    assert errs.notna().all() and (errs.abs() < 1e-6).all(), errs.to_dict()
+    capsys.readouterr()
