@@ -380,7 +380,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     preflight(cfg, [cfg.policy])  # profile, acceptance, lengths and trace read before the progress bar starts
     from dsparksim.sim.inputs import load_run_profile
     target = result_file(args, cfg, str(load_run_profile(cfg).metadata.get("model", "")))
-    existed = Path(args.out).is_dir() and any(Path(args.out).iterdir())
+    existed = args.out is not None and Path(args.out).is_dir() and any(Path(args.out).iterdir())
     t0 = time.perf_counter()
     total = traffic.duration_s
     with tqdm(total=total, unit="sim-s", disable=_bar_off(args) or total is None, leave=False,
