@@ -41,7 +41,10 @@ def per_request_table(res: SimResult) -> pd.DataFrame:
         tps_user = np.where((after_first > 0) & (decode_time > 0), after_first / decode_time, np.nan)
         steps = np.where(res.decode_steps > 0, res.decode_steps, np.nan)
         mean_vl = res.verify_tokens / steps
-        tau = (res.emitted_tokens - 1) / steps
+        # tokens of its decode steps per decode step, as the summary's tau: the first token and, after a
+        # preemption, the re-prefill's token come from prefill forwards
+        dem = res.decode_emitted_tokens if res.decode_emitted_tokens is not None else res.emitted_tokens - 1
+        tau = dem / steps
     import pandas as pd
 
     rejected = res.rejected

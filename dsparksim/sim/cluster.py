@@ -91,6 +91,8 @@ class SimResult:
     ttft_queue_s: np.ndarray | None = None    # per request (disaggregated): prefill-pool queueing
     ttft_prefill_s: np.ndarray | None = None  # per request (disaggregated): prefill time
     ttft_transfer_s: np.ndarray | None = None  # per request (disaggregated): KV transfer time
+    # per request: tokens emitted by its decode steps (None: emitted - 1, the first token excluded)
+    decode_emitted_tokens: np.ndarray | None = None
 
     @property
     def completed(self) -> np.ndarray:
@@ -114,7 +116,8 @@ class SimResult:
         per_req = {k: getattr(self, k)[keep] for k in (
             "arrival_s", "admitted_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
             "emitted_tokens", "decode_steps", "verify_tokens", "accepted_tokens", "domain")}
-        for k in ("preemptions", "recomputed_tokens", "ttft_queue_s", "ttft_prefill_s", "ttft_transfer_s"):
+        for k in ("preemptions", "recomputed_tokens", "ttft_queue_s", "ttft_prefill_s", "ttft_transfer_s",
+                  "decode_emitted_tokens"):
             v = getattr(self, k)
             per_req[k] = None if v is None else v[keep]
         return SimResult(**per_req, steps={k: v[sk] for k, v in self.steps.items()}, sim_time_s=self.sim_time_s,
@@ -482,6 +485,7 @@ class Simulation:
             ttft_queue_s=r.ttft_q[:m].copy() if self.disagg else None,
             ttft_prefill_s=r.ttft_pf[:m].copy() if self.disagg else None,
             ttft_transfer_s=r.ttft_tx[:m].copy() if self.disagg else None,
+            decode_emitted_tokens=r.demit[:m].copy(),
         )
 
 

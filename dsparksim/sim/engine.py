@@ -526,6 +526,7 @@ class Engine:
             outcome.accepted_per_pos = np.cumsum(cnt[::-1])[::-1][1:self.K + 1].astype(np.int64)
             emit = np.minimum(a + 1, r.out[dec] - r.gen[dec])  # the last step may overshoot: stop at length
             r.gen[dec] += emit
+            r.demit[dec] += emit
             r.dsteps[dec] += 1
             r.vtok[dec] += L
             r.atok[dec] += a
