@@ -80,6 +80,9 @@ def per_request_table(res: SimResult) -> pd.DataFrame:
         cols["ttft_queue_s"] = res.ttft_queue_s            # prefill-pool queueing
         cols["ttft_prefill_s"] = res.ttft_prefill_s        # prefill time
         cols["ttft_transfer_s"] = res.ttft_transfer_s      # KV transfer
+        if res.ttft_decode_wait_s is not None:
+            cols["ttft_decode_wait_s"] = res.ttft_decode_wait_s  # KV landed -> admitted (room on the decode engine)
+            cols["ttft_first_step_s"] = res.ttft_first_step_s    # admitted -> first token (its first step)
     if res.replica is not None:
         cols["replica"] = res.replica          # -1: rejected on arrival, never routed
         cols["dp_rank"] = res.dp_rank if res.dp_rank is not None else np.where(res.replica >= 0, 0, -1)
@@ -271,7 +274,9 @@ def summarize(res: SimResult, *, policy: str, load: Any, warmup_s: float, closed
                  recomputed_tokens=int(res.recomputed_tokens.sum()))
     if res.disaggregated and res.ttft_queue_s is not None:
         s["disaggregated"] = True
-        for part in ("queue", "prefill", "transfer"):
+        for part in ("queue", "prefill", "transfer", "decode_wait", "first_step"):
+            if f"ttft_{part}_s" not in done:
+                continue
             x = done[f"ttft_{part}_s"].to_numpy()
             s[f"ttft_{part}_mean_s"], s[f"ttft_{part}_median_s"] = _mean(x), _pct(x, 50)
             s[f"ttft_{part}_p99_s"] = _pct(x, 99)
