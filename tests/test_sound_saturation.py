@@ -118,19 +118,20 @@ def test_issue_closed_loop_disaggregated_zero_throughput(tmp_path):
 
 
 # ------------------------------------------------------------------ the rule's boundaries (issue 31 item 21)
-def _hand(arrival, finish, steps_waiting=None, end=None):
-    """A SimResult built by hand: requests admitted on arrival, finishing at ``finish`` (NaN: never); one-second
-    steps with ``steps_waiting`` requests waiting at their ends."""
+def _hand(arrival, finish, steps_waiting=None, end=None, admitted=None):
+    """A SimResult built by hand: requests admitted at ``admitted`` (default: on arrival; NaN: never), finishing
+    at ``finish`` (NaN: never); one-second steps with ``steps_waiting`` requests waiting at their ends."""
     from dsparksim.sim.cluster import SimResult
 
     arrival = np.asarray(arrival, float)
+    admitted = arrival.copy() if admitted is None else np.asarray(admitted, float)
     finish = np.asarray(finish, float)
     n = len(arrival)
     q = np.zeros(0, np.int64) if steps_waiting is None else np.asarray(steps_waiting)
     k = len(q)
     z = np.zeros(n, np.int64)
     steps = {"t_start": np.arange(k) * 1.0, "dt": np.ones(k), "n_waiting": q}
-    return SimResult(arrival_s=arrival, admitted_s=arrival.copy(), first_token_s=arrival.copy(), finish_s=finish,
+    return SimResult(arrival_s=arrival, admitted_s=admitted, first_token_s=admitted.copy(), finish_s=finish,
                      prompt_tokens=z + 1, output_tokens=z + 1, emitted_tokens=z + 1, decode_steps=z,
                      verify_tokens=z, accepted_tokens=z, domain=np.full(n, "chat", dtype=object), steps=steps,
                      sim_time_s=float(end if end is not None else max(k, arrival.max() + 1 if n else 0)),
@@ -139,19 +140,36 @@ def _hand(arrival, finish, steps_waiting=None, end=None):
 
 
 @pytest.mark.parametrize("n,stuck,expect", [
-    (100, 0, False), (100, 5, False), (100, 6, True),      # 50 late arrivals: threshold max(5, 5) = 5
-    (100, 9, True),                                         # between the minimum 5 and 10: growth beyond 5 counts
-    (200, 10, False), (200, 11, True),                      # 100 late arrivals: threshold max(5, 10) = 10
+    (40, 0, False), (40, 5, False), (40, 6, True),   # 40 arrivals: threshold max(5, 4) = 5
+    (40, 9, True),                                    # between the minimum 5 and 10: growth beyond 5 counts
+    (100, 10, False), (100, 11, True),                # 100 arrivals: threshold max(5, 10) = 10
 ])
-def test_open_loop_growth_boundary(n, stuck, expect):
-    # n arrivals at 0, 1, ..., n-1 s, each finishing on arrival except the last `stuck` (never): the window is
-    # [0, n-1], its late half [(n-1)/2, n-1] holds n/2 arrivals, and the requests held grow by exactly `stuck`.
+def test_open_loop_waiting_rule_boundary(n, stuck, expect):
+    # n arrivals at 0, 1, ..., n-1 s, each admitted on arrival and finished 1 s later except the last `stuck`
+    # (never admitted by the end at n s): the admission queue grows by exactly `stuck`; the held rule stays quiet
+    # (its limit is 3 sd of a stable count, above these growths)
     arrival = np.arange(float(n))
-    finish = arrival.copy()
+    admitted = arrival.copy()
     if stuck:
-        finish[-stuck:] = np.nan
-    sat, info = saturation(_hand(arrival, finish, end=float(n)), warmup_s=0.0, closed_loop=False)
-    assert info["held_growth"] == stuck and info["arrivals_in_late_half"] == n // 2
+        admitted[-stuck:] = np.nan
+    sat, info = saturation(_hand(arrival, admitted + 1.0, admitted=admitted, end=float(n)), warmup_s=0.0,
+                           closed_loop=False)
+    assert info["queue_growth"] == stuck and info["arrivals_in_window"] == n
+    assert "held" not in info["saturated_by"]
+    assert sat is expect, info
+
+
+@pytest.mark.parametrize("instant,g,expect", [
+    (40, 9, False), (40, 10, True),        # few arrivals: the noise limit 3 sqrt(min(g, ...)) = 3 sqrt(g) binds
+    (600, 33, False), (600, 34, True),     # many: 10% of the late half's arrivals (300 + g) binds
+])
+def test_open_loop_held_rule_boundary(instant, g, expect):
+    # `instant` requests spread over [0, 100] s finish on arrival; g more arrive at the midpoint 50 s, are admitted
+    # at once and never finish (they hold the running set): H(50-) = 0, H(100) = g, no admission queue at all
+    arrival = np.concatenate([np.linspace(0.0, 100.0, instant), np.full(g, 50.0)])
+    finish = np.concatenate([np.linspace(0.0, 100.0, instant), np.full(g, np.nan)])
+    sat, info = saturation(_hand(arrival, finish, end=101.0), warmup_s=0.0, closed_loop=False)
+    assert info["queue_growth"] == 0 and info["held_growth"] == g and info["held_mid"] == 0
     assert sat is expect, info
 
 

@@ -258,7 +258,7 @@ def test_open_loop_saturation_against_measured_service_rate(factor, expect):
     assert sat is expect, info
     assert info["arrival_rate_rps"] == pytest.approx(rate, rel=0.15)
     if expect:
-        assert info["completion_rate_rps"] == pytest.approx(mu, rel=0.05)
+        assert info["admission_rate_rps"] == pytest.approx(mu, rel=0.05)
 
 
 @pytest.mark.parametrize("users,expect", [(64, True), (1, False)])
@@ -301,15 +301,25 @@ def test_closed_loop_rule_is_more_than_half_of_the_steps(frac, expect):
     assert sat is expect and info["frac_steps_with_waiting"] == pytest.approx(frac)
 
 
-# The open-loop rule's boundaries (growth of the requests held over the window's late half against max(5, 10% of
-# its arrivals)) are tested in test_sound_saturation.py.
+@pytest.mark.parametrize("stuck,expect", [(0, False), (5, False), (9, False), (12, True), (40, True)])
+def test_open_loop_rule_queue_growth_against_arrivals(stuck, expect):
+    # 100 arrivals over [0, 99] s, each admitted on arrival except the last `stuck` ones (never admitted by the end
+    # at 100 s): queue growth = stuck. Rule: growth > max(5, 0.1 * arrivals) = 10.
+    arrival = np.arange(100.0)
+    admitted = arrival.copy()
+    if stuck:
+        admitted[-stuck:] = np.nan
+    sat, info = saturation(_hand_result(np.zeros(100), arrival, admitted, end=100.0), warmup_s=0.0,
+                           closed_loop=False)
+    assert info["queue_growth"] == stuck and info["arrivals_in_window"] == 100
+    assert sat is expect
 
 
 def test_replay_compressed_into_an_instant_is_saturated():
     cfg = RunConfig(policy="fixed:7", traffic=TrafficConfig(mode="trace", trace="azure-conv-window",
                                                            time_scale=1e5, num_requests=400), seed=0)
     s = simulate(cfg).summary
-    assert s["saturated"] is True and s["saturation_detail"]["held_end"] > 40
+    assert s["saturated"] is True and s["saturation_detail"]["queue_end"] > 40
 
 
 def test_issue_example_azure_conv_time_scale_20_is_saturated():
@@ -318,7 +328,7 @@ def test_issue_example_azure_conv_time_scale_20_is_saturated():
     s = simulate(cfg).summary
     assert s["ttft_median_s"] > 5 and s["saturated"] is True
     d = s["saturation_detail"]
-    assert d["arrival_rate_rps"] > 2 * d["completion_rate_rps"]
+    assert d["arrival_rate_rps"] > 2 * d["admission_rate_rps"]
 
 
 def test_light_replay_is_not_saturated():

@@ -116,10 +116,11 @@ def _weighted_pct(values: np.ndarray, weights: np.ndarray, q: float) -> float:
 
 
 # Saturation thresholds (see saturation()).
-OPEN_GROWTH_FRACTION = 0.1   # requests held grow over the late half by more than this fraction of its arrivals ...
-OPEN_GROWTH_MIN = 5          # ... and by more than this many requests
+OPEN_GROWTH_FRACTION = 0.1   # queue growth above this fraction of the window's arrivals ...
+OPEN_GROWTH_MIN = 5          # ... and above this many requests
+HELD_NOISE_SD = 3.0          # held requests: growth beyond this many standard deviations of a stable count's noise
 CLOSED_WAIT_FRACTION = 0.5   # closed loop: requests wait for admission in more than this fraction of steps
-# Where a request is held between arrival and finish (saturation_detail's held_*_by_place).
+# Where a request is held between arrival and finish (saturation_detail's held_end_by_place).
 HELD_PLACES = ("prefill_pool", "prefilling", "transfer", "admission_queue", "running")
 
 
@@ -166,19 +167,27 @@ def saturation(res: SimResult, warmup_s: float, closed_loop: bool) -> tuple[bool
     """Is the run past saturation: does service keep up with demand, wherever the requests are held?
 
     Open loop (rate processes, trace replay, ``--num-requests`` runs): the arrival window is [t0, t1] with
-    t0 = warmup_s and t1 = min(end of run, last arrival) (requests rejected on arrival do not count). H(t) = requests
-    held at t = arrived by t minus finished by t, wherever they are (prefill pool, KV transfer, admission queue,
-    running set: exact, from the per-request times). Saturated iff H grew over the late half [tm, t1] of the window
-    (tm = its midpoint) by more than OPEN_GROWTH_FRACTION (10%) of the requests that arrived in it and by more than
-    OPEN_GROWTH_MIN (5) requests: H(t1) - H(tm-) > max(5, 0.1 x arrivals in [tm, t1]), i.e. fewer than ~90% as many
-    requests finished as arrived. The late half because a run that starts empty fills up to about rate x service
-    time requests without that being growth; a stable system has filled by then unless its service time exceeds
-    half the window (such a run is too short to judge; its detail shows ``median_service_s``). Paged KV admits
-    everything, so past saturation the requests pile up in the running set (steps slow down as the batch grows)
-    rather than in the admission queue: both count. ``saturation_detail`` reports the numbers behind it: the window,
-    H at tm and t1, arrival and completion rates over the late half, where the requests are held at t1
-    (``held_end_by_place``), the median admission wait of the window's arrivals (censored at the end of the run)
-    and the median service time (admission to finish).
+    t0 = warmup_s and t1 = min(end of run, last arrival) (requests rejected on arrival do not count). Saturated iff
+    either rule fires:
+
+    * waiting: the admission queue Q(t) = requests arrived by t minus requests admitted by t (a disaggregated
+      request is admitted by its decode engine, so Q holds the prefill pool, the transfer and the decode queue)
+      grew over the window by more than OPEN_GROWTH_FRACTION (10%) of the requests that arrived in it and by more
+      than OPEN_GROWTH_MIN (5) requests: Q(t1) - Q(t0-) > max(5, 0.1 x arrivals in [t0, t1]);
+    * held: H(t) = requests arrived by t minus requests finished by t (wherever they are, the running set
+      included) grew over the window's late half [tm, t1] (tm its midpoint) by more than 10% of the requests that
+      arrived in it and by more than HELD_NOISE_SD (3) standard deviations of what a stable engine's count does:
+      H(t1) - H(tm-) > max(0.1 x arrivals in [tm, t1], 3 sqrt(v)). H(t1) - H(tm-) = arrivals - completions in the
+      late half; in a stable engine its variance v is about the smaller of H(tm-) + H(t1) (two independent
+      Poisson-like counts, variance = mean: a late half longer than a service time) and the arrivals + completions
+      in the late half (two independent flows: a late half shorter than a service time). The late half, because a
+      run that starts empty fills up to about rate x service time requests first.
+
+    Paged KV admits every arrival while pages last, so past saturation requests pile up in the running set (each
+    step slows as the batch grows) while the admission queue stays short: only the held rule sees it.
+    ``saturation_detail`` reports the numbers behind both (window, queue and held counts, arrival, admission and
+    completion rates, where the requests are held at t1: ``held_end_by_place``, median admission wait of the
+    window's arrivals (censored at the end of the run) and median service time (admission to finish)).
 
     Closed loop (the users bound the requests held): requests wait for admission (KV or batch budget; or queued at
     a disaggregated prefill pool) in more than CLOSED_WAIT_FRACTION (half) of the window's steps: the engine cannot
@@ -208,36 +217,50 @@ def saturation(res: SimResult, warmup_s: float, closed_loop: bool) -> tuple[bool
         return frac > CLOSED_WAIT_FRACTION, info
     ok = ~res.rejected & np.isfinite(res.arrival_s)
     arr = np.sort(res.arrival_s[ok])
+    adm = np.sort(res.admitted_s[ok][np.isfinite(res.admitted_s[ok])])
     fin = np.sort(res.finish_s[ok][np.isfinite(res.finish_s[ok])])
     t0 = float(warmup_s)
     t1 = float(min(res.sim_time_s, arr[-1])) if arr.size else t0
     n_arr = int(np.searchsorted(arr, t1, "right") - np.searchsorted(arr, t0, "left"))
-    info: dict[str, Any] = {"rule": f"open loop: requests held (arrived, not finished: prefill pool, transfer, "
-                                    f"admission queue or running) grew over the late half of [warmup, last "
-                                    f"arrival] by > max({OPEN_GROWTH_MIN}, {OPEN_GROWTH_FRACTION:g} x its arrivals)",
+    info: dict[str, Any] = {"rule": f"open loop: admission queue growth over [warmup, last arrival] > "
+                                    f"max({OPEN_GROWTH_MIN}, {OPEN_GROWTH_FRACTION:g} x arrivals in it), or requests "
+                                    f"held (arrived, not finished) grew over its late half by > max("
+                                    f"{OPEN_GROWTH_FRACTION:g} x arrivals in it, {HELD_NOISE_SD:g} sd of a stable "
+                                    f"engine's count)",
                             "window_start_s": t0, "window_end_s": t1, "arrivals_in_window": n_arr}
     if n_arr == 0:
         info["note"] = "no arrivals inside the measurement window"
         return False, info
+    q0 = int(np.searchsorted(arr, t0, "left") - np.searchsorted(adm, t0, "left"))
+    q1 = int(np.searchsorted(arr, t1, "right") - np.searchsorted(adm, t1, "right"))
+    growth = q1 - q0
+    span = t1 - t0
+    n_adm = int(np.searchsorted(adm, t1, "right") - np.searchsorted(adm, t0, "left"))
+    waiting = growth > max(OPEN_GROWTH_MIN, OPEN_GROWTH_FRACTION * n_arr)
+    # held: H(tm-) counts arrivals and finishes before tm, H(t1) those up to t1 (a burst at tm itself is growth)
     tm = (t0 + t1) / 2
-    # H(tm-) counts arrivals and finishes before tm; H(t1) those up to t1 (a burst at tm itself is growth)
     h_mid = int(np.searchsorted(arr, tm, "left") - np.searchsorted(fin, tm, "left"))
     h_end = int(np.searchsorted(arr, t1, "right") - np.searchsorted(fin, t1, "right"))
     n_late = int(np.searchsorted(arr, t1, "right") - np.searchsorted(arr, tm, "left"))
     n_done = int(np.searchsorted(fin, t1, "right") - np.searchsorted(fin, tm, "left"))
-    growth = h_end - h_mid
-    span = t1 - tm
+    h_growth = h_end - h_mid
+    h_limit = max(OPEN_GROWTH_FRACTION * n_late, HELD_NOISE_SD * math.sqrt(min(h_mid + h_end, n_late + n_done)))
+    held = n_late > 0 and h_growth > h_limit
+    late = t1 - tm
     in_win = ok & (res.arrival_s >= t0) & (res.arrival_s <= t1)
     wait = np.where(np.isfinite(res.admitted_s), res.admitted_s, res.sim_time_s)[in_win] - res.arrival_s[in_win]
     done = res.completed & ~res.rejected
-    info.update(window_mid_s=tm, arrivals_in_late_half=n_late, completions_in_late_half=n_done, held_mid=h_mid,
-                held_end=h_end, held_growth=growth, growth_per_arrival=growth / n_late if n_late else None,
-                arrival_rate_rps=n_late / span if span > 0 else None,
-                completion_rate_rps=n_done / span if span > 0 else None,
-                held_end_by_place=held_by_place(res, t1),
+    info.update(queue_start=q0, queue_end=q1, queue_growth=growth, growth_per_arrival=growth / n_arr,
+                arrival_rate_rps=n_arr / span if span > 0 else None,
+                admission_rate_rps=n_adm / span if span > 0 else None,
+                window_mid_s=tm, arrivals_in_late_half=n_late, completions_in_late_half=n_done, held_mid=h_mid,
+                held_end=h_end, held_growth=h_growth, held_growth_limit=h_limit,
+                completion_rate_rps=n_done / late if late > 0 else None,
+                held_end_by_place=held_by_place(res, t1), saturated_by=[k for k, v in (("waiting", waiting),
+                                                                                       ("held", held)) if v],
                 median_admission_wait_s=float(np.median(wait)),
                 median_service_s=float(np.median(res.finish_s[done] - res.admitted_s[done])) if done.any() else None)
-    return bool(growth > max(OPEN_GROWTH_MIN, OPEN_GROWTH_FRACTION * n_late)), info
+    return bool(waiting or held), info
 
 
 def summarize(res: SimResult, *, policy: str, load: Any, warmup_s: float, closed_loop: bool) -> dict[str, Any]:
