@@ -7,7 +7,8 @@
 ``eagle3``                     flat tail, eagle3 repeats its position-7 value — stated in the metadata)
 ``mtp1`` ``mtp1-v3``           parametric, K must be 1, acceptance 0.87 in every domain (DeepSeek-V3 report)
 ``mtp1-v4``                    the same with 0.775 (DeepSeek-V4 MTP position 1, 0.76-0.79: the paper's baseline)
-``...?sigma_req=0.5&...``      override parameters: sigma_req, sigma_block, sigma_tok, noise_sd, temperature
+``...?sigma_req=0.5&...``      override parameters: sigma_req, sigma_block, sigma_tok, noise_sd, noise_sd_end, noise_block,
+                               raw_gain, jump, slope, slope_easy, offset, temperature
 ``PATH.csv|.csv.gz|.parquet``  replay an acceptance trace (format: :mod:`.trace_format`)
 ``vllm:PATH`` ``sglang:PATH``  engine-log importers (:mod:`.importers`); extra params ``drafter=``,
                                ``draft_len=`` (sglang)
