@@ -77,12 +77,16 @@ def _g_exact(m: np.ndarray, sigma_tok: float, shape: Shape) -> np.ndarray:
 
 @lru_cache(maxsize=16)
 def _g_table(sigma_tok: float, shape: Shape = PLAIN) -> tuple[np.ndarray, np.ndarray]:
-    """g on a fine grid over [-_MU_BRACKET - 12 sigma, +...] (a shallow link: plus coarser wings out to its wider
-    mu bracket, spacing _G_STEP / slope, where g varies on the scale 1 / slope): quadrature once, interpolation
-    afterwards."""
+    """g on a fine grid over [-_MU_BRACKET - 12 sigma, +...] (an easy/hard link: finer within 12 sigma of the step,
+    plus coarser wings out to its wider mu bracket, spacing _G_STEP / slope, where g varies on the scale 1 / slope):
+    quadrature once, interpolation afterwards."""
     top = _MU_BRACKET + 12.0 * sigma_tok + 20.0
     m = np.arange(-top, top + _G_STEP / 2, _G_STEP)
     if tuple(shape) != PLAIN:
+        # the step at x = 0 makes g bend on the scale sigma_tok near m = 0: a finer grid there (h = sigma / 200)
+        near = 12.0 * sigma_tok
+        fine = np.linspace(-near, near, 4801)
+        m = np.concatenate([m[m < -near], fine, m[m > near]])
         flat = min(1.0, shape[1], shape[3])
         outer = _bracket(shape) + 12.0 * sigma_tok + 20.0 / flat
         if outer > top:
