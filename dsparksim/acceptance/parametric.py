@@ -4,32 +4,37 @@ Latent model, per request i, block b, position k (1..K)::
 
     u_i    ~ N(0, sigma_req^2)      persistent per request (easy vs hard prompts), drawn at start()
     z_ib   ~ N(0, sigma_block^2)    per block (easy vs hard stretches of one response)
-    e_ibk  ~ N(0, sigma_tok^2)      per position (token-level difficulty the confidence head can see)
-    x_ibk  = mu_k + u_i + z_ib + e_ibk,      p_ibk = sigmoid(x_ibk)
+    e_ibk  ~ N(0, sigma_tok^2)      per position
+    x_ibk  = mu_k + u_i + z_ib + e_ibk                      difficulty score
+    l_ibk  = offset + slope * x            if x <= 0        hard token
+           = offset + jump + slope_easy * x  if x > 0       easy token
+    p_ibk  = sigmoid(l_ibk)
 
-Outcome: given p, positions are accepted independently with probability p_ibk; the ground truth A is the number
-of leading successes (0..K). ``mu_k`` is calibrated numerically (Gauss-Hermite quadrature, left to right, see
+(issue 29: an easy/hard mixture whose easy share is position- and domain-dependent through mu_k and persistent
+along a block through u + z; (offset, slope, jump, slope_easy) = (0, 1, 0, 1) is the single logit-normal used
+before.) Outcome: given p, positions are accepted independently with probability p_ibk; the ground truth A is the
+number of leading successes (0..K). ``mu_k`` is calibrated numerically (quadrature, left to right, see
 :mod:`.calibration`) so that the model's conditional acceptance equals the target curve alpha_k in the
 STEP-weighted measure: pooled over every verification step of long outputs, as DeepSpec's evaluator pools
 acceptance lengths over all proposals (a request with shift u takes 1/tau(u) steps per token). Hence a long-output
 fixed:K run has tau = 1 + sum_k prod_{j<=k} alpha_j. (``calibration="requests"``: one block per fresh request
 reproduces the curve instead, the scheme before issue 11.)
 
-Confidence (what the scheduler sees): the raw head reports ``logit(c_raw) = raw_gain * (x_ibk + n_ibk)`` with
-``n_ibk ~ N(0, noise_k^2)``, noise_k moving linearly from noise_sd (position 1) to noise_sd_end (position 7 on).
+Confidence (what the scheduler sees): the raw head reports ``logit(c_raw) = raw_gain * (l_ibk + n_ibk [+ m_ib])``
+with ``n_ibk ~ N(0, noise_k^2)``, noise_k moving linearly from noise_sd (position 1) to noise_sd_end (position 7
+on), and an optional block-level ``m_ib ~ N(0, noise_block^2)`` (0 by default: STS cannot calibrate it away).
 By default (``confidence="sts"``) the simulator applies sequential temperature scaling itself: per-position
 temperatures T_1..T_K fitted left to right on a fixed-seed sample of this model's raw confidences
-(:func:`.confidence.fit_sts_nll`), so ``logit(c) = raw_gain * (x + n) / T_k``. ``confidence="raw"`` keeps the raw
+(:func:`.confidence.fit_sts_nll`), so ``logit(c) = raw_gain * (l + n) / T_k``. ``confidence="raw"`` keeps the raw
 head (over-confident; mean per-position ECE ~5.5%, the paper reports 3-8%). Acceptance draws are identical.
 
-Defaults (all in logit units) are data: dsparksim/data/acceptance_fit.json, written by scripts/fit_acceptance.py,
-which fits sigma_req = sigma_block, sigma_tok, noise_sd and noise_sd_end (Nelder-Mead, common random numbers,
-step-weighted) to the paper's Fig. 5 static-threshold ratios (accepted tokens and verified slots per step at
-t = 0.5/0.7/0.9 over t = 0, every domain) and Fig. 6 survival AUC by position together, then raw_gain to the raw
-ECE. The JSON carries the residual table. Known gap: one logit-normal family cannot give Fig. 5's survival
-concentrated above 0.5 (math keeps 98% of its verified slots at t = 0.5; the model 71%) and Fig. 6's modest early
-AUC (0.82 at position 1; the model 0.95) at once; the fit trades them off (auc_weight in the script).
-Heterogeneity cannot be identified from the published means alone: sigma_req = sigma_block is an assumption.
+Defaults are data: dsparksim/data/acceptance_fit.json, written by scripts/fit_acceptance.py, which fits
+sigma_req = sigma_block, sigma_tok, the link (offset, slope, jump, slope_easy), noise_sd and noise_sd_end
+(Nelder-Mead, common random numbers, step-weighted) to the paper's Fig. 5 static-threshold ratios (t = 0.9 of math
+and chat as issue 29's criteria) and Fig. 6 survival AUC by position together, then raw_gain to the raw ECE; see
+:mod:`.fit`. The JSON carries the residual table. Known gaps: Fig. 6's AUC at position 3 (~0.06 high) and Fig. 5's
+t = 0.5 / 0.7 ratios (a calibrated head cannot keep most verified slots there). Heterogeneity cannot be identified
+from the published means alone: sigma_req = sigma_block is an assumption.
 """
 from __future__ import annotations
 
