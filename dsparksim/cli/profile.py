@@ -204,9 +204,22 @@ def format_summary(s: dict[str, Any]) -> str:
         for n in md.get(k, []):
             lines.append(f"  {k:<18} {n}")
     v = s["verify"]
-    lines.append(f"verify staircase: {v['n_breakpoints']} breakpoints, M {v['M_min']}..{v['M_max']}, "
-                 f"{v['time_s_min'] * 1e3:.3f}..{v['time_s_max'] * 1e3:.3f} ms, "
-                 f"{v['n_decreasing_steps']} step(s) down (jagged, kept as measured)")
+    kind = _kind(md)
+    down = v["n_decreasing_steps"]
+    if down == 0:
+        jag = "non-decreasing"
+    elif kind in ("derived", "measured"):
+        jag = f"{down} step(s) down (jagged measurements, kept as measured)"
+    elif kind == "imported":
+        jag = f"{down} step(s) down (as in the imported table)"
+    else:
+        jag = f"{down} step(s) down (as the {kind} model computes them: not measured)"
+    lines.append(f"verify staircase ({kind}): {v['n_breakpoints']} breakpoints, M {v['M_min']}..{v['M_max']}, "
+                 f"{v['time_s_min'] * 1e3:.3f}..{v['time_s_max'] * 1e3:.3f} ms, {jag}")
+    lines.append("  M = tokens in one target forward (each decoding request's last token + its verified drafts, "
+                 "+ prefill chunks);")
+    lines.append("  ms = that forward's time (floor lookup between breakpoints); SPS = steps per second at M = "
+                 "1000 / ms, the paper's SPS(B)")
     lines.append(f"  {'M':>6} {'ms':>10} {'SPS':>9}")
     for m, ms in v["time_ms_at"].items():
         lines.append(f"  {m:>6} {ms:>10.3f} {v['sps_at'][m]:>9.1f}")
@@ -372,16 +385,65 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kind(md: dict) -> str:
+    """Where a profile's numbers come from, in one word."""
+    fit = md.get("fit")
+    if isinstance(fit, dict) and str(fit.get("command", "")).startswith("dsparksim profile fit"):
+        return "fitted"                      # `profile fit`: built, then fitted to benchmark runs
+    if "build" in md:
+        return "built"                       # `profile build`: analytic model (MoE ones unvalidated)
+    if "measure" in str(md.get("source", "")):
+        return "measured"                    # `dsparksim measure` on the torch engine
+    method = str(md.get("method", ""))
+    if ":" in method:
+        return method.split(":", 1)[0].strip() or "?"
+    return "imported" if method.startswith("imported") else "?"
+
+
+def _parallel(md: dict) -> tuple[str, str | None]:
+    """('TP8', None), or for a profile that prices one of D data-parallel ranks ('DP8 EP8, 1 of 8 ranks', note)."""
+    tp, ep, dp = (md.get(k) for k in ("tensor_parallel", "expert_parallel", "data_parallel"))
+    txt = f"TP{tp}" if isinstance(tp, int) else "TP?"
+    if isinstance(ep, int) and ep > 1:
+        txt += f" EP{ep}"
+    if isinstance(dp, int) and dp > 1:
+        tp_txt = f"TP{tp} " if isinstance(tp, int) and tp > 1 else ""
+        ep_txt = f"EP{ep} " if isinstance(ep, int) and ep > 1 else ""
+        return (f"DP{dp} {ep_txt}{tp_txt}(1 of {dp} ranks)".replace("  ", " "),
+                f"prices ONE of {dp} data-parallel attention ranks (experts over {ep} GPUs): run it with "
+                f"--dp-ranks {dp}")
+    return txt, None
+
+
 def cmd_list(args: argparse.Namespace) -> int:
+    from dsparksim.plan.spec import gpus_per_replica
     names = list_profiles()
     print(f"shipped profiles ({shipped_dir()}):")
+    rows, notes = [], []
     for n in names:
         try:
             p = load_profile(n)
-            md = p.metadata
-            print(f"  {n:<24} {md.get('device', '?')}, {md.get('model', '?')}, TP={md.get('tensor_parallel', '?')}, "
-                  f"M {p.min_tokens}..{p.max_tokens}, drafters: {', '.join(sorted(p.drafters)) or 'none'}")
         except InputError as e:  # a broken shipped file must be visible, not skipped
-            print(f"  {n:<24} INVALID: {e}")
+            print(f"  {n}  INVALID: {e}")
             return 2
+        md = p.metadata
+        par, note = _parallel(md)
+        dp = md.get("data_parallel") if isinstance(md.get("data_parallel"), int) else 1
+        try:
+            gpus = str(gpus_per_replica(md, dp)[0] or "?")
+        except ValueError:
+            gpus = "?"
+        if note:
+            notes.append(f"  {n}: {note}")
+        rows.append([n, _kind(md), gpus, par, f"{p.min_tokens}..{p.max_tokens}",
+                     ",".join(sorted(p.drafters)) or "none", str(md.get("device", "?")), str(md.get("model", "?"))])
+    head = ["name", "kind", "GPUs", "parallel", "M", "drafters", "device", "model"]
+    width = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head[:-1])] + [0]
+    for r in [head, *rows]:
+        print("  " + "  ".join(c.ljust(w) if i != 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, width))).rstrip())
+    print("kind: built = `profile build`'s analytic model (the MoE ones are unvalidated predictions), derived = from "
+          "measured operator times (vidur), measured = `dsparksim measure`; GPUs per engine; M = the batch tokens "
+          "priced (beyond: --extrapolate)")
+    for line in notes:
+        print(line)
     return 0

@@ -42,6 +42,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"{spec.name}: {res.n_cells} cells ({res.n_cached} cached, {res.n_ran} run, {len(res.failures)} "
               f"failed) in {res.wall_s:.1f} s on backend {args.backend}")
+        from dsparksim.sweep.table import sweep_text
+        text = sweep_text(res.table)
+        if text:
+            print(text)
         for k, p in res.paths.items():
             print(f"  {k:9s} {p}")
     if "parquet" not in res.paths:
