@@ -6,7 +6,7 @@ server settings of :class:`ServerSettings`, and computes the metrics as the clie
 * **Random dataset**: each request's input and output lengths are drawn independently and uniformly from the
   integers ``[max(1, int(R·L)), L]`` (SGLang ``bench_serving.sample_random_requests`` and vLLM's
   ``benchmark_serving.py`` up to v0.10 draw ``np.random.randint(int(L * R), L + 1)``; newer vLLM ``RandomDataset``
-  draws ``[L·(1−R), L·(1+R)]`` instead -- see the README). ``ignore_eos``: every request emits exactly its length.
+  draws ``[L·(1−R), L·(1+R)]`` instead -- see docs/benchmarks.md). ``ignore_eos``: every request emits exactly its length.
 * **Load**: requests arrive at ``request_rate`` (inf: all at t = 0; else Poisson, or gamma with ``burstiness``,
   the first at t = 0) and a semaphore of ``max_concurrency`` caps those in flight; a request's clock starts when it
   is sent. The run ends when the prompts run out (:class:`dsparksim.sim.cluster.Simulation` ``client_cap``).

@@ -53,7 +53,7 @@ _ENGINES = {"sglang": "sglang", "sglang-native": "sglang", "sglang-oai": "sglang
             "lmdeploy-chat": "lmdeploy"}
 STAT_COLUMNS = tuple(f"{s}_{m}_ms" for m in ("tpot", "ttft", "e2el") for s in ("mean", "median", "p99"))
 _STATS = ("mean", "median", "p99")
-# Which columns each format fills from the file itself, and from what (the README table says the same; a test
+# Which columns each format fills from the file itself, and from what (the docs/benchmarks.md table says the same; a test
 # checks it against the fixtures). Provenance columns are always filled; anything else comes from an option (or,
 # for vLLM, a `--metadata KEY=VALUE` pair whose KEY is an option column) or stays empty.
 FILLED_BY: dict[str, dict[str, str]] = {
