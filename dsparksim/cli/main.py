@@ -286,6 +286,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not s["num_requests_completed"]:
         print(f"dsparksim: warning: no request both arrived inside the measurement window (after the {s['warmup_s']:g} s "
               "warm-up) and completed: per-request metrics are empty (lower --warmup or run longer)", file=sys.stderr)
+    from dsparksim.results.notes import low_verify_note
+    note = low_verify_note(s)
+    if note:
+        print(f"dsparksim: note: {note}", file=sys.stderr)
     rej = _rejected_text(s)
     if rej:
         # never silently: the metrics describe only the requests that were admitted
