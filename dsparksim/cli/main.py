@@ -25,7 +25,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _floats(s: str) -> list[float]:
-    # Load levels and SLA targets: every listed value is a finite number > 0, and at least one is listed.
+    # Load levels: every listed value is a finite number > 0, and at least one is listed.
     vals = [x.strip() for x in s.split(",")]
     if not any(vals) or not all(vals):
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers > 0, got {s!r}")
@@ -340,6 +340,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     dup = sorted({p for p in policies if policies.count(p) > 1})
     if dup:
         raise _bad("--policies", f"lists {', '.join(dup)} more than once (each cell would run twice)")
+    slos = frontier_slos(args)
     levels = args.concurrency_levels or args.rates or args.time_scales or []
     if len(set(levels)) != len(levels):
         raise _bad("load levels", f"a level is listed more than once in {','.join(f'{x:g}' for x in levels)}")
@@ -386,12 +387,12 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     if len(seeds) > 1:  # per-seed rows, then means with intervals and paired gain intervals
         per_seed = frontier_table(summaries, cfgs, seeded=True)
         df = seed_means(per_seed)
-        comp = comparison_with_intervals(df, per_seed, baseline=args.baseline, slas=args.sla or ())
+        comp = comparison_with_intervals(df, per_seed, baseline=args.baseline, slos=slos)
         names["frontier_seeds_csv"] = "frontier_seeds.csv"
         extra = {"seeds": seeds, "interval": "95% Student-t over seeds; gains paired per seed"}
     else:
         df = frontier_table(summaries, cfgs)
-        comp = comparison_table(df, baseline=args.baseline, slas=args.sla or ())
+        comp = comparison_table(df, baseline=args.baseline, slos=slos)
     from dsparksim import __version__
     from dsparksim.sweep.cells import input_hashes
     with staged_dir(out) as d:  # all the files replace OUT together (dsparksim.results.outputs)
@@ -411,7 +412,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         dep_title = "" if len(deploys) == 1 else f" | {len(deploys)} deployments"
         plot_frontier(df, d / names["frontier_png"], title=f"{base.profile} | {base.acceptance} "
                       f"K={base.engine.block_size} | {load_name} {min(loads):g}-{max(loads):g}{dep_title}",
-                      slas=args.sla or (), load_name=load_name)
+                      slos=slos, load_name=load_name)
         plot_verify_budget(df, d / names["verify_budget_png"], load_name=load_name)
         write_table(d / names["frontier_csv"], df)
     paths = {k: out / v for k, v in names.items()}
@@ -447,7 +448,7 @@ def _gain_cell(r: Any) -> str:
     ci_txt = (f" (CI {100 * ci[0]:+.1f}..{100 * ci[1]:+.1f})" if "gain_lo" in r and all(
         v is not None and v == v for v in ci) else "")
     mark = " !" if bool(r.get("narrow_overlap")) else ""
-    if r["range_lo"] == r["range_hi"]:  # one point: an SLA target, or frontiers that touch at a single value
+    if r["range_lo"] == r["range_hi"]:  # one point: an SLO target, or frontiers that touch at a single value
         return f"{100 * g:+.0f}%{ci_txt}" + (f" at {r['range_lo']:.4g}{mark}" if mark else "")
     txt = (f"{100 * g:+.0f}%{ci_txt} [{100 * r['gain_min']:+.0f}..{100 * r['gain_max']:+.0f}] "
            f"over {r['range_lo']:.4g}-{r['range_hi']:.4g}")
@@ -486,6 +487,53 @@ def _check_session_routers(base: RunConfig, routers: Sequence[str]) -> None:
     if blk is None or len(blk) <= 4 or blk[4] is None:
         raise _bad("--router", f"router '{need[0]}' needs session or prefix ids, which this workload does not carry "
                    "(Mooncake traces carry hash_ids)")
+
+
+def _slo_list(s: str) -> list[str]:
+    """The terms of one --slo value (comma-separated); parsed by :func:`frontier_slos`."""
+    vals = [x.strip() for x in s.split(",")]
+    if not all(vals):
+        raise argparse.ArgumentTypeError(f"expected comma-separated SLO terms like tps_user_median>=50, got {s!r}")
+    return vals
+
+
+# The per-user speed SLO of a frontier: its y axis (tps_user_median; tps_user_p50 is its percentile spelling).
+FRONTIER_SLO_METRICS = ("tps_user_median", "tps_user_p50")
+
+
+def frontier_slos(args: argparse.Namespace) -> list[float]:
+    """The per-user speed targets of `frontier --slo` terms, in the SLO syntax of capacity and plan
+    (``tps_user_median>=X``). A bare number and the ``--sla`` spelling still work, with a deprecation warning."""
+    from dsparksim.sweep.capacity import parse_slo
+
+    out, bare = [], []
+    for t in args.slo or ():
+        try:
+            out.append(_number(t, float, 0.0, True, "a number"))
+            bare.append(t)
+            continue
+        except argparse.ArgumentTypeError:
+            pass
+        c = parse_slo([t], "cli")[0] if _is_term(t) else None
+        if c is None or c.metric not in FRONTIER_SLO_METRICS or c.op not in (">=", ">") or not c.value > 0:
+            raise _bad("--slo", f"a frontier compares throughput at a per-user speed target: expected "
+                       f"tps_user_median>=X (X > 0; or tps_user_p50>=X), got {t!r}; latency SLOs are searched by "
+                       "capacity and plan")
+        out.append(c.value)
+    if _given(args, "--sla"):
+        print("dsparksim: warning: --sla is deprecated; use --slo", file=sys.stderr)
+    if bare:
+        print(f"dsparksim: warning: --slo {','.join(bare)}: a bare number is deprecated; write --slo "
+              f"'tps_user_median>={bare[0]}' (the SLO syntax of capacity and plan)", file=sys.stderr)
+    dup = sorted({f"{v:g}" for v in out if out.count(v) > 1})
+    if dup:
+        raise _bad("--slo", f"lists the target {', '.join(dup)} more than once")
+    return out
+
+
+def _is_term(t: str) -> bool:
+    from dsparksim.sweep.capacity import _SLO_RE
+    return bool(_SLO_RE.match(t))
 
 
 def check_frontier_loads(args: argparse.Namespace) -> None:
@@ -534,14 +582,14 @@ def _rejected_cells(df) -> list[str]:
 def _comparison_text(df, comp, baseline: str) -> str:
     """The frontier summary: per policy (and deployment, when there are several), unsaturated peak, best per-user
     speed, and every gain vs the baseline at the same deployment with the range it was interpolated over; one
-    column per --sla target; '!' marks a narrow overlap."""
+    column per --slo target; '!' marks a narrow overlap."""
     import pandas as pd
 
     from dsparksim.results.frontier import series_labels
 
-    slas = [m for m in dict.fromkeys(comp["metric"]) if m.startswith("throughput_gain_at_sla:")] if len(comp) else []
+    slas = [m for m in dict.fromkeys(comp["metric"]) if m.startswith("throughput_gain_at_slo:")] if len(comp) else []
     cols = [("tps_user_gain_at_matched_throughput", f"user-speed gain vs {baseline} @ same tok/s"),
-            ("throughput_gain_at_matched_sla", f"throughput gain vs {baseline} @ same tok/s/user")]
+            ("throughput_gain_at_matched_slo", f"throughput gain vs {baseline} @ same tok/s/user")]
     cols += [(m, f"tput gain @{m.split(':', 1)[1]} tok/s/user") for m in slas]
     labels = series_labels(df)
     multi = labels.nunique() > 1  # one deployment: the table of a single-engine frontier, unchanged
@@ -580,7 +628,7 @@ def _comparison_text(df, comp, baseline: str) -> str:
                  + "over the stated range (tok/s for user-speed gains, tok/s/user for throughput gains); "
                  "saturated points are never on a frontier; peak tok/s is over unsaturated points.")
     if any(c == "n/a" for r in table[1:] for c in r[len(lead) + 2:]):
-        lines.append("n/a: no overlap, or the SLA lies outside a frontier's per-user speed range (see the note "
+        lines.append("n/a: no overlap, or the SLO lies outside a frontier's per-user speed range (see the note "
                      "column of comparison.csv); nothing is extrapolated.")
     if flagged:
         from dsparksim.results.frontier import NARROW_FRACTION, NARROW_MIN_POINTS
@@ -628,8 +676,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "paired per-seed gain intervals, and the plots error bars [%(default)s]")
     f.add_argument("--baseline", default=None,
                    help="policy the gains are measured against [mtp1 if swept, else the first policy]")
-    f.add_argument("--slo", "--sla", dest="sla", type=_floats, default=None, action="extend",
-                   help="per-user tokens/s targets (SLOs) for throughput gains, comma-separated")
+    f.add_argument("--slo", "--sla", dest="slo", type=_slo_list, default=None, action="extend", metavar="SLO",
+                   help="per-user speed targets for throughput gains at that speed, comma-separated, in the SLO "
+                        "syntax of capacity and plan: tps_user_median>=X (or tps_user_p50>=X); repeatable (a bare "
+                        "number X and the --sla spelling are deprecated)")
     f.add_argument("--backend", choices=["serial", "local", "ray"], default=None,
                    help="where cells run: serial, local process pool or ray (optional extra) [local; serial for 1 "
                         "worker]; results are identical whatever the backend")

@@ -58,6 +58,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from dsparksim.sweep.capacity import capacity_search, capacity_settings, capacity_table
 
     spec = load_spec(args.spec)
+    from dsparksim.cli.main import _given
+    if _given(args, "--sla"):
+        print("dsparksim: warning: --sla is deprecated; use --slo", file=sys.stderr)
     st = capacity_settings(spec, load=args.load, min=args.min, max=args.max, tolerance=args.tolerance,
                            slo=args.slo, require_unsaturated=False if args.allow_saturated else None,
                            seeds=args.seeds)
@@ -116,7 +119,7 @@ def register(subparsers) -> None:
     c.add_argument("spec", help="sweep spec (TOML) whose axes must not include the load; its [capacity] table "
                                 "may set load, min, max, tolerance, slo")
     c.add_argument("--out", "--result-dir", dest="out", required=True, help="output folder (also the probe cache)")
-    c.add_argument("--slo", "--sla", dest="slo", action="append", default=None,
+    c.add_argument("--slo", "--sla", dest="slo", action="append", default=None, metavar="SLO",
                    help="SLO term METRIC>=X or METRIC<=Y on a run-summary field, repeatable, e.g. "
                         "--slo 'tps_user_median>=50' --slo 'ttft_p99_s<=2' [spec's capacity.slo]")
     c.add_argument("--load", choices=["concurrency", "rate", "time_scale"], default=None,

@@ -95,11 +95,14 @@ def _error_bars(ax, g: pd.DataFrame, x: str, y: str, color: str, gid: str) -> bo
     return True
 
 
-def frontier_figure(df: pd.DataFrame, title: str = "", slas: Iterable[float] = (),
-                    load_name: str = "load") -> Figure:
+def frontier_figure(df: pd.DataFrame, title: str = "", slos: Iterable[float] = (),
+                    load_name: str = "load", *, slas: Iterable[float] | None = None) -> Figure:
     """Per-user tokens/s vs total output throughput: Pareto lines, dominated points faded, saturated ones as x,
-    every point labelled with its load level, one labelled horizontal line per SLA target. One line per series:
+    every point labelled with its load level, one labelled horizontal line per SLO target (``slas``: deprecated spelling). One line per series:
     colour = policy, line style and marker = deployment (replicas x router) when there are several."""
+    from dsparksim.results.frontier import deprecated_slas
+
+    slos = list(deprecated_slas(slos, slas))
     fig = Figure(figsize=(9, 6), dpi=120)
     ax = fig.subplots()
     multi = bars = False
@@ -123,9 +126,9 @@ def frontier_figure(df: pd.DataFrame, title: str = "", slas: Iterable[float] = (
             if pd.notna(xv) and pd.notna(yv):
                 ax.annotate(f"{r.load:g}", (xv, yv), xytext=(3, 3), textcoords="offset points", fontsize=6,
                             color=col, alpha=0.8)
-    for s in slas:
-        ax.axhline(s, color="tab:red", lw=0.9, ls=":", gid=f"sla:{s:g}")
-        ax.annotate(f"SLA {s:g} tok/s/user", (1.0, s), xycoords=("axes fraction", "data"), xytext=(-4, 2),
+    for s in slos:
+        ax.axhline(s, color="tab:red", lw=0.9, ls=":", gid=f"slo:{s:g}")
+        ax.annotate(f"SLO {s:g} tok/s/user", (1.0, s), xycoords=("axes fraction", "data"), xytext=(-4, 2),
                     textcoords="offset points", ha="right", va="bottom", fontsize=7, color="tab:red")
     many = "replicas" in df and (pd.to_numeric(df["replicas"], errors="coerce").fillna(1) > 1).any()
     ax.set_xlabel("total output throughput (tokens/s per deployment, all replicas)" if many
@@ -146,8 +149,8 @@ def frontier_figure(df: pd.DataFrame, title: str = "", slas: Iterable[float] = (
                        + (" (colour: policy; style and marker: deployment xN router)" if multi else "")),
                 Line2D([], [], color="0.4", marker="o", ls="", alpha=0.3, label="faded: dominated (not Pareto)"),
                 Line2D([], [], color="0.4", marker="x", ls="", label="x: saturated (never Pareto)")]
-    if any(True for _ in slas):
-        handles.append(Line2D([], [], color="tab:red", ls=":", label="dotted: SLA target"))
+    if slos:
+        handles.append(Line2D([], [], color="tab:red", ls=":", label="dotted: SLO target"))
     if bars:
         n = int(pd.to_numeric(df["n_seeds"]).max()) if "n_seeds" in df else 0
         handles.append(Line2D([], [], color="0.4", marker="|", lw=0.8,
@@ -158,10 +161,10 @@ def frontier_figure(df: pd.DataFrame, title: str = "", slas: Iterable[float] = (
     return fig
 
 
-def plot_frontier(df: pd.DataFrame, path: str | Path, title: str = "", slas: Iterable[float] = (),
+def plot_frontier(df: pd.DataFrame, path: str | Path, title: str = "", slos: Iterable[float] = (),
                   load_name: str = "load") -> None:
     """Write :func:`frontier_figure` to ``path``."""
-    fig = frontier_figure(df, title=title, slas=list(slas), load_name=load_name)
+    fig = frontier_figure(df, title=title, slos=list(slos), load_name=load_name)
     fig.savefig(path)
 
 
