@@ -136,19 +136,21 @@ def register(subparsers) -> None:
     _backend_args(c)
     c.set_defaults(func=cmd_capacity)
 
-    r = subparsers.add_parser("regress", help="recompute a fixed sweep and compare frontiers with a baseline",
+    r = subparsers.add_parser("regress", help="recompute a fixed sweep and compare it seed by seed with a baseline",
                               description="Recompute the baseline's sweep (no cache) over its seeds and compare "
-                                          "every frontier point and matched gain: flagged when |new - baseline| "
-                                          "exceeds both runs' 95% t-interval half-widths over the seeds plus a "
-                                          "floor (atol + rtol*|baseline|; gains: gain_atol); exit 1 with a "
-                                          "per-policy diff if anything moved beyond that.")
+                                          "every frontier point seed by seed (the baseline stores each seed's "
+                                          "values; same seeds = same draws): a metric is flagged when the 95% "
+                                          "t-interval of its paired per-seed relative changes excludes zero and "
+                                          "their mean exceeds the threshold (2% unless [regress] threshold says "
+                                          "otherwise); exit 1 with each regression under the policy whose runs "
+                                          "changed.")
     r.add_argument("--baseline", required=True, help="baseline JSON, e.g. tests/golden/regress_baseline.json")
     r.add_argument("--spec", default=None, help="sweep spec [the one the baseline names]")
     r.add_argument("--update", action="store_true", help="(re)write the baseline from the current results")
     r.add_argument("--exact", action="store_true",
-                   help="tolerance is the floor alone (rtol/atol/gain_atol), not the seed intervals: on the same "
-                        "seeds a deterministic simulator reproduces the baseline to the last bit, so any change "
-                        "at all is flagged")
+                   help="flag any per-seed difference beyond atol + rtol x |baseline| (no interval, no "
+                        "threshold): on the same seeds a deterministic simulator reproduces the baseline to the "
+                        "last bit, so any change at all is flagged")
     _backend_args(r)
     r.set_defaults(func=cmd_regress)
 
