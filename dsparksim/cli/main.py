@@ -184,27 +184,27 @@ def _bar_off(args: argparse.Namespace) -> bool:
     return not (sys.stderr.isatty() or os.environ.get("DSPARKSIM_PROGRESS", "") in ("1", "always"))
 
 
+# The command-line flags of the draft options (dsparksim.sim.reads.DRAFT_OPTIONS; drafter has none).
+DRAFT_FLAGS = {"acceptance": ("--acceptance",), "block_size": ("--num-speculative-tokens", "-K", "--block-size"),
+               "mtp1_acceptance": ("--mtp1-acceptance",), "confidence": ("--confidence",)}
+
+
+def check_unread_options(args: argparse.Namespace, policies: Sequence[str], how: str) -> None:
+    """An option typed on the command line that none of ``policies`` reads is an error, never silently dropped
+    (one rule for `run` and `frontier`, as for sweep and plan specs: dsparksim.sim.reads). ``how``: how the
+    policies were given, e.g. '--policy none'."""
+    from dsparksim.sim.reads import unread_by_all
+
+    for key, flags in DRAFT_FLAGS.items():
+        if _given(args, *flags):
+            hit = unread_by_all(policies, [key])
+            if hit:
+                raise _bad(flags[0], f"has no effect with {how} ({hit[1]})")
+
+
 def check_policy_inputs(args: argparse.Namespace) -> None:
     """`run` with one policy: an acceptance or draft-length option that policy never reads is an error."""
-    from dsparksim.policies import confidence_readers, make_policy
-
-    pol = make_policy(args.policy)
-    if not pol.drafts:
-        for flag, why in (("--acceptance", "nothing is drafted"), ("--num-speculative-tokens", "K is 0"),
-                          ("--mtp1-acceptance", "nothing is drafted")):
-            if _given(args, flag, *(("-K", "--block-size") if flag == "--num-speculative-tokens" else ())):
-                raise _bad(flag, f"has no effect with --policy {args.policy} (plain decoding: {why})")
-    elif pol.drafter == "mtp1":
-        if _given(args, "--acceptance"):
-            raise _bad("--acceptance", f"has no effect with --policy {args.policy} (the MTP-1 drafter runs with "
-                       "--mtp1-acceptance)")
-        if _given(args, "--num-speculative-tokens", "-K", "--block-size"):
-            raise _bad("--num-speculative-tokens", f"has no effect with --policy {args.policy} (MTP-1 drafts K=1)")
-    elif _given(args, "--mtp1-acceptance"):
-        raise _bad("--mtp1-acceptance", f"only applies to the mtp1 policy, not --policy {args.policy}")
-    if _given(args, "--confidence") and not pol.reads_confidence:
-        raise _bad("--confidence", f"has no effect with --policy {args.policy} (it never reads the confidences; "
-                   f"the policies that do: {', '.join(confidence_readers())})")
+    check_unread_options(args, [args.policy], f"--policy {args.policy}")
 
 
 def check_run_args(args: argparse.Namespace, frontier: bool = False) -> None:
@@ -321,7 +321,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     from dsparksim.results.plots import plot_frontier, plot_verify_budget
     from dsparksim.results.outputs import staged_dir
     from dsparksim.results.stats import seed_list
-    from dsparksim.policies import confidence_readers, make_policy
+    from dsparksim.policies import make_policy
     from dsparksim.sim.simulate import write_json, write_table
 
     if args.policies is not None:
@@ -332,15 +332,11 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         policies = list(DEFAULT_POLICIES)
     pols = [make_policy(p) for p in policies]  # fail fast on a bad spec, before any cell runs
     # an option that no swept policy reads would change nothing in any cell: refused, as `run` refuses it
-    if _given(args, "--confidence") and not any(p.reads_confidence for p in pols):
-        raise _bad("--confidence", f"has no effect: none of --policies {','.join(policies)} reads the confidences "
-                   f"({', '.join(confidence_readers())} do)")
-    if _given(args, "--mtp1-acceptance") and not any(p.drafter == "mtp1" for p in pols):
-        raise _bad("--mtp1-acceptance", f"has no effect: mtp1 is not among --policies {','.join(policies)}")
+    check_unread_options(args, policies, f"--policies {','.join(policies)}: none of them reads it")
     dup = sorted({p for p in policies if policies.count(p) > 1})
     if dup:
         raise _bad("--policies", f"lists {', '.join(dup)} more than once (each cell would run twice)")
-    slos = frontier_slos(args)
+    slos, slo_warnings = frontier_slos(args)
     levels = args.concurrency_levels or args.rates or args.time_scales or []
     if len(set(levels)) != len(levels):
         raise _bad("load levels", f"a level is listed more than once in {','.join(f'{x:g}' for x in levels)}")
@@ -368,12 +364,22 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         loads = args.concurrency_levels or list(DEFAULT_LOADS)
         load, load_name = {"concurrency": int(max(loads))}, "concurrent users"
     deploys = deployments(args.replicas, args.router)
+    if getattr(args, "dp_ranks", 1) == 1:
+        # one engine reads no router: its deployment under a second router is the same run (dsparksim.sim.reads)
+        same = [d for d in deploys if d[0] == 1 and d[1] != args.router[0]]
+        if same:
+            deploys = [d for d in deploys if d not in same]
+            slo_warnings.append(f"dsparksim: note: {', '.join(deployment_label(*d) for d in same)} would repeat "
+                                f"{deployment_label(1, args.router[0])} (one engine reads no router): run once, as "
+                                f"{deployment_label(1, args.router[0])}")
     # The base config is the first deployment's; each cell sets its own replicas and router.
     base = run_config(args, replicas=deploys[0][0], router=deploys[0][1], **load)
     preflight(base, policies)
     _check_session_routers(base, args.router)
     seeds = seed_list(base.seed, args.seeds)
     cfgs = cells(base, policies, loads, deploys, seeds=seeds if len(seeds) > 1 else None)
+    for w in slo_warnings:   # after every check: a refused command prints its one error line only (notes too)
+        print(w, file=sys.stderr)
     jobs = args.jobs or min(os.cpu_count() or 1, len(cfgs))
     out = Path(args.out)
     t0 = time.perf_counter()
@@ -501,9 +507,10 @@ def _slo_list(s: str) -> list[str]:
 FRONTIER_SLO_METRICS = ("tps_user_median", "tps_user_p50")
 
 
-def frontier_slos(args: argparse.Namespace) -> list[float]:
-    """The per-user speed targets of `frontier --slo` terms, in the SLO syntax of capacity and plan
-    (``tps_user_median>=X``). A bare number and the ``--sla`` spelling still work, with a deprecation warning."""
+def frontier_slos(args: argparse.Namespace) -> tuple[list[float], list[str]]:
+    """(the per-user speed targets of `frontier --slo` terms, deprecation warnings to print once every check has
+    passed). The terms take the SLO syntax of capacity and plan (``tps_user_median>=X``); a bare number and the
+    ``--sla`` spelling still work, deprecated."""
     from dsparksim.sweep.capacity import parse_slo
 
     out, bare = [], []
@@ -520,15 +527,16 @@ def frontier_slos(args: argparse.Namespace) -> list[float]:
                        f"tps_user_median>=X (X > 0; or tps_user_p50>=X), got {t!r}; latency SLOs are searched by "
                        "capacity and plan")
         out.append(c.value)
+    warn = []
     if _given(args, "--sla"):
-        print("dsparksim: warning: --sla is deprecated; use --slo", file=sys.stderr)
+        warn.append("dsparksim: warning: --sla is deprecated; use --slo")
     if bare:
-        print(f"dsparksim: warning: --slo {','.join(bare)}: a bare number is deprecated; write --slo "
-              f"'tps_user_median>={bare[0]}' (the SLO syntax of capacity and plan)", file=sys.stderr)
+        warn.append(f"dsparksim: warning: --slo {','.join(bare)}: a bare number is deprecated; write --slo "
+                    f"'tps_user_median>={bare[0]}' (the SLO syntax of capacity and plan)")
     dup = sorted({f"{v:g}" for v in out if out.count(v) > 1})
     if dup:
         raise _bad("--slo", f"lists the target {', '.join(dup)} more than once")
-    return out
+    return out, warn
 
 
 def _is_term(t: str) -> bool:

@@ -38,8 +38,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               "to resume", file=sys.stderr)
         return 130
     if not args.quiet:
-        print(f"{spec.name}: {res.n_cells} cells ({res.n_cached} cached, {res.n_ran} run, {len(res.failures)} "
-              f"failed) in {res.wall_s:.1f} s on backend {args.backend}")
+        rep = (f"{res.n_cells - res.n_repeats} runs: {res.n_repeats} repeat an earlier cell's run, as "
+               f"{res.repeats_why}, and share its result (results column same_as); " if res.n_repeats else "")
+        print(f"{spec.name}: {res.n_cells} cells ({rep}{res.n_cached} cached, {res.n_ran} run, "
+              f"{len(res.failures)} failed) in {res.wall_s:.1f} s on backend {args.backend}")
         for k, p in res.paths.items():
             print(f"  {k:9s} {p}")
     if "parquet" not in res.paths:
@@ -58,13 +60,13 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from dsparksim.sweep.capacity import capacity_search, capacity_settings, capacity_table
 
     spec = load_spec(args.spec)
-    from dsparksim.cli.main import _given
-    if _given(args, "--sla"):
-        print("dsparksim: warning: --sla is deprecated; use --slo", file=sys.stderr)
     st = capacity_settings(spec, load=args.load, min=args.min, max=args.max, tolerance=args.tolerance,
                            slo=args.slo, require_unsaturated=False if args.allow_saturated else None,
                            seeds=args.seeds)
     out = check_out_dir(args.out, "--out", replace=False)  # before any probe runs
+    from dsparksim.cli.main import _given
+    if _given(args, "--sla"):   # after the checks: a refused command prints its one error line only
+        print("dsparksim: warning: --sla is deprecated; use --slo", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     res = capacity_search(spec, st, out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
                           progress=not _bar_off(args))
