@@ -399,6 +399,15 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     else:
         df = frontier_table(summaries, cfgs)
         comp = comparison_table(df, baseline=args.baseline, slos=slos)
+    gpu_note = _per_gpu(df, base)
+    if len(seeds) > 1 and gpu_note is None:
+        _per_gpu(per_seed, base)
+    many = len({r for r, _ in deploys}) > 1 or max(r for r, _ in deploys) > 1
+    if many and gpu_note is None:
+        names["frontier_per_gpu_png"] = "frontier_per_gpu.png"
+    elif many:
+        print(f"dsparksim: note: no per-GPU frontier (frontier_per_gpu.png, output_throughput_tok_s_per_gpu): "
+              f"{gpu_note}", file=sys.stderr)
     from dsparksim import __version__
     from dsparksim.sweep.cells import input_hashes
     with staged_dir(out) as d:  # all the files replace OUT together (dsparksim.results.outputs)
@@ -419,7 +428,11 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         plot_frontier(df, d / names["frontier_png"], title=f"{base.profile} | {base.acceptance} "
                       f"K={base.engine.block_size} | {load_name} {min(loads):g}-{max(loads):g}{dep_title}",
                       slos=slos, load_name=load_name)
-        plot_verify_budget(df, d / names["verify_budget_png"], load_name=load_name)
+        if "frontier_per_gpu_png" in names:
+            plot_frontier(df, d / names["frontier_per_gpu_png"], title=f"{base.profile} | per GPU | {load_name} "
+                          f"{min(loads):g}-{max(loads):g}{dep_title}", slos=slos, load_name=load_name,
+                          x="output_throughput_tok_s_per_gpu")
+        plot_verify_budget(df, d / names["verify_budget_png"], load_name=load_name, profile=base.profile)
         write_table(d / names["frontier_csv"], df)
     paths = {k: out / v for k, v in names.items()}
     empty = _empty_cells(per_seed if len(seeds) > 1 else df)  # with seeds: any seed without a finished request
@@ -443,6 +456,27 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         for k, p in paths.items():
             print(f"  {k:18s} {p}")
     return 0
+
+
+def _per_gpu(df, base: RunConfig) -> str | None:
+    """Add ``gpus`` (replicas x GPUs of one replica, from the profile's metadata) and
+    ``output_throughput_tok_s_per_gpu`` (with its interval ends, when the table has them) to a frontier table; the
+    reason when the profile does not say how many GPUs a replica has (then nothing is added)."""
+    from dsparksim.cost.profile import load_profile
+    from dsparksim.plan.spec import gpus_per_replica
+
+    try:
+        g, _ = gpus_per_replica(load_profile(base.profile).metadata, base.engine.dp_ranks)
+    except (ValueError, InputError) as e:
+        return str(e)
+    if not g:
+        return "the profile states neither gpus nor tensor_parallel in its metadata"
+    df["gpus"] = (df["replicas"].astype(int) * g).astype(int)
+    for suffix in ("", "_lo", "_hi"):
+        col = "output_throughput_tok_s" + suffix
+        if col in df:
+            df[f"output_throughput_tok_s_per_gpu{suffix}"] = df[col] / df["gpus"]
+    return None
 
 
 def _gain_cell(r: Any) -> str:
