@@ -46,7 +46,12 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", default=None, help="also write the raw results as JSON")
+    ap.add_argument("--sizes", default=",".join(str(x) for x in SIZES),
+                    help="slowdowns to inject, comma-separated fractions [%(default)s]; 0.001 = a near-null change "
+                         "that moves trajectories but hardly performance")
+    ap.add_argument("--profile-only", action="store_true", help="inject into the profile only (not one policy)")
     a = ap.parse_args()
+    sizes = tuple(float(x) for x in a.sizes.split(","))
     t0 = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="regress-power-"))
     text = Path(a.spec).read_text()
@@ -64,12 +69,12 @@ def main() -> None:
         rows.append({"trial": t, "kind": "unchanged", "size": 0.0, "target": None, "flagged": sorted(same),
                      "n_policies": len(policies)})
         target = ONE_POLICY[t % len(ONE_POLICY)]
-        for s in SIZES:
-            for kind, pol in (("profile", None), ("one policy", target)):
+        for s in sizes:
+            for kind, pol in (("profile", None),) + ((("one policy", target),) if not a.profile_only else ()):
                 with slowdown(1 + s, policy=pol):
                     d = compare(base, run_doc(spec, bl, a.workers))
                 rows.append({"trial": t, "kind": kind, "size": s, "target": pol, "flagged": sorted(d),
-                             "n_policies": len(policies)})
+                             "n_policies": len(policies), "flags": d})
                 print(f"trial {t} seeds {seed}.. {kind:10s} {100 * s:4.0f}% {pol or '':20s} flagged: "
                       f"{', '.join(sorted(d)) or '-'}", flush=True)
     # (b) seed noise: trial i's baseline vs trial i+1's unchanged run, seeds relabelled
@@ -81,7 +86,7 @@ def main() -> None:
         cur = json.loads(json.dumps(base_docs[j]))
         cur["seeds"], cur["spec_sha256"] = base_docs[i]["seeds"], base_docs[i]["spec_sha256"]
         d = compare(base_docs[i], cur)
-        noise.append({"pair": [i, j], "flagged": sorted(d), "n_policies": len({r["policy"] for r in cur["frontier"]}),
+        noise.append({"pair": [i, j], "flagged": sorted(d), "flags": d, "n_policies": len({r["policy"] for r in cur["frontier"]}),
                       "n_flags": sum(len(v) for v in d.values())})
     wall = time.perf_counter() - t0
     print(f"\n{a.trials} trials of {a.spec} in {wall / 60:.1f} min")
@@ -90,16 +95,16 @@ def main() -> None:
     un = [r for r in rows if r["kind"] == "unchanged"]
     fa = sum(len(r["flagged"]) for r in un)
     print(f"| none (same seeds) | - | - | {fa} of {sum(r['n_policies'] for r in un)} policy checks |")
-    for s in SIZES:
+    for s in sizes:
         pr = [r for r in rows if r["kind"] == "profile" and r["size"] == s]
         hit = sum(len([p for p in r["flagged"] if p != "(spec)"]) for r in pr)
         tot = sum(r["n_policies"] for r in pr)
-        print(f"| {100 * s:.0f}% | profile | {hit}/{tot} policies ({100 * hit / tot:.0f}%) | - |")
-    for s in SIZES:
+        print(f"| {100 * s:g}% | profile | {hit}/{tot} policies ({100 * hit / tot:.0f}%) | - |")
+    for s in sizes if not a.profile_only else ():
         op = [r for r in rows if r["kind"] == "one policy" and r["size"] == s]
         hit = sum(r["target"] in r["flagged"] for r in op)
         other = sum(len([p for p in r["flagged"] if p != r["target"]]) for r in op)
-        print(f"| {100 * s:.0f}% | one policy | {hit}/{len(op)} trials ({100 * hit / len(op):.0f}%) | "
+        print(f"| {100 * s:g}% | one policy | {hit}/{len(op)} trials ({100 * hit / len(op):.0f}%) | "
               f"{other} other policies flagged in {len(op)} trials |")
     if noise:
         nf = sum(len(n["flagged"]) for n in noise)
