@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from dsparksim.cli.main import main
 from dsparksim.policies.fixed import Fixed
