@@ -75,7 +75,7 @@ def main() -> None:
                     d = compare(base, run_doc(spec, bl, a.workers))
                 rows.append({"trial": t, "kind": kind, "size": s, "target": pol, "flagged": sorted(d),
                              "n_policies": len(policies), "flags": d})
-                print(f"trial {t} seeds {seed}.. {kind:10s} {100 * s:4.0f}% {pol or '':20s} flagged: "
+                print(f"trial {t} seeds {seed}.. {kind:10s} {100 * s:4g}% {pol or '':20s} flagged: "
                       f"{', '.join(sorted(d)) or '-'}", flush=True)
     # (b) seed noise: trial i's baseline vs trial i+1's unchanged run, seeds relabelled
     noise = []
