@@ -225,7 +225,6 @@ def _check_semantics(spec: SweepSpec, check_inputs: bool) -> None:
         if _values(spec, key) and spec.load_key != "rate":
             raise ConfigError(src, _values(spec, key)[0][0], f"applies to open-loop arrivals only (a rate load); "
                               f"this spec's load is {spec.load_key}")
-    _check_unread(spec)
     if spec.load_key == "time_scale" and not _values(spec, "trace"):
         raise ConfigError(src, "base.trace", "a time_scale load axis replays a trace: set trace")
     if check_inputs:
@@ -233,6 +232,7 @@ def _check_semantics(spec: SweepSpec, check_inputs: bool) -> None:
     from dsparksim.sweep.cells import expand
 
     cells = expand(spec)  # builds every RunConfig: raises ConfigError naming the spec and the cell's values
+    _check_unread(spec)   # after the values themselves are known valid
     if check_inputs:
         _check_deployments(spec, cells)
 
