@@ -21,7 +21,7 @@ from dsparksim.cost.analytic.efficiency import EFFICIENCY_JSON, load_efficiency
 from dsparksim.cost.analytic.hardware import HARDWARE_CSV, get_gpu
 from dsparksim.errors import InputError
 
-__all__ = ["BUILDER_VERSION", "M_GRID", "build_profile", "FIXED_OVERHEAD_S", "RESERVE_GIB", "DRAFTERS"]
+__all__ = ["BUILDER_VERSION", "M_GRID", "build_profile", "build_forward_model", "FIXED_OVERHEAD_S", "RESERVE_GIB", "DRAFTERS"]
 
 BUILDER_VERSION = "2"
 # verify breakpoints: every M to 32, then steps of 8, 32, 128, 512 up to 16384 (above vLLM's 8192 default
@@ -50,6 +50,19 @@ def _sha16(path: Path) -> str:
 
 def _r(x: float) -> float:
     return float(f"{float(x):.6g}")
+
+
+def build_forward_model(model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int = 1,
+                        dtype: str | None = None, kv_dtype: str | None = None) -> ForwardModel:
+    """The checked :class:`ForwardModel` :func:`build_profile` prices with (``dtype`` None: as there)."""
+    arch = load_arch(Path(model))
+    if dtype is None:
+        hint = arch.weight_dtype_hint.lower()
+        dtype = hint if hint in DTYPE_BYTES else "bf16"
+    fm = ForwardModel(arch, get_gpu(gpu), Parallel(tp=tp, ep=ep, dp=dp), load_efficiency()[0], dtype=dtype,
+                      kv_dtype=kv_dtype)
+    fm.check_shapes()
+    return fm
 
 
 def build_profile(model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int = 1, dtype: str | None = None,
@@ -81,8 +94,7 @@ def build_profile(model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int
     arch: Arch = load_arch(mpath)
     g = get_gpu(gpu)
     eff, eff_json = load_efficiency()
-    fm = ForwardModel(arch, g, Parallel(tp=tp, ep=ep, dp=dp), eff, dtype=dtype, kv_dtype=kv_dtype)
-    fm.check_shapes()
+    fm = build_forward_model(mpath, gpu, tp=tp, ep=ep, dp=dp, dtype=dtype, kv_dtype=kv_dtype)
 
     # ---- memory: weights, KV capacity
     wparts = fm.weight_bytes_per_gpu()
