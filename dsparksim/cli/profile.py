@@ -383,6 +383,9 @@ def _register_fit(sub: Any) -> None:
     f.add_argument("--max-num-seqs", type=int, default=1024, help="server's max running requests [%(default)s]")
     f.add_argument("--prefill-chunk", type=int, default=None, metavar="TOKENS",
                    help="server's chunked-prefill size [the profile's token budget]")
+    f.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="server's memory fraction (sets the KV capacity, as `profile build`) [%(default)s]")
+    f.add_argument("--kv-dtype", choices=("bf16", "fp16", "fp8"), help="server's KV-cache dtype [as `profile build`]")
     f.add_argument("--name", help="profile name [fitted-<gpu>x<tp>-<model>]")
     f.add_argument("--date", help="date written into metadata [today]")
     f.add_argument("--out", required=True, metavar="P.json", help="profile JSON to write (never overwritten "
@@ -428,7 +431,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         opt = FitOptions(model=model, gpu=args.gpu, tp=args.tp, ep=args.ep,
                          where=tuple(parse_where(args.where).items()), bootstrap=args.bootstrap, seed=args.seed,
                          max_num_seqs=args.max_num_seqs, prefill_chunk_tokens=args.prefill_chunk, name=args.name,
-                         date=args.date, metrics=kinds)
+                         date=args.date, metrics=kinds, gpu_memory_utilization=args.gpu_memory_utilization,
+                         kv_dtype=args.kv_dtype)
         d, rep = run_fit(args.runs, opt, tqdm_file=sys.stderr)
         tmp = out.with_name(out.name + ".partial")
         try:

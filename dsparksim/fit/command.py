@@ -40,6 +40,8 @@ class FitOptions:
     date: str | None = None
     model_label: str | None = None
     metrics: tuple[str, ...] = ("tpot", "ttft", "tput")   # kinds fitted (KINDS values); all are reported
+    gpu_memory_utilization: float = 0.9          # the server's memory fraction: sets the KV capacity
+    kv_dtype: str | None = None                  # the server's KV-cache dtype (None: the builder's default)
 
 
 def traces_for(runs: list[FitRun], profile: Any, progress: Any = None) -> list[Trace]:
@@ -75,8 +77,9 @@ def run_fit(runs_path: str | Path, opt: FitOptions, *, log: Any = print, tqdm_fi
 
     t0 = time.perf_counter()
     where = dict(opt.where)
+    server_kw = {"gpu_memory_utilization": opt.gpu_memory_utilization, "kv_dtype": opt.kv_dtype}
     base_d = build_profile(opt.model, opt.gpu, tp=opt.tp, ep=opt.ep, date=opt.date or "2026-12-01",
-                           model_label=opt.model_label)
+                           model_label=opt.model_label, **server_kw)
     base = profile_from_dict(base_d, "<builder>")
     chunk = int(opt.prefill_chunk_tokens or base.max_tokens)
     if chunk > base.max_tokens:
@@ -84,7 +87,7 @@ def run_fit(runs_path: str | Path, opt: FitOptions, *, log: Any = print, tqdm_fi
                          f"{base.max_tokens}")
     runs, rows = load_fit_runs(runs_path, where, server={"max_num_seqs": opt.max_num_seqs,
                                                          "prefill_chunk_tokens": chunk})
-    basis = PriceBasis.build(opt.model, opt.gpu, tp=opt.tp, ep=opt.ep)
+    basis = PriceBasis.build(opt.model, opt.gpu, tp=opt.tp, ep=opt.ep, kv_dtype=opt.kv_dtype)
     with tqdm(total=len(runs), desc="simulate runs", unit="run", file=tqdm_file, leave=False) as bar:
         traces = traces_for(runs, base, bar.update)
     lin_cache: dict[int, LinearRun] = {}
@@ -131,7 +134,7 @@ def run_fit(runs_path: str | Path, opt: FitOptions, *, log: Any = print, tqdm_fi
     cal = Calibration(scales=scales, fixed_overhead_s=float(res.coef[-1]))
     name = opt.name or f"fitted-{opt.gpu.lower()}x{opt.tp}-{Path(opt.model).stem}"
     d = build_profile(opt.model, opt.gpu, tp=opt.tp, ep=opt.ep, date=opt.date or _dt.date.today().isoformat(),
-                      model_label=opt.model_label, calibration=cal, name=name)
+                      model_label=opt.model_label, calibration=cal, name=name, **server_kw)
     md = d["metadata"]
     md["source"] = (f"dsparksim profile fit on {len(runs)} measured runs of {Path(runs_path).name} "
                     f"(builder v{md['build']['builder_version']} calibrated)")
@@ -147,6 +150,8 @@ def run_fit(runs_path: str | Path, opt: FitOptions, *, log: Any = print, tqdm_fi
         "client_model": {"workload": "closed loop at the run's concurrency over num_prompts requests, all released "
                          "at once; lengths uniform in [int(R*L), L]; ignore_eos; no prefix reuse",
                          "max_num_seqs": opt.max_num_seqs, "prefill_chunk_tokens": chunk, "seed": 0,
+                         "gpu_memory_utilization": opt.gpu_memory_utilization,
+                         "kv_capacity_tokens": base_d["metadata"]["kv_capacity_tokens"],
                          "kv_policy": "paged"},
         "objective": "least squares of log(simulated/measured): per run mean TPOT (median where the run has no "
                      "mean), mean TTFT (median likewise) and output tokens/s per GPU, equal weights",
