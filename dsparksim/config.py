@@ -301,7 +301,8 @@ class RunConfig:
     profile: str = option("h100-llama2-7b-tp1", "--profile",
                           help="cost profile: shipped name (see `dsparksim profile list`) or JSON path [%(default)s]")
     acceptance: str = option("dspark", "--acceptance",
-                             help="block drafter acceptance: parametric name (dspark, dflash, eagle3), "
+                             help="block drafter acceptance: parametric name (dspark, dflash, eagle3), mtp "
+                                  "(DeepSeek's MTP module reused for K<=4; mtp?a1=..&tau2=..&decay=..), "
                                   "acceptance-trace file, vllm:PATH, sglang:PATH or tau:X [%(default)s]")
     mtp1_acceptance: str = option("mtp1", "--mtp1-acceptance",
                                   help="acceptance source the mtp1 baseline runs with: mtp1 = mtp1-v3 (0.87, "

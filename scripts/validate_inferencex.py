@@ -25,6 +25,8 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from dsparksim.bench.importers import import_files  # noqa: E402
+from dsparksim.bench.runs import runs_frame, write_runs  # noqa: E402
 from dsparksim.cost.analytic.builder import RESERVE_GIB, build_profile  # noqa: E402
 from dsparksim.cost.profile import save_profile  # noqa: E402
 from dsparksim.fit.command import KINDS, FitOptions, run_fit  # noqa: E402
@@ -33,7 +35,7 @@ _SHARED = [Path(os.environ["DSPARKSIM_SHARED"])] if os.environ.get("DSPARKSIM_SH
 _SHARED += [REPO.parent / "shared", REPO.parent.parent / "shared"]      # main checkout, or a worktree in wt/
 DATA = next((p for p in _SHARED if p.is_dir()), _SHARED[0]) / "data" / "inferencex" / "deepseek_r1_single_node.csv"
 MODEL = REPO / "dsparksim" / "data" / "models" / "deepseek-v3.json"
-GROUP = ["hardware", "framework", "framework_image", "tp", "ep"]
+GROUP = ["gpu", "engine", "engine_version", "tp", "ep"]
 TARGET_LOCO, TARGET_MTP, MIN_CONC = 0.08, 0.15, 4
 
 
@@ -42,7 +44,7 @@ def server(hw: str, fw: str, tp: int, ep: int) -> dict:
     if hw == "h200" and fw == "sglang":   # memory fraction 0.82, chunked prefill 32768 (above the profile's budget)
         return {"gpu_memory_utilization": 0.82, "note": "mem fraction 0.82; chunked prefill 32768 capped at the "
                 "profile's 16384-token budget; max running 512/256 (never binding below c=256)"}
-    if hw == "h200" and fw == "trt":      # FP8 KV, free-memory fraction 0.75 of what the weights leave
+    if hw == "h200" and fw == "trtllm":      # FP8 KV, free-memory fraction 0.75 of what the weights leave
         d = build_profile(MODEL, "H200", tp=tp, ep=ep, kv_dtype="fp8")
         m = d["metadata"]["build"]["memory"]
         total = m["usable_GiB"] / 0.9
@@ -59,8 +61,8 @@ def ship_name(hw: str, fw: str, image: str, tp: int, ep: int) -> str:
 
 
 SHIP = {("h200", "sglang", "lmsysorg/sglang:v0.5.12-cu130", 8, 1),
-        ("h200", "trt", "nvcr.io/nvidia/tensorrt-llm/release:1.1.0rc2.post2", 8, 8),
-        ("h200", "trt", "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc14", 8, 8)}
+        ("h200", "trtllm", "nvcr.io/nvidia/tensorrt-llm/release:1.1.0rc2.post2", 8, 8),
+        ("h200", "trtllm", "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc14", 8, 8)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,28 +75,31 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    df = pd.read_csv(a.data)
-    df = df[(df.mtp == "off") & (~df.dp_attention.astype(bool)) & df.hardware.isin(a.hardware.split(","))]
+    data = os.path.relpath(a.data, REPO) if Path(a.data).resolve().is_relative_to(REPO.parent.parent) else a.data
+    runs_csv = out / "runs.csv"          # the InferenceX rows as a runs table (`dsparksim bench import`)
+    write_runs(import_files([data]), runs_csv, force=True)
+    df = runs_frame(import_files([data]))
+    df = df[(df.spec_method == "none") & (~df.dp_attention.astype(bool)) & df.gpu.isin(a.hardware.split(","))]
     groups, rows, skipped = [], [], []
     t_all = time.perf_counter()
     for key, g in df.groupby(GROUP):
         hw, fw, image, tp, ep = key
-        conc = sorted(g.concurrency.unique())
+        conc = sorted(int(c) for c in g.max_concurrency.unique())
         if len(conc) < 2:
             skipped.append((key, f"{len(conc)} concurrency: no leave-one-concurrency-out"))
             continue
         s = server(hw, fw, int(tp), int(ep))
         opt = FitOptions(model=str(MODEL), gpu=hw.upper(), tp=int(tp), ep=int(ep), bootstrap=a.bootstrap,
-                         where=(("hardware", hw), ("framework", fw), ("framework_image", image), ("tp", str(tp)),
-                                ("ep", str(ep)), ("mtp", "off"), ("dp_attention", "False")),
+                         where=(("gpu", hw), ("engine", fw), ("engine_version", image), ("tp", str(tp)),
+                                ("ep", str(ep)), ("spec_method", "none"), ("dp_attention", "false")),
                          max_num_seqs=512, gpu_memory_utilization=s.get("gpu_memory_utilization", 0.9),
                          kv_dtype=s.get("kv_dtype"), name=ship_name(hw, fw, image, int(tp), int(ep)),
                          date="2026-12-03", model_label="dsparksim/data/models/deepseek-v3.json")
         t0 = time.perf_counter()
         print(f"fitting {hw} {fw} {image} tp{tp} ep{ep}: {len(g)} rows, concurrencies {conc}", flush=True)
-        d, rep = run_fit(a.data, opt)
+        d, rep = run_fit(runs_csv, opt)
         fit = d["metadata"]["fit"]
-        rec = {"hardware": hw, "framework": fw, "framework_image": image, "tp": tp, "ep": ep, "rows": len(g),
+        rec = {"gpu": hw, "engine": fw, "engine_version": image, "tp": tp, "ep": ep, "rows": len(g),
                "concurrencies": " ".join(map(str, conc)), "server": s["note"], "seconds": round(time.perf_counter() - t0, 1)}
         for p, e in fit["parameters"].items():
             rec[p] = (f"{e['value']:.4g}" + (" (bound)" if e.get("at_bound") else "")) if e["status"] == "fitted" \
@@ -109,11 +114,11 @@ def main(argv: list[str] | None = None) -> int:
                                   and rec["loco_tput_median_abs"] is not None
                                   and rec["loco_tput_median_abs"] <= TARGET_LOCO) if gated else None)
         groups.append(rec)
-        loco_by = {(r["row_id"], r["metric"]): r["predicted"] for r in rep["loco"]}
+        loco_by = {(r["run_id"], r["metric"]): r["predicted"] for r in rep["loco"]}
         for r in rep["in_sample"]:
-            rows.append({"hardware": hw, "framework_image": image, "tp": tp, "ep": ep, "row_id": r["row_id"],
+            rows.append({"gpu": hw, "engine_version": image, "tp": tp, "ep": ep, "run_id": r["run_id"],
                          "concurrency": r["concurrency"], "metric": r["metric"], "measured": r["measured"],
-                         "fitted": r["predicted"], "loco_predicted": loco_by.get((r["row_id"], r["metric"]))})
+                         "fitted": r["predicted"], "loco_predicted": loco_by.get((r["run_id"], r["metric"]))})
         if a.ship and key in SHIP:
             p = save_profile(d, REPO / "profiles" / f"{opt.name}.json")
             print(f"  shipped {p}")
@@ -144,7 +149,7 @@ def report(G: pd.DataFrame, skipped: list, seconds: float) -> str:
                                                     "fixed_overhead_s") if r[p] != "held") or "none"
         verdict = ("met" if r.target_met else "NOT met") if r.target_applies else f"n/a (< {MIN_CONC} conc.)"
         pct = lambda x: "-" if x is None or pd.isna(x) else f"{x:.1%}"  # noqa: E731
-        lines.append(f"| {r.hardware} | {r.framework_image} | {r.tp}/{r.ep} | {r.rows} | {r.concurrencies} | "
+        lines.append(f"| {r.gpu} | {r.engine_version} | {r.tp}/{r.ep} | {r.rows} | {r.concurrencies} | "
                      f"{pct(r.loco_tpot_median_abs)} | {pct(r.loco_tput_median_abs)} | {pct(r.loco_ttft_median_abs)} | "
                      f"{pct(r.fit_tpot_median_abs)} | {fitted} | {verdict} |")
     lines += ["", "Skipped groups:", ""] + [f"- {' '.join(map(str, k))}: {why}" for k, why in skipped]

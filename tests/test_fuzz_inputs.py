@@ -531,14 +531,14 @@ def test_fuzz_domain_specs(work):
 
 
 _PARAM = st.tuples(st.sampled_from(["sigma_req", "sigma_block", "sigma_tok", "noise_sd", "temperature", "drafter",
-                                    "draft_len", "x", ""]),
+                                    "draft_len", "x", "", "a1", "a2", "tau2", "decay"]),
                    st.sampled_from(["=", ""]),
                    st.sampled_from(["0", "1", "-1", "nan", "inf", "1e400", "dspark", "mtp1", "", "7", "0.5"])
                    ).map("".join)
 
 
 @settings(FUZZ, max_examples=n_examples(120))
-@given(base=st.sampled_from(["dspark", "dflash", "eagle3", "mtp1", "tau:3", "tau:nan", "tau:1", "tau:", "tau:1e400",
+@given(base=st.sampled_from(["dspark", "dflash", "eagle3", "mtp1", "mtp", "mtp:", "tau:3", "tau:nan", "tau:1", "tau:", "tau:1e400",
                              f"vllm:{DATA / 'acc_vllm_counters.json'}", f"sglang:{DATA / 'acc_sglang_generate.jsonl'}",
                              str(DATA / "acc_trace_k3.csv"), "vllm:", "nosuch.csv", "", "Dspark"]),
        params=st.lists(_PARAM, max_size=3), K=st.sampled_from(["1", "3", "7", "15", "16"]),

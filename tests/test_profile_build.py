@@ -220,7 +220,7 @@ def test_built_profile_round_trips_through_show_and_run(tmp_path, capsys):
     s = json.loads(capsys.readouterr().out)
     assert s["verify"]["M_max"] == 16384 and s["context_model"] == "linear"
     assert s["metadata"]["kv_capacity_tokens"] == p.metadata["kv_capacity_tokens"] > 0
-    assert set(s["drafters"]) == {"dspark", "dflash", "eagle3", "mtp1"}
+    assert set(s["drafters"]) == {"dspark", "dflash", "eagle3", "mtp1", "mtp"}
     assert main(["run", "--profile", str(out), "--duration", "5", "--policy", "fixed:3", "--quiet",
                  "--out", str(tmp_path / "r")]) == 0
     summ = json.loads((tmp_path / "r" / "summary.json").read_text())

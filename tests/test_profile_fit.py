@@ -42,7 +42,7 @@ def _synthetic_runs(base, basis, coef, workloads, concs):
         for c in concs:
             spec = ClientSpec(concurrency=c, num_prompts=3 * c, input_len=L, output_len=O, range_ratio=0.8)
             lr = LinearRun(simulate_trace(base, spec), basis)
-            meas = {k: lr.metric(k, coef) for k in ("mean_tpot_ms", "mean_ttft_ms", "output_tput_per_gpu")}
+            meas = {k: lr.metric(k, coef) for k in ("mean_tpot_ms", "mean_ttft_ms", "output_throughput_per_gpu")}
             runs.append(FitRun(f"{L}/{O}@{c}", spec, meas))
             lin.append(lr)
     return runs, lin
@@ -126,33 +126,39 @@ def test_fit_flags_what_the_runs_cannot_see_and_holds_it_at_the_builder_value():
 
 
 # ------------------------------------------------------------------ the command
-def _runs_csv(path: Path, moe_profiles, mtp: str = "off") -> None:
+def _runs_csv(path: Path, moe_profiles, spec: str = "none") -> None:
+    from dsparksim.bench.runs import write_runs
     base, _, basis = moe_profiles
     c = coef_of(TRUE, basis)
     runs, _ = _synthetic_runs(base, basis, c, ((2048, 128),), (2, 8, 32))
-    lines = ["row_id,hardware,mtp,concurrency,num_prompts,isl,osl,random_range_ratio,tp,mean_tpot_ms,mean_ttft_ms,"
-             "output_tput_per_gpu"]
+    rows = []
     for i, r in enumerate(runs):
         s, m = r.spec, r.measured
-        lines.append(f"{i + 1},h100,{mtp if i == 1 else 'off'},{s.concurrency},{s.num_prompts},{s.input_len},"
-                     f"{s.output_len},0.8,1,{m['mean_tpot_ms']!r},{m['mean_ttft_ms']!r},{m['output_tput_per_gpu']!r}")
-    path.write_text("\n".join(lines) + "\n")
+        rows.append({"run_id": f"syn:{i + 1}", "source_format": "vllm", "source_file": "synthetic", "source_row": i + 1,
+                     "gpu": "h100", "tp": 1, "ep": 1, "gpu_count": 1, "spec_method": spec if i == 1 else "none",
+                     "dataset_name": "random", "random_input_len": s.input_len, "random_output_len": s.output_len,
+                     "random_range_ratio": 0.8, "random_range_convention": "low", "max_concurrency": s.concurrency,
+                     "request_rate": float("inf"), "num_prompts": s.num_prompts, "ignore_eos": True,
+                     "mean_tpot_ms": m["mean_tpot_ms"], "mean_ttft_ms": m["mean_ttft_ms"],
+                     "output_throughput_per_gpu": m["output_throughput_per_gpu"],
+                     "output_throughput": m["output_throughput_per_gpu"]})
+    write_runs(rows, path)
 
 
 def test_cli_fit_writes_a_profile_with_provenance_and_refuses_to_overwrite(tmp_path, moe, capsys):
     runs = tmp_path / "runs.csv"
     _runs_csv(runs, moe)
     out = tmp_path / "fit.json"
-    argv = ["profile", "fit", str(runs), "--model", MOE, "--gpu", "H100", "--where", "hardware=h100",
+    argv = ["profile", "fit", str(runs), "--model", MOE, "--gpu", "H100", "--where", "gpu=h100",
             "--bootstrap", "20", "--out", str(out), "--date", "2026-12-03"]
     assert main(argv) == 0
     d = json.loads(out.read_text())
     fit = d["metadata"]["fit"]
-    assert fit["runs"]["row_ids"] == ["1", "2", "3"] and len(fit["runs"]["sha256"]) == 64
+    assert fit["runs"]["run_ids"] == ["syn:1", "syn:2", "syn:3"] and len(fit["runs"]["sha256"]) == 64
     assert fit["parameters"]["comm"]["status"] == "unidentified"
     for p, e in fit["parameters"].items():
         if e["status"] == "fitted":
-            assert e["bootstrap"]["p2.5"] <= e["value"] <= e["bootstrap"]["p97.5"]
+            assert e["bootstrap"]["p2.5"] * 0.999 <= e["value"] <= e["bootstrap"]["p97.5"] * 1.001
     assert fit["fit_error"]["tpot"]["median_abs"] < 0.01
     prof = profile_from_dict(d, str(out))                      # a normal profile
     assert prof.fixed_overhead_s == pytest.approx(fit["parameters"]["fixed_overhead_s"]["value"])
@@ -168,10 +174,9 @@ def test_cli_fit_writes_a_profile_with_provenance_and_refuses_to_overwrite(tmp_p
                                   "no_match", "bad_metrics"])
 def test_cli_fit_bad_inputs_one_line_exit_2_nothing_written(tmp_path, moe, capsys, case):
     runs = tmp_path / "runs.csv"
-    _runs_csv(runs, moe, mtp="on" if case == "mtp_on" else "off")
+    _runs_csv(runs, moe, spec="eagle" if case == "mtp_on" else "none")
     out = tmp_path / "fit.json"
-    where = {"bad_where": "hardware", "unknown_column": "gpu_kind=h100", "no_match": "hardware=b200"}.get(
-        case, "hardware=h100")
+    where = {"bad_where": "gpu", "unknown_column": "gpu_kind=h100", "no_match": "gpu=b200"}.get(case, "gpu=h100")
     if case == "not_ours":
         out.write_text('{"user": "file"}')
     argv = ["profile", "fit", str(tmp_path / "nope.csv") if case == "missing_file" else str(runs), "--model", MOE,

@@ -9,7 +9,7 @@ import pytest
 from dsparksim.sim.requests import RequestTable
 
 REPO = Path(__file__).resolve().parents[1]
-CORE = [REPO / "dsparksim" / f for f in ("engine.py", "cluster.py", "requests.py")]
+CORE = [REPO / "dsparksim" / "sim" / f for f in ("engine.py", "cluster.py", "requests.py")]
 RUNNER = sorted((REPO / "dsparksim" / "runner").glob("*.py")) + [REPO / "benchmarks" / "runner_overhead.py"]
 CORE_CLASSES = {"Engine", "Simulation", "RequestTable", "CostExecutor", "_Driver", "SimResult"}
 # The old private API the runner used to reach into (named so a regression is reported by name).

@@ -7,6 +7,9 @@
 ``eagle3``                     flat tail, eagle3 repeats its position-7 value — stated in the metadata)
 ``mtp1`` ``mtp1-v3``           parametric, K must be 1, acceptance 0.87 in every domain (DeepSeek-V3 report)
 ``mtp1-v4``                    the same with 0.775 (DeepSeek-V4 MTP position 1, 0.76-0.79: the paper's baseline)
+``mtp`` ``mtp?a1=..&tau2=..``  DeepSeek's MTP module reused for K = 1..4 positions (:mod:`.mtp`: a1 measured, a2
+                               derived from SGLang's 2.49, decay assumed; params a1, a2|tau2, decay); no
+                               confidence head (confidence-reading policies are refused)
 ``...?sigma_req=0.5&...``      override parameters: sigma_req, sigma_block, sigma_tok, noise_sd, temperature
 ``PATH.csv|.csv.gz|.parquet``  replay an acceptance trace (format: :mod:`.trace_format`)
 ``vllm:PATH`` ``sglang:PATH``  engine-log importers (:mod:`.importers`); extra params ``drafter=``,
@@ -30,6 +33,7 @@ from dsparksim.acceptance.reference import K_MAX
 PARAMETRIC_DRAFTERS = ("dspark", "dflash", "eagle3", "mtp1")
 TRACE_SUFFIXES = (".csv", ".csv.gz", ".parquet")
 IMPORTERS = ("vllm", "sglang", "tau")
+MTP_CHAIN = "mtp"   # DeepSeek's MTP module reused for K positions (:mod:`.mtp`)
 # Named MTP-1 acceptance sources -> the reference source they read (:func:`.reference.mtp1_alpha`; "" = default v3)
 MTP1_NAMES = {"mtp1": "", "mtp1-v3": "v3", "mtp1-v4": "v4"}
 
@@ -45,7 +49,7 @@ def _src(spec: str) -> str:
 class AcceptanceSpec:
     """A parsed acceptance spec string (the one registry of spec syntax; see the module docstring).
 
-    kind:   "parametric" | "trace" | "vllm" | "sglang" | "tau".
+    kind:   "parametric" | "mtp" | "trace" | "vllm" | "sglang" | "tau".
     name:   the parametric drafter (dspark, dflash, eagle3, mtp1); else the kind.
     arg:    the path (trace, vllm, sglang) or number (tau) as written; for mtp1-v3 / mtp1-v4 the named source
             (v3, v4); "" for a plain parametric name (mtp1 = the default source, v3).
@@ -103,10 +107,12 @@ def parse_spec(spec: str) -> AcceptanceSpec:
         return AcceptanceSpec(text, "parametric", "mtp1", MTP1_NAMES[kind], params)
     if kind in PARAMETRIC_DRAFTERS and not colon:     # 'dspark:' is a typo, not 'dspark'
         return AcceptanceSpec(text, "parametric", kind, "", params)
+    if kind == MTP_CHAIN and not colon:
+        return AcceptanceSpec(text, "mtp", "mtp", "", params)
     if kind in IMPORTERS and arg:
         return AcceptanceSpec(text, kind, kind, arg, params)
     raise ConfigError(_src(text), None, f"unknown acceptance source; expected one of {PARAMETRIC_DRAFTERS}, "
-                      f"{', '.join(n for n in MTP1_NAMES if n != 'mtp1')}, a trace "
+                      f"{', '.join(n for n in MTP1_NAMES if n != 'mtp1')}, 'mtp' (?a1=..&tau2=..&decay=..), a trace "
                       f"file ({', '.join(TRACE_SUFFIXES)}), 'vllm:PATH', 'sglang:PATH' or 'tau:X'")
 
 
@@ -180,6 +186,9 @@ def _load(spec: str, ps: AcceptanceSpec, K: int, domain_default: str, confidence
             raise ConfigError(_src(spec), "path", f"acceptance trace file not found: {spec}")
         return TraceAcceptance(path, K, domain_default=domain_default, source=spec)
     params = dict(ps.params)
+    if ps.kind == "mtp":
+        from dsparksim.acceptance.mtp import load_mtp
+        return load_mtp(spec, K, params, domain_default=domain_default, confidence=confidence)
     if ps.kind == "parametric":
         if ps.name == "mtp1" and K != 1:
             raise ConfigError(_src(spec), "K", f"mtp1 drafts exactly one token: K must be 1, got {K}")
@@ -209,6 +218,6 @@ def drafter_of(spec: str) -> str:
     if ps.kind == "trace":
         from dsparksim.acceptance.trace_format import read_trace_metadata
         return str(read_trace_metadata(ps.path).get("drafter", "unknown"))
-    if ps.kind == "parametric":
+    if ps.kind in ("parametric", "mtp"):
         return ps.name
     return ps.params.get("drafter", "dspark")

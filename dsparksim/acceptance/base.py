@@ -48,6 +48,12 @@ class AcceptanceModel:
         """Draw this step's block for the requests in ``slots`` (each slot advances one block)."""
         raise NotImplementedError
 
+    @property
+    def confidence_head(self) -> bool:
+        """False for a drafter without a confidence head (``metadata["confidence_head"]``, e.g. ``mtp``): the
+        confidences it yields are not a signal, and policies that read them are refused."""
+        return bool(self.metadata.get("confidence_head", True))
+
     def describe(self) -> dict[str, Any]:
         """Metadata for config.json / summary (source, drafter, K, calibration, what was lost)."""
         return dict(self.metadata)

@@ -53,6 +53,7 @@ def _clean(x: Any) -> Any:
 def build_summary(args: argparse.Namespace) -> dict:
     """The summary dict for a trace path or a spec (used by the command and tests)."""
     from dsparksim.acceptance import load_acceptance, parse_spec
+    from dsparksim.acceptance.mtp import K_MAX_MTP
     from dsparksim.acceptance.summary import summarize_model, summarize_trace
     from dsparksim.acceptance.trace_format import read_trace
 
@@ -63,7 +64,8 @@ def build_summary(args: argparse.Namespace) -> dict:
         if args.K is not None and args.K != trace.K:
             trace = trace.truncated(args.K)
         return summarize_trace(trace)
-    K = args.K if args.K is not None else (1 if ps.kind == "parametric" and ps.name == "mtp1" else 7)
+    K = args.K if args.K is not None else (1 if ps.kind == "parametric" and ps.name == "mtp1" else
+                                           K_MAX_MTP if ps.kind == "mtp" else 7)
     if args.blocks < 2 or args.blocks_per_request < 1:
         raise InputError("trace inspect", "--blocks", "need --blocks >= 2 and --blocks-per-request >= 1")
     return summarize_model(load_acceptance(target, K), args.blocks, args.blocks_per_request, args.seed)

@@ -281,7 +281,8 @@ def import_sps_table(path: str | Path, fmt: str, **kw: Any) -> CostProfile:
 
 # ------------------------------------------------------------------------------------------ runnable profile
 # Kind of a drafter named on the command line without one (the names the shipped profiles and acceptance use).
-DRAFTER_KINDS_BY_NAME = {"dspark": "parallel", "dflash": "parallel", "eagle3": "autoregressive", "mtp1": "mtp"}
+DRAFTER_KINDS_BY_NAME = {"dspark": "parallel", "dflash": "parallel", "eagle3": "autoregressive", "mtp1": "mtp",
+                         "mtp": "autoregressive"}   # mtp: the MTP module chained K times (acceptance kind `mtp`)
 _DRAFTER_COST_SRC = "--drafter-cost"
 
 

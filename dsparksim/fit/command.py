@@ -22,7 +22,7 @@ from dsparksim.fit.trace import Trace, simulate_trace
 __all__ = ["FitOptions", "run_fit", "traces_for", "KINDS"]
 
 KINDS = {"mean_tpot_ms": "tpot", "median_tpot_ms": "tpot", "mean_ttft_ms": "ttft", "median_ttft_ms": "ttft",
-         "output_tput_per_gpu": "tput"}
+         "output_throughput_per_gpu": "tput"}
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def run_fit(runs_path: str | Path, opt: FitOptions, *, log: Any = print, tqdm_fi
     with tqdm(total=n_conc if n_conc > 1 else 0, desc="leave one concurrency out", unit="fit", file=tqdm_file,
               leave=False) as bar:
         loco_rows = loco(prob, bar.update, report=full.targets)
-    in_rows = [{"row_id": runs[i].row_id, "concurrency": runs[i].concurrency, "metric": m, "measured": v,
+    in_rows = [{"run_id": runs[i].run_id, "concurrency": runs[i].concurrency, "metric": m, "measured": v,
                 "predicted": lin[i].metric(m, res.coef), "fitted_metric": KINDS[m] in opt.metrics}
                for i, m, v in full.targets]
     for r in in_rows:
@@ -144,7 +144,7 @@ def run_fit(runs_path: str | Path, opt: FitOptions, *, log: Any = print, tqdm_fi
     md["fit"] = {
         "command": "dsparksim profile fit",
         "runs": {"file": str(runs_path), "sha256": file_sha256(runs_path), "selection": where,
-                 "row_ids": [r.row_id for r in runs], "n_runs": len(runs),
+                 "run_ids": [r.run_id for r in runs], "n_runs": len(runs),
                  "concurrencies": sorted({r.concurrency for r in runs}),
                  "workloads": sorted({f"{r.spec.input_len}/{r.spec.output_len}" for r in runs})},
         "client_model": {"workload": "closed loop at the run's concurrency over num_prompts requests, all released "

@@ -211,7 +211,7 @@ def loco(prob: FitProblem, progress: Callable[[int], None] | None = None,
         for i in test:
             for j, m, v in (prob.targets if report is None else report):
                 if j == i:
-                    rows.append({"row_id": prob.runs[i].row_id, "concurrency": c, "metric": m,
+                    rows.append({"run_id": prob.runs[i].run_id, "concurrency": c, "metric": m,
                                  "measured": v, "predicted": prob.lin[i].metric(m, res.coef),
                                  "fitted": ",".join(res.fitted)})
         if progress:

@@ -95,8 +95,8 @@ class LinearRun:
         self.mean = {"ttft": self.ttft.mean(axis=0), "tpot": self.tpot.mean(axis=0), "e2el": self.e2e.mean(axis=0)}
 
     def metric(self, name: str, coef: np.ndarray) -> float:
-        """One client metric: ``mean_tpot_ms``, ``median_ttft_ms``, ``p99_e2el_ms``, ``output_tput_per_gpu``..."""
-        if name == "output_tput_per_gpu":
+        """One client metric: ``mean_tpot_ms``, ``median_ttft_ms``, ``p99_e2el_ms``, ``output_throughput_per_gpu``..."""
+        if name == "output_throughput_per_gpu":
             return self.out_tokens / float(self.duration @ coef) / self.gpus
         if name == "duration_s":
             return float(self.duration @ coef)
@@ -109,5 +109,5 @@ class LinearRun:
     def metrics(self, coef: np.ndarray) -> dict[str, float]:
         names = [f"{s}_{m}_ms" for m in ("tpot", "ttft", "e2el") for s in ("mean", "median", "p99")]
         return {**{n: self.metric(n, coef) for n in names},
-                "output_tput_per_gpu": self.metric("output_tput_per_gpu", coef),
+                "output_throughput_per_gpu": self.metric("output_throughput_per_gpu", coef),
                 "duration_s": self.metric("duration_s", coef)}

@@ -138,6 +138,11 @@ def resolve_inputs(cfg: RunConfig, *, profile=None, acceptance: Callable[[Any, i
             acc = load_acceptance(spec, K, confidence=cfg.confidence)
             if cache is not None:
                 cache[key] = acc
+    if policy.reads_confidence and not getattr(acc, "confidence_head", True):
+        from dsparksim.policies import REGISTRY
+        ok = ", ".join(n for n, c in REGISTRY.items() if not c.reads_confidence)
+        raise ConfigError(f"acceptance spec {spec!r}", "policy", f"drafter '{acc.drafter}' has no confidence head, "
+                          f"but policy '{policy.spec}' reads confidences; use one of {ok}")
     drafter = policy.drafter or cfg.engine.drafter or acc.drafter
     if drafter not in prof.drafters:
         raise ConfigError(prof.source, "drafters", f"profile '{prof.name}' has no drafting cost for drafter "

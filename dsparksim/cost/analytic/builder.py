@@ -41,6 +41,12 @@ DRAFTERS: dict[str, dict[str, Any]] = {
                "note": "1 target-width dense layer + LM head per sequential step"},
     "mtp1": {"kind": "mtp", "layers": 1, "moe": True, "markov_overhead_frac": 0.0,
              "note": "1 target layer (MoE when the target is MoE, as DeepSeek's MTP module) + shared LM head"},
+    # DeepSeek's MTP module reused for K draft positions (acceptance kind `mtp`): K sequential forwards, each the
+    # module's enorm/hnorm + eh_proj, one target layer (MoE when the target is MoE) and the shared LM head
+    "mtp": {"kind": "autoregressive", "layers": 1, "moe": True, "mtp_projection": True, "markov_overhead_frac": 0.0,
+            "note": "DeepSeek's MTP module reused per draft position: enorm/hnorm + eh_proj (2h->h, bf16, "
+                    "replicated) + 1 target layer (MoE when the target is MoE) + shared LM head, one sequential "
+                    "forward per position (K positions cost K forwards)"},
 }
 
 
@@ -119,8 +125,12 @@ def build_profile(model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int
         moe_layers = spec["layers"] if (spec["moe"] and arch.is_moe) else 0
         if identity:
             t = fm.forward(M, n_layers=spec["layers"], n_moe_layers=moe_layers)
+            if spec.get("mtp_projection"):
+                t = t + fm.mtp_projection(M)
         else:
             t = calibrated_sum(family_tables(fm, M, n_layers=spec["layers"], n_moe_layers=moe_layers), cal)
+            if spec.get("mtp_projection"):   # enorm/hnorm + eh_proj: dense GEMM and elementwise work
+                t = t + cal.scale("dense") * fm.mtp_projection(M)
         e: dict[str, Any] = {"kind": spec["kind"], "tokens": [int(x) for x in M], "time_s": [rnd(x) for x in t]}
         if spec["markov_overhead_frac"]:
             e["markov_overhead_frac"] = spec["markov_overhead_frac"]
@@ -128,6 +138,9 @@ def build_profile(model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int
         # cost per token over the top octave of the grid
         e["prefill_s_per_token"] = rnd(max((t[-1] - t[np.searchsorted(M, M[-1] // 2)]) / (M[-1] - M[-1] // 2), 0.0))
         e["note"] = spec["note"]
+        if spec.get("mtp_projection"):
+            e["note"] += (f"; this config has num_nextn_predict_layers={arch.mtp_layers}" if arch.mtp_layers else
+                          "; this config has no MTP module: a hypothetical one of the target's shape")
         drafters[dn] = e
 
     i1 = [int(np.searchsorted(M, m)) for m in (1, 64, 1024)]
@@ -177,7 +190,9 @@ def build_profile(model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int
                             "dp_lockstep": {"value": dp, "source": "assumption: with dp > 1 and ep > 1 every DP "
                                             "rank routes a batch of the same M each step (tokens per EP group = "
                                             "dp*M); run this profile with --dp-ranks dp"},
-                            "drafter_shapes": {"value": {k: {"layers": v["layers"], "moe": v["moe"]}
+                            "drafter_shapes": {"value": {k: {"layers": v["layers"], "moe": v["moe"],
+                                                             **({"mtp_projection": True}
+                                                                if v.get("mtp_projection") else {})}
                                                          for k, v in DRAFTERS.items()},
                                                "source": "assumption: drafters are target-width stacks; their "
                                                          "attention over context is not priced"}},

@@ -206,6 +206,14 @@ class ForwardModel:
         return (np.zeros_like(Mf) if tp == 1 else
                 A("allreduce_latency_s") + (tp - 1) / tp * Mf * a.vocab * 2.0 / self.ar_bw)
 
+    def mtp_projection(self, M: Any) -> Any:
+        """What DeepSeek's MTP module adds before its transformer block: RMSNorm of the token embedding (enorm)
+        and of the previous hidden state (hnorm), then eh_proj (2*hidden -> hidden), a plain replicated bf16
+        linear in SGLang's DeepseekModelNextN (every TP rank reads all its weights)."""
+        a = self.a
+        Mf = np.asarray(M, float)
+        return 2 * self._ew(2 * Mf * a.hidden * 2) + self._g(M, 2 * a.hidden, a.hidden, w=2.0)
+
     # ------------------------------------------------------------------ whole forward
     def terms(self, M: Any, n_layers: int | None = None, n_moe_layers: int | None = None,
               dense_ffn: int | None = None) -> dict[str, Any]:

@@ -1,0 +1,461 @@
+"""Readers that turn serving-benchmark result files into rows of the runs table (``dsparksim.bench.runs``).
+
+Three formats, told apart by content (or named with ``fmt``):
+
+* ``vllm``: the result JSON of ``vllm bench serve --save-result`` (keys as written by ``main_async`` and
+  ``benchmark`` in vllm/benchmarks/serve.py, vllm-project/vllm at 009e6d4a: ``date, endpoint_type, backend, label,
+  model_id, tokenizer_id, num_prompts``, any ``--metadata KEY=VALUE`` pairs, ``request_rate`` (a number or the
+  string "inf"), ``burstiness, max_concurrency, duration, completed, failed, total_input_tokens,
+  total_output_tokens, request_throughput, ..., output_throughput, ...``, ``spec_decode_acceptance_length`` when
+  the server speculates, and ``mean_/median_/std_/pNN_{ttft,tpot,itl,e2el}_ms`` for the selected metrics). A file
+  of several such objects, one per line, is read too.
+* ``sglang``: the JSONL that ``python -m sglang.bench_serving --output-file`` appends, one object per run (the
+  ``result`` dict of ``benchmark`` in python/sglang/bench_serving.py: ``tag, backend, dataset_name, request_rate,
+  max_concurrency, sharegpt_output_len, random_input_len, random_output_len, random_range_ratio, server_info,
+  duration, completed, total_input_tokens, ..., output_throughput, {mean,median,std,p99}_e2e_latency_ms,
+  {mean,median,std,p99}_{ttft,tpot}_ms, ..., concurrency, accept_length``; older versions write a subset).
+  ``server_info`` (the server's /get_server_info: its ServerArgs and version) fills the deployment columns.
+* ``inferencex``: the table of ../shared/data/inferencex (one published closed-loop point per row).
+
+Columns a format does not carry stay empty unless an option of `bench import` sets them (``overrides``); a value
+the file carries and an option contradicts is an error, never silently replaced.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import math
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from dsparksim.bench.runs import BY_NAME, check_row, check_value, parse_cell
+from dsparksim.errors import InputError
+from dsparksim.io.textio import escape_controls, loads_json, read_text
+
+FORMATS = ("vllm", "sglang", "inferencex")
+EXPECTED = ("expected a vLLM `bench serve --save-result` JSON, an SGLang `bench_serving --output-file` JSONL or "
+            "an InferenceX CSV")
+# Runs with 2 x concurrency unmeasured warm-up prompts (InferenceX README: since 2026-01-21)
+INFERENCEX_WARMUP_SINCE = "2026-01-21"
+INFERENCEX_COLUMNS = ("row_id", "source", "measurement_date", "run_url", "model", "hardware", "gpu_count_total",
+                      "framework", "framework_image", "precision", "disaggregated", "tp", "ep", "dp_attention",
+                      "mtp", "spec_config", "acceptance_length_reported", "isl", "osl", "random_range_ratio",
+                      "concurrency", "num_prompts", "output_tput_per_gpu", "output_tput_aggregate",
+                      "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_ttft_ms", "median_ttft_ms",
+                      "p99_ttft_ms", "mean_e2el_s", "median_e2el_s", "p99_e2el_s")
+# Engine of a client's backend name (sglang.bench_serving --backend names the server it talks to).
+_ENGINES = {"sglang": "sglang", "sglang-native": "sglang", "sglang-oai": "sglang", "sglang-oai-chat": "sglang",
+            "vllm": "vllm", "vllm-chat": "vllm", "trt": "trtllm", "lmdeploy": "lmdeploy",
+            "lmdeploy-chat": "lmdeploy"}
+STAT_COLUMNS = tuple(f"{s}_{m}_ms" for m in ("tpot", "ttft", "e2el") for s in ("mean", "median", "p99"))
+_STATS = ("mean", "median", "p99")
+# Which columns each format fills from the file itself, and from what (the README table says the same; a test
+# checks it against the fixtures). Provenance columns are always filled; anything else comes from an option (or,
+# for vLLM, a `--metadata KEY=VALUE` pair whose KEY is an option column) or stays empty.
+FILLED_BY: dict[str, dict[str, str]] = {
+    "vllm": {
+        "source_ref": "label", "measurement_date": "date", "model": "model_id", "num_prompts": "num_prompts",
+        "request_rate": "request_rate", "max_concurrency": "max_concurrency", "duration_s": "duration",
+        "completed": "completed", "failed": "failed", "total_input_tokens": "total_input_tokens",
+        "total_output_tokens": "total_output_tokens", "output_throughput": "output_throughput",
+        "output_throughput_per_gpu": "output_throughput / gpu_count",
+        "acceptance_length": "spec_decode_acceptance_length",
+        "random_range_convention": "symmetric when a range ratio is set",
+        **{f"{s}_{m}_ms": f"{s}_{m}_ms" for m in ("tpot", "ttft") for s in _STATS},
+        **{f"{s}_e2el_ms": f"{s}_e2el_ms (with --percentile-metrics ...,e2el)" for s in _STATS},
+    },
+    "sglang": {
+        "source_ref": "tag", "model": "server_info.served_model_name or model_path", "tp": "server_info.tp_size",
+        "ep": "server_info.ep_size", "dp_attention": "server_info.enable_dp_attention",
+        "gpu_count": "server_info: tp_size x pp_size (x dp_size without DP attention)",
+        "engine": "backend (sglang*, vllm*, trt -> trtllm, lmdeploy*)", "engine_version": "server_info.version",
+        "spec_method": "server_info.speculative_algorithm (null -> none)",
+        "spec_num_steps": "server_info.speculative_num_steps",
+        "spec_num_draft_tokens": "server_info.speculative_num_draft_tokens",
+        "spec_topk": "server_info.speculative_eagle_topk", "acceptance_length": "accept_length",
+        "dataset_name": "dataset_name", "random_input_len": "random_input_len (random datasets)",
+        "random_output_len": "random_output_len (random datasets)",
+        "random_range_ratio": "random_range_ratio (random datasets)", "random_range_convention": "low",
+        "max_concurrency": "max_concurrency", "request_rate": "request_rate", "duration_s": "duration",
+        "completed": "completed", "total_input_tokens": "total_input_tokens",
+        "total_output_tokens": "total_output_tokens", "output_throughput": "output_throughput",
+        "output_throughput_per_gpu": "output_throughput / gpu_count",
+        **{f"{s}_{m}_ms": f"{s}_{m}_ms" for m in ("tpot", "ttft") for s in _STATS},
+        **{f"{s}_e2el_ms": f"{s}_e2e_latency_ms" for s in _STATS},
+    },
+    "inferencex": {
+        "source_ref": "run_url (else source)", "measurement_date": "measurement_date", "model": "model",
+        "gpu": "hardware", "gpu_count": "gpu_count_total", "tp": "tp", "ep": "ep", "dp_attention": "dp_attention",
+        "engine": "framework (trt -> trtllm)", "engine_version": "framework_image", "precision": "precision",
+        "spec_method": "mtp off -> none; on -> spec_config's method", "spec_num_steps": "spec_config num_steps",
+        "spec_num_draft_tokens": "spec_config num_draft_tokens", "spec_topk": "spec_config topk",
+        "acceptance_length": "acceptance_length_reported", "dataset_name": "random", "random_input_len": "isl",
+        "random_output_len": "osl", "random_range_ratio": "random_range_ratio", "random_range_convention": "low",
+        "max_concurrency": "concurrency", "request_rate": "inf", "num_prompts": "num_prompts",
+        "num_warmup_prompts": "2 x concurrency from 2026-01-21, else 0", "ignore_eos": "true",
+        "output_throughput": "output_tput_aggregate", "output_throughput_per_gpu": "output_tput_per_gpu",
+        **{f"{s}_{m}_ms": f"{s}_{m}_ms" for m in ("tpot", "ttft") for s in _STATS},
+        **{f"{s}_e2el_ms": f"{s}_e2el_s x 1000" for s in _STATS},
+    },
+}
+
+
+def import_files(paths: list[str | Path], fmt: str = "auto",
+                 overrides: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The runs of every file, in order; the first bad file or record raises an InputError (nothing partial)."""
+    rows: list[dict[str, Any]] = []
+    for p in paths:
+        rows.extend(import_file(p, fmt, overrides))
+    return rows
+
+
+def import_file(path: str | Path, fmt: str = "auto",
+                overrides: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The runs in one file as checked runs-table rows (see the module docstring)."""
+    if fmt not in ("auto", *FORMATS):
+        raise InputError("bench import", "--format", f"expected auto, {', '.join(FORMATS)}; got {fmt!r}")
+    text = read_text(path, "benchmark file")
+    if not text.strip():
+        raise InputError(path, None, f"empty file; {EXPECTED}")
+    kind = fmt if fmt != "auto" else sniff(text, path)
+    if kind == "inferencex":
+        pairs: Iterator[tuple[str, int, dict[str, Any]]] = _inferencex_rows(text, path)
+    else:
+        pairs = ((kind if fmt != "auto" else classify(rec, path, line), line, rec)
+                 for line, rec in json_records(text, path))
+    out = []
+    for k, line, rec in pairs:
+        row = {"vllm": _vllm_row, "sglang": _sglang_row, "inferencex": _inferencex_row}[k](rec, path, line)
+        out.append(finish_row(row, k, path, line, overrides or {}))
+    if not out:
+        raise InputError(path, None, f"no runs in the file; {EXPECTED}")
+    return out
+
+
+def sniff(text: str, path: str | Path) -> str:
+    """'json' content (vLLM or SGLang, told apart per record) or 'inferencex'; InputError for anything else."""
+    head = text.lstrip()
+    if head[:1] in "{[":
+        return "json"
+    first = head.splitlines()[0]
+    if first.startswith("# dsparksim runs table"):
+        raise InputError(path, None, "already a dsparksim runs table (bench import writes these; the commands that "
+                         "take runs read it as it is)")
+    cols = {c.strip() for c in next(csv.reader([first]), [])}
+    if {"hardware", "framework", "framework_image"} <= cols:   # then every column it needs is checked
+        return "inferencex"
+    raise InputError(path, None, f"unknown format: {EXPECTED}")
+
+
+def classify(rec: Mapping[str, Any], path: str | Path, line: int) -> str:
+    """'vllm' or 'sglang' from a result object's keys."""
+    if "model_id" in rec and ("tokenizer_id" in rec or "endpoint_type" in rec):
+        return "vllm"
+    if {"backend", "dataset_name", "random_input_len", "completed"} <= rec.keys():
+        return "sglang"
+    raise InputError(path, None, "unknown format: a JSON object that is neither a vLLM result (no 'model_id') "
+                     f"nor an SGLang bench_serving record (no 'dataset_name'); {EXPECTED}, or name it with "
+                     "--format", line=line)
+
+
+def json_records(text: str, path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line, object) for a JSON document holding one object, or for each non-blank line of a JSONL file."""
+    lines = text.splitlines()
+    first_i = next(i for i, s in enumerate(lines) if s.strip())
+    try:
+        json.loads(lines[first_i])
+        one_per_line = True
+    except (ValueError, RecursionError):
+        one_per_line = False
+    if one_per_line:
+        recs = [(i + 1, loads_json(s, path, line=i + 1)) for i, s in enumerate(lines) if s.strip()]
+    else:   # one pretty-printed document
+        recs = [(first_i + 1, loads_json(text, path))]
+    for line, rec in recs:
+        if not isinstance(rec, dict):
+            raise InputError(path, None, f"expected a JSON object per run, got a JSON {type(rec).__name__}",
+                             line=line)
+    return recs
+
+
+class _Rec:
+    """Typed access to one result object; every failure names file, line and field."""
+
+    def __init__(self, d: Mapping[str, Any], path: str | Path, line: int, prefix: str = "") -> None:
+        self.d, self.path, self.line, self.prefix = d, path, line, prefix
+
+    def err(self, key: str, msg: str) -> InputError:
+        return InputError(self.path, self.prefix + key, msg, line=self.line)
+
+    def get(self, key: str, required: bool) -> Any:
+        if key not in self.d:
+            if required:
+                raise self.err(key, "missing field")
+            return None
+        v = self.d[key]
+        if v is None and required:
+            raise self.err(key, "is null; expected a value")
+        return v
+
+    def num(self, key: str, col: str, required: bool = False, inf_text: bool = False) -> Any:
+        v = self.get(key, required)
+        if v is None:
+            return None
+        if inf_text and isinstance(v, str) and v.strip().lower() in ("inf", "infinity"):
+            v = math.inf
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self.err(key, f"expected a number, got {escape_controls(repr(v))}")
+        if isinstance(v, float) and math.isnan(v):
+            if required:
+                raise self.err(key, "is NaN; expected a number")
+            return None
+        return check_value(dataclasses.replace(BY_NAME[col], name=self.prefix + key), v, self.path, self.line)
+
+    def text(self, key: str, required: bool = False) -> str | None:
+        v = self.get(key, required)
+        if v is None:
+            return None
+        if not isinstance(v, str):
+            raise self.err(key, f"expected text, got {escape_controls(repr(v))}")
+        return v.strip() or None
+
+    def flag(self, key: str) -> bool | None:
+        v = self.get(key, False)
+        if v is None or isinstance(v, bool):
+            return v
+        raise self.err(key, f"expected true or false, got {escape_controls(repr(v))}")
+
+
+def _vllm_date(r: _Rec) -> str | None:
+    s = r.text("date")
+    if s is None:
+        return None
+    try:
+        return datetime.strptime(s, "%Y%m%d-%H%M%S").isoformat()
+    except ValueError:
+        raise r.err("date", f"expected YYYYMMDD-HHMMSS (as vllm bench serve writes it), got "
+                    f"{escape_controls(s)!r}") from None
+
+
+def _vllm_row(d: Mapping[str, Any], path: str | Path, line: int) -> dict[str, Any]:
+    r = _Rec(d, path, line)
+    row: dict[str, Any] = {
+        "source_ref": r.text("label"), "measurement_date": _vllm_date(r), "model": r.text("model_id", True),
+        "num_prompts": r.num("num_prompts", "num_prompts", True),
+        "request_rate": r.num("request_rate", "request_rate", True, inf_text=True),
+        "max_concurrency": r.num("max_concurrency", "max_concurrency"),
+        "duration_s": r.num("duration", "duration_s", True), "completed": r.num("completed", "completed", True),
+        "failed": r.num("failed", "failed"),
+        "total_input_tokens": r.num("total_input_tokens", "total_input_tokens", True),
+        "total_output_tokens": r.num("total_output_tokens", "total_output_tokens", True),
+        "output_throughput": r.num("output_throughput", "output_throughput", True),
+        "acceptance_length": r.num("spec_decode_acceptance_length", "acceptance_length"),
+    }
+    for col in STAT_COLUMNS:
+        row[col] = r.num(col, col)
+    # `--metadata KEY=VALUE` lands as top-level text keys: a KEY that names an option column fills it.
+    for name, col in BY_NAME.items():
+        if col.cli and name in d and row.get(name) is None and name not in _VLLM_OWN:
+            v = d[name]
+            row[name] = (parse_cell(dataclasses.replace(col, name=f"metadata {name}"), v, path, line)
+                         if isinstance(v, str) else r.num(name, name) if col.type in ("int", "float") else v)
+    return row
+
+
+_VLLM_OWN = {"model", "num_prompts", "request_rate", "max_concurrency", "measurement_date"}
+
+
+def _sglang_row(d: Mapping[str, Any], path: str | Path, line: int) -> dict[str, Any]:
+    r = _Rec(d, path, line)
+    rate = r.get("request_rate", True)
+    if isinstance(rate, str) and rate.strip().lower() == "trace":
+        raise r.err("request_rate", "'trace' (arrival times from a trace) is not supported; expected a rate or inf")
+    backend = r.text("backend", True)
+    dataset = r.text("dataset_name", True)
+    rnd = dataset is not None and dataset.startswith("random")   # random, random-ids: the random_* keys apply
+    row: dict[str, Any] = {
+        "source_ref": r.text("tag"), "engine": _ENGINES.get(backend or ""), "dataset_name": dataset,
+        "random_input_len": r.num("random_input_len", "random_input_len") if rnd else None,
+        "random_output_len": r.num("random_output_len", "random_output_len") if rnd else None,
+        "random_range_ratio": r.num("random_range_ratio", "random_range_ratio") if rnd else None,
+        "request_rate": r.num("request_rate", "request_rate", True, inf_text=True),
+        "max_concurrency": r.num("max_concurrency", "max_concurrency"),
+        "duration_s": r.num("duration", "duration_s", True), "completed": r.num("completed", "completed", True),
+        "total_input_tokens": r.num("total_input_tokens", "total_input_tokens", True),
+        "total_output_tokens": r.num("total_output_tokens", "total_output_tokens", True),
+        "output_throughput": r.num("output_throughput", "output_throughput", True),
+        "acceptance_length": r.num("accept_length", "acceptance_length"),
+    }
+    if row["random_range_ratio"] is not None:
+        row["random_range_convention"] = "low"   # SGLang draws uniform in [int(L*R), L]
+    for m in ("ttft", "tpot"):
+        for s in ("mean", "median", "p99"):
+            row[f"{s}_{m}_ms"] = r.num(f"{s}_{m}_ms", f"{s}_{m}_ms")
+    for s in ("mean", "median", "p99"):
+        row[f"{s}_e2el_ms"] = r.num(f"{s}_e2e_latency_ms", f"{s}_e2el_ms")
+    info = r.get("server_info", False)
+    if info is not None:
+        if not isinstance(info, dict):
+            raise r.err("server_info", f"expected a JSON object, got {type(info).__name__}")
+        if "decode" not in info:   # a PD-disaggregated server reports per-role info: not a one-engine deployment
+            row.update(_sglang_server(_Rec(info, path, line, "server_info.")))
+    return row
+
+
+def _sglang_server(s: _Rec) -> dict[str, Any]:
+    """Deployment columns from SGLang's /get_server_info (ServerArgs fields and the version)."""
+    tp, dp, pp = (s.num(k, "tp") for k in ("tp_size", "dp_size", "pp_size"))
+    dpa = s.flag("enable_dp_attention")
+    algo = s.get("speculative_algorithm", False)
+    if algo is not None and not isinstance(algo, str):
+        raise s.err("speculative_algorithm", f"expected text or null, got {algo!r}")
+    out = {"model": s.text("served_model_name") or s.text("model_path"), "tp": tp,
+           "ep": s.num("ep_size", "ep"), "dp_attention": dpa, "engine": "sglang",
+           "engine_version": s.text("version")}
+    if "speculative_algorithm" in s.d:
+        spec = (algo or "").strip().lower() or "none"
+        out["spec_method"] = spec
+        if spec != "none":
+            out["spec_num_steps"] = s.num("speculative_num_steps", "spec_num_steps")
+            out["spec_num_draft_tokens"] = s.num("speculative_num_draft_tokens", "spec_num_draft_tokens")
+            out["spec_topk"] = s.num("speculative_eagle_topk", "spec_topk")
+    if tp is not None:   # GPUs: tp x pp, x dp unless DP attention splits the TP group
+        out["gpu_count"] = tp * (pp or 1) * (1 if dpa or dp is None else dp)
+    return out
+
+
+def _inferencex_rows(text: str, path: str | Path) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    rd = csv.DictReader(io.StringIO(text))
+    try:
+        header = [h.strip() for h in (rd.fieldnames or [])]
+        missing = [c for c in INFERENCEX_COLUMNS if c not in header]
+        if missing:
+            raise InputError(path, missing[0], f"missing column of the InferenceX table ({len(missing)} missing)",
+                             line=1)
+        for rec in rd:
+            line = rd.line_num
+            if None in rec or any(v is None for v in rec.values()):
+                raise InputError(path, None, f"expected {len(header)} cells", line=line)
+            yield "inferencex", line, {k.strip(): v for k, v in rec.items()}
+    except csv.Error as e:
+        raise InputError(path, None, f"not CSV: {e}", line=rd.line_num) from None
+
+
+def _spec_config(text: str, r: _Rec) -> dict[str, Any]:
+    """'EAGLE(MTP head) num_steps=2 num_draft_tokens=3 topk=1' -> spec_method eagle and its numbers."""
+    head, *pairs = text.split()
+    method = head.split("(")[0].strip().lower()
+    if not method or "=" in head:
+        raise r.err("spec_config", f"expected 'METHOD key=value ...', got {escape_controls(text)!r}")
+    keys = {"num_steps": "spec_num_steps", "num_draft_tokens": "spec_num_draft_tokens", "topk": "spec_topk",
+            "mtp_nextn": "spec_mtp_nextn", "nextn": "spec_mtp_nextn"}
+    out: dict[str, Any] = {"spec_method": method}
+    for p in pairs:
+        if ")" in p and "=" not in p:   # the rest of a parenthesised note, e.g. '(MTP head)'
+            continue
+        k, _, v = p.partition("=")
+        if k not in keys or not v:
+            raise r.err("spec_config", f"unknown setting {escape_controls(p)!r}; expected "
+                        f"{', '.join(sorted(keys))}=N")
+        out[keys[k]] = parse_cell(dataclasses.replace(BY_NAME[keys[k]], name=f"spec_config {k}"), v, r.path,
+                                  r.line)
+    return out
+
+
+def _ix(r: _Rec, key: str, col: str, required: bool = False) -> Any:
+    """A cell of the InferenceX table, typed and checked as column ``col`` (errors name the table's field)."""
+    s = r.d[key].strip()
+    if not s:
+        if required:
+            raise r.err(key, "empty; expected a value")
+        return None
+    return parse_cell(dataclasses.replace(BY_NAME[col], name=key), s, r.path, r.line)
+
+
+def _ix_bool(r: _Rec, key: str) -> bool:
+    s = r.d[key].strip()
+    if s not in ("True", "False"):
+        raise r.err(key, f"expected True or False, got {escape_controls(s)!r}")
+    return s == "True"
+
+
+def _inferencex_row(d: Mapping[str, str], path: str | Path, line: int) -> dict[str, Any]:
+    r = _Rec(d, path, line)
+    if _ix_bool(r, "disaggregated"):
+        raise r.err("disaggregated", "disaggregated (prefill/decode split) runs are not supported")
+    date = _ix(r, "measurement_date", "measurement_date", True)
+    try:
+        datetime.strptime(date, "%Y-%m-%d")
+    except ValueError:
+        raise r.err("measurement_date", f"expected YYYY-MM-DD, got {escape_controls(date)!r}") from None
+    framework = _ix(r, "framework", "engine", True)
+    if framework not in ("sglang", "trt"):
+        raise r.err("framework", f"expected sglang or trt, got {escape_controls(framework)!r}")
+    conc = _ix(r, "concurrency", "max_concurrency", True)
+    row: dict[str, Any] = {
+        "source_ref": _ix(r, "run_url", "source_ref") or _ix(r, "source", "source_ref"),
+        "measurement_date": date, "model": _ix(r, "model", "model", True), "gpu": _ix(r, "hardware", "gpu", True),
+        "gpu_count": _ix(r, "gpu_count_total", "gpu_count", True), "tp": _ix(r, "tp", "tp", True),
+        "ep": _ix(r, "ep", "ep", True), "dp_attention": _ix_bool(r, "dp_attention"),
+        "engine": {"sglang": "sglang", "trt": "trtllm"}[framework],
+        "engine_version": _ix(r, "framework_image", "engine_version"), "precision": _ix(r, "precision", "precision"),
+        "acceptance_length": _ix(r, "acceptance_length_reported", "acceptance_length"),
+        "dataset_name": "random", "random_input_len": _ix(r, "isl", "random_input_len", True),
+        "random_output_len": _ix(r, "osl", "random_output_len", True),
+        "random_range_ratio": _ix(r, "random_range_ratio", "random_range_ratio", True),
+        "random_range_convention": "low", "max_concurrency": conc, "request_rate": math.inf,
+        "num_prompts": _ix(r, "num_prompts", "num_prompts", True),
+        "num_warmup_prompts": 2 * conc if date >= INFERENCEX_WARMUP_SINCE else 0, "ignore_eos": True,
+        "output_throughput": _ix(r, "output_tput_aggregate", "output_throughput"),
+        "output_throughput_per_gpu": _ix(r, "output_tput_per_gpu", "output_throughput_per_gpu", True),
+    }
+    mtp = d["mtp"].strip()
+    spec = d["spec_config"].strip()
+    if mtp == "off":
+        if spec:
+            raise r.err("spec_config", "set although mtp is off")
+        row["spec_method"] = "none"
+    elif mtp == "on":
+        if not spec:
+            raise r.err("spec_config", "empty although mtp is on; expected e.g. 'EAGLE num_steps=2 ...'")
+        row.update(_spec_config(spec, r))
+    else:
+        raise r.err("mtp", f"expected on or off, got {escape_controls(mtp)!r}")
+    for col in ("tpot", "ttft"):
+        for s in ("mean", "median", "p99"):
+            row[f"{s}_{col}_ms"] = _ix(r, f"{s}_{col}_ms", f"{s}_{col}_ms")
+    for s in ("mean", "median", "p99"):   # seconds in the table; scaled exactly in decimal
+        v = _ix(r, f"{s}_e2el_s", f"{s}_e2el_ms")
+        row[f"{s}_e2el_ms"] = None if v is None else _ms(d[f"{s}_e2el_s"].strip())
+    return row
+
+
+def _ms(seconds_text: str) -> float:
+    try:
+        return float(Decimal(seconds_text) * 1000)
+    except InvalidOperation:   # unreachable after the float check, kept for safety
+        return float(seconds_text) * 1000
+
+
+def finish_row(row: dict[str, Any], kind: str, path: str | Path, line: int,
+               overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Provenance, the options' values (a contradiction with the file is an error), derived per-GPU
+    throughput and the format's defaults, then the full column check."""
+    row = {k: v for k, v in row.items()}
+    for name, v in overrides.items():
+        have = row.get(name)
+        if have is None:
+            row[name] = v
+        elif have != v:
+            raise InputError(path, name, f"the file says {have!r} but --{name.replace('_', '-')} says {v!r}",
+                             line=line)
+    if kind == "vllm" and row.get("random_range_ratio") is not None and row.get("random_range_convention") is None:
+        row["random_range_convention"] = "symmetric"   # vllm bench serve: uniform in [L(1-R), L(1+R)]
+    if kind != "inferencex" and row.get("output_throughput") is not None and row.get("gpu_count"):
+        row["output_throughput_per_gpu"] = row["output_throughput"] / row["gpu_count"]
+    row.update(source_format=kind, source_file=str(path), source_row=line, run_id=f"{path}:{line}")
+    return check_row(row, path, line)

@@ -1,0 +1,328 @@
+"""The runs table: one measured serving-benchmark run per row, in dsparksim's own documented format.
+
+``COLUMNS`` is the format (name, type, unit, meaning), in file order. A runs table is a UTF-8 CSV whose first line
+is ``MARKER`` and whose second line is the header; an empty cell is a missing value (NaN), never a default.
+``read_runs`` validates every cell and raises an InputError naming file, line and column; ``write_runs`` validates
+the same way, writes atomically and never replaces a file it did not write itself.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from dsparksim.errors import ConfigError, InputError
+from dsparksim.io.textio import escape_controls, read_text
+from dsparksim.results.outputs import check_out_file
+
+FORMAT_VERSION = 1
+MARKER = f"# dsparksim runs table v{FORMAT_VERSION} (README: Benchmark runs as input)"
+TYPES = ("str", "int", "float", "bool")
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the runs table. ``lo``/``hi``: inclusive bounds of a number (``lo_open``: > lo);
+    ``inf``: infinity allowed; ``cli``: `bench import` has an option that sets it for every imported run."""
+    name: str
+    type: str
+    unit: str
+    meaning: str
+    group: str
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    inf: bool = False
+    cli: bool = False
+    choices: tuple[str, ...] = ()
+    pattern: str = ""      # a str column's values must match this regex (fullmatch)
+    pattern_text: str = ""
+
+
+def _c(group: str, name: str, type_: str, unit: str, meaning: str, **kw: Any) -> Column:
+    return Column(name, type_, unit, meaning, group, **kw)
+
+
+_P, _D, _W, _R = "provenance", "deployment", "workload", "results"
+COLUMNS: tuple[Column, ...] = (
+    _c(_P, "run_id", "str", "", "unique id of the run: SOURCE_FILE:SOURCE_ROW"),
+    _c(_P, "source_format", "str", "", "format of the file it was imported from",
+       choices=("vllm", "sglang", "inferencex")),
+    _c(_P, "source_file", "str", "", "the imported file, as given on the command line"),
+    _c(_P, "source_row", "int", "", "line of the run in that file (JSONL line; CSV line, header = 1; 1 for a "
+       "vLLM JSON)", lo=1),
+    _c(_P, "source_ref", "str", "", "upstream reference: vLLM `label`, SGLang `tag`, InferenceX `run_url` "
+       "(else its `source`)"),
+    _c(_P, "measurement_date", "str", "", "when the run was measured: YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS",
+       cli=True, pattern=r"\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}:\d{2})?", pattern_text="YYYY-MM-DD[THH:MM:SS]"),
+    _c(_D, "model", "str", "", "served model (HF id or name)", cli=True),
+    _c(_D, "gpu", "str", "", "accelerator, as the source names it (e.g. h200, H200-SXM-141GB)", cli=True),
+    _c(_D, "gpu_count", "int", "GPUs", "GPUs serving the run (all replicas)", lo=1, cli=True),
+    _c(_D, "tp", "int", "", "tensor-parallel size", lo=1, cli=True),
+    _c(_D, "ep", "int", "", "expert-parallel size (1 = no expert parallelism)", lo=1, cli=True),
+    _c(_D, "dp_attention", "bool", "", "data-parallel attention (SGLang --enable-dp-attention, TRT-LLM "
+       "attention DP)", cli=True),
+    _c(_D, "engine", "str", "", "serving engine: sglang, vllm, trtllm, lmdeploy, ...", cli=True),
+    _c(_D, "engine_version", "str", "", "engine version or container image", cli=True),
+    _c(_D, "precision", "str", "", "weight precision (e.g. fp8, bf16)", cli=True),
+    _c(_D, "spec_method", "str", "", "speculative decoding: none, or the engine's algorithm lower-cased "
+       "(eagle, nextn, mtp, ngram, ...)", cli=True),
+    _c(_D, "spec_num_steps", "int", "", "draft steps per verification (EAGLE-style --speculative-num-steps)",
+       lo=1, cli=True),
+    _c(_D, "spec_num_draft_tokens", "int", "tokens", "draft tokens verified per step "
+       "(--speculative-num-draft-tokens)", lo=1, cli=True),
+    _c(_D, "spec_topk", "int", "", "draft tree branching (--speculative-eagle-topk)", lo=1, cli=True),
+    _c(_D, "spec_mtp_nextn", "int", "layers", "MTP next-n modules (TRT-LLM num_nextn_predict_layers)", lo=1,
+       cli=True),
+    _c(_D, "acceptance_length", "float", "tokens/step", "mean tokens emitted per verification step, as "
+       "reported by the engine", lo=1.0),
+    _c(_W, "dataset_name", "str", "", "benchmark dataset (random, sharegpt, ...)", cli=True),
+    _c(_W, "random_input_len", "int", "tokens", "random dataset: nominal input length L_in", lo=1, cli=True),
+    _c(_W, "random_output_len", "int", "tokens", "random dataset: nominal output length L_out", lo=1, cli=True),
+    _c(_W, "random_range_ratio", "float", "", "random dataset: range ratio R (see random_range_convention)",
+       lo=0.0, hi=1.0, cli=True),
+    _c(_W, "random_range_convention", "str", "", "how R draws lengths: low = uniform in [R*L, L] (SGLang, "
+       "InferenceX, vLLM before mid-2025); symmetric = uniform in [L*(1-R), L*(1+R)] (vllm bench serve)",
+       choices=("low", "symmetric"), cli=True),
+    _c(_W, "lengths_file", "str", "", "file of per-request lengths the client replayed, if any", cli=True),
+    _c(_W, "max_concurrency", "int", "requests", "client cap on requests in flight (empty: no cap or not "
+       "recorded)", lo=1, cli=True),
+    _c(_W, "request_rate", "float", "req/s", "client release rate; inf = all released at once", lo=0.0,
+       lo_open=True, inf=True, cli=True),
+    _c(_W, "num_prompts", "int", "requests", "measured prompts", lo=1, cli=True),
+    _c(_W, "num_warmup_prompts", "int", "requests", "unmeasured warm-up prompts run first", lo=0, cli=True),
+    _c(_W, "ignore_eos", "bool", "", "every request generates exactly its drawn output length", cli=True),
+    _c(_R, "completed", "int", "requests", "requests that completed", lo=0),
+    _c(_R, "failed", "int", "requests", "requests that failed", lo=0),
+    _c(_R, "duration_s", "float", "s", "benchmark duration (first release to last completion)", lo=0.0,
+       lo_open=True),
+    _c(_R, "total_input_tokens", "int", "tokens", "input tokens of the measured requests", lo=0),
+    _c(_R, "total_output_tokens", "int", "tokens", "output tokens of the measured requests", lo=0),
+    _c(_R, "output_throughput", "float", "tok/s", "output tokens / duration, whole deployment", lo=0.0),
+    _c(_R, "output_throughput_per_gpu", "float", "tok/s/GPU", "output_throughput / GPUs (InferenceX: as "
+       "published, aggregate / tp)", lo=0.0),
+    *(_c(_R, f"{s}_{m}_ms", "float", "ms", f"{label} {what} over requests", lo=0.0)
+      for m, what in (("tpot", "TPOT ((E2E - TTFT) / (output tokens - 1))"), ("ttft", "time to first token"),
+                      ("e2el", "end-to-end latency"))
+      for s, label in (("mean", "mean"), ("median", "median"), ("p99", "99th percentile"))),
+)
+BY_NAME: dict[str, Column] = {c.name: c for c in COLUMNS}
+NAMES: tuple[str, ...] = tuple(BY_NAME)
+REQUIRED = ("run_id", "source_format", "source_file", "source_row")   # never empty
+
+
+def parse_cell(col: Column, text: str, source: str | Path, line: int | None) -> Any:
+    """The value of one CSV cell (``None`` for an empty cell); InputError naming file, line and column."""
+    s = text.strip()
+    if s == "":
+        return None
+    if col.type == "str":
+        return check_value(col, s, source, line)
+    if col.type == "bool":
+        low = s.lower()
+        if low in ("true", "false"):
+            return low == "true"
+        raise InputError(source, col.name, f"expected true or false, got {escape_controls(s)!r}", line=line)
+    try:
+        v = float(s)
+    except ValueError:
+        raise InputError(source, col.name, f"expected a number ({col.unit or col.type}), got "
+                         f"{escape_controls(s)!r}", line=line) from None
+    return check_value(col, v, source, line)
+
+
+def check_value(col: Column, v: Any, source: str | Path, line: int | None) -> Any:
+    """``v`` (None, or a value of the column's type; numbers may come as float) checked against the column:
+    type, integrality, bounds, infinity, choices. Returns the normalised value (int for int columns)."""
+    if v is None:
+        return None
+    if col.type == "str":
+        if not isinstance(v, str):
+            raise InputError(source, col.name, f"expected text, got {v!r}", line=line)
+        if col.choices and v not in col.choices:
+            raise InputError(source, col.name, f"expected one of {', '.join(col.choices)}, got "
+                             f"{escape_controls(v)!r}", line=line)
+        if col.pattern and not re.fullmatch(col.pattern, v):
+            raise InputError(source, col.name, f"expected {col.pattern_text}, got {escape_controls(v)!r}", line=line)
+        return v
+    if col.type == "bool":
+        if not isinstance(v, bool):
+            raise InputError(source, col.name, f"expected true or false, got {v!r}", line=line)
+        return v
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise InputError(source, col.name, f"expected a number, got {escape_controls(repr(v))}", line=line)
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    if math.isinf(v) and not (col.inf and v > 0):
+        raise InputError(source, col.name, f"expected a finite number, got {v}", line=line)
+    if col.type == "int" and not math.isinf(v):
+        if float(v) != int(v):
+            raise InputError(source, col.name, f"expected an integer, got {v!r}", line=line)
+        v = int(v)
+    if col.lo is not None and (v < col.lo or (col.lo_open and v == col.lo)):
+        raise InputError(source, col.name, f"expected a value {'>' if col.lo_open else '>='} {col.lo:g}, got {v}",
+                         line=line)
+    if col.hi is not None and v > col.hi:
+        raise InputError(source, col.name, f"expected a value <= {col.hi:g}, got {v}", line=line)
+    return v
+
+
+def check_row(row: Mapping[str, Any], source: str | Path, line: int | None) -> dict[str, Any]:
+    """A complete, normalised row (every column, None where missing); InputError on an unknown column, a bad
+    value, an empty required column or counts that contradict each other."""
+    unknown = [k for k in row if k not in BY_NAME]
+    if unknown:
+        raise InputError(source, unknown[0], "not a column of the runs table", line=line)
+    out = {c.name: check_value(c, row.get(c.name), source, line) for c in COLUMNS}
+    for k in REQUIRED:
+        if out[k] is None:
+            raise InputError(source, k, "must not be empty", line=line)
+    done, n = out["completed"], out["num_prompts"]
+    if done is not None and n is not None and done + (out["failed"] or 0) > n:
+        raise InputError(source, "completed", f"completed ({done}) + failed ({out['failed'] or 0}) exceeds "
+                         f"num_prompts ({n})", line=line)
+    return out
+
+
+def format_cell(v: Any) -> str:
+    """Lossless text of a value: '' for missing, true/false, ints as ints, floats as Python's shortest repr."""
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return "inf" if math.isinf(v) else repr(v)
+    return str(v)
+
+
+def read_runs(path: str | Path) -> list[dict[str, Any]]:
+    """Every run of a runs table, each a dict over ``NAMES`` (None where empty), validated cell by cell.
+
+    The header must hold exactly the columns of ``COLUMNS`` (any order); the marker line is optional (a table
+    written by hand or exported from a spreadsheet has none). run_id must be unique.
+    """
+    text = read_text(path, "runs table")
+    lines = text.splitlines(keepends=True)
+    first = 1
+    if lines and lines[0].startswith("#"):
+        if not lines[0].startswith("# dsparksim runs table"):
+            raise InputError(path, None, "comment line is not a dsparksim runs table marker", line=1)
+        lines, first = lines[1:], 2
+    rd = csv.reader(io.StringIO("".join(lines)))
+    try:
+        header = next(rd)
+    except StopIteration:
+        raise InputError(path, None, "empty file; expected a runs table header", line=first) from None
+    except csv.Error as e:
+        raise InputError(path, None, f"not CSV: {e}", line=first) from None
+    header = [h.strip() for h in header]
+    for h in header:
+        if h not in BY_NAME:
+            raise InputError(path, escape_controls(h), "not a column of the runs table", line=first)
+        if header.count(h) > 1:
+            raise InputError(path, h, "column given twice", line=first)
+    missing = [n for n in NAMES if n not in header]
+    if missing:
+        raise InputError(path, missing[0], f"missing column ({len(missing)} missing in all)", line=first)
+    runs: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    try:
+        for cells in rd:
+            line = first + rd.line_num - 1
+            if not cells or all(not c.strip() for c in cells):
+                continue
+            if len(cells) != len(header):
+                raise InputError(path, None, f"expected {len(header)} cells, got {len(cells)}", line=line)
+            row = {h: parse_cell(BY_NAME[h], c, path, line) for h, c in zip(header, cells)}
+            row = check_row(row, path, line)
+            if row["run_id"] in seen:
+                raise InputError(path, "run_id", f"{row['run_id']!r} also on line {seen[row['run_id']]}",
+                                 line=line)
+            seen[row["run_id"]] = line
+            runs.append(row)
+    except csv.Error as e:
+        raise InputError(path, None, f"not CSV: {e}", line=first + rd.line_num - 1) from None
+    return runs
+
+
+def runs_frame(runs: Iterable[Mapping[str, Any]]):
+    """The runs as a pandas DataFrame in column order (ints as nullable Int64, bools as nullable boolean)."""
+    import pandas as pd
+
+    df = pd.DataFrame([dict(r) for r in runs], columns=list(NAMES))
+    for c in COLUMNS:
+        if c.type == "int":
+            df[c.name] = df[c.name].astype("Int64")
+        elif c.type == "float":
+            df[c.name] = df[c.name].astype(float)
+        elif c.type == "bool":
+            df[c.name] = df[c.name].astype("boolean")
+    return df
+
+
+def written_by_us(path: Path) -> bool:
+    """True when ``path`` starts with a runs-table marker line (a file `bench import` wrote)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.readline().startswith("# dsparksim runs table")
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def check_out(path: str | Path, force: bool, inputs: Iterable[str | Path] = (), option: str = "--out") -> Path:
+    """Raise ConfigError unless ``path`` may be written: it does not exist, or ``force`` is set and it is a runs
+    table this tool wrote; never a directory or one of the ``inputs``. Checked before any input is read."""
+    p = Path(path)
+    for src in inputs:
+        try:
+            same = p.exists() and Path(src).exists() and os.path.samefile(p, src)
+        except OSError:
+            same = False
+        if same:
+            raise ConfigError("cli", option, f"{str(p)!r} is also an input file; choose another output path")
+    if p.is_dir():
+        raise ConfigError("cli", option, f"{str(p)!r} is a directory; expected the path of the runs table to write")
+    if p.exists() or p.is_symlink():
+        if not force:
+            raise ConfigError("cli", option, f"{str(p)!r} exists; choose a new path, or add --force to replace a "
+                              "runs table that bench import wrote")
+        if not written_by_us(p):
+            raise ConfigError("cli", option, f"{str(p)!r} exists and is not a runs table that bench import wrote "
+                              "(its first line is not the runs-table marker); it is never replaced, even with "
+                              "--force")
+    return check_out_file(p, option)   # its folder exists and is writable, or can be created
+
+
+def write_runs(runs: Iterable[Mapping[str, Any]], path: str | Path, force: bool = False) -> int:
+    """Write the runs (each validated with ``check_row``) as a runs table, atomically: the file appears complete
+    or not at all. An existing ``path`` is refused unless ``force`` and it is a runs table (``check_out``; a
+    command checks that before reading its inputs too). Returns the number of rows."""
+    path = check_out(path, force)
+    rows = [check_row(r, f"run {r.get('run_id')!r}", None) for r in runs]
+    ids = [r["run_id"] for r in rows]
+    dup = next((i for i in ids if ids.count(i) > 1), None)
+    if dup is not None:
+        raise InputError(str(dup).rsplit(":", 1)[0], None, f"run {dup!r} imported twice (the same file given "
+                         "twice?)")
+    buf = io.StringIO()
+    buf.write(MARKER + "\n")
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(NAMES)
+    for r in rows:
+        w.writerow([format_cell(r[n]) for n in NAMES])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    try:
+        with open(tmp, "x", encoding="utf-8", newline="") as f:
+            f.write(buf.getvalue())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return len(rows)
