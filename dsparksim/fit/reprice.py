@@ -78,8 +78,10 @@ def coef_of(cal: Calibration, basis: PriceBasis) -> np.ndarray:
 class LinearRun:
     """One traced run reduced to linear maps from ``coef`` to its client metrics."""
 
-    def __init__(self, trace: Trace, basis: PriceBasis):
-        X = basis.features(trace.steps)
+    def __init__(self, trace: Trace, basis: PriceBasis | None):
+        # basis None: the trace's own step durations (coef = [1]): the client metrics of a DES run as simulated,
+        # e.g. a speculative run, whose shapes depend on prices and so cannot be re-priced
+        X = basis.features(trace.steps) if basis is not None else np.asarray(trace.steps["dt"], float)[:, None]
         C = np.vstack([np.zeros((1, X.shape[1])), np.cumsum(X, axis=0)])   # C[i + 1] @ coef = end of step i
         a, f, e = trace.arrival_step + 1, trace.first_token_step + 1, trace.finish_step + 1
         self.trace = trace
