@@ -191,4 +191,5 @@ def test_cli_fit_bad_inputs_one_line_exit_2_nothing_written(tmp_path, moe, capsy
         assert out.read_text() == '{"user": "file"}'
     else:
         assert not out.exists()
-    assert not list(tmp_path.glob("*.partial"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["runs.csv"] + (["fit.json"] if case == "not_ours"
+                                                                                  else []))

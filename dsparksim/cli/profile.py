@@ -434,7 +434,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
                          date=args.date, metrics=kinds, gpu_memory_utilization=args.gpu_memory_utilization,
                          kv_dtype=args.kv_dtype)
         d, rep = run_fit(args.runs, opt, tqdm_file=sys.stderr)
-        tmp = out.with_name(out.name + ".partial")
+        import os
+        import secrets
+        tmp = out.with_name(f".{out.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")   # never a user's file
         try:
             save_profile(d, tmp)
             tmp.replace(out)
