@@ -317,13 +317,13 @@ def _clean(v: Any) -> Any:
 
 
 def bench_serve_json(res: SimResult, summary: dict[str, Any], *, model_id: str, request_rate: Any,
-                     burstiness: Any, max_concurrency: Any) -> dict[str, Any]:
+                     burstiness: Any, max_concurrency: Any, **options: Any) -> dict[str, Any]:
     """The run shaped exactly as `vllm bench serve --save-result` writes it (keys, units, meanings):
     see :mod:`dsparksim.results.bench_json`. Prompts are the requests issued in the measurement window."""
     from dsparksim.results.bench_json import bench_result
 
     d = bench_result(res, warmup_s=float(summary["warmup_s"]), duration_s=float(summary["window_s"]),
                      model_id=model_id, request_rate=request_rate, burstiness=burstiness,
-                     max_concurrency=max_concurrency)
+                     max_concurrency=max_concurrency, **options)
     return {k: ([_clean(x) for x in v] if isinstance(v, list) else v if k == "itls" else _clean(v))
             for k, v in d.items()}

@@ -73,7 +73,11 @@ KV_POLICIES = ("paged", "reserve")
 DEFAULT_WATERMARK = 0.01
 DEFAULT_PAGE_TOKENS = 16    # vLLM's default --block-size (KV page) on CUDA
 LOG_KEYS = ("t_start", "dt", "n_decode", "n_prefill_tokens", "M", "verify_tokens", "emitted", "decode_emitted",
-            "n_waiting", "n_running", "kv_used", "kv_read", "drafts", "accepted")
+            "n_waiting", "n_running", "kv_used", "kv_read", "drafts", "accepted", "prefill_qk", "prefill_chunks",
+            "decode_qk")
+# The columns a step's price is a function of (with the profile, the drafter and K): reprice_steps() recomputes dt
+# from them exactly.
+PRICE_KEYS = ("M", "n_decode", "kv_read", "n_prefill_tokens", "prefill_qk", "prefill_chunks", "decode_qk")
 
 
 @dataclass
@@ -578,6 +582,9 @@ class Engine:
         lg["kv_read"].append(plan.kv_read)
         lg["drafts"].append(outcome.drafts)
         lg["accepted"].append(outcome.accepted_total)
+        lg["prefill_qk"].append(plan.prefill_qk)
+        lg["prefill_chunks"].append(len(plan.prefill))
+        lg["decode_qk"].append(plan.decode_qk)
         self.acc_pos_log.append(outcome.accepted_per_pos)
         for k, v in outcome.extra.items():
             lg.setdefault(k, []).append(v)
@@ -600,6 +607,33 @@ class Engine:
         self.free_slots.extend(r.slot_of[rows].tolist())
         for cb in self.on_finish:
             cb(rows, now)
+
+
+def reprice_steps(profile: Any, steps: Any, drafter: str | None, K: int,
+                  max_batched_tokens: int | None = None) -> np.ndarray:
+    """The price of every logged step, recomputed from its shape (the PRICE_KEYS columns of an engine's step log,
+    a dict of arrays or a DataFrame) with the very formula :meth:`Engine.plan_step` used, in the same order of
+    operations, so that it equals the logged ``dt`` of a simulated single-rank step bit for bit. A DP rank's own
+    price is its ``rank_busy_s`` (its ``dt`` is the slowest rank's). ``max_batched_tokens``: the run's token
+    budget (None = the profile's largest breakpoint), which decides whether verify times came from the dense
+    table."""
+    eng = Engine.__new__(Engine)   # only the pricing state: the profile, drafter, K, token budget and tables
+    eng.profile, eng.drafter, eng.K = profile, drafter, int(K)
+    eng._qk = float(getattr(profile, "seconds_per_query_kv", 0.0) or 0.0)
+    dc = (getattr(profile, "drafters", None) or {}).get(drafter) if drafter is not None else None
+    eng._draft_kv = bool(getattr(dc, "seconds_per_kv_token", 0.0))
+    col = {k: np.asarray(steps[k], np.int64) for k in PRICE_KEYS}
+    eng.max_tokens = int(profile.max_tokens if max_batched_tokens is None else max_batched_tokens)
+    eng._dense = eng._dense_verify_table()
+    out = np.empty(len(col["M"]))
+    for i in range(len(out)):
+        f = eng.step_cost(int(col["n_decode"][i]), int(col["kv_read"][i]), int(col["n_prefill_tokens"][i]),
+                          int(col["prefill_qk"][i]), int(col["prefill_chunks"][i]))
+        t = float(f(np.array([int(col["M"][i])]))[0])
+        if eng._qk and col["n_decode"][i]:
+            t += eng._qk * int(col["decode_qk"][i])
+        out[i] = t
+    return out
 
 
 def __getattr__(name: str):

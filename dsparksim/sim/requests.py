@@ -78,6 +78,11 @@ class RequestTable:
                 self.session[i:j] = blk[4][:n]
                 self.has_session = True
             if self.streams is not None:
-                self.key[i:j] = self.streams.request_keys(np.arange(i, j))
+                ids = np.arange(i, j)
+                w = int(getattr(self.wl, "warmup", 0) or 0)
+                if w:   # measured requests keep the ids they have without a warm-up (traffic.base)
+                    from dsparksim.traffic.base import WARMUP_ID0
+                    ids = np.where(ids >= w, ids - w, WARMUP_ID0 + ids)
+                self.key[i:j] = self.streams.request_keys(ids)
             self.known = j
         return True
