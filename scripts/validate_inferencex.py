@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from dsparksim.bench.importers import import_files  # noqa: E402
 from dsparksim.bench.runs import runs_frame, write_runs  # noqa: E402
-from dsparksim.cost.analytic.builder import RESERVE_GIB, build_profile  # noqa: E402
+from dsparksim.cost.analytic.builder import build_profile  # noqa: E402
 from dsparksim.bench.spec import map_row  # noqa: E402
 from dsparksim.cost.profile import profile_from_dict, save_profile  # noqa: E402
 from dsparksim.fit.reprice import LinearRun  # noqa: E402
@@ -45,17 +45,16 @@ TARGET_LOCO, TARGET_MTP, MIN_CONC = 0.08, 0.15, 4
 def server(hw: str, fw: str, tp: int, ep: int) -> dict:
     """Server settings from the data README (launch scripts); what is not stated there stays the builder's."""
     if hw == "h200" and fw == "sglang":   # memory fraction 0.82, chunked prefill 32768 (above the profile's budget)
-        return {"gpu_memory_utilization": 0.82, "note": "mem fraction 0.82; chunked prefill 32768 capped at the "
+        return {"mem_fraction_static": 0.82, "note": "mem fraction 0.82; chunked prefill 32768 capped at the "
                 "profile's 16384-token budget; max running 512/256 (never binding below c=256)"}
     if hw == "h200" and fw == "trtllm":      # FP8 KV, free-memory fraction 0.75 of what the weights leave
         d = build_profile(MODEL, "H200", tp=tp, ep=ep, kv_dtype="fp8")
-        m = d["metadata"]["build"]["memory"]
-        total = m["usable_GiB"] / 0.9
-        w = sum(m["weights_GiB_per_gpu"].values())
-        u = (0.75 * (total - w) + w + RESERVE_GIB) / total
-        return {"gpu_memory_utilization": round(min(u, 1.0), 4), "kv_dtype": "fp8",
-                "note": f"FP8 KV; free GPU memory fraction 0.75 -> memory utilisation {u:.3f}"}
-    return {"note": "settings not stated in the data README: builder defaults (memory 0.9, bf16 KV)"}
+        total = d["metadata"]["build"]["gpu_figures"]["memory_GiB"]
+        w = sum(d["metadata"]["build"]["memory"]["weights_GiB_per_gpu"].values())
+        f = (0.75 * (total - w) + w) / total      # KV = 0.75 of what the weights leave = total*f - weights
+        return {"mem_fraction_static": round(min(f, 1.0), 4), "kv_dtype": "fp8",
+                "note": f"FP8 KV; free GPU memory fraction 0.75 -> static fraction {f:.3f}"}
+    return {"note": "settings not stated in the data README: the built profile's KV capacity (memory 0.9, bf16 KV)"}
 
 
 def ship_name(hw: str, fw: str, image: str, tp: int, ep: int) -> str:
@@ -95,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         opt = FitOptions(model=str(MODEL), gpu=hw.upper(), tp=int(tp), ep=int(ep), bootstrap=a.bootstrap,
                          where=(("gpu", hw), ("engine", fw), ("engine_version", image), ("tp", str(tp)),
                                 ("ep", str(ep)), ("spec_method", "none"), ("dp_attention", "false")),
-                         max_num_seqs=512, gpu_memory_utilization=s.get("gpu_memory_utilization", 0.9),
+                         max_num_seqs=512, mem_fraction_static=s.get("mem_fraction_static"),
                          kv_dtype=s.get("kv_dtype"), name=ship_name(hw, fw, image, int(tp), int(ep)),
                          date="2026-12-03", model_label="dsparksim/data/models/deepseek-v3.json")
         t0 = time.perf_counter()
@@ -151,8 +150,11 @@ def predict_mtp(allrows: pd.DataFrame, key: tuple, prof, opt: FitOptions) -> lis
         spec = ClientSpec(concurrency=int(r.max_concurrency), num_prompts=int(r.num_prompts),
                           input_len=int(r.random_input_len), output_len=int(r.random_output_len),
                           range_ratio=float(r.random_range_ratio), gpus=int(tp), max_num_seqs=opt.max_num_seqs,
-                          prefill_chunk_tokens=int(prof.max_tokens))
-        tr = simulate_trace(prof, spec, policy=m.policy, acceptance=m.acceptance)
+                          prefill_chunk_tokens=int(prof.max_tokens),
+                          num_warmup_prompts=int(r.num_warmup_prompts) if pd.notna(r.num_warmup_prompts) else 0,
+                          mem_fraction_static=opt.mem_fraction_static)
+        tr = simulate_trace(prof, spec, policy=m.policy, block_size=m.block_size, acceptance=m.acceptance,
+                            drafter=m.drafter)
         lr = LinearRun(tr, None)
         for metric in ("mean_tpot_ms", "median_tpot_ms", "output_throughput_per_gpu", "mean_ttft_ms"):
             v = r[metric]

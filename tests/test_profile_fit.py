@@ -69,22 +69,26 @@ def test_families_partition_the_forward_and_calibration_is_linear():
 
 # ------------------------------------------------------------------ exact re-pricing
 def test_repricing_the_builder_trace_equals_a_fresh_des_run_of_the_calibrated_profile(moe):
+    from dsparksim.bench.client import ClientWorkload, ServerSettings, run_client
     base, calp, basis = moe
     spec = ClientSpec(concurrency=8, num_prompts=24, input_len=3000, output_len=200, range_ratio=0.8,
-                      prefill_chunk_tokens=2048)
+                      prefill_chunk_tokens=2048, num_warmup_prompts=5)
     tr0, tr1 = simulate_trace(base, spec), simulate_trace(calp, spec)
     for k in ("M", "kv_read", "prefill_qk", "decode_qk", "n_decode"):
         assert np.array_equal(tr0.steps[k], tr1.steps[k]), k    # step shapes do not depend on prices
+    assert tr0.start_step >= 0
     lr, c = LinearRun(tr0, basis), coef_of(TRUE, basis)
-    end = tr1.steps["t_start"] + tr1.steps["dt"]
-    np.testing.assert_allclose(lr.end[1:] @ c, end, rtol=1e-9)
-    np.testing.assert_allclose((lr.arrive + lr.ttft) @ c, end[tr1.first_token_step], rtol=1e-9)
-    np.testing.assert_allclose((lr.arrive + lr.e2e) @ c, end[tr1.finish_step], rtol=1e-9)
-    m0, m1 = lr.metrics(c), LinearRun(tr1, basis).metrics(c)
-    for k in m0:
-        assert m0[k] == pytest.approx(m1[k], rel=1e-9), k
-    assert m0["mean_tpot_ms"] != pytest.approx(LinearRun(tr0, basis).metric("mean_tpot_ms", coef_of(Calibration(),
-                                                                                                      basis)), rel=0.01)
+    end = tr1.steps["t_start"] + tr1.steps["dt"]                 # seconds from the benchmark's start
+    np.testing.assert_allclose(lr.end[1:] @ c - lr.end[tr0.start_step + 1] @ c, end, rtol=1e-9, atol=1e-12)
+    # the client's own metrics of a fresh simulation of the calibrated profile
+    run = run_client(calp, ClientWorkload(random_input_len=3000, random_output_len=200, random_range_ratio=0.8,
+                                          num_prompts=24, max_concurrency=8, num_warmup_prompts=5),
+                     ServerSettings(chunked_prefill_size=2048, max_running_requests=1024, gpus=1))
+    got = lr.metrics(c)
+    for k in ("mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+              "mean_e2el_ms", "p99_e2el_ms", "output_throughput_per_gpu", "duration_s"):
+        assert got[k] == pytest.approx(run.metrics[k], rel=1e-9), k
+    assert got["mean_tpot_ms"] != pytest.approx(lr.metric("mean_tpot_ms", coef_of(Calibration(), basis)), rel=0.01)
 
 
 def test_repricing_is_not_valid_for_a_price_dependent_policy(moe):

@@ -383,8 +383,9 @@ def _register_fit(sub: Any) -> None:
     f.add_argument("--max-num-seqs", type=int, default=1024, help="server's max running requests [%(default)s]")
     f.add_argument("--prefill-chunk", type=int, default=None, metavar="TOKENS",
                    help="server's chunked-prefill size [the profile's token budget]")
-    f.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                   help="server's memory fraction (sets the KV capacity, as `profile build`) [%(default)s]")
+    f.add_argument("--mem-fraction-static", type=float, default=None, metavar="F",
+                   help="server's memory fraction for weights + KV (SGLang's flag; sets the KV capacity) "
+                        "[the built profile's KV capacity]")
     f.add_argument("--kv-dtype", choices=("bf16", "fp16", "fp8"), help="server's KV-cache dtype [as `profile build`]")
     f.add_argument("--name", help="profile name [fitted-<gpu>x<tp>-<model>]")
     f.add_argument("--date", help="date written into metadata [today]")
@@ -421,6 +422,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
             if v < lo:
                 raise InputError("profile fit", flag, f"expected an integer >= {lo}, got {v}")
         kinds = tuple(k.strip() for k in args.metrics.split(",") if k.strip())
+        f = args.mem_fraction_static
+        if f is not None and not 0 < f <= 1:
+            raise InputError("profile fit", "--mem-fraction-static", f"expected a fraction in (0, 1], got {f}")
         if not kinds or any(k not in ("tpot", "ttft", "tput") for k in kinds):
             raise InputError("profile fit", "--metrics", f"expected a comma list of tpot, ttft, tput, got "
                              f"{args.metrics!r}")
@@ -431,7 +435,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         opt = FitOptions(model=model, gpu=args.gpu, tp=args.tp, ep=args.ep,
                          where=tuple(parse_where(args.where).items()), bootstrap=args.bootstrap, seed=args.seed,
                          max_num_seqs=args.max_num_seqs, prefill_chunk_tokens=args.prefill_chunk, name=args.name,
-                         date=args.date, metrics=kinds, gpu_memory_utilization=args.gpu_memory_utilization,
+                         date=args.date, metrics=kinds, mem_fraction_static=args.mem_fraction_static,
                          kv_dtype=args.kv_dtype)
         d, rep = run_fit(args.runs, opt, tqdm_file=sys.stderr)
         import os

@@ -40,7 +40,7 @@ class FitOptions:
     date: str | None = None
     model_label: str | None = None
     metrics: tuple[str, ...] = ("tpot", "ttft", "tput")   # kinds fitted (KINDS values); all are reported
-    gpu_memory_utilization: float = 0.9          # the server's memory fraction: sets the KV capacity
+    mem_fraction_static: float | None = None     # the server's memory fraction (None: the profile's KV capacity)
     kv_dtype: str | None = None                  # the server's KV-cache dtype (None: the builder's default)
 
 
@@ -77,7 +77,7 @@ def run_fit(runs_path: str | Path, opt: FitOptions, *, log: Any = print, tqdm_fi
 
     t0 = time.perf_counter()
     where = dict(opt.where)
-    server_kw = {"gpu_memory_utilization": opt.gpu_memory_utilization, "kv_dtype": opt.kv_dtype}
+    server_kw = {"kv_dtype": opt.kv_dtype}
     base_d = build_profile(opt.model, opt.gpu, tp=opt.tp, ep=opt.ep, date=opt.date or "2026-12-01",
                            model_label=opt.model_label, **server_kw)
     base = profile_from_dict(base_d, "<builder>")
@@ -86,7 +86,8 @@ def run_fit(runs_path: str | Path, opt: FitOptions, *, log: Any = print, tqdm_fi
         raise InputError("profile fit", "--prefill-chunk", f"{chunk} exceeds the profile's token budget "
                          f"{base.max_tokens}")
     runs, rows = load_fit_runs(runs_path, where, server={"max_num_seqs": opt.max_num_seqs,
-                                                         "prefill_chunk_tokens": chunk})
+                                                         "prefill_chunk_tokens": chunk,
+                                                         "mem_fraction_static": opt.mem_fraction_static})
     basis = PriceBasis.build(opt.model, opt.gpu, tp=opt.tp, ep=opt.ep, kv_dtype=opt.kv_dtype)
     with tqdm(total=len(runs), desc="simulate runs", unit="run", file=tqdm_file, leave=False) as bar:
         traces = traces_for(runs, base, bar.update)
@@ -147,12 +148,11 @@ def run_fit(runs_path: str | Path, opt: FitOptions, *, log: Any = print, tqdm_fi
                  "run_ids": [r.run_id for r in runs], "n_runs": len(runs),
                  "concurrencies": sorted({r.concurrency for r in runs}),
                  "workloads": sorted({f"{r.spec.input_len}/{r.spec.output_len}" for r in runs})},
-        "client_model": {"workload": "closed loop at the run's concurrency over num_prompts requests, all released "
-                         "at once; lengths uniform in [int(R*L), L]; ignore_eos; no prefix reuse",
+        "client_model": {"workload": "the run's client: max_concurrency cap over num_prompts requests released at "
+                         "once, warm-up prompts first; lengths uniform in [int(R*L), L]; ignore_eos",
                          "max_num_seqs": opt.max_num_seqs, "prefill_chunk_tokens": chunk, "seed": 0,
-                         "gpu_memory_utilization": opt.gpu_memory_utilization,
-                         "kv_capacity_tokens": base_d["metadata"]["kv_capacity_tokens"],
-                         "kv_policy": "paged"},
+                         "mem_fraction_static": opt.mem_fraction_static, "kv_dtype": opt.kv_dtype,
+                         "simulated_by": "dsparksim.bench.client.run_client (warm-up prompts included)"},
         "objective": "least squares of log(simulated/measured): per run mean TPOT (median where the run has no "
                      "mean), mean TTFT (median likewise) and output tokens/s per GPU, equal weights",
         "fitted_metrics": list(opt.metrics),

@@ -93,7 +93,7 @@ class LinearRun:
         self.e2e = C[e] - C[a]
         multi = trace.output_len > 1                           # the client's TPOT needs two tokens
         self.tpot = (C[e][multi] - C[f][multi]) / (trace.output_len[multi] - 1)[:, None]
-        self.duration = C[-1]
+        self.duration = C[-1] - C[trace.start_step + 1]             # from the end of the warm-up
         self.mean = {"ttft": self.ttft.mean(axis=0), "tpot": self.tpot.mean(axis=0), "e2el": self.e2e.mean(axis=0)}
 
     def metric(self, name: str, coef: np.ndarray) -> float:

@@ -110,7 +110,8 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
         spec = ClientSpec(concurrency=int(conc), num_prompts=int(_need(path, r, "num_prompts", "closed-loop pool")),
                           input_len=int(_need(path, r, "random_input_len", "prompt lengths")),
                           output_len=int(_need(path, r, "random_output_len", "output lengths")),
-                          range_ratio=float(r.get("random_range_ratio") or 1.0), gpus=max(gpus, 1), **server)
+                          range_ratio=float(r.get("random_range_ratio") or 1.0), gpus=max(gpus, 1),
+                          num_warmup_prompts=int(r.get("num_warmup_prompts") or 0), **server)
         meas: dict[str, float] = {}
         for names in METRIC_CHOICES.values():
             for n in names:
