@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(REPO / "validation" / "inferencex"))
     ap.add_argument("--hardware", default="h200,b200")
     ap.add_argument("--bootstrap", type=int, default=200)
+    ap.add_argument("--images", default="", help="only engine images containing one of these (comma list)")
     ap.add_argument("--ship", action="store_true", help="write the SHIP groups' fitted profiles to profiles/")
     a = ap.parse_args(argv)
     out = Path(a.out)
@@ -81,11 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     runs_csv = out / "runs.csv"          # the InferenceX rows as a runs table (`dsparksim bench import`)
     write_runs(import_files([data]), runs_csv, force=True)
     allrows = runs_frame(import_files([data]))
-    df = allrows[(df.spec_method == "none") & (~df.dp_attention.astype(bool)) & df.gpu.isin(a.hardware.split(","))]
+    df = allrows[(allrows.spec_method == "none") & (~allrows.dp_attention.astype(bool))
+                 & allrows.gpu.isin(a.hardware.split(","))]
     groups, rows, skipped, mtp_rows = [], [], [], []
     t_all = time.perf_counter()
     for key, g in df.groupby(GROUP):
         hw, fw, image, tp, ep = key
+        if a.images and not any(x in image for x in a.images.split(",")):
+            continue
         conc = sorted(int(c) for c in g.max_concurrency.unique())
         if len(conc) < 2:
             skipped.append((key, f"{len(conc)} concurrency: no leave-one-concurrency-out"))
