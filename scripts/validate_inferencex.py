@@ -32,6 +32,7 @@ from dsparksim.bench.spec import map_row  # noqa: E402
 from dsparksim.cost.profile import profile_from_dict, save_profile  # noqa: E402
 from dsparksim.fit.reprice import LinearRun  # noqa: E402
 from dsparksim.fit.trace import ClientSpec, simulate_trace  # noqa: E402
+from dsparksim.errors import InputError  # noqa: E402
 from dsparksim.fit.command import KINDS, FitOptions, run_fit  # noqa: E402
 
 _SHARED = [Path(os.environ["DSPARKSIM_SHARED"])] if os.environ.get("DSPARKSIM_SHARED") else []
@@ -103,7 +104,12 @@ def main(argv: list[str] | None = None) -> int:
                          date="2026-12-03", model_label="dsparksim/data/models/deepseek-v3.json")
         t0 = time.perf_counter()
         print(f"fitting {hw} {fw} {image} tp{tp} ep{ep}: {len(g)} rows, concurrencies {conc}", flush=True)
-        d, rep = run_fit(runs_csv, opt)
+        try:
+            d, rep = run_fit(runs_csv, opt)
+        except InputError as e:          # e.g. the built profile's KV capacity cannot hold the group's requests
+            skipped.append((key, f"not fitted: {e}"))
+            print(f"  skipped: {e}", flush=True)
+            continue
         fit = d["metadata"]["fit"]
         rec = {"gpu": hw, "engine": fw, "engine_version": image, "tp": tp, "ep": ep, "rows": len(g),
                "concurrencies": " ".join(map(str, conc)), "server": s["note"], "seconds": round(time.perf_counter() - t0, 1)}
