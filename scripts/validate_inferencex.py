@@ -38,6 +38,7 @@ from dsparksim.fit.command import KINDS, FitOptions, run_fit  # noqa: E402
 _SHARED = [Path(os.environ["DSPARKSIM_SHARED"])] if os.environ.get("DSPARKSIM_SHARED") else []
 _SHARED += [REPO.parent / "shared", REPO.parent.parent / "shared"]      # main checkout, or a worktree in wt/
 DATA = next((p for p in _SHARED if p.is_dir()), _SHARED[0]) / "data" / "inferencex" / "deepseek_r1_single_node.csv"
+LABEL = "../shared/data/inferencex/deepseek_r1_single_node.csv"
 MODEL = REPO / "dsparksim" / "data" / "models" / "deepseek-v3.json"
 GROUP = ["gpu", "engine", "engine_version", "tp", "ep"]
 TARGET_LOCO, TARGET_MTP, MIN_CONC = 0.08, 0.15, 4
@@ -79,10 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    data = os.path.relpath(a.data, REPO) if Path(a.data).resolve().is_relative_to(REPO.parent.parent) else a.data
     runs_csv = out / "runs.csv"          # the InferenceX rows as a runs table (`dsparksim bench import`)
-    write_runs(import_files([data]), runs_csv, force=True)
-    allrows = runs_frame(import_files([data]))
+    imported = import_files([a.data])
+    if Path(a.data).resolve() == DATA.resolve():   # name the shared file as seen from a main checkout's root
+        for r in imported:
+            r["source_file"] = LABEL
+            r["run_id"] = f"{LABEL}:{r['source_row']}"
+    write_runs(imported, runs_csv, force=True)
+    allrows = runs_frame(imported)
     df = allrows[(allrows.spec_method == "none") & (~allrows.dp_attention.astype(bool))
                  & allrows.gpu.isin(a.hardware.split(","))]
     groups, rows, skipped, mtp_rows = [], [], [], []

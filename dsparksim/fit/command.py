@@ -67,7 +67,7 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def run_fit(runs_path: str | Path, opt: FitOptions, *, log: Any = print, tqdm_file: Any = None
+def run_fit(runs_path: str | Path, opt: FitOptions, *, tqdm_file: Any = None
             ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the fitted profile object, a report with the per-run and LOCO rows). InputError on bad input."""
     from tqdm import tqdm
