@@ -16,8 +16,9 @@ result counts preemptions and recomputed tokens per request (``SimResult.preempt
 
 Disaggregated (``disaggregated=True``): every engine is decode-only. An arriving request that can be served first
 goes through the prefill pool (:class:`dsparksim.sim.disagg.PrefillPool`: ``prefill_replicas`` FIFO instances, then
-the KV transfer); when its KV lands it is routed to a decode engine and its first token counts as delivered then.
-TTFT = queue + prefill + transfer, reported per request (``SimResult.ttft_queue_s`` etc.).
+the KV transfer); when its KV lands it is routed to a decode engine, waits there for admission (KV room) and gets
+its first token from that engine's first step. TTFT = queue + prefill + transfer + decode wait + first step,
+reported per request (``SimResult.ttft_queue_s`` ... ``ttft_first_step_s``).
 
 The benchmark client (``client_cap``, ``warmup_requests``; open loop only), as ``vllm bench serve`` and SGLang's
 ``bench_serving`` run it: requests arrive at their arrival times (all at t = 0 for request rate inf) and a
@@ -102,6 +103,10 @@ class SimResult:
     ttft_queue_s: np.ndarray | None = None    # per request (disaggregated): prefill-pool queueing
     ttft_prefill_s: np.ndarray | None = None  # per request (disaggregated): prefill time
     ttft_transfer_s: np.ndarray | None = None  # per request (disaggregated): KV transfer time
+    ttft_decode_wait_s: np.ndarray | None = None  # per request (disaggregated): KV landed -> admitted (room)
+    ttft_first_step_s: np.ndarray | None = None   # per request (disaggregated): admitted -> first token
+    # per request: tokens emitted by its decode steps (None: emitted - 1, the first token excluded)
+    decode_emitted_tokens: np.ndarray | None = None
 
     @property
     def completed(self) -> np.ndarray:
@@ -125,7 +130,8 @@ class SimResult:
         per_req = {k: getattr(self, k)[keep] for k in (
             "arrival_s", "admitted_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
             "emitted_tokens", "decode_steps", "verify_tokens", "accepted_tokens", "domain")}
-        for k in ("preemptions", "recomputed_tokens", "ttft_queue_s", "ttft_prefill_s", "ttft_transfer_s"):
+        for k in ("preemptions", "recomputed_tokens", "ttft_queue_s", "ttft_prefill_s", "ttft_transfer_s",
+                  "ttft_decode_wait_s", "ttft_first_step_s", "decode_emitted_tokens"):
             v = getattr(self, k)
             per_req[k] = None if v is None else v[keep]
         return SimResult(**per_req, steps={k: v[sk] for k, v in self.steps.items()}, sim_time_s=self.sim_time_s,
@@ -340,11 +346,11 @@ class Simulation:
         return True
 
     def _route(self, row: int, t: float) -> None:
-        """Put servable request ``row`` into its engine's inbox at ``t`` (disaggregated: its first token now)."""
+        """Put servable request ``row`` into its engine's inbox at ``t`` (disaggregated: its KV has landed)."""
         r = self.req
         if self.pool is not None:
             self.in_prefill -= 1
-            r.first_tok[row] = t
+            r.landed[row] = t
         e = self.router.route(row, self.engines, r)
         eng = self.engines[e]
         eng.inbox.put(row)
@@ -556,6 +562,9 @@ class Simulation:
             ttft_queue_s=r.ttft_q[:m].copy() if self.disagg else None,
             ttft_prefill_s=r.ttft_pf[:m].copy() if self.disagg else None,
             ttft_transfer_s=r.ttft_tx[:m].copy() if self.disagg else None,
+            ttft_decode_wait_s=(r.admitted[:m] - r.landed[:m]) if self.disagg else None,
+            ttft_first_step_s=(r.first_tok[:m] - r.admitted[:m]) if self.disagg else None,
+            decode_emitted_tokens=r.demit[:m].copy(),
         )
 
 

@@ -38,9 +38,10 @@ whole KV capacity -- in pages when paged) is rejected on arrival by the cluster 
 vLLM answers 400.
 
 Disaggregated (``disaggregated=True``, decode-only engines): a request reaches the engine with its prompt's KV built
-by the prefill pool (:mod:`dsparksim.sim.disagg`) and its first token already streamed; admission makes it decode at
-once (no prefill chunk in any step), except a request preempted here, which re-prefills locally by recompute. Its
-first token is counted in the ``emitted`` column of this engine's next step.
+by the prefill pool (:mod:`dsparksim.sim.disagg`) and waits, like any request, for admission (KV room). Admitted,
+it has all but its last prompt token prefilled: its first step here computes that token (a one-token prefill
+chunk) and samples the first output token, which reaches the user at that step's end (vLLM's P/D connectors load
+the remote KV of all but the last prompt token). A request preempted here re-prefills locally by recompute.
 
 Long context: with the profile's ``seconds_per_query_kv`` (attention block) a step also pays that much per
 query-key pair of its decoding requests' attention: request i, with context c_i and L_i verified drafts, runs
@@ -174,7 +175,6 @@ class Engine:
         self.pages_used = 0
         self.n_preemptions = 0
         self._preempted: list[int] = []
-        self._first_pending = 0   # disaggregated: first tokens (made by the prefill pool) not yet logged
         # long-context attention: seconds per query-key pair of the decoding rows (absent = 0: priced as before)
         self._qk = float(getattr(profile, "seconds_per_query_kv", 0.0) or 0.0)
         # the drafter's context term (profile drafters.<name>.seconds_per_kv_token; absent = 0): only then is the
@@ -267,7 +267,6 @@ class Engine:
         new: list[int] = []
         if self.paged and self._grow_pages():
             return new
-        done1: list[int] = []
         while self.waiting and self.free_slots:
             row = self.waiting[0]
             if self.paged:
@@ -295,13 +294,9 @@ class Engine:
             if r.preempt[row] == 0:
                 r.admitted[row] = now       # first admission (a preempted request keeps its own)
                 if self.disagg:
-                    # the prefill pool built the prompt's KV and streamed the first token (cluster set first_tok)
-                    r.phase[row] = DECODE
-                    r.prefilled[row] = r.prompt[row]
-                    r.gen[row] = 1
-                    self._first_pending += 1
-                    if r.out[row] == 1:
-                        done1.append(row)
+                    # the prefill pool built the prompt's KV: the first step here computes the last prompt token
+                    # and samples the first output token (module doc)
+                    r.prefilled[row] = r.prompt[row] - 1
             self.n_admitted += 1
             self.running.append(row)
             new.append(row)
@@ -313,8 +308,6 @@ class Engine:
             self.acc.start(r.slot_of[rows], r.domain[rows], rng)
             for cb in self.on_admit:
                 cb(new)
-        if done1:
-            self._finish(np.array(done1, np.int64), now)
         return new
 
     # ---------------------------------------------------------------- paged KV
@@ -530,6 +523,7 @@ class Engine:
             outcome.accepted_per_pos = np.cumsum(cnt[::-1])[::-1][1:self.K + 1].astype(np.int64)
             emit = np.minimum(a + 1, r.out[dec] - r.gen[dec])  # the last step may overshoot: stop at length
             r.gen[dec] += emit
+            r.demit[dec] += emit
             r.dsteps[dec] += 1
             r.vtok[dec] += L
             r.atok[dec] += a
@@ -551,9 +545,6 @@ class Engine:
                 emitted += 1
                 if r.gen[row] >= r.out[row]:
                     finished.append(np.array([row]))
-        if self._first_pending:
-            emitted += self._first_pending
-            self._first_pending = 0
         outcome.emitted = emitted
         done = np.concatenate(finished) if finished else np.zeros(0, np.int64)
         if len(done):
