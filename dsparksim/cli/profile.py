@@ -428,8 +428,9 @@ def _register_fit(sub: Any) -> None:
     f.set_defaults(func=cmd_fit)
 
 
-def _check_fit_out(path: str, force: bool) -> Path:
-    out = _check_out(path)
+def _check_fit_out(path: str, force: bool, runs: str) -> Path:
+    """--out of `profile fit`: never an input; an existing file only if `profile fit` wrote it and --force."""
+    out = Path(path)
     if out.exists():
         try:
             prev = json.loads(out.read_text(encoding="utf-8"))
@@ -441,7 +442,7 @@ def _check_fit_out(path: str, force: bool) -> Path:
                              "choose another path")
         if not force:
             raise InputError(str(out), "--out", "exists (a profile this command wrote): pass --force to replace it")
-    return out
+    return _check_out(path, force, inputs=(runs,))
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
@@ -462,7 +463,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
                              f"{args.metrics!r}")
         if not Path(args.runs).is_file():
             raise InputError(args.runs, None, "runs table not found")
-        out = _check_fit_out(args.out, args.force)
+        out = _check_fit_out(args.out, args.force, args.runs)
         model = _model_config(args.model)
         opt = FitOptions(model=model, gpu=args.gpu, tp=args.tp, ep=args.ep,
                          where=tuple(parse_where(args.where).items()), bootstrap=args.bootstrap, seed=args.seed,
@@ -470,15 +471,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
                          date=args.date, metrics=kinds, mem_fraction_static=args.mem_fraction_static,
                          kv_dtype=args.kv_dtype)
         d, rep = run_fit(args.runs, opt, tqdm_file=sys.stderr)
-        import os
-        import secrets
-        tmp = out.with_name(f".{out.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")   # never a user's file
-        try:
-            save_profile(d, tmp)
-            tmp.replace(out)
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            raise InputError(str(out), "--out", f"cannot write the profile: {e.strerror or e}") from None
+        _save(d, out)    # atomic: the file appears complete or not at all
     except InputError as e:
         print(f"dsparksim: error: {e}", file=sys.stderr)
         return 2
