@@ -5,8 +5,8 @@
 (b) Executed, in document order in a scratch folder per page (the repo's input folders linked in, outputs written
     there), exactly the cheap ones, each of which must exit 0 and write its `--out`:
     `--help`; `profile list|show|import|build` (a second each); `trace inspect`; `bench import` whose inputs are
-    shipped files (the test fixtures), and `bench replay` of the runs table such an import wrote above it on the
-    page; `run` with at most 64 prompts (`--num-prompts`), or at most 10 s and 8 users (`--duration`,
+    shipped files (the test fixtures), and `bench replay` and `profile fit` of the runs table such an import wrote
+    above it on the page (seconds on those few rows); `run` with at most 64 prompts (`--num-prompts`), or at most 10 s and 8 users (`--duration`,
     `--concurrency`).
     Only parsed: `frontier` (about a minute on the defaults), `sweep`, `capacity`, `regress` and `plan` (tens of
     seconds to minutes of cells), longer `run`s, imports of the user's own files (placeholders such as
@@ -79,6 +79,8 @@ def executed(argv: list[str], cwd: Path) -> bool:
     head = tuple(argv[:2])
     if argv[0] == "profile" and argv[1:2] and argv[1] in ("list", "show", "import", "build"):
         return True
+    if head == ("profile", "fit"):   # a few seconds on a handful of runs
+        return (cwd / argv[2]).is_file()
     if head == ("trace", "inspect"):
         return True
     if head == ("bench", "import"):
@@ -156,7 +158,7 @@ def test_cheap_documented_commands_run(page, tmp_path, monkeypatch, capsys):
                 assert "h100-llama2-7b-tp1" in captured.out and "built-h200x8-deepseek-v3-dp8ep8" in captured.out
         ran.append(" ".join(argv[:2]))
     if page.name == "README.md":   # the README's cheap commands all ran
-        assert {"profile list", "bench import", "bench replay", "profile build"} <= set(ran)
+        assert {"profile list", "bench import", "bench replay", "profile fit", "profile build"} <= set(ran)
         assert any(r.startswith("run ") for r in ran), ran
 
 
