@@ -50,11 +50,9 @@ def doc_commands(path: Path) -> list[tuple[int, list[str]]]:
             buf = buf[:-1].rstrip()
             continue
         for seg in re.split(r"\s*(?:&&|;)\s*", buf):
-            toks = shlex.split(seg, comments=True)
-            while toks and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", toks[0]):
-                toks = toks[1:]
-            if toks and toks[0] == "dsparksim":
-                found.append((start, toks[1:]))
+            seg = re.sub(r"^(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*", "", seg.strip())   # leading VAR=value
+            if re.match(r"^dsparksim(\s|$)", seg):   # a command (output blocks' other lines are not shell)
+                found.append((start, shlex.split(seg, comments=True)[1:]))
         buf = ""
     return found
 
@@ -86,7 +84,8 @@ def executed(argv: list[str], cwd: Path) -> bool:
     if head == ("bench", "import"):
         ins = [a for a in argv[2:] if not a.startswith("-") and a.endswith((".json", ".jsonl", ".csv"))
                and a != _opt(argv, "--out")]
-        return bool(ins) and all((ROOT / a).is_file() and not glob.has_magic(a) for a in ins)
+        return bool(ins) and all(Path(a).parts[0] in LINKED and (ROOT / a).is_file() and not glob.has_magic(a)
+                                 for a in ins)       # shipped files only (not ../shared data, not the user's)
     if head == ("bench", "replay"):
         return (cwd / argv[2]).is_file()
     if argv[0] == "run":
