@@ -443,7 +443,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     for r in [head, *rows]:
         print("  " + "  ".join(c.ljust(w) if i != 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, width))).rstrip())
     print("kind: built = `profile build`'s analytic model (the MoE ones are unvalidated predictions), derived = from "
-          "measured operator times (vidur), measured = `dsparksim measure`; GPUs per engine; M = the batch tokens "
+          "measured operator times (vidur), measured = `dsparksim measure`, fitted = `profile fit` to benchmark runs; "
+          "GPUs per engine; M = the batch tokens "
           "priced (beyond: --extrapolate)")
     for line in notes:
         print(line)
