@@ -207,6 +207,8 @@ class EngineConfig:
     prefill_replicas:    prefill instances of the pool (disaggregated).
     kv_transfer_gbps:    prefill -> decode link bandwidth in Gbit/s (disaggregated; required there).
     kv_bytes_per_token:  KV bytes per token shipped (disaggregated); None = the profile's metadata value.
+    mixed_prefill:       a step mixes prefill chunks with decode (vLLM, TensorRT-LLM); False = a step with a prefill
+                         chunk carries no decode (SGLang's default, --enable-mixed-chunk off; sim/engine.py doc).
     """
 
     block_size: int = option(
@@ -252,6 +254,11 @@ class EngineConfig:
     kv_bytes_per_token: float | None = option(
         None, "--kv-bytes-per-token", parse=pos_float, kinds=NUM, metavar="B",
         help="KV bytes per token shipped with --disaggregated [the profile's metadata.kv_bytes_per_token]")
+    mixed_prefill: bool = option(
+        True, "--mixed-prefill", switch=True, kinds=BOOL,
+        help="steps mix prefill chunks with decode (vLLM, TensorRT-LLM); --no-mixed-prefill: a step with a prefill "
+             "chunk carries no decode and the decoding requests wait it out (SGLang's default, "
+             "--enable-mixed-chunk off)")
     mem_fraction_static: float | None = option(
         None, "--mem-fraction-static", parse=pos_float, kinds=NUM, metavar="FRAC",
         help="SGLang's static memory fraction (weights + KV pool): sets the KV capacity from the profile's memory "

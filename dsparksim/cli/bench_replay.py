@@ -35,6 +35,9 @@ def register_replay(sub) -> None:
                    help="server setting for every run: KV capacity from the profile's memory metadata")
     q.add_argument("--cuda-graph-max-bs", type=pos_int, default=None, metavar="N",
                    help="server setting for every run: recorded, not priced")
+    q.add_argument("--mixed-prefill", action=argparse.BooleanOptionalAction, default=None,
+                   help="whether the server's steps mix prefill chunks with decode [each run's engine default: "
+                        "off for SGLang (--enable-mixed-chunk defaults to off), on otherwise]")
     q.add_argument("--out", required=True, help="output directory, replaced whole by the new results")
     q.add_argument("--quiet", action="store_true")
     q.set_defaults(func=replay_command)
@@ -68,7 +71,8 @@ def replay_command(args: argparse.Namespace) -> int:
                             cuda_graph_max_bs=args.cuda_graph_max_bs, mem_fraction_static=args.mem_fraction_static)
     t0 = time.perf_counter()
     with tqdm(total=len(sel), unit="run", desc="replay", disable=_bar_off(args)) as bar:
-        df = replay(sel, prof, server=server, seed=args.seed, source=str(args.runs), on_done=lambda: bar.update(1))
+        df = replay(sel, prof, server=server, seed=args.seed, source=str(args.runs), on_done=lambda: bar.update(1),
+                    mixed_prefill=args.mixed_prefill)
     wall = time.perf_counter() - t0
     err = error_summary(df)
     out = Path(args.out)
@@ -79,7 +83,10 @@ def replay_command(args: argparse.Namespace) -> int:
                       ).savefig(d / "replay.png")
         write_json(d / "config.json", {"runs": str(args.runs), "where": args.where, "profile": prof.name,
                                        "profile_path": str(profile_path(args.profile)), "seed": args.seed,
-                                       "server": {k: v for k, v in server.__dict__.items() if k != "gpus"},
+                                       "server": {k: v for k, v in server.__dict__.items() if k not in ("gpus", "mixed_chunk")},
+                                       "mixed_prefill": (args.mixed_prefill if args.mixed_prefill is not None
+                                                         else "each run's engine default (sglang: off, "
+                                                              "others: on)"),
                                        "selected": len(df), "of": len(runs), "wall_s": round(wall, 2),
                                        "dsparksim_version": __version__})
     if not args.quiet:

@@ -105,7 +105,8 @@ def add_option(container, key: str, help: str | None = None) -> None:
     o = spec.option
     kw: dict[str, Any] = {"dest": key, "default": spec.default, "help": o.help if help is None else help}
     if o.switch:
-        kw["action"] = "store_true"
+        # a switch that defaults on gets its --no- spelling too (--mixed-prefill / --no-mixed-prefill)
+        kw["action"] = argparse.BooleanOptionalAction if spec.default is True else "store_true"
     else:
         if o.parse is not None:
             kw["type"] = o.parse

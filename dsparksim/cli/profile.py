@@ -419,6 +419,9 @@ def _register_fit(sub: Any) -> None:
                    help="server's memory fraction for weights + KV (SGLang's flag; sets the KV capacity) "
                         "[the built profile's KV capacity]")
     f.add_argument("--kv-dtype", choices=("bf16", "fp16", "fp8"), help="server's KV-cache dtype [as `profile build`]")
+    f.add_argument("--mixed-prefill", action=argparse.BooleanOptionalAction, default=None,
+                   help="whether the server's steps mixed prefill chunks with decode [each run's engine default: "
+                        "off for SGLang (--enable-mixed-chunk defaults to off), on otherwise]")
     f.add_argument("--name", help="profile name [fitted-<gpu>x<tp>-<model>]")
     f.add_argument("--date", help="date written into metadata [today]")
     f.add_argument("--out", required=True, metavar="P.json", help="profile JSON to write (never overwritten "
@@ -469,7 +472,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
                          where=tuple(parse_where(args.where).items()), bootstrap=args.bootstrap, seed=args.seed,
                          max_num_seqs=args.max_num_seqs, prefill_chunk_tokens=args.prefill_chunk, name=args.name,
                          date=args.date, metrics=kinds, mem_fraction_static=args.mem_fraction_static,
-                         kv_dtype=args.kv_dtype)
+                         kv_dtype=args.kv_dtype, mixed_prefill=args.mixed_prefill)
         d, rep = run_fit(args.runs, opt, tqdm_file=sys.stderr)
         _save(d, out)    # atomic: the file appears complete or not at all
     except InputError as e:

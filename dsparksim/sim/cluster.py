@@ -159,7 +159,7 @@ class Simulation:
 
     ``kv_policy`` ("reserve" | "paged"), ``kv_page_tokens`` and ``kv_watermark``: the engines' KV memory.
     ``disaggregated`` with ``prefill_replicas``, ``kv_transfer_gbps`` (Gbit/s) and ``kv_bytes_per_token``: decode-only
-    engines behind a prefill pool (see the module doc).
+    engines behind a prefill pool (see the module doc). ``mixed_prefill``: see :mod:`dsparksim.sim.engine`.
     """
 
     def __init__(
@@ -195,6 +195,7 @@ class Simulation:
         kv_bytes_per_token: float | None = None,
         client_cap: int | None = None,
         warmup_requests: int = 0,
+        mixed_prefill: bool = True,
     ) -> None:
         if (duration_s is None) == (num_requests is None):
             raise ConfigError("config", "duration_s/num_requests", "give exactly one of duration or number of requests")
@@ -275,7 +276,8 @@ class Simulation:
                 max_batched_tokens=max_batched_tokens, prefill_chunk_tokens=prefill_chunk_tokens, streams=streams,
                 rng=rng, index=e, rank=e % self.dp_ranks, slot_base=e * int(max_num_seqs),
                 max_model_len=self.max_model_len, kv_policy=kv_policy, kv_page_tokens=int(kv_page_tokens),
-                kv_watermark=float(kv_watermark), disaggregated=self.disagg))
+                kv_watermark=float(kv_watermark), disaggregated=self.disagg,
+                mixed_prefill=bool(mixed_prefill)))
         self.router = make_router(router, n_eng, seed=router_seed)
         if getattr(self.router, "needs_session", False) and not self._has_sessions():
             raise ConfigError("config", "router", f"router '{router}' needs session or prefix ids, which this "

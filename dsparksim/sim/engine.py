@@ -49,6 +49,18 @@ query-key pair of its decoding requests' attention: request i, with context c_i 
 prices candidate M with every extra verified token at the decoding requests' mean context (a 1-D price in M, the
 paper's SPS(B)); the step itself is priced with the exact pairs.
 
+Mixed prefill (``mixed_prefill``, default True = vLLM V1 and TensorRT-LLM's in-flight batching): a step carries
+the decoding rows' tokens first and the rest of the token budget goes to prefill chunks. With ``mixed_prefill=False``
+(SGLang's default, ``--enable-mixed-chunk`` off) a step that schedules any prefill chunk is a prefill-only step: it
+carries no decode tokens, the decoding rows wait it out and decode on the next step without a chunk; the chunks
+get ``min(prefill_chunk_tokens, max_batched_tokens)`` tokens (decode rows take none of that budget), and the step
+is priced by the profile's prefill-only path (``n_decode == 0``), its ``kv_read`` being the context of the
+non-decoding rows only. Sources: sgl-project/sglang python/sglang/srt/server_args.py ``enable_mixed_chunk: bool =
+False``; python/sglang/srt/managers/scheduler.py (commit d51c1c21d1ac07cd5d1de9ead6c99087d8428e79)
+``get_new_batch_prefill``: ``num_mixed_running = running_bs if self.is_mixed_chunk else 0`` and the running batch
+is mixed into the prefill batch only ``if self.is_mixed_chunk``; ``get_next_batch_to_run`` in later versions:
+``if new_batch is not None: # Run prefill first if possible`` else run the decode batch.
+
 Randomness: with ``streams`` (:class:`dsparksim.sim.streams.RequestStreams`) the confidences and true accepted prefix
 of request i's j-th decode step are a pure function of (seed, i, j), whichever engine, policy or load serves it.
 """
@@ -159,7 +171,7 @@ class Engine:
                  rng: np.random.Generator | None = None, index: int = 0, rank: int = 0, slot_base: int = 0,
                  max_model_len: int | None = None, kv_policy: str = "reserve",
                  kv_page_tokens: int = DEFAULT_PAGE_TOKENS, kv_watermark: float = DEFAULT_WATERMARK,
-                 disaggregated: bool = False) -> None:
+                 disaggregated: bool = False, mixed_prefill: bool = True) -> None:
         if streams is None and rng is None:
             raise ValueError("Engine needs keyed streams or a Generator for its acceptance draws")
         if kv_policy not in KV_POLICIES:
@@ -169,6 +181,7 @@ class Engine:
                              f"{kv_watermark}")
         self.paged, self.disagg = kv_policy == "paged", bool(disaggregated)
         self.kv_policy = kv_policy
+        self.mixed = bool(mixed_prefill)
         self.page = int(kv_page_tokens)
         self.n_pages = int(kv_capacity_tokens) // self.page
         self.wm_pages = int(kv_watermark * self.n_pages)
@@ -444,11 +457,13 @@ class Engine:
             return None
         K, r = self.K, self.req
         run = self.running_rows()
+        n_run = len(run)
         ph = r.phase[run]
         dec = run[ph == DECODE]
         n_dec = len(dec)
-        # Chunked prefill: decode tokens first, the rest of the budget goes to prefills in FIFO order.
-        budget = min(self.chunk, self.max_tokens - n_dec * (1 + K))
+        # Chunked prefill: decode tokens first, the rest of the budget goes to prefills in FIFO order. Not mixed
+        # (SGLang's default): the chunks get the whole budget and a step with a chunk carries no decode (module doc).
+        budget = min(self.chunk, self.max_tokens - (n_dec * (1 + K) if self.mixed else 0))
         chunks: list[tuple[int, int, int, int]] = []
         n_pf = pf_qk = 0
         if n_dec < len(run):
@@ -462,6 +477,10 @@ class Engine:
                 n_pf += c
                 # prefill beyond the verify term: the quadratic query-key part of the chunk's causal attention
                 pf_qk += c * done + c * (c + 1) // 2
+        if chunks and not self.mixed and n_dec:
+            # a prefill-only step: the decoding rows wait; only the prefilling rows' context is read
+            dec, n_dec = dec[:0], 0
+            run = run[ph != DECODE]
         kv_read = int(r.prefilled[run].sum() + r.gen[run].sum() - r.regen[run].sum()) + n_pf
         step_time = base_time = self.step_cost(n_dec, kv_read, n_pf, pf_qk, len(chunks))
         dctx = None
@@ -503,7 +522,7 @@ class Engine:
             pre, self._preempted = np.array(self._preempted, np.int64), []
         return StepPlan(decode=dec, slots=slots, verify=L, conf=conf, true_accepted=A, prefill=chunks, M=M,
                         n_prefill=n_pf, kv_read=kv_read, prefill_qk=pf_qk, K=K, predicted_s=dt,
-                        n_running=len(run), decode_qk=dec_qk, preempted=pre, kv_pages=self.pages_used)
+                        n_running=n_run, decode_qk=dec_qk, preempted=pre, kv_pages=self.pages_used)
 
     def apply(self, plan: StepPlan, outcome: StepOutcome, now: float) -> np.ndarray:
         """Apply an executed step at time ``now`` (its end): emit tokens, advance prefills, finish requests.

@@ -89,7 +89,8 @@ def kv_options(cfg: RunConfig) -> dict[str, Any]:
     e = cfg.engine
     return {"kv_policy": e.kv_policy, "kv_page_tokens": e.kv_page_tokens, "kv_watermark": float(e.kv_watermark),
             "disaggregated": e.disaggregated, "prefill_replicas": e.prefill_replicas,
-            "kv_transfer_gbps": e.kv_transfer_gbps, "kv_bytes_per_token": e.kv_bytes_per_token}
+            "kv_transfer_gbps": e.kv_transfer_gbps, "kv_bytes_per_token": e.kv_bytes_per_token,
+            "mixed_prefill": bool(getattr(e, "mixed_prefill", True))}
 
 
 def run_summary(cfg: RunConfig, res: SimResult, profile, acceptance, policy, workload, K: int, drafter: str,
