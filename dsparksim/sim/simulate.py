@@ -55,11 +55,17 @@ def _streams(seed: int) -> dict[str, Any]:
             "policy": np.random.default_rng(pol)}
 
 
-def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None) -> RunOutput:
-    """Simulate one configuration and summarise it (nothing is written)."""
+def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None,
+             wrap_policy: Callable[[Any], Any] | None = None) -> RunOutput:
+    """Simulate one configuration and summarise it (nothing is written).
+
+    ``wrap_policy(policy) -> policy``: replaces the resolved policy with a wrapper around it (the studies use it to
+    record per-step decisions or add a knob); the wrapper keeps the inner policy's spec, K and drafter."""
     rngs = _streams(cfg.seed)
     ri = resolve_inputs(cfg)  # profile, policy, K, acceptance, drafter and engine limits (dsparksim.sim.inputs)
     profile, policy, K, acceptance, drafter = ri.profile, ri.policy, ri.K, ri.acceptance, ri.drafter
+    if wrap_policy is not None:
+        policy = wrap_policy(policy)
     kv_cap, max_tok = ri.kv_cap, ri.max_tokens
     policy.reset(K, rngs["policy"])
 
