@@ -106,12 +106,14 @@ def write_study(out: str | Path, name: str, settings: Settings, section: Section
         for tname, rows in section.tables.items():
             pd.DataFrame(rows).to_csv(d / f"{tname}.csv", index=False, float_format="%.6g")
         (d / "section.md").write_text(section.markdown + "\n")
+        for fname, draw in section.figures.items():
+            draw(d / fname)
         meta = {"written_by": "dsparksim study", "study": name, "title": mod.TITLE, "mode": settings.mode,
                 "seeds": list(settings.seeds), "regimes": [{"name": r.name, "profile": r.profile,
                                                             "options": dict(r.options)} for r in settings.regimes],
                 "headline": section.headline, "wall_s": round(wall_s, 1), "dsparksim_version": __version__,
                 "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "tables": sorted(f"{t}.csv" for t in section.tables)}
+                "tables": sorted(f"{t}.csv" for t in section.tables), "figures": sorted(section.figures)}
         (d / "study.json").write_text(json.dumps(meta, indent=1) + "\n")
     return final
 

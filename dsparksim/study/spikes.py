@@ -63,9 +63,9 @@ class Plan:
 
 FULL = Plan(lags=(0, 1, 2, 3, 4, 6, 8), cvs=(1.0, 2.0, 4.0, 8.0),
             timeline=Timeline(warmup_s=4.0, t_up=8.0, t_down=18.0, t_end=28.0), gamma_duration_s=25.0,
-            gamma_warmup_s=5.0, oracle=True, constant=True, contrast_lags=(0, 2, 8),
+            gamma_warmup_s=5.0, oracle=True, constant=True, contrast_lags=(0, 1, 2, 8),
             contrast_scenarios=("step", "gamma-cv8"))
-FAST = Plan(lags=(0, 2, 8), cvs=(8.0,), timeline=Timeline(warmup_s=2.0, t_up=4.0, t_down=8.0, t_end=12.0,
+FAST = Plan(lags=(0, 1, 8), cvs=(8.0,), timeline=Timeline(warmup_s=2.0, t_up=4.0, t_down=8.0, t_end=12.0,
                                                           after_s=2.0),
             gamma_duration_s=10.0, gamma_warmup_s=2.0, oracle=False, constant=False)
 
@@ -179,20 +179,25 @@ def measure(cell: Cell) -> dict[str, Any]:
 _KEYS = ("regime", "scenario", "lag")
 
 
-def _paired(rows, metric, relative):
-    return paired_rows(rows, _KEYS, metric, {"lag": 0}, relative, vary="lag")
+def _paired(rows, metric, relative, base_lag=0):
+    sub = [r for r in rows if r["lag"] >= base_lag or r["lag"] < 0] if base_lag else rows
+    return [r | {"base_lag": base_lag} for r in paired_rows(sub, _KEYS, metric, {"lag": base_lag}, relative,
+                                                               vary="lag")]
 
 
 def analyse(settings: Settings, rows: list[dict[str, Any]]) -> Section:
     p = FAST if settings.fast else FULL
     rows = sorted(rows, key=lambda r: (r["regime"], r["scenario"], r["lag"], r["seed"]))
     tables: dict[str, list[dict[str, Any]]] = {"runs": rows}
-    paired = []
+    paired, paired1 = [], []
     for metric, rel in (("throughput_tok_s", True), ("busy_throughput_tok_s", True), ("tpot_mean_s", True),
                         ("tpot_p99_s", True), ("spike_throughput_tok_s", True), ("tpot_p99_during_s", True),
                         ("tpot_p99_after_s", True), ("recovery_up_s", False), ("recovery_down_s", False)):
         paired += [r for r in _paired(rows, metric, rel) if not (r["scenario"] != "step" and metric in _STEP_ONLY)]
+        paired1 += [r for r in _paired(rows, metric, rel, 1)
+                    if not (r["scenario"] != "step" and metric in _STEP_ONLY) and r["lag"] != -1]
     tables["paired_vs_lag0"] = paired
+    tables["paired_vs_lag1"] = paired1
     stale = []
     for metric in ("all_over_rel", "all_under_rel", "up_under_rel", "up_over_rel", "down_over_rel",
                    "down_under_rel", "low_over_rel", "low_under_rel"):
@@ -205,8 +210,48 @@ def analyse(settings: Settings, rows: list[dict[str, Any]]) -> Section:
             stale.append({"regime": reg, "scenario": sc, "lag": lag, "metric": metric, "mean": m, "lo": lo, "hi": hi,
                           "n_seeds": len(vals)})
     tables["budget_error"] = stale
-    headline, md = _text(settings, p, rows, paired, stale)
-    return Section(markdown=md, tables=tables, headline=headline)
+    headline, md = _text(settings, p, rows, paired, paired1, stale)
+    md += f"\n\n![costs against LAG 0 and per-step budget error]({NAME}/costs.png)\n"
+    return Section(markdown=md, tables=tables, headline=headline,
+                   figures={"costs.png": lambda path: _figure(path, rows, paired, stale)})
+
+
+def _figure(path, rows, paired, stale) -> None:
+    """Per regime: costs against LAG 0 (left) and the per-step budget error (right), with 95% intervals."""
+    from matplotlib.figure import Figure
+
+    regimes = list(dict.fromkeys(r["regime"] for r in rows))
+    fig = Figure(figsize=(11, 3.6 * len(regimes)))
+    axes = fig.subplots(len(regimes), 2, squeeze=False)
+    series = (("step", "spike_throughput_tok_s", -1, "step: spike-window throughput loss"),
+              ("constant", "throughput_tok_s", -1, "constant high load: throughput loss"),
+              ("gamma-cv8", "busy_throughput_tok_s", -1, "CV 8: throughput per busy s loss"),
+              ("gamma-cv8", "tpot_mean_s", 1, "CV 8: mean TPOT rise"),
+              ("step", "tpot_mean_s", 1, "step: mean TPOT rise"))
+    errs = (("step", "up_under_rel", "step ramp-up: under-verified"), ("step", "down_over_rel", "step drop: over-verified"),
+            ("constant", "all_under_rel", "constant: under-verified"), ("gamma-cv8", "all_under_rel", "CV 8: under-verified"))
+    for i, name in enumerate(regimes):
+        ax, bx = axes[i]
+        for sc, m, sign, label in series:
+            pts = sorted((r["lag"], sign * r["diff"], sign * r["diff_lo"], sign * r["diff_hi"]) for r in paired
+                         if r["regime"] == name and r["scenario"] == sc and r["metric"] == m and r["lag"] >= 0)
+            if pts:
+                x, y, a, b = (np.array(v, float) * (1 if k == 0 else 100) for k, v in enumerate(zip(*pts)))
+                ax.errorbar(x, y, yerr=[y - np.minimum(a, b), np.maximum(a, b) - y], marker="o", capsize=3,
+                            label=label)
+        ax.axhline(LIMIT_PCT, color="grey", ls="--", lw=1)
+        ax.set(xlabel="LAG (steps)", ylabel="cost vs LAG 0 (%)", title=f"{name}: cost of stale capacity")
+        ax.legend(fontsize=7)
+        for sc, m, label in errs:
+            pts = sorted((r["lag"], r["mean"], r["lo"], r["hi"]) for r in stale
+                         if r["regime"] == name and r["scenario"] == sc and r["metric"] == m)
+            if pts:
+                x, y, a, b = (np.array(v, float) * (1 if k == 0 else 100) for k, v in enumerate(zip(*pts)))
+                bx.errorbar(x, y, yerr=[y - a, b - y], marker="o", capsize=3, label=label)
+        bx.set(xlabel="LAG (steps)", ylabel="% of the fresh budget", title=f"{name}: per-step budget error")
+        bx.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 _STEP_ONLY = {"spike_throughput_tok_s", "tpot_p99_during_s", "tpot_p99_after_s", "recovery_up_s", "recovery_down_s"}
@@ -219,13 +264,14 @@ def _get(table, **kw):
     return None
 
 
-def costly_lag(paired: list[dict], regime: str, lags: tuple[int, ...]) -> tuple[int | None, dict | None, dict]:
-    """The smallest LAG whose paired cost against LAG 0 exceeds LIMIT_PCT in any scenario: a throughput loss
-    (closed-loop spike window: throughput; bursty open loop: tokens per busy second) or a mean-TPOT rise.
-    Returns (lag or None, the row that crossed, the worst row over all lags by point estimate)."""
+def costly_lag(paired: list[dict], regime: str, lags: tuple[int, ...], base_lag: int = 0
+               ) -> tuple[int | None, dict | None, dict]:
+    """The smallest LAG whose paired cost against ``base_lag`` exceeds LIMIT_PCT in any scenario: a throughput
+    loss (closed-loop spike window or constant load: throughput; bursty open loop: tokens per busy second) or a
+    mean-TPOT rise. Returns (lag or None, the row that crossed, the worst row over all lags by point estimate)."""
     worst: dict = {}
     first = None
-    for lag in sorted(x for x in lags if x > 0):
+    for lag in sorted(x for x in lags if x > base_lag):
         for r in paired:
             if r["regime"] != regime or r["lag"] != lag:
                 continue
@@ -251,10 +297,21 @@ def _cost_text(r: dict) -> str:
             "busy_throughput_tok_s":
             "throughput-per-busy-second loss", "tpot_mean_s": "mean TPOT rise"}[r["metric"]]
     lo, hi = sorted((sign * r["diff_lo"], sign * r["diff_hi"]))
-    return f"{what} {fmt_ci(sign * r['diff'], lo, hi, 100, 2, '%')} ({r['scenario']}, LAG {r['lag']})"
+    return (f"{what} {fmt_ci(sign * r['diff'], lo, hi, 100, 2, '%')} ({r['scenario']}, LAG {r['lag']} vs "
+            f"{r.get('base_lag', 0)})")
 
 
-def _text(settings: Settings, p: Plan, rows, paired, stale) -> tuple[str, str]:
+def _verdict(paired, name, lags, base_lag) -> str:
+    lag, crossed, worst = costly_lag(paired, name, lags, base_lag)
+    if lag is None:
+        return (f"no LAG up to {max(lags)} costs more than {LIMIT_PCT:g}% against LAG {base_lag}; the largest cost "
+                "is " + (_cost_text(worst) if worst else "n/a"))
+    above = 100 * (-crossed["diff_hi"] if crossed["metric"] != "tpot_mean_s" else crossed["diff_lo"]) > LIMIT_PCT
+    return (f"LAG {lag} is the first to cost more than {LIMIT_PCT:g}% against LAG {base_lag}: " + _cost_text(crossed)
+            + ("; its interval lies above the limit" if above else "; its interval still reaches below the limit"))
+
+
+def _text(settings: Settings, p: Plan, rows, paired, paired1, stale) -> tuple[str, str]:
     regimes = list(dict.fromkeys(r["regime"] for r in rows))
     reg_of = {r.name: r for r in settings.regimes}
     heads, out = [], []
@@ -281,18 +338,19 @@ def _text(settings: Settings, p: Plan, rows, paired, stale) -> tuple[str, str]:
                "differences against LAG 0.\n")
     out.append("**Answer.**")
     for name in regimes:
-        lag, crossed, worst = costly_lag(paired, name, p.lags)
-        if lag is None:
-            h = (f"`{name}`: no LAG up to {max(p.lags)} costs more than {LIMIT_PCT:g}%; the largest cost is "
-                 + (_cost_text(worst) if worst else "n/a"))
-        else:
-            ci_over = 100 * min(-crossed["diff_hi"] if crossed["metric"] != "tpot_mean_s" else crossed["diff_lo"],
-                                9e9) > LIMIT_PCT
-            h = (f"`{name}`: LAG {lag} is the first to cost more than {LIMIT_PCT:g}% — " + _cost_text(crossed) +
-                 ("; its interval lies above the limit" if ci_over else "; its interval still reaches below the "
-                  "limit"))
-        heads.append(h)
-        out.append(f"- {h}.")
+        lags = tuple(sorted(dict.fromkeys(r["lag"] for r in rows if r["regime"] == name and r["lag"] >= 0)))
+        h = f"`{name}`: staleness beyond the lossless minimum: {_verdict(paired1, name, lags, 1)}"
+        h0 = f"against the synchronous search: {_verdict(paired, name, lags, 0)}"
+        heads.append(f"{h}; {h0}")
+        out.append(f"- {h}.\n  - {h0[0].upper() + h0[1:]}.")
+        one = {sc: _get(paired, regime=name, scenario=sc, lag=1, metric=m) for sc, m in (
+            ("step", "spike_throughput_tok_s"), ("constant", "throughput_tok_s"))}
+        if one["step"] is not None and one["constant"] is not None:
+            a, c = one["step"], one["constant"]
+            out.append(f"  - LAG 1 against LAG 0 loses {fmt_ci(-a['diff'], -a['diff_hi'], -a['diff_lo'], 100, 2, '%')}"
+                       f" of the spike window's throughput and {fmt_ci(-c['diff'], -c['diff_hi'], -c['diff_lo'], 100, 2, '%')}"
+                       " at a constant high load: the one-step cost is the price of not seeing the step's own "
+                       "confidences (what keeps the policy lossless), present without any load change.")
     out.append("")
     for name in regimes:
         out.append(f"*Regime `{name}`: costs against LAG 0 (positive = worse), mean [95% CI] in %.*\n")
@@ -318,6 +376,23 @@ def _text(settings: Settings, p: Plan, rows, paired, stale) -> tuple[str, str]:
             line += [f"{g(c, 'busy_throughput_tok_s', -1)}; {g(c, 'tpot_mean_s')}" for c in cvs]
             body.append(line)
         out.append(md_table(hdr, body) + "\n")
+        body1 = []
+        for lag in sorted(x for x in dict.fromkeys(r["lag"] for r in rows if r["regime"] == name) if x > 1):
+            def g1(sc, m, sign=1.0):
+                r = _get(paired1, regime=name, scenario=sc, lag=lag, metric=m)
+                if r is None:
+                    return "n/a"
+                lo, hi = sorted((sign * r["diff_lo"], sign * r["diff_hi"]))
+                return fmt_ci(sign * r["diff"], lo, hi, 100, 2, "", signed=True)
+            body1.append([str(lag), f"{g1('step', 'spike_throughput_tok_s', -1)}; {g1('step', 'tpot_mean_s')}"] +
+                         ([f"{g1('constant', 'throughput_tok_s', -1)}; {g1('constant', 'tpot_mean_s')}"]
+                          if const else []) +
+                         [f"{g1(c, 'busy_throughput_tok_s', -1)}; {g1(c, 'tpot_mean_s')}" for c in cvs])
+        if body1:
+            out.append(f"*Regime `{name}`: the same costs against LAG 1 (the freshest lossless budget): throughput "
+                       "loss; mean-TPOT rise, in %.*\n")
+            out.append(md_table(["LAG", "step (spike window)"] + (["constant high load"] if const else []) +
+                                [f"CV {c.removeprefix('gamma-cv')}" for c in cvs], body1) + "\n")
         out.append(f"*Regime `{name}`: per-step verify budget against the fresh capacity, as a share of the fresh "
                    "budget (over = verified beyond it, under = short of it), mean [95% CI] in %.*\n")
         hdr2 = ["LAG", "step low: over / under", "step ramp-up: over / under", "step drop: over / under"]
