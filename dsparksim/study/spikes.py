@@ -228,8 +228,10 @@ def _figure(path, rows, paired, stale) -> None:
               ("gamma-cv8", "busy_throughput_tok_s", -1, "CV 8: throughput per busy s loss"),
               ("gamma-cv8", "tpot_mean_s", 1, "CV 8: mean TPOT rise"),
               ("step", "tpot_mean_s", 1, "step: mean TPOT rise"))
-    errs = (("step", "up_under_rel", "step ramp-up: under-verified"), ("step", "down_over_rel", "step drop: over-verified"),
-            ("constant", "all_under_rel", "constant: under-verified"), ("gamma-cv8", "all_under_rel", "CV 8: under-verified"))
+    errs = (("step", "up_under_rel", "step ramp-up: under-verified"),
+            ("step", "down_over_rel", "step drop: over-verified"),
+            ("constant", "all_under_rel", "constant: under-verified"),
+            ("gamma-cv8", "all_under_rel", "CV 8: under-verified"))
     for i, name in enumerate(regimes):
         ax, bx = axes[i]
         for sc, m, sign, label in series:
@@ -347,8 +349,9 @@ def _text(settings: Settings, p: Plan, rows, paired, paired1, stale) -> tuple[st
             ("step", "spike_throughput_tok_s"), ("constant", "throughput_tok_s"))}
         if one["step"] is not None and one["constant"] is not None:
             a, c = one["step"], one["constant"]
-            out.append(f"  - LAG 1 against LAG 0 loses {fmt_ci(-a['diff'], -a['diff_hi'], -a['diff_lo'], 100, 2, '%')}"
-                       f" of the spike window's throughput and {fmt_ci(-c['diff'], -c['diff_hi'], -c['diff_lo'], 100, 2, '%')}"
+            la = fmt_ci(-a['diff'], -a['diff_hi'], -a['diff_lo'], 100, 2, '%')
+            lc = fmt_ci(-c['diff'], -c['diff_hi'], -c['diff_lo'], 100, 2, '%')
+            out.append(f"  - LAG 1 against LAG 0 loses {la} of the spike window's throughput and {lc}"
                        " at a constant high load: the one-step cost is the price of not seeing the step's own "
                        "confidences (what keeps the policy lossless), present without any load change.")
     out.append("")

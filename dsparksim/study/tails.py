@@ -10,8 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from dsparksim.study.common import (MinVerify, Regime, Section, Settings, fmt_ci, interval, md_table, paired_rows,
-                                    run_config)
+from dsparksim.study.common import MinVerify, Regime, Section, Settings, fmt_ci, md_table, paired_rows, run_config
 
 NAME = "p99-tails"
 TITLE = "P99 tails per policy, and a knob that buys tail for mean"
@@ -137,7 +136,8 @@ def _text(settings: Settings, p: Plan, rows, paired, order) -> tuple[str, str]:
         loads = sorted(dict.fromkeys(r["load"] for r in rows if r["regime"] == name))
         out.append(f"- Regime `{name}`: profile `{rg.profile}`; {rg.why}. Closed loop at "
                    f"{', '.join(map(str, loads))} users.")
-    out.append(f"- {p.duration_s:g} s runs with {p.warmup_s:g} s warm-up; policies {', '.join(f'`{x}`' for x in p.policies)}; "
+    pols = ", ".join(f"`{x}`" for x in p.policies)
+    out.append(f"- {p.duration_s:g} s runs with {p.warmup_s:g} s warm-up; policies {pols}; "
                f"the knob: `{BASE}` with a minimum verify length m in {{{', '.join(map(str, p.floors))}}} "
                f"(shown as `{BASE}+minM`). Seeds {', '.join(map(str, settings.seeds))}, paired against `{BASE}`; "
                "95% t-intervals over seeds.\n")
@@ -206,4 +206,4 @@ def _text(settings: Settings, p: Plan, rows, paired, order) -> tuple[str, str]:
     return "; ".join(heads), "\n".join(out)
 
 
-__all__ = ["NAME", "TITLE", "QUESTION", "plan", "measure", "analyse", "interval"]
+__all__ = ["NAME", "TITLE", "QUESTION", "plan", "measure", "analyse"]
