@@ -37,6 +37,8 @@ def test_user_steps_validation():
     for bad in (((2.0, 8), (1.0, 2)), ((0.0, 8),), ((1.0, 0),), ((1.0, 2.5),), ()):
         with pytest.raises(ConfigError, match="user_steps"):
             TrafficConfig(mode="closed", concurrency=4, duration_s=5.0, user_steps=bad)
+    with pytest.raises(ConfigError, match="user_steps.*warmup"):
+        TrafficConfig(mode="closed", concurrency=4, num_requests=50, num_warmup_prompts=4, user_steps=((1.0, 8),))
     with pytest.raises(ConfigError, match="user_steps.*closed"):
         TrafficConfig(mode="poisson", rate=2.0, duration_s=5.0, user_steps=((1.0, 8),))
 
