@@ -170,8 +170,8 @@ def measure(cell: Cell) -> dict[str, Any]:
         starts, thr = throughput_series(st, end, 0.25)
         row["recovery_up_s"] = recovery_time(starts, thr, tl.t_up, ((tl.t_up + tl.t_down) / 2, tl.t_down),
                                              window_s=1.0, band=0.05)
-        row["recovery_down_s"] = recovery_time(starts, thr, tl.t_down, ((tl.t_down + end) / 2, end),
-                                               window_s=1.0, band=0.05)
+        # after the fall the users are those of before the spike: the level to return to is the pre-spike one
+        row["recovery_down_s"] = recovery_time(starts, thr, tl.t_down, (warm, tl.t_up), window_s=1.0, band=0.05)
     return row
 
 
@@ -423,7 +423,9 @@ def _text(settings: Settings, p: Plan, rows, paired, paired1, stale) -> tuple[st
                "window's steps and divided by the fresh budgets' sum. Throughput: output tokens per second over the "
                "window (closed loop); in open loop served tokens follow the arrivals, so the cost is tokens per "
                "busy second of the engine. Recovery: seconds after a change until the trailing 1 s throughput lies "
-               "within 5% of the level settled in the second half of the phase (diff against LAG 0, same seed). "
+               "within 5% of the settled level — after the rise, the mean over the second half of the high phase; "
+               "after the fall, the pre-spike level (same users) — as a diff against LAG 0 on the same seed; n/a "
+               "when some seed never gets there before the run ends. "
                "P99 TPOT during/after: requests arriving in the high phase / after the drop.\n")
     out.append("**Limits.** The simulator draws acceptance outcomes, not tokens: LAG 0 (`confidence-global`) is "
                "not lossless on a real engine, so it is a capacity reference only. One engine (no DP ranks, no "
