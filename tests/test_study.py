@@ -165,9 +165,10 @@ def test_fast_tails_numbers(fast_out):
     d = fast_out / "p99-tails"
     runs = pd.read_csv(d / "runs.csv")
     assert set(runs["policy"]) == {"mtp1", "confidence-async:2", "confidence-async:2+min1"}
-    knob = runs[runs["policy"] == "confidence-async:2+min1"].set_index("seed")["mean_verify_len"]
-    base = runs[runs["policy"] == "confidence-async:2"].set_index("seed")["mean_verify_len"]
-    assert (knob >= 1.0).all() and (knob >= base).all()
+    knob = runs[runs["policy"] == "confidence-async:2+min1"]
+    # the floor holds on every step (mean verify length per decoding request >= 1; the per-request check is
+    # test_min_verify_floor_holds_per_request), and it never had to give way to the token budget here
+    assert (knob["mean_verify_len"] >= 1.0).all() and (knob["knob_overflow_steps"] == 0).all()
     paired = pd.read_csv(d / "paired_vs_base.csv")
     assert _intervals_hold(paired, "diff", "diff_lo", "diff_hi") >= 10
     assert _intervals_hold(paired, "value", "value_lo", "value_hi") >= 15
