@@ -258,7 +258,7 @@ class EngineConfig:
         True, "--mixed-prefill", switch=True, kinds=BOOL,
         help="steps mix prefill chunks with decode (vLLM, TensorRT-LLM); --no-mixed-prefill: a step with a prefill "
              "chunk carries no decode and the decoding requests wait it out (SGLang's default, "
-             "--enable-mixed-chunk off)")
+             "--enable-mixed-chunk off) [on]")
     mem_fraction_static: float | None = option(
         None, "--mem-fraction-static", parse=pos_float, kinds=NUM, metavar="FRAC",
         help="SGLang's static memory fraction (weights + KV pool): sets the KV capacity from the profile's memory "

@@ -155,7 +155,8 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
                      prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens, streams=rngs["acceptance"],
                      duration_s=duration, num_requests=cfg.traffic.num_requests, progress=progress,
                      replicas=getattr(cfg.engine, "replicas", 1), dp_ranks=getattr(cfg.engine, "dp_ranks", 1),
-                     checkpoint=checkpoint, checkpoint_every_s=checkpoint_every_s, after_step=after_step)
+                     checkpoint=checkpoint, checkpoint_every_s=checkpoint_every_s, after_step=after_step,
+                     mixed_prefill=bool(getattr(cfg.engine, "mixed_prefill", True)))
     res = eng.run()
     summary, inputs = run_summary(cfg, res, profile, acceptance, policy, workload, K, drafter, kv_cap, max_tok,
                                   duration)
