@@ -245,3 +245,30 @@ def test_no_import_circles():
 def test_no_private_name_crosses_modules():
     bad = sorted(p for s in SCANS.values() for p in s.private)
     assert not bad, "private names used across modules:\n  " + "\n  ".join(bad)
+
+
+SHARED_FLAGS = ("--backend", "--workers", "--jobs", "--ray-address", "--seed", "--threads")
+
+
+def test_shared_cli_options_are_declared_once():
+    """--backend/--workers/--ray-address, --seed and --threads are added by dsparksim/cli/options.py only (the run
+    options' --seed is RunConfig's field, declared through ``option()``, not ``add_argument``)."""
+    where = []
+    for mod, path in MODULES.items():
+        if mod == "dsparksim.cli.options":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "add_argument"):
+                flags = [a.value for a in node.args if isinstance(a, ast.Constant)]
+                hit = sorted(set(flags) & set(SHARED_FLAGS))
+                if hit:
+                    where.append(f"{mod}:{node.lineno} declares {', '.join(hit)}")
+    assert not where, "declare these through dsparksim.cli.options:\n  " + "\n  ".join(where)
+
+
+def test_cli_backend_choices_are_the_sweep_backends():
+    from dsparksim.cli.options import BACKENDS
+    from dsparksim.sweep.backends import BACKENDS as SWEEP_BACKENDS
+
+    assert BACKENDS == SWEEP_BACKENDS

@@ -29,7 +29,7 @@ _STEP_ITERS = 60
 
 
 @lru_cache(maxsize=8)
-def _gauss_hermite(n: int) -> tuple[np.ndarray, np.ndarray]:
+def gauss_hermite(n: int) -> tuple[np.ndarray, np.ndarray]:
     """Nodes/weights for E[f(Z)], Z ~ N(0,1) (probabilists' Hermite, weights normalised to sum 1)."""
     x, w = np.polynomial.hermite_e.hermegauss(n)
     return x, w / w.sum()
@@ -43,7 +43,7 @@ def _g_table(sigma_tok: float) -> tuple[np.ndarray, np.ndarray]:
     """g on a fine grid over [-_MU_BRACKET - 12 sigma, +...]: quadrature once, interpolation afterwards."""
     top = _MU_BRACKET + 12.0 * sigma_tok + 20.0
     m = np.arange(-top, top + _G_STEP / 2, _G_STEP)
-    x, w = _gauss_hermite(_N_TOK)
+    x, w = gauss_hermite(_N_TOK)
     g = np.empty_like(m)
     for i in range(0, m.size, 4096):
         g[i:i + 4096] = (expit(m[i:i + 4096, None] + sigma_tok * x) * w).sum(axis=-1)
@@ -57,7 +57,7 @@ def smoothed_sigmoid(m: np.ndarray, sigma_tok: float, exact: bool = False) -> np
     if sigma_tok == 0.0:
         return expit(m)
     if exact:
-        x, w = _gauss_hermite(_N_TOK)
+        x, w = gauss_hermite(_N_TOK)
         return (expit(m[..., None] + sigma_tok * x) * w).sum(axis=-1)
     grid, g = _g_table(float(sigma_tok))
     out = np.interp(m, grid, g)
@@ -116,14 +116,14 @@ def _solve_mu(alpha: tuple[float, ...], s: np.ndarray, w0: np.ndarray, sigma_tok
 
 @lru_cache(maxsize=256)
 def _calibrate_cached(alpha: tuple[float, ...], sigma_shared: float, sigma_tok: float) -> tuple[float, ...]:
-    xs, ws = _gauss_hermite(_N_SHARED)
+    xs, ws = gauss_hermite(_N_SHARED)
     return _solve_mu(alpha, sigma_shared * xs, ws.copy(), sigma_tok, exact=True)
 
 
 def _req_block_nodes(sigma_req: float, sigma_block: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
     """Product quadrature over (request shift u, block shift z): s = u + z flattened, weights (n_u, n_z)."""
-    xu, wu = _gauss_hermite(_N_REQ) if sigma_req > 0 else (np.zeros(1), np.ones(1))
-    xz, wz = _gauss_hermite(_N_BLOCK) if sigma_block > 0 else (np.zeros(1), np.ones(1))
+    xu, wu = gauss_hermite(_N_REQ) if sigma_req > 0 else (np.zeros(1), np.ones(1))
+    xz, wz = gauss_hermite(_N_BLOCK) if sigma_block > 0 else (np.zeros(1), np.ones(1))
     s = (sigma_req * xu[:, None] + sigma_block * xz[None, :]).ravel()
     return s, wu, wz, xu.size, xz.size
 
@@ -200,7 +200,7 @@ def calibrate_mu(alpha, sigma_shared: float, sigma_tok: float = 0.0, source: str
 
 def model_survival(mu, sigma_shared: float, sigma_tok: float = 0.0) -> np.ndarray:
     """P(A >= k) for k = 1..K implied by offsets mu (quadrature)."""
-    xs, ws = _gauss_hermite(_N_SHARED)
+    xs, ws = gauss_hermite(_N_SHARED)
     s = sigma_shared * xs
     g = smoothed_sigmoid(np.asarray(mu, dtype=float)[:, None] + s[None, :], sigma_tok)   # (K, nodes)
     return (np.cumprod(g, axis=0) * ws).sum(axis=1)

@@ -67,7 +67,7 @@ def _fitted(name: str):
     return load_fit()["params"][name]
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
+def sigmoid(x: np.ndarray) -> np.ndarray:
     # plain numpy is ~2x faster than scipy's expit on small arrays (hot path); exp overflow -> inf -> 0 is exact
     with np.errstate(over="ignore"):
         return 1.0 / (1.0 + np.exp(-x))
@@ -297,11 +297,11 @@ class ParametricAcceptance(AcceptanceModel):
         if isinstance(rng, KeyedRows) and p.sigma_tok and (p.noise_sd or p.noise_sd_end):
             return self._draw_keyed(slots, rng)
         x = self.latent(slots, rng)
-        ok = rng.random(x.shape) < _sigmoid(x)
+        ok = rng.random(x.shape) < sigmoid(x)
         # leading successes: index of the first rejection, K if none
         accepted = np.where(ok.all(axis=1), self.K, ok.argmin(axis=1)).astype(np.int64)
         y = x + self._noise * rng.standard_normal(x.shape) if p.noise_sd or p.noise_sd_end else x
-        return Block(conf=_sigmoid(y * self._scale), accepted=accepted)
+        return Block(conf=sigmoid(y * self._scale), accepted=accepted)
 
     def _draw_keyed(self, slots: np.ndarray, rng: KeyedRows) -> Block:
         """draw() on keyed streams in one pass: the same halves, in the same order, as the generic path (block
@@ -312,10 +312,10 @@ class ParametricAcceptance(AcceptanceModel):
         x = self._mu[self._row[slots]]
         x += (self._u[slots] + p.sigma_block * z[:, 0])[:, None]
         x += p.sigma_tok * z[:, 1:1 + K]
-        ok = uniforms_from_halves(h[:, 1 + K:1 + 2 * K]) < _sigmoid(x)
+        ok = uniforms_from_halves(h[:, 1 + K:1 + 2 * K]) < sigmoid(x)
         accepted = np.where(ok.all(axis=1), K, ok.argmin(axis=1)).astype(np.int64)
         y = x + self._noise * z[:, 1 + 2 * K:]
-        return Block(conf=_sigmoid(y * self._scale), accepted=accepted)
+        return Block(conf=sigmoid(y * self._scale), accepted=accepted)
 
     # ---- analysis helpers ------------------------------------------------------------------------------
     def mu(self, domain: str) -> np.ndarray:
@@ -359,8 +359,8 @@ class ParametricAcceptance(AcceptanceModel):
                 n = STS_BLOCKS
                 x = self._mu[i] + (p.sigma_req * rng.standard_normal(n) + p.sigma_block * rng.standard_normal(n))[:, None]
                 x = x + p.sigma_tok * rng.standard_normal((n, K))
-                ok = rng.random((n, K)) < _sigmoid(x)
+                ok = rng.random((n, K)) < sigmoid(x)
                 acc.append(np.where(ok.all(axis=1), K, ok.argmin(axis=1)))
-                conf.append(_sigmoid((x + self._noise * rng.standard_normal((n, K))) * p.raw_gain))
+                conf.append(sigmoid((x + self._noise * rng.standard_normal((n, K))) * p.raw_gain))
             _STS_CACHE[key] = fit_sts_nll(np.vstack(conf), np.concatenate(acc))
         return _STS_CACHE[key].copy()

@@ -134,7 +134,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         d = build_profile(model, args.gpu, tp=args.tp, ep=args.ep, dp=args.dp, dtype=args.dtype,
                           kv_dtype=args.kv_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
                           name=args.name or None, date=args.date)
-        _save(d, out)
+        save_profile_file(d, out)
     except InputError as e:
         print(f"dsparksim: error: {e}", file=sys.stderr)
         return 2
@@ -274,7 +274,7 @@ def plot_profile(p: CostProfile, path: str | Path) -> Path:
     ax.legend(fontsize=8)
     fig.tight_layout()
     from dsparksim.results.outputs import image_metadata
-    from dsparksim.sim.simulate import atomic_write
+    from dsparksim.results.outputs import atomic_write
     fmt = path.suffix[1:].lower() or "png"
     try:
         atomic_write(path, lambda q: fig.savefig(q, dpi=120, format=fmt, metadata=image_metadata(path)))
@@ -323,11 +323,11 @@ def _profile_file(spec: str | None) -> str | None:
         return None
 
 
-def _save(p: CostProfile | dict, out: Path) -> None:
+def save_profile_file(p: CostProfile | dict, out: Path) -> None:
     """Write the profile atomically with the mark (metadata.written_by) that lets a rerun replace it."""
     from dsparksim.cost.profile import dumps_profile, profile_from_dict, profile_to_dict
     from dsparksim.results.outputs import written_by
-    from dsparksim.sim.simulate import atomic_write
+    from dsparksim.results.outputs import atomic_write
     d = profile_to_dict(p) if isinstance(p, CostProfile) else dict(p)
     d["metadata"] = {**d.get("metadata", {}), "written_by": written_by()}
     profile_from_dict(d, str(out))  # never write something load_profile would reject
@@ -348,7 +348,7 @@ def cmd_import(args: argparse.Namespace) -> int:
                              engine_clamp=args.engine_clamp, metadata=meta)
         p = complete_profile(p, kv_capacity_tokens=args.kv_capacity_tokens, max_model_len=args.max_model_len,
                              drafter_costs=costs)
-        _save(p, out)
+        save_profile_file(p, out)
     except InputError as e:
         print(f"dsparksim: error: {e}", file=sys.stderr)
         return 2

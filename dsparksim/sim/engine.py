@@ -626,10 +626,3 @@ def reprice_steps(profile: Any, steps: Any, drafter: str | None, K: int,
         out[i] = t
     return out
 
-
-def __getattr__(name: str):
-    # SimResult and Simulation live in dsparksim.sim.cluster (the engine is one of many); kept importable from here.
-    if name in ("SimResult", "Simulation", "MAX_WAITING", "MAX_REJECT_STREAK"):
-        from dsparksim.sim import cluster
-        return getattr(cluster, name)
-    raise AttributeError(name)
