@@ -200,6 +200,7 @@ class TargetModel(nn.Module):
 
 
 def init_weights(m: nn.Module) -> None:
+    """Initialise one module of a model (``model.apply(init_weights)``): Linear and Embedding weights normal(0, 0.02), Linear biases zero."""
     if isinstance(m, nn.Linear):
         nn.init.normal_(m.weight, std=0.02)
         if m.bias is not None:

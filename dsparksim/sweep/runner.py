@@ -147,6 +147,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, backend: str = "local", work
 
 
 def dump_json(p: Path, obj: Any) -> None:
+    """Write ``obj`` (made JSON-safe by :func:`dsparksim.config.jsonable`) to ``p`` as indented JSON."""
     from dsparksim.config import jsonable
     p.write_text(json.dumps(jsonable(obj), indent=1, allow_nan=True) + "\n")
 

@@ -192,6 +192,8 @@ def spec_from_dict(d: Mapping[str, Any], source: str = "sweep spec", check_input
 
 
 def check_value(source: str, where: str, key: str, v: Any) -> Any:
+    """The value ``v`` of run option ``key`` at ``where`` in a spec, type-checked (NUM values as floats); raises
+    ConfigError naming ``source`` and ``where`` for an unknown key or a value of the wrong type."""
     if key not in TYPES:
         raise ConfigError(source, where, f"unknown key {key!r}; known keys: {', '.join(KEYS)} (or their "
                           f"command-line spellings: {', '.join(sorted(KEY_ALIASES))})")
