@@ -844,7 +844,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--quiet", action="store_true")
     f.set_defaults(func=cmd_frontier)
     for mod in ("dsparksim.cli.profile", "dsparksim.cli.trace", "dsparksim.cli.sweep",
-                "dsparksim.cli.models", "dsparksim.cli.runner", "dsparksim.cli.bench"):
+                "dsparksim.cli.models", "dsparksim.cli.runner", "dsparksim.cli.bench", "dsparksim.cli.study"):
         __import__(mod, fromlist=["register"]).register(sub)
     return p
 

@@ -1,6 +1,7 @@
 """Command-line options that several commands share, each declared once here (issue 28, part 5).
 
 * :func:`add_backend_options`: where the work runs (``--backend``, ``--workers``/``--jobs``, ``--ray-address``);
+  :func:`add_workers_option` alone for a command with a local process pool only;
 * :func:`add_seed_option` + :func:`check_seed`: ``--seed`` of the commands outside the run options (the run
   options' own ``--seed`` is RunConfig's field, ``dsparksim.config``);
 * :func:`add_threads_option` + :func:`check_threads`: torch CPU threads of the torch commands;
@@ -19,8 +20,8 @@ from dsparksim.io.options import pos_int
 BACKENDS = ("serial", "local", "ray")  # = dsparksim.sweep.backends.BACKENDS (tests/test_hygiene.py checks)
 THREADS_DEFAULT = 1  # one CPU thread: the step clock of `measure` is thread CPU time only with one thread
 
-__all__ = ["BACKENDS", "THREADS_DEFAULT", "add_backend_options", "add_seed_option", "add_threads_option", "bar_off",
-           "check_seed", "check_threads"]
+__all__ = ["BACKENDS", "THREADS_DEFAULT", "add_backend_options", "add_seed_option", "add_threads_option",
+           "add_workers_option", "bar_off", "check_seed", "check_threads"]
 
 
 def add_backend_options(p: Any, default: str | None = "local",
@@ -29,11 +30,16 @@ def add_backend_options(p: Any, default: str | None = "local",
     """``--backend``, ``--workers`` (alias ``--jobs``, dest ``workers``) and ``--ray-address`` on parser or group
     ``p``. ``default``: the backend when not given (None: the command chooses, as ``backend_help`` says)."""
     p.add_argument("--backend", choices=BACKENDS, default=default, help=backend_help)
-    p.add_argument("--workers", "--jobs", dest="workers", type=pos_int, default=None,
-                   help="worker processes / Ray CPUs [all cores]")
+    add_workers_option(p)
     p.add_argument("--ray-address", default=None,
                    help="connect to an existing Ray cluster (e.g. ray://host:10001 or auto) instead of starting "
                         "a local instance")
+
+
+def add_workers_option(p: Any, default: int | None = None,
+                       help: str = "worker processes / Ray CPUs [all cores]") -> None:
+    """``--workers`` (alias ``--jobs``, dest ``workers``): an integer >= 1; ``default`` None = the command's choice."""
+    p.add_argument("--workers", "--jobs", dest="workers", type=pos_int, default=default, help=help)
 
 
 def add_seed_option(p: Any, help: str = "random seed [%(default)s]") -> None:

@@ -439,10 +439,27 @@ class Simulation:
         if self.client_cap is not None:
             self._release(now)
         if self.wl.closed_loop:
-            # Each finished user immediately sends its next request (zero think time).
+            # Each finished user immediately sends its next request (zero think time), unless the user count
+            # has been lowered (user_steps): then the user retires.
             for _ in range(len(rows)):
+                if self.users > self.users_target:
+                    self.users -= 1
+                    continue
                 self._issue_user(now)
         self._maybe_done()
+
+    def _user_schedule(self, env: simpy.Environment, steps):
+        """Closed loop with ``user_steps``: change the target user count at each step's time. New users send
+        their first request at once; surplus users retire when their current request finishes (_on_finish)."""
+        for t, users in steps:
+            if self.duration is not None and t >= self.duration:
+                return
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            self.users_target = int(users)
+            while self.users < self.users_target:
+                self.users += 1
+                self._issue_user(env.now)
 
     def _maybe_done(self) -> None:
         """Count-bound runs (and a closed-loop pool that ran dry) end when nothing is left to serve."""
@@ -479,8 +496,12 @@ class Simulation:
                 self._driver_of.append(drv)
         self._arrivals_finished = self.wl.closed_loop
         if self.wl.closed_loop:
+            self.users = self.users_target = int(self.wl.concurrency)
             for _ in range(int(self.wl.concurrency)):
                 self._issue_user(0.0)
+            steps = getattr(self.wl, "user_steps", None)
+            if steps:
+                env.process(self._guard(self._user_schedule(env, steps)))
         else:
             env.process(self._guard(self._arrivals(env)))
         for drv in drivers:

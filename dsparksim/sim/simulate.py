@@ -59,13 +59,18 @@ def run_streams(seed: int) -> dict[str, Any]:
 
 
 def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None, *, profile: Any = None,
-             cache: dict | None = None) -> RunOutput:
+             cache: dict | None = None, wrap_policy: Callable[[Any], Any] | None = None) -> RunOutput:
     """Simulate one configuration and summarise it (nothing is written). ``profile``: an already loaded profile
-    instead of ``cfg.profile``; ``cache``: shared across calls (see :func:`resolve_inputs`)."""
+    instead of ``cfg.profile``; ``cache``: shared across calls (see :func:`resolve_inputs`).
+
+    ``wrap_policy(policy) -> policy``: replaces the resolved policy with a wrapper around it (the studies use it to
+    record per-step decisions or add a knob); the wrapper keeps the inner policy's spec, K and drafter."""
     rngs = run_streams(cfg.seed)
     # profile, policy, K, acceptance, drafter and engine limits (dsparksim.sim.inputs)
     ri = resolve_inputs(cfg, profile=profile, cache=cache)
     profile, policy, K, acceptance, drafter = ri.profile, ri.policy, ri.K, ri.acceptance, ri.drafter
+    if wrap_policy is not None:
+        policy = wrap_policy(policy)
     kv_cap, max_tok = ri.kv_cap, ri.max_tokens
     policy.reset(K, rngs["policy"])
 
