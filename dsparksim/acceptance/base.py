@@ -39,6 +39,10 @@ class AcceptanceModel:
     drafter: str
     K: int
     metadata: dict[str, Any]
+    # True if draw() on keyed rows (dsparksim.sim.streams.KeyedRows) computes each row from that row's draws and
+    # its slot's start() state alone, changing no state: the engine may then draw a request's steps ahead in
+    # blocks (dsparksim.sim.predraw), bit for bit the same values.
+    keyed_rows_pure: bool = False
 
     def start(self, slots: np.ndarray, domains: np.ndarray, rng: np.random.Generator) -> None:
         """Begin new requests in these slots. domains: (len(slots),) array of domain strings."""

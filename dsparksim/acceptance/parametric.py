@@ -142,6 +142,8 @@ class ParametricAcceptance(AcceptanceModel):
     curves: {domain: alpha_1..alpha_K'} with K' >= K (first K used), or {"all": alpha} for one pooled curve.
     """
 
+    keyed_rows_pure = True   # draw(): elementwise in each row's keyed halves, u and mu of its slot; no state
+
     def __init__(self, curves: Mapping[str, Sequence[float]], K: int, *, drafter: str = "custom",
                  params: ParametricParams | None = None, source: str = "custom curve",
                  notes: Sequence[str] = (), domain_default: str = "chat",

@@ -63,6 +63,7 @@ import simpy
 from dsparksim.acceptance.base import AcceptanceModel, Block
 from dsparksim.policies.base import Policy, StepContext
 from dsparksim.sim.requests import DECODE, DONE, NOT_ARRIVED, PREFILL, REJECTED, WAITING, RequestTable  # noqa: F401
+from dsparksim.sim.predraw import PredrawnBlocks, supports_predraw
 from dsparksim.sim.streams import RequestStreams
 
 # Why a request was rejected on arrival (SimResult.reject_reason; 0 = not rejected).
@@ -198,6 +199,9 @@ class Engine:
         self.acc_pos_log: list[np.ndarray] = []
         self._words = int(getattr(acceptance, "words_per_step", 8))
         self._dense = self._dense_verify_table()
+        # keyed draws of a pure acceptance source are drawn ahead, a block of steps per request (same values)
+        self._pre = (PredrawnBlocks(acceptance, streams, table, self.K, slot_base, self._words)
+                     if streams is not None and supports_predraw(acceptance) else None)
 
     # ---------------------------------------------------------------- inbox and admission
     def attach(self, env: simpy.Environment) -> simpy.Store:
@@ -480,10 +484,14 @@ class Engine:
         conf = A = None
         slots = r.slot_of[dec]
         if n_dec:
-            blk = draft(dec, slots) if draft is not None else self.draw(dec, slots)
-            conf = blk.conf[:, :K]
-            A = blk.accepted
-            ctx = StepContext(conf=conf, survival=np.cumprod(conf, axis=1), request_ids=dec,
+            if draft is None and self._pre is not None:
+                conf, surv, A = self._pre.take(dec, slots)
+            else:
+                blk = draft(dec, slots) if draft is not None else self.draw(dec, slots)
+                conf = blk.conf[:, :K]
+                A = blk.accepted
+                surv = np.cumprod(conf, axis=1)
+            ctx = StepContext(conf=conf, survival=surv, request_ids=dec,
                               base_tokens=n_dec + n_pf, step_time=step_time, max_tokens=self.max_tokens,
                               true_accepted=A if self.policy.needs_oracle else None)
             L = np.asarray(self.policy.choose(ctx), dtype=np.int64)
