@@ -63,7 +63,7 @@ import simpy
 from dsparksim.acceptance.base import AcceptanceModel, Block
 from dsparksim.policies.base import Policy, StepContext
 from dsparksim.sim.requests import DECODE, DONE, NOT_ARRIVED, PREFILL, REJECTED, WAITING, RequestTable  # noqa: F401
-from dsparksim.sim.predraw import PredrawnBlocks, supports_predraw
+from dsparksim.sim.predraw import PredrawnDraws, supports_predraw
 from dsparksim.sim.streams import RequestStreams
 
 # Why a request was rejected on arrival (SimResult.reject_reason; 0 = not rejected).
@@ -169,6 +169,7 @@ class Engine:
         self.n_pages = int(kv_capacity_tokens) // self.page
         self.wm_pages = int(kv_watermark * self.n_pages)
         self.pages_used = 0
+        self._grown = False   # paged: admit() gave every decoding request its pages for the coming step
         self.n_preemptions = 0
         self._preempted: list[int] = []
         self._first_pending = 0   # disaggregated: first tokens (made by the prefill pool) not yet logged
@@ -199,9 +200,14 @@ class Engine:
         self.acc_pos_log: list[np.ndarray] = []
         self._words = int(getattr(acceptance, "words_per_step", 8))
         self._dense = self._dense_verify_table()
-        # keyed draws of a pure acceptance source are drawn ahead, a block of steps per request (same values)
-        self._pre = (PredrawnBlocks(acceptance, streams, table, self.K, slot_base, self._words)
-                     if streams is not None and supports_predraw(acceptance) else None)
+        # keyed draws of a pure acceptance source are drawn ahead in blocks of steps per request (same values),
+        # by one PredrawnDraws shared by the engines of the request table
+        self._pre: PredrawnDraws | None = None
+        if streams is not None and supports_predraw(acceptance):
+            pre = table.predraw
+            if pre is None or pre.acc is not acceptance or pre.K != self.K or pre.streams is not streams:
+                pre = table.predraw = PredrawnDraws(acceptance, streams, table, self.K, self._words)
+            self._pre = pre
 
     # ---------------------------------------------------------------- inbox and admission
     def attach(self, env: simpy.Environment) -> simpy.Store:
@@ -265,8 +271,10 @@ class Engine:
         preempted admits nothing)."""
         K, r = self.K, self.req
         new: list[int] = []
-        if self.paged and self._grow_pages():
-            return new
+        if self.paged:
+            if self._grow_pages():
+                return new
+            self._grown = True   # plan_step need not grow again unless this admission adds decoding rows
         done1: list[int] = []
         while self.waiting and self.free_slots:
             row = self.waiting[0]
@@ -309,8 +317,13 @@ class Engine:
             self._run_arr = None
             rows = np.array(new, np.int64)
             # one call for all admitted requests: each row's start draws are keyed by its request alone
-            rng = self.rng if self.streams is None else self.streams.rows(r.key[rows], -1, 1)
-            self.acc.start(r.slot_of[rows], r.domain[rows], rng)
+            if self._pre is not None:
+                self._pre.admit(rows)        # the source's per-request state, keyed by each request alone
+            else:
+                rng = self.rng if self.streams is None else self.streams.rows(r.key[rows], -1, 1)
+                self.acc.start(r.slot_of[rows], r.domain[rows], rng)
+            if self.disagg:
+                self._grown = False
             for cb in self.on_admit:
                 cb(new)
         if done1:
@@ -439,14 +452,18 @@ class Engine:
         """This step's confidences and true accepted prefixes for decoding rows ``dec`` (keyed: (seed, row, j))."""
         if self.streams is None:
             return self.acc.draw(slots, self.rng)
+        if self._pre is not None:
+            conf, _surv, acc = self._pre.take(dec)
+            return Block(conf=conf, accepted=acc)
         r = self.req
         return self.acc.draw(slots, self.streams.rows(r.key[dec], r.dsteps[dec], self._words))
 
     def plan_step(self, draft: Callable[[np.ndarray, np.ndarray], Block] | None = None) -> StepPlan | None:
         """Plan the next step over the running requests (None if none runs). ``draft(rows, slots)`` replaces the
         acceptance draw (the live runner drafts for real and leaves ``true_accepted`` None)."""
-        if self.paged:
+        if self.paged and not self._grown:
             self._grow_pages()
+        self._grown = False
         if not self.running:
             return None
         K, r = self.K, self.req
@@ -485,7 +502,7 @@ class Engine:
         slots = r.slot_of[dec]
         if n_dec:
             if draft is None and self._pre is not None:
-                conf, surv, A = self._pre.take(dec, slots)
+                conf, surv, A = self._pre.take(dec)
             else:
                 blk = draft(dec, slots) if draft is not None else self.draw(dec, slots)
                 conf = blk.conf[:, :K]
