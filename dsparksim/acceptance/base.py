@@ -20,10 +20,12 @@ class Block:
 
     conf:     (n, K) float64 calibrated conditional confidences in [0, 1] (what the scheduler sees).
     accepted: (n,) int64 ground-truth accepted prefix length A[i] in 0..K had all K been verified.
+    survival: (n, K) float64 cumulative product of conf along axis 1, or None (then the engine computes it).
     """
 
     conf: np.ndarray
     accepted: np.ndarray
+    survival: np.ndarray | None = None   # cumprod of conf along positions, when the source already has it
 
 
 class AcceptanceModel:

@@ -53,6 +53,7 @@ of request i's j-th decode step are a pure function of (seed, i, j), whichever e
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -132,6 +133,27 @@ class StepOutcome:
     accepted_total: int = 0
     accepted_per_pos: np.ndarray | None = None
     extra: dict[str, float] = field(default_factory=dict)
+
+
+class DenseStepTime:
+    """A step's price as a function of M from the dense verify table: ``dense[M] + extra`` (see
+    :meth:`Engine.step_cost`). ``checked``: every price over M = 1..len(dense)-1 is positive and finite (the table's
+    are, and ``extra`` cannot make one otherwise), so a policy may read a slice of them unchecked (:meth:`span`)."""
+
+    __slots__ = ("dense", "extra", "checked")
+
+    def __init__(self, dense: np.ndarray, extra: float, lo: float, hi: float) -> None:
+        self.dense, self.extra = dense, extra
+        # lo > 0 and extra >= 0: every dense[M] + extra >= lo > 0 (rounding is monotone); hi + extra finite
+        self.checked = lo > 0 and extra >= 0 and math.isfinite(hi + extra)
+
+    def __call__(self, M: np.ndarray) -> np.ndarray:
+        return self.dense[M] + self.extra
+
+    def span(self, base: int, count: int) -> np.ndarray:
+        """Prices at M = base .. base + count - 1 (1 <= base, base + count <= len(dense)): the same numbers as
+        ``self(base + arange(count))``."""
+        return self.dense[base: base + count] + self.extra
 
 
 class CostExecutor:
@@ -410,6 +432,9 @@ class Engine:
             return None
         table = np.full(self.max_tokens + 1, np.nan)
         table[1:] = prof.verify_time(np.arange(1, self.max_tokens + 1), 0)
+        body = table[1:]
+        ok = bool(np.isfinite(body).all() and (body > 0).all())
+        self._dense_lo, self._dense_hi = (float(body.min()), float(body.max())) if ok else (math.nan, math.nan)
         return table
 
     def step_cost(self, n_dec: int, kv_read: int, n_pf: int, pf_qk: int, n_chunks: int
@@ -434,9 +459,7 @@ class Engine:
         if dense is not None:
             # Same sum as the profile's verify_time(M, kv) + nontrim, with the per-step terms folded first.
             extra = nontrim + float(getattr(prof, "seconds_per_kv_token", None) or 0.0) * kv_read
-
-            def step_time(M: np.ndarray) -> np.ndarray:
-                return dense[M] + extra
+            return DenseStepTime(dense, extra, self._dense_lo, self._dense_hi)
         else:
             def step_time(M: np.ndarray) -> np.ndarray:
                 return prof.verify_time(M, kv_read) + nontrim
@@ -453,8 +476,8 @@ class Engine:
         if self.streams is None:
             return self.acc.draw(slots, self.rng)
         if self._pre is not None:
-            conf, _surv, acc = self._pre.take(dec)
-            return Block(conf=conf, accepted=acc)
+            conf, surv, acc = self._pre.take(dec)
+            return Block(conf=conf, accepted=acc, survival=surv)
         r = self.req
         return self.acc.draw(slots, self.streams.rows(r.key[dec], r.dsteps[dec], self._words))
 
@@ -501,13 +524,10 @@ class Engine:
         conf = A = None
         slots = r.slot_of[dec]
         if n_dec:
-            if draft is None and self._pre is not None:
-                conf, surv, A = self._pre.take(dec)
-            else:
-                blk = draft(dec, slots) if draft is not None else self.draw(dec, slots)
-                conf = blk.conf[:, :K]
-                A = blk.accepted
-                surv = np.cumprod(conf, axis=1)
+            blk = draft(dec, slots) if draft is not None else self.draw(dec, slots)
+            conf = blk.conf[:, :K]
+            A = blk.accepted
+            surv = np.cumprod(conf, axis=1) if blk.survival is None else blk.survival
             ctx = StepContext(conf=conf, survival=surv, request_ids=dec,
                               base_tokens=n_dec + n_pf, step_time=step_time, max_tokens=self.max_tokens,
                               true_accepted=A if self.policy.needs_oracle else None)
