@@ -361,11 +361,13 @@ class Engine:
         while self.running:
             run = self.running_rows()
             dec = run[r.phase[run] == DECODE]
+            held = r.pages[dec]
             want = self.pages_for(r.prefilled[dec] + r.gen[dec] - r.regen[dec] + self.K)
-            grow = np.maximum(want - r.pages[dec], 0)
+            grow = np.maximum(want - held, 0)
             need = int(grow.sum())
             if need <= self.n_pages - self.pages_used:
-                r.pages[dec] += grow
+                if need:
+                    r.pages[dec] = held + grow
                 self.pages_used += need
                 break
             self._preempt(self.running[-1])
@@ -542,6 +544,8 @@ class Engine:
             n = 1 + L
             dec_qk = int((n * dctx).sum() + (L * (L + 1) // 2).sum())
             dt = float(base_time(np.array([M]))[0]) + self._qk * dec_qk
+        elif type(step_time) is DenseStepTime:
+            dt = float(step_time.dense[M] + step_time.extra)   # the same sum as step_time(np.array([M]))[0]
         else:
             dt = float(step_time(np.array([M]))[0])
         if not dt > 0:
@@ -569,14 +573,16 @@ class Engine:
             # requests whose accepted prefix reached past position p: a reversed cumulative count
             cnt = np.bincount(drafted, minlength=self.K + 1)
             outcome.accepted_per_pos = np.cumsum(cnt[::-1])[::-1][1:self.K + 1].astype(np.int64)
-            emit = np.minimum(a + 1, r.out[dec] - r.gen[dec])  # the last step may overshoot: stop at length
-            r.gen[dec] += emit
+            out, gen = r.out[dec], r.gen[dec]
+            emit = np.minimum(a + 1, out - gen)  # the last step may overshoot: stop at length
+            gen += emit
+            r.gen[dec] = gen
             r.dsteps[dec] += 1
             r.vtok[dec] += L
             r.atok[dec] += a
             emitted = int(emit.sum())
             self.policy.observe(dec, L, a)
-            finished.append(dec[r.gen[dec] >= r.out[dec]])
+            finished.append(dec[gen >= out])
         else:
             outcome.accepted_per_pos = np.zeros(self.K, np.int64)
         outcome.decode_emitted = emitted

@@ -53,12 +53,13 @@ class PredrawnDraws:
     # ------------------------------------------------------------------ pool of rings
     def _grow_pool(self, n: int) -> None:
         R, K, old = self.R, self.K, self._n
-        conf, surv, acc = np.empty((n * R, K)), np.empty((n * R, K)), np.zeros(n * R, np.int64)
+        # one row per drawn step: K confidences then their K survivals (one gather per engine step)
+        cs, acc = np.empty((n * R, 2 * K)), np.zeros(n * R, np.int64)
         filled, owner = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
         if old:
-            conf[: old * R], surv[: old * R], acc[: old * R] = self._conf, self._surv, self._acc
+            cs[: old * R], acc[: old * R] = self._cs, self._acc
             filled[:old], owner[:old] = self._filled, self._owner
-        self._conf, self._surv, self._acc, self._filled, self._owner = conf, surv, acc, filled, owner
+        self._cs, self._acc, self._filled, self._owner = cs, acc, filled, owner
         self._free = np.concatenate([np.arange(n - 1, max(old, 1) - 1, -1, dtype=np.int64),
                                      getattr(self, "_free", np.zeros(0, np.int64))])
         self._n = n
@@ -104,8 +105,8 @@ class PredrawnDraws:
         blk = self.acc.draw_state(np.repeat(crow, B), np.repeat(u, B), keyed)
         conf = blk.conf[:, :K]
         at = (e[:, None] * R + steps.reshape(-1, B) % R).ravel()
-        self._conf[at] = conf
-        self._surv[at] = np.cumprod(conf, axis=1)
+        self._cs[at, :K] = conf
+        self._cs[at, K:] = np.cumprod(conf, axis=1)
         self._acc[at] = blk.accepted
         self._filled[e] = first + B
         self.refills += 1
@@ -151,7 +152,8 @@ class PredrawnDraws:
         if (self._filled[e] <= st).any():
             e = self._refill(rows, st)
         pos = e * self.R + st % self.R
-        return self._conf.take(pos, axis=0), self._surv.take(pos, axis=0), self._acc.take(pos)
+        cs = self._cs.take(pos, axis=0)
+        return cs[:, :self.K], cs[:, self.K:], self._acc.take(pos)
 
     def _refill(self, rows: np.ndarray, st: np.ndarray) -> np.ndarray:
         """Some of ``rows`` ran out: top up every one of them with at most B steps left (see the module doc)."""
