@@ -2,7 +2,7 @@
 
 The public step contract, shared by the simulator and the torch runner::
 
-    engine.drain(); engine.admit(now)          # take requests from the inbox (a simpy.Store), admit FIFO
+    engine.drain(); engine.admit(now)          # take requests from the inbox (FIFO), admit FIFO
     plan = engine.plan_step()                  # StepPlan: decoding rows, their drafts' confidences, the policy's
                                                #   verify lengths, prefill chunks, M, context, the profile's price
     outcome = executor.execute(plan)           # StepOutcome: duration, accepted prefix per decoding row
@@ -135,6 +135,19 @@ class StepOutcome:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+class Inbox:
+    """An engine's inbox: the rows routed to it and not yet drained, FIFO (``items``, as a simpy.Store names it).
+    A put takes effect at once and schedules nothing (a simpy.Store scheduled an event per put and per get)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self) -> None:
+        self.items: list[int] = []
+
+    def put(self, row: int) -> None:
+        self.items.append(row)
+
+
 class DenseStepTime:
     """A step's price as a function of M from the dense verify table: ``dense[M] + extra`` (see
     :meth:`Engine.step_cost`). ``checked``: every price over M = 1..len(dense)-1 is positive and finite (the table's
@@ -208,7 +221,7 @@ class Engine:
         self.streams, self.rng = streams, rng
         self.index, self.rank = int(index), int(rank)
         self.max_model_len = max_model_len
-        self.inbox: simpy.Store | None = None
+        self.inbox: Inbox | None = None
         self.running: list[int] = []
         self._run_arr: np.ndarray | None = np.zeros(0, np.int64)
         self.free_slots: list[int] = list(range(slot_base + self.max_seqs - 1, slot_base - 1, -1))
@@ -232,19 +245,20 @@ class Engine:
             self._pre = pre
 
     # ---------------------------------------------------------------- inbox and admission
-    def attach(self, env: simpy.Environment) -> simpy.Store:
-        """Create the inbox (a simpy.Store of request rows) in ``env``."""
-        self.inbox = simpy.Store(env)
+    def attach(self, env: simpy.Environment) -> "Inbox":
+        """Create the inbox of request rows (for the engine stepped in ``env``)."""
+        self.inbox = Inbox()
         return self.inbox
 
     def drain(self) -> int:
         """Move every request in the inbox to the waiting queue (FIFO); returns how many."""
         box = self.inbox
-        n = 0
-        while box is not None and box.items:
-            self.enqueue(box.get().value)
-            n += 1
-        return n
+        if box is None or not box.items:
+            return 0
+        rows, box.items = box.items, []
+        for row in rows:
+            self.enqueue(row)
+        return len(rows)
 
     def enqueue(self, row: int) -> None:
         """Queue request ``row`` for admission (it has been checked servable)."""

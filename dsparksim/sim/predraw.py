@@ -105,8 +105,14 @@ class PredrawnDraws:
         blk = self.acc.draw_state(np.repeat(crow, B), np.repeat(u, B), keyed)
         conf = blk.conf[:, :K]
         at = (e[:, None] * R + steps.reshape(-1, B) % R).ravel()
-        self._cs[at, :K] = conf
-        self._cs[at, K:] = np.cumprod(conf, axis=1)
+        cs = np.empty((conf.shape[0], 2 * K))
+        cs[:, :K] = conf
+        # survival = cumprod(conf, axis=1), a column at a time: the same products in the same order (numpy's
+        # cumprod along short rows pays a loop per row)
+        cs[:, K] = conf[:, 0]
+        for k in range(1, K):
+            np.multiply(cs[:, K + k - 1], conf[:, k], out=cs[:, K + k])
+        self._cs[at] = cs
         self._acc[at] = blk.accepted
         self._filled[e] = first + B
         self.refills += 1
