@@ -73,6 +73,15 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
         return 1.0 / (1.0 + np.exp(-x))
 
 
+def _sigmoid_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """_sigmoid(x) written into ``out`` (C-contiguous, may be x): the same operations, no temporaries."""
+    with np.errstate(over="ignore"):
+        np.negative(x, out=out)
+        np.exp(out, out=out)
+        np.add(1.0, out, out=out)
+        return np.divide(1.0, out, out=out)
+
+
 @dataclass(frozen=True)
 class ParametricParams:
     """Heterogeneity (sigma_*), confidence-noise and calibration parameters, logit units.
@@ -327,10 +336,12 @@ class ParametricAcceptance(AcceptanceModel):
         x = self._mu[rows]
         x += (u + p.sigma_block * z[:, 0])[:, None]
         x += p.sigma_tok * z[:, 1:]
-        ok = uniforms_from_halves(h[:, 1 + K:1 + 2 * K]) < _sigmoid(x)
+        ok = uniforms_from_halves(h[:, 1 + K:1 + 2 * K]) < _sigmoid_into(x, np.empty_like(x))
         accepted = np.where(ok.all(axis=1), K, ok.argmin(axis=1)).astype(np.int64)
-        y = x + self._noise * normals_from_halves(h[:, 1 + 2 * K:])
-        return Block(conf=_sigmoid(y * self._scale), accepted=accepted)
+        y = self._noise * normals_from_halves(h[:, 1 + 2 * K:])
+        np.add(x, y, out=y)
+        y *= self._scale
+        return Block(conf=_sigmoid_into(y, y), accepted=accepted)
 
     # ---- analysis helpers ------------------------------------------------------------------------------
     def mu(self, domain: str) -> np.ndarray:
