@@ -216,18 +216,21 @@ class EngineConfig:
     drafter: str | None = option(None)
     kv_capacity_tokens: int | None = option(None, "--kv-capacity", parse=int, kinds=INT,
                                             help="KV capacity in tokens [profile's value]")
-    max_num_seqs: int = option(1024, "--max-num-seqs", parse=int, kinds=INT, help="most running requests [%(default)s]")
-    max_batched_tokens: int | None = option(None, "--max-batched-tokens", parse=int, kinds=INT,
+    max_num_seqs: int = option(1024, "--max-num-seqs", "--max-running-requests", parse=int, kinds=INT,
+                               help="most running requests (SGLang: --max-running-requests) [%(default)s]")
+    max_batched_tokens: int | None = option(None, "--max-batched-tokens", "--max-num-batched-tokens", parse=int,
+                                            kinds=INT,
                                             help="token budget per target forward [profile's largest breakpoint]")
-    prefill_chunk_tokens: int = option(2048, "--prefill-chunk", parse=int, kinds=INT,
-                                       help="chunked-prefill tokens per step [%(default)s]")
+    prefill_chunk_tokens: int = option(2048, "--prefill-chunk", "--chunked-prefill-size", parse=int, kinds=INT,
+                                       help="chunked-prefill tokens per step (SGLang: --chunked-prefill-size) "
+                                            "[%(default)s]")
     extrapolate: bool = option(False, "--extrapolate", switch=True, kinds=BOOL,
                                help="allow cost lookups beyond the profile's last breakpoint (reported in the summary)")
     replicas: int = option(1, "--replicas", parse=pos_int, kinds=INT, metavar="N",
                            help="identical engine replicas behind a router [%(default)s]")
     router: str = option("round-robin", "--router", choices=_router_names, metavar="NAME",
                          help="how requests are spread over the replicas (and DP ranks): %(choices)s [%(default)s]")
-    dp_ranks: int = option(1, "--dp-ranks", parse=pos_int, kinds=INT, metavar="R",
+    dp_ranks: int = option(1, "--dp-ranks", "--data-parallel-size", parse=pos_int, kinds=INT, metavar="R",
                            help="data-parallel attention ranks stepped in lockstep (one MoE engine) [%(default)s]")
     kv_policy: str = option("paged", "--kv-policy", choices=("paged", "reserve"), metavar="POLICY",
                             help="KV memory: paged (pages taken as tokens are written; when a step cannot get its "
@@ -249,6 +252,16 @@ class EngineConfig:
     kv_bytes_per_token: float | None = option(
         None, "--kv-bytes-per-token", parse=pos_float, kinds=NUM, metavar="B",
         help="KV bytes per token shipped with --disaggregated [the profile's metadata.kv_bytes_per_token]")
+    mem_fraction_static: float | None = option(
+        None, "--mem-fraction-static", parse=pos_float, kinds=NUM, metavar="FRAC",
+        help="SGLang's static memory fraction (weights + KV pool): sets the KV capacity from the profile's memory "
+             "metadata (built profiles); instead of --kv-capacity")
+    cuda_graph_max_bs: int | None = option(
+        None, "--cuda-graph-max-bs", parse=pos_int, kinds=INT, metavar="N",
+        help="SGLang's largest CUDA-graph batch: recorded; not priced (no profile has an eager-mode term)")
+    tensor_parallel_size: int | None = option(
+        None, "--tensor-parallel-size", "--tp", parse=pos_int, kinds=INT, metavar="TP",
+        help="the deployment's TP: checked against the profile's metadata.tensor_parallel (a profile prices one TP)")
 
     def __post_init__(self) -> None:
         if not 1 <= self.block_size <= 15:
@@ -287,6 +300,16 @@ class EngineConfig:
             raise ConfigError("config", "kv_policy", f"--kv-page-tokens {self.kv_page_tokens} / --kv-watermark "
                               f"{self.kv_watermark} describe paged KV; --kv-policy reserve has no pages and no "
                               "watermark: drop them or use --kv-policy paged")
+        if self.mem_fraction_static is not None:
+            f = self.mem_fraction_static
+            if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
+                raise ConfigError("config", "mem_fraction_static", f"expected a fraction in (0, 1], got {f!r}")
+            if self.kv_capacity_tokens is not None:
+                raise ConfigError("config", "mem_fraction_static", f"conflicts with kv_capacity_tokens "
+                                  f"({self.kv_capacity_tokens}): both set the KV capacity; give one")
+        for name in ("cuda_graph_max_bs", "tensor_parallel_size"):
+            if getattr(self, name) is not None:
+                _count(name, getattr(self, name))
         if self.replicas * self.dp_ranks > MAX_ENGINES:
             raise ConfigError("config", "replicas", f"replicas x dp_ranks = {self.replicas} x {self.dp_ranks} = "
                               f"{self.replicas * self.dp_ranks} engines, above the limit of {MAX_ENGINES}")
@@ -331,6 +354,9 @@ class RunConfig:
             raise ConfigError("config", "seed", f"must be an integer in [0, 2^63), got {self.seed!r}")
         t = self.traffic
         dur = getattr(t, "duration_s", None) if getattr(t, "num_requests", None) is None else None
+        if self.warmup_s is not None and getattr(t, "num_warmup_prompts", 0):
+            raise ConfigError("config", "warmup_s", f"conflicts with num_warmup_prompts ({t.num_warmup_prompts}): "
+                              "the benchmark starts when the warm-up prompts have finished; give one")
         if self.warmup_s is not None and dur is not None and self.warmup_s >= dur:
             raise ConfigError("config", "warmup_s", f"must be below duration_s ({dur:g}) so some time is measured, "
                               f"got {self.warmup_s:g}")
@@ -369,14 +395,33 @@ class RunConfig:
                       "num_requests requests or after duration_s seconds; set one")
         if v["num_requests"] is None and v["duration_s"] is None:
             t["duration_s"] = DEFAULT_DURATION_S
+        cap, n_req = v["max_concurrency"], v["num_requests"]
+        if cap is not None and v["concurrency"] is not None:
+            raise bad("max_concurrency", f"conflicts with concurrency ({v['concurrency']!r}): --concurrency N is a "
+                      "closed loop of N users, --max-concurrency N caps --num-prompts requests; give one")
+        rate_inf = v["rate"] is not None and math.isinf(v["rate"])
+        if rate_inf and n_req is None:
+            raise bad("rate", "inf sends every prompt at once: set num_requests (--num-prompts)")
+        if (v["dataset_name"] is None and v["lengths"] is None
+                and any(v[k] is not None for k in ("random_input_len", "random_output_len", "random_range_ratio"))):
+            t["dataset_name"] = "random"   # a --random-* length names the random dataset (vLLM's default one)
         if v["trace"] is not None or v["time_scale"] is not None:
             mode = "trace"
             t["time_scale"] = 1.0 if v["time_scale"] is None else v["time_scale"]
-        elif v["rate"] is not None:
+        elif v["rate"] is not None and not rate_inf:
             mode = v["arrival"] or ("gamma" if v["burstiness"] != 1.0 else "poisson")
         else:
+            # closed loop; the benchmark client at request rate inf over num_requests prompts with a cap of N is
+            # a closed loop of N users (the cap; all of them when uncapped), which the cluster serves identically
             mode = "closed"
-            t["concurrency"] = default_concurrency if v["concurrency"] is None else v["concurrency"]
+            t["rate"] = None
+            t["max_concurrency"] = None
+            if rate_inf or (cap is not None and n_req is not None):
+                t["concurrency"] = cap if cap is not None else n_req
+            elif cap is not None:
+                t["concurrency"] = cap    # without --num-prompts: --max-concurrency N is --concurrency N
+            else:
+                t["concurrency"] = default_concurrency if v["concurrency"] is None else v["concurrency"]
         if v["arrival"] is not None and mode not in OPEN_SYNTHETIC:
             raise bad("arrival", f"applies to open-loop arrivals only (set a rate); got arrival {v['arrival']!r} "
                       f"with {'trace replay' if mode == 'trace' else 'closed loop'}")

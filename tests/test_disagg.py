@@ -63,12 +63,17 @@ def test_ttft_parts_fifo_pool_closed_form():
     np.testing.assert_allclose(res.ttft_queue_s, q, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(res.ttft_prefill_s, pf, rtol=1e-12)
     np.testing.assert_allclose(res.ttft_transfer_s, tx, rtol=1e-12)
-    np.testing.assert_allclose(res.first_token_s - res.arrival_s, q + pf + tx, rtol=1e-9)
-    # decode-only: no step holds prefill tokens; every token (first ones included) is emitted once
-    assert res.steps["n_prefill_tokens"].sum() == 0
+    # TTFT adds the wait for the decode engine (its step in flight; KV room is ample here) and its first step
+    np.testing.assert_allclose(res.first_token_s - res.arrival_s,
+                               q + pf + tx + res.ttft_decode_wait_s + res.ttft_first_step_s, rtol=1e-9)
+    np.testing.assert_allclose(res.admitted_s - res.arrival_s, q + pf + tx + res.ttft_decode_wait_s, rtol=1e-9)
+    assert (res.ttft_first_step_s >= c).all()
+    # decode-only: a step holds one prompt token per newly admitted request (its last, which samples the first
+    # token); every token (first ones included) is emitted once
+    assert res.steps["n_prefill_tokens"].sum() == 3
     assert int(res.steps["emitted"].sum()) == 11 and res.completed.all()
     np.testing.assert_array_equal(res.emitted_tokens, [5, 5, 1])
-    assert (res.admitted_s >= res.first_token_s).all()
+    assert (res.first_token_s > res.admitted_s).all()
 
 
 def test_cli_disaggregated_run_reports_the_parts(tmp_path):
@@ -79,10 +84,10 @@ def test_cli_disaggregated_run_reports_the_parts(tmp_path):
     s = json.loads((out / "summary.json").read_text())
     req = pd.read_csv(out / "requests.csv")
     assert s["disaggregated"] is True and s["num_requests_completed"] == 40
-    for part in ("queue", "prefill", "transfer"):
+    parts = ("queue", "prefill", "transfer", "decode_wait", "first_step")
+    for part in parts:
         assert s[f"ttft_{part}_median_s"] == pytest.approx(float(np.median(req[f"ttft_{part}_s"])), rel=1e-6)
-    np.testing.assert_allclose(req["ttft_s"], req["ttft_queue_s"] + req["ttft_prefill_s"] + req["ttft_transfer_s"],
-                               rtol=1e-6)
+    np.testing.assert_allclose(req["ttft_s"], sum(req[f"ttft_{p}_s"] for p in parts), rtol=1e-6)
     np.testing.assert_allclose(req["ttft_transfer_s"], req["prompt_tokens"] * 524288 * 8 / 400e9, rtol=1e-6)
     assert (req["emitted_tokens"] == req["output_tokens"]).all()
     cfg = json.loads((out / "config.json").read_text())

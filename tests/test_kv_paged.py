@@ -101,11 +101,14 @@ def test_preemption_loses_no_tokens_and_pages_never_overflow(n, seed, page, K, c
     pre = res.preemptions > 0
     assert (res.finish_s[pre] >= res.first_token_s[pre]).all()
     if disagg:
-        # decode-only engines prefill nothing but the recompute of preempted requests; TTFT = its three parts
+        # decode-only engines prefill each request's last prompt token (its first token) and the recompute of
+        # preempted requests; TTFT = its five parts, the first token after admission
         if not pre.any():
-            assert res.steps["n_prefill_tokens"].sum() == 0
+            assert res.steps["n_prefill_tokens"].sum() == n
         np.testing.assert_allclose(res.first_token_s - res.arrival_s,
-                                   res.ttft_queue_s + res.ttft_prefill_s + res.ttft_transfer_s, rtol=1e-9)
+                                   res.ttft_queue_s + res.ttft_prefill_s + res.ttft_transfer_s
+                                   + res.ttft_decode_wait_s + res.ttft_first_step_s, rtol=1e-9)
+        assert (res.first_token_s > res.admitted_s).all() and (res.ttft_decode_wait_s >= 0).all()
 
 
 def test_property_workloads_do_preempt():

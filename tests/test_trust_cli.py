@@ -59,7 +59,7 @@ RUN_CASES = [
     (["--duration", "-3"], "--duration"),
     (["--seed", "-1"], "--seed"),
     (["--concurrency", "0"], "--concurrency"),
-    (["--max-concurrency", "-2"], "--concurrency"),
+    (["--max-concurrency", "-2"], "--max-concurrency"),
     (["--rate", "0"], "--rate"),
     (["--num-requests", "0"], "--num-requests"),
     (["--time-scale", "2"], "--time-scale"),
@@ -196,8 +196,9 @@ def test_vllm_spellings_give_the_same_config(vllm, ours):
 
 
 def test_result_dir_and_deprecated_block_size(capsys):
+    # run: --result-dir adds vLLM's result file to a folder (tests/test_bench_cli_flags.py), it is not --out
     _, ns = _cfg("--result-dir", "somewhere")
-    assert ns.out == "somewhere"
+    assert ns.result_dir == "somewhere" and ns.out == "results/run"
     capsys.readouterr()
     a, _ = _cfg("--block-size", "5")
     assert a == _cfg("--num-speculative-tokens", "5")[0] and a.engine.block_size == 5

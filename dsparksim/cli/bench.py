@@ -1,7 +1,7 @@
 """``dsparksim bench``: measured serving-benchmark runs as input.
 
 ``bench import FILE... --out RUNS.csv`` reads vLLM / SGLang / InferenceX result files into one runs table
-(dsparksim.bench.runs). Wire with ``register(subparsers)``; each subcommand sets ``func(args) -> exit code``.
+(dsparksim.bench.runs); ``bench replay RUNS.csv --profile P --out DIR`` simulates its runs (cli.bench_replay). Wire with ``register(subparsers)``; each subcommand sets ``func(args) -> exit code``.
 """
 from __future__ import annotations
 
@@ -13,11 +13,14 @@ from dsparksim.errors import InputError
 
 def register(subparsers) -> None:
     """Add ``bench`` and its subcommands to an argparse subparsers object."""
-    p = subparsers.add_parser("bench", help="measured serving-benchmark runs: import them into a runs table")
-    sub = p.add_subparsers(dest="bench_cmd", metavar="{import}")
+    from dsparksim.cli.bench_replay import register_replay
+
+    p = subparsers.add_parser("bench", help="measured serving-benchmark runs: import them into a runs table, "
+                                            "replay them")
+    sub = p.add_subparsers(dest="bench_cmd", metavar="{import,replay}")
     sub.required = True
     _register_import(sub)
-    # `bench replay` (issue 30 part 3) registers here, next to import.
+    register_replay(sub)
 
 
 def _register_import(sub) -> None:

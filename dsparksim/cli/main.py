@@ -123,11 +123,92 @@ def add_draft_len(g) -> None:
     add_option(g, "block_size")
 
 
-def add_out(p: argparse.ArgumentParser, default: str | None, help: str = "output directory") -> None:
-    """``--out`` and its vLLM spelling ``--result-dir``."""
+def add_out(p: argparse.ArgumentParser, default: str | None, help: str = "output directory",
+            result_dir_alias: bool = True) -> None:
+    """``--out`` and (``result_dir_alias``) its vLLM spelling ``--result-dir``."""
     kw = {"default": default} if default is not None else {"required": True}
-    p.add_argument("--out", "--result-dir", dest="out", **kw,
-                   help=f"{help}" + (" [%(default)s]" if default is not None else ""))
+    flags = ("--out", "--result-dir") if result_dir_alias else ("--out",)
+    p.add_argument(*flags, dest="out", **kw, help=f"{help}" + (" [%(default)s]" if default is not None else ""))
+
+
+PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+def add_result_options(r: argparse.ArgumentParser) -> None:
+    """`vllm bench serve`'s result options on `run` (they shape bench_result.json; see results.bench_json)."""
+    g = r.add_argument_group("result file (vllm bench serve's options)")
+    g.add_argument("--save-result", action="store_true",
+                   help="accepted for vLLM habits: bench_result.json is always written (with --result-dir also "
+                        "there)")
+    g.add_argument("--result-dir", default=None, metavar="DIR",
+                   help="also write the vLLM result JSON into DIR as a new file (created if missing; nothing in DIR "
+                        "is replaced; an existing file of that name is refused); without --out, only that file")
+    g.add_argument("--result-filename", default=None, metavar="NAME",
+                   help="name of that file [vLLM's {label or backend}-{rate}qps[-concurrency{N}]-{model}-{date}"
+                        ".json]; without --result-dir an extra copy inside --out")
+    g.add_argument("--percentile-metrics", default=",".join(PERCENTILE_METRICS), metavar="LIST",
+                   help="metrics with statistics in the result JSON, of ttft,tpot,itl,e2el [%(default)s]")
+    g.add_argument("--metric-percentiles", default="99", metavar="LIST",
+                   help="percentiles of those metrics, comma-separated, e.g. 25,50,99 [%(default)s]")
+    g.add_argument("--label", default=None, help="the result JSON's label (and its file name's prefix)")
+    g.add_argument("--metadata", nargs="*", default=None, metavar="KEY=VALUE",
+                   help="KEY=VALUE pairs added to the result JSON (strings, as vLLM)")
+    g.add_argument("--goodput", nargs="+", default=None, metavar="KEY:VALUE",
+                   help="SLOs in ms for request_goodput: ttft:MS tpot:MS e2el:MS (as vllm bench serve)")
+
+
+def result_options(args: argparse.Namespace) -> dict[str, Any]:
+    """bench_result()'s options from `run`'s result flags, checked (one line naming the flag)."""
+    from dsparksim.results.bench_json import ALL_KEYS, parse_goodput
+
+    mets = [m.strip() for m in args.percentile_metrics.split(",")]
+    bad = [m for m in mets if m not in PERCENTILE_METRICS]
+    if bad or not mets:
+        raise _bad("--percentile-metrics", f"expected a comma-separated subset of {','.join(PERCENTILE_METRICS)}, "
+                   f"got {args.percentile_metrics!r}")
+    try:
+        pcts = [float(x) for x in args.metric_percentiles.split(",")]
+    except ValueError:
+        pcts = []
+    if not pcts or not all(0 < p <= 100 for p in pcts):
+        raise _bad("--metric-percentiles", f"expected comma-separated percentiles in (0, 100], got "
+                   f"{args.metric_percentiles!r}")
+    meta: dict[str, str] = {}
+    for item in args.metadata or []:
+        k, eq, v = item.partition("=")
+        k = k.strip()
+        if not eq or not k:
+            raise _bad("--metadata", f"expected KEY=VALUE, got {item!r}")
+        if k in ALL_KEYS or k.endswith("_ms"):
+            raise _bad("--metadata", f"key {k!r} is one of the result's own keys; choose another")
+        meta[k] = v.strip()
+    return {"metrics": tuple(mets), "percentiles": tuple(pcts), "label": args.label,
+            "goodput": None if args.goodput is None else parse_goodput(args.goodput), "metadata": meta or None}
+
+
+def result_file(args: argparse.Namespace, cfg: RunConfig, model: str) -> Path | None:
+    """Where --result-dir puts the result JSON (vLLM's name unless --result-filename); refused if it exists."""
+    from dsparksim.results.outputs import check_out_file
+
+    if args.result_filename is not None and (not args.result_filename or "/" in args.result_filename
+                                             or args.result_filename in (".", "..")):
+        raise _bad("--result-filename", f"expected a file name (no folder), got {args.result_filename!r}")
+    if args.result_dir is None:
+        return None
+    name = args.result_filename
+    if name is None:
+        t = cfg.traffic
+        rate = t.rate if t.mode in ("poisson", "gamma", "constant") else "inf"
+        cap = t.concurrency if t.mode == "closed" else t.max_concurrency
+        conc = f"-concurrency{cap}" if cap is not None else ""
+        name = (f"{args.label or 'dsparksim'}-{rate}qps{conc}-{(model or cfg.profile).split('/')[-1]}-"
+                f"{time.strftime('%Y%m%d-%H%M%S')}.json")
+    path = Path(args.result_dir) / name
+    if path.exists() or path.is_symlink():
+        raise _bad("--result-dir", f"{str(path)!r} exists; dsparksim never replaces a file it is asked to add "
+                   "(choose another --result-filename or folder)")
+    check_out_file(path, "--result-dir")
+    return path
 
 
 _GROUPS = {"inputs": "inputs", "traffic": "traffic (closed loop by default)", "engine": "engine"}
@@ -233,7 +314,8 @@ def check_run_args(args: argparse.Namespace, frontier: bool = False) -> None:
         from dsparksim.results.outputs import need_parquet
         need_parquet("--format")
     from dsparksim.results.outputs import check_out_dir
-    check_out_dir(args.out, "--out")
+    if args.out is not None:   # None: `run --result-dir` alone writes no folder
+        check_out_dir(args.out, "--out")
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
@@ -270,18 +352,29 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from dsparksim.sim.simulate import simulate, write_run
 
+    write_out = args.result_dir is None or _given(args, "--out")   # --result-dir alone: only that file
+    if not write_out:
+        args.out = None
     check_run_args(args)  # every option and the output directory, before the simulation
     check_policy_inputs(args)
+    bench_opts = result_options(args)
+    if args.result_filename is not None and args.result_dir is None and \
+            args.result_filename in ("config.json", "summary.json", "bench_result.json", "steps.csv",
+                                     f"requests.{args.format}"):
+        raise _bad("--result-filename", f"{args.result_filename!r} is one of the run's own files in --out")
     cfg = run_config(args)
     traffic = cfg.traffic
     preflight(cfg, [cfg.policy])  # profile, acceptance, lengths and trace read before the progress bar starts
+    from dsparksim.sim.inputs import load_run_profile
+    target = result_file(args, cfg, str(load_run_profile(cfg).metadata.get("model", "")))
     t0 = time.perf_counter()
     total = traffic.duration_s
     with tqdm(total=total, unit="sim-s", disable=_bar_off(args) or total is None, leave=False,
               bar_format="{l_bar}{bar}| {n:.1f}/{total:.0f} sim-s [{elapsed}<{remaining}]") as bar:
         out = simulate(cfg, progress=(lambda now: bar.update(min(now, total) - bar.n)) if total else None)
     wall = time.perf_counter() - t0
-    paths = write_run(out, args.out, fmt=args.format, steps=args.save_steps)
+    paths = write_run(out, args.out, fmt=args.format, steps=args.save_steps, bench_options=bench_opts,
+                      result_file=target, bench_copy_name=args.result_filename if args.result_dir is None else None)
     s = out.summary
     if not s["num_requests_completed"]:
         print(f"dsparksim: warning: no request both arrived inside the measurement window (after the {s['warmup_s']:g} s "
@@ -298,6 +391,11 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"{_f(s['tps_user_median'])} tok/s | TTFT median {_f(s['ttft_median_s'], 3)} s | "
               f"tau {_f(s['tau'], 2)} | mean verify len {_f(s['mean_verify_len'], 2)} | "
               f"saturated {s['saturated']}")
+        if traffic.num_requests is not None and out.bench is not None:
+            b = out.bench   # the client's view, as vllm bench serve prints it
+            print(f"  client: {b['completed']} completed, {b['failed']} failed in {b['duration']:.2f} s | output "
+                  f"{b['output_throughput']:.1f} tok/s | TPOT mean {_f(b.get('mean_tpot_ms'), 2)} ms, median "
+                  f"{_f(b.get('median_tpot_ms'), 2)} ms | TTFT mean {_f(b.get('mean_ttft_ms'), 1)} ms")
         for k, p in paths.items():
             print(f"  {k:9s} {p}")
     return 0
@@ -493,6 +591,9 @@ def check_frontier_loads(args: argparse.Namespace) -> None:
         raise _bad("--rates", "conflicts with --concurrency-levels: closed loop or open loop, not both")
     if args.time_scales and not args.trace:
         raise _bad("--time-scales", "applies to trace replay only (set --trace)")
+    if getattr(args, "max_concurrency", None) is not None and not args.rates:
+        raise _bad("--max-concurrency", "caps the prompts of --rates levels; with --concurrency-levels (and "
+                   "--num-prompts) each level is the client's --max-concurrency at request rate inf")
 
 
 def _empty_cells(df) -> list[str]:
@@ -606,7 +707,8 @@ def build_parser() -> argparse.ArgumentParser:
         if act.dest == "policy":   # every spec the registry knows (the top-level help points here)
             act.help = f"policy spec, one of: {', '.join(list_specs())} [%(default)s]"
     _add_common(r, frontier=False)
-    add_out(r, "results/run", "output directory, replaced whole by the new results")
+    add_out(r, "results/run", "output directory, replaced whole by the new results", result_dir_alias=False)
+    add_result_options(r)
     r.add_argument("--save-steps", action="store_true", help="also write the per-step log steps.csv")
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(func=cmd_run)

@@ -8,12 +8,26 @@ ttft, tpot, itl and e2el at the 99th percentile (as `--percentile-metrics ttft,t
 --metric-percentiles 99`), and no goodput (no `--goodput` SLO: `request_goodput` is null, as in vLLM).
 
 Which requests: the benchmark's prompts are the requests issued inside the measurement window (arrival at or
-after the warm-up; every request in a --num-requests run). Each list has one entry per prompt, in issue order.
-A prompt is `completed` if it finished before the run ended, else `failed` with its reason in `errors`: never
-admitted, rejected, or still being served when the run stopped (a duration-bounded run cuts requests off, as a
-client timeout would). As in vLLM a failed request has output length 0, latency 0 and the TTFT / ITLs it had
-received so far (TTFT 0.0 if none), and every statistic uses completed requests only. One difference: a
-statistic with no samples is null, where vLLM writes 0.
+after the warm-up -- with --num-warmup-prompts, after the warm-up requests finished; every request in a
+--num-prompts run). Each list has one entry per prompt, in issue order. A prompt is `completed` if it finished
+before the run ended; `failed` counts the requests the server refused (prompt + output beyond max_model_len or
+the KV capacity: vLLM answers 400, an error in the client). A duration-bounded run also stops with requests still
+queued or being served, which vLLM's client (it waits for every prompt) never has: they stay in the lists with
+their reason in `errors` ("unfinished ..." / "not admitted ..."), and count as neither completed nor failed, so
+completed + failed + those = num_prompts. As in vLLM a request that did not complete has output length 0,
+latency 0 and the TTFT / ITLs it had received so far (TTFT 0.0 if none), and every statistic uses completed
+requests only. One difference: a statistic with no samples is null, where vLLM writes 0.
+
+`duration` is the benchmark's: from the window's start (0, the warm-up's end, or the warm-up prompts' end) to the
+run's end (the last request's finish in a --num-prompts run). `output_throughput` = total_output_tokens /
+duration, as vLLM: in a --num-prompts run it equals summary.json's output_throughput_tok_s; in a duration-bounded
+run summary.json counts every token emitted in the window (also those of requests that arrived before it or were
+still running at its end), this file only the tokens of requests that arrived in it and completed.
+
+Options as `vllm bench serve`'s: ``percentiles`` (--metric-percentiles), ``metrics`` (--percentile-metrics; we
+default to ttft,tpot,itl,e2el), ``label`` (--label), ``metadata`` (--metadata KEY=VALUE: added keys) and
+``goodput`` (--goodput KEY:VALUE in ms for ttft / tpot / e2el): request_goodput = completed requests within every
+SLO / duration, a request with one output token having TPOT 0 (vLLM's rule).
 """
 from __future__ import annotations
 
@@ -111,15 +125,45 @@ def write_bench_json(path, d: dict[str, Any]) -> None:
     atomic_write(path, write)
 
 
-def _stats(prefix: str, x: list[float] | np.ndarray) -> dict[str, float | None]:
+def _pkey(p: float) -> str:
+    """vLLM's percentile key: p99, p99.9, p50 (``str(int(p)) if int(p) == p else str(p)``)."""
+    return f"p{int(p) if float(p).is_integer() else p}"
+
+
+def _stats(prefix: str, x: list[float] | np.ndarray, percentiles: Sequence[float] = PERCENTILES
+           ) -> dict[str, float | None]:
     """vLLM's mean / median / std (population) / percentile (linear) in ms; null without samples."""
     a = np.asarray(x, float)
     if not a.size:
-        return {f"{s}_{prefix}_ms": None for s in ("mean", "median", "std", *(f"p{p}" for p in PERCENTILES))}
+        return {f"{s}_{prefix}_ms": None for s in ("mean", "median", "std", *(_pkey(p) for p in percentiles))}
     out = {f"mean_{prefix}_ms": float(a.mean()) * 1000, f"median_{prefix}_ms": float(np.median(a)) * 1000,
            f"std_{prefix}_ms": float(a.std()) * 1000}
-    for p in PERCENTILES:
-        out[f"p{p}_{prefix}_ms"] = float(np.percentile(a, p)) * 1000
+    for p in percentiles:
+        out[f"{_pkey(p)}_{prefix}_ms"] = float(np.percentile(a, p)) * 1000
+    return out
+
+
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+
+
+def parse_goodput(items: Sequence[str]) -> dict[str, float]:
+    """``["ttft:500", "tpot:50"]`` -> {"ttft": 500.0, "tpot": 50.0} (ms), as vllm bench serve --goodput;
+    a ConfigError naming the bad item otherwise."""
+    from dsparksim.errors import ConfigError
+
+    out: dict[str, float] = {}
+    for it in items:
+        k, sep, v = str(it).partition(":")
+        if not sep or k not in GOODPUT_METRICS:
+            raise ConfigError("cli", "--goodput", f"expected KEY:VALUE with KEY in {', '.join(GOODPUT_METRICS)} "
+                              f"(milliseconds), got {it!r}")
+        try:
+            x = float(v)
+        except ValueError:
+            raise ConfigError("cli", "--goodput", f"{k}: expected milliseconds, got {v!r}") from None
+        if not (math.isfinite(x) and x >= 0):
+            raise ConfigError("cli", "--goodput", f"{k}: expected a finite number of milliseconds >= 0, got {v!r}")
+        out[k] = x
     return out
 
 
@@ -197,7 +241,10 @@ def _engine_of_steps(res: SimResult) -> np.ndarray | None:
 
 def bench_result(res: SimResult, *, warmup_s: float, duration_s: float, model_id: str, request_rate: Any,
                  burstiness: Any, max_concurrency: Any, backend: str = "dsparksim",
-                 date: str | None = None) -> dict[str, Any]:
+                 date: str | None = None, percentiles: Sequence[float] = PERCENTILES,
+                 metrics: Sequence[str] = STAT_METRICS, label: str | None = None,
+                 goodput: dict[str, float] | None = None, metadata: dict[str, Any] | None = None
+                 ) -> dict[str, Any]:
     """The run as `vllm bench serve --save-result --save-detailed` writes it (see the module doc)."""
     arr = res.arrival_s
     idx = np.flatnonzero(np.isfinite(arr) & (arr >= warmup_s))
@@ -219,6 +266,8 @@ def bench_result(res: SimResult, *, warmup_s: float, duration_s: float, model_id
     out_lens = np.where(ok, res.output_tokens[idx], 0).astype(np.int64)
     in_lens = res.prompt_tokens[idx].astype(np.int64)
     completed = int(ok.sum())
+    reason = getattr(res, "reject_reason", None)
+    refused = int(np.count_nonzero(reason[idx])) if reason is not None else 0
     total_in, total_out = int(in_lens[ok].sum()), int(out_lens.sum())
     multi = ok & (out_lens > 1)  # TPOT needs a token after the first
     tpots = (lat[multi] - ttfts[multi]) / (out_lens[multi] - 1)
@@ -234,7 +283,7 @@ def bench_result(res: SimResult, *, warmup_s: float, duration_s: float, model_id
         "date": date or time.strftime("%Y%m%d-%H%M%S"),
         "endpoint_type": backend,
         "backend": backend,
-        "label": None,
+        "label": label,
         "model_id": model_id,
         "tokenizer_id": model_id,
         "num_prompts": int(len(idx)),
@@ -243,11 +292,11 @@ def bench_result(res: SimResult, *, warmup_s: float, duration_s: float, model_id
         "max_concurrency": max_concurrency,
         "duration": dur,
         "completed": completed,
-        "failed": int(len(idx) - completed),
+        "failed": refused,
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
         "request_throughput": completed / dur,
-        "request_goodput": None,
+        "request_goodput": None if goodput is None else _goodput(goodput, ttfts[ok], lat[ok], out_lens[ok]) / dur,
         "output_throughput": total_out / dur,
         "total_token_throughput": (total_in + total_out) / dur,
         "input_lens": in_lens.tolist(),
@@ -265,8 +314,23 @@ def bench_result(res: SimResult, *, warmup_s: float, duration_s: float, model_id
     }
     d.update(_spec_decode(res, warmup_s))  # absent when no draft token was verified, as in vLLM
     for m, vals in (("ttft", ttfts[ok]), ("tpot", tpots), ("itl", itl_pool), ("e2el", lat[ok])):
-        d.update(_stats(m, vals))
+        if m in metrics:
+            d.update(_stats(m, vals, percentiles))
+    for k, v in (metadata or {}).items():   # vLLM: --metadata KEY=VALUE pairs are added to the result
+        d[k] = v
     return d
+
+
+def _goodput(slo_ms: dict[str, float], ttft: np.ndarray, lat: np.ndarray, out_lens: np.ndarray) -> int:
+    """Completed requests within every SLO (vLLM: TPOT 0 for a one-token output; a value equal to the SLO
+    passes)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out_lens > 1, (lat - ttft) / np.maximum(out_lens - 1, 1), 0.0)
+    good = np.ones(len(ttft), bool)
+    for k, v in slo_ms.items():
+        x = {"ttft": ttft, "tpot": tpot, "e2el": lat}[k] * 1000
+        good &= x <= v
+    return int(good.sum())
 
 
 def _spec_decode(res: SimResult, warmup_s: float) -> dict[str, Any]:

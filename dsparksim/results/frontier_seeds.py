@@ -4,6 +4,9 @@ frontier_seeds.csv holds one row per cell and seed (its own Pareto flags); front
 existing columns carry the mean over seeds, each metric is followed by ``<metric>_lo`` and ``<metric>_hi`` (the 95%
 t-interval of the mean over seeds), and ``n_seeds`` says how many seeds it rests on. Pareto flags of frontier.csv
 are computed on the means; a cell counts as saturated when any of its seeds saturated (``saturated_seeds``).
+Every summary metric is a count, rate, time, length or fraction, so its mean is >= 0: the interval of a metric
+whose per-seed values are all >= 0 is the t-interval intersected with [0, inf) (the same coverage: the true mean
+lies in that range), so a count's ``_lo`` is never negative; a metric with a negative value keeps the plain interval.
 
 Gains are paired: for every seed the policy's frontier is compared with the baseline's frontier of that same seed
 (same requests, same draws), giving one gain per seed; the interval is the t-interval over those per-seed gains.
@@ -50,7 +53,10 @@ def seed_means(per_seed: pd.DataFrame) -> pd.DataFrame:
                 row[c], row["saturated_seeds"] = bool(sat.any()), int(sat.sum())
             elif c not in _NOT_METRICS and _numeric(col):
                 iv = t_interval(col.tolist())
-                row[c], row[f"{c}_lo"], row[f"{c}_hi"] = iv.mean, iv.lo, iv.hi
+                lo = iv.lo
+                if lo < 0 and (col.dropna() >= 0).all():
+                    lo = 0.0   # a non-negative metric: the interval intersected with its range (module doc)
+                row[c], row[f"{c}_lo"], row[f"{c}_hi"] = iv.mean, lo, iv.hi
             else:  # a setting or a label: one value when the seeds agree, every value otherwise
                 vals = list(dict.fromkeys(str(v) for v in col))
                 row[c] = col.iloc[0] if len(vals) == 1 else "|".join(vals)

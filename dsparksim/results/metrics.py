@@ -41,7 +41,10 @@ def per_request_table(res: SimResult) -> pd.DataFrame:
         tps_user = np.where((after_first > 0) & (decode_time > 0), after_first / decode_time, np.nan)
         steps = np.where(res.decode_steps > 0, res.decode_steps, np.nan)
         mean_vl = res.verify_tokens / steps
-        tau = (res.emitted_tokens - 1) / steps
+        # tokens of its decode steps per decode step, as the summary's tau: the first token and, after a
+        # preemption, the re-prefill's token come from prefill forwards
+        dem = res.decode_emitted_tokens if res.decode_emitted_tokens is not None else res.emitted_tokens - 1
+        tau = dem / steps
     import pandas as pd
 
     rejected = res.rejected
@@ -77,6 +80,9 @@ def per_request_table(res: SimResult) -> pd.DataFrame:
         cols["ttft_queue_s"] = res.ttft_queue_s            # prefill-pool queueing
         cols["ttft_prefill_s"] = res.ttft_prefill_s        # prefill time
         cols["ttft_transfer_s"] = res.ttft_transfer_s      # KV transfer
+        if res.ttft_decode_wait_s is not None:
+            cols["ttft_decode_wait_s"] = res.ttft_decode_wait_s  # KV landed -> admitted (room on the decode engine)
+            cols["ttft_first_step_s"] = res.ttft_first_step_s    # admitted -> first token (its first step)
     if res.replica is not None:
         cols["replica"] = res.replica          # -1: rejected on arrival, never routed
         cols["dp_rank"] = res.dp_rank if res.dp_rank is not None else np.where(res.replica >= 0, 0, -1)
@@ -112,7 +118,10 @@ def _weighted_pct(values: np.ndarray, weights: np.ndarray, q: float) -> float:
 # Saturation thresholds (see saturation()).
 OPEN_GROWTH_FRACTION = 0.1   # queue growth above this fraction of the window's arrivals ...
 OPEN_GROWTH_MIN = 5          # ... and above this many requests
+HELD_NOISE_SD = 3.0          # held requests: growth beyond this many standard deviations of a stable count's noise
 CLOSED_WAIT_FRACTION = 0.5   # closed loop: requests wait for admission in more than this fraction of steps
+# Where a request is held between arrival and finish (saturation_detail's held_end_by_place).
+HELD_PLACES = ("prefill_pool", "prefilling", "transfer", "admission_queue", "running")
 
 
 def _prefill_pool_waiting(res: SimResult, t: np.ndarray) -> np.ndarray | None:
@@ -130,31 +139,71 @@ def _prefill_pool_waiting(res: SimResult, t: np.ndarray) -> np.ndarray | None:
     return (np.searchsorted(s_sorted, t, "right") - np.searchsorted(e_sorted, t, "right")).astype(np.int64)
 
 
+def held_by_place(res: SimResult, t: float) -> dict[str, int]:
+    """Requests held at time ``t`` (arrived by t, not rejected, not finished by t), by where they are: queued at the
+    disaggregated prefill pool, being prefilled there, in KV transfer, waiting for admission, or running (admitted;
+    a preempted request waiting for readmission counts as running: only its first admission time is kept)."""
+    arr = np.asarray(res.arrival_s, float)
+    fin = np.where(np.isfinite(res.finish_s), res.finish_s, np.inf)
+    held = np.isfinite(arr) & ~np.asarray(res.rejected, bool) & (arr <= t) & (fin > t)
+    out = dict.fromkeys(HELD_PLACES, 0)
+    rest = held
+    if getattr(res, "disaggregated", False) and res.ttft_queue_s is not None:
+        with np.errstate(invalid="ignore"):
+            q = arr + np.nan_to_num(res.ttft_queue_s, nan=np.inf)
+            p = q + np.nan_to_num(res.ttft_prefill_s, nan=0.0)
+            x = p + np.nan_to_num(res.ttft_transfer_s, nan=0.0)
+        out["prefill_pool"] = int((held & (t < q)).sum())
+        out["prefilling"] = int((held & (q <= t) & (t < p)).sum())
+        out["transfer"] = int((held & (p <= t) & (t < x)).sum())
+        rest = held & (x <= t)
+    adm = np.where(np.isfinite(res.admitted_s), res.admitted_s, np.inf)
+    out["admission_queue"] = int((rest & (t < adm)).sum())
+    out["running"] = int((rest & (adm <= t)).sum())
+    return out
+
+
 def saturation(res: SimResult, warmup_s: float, closed_loop: bool) -> tuple[bool, dict[str, Any]]:
-    """Is the engine past saturation (queue growing without bound)? Defined from the admission queue.
+    """Is the run past saturation: does service keep up with demand, wherever the requests are held?
 
     Open loop (rate processes, trace replay, ``--num-requests`` runs): the arrival window is [t0, t1] with
-    t0 = warmup_s and t1 = min(end of run, last arrival) (requests rejected on arrival do not count). The
-    admission queue Q(t) = requests arrived by t minus requests admitted by t (exact, from the per-request times).
-    Saturated iff the queue grew over the window by more than OPEN_GROWTH_FRACTION (10%) of the requests that
-    arrived in it and by more than OPEN_GROWTH_MIN (5) requests: Q(t1) - Q(t0-) > max(5, 0.1 * arrivals in
-    [t0, t1]). A stable queue stays bounded however long the window, so its growth is not proportional to the
-    arrivals; an engine that admits less than 90% of the arrival rate (or a burst more than 10% larger than it can
-    hold) is flagged. ``saturation_detail`` reports the numbers behind it: arrival and admission rates over the
-    window, the queue at both ends, and the median admission wait of the window's arrivals (censored at the end
-    of the run for requests never admitted) next to the median service time (admission to finish).
+    t0 = warmup_s and t1 = min(end of run, last arrival) (requests rejected on arrival do not count). Saturated iff
+    either rule fires:
 
-    Closed loop (the queue is bounded by the users): requests wait for admission (KV or batch budget) in more
-    than CLOSED_WAIT_FRACTION (half) of the window's steps: the engine cannot hold all N users, and more users
-    only add queueing.
+    * waiting: the admission queue Q(t) = requests arrived by t minus requests admitted by t (a disaggregated
+      request is admitted by its decode engine, so Q holds the prefill pool, the transfer and the decode queue)
+      grew over the window by more than OPEN_GROWTH_FRACTION (10%) of the requests that arrived in it and by more
+      than OPEN_GROWTH_MIN (5) requests: Q(t1) - Q(t0-) > max(5, 0.1 x arrivals in [t0, t1]);
+    * held: H(t) = requests arrived by t minus requests finished by t (wherever they are, the running set
+      included) grew over the window's late half [tm, t1] (tm its midpoint) by more than 10% of the requests that
+      arrived in it and by more than HELD_NOISE_SD (3) standard deviations of what a stable engine's count does:
+      H(t1) - H(tm-) > max(0.1 x arrivals in [tm, t1], 3 sqrt(v)). H(t1) - H(tm-) = arrivals - completions in the
+      late half; in a stable engine its variance v is about the smaller of H(tm-) + H(t1) (two independent
+      Poisson-like counts, variance = mean: a late half longer than a service time) and the arrivals + completions
+      in the late half (two independent flows: a late half shorter than a service time). The late half, because a
+      run that starts empty fills up to about rate x service time requests first.
+
+    Paged KV admits every arrival while pages last, so past saturation requests pile up in the running set (each
+    step slows as the batch grows) while the admission queue stays short: only the held rule sees it.
+    ``saturation_detail`` reports the numbers behind both (window, queue and held counts, arrival, admission and
+    completion rates, where the requests are held at t1: ``held_end_by_place``, median admission wait of the
+    window's arrivals (censored at the end of the run) and median service time (admission to finish)).
+
+    Closed loop (the users bound the requests held): requests wait for admission (KV or batch budget; or queued at
+    a disaggregated prefill pool) in more than CLOSED_WAIT_FRACTION (half) of the window's steps: the engine cannot
+    hold all N users, and more users only add queueing. A window in which no engine step ends while requests are
+    held (all of them stuck, e.g. in a KV transfer that never lands) served nothing: saturated.
     """
     if closed_loop:
         st = res.steps
         t_end = st["t_start"] + st["dt"] if len(st["dt"]) else np.zeros(0)
         win = t_end > warmup_s
         q = np.asarray(st["n_waiting"])[win]
-        if q.size < 4:
-            return False, {"note": "too few steps to judge"}
+        if q.size == 0:
+            where = held_by_place(res, float(res.sim_time_s))
+            n_held = sum(where.values())
+            return n_held > 0, {"rule": "closed loop: no engine step in the window while requests are held: "
+                                        "nothing was served", "steps": 0, "held": n_held, "held_by_place": where}
         pool = _prefill_pool_waiting(res, t_end[win])
         if pool is not None:
             q = q + pool   # disaggregated: a request queued at the prefill pool waits for admission too
@@ -169,11 +218,15 @@ def saturation(res: SimResult, warmup_s: float, closed_loop: bool) -> tuple[bool
     ok = ~res.rejected & np.isfinite(res.arrival_s)
     arr = np.sort(res.arrival_s[ok])
     adm = np.sort(res.admitted_s[ok][np.isfinite(res.admitted_s[ok])])
+    fin = np.sort(res.finish_s[ok][np.isfinite(res.finish_s[ok])])
     t0 = float(warmup_s)
     t1 = float(min(res.sim_time_s, arr[-1])) if arr.size else t0
     n_arr = int(np.searchsorted(arr, t1, "right") - np.searchsorted(arr, t0, "left"))
     info: dict[str, Any] = {"rule": f"open loop: admission queue growth over [warmup, last arrival] > "
-                                    f"max({OPEN_GROWTH_MIN}, {OPEN_GROWTH_FRACTION:g} x arrivals in it)",
+                                    f"max({OPEN_GROWTH_MIN}, {OPEN_GROWTH_FRACTION:g} x arrivals in it), or requests "
+                                    f"held (arrived, not finished) grew over its late half by > max("
+                                    f"{OPEN_GROWTH_FRACTION:g} x arrivals in it, {HELD_NOISE_SD:g} sd of a stable "
+                                    f"engine's count)",
                             "window_start_s": t0, "window_end_s": t1, "arrivals_in_window": n_arr}
     if n_arr == 0:
         info["note"] = "no arrivals inside the measurement window"
@@ -183,15 +236,31 @@ def saturation(res: SimResult, warmup_s: float, closed_loop: bool) -> tuple[bool
     growth = q1 - q0
     span = t1 - t0
     n_adm = int(np.searchsorted(adm, t1, "right") - np.searchsorted(adm, t0, "left"))
+    waiting = growth > max(OPEN_GROWTH_MIN, OPEN_GROWTH_FRACTION * n_arr)
+    # held: H(tm-) counts arrivals and finishes before tm, H(t1) those up to t1 (a burst at tm itself is growth)
+    tm = (t0 + t1) / 2
+    h_mid = int(np.searchsorted(arr, tm, "left") - np.searchsorted(fin, tm, "left"))
+    h_end = int(np.searchsorted(arr, t1, "right") - np.searchsorted(fin, t1, "right"))
+    n_late = int(np.searchsorted(arr, t1, "right") - np.searchsorted(arr, tm, "left"))
+    n_done = int(np.searchsorted(fin, t1, "right") - np.searchsorted(fin, tm, "left"))
+    h_growth = h_end - h_mid
+    h_limit = max(OPEN_GROWTH_FRACTION * n_late, HELD_NOISE_SD * math.sqrt(min(h_mid + h_end, n_late + n_done)))
+    held = n_late > 0 and h_growth > h_limit
+    late = t1 - tm
     in_win = ok & (res.arrival_s >= t0) & (res.arrival_s <= t1)
     wait = np.where(np.isfinite(res.admitted_s), res.admitted_s, res.sim_time_s)[in_win] - res.arrival_s[in_win]
     done = res.completed & ~res.rejected
     info.update(queue_start=q0, queue_end=q1, queue_growth=growth, growth_per_arrival=growth / n_arr,
                 arrival_rate_rps=n_arr / span if span > 0 else None,
                 admission_rate_rps=n_adm / span if span > 0 else None,
+                window_mid_s=tm, arrivals_in_late_half=n_late, completions_in_late_half=n_done, held_mid=h_mid,
+                held_end=h_end, held_growth=h_growth, held_growth_limit=h_limit,
+                completion_rate_rps=n_done / late if late > 0 else None,
+                held_end_by_place=held_by_place(res, t1), saturated_by=[k for k, v in (("waiting", waiting),
+                                                                                       ("held", held)) if v],
                 median_admission_wait_s=float(np.median(wait)),
                 median_service_s=float(np.median(res.finish_s[done] - res.admitted_s[done])) if done.any() else None)
-    return bool(growth > max(OPEN_GROWTH_MIN, OPEN_GROWTH_FRACTION * n_arr)), info
+    return bool(waiting or held), info
 
 
 def summarize(res: SimResult, *, policy: str, load: Any, warmup_s: float, closed_loop: bool) -> dict[str, Any]:
@@ -268,7 +337,9 @@ def summarize(res: SimResult, *, policy: str, load: Any, warmup_s: float, closed
                  recomputed_tokens=int(res.recomputed_tokens.sum()))
     if res.disaggregated and res.ttft_queue_s is not None:
         s["disaggregated"] = True
-        for part in ("queue", "prefill", "transfer"):
+        for part in ("queue", "prefill", "transfer", "decode_wait", "first_step"):
+            if f"ttft_{part}_s" not in done:
+                continue
             x = done[f"ttft_{part}_s"].to_numpy()
             s[f"ttft_{part}_mean_s"], s[f"ttft_{part}_median_s"] = _mean(x), _pct(x, 50)
             s[f"ttft_{part}_p99_s"] = _pct(x, 99)
@@ -317,13 +388,13 @@ def _clean(v: Any) -> Any:
 
 
 def bench_serve_json(res: SimResult, summary: dict[str, Any], *, model_id: str, request_rate: Any,
-                     burstiness: Any, max_concurrency: Any) -> dict[str, Any]:
+                     burstiness: Any, max_concurrency: Any, **options: Any) -> dict[str, Any]:
     """The run shaped exactly as `vllm bench serve --save-result` writes it (keys, units, meanings):
     see :mod:`dsparksim.results.bench_json`. Prompts are the requests issued in the measurement window."""
     from dsparksim.results.bench_json import bench_result
 
     d = bench_result(res, warmup_s=float(summary["warmup_s"]), duration_s=float(summary["window_s"]),
                      model_id=model_id, request_rate=request_rate, burstiness=burstiness,
-                     max_concurrency=max_concurrency)
+                     max_concurrency=max_concurrency, **options)
     return {k: ([_clean(x) for x in v] if isinstance(v, list) else v if k == "itls" else _clean(v))
             for k, v in d.items()}

@@ -96,6 +96,11 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
                               "live mode needs drafting costs measured on the trained drafters, but this profile's "
                               f"come from {profile.metadata.get('drafting', 'the drafter proxy')!r}; measure with "
                               "`dsparksim measure --live --models MODELS` or pass --no-profile-check")
+    t = cfg.traffic   # before anything is loaded
+    for name, flag in (("max_concurrency", "--max-concurrency"), ("num_warmup_prompts", "--num-warmup-prompts")):
+        if getattr(t, name, None):   # the benchmark client's cap and warm-up are simulated only (run)
+            raise ConfigError("cli", flag, f"is not supported by the real runner ({getattr(t, name)!r}); use "
+                              "`dsparksim run`, or --concurrency / no warm-up here")
     probe = make_policy(cfg.policy)
     if probe.needs_oracle:  # before any drafter is loaded
         raise ConfigError("config", "policy", f"{probe.spec} reads the true accepted length: it exists only in the "

@@ -16,8 +16,20 @@ result counts preemptions and recomputed tokens per request (``SimResult.preempt
 
 Disaggregated (``disaggregated=True``): every engine is decode-only. An arriving request that can be served first
 goes through the prefill pool (:class:`dsparksim.sim.disagg.PrefillPool`: ``prefill_replicas`` FIFO instances, then
-the KV transfer); when its KV lands it is routed to a decode engine and its first token counts as delivered then.
-TTFT = queue + prefill + transfer, reported per request (``SimResult.ttft_queue_s`` etc.).
+the KV transfer); when its KV lands it is routed to a decode engine, waits there for admission (KV room) and gets
+its first token from that engine's first step. TTFT = queue + prefill + transfer + decode wait + first step,
+reported per request (``SimResult.ttft_queue_s`` ... ``ttft_first_step_s``).
+
+The benchmark client (``client_cap``, ``warmup_requests``; open loop only), as ``vllm bench serve`` and SGLang's
+``bench_serving`` run it: requests arrive at their arrival times (all at t = 0 for request rate inf) and a
+semaphore of ``client_cap`` caps those in flight: an arrival that finds the cap reached waits in the client, FIFO,
+and is sent when an earlier request finishes (or is rejected). A request's arrival time is the time it is sent
+(the clients start a request's clock after acquiring the semaphore). The first ``warmup_requests`` rows are
+warm-up: all sent at t = 0 (under the same cap; a closed loop's users send them first), and the other rows'
+arrival times count from the moment the last warm-up request finished (``SimResult.notes["benchmark_start_s"]``:
+row i >= W arrives at that moment + its arrival time - row W's), as the clients start the benchmark after their
+warm-up; a closed loop's users send the measured rows from that moment on. A closed loop of c users over N requests is this client at rate inf with cap c (same requests,
+same steps: tested).
 
 Stop rules: ``duration_s`` stops the clock there (requests still running are reported as not completed; a step
 that would end after it never completes); ``num_requests`` issues that many requests and runs until all of them
@@ -91,6 +103,10 @@ class SimResult:
     ttft_queue_s: np.ndarray | None = None    # per request (disaggregated): prefill-pool queueing
     ttft_prefill_s: np.ndarray | None = None  # per request (disaggregated): prefill time
     ttft_transfer_s: np.ndarray | None = None  # per request (disaggregated): KV transfer time
+    ttft_decode_wait_s: np.ndarray | None = None  # per request (disaggregated): KV landed -> admitted (room)
+    ttft_first_step_s: np.ndarray | None = None   # per request (disaggregated): admitted -> first token
+    # per request: tokens emitted by its decode steps (None: emitted - 1, the first token excluded)
+    decode_emitted_tokens: np.ndarray | None = None
 
     @property
     def completed(self) -> np.ndarray:
@@ -114,7 +130,8 @@ class SimResult:
         per_req = {k: getattr(self, k)[keep] for k in (
             "arrival_s", "admitted_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
             "emitted_tokens", "decode_steps", "verify_tokens", "accepted_tokens", "domain")}
-        for k in ("preemptions", "recomputed_tokens", "ttft_queue_s", "ttft_prefill_s", "ttft_transfer_s"):
+        for k in ("preemptions", "recomputed_tokens", "ttft_queue_s", "ttft_prefill_s", "ttft_transfer_s",
+                  "ttft_decode_wait_s", "ttft_first_step_s", "decode_emitted_tokens"):
             v = getattr(self, k)
             per_req[k] = None if v is None else v[keep]
         return SimResult(**per_req, steps={k: v[sk] for k, v in self.steps.items()}, sim_time_s=self.sim_time_s,
@@ -176,6 +193,8 @@ class Simulation:
         prefill_replicas: int = 1,
         kv_transfer_gbps: float | None = None,
         kv_bytes_per_token: float | None = None,
+        client_cap: int | None = None,
+        warmup_requests: int = 0,
     ) -> None:
         if (duration_s is None) == (num_requests is None):
             raise ConfigError("config", "duration_s/num_requests", "give exactly one of duration or number of requests")
@@ -203,6 +222,22 @@ class Simulation:
         if kv_policy == "paged" and int(kv_capacity_tokens) < kv_page_tokens:
             raise ConfigError("config", "kv_capacity_tokens", f"{kv_capacity_tokens} KV tokens hold no page of "
                               f"{kv_page_tokens} tokens")
+        if client_cap is not None and workload.closed_loop:
+            raise ConfigError("config", "client_cap", "the client's cap applies to arrivals (open loop); a closed "
+                              "loop already caps its users")
+        if warmup_requests and num_requests is None:
+            raise ConfigError("config", "warmup_requests", "warm-up requests need a count-bound run (num_requests)")
+        if client_cap is not None and (isinstance(client_cap, bool) or int(client_cap) < 1):
+            raise ConfigError("config", "client_cap", f"must be an integer >= 1, got {client_cap!r}")
+        if isinstance(warmup_requests, bool) or int(warmup_requests) < 0:
+            raise ConfigError("config", "warmup_requests", f"must be an integer >= 0, got {warmup_requests!r}")
+        if warmup_requests and num_requests is not None and warmup_requests >= num_requests:
+            raise ConfigError("config", "warmup_requests", f"{warmup_requests} warm-up requests leave none of the "
+                              f"{num_requests} requests to measure")
+        self.client_cap = None if client_cap is None else int(client_cap)
+        self.warmup_requests = int(warmup_requests)
+        self.client_waiting = 0   # requests arrived at the client, waiting for the cap (FIFO: rows issued..)
+        self.bench_start = 0.0
         self.kv_policy, self.kv_page_tokens = kv_policy, int(kv_page_tokens)
         self.disagg = bool(disaggregated)
         self.pool = None
@@ -292,6 +327,7 @@ class Simulation:
             r.reject[row] = reason
             self.n_rejected += 1
             self._reject_streak += 1
+            self._check_warmup(t)
             return False
         self._reject_streak = 0
         if self.pool is not None:
@@ -310,11 +346,11 @@ class Simulation:
         return True
 
     def _route(self, row: int, t: float) -> None:
-        """Put servable request ``row`` into its engine's inbox at ``t`` (disaggregated: its first token now)."""
+        """Put servable request ``row`` into its engine's inbox at ``t`` (disaggregated: its KV has landed)."""
         r = self.req
         if self.pool is not None:
             self.in_prefill -= 1
-            r.first_tok[row] = t
+            r.landed[row] = t
         e = self.router.route(row, self.engines, r)
         eng = self.engines[e]
         eng.inbox.put(row)
@@ -328,8 +364,12 @@ class Simulation:
                                  "(lower --rate / --time-scale, or shorten the run)"))
 
     def _issue_user(self, t: float) -> None:
-        """Closed loop: a free user sends requests until one is queued (rejected ones are answered at once)."""
+        """Closed loop: a free user sends requests until one is queued (rejected ones are answered at once).
+        With a warm-up, a user that reaches the first measured row waits for the warm-up's end."""
         while self.n_rows is None or self.issued < self.n_rows:
+            if self.issued == self.warmup_requests and self.warmup_requests and not self._warm_done.triggered:
+                self._users_waiting += 1
+                return
             if not self.req.load(self.issued):
                 return
             if self._issue(self.issued, t):
@@ -348,22 +388,56 @@ class Simulation:
                           "workload fits this engine")
 
     def _arrivals(self, env: simpy.Environment):
-        """Open loop: one timeout per arrival; each request is routed at its arrival time."""
+        """Open loop: one timeout per arrival; each request is routed at its arrival time (with the client's cap:
+        sent when a slot frees; after a warm-up: arrival times count from the benchmark's start)."""
         r = self.req
-        while r.load(self.issued):
-            t = float(r.arr_time[self.issued])
+        nxt = 0   # next row to arrive (rows issued .. nxt-1 wait in the client for the cap)
+        w = self.warmup_requests
+        while r.load(nxt):
+            if nxt == w and w:
+                if not self._warm_done.triggered:
+                    yield self._warm_done
+            t = (0.0 if nxt < w else
+                 float(r.arr_time[nxt]) + (self.bench_start - float(r.arr_time[w]) if w else 0.0))
             if self.duration is not None and t >= self.duration:
                 return
             if t > env.now:
                 yield env.timeout(t - env.now)
-            self._issue(self.issued, t)
+            nxt += 1
+            if self.client_cap is None:
+                self._issue(self.issued, t)
+            else:
+                self.client_waiting += 1
+                self._release(t)
         if self.duration is not None:
             self.notes["arrivals_ended_before_horizon"] = True
         self._arrivals_finished = True
         self._maybe_done()
 
+    def _in_flight(self) -> int:
+        return self.issued - self.n_finished - self.n_rejected
+
+    def _release(self, t: float) -> None:
+        """The client: send waiting requests (FIFO) while fewer than ``client_cap`` are in flight."""
+        while self.client_waiting and self._in_flight() < self.client_cap:
+            self.client_waiting -= 1
+            self._issue(self.issued, t)
+
+    def _check_warmup(self, t: float) -> None:
+        """Trigger the end of the warm-up when every warm-up request has finished or been rejected."""
+        w = self.warmup_requests
+        if w and not self._warm_done.triggered and self.issued >= w and self.n_finished + self.n_rejected >= w:
+            self.bench_start = t
+            self._warm_done.succeed()
+            users, self._users_waiting = self._users_waiting, 0
+            for _ in range(users):   # closed loop: the users that finished their warm-up start the benchmark
+                self._issue_user(t)
+
     def _on_finish(self, rows: np.ndarray, now: float) -> None:
         self.n_finished += len(rows)
+        self._check_warmup(now)
+        if self.client_cap is not None:
+            self._release(now)
         if self.wl.closed_loop:
             # Each finished user immediately sends its next request (zero think time).
             for _ in range(len(rows)):
@@ -389,6 +463,8 @@ class Simulation:
         env = simpy.Environment()
         self.env = env
         self._done = env.event()
+        self._warm_done = env.event()
+        self._users_waiting = 0
         self._error: BaseException | None = None
         self._driver_of: list[_Driver] = []
         drivers = []
@@ -427,6 +503,10 @@ class Simulation:
             raise ConfigError("config", "traffic.pool_size",
                               f"the closed-loop request pool ({self.n_rows} rows) ran out at t={env.now:.2f}s before "
                               f"the {self.duration}s duration: raise the pool size (or leave it unset: unlimited)")
+        if self.warmup_requests or self.client_cap is not None:
+            self.notes["benchmark_start_s"] = float(self.bench_start)
+            self.notes["warmup_requests"] = self.warmup_requests
+            self.notes["client_cap"] = self.client_cap
         m = self.issued
         if m and self.n_admitted == 0 and self.n_rejected == m:
             self._nothing_fits()
@@ -482,6 +562,9 @@ class Simulation:
             ttft_queue_s=r.ttft_q[:m].copy() if self.disagg else None,
             ttft_prefill_s=r.ttft_pf[:m].copy() if self.disagg else None,
             ttft_transfer_s=r.ttft_tx[:m].copy() if self.disagg else None,
+            ttft_decode_wait_s=(r.admitted[:m] - r.landed[:m]) if self.disagg else None,
+            ttft_first_step_s=(r.first_tok[:m] - r.admitted[:m]) if self.disagg else None,
+            decode_emitted_tokens=r.demit[:m].copy(),
         )
 
 

@@ -13,8 +13,10 @@ Model (deliberately simple, every part reported per request):
 * The prompt's KV then crosses the link at full bandwidth, with no contention between transfers:
   ``prompt_tokens * kv_bytes_per_token * 8 / (kv_transfer_gbps * 1e9)`` seconds (``ttft_transfer``).
 
-The first token (sampled by the prefill instance) reaches the user when the KV lands on the decode engine:
-TTFT = queue + prefill + transfer. Waiting for admission on the decode engine delays the later tokens only.
+The KV then waits on the decode engine for admission (room in its KV cache: ``ttft_decode_wait``), and the decode
+engine's first step for the request computes its last prompt token and samples the first output token
+(``ttft_first_step``; vLLM's P/D connectors load the KV of all but the last prompt token). TTFT = queue + prefill +
+transfer + decode wait + first step.
 """
 from __future__ import annotations
 

@@ -38,9 +38,10 @@ whole KV capacity -- in pages when paged) is rejected on arrival by the cluster 
 vLLM answers 400.
 
 Disaggregated (``disaggregated=True``, decode-only engines): a request reaches the engine with its prompt's KV built
-by the prefill pool (:mod:`dsparksim.sim.disagg`) and its first token already streamed; admission makes it decode at
-once (no prefill chunk in any step), except a request preempted here, which re-prefills locally by recompute. Its
-first token is counted in the ``emitted`` column of this engine's next step.
+by the prefill pool (:mod:`dsparksim.sim.disagg`) and waits, like any request, for admission (KV room). Admitted,
+it has all but its last prompt token prefilled: its first step here computes that token (a one-token prefill
+chunk) and samples the first output token, which reaches the user at that step's end (vLLM's P/D connectors load
+the remote KV of all but the last prompt token). A request preempted here re-prefills locally by recompute.
 
 Long context: with the profile's ``seconds_per_query_kv`` (attention block) a step also pays that much per
 query-key pair of its decoding requests' attention: request i, with context c_i and L_i verified drafts, runs
@@ -75,7 +76,11 @@ KV_POLICIES = ("paged", "reserve")
 DEFAULT_WATERMARK = 0.01
 DEFAULT_PAGE_TOKENS = 16    # vLLM's default --block-size (KV page) on CUDA
 LOG_KEYS = ("t_start", "dt", "n_decode", "n_prefill_tokens", "M", "verify_tokens", "emitted", "decode_emitted",
-            "n_waiting", "n_running", "kv_used", "kv_read", "drafts", "accepted")
+            "n_waiting", "n_running", "kv_used", "kv_read", "drafts", "accepted", "prefill_qk", "prefill_chunks",
+            "decode_qk")
+# The columns a step's price is a function of (with the profile, the drafter and K): reprice_steps() recomputes dt
+# from them exactly.
+PRICE_KEYS = ("M", "n_decode", "kv_read", "n_prefill_tokens", "prefill_qk", "prefill_chunks", "decode_qk")
 
 
 @dataclass
@@ -207,7 +212,6 @@ class Engine:
         self._grown = False   # paged: admit() gave every decoding request its pages for the coming step
         self.n_preemptions = 0
         self._preempted: list[int] = []
-        self._first_pending = 0   # disaggregated: first tokens (made by the prefill pool) not yet logged
         # long-context attention: seconds per query-key pair of the decoding rows (absent = 0: priced as before)
         self._qk = float(getattr(profile, "seconds_per_query_kv", 0.0) or 0.0)
         # the drafter's context term (profile drafters.<name>.seconds_per_kv_token; absent = 0): only then is the
@@ -311,7 +315,6 @@ class Engine:
             if self._grow_pages():
                 return new
             self._grown = True   # plan_step need not grow again unless this admission adds decoding rows
-        done1: list[int] = []
         while self.waiting and self.free_slots:
             row = self.waiting[0]
             if self.paged:
@@ -339,13 +342,9 @@ class Engine:
             if r.preempt[row] == 0:
                 r.admitted[row] = now       # first admission (a preempted request keeps its own)
                 if self.disagg:
-                    # the prefill pool built the prompt's KV and streamed the first token (cluster set first_tok)
-                    r.phase[row] = DECODE
-                    r.prefilled[row] = r.prompt[row]
-                    r.gen[row] = 1
-                    self._first_pending += 1
-                    if r.out[row] == 1:
-                        done1.append(row)
+                    # the prefill pool built the prompt's KV: the first step here computes the last prompt token
+                    # and samples the first output token (module doc)
+                    r.prefilled[row] = r.prompt[row] - 1
             self.n_admitted += 1
             self.running.append(row)
             new.append(row)
@@ -362,8 +361,6 @@ class Engine:
                 self._grown = False
             for cb in self.on_admit:
                 cb(new)
-        if done1:
-            self._finish(np.array(done1, np.int64), now)
         return new
 
     # ---------------------------------------------------------------- paged KV
@@ -591,6 +588,7 @@ class Engine:
             emit = np.minimum(a + 1, out - gen)  # the last step may overshoot: stop at length
             gen += emit
             r.gen[dec] = gen
+            r.demit[dec] += emit
             r.dsteps[dec] += 1
             r.vtok[dec] += L
             r.atok[dec] += a
@@ -612,9 +610,6 @@ class Engine:
                 emitted += 1
                 if r.gen[row] >= r.out[row]:
                     finished.append(np.array([row]))
-        if self._first_pending:
-            emitted += self._first_pending
-            self._first_pending = 0
         outcome.emitted = emitted
         done = np.concatenate(finished) if finished else np.zeros(0, np.int64)
         if len(done):
@@ -643,6 +638,9 @@ class Engine:
         lg["kv_read"].append(plan.kv_read)
         lg["drafts"].append(outcome.drafts)
         lg["accepted"].append(outcome.accepted_total)
+        lg["prefill_qk"].append(plan.prefill_qk)
+        lg["prefill_chunks"].append(len(plan.prefill))
+        lg["decode_qk"].append(plan.decode_qk)
         self.acc_pos_log.append(outcome.accepted_per_pos)
         for k, v in outcome.extra.items():
             lg.setdefault(k, []).append(v)
@@ -665,6 +663,33 @@ class Engine:
         self.free_slots.extend(r.slot_of[rows].tolist())
         for cb in self.on_finish:
             cb(rows, now)
+
+
+def reprice_steps(profile: Any, steps: Any, drafter: str | None, K: int,
+                  max_batched_tokens: int | None = None) -> np.ndarray:
+    """The price of every logged step, recomputed from its shape (the PRICE_KEYS columns of an engine's step log,
+    a dict of arrays or a DataFrame) with the very formula :meth:`Engine.plan_step` used, in the same order of
+    operations, so that it equals the logged ``dt`` of a simulated single-rank step bit for bit. A DP rank's own
+    price is its ``rank_busy_s`` (its ``dt`` is the slowest rank's). ``max_batched_tokens``: the run's token
+    budget (None = the profile's largest breakpoint), which decides whether verify times came from the dense
+    table."""
+    eng = Engine.__new__(Engine)   # only the pricing state: the profile, drafter, K, token budget and tables
+    eng.profile, eng.drafter, eng.K = profile, drafter, int(K)
+    eng._qk = float(getattr(profile, "seconds_per_query_kv", 0.0) or 0.0)
+    dc = (getattr(profile, "drafters", None) or {}).get(drafter) if drafter is not None else None
+    eng._draft_kv = bool(getattr(dc, "seconds_per_kv_token", 0.0))
+    col = {k: np.asarray(steps[k], np.int64) for k in PRICE_KEYS}
+    eng.max_tokens = int(profile.max_tokens if max_batched_tokens is None else max_batched_tokens)
+    eng._dense = eng._dense_verify_table()
+    out = np.empty(len(col["M"]))
+    for i in range(len(out)):
+        f = eng.step_cost(int(col["n_decode"][i]), int(col["kv_read"][i]), int(col["n_prefill_tokens"][i]),
+                          int(col["prefill_qk"][i]), int(col["prefill_chunks"][i]))
+        t = float(f(np.array([int(col["M"][i])]))[0])
+        if eng._qk and col["n_decode"][i]:
+            t += eng._qk * int(col["decode_qk"][i])
+        out[i] = t
+    return out
 
 
 def __getattr__(name: str):

@@ -70,6 +70,9 @@ def max_model_len(profile) -> int | None:
 def engine_limits(cfg: RunConfig, profile) -> tuple[int, int]:
     """(KV capacity in tokens, token budget per step) of a run: the config's values, else the profile's."""
     kv_cap = cfg.engine.kv_capacity_tokens or profile.metadata.get("kv_capacity_tokens")
+    if getattr(cfg.engine, "mem_fraction_static", None) is not None:
+        from dsparksim.cost.memory import kv_capacity_at_fraction
+        kv_cap = kv_capacity_at_fraction(profile, cfg.engine.mem_fraction_static)[0]
     if not kv_cap:
         raise ConfigError(profile.source, "metadata.kv_capacity_tokens",
                           "profile states no KV capacity: pass --kv-capacity TOKENS")
@@ -90,6 +93,16 @@ def check_deployment(cfg: RunConfig, prof: Any) -> None:
     (metadata.data_parallel, e.g. a built DP8+EP8 profile) run with another number of --dp-ranks is warned about
     (its EP all-to-all assumes D ranks)."""
     eng = cfg.engine
+    tp = getattr(eng, "tensor_parallel_size", None)
+    if tp is not None:
+        have = prof.metadata.get("tensor_parallel") if isinstance(getattr(prof, "metadata", None), dict) else None
+        if have is None:
+            raise ConfigError(str(prof.source), "metadata.tensor_parallel", f"--tensor-parallel-size {tp}: profile "
+                              f"'{prof.name}' does not state the TP it prices; drop the option or use a profile "
+                              "that states it (profile build --tp)")
+        if int(have) != tp:
+            raise ConfigError("cli", "--tensor-parallel-size", f"{tp}, but profile '{prof.name}' prices TP {have} "
+                              f"(a profile prices one deployment): build one with `profile build --tp {tp}`")
     if getattr(eng, "disaggregated", False):
         from dsparksim.sim.disagg import kv_transfer_terms
         kv_transfer_terms(prof, eng.kv_transfer_gbps, eng.kv_bytes_per_token)

@@ -6,8 +6,10 @@ routed to it; the row index is the request's stable id (policy history, keyed ra
 
 Paged KV (:mod:`dsparksim.sim.engine`) adds: ``regen`` generated tokens a preempted request re-prefills (its prefill
 target is prompt + regen; its context is prefilled + gen - regen), ``pages`` KV pages held, ``preempt`` times
-preempted, ``recomp`` KV tokens discarded by preemption (computed again). Disaggregated runs add the TTFT parts
-``ttft_q`` (prefill-pool queueing), ``ttft_pf`` (prefill) and ``ttft_tx`` (KV transfer), in seconds.
+preempted, ``recomp`` KV tokens discarded by preemption (computed again). ``demit``: tokens emitted by the request's
+decode steps (its first token and a re-prefill's token come from prefill forwards). Disaggregated runs add the TTFT parts
+``ttft_q`` (prefill-pool queueing), ``ttft_pf`` (prefill) and ``ttft_tx`` (KV transfer), in seconds, and ``landed``
+(the time its KV reached the decode engine's queue).
 """
 from __future__ import annotations
 
@@ -25,14 +27,14 @@ class RequestTable:
 
     GROWN = ("phase", "arrival", "admitted", "first_tok", "finish", "prompt", "out", "prefilled", "gen", "dsteps",
              "vtok", "atok", "slot_of", "reject", "domain", "arr_time", "replica", "key", "session",
-             "regen", "pages", "preempt", "recomp", "ttft_q", "ttft_pf", "ttft_tx")
+             "regen", "pages", "preempt", "recomp", "demit", "ttft_q", "ttft_pf", "ttft_tx", "landed")
     _FILL = {"arrival": np.nan, "admitted": np.nan, "first_tok": np.nan, "finish": np.nan, "slot_of": -1,
              "arr_time": np.nan, "replica": -1, "session": -1, "ttft_q": np.nan, "ttft_pf": np.nan,
-             "ttft_tx": np.nan}
+             "ttft_tx": np.nan, "landed": np.nan}
     _DTYPE = {"phase": np.int8, "prompt": np.int64, "out": np.int64, "prefilled": np.int64, "gen": np.int64,
               "dsteps": np.int64, "vtok": np.int64, "atok": np.int64, "slot_of": np.int64, "reject": np.int8,
               "domain": object, "replica": np.int32, "key": np.uint64, "session": np.int64, "regen": np.int64,
-              "pages": np.int64, "preempt": np.int64, "recomp": np.int64}
+              "pages": np.int64, "preempt": np.int64, "recomp": np.int64, "demit": np.int64}
 
     def __init__(self, workload: Workload, n_rows: int | None, streams: RequestStreams | None) -> None:
         self.wl = workload
@@ -79,6 +81,11 @@ class RequestTable:
                 self.session[i:j] = blk[4][:n]
                 self.has_session = True
             if self.streams is not None:
-                self.key[i:j] = self.streams.request_keys(np.arange(i, j))
+                ids = np.arange(i, j)
+                w = int(getattr(self.wl, "warmup", 0) or 0)
+                if w:   # measured requests keep the ids they have without a warm-up (traffic.base)
+                    from dsparksim.traffic.base import WARMUP_ID0
+                    ids = np.where(ids >= w, ids - w, WARMUP_ID0 + ids)
+                self.key[i:j] = self.streams.request_keys(ids)
             self.known = j
         return True

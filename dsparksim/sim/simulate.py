@@ -30,6 +30,7 @@ class RunOutput:
     summary: dict[str, Any]
     result: SimResult
     inputs: dict[str, Any]  # resolved provenance of profile / acceptance / workload / policy
+    bench: dict[str, Any] | None = None   # bench_result.json's dict, once write_run built it
 
     def requests(self) -> pd.DataFrame:
         return per_request_table(self.result)
@@ -55,10 +56,13 @@ def _streams(seed: int) -> dict[str, Any]:
             "policy": np.random.default_rng(pol)}
 
 
-def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None) -> RunOutput:
-    """Simulate one configuration and summarise it (nothing is written)."""
+def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None, *, profile: Any = None,
+             cache: dict | None = None) -> RunOutput:
+    """Simulate one configuration and summarise it (nothing is written). ``profile``: an already loaded profile
+    instead of ``cfg.profile``; ``cache``: shared across calls (see :func:`resolve_inputs`)."""
     rngs = _streams(cfg.seed)
-    ri = resolve_inputs(cfg)  # profile, policy, K, acceptance, drafter and engine limits (dsparksim.sim.inputs)
+    # profile, policy, K, acceptance, drafter and engine limits (dsparksim.sim.inputs)
+    ri = resolve_inputs(cfg, profile=profile, cache=cache)
     profile, policy, K, acceptance, drafter = ri.profile, ri.policy, ri.K, ri.acceptance, ri.drafter
     kv_cap, max_tok = ri.kv_cap, ri.max_tokens
     policy.reset(K, rngs["policy"])
@@ -69,11 +73,11 @@ def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None) ->
     sim = Simulation(profile=profile, acceptance=acceptance, policy=policy, workload=workload, block_size=K,
                      drafter=drafter, kv_capacity_tokens=int(kv_cap), max_num_seqs=cfg.engine.max_num_seqs,
                      max_batched_tokens=int(max_tok), prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens,
-                     streams=rngs["acceptance"], duration_s=duration, num_requests=t.num_requests,
+                     streams=rngs["acceptance"], duration_s=duration, num_requests=t.total_requests,
                      progress=progress, max_model_len=max_model_len(profile),
                      replicas=getattr(cfg.engine, "replicas", 1), dp_ranks=getattr(cfg.engine, "dp_ranks", 1),
                      router=getattr(cfg.engine, "router", "round-robin"), router_seed=cfg.seed,
-                     **kv_options(cfg))
+                     client_cap=t.max_concurrency, warmup_requests=t.num_warmup_prompts, **kv_options(cfg))
     res = sim.run()
     summary, inputs = run_summary(cfg, res, profile, acceptance, policy, workload, K, drafter, kv_cap, max_tok,
                                   duration)
@@ -92,6 +96,9 @@ def run_summary(cfg: RunConfig, res: SimResult, profile, acceptance, policy, wor
                 kv_cap: int, max_tok: int, duration: float | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(summary, resolved inputs) of a finished run, simulated or real (the real runner adds its own fields)."""
     warmup = cfg.warmup_s if cfg.warmup_s is not None else (0.1 * duration if duration else 0.0)
+    if getattr(cfg.traffic, "num_warmup_prompts", 0):
+        # the benchmark client's warm-up: the measurement starts when the warm-up requests have finished
+        warmup = float(res.notes["benchmark_start_s"])
     summary = summarize(res, policy=policy.spec, load=load_label(cfg), warmup_s=warmup,
                         closed_loop=workload.closed_loop)
     summary["context_model"] = profile.context_model
@@ -164,25 +171,46 @@ def round_floats(obj: Any, sig: int = 10) -> Any:
     return obj
 
 
-def write_run(out: RunOutput, out_dir: str | Path, fmt: str = "csv", steps: bool = False) -> dict[str, Path]:
+def bench_json_of(out: RunOutput, **options: Any) -> dict[str, Any]:
+    """The run's bench_result.json dict (``options``: bench_json.bench_result's vLLM output options)."""
+    t = out.config.traffic
+    bench = bench_serve_json(out.result, out.summary, model_id=str(out.inputs["profile"]["metadata"].get("model", "")),
+                             request_rate=(t.rate if t.mode in ("poisson", "gamma", "constant") else "inf"),
+                             burstiness=t.burstiness,
+                             max_concurrency=t.concurrency if t.mode == "closed" else t.max_concurrency, **options)
+    bench["date"] = time.strftime("%Y%m%d-%H%M%S")
+    return bench
+
+
+def write_run(out: RunOutput, out_dir: str | Path | None, fmt: str = "csv", steps: bool = False,
+              bench_options: dict[str, Any] | None = None, result_file: Path | None = None,
+              bench_copy_name: str | None = None) -> dict[str, Path]:
     """Write config.json, requests.{csv,parquet}, bench_result.json, [steps.csv] and summary.json.
 
     Everything goes into a staging directory that then replaces ``out_dir`` whole (dsparksim.results.outputs): the result
-    is complete or absent, and no file of an earlier run into the same directory survives."""
+    is complete or absent, and no file of an earlier run into the same directory survives. ``out_dir`` None: no
+    folder. ``result_file``: also write the bench JSON there, as a new file (``--result-dir``: never replaces the
+    folder, never an existing file); ``bench_copy_name``: also inside ``out_dir`` under that name
+    (``--result-filename`` without ``--result-dir``)."""
     from dsparksim.results.bench_json import write_bench_json
     from dsparksim.results.outputs import staged_dir
 
-    final = Path(out_dir)
     cfg = out.config
-    t = cfg.traffic
     names = {"config": "config.json", "requests": f"requests.{fmt}", "bench": "bench_result.json",
              "summary": "summary.json"}
     if steps:
         names["steps"] = "steps.csv"
-    bench = bench_serve_json(out.result, out.summary, model_id=str(out.inputs["profile"]["metadata"].get("model", "")),
-                             request_rate=(t.rate if t.mode in ("poisson", "gamma", "constant") else "inf"),
-                             burstiness=t.burstiness, max_concurrency=t.concurrency)
-    bench["date"] = time.strftime("%Y%m%d-%H%M%S")
+    if bench_copy_name:
+        names["result"] = bench_copy_name
+    bench = bench_json_of(out, **(bench_options or {}))
+    out.bench = bench
+    paths: dict[str, Path] = {}
+    if result_file is not None:
+        _write_new_file(Path(result_file), lambda p: write_bench_json(p, bench))
+        paths["result"] = Path(result_file)
+    if out_dir is None:
+        return paths
+    final = Path(out_dir)
     with staged_dir(final) as d:
         write_json(d / names["config"], {"config": cfg.to_dict(), "inputs": _jsonable(out.inputs),
                                          "dsparksim_version": _version()})
@@ -193,7 +221,22 @@ def write_run(out: RunOutput, out_dir: str | Path, fmt: str = "csv", steps: bool
 
             write_table(d / names["steps"], pd.DataFrame(out.result.steps))
         write_json(d / names["summary"], round_floats(out.summary))
-    return {k: final / v for k, v in names.items()}
+        if bench_copy_name:
+            write_bench_json(d / bench_copy_name, bench)
+    return {**{k: final / v for k, v in names.items()}, **paths}
+
+
+def _write_new_file(path: Path, write: Callable[[Path], None]) -> None:
+    """Write ``path`` as a new file (its folder is created if missing; an existing file is never replaced: the
+    final rename is a link that fails if the name was taken meanwhile)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    try:
+        write(tmp)
+        os.link(tmp, path)    # FileExistsError if it exists: checked up front, so only a race gets here
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _jsonable(x: Any) -> Any:

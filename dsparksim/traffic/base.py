@@ -19,6 +19,10 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 CHUNK = 1024  # requests per keyed block
+# Warm-up requests (the benchmark client's) come from blocks WARMUP_BLOCK0 + b of the same streams, so the measured
+# requests are the same whatever the warm-up count; their stable ids (RequestTable) are WARMUP_ID0 + row.
+WARMUP_BLOCK0 = 2**40
+WARMUP_ID0 = 2**62
 STREAM_GAP, STREAM_ROW, STREAM_DOMAIN = 1, 2, 3
 
 # A block: (prompt_tokens, output_tokens, domain, arrival_s or None), all of one length.
@@ -54,6 +58,7 @@ class Workload:
     concurrency: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     session: np.ndarray | None = None   # (n,) int64 session / prefix id per request (-1 = none), or None
+    warmup: int = 0                      # the first rows are the client's warm-up (ids WARMUP_ID0 + row)
 
     def __post_init__(self) -> None:
         n = len(self.prompt_tokens)
@@ -93,7 +98,8 @@ class Workload:
 class LazyWorkload:
     """Requests generated block by block from a length table and keyed streams (see the module doc).
 
-    rows(b, n) -> the table rows of block b's first n requests; domains(b, rows) -> their domains;
+    rows(b, n) -> the table rows of block b's first n requests (or ``lengths(b, n)`` -> their prompt and output
+    lengths directly; the tables then hold the largest of each); domains(b, rows) -> their domains;
     gaps(b, n) -> the unscaled gap before each of them (None = closed loop). Arrival times are
     cumsum(gaps) / time_scale with the first request at t = 0; ``horizon`` ends the arrivals (open loop,
     exclusive), ``limit`` the count. Closed loop without a limit is unbounded: the engine's duration ends it.
@@ -107,12 +113,16 @@ class LazyWorkload:
                  exact_times: Callable[[np.ndarray], np.ndarray] | None = None,
                  horizon: float | None = None, limit: int | None = None, concurrency: int | None = None,
                  metadata: dict[str, Any] | None = None,
-                 finish_meta: Callable[["Workload"], dict[str, Any]] | None = None) -> None:
+                 finish_meta: Callable[["Workload"], dict[str, Any]] | None = None,
+                 lengths: Callable[[int, int], tuple[np.ndarray, np.ndarray]] | None = None,
+                 warmup: int = 0) -> None:
         if (gaps is None) == (concurrency is None):
             raise ValueError("LazyWorkload needs exactly one of gaps (open loop) or concurrency (closed loop)")
         self._p, self._o = prompt_table, output_table
         self._rows, self._domains, self._gaps, self._exact = rows, domains, gaps, exact_times
         self.time_scale, self.horizon, self.limit, self.concurrency = time_scale, horizon, limit, concurrency
+        self.warmup = int(warmup)   # first rows: warm-up, from blocks WARMUP_BLOCK0 + b (limit counts them)
+        self._lengths = lengths   # (block, n) -> (prompt, output) of its first n requests, instead of table rows
         self._meta = dict(metadata or {})
         self._finish_meta = finish_meta
         self._eager: Workload | None = None
@@ -134,9 +144,14 @@ class LazyWorkload:
         return int((self._p + self._o).max()) if len(self._p) else 0
 
     def iter_blocks(self) -> Iterator[Block]:
+        for wb in range(-(-self.warmup // CHUNK)):   # the warm-up first (sent at once: arrival 0)
+            n = min(CHUNK, self.warmup - wb * CHUNK)
+            bb = WARMUP_BLOCK0 + wb
+            yield self._block(bb, self._rows(bb, n), None if self._gaps is None else np.zeros(n))
+        limit = None if self.limit is None else self.limit - self.warmup
         t_prev = 0.0   # unscaled arrival of the last request of the previous block
         for b in itertools.count():
-            n = CHUNK if self.limit is None else min(CHUNK, self.limit - b * CHUNK)
+            n = CHUNK if limit is None else min(CHUNK, limit - b * CHUNK)
             if n <= 0:
                 return
             rows = self._rows(b, n)
@@ -159,6 +174,9 @@ class LazyWorkload:
             yield self._block(b, rows, arrival)
 
     def _block(self, b: int, rows: np.ndarray, arrival: np.ndarray | None) -> Block:
+        if self._lengths is not None:
+            p, o = self._lengths(b, len(rows))
+            return (np.asarray(p, np.int64), np.asarray(o, np.int64), self._domains(b, rows), arrival)
         return (self._p[rows].astype(np.int64), self._o[rows].astype(np.int64), self._domains(b, rows), arrival)
 
     # ------------------------------------------------------------ the finite workload in arrays (tests, metadata)
@@ -171,7 +189,7 @@ class LazyWorkload:
             cat = (lambda k, dt: np.concatenate([x[k] for x in blocks]) if blocks else np.zeros(0, dt))
             self._eager = Workload(prompt_tokens=cat(0, np.int64), output_tokens=cat(1, np.int64),
                                    domain=cat(2, object), arrival_s=None if self.closed_loop else cat(3, float),
-                                   concurrency=self.concurrency)
+                                   concurrency=self.concurrency, warmup=self.warmup)
         return self._eager
 
     @property

@@ -87,6 +87,39 @@ def _length_source(cfg: TrafficConfig, key: int):
     return tab, (lambda b, n: keyed_rng(key, STREAM_ROW, b).integers(0, size, CHUNK)[:n]), meta
 
 
+class _Support:
+    """The length 'table' of the random dataset: its largest prompt and output (the rows are never read)."""
+
+    def __init__(self, p: int, o: int) -> None:
+        self.prompt_tokens, self.output_tokens = np.array([p], np.int64), np.array([o], np.int64)
+        self.domain = None
+        self.source = "random dataset"
+
+
+def _random_source(cfg: TrafficConfig, key: int):
+    """(support, rows, lengths(block, n), metadata) of the random dataset: prompt and output lengths independent,
+    uniform over the integers [max(1, int(R*L)), L], request i's from keyed block i // CHUNK of the ROW stream
+    (SGLang bench_serving sample_random_requests: np.random.randint(int(L * R), L + 1); the 1 keeps a length)."""
+    Li, Lo, R = cfg.input_len, cfg.output_len, cfg.range_ratio
+    lo_i, lo_o = max(1, int(Li * R)), max(1, int(Lo * R))
+    for limit, L, name in ((cfg.max_prompt_tokens, Li, "max_prompt_tokens"),
+                           (cfg.max_output_tokens, Lo, "max_output_tokens")):
+        if limit is not None and L > limit:
+            raise ConfigError("TrafficConfig", name, f"the random dataset draws up to {L} tokens > {name}={limit}")
+
+    def lengths(b: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        g = keyed_rng(key, STREAM_ROW, b)
+        p = g.integers(lo_i, Li + 1, CHUNK)
+        o = g.integers(lo_o, Lo + 1, CHUNK)
+        return p[:n], o[:n]
+
+    meta = {"source": "random", "random_input_len": Li, "random_output_len": Lo, "random_range_ratio": R,
+            "prompt_range": [lo_i, Li], "output_range": [lo_o, Lo],
+            "sampling": "independent uniform integers per request from keyed block i // "
+                        f"{CHUNK} of the seed's ROW stream (SGLang/vLLM<=0.10 random dataset: [int(R*L), L])"}
+    return _Support(Li, Lo), (lambda b, n: np.arange(n)), lengths, meta
+
+
 def _arrival_stats(t: np.ndarray) -> dict:
     gaps = np.diff(t)
     span = float(t[-1] - t[0]) if len(t) else 0.0
@@ -112,15 +145,25 @@ def build_workload(cfg: TrafficConfig, rng: np.random.Generator) -> Workload | L
                   f"keyed per request: SeedSequence([key, stream, i // {CHUNK}])"}
     if cfg.mode == "trace":
         return _replay_workload(cfg, meta, key)
-    tab, rows, meta["lengths"] = _length_source(cfg, key)
+    lengths = None
+    if cfg.dataset_name == "random":
+        tab, rows, lengths, meta["lengths"] = _random_source(cfg, key)
+        if parse_domain(cfg.domain) is None:
+            raise ConfigError("TrafficConfig", "domain", "'trace' takes the domain column of a length file; the "
+                              "random dataset has none: give a domain or a mix")
+    else:
+        tab, rows, meta["lengths"] = _length_source(cfg, key)
     domains, meta["domain"] = _domain_source(cfg, tab, key)
 
     def dom_counts(w: Workload) -> dict:
         return {"domain": meta["domain"] | {"counts": _counts(w.domain)}}
 
-    common = dict(prompt_table=tab.prompt_tokens, output_table=tab.output_tokens, rows=rows, domains=domains)
+    common = dict(prompt_table=tab.prompt_tokens, output_table=tab.output_tokens, rows=rows, domains=domains,
+                  lengths=lengths, warmup=cfg.num_warmup_prompts)
+    meta["num_warmup_prompts"] = cfg.num_warmup_prompts
+    meta["max_concurrency"] = cfg.max_concurrency
     if cfg.mode == "closed":
-        limit = cfg.num_requests or cfg.pool_size
+        limit = cfg.total_requests or cfg.pool_size
         meta |= {"process": "closed", "concurrency": cfg.concurrency, "pool_size": limit,
                  "pool_note": "requests are generated as users need them; None = unlimited (the duration ends the "
                               "run); a run that uses up a limit ends there, rows are never recycled"}
@@ -138,12 +181,12 @@ def build_workload(cfg: TrafficConfig, rng: np.random.Generator) -> Workload | L
     def finish(w: Workload) -> dict:
         n = len(w)
         return dom_counts(w) | {"requests": n, "stopped_by": "num_requests" if cfg.num_requests is not None and
-                                n == cfg.num_requests else "duration_s"} | _arrival_stats(w.arrival_s)
+                                n == cfg.total_requests else "duration_s"} | _arrival_stats(w.arrival_s)
 
     exact = (lambda i: i.astype(np.float64) / rate) if cfg.mode == "constant" else None
     return LazyWorkload(**common, gaps=lambda b, n: interarrivals(cfg.mode, rate, CHUNK, keyed_rng(
         key, STREAM_GAP, b), burst)[:n], exact_times=exact, time_scale=cfg.time_scale, horizon=horizon,
-        limit=cfg.num_requests, concurrency=None, metadata=meta, finish_meta=finish)
+        limit=cfg.total_requests, concurrency=None, metadata=meta, finish_meta=finish)
 
 
 # Memory bound (DESIGN: memory stays bounded for any rate and duration): an open-loop run whose expected number of

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dsparksim.config import BOOL, DEFAULT_DURATION_S, INT, NUM, option, pos_float, pos_int
+from dsparksim.config import BOOL, DEFAULT_DURATION_S, INT, NUM, nonneg_int, option, pos_float, pos_int
 from dsparksim.errors import ConfigError
 from dsparksim.traffic.readers import DOMAINS, FORMATS
 
@@ -48,6 +48,37 @@ def parse_domain(spec: str) -> dict[str, float] | None:
     if total <= 0:
         raise ConfigError(_SRC, "domain", f"mix weights sum to 0 in {spec!r}")
     return {d: x / total for d, x in w.items()}
+
+
+RANDOM_DEFAULTS = (1024, 128)   # vLLM's --random-input-len / --random-output-len defaults
+
+
+def rate_or_inf(s: str) -> float:
+    """Option parser: a request rate in req/s, a finite number > 0 or ``inf`` (every prompt at once)."""
+    if str(s).strip().lower() in ("inf", "infinity", "+inf"):
+        return math.inf
+    return pos_float(s)
+
+
+def dataset_name(s: str) -> str:
+    """Option parser of --dataset-name: only ``random`` is simulated (other datasets are length files)."""
+    if s != "random":
+        import argparse
+        raise argparse.ArgumentTypeError(f"only 'random' is simulated, got {s!r}; for ShareGPT or other prompt "
+                                         "sets give their lengths with --lengths (sharegpt is shipped)")
+    return s
+
+
+def range_ratio(s: str) -> float:
+    """Option parser of --random-range-ratio: a fraction in [0, 1]."""
+    import argparse
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {s!r}") from None
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {s!r}")
+    return v
 
 
 def _pos_int(name: str, v, required: bool = False) -> None:
@@ -114,6 +145,14 @@ class TrafficConfig:
         (the run ends when all are done); else duration_s (passed on to the engine) ends the run.
     max_prompt_tokens / max_output_tokens: a request over the limit is an InputError naming its source row —
         never clipped or dropped.
+    max_concurrency: open loop with num_requests: the benchmark client's cap on requests in flight (an arrival
+        that finds it reached waits in the client and is sent when one finishes). A closed loop is the same client
+        at request rate inf (RunConfig.from_options maps --max-concurrency N --num-prompts P to it).
+    num_warmup_prompts: with num_requests: that many unmeasured requests first (sent at once, capped); the
+        measured ones start when they have finished (dsparksim.sim.cluster).
+    dataset_name / random_input_len / random_output_len / random_range_ratio: "random": prompt and output lengths
+        independent and uniform over the integers [max(1, int(R*L)), L] (SGLang bench_serving; vLLM up to 0.10),
+        request i's from keyed block i // CHUNK of the ROW stream; replaces ``lengths``.
     pool_size: closed loop, optional: most requests a duration-bound run may issue (None = unlimited; requests
         are generated lazily as users need them). A run that uses them up before its duration is an error.
     """
@@ -122,10 +161,28 @@ class TrafficConfig:
     # (RunConfig.from_options).
     mode: str = option("closed", "--arrival", key="arrival", default=None, choices=OPEN_SYNTHETIC,
                        help="open-loop arrival process (needs a rate) [poisson, or gamma when --burstiness != 1]")
-    concurrency: int | None = option(None, "--concurrency", "--max-concurrency", parse=pos_int, kinds=INT, load=True,
+    concurrency: int | None = option(None, "--concurrency", parse=pos_int, kinds=INT, load=True,
                                      exclusive="load", help="closed loop with N concurrent users [32 if nothing else]")
-    rate: float | None = option(None, "--rate", "--request-rate", parse=pos_float, kinds=NUM, load=True,
-                                exclusive="load", help="open loop, mean arrival rate in req/s")
+    rate: float | None = option(None, "--rate", "--request-rate", parse=rate_or_inf, kinds=NUM, load=True,
+                                exclusive="load", help="open loop, mean arrival rate in req/s; inf (with "
+                                "--num-prompts) sends every prompt at once, as vllm bench serve")
+    max_concurrency: int | None = option(None, "--max-concurrency", parse=pos_int, kinds=INT, metavar="N",
+                                         help="vllm bench serve's cap: with --num-prompts, at most N requests in "
+                                              "flight (the others wait in the client), at --request-rate [inf]; "
+                                              "without --num-prompts, --concurrency N")
+    num_warmup_prompts: int = option(0, "--num-warmup-prompts", parse=nonneg_int, kinds=INT, metavar="N",
+                                     help="with --num-prompts: N unmeasured warm-up requests first, all at once "
+                                          "under the cap; the benchmark starts when they have finished [0]")
+    dataset_name: str | None = option(None, "--dataset-name", parse=dataset_name, metavar="random",
+                                      help="random: lengths uniform in [int(R*L), L] (--random-input-len, "
+                                           "--random-output-len, --random-range-ratio) instead of --lengths")
+    random_input_len: int | None = option(None, "--random-input-len", parse=pos_int, kinds=INT, metavar="L",
+                                          help=f"random dataset: most prompt tokens [{RANDOM_DEFAULTS[0]}]")
+    random_output_len: int | None = option(None, "--random-output-len", parse=pos_int, kinds=INT, metavar="L",
+                                           help=f"random dataset: most output tokens [{RANDOM_DEFAULTS[1]}]")
+    random_range_ratio: float | None = option(None, "--random-range-ratio", parse=range_ratio, kinds=NUM,
+                                              metavar="R", help="random dataset: lengths uniform over the "
+                                                                "integers [max(1, int(R*L)), L] [0]")
     burstiness: float = option(1.0, "--burstiness", parse=pos_float, kinds=NUM,
                                help="open loop: gamma shape (1 = Poisson, <1 burstier), as vllm bench serve "
                                     "[%(default)s]")
@@ -170,6 +227,7 @@ class TrafficConfig:
         if self.lengths is not None and not isinstance(self.lengths, str):
             raise ConfigError(_SRC, "lengths", f"expected a shipped name or a path string, got {self.lengths!r}")
         parse_domain(self.domain)
+        self._check_client()
         if self.burstiness != 1.0 and m != "gamma":
             raise ConfigError(_SRC, "burstiness", f"only applies to mode 'gamma' (got {self.burstiness!r} with mode "
                               f"{m!r}; gamma with burstiness 1 is Poisson)")
@@ -206,6 +264,66 @@ class TrafficConfig:
                   f"effective arrival rate (rate x time_scale = {self.rate!r} x {self.time_scale!r}) must lie")
         if self.num_requests is None and self.duration_s is None:
             raise ConfigError(_SRC, "num_requests/duration_s", f"mode {m!r} needs num_requests, duration_s or both")
+
+    def _check_client(self) -> None:
+        """The benchmark client's options: random dataset, cap and warm-up."""
+        rnd = (self.random_input_len, self.random_output_len, self.random_range_ratio)
+        if self.dataset_name is not None:
+            if self.dataset_name != "random":
+                raise ConfigError(_SRC, "dataset_name", f"only 'random' is simulated, got {self.dataset_name!r}")
+            if self.lengths is not None:
+                raise ConfigError(_SRC, "lengths", f"conflicts with dataset_name 'random' (lengths {self.lengths!r}); "
+                                  "give one length source")
+            if self.mode == "trace":
+                raise ConfigError(_SRC, "dataset_name", "the random dataset has no arrival times; replaying a trace "
+                                  "takes the trace's lengths or --lengths")
+            _pos_int("random_input_len", self.random_input_len)
+            _pos_int("random_output_len", self.random_output_len)
+            if self.random_range_ratio is not None:
+                r = self.random_range_ratio
+                if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r <= 1:
+                    raise ConfigError(_SRC, "random_range_ratio", f"expected a fraction in [0, 1], got {r!r}")
+        elif any(v is not None for v in rnd):
+            name = ("random_input_len", "random_output_len", "random_range_ratio")[
+                next(i for i, v in enumerate(rnd) if v is not None)]
+            if self.lengths is not None:
+                raise ConfigError(_SRC, name, f"is a random-dataset length and conflicts with lengths "
+                                  f"{self.lengths!r}: give one length source")
+            raise ConfigError(_SRC, name, "applies to the random dataset: set dataset_name 'random' (--dataset-name "
+                              "random)")
+        if self.max_concurrency is not None:
+            _pos_int("max_concurrency", self.max_concurrency)
+            if self.mode not in OPEN_SYNTHETIC:
+                raise ConfigError(_SRC, "max_concurrency", f"caps open-loop arrivals; mode {self.mode!r} has none "
+                                  "(a closed loop's users are its cap)")
+            if self.num_requests is None:
+                raise ConfigError(_SRC, "max_concurrency", "caps a finite benchmark: set num_requests (--num-prompts)")
+        w = self.num_warmup_prompts
+        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+            raise ConfigError(_SRC, "num_warmup_prompts", f"expected an integer >= 0, got {w!r}")
+        if w and (self.num_requests is None or self.mode == "trace"):
+            raise ConfigError(_SRC, "num_warmup_prompts", "warm-up prompts precede a finite benchmark: set "
+                              "num_requests (--num-prompts)" + (" (not with trace replay)" if self.mode == "trace"
+                                                                else ""))
+
+    @property
+    def input_len(self) -> int:
+        """Random dataset: the most prompt tokens (vLLM's default when not given)."""
+        return self.random_input_len or RANDOM_DEFAULTS[0]
+
+    @property
+    def output_len(self) -> int:
+        """Random dataset: the most output tokens (vLLM's default when not given)."""
+        return self.random_output_len or RANDOM_DEFAULTS[1]
+
+    @property
+    def range_ratio(self) -> float:
+        return float(self.random_range_ratio or 0.0)
+
+    @property
+    def total_requests(self) -> int | None:
+        """Requests the run issues: the measured ones plus the warm-up."""
+        return None if self.num_requests is None else self.num_requests + self.num_warmup_prompts
 
     @property
     def closed_loop(self) -> bool:

@@ -1,0 +1,274 @@
+"""``bench replay``: simulate every selected run of a runs table as its client ran it, and compare.
+
+Each row becomes a :class:`~dsparksim.bench.client.ClientWorkload` (random dataset, range ratio, prompts, cap,
+rate, warm-up) on the given profile, with the policy its speculative config maps to
+(:func:`dsparksim.bench.spec.map_row`; plain decoding for MTP-off rows). :func:`replay` returns one row per run
+with the measured value, the simulated value and the relative error (simulated / measured - 1) of each metric.
+
+What a row must carry (else one line naming the run and the field, before anything is simulated): the random
+dataset (dataset_name random or empty, random_input_len, random_output_len; range convention ``low`` =
+[int(R*L), L], the only one simulated), num_prompts, and max_concurrency or request_rate. Filled in and said so
+in the ``notes`` column: a missing range ratio is 0; a missing request rate with a cap is inf; a missing
+ignore_eos is taken as true; the warm-up count changes nothing measured (the server is empty when the benchmark
+starts), so a missing one is 0.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from dsparksim.bench.client import ClientWorkload, ServerSettings, run_client
+from dsparksim.errors import ConfigError, InputError
+
+# metric of the runs table -> key of ClientRun.metrics
+METRICS = ("mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+           "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "output_throughput", "output_throughput_per_gpu",
+           "duration_s")
+KEYS = ("run_id", "model", "gpu", "gpu_count", "tp", "ep", "engine", "engine_version", "spec_method",
+        "random_input_len", "random_output_len", "random_range_ratio", "max_concurrency", "request_rate",
+        "num_prompts")
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or (isinstance(v, str) and not v.strip())
+
+
+def read_table(path: str | Path) -> list[dict[str, Any]]:
+    """The runs of a runs table (dsparksim.bench.runs.read_runs, which validates every cell)."""
+    from dsparksim.bench.runs import read_runs
+
+    return read_runs(path)
+
+
+# ------------------------------------------------------------------------------------------------- selection
+def parse_where(spec: str | None) -> list[tuple[str, str]]:
+    """``"engine=sglang,random_input_len=1024"`` -> [(column, text)]; ConfigError on a malformed term."""
+    if spec is None:
+        return []
+    out = []
+    for term in spec.split(","):
+        k, eq, v = term.partition("=")
+        if not eq or not k.strip():
+            raise ConfigError("cli", "--where", f"expected KEY=VALUE[,KEY=VALUE...], got term {term!r}")
+        out.append((k.strip(), v.strip()))
+    return out
+
+
+def _matches(v: Any, text: str) -> bool:
+    if _missing(v):
+        return text == ""
+    if isinstance(v, bool):
+        return text.lower() == str(v).lower()
+    if isinstance(v, (int, float, np.integer, np.floating)):
+        try:
+            return float(text) == float(v)
+        except ValueError:
+            return False
+    return str(v) == text
+
+
+def select(runs: Sequence[Mapping[str, Any]], where: list[tuple[str, str]], source: str = "runs table"
+           ) -> list[Mapping[str, Any]]:
+    """The runs matching every KEY=VALUE term (numbers compared as numbers, text exactly, '' = empty)."""
+    if runs:
+        cols = set(runs[0])
+        for k, _ in where:
+            if k not in cols:
+                raise ConfigError("cli", "--where", f"{k!r} is not a column of {source}")
+    sel = [r for r in runs if all(_matches(r.get(k), v) for k, v in where)]
+    if not sel:
+        raise ConfigError("cli", "--where", f"selects none of the {len(runs)} runs of {source}")
+    return sel
+
+
+# ------------------------------------------------------------------------------------------------ one row
+def row_workload(row: Mapping[str, Any], source: str = "runs table") -> tuple[ClientWorkload, list[str]]:
+    """The client workload of one run, and the notes of what was filled in (see the module doc)."""
+    rid = row.get("run_id") or "?"
+
+    def bad(field: str, msg: str) -> InputError:
+        return InputError(source, field, f"run {rid}: {msg}")
+
+    notes: list[str] = []
+    ds = row.get("dataset_name")
+    if not _missing(ds) and ds != "random":
+        raise bad("dataset_name", f"dataset {ds!r}: only the random dataset is replayed")
+    if not _missing(row.get("lengths_file")):
+        raise bad("lengths_file", "a lengths file is not replayed (random dataset only)")
+    conv = row.get("random_range_convention")
+    if not _missing(conv) and conv != "low":
+        raise bad("random_range_convention", f"{conv!r} (vLLM's [L(1-R), L(1+R)]) is not simulated; only 'low' "
+                  "= [int(R*L), L] (SGLang, InferenceX, vLLM before mid-2025)")
+    for f in ("random_input_len", "random_output_len", "num_prompts"):
+        if _missing(row.get(f)):
+            raise bad(f, "missing: the client's workload cannot be rebuilt without it")
+    R = row.get("random_range_ratio")
+    if _missing(R):
+        R = 0.0
+        notes.append("random_range_ratio missing: 0")
+    cap = None if _missing(row.get("max_concurrency")) else int(row["max_concurrency"])
+    rate = row.get("request_rate")
+    if _missing(rate):
+        if cap is None:
+            raise bad("request_rate", "missing, and no max_concurrency: the load is unknown")
+        rate = math.inf
+        notes.append("request_rate missing: inf (all released at once under the cap)")
+    eos = row.get("ignore_eos")
+    if eos is False:
+        raise bad("ignore_eos", "false: the simulator has no model of when a model stops (only ignore_eos runs)")
+    if _missing(eos):
+        notes.append("ignore_eos not recorded: every request emits its drawn output length")
+    w = row.get("num_warmup_prompts")
+    w = 0 if _missing(w) else int(w)
+    try:
+        wl = ClientWorkload(random_input_len=int(row["random_input_len"]),
+                            random_output_len=int(row["random_output_len"]), random_range_ratio=float(R),
+                            num_prompts=int(row["num_prompts"]), max_concurrency=cap, request_rate=float(rate),
+                            num_warmup_prompts=w)
+    except ConfigError as e:
+        raise bad(e.field or "?", e.message) from None
+    return wl, notes
+
+
+def row_policy(row: Mapping[str, Any], source: str = "runs table") -> dict[str, Any]:
+    """run_client's policy keywords for the run's speculative config (bench.spec.map_row); plain decoding for
+    MTP-off rows."""
+    method = row.get("spec_method")
+    plain = _missing(method) or str(method).strip().lower() in ("none", "off")
+    if plain and all(_missing(row.get(k)) for k in ("spec_num_steps", "spec_num_draft_tokens", "spec_mtp_nextn")):
+        return {"policy": "none"}
+    from dsparksim.bench.spec import map_row
+
+    try:
+        m = map_row(row, source=source)
+    except ConfigError as e:
+        raise InputError(source, e.field, f"run {row.get('run_id')}: {e.message}") from None
+    kw: dict[str, Any] = {"policy": m.policy}
+    if m.block_size is not None:
+        kw.update(block_size=m.block_size, acceptance=m.acceptance, drafter=m.drafter)
+    return kw
+
+
+def gpus_of(row: Mapping[str, Any]) -> int:
+    """GPUs for throughput per GPU: gpu_count, else tp (InferenceX divides by TP), else 1."""
+    for f in ("gpu_count", "tp"):
+        if not _missing(row.get(f)):
+            return int(row[f])
+    return 1
+
+
+def _rel(sim: float, meas: Any) -> float:
+    if _missing(meas) or not meas or not math.isfinite(float(sim)):
+        return math.nan
+    return float(sim) / float(meas) - 1.0
+
+
+def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSettings = ServerSettings(),
+           seed: int = 0, source: str = "runs table", on_done: Callable[[], None] | None = None):
+    """Simulate every run; a DataFrame with one row per run: KEYS, notes, the policy, and for each metric
+    ``measured_M``, ``simulated_M``, ``rel_error_M``. Every row is checked before any is simulated."""
+    import pandas as pd
+
+    from dsparksim.cost.profile import load_profile
+
+    prof = load_profile(profile) if isinstance(profile, (str, Path)) else profile
+    plan = []
+    for row in runs:
+        wl, notes = row_workload(row, source)
+        plan.append((row, wl, notes, row_policy(row, source), gpus_of(row)))
+    out = []
+    for row, wl, notes, pol, gpus in plan:
+        srv = ServerSettings(**{**server.__dict__, "gpus": gpus})
+        run = run_client(prof, wl, srv, seed=seed, **pol)
+        rec: dict[str, Any] = {k: row.get(k) for k in KEYS}
+        rec["policy"] = pol["policy"]
+        rec["notes"] = "; ".join(notes)
+        rec["simulated_failed"] = run.metrics["failed"]
+        for m in METRICS:
+            sim = run.metrics[m]
+            meas = row.get(m)
+            rec[f"measured_{m}"] = None if _missing(meas) else float(meas)
+            rec[f"simulated_{m}"] = sim
+            rec[f"rel_error_{m}"] = _rel(sim, meas)
+        out.append(rec)
+        if on_done is not None:
+            on_done()
+    return pd.DataFrame(out)
+
+
+def error_summary(df) -> "Any":
+    """Per metric: runs with a measurement, median and p90 of |relative error| (in %), and the median signed."""
+    import pandas as pd
+
+    rows = []
+    for m in METRICS:
+        e = df[f"rel_error_{m}"].astype(float).dropna()
+        rows.append({"metric": m, "runs": int(len(e)),
+                     "median_abs_error_pct": float(np.median(np.abs(e))) * 100 if len(e) else math.nan,
+                     "p90_abs_error_pct": float(np.percentile(np.abs(e), 90)) * 100 if len(e) else math.nan,
+                     "median_error_pct": float(np.median(e)) * 100 if len(e) else math.nan})
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------------------------------ plot
+def _workload_label(r: Mapping[str, Any]) -> str:
+    def k(v: Any) -> str:
+        v = int(v)
+        return f"{v // 1024}k" if v % 1024 == 0 else str(v)
+    parts = [f"{k(r['random_input_len'])}/{k(r['random_output_len'])}"]
+    for f in ("gpu", "engine", "engine_version", "spec_method"):
+        v = r.get(f)
+        if not _missing(v) and not (f == "spec_method" and str(v).lower() in ("none", "off")):
+            parts.append(str(v) if f != "spec_method" else f"spec {v}")
+    return " ".join(parts)
+
+
+def replay_figure(df, title: str = ""):
+    """Interactivity (tok/s/user = 1000 / median TPOT) against output throughput per GPU, one panel per workload
+    (lengths, GPU, engine, version, speculation): measured (filled, solid) and simulated (hollow, dashed), each
+    series in concurrency (then rate) order, as InferenceX draws it."""
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+    d = df.copy()
+    d["_label"] = [_workload_label(r) for r in d.to_dict("records")]
+    d["_order"] = [(float(c) if not _missing(c) else math.inf, float(q) if not _missing(q) else math.inf)
+                   for c, q in zip(d["max_concurrency"], d["request_rate"])]
+    labels = list(dict.fromkeys(d["_label"]))
+    n = len(labels)
+    cols = min(3, n)
+    rows = -(-n // cols)
+    fig = Figure(figsize=(5.2 * cols, 4.2 * rows), dpi=110)
+    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
+    for ax, lab in zip(axes, labels):
+        g = d[d["_label"] == lab]
+        g = g.iloc[sorted(range(len(g)), key=lambda i: g["_order"].iloc[i])]
+        # median TPOT as InferenceX draws it; the mean for a run whose measurement has no median (both kinds)
+        use_mean = g["measured_median_tpot_ms"].isna().to_numpy() & g["measured_mean_tpot_ms"].notna().to_numpy()
+        for kind, style in (("measured", dict(marker="o", ls="-", color="#1f77b4", mfc="#1f77b4")),
+                            ("simulated", dict(marker="s", ls="--", color="#d62728", mfc="none"))):
+            x = g[f"{kind}_output_throughput_per_gpu"].astype(float)
+            tpot = np.where(use_mean, g[f"{kind}_mean_tpot_ms"].astype(float), g[f"{kind}_median_tpot_ms"].astype(float))
+            y = pd.Series(1000.0 / tpot, index=g.index)
+            ok = np.isfinite(x) & np.isfinite(y)
+            ax.plot(x[ok], y[ok], label=kind, ms=5, lw=1.2, gid=f"{kind}:{lab}", **style)
+            if kind == "measured":
+                for xi, yi, c, mean in zip(x[ok], y[ok], g.loc[ok, "max_concurrency"], use_mean[ok.to_numpy()]):
+                    if not _missing(c):
+                        ax.annotate(f"c{int(c)}" + ("*" if mean else ""), (xi, yi), textcoords="offset points",
+                                    xytext=(4, 4), fontsize=7)
+        ax.set_title(lab, fontsize=9)
+        ax.set_xlabel("output throughput per GPU (tok/s/GPU)")
+        ax.set_ylabel("interactivity (tok/s/user = 1000 / median TPOT)\n* = mean TPOT (no median measured)",
+                      fontsize=8)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig

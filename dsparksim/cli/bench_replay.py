@@ -1,0 +1,94 @@
+"""``dsparksim bench replay RUNS.csv --profile P [--where KEY=VALUE,...] [--seed S] --out DIR``.
+
+Simulates every selected run of a runs table as its benchmark client ran it (dsparksim.bench.replay) and writes
+``replay.csv`` (measured, simulated and relative error per metric per run), ``replay_errors.csv`` (median and p90
+|error| per metric), ``replay.png`` (interactivity against throughput per GPU, measured vs simulated per workload)
+and ``config.json``; prints the error table.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def register_replay(sub) -> None:
+    """Add ``replay`` to the ``bench`` subcommands."""
+    from dsparksim.config import pos_float, pos_int
+
+    q = sub.add_parser("replay", help="simulate every selected run of a runs table as its client ran it",
+                       description="Simulate each selected run of a runs table (bench import) on a cost profile, "
+                                   "as its benchmark client ran it (random dataset, prompts, cap, rate, warm-up; "
+                                   "MTP rows with the policy their speculative config maps to), and compare with "
+                                   "the measurement.")
+    q.add_argument("runs", metavar="RUNS.csv", help="runs table (dsparksim bench import)")
+    q.add_argument("--profile", required=True, help="cost profile: shipped name or JSON path")
+    q.add_argument("--where", default=None, metavar="KEY=VALUE,...",
+                   help="only the runs whose columns equal these values (numbers as numbers; KEY= for empty)")
+    q.add_argument("--seed", type=int, default=0, help="random seed of every simulated run [%(default)s]")
+    q.add_argument("--chunked-prefill-size", type=pos_int, default=None, metavar="N",
+                   help="server setting for every run: prefill tokens per step [the simulator's default]")
+    q.add_argument("--max-running-requests", type=pos_int, default=None, metavar="N",
+                   help="server setting for every run: most running requests")
+    q.add_argument("--mem-fraction-static", type=pos_float, default=None, metavar="FRAC",
+                   help="server setting for every run: KV capacity from the profile's memory metadata")
+    q.add_argument("--cuda-graph-max-bs", type=pos_int, default=None, metavar="N",
+                   help="server setting for every run: recorded, not priced")
+    q.add_argument("--out", required=True, help="output directory, replaced whole by the new results")
+    q.add_argument("--quiet", action="store_true")
+    q.set_defaults(func=replay_command)
+
+
+def replay_command(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from dsparksim import __version__
+    from dsparksim.bench.client import ServerSettings
+    from dsparksim.bench.replay import (error_summary, parse_where, read_table, replay, replay_figure, row_policy,
+                                        row_workload, select)
+    from dsparksim.cli.main import _bar_off
+    from dsparksim.cost.profile import load_profile, profile_path
+    from dsparksim.results.outputs import check_out_dir, staged_dir
+    from dsparksim.sim.simulate import write_json, write_table
+
+    if args.seed < 0:
+        from dsparksim.errors import ConfigError
+        raise ConfigError("cli", "--seed", f"expected an integer >= 0, got {args.seed}")
+    check_out_dir(args.out, "--out")
+    where = parse_where(args.where)
+    runs = read_table(args.runs)
+    sel = select(runs, where, source=str(args.runs))
+    for r in sel:                       # every row checked before any is simulated
+        row_workload(r, str(args.runs))
+        row_policy(r, str(args.runs))
+    prof = load_profile(args.profile)
+    server = ServerSettings(chunked_prefill_size=args.chunked_prefill_size,
+                            max_running_requests=args.max_running_requests,
+                            cuda_graph_max_bs=args.cuda_graph_max_bs, mem_fraction_static=args.mem_fraction_static)
+    t0 = time.perf_counter()
+    with tqdm(total=len(sel), unit="run", desc="replay", disable=_bar_off(args)) as bar:
+        df = replay(sel, prof, server=server, seed=args.seed, source=str(args.runs), on_done=lambda: bar.update(1))
+    wall = time.perf_counter() - t0
+    err = error_summary(df)
+    out = Path(args.out)
+    with staged_dir(out) as d:
+        write_table(d / "replay.csv", df)
+        write_table(d / "replay_errors.csv", err)
+        replay_figure(df, title=f"{prof.name} | {len(df)} runs of {Path(args.runs).name}"
+                      ).savefig(d / "replay.png")
+        write_json(d / "config.json", {"runs": str(args.runs), "where": args.where, "profile": prof.name,
+                                       "profile_path": str(profile_path(args.profile)), "seed": args.seed,
+                                       "server": {k: v for k, v in server.__dict__.items() if k != "gpus"},
+                                       "selected": len(df), "of": len(runs), "wall_s": round(wall, 2),
+                                       "dsparksim_version": __version__})
+    if not args.quiet:
+        print(f"{len(df)} of {len(runs)} runs replayed on {prof.name} in {wall:.1f} s")
+        print("metric                      runs  median |err|  p90 |err|  median err")
+        for r in err.itertuples():
+            print(f"  {r.metric:26s}{r.runs:5d}  {r.median_abs_error_pct:10.1f}%  {r.p90_abs_error_pct:8.1f}%  "
+                  f"{r.median_error_pct:+9.1f}%")
+        for name in ("replay.csv", "replay_errors.csv", "replay.png", "config.json"):
+            print(f"  {out / name}")
+    sys.stdout.flush()
+    return 0

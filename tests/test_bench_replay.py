@@ -1,0 +1,146 @@
+"""`bench replay`: every selected run of a runs table simulated as its client ran it."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dsparksim.bench.client import ClientWorkload, run_client
+from dsparksim.bench.replay import METRICS, error_summary, replay, row_workload, select
+from dsparksim.cli.main import main
+from dsparksim.errors import InputError
+
+PROFILE = "h100-llama2-7b-tp1"
+
+
+def _names() -> list[str]:
+    from dsparksim.bench.runs import NAMES
+    return list(NAMES)
+
+
+def _row(i: int, conc: int, **kw) -> dict:
+    r = dict.fromkeys(_names())
+    r.update(run_id=f"t.csv:{i}", source_format="inferencex", source_file="t.csv", source_row=i, model="llama",
+             gpu="h100", gpu_count=1, tp=1, ep=1, engine="sim", engine_version="x", spec_method="none",
+             dataset_name="random", random_input_len=256, random_output_len=32, random_range_ratio=0.8,
+             random_range_convention="low", max_concurrency=conc, request_rate=math.inf, num_prompts=5 * conc,
+             num_warmup_prompts=2 * conc, ignore_eos=True)
+    r.update(kw)
+    return r
+
+
+def _with_measured(r: dict, seed: int = 11) -> dict:
+    """The row's 'measurement' is a simulation of it (another seed): replay then errs by sampling alone."""
+    w, _ = row_workload(r)
+    m = run_client(PROFILE, w, seed=seed).metrics
+    return {**r, **{k: m[k] for k in METRICS}, "completed": m["completed"], "failed": m["failed"]}
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    names = _names()
+    with open(path, "w", newline="") as f:
+        f.write("# dsparksim runs table v1 (README: Benchmark runs as input)\n")
+        w = csv.writer(f)
+        w.writerow(names)
+        for r in rows:
+            w.writerow(["" if r.get(n) is None else ("inf" if r.get(n) == math.inf else
+                                                     ("true" if r.get(n) is True else r.get(n))) for n in names])
+    return path
+
+
+def test_replay_of_the_simulators_own_runs_is_close():
+    rows = [_with_measured(_row(i, c)) for i, c in enumerate((2, 8), start=2)]
+    df = replay(rows, PROFILE, seed=0)
+    assert len(df) == 2 and (df["policy"] == "none").all()
+    for m in ("mean_tpot_ms", "output_throughput_per_gpu", "duration_s"):
+        e = df[f"rel_error_{m}"]
+        assert (e.abs() < 0.10).all(), (m, e.tolist())      # same server, other draws: sampling error only
+    # the same seed as the 'measurement' reproduces it exactly
+    df11 = replay(rows, PROFILE, seed=11)
+    assert (df11[[f"rel_error_{m}" for m in METRICS]].abs() < 1e-9).all().all()
+    s = error_summary(df)
+    assert set(s["metric"]) == set(METRICS) and (s["runs"] == 2).all()
+
+
+def test_replay_knows_its_row_fields():
+    w, notes = row_workload(_row(1, 4, random_range_ratio=None, request_rate=None, ignore_eos=None))
+    assert (w.random_range_ratio, w.request_rate, w.max_concurrency, w.num_prompts) == (0.0, math.inf, 4, 20)
+    assert len(notes) == 3
+    for kw, field in (({"random_range_convention": "symmetric"}, "random_range_convention"),
+                      ({"dataset_name": "sharegpt"}, "dataset_name"), ({"num_prompts": None}, "num_prompts"),
+                      ({"ignore_eos": False}, "ignore_eos"),
+                      ({"max_concurrency": None, "request_rate": None}, "request_rate")):
+        with pytest.raises(InputError, match=field):
+            row_workload(_row(1, 4, **kw))
+
+
+def test_select():
+    rows = [_row(1, 2), _row(2, 4, engine="other"), _row(3, 8)]
+    assert [r["run_id"] for r in select(rows, [("engine", "sim"), ("max_concurrency", "8")])] == ["t.csv:3"]
+    assert len(select(rows, [("request_rate", "inf")])) == 3
+    from dsparksim.errors import ConfigError
+    with pytest.raises(ConfigError, match="not a column"):
+        select(rows, [("nope", "1")])
+    with pytest.raises(ConfigError, match="selects none"):
+        select(rows, [("engine", "vllm")])
+
+
+def test_bench_replay_cli(tmp_path, capsys):
+    rows = [_with_measured(_row(i, c)) for i, c in enumerate((2, 4), start=2)]
+    rows.append(_row(9, 2, engine="other", spec_method="eagle", spec_num_steps=2, spec_topk=1))
+    t = _write(tmp_path / "runs.csv", rows)
+    out = tmp_path / "rep"
+    assert main(["bench", "replay", str(t), "--profile", PROFILE, "--where", "engine=sim", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "2 of 3 runs replayed" in text and "mean_tpot_ms" in text
+    df = pd.read_csv(out / "replay.csv")
+    assert len(df) == 2 and {"measured_mean_tpot_ms", "simulated_mean_tpot_ms", "rel_error_mean_tpot_ms"} <= set(df)
+    errs = pd.read_csv(out / "replay_errors.csv")
+    assert errs.set_index("metric").loc["mean_tpot_ms", "runs"] == 2
+    assert (out / "replay.png").stat().st_size > 10_000
+    assert json.loads((out / "config.json").read_text())["selected"] == 2
+
+
+def test_bench_replay_refuses_a_row_before_simulating(tmp_path, capsys):
+    t = _write(tmp_path / "runs.csv", [_row(1, 2), _row(2, 2, random_range_convention="symmetric")])
+    out = tmp_path / "rep"
+    rc = main(["bench", "replay", str(t), "--profile", PROFILE, "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "random_range_convention" in err and "t.csv:2" in err
+    assert not out.exists()
+
+
+def test_mtp_rows_replay_with_their_spec_mapping():
+    row = _row(1, 2, spec_method="eagle", spec_num_steps=2, spec_num_draft_tokens=3, spec_topk=1, gpu_count=8,
+               tp=8, random_input_len=256, random_output_len=24, num_prompts=6)
+    df = replay([row], "built-h200x8-deepseek-v3-tp8")
+    assert df["policy"].tolist() == ["fixed:2"]
+    plain = replay([{**row, "spec_method": "none", "spec_num_steps": None, "spec_num_draft_tokens": None,
+                     "spec_topk": None}], "built-h200x8-deepseek-v3-tp8")
+    assert plain["policy"].tolist() == ["none"]
+    # MTP emits more than one token per step at low load: TPOT falls
+    assert df["simulated_mean_tpot_ms"][0] < plain["simulated_mean_tpot_ms"][0]
+    with pytest.raises(InputError, match="spec_topk"):
+        replay([{**row, "spec_topk": 4}], "built-h200x8-deepseek-v3-tp8")
+
+
+def test_round_trip_run_import_replay_is_exact(tmp_path, monkeypatch, capsys):
+    """A simulated run's vLLM result file, imported and replayed with its seed, is reproduced exactly."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--profile", PROFILE, "--policy", "none", "--random-input-len", "300", "--random-output-len",
+                 "40", "--random-range-ratio", "0.5", "--num-prompts", "30", "--max-concurrency", "5",
+                 "--num-warmup-prompts", "4", "--seed", "4", "--result-dir", "rd", "--result-filename", "r.json",
+                 "--quiet"]) == 0
+    assert main(["bench", "import", "rd/r.json", "--gpu", "h100", "--gpu-count", "1", "--tp", "1", "--engine", "vllm",
+                 "--dataset-name", "random", "--random-input-len", "300", "--random-output-len", "40",
+                 "--random-range-ratio", "0.5", "--random-range-convention", "low", "--ignore-eos", "true",
+                 "--num-warmup-prompts", "4", "--out", "runs.csv"]) == 0
+    assert main(["bench", "replay", "runs.csv", "--profile", PROFILE, "--seed", "4", "--out", "rep", "--quiet"]) == 0
+    df = pd.read_csv(tmp_path / "rep" / "replay.csv")
+    errs = df[[f"rel_error_{m}" for m in METRICS]].iloc[0]
+    assert errs.notna().all() and (errs.abs() < 1e-6).all(), errs.to_dict()
+    capsys.readouterr()
