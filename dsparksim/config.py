@@ -296,10 +296,13 @@ class EngineConfig:
             raise ConfigError("config", "disaggregated", "--prefill-replicas, --kv-transfer-gbps and "
                               "--kv-bytes-per-token describe the prefill pool of a --disaggregated run; "
                               "add --disaggregated or drop them")
-        if self.kv_policy == "reserve" and (self.kv_page_tokens != 16 or self.kv_watermark != 0.01):
-            raise ConfigError("config", "kv_policy", f"--kv-page-tokens {self.kv_page_tokens} / --kv-watermark "
-                              f"{self.kv_watermark} describe paged KV; --kv-policy reserve has no pages and no "
-                              "watermark: drop them or use --kv-policy paged")
+        if self.kv_policy == "reserve":
+            # name only what was set (a value other than the default; `run` and sweeps also refuse the default
+            # value given explicitly: reserved_kv_conflict)
+            odd = [k for k in PAGED_ONLY if getattr(self, k) != _field_default(type(self), k)]
+            if odd:
+                raise ConfigError("config", "kv_policy", reserve_message(
+                    [f"{PAGED_ONLY[k]} {getattr(self, k)}" for k in odd], flags=True))
         if self.mem_fraction_static is not None:
             f = self.mem_fraction_static
             if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
@@ -313,6 +316,35 @@ class EngineConfig:
         if self.replicas * self.dp_ranks > MAX_ENGINES:
             raise ConfigError("config", "replicas", f"replicas x dp_ranks = {self.replicas} x {self.dp_ranks} = "
                               f"{self.replicas * self.dp_ranks} engines, above the limit of {MAX_ENGINES}")
+
+
+# Engine options that only paged KV reads (key -> its flag): under --kv-policy reserve they are refused.
+PAGED_ONLY = {"kv_page_tokens": "--kv-page-tokens", "kv_watermark": "--kv-watermark"}
+
+
+def _field_default(cls: type, name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+
+def reserve_message(settings: list[str], flags: bool) -> str:
+    """Why paged-KV settings (e.g. ``['--kv-page-tokens 32']``) are refused under reserve KV."""
+    pol, paged = ("--kv-policy reserve", "--kv-policy paged") if flags else ('kv_policy = "reserve"',
+                                                                           'kv_policy = "paged"')
+    what, it = ("describes", "it") if len(settings) == 1 else ("describe", "them")
+    return f"{' and '.join(settings)} {what} paged KV, which {pol} does not use (nothing reads {it}): drop {it} or " \
+           f"use {paged}"
+
+
+def reserved_kv_conflict(kv_policy: Any, given: Mapping[str, Any], flags: bool) -> tuple[str, str] | None:
+    """(field, message) when reserve KV meets a paged-only option that was given (whatever its value), else None.
+    ``given``: the options the user set (key -> value); ``flags``: name them as command-line flags."""
+    if kv_policy != "reserve":
+        return None
+    set_ = [k for k in PAGED_ONLY if k in given and given[k] is not None]
+    if not set_:
+        return None
+    names = [f"{PAGED_ONLY[k]} {given[k]}" if flags else f"{k} = {given[k]!r}" for k in set_]
+    return (PAGED_ONLY[set_[0]] if flags else set_[0]), reserve_message(names, flags)
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,14 @@ from pathlib import Path
 from typing import Any
 
 
+CLI = "cli"   # the source of a value typed on the command line; messages say "command line"
+
+
 class InputError(ValueError):
     """A bad input file or config value.
 
-    The message always carries the source (file path or config name), the field and, where it applies, the
+    The message always carries the source (file path, config name, or ``"cli"``, shown as "command line"), the
+    field and, where it applies, the
     line/row, e.g. ``profiles/x.json: field 'verify.M' (index 3): breakpoints must be strictly increasing, got 64
     after 128``.
 
@@ -23,7 +27,9 @@ class InputError(ValueError):
         self.message = message
         parts = []
         if self.source:
-            parts.append(self.source + (f":{line}" if line is not None else ""))
+            # source "cli": the value was typed on the command line (never blamed on a file)
+            shown = "command line" if self.source == CLI else self.source
+            parts.append(shown + (f":{line}" if line is not None else ""))
         elif line is not None:
             parts.append(f"line {line}")
         if field:

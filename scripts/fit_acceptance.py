@@ -3,9 +3,10 @@
 
     python scripts/fit_acceptance.py [--out dsparksim/data/acceptance_fit.json] [--maxfev 100] [--check-only]
 
-1. Fits sigma_req = sigma_block, sigma_tok, noise_sd, noise_sd_end (Nelder-Mead, common random numbers) to the
-   Fig. 5 static-threshold ratios (every threshold and domain) and the Fig. 6 survival AUC by position together,
-   then raw_gain so the raw confidences' mean per-position ECE is 5.5% (the paper: 3-8%); see
+1. Fits sigma_req = sigma_block, sigma_tok, the easy/hard link (offset, slope, jump), noise_sd, noise_sd_end
+   (Nelder-Mead from the shipped parameters, common random numbers) to the Fig. 5 static-threshold ratios (t = 0.9
+   of math and chat weighted as issue 29's criteria, the rest lightly) and the Fig. 6 survival AUC by position
+   together, then raw_gain so the raw confidences' mean per-position ECE is 5.5% (the paper: 3-8%); see
    :mod:`dsparksim.acceptance.fit`. Writes the parameters with the residual table to ``--out``.
 2. Prints the residual table (model minus paper) and the step-weighted tau check: long outputs simulated with
    fixed:K straight on the model (engine's keyed draws per step, request shifts on stratified quantiles) against 1 + sum prod alpha for every drafter x domain at
@@ -26,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from dsparksim.acceptance.base import DOMAINS  # noqa: E402
 from dsparksim.acceptance.fit import (RAW_ECE_TARGET, evaluate, fig5_ratio_targets, fig6_auc_targets,  # noqa: E402
-                                      fit, residuals)
+                                      fit, relative_residuals, residuals)
 from dsparksim.acceptance.longrun import simulate_long  # noqa: E402
 from dsparksim.acceptance.parametric import ParametricAcceptance, ParametricParams  # noqa: E402
 
@@ -35,22 +36,23 @@ TAU_KS = {"dspark": (4, 5, 7, 8, 12, 15), "dflash": (4, 5, 7, 8, 12, 15), "eagle
 
 
 def residual_table(ev: dict) -> list[str]:
-    rows = ["| figure | domain | threshold / position | quantity | paper | model | residual |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| figure | domain | threshold / position | quantity | paper | model | residual | relative |",
+            "|---|---|---|---|---|---|---|---|"]
     tg = fig5_ratio_targets()
     for d in DOMAINS:
         for kind in ("accepted", "verified"):
             for i, t in enumerate((0.5, 0.7, 0.9)):
                 p, m = tg[d][kind][i], ev["ratios"][d][kind][i]
-                rows.append(f"| Fig. 5 | {d} | t={t:g} | {kind} / t=0 | {p:.3f} | {m:.3f} | {m - p:+.3f} |")
+                rows.append(f"| Fig. 5 | {d} | t={t:g} | {kind} / t=0 | {p:.3f} | {m:.3f} | {m - p:+.3f} | "
+                            f"{m / p - 1:+.1%} |")
     for k, a in fig6_auc_targets().items():
         m = ev["auc_by_position"][k]
-        rows.append(f"| Fig. 6 | pooled | pos {k} | survival AUC | {a:.3f} | {m:.3f} | {m - a:+.3f} |")
+        rows.append(f"| Fig. 6 | pooled | pos {k} | survival AUC | {a:.3f} | {m:.3f} | {m - a:+.3f} | |")
     rows.append(f"| Fig. 6 | pooled | mean over 1..7 | ECE (STS) | 0.010 | {ev['ece_mean']:.3f} | "
-                f"{ev['ece_mean'] - 0.01:+.3f} |")
+                f"{ev['ece_mean'] - 0.01:+.3f} | |")
     if "raw" in ev:
         rows.append(f"| Fig. 6 | pooled | mean over 1..7 | ECE (raw) | 0.03-0.08 (target {RAW_ECE_TARGET}) | "
-                    f"{ev['raw']['ece_mean']:.3f} | {ev['raw']['ece_mean'] - RAW_ECE_TARGET:+.3f} |")
+                    f"{ev['raw']['ece_mean']:.3f} | {ev['raw']['ece_mean'] - RAW_ECE_TARGET:+.3f} | |")
     return rows
 
 
@@ -73,10 +75,11 @@ def tau_table(n_requests: int, tokens: int, seed: int) -> tuple[list[str], float
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "dsparksim" / "data" / "acceptance_fit.json"))
-    ap.add_argument("--maxfev", type=int, default=40, help="Nelder-Mead evaluations [%(default)s]")
+    ap.add_argument("--maxfev", type=int, default=200, help="Nelder-Mead evaluations [%(default)s]")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--auc-weight", type=float, default=6.0,
-                    help="weight of a squared Fig. 6 AUC residual relative to a Fig. 5 ratio's [%(default)s]")
+    ap.add_argument("--auc-weight", type=float, default=1.0,
+                    help="weight of the tolerance-scaled Fig. 6 AUC terms relative to the Fig. 5 t=0.9 ones "
+                         "[%(default)s]")
     ap.add_argument("--nodes", type=int, default=10, help="Gauss-Hermite nodes over the request shift [%(default)s]")
     ap.add_argument("--blocks", type=int, default=800, help="blocks per node and domain [%(default)s]")
     ap.add_argument("--check-only", action="store_true", help="no fit: check the shipped parameters")
@@ -98,13 +101,18 @@ def main(argv: list[str] | None = None) -> int:
           f"Fig. 6 AUC: {max(abs(v) for k, v in res.items() if k.startswith('AUC')):.3f}")
     if not args.check_only:
         out = {"_about": "Parametric acceptance parameters fitted by scripts/fit_acceptance.py (do not hand-edit): "
-                         "sigma_req = sigma_block, sigma_tok, noise_sd (position 1), noise_sd_end (position 7+) "
-                         "fitted to the DSpark paper's Fig. 5 static-threshold ratios and Fig. 6 survival AUC by "
-                         "position, step-weighted; raw_gain so the raw confidences' mean per-position ECE is "
-                         f"{RAW_ECE_TARGET}. Residuals: model minus paper.",
+                         "sigma_req = sigma_block, sigma_tok, the easy/hard link (offset + slope * x for a hard token, x <= 0; "
+                         "offset + jump + slope_easy * x for an easy one), "
+                         "noise_sd (position 1), noise_sd_end (position 7+) fitted to the DSpark paper's Fig. 5 "
+                         "static-threshold ratios and Fig. 6 survival AUC by position, step-weighted (issue 29 "
+                         "criteria: t=0.9 ratios of math and chat within 10%, AUC within 0.05, STS ECE <= 0.02); "
+                         "noise_block kept at its starting value; raw_gain so the raw confidences' mean "
+                         f"per-position ECE is {RAW_ECE_TARGET}. Residuals: model minus paper; relative: model / "
+                         "paper - 1.",
                "params": {k: round(float(v), 4) for k, v in asdict(params).items() if k != "temperature"},
                "fit": {"seed": args.seed, "auc_weight": args.auc_weight, "nodes": args.nodes, "blocks": args.blocks, "objective": ev.get("objective"), "evaluations": ev.get("evaluations"),
                        "residuals": {k: round(v, 4) for k, v in res.items()},
+                       "relative_residuals": {k: round(v, 4) for k, v in relative_residuals(ev).items()},
                        "ece_mean_sts": ev["ece_mean"], "ece_mean_raw": ev["raw"]["ece_mean"],
                        "sts_temperatures_dspark_K7": ev["sts_temperatures"]}}
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")

@@ -122,10 +122,11 @@ def test_confidence_option_reaches_the_model_and_rejects_bad_values():
 # ------------------------------------------------------------------------------ part 2: fit to Figs. 5/6
 def test_shipped_fit_residuals_within_tolerance():
     # The shipped parameters (scripts/fit_acceptance.py) against the paper, re-measured with a different random
-    # sample (seed 5) than the fit's: every Fig. 5 ratio at t=0.9 within FIG5_TOL_09 (before the fit: up to 0.28
-    # off), the others within FIG5_TOL, every Fig. 6 AUC within AUC_TOL, STS ECE <= 0.02 (paper 0.01). The
-    # tolerances state what this model family reaches (see the residual table in acceptance_fit.json): one
-    # logit-normal cannot give Fig. 5's survival concentrated above 0.5 and Fig. 6's low early AUC at once.
+    # sample (seed 5) than the fit's: every Fig. 5 ratio at t=0.9 within FIG5_TOL_09 (absolute; the logit-normal
+    # before issue 29 was up to 0.15 off on math), the others within FIG5_TOL, every Fig. 6 AUC within AUC_TOL,
+    # STS ECE <= 0.02 (paper 0.01). The issue-29 criteria proper are in tests/test_acceptance_confidence_model.py.
+    # The loose t=0.5/0.7 tolerances state what a calibrated head reaches (acceptance/fit.py: the paper's 98% of
+    # math's slots at t=0.5 would need survivals just above 0.5 and collapse Fig. 6's AUC).
     from dsparksim.acceptance.fit import evaluate, residuals
     from dsparksim.acceptance.parametric import load_fit
 
@@ -139,9 +140,9 @@ def test_shipped_fit_residuals_within_tolerance():
     assert ev["ece_mean"] <= 0.02
 
 
-FIG5_TOL_09 = 0.16
-FIG5_TOL = 0.30
-AUC_TOL = 0.15
+FIG5_TOL_09 = 0.05
+FIG5_TOL = 0.33
+AUC_TOL = 0.07
 
 
 # ------------------------------------------------------------------------------ trace inspect

@@ -336,7 +336,7 @@ def test_rewritten_engine_reproduces_the_old_engine_on_the_legacy_draw_path(monk
     import dsparksim.acceptance as acc_pkg
     from dsparksim.acceptance.parametric import ParametricAcceptance, ParametricParams
     old = ParametricParams(sigma_req=0.8, sigma_block=0.8, sigma_tok=1.4, noise_sd=0.43, noise_sd_end=0.43,
-                           raw_gain=1.0)
+                           raw_gain=1.0, jump=0.0, slope=1.0, offset=0.0, slope_easy=1.0, noise_block=0.0)
     monkeypatch.setattr(acc_pkg, "load_acceptance", lambda spec, K, **kw: ParametricAcceptance.from_paper(
         spec, K, old, confidence="raw", calibration="requests"))
     cases = {"confidence": dict(mode="closed", concurrency=32, duration_s=20.0),

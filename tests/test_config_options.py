@@ -91,7 +91,7 @@ def test_from_options_defaults_match_dsparksim_run():
 def test_from_options_errors_name_the_source_and_option():
     with pytest.raises(ConfigError, match=r"my spec: field 'concurency': unknown option"):
         RunConfig.from_options({"concurency": 3}, "my spec")
-    with pytest.raises(ConfigError, match=r"cli: field '--burstiness': only applies to gamma arrivals"):
+    with pytest.raises(ConfigError, match=r"command line: field '--burstiness': only applies to gamma arrivals"):
         RunConfig.from_options({"rate": 2.0, "arrival": "poisson", "burstiness": 2.0}, "cli", flags=True)
     with pytest.raises(ConfigError, match=r"s: field 'arrival': applies to open-loop arrivals only"):
         RunConfig.from_options({"concurrency": 2, "arrival": "gamma"}, "s")

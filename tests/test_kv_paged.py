@@ -193,8 +193,8 @@ def test_reserve_refuses_paged_only_options():
     from dsparksim.config import EngineConfig
     from dsparksim.errors import ConfigError
 
-    with _pytest.raises(ConfigError, match="reserve has no pages"):
+    with _pytest.raises(ConfigError, match="describes paged KV, which --kv-policy reserve does not use"):
         EngineConfig(kv_policy="reserve", kv_watermark=0.5)
-    with _pytest.raises(ConfigError, match="reserve has no pages"):
+    with _pytest.raises(ConfigError, match="describes paged KV, which --kv-policy reserve does not use"):
         EngineConfig(kv_policy="reserve", kv_page_tokens=7)
     EngineConfig(kv_policy="reserve")   # the defaults are fine

@@ -138,7 +138,7 @@ def _spec(tmp_path, extra: str = "") -> str:
 
 @pytest.mark.parametrize("args, words", [
     (["--slo", "tps_usr_median>=5", "--min", "1", "--max", "4"], "tps_usr_median"),
-    (["--sla", "tps_user_median=>5", "--min", "1", "--max", "4"], "METRIC >= NUMBER"),
+    (["--sla", "tps_user_median=>5", "--min", "1", "--max", "4"], "METRIC OP NUMBER"),
     (["--slo", "tps_user_median>=5", "--min", "1", "--max", "4", "--out", "{file}"], "--out"),
     (["--slo", "tps_user_median>=5", "--min", "1", "--max", "4", "--workers", "0"], "--workers"),
 ])

@@ -131,7 +131,8 @@ def test_sweep_results_are_replaced_as_a_set_and_keep_the_cache(tmp_path, monkey
     n_cells = len(list((out / "cells").iterdir()))
     assert n_cells == 4
 
-    # interrupted while writing the final files: the manifest is gone, so the set reads as incomplete
+    # interrupted while writing the final files: the manifest is pending (names, no sha256), so the set reads as
+    # incomplete and its names stay claimed for the rerun
     real = pd.DataFrame.to_csv
 
     def boom(self, *a, **k):

@@ -1,9 +1,12 @@
 """Numerical calibration of the parametric latent model to a conditional-acceptance curve.
 
 Model (see :mod:`dsparksim.acceptance.parametric`): position k of a block is accepted with probability
-``sigmoid(mu_k + s + eps_k)`` where ``s ~ N(0, sigma_shared^2)`` is shared by all positions of the block
-(request + block effect) and ``eps_k ~ N(0, sigma_tok^2)`` is independent per position. Given ``s`` the
-positions are independent, so with ``g(m) = E_eps[sigmoid(m + eps)]``
+``sigmoid(h(mu_k + s + eps_k))`` where ``s ~ N(0, sigma_shared^2)`` is shared by all positions of the block
+(request + block effect), ``eps_k ~ N(0, sigma_tok^2)`` is independent per position and
+``h(x) = offset + slope * x`` for x <= 0 and ``offset + jump + slope_easy * x`` for x > 0 (the easy/hard mixture:
+a token whose difficulty score x is positive is easy and its logit is raised by ``jump``; (offset, slope, jump,
+slope_easy) = (0, 1, 0, 1) is the plain logit-normal). Given ``s`` the positions are independent,
+so with ``g(m) = E_eps[sigmoid(h(m + eps))]``
 
     P(A >= k) = E_s[ prod_{j<=k} g(mu_j + s) ].
 
@@ -36,31 +39,83 @@ def _gauss_hermite(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 _G_STEP = 0.004   # grid spacing of the g table (linear interpolation error <= h^2/8 * max|g''| < 2e-7)
+_N_SPLIT = 64     # Gauss-Legendre nodes on each side of the jump (integrand analytic on each piece)
+_SPLIT_EDGE = 12.0  # integration range [-12, 12] in units of sigma_tok (the normal tail beyond is < 1e-32)
+
+
+Shape = tuple  # (offset, slope, jump, slope_easy) of the link h; PLAIN = (0, 1, 0, 1): the plain logit-normal
+PLAIN: Shape = (0.0, 1.0, 0.0, 1.0)
+
+
+def link(x: np.ndarray, shape: Shape = PLAIN) -> np.ndarray:
+    """Acceptance logit of a token with difficulty score x: offset + slope * x for a hard token (x <= 0),
+    offset + jump + slope_easy * x for an easy one (x > 0)."""
+    if tuple(shape) == PLAIN:
+        return x
+    offset, slope, jump, slope_easy = shape
+    return np.where(x > 0, offset + jump + slope_easy * x, offset + slope * x)
+
+
+def _g_exact(m: np.ndarray, sigma_tok: float, shape: Shape) -> np.ndarray:
+    """g(m) = E[sigmoid(h(m + sigma_tok Z))] by quadrature: Gauss-Hermite for the plain link (as before), else
+    Gauss-Legendre on each side of the step at Z = -m / sigma_tok, where the integrand is smooth."""
+    m = np.asarray(m, dtype=float)
+    if tuple(shape) == PLAIN:
+        x, w = _gauss_hermite(_N_TOK)
+        return (expit(m[..., None] + sigma_tok * x) * w).sum(axis=-1)
+    t, w = np.polynomial.legendre.leggauss(_N_SPLIT)
+    cut = np.clip(-m / sigma_tok, -_SPLIT_EDGE, _SPLIT_EDGE)[..., None]
+    out = np.zeros(m.shape)
+    offset, slope, jump, slope_easy = shape
+    for lo, hi, add, sl in ((-_SPLIT_EDGE, cut, offset, slope), (cut, _SPLIT_EDGE, offset + jump, slope_easy)):
+        half = 0.5 * (hi - lo)
+        z = lo + half * (t + 1.0)
+        pdf = np.exp(-0.5 * z * z) / np.sqrt(2.0 * np.pi)
+        out = out + (half * w * pdf * expit(add + sl * (m[..., None] + sigma_tok * z))).sum(axis=-1)
+    return out
 
 
 @lru_cache(maxsize=16)
-def _g_table(sigma_tok: float) -> tuple[np.ndarray, np.ndarray]:
-    """g on a fine grid over [-_MU_BRACKET - 12 sigma, +...]: quadrature once, interpolation afterwards."""
+def _g_table(sigma_tok: float, shape: Shape = PLAIN) -> tuple[np.ndarray, np.ndarray]:
+    """g on a fine grid over [-_MU_BRACKET - 12 sigma, +...] (an easy/hard link: finer within 12 sigma of the step,
+    plus coarser wings out to its wider mu bracket, spacing _G_STEP / slope, where g varies on the scale 1 / slope):
+    quadrature once, interpolation afterwards."""
     top = _MU_BRACKET + 12.0 * sigma_tok + 20.0
     m = np.arange(-top, top + _G_STEP / 2, _G_STEP)
-    x, w = _gauss_hermite(_N_TOK)
+    if tuple(shape) != PLAIN:
+        # the step at x = 0 makes g bend on the scale sigma_tok near m = 0: a finer grid there (h = sigma / 200)
+        near = 12.0 * sigma_tok
+        fine = np.linspace(-near, near, 4801)
+        m = np.concatenate([m[m < -near], fine, m[m > near]])
+        flat = min(1.0, shape[1], shape[3])
+        outer = _bracket(shape) + 12.0 * sigma_tok + 20.0 / flat
+        if outer > top:
+            wing = np.arange(top + _G_STEP / flat, outer + _G_STEP / flat, _G_STEP / flat)
+            m = np.concatenate([-wing[::-1], m, wing])
     g = np.empty_like(m)
     for i in range(0, m.size, 4096):
-        g[i:i + 4096] = (expit(m[i:i + 4096, None] + sigma_tok * x) * w).sum(axis=-1)
+        g[i:i + 4096] = _g_exact(m[i:i + 4096], sigma_tok, shape)
     return m, g
 
 
-def smoothed_sigmoid(m: np.ndarray, sigma_tok: float, exact: bool = False) -> np.ndarray:
-    """g(m) = E[sigmoid(m + sigma_tok * Z)], elementwise (plain sigmoid when sigma_tok == 0): Gauss-Hermite
-    quadrature, tabulated once per sigma_tok and interpolated (error < 2e-7) unless ``exact``."""
+def _shape(shape) -> Shape:
+    return tuple(float(v) for v in shape)
+
+
+def smoothed_sigmoid(m: np.ndarray, sigma_tok: float, exact: bool = False, shape: Shape = PLAIN) -> np.ndarray:
+    """g(m) = E[sigmoid(h(m + sigma_tok * Z))], elementwise (sigmoid(h(m)) when sigma_tok == 0): quadrature,
+    tabulated once per (sigma_tok, shape) and interpolated (error < 2e-7 away from the step) unless ``exact``."""
     m = np.asarray(m, dtype=float)
     if sigma_tok == 0.0:
-        return expit(m)
+        return expit(link(m, shape))
     if exact:
-        x, w = _gauss_hermite(_N_TOK)
-        return (expit(m[..., None] + sigma_tok * x) * w).sum(axis=-1)
-    grid, g = _g_table(float(sigma_tok))
+        return _g_exact(m, sigma_tok, shape)
+    grid, g = _g_table(float(sigma_tok), _shape(shape))
     out = np.interp(m, grid, g)
+    far = np.isfinite(m) & ((m < grid[0]) | (m > grid[-1]))
+    if far.any():                       # beyond the table (a shallow link needs large |mu|): exact quadrature
+        out = np.array(out, dtype=float)
+        out[far] = _g_exact(m[far], sigma_tok, _shape(shape))
     return np.where(m == np.inf, 1.0, np.where(m == -np.inf, 0.0, np.where(np.isnan(m), np.nan, out)))
 
 
@@ -83,11 +138,20 @@ def check_curve(alpha, source: str, K: int | None = None) -> np.ndarray:
     return a
 
 
+def _bracket(shape: Shape) -> float:
+    """Half-width of the search interval for mu: the logit range +-_MU_BRACKET through the link's shallowest slope."""
+    if tuple(shape) == PLAIN:
+        return _MU_BRACKET
+    offset, slope, jump, slope_easy = shape
+    return (_MU_BRACKET + abs(offset) + jump) / min(1.0, slope, slope_easy)
+
+
 def _solve_mu(alpha: tuple[float, ...], s: np.ndarray, w0: np.ndarray, sigma_tok: float,
-              guess: np.ndarray | None = None, exact: bool = False) -> tuple[float, ...]:
+              guess: np.ndarray | None = None, exact: bool = False, shape: Shape = PLAIN) -> tuple[float, ...]:
     """mu_1..mu_K with sum_n w0[n] prod_{j<=k} g(mu_j + s[n]) / (same for k-1) = alpha_k, left to right."""
     w = w0.copy()                       # w(s) * P(positions 1..k-1 accepted | s)
     mus: list[float] = []
+    bracket = _bracket(shape)
     for a in alpha:
         if a >= 1.0:
             mus.append(np.inf)          # never rejected; weight unchanged
@@ -98,9 +162,9 @@ def _solve_mu(alpha: tuple[float, ...], s: np.ndarray, w0: np.ndarray, sigma_tok
         total = w.sum()
 
         def gap(m: float) -> float:
-            return float((w * smoothed_sigmoid(m + s, sigma_tok, exact)).sum() / total - a)
+            return float((w * smoothed_sigmoid(m + s, sigma_tok, exact, shape)).sum() / total - a)
 
-        lo, hi = -_MU_BRACKET, _MU_BRACKET
+        lo, hi = -bracket, bracket
         if guess is not None and np.isfinite(guess[len(mus)]):
             # warm start (fixed-point iterations move mu little): a narrow bracket when it holds the root
             g0 = float(guess[len(mus)])
@@ -108,16 +172,17 @@ def _solve_mu(alpha: tuple[float, ...], s: np.ndarray, w0: np.ndarray, sigma_tok
                 lo, hi = g0 - 0.05, g0 + 0.05
         m = brentq(gap, lo, hi, xtol=1e-12, rtol=1e-14, maxiter=200)
         mus.append(m)
-        w = w * smoothed_sigmoid(m + s, sigma_tok, exact)
+        w = w * smoothed_sigmoid(m + s, sigma_tok, exact, shape)
         if w.sum() < 1e-300:            # numerically nobody survives: later positions cannot be calibrated
             raise ConfigError("calibration", "alpha", "survival underflows; curve too close to 0")
     return tuple(mus)
 
 
 @lru_cache(maxsize=256)
-def _calibrate_cached(alpha: tuple[float, ...], sigma_shared: float, sigma_tok: float) -> tuple[float, ...]:
+def _calibrate_cached(alpha: tuple[float, ...], sigma_shared: float, sigma_tok: float,
+                      shape: Shape = PLAIN) -> tuple[float, ...]:
     xs, ws = _gauss_hermite(_N_SHARED)
-    return _solve_mu(alpha, sigma_shared * xs, ws.copy(), sigma_tok, exact=True)
+    return _solve_mu(alpha, sigma_shared * xs, ws.copy(), sigma_tok, exact=True, shape=shape)
 
 
 def _req_block_nodes(sigma_req: float, sigma_block: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
@@ -128,30 +193,31 @@ def _req_block_nodes(sigma_req: float, sigma_block: float) -> tuple[np.ndarray, 
     return s, wu, wz, xu.size, xz.size
 
 
-def request_tau(mu, sigma_req: float, sigma_block: float, sigma_tok: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+def request_tau(mu, sigma_req: float, sigma_block: float, sigma_tok: float = 0.0,
+                shape: Shape = PLAIN) -> tuple[np.ndarray, np.ndarray]:
     """Per-request mean tokens per step with all K verified, tau(u) = 1 + sum_k E_z[prod_{j<=k} g(mu_j+u+z)],
     at the request-shift quadrature nodes; returns (tau(u) (n_u,), node weights (n_u,))."""
     s, wu, wz, nu, nz = _req_block_nodes(sigma_req, sigma_block)
     mu = np.asarray(mu, dtype=float)
-    surv = np.cumprod(smoothed_sigmoid(mu[:, None] + s[None, :], sigma_tok), axis=0)     # (K, nu*nz)
+    surv = np.cumprod(smoothed_sigmoid(mu[:, None] + s[None, :], sigma_tok, shape=shape), axis=0)  # (K, nu*nz)
     return 1.0 + (surv.reshape(mu.size, nu, nz) * wz).sum(axis=(0, 2)), wu
 
 
 @lru_cache(maxsize=256)
 def _calibrate_steps_cached(alpha: tuple[float, ...], sigma_req: float, sigma_block: float,
-                            sigma_tok: float) -> tuple[float, ...]:
+                            sigma_tok: float, shape: Shape = PLAIN) -> tuple[float, ...]:
     s, wu, wz, nu, nz = _req_block_nodes(sigma_req, sigma_block)
     step_w = np.ones(nu)
     mus = np.zeros(len(alpha))
     for it in range(_STEP_ITERS):
         new = np.array(_solve_mu(alpha, s, ((wu * step_w)[:, None] * wz[None, :]).ravel(), sigma_tok,
-                                 mus if it else None))
+                                 mus if it else None, shape=shape))
         fin = np.isfinite(new)
         done = np.max(np.abs(new[fin] - mus[fin]), initial=0.0) < 1e-12
         mus = new
         if done:
             break
-        tau_u, _ = request_tau(mus, sigma_req, sigma_block, sigma_tok)
+        tau_u, _ = request_tau(mus, sigma_req, sigma_block, sigma_tok, shape)
         step_w = 1.0 / tau_u      # a request that emits tau(u) tokens per step takes 1/tau(u) steps per token
     else:
         raise ConfigError("calibration", "alpha", f"step-weighted calibration did not converge in {_STEP_ITERS} "
@@ -160,7 +226,7 @@ def _calibrate_steps_cached(alpha: tuple[float, ...], sigma_req: float, sigma_bl
 
 
 def calibrate_mu_steps(alpha, sigma_req: float, sigma_block: float, sigma_tok: float = 0.0,
-                       source: str = "curve") -> np.ndarray:
+                       source: str = "curve", shape: Shape = PLAIN) -> np.ndarray:
     """Offsets mu_1..mu_K making the STEP-weighted conditional acceptance equal ``alpha`` exactly.
 
     Step-weighted = pooled over every verification step of long outputs, as DeepSpec's evaluator pools
@@ -171,44 +237,49 @@ def calibrate_mu_steps(alpha, sigma_req: float, sigma_block: float, sigma_tok: f
     """
     a = check_curve(alpha, source)
     return np.array(_calibrate_steps_cached(tuple(float(x) for x in a), float(sigma_req), float(sigma_block),
-                                            float(sigma_tok)))
+                                            float(sigma_tok), _shape(shape)))
 
 
-def model_survival_steps(mu, sigma_req: float, sigma_block: float, sigma_tok: float = 0.0) -> np.ndarray:
+def model_survival_steps(mu, sigma_req: float, sigma_block: float, sigma_tok: float = 0.0,
+                         shape: Shape = PLAIN) -> np.ndarray:
     """Step-weighted P(A >= k), k = 1..K, implied by offsets mu (quadrature; see :func:`calibrate_mu_steps`)."""
     s, wu, wz, nu, nz = _req_block_nodes(sigma_req, sigma_block)
     mu = np.asarray(mu, dtype=float)
-    surv = np.cumprod(smoothed_sigmoid(mu[:, None] + s[None, :], sigma_tok), axis=0).reshape(mu.size, nu, nz)
+    surv = np.cumprod(smoothed_sigmoid(mu[:, None] + s[None, :], sigma_tok, shape=shape),
+                      axis=0).reshape(mu.size, nu, nz)
     per_u = (surv * wz).sum(axis=2)                                   # (K, nu)
     step_w = wu / (1.0 + per_u.sum(axis=0))
     return (per_u * step_w).sum(axis=1) / step_w.sum()
 
 
-def model_conditional_steps(mu, sigma_req: float, sigma_block: float, sigma_tok: float = 0.0) -> np.ndarray:
+def model_conditional_steps(mu, sigma_req: float, sigma_block: float, sigma_tok: float = 0.0,
+                            shape: Shape = PLAIN) -> np.ndarray:
     """Step-weighted P(A >= k) / P(A >= k-1) implied by mu (what :func:`calibrate_mu_steps` targets)."""
-    surv = model_survival_steps(mu, sigma_req, sigma_block, sigma_tok)
+    surv = model_survival_steps(mu, sigma_req, sigma_block, sigma_tok, shape)
     prev = np.concatenate(([1.0], surv[:-1]))
     with np.errstate(invalid="ignore", divide="ignore"):
         return surv / prev
 
 
-def calibrate_mu(alpha, sigma_shared: float, sigma_tok: float = 0.0, source: str = "curve") -> np.ndarray:
+def calibrate_mu(alpha, sigma_shared: float, sigma_tok: float = 0.0, source: str = "curve",
+                 shape: Shape = PLAIN) -> np.ndarray:
     """Latent logit offsets mu_1..mu_K making the model's conditional acceptance equal ``alpha`` exactly."""
     a = check_curve(alpha, source)
-    return np.array(_calibrate_cached(tuple(float(x) for x in a), float(sigma_shared), float(sigma_tok)))
+    return np.array(_calibrate_cached(tuple(float(x) for x in a), float(sigma_shared), float(sigma_tok),
+                                      _shape(shape)))
 
 
-def model_survival(mu, sigma_shared: float, sigma_tok: float = 0.0) -> np.ndarray:
+def model_survival(mu, sigma_shared: float, sigma_tok: float = 0.0, shape: Shape = PLAIN) -> np.ndarray:
     """P(A >= k) for k = 1..K implied by offsets mu (quadrature)."""
     xs, ws = _gauss_hermite(_N_SHARED)
     s = sigma_shared * xs
-    g = smoothed_sigmoid(np.asarray(mu, dtype=float)[:, None] + s[None, :], sigma_tok)   # (K, nodes)
+    g = smoothed_sigmoid(np.asarray(mu, dtype=float)[:, None] + s[None, :], sigma_tok, shape=shape)  # (K, nodes)
     return (np.cumprod(g, axis=0) * ws).sum(axis=1)
 
 
-def model_conditional(mu, sigma_shared: float, sigma_tok: float = 0.0) -> np.ndarray:
+def model_conditional(mu, sigma_shared: float, sigma_tok: float = 0.0, shape: Shape = PLAIN) -> np.ndarray:
     """P(A >= k) / P(A >= k-1) implied by mu (what calibration targets)."""
-    surv = model_survival(mu, sigma_shared, sigma_tok)
+    surv = model_survival(mu, sigma_shared, sigma_tok, shape)
     prev = np.concatenate(([1.0], surv[:-1]))
     with np.errstate(invalid="ignore", divide="ignore"):
         return surv / prev

@@ -1,4 +1,4 @@
-"""Fit the parametric model's heterogeneity and confidence noise to the paper's Fig. 5 and Fig. 6 together.
+"""Fit the parametric model's heterogeneity, easy/hard link and confidence noise to the paper's Figs. 5 and 6.
 
 Targets (dsparksim/data/dspark_acceptance.json, DSpark on Qwen3-4B, K = 7):
 
@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from dsparksim.acceptance.base import DOMAINS
-from dsparksim.acceptance.calibration import _gauss_hermite
+from dsparksim.errors import ConfigError
+from dsparksim.acceptance.calibration import _gauss_hermite, link
 from dsparksim.acceptance.confidence import per_position_metrics
 from dsparksim.acceptance.parametric import ParametricAcceptance, ParametricParams, _sigmoid
 from dsparksim.acceptance.reference import load_reference
@@ -39,6 +40,27 @@ def fig5_ratio_targets() -> dict[str, dict[str, list[float]]]:
     return out
 
 
+def fig5_curves(K: int = 7) -> dict[str, np.ndarray]:
+    """DSpark's per-domain curves rescaled to the benchmark Fig. 5 was run on.
+
+    Fig. 5's accepted tokens at t = 0 (6.11, 5.38, 3.64) are Table 1's gsm8k, humaneval and mt-bench columns, not
+    the domain means (5.57, 5.12, 3.49): the sweep ran on one benchmark per domain. Each domain's rejection
+    probabilities 1 - alpha_k are scaled by one factor so that 1 + sum prod alpha equals that tau (the shape of
+    Fig. 2's curve kept), and the Fig. 5 ratios are compared on that model."""
+    from dsparksim.acceptance.calibration import tau_of_curve
+    from dsparksim.acceptance.reference import paper_curve
+    from dsparksim.acceptance.rootfind import brentq
+
+    sw = load_reference()["static_threshold_sweep_dspark_qwen3_4b"]
+    out = {}
+    for d in DOMAINS:
+        a = paper_curve("dspark", d, K)[0]
+        tau = float(sw[d]["accepted"][0])
+        c = brentq(lambda c: tau_of_curve(1.0 - c * (1.0 - a)) - tau, 1e-6, 1.0 / (1.0 - a.min()) - 1e-9)
+        out[d] = 1.0 - c * (1.0 - a)
+    return out
+
+
 def fig6_auc_targets() -> dict[int, float]:
     q = load_reference()["confidence_head_quality"]["auc_by_position"]
     return {int(k): float(v) for k, v in q.items()}
@@ -53,12 +75,19 @@ class _Sample:
         self.zt = rng.standard_normal((n_u, blocks, K))
         self.un = rng.random((n_u, blocks, K))
         self.zn = rng.standard_normal((n_u, blocks, K))
+        self.znb = rng.standard_normal((n_u, blocks, 1))
 
 
 def evaluate(params: ParametricParams, *, drafter: str = "dspark", K: int = 7, n_u: int = 16, blocks: int = 1500,
-             seed: int = 0, samples: dict | None = None, confidence: str = "sts") -> dict[str, Any]:
-    """Step-weighted Fig. 5 ratios per domain and pooled per-position ECE / AUC (fixed:K, all verified)."""
-    model = ParametricAcceptance.from_paper(drafter, K, params, confidence=confidence)
+             seed: int = 0, samples: dict | None = None, confidence: str = "sts",
+             benchmark_curves: bool = True) -> dict[str, Any]:
+    """Step-weighted Fig. 5 ratios per domain and pooled per-position ECE / AUC (fixed:K, all verified), for DSpark
+    on the curves of Fig. 5's benchmarks (:func:`fig5_curves`; ``benchmark_curves=False``: the domain means)."""
+    if benchmark_curves and drafter == "dspark":
+        model = ParametricAcceptance(fig5_curves(K), K, drafter=drafter, params=params, confidence=confidence,
+                                     source="Fig. 5 benchmarks")
+    else:
+        model = ParametricAcceptance.from_paper(drafter, K, params, confidence=confidence)
     if samples is None:
         rng = np.random.default_rng(seed)
         samples = {d: _Sample(K, n_u, blocks, rng) for d in DOMAINS}
@@ -67,10 +96,10 @@ def evaluate(params: ParametricParams, *, drafter: str = "dspark", K: int = 7, n
     for d in DOMAINS:
         s = samples[d]
         mu = model.mu(d)
-        x = mu + (p.sigma_req * s.xu[:, None] + p.sigma_block * s.zb)[:, :, None] + p.sigma_tok * s.zt
+        x = link(mu + (p.sigma_req * s.xu[:, None] + p.sigma_block * s.zb)[:, :, None] + p.sigma_tok * s.zt, p.shape)
         ok = s.un < _sigmoid(x)
         A = np.where(ok.all(axis=2), K, ok.argmin(axis=2))                          # (n_u, B)
-        conf = _sigmoid((x + model._noise * s.zn) * model._scale)
+        conf = _sigmoid((x + model._noise * s.zn + p.noise_block * s.znb) * model._scale)
         surv = np.cumprod(conf, axis=2)
         tok0 = (A + 1).mean(axis=1)                                                  # E[tokens | u], all verified
         step_w = s.wu / tok0                                                         # steps per token at u
@@ -106,22 +135,65 @@ def residuals(ev: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _objective(res: dict[str, float], auc_weight: float) -> float:
-    return float(sum((auc_weight if k.startswith("AUC") else 1.0) * v * v for k, v in res.items()))
+def relative_residuals(ev: dict[str, Any]) -> dict[str, float]:
+    """Fig. 5 ratios as model / paper - 1 (same keys as :func:`residuals`, Fig. 5 only)."""
+    out = {}
+    for d, tg in fig5_ratio_targets().items():
+        for kind, short in (("accepted", "acc"), ("verified", "ver")):
+            for t, m, p in zip(THRESHOLDS, ev["ratios"][d][kind], tg[kind]):
+                out[f"{d} {short} t={t:g}"] = m / p - 1.0
+    return out
+
+
+# The objective. The issue-29 criteria are the t = 0.9 ratios of math and chat (within 10%, relative) and the
+# Fig. 6 AUC by position (within 0.05), with STS ECE <= 0.02: each such residual enters as (r / tol)^2 plus a steep
+# hinge past 0.8 tol. Code at t = 0.9 and every t = 0.5 / 0.7 ratio enter with small weights: a calibrated head
+# cannot keep math's 98% of verified slots at t = 0.5 (the mean survival at position 7 is 0.44, so most of those
+# slots would need a survival just above 0.5, and Fig. 6's AUC would collapse); they are reported, not chased.
+FIG5_REL_TOL = 0.10
+AUC_TOL = 0.05
+ECE_TOL = 0.02
+HINGE_AT, HINGE_WEIGHT = 0.8, 10.0
+W_CODE_T09, W_OTHER_T = 0.3, 0.01
+CRITERIA_DOMAINS = ("math", "chat")
+
+
+def _scaled(r: float, tol: float) -> float:
+    q = abs(r) / tol
+    return q * q + HINGE_WEIGHT * max(0.0, q - HINGE_AT) ** 2
+
+
+def _objective(ev: dict[str, Any], auc_weight: float = 1.0) -> float:
+    """Tolerance-scaled squared residuals (see the comment above); ``auc_weight`` scales the AUC terms."""
+    v = 0.0
+    for k, r in relative_residuals(ev).items():
+        if k.endswith("t=0.9") and k.split()[0] in CRITERIA_DOMAINS:
+            v += _scaled(r, FIG5_REL_TOL)
+        else:
+            v += (W_CODE_T09 if k.endswith("t=0.9") else W_OTHER_T) * r * r
+    v += auc_weight * sum(_scaled(r, AUC_TOL) for k, r in residuals(ev).items() if k.startswith("AUC"))
+    return float(v + HINGE_WEIGHT * max(0.0, ev["ece_mean"] / ECE_TOL - HINGE_AT) ** 2)
 
 
 def _params_of(theta: np.ndarray, base: ParametricParams) -> ParametricParams:
-    sh, st, n1, n7 = np.exp(theta)
-    return replace(base, sigma_req=sh / np.sqrt(2), sigma_block=sh / np.sqrt(2), sigma_tok=st, noise_sd=n1,
-                   noise_sd_end=n7)
+    sh, st, sl, j, n1, n7, se = np.exp(np.delete(theta, 2))
+    return replace(base, sigma_req=sh / np.sqrt(2), sigma_block=sh / np.sqrt(2), sigma_tok=st, offset=float(theta[2]),
+                   slope=sl, jump=j, noise_sd=n1, noise_sd_end=n7, slope_easy=se)
 
 
-def fit(base: ParametricParams | None = None, *, auc_weight: float = 2.0, maxfev: int = 120, seed: int = 0,
+def _theta_of(p: ParametricParams) -> np.ndarray:
+    n7 = p.noise_sd if p.noise_sd_end is None else p.noise_sd_end
+    return np.array([np.log(p.sigma_shared), np.log(p.sigma_tok), p.offset, np.log(p.slope), np.log(max(p.jump, 0.05)),
+                     np.log(max(p.noise_sd, 0.05)), np.log(max(n7, 0.05)), np.log(p.slope_easy)])
+
+
+def fit(base: ParametricParams | None = None, *, auc_weight: float = 1.0, maxfev: int = 200, seed: int = 0,
         n_u: int = 16, blocks: int = 1500, log=print) -> tuple[ParametricParams, dict[str, Any]]:
-    """Nelder-Mead on log(sigma_shared, sigma_tok, noise_sd, noise_sd_end) (sigma_req = sigma_block, the paper
-    cannot separate them) minimising the squared Fig. 5 ratio residuals plus ``auc_weight`` x the squared Fig. 6
-    AUC residuals, with common random numbers; then raw_gain by bisection so the raw confidences' mean
-    per-position ECE is :data:`RAW_ECE_TARGET`. Returns (params, evaluation at the optimum)."""
+    """Nelder-Mead on (log sigma_shared, log sigma_tok, offset, log slope, log jump, log noise_sd, log noise_sd_end,
+    log slope_easy) (sigma_req = sigma_block, the paper cannot separate them; noise_block stays at ``base``'s value;
+    the noise is a poor lever: it lowers the AUC little and raises the STS ECE fast) minimising
+    :func:`_objective`, with common random numbers, from ``base``; then raw_gain by bisection so the raw
+    confidences' mean per-position ECE is :data:`RAW_ECE_TARGET`. Returns (params, evaluation at the optimum)."""
     from scipy.optimize import minimize
 
     base = base or ParametricParams()
@@ -131,16 +203,19 @@ def fit(base: ParametricParams | None = None, *, auc_weight: float = 2.0, maxfev
 
     def f(theta: np.ndarray) -> float:
         calls[0] += 1
-        ev = evaluate(_params_of(theta, base), samples=samples)
-        v = _objective(residuals(ev), auc_weight)
+        try:
+            ev = evaluate(_params_of(theta, base), samples=samples)
+        except ConfigError:            # a link that cannot reach some curve value: outside the feasible region
+            return 1e3
+        v = _objective(ev, auc_weight)
         if calls[0] % 10 == 0:
-            log(f"  eval {calls[0]}: objective {v:.5f} at {np.round(np.exp(theta), 3).tolist()}")
+            log(f"  eval {calls[0]}: objective {v:.5f} at {np.round(theta, 3).tolist()}")
         return v
 
-    x0 = np.log([base.sigma_shared, base.sigma_tok, max(base.noise_sd, 0.05),
-                 max(base.noise_sd if base.noise_sd_end is None else base.noise_sd_end, 0.05)])
+    x0 = _theta_of(base)
+    step = np.array([0.05, 0.2, 0.2, 0.3, 0.05, 0.2, 0.2, 0.3])
     opt = minimize(f, x0, method="Nelder-Mead", options={"maxfev": maxfev, "xatol": 1e-3, "fatol": 1e-6,
-                                                        "initial_simplex": x0 + 0.3 * np.vstack([np.zeros(4), np.eye(4)])})
+                                                        "initial_simplex": x0 + np.vstack([np.zeros(8), np.diag(step)])})
     params = _params_of(opt.x, base)
     lo, hi = 1.0, 6.0
     for _ in range(20):
@@ -150,6 +225,6 @@ def fit(base: ParametricParams | None = None, *, auc_weight: float = 2.0, maxfev
     params = replace(params, raw_gain=round(0.5 * (lo + hi), 4))
     ev = evaluate(params, samples=samples)
     ev["raw"] = evaluate(params, samples=samples, confidence="raw")
-    ev["objective"] = _objective(residuals(ev), auc_weight)
+    ev["objective"] = _objective(ev, auc_weight)
     ev["evaluations"] = calls[0]
     return params, ev

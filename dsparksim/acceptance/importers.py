@@ -295,7 +295,8 @@ def read_sglang(path: str | Path, draft_len: int | None = None) -> tuple[dict[st
 def _common_lost(params: ParametricParams, pooled: bool) -> list[str]:
     lost = [f"heterogeneity: not identifiable from acceptance histograms (each one pools many blocks); ASSUMED the "
             f"paper-calibrated default sigma_req={params.sigma_req}, sigma_block={params.sigma_block}, "
-            f"sigma_tok={params.sigma_tok} (logit units)",
+            f"sigma_tok={params.sigma_tok} (logit units) and the easy/hard link offset={params.offset}, "
+            f"slope={params.slope}, jump={params.jump}, slope_easy={params.slope_easy}",
             f"confidences: engine logs carry none; ASSUMED the confidence model fitted to the DSpark paper (noise_sd="
             f"{params.noise_sd} to noise_sd_end={params.noise_sd_end}, raw_gain={params.raw_gain}, simulator-applied "
             f"STS unless --confidence raw, T={params.temperature}; dsparksim/data/acceptance_fit.json)",

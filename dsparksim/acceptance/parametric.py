@@ -4,32 +4,37 @@ Latent model, per request i, block b, position k (1..K)::
 
     u_i    ~ N(0, sigma_req^2)      persistent per request (easy vs hard prompts), drawn at start()
     z_ib   ~ N(0, sigma_block^2)    per block (easy vs hard stretches of one response)
-    e_ibk  ~ N(0, sigma_tok^2)      per position (token-level difficulty the confidence head can see)
-    x_ibk  = mu_k + u_i + z_ib + e_ibk,      p_ibk = sigmoid(x_ibk)
+    e_ibk  ~ N(0, sigma_tok^2)      per position
+    x_ibk  = mu_k + u_i + z_ib + e_ibk                      difficulty score
+    l_ibk  = offset + slope * x            if x <= 0        hard token
+           = offset + jump + slope_easy * x  if x > 0       easy token
+    p_ibk  = sigmoid(l_ibk)
 
-Outcome: given p, positions are accepted independently with probability p_ibk; the ground truth A is the number
-of leading successes (0..K). ``mu_k`` is calibrated numerically (Gauss-Hermite quadrature, left to right, see
+(issue 29: an easy/hard mixture whose easy share is position- and domain-dependent through mu_k and persistent
+along a block through u + z; (offset, slope, jump, slope_easy) = (0, 1, 0, 1) is the single logit-normal used
+before.) Outcome: given p, positions are accepted independently with probability p_ibk; the ground truth A is the
+number of leading successes (0..K). ``mu_k`` is calibrated numerically (quadrature, left to right, see
 :mod:`.calibration`) so that the model's conditional acceptance equals the target curve alpha_k in the
 STEP-weighted measure: pooled over every verification step of long outputs, as DeepSpec's evaluator pools
 acceptance lengths over all proposals (a request with shift u takes 1/tau(u) steps per token). Hence a long-output
 fixed:K run has tau = 1 + sum_k prod_{j<=k} alpha_j. (``calibration="requests"``: one block per fresh request
 reproduces the curve instead, the scheme before issue 11.)
 
-Confidence (what the scheduler sees): the raw head reports ``logit(c_raw) = raw_gain * (x_ibk + n_ibk)`` with
-``n_ibk ~ N(0, noise_k^2)``, noise_k moving linearly from noise_sd (position 1) to noise_sd_end (position 7 on).
+Confidence (what the scheduler sees): the raw head reports ``logit(c_raw) = raw_gain * (l_ibk + n_ibk [+ m_ib])``
+with ``n_ibk ~ N(0, noise_k^2)``, noise_k moving linearly from noise_sd (position 1) to noise_sd_end (position 7
+on), and an optional block-level ``m_ib ~ N(0, noise_block^2)`` (0 by default: STS cannot calibrate it away).
 By default (``confidence="sts"``) the simulator applies sequential temperature scaling itself: per-position
 temperatures T_1..T_K fitted left to right on a fixed-seed sample of this model's raw confidences
-(:func:`.confidence.fit_sts_nll`), so ``logit(c) = raw_gain * (x + n) / T_k``. ``confidence="raw"`` keeps the raw
+(:func:`.confidence.fit_sts_nll`), so ``logit(c) = raw_gain * (l + n) / T_k``. ``confidence="raw"`` keeps the raw
 head (over-confident; mean per-position ECE ~5.5%, the paper reports 3-8%). Acceptance draws are identical.
 
-Defaults (all in logit units) are data: dsparksim/data/acceptance_fit.json, written by scripts/fit_acceptance.py,
-which fits sigma_req = sigma_block, sigma_tok, noise_sd and noise_sd_end (Nelder-Mead, common random numbers,
-step-weighted) to the paper's Fig. 5 static-threshold ratios (accepted tokens and verified slots per step at
-t = 0.5/0.7/0.9 over t = 0, every domain) and Fig. 6 survival AUC by position together, then raw_gain to the raw
-ECE. The JSON carries the residual table. Known gap: one logit-normal family cannot give Fig. 5's survival
-concentrated above 0.5 (math keeps 98% of its verified slots at t = 0.5; the model 71%) and Fig. 6's modest early
-AUC (0.82 at position 1; the model 0.95) at once; the fit trades them off (auc_weight in the script).
-Heterogeneity cannot be identified from the published means alone: sigma_req = sigma_block is an assumption.
+Defaults are data: dsparksim/data/acceptance_fit.json, written by scripts/fit_acceptance.py, which fits
+sigma_req = sigma_block, sigma_tok, the link (offset, slope, jump, slope_easy), noise_sd and noise_sd_end
+(Nelder-Mead, common random numbers, step-weighted) to the paper's Fig. 5 static-threshold ratios (t = 0.9 of math
+and chat as issue 29's criteria) and Fig. 6 survival AUC by position together, then raw_gain to the raw ECE; see
+:mod:`.fit`. The JSON carries the residual table. Known gaps: Fig. 6's AUC at position 3 (~0.06 high) and Fig. 5's
+t = 0.5 / 0.7 ratios (a calibrated head cannot keep most verified slots there). Heterogeneity cannot be identified
+from the published means alone: sigma_req = sigma_block is an assumption.
 """
 from __future__ import annotations
 
@@ -42,8 +47,8 @@ import numpy as np
 
 from dsparksim.errors import ConfigError
 from dsparksim.acceptance.base import DOMAINS, AcceptanceModel, Block
-from dsparksim.acceptance.calibration import (calibrate_mu, calibrate_mu_steps, check_curve, model_conditional, model_conditional_steps,
-                          tau_of_curve)
+from dsparksim.acceptance.calibration import (calibrate_mu, calibrate_mu_steps, check_curve, link, model_conditional,
+                                              model_conditional_steps, tau_of_curve)
 from dsparksim.acceptance.confidence import fit_sts_nll
 from dsparksim.acceptance.reference import K_MAX, MTP1_DEFAULT_SOURCE, mtp1_alpha, paper_curve
 from dsparksim.sim.streams import KeyedRows, normals_from_halves, uniforms_from_halves
@@ -87,7 +92,12 @@ class ParametricParams:
     """Heterogeneity (sigma_*), confidence-noise and calibration parameters, logit units.
 
     noise_sd / noise_sd_end: confidence noise at position 1 / from position 7 on (linear in between; None = flat).
+    noise_block: sd of a confidence-noise term shared by the positions of a block (the head misjudging a whole
+        stretch of text; unlike the per-position noise it does not average out along the survival product).
     raw_gain: the raw (uncalibrated) head's logit is raw_gain * (x + noise): > 1 is over-confident.
+    jump, slope, offset, slope_easy: the link from difficulty score x to acceptance logit: offset + slope * x for a
+        hard token (x <= 0), offset + jump + slope_easy * x for an easy one (x > 0); (offset, slope, jump,
+        slope_easy) = (0, 1, 0, 1) is the plain logit-normal model.
     temperature: an extra user-set divisor applied to the final logit (1 = none).
     Defaults: the fitted values in dsparksim/data/acceptance_fit.json (scripts/fit_acceptance.py).
     """
@@ -98,6 +108,11 @@ class ParametricParams:
     noise_sd: float = field(default_factory=lambda: _fitted("noise_sd"))
     noise_sd_end: float | None = field(default_factory=lambda: _fitted("noise_sd_end"))
     raw_gain: float = field(default_factory=lambda: _fitted("raw_gain"))
+    jump: float = field(default_factory=lambda: _fitted("jump"))
+    slope: float = field(default_factory=lambda: _fitted("slope"))
+    offset: float = field(default_factory=lambda: _fitted("offset"))
+    slope_easy: float = field(default_factory=lambda: _fitted("slope_easy"))
+    noise_block: float = field(default_factory=lambda: _fitted("noise_block"))
     temperature: float = 1.0
 
     def __post_init__(self) -> None:
@@ -105,12 +120,18 @@ class ParametricParams:
             if f.name == "noise_sd_end" and self.noise_sd_end is None:
                 continue
             _check_param(f.name, getattr(self, f.name), "acceptance params")
+        _check_jump(self.jump, self.sigma_tok, "acceptance params")
 
     def noise_by_position(self, K: int) -> np.ndarray:
         """Confidence-noise sd at positions 1..K (linear from noise_sd at 1 to noise_sd_end at 7, flat after)."""
         end = self.noise_sd if self.noise_sd_end is None else self.noise_sd_end
         frac = np.minimum(np.arange(K), NOISE_RAMP - 1) / (NOISE_RAMP - 1)
         return self.noise_sd + (end - self.noise_sd) * frac
+
+    @property
+    def shape(self) -> tuple[float, float, float, float]:
+        """(offset, slope, jump, slope_easy) of the link (:func:`.calibration.link`)."""
+        return (float(self.offset), float(self.slope), float(self.jump), float(self.slope_easy))
 
     @property
     def sigma_shared(self) -> float:
@@ -132,14 +153,29 @@ class ParametricParams:
                 raise ConfigError(source, k, f"expected a number, got {v!r}") from None
         for k, v in upd.items():
             _check_param(k, v, source)
+        _check_jump(upd.get("jump", base.jump), upd.get("sigma_tok", base.sigma_tok), source)
         return replace(base, **upd)
 
 
 def _check_param(name: str, v, source: str) -> None:
+    if name == "offset":                  # the hard tokens' logit: any finite number
+        if not isinstance(v, (int, float)) or not np.isfinite(v):
+            raise ConfigError(source, name, f"must be a finite number, got {v!r}")
+        return
     if not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
         raise ConfigError(source, name, f"must be a finite number >= 0, got {v!r}")
-    if name == "temperature" and v <= 0:
+    if name in ("temperature", "slope", "slope_easy") and v <= 0:
         raise ConfigError(source, name, f"must be > 0, got {v!r}")
+
+
+MIN_SIGMA_TOK_JUMP = 0.05   # the easy/hard split needs token-level spread: with sigma_tok -> 0 the acceptance
+                            # probability jumps with mu and a target between the two levels cannot be met exactly
+
+
+def _check_jump(jump: float, sigma_tok: float, source: str) -> None:
+    if jump > 0 and sigma_tok < MIN_SIGMA_TOK_JUMP:
+        raise ConfigError(source, "sigma_tok", f"must be >= {MIN_SIGMA_TOK_JUMP} when jump > 0 (easy/hard mixture), "
+                          f"got {sigma_tok!r}; set jump=0 for the plain logit-normal model")
 
 
 _STS_CACHE: dict = {}
@@ -151,7 +187,7 @@ class ParametricAcceptance(AcceptanceModel):
     curves: {domain: alpha_1..alpha_K'} with K' >= K (first K used), or {"all": alpha} for one pooled curve.
     """
 
-    keyed_rows_pure = True   # draw(): elementwise in each row's keyed halves, u and mu of its slot; no state
+    keyed_rows_pure = True   # draw(): elementwise in each row's keyed halves, u and mu of its request; no state
 
     def __init__(self, curves: Mapping[str, Sequence[float]], K: int, *, drafter: str = "custom",
                  params: ParametricParams | None = None, source: str = "custom curve",
@@ -185,10 +221,10 @@ class ParametricAcceptance(AcceptanceModel):
         # engine fingerprints)
         self.calibration = calibration
         if calibration == "steps":
-            self._mu = np.vstack([calibrate_mu_steps(self.curves[d], p.sigma_req, p.sigma_block, p.sigma_tok, source)
-                                  for d in self._rows])
+            self._mu = np.vstack([calibrate_mu_steps(self.curves[d], p.sigma_req, p.sigma_block, p.sigma_tok, source,
+                                                     shape=p.shape) for d in self._rows])
         else:
-            self._mu = np.vstack([calibrate_mu(self.curves[d], p.sigma_shared, p.sigma_tok, source)
+            self._mu = np.vstack([calibrate_mu(self.curves[d], p.sigma_shared, p.sigma_tok, source, shape=p.shape)
                                   for d in self._rows])
         self.confidence = confidence
         self._noise = p.noise_by_position(self.K)
@@ -203,7 +239,7 @@ class ParametricAcceptance(AcceptanceModel):
         self._row = np.zeros(0, dtype=np.int16)
         # 64-bit words (two draws each) one draw() takes from keyed streams: block shift + K token shifts + K
         # uniforms + K noises
-        self.words_per_step = (3 * self.K + 2) // 2
+        self.words_per_step = (3 * self.K + 2 + (1 if p.noise_block else 0)) // 2
         self.metadata = {
             "source": source, "kind": "parametric", "drafter": drafter, "K": self.K,
             "model": "x = mu_k + u_req + z_block + e_tok; accept ~ Bernoulli(sigmoid(x)) per position, "
@@ -296,7 +332,7 @@ class ParametricAcceptance(AcceptanceModel):
         return rows, self.params.sigma_req * rng.standard_normal(rows.size)
 
     def latent(self, slots: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Draw the latent logits x (n, K) for one block of each slot."""
+        """Draw the acceptance logits h(x) (n, K) for one block of each slot (x the difficulty score)."""
         return self._latent(self._row[slots], self._u[slots], rng)
 
     def _latent(self, rows: np.ndarray, u: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -306,7 +342,7 @@ class ParametricAcceptance(AcceptanceModel):
         x = self._mu[rows] + shift[:, None]
         if p.sigma_tok:
             x += p.sigma_tok * rng.standard_normal((n, self.K))
-        return x
+        return link(x, p.shape)
 
     def draw(self, slots: np.ndarray, rng: np.random.Generator) -> Block:
         slots = np.asarray(slots, dtype=np.int64)
@@ -324,22 +360,27 @@ class ParametricAcceptance(AcceptanceModel):
         # leading successes: index of the first rejection, K if none
         accepted = np.where(ok.all(axis=1), self.K, ok.argmin(axis=1)).astype(np.int64)
         y = x + self._noise * rng.standard_normal(x.shape) if p.noise_sd or p.noise_sd_end else x
+        if p.noise_block:
+            y = y + p.noise_block * rng.standard_normal(x.shape[0])[:, None]
         return Block(conf=_sigmoid(y * self._scale), accepted=accepted)
 
     def _draw_keyed(self, rows: np.ndarray, u: np.ndarray, rng: KeyedRows) -> Block:
         """draw() on keyed streams in one pass: the same halves, in the same order, as the generic path (block
-        shift, K token shifts, K uniforms, K noises), hence the same values, with a third of the numpy calls
-        (the K uniform halves are not turned into normals)."""
+        shift, K token shifts, K uniforms, K noises, then the block noise when noise_block > 0), hence the same
+        values, with a third of the numpy calls (the K uniform halves are not turned into normals)."""
         p, K = self.params, self.K
-        h = rng.halves(1 + 3 * K)                          # (n, 1 + 3K) uint32
+        h = rng.halves(1 + 3 * K + (1 if p.noise_block else 0))      # (n, 1 + 3K [+ 1]) uint32
         z = normals_from_halves(h[:, :1 + K])
         x = self._mu[rows]
         x += (u + p.sigma_block * z[:, 0])[:, None]
         x += p.sigma_tok * z[:, 1:]
+        x = link(x, p.shape)
         ok = uniforms_from_halves(h[:, 1 + K:1 + 2 * K]) < _sigmoid_into(x, np.empty_like(x))
         accepted = np.where(ok.all(axis=1), K, ok.argmin(axis=1)).astype(np.int64)
-        y = self._noise * normals_from_halves(h[:, 1 + 2 * K:])
+        y = self._noise * normals_from_halves(h[:, 1 + 2 * K:1 + 3 * K])
         np.add(x, y, out=y)
+        if p.noise_block:
+            y += p.noise_block * normals_from_halves(h[:, 1 + 3 * K:])
         y *= self._scale
         return Block(conf=_sigmoid_into(y, y), accepted=accepted)
 
@@ -351,8 +392,8 @@ class ParametricAcceptance(AcceptanceModel):
         """Model-implied step-weighted P(A>=k)/P(A>=k-1) by quadrature (equals the target curve)."""
         p = self.params
         if self.calibration == "requests":
-            return model_conditional(self.mu(domain), p.sigma_shared, p.sigma_tok)
-        return model_conditional_steps(self.mu(domain), p.sigma_req, p.sigma_block, p.sigma_tok)
+            return model_conditional(self.mu(domain), p.sigma_shared, p.sigma_tok, p.shape)
+        return model_conditional_steps(self.mu(domain), p.sigma_req, p.sigma_block, p.sigma_tok, p.shape)
 
     def expected_tau(self, domain: str) -> float:
         """Exact mean tokens per step with all K verified (1 + sum of survival)."""
@@ -384,9 +425,12 @@ class ParametricAcceptance(AcceptanceModel):
             for i in range(len(self._rows)):      # one block of each of STS_BLOCKS fresh requests per curve
                 n = STS_BLOCKS
                 x = self._mu[i] + (p.sigma_req * rng.standard_normal(n) + p.sigma_block * rng.standard_normal(n))[:, None]
-                x = x + p.sigma_tok * rng.standard_normal((n, K))
+                x = link(x + p.sigma_tok * rng.standard_normal((n, K)), p.shape)
                 ok = rng.random((n, K)) < _sigmoid(x)
                 acc.append(np.where(ok.all(axis=1), K, ok.argmin(axis=1)))
-                conf.append(_sigmoid((x + self._noise * rng.standard_normal((n, K))) * p.raw_gain))
+                y = x + self._noise * rng.standard_normal((n, K))
+                if p.noise_block:
+                    y += p.noise_block * rng.standard_normal(n)[:, None]
+                conf.append(_sigmoid(y * p.raw_gain))
             _STS_CACHE[key] = fit_sts_nll(np.vstack(conf), np.concatenate(acc))
         return _STS_CACHE[key].copy()

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping
 
 from dsparksim.errors import ConfigError, InputError
 from dsparksim.io.textio import escape_controls, read_text
-from dsparksim.results.outputs import check_out_file
+from dsparksim.results.outputs import claim_out_file, register_kind
 
 FORMAT_VERSION = 1
 MARKER = f"# dsparksim runs table v{FORMAT_VERSION} (README: Benchmark runs as input)"
@@ -275,28 +275,14 @@ def written_by_us(path: Path) -> bool:
         return False
 
 
+register_kind("runs", written_by_us)   # the overwrite rule knows a runs table by its marker line
+
+
 def check_out(path: str | Path, force: bool, inputs: Iterable[str | Path] = (), option: str = "--out") -> Path:
-    """Raise ConfigError unless ``path`` may be written: it does not exist, or ``force`` is set and it is a runs
-    table this tool wrote; never a directory or one of the ``inputs``. Checked before any input is read."""
-    p = Path(path)
-    for src in inputs:
-        try:
-            same = p.exists() and Path(src).exists() and os.path.samefile(p, src)
-        except OSError:
-            same = False
-        if same:
-            raise ConfigError("cli", option, f"{str(p)!r} is also an input file; choose another output path")
-    if p.is_dir():
-        raise ConfigError("cli", option, f"{str(p)!r} is a directory; expected the path of the runs table to write")
-    if p.exists() or p.is_symlink():
-        if not force:
-            raise ConfigError("cli", option, f"{str(p)!r} exists; choose a new path, or add --force to replace a "
-                              "runs table that bench import wrote")
-        if not written_by_us(p):
-            raise ConfigError("cli", option, f"{str(p)!r} exists and is not a runs table that bench import wrote "
-                              "(its first line is not the runs-table marker); it is never replaced, even with "
-                              "--force")
-    return check_out_file(p, option)   # its folder exists and is writable, or can be created
+    """Raise ConfigError unless ``path`` may be written, by the one overwrite rule
+    (:func:`dsparksim.results.outputs.claim_out_file`): it does not exist, or ``force`` is set and it is a runs
+    table dsparksim wrote; never a directory or one of the ``inputs``. Checked before any input is read."""
+    return claim_out_file(path, "runs", force, option, inputs=list(inputs))
 
 
 def write_runs(runs: Iterable[Mapping[str, Any]], path: str | Path, force: bool = False) -> int:

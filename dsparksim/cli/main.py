@@ -211,6 +211,14 @@ def result_file(args: argparse.Namespace, cfg: RunConfig, model: str) -> Path | 
     return path
 
 
+def default_out_note(args: argparse.Namespace, existed: bool) -> None:
+    """Say so when a command without --out replaced its default folder (the previous results are gone)."""
+    typed = _given(args, "--out") or (_given(args, "--result-dir") and not hasattr(args, "result_dir"))
+    if existed and not typed:   # (--result-dir is --out's alias only where it is not vLLM's separate option)
+        print(f"dsparksim: note: replaced {args.out} (the previous results there); give --out DIR to keep each "
+              "run's results", file=sys.stderr)
+
+
 _GROUPS = {"inputs": "inputs", "traffic": "traffic (closed loop by default)", "engine": "engine"}
 
 
@@ -308,6 +316,11 @@ def check_run_args(args: argparse.Namespace, frontier: bool = False) -> None:
     if _given(args, "--router") and max(reps) == 1 and getattr(args, "dp_ranks", 1) == 1:
         raise _bad("--router", f"has no effect on one engine (set --replicas or --dp-ranks above 1); got --router "
                    f"{','.join(args.router) if isinstance(args.router, (list, tuple)) else args.router}")
+    from dsparksim.config import PAGED_ONLY, reserved_kv_conflict
+    hit = reserved_kv_conflict(args.kv_policy, {k: getattr(args, k) for k, f in PAGED_ONLY.items() if _given(args, f)},
+                               flags=True)
+    if hit:
+        raise _bad(*hit)
     if args.format == "parquet":
         if frontier:
             raise _bad("--format", "frontier writes no per-request table; --format applies to run")
@@ -367,6 +380,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     preflight(cfg, [cfg.policy])  # profile, acceptance, lengths and trace read before the progress bar starts
     from dsparksim.sim.inputs import load_run_profile
     target = result_file(args, cfg, str(load_run_profile(cfg).metadata.get("model", "")))
+    existed = args.out is not None and Path(args.out).is_dir() and any(Path(args.out).iterdir())
     t0 = time.perf_counter()
     total = traffic.duration_s
     with tqdm(total=total, unit="sim-s", disable=_bar_off(args) or total is None, leave=False,
@@ -375,6 +389,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - t0
     paths = write_run(out, args.out, fmt=args.format, steps=args.save_steps, bench_options=bench_opts,
                       result_file=target, bench_copy_name=args.result_filename if args.result_dir is None else None)
+    default_out_note(args, existed)
     s = out.summary
     if not s["num_requests_completed"]:
         print(f"dsparksim: warning: no request both arrived inside the measurement window (after the {s['warmup_s']:g} s "
@@ -469,6 +484,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     cfgs = cells(base, policies, loads, deploys, seeds=seeds if len(seeds) > 1 else None)
     jobs = args.jobs or min(os.cpu_count() or 1, len(cfgs))
     out = Path(args.out)
+    existed = out.is_dir() and any(out.iterdir())
     t0 = time.perf_counter()
     with tqdm(total=len(cfgs), unit="cell", disable=_bar_off(args), desc="frontier") as bar:
         summaries = run_cells(cfgs, jobs=jobs, on_done=lambda: bar.update(1), backend=args.backend,
@@ -509,6 +525,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         plot_verify_budget(df, d / names["verify_budget_png"], load_name=load_name)
         write_table(d / names["frontier_csv"], df)
     paths = {k: out / v for k, v in names.items()}
+    default_out_note(args, existed)
     empty = _empty_cells(per_seed if len(seeds) > 1 else df)  # with seeds: any seed without a finished request
     if empty:
         # Kept in frontier.csv with empty metrics (never Pareto) -- said out loud, never silently left off a plot.
@@ -719,11 +736,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated policy specs [all eight: none, mtp1, fixed:7, threshold:0.5, goodput, "
                         "confidence, confidence-async:2, oracle]")
     _add_common(f, frontier=True)
-    f.add_argument("--seeds", type=pos_int, default=1,
+    from dsparksim.results.stats import MAX_SEEDS, seeds_arg
+    f.add_argument("--seeds", type=seeds_arg, default=1,
                    help="run every cell with N seeds (--seed, --seed+1, ...), the same seeds for every policy "
                         "(paired draws); frontier.csv then holds per-cell means with 95%% t-intervals "
                         "(<metric>_lo, <metric>_hi, n_seeds), frontier_seeds.csv every seed's row, comparison.csv "
-                        "paired per-seed gain intervals, and the plots error bars [%(default)s]")
+                        f"paired per-seed gain intervals, and the plots error bars; at most {MAX_SEEDS} "
+                        "[%(default)s]")
     f.add_argument("--baseline", default=None,
                    help="policy the gains are measured against [mtp1 if swept, else the first policy]")
     f.add_argument("--slo", "--sla", dest="sla", type=_floats, default=None, action="extend",

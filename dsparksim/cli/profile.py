@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from dsparksim.errors import InputError
-from dsparksim.cost.profile import CostProfile, list_profiles, load_profile, save_profile, shipped_dir
+from dsparksim.cost.profile import CostProfile, list_profiles, load_profile, shipped_dir
 from dsparksim.cost.profile_import import (FORMATS, LOOKUPS, complete_profile, import_sps_table, parse_drafter_cost,
                                       run_readiness)
 
@@ -30,13 +30,19 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     s = sub.add_parser("show", help="metadata, staircase summary, SPS, drafter costs, context model")
     s.add_argument("profile", help="shipped profile name or path to a profile JSON")
     s.add_argument("--json", action="store_true", help="print a machine-readable summary")
-    s.add_argument("--plot", metavar="FILE.png", help="also plot the verify staircase (and drafters) to this file")
+    s.add_argument("--plot", metavar="FILE.png", help="also plot the verify staircase (and drafters) to this file "
+                                                      "(an existing file only if dsparksim wrote it, with --force)")
+    s.add_argument("--force", action="store_true",
+                   help="replace an existing --plot image that dsparksim wrote (never any other file)")
     s.set_defaults(func=cmd_show)
 
     i = sub.add_parser("import", help="convert an engine SPS table (vLLM/SGLang/TensorRT-LLM) to a profile")
     i.add_argument("input", help="engine table JSON")
     i.add_argument("--format", required=True, choices=FORMATS, dest="fmt")
-    i.add_argument("--out", required=True, help="profile JSON to write")
+    i.add_argument("--out", required=True, help="profile JSON to write (never the input; an existing file only if "
+                                                "dsparksim wrote it, with --force)")
+    i.add_argument("--force", action="store_true",
+                   help="replace an existing --out file that dsparksim wrote (never any other file)")
     i.add_argument("--name", help="profile name (default: the output file stem)")
     i.add_argument("--drafters-from", metavar="PROFILE", help="copy drafter costs from this profile (name or path)")
     i.add_argument("--lookup", choices=LOOKUPS, default="auto",
@@ -93,7 +99,10 @@ def _register_build(sub: Any) -> None:
                    help="fraction of GPU memory the engine may use, as vLLM's flag [0.9]")
     b.add_argument("--name", help="profile name (default: built-<gpu>-<model>-<parallelism>)")
     b.add_argument("--date", help="date written into metadata (default today; fix it for reproducible files)")
-    b.add_argument("--out", required=True, help="profile JSON to write")
+    b.add_argument("--out", required=True, help="profile JSON to write (never the --model config; an existing file "
+                                                "only if dsparksim wrote it, with --force)")
+    b.add_argument("--force", action="store_true",
+                   help="replace an existing --out file that dsparksim wrote (never any other file)")
     b.set_defaults(func=cmd_build)
 
 
@@ -120,14 +129,12 @@ def cmd_build(args: argparse.Namespace) -> int:
             # that of one independent engine, and --dp only a GPU count others would multiply in
             raise InputError("profile build", "--dp", f"--dp {args.dp} without --ep has no effect on one engine's "
                              "costs: run independent engines as --replicas, or give --ep to spread the experts")
-        out = _check_out(args.out)
-        d = build_profile(_model_config(args.model), args.gpu, tp=args.tp, ep=args.ep, dp=args.dp, dtype=args.dtype,
+        model = _model_config(args.model)
+        out = _check_out(args.out, args.force, inputs=[model])
+        d = build_profile(model, args.gpu, tp=args.tp, ep=args.ep, dp=args.dp, dtype=args.dtype,
                           kv_dtype=args.kv_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
                           name=args.name or None, date=args.date)
-        try:
-            save_profile(d, out)
-        except OSError as e:
-            raise InputError(str(out), "--out", f"cannot write the profile: {e.strerror or e}") from None
+        _save(d, out)
     except InputError as e:
         print(f"dsparksim: error: {e}", file=sys.stderr)
         return 2
@@ -242,7 +249,8 @@ def check_plot_path(path: str | Path) -> Path:
 
 
 def plot_profile(p: CostProfile, path: str | Path) -> Path:
-    """Step plot of the verify staircase (first kv row for 2-D tables) and each drafter's forward cost."""
+    """Step plot of the verify staircase (first kv row for 2-D tables) and each drafter's forward cost, written
+    atomically and marked as dsparksim's (so a rerun may replace it)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -265,9 +273,11 @@ def plot_profile(p: CostProfile, path: str | Path) -> Path:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
+    from dsparksim.results.outputs import image_metadata
+    from dsparksim.sim.simulate import atomic_write
+    fmt = path.suffix[1:].lower() or "png"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
+        atomic_write(path, lambda q: fig.savefig(q, dpi=120, format=fmt, metadata=image_metadata(path)))
     except OSError as e:
         raise InputError(str(path), "--plot", f"cannot write the plot: {e.strerror or e}") from None
     finally:
@@ -279,6 +289,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     try:
         if getattr(args, "plot", None):
             check_plot_path(args.plot)
+            from dsparksim.results.outputs import claim_out_file
+            claim_out_file(args.plot, "plot", getattr(args, "force", False), "--plot",
+                           inputs=[_profile_file(args.profile)])
+        elif getattr(args, "force", False):
+            raise InputError("cli", "--force", "has no effect without --plot (show writes nothing else)")
         p = load_profile(args.profile)
         s = summarize(p)
         print(json.dumps(s, indent=2) if args.json else format_summary(s))
@@ -290,16 +305,36 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_out(path: str | Path) -> Path:
-    """The profile file to write: never a directory; a missing parent directory is created."""
-    out = Path(path)
-    if out.is_dir():
-        raise InputError(str(out), "--out", "is a directory; expected the profile JSON file to write")
+def _check_out(path: str | Path, force: bool = False, inputs=()) -> Path:
+    """The profile file to write, by the one overwrite rule (dsparksim.results.outputs.claim_out_file): never a
+    directory or an input; an existing file only when dsparksim wrote it, or with --force."""
+    from dsparksim.results.outputs import claim_out_file
+    return claim_out_file(path, "profile", force, "--out", inputs=inputs)
+
+
+def _profile_file(spec: str | None) -> str | None:
+    """The file a --drafters-from name or path reads (None when there is none to protect)."""
+    if not spec:
+        return None
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+        from dsparksim.cost.profile import profile_path
+        return str(profile_path(spec))
+    except InputError:
+        return None
+
+
+def _save(p: CostProfile | dict, out: Path) -> None:
+    """Write the profile atomically with the mark (metadata.written_by) that lets a rerun replace it."""
+    from dsparksim.cost.profile import dumps_profile, profile_from_dict, profile_to_dict
+    from dsparksim.results.outputs import written_by
+    from dsparksim.sim.simulate import atomic_write
+    d = profile_to_dict(p) if isinstance(p, CostProfile) else dict(p)
+    d["metadata"] = {**d.get("metadata", {}), "written_by": written_by()}
+    profile_from_dict(d, str(out))  # never write something load_profile would reject
+    try:
+        atomic_write(out, lambda q: q.write_text(dumps_profile(d), encoding="utf-8"))
     except OSError as e:
-        raise InputError(str(out), "--out", f"cannot create its directory: {e.strerror or e}") from None
-    return out
+        raise InputError(str(out), "--out", f"cannot write the profile: {e.strerror or e}") from None
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -307,16 +342,13 @@ def cmd_import(args: argparse.Namespace) -> int:
                               ("tensor_parallel", args.tensor_parallel)) if v is not None}
     try:
         costs = [parse_drafter_cost(c) for c in args.drafter_cost]   # bad options fail before any file is read
-        out = _check_out(args.out)
+        out = _check_out(args.out, args.force, inputs=[args.input, _profile_file(args.drafters_from)])
         p = import_sps_table(args.input, args.fmt, name=args.name or out.stem,
                              drafters_from=args.drafters_from, lookup=args.lookup,
                              engine_clamp=args.engine_clamp, metadata=meta)
         p = complete_profile(p, kv_capacity_tokens=args.kv_capacity_tokens, max_model_len=args.max_model_len,
                              drafter_costs=costs)
-        try:
-            save_profile(p, out)
-        except OSError as e:
-            raise InputError(str(out), "--out", f"cannot write the profile: {e.strerror or e}") from None
+        _save(p, out)
     except InputError as e:
         print(f"dsparksim: error: {e}", file=sys.stderr)
         return 2

@@ -153,14 +153,19 @@ def _check_measure_args(args, validate: bool = False) -> None:
     the whole sweep)."""
     from dsparksim.cli.main import _given
     from dsparksim.errors import ConfigError
-    from dsparksim.results.outputs import check_out_dir, check_out_file, refuse_working_dir
+    from dsparksim.results.outputs import check_out_dir, refuse_working_dir
     if not 1 <= args.block_size <= 15:
         raise ConfigError("cli", "--num-speculative-tokens", f"must be in 1..15 (as the simulator's), got "
                           f"{args.block_size}")
     if args.contexts and len(set(args.contexts)) != len(args.contexts):
         raise ConfigError("cli", "--contexts", f"each context once, got {list(args.contexts)}")
     if not validate:
-        check_out_file(args.out, "--out")
+        from dsparksim.results.outputs import claim_out_file
+        claim_out_file(args.out, "profile", args.force, "--out")
+        if args.raw:
+            if Path(args.raw).absolute() == Path(args.out).absolute():
+                raise ConfigError("cli", "--raw", f"{args.raw!r} is also --out; the raw records need their own file")
+            claim_out_file(args.raw, "json", args.force, "--raw")
         return
     if args.profile is not None:
         # the sweep options shape a profile measured in this command; with --profile they would be ignored
@@ -236,15 +241,17 @@ def cmd_measure(args) -> int:
     _check_engine_args(args)
     _check_measure_args(args)
     from dsparksim.cli.main import _bar_off          # one rule for every command: bars on a terminal only
-    from dsparksim.cost.profile import save_profile
     from dsparksim.runner.measure import measure
     prof, raw = measure(_mc(args), progress=not _bar_off(args))
     prof["metadata"]["command"] = "dsparksim " + " ".join(sys.argv[1:])
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_profile(prof, out)
+    from dsparksim.cli.profile import _save
+    _save(prof, out)
     if args.raw:
-        Path(args.raw).write_text(json.dumps(raw) + "\n")
+        from dsparksim.results.outputs import written_by
+        from dsparksim.sim.simulate import atomic_write
+        doc = {"written_by": written_by(), **raw}
+        atomic_write(Path(args.raw), lambda p: p.write_text(json.dumps(doc) + "\n"))
     fit = prof["metadata"]["fit"]
     print(f"wrote {out}: M 1..{prof['verify']['M'][-1]} ({len(prof['verify']['M'])} breakpoints), verify growth "
           f"{fit['verify_growth']:.2f}x, s/KV token {_g(fit['seconds_per_kv_token'])}, failed cells "
@@ -335,7 +342,6 @@ def _check_audit_args(args) -> None:
     """Every audit option before any sampling (a zero step count made every lossless policy 'look biased' at
     p = nan, and an unwritable --out raised after the whole audit)."""
     from dsparksim.errors import ConfigError
-    from dsparksim.results.outputs import check_out_file
     if args.steps < 1:
         raise ConfigError("cli", "--steps", f"expected at least 1 engine step per setting, got {args.steps}")
     if args.live and args.requests < 1:
@@ -343,7 +349,10 @@ def _check_audit_args(args) -> None:
     if not 0.0 < args.alpha < 1.0:
         raise ConfigError("cli", "--alpha", f"expected a significance level in (0, 1), got {args.alpha:g}")
     if args.out:
-        check_out_file(args.out, "--out")
+        from dsparksim.results.outputs import claim_out_file
+        claim_out_file(args.out, "audit", args.force, "--out")
+    elif args.force:
+        raise ConfigError("cli", "--force", "has no effect without --out (audit writes nothing else)")
 
 
 def _write_rows(path: str, rows) -> None:
@@ -438,9 +447,13 @@ def register(sub) -> None:
     _device_args(p)
     _measure_args(p)
     _live_args(p)
-    p.add_argument("--out", "-o", required=True, help="profile JSON to write")
+    p.add_argument("--out", "-o", required=True, help="profile JSON to write (an existing file only if dsparksim "
+                                                      "wrote it)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing --out file that dsparksim wrote (never any other file)")
     p.add_argument("--name", default=None, help="profile name [DEVICE-MODEL]")
-    p.add_argument("--raw", default=None, help="also write the raw per-step records (JSON)")
+    p.add_argument("--raw", default=None, help="also write the raw per-step records (JSON; an existing file only if "
+                                                "dsparksim wrote it)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_measure)
 
@@ -512,7 +525,9 @@ def register(sub) -> None:
     a.add_argument("--steps", type=int, default=6000, help="engine steps per synthetic setting [%(default)s]")
     a.add_argument("--seed", type=int, default=0, help="random seed [%(default)s]")
     a.add_argument("--alpha", type=float, default=1e-3, help="significance level [%(default)s]")
-    a.add_argument("--out", default=None, help="write the results as JSON")
+    a.add_argument("--out", default=None, help="write the results as JSON (an existing file only if an audit wrote it)")
+    a.add_argument("--force", action="store_true",
+                   help="replace an existing --out file that dsparksim wrote (never any other file)")
     g = a.add_argument_group("live audit (the real engine with the trained drafters)")
     g.add_argument("--live", action="store_true",
                    help="audit the batched real engine with the trained pair instead of the synthetic Markov settings")

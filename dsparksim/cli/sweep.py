@@ -18,18 +18,20 @@ def _backend_args(p: argparse.ArgumentParser, default: str = "local") -> None:
     g.add_argument("--quiet", action="store_true", help="no progress bar or report")
 
 
+
 def _bar_off(args: argparse.Namespace) -> bool:
     from dsparksim.cli.main import _bar_off as off   # one rule for every command: bars on a terminal only
     return off(args)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from dsparksim.results.outputs import claim_result_set
     from dsparksim.sweep import failure_text, load_spec, run_sweep
-
-    from dsparksim.results.outputs import check_out_dir
+    from dsparksim.sweep.runner import MANIFEST, RESULT_FILES
 
     spec = load_spec(args.spec)  # validated before any cell runs
-    check_out_dir(args.out, "--out", replace=False)  # holds the cache: written into, never replaced whole
+    # holds the cache: written into, never replaced whole; a same-named file of the user's is never replaced
+    claim_result_set(args.out, RESULT_FILES, MANIFEST, "--out")
     try:
         res = run_sweep(spec, args.out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
                         progress=not _bar_off(args))
@@ -52,7 +54,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    from dsparksim.results.outputs import check_out_dir, write_result_set
+    from dsparksim.results.outputs import claim_result_set, write_result_set
     from dsparksim.sweep import load_spec
     from dsparksim.sweep.runner import _dump
     from dsparksim.sweep.capacity import capacity_search, capacity_settings, capacity_table
@@ -61,7 +63,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     st = capacity_settings(spec, load=args.load, min=args.min, max=args.max, tolerance=args.tolerance,
                            slo=args.slo, require_unsaturated=False if args.allow_saturated else None,
                            seeds=args.seeds)
-    out = check_out_dir(args.out, "--out", replace=False)  # before any probe runs
+    out = claim_result_set(args.out, CAPACITY_FILES, "capacity.manifest.json", "--out")  # before any probe
     out.mkdir(parents=True, exist_ok=True)
     res = capacity_search(spec, st, out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
                           progress=not _bar_off(args))
@@ -83,6 +85,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         print(f"  capacity.json {out / 'capacity.json'} (with the search trace)")
         print(f"  capacity.csv  {out / 'capacity.csv'}")
     return 1 if (table["status"] == "error").any() else 0
+
+
+CAPACITY_FILES = ("capacity.json", "capacity.csv")
 
 
 def cmd_regress(args: argparse.Namespace) -> int:
@@ -126,7 +131,8 @@ def register(subparsers) -> None:
     c.add_argument("--tolerance", type=pos_float, default=None,
                    help="stop when the bracket is this narrow [1 for concurrency, (max-min)/100 otherwise]")
     c.add_argument("--allow-saturated", action="store_true", help="let a saturated run meet the SLO")
-    c.add_argument("--seeds", type=pos_int, default=None,
+    from dsparksim.results.stats import seeds_arg
+    c.add_argument("--seeds", type=seeds_arg, default=None,
                    help="search every group once per seed (the spec's seed, seed+1, ...; same seeds for every "
                         "group): capacity is the mean of the per-seed capacities with a 95%% t-interval "
                         "(capacity_lo, capacity_hi) [spec's capacity.seeds, else 1]")

@@ -7,11 +7,13 @@ import sys
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from dsparksim.cli.sweep import _bar_off
-    from dsparksim.results.outputs import check_out_dir
     from dsparksim.plan import load_plan, run_plan, text_report, write_plan
+    from dsparksim.plan.report import MANIFEST, RESULT_FILES
+    from dsparksim.results.outputs import claim_result_set
 
     spec = load_plan(args.spec)  # validated (every probe's configuration, prices, SLO metrics): nothing runs before
-    out = check_out_dir(args.out, "--out", replace=False)  # holds the cell cache: written into, never replaced
+    # holds the cell cache: written into, never replaced; a same-named file of the user's is never replaced
+    out = claim_result_set(args.out, RESULT_FILES, MANIFEST, "--out")
     out.mkdir(parents=True, exist_ok=True)
     try:
         run = run_plan(spec, out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,

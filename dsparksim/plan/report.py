@@ -23,6 +23,7 @@ import pandas as pd
 from dsparksim.plan.search import SPEED, PlanRun, Probe, Search, binding_slo
 
 MANIFEST = "plan.manifest.json"
+RESULT_FILES = ("plan.json", "spec.json", "cheapest.csv", "pareto.csv", "pareto.json", "probes.csv", "plan.png")
 CONFIDENCE_FAMILIES = ("confidence", "confidence-async")  # confidence-global is not lossless: never a deployment
 ASSUMPTIONS = [
     "feasibility is monotone in the replica count at a fixed traffic (bisection); violations seen among the "

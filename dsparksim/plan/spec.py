@@ -44,6 +44,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dsparksim.errors import ConfigError, InputError
+# the one SLO vocabulary of capacity, plan and frontier (percentile spellings: *_p50 = *_median)
+from dsparksim.sweep.capacity import METRIC_ALIASES, SLO_METRICS  # noqa: F401
 
 TABLES = ("plan", "traffic", "base", "prices", "candidates")
 PLAN_KEYS = ("name", "slo", "seeds", "confidence", "require_unsaturated", "prune")
@@ -52,11 +54,6 @@ LOADS = ("rate", "trace")   # the [traffic] load; scales multiply rate or the tr
 # Run options a plan sets itself: the load (from [traffic] x scale), the seed ([plan] seeds), the replica count
 # (searched) and the policy / K (candidates' policies and K).
 RESERVED = ("concurrency", "rate", "time_scale", "trace", "seed", "replicas", "policy", "block_size")
-_OPS = (">=", "<=", ">", "<")
-_SLO_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=|>|<)\s*([-+0-9.eE]+)\s*$")
-# Percentile spellings of the summary's median fields (summary.json says median).
-METRIC_ALIASES = {f"{m}_p50{u}": f"{m}_median{u}" for m, u in
-                  (("tps_user", ""), ("ttft", "_s"), ("tpot", "_s"), ("itl", "_s"), ("e2e", "_s"))}
 # Run options that make a deployment disaggregated and size its prefill pool ([regime]); read by name so the
 # planner counts their GPUs as soon as the options exist.
 DISAGG_KEY, PREFILL_KEY = "disaggregated", "prefill_replicas"
@@ -64,8 +61,6 @@ DISAGG_KEY, PREFILL_KEY = "disaggregated", "prefill_replicas"
 
 def slo_metrics() -> tuple[str, ...]:
     """Run-summary fields an SLO may constrain (dsparksim.results.metrics.summarize)."""
-    from dsparksim.sweep.capacity import SLO_METRICS
-
     return tuple(SLO_METRICS)
 
 
@@ -219,32 +214,12 @@ def _pos_number(src: str, where: str, v: Any, integer: bool = False) -> float:
 
 def parse_slo_terms(src: str, terms: Any) -> tuple[SLOTerm, ...]:
     """SLO terms ``METRIC OP NUMBER`` (OP in >=, <=, >, <) on known run-summary metrics."""
-    if isinstance(terms, str) or not isinstance(terms, list) or not terms:
+    from dsparksim.sweep.capacity import parse_slo
+
+    if not isinstance(terms, list):
         raise ConfigError(src, "plan.slo", f"expected a non-empty list of terms like 'tps_user_p50 >= 60', "
                           f"got {terms!r}")
-    known = slo_metrics()
-    out = []
-    for i, t in enumerate(terms):
-        where = f"plan.slo[{i}]"
-        m = _SLO_RE.match(t) if isinstance(t, str) else None
-        if not m:
-            ops = t.split()[1] if isinstance(t, str) and len(t.split()) == 3 else None
-            hint = f" (operator {ops!r} is not one of {', '.join(_OPS)})" if ops and ops not in _OPS else ""
-            raise ConfigError(src, where, f"expected 'METRIC OP NUMBER' with OP one of {', '.join(_OPS)}, "
-                              f"got {t!r}{hint}")
-        name, op = m.group(1), m.group(2)
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            raise ConfigError(src, where, f"threshold is not a number in {t!r}") from None
-        if not math.isfinite(value):
-            raise ConfigError(src, where, f"threshold must be finite, got {t!r}")
-        metric = METRIC_ALIASES.get(name, name)
-        if metric not in known:
-            raise ConfigError(src, where, f"unknown metric {name!r}; expected one of {', '.join(known)} "
-                              f"(or {', '.join(METRIC_ALIASES)})")
-        out.append(SLOTerm(metric, op, value, name))
-    return tuple(out)
+    return tuple(SLOTerm(c.metric, c.op, c.value, c.spelled) for c in parse_slo(terms, src, "plan.slo"))
 
 
 def _family(policy: str) -> str:
@@ -314,9 +289,10 @@ def plan_from_dict(d: Mapping[str, Any], source: str = "plan spec") -> PlanSpec:
         raise ConfigError(src, "plan.name", f"expected a non-empty string, got {name!r}")
     slo = parse_slo_terms(src, plan.get("slo"))
     seeds = plan.get("seeds", [0])
-    if (not isinstance(seeds, list) or not seeds
+    from dsparksim.results.stats import MAX_SEEDS
+    if (not isinstance(seeds, list) or not seeds or len(seeds) > MAX_SEEDS
             or any(isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**63 for s in seeds)):
-        raise ConfigError(src, "plan.seeds", f"expected a non-empty list of integers >= 0, got {seeds!r}")
+        raise ConfigError(src, "plan.seeds", f"expected a list of 1..{MAX_SEEDS} integers >= 0, got {seeds!r}")
     if len(set(seeds)) != len(seeds):
         raise ConfigError(src, "plan.seeds", f"duplicate seeds in {seeds!r}")
     conf = plan.get("confidence", 0.95)
@@ -496,6 +472,21 @@ def _candidate(src: str, i: int, c: dict[str, Any], prices: Mapping[str, float],
     return out
 
 
+def _check_arrivals(spec: PlanSpec, cfg: Any, scale: float) -> None:
+    """An open-loop probe whose expected arrivals exceed the per-run limit is refused here, as `run` refuses it,
+    naming the plan's [traffic] rate (not after a round of probes has failed)."""
+    from dsparksim.traffic.build import check_expected_arrivals
+
+    t = cfg.traffic
+    if t.rate is None or t.duration_s is None:
+        return
+    try:
+        check_expected_arrivals(t.rate * t.time_scale, t.duration_s)
+    except ConfigError as e:
+        why = e.message.replace(" (--rate / --time-scale)", "")
+        raise ConfigError(spec.source, "traffic.rate", f"at scale {scale:g}: {why} (or [traffic] scales)") from None
+
+
 def _check_probes(spec: PlanSpec) -> None:
     """Every probe the search may run builds a valid RunConfig; the inputs it reads open (no cell runs)."""
     from dsparksim.sweep.cells import build_config
@@ -507,9 +498,10 @@ def _check_probes(spec: PlanSpec) -> None:
         for scale in (min(spec.scales), max(spec.scales)):
             for r in (d.lo, d.hi):
                 try:
-                    build_config(spec.options(d, scale, r, spec.seeds[0]), spec.source)
+                    cfg = build_config(spec.options(d, scale, r, spec.seeds[0]), spec.source)
                 except ConfigError as e:
                     raise ConfigError(spec.source, where, f"replicas={r}, scale={scale:g}: {e}") from None
+                _check_arrivals(spec, cfg, scale)
         # Input files (acceptance sources, traces, length tables, routers) are checked as a sweep checks them.
         opts = {k: v for k, v in spec.options(d, spec.scales[0], d.lo, spec.seeds[0]).items()}
         key = repr(sorted((k, repr(v)) for k, v in opts.items() if k not in ("replicas", "seed")))

@@ -7,9 +7,21 @@
 * ``staged_dir`` (``run``, ``run-real``, ``frontier``): every file is written into the hidden sibling
   ``.OUT.tmp-<pid>``, which then replaces OUT (rename). An old ``steps.csv`` never survives a rerun, and a run
   killed while writing leaves the previous OUT as it was (or, killed between the two renames, no OUT at all).
-* ``write_result_set`` (``sweep``, ``capacity``): OUT also holds the resumable cell cache, so only the final files
-  are replaced, as a set: the set's manifest is removed first and written last, listing every file with its size
-  and sha256. Result files without a manifest (or whose bytes disagree with it) are an interrupted write.
+* ``write_result_set`` (``sweep``, ``capacity``, ``plan``): OUT also holds the resumable cell cache, so only the
+  final files are replaced, as a set: the set's manifest is first rewritten as pending (names only, not complete)
+  and written last, listing every file with its size and sha256. Result files whose manifest is pending (or whose
+  bytes disagree with it) are an interrupted write.
+
+One rule for every command that writes (issue 31): nothing the user wrote is ever overwritten. dsparksim replaces
+only what dsparksim wrote, as the file's own mark, its folder's ``config.json`` or its result set's manifest says;
+never an input of the command, never a file it did not write -- not even with ``--force``:
+
+* ``claim_out_file`` (one file: ``profile build|import|measure --out``, ``measure --raw``, ``profile show --plot``,
+  ``audit --out``, ``bench import --out`` and every new command that writes one file): an existing file that
+  dsparksim wrote is replaced only with ``--force`` (the user means it);
+* ``claim_result_set`` (``sweep``, ``capacity``, ``plan``: the set's file names in an existing folder; a rerun
+  updates its own set, which is how an interrupted search resumes);
+* ``check_out_dir`` (``run``, ``frontier``: a folder of dsparksim's results, replaced whole by a rerun).
 
 New files and directories get the usual permissions (0644 / 0755 under a 022 umask).
 """
@@ -23,7 +35,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, Sequence
 
 from dsparksim.errors import ConfigError
 
@@ -33,7 +45,8 @@ RESULT_SUFFIXES = (".json", ".csv", ".parquet", ".png", ".gz")
 def check_out_dir(path: str | Path, option: str = "--out", replace: bool = True) -> Path:
     """Raise ConfigError (naming ``option``) unless ``path`` can become a result directory.
 
-    ``replace``: OUT is replaced whole, so an existing OUT may only hold result files (no subdirectories).
+    ``replace``: OUT is replaced whole, so an existing OUT may only hold result files (no subdirectories), and
+    only ones a dsparksim run or frontier wrote (its config.json says so).
     """
     p = Path(path)
     if replace:
@@ -64,11 +77,166 @@ def check_out_dir(path: str | Path, option: str = "--out", replace: bool = True)
 
 def check_out_file(path: str | Path, option: str = "--out") -> Path:
     """Raise ConfigError (naming ``option``) unless ``path`` can be written as one result file: not a directory,
-    and its folder exists and is writable or can be created (checked before any work starts)."""
+    and its folder exists and is writable or can be created (checked before any work starts).
+
+    It does not judge an existing file: a command that writes a file uses :func:`claim_out_file` (the overwrite
+    rule), which also makes these checks."""
     p = Path(path)
     if p.is_dir():
         raise ConfigError("cli", option, f"{str(p)!r} is a directory; expected the path of the file to write")
     _check_creatable(p, option)
+    return p
+
+
+# ------------------------------------------------------------------------------ the one overwrite rule
+MARK = "dsparksim"   # the mark a file dsparksim wrote carries (JSON: written_by; images: Software/Creator)
+
+
+def written_by() -> str:
+    """The mark dsparksim puts in what it writes: ``dsparksim <version>``."""
+    from dsparksim import __version__
+
+    return f"{MARK} {__version__}"
+
+
+def image_metadata(path: str | Path) -> dict[str, str] | None:
+    """matplotlib ``savefig(metadata=...)`` marking a plot as dsparksim's (PNG Software, SVG/PDF Creator); None
+    for formats that carry no such text (an existing file of such a format is never replaced)."""
+    ext = Path(path).suffix.lower()
+    if ext == ".png":
+        return {"Software": written_by()}
+    if ext in (".svg", ".svgz", ".pdf", ".eps", ".ps"):
+        return {"Creator": written_by()}
+    return None
+
+
+def _json_doc(p: Path):
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return None
+
+
+def _marked(v: object) -> bool:
+    return isinstance(v, str) and v.split(" ", 1)[0] == MARK
+
+
+def _is_profile(p: Path) -> bool:
+    # metadata.written_by (every profile dsparksim writes); metadata.build: profile build before the mark existed
+    d = _json_doc(p)
+    md = d.get("metadata") if isinstance(d, dict) else None
+    return isinstance(md, dict) and (_marked(md.get("written_by")) or isinstance(md.get("build"), dict))
+
+
+def _is_marked_json(p: Path) -> bool:
+    d = _json_doc(p)
+    return isinstance(d, dict) and _marked(d.get("written_by"))
+
+
+def _is_audit(p: Path) -> bool:
+    # audit --out: a list of per-policy, per-setting rows with a p-value (the format has no room for a mark)
+    d = _json_doc(p)
+    return isinstance(d, list) and bool(d) and all(isinstance(r, dict) and {"policy", "setting", "p_value"} <= r.keys()
+                                                   for r in d)
+
+
+def _is_image(p: Path) -> bool:
+    try:
+        with open(p, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return False
+    return f"{MARK} ".encode() in head
+
+
+# kind -> how to tell that an existing file of that kind was written by dsparksim (register_kind adds one)
+KINDS: dict[str, Callable[[Path], bool]] = {"profile": _is_profile, "json": _is_marked_json, "audit": _is_audit,
+                                            "plot": _is_image}
+
+
+def register_kind(kind: str, recognize: Callable[[Path], bool]) -> None:
+    """Teach :func:`claim_out_file` a new kind of file: ``recognize(path)`` is True when that existing file is
+    one dsparksim wrote (e.g. it carries ``written_by()``); it must never raise."""
+    KINDS[kind] = recognize
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def claim_out_file(path: str | Path, kind: str, force: bool = False, option: str = "--out",
+                   inputs: Sequence[str | Path | None] = ()) -> Path:
+    """Check, before any work starts, that this command may write the one file ``path`` (the rule every command
+    that writes a file follows; ConfigError naming ``option`` otherwise):
+
+    * never a directory, and never one of ``inputs`` (the files this command reads; also through a link), not
+      even with ``force``;
+    * a new file: its folder exists and is writable, or can be created;
+    * an existing file only when dsparksim wrote it, as recognised by ``kind`` (see ``KINDS``: "profile" reads
+      ``metadata.written_by``, "json" a top-level ``written_by``, "plot" the image's Software/Creator text,
+      "audit" the audit rows; :func:`register_kind` adds one), and only with ``force`` (the user's ``--force``:
+      a rerun does not silently replace an earlier result); a file dsparksim did not write never, force or not.
+
+    Write the file with :func:`~dsparksim.sim.simulate.atomic_write`, carrying ``written_by()`` (or
+    ``image_metadata``), so that a rerun may replace it. Returns ``Path(path)``.
+    """
+    p = Path(path)
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; register it with register_kind")
+    for src in inputs:
+        if src is not None and (_same_file(p, Path(src)) or p.absolute() == Path(src).absolute()):
+            raise ConfigError("cli", option, f"{str(p)!r} is also an input of this command ({src}); dsparksim "
+                              "never overwrites its inputs, even with --force: choose another output file")
+    if p.is_dir():
+        raise ConfigError("cli", option, f"{str(p)!r} is a directory; expected the path of the file to write")
+    if p.exists() or p.is_symlink():
+        if not p.is_file():
+            raise ConfigError("cli", option, f"{str(p)!r} exists and is not a regular file")
+        if not KINDS[kind](p):
+            raise ConfigError("cli", option, f"{str(p)!r} exists and dsparksim did not write it (it is not a {kind} "
+                              "file dsparksim wrote): it is never replaced, even with --force; choose another path")
+        if not force:
+            raise ConfigError("cli", option, f"{str(p)!r} exists (a {kind} file dsparksim wrote); add --force to "
+                              "replace it, or choose a new path")
+        _check_writable(p.parent, option)
+        return p
+    _check_creatable(p, option)
+    return p
+
+
+def manifest_files(d: Path) -> set[str]:
+    """The file names the result-set manifests (``*.manifest.json``) in ``d`` list as written by dsparksim."""
+    names: set[str] = set()
+    for m in d.glob("*.manifest.json"):
+        doc = _json_doc(m)
+        if isinstance(doc, dict) and isinstance(doc.get("files"), dict) and (
+                _marked(doc.get("written_by")) or "written" in doc):
+            names.add(m.name)
+            names.update(str(n) for n in doc["files"])
+    return names
+
+
+def claim_result_set(out: str | Path, names: Sequence[str], manifest: str, option: str = "--out") -> Path:
+    """Check, before any work starts, that the result set ``names`` (+ its ``manifest``) may be written into the
+    folder ``out`` (``sweep``, ``capacity``, ``plan``): the folder is usable (see :func:`check_out_dir`), and every
+    one of those names that already exists there is listed by a dsparksim manifest in the folder, i.e. was
+    written by dsparksim (a rerun updates its own set); a same-named file of the user's is refused, always.
+    Returns ``Path(out)``."""
+    p = check_out_dir(out, option, replace=False)
+    if not p.is_dir():
+        return p
+    ours = manifest_files(p)
+    clash = [n for n in [*names, manifest] if (p / n).exists() and n not in ours]
+    bad = [n for n in clash if not (p / n).is_file()]
+    if bad:
+        raise ConfigError("cli", option, f"{str(p / bad[0])!r} is in the way of a result file and is not a file")
+    if clash:
+        raise ConfigError("cli", option, f"{str(p)!r} holds {', '.join(clash[:5])}{', ...' if len(clash) > 5 else ''}, "
+                          "which dsparksim did not write (no result manifest there lists them) and never replaces; "
+                          "choose a new or empty folder")
     return p
 
 
@@ -175,7 +343,7 @@ def replace_dir(new: Path, out: Path) -> None:
 
 def write_result_set(out: str | Path, files: Mapping[str, Callable[[Path], None]], manifest: str,
                      stale: tuple[str, ...] = (), status: Mapping[str, object] | None = None) -> dict[str, Path]:
-    """Replace a set of result files in ``out`` as a unit: drop the manifest, write each file atomically, remove
+    """Replace a set of result files in ``out`` as a unit: mark the manifest pending, write each file atomically, remove
     the ``stale`` names this set no longer has, then write the manifest (size + sha256 of every file) last.
 
     ``status``: what the set describes, recorded in the manifest; its ``complete`` (default True) says whether the
@@ -184,7 +352,14 @@ def write_result_set(out: str | Path, files: Mapping[str, Callable[[Path], None]
 
     d = Path(out)
     d.mkdir(parents=True, exist_ok=True)
-    (d / manifest).unlink(missing_ok=True)
+    # While the files are written the manifest is a pending one: it keeps every old and new name claimed (a rerun
+    # after a kill may replace them) and, having no sha256, never reads as complete.
+    old = _json_doc(d / manifest)
+    claimed = {str(n): None for n in (old.get("files") or {})} if isinstance(old, dict) and isinstance(
+        old.get("files"), dict) else {}
+    pending = {"written_by": written_by(), "complete": False, "writing": True,
+               "files": {**claimed, **{n: None for n in files}}}
+    atomic_write(d / manifest, lambda p: p.write_text(json.dumps(pending, indent=1) + "\n"))
     paths = {}
     for name, write in files.items():
         paths[name] = d / name
@@ -193,7 +368,8 @@ def write_result_set(out: str | Path, files: Mapping[str, Callable[[Path], None]
         if name not in files:
             (d / name).unlink(missing_ok=True)
     entries = {name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for name, p in paths.items()}
-    doc = {"complete": True, **(status or {}), "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": entries}
+    doc = {"written_by": written_by(), "complete": True, **(status or {}),
+           "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": entries}
     atomic_write(d / manifest, lambda p: p.write_text(json.dumps(doc, indent=1) + "\n"))
     return paths
 

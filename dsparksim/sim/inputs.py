@@ -109,12 +109,11 @@ def check_deployment(cfg: RunConfig, prof: Any) -> None:
     d = prof.metadata.get("data_parallel") if isinstance(getattr(prof, "metadata", None), dict) else None
     if isinstance(d, int) and d > 1 and int(getattr(eng, "dp_ranks", 1)) != d \
             and (prof.name, int(getattr(eng, "dp_ranks", 1))) not in _DP_WARNED:
-        import logging
+        import sys
         _DP_WARNED.add((prof.name, int(getattr(eng, "dp_ranks", 1))))   # once per process, not per resolve
-        logging.getLogger("dsparksim").warning(
-            "profile '%s' prices one of %d data-parallel ranks (metadata.data_parallel) but this run simulates "
-            "--dp-ranks %d: its per-rank costs assume %d ranks; pass --dp-ranks %d", prof.name, d,
-            int(getattr(eng, "dp_ranks", 1)), d, d)
+        print(f"dsparksim: warning: profile '{prof.name}' prices one of {d} data-parallel ranks "
+              f"(metadata.data_parallel) but this run simulates --dp-ranks {int(getattr(eng, 'dp_ranks', 1))}: its "
+              f"per-rank costs assume {d} ranks; pass --dp-ranks {d}", file=sys.stderr)
 
 
 def resolve_inputs(cfg: RunConfig, *, profile=None, acceptance: Callable[[Any, int], Any] | None = None,

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from dsparksim.errors import ConfigError
+from dsparksim.results.stats import MAX_SEEDS
 from dsparksim.sweep.cells import Cell, build_config, cell_hash
 from dsparksim.sweep.spec import LOAD_KEYS, SweepSpec
 
@@ -26,14 +27,16 @@ _SLO_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=|>|<)\s*([-+0-9.eE]+
 
 @dataclass(frozen=True)
 class Constraint:
-    """One SLO term, e.g. ``tps_user_median >= 50`` or ``ttft_p99_s <= 2``, on a run-summary field."""
+    """One SLO term, e.g. ``tps_user_median >= 50`` or ``ttft_p99_s <= 2``, on a run-summary field (``metric``,
+    canonical; ``spelled``: as the user wrote it, e.g. ``tps_user_p50``)."""
 
     metric: str
     op: str
     value: float
+    spelled: str = ""
 
     def __str__(self) -> str:
-        return f"{self.metric} {self.op} {self.value:g}"
+        return f"{self.spelled or self.metric} {self.op} {self.value:g}"
 
     def holds(self, summary: Mapping[str, Any]) -> bool:
         if not measured(summary.get(self.metric)):
@@ -45,41 +48,58 @@ def measured(v: Any) -> bool:
     return not (v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v))
 
 
-# Numeric run-summary fields an SLO may constrain, checked before any probe runs (a typo fails in a second, not
-# after the search). Latency/speed percentiles the summary may gain are accepted by pattern; a name the summary
-# then lacks is still an error naming it (check_slo).
+# The one SLO vocabulary of capacity, plan and frontier: the numeric run-summary fields an SLO may constrain,
+# checked before any probe runs (a typo fails in a second, not after the search), and their percentile spellings
+# (METRIC_ALIASES: *_p50 = *_median, as vLLM names them). A field the summary gains is added here.
 SLO_METRICS = (
     "output_throughput_tok_s", "request_throughput_req_s", "tps_user_mean", "tps_user_median", "tps_user_p10",
     "tps_user_p90", "ttft_mean_s", "ttft_median_s", "ttft_p99_s", "tpot_mean_s", "tpot_median_s", "tpot_p99_s",
     "itl_median_s", "itl_p99_s", "e2e_mean_s", "e2e_median_s", "e2e_p99_s", "mean_verify_len", "tau",
     "mean_batch_tokens", "mean_running", "num_requests_completed", "num_requests_completed_total",
     "num_requests_issued", "num_steps", "kv_peak_used_tokens", "sim_time_s", "window_s")
-_SLO_PATTERN = re.compile(r"^(?:(?:ttft|tpot|itl|e2e)_(?:mean|median|std|p\d+)_s|tps_user_(?:mean|median|std|p\d+))$")
+METRIC_ALIASES = {f"{m}_p50{u}": f"{m}_median{u}" for m, u in
+                  (("tps_user", ""), ("ttft", "_s"), ("tpot", "_s"), ("itl", "_s"), ("e2e", "_s"))}
 
 
 def check_slo_metrics(slo: Sequence[Constraint], source: str = "--slo") -> None:
     """Raise ConfigError for an SLO term on a metric no run summary has (before anything runs)."""
     for i, c in enumerate(slo):
-        if c.metric not in SLO_METRICS and not _SLO_PATTERN.match(c.metric):
-            raise ConfigError(source, f"slo[{i}]", f"unknown metric {c.metric!r}; expected one of "
-                              f"{', '.join(SLO_METRICS)}")
+        if c.metric not in SLO_METRICS:
+            raise ConfigError(source, f"slo[{i}]", _unknown(c.metric))
 
 
-def parse_slo(terms: Sequence[str], source: str = "--slo") -> list[Constraint]:
-    """Parse SLO terms ``METRIC OP NUMBER`` (OP one of >=, <=, >, <)."""
-    if isinstance(terms, str) or not terms:
-        raise ConfigError(source, "slo", f"expected a non-empty list of terms like 'tps_user_median >= 50', "
+def _unknown(name: str) -> str:
+    return f"unknown metric {name!r}; expected one of {', '.join(SLO_METRICS)} (or {', '.join(METRIC_ALIASES)})"
+
+
+def parse_slo(terms: Sequence[str], source: str = "--slo", field: str = "slo") -> list[Constraint]:
+    """Parse SLO terms ``METRIC OP NUMBER`` (OP one of >=, <=, >, <; METRIC in SLO_METRICS or METRIC_ALIASES,
+    stored canonical) -- the one SLO syntax and vocabulary of capacity, plan and frontier. Errors name ``source``
+    and ``field``: a file's ``capacity.slo[i]``, or (source ``"cli"``) the option, e.g. ``--slo``, and the term."""
+    cli = source == "cli"
+    if isinstance(terms, str) or not isinstance(terms, (list, tuple)) or not terms:
+        raise ConfigError(source, field, f"expected a non-empty list of terms like 'tps_user_median >= 50', "
                           f"got {terms!r}")
     out = []
     for i, t in enumerate(terms):
+        where, what = (field, f"in {t!r}: ") if cli else (f"{field}[{i}]", "")
         m = _SLO_RE.match(t) if isinstance(t, str) else None
         if not m:
-            raise ConfigError(source, f"slo[{i}]", f"expected 'METRIC >= NUMBER' (or <=, >, <), got {t!r}")
+            ops = t.split()[1] if isinstance(t, str) and len(t.split()) == 3 else None
+            hint = f" (operator {ops!r} is not one of {', '.join(_OPS)})" if ops and ops not in _OPS else ""
+            raise ConfigError(source, where, f"expected 'METRIC OP NUMBER' with OP one of {', '.join(_OPS)}, "
+                              f"got {t!r}{hint}")
         try:
             v = float(m.group(3))
         except ValueError:
-            raise ConfigError(source, f"slo[{i}]", f"threshold is not a number in {t!r}") from None
-        out.append(Constraint(m.group(1), m.group(2), v))
+            raise ConfigError(source, where, f"{what}threshold is not a number in {t!r}") from None
+        if not math.isfinite(v):
+            raise ConfigError(source, where, f"{what}threshold must be finite, got {t!r}")
+        name = m.group(1)
+        metric = METRIC_ALIASES.get(name, name)
+        if metric not in SLO_METRICS:
+            raise ConfigError(source, where, what + _unknown(name))
+        out.append(Constraint(metric, m.group(2), v, name))
     return out
 
 
@@ -136,44 +156,69 @@ def capacity_settings(spec: SweepSpec, **over: Any) -> CapacitySettings:
             if key in table:
                 raise ConfigError(src, f"capacity.{alias}", f"same setting as capacity.{key}; keep one")
             table[key] = conv(table.pop(alias))
+    given = {k for k, v in over.items() if v is not None}   # typed on the command line
     d = {**table, **{k: v for k, v in over.items() if v is not None}}
     known = ("load", "min", "max", "tolerance", "slo", "require_unsaturated", "seeds")
     for k in d:
         if k not in known:
             raise ConfigError(src, f"capacity.{k}", f"unknown key; expected some of {', '.join(known)} (or sla, "
                               "allow_saturated)")
+
+    def bad(k: str, msg: str, *also: str) -> ConfigError:
+        # blamed where the value came from: the command line (its option) or the spec file (capacity.KEY); a
+        # clash of two values goes to the command-line one when there is one (``also``: the other key)
+        for key in (k, *also):
+            if key in given:
+                return ConfigError("cli", _FLAGS[key], msg)
+        return ConfigError(src, f"capacity.{k}", msg)
+
     load = d.get("load", spec.load_key)
     if load not in LOAD_KEYS:
-        raise ConfigError(src, "capacity.load", f"expected one of {LOAD_KEYS}, got {load!r}")
+        raise bad("load", f"expected one of {LOAD_KEYS}, got {load!r}")
     if load in spec.axes:
         raise ConfigError(src, f"axes.{load}", "is the load the capacity search varies; remove it from [axes]")
     for k in ("min", "max"):
         if k not in d:
-            raise ConfigError(src, f"capacity.{k}", "required: the load range to search")
+            raise ConfigError(src, f"capacity.{k}", f"required: the load range to search (or {_FLAGS[k]})")
         if isinstance(d[k], bool) or not isinstance(d[k], (int, float)) or not 0 < d[k] < math.inf:
-            raise ConfigError(src, f"capacity.{k}", f"expected a finite number > 0, got {d[k]!r}")
+            raise bad(k, f"expected a finite number > 0, got {d[k]!r}")
     lo, hi = float(d["min"]), float(d["max"])
-    if load == "concurrency" and not (lo.is_integer() and hi.is_integer()):
-        raise ConfigError(src, "capacity.min/max", f"concurrency bounds must be integers, got {lo:g}, {hi:g}")
+    if load == "concurrency":
+        for k, v in (("min", lo), ("max", hi)):
+            if not v.is_integer():
+                raise bad(k, f"concurrency bounds must be integers, got {v:g}", "load")
     if not hi > lo:
-        raise ConfigError(src, "capacity.max", f"must exceed min ({lo:g}), got {hi:g}")
+        if "min" in given and "max" not in given:
+            raise bad("min", f"must be below max ({hi:g}{_from('max', given, src)}), got {lo:g}")
+        raise bad("max", f"must exceed min ({lo:g}{_from('min', given, src)}), got {hi:g}")
     tol = d.get("tolerance", 1.0 if load == "concurrency" else (hi - lo) / 100)
     if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < math.inf:
-        raise ConfigError(src, "capacity.tolerance", f"expected a finite number > 0, got {tol!r}")
+        raise bad("tolerance", f"expected a finite number > 0, got {tol!r}")
     if load == "concurrency" and tol < 1:
-        raise ConfigError(src, "capacity.tolerance", f"concurrency is an integer: tolerance must be >= 1, got {tol!r}")
+        raise bad("tolerance", f"concurrency is an integer: tolerance must be >= 1, got {tol!r}", "load")
     req = d.get("require_unsaturated", True)
     if not isinstance(req, bool):
-        raise ConfigError(src, "capacity.require_unsaturated", f"expected true or false, got {req!r}")
+        raise bad("require_unsaturated", f"expected true or false, got {req!r}")
     seeds = d.get("seeds", 1)
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise ConfigError(src, "capacity.seeds", f"expected an integer >= 1, got {seeds!r}")
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SEEDS:
+        raise bad("seeds", f"expected an integer in 1..{MAX_SEEDS}, got {seeds!r}")
     if seeds > 1 and "seed" in spec.axes:
-        raise ConfigError(src, "axes.seed", "conflicts with capacity.seeds / --seeds, which repeats the search "
-                                            "over seeds; keep one")
-    slo = parse_slo(d.get("slo") or [], f"{src} [capacity] / --slo")
-    check_slo_metrics(slo, f"{src} [capacity] / --slo")
+        raise ConfigError(src, "axes.seed", f"conflicts with {'--seeds' if 'seeds' in given else 'capacity.seeds'}, "
+                                            "which repeats the search over seeds; keep one")
+    if "slo" in given:
+        slo = parse_slo(d["slo"], "cli", "--slo")
+    else:
+        slo = parse_slo(d.get("slo") or [], src, "capacity.slo")
     return CapacitySettings(load, lo, hi, float(tol), tuple(slo), req, seeds)
+
+
+# The command-line option of each [capacity] key (capacity_settings' keyword overrides).
+_FLAGS = {"load": "--load", "min": "--min", "max": "--max", "tolerance": "--tolerance", "slo": "--slo",
+          "require_unsaturated": "--allow-saturated", "seeds": "--seeds"}
+
+
+def _from(k: str, given: set[str], src: str) -> str:
+    return f", from {_FLAGS[k]}" if k in given else f", from {src} capacity.{k}"
 
 
 @dataclass

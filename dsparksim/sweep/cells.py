@@ -35,13 +35,19 @@ class Cell:
 def build_config(values: dict[str, Any], source: str = "sweep spec") -> RunConfig:
     """RunConfig for one cell from spec keys (missing keys take `dsparksim run`'s defaults: both build runs with
     :meth:`RunConfig.from_options`, so a cell is exactly the run the CLI would do with the same options)."""
+    from dsparksim.config import reserved_kv_conflict
+
     try:
         if "trace" in values and "time_scale" not in values:
             # the spec's load axis names the traffic mode; a trace under another load would be ignored
             raise ConfigError(source, "trace", "a trace is replayed on a time_scale load axis; set time_scale")
+        hit = reserved_kv_conflict(values.get("kv_policy"), values, flags=False)
+        if hit:   # a paged-only key the spec set, whatever its value (its default too)
+            raise ConfigError(source, *hit)
         return RunConfig.from_options(values, source)
     except InputError as e:
-        raise ConfigError(source, e.field, f"cell {values}: {e}") from None
+        # the source once: the inner error of this spec names it already
+        raise ConfigError(source, e.field, f"cell {values}: {e.message if e.source == source else e}") from None
 
 
 def expand(spec: SweepSpec) -> list[Cell]:

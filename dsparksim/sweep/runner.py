@@ -14,6 +14,7 @@ from dsparksim.sweep.cache import CellCache, have_parquet
 from dsparksim.sweep.cells import Cell, code_fingerprint, expand, input_hashes
 from dsparksim.sweep.spec import SweepSpec
 
+RESULT_FILES = ("sweep.json", "failures.json", "results.parquet", "results.csv")  # the set (parquet: with pyarrow)
 MANIFEST = "sweep.manifest.json"  # written last: the final files of the sweep are complete
 KEY_PREFIX = "cfg."  # table columns holding a cell's axis values (summary fields keep their own names)
 

@@ -82,8 +82,18 @@ def arch_from_dict(d: dict[str, Any], src: str = "<config>", name: str | None = 
     a0 = str(archs[0]) if isinstance(archs, list) and archs else ""
     name = name or Path(src).stem
     L, h, nh = _req(d, "num_hidden_layers", src), _req(d, "hidden_size", src), _req(d, "num_attention_heads", src)
-    nkv = _opt(d, "num_key_value_heads", src, nh)
-    hd = _opt(d, "head_dim", src, h // nh)
+    nkv = _req(d, "num_key_value_heads", src) if "num_key_value_heads" in d and d["num_key_value_heads"] is not None \
+        else nh
+    if nkv > nh or nh % nkv:
+        raise ConfigError(src, "num_key_value_heads", f"expected a divisor of num_attention_heads ({nh}): each KV "
+                          f"head serves a whole group of query heads, got {nkv}")
+    if d.get("head_dim") is not None:
+        hd = _req(d, "head_dim", src)
+    elif h // nh < 1:
+        raise ConfigError(src, "head_dim", f"hidden_size {h} / num_attention_heads {nh} gives a head dimension of "
+                          "0; a head needs at least one dimension (set head_dim or fix the sizes)")
+    else:
+        hd = h // nh
     ffn = _req(d, "intermediate_size", src)
     if a0 == "QWenLMHeadModel":
         ffn //= 2   # Qwen-1 counts both gate and up halves in intermediate_size (vidur's n_expanded_embd = half)
@@ -93,9 +103,13 @@ def arch_from_dict(d: dict[str, Any], src: str = "<config>", name: str | None = 
     if a0.startswith("Deepseek") or "kv_lora_rank" in d:
         nope, rope = _req(d, "qk_nope_head_dim", src), _req(d, "qk_rope_head_dim", src)
         E = _req(d, "n_routed_experts", src)
+        dense = _opt(d, "first_k_dense_replace", src, 0)
+        if dense > L:
+            raise ConfigError(src, "first_k_dense_replace", f"expected at most num_hidden_layers ({L}) leading "
+                              f"dense layers, got {dense}")
         return Arch(family="moe", head_dim=nope + rope, v_head_dim=_req(d, "v_head_dim", src),
-                    n_dense_layers=_opt(d, "first_k_dense_replace", src, 0), n_experts=E,
-                    top_k=_req(d, "num_experts_per_tok", src), moe_ffn=_req(d, "moe_intermediate_size", src),
+                    n_dense_layers=dense, n_experts=E, top_k=_top_k(d, E, src),
+                    moe_ffn=_req(d, "moe_intermediate_size", src),
                     n_shared_experts=_opt(d, "n_shared_experts", src, 0), q_lora_rank=_opt(d, "q_lora_rank", src, 0),
                     kv_lora_rank=_req(d, "kv_lora_rank", src), qk_rope_head_dim=rope, qk_nope_head_dim=nope,
                     mtp_layers=_opt(d, "num_nextn_predict_layers", src, 0), **common)
@@ -107,9 +121,18 @@ def arch_from_dict(d: dict[str, Any], src: str = "<config>", name: str | None = 
         if _opt(d, "decoder_sparse_step", src, 1) != 1 or d.get("mlp_only_layers"):
             raise ConfigError(src, "decoder_sparse_step", "only MoE in every layer is modelled "
                                                           "(decoder_sparse_step 1, no mlp_only_layers)")
-        return Arch(family="moe", head_dim=hd, v_head_dim=hd, n_experts=E, top_k=_req(d, "num_experts_per_tok", src),
+        return Arch(family="moe", head_dim=hd, v_head_dim=hd, n_experts=E, top_k=_top_k(d, E, src),
                     moe_ffn=moe_ffn, **common)
     return Arch(family="dense", head_dim=hd, v_head_dim=hd, **common)
+
+
+def _top_k(d: dict, n_experts: int, src: str) -> int:
+    """num_experts_per_tok: a token is routed to at most every expert."""
+    k = _req(d, "num_experts_per_tok", src)
+    if k > n_experts:
+        raise ConfigError(src, "num_experts_per_tok", f"expected at most the number of routed experts "
+                          f"({n_experts}), got {k}")
+    return k
 
 
 def _dtype_hint(d: dict) -> str:

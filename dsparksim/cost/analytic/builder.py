@@ -92,7 +92,8 @@ def build_profile(model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int
                                                f"per GPU with tp={tp}, ep={ep}, dp={dp}, but {g.name} offers "
                                                f"{usable / 2**30:.1f} GiB at gpu_memory_utilization "
                                                f"{gpu_memory_utilization} minus a {RESERVE_GIB:g} GiB activation "
-                                               "reserve; use more GPUs (tp/ep) or --dtype fp8")
+                                               "reserve; use more GPUs (tp/ep)"
+                                               + ("" if dtype == "fp8" else " or --dtype fp8"))
     kv_cap = int(free // fm.kv_bytes_per_token())
     max_len = int(min(arch.max_position, kv_cap))
 
