@@ -351,8 +351,9 @@ def reserved_kv_conflict(kv_policy: Any, given: Mapping[str, Any], flags: bool) 
 class RunConfig:
     """One simulated run: which inputs, which policy, which load, how long, which seed."""
 
-    policy: str = option("confidence", "--policy", common=False,
-                         help="policy spec, e.g. confidence, fixed:7 [%(default)s]")
+    # the paper's production variant (Algorithm 1, `confidence`, verifies almost nothing on MoE profiles)
+    policy: str = option("confidence-async:2", "--policy", common=False,
+                         help="policy spec, e.g. confidence-async:2, fixed:7 [%(default)s]")
     profile: str = option("h100-llama2-7b-tp1", "--profile",
                           help="cost profile: shipped name (see `dsparksim profile list`) or JSON path [%(default)s]")
     acceptance: str = option("dspark", "--acceptance",

@@ -121,10 +121,10 @@ def test_comparison_interpolates_on_overlap():
             for i, x in enumerate(xb)]
     rows += [{"policy": "a", "load": i, "output_throughput_tok_s": x, "tps_user_median": 1.5 * (100 - x / 10),
               "pareto": True} for i, x in enumerate(xa)]
-    comp = comparison_table(pd.DataFrame(rows), baseline="b", slas=[60.0])
+    comp = comparison_table(pd.DataFrame(rows), baseline="b", slos=[60.0])
     r = comp[comp["metric"] == "tps_user_gain_at_matched_throughput"].iloc[0]
     assert (r["range_lo"], r["range_hi"]) == (100.0, 500.0)
     assert r["gain_min"] == pytest.approx(0.5) and r["gain_max"] == pytest.approx(0.5)
     # At per-user speed 60: baseline x = 400, A: 1.5*(100 - x/10) = 60 -> x = 600; gain 0.5.
-    s = comp[comp["metric"] == "throughput_gain_at_sla:60"].iloc[0]
+    s = comp[comp["metric"] == "throughput_gain_at_slo:60"].iloc[0]
     assert s["gain_mean"] == pytest.approx(0.5)

@@ -104,7 +104,7 @@ def test_gains_are_measured_against_the_baseline_at_the_same_deployment():
     s += [_summ("new", i, x, 1.5 * y, 2, "least-outstanding") for i, (x, y) in enumerate(zip(xs, base))]
     df = frontier_table(s)
     assert df["pareto"].all()  # per series every point is Pareto; merged per policy, x1 points would be dominated
-    comp = comparison_table(df, baseline="base", slas=[150.0])
+    comp = comparison_table(df, baseline="base", slos=[150.0])
     g = comp[comp["metric"] == "tps_user_gain_at_matched_throughput"].set_index("deployment")["gain_mean"]
     assert g["x1 round-robin"] == pytest.approx(0.5)
     assert g["x2 least-outstanding"] == pytest.approx(-0.25)

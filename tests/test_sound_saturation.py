@@ -102,7 +102,9 @@ def test_closed_loop_prefill_pool_queue(pool, expect):
                                                                         "--duration", "15"]])
 def test_issue_runs_on_a_compute_bound_engine_are_saturated(tmp_path, load):
     out = tmp_path / "o"
-    assert main(["run", "--profile", "a100-llama3-70b-tp4", *load, "--quiet", "--out", str(out)]) == 0
+    # the issue's runs were made with the then default policy, confidence (run's default is now confidence-async:2)
+    assert main(["run", "--policy", "confidence", "--profile", "a100-llama3-70b-tp4", *load, "--quiet", "--out",
+                 str(out)]) == 0
     s = json.loads((out / "summary.json").read_text())
     d = s["saturation_detail"]
     assert s["num_requests_completed_total"] < 0.3 * s["num_requests_issued"]

@@ -59,7 +59,7 @@ def test_sliver_overlap_is_flagged_and_wide_overlap_is_not():
     # baseline's 30..250 (10%) -- the "+724% @SLA" case. Its throughput there is huge, so the gain looks best.
     sliver = _two_frontiers(np.array([800.0, 1600.0]), np.array([250.0, 224.0]), BASE_X, BASE_Y)
     comp = comparison_table(sliver, baseline="base")
-    r = comp[comp["metric"] == "throughput_gain_at_matched_sla"].iloc[0]
+    r = comp[comp["metric"] == "throughput_gain_at_matched_slo"].iloc[0]
     assert (r["range_lo"], r["range_hi"]) == (224.0, 250.0)
     assert r["overlap_frac"] == pytest.approx(26 / 220)
     assert bool(r["narrow_overlap"]) and r["gain_mean"] > 3
@@ -92,7 +92,7 @@ def test_comparison_text_shows_ranges_flags_and_one_column_per_sla():
     df = pd.concat([_two_frontiers(BASE_X, 1.2 * BASE_Y, BASE_X, BASE_Y),
                     _two_frontiers(np.array([800.0, 1600.0]), np.array([250.0, 224.0]), BASE_X, BASE_Y)
                     .query("policy == 'new'").assign(policy="edge")], ignore_index=True)
-    comp = comparison_table(df, baseline="base", slas=[50.0, 120.0])
+    comp = comparison_table(df, baseline="base", slos=[50.0, 120.0])
     txt = _comparison_text(df, comp, "base")
     lines = txt.splitlines()
     header = lines[0]
@@ -101,8 +101,8 @@ def test_comparison_text_shows_ranges_flags_and_one_column_per_sla():
     edge = next(line for line in lines if line.startswith("edge"))
     # Matched-throughput gain of +20% over the whole 100-1100 tok/s range, SLA gains per column.
     assert "+20% [+20..+20] over 100-1100" in new and "!" not in new
-    r50 = comp[(comp["policy"] == "new") & (comp["metric"] == "throughput_gain_at_sla:50")].iloc[0]
-    r120 = comp[(comp["policy"] == "new") & (comp["metric"] == "throughput_gain_at_sla:120")].iloc[0]
+    r50 = comp[(comp["policy"] == "new") & (comp["metric"] == "throughput_gain_at_slo:50")].iloc[0]
+    r120 = comp[(comp["policy"] == "new") & (comp["metric"] == "throughput_gain_at_slo:120")].iloc[0]
     assert f"{100 * r50['gain_mean']:+.0f}%" in new and f"{100 * r120['gain_mean']:+.0f}%" in new
     # The sliver gain is shown with its 224-250 range and flagged, with the footnote explaining the flag.
     assert "over 224-250 !" in edge
@@ -115,12 +115,12 @@ def test_comparison_text_shows_ranges_flags_and_one_column_per_sla():
 def test_frontier_cli_prints_every_sla_column_and_writes_flags(tmp_path, capsys):
     out = tmp_path / "f"
     assert main(["frontier", "--policies", "mtp1,fixed:7", "--concurrency-levels", "1,4,8", "--duration", "3",
-                 "--jobs", "1", "--sla", "100,200", "--out", str(out)]) == 0
+                 "--jobs", "1", "--slo", "100,200", "--out", str(out)]) == 0
     txt = capsys.readouterr().out
     assert "@100 tok/s/user" in txt and "@200 tok/s/user" in txt and "over " in txt
     comp = pd.read_csv(out / "comparison.csv")
     assert {"range_lo", "range_hi", "overlap_frac", "narrow_overlap", "axis"} <= set(comp.columns)
-    assert {"throughput_gain_at_sla:100", "throughput_gain_at_sla:200"} <= set(comp["metric"])
+    assert {"throughput_gain_at_slo:100", "throughput_gain_at_slo:200"} <= set(comp["metric"])
 
 
 # ------------------------------------------------------------------------------------------------ colours
@@ -149,14 +149,14 @@ def _frontier_df() -> pd.DataFrame:
 
 def test_frontier_figure_has_sla_lines_policy_colours_legend_and_load_labels():
     df = _frontier_df()
-    fig = frontier_figure(df, slas=[50.0, 150.0], load_name="concurrent users")
+    fig = frontier_figure(df, slos=[50.0, 150.0], load_name="concurrent users")
     try:
         ax = fig.axes[0]
-        sla = {ln.get_gid(): ln for ln in ax.get_lines() if str(ln.get_gid()).startswith("sla:")}
-        assert set(sla) == {"sla:50", "sla:150"}
-        assert list(sla["sla:150"].get_ydata()) == [150.0, 150.0]
+        sla = {ln.get_gid(): ln for ln in ax.get_lines() if str(ln.get_gid()).startswith("slo:")}
+        assert set(sla) == {"slo:50", "slo:150"}
+        assert list(sla["slo:150"].get_ydata()) == [150.0, 150.0]
         texts = [t.get_text() for t in ax.texts]
-        assert "SLA 50 tok/s/user" in texts and "SLA 150 tok/s/user" in texts
+        assert "SLO 50 tok/s/user" in texts and "SLO 150 tok/s/user" in texts
         for pol in ("mtp1", "confidence", "fixed:3"):
             line = next(ln for ln in ax.get_lines() if ln.get_gid() == f"pareto:{pol}")
             assert mcolors.to_hex(line.get_color()) == policy_color(pol)
@@ -189,7 +189,7 @@ def test_verify_budget_figure_is_titled_and_coloured(tmp_path):
         assert list(line.get_ydata()) == [1, 2, 3, 4]
     finally:
         fig.clear()
-    plot_frontier(df, tmp_path / "f.png", slas=[100.0])
+    plot_frontier(df, tmp_path / "f.png", slos=[100.0])
     assert (tmp_path / "f.png").stat().st_size > 10_000
 
 

@@ -240,7 +240,7 @@ def test_a_sweep_with_failed_cells_is_not_marked_complete_and_its_table_stays_re
     m = json.loads((out / "sweep.manifest.json").read_text())
     assert m["complete"] is False and m["n_failed"] == 2 and m["n_cells"] == 2
     df = pd.read_csv(out / "results.csv")
-    assert len(df) == 0 and list(df.columns) == ["cell", "cell_hash", "cfg.policy", "cfg.concurrency"]
+    assert len(df) == 0 and list(df.columns) == ["cell", "cell_hash", "cfg.policy", "cfg.concurrency", "same_as"]
     # a sweep whose every cell finished is complete
     spec.write_text('[sweep]\nname = "t"\n[base]\nduration_s = 3.0\n[axes]\npolicy = ["mtp1"]\nconcurrency = [2]\n')
     assert main(["sweep", str(spec), "--out", str(tmp_path / "o2"), "--backend", "serial", "--quiet"]) == 0

@@ -25,7 +25,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _floats(s: str) -> list[float]:
-    # Load levels and SLA targets: every listed value is a finite number > 0, and at least one is listed.
+    # Load levels: every listed value is a finite number > 0, and at least one is listed.
     vals = [x.strip() for x in s.split(",")]
     if not any(vals) or not all(vals):
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers > 0, got {s!r}")
@@ -273,27 +273,27 @@ def _bar_off(args: argparse.Namespace) -> bool:
     return not (sys.stderr.isatty() or os.environ.get("DSPARKSIM_PROGRESS", "") in ("1", "always"))
 
 
+# The command-line flags of the draft options (dsparksim.sim.reads.DRAFT_OPTIONS; drafter has none).
+DRAFT_FLAGS = {"acceptance": ("--acceptance",), "block_size": ("--num-speculative-tokens", "-K", "--block-size"),
+               "mtp1_acceptance": ("--mtp1-acceptance",), "confidence": ("--confidence",)}
+
+
+def check_unread_options(args: argparse.Namespace, policies: Sequence[str], how: str) -> None:
+    """An option typed on the command line that none of ``policies`` reads is an error, never silently dropped
+    (one rule for `run` and `frontier`, as for sweep and plan specs: dsparksim.sim.reads). ``how``: how the
+    policies were given, e.g. '--policy none'."""
+    from dsparksim.sim.reads import unread_by_all
+
+    for key, flags in DRAFT_FLAGS.items():
+        if _given(args, *flags):
+            hit = unread_by_all(policies, [key])
+            if hit:
+                raise _bad(flags[0], f"has no effect with {how} ({hit[1]})")
+
+
 def check_policy_inputs(args: argparse.Namespace) -> None:
     """`run` with one policy: an acceptance or draft-length option that policy never reads is an error."""
-    from dsparksim.policies import confidence_readers, make_policy
-
-    pol = make_policy(args.policy)
-    if not pol.drafts:
-        for flag, why in (("--acceptance", "nothing is drafted"), ("--num-speculative-tokens", "K is 0"),
-                          ("--mtp1-acceptance", "nothing is drafted")):
-            if _given(args, flag, *(("-K", "--block-size") if flag == "--num-speculative-tokens" else ())):
-                raise _bad(flag, f"has no effect with --policy {args.policy} (plain decoding: {why})")
-    elif pol.drafter == "mtp1":
-        if _given(args, "--acceptance"):
-            raise _bad("--acceptance", f"has no effect with --policy {args.policy} (the MTP-1 drafter runs with "
-                       "--mtp1-acceptance)")
-        if _given(args, "--num-speculative-tokens", "-K", "--block-size"):
-            raise _bad("--num-speculative-tokens", f"has no effect with --policy {args.policy} (MTP-1 drafts K=1)")
-    elif _given(args, "--mtp1-acceptance"):
-        raise _bad("--mtp1-acceptance", f"only applies to the mtp1 policy, not --policy {args.policy}")
-    if _given(args, "--confidence") and not pol.reads_confidence:
-        raise _bad("--confidence", f"has no effect with --policy {args.policy} (it never reads the confidences; "
-                   f"the policies that do: {', '.join(confidence_readers())})")
+    check_unread_options(args, [args.policy], f"--policy {args.policy}")
 
 
 def check_run_args(args: argparse.Namespace, frontier: bool = False) -> None:
@@ -394,6 +394,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not s["num_requests_completed"]:
         print(f"dsparksim: warning: no request both arrived inside the measurement window (after the {s['warmup_s']:g} s "
               "warm-up) and completed: per-request metrics are empty (lower --warmup or run longer)", file=sys.stderr)
+    from dsparksim.results.notes import low_verify_note
+    note = low_verify_note(s)
+    if note:
+        print(f"dsparksim: note: {note}", file=sys.stderr)
     rej = _rejected_text(s)
     if rej:
         # never silently: the metrics describe only the requests that were admitted
@@ -430,7 +434,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     from dsparksim.results.plots import plot_frontier, plot_verify_budget
     from dsparksim.results.outputs import staged_dir
     from dsparksim.results.stats import seed_list
-    from dsparksim.policies import confidence_readers, make_policy
+    from dsparksim.policies import make_policy
     from dsparksim.sim.simulate import write_json, write_table
 
     if args.policies is not None:
@@ -441,14 +445,11 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         policies = list(DEFAULT_POLICIES)
     pols = [make_policy(p) for p in policies]  # fail fast on a bad spec, before any cell runs
     # an option that no swept policy reads would change nothing in any cell: refused, as `run` refuses it
-    if _given(args, "--confidence") and not any(p.reads_confidence for p in pols):
-        raise _bad("--confidence", f"has no effect: none of --policies {','.join(policies)} reads the confidences "
-                   f"({', '.join(confidence_readers())} do)")
-    if _given(args, "--mtp1-acceptance") and not any(p.drafter == "mtp1" for p in pols):
-        raise _bad("--mtp1-acceptance", f"has no effect: mtp1 is not among --policies {','.join(policies)}")
+    check_unread_options(args, policies, f"--policies {','.join(policies)}: none of them reads it")
     dup = sorted({p for p in policies if policies.count(p) > 1})
     if dup:
         raise _bad("--policies", f"lists {', '.join(dup)} more than once (each cell would run twice)")
+    slos, slo_warnings = frontier_slos(args)
     levels = args.concurrency_levels or args.rates or args.time_scales or []
     if len(set(levels)) != len(levels):
         raise _bad("load levels", f"a level is listed more than once in {','.join(f'{x:g}' for x in levels)}")
@@ -476,12 +477,22 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         loads = args.concurrency_levels or list(DEFAULT_LOADS)
         load, load_name = {"concurrency": int(max(loads))}, "concurrent users"
     deploys = deployments(args.replicas, args.router)
+    if getattr(args, "dp_ranks", 1) == 1:
+        # one engine reads no router: its deployment under a second router is the same run (dsparksim.sim.reads)
+        same = [d for d in deploys if d[0] == 1 and d[1] != args.router[0]]
+        if same:
+            deploys = [d for d in deploys if d not in same]
+            slo_warnings.append(f"dsparksim: note: {', '.join(deployment_label(*d) for d in same)} would repeat "
+                                f"{deployment_label(1, args.router[0])} (one engine reads no router): run once, as "
+                                f"{deployment_label(1, args.router[0])}")
     # The base config is the first deployment's; each cell sets its own replicas and router.
     base = run_config(args, replicas=deploys[0][0], router=deploys[0][1], **load)
     preflight(base, policies)
     _check_session_routers(base, args.router)
     seeds = seed_list(base.seed, args.seeds)
     cfgs = cells(base, policies, loads, deploys, seeds=seeds if len(seeds) > 1 else None)
+    for w in slo_warnings:   # after every check: a refused command prints its one error line only (notes too)
+        print(w, file=sys.stderr)
     jobs = args.jobs or min(os.cpu_count() or 1, len(cfgs))
     out = Path(args.out)
     existed = out.is_dir() and any(out.iterdir())
@@ -496,12 +507,21 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     if len(seeds) > 1:  # per-seed rows, then means with intervals and paired gain intervals
         per_seed = frontier_table(summaries, cfgs, seeded=True)
         df = seed_means(per_seed)
-        comp = comparison_with_intervals(df, per_seed, baseline=args.baseline, slas=args.sla or ())
+        comp = comparison_with_intervals(df, per_seed, baseline=args.baseline, slos=slos)
         names["frontier_seeds_csv"] = "frontier_seeds.csv"
         extra = {"seeds": seeds, "interval": "95% Student-t over seeds; gains paired per seed"}
     else:
         df = frontier_table(summaries, cfgs)
-        comp = comparison_table(df, baseline=args.baseline, slas=args.sla or ())
+        comp = comparison_table(df, baseline=args.baseline, slos=slos)
+    gpu_note = _per_gpu(df, base)
+    if len(seeds) > 1 and gpu_note is None:
+        _per_gpu(per_seed, base)
+    many = len({r for r, _ in deploys}) > 1 or max(r for r, _ in deploys) > 1
+    if many and gpu_note is None:
+        names["frontier_per_gpu_png"] = "frontier_per_gpu.png"
+    elif many:
+        print(f"dsparksim: note: no per-GPU frontier (frontier_per_gpu.png, output_throughput_tok_s_per_gpu): "
+              f"{gpu_note}", file=sys.stderr)
     from dsparksim import __version__
     from dsparksim.sweep.cells import input_hashes
     with staged_dir(out) as d:  # all the files replace OUT together (dsparksim.results.outputs)
@@ -521,8 +541,12 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         dep_title = "" if len(deploys) == 1 else f" | {len(deploys)} deployments"
         plot_frontier(df, d / names["frontier_png"], title=f"{base.profile} | {base.acceptance} "
                       f"K={base.engine.block_size} | {load_name} {min(loads):g}-{max(loads):g}{dep_title}",
-                      slas=args.sla or (), load_name=load_name)
-        plot_verify_budget(df, d / names["verify_budget_png"], load_name=load_name)
+                      slos=slos, load_name=load_name)
+        if "frontier_per_gpu_png" in names:
+            plot_frontier(df, d / names["frontier_per_gpu_png"], title=f"{base.profile} | per GPU | {load_name} "
+                          f"{min(loads):g}-{max(loads):g}{dep_title}", slos=slos, load_name=load_name,
+                          x="output_throughput_tok_s_per_gpu")
+        plot_verify_budget(df, d / names["verify_budget_png"], load_name=load_name, profile=base.profile)
         write_table(d / names["frontier_csv"], df)
     paths = {k: out / v for k, v in names.items()}
     default_out_note(args, existed)
@@ -549,6 +573,27 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     return 0
 
 
+def _per_gpu(df, base: RunConfig) -> str | None:
+    """Add ``gpus`` (replicas x GPUs of one replica, from the profile's metadata) and
+    ``output_throughput_tok_s_per_gpu`` (with its interval ends, when the table has them) to a frontier table; the
+    reason when the profile does not say how many GPUs a replica has (then nothing is added)."""
+    from dsparksim.cost.profile import load_profile
+    from dsparksim.plan.spec import gpus_per_replica
+
+    try:
+        g, _ = gpus_per_replica(load_profile(base.profile).metadata, base.engine.dp_ranks)
+    except (ValueError, InputError) as e:
+        return str(e)
+    if not g:
+        return "the profile states neither gpus nor tensor_parallel in its metadata"
+    df["gpus"] = (df["replicas"].astype(int) * g).astype(int)
+    for suffix in ("", "_lo", "_hi"):
+        col = "output_throughput_tok_s" + suffix
+        if col in df:
+            df[f"output_throughput_tok_s_per_gpu{suffix}"] = df[col] / df["gpus"]
+    return None
+
+
 def _gain_cell(r: Any) -> str:
     """'mean +12% [+8..+15] over 1200-3400' (+ '!' on a narrow overlap); '-' when there is no gain to show."""
     g = r["gain_mean"]
@@ -558,7 +603,7 @@ def _gain_cell(r: Any) -> str:
     ci_txt = (f" (CI {100 * ci[0]:+.1f}..{100 * ci[1]:+.1f})" if "gain_lo" in r and all(
         v is not None and v == v for v in ci) else "")
     mark = " !" if bool(r.get("narrow_overlap")) else ""
-    if r["range_lo"] == r["range_hi"]:  # one point: an SLA target, or frontiers that touch at a single value
+    if r["range_lo"] == r["range_hi"]:  # one point: an SLO target, or frontiers that touch at a single value
         return f"{100 * g:+.0f}%{ci_txt}" + (f" at {r['range_lo']:.4g}{mark}" if mark else "")
     txt = (f"{100 * g:+.0f}%{ci_txt} [{100 * r['gain_min']:+.0f}..{100 * r['gain_max']:+.0f}] "
            f"over {r['range_lo']:.4g}-{r['range_hi']:.4g}")
@@ -597,6 +642,55 @@ def _check_session_routers(base: RunConfig, routers: Sequence[str]) -> None:
     if blk is None or len(blk) <= 4 or blk[4] is None:
         raise _bad("--router", f"router '{need[0]}' needs session or prefix ids, which this workload does not carry "
                    "(Mooncake traces carry hash_ids)")
+
+
+def _slo_list(s: str) -> list[str]:
+    """The terms of one --slo value (comma-separated); parsed by :func:`frontier_slos`."""
+    vals = [x.strip() for x in s.split(",")]
+    if not all(vals):
+        raise argparse.ArgumentTypeError(f"expected comma-separated SLO terms like tps_user_median>=50, got {s!r}")
+    return vals
+
+
+# The per-user speed SLO of a frontier: its y axis (tps_user_median; tps_user_p50 is its percentile spelling).
+FRONTIER_SLO_METRICS = ("tps_user_median", "tps_user_p50")
+
+
+def frontier_slos(args: argparse.Namespace) -> tuple[list[float], list[str]]:
+    """(the per-user speed targets of `frontier --slo` terms, deprecation warnings to print once every check has
+    passed). The terms take the SLO syntax of capacity and plan (``tps_user_median>=X``); a bare number and the
+    ``--sla`` spelling still work, deprecated."""
+    from dsparksim.sweep.capacity import parse_slo
+
+    out, bare = [], []
+    for t in args.slo or ():
+        try:
+            out.append(_number(t, float, 0.0, True, "a number"))
+            bare.append(t)
+            continue
+        except argparse.ArgumentTypeError:
+            pass
+        c = parse_slo([t], "cli")[0] if _is_term(t) else None
+        if c is None or c.metric not in FRONTIER_SLO_METRICS or c.op not in (">=", ">") or not c.value > 0:
+            raise _bad("--slo", f"a frontier compares throughput at a per-user speed target: expected "
+                       f"tps_user_median>=X (X > 0; or tps_user_p50>=X), got {t!r}; latency SLOs are searched by "
+                       "capacity and plan")
+        out.append(c.value)
+    warn = []
+    if _given(args, "--sla"):
+        warn.append("dsparksim: warning: --sla is deprecated; use --slo")
+    if bare:
+        warn.append(f"dsparksim: warning: --slo {','.join(bare)}: a bare number is deprecated; write --slo "
+                    f"'tps_user_median>={bare[0]}' (the SLO syntax of capacity and plan)")
+    dup = sorted({f"{v:g}" for v in out if out.count(v) > 1})
+    if dup:
+        raise _bad("--slo", f"lists the target {', '.join(dup)} more than once")
+    return out, warn
+
+
+def _is_term(t: str) -> bool:
+    from dsparksim.sweep.capacity import _SLO_RE
+    return bool(_SLO_RE.match(t))
 
 
 def check_frontier_loads(args: argparse.Namespace) -> None:
@@ -648,14 +742,14 @@ def _rejected_cells(df) -> list[str]:
 def _comparison_text(df, comp, baseline: str) -> str:
     """The frontier summary: per policy (and deployment, when there are several), unsaturated peak, best per-user
     speed, and every gain vs the baseline at the same deployment with the range it was interpolated over; one
-    column per --sla target; '!' marks a narrow overlap."""
+    column per --slo target; '!' marks a narrow overlap."""
     import pandas as pd
 
     from dsparksim.results.frontier import series_labels
 
-    slas = [m for m in dict.fromkeys(comp["metric"]) if m.startswith("throughput_gain_at_sla:")] if len(comp) else []
+    slas = [m for m in dict.fromkeys(comp["metric"]) if m.startswith("throughput_gain_at_slo:")] if len(comp) else []
     cols = [("tps_user_gain_at_matched_throughput", f"user-speed gain vs {baseline} @ same tok/s"),
-            ("throughput_gain_at_matched_sla", f"throughput gain vs {baseline} @ same tok/s/user")]
+            ("throughput_gain_at_matched_slo", f"throughput gain vs {baseline} @ same tok/s/user")]
     cols += [(m, f"tput gain @{m.split(':', 1)[1]} tok/s/user") for m in slas]
     labels = series_labels(df)
     multi = labels.nunique() > 1  # one deployment: the table of a single-engine frontier, unchanged
@@ -694,7 +788,7 @@ def _comparison_text(df, comp, baseline: str) -> str:
                  + "over the stated range (tok/s for user-speed gains, tok/s/user for throughput gains); "
                  "saturated points are never on a frontier; peak tok/s is over unsaturated points.")
     if any(c == "n/a" for r in table[1:] for c in r[len(lead) + 2:]):
-        lines.append("n/a: no overlap, or the SLA lies outside a frontier's per-user speed range (see the note "
+        lines.append("n/a: no overlap, or the SLO lies outside a frontier's per-user speed range (see the note "
                      "column of comparison.csv); nothing is extrapolated.")
     if flagged:
         from dsparksim.results.frontier import NARROW_FRACTION, NARROW_MIN_POINTS
@@ -745,8 +839,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "[%(default)s]")
     f.add_argument("--baseline", default=None,
                    help="policy the gains are measured against [mtp1 if swept, else the first policy]")
-    f.add_argument("--slo", "--sla", dest="sla", type=_floats, default=None, action="extend",
-                   help="per-user tokens/s targets (SLOs) for throughput gains, comma-separated")
+    f.add_argument("--slo", "--sla", dest="slo", type=_slo_list, default=None, action="extend", metavar="SLO",
+                   help="per-user speed targets for throughput gains at that speed, comma-separated, in the SLO "
+                        "syntax of capacity and plan: tps_user_median>=X (or tps_user_p50>=X); repeatable (a bare "
+                        "number X and the --sla spelling are deprecated)")
     f.add_argument("--backend", choices=["serial", "local", "ray"], default=None,
                    help="where cells run: serial, local process pool or ray (optional extra) [local; serial for 1 "
                         "worker]; results are identical whatever the backend")

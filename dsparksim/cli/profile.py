@@ -1,4 +1,4 @@
-"""``dsparksim profile show|import|list|build`` -- inspect, import and build cost profiles.
+"""``dsparksim profile show|import|list|build|fit`` -- inspect, import, build and fit cost profiles.
 
 The lead's CLI calls :func:`register` with its argparse subparsers object; every subcommand sets ``func``.
 """
@@ -24,7 +24,7 @@ SHOW_K = 7
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``profile`` (with show / import / list) to an argparse subparsers object."""
-    p = subparsers.add_parser("profile", help="list, inspect, import and build (analytic, from a model config) cost profiles")
+    p = subparsers.add_parser("profile", help="list, inspect, import, build (analytic, from a model config) and fit (to benchmark runs) cost profiles")
     sub = p.add_subparsers(dest="profile_cmd", required=True)
 
     s = sub.add_parser("show", help="metadata, staircase summary, SPS, drafter costs, context model")
@@ -69,6 +69,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     li = sub.add_parser("list", help="list shipped profiles")
     li.set_defaults(func=cmd_list)
     _register_build(sub)
+    _register_fit(sub)
     return p
 
 
@@ -384,4 +385,111 @@ def cmd_list(args: argparse.Namespace) -> int:
         except InputError as e:  # a broken shipped file must be visible, not skipped
             print(f"  {n:<24} INVALID: {e}")
             return 2
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- profile fit
+FIT_MARK = "dsparksim profile fit"
+
+
+def _register_fit(sub: Any) -> None:
+    f = sub.add_parser("fit", help="fit a built profile's cost families to measured benchmark runs",
+                       description="Start from `profile build`'s model of --model on --gpu/--tp/--ep and fit one "
+                                   "scale per cost family (dense, moe, comm, attention, prefill) and the per-step "
+                                   "fixed overhead to the selected runs' TPOT, TTFT and output tok/s/GPU (bounded "
+                                   "least squares on log ratios). Parameters the runs cannot identify are held at the "
+                                   "builder's value and reported. Writes a normal profile with metadata.fit "
+                                   "(values, bootstrap intervals, leave-one-concurrency-out error, provenance).")
+    f.add_argument("runs", metavar="RUNS.csv", help="runs table (`dsparksim bench import` output)")
+    f.add_argument("--model", required=True, metavar="CONFIG.json", help="model config or shipped model name")
+    f.add_argument("--gpu", required=True, metavar="NAME", help="GPU of the runs (as `profile build`)")
+    f.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per engine [1]")
+    f.add_argument("--ep", type=int, default=1, help="expert-parallel degree [1]")
+    f.add_argument("--where", metavar="KEY=VALUE,...", help="select runs whose columns equal these values (e.g. "
+                                                             "hardware=h200,framework_image=...,mtp=off)")
+    f.add_argument("--metrics", default="tpot,ttft,tput",
+                   help="metrics fitted, of tpot, ttft, tput (all are reported) [%(default)s]")
+    f.add_argument("--bootstrap", type=int, default=200, metavar="N",
+                   help="bootstrap resamples over runs for the uncertainties (0 = none) [%(default)s]")
+    f.add_argument("--seed", type=int, default=0, help="bootstrap seed [%(default)s]")
+    f.add_argument("--max-num-seqs", type=int, default=1024, help="server's max running requests [%(default)s]")
+    f.add_argument("--prefill-chunk", type=int, default=None, metavar="TOKENS",
+                   help="server's chunked-prefill size [the profile's token budget]")
+    f.add_argument("--mem-fraction-static", type=float, default=None, metavar="F",
+                   help="server's memory fraction for weights + KV (SGLang's flag; sets the KV capacity) "
+                        "[the built profile's KV capacity]")
+    f.add_argument("--kv-dtype", choices=("bf16", "fp16", "fp8"), help="server's KV-cache dtype [as `profile build`]")
+    f.add_argument("--name", help="profile name [fitted-<gpu>x<tp>-<model>]")
+    f.add_argument("--date", help="date written into metadata [today]")
+    f.add_argument("--out", required=True, metavar="P.json", help="profile JSON to write (never overwritten "
+                                                                    "unless it is one this command wrote and "
+                                                                    "--force is given)")
+    f.add_argument("--force", action="store_true", help="replace --out if `profile fit` wrote it")
+    f.set_defaults(func=cmd_fit)
+
+
+def _check_fit_out(path: str, force: bool, runs: str) -> Path:
+    """--out of `profile fit`: never an input; an existing file only if `profile fit` wrote it and --force."""
+    out = Path(path)
+    if out.exists():
+        try:
+            prev = json.loads(out.read_text(encoding="utf-8"))
+            ours = isinstance(prev, dict) and prev.get("metadata", {}).get("fit", {}).get("command") == FIT_MARK
+        except (OSError, ValueError, AttributeError):
+            ours = False
+        if not ours:
+            raise InputError(str(out), "--out", "exists and was not written by `dsparksim profile fit`; "
+                             "choose another path")
+        if not force:
+            raise InputError(str(out), "--out", "exists (a profile this command wrote): pass --force to replace it")
+    return _check_out(path, force, inputs=(runs,))
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from dsparksim.fit.command import FitOptions, run_fit
+    from dsparksim.fit.runs import parse_where
+
+    try:
+        for flag, v, lo in (("--tp", args.tp, 1), ("--ep", args.ep, 1), ("--bootstrap", args.bootstrap, 0),
+                            ("--seed", args.seed, 0), ("--max-num-seqs", args.max_num_seqs, 1)):
+            if v < lo:
+                raise InputError("profile fit", flag, f"expected an integer >= {lo}, got {v}")
+        kinds = tuple(k.strip() for k in args.metrics.split(",") if k.strip())
+        f = args.mem_fraction_static
+        if f is not None and not 0 < f <= 1:
+            raise InputError("profile fit", "--mem-fraction-static", f"expected a fraction in (0, 1], got {f}")
+        if not kinds or any(k not in ("tpot", "ttft", "tput") for k in kinds):
+            raise InputError("profile fit", "--metrics", f"expected a comma list of tpot, ttft, tput, got "
+                             f"{args.metrics!r}")
+        if not Path(args.runs).is_file():
+            raise InputError(args.runs, None, "runs table not found")
+        out = _check_fit_out(args.out, args.force, args.runs)
+        model = _model_config(args.model)
+        opt = FitOptions(model=model, gpu=args.gpu, tp=args.tp, ep=args.ep,
+                         where=tuple(parse_where(args.where).items()), bootstrap=args.bootstrap, seed=args.seed,
+                         max_num_seqs=args.max_num_seqs, prefill_chunk_tokens=args.prefill_chunk, name=args.name,
+                         date=args.date, metrics=kinds, mem_fraction_static=args.mem_fraction_static,
+                         kv_dtype=args.kv_dtype)
+        d, rep = run_fit(args.runs, opt, tqdm_file=sys.stderr)
+        _save(d, out)    # atomic: the file appears complete or not at all
+    except InputError as e:
+        print(f"dsparksim: error: {e}", file=sys.stderr)
+        return 2
+    fit = d["metadata"]["fit"]
+    print(f"wrote {out}: {fit['runs']['n_runs']} runs, concurrencies {fit['runs']['concurrencies']}, "
+          f"{fit['elapsed_s']} s")
+    for p, e in fit["parameters"].items():
+        if e["status"] == "fitted":
+            b = e.get("bootstrap")
+            ci = f"  [{b['p2.5']:.4g}, {b['p97.5']:.4g}] 95% bootstrap" if b else ""
+            print(f"  {p:17s} {e['value']:.4g}  (builder {e['builder_value']:.4g}){ci}"
+                  + ("  AT BOUND" if e.get("at_bound") else ""))
+        else:
+            print(f"  {p:17s} held at {e['builder_value']:.4g}: unidentified, {e['reason']}")
+    for label, key in (("fit error", "fit_error"), ("leave-one-concurrency-out", "loco_error")):
+        v = fit[key]
+        if isinstance(v, dict):
+            print(f"  {label}: " + ", ".join(f"{k} median |err| {x['median_abs']:.1%}" for k, x in v.items()))
+        else:
+            print(f"  {label}: {v}")
     return 0

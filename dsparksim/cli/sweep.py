@@ -40,8 +40,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               "to resume", file=sys.stderr)
         return 130
     if not args.quiet:
-        print(f"{spec.name}: {res.n_cells} cells ({res.n_cached} cached, {res.n_ran} run, {len(res.failures)} "
-              f"failed) in {res.wall_s:.1f} s on backend {args.backend}")
+        rep = (f"{res.n_cells - res.n_repeats} runs: {res.n_repeats} repeat an earlier cell's run, as "
+               f"{res.repeats_why}, and share its result (results column same_as); " if res.n_repeats else "")
+        print(f"{spec.name}: {res.n_cells} cells ({rep}{res.n_cached} cached, {res.n_ran} run, "
+              f"{len(res.failures)} failed) in {res.wall_s:.1f} s on backend {args.backend}")
         for k, p in res.paths.items():
             print(f"  {k:9s} {p}")
     if "parquet" not in res.paths:
@@ -64,6 +66,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                            slo=args.slo, require_unsaturated=False if args.allow_saturated else None,
                            seeds=args.seeds)
     out = claim_result_set(args.out, CAPACITY_FILES, "capacity.manifest.json", "--out")  # before any probe
+    from dsparksim.cli.main import _given
+    if _given(args, "--sla"):   # after the checks: a refused command prints its one error line only
+        print("dsparksim: warning: --sla is deprecated; use --slo", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     res = capacity_search(spec, st, out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
                           progress=not _bar_off(args))
@@ -121,7 +126,7 @@ def register(subparsers) -> None:
     c.add_argument("spec", help="sweep spec (TOML) whose axes must not include the load; its [capacity] table "
                                 "may set load, min, max, tolerance, slo")
     c.add_argument("--out", "--result-dir", dest="out", required=True, help="output folder (also the probe cache)")
-    c.add_argument("--slo", "--sla", dest="slo", action="append", default=None,
+    c.add_argument("--slo", "--sla", dest="slo", action="append", default=None, metavar="SLO",
                    help="SLO term METRIC>=X or METRIC<=Y on a run-summary field, repeatable, e.g. "
                         "--slo 'tps_user_median>=50' --slo 'ttft_p99_s<=2' [spec's capacity.slo]")
     c.add_argument("--load", choices=["concurrency", "rate", "time_scale"], default=None,
@@ -139,19 +144,21 @@ def register(subparsers) -> None:
     _backend_args(c)
     c.set_defaults(func=cmd_capacity)
 
-    r = subparsers.add_parser("regress", help="recompute a fixed sweep and compare frontiers with a baseline",
+    r = subparsers.add_parser("regress", help="recompute a fixed sweep and compare it seed by seed with a baseline",
                               description="Recompute the baseline's sweep (no cache) over its seeds and compare "
-                                          "every frontier point and matched gain: flagged when |new - baseline| "
-                                          "exceeds both runs' 95% t-interval half-widths over the seeds plus a "
-                                          "floor (atol + rtol*|baseline|; gains: gain_atol); exit 1 with a "
-                                          "per-policy diff if anything moved beyond that.")
+                                          "every frontier point seed by seed (the baseline stores each seed's "
+                                          "values; same seeds = same draws): a metric is flagged when the 95% "
+                                          "t-interval of its paired per-seed relative changes excludes zero and "
+                                          "their mean exceeds the threshold (2% unless [regress] threshold says "
+                                          "otherwise); exit 1 with each regression under the policy whose runs "
+                                          "changed.")
     r.add_argument("--baseline", required=True, help="baseline JSON, e.g. tests/golden/regress_baseline.json")
     r.add_argument("--spec", default=None, help="sweep spec [the one the baseline names]")
     r.add_argument("--update", action="store_true", help="(re)write the baseline from the current results")
     r.add_argument("--exact", action="store_true",
-                   help="tolerance is the floor alone (rtol/atol/gain_atol), not the seed intervals: on the same "
-                        "seeds a deterministic simulator reproduces the baseline to the last bit, so any change "
-                        "at all is flagged")
+                   help="flag any per-seed difference beyond atol + rtol x |baseline| (no interval, no "
+                        "threshold): on the same seeds a deterministic simulator reproduces the baseline to the "
+                        "last bit, so any change at all is flagged")
     _backend_args(r)
     r.set_defaults(func=cmd_regress)
 

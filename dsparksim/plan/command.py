@@ -15,6 +15,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     # holds the cell cache: written into, never replaced; a same-named file of the user's is never replaced
     out = claim_result_set(args.out, RESULT_FILES, MANIFEST, "--out")
     out.mkdir(parents=True, exist_ok=True)
+    if spec.collapsed and not args.quiet:
+        print(f"dsparksim: note: {len(spec.collapsed)} deployment(s) are the same run as one searched anyway and "
+              "are searched once (plan.json: collapsed): " + "; ".join(f"{c['label']} = {c['why']}"
+                                                                        for c in spec.collapsed), file=sys.stderr)
     try:
         run = run_plan(spec, out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
                        progress=not _bar_off(args))

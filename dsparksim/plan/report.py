@@ -224,53 +224,70 @@ def _dump(p: Path, obj: Any) -> None:
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
-    """Cost per hour against per-user speed, one panel per traffic scale: every feasible probe, each family's
-    Pareto set as a step line, its cheapest deployment circled."""
+    """Write :func:`plan_figure` to ``path``."""
+    plan_figure(doc).savefig(path, format="png", dpi=110)
+
+
+def plan_figure(doc: dict[str, Any]):
+    """Cost per hour against per-user speed, one panel per traffic scale: each family's Pareto set as a step line
+    in the family's colour (as in every plot, dsparksim.results.plots), every point labelled with its replica
+    count, its cheapest deployment circled, the per-user speed SLO as a dotted line; legend beside the panels."""
     from matplotlib.figure import Figure
 
+    from dsparksim.results.plots import outside_legend, policy_color
+
     sc = doc["scales"]
-    colors = _family_colors(doc)
-    fig = Figure(figsize=(5.5 * len(sc), 4.2))
+    speed_slo = _speed_slo(doc)
+    fig = Figure(figsize=(5.5 * len(sc) + 2.5, 4.4))
     axes = fig.subplots(1, len(sc), squeeze=False)[0]
+    fams = [f for f in dict.fromkeys(d["family"] for d in doc["spec"]["deployments"])]
     for ax, s in zip(axes, sc):
-        for fam, rows in s["pareto"].items():
-            if fam == "all" or not rows:
+        for fam in fams + [f for f in s["pareto"] if f not in fams and f != "all"]:
+            rows = s["pareto"].get(fam)
+            if not rows:
                 continue
-            col = colors[fam]
+            col = policy_color(fam)
             xs, ys = [r["cost_per_hour"] for r in rows], [r[SPEED] for r in rows]
-            ax.step(xs, ys, where="post", color=col, label=fam)
+            ax.step(xs, ys, where="post", color=col, label=fam, gid=f"pareto:{fam}")
             ax.scatter(xs, ys, color=col, s=18)
-            c = s["cheapest"][fam]
-            if c["feasible"]:
+            for r in rows:
+                ax.annotate(f"x{r['replicas']}", (r["cost_per_hour"], r[SPEED]), xytext=(3, 3),
+                            textcoords="offset points", fontsize=6, color=col)
+            c = s["cheapest"].get(fam)
+            if c and c.get("feasible"):
                 ax.scatter([c["cost_per_hour"]], [c[SPEED]], s=110, facecolors="none", edgecolors=col, lw=1.5)
+        for spelled, value in speed_slo:
+            ax.axhline(value, color="tab:red", lw=0.9, ls=":", gid=f"slo:{spelled}")
+            ax.annotate(f"SLO {spelled} >= {value:g}", (1.0, value), xycoords=("axes fraction", "data"),
+                        xytext=(-4, 2), textcoords="offset points", ha="right", va="bottom", fontsize=7,
+                        color="tab:red")
         ax.set_title(f"traffic x{s['scale']:g}" + ("" if s["feasible"] else " (nothing feasible)"))
         ax.set_xlabel("cost ($ / hour)")
         ax.set_ylabel("per-user speed, median (tok/s)")
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    fig.suptitle(f"{doc['plan']}: Pareto sets of cost vs per-user speed (circled: cheapest meeting the SLO)",
-                 fontsize=9)
+    handles, _ = axes[-1].get_legend_handles_labels()
+    if handles or speed_slo:
+        from matplotlib.lines import Line2D
+        handles += [Line2D([], [], ls="", label="xN: replicas"),
+                    Line2D([], [], ls="", marker="o", mfc="none", mec="0.2", label="circled: cheapest meeting the SLO")]
+        if speed_slo:
+            handles.append(Line2D([], [], color="tab:red", ls=":", label="dotted: per-user speed SLO"))
+        outside_legend(axes[-1], handles, fontsize=8)
+    other = [t for t in doc["spec"].get("slo", []) if t.split()[0] not in {x for x, _ in speed_slo}]
+    fig.suptitle(f"{doc['plan']}: Pareto sets of cost vs per-user speed (circled: cheapest meeting the SLO)"
+                 + (f"\nother SLO terms (not on these axes): {', '.join(other)}" if other else ""), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, format="png", dpi=110)
+    return fig
 
 
-def _family_colors(doc: dict[str, Any]) -> dict[str, str]:
-    """Each family the colour of its first policy spec (dsparksim.results.plots), made distinct within the plot."""
-    from matplotlib import colormaps
-
-    from dsparksim.results.plots import policy_color
-
-    spare = [colormaps["tab10"](i) for i in range(10)]
-    out: dict[str, Any] = {}
-    for d in doc["spec"]["deployments"]:
-        fam = d["family"]
-        if fam in out:
-            continue
-        c = policy_color(d["policy"])
-        if c in out.values():
-            c = next((x for x in spare if x not in out.values()), c)
-        out[fam] = c
+def _speed_slo(doc: dict[str, Any]) -> list[tuple[str, float]]:
+    """(spelled metric, value) of the SLO's lower bounds on the per-user speed the panels plot."""
+    out = []
+    metrics = doc["spec"].get("slo_metrics", {})
+    for t in doc["spec"].get("slo", []):
+        parts = t.split()
+        if len(parts) == 3 and metrics.get(parts[0]) == SPEED and parts[1] in (">=", ">"):
+            out.append((parts[0], float(parts[2])))
     return out
 
 

@@ -142,14 +142,17 @@ class PlanSpec:
     prices: Mapping[str, float]
     deployments: tuple[Deployment, ...]
     raw: Mapping[str, Any] = field(default_factory=dict)
+    # deployments left out as the same run as one kept (label, same_as label, why): dsparksim.sim.reads
+    collapsed: tuple[Mapping[str, str], ...] = ()
 
     def load(self, scale: float) -> float:
         return self.load_base * scale
 
     def options(self, d: Deployment, scale: float, replicas: int, seed: int) -> dict[str, Any]:
-        """Flat run options of one probe (``RunConfig.from_options`` keys)."""
+        """Flat run options of one probe (``RunConfig.from_options`` keys); no K for plain decoding (K = 0)."""
+        k = {"block_size": d.K} if d.K >= 1 else {}
         return {**self.traffic, **self.base, **d.options, self.load_key: self.load(scale), "replicas": replicas,
-                "seed": seed, "policy": d.policy, "block_size": d.K}
+                "seed": seed, "policy": d.policy, **k}
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "name": self.name, "slo": [str(t) for t in self.slo],
@@ -158,7 +161,8 @@ class PlanSpec:
                 "traffic": {**self.traffic, "load": self.load_key, "load_at_scale_1": self.load_base,
                             "scales": list(self.scales)},
                 "base": dict(self.base), "prices_per_gpu_hour": dict(self.prices),
-                "deployments": [d.to_dict() for d in self.deployments], "file": dict(self.raw)}
+                "deployments": [d.to_dict() for d in self.deployments],
+                "collapsed": [dict(c) for c in self.collapsed], "file": dict(self.raw)}
 
 
 def load_plan(path: str | Path) -> PlanSpec:
@@ -352,16 +356,71 @@ def plan_from_dict(d: Mapping[str, Any], source: str = "plan spec") -> PlanSpec:
     if not isinstance(cands, list) or not all(isinstance(c, Mapping) for c in cands):
         raise ConfigError(src, "candidates", f"expected [[candidates]] tables, got {cands!r}")
     deps: list[Deployment] = []
+    names: dict[str, int] = {}
     for i, c in enumerate(cands):
+        cname = c.get("name", f"c{i}")
+        if isinstance(cname, str) and cname in names:
+            raise ConfigError(src, f"candidates[{i}].name", f"duplicate candidate name {cname!r} (also "
+                              f"candidates[{names[cname]}]): each candidate needs its own name")
+        names[cname] = i
         deps.extend(_candidate(src, i, dict(c), prices, len(deps), {**topts, **base}))
     if not deps:
         raise ConfigError(src, "candidates", "no deployment to search")
+    _check_unread_shared(src, {"traffic": topts, "base": base}, [x.policy for x in deps])
     spec = PlanSpec(source=src, name=name, slo=slo, seeds=tuple(seeds), confidence=float(conf),
                     require_unsaturated=flags["require_unsaturated"], prune=flags["prune"], load_key=load_key,
                     load_base=load_base, scales=tuple(scales), traffic=topts, base=base, prices=prices,
                     deployments=tuple(deps), raw=_plain(d))
+    spec = _collapse(spec)
     _check_probes(spec)
     return spec
+
+
+def _check_unread_shared(src: str, tables: Mapping[str, Mapping[str, Any]], policies: list[str]) -> None:
+    """A draft option in [traffic] or [base] that no candidate policy reads is refused, as everywhere
+    (dsparksim.sim.reads)."""
+    from dsparksim.sim.reads import DRAFT_OPTIONS, unread_by_all
+
+    for t, opts in tables.items():
+        for key in DRAFT_OPTIONS:
+            if key in opts:
+                hit = unread_by_all(policies, [key])
+                if hit:
+                    raise ConfigError(src, f"{t}.{key}", f"has no effect: no candidate policy reads {key} "
+                                      f"({hit[1]}); remove it")
+
+
+def _collapse(spec: PlanSpec) -> PlanSpec:
+    """The spec without deployments that are the same run as an earlier one at every replica count (they differ
+    only in options their runs never read, e.g. mtp1's acceptance): each is recorded in ``collapsed``."""
+    import dataclasses as dc
+
+    from dsparksim.sim.reads import collapsed_reason, identity
+    from dsparksim.sweep.cells import build_config
+
+    seen: dict[Any, Deployment] = {}
+    keep, gone = [], []
+    for d in spec.deployments:
+        try:
+            cfgs = [build_config(spec.options(d, spec.scales[0], r, spec.seeds[0]), spec.source) for r in (d.lo, d.hi)]
+        except ConfigError:
+            keep.append(d)   # _check_probes reports it, naming the candidate
+            continue
+        key = (repr([identity(c).to_dict() for c in cfgs]), d.family, d.price, d.gpus_per_replica, d.prefill_gpus,
+               d.lo, d.hi)
+        if key in seen:
+            first = seen[key]
+            c0 = build_config(spec.options(first, spec.scales[0], d.lo, spec.seeds[0]), spec.source)
+            why = collapsed_reason([c0, cfgs[0]], [None, 0])
+            gone.append({"label": d.label, "same_as": first.label,
+                         "why": f"same run as {first.label}" + (f" ({why})" if why else "")})
+            continue
+        seen[key] = d
+        keep.append(d)
+    if not gone:
+        return spec
+    keep = [dc.replace(d, index=i) for i, d in enumerate(keep)]
+    return dc.replace(spec, deployments=tuple(keep), collapsed=tuple(gone))
 
 
 def _plain(d: Any) -> Any:
@@ -404,6 +463,7 @@ def _candidate(src: str, i: int, c: dict[str, Any], prices: Mapping[str, float],
     pols = c.pop("policies", None)
     if not isinstance(pols, list) or not pols or not all(isinstance(p, str) for p in pols):
         raise ConfigError(src, f"{where}.policies", f"expected a non-empty list of policy specs, got {pols!r}")
+    k_given = "K" in c or "k" in c
     ks = c.pop("K", c.pop("k", [7]))
     ks = ks if isinstance(ks, list) else [ks]
     if not ks or any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 15 for k in ks):
@@ -423,10 +483,18 @@ def _candidate(src: str, i: int, c: dict[str, Any], prices: Mapping[str, float],
             pol = make_policy(p)
         except InputError as e:
             raise ConfigError(src, f"{where}.policies[{j}]", f"invalid policy spec {p!r}: {e}") from None
+        from dsparksim.sim.reads import policy_reads
+        takes_k = "block_size" in policy_reads(pol.spec)     # none: K = 0; mtp1: K = 1, whatever K lists
         for K in ks:
-            eff = int(pol.block_size or K)
-            if (pol.spec, eff, pol.block_size is None) not in policies:
-                policies.append((pol.spec, eff, pol.block_size is None))
+            eff = int(K if takes_k else (pol.block_size or 0) if getattr(pol, "drafts", True) else 0)
+            if (pol.spec, eff, takes_k) not in policies:
+                policies.append((pol.spec, eff, takes_k))
+    from dsparksim.sim.reads import DRAFT_OPTIONS, unread_by_all
+    for key in ("block_size",) * k_given + tuple(k for k in DRAFT_OPTIONS if k in opts):
+        hit = unread_by_all([p for p, _, _ in policies], [key])
+        if hit:
+            raise ConfigError(src, f"{where}.{'K' if key == 'block_size' else key}", f"has no effect: no policy "
+                              f"of this candidate reads {key} ({hit[1]}); remove it")
     out: list[Deployment] = []
     for combo in itertools.product(*lists.values()):
         o = {**fixed, **dict(zip(lists, combo))}
@@ -503,7 +571,10 @@ def _check_probes(spec: PlanSpec) -> None:
                     raise ConfigError(spec.source, where, f"replicas={r}, scale={scale:g}: {e}") from None
                 _check_arrivals(spec, cfg, scale)
         # Input files (acceptance sources, traces, length tables, routers) are checked as a sweep checks them.
-        opts = {k: v for k, v in spec.options(d, spec.scales[0], d.lo, spec.seeds[0]).items()}
+        from dsparksim.sim.reads import DRAFT_OPTIONS, policy_reads
+        reads = policy_reads(d.policy)   # a shared option another candidate's policy reads is not this probe's
+        opts = {k: v for k, v in spec.options(d, spec.scales[0], d.hi, spec.seeds[0]).items()
+                if k not in DRAFT_OPTIONS or k in reads}
         key = repr(sorted((k, repr(v)) for k, v in opts.items() if k not in ("replicas", "seed")))
         if key in seen:
             continue

@@ -164,6 +164,15 @@ COMPARISON_COLUMNS = ("policy", "baseline", "deployment", "metric", "axis", "ran
                       "gain_at_mid", "n_grid", "note")
 
 
+def deprecated_slas(slos: Iterable[float], slas: Iterable[float] | None) -> Iterable[float]:
+    """``slos``, or the deprecated keyword ``slas`` (a DeprecationWarning) when it is given instead."""
+    if slas is None:
+        return slos
+    import warnings
+    warnings.warn("slas= is deprecated; use slos=", DeprecationWarning, stacklevel=3)
+    return slas
+
+
 def _frontier_curve(df: pd.DataFrame, policy: str) -> tuple[np.ndarray, np.ndarray]:
     g = df[(df["policy"] == policy) & df["pareto"].astype(bool)].sort_values(X)
     return g[X].to_numpy(float), g[Y].to_numpy(float)
@@ -201,15 +210,18 @@ def _gain_stats(xa: np.ndarray, ya: np.ndarray, xb: np.ndarray, yb: np.ndarray) 
             "n_grid": int(len(grid)), "note": note}
 
 
-def comparison_table(df: pd.DataFrame, baseline: str = "mtp1", slas: Iterable[float] = ()) -> pd.DataFrame:
+def comparison_table(df: pd.DataFrame, baseline: str = "mtp1", slos: Iterable[float] = (), *,
+                     slas: Iterable[float] | None = None) -> pd.DataFrame:
     """comparison.csv: every policy vs the baseline at the same deployment (``deployment``: 'x2 least-outstanding';
     one block per deployment, in the table's order), each gain with its interpolation range and a trust flag.
 
     - tps_user_gain_at_matched_throughput: per-user speed ratio - 1 at equal total throughput, over the overlap of
       the two Pareto frontiers' throughput ranges (range_lo..range_hi, axis tok/s).
-    - throughput_gain_at_matched_sla: total throughput ratio - 1 at equal per-user speed, over the overlap of
+    - throughput_gain_at_matched_slo: total throughput ratio - 1 at equal per-user speed, over the overlap of
       per-user speed ranges (axis tok/s/user).
-    - throughput_gain_at_sla:<S>: the same at one per-user speed target S (if inside both frontiers).
+    - throughput_gain_at_slo:<S>: the same at one per-user speed target (SLO) S (if inside both frontiers).
+
+    ``slas``: deprecated spelling of ``slos``.
 
     ``narrow_overlap`` is True where the overlap covers < NARROW_FRACTION of the baseline's range on that axis or
     holds < NARROW_MIN_POINTS Pareto points of either frontier. Saturated points are never Pareto, so never used.
@@ -220,7 +232,7 @@ def comparison_table(df: pd.DataFrame, baseline: str = "mtp1", slas: Iterable[fl
     if baseline not in policies:
         raise ConfigError("cli", "--baseline", f"baseline policy {baseline!r} is not among the frontier's policies "
                                                f"{policies}")
-    slas = list(slas)
+    slos = list(deprecated_slas(slos, slas))
     labels = series_labels(df)
     rows = []
     for dep in dict.fromkeys(labels):
@@ -228,11 +240,11 @@ def comparison_table(df: pd.DataFrame, baseline: str = "mtp1", slas: Iterable[fl
         if not (d["policy"] == baseline).any():
             raise ConfigError("cli", "--baseline", f"baseline policy {baseline!r} has no cells at deployment {dep!r}: "
                                                    "gains are only measured within one deployment")
-        rows += _compare_within(d, baseline, dep, slas)
+        rows += _compare_within(d, baseline, dep, slos)
     return pd.DataFrame(rows, columns=list(COMPARISON_COLUMNS))
 
 
-def _compare_within(df: pd.DataFrame, baseline: str, deployment: str, slas: Iterable[float]) -> list[dict[str, Any]]:
+def _compare_within(df: pd.DataFrame, baseline: str, deployment: str, slos: Iterable[float]) -> list[dict[str, Any]]:
     """The comparison rows of one deployment's table (see :func:`comparison_table`)."""
     rows = []
     xb, yb = _frontier_curve(df, baseline)
@@ -246,15 +258,15 @@ def _compare_within(df: pd.DataFrame, baseline: str, deployment: str, slas: Iter
                      **_gain_stats(xa, ya, xb, yb)})
         # Along a Pareto frontier y falls as x rises; swap axes and sort by y to interpolate x(y).
         oa = np.argsort(ya, kind="stable")
-        rows.append({**base, "metric": "throughput_gain_at_matched_sla", "axis": "tok/s/user",
+        rows.append({**base, "metric": "throughput_gain_at_matched_slo", "axis": "tok/s/user",
                      **_gain_stats(ya[oa], xa[oa], yb[ob], xb[ob])})
-        for s in slas:
+        for s in slos:
             inside = bool(len(ya) and len(yb) and ya.min() <= s <= ya.max() and yb.min() <= s <= yb.max())
             gain = float(np.interp(s, ya[oa], xa[oa]) / np.interp(s, yb[ob], xb[ob]) - 1) if inside else None
-            rows.append({**base, "metric": f"throughput_gain_at_sla:{s:g}", "axis": "tok/s/user",
+            rows.append({**base, "metric": f"throughput_gain_at_slo:{s:g}", "axis": "tok/s/user",
                          "range_lo": float(s), "range_hi": float(s), "overlap_frac": None,
                          "n_points_policy": int(len(ya)), "n_points_baseline": int(len(yb)),
                          "narrow_overlap": False, "gain_mean": gain, "gain_min": gain, "gain_max": gain,
                          "gain_at_mid": gain, "n_grid": 1 if inside else 0,
-                         "note": "" if inside else "SLA outside a frontier's per-user speed range"})
+                         "note": "" if inside else "SLO outside a frontier's per-user speed range"})
     return rows

@@ -66,21 +66,23 @@ def seed_means(per_seed: pd.DataFrame) -> pd.DataFrame:
 
 
 def comparison_with_intervals(mean_df: pd.DataFrame, per_seed: pd.DataFrame, baseline: str = "mtp1",
-                              slas: Iterable[float] = ()) -> pd.DataFrame:
+                              slos: Iterable[float] = (), *, slas: Iterable[float] | None = None) -> pd.DataFrame:
     """comparison.csv of a multi-seed run: the gains of the mean frontiers (as for one seed), plus the paired
     per-seed gains' mean ``gain_seed_mean`` and 95% t-interval ``gain_lo``..``gain_hi``; ``n_seeds``: the seeds
     where that gain is defined.
 
     Each seed's gain is ``gain_mean`` of that seed's own frontiers (its own overlap range); a seed where the gain is
-    undefined (no overlap, SLA outside a frontier) leaves the interval empty and says so in ``note``.
+    undefined (no overlap, SLO outside a frontier) leaves the interval empty and says so in ``note``.
     """
-    slas = list(slas)
-    comp = comparison_table(mean_df, baseline=baseline, slas=slas)
+    from dsparksim.results.frontier import deprecated_slas
+
+    slos = list(deprecated_slas(slos, slas))
+    comp = comparison_table(mean_df, baseline=baseline, slos=slos)
     seeds = list(dict.fromkeys(per_seed["seed"]))
     key = ["policy", "deployment", "metric"]
     per = []
     for s in seeds:
-        cs = comparison_table(per_seed[per_seed["seed"] == s].drop(columns="seed"), baseline=baseline, slas=slas)
+        cs = comparison_table(per_seed[per_seed["seed"] == s].drop(columns="seed"), baseline=baseline, slos=slos)
         per.append(cs.set_index(key)["gain_mean"])
     extra: dict[str, list[Any]] = {c: [] for c in GAIN_CI_COLUMNS}
     notes = []

@@ -30,6 +30,7 @@ class Cell:
     key: dict[str, Any]
     config: RunConfig
     hash: str
+    same_as: int | None = None   # index of the earlier cell that is the same run (dsparksim.sim.reads), if any
 
 
 def build_config(values: dict[str, Any], source: str = "sweep spec") -> RunConfig:
@@ -51,20 +52,31 @@ def build_config(values: dict[str, Any], source: str = "sweep spec") -> RunConfi
 
 
 def expand(spec: SweepSpec) -> list[Cell]:
-    """All cells of a spec, in the order of the axes' cross product (first axis slowest)."""
+    """All cells of a spec, in the order of the axes' cross product (first axis slowest). A cell that differs
+    from an earlier one only in options its run never reads (e.g. mtp1's acceptance) is the same run: it shares
+    that cell's hash and names it in ``same_as``."""
+    from dsparksim.sim.reads import same_as
+
     names = list(spec.axes)
-    cells = []
-    for i, combo in enumerate(itertools.product(*(spec.axes[k] for k in names))):
+    built = []
+    for combo in itertools.product(*(spec.axes[k] for k in names)):
         key = dict(zip(names, combo))
-        cfg = build_config({**spec.base, **key}, spec.source)
-        cells.append(Cell(index=i, key=key, config=cfg, hash=cell_hash(cfg)))
+        built.append((key, build_config({**spec.base, **key}, spec.source)))
+    same = same_as([cfg for _, cfg in built])
+    cells: list[Cell] = []
+    for i, ((key, cfg), s) in enumerate(zip(built, same)):
+        cells.append(Cell(index=i, key=key, config=cfg, hash=cells[s].hash if s is not None else cell_hash(cfg),
+                          same_as=s))
     return cells
 
 
 def cell_hash(cfg: RunConfig) -> str:
-    """sha256 of the canonical JSON of the config, its inputs' content hashes, version and code fingerprint."""
+    """sha256 of the canonical JSON of the config's identity (options its run never reads at their defaults:
+    the same run, the same hash), its inputs' content hashes, version and code fingerprint."""
     from dsparksim import __version__
+    from dsparksim.sim.reads import identity
 
+    cfg = identity(cfg)
     payload = {"config": cfg.to_dict(), "inputs": input_hashes(cfg), "dsparksim_version": __version__,
                "code": code_fingerprint()}
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()

@@ -1,23 +1,25 @@
-"""Regression check: recompute a small fixed sweep and compare its frontiers with a saved baseline.
+"""Regression check: recompute a small fixed sweep and compare it seed by seed with a saved baseline.
 
-The baseline JSON (format ``dsparksim-regress/2``) stores the spec it was made from (path relative to the
-baseline file, plus the spec's sha256), the seeds, the tolerance floors, every frontier point (policy x load: each
-compared metric's mean over the seeds and the half-width of its 95% t-interval, the Pareto and saturation flags)
-and the matched comparison gains vs the baseline policy (paired per-seed mean gain and its half-width).
+The baseline JSON (format ``dsparksim-regress/3``) stores the spec it was made from (path relative to the
+baseline file, plus the spec's sha256), the seeds, the rule's settings and every frontier point (policy x load):
+each compared metric's value at every seed, and the Pareto and saturation flags per seed.
 
-The rule (one per metric and point, and per gain): a difference is flagged when
+The rule, per point and metric. The new run is the same sweep over the same seeds, and a run's draws are keyed
+by (seed, request, step), so seed s of the new run is paired with seed s of the baseline. With d_s = new_s -
+baseline_s, a change is flagged when
 
-    |new mean - baseline mean| > baseline half-width + new half-width + floor,   floor = atol + rtol * |baseline|
+    the 95% Student-t interval of mean(r_s) excludes zero   AND   |mean(r_s)| > threshold,
 
-(for gains the floor is ``gain_atol``). The new run is the same sweep over the same seeds, so an unchanged
-simulator reproduces the baseline exactly (runs are deterministic given their seed) and never flags; a change
-flags where it moves a mean further than the two intervals together allow. Adding the half-widths is conservative
-(the interval of a difference of independent means is at most that wide). The floor keeps a metric with no spread
-over seeds (e.g. fixed:7's verify length) from flagging on last-bit floating-point differences. With one seed
-there are no intervals and the floor alone is the tolerance (the exact check of format 1); ``--exact`` applies
-that check to a multi-seed baseline (any change at all is flagged). Flag flips (Pareto,
-saturated) fail the check with one seed; with several they are reported as notes, since a point within its
-interval may cross a neighbour's.
+where r_s = d_s / |baseline_s| is the relative change at seed s (the plain d_s, against threshold x |mean
+baseline|, where some baseline_s is 0)
+
+(``threshold`` = 0.02 by default: a practical size below which a change is not worth a failure). With one seed
+the interval is the difference itself. An unchanged simulator reproduces every seed exactly (d_s = 0), so it never
+flags; seed-to-seed spread, which made the unpaired intervals of format 2 wide, cancels in d_s. Each policy's
+points are compared on their own (no gain against a baseline policy is compared: it moves with either policy), so
+a regression is reported under the policy whose runs changed. ``--exact`` flags any difference beyond the floor
+``atol + rtol x |baseline|`` at any seed. Flag flips (Pareto, saturated) and a metric that gains or loses its value
+at some seed are notes, never failures. benchmarks/regress_power.py measures what the rule detects.
 """
 from __future__ import annotations
 
@@ -33,16 +35,22 @@ import pandas as pd
 from dsparksim.errors import ConfigError, InputError
 from dsparksim.sweep.spec import LOAD_KEYS, SweepSpec, load_spec
 
-FORMAT = "dsparksim-regress/2"
-OLD_FORMATS = ("dsparksim-regress/1",)
+FORMAT = "dsparksim-regress/3"
+OLD_FORMATS = ("dsparksim-regress/1", "dsparksim-regress/2")
 METRICS = ("output_throughput_tok_s", "tps_user_median", "ttft_median_s", "tpot_median_s", "mean_verify_len", "tau",
            "num_requests_completed")
 FLAGS = ("pareto", "saturated")
-DEFAULT_TOLERANCES = {"rtol": 1e-6, "atol": 1e-9, "gain_atol": 1e-6}
-REGRESS_KEYS = tuple(DEFAULT_TOLERANCES) + ("baseline_policy", "seeds")
-RULE = ("flag when |new - baseline| > baseline half-width + new half-width + (atol + rtol*|baseline|) "
-        "(gains: + gain_atol); half-widths of 95% t-intervals over the seeds")
-HW = "_hw"  # suffix of a metric's half-width in the baseline document
+DEFAULT_TOLERANCES = {"threshold": 0.02, "confidence": 0.95, "rtol": 1e-6, "atol": 1e-9}
+REGRESS_KEYS = tuple(DEFAULT_TOLERANCES) + ("seeds",)
+# keys of format 2 the paired rule no longer reads: refused with the reason
+GONE_KEYS = {"gain_atol": "gains against a baseline policy are no longer compared (each policy's own points are)",
+             "baseline_policy": "gains against a baseline policy are no longer compared (each policy's own points "
+                                "are)"}
+
+
+def rule_text(tol: Mapping[str, float]) -> str:
+    return (f"flag when the {tol['confidence']:.0%} t-interval of the paired per-seed changes ((new - baseline) / "
+            f"baseline, same seed) excludes zero and their mean exceeds {tol['threshold']:.0%}")
 
 
 def _seeds(spec: SweepSpec) -> list[int]:
@@ -50,6 +58,8 @@ def _seeds(spec: SweepSpec) -> list[int]:
     from dsparksim.results.stats import seed_list
 
     for k in spec.regress:
+        if k in GONE_KEYS:
+            raise ConfigError(spec.source, f"regress.{k}", f"no longer read: {GONE_KEYS[k]}; remove it")
         if k not in REGRESS_KEYS:
             raise ConfigError(spec.source, f"regress.{k}", f"unknown key; expected some of {', '.join(REGRESS_KEYS)}")
     n = spec.regress.get("seeds", 1)
@@ -61,12 +71,25 @@ def _seeds(spec: SweepSpec) -> list[int]:
     return seed_list(int(spec.base.get("seed", 0)), n)
 
 
+def tolerances(spec: SweepSpec, given: Mapping[str, Any] | None = None) -> dict[str, float]:
+    """The rule's settings: defaults, then ``given`` (a baseline's), then the spec's [regress] table; checked."""
+    tol = {**DEFAULT_TOLERANCES, **{k: v for k, v in (given or {}).items() if k in DEFAULT_TOLERANCES},
+           **{k: v for k, v in spec.regress.items() if k in DEFAULT_TOLERANCES}}
+    for k, v in tol.items():
+        bad = isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0
+        if k == "confidence":
+            bad = bad or not 0 < v < 1
+        if bad:
+            want = "a number in (0, 1)" if k == "confidence" else "a finite number >= 0"
+            raise ConfigError(spec.source, f"regress.{k}", f"expected {want}, got {v!r}")
+    return {k: float(v) for k, v in tol.items()}
+
+
 def compute(spec: SweepSpec, backend: str = "local", workers: int | None = None,
-            ray_address: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Run every cell over the spec's seeds (no cache: this is the check) and return (frontier table, comparison
-    table); with several seeds the tables of ``frontier --seeds`` (means, ``<metric>_lo/_hi``, paired gains)."""
-    from dsparksim.results.frontier import comparison_table, frontier_table
-    from dsparksim.results.frontier_seeds import comparison_with_intervals, seed_means
+            ray_address: str | None = None) -> pd.DataFrame:
+    """Run every cell over the spec's seeds (no cache: this is the check) and return the per-seed frontier table
+    (one row per policy x load x seed, ``seed`` column first)."""
+    from dsparksim.results.frontier import frontier_table
     from dsparksim.sweep.backends import Task, make_backend
     from dsparksim.sweep.cells import expand
 
@@ -85,32 +108,31 @@ def compute(spec: SweepSpec, backend: str = "local", workers: int | None = None,
         raise ConfigError(spec.source, "cells", f"{len(bad)} cell(s) failed, first {cells[i][0]} seed "
                           f"{cells[i][1].seed}: {r['error']}")
     summaries = [results[i]["summary"] for i in range(len(cells))]
-    base_policy = spec.regress.get("baseline_policy", "mtp1")
-    if len(seeds) == 1:
-        df = frontier_table(summaries)
-        return df, comparison_table(df, baseline=base_policy)
-    per = frontier_table(summaries, [cfg for _, cfg in cells], seeded=True)
-    df = seed_means(per)
-    return df, comparison_with_intervals(df, per, baseline=base_policy)
+    return frontier_table(summaries, [cfg for _, cfg in cells], seeded=True)
 
 
 def _spec_sha(spec: SweepSpec) -> str:
     return hashlib.sha256(Path(spec.source).read_bytes()).hexdigest()
 
 
-def make_baseline(spec: SweepSpec, df: pd.DataFrame, comp: pd.DataFrame, baseline_path: str | Path,
-                  tolerances: Mapping[str, float] | None = None) -> dict[str, Any]:
-    """The baseline document for ``df``/``comp`` (spec path stored relative to the baseline file)."""
+def make_baseline(spec: SweepSpec, per_seed: pd.DataFrame, baseline_path: str | Path,
+                  tol: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """The baseline document of a per-seed frontier table (spec path stored relative to the baseline file)."""
     from dsparksim import __version__
 
-    tol = {**DEFAULT_TOLERANCES, **{k: v for k, v in (tolerances or {}).items() if k in DEFAULT_TOLERANCES},
-           **{k: v for k, v in spec.regress.items() if k in DEFAULT_TOLERANCES}}
+    tol = tolerances(spec, tol)
     rel = os.path.relpath(Path(spec.source).resolve(), Path(baseline_path).resolve().parent)
-    seeded = "gain_lo" in comp.columns or "n_seeds" in df.columns
+    seeds = _seeds(spec)
+    points = []
+    for (pol, load), g in per_seed.groupby(["policy", "load"], sort=False):
+        g = g.set_index("seed").reindex(seeds)
+        row: dict[str, Any] = {"policy": pol, "load": _num(load)}
+        row.update({m: [_num(v) for v in g[m]] if m in g else [None] * len(seeds) for m in METRICS})
+        row.update({f: [bool(v) for v in g[f].fillna(False)] for f in FLAGS})
+        points.append(row)
     return {"format": FORMAT, "spec": Path(rel).as_posix(), "spec_sha256": _spec_sha(spec),
-            "dsparksim_version": __version__, "seeds": _seeds(spec), "tolerances": tol, "rule": RULE,
-            "metrics": list(METRICS), "frontier": [_row(r) for _, r in df.iterrows()],
-            "comparison": [_gain_row(r, seeded) for _, r in comp.iterrows()] if len(comp) else []}
+            "dsparksim_version": __version__, "seeds": seeds, "tolerances": tol, "rule": rule_text(tol),
+            "metrics": list(METRICS), "frontier": points}
 
 
 def _num(v: Any) -> Any:
@@ -119,30 +141,9 @@ def _num(v: Any) -> Any:
     return v.item() if hasattr(v, "item") else v
 
 
-def _hw(lo: Any, hi: Any) -> float | None:
-    lo, hi = _num(lo), _num(hi)
-    return None if lo is None or hi is None else (float(hi) - float(lo)) / 2
-
-
-def _row(r: pd.Series) -> dict[str, Any]:
-    """One frontier point: each metric's mean and (with seeds) its 95% half-width, and the flags."""
-    out = {"policy": r["policy"], "load": _num(r["load"])}
-    for m in METRICS:
-        out[m] = _num(r.get(m))
-        out[m + HW] = _hw(r.get(f"{m}_lo"), r.get(f"{m}_hi"))
-    return {**out, **{f: bool(r[f]) for f in FLAGS}}
-
-
-def _gain_row(r: pd.Series, seeded: bool) -> dict[str, Any]:
-    """One gain: with seeds the paired per-seed mean and its half-width, else the gain of the one frontier."""
-    if seeded:
-        return {"policy": r["policy"], "metric": r["metric"], "gain_mean": _num(r["gain_seed_mean"]),
-                "gain_hw": _hw(r["gain_lo"], r["gain_hi"])}
-    return {"policy": r["policy"], "metric": r["metric"], "gain_mean": _num(r["gain_mean"]), "gain_hw": None}
-
-
 def load_baseline(path: str | Path, old_ok: bool = False) -> dict[str, Any]:
-    """Read a baseline document; one of an older format only with ``old_ok`` (``--update`` replaces it)."""
+    """Read and check a baseline document; one of an older format only with ``old_ok`` (``--update`` replaces
+    it). Every per-seed value must be a number or null (InputError naming the field otherwise)."""
     p = Path(path)
     try:
         d = json.loads(p.read_text())
@@ -157,14 +158,46 @@ def load_baseline(path: str | Path, old_ok: bool = False) -> dict[str, Any]:
         raise InputError(str(p), None, f"not valid JSON: {e.msg}", line=e.lineno) from None
     got = d.get("format") if isinstance(d, dict) else d
     if got in OLD_FORMATS and not old_ok:
-        raise InputError(str(p), "format", f"baseline format {got!r} has no seed intervals (this dsparksim reads "
+        raise InputError(str(p), "format", f"baseline format {got!r} has no per-seed values (this dsparksim reads "
                          f"{FORMAT!r}); regenerate it: dsparksim regress --baseline {p} --update")
     if got != FORMAT and not (old_ok and got in OLD_FORMATS):
         raise InputError(str(p), "format", f"expected {FORMAT!r}, got {got!r}")
-    for k in ("spec", "tolerances", "frontier", "comparison"):
+    for k in ("spec", "tolerances", "frontier", "seeds"):
         if k not in d:
             raise InputError(str(p), k, "required field missing")
+    if got == FORMAT:
+        _check_doc(d, str(p))
     return d
+
+
+def _check_doc(d: Mapping[str, Any], src: str) -> None:
+    seeds = d["seeds"]
+    if not isinstance(seeds, list) or not seeds:
+        raise InputError(src, "seeds", f"expected a non-empty list of seeds, got {seeds!r}")
+    tol = d["tolerances"]
+    if not isinstance(tol, dict):
+        raise InputError(src, "tolerances", f"expected an object, got {tol!r}")
+    for k in DEFAULT_TOLERANCES:
+        v = tol.get(k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (
+                k == "confidence" and not 0 < v < 1):
+            raise InputError(src, f"tolerances.{k}", f"expected a number >= 0 (confidence in (0, 1)), got {v!r}")
+    metrics = d.get("metrics", list(METRICS))
+    if not isinstance(d["frontier"], list):
+        raise InputError(src, "frontier", "expected a list of points")
+    for i, r in enumerate(d["frontier"]):
+        if not isinstance(r, dict) or "policy" not in r or not _is_num(r.get("load")):
+            raise InputError(src, f"frontier[{i}]", "expected a point with policy and a numeric load")
+        for m in metrics:
+            vals = r.get(m)
+            if not isinstance(vals, list) or len(vals) != len(seeds) or not all(
+                    v is None or _is_num(v) for v in vals):
+                raise InputError(src, f"frontier[{i}].{m}", f"expected {len(seeds)} per-seed numbers (or null), "
+                                 f"got {vals!r}")
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def spec_of(baseline: Mapping[str, Any], baseline_path: str | Path) -> Path:
@@ -172,26 +205,41 @@ def spec_of(baseline: Mapping[str, Any], baseline_path: str | Path) -> Path:
     return (Path(baseline_path).resolve().parent / baseline["spec"]).resolve()
 
 
-def allowed(base: Any, base_hw: Any, new_hw: Any, rtol: float, atol: float) -> float:
-    """The largest |new - base| that is not a regression: both half-widths plus the floor (see the module doc)."""
-    return float(base_hw or 0.0) + float(new_hw or 0.0) + atol + rtol * abs(float(base))
+def paired_change(base: Sequence[Any], new: Sequence[Any], confidence: float
+                  ) -> tuple[float, float, float, float, int] | None:
+    """(baseline mean, mean change, interval lo, hi, n) over the seeds where both values exist; None when none.
+
+    The change is relative per seed, (new_s - base_s) / |base_s| -- a slowdown scales every seed alike -- and is
+    returned in the metric's units (times |baseline mean|) so one rule covers both forms; where some base_s is 0
+    the plain differences new_s - base_s are used. One pair: the interval is the change itself."""
+    from dsparksim.results.stats import t_interval
+
+    pairs = [(float(b), float(n)) for b, n in zip(base, new) if b is not None and n is not None]
+    if not pairs:
+        return None
+    bmean = sum(b for b, _ in pairs) / len(pairs)
+    rel = all(b != 0 for b, _ in pairs) and bmean != 0
+    diffs = [(n - b) / abs(b) if rel else n - b for b, n in pairs]
+    iv = t_interval(diffs, confidence)
+    mean, lo, hi = (iv.mean, iv.lo, iv.hi) if len(diffs) > 1 else (diffs[0], diffs[0], diffs[0])
+    scale = abs(bmean) if rel else 1.0
+    return bmean, mean * scale, lo * scale, hi * scale, len(pairs)
 
 
-def _close(a: Any, b: Any, rtol: float, atol: float, a_hw: Any = None, b_hw: Any = None) -> bool:
-    """``a`` (new) within tolerance of ``b`` (baseline); a missing value matches only a missing value."""
-    if a is None or b is None:
-        return a is None and b is None
-    return abs(float(a) - float(b)) <= allowed(b, b_hw, a_hw, rtol, atol)
+def flagged(change: tuple[float, float, float, float, int], threshold: float, atol: float = 0.0) -> bool:
+    """The rule: the interval excludes zero and the mean difference exceeds threshold x |baseline mean|."""
+    bmean, mean, lo, hi, _ = change
+    return (lo > 0 or hi < 0) and abs(mean) > threshold * abs(bmean) + atol
 
 
 def compare(baseline: Mapping[str, Any], current: Mapping[str, Any],
             notes: dict[str, list[str]] | None = None, exact: bool = False) -> dict[str, list[str]]:
-    """Per-policy list of differences of ``current`` from ``baseline`` (empty dict = within tolerance). With
-    several seeds, flag flips go to ``notes`` (when given) instead of failing. ``exact``: the floor alone is the
-    tolerance (the same seeds reproduce a deterministic simulator to the last bit: any change is flagged)."""
-    tol = baseline["tolerances"]
-    rtol, atol, gatol = float(tol["rtol"]), float(tol["atol"]), float(tol["gain_atol"])
-    seeded = len(baseline.get("seeds") or [None]) > 1 and not exact
+    """Per-policy list of differences of ``current`` from ``baseline`` under the paired rule (empty dict = none
+    flagged). ``notes`` (when given) collects flag flips and values that appear or vanish at some seed.
+    ``exact``: any per-seed difference beyond ``atol + rtol x |baseline|`` is flagged."""
+    tol = {**DEFAULT_TOLERANCES, **baseline["tolerances"]}
+    thr, conf = float(tol["threshold"]), float(tol["confidence"])
+    rtol, atol = float(tol["rtol"]), float(tol["atol"])
     diffs: dict[str, list[str]] = {}
 
     def add(pol: str, msg: str, note: bool = False) -> None:
@@ -218,47 +266,55 @@ def compare(baseline: Mapping[str, Any], current: Mapping[str, Any],
             continue
         w, g = want[k], got[k]
         for m in baseline.get("metrics", METRICS):
-            hw = (None, None) if exact else (g.get(m + HW), w.get(m + HW))
-            if not _close(g.get(m), w.get(m), rtol, atol, *hw):
-                rel = ("" if w.get(m) in (None, 0) or g.get(m) is None
-                       else f" ({100 * (float(g[m]) - float(w[m])) / abs(float(w[m])):+.4g}%)")
-                add(pol, f"load {load:g}: {m} {_fmt(w.get(m))}{_pm(w.get(m + HW))} -> {_fmt(g.get(m))}"
-                         f"{_pm(g.get(m + HW))}{rel}")
+            b, n = list(w.get(m) or []), list(g.get(m) or [])
+            gone = [i for i, (x, y) in enumerate(zip(b, n)) if (x is None) != (y is None)]
+            if gone:
+                add(pol, f"load {load:g}: {m} has a value at {len(gone)} seed(s) in only one of the two runs",
+                    note=not exact)
+            if exact:
+                bad = [i for i, (x, y) in enumerate(zip(b, n)) if x is not None and y is not None
+                       and abs(float(y) - float(x)) > atol + rtol * abs(float(x))]
+                if bad:
+                    add(pol, f"load {load:g}: {m} differs at {len(bad)} of {len(b)} seed(s), e.g. seed "
+                             f"{baseline['seeds'][bad[0]]}: {_fmt(b[bad[0]])} -> {_fmt(n[bad[0]])}")
+                continue
+            ch = paired_change(b, n, conf)
+            if ch is not None and flagged(ch, thr, atol):
+                add(pol, f"load {load:g}: {m} {_change_text(ch, conf)}")
         for f in FLAGS:
-            if bool(w.get(f)) != bool(g.get(f)):
-                add(pol, f"load {load:g}: {f} {w.get(f)} -> {g.get(f)}", note=seeded)
-    cw = {(r["policy"], r["metric"]): r for r in baseline["comparison"]}
-    cg = {(r["policy"], r["metric"]): r for r in current["comparison"]}
-    for k in sorted(set(cw) | set(cg)):
-        a, b = (cw.get(k) or {}).get("gain_mean"), (cg.get(k) or {}).get("gain_mean")
-        ah, bh = (cw.get(k) or {}).get("gain_hw"), (cg.get(k) or {}).get("gain_hw")
-        if not _close(b, a, 0.0, gatol, *((None, None) if exact else (bh, ah))):
-            add(k[0], f"{k[1]} (mean gain) {_fmt(a)}{_pm(ah)} -> {_fmt(b)}{_pm(bh)}")
+            fb, fn = list(w.get(f) or []), list(g.get(f) or [])
+            flips = sum(bool(x) != bool(y) for x, y in zip(fb, fn))
+            if flips:
+                add(pol, f"load {load:g}: {f} changed at {flips} seed(s)", note=True)
     return diffs
 
 
-def _pm(hw: Any) -> str:
-    return "" if hw is None else f" +-{hw:.3g}"
+def _change_text(ch: tuple[float, float, float, float, int], conf: float) -> str:
+    bmean, mean, lo, hi, n = ch
+    if bmean:
+        pct = lambda v: f"{100 * v / abs(bmean):+.2f}%"  # noqa: E731
+        return (f"{_fmt(bmean)} -> {_fmt(bmean + mean)} ({pct(mean)}; paired {conf:.0%} CI {pct(lo)}..{pct(hi)}"
+                f" over {n} seed{'s' if n > 1 else ''})")
+    return f"{_fmt(bmean)} -> {_fmt(bmean + mean)} (paired {conf:.0%} CI {lo:+.4g}..{hi:+.4g} over {n} seeds)"
 
 
 def _fmt(v: Any) -> str:
-    return "none" if v is None else f"{v:.10g}" if isinstance(v, float) else str(v)
+    return "none" if v is None else f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
 def _tol_text(tol: Mapping[str, float], seeds: Sequence[int] | None, exact: bool = False) -> str:
-    floor = f"rtol {tol['rtol']:g}, atol {tol['atol']:g}, gain atol {tol['gain_atol']:g}"
+    tol = {**DEFAULT_TOLERANCES, **tol}
     if exact:
-        return f"exact: {floor}, no seed intervals"
-    if seeds and len(seeds) > 1:
-        return (f"tolerance: both runs' 95% t-interval half-widths over {len(seeds)} seeds {seeds[0]}..{seeds[-1]} "
-                f"plus a floor of {floor}")
-    return floor
+        return f"exact: any seed beyond atol {tol['atol']:g} + rtol {tol['rtol']:g} x |baseline|"
+    n = len(seeds or [])
+    over = f" over {n} seeds {seeds[0]}..{seeds[-1]}" if n > 1 else " (one seed: the difference itself)"
+    return rule_text(tol) + over
 
 
 def diff_text(diffs: Mapping[str, Sequence[str]], tol: Mapping[str, float],
               seeds: Sequence[int] | None = None, exact: bool = False) -> str:
     lines = [f"frontier regression: {sum(len(v) for v in diffs.values())} difference(s) in {len(diffs)} "
-             f"policy(ies) beyond tolerance ({_tol_text(tol, seeds, exact)}):"]
+             f"policy(ies) ({_tol_text(tol, seeds, exact)}):"]
     for pol in sorted(diffs):
         lines.append(f"  {pol}:")
         lines.extend(f"    {d}" for d in diffs[pol])
@@ -268,8 +324,8 @@ def diff_text(diffs: Mapping[str, Sequence[str]], tol: Mapping[str, float],
 def _notes_text(notes: Mapping[str, Sequence[str]]) -> str:
     if not notes:
         return ""
-    lines = ["note: flags changed on points whose metrics stayed within their intervals (not a failure with "
-             "several seeds):"]
+    lines = ["note: changes that are not failures (flag flips; a metric with a value at some seed in one run "
+             "only):"]
     for pol in sorted(notes):
         lines.extend(f"  {pol}: {n}" for n in notes[pol])
     return "\n" + "\n".join(lines)
@@ -291,11 +347,13 @@ def regress(baseline_path: str | Path, spec_path: str | Path | None = None, back
     if sp is None:
         raise ConfigError("regress", "--spec", "a new baseline needs the spec it is made from (--spec FILE)")
     spec = load_spec(sp)
-    df, comp = compute(spec, backend, workers, ray_address)
-    cur = make_baseline(spec, df, comp, bp, base["tolerances"] if base else None)
+    old_tol = base["tolerances"] if base and base.get("format") == FORMAT else None
+    tolerances(spec, old_tol)   # a bad [regress] value is refused before any cell runs
+    per_seed = compute(spec, backend, workers, ray_address)
+    cur = make_baseline(spec, per_seed, bp, old_tol)
     if update:
         write_json(bp, cur)
-        return True, f"baseline written: {bp} ({len(cur['frontier'])} frontier points)", cur
+        return True, f"baseline written: {bp} ({len(cur['frontier'])} frontier points x {len(cur['seeds'])} seeds)", cur
     notes: dict[str, list[str]] = {}
     diffs = compare(base, cur, notes, exact)
     if not diffs:

@@ -30,6 +30,8 @@ class SweepResult:
     n_ran: int
     wall_s: float
     paths: dict[str, Path] = field(default_factory=dict)
+    n_repeats: int = 0        # cells that are the same run as an earlier cell (run once; column same_as)
+    repeats_why: str = ""     # e.g. "mtp1 reads no acceptance, block_size"
 
     @property
     def ok(self) -> bool:
@@ -41,6 +43,7 @@ def run_cells_cached(cells: Sequence[Cell], out_dir: str | Path, backend: str = 
                      desc: str = "sweep", bar: Any = None
                      ) -> tuple[dict[int, dict[str, Any]], list[dict[str, Any]], int, int]:
     """Run the cells not already finished in ``out_dir``. Returns (summaries by cell index, failures, cached, ran).
+    Cells sharing a hash (the same run, see ``Cell.same_as``) run once; cached and ran count runs, not cells.
 
     ``bar``: a tqdm bar to advance (one step per cell, cached ones at once) instead of a bar of its own, for a
     caller that runs several batches under one progress bar (``dsparksim plan``); it is left open."""
@@ -48,7 +51,8 @@ def run_cells_cached(cells: Sequence[Cell], out_dir: str | Path, backend: str = 
 
     cache = CellCache(out_dir)
     cache.clean_temp()
-    todo = [c for c in cells if not cache.done(c.hash)]  # a corrupt cached cell is warned about and redone
+    distinct = list({c.hash: c for c in reversed(cells)}.values())[::-1]   # the first cell of every run
+    todo = [c for c in distinct if not cache.done(c.hash)]  # a corrupt cached cell is warned about and redone
     by_index = {c.index: c for c in cells}
     failures: list[dict[str, Any]] = []
     mine = code_fingerprint()
@@ -61,10 +65,10 @@ def run_cells_cached(cells: Sequence[Cell], out_dir: str | Path, backend: str = 
 
     own = bar is None
     if own:
-        bar = tqdm(total=len(cells), initial=len(cells) - len(todo), unit="cell", desc=desc, disable=not progress,
-                   dynamic_ncols=True)
+        bar = tqdm(total=len(distinct), initial=len(distinct) - len(todo), unit="cell", desc=desc,
+                   disable=not progress, dynamic_ncols=True)
     else:
-        bar.update(len(cells) - len(todo))
+        bar.update(len(distinct) - len(todo))
 
     def on_result(res: dict[str, Any]) -> None:
         c = by_index[res["index"]]
@@ -90,7 +94,7 @@ def run_cells_cached(cells: Sequence[Cell], out_dir: str | Path, backend: str = 
             bar.close()
     summaries = {c.index: rec["summary"] for c in cells if (rec := cache.get(c.hash)) is not None}
     failures.sort(key=lambda f: f["cell"])
-    return summaries, failures, len(cells) - len(todo), len(todo)
+    return summaries, failures, len(distinct) - len(todo), len(todo)
 
 
 def results_table(cells: Sequence[Cell], summaries: dict[int, dict[str, Any]]) -> pd.DataFrame:
@@ -105,12 +109,16 @@ def results_table(cells: Sequence[Cell], summaries: dict[int, dict[str, Any]]) -
             continue
         row: dict[str, Any] = {"cell": c.index, "cell_hash": c.hash}
         row.update({KEY_PREFIX + k: v for k, v in c.key.items()})
+        row["same_as"] = c.same_as   # the earlier cell whose run this is (empty: its own run)
         for k, v in s.items():
             row[k] = json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v
         rows.append(row)
     if not rows:   # no cell finished: still a readable table (its header), never an empty file
-        return pd.DataFrame(columns=["cell", "cell_hash", *(KEY_PREFIX + k for k in (cells[0].key if cells else {}))])
-    return pd.DataFrame(rows)
+        return pd.DataFrame(columns=["cell", "cell_hash", *(KEY_PREFIX + k for k in (cells[0].key if cells else {})),
+                                     "same_as"])
+    df = pd.DataFrame(rows)
+    df["same_as"] = df["same_as"].astype("Int64")
+    return df
 
 
 def run_sweep(spec: SweepSpec, out_dir: str | Path, backend: str = "local", workers: int | None = None,
@@ -121,6 +129,10 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, backend: str = "local", work
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     cells = expand(spec)
+    from dsparksim.sim.reads import collapsed_reason
+    same = [c.same_as for c in cells]
+    n_rep = sum(s is not None for s in same)
+    why = collapsed_reason([c.config for c in cells], same) if n_rep else ""
     summaries, failures, n_cached, n_ran = run_cells_cached(
         cells, out, backend, workers, ray_address, spec.save_requests, progress, desc=spec.name)
     wall = time.perf_counter() - t0
@@ -129,7 +141,8 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, backend: str = "local", work
     from dsparksim.results.outputs import write_result_set
 
     files = {"sweep.json": lambda p: _dump(p, {
-                 "spec": spec.to_dict(), "n_cells": len(cells), "n_cached": n_cached, "n_ran": n_ran,
+                 "spec": spec.to_dict(), "n_cells": len(cells), "n_runs": len(cells) - n_rep,
+                 "n_repeats": n_rep, "repeats_why": why, "n_cached": n_cached, "n_ran": n_ran,
                  "n_failed": len(failures), "backend": backend, "workers": workers, "wall_s": round(wall, 3),
                  "cell_hashes": [c.hash for c in cells]}),
              "failures.json": lambda p: _dump(p, failures)}
@@ -143,7 +156,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, backend: str = "local", work
     paths = {keys[n]: p for n, p in written.items()}
     paths["manifest"] = out / MANIFEST
     return SweepResult(table=table, failures=failures, n_cells=len(cells), n_cached=n_cached, n_ran=n_ran,
-                       wall_s=wall, paths=paths)
+                       wall_s=wall, paths=paths, n_repeats=n_rep, repeats_why=why)
 
 
 def _dump(p: Path, obj: Any) -> None:

@@ -232,8 +232,31 @@ def _check_semantics(spec: SweepSpec, check_inputs: bool) -> None:
     from dsparksim.sweep.cells import expand
 
     cells = expand(spec)  # builds every RunConfig: raises ConfigError naming the spec and the cell's values
+    _check_unread(spec)   # after the values themselves are known valid
     if check_inputs:
         _check_deployments(spec, cells)
+
+
+def _check_unread(spec: SweepSpec) -> None:
+    """An option that no policy of the spec reads would change no cell: refused, as `run` and `frontier` refuse it
+    (dsparksim.sim.reads); so is a router when every cell runs one engine."""
+    from dsparksim.config import RunConfig
+    from dsparksim.sim.reads import DRAFT_OPTIONS, engine_reads_router, unread_by_all
+
+    policies = [v for _, v in _values(spec, "policy")] or [RunConfig.policy]
+    for key in DRAFT_OPTIONS:
+        vals = _values(spec, key)
+        hit = unread_by_all(policies, [key]) if vals else None
+        if hit:
+            raise ConfigError(spec.source, vals[0][0].split("[")[0], f"has no effect: no policy of this sweep "
+                              f"reads {key} ({hit[1]}); remove it")
+    vals = _values(spec, "router")
+    if vals:
+        reps = [v for _, v in _values(spec, "replicas")] or [1]
+        dps = [v for _, v in _values(spec, "dp_ranks")] or [1]
+        if not any(engine_reads_router(r, d) for r in reps for d in dps):
+            raise ConfigError(spec.source, vals[0][0].split("[")[0], "has no effect on one engine (every cell "
+                              "runs replicas x dp_ranks = 1): set replicas or dp_ranks above 1, or remove it")
 
 
 def _check_deployments(spec: SweepSpec, cells: list) -> None:

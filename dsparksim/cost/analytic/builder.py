@@ -15,12 +15,13 @@ from typing import Any
 import numpy as np
 
 from dsparksim.cost.analytic.arch import Arch, load_arch
+from dsparksim.cost.analytic.calibration import FAMILY_NOTES, Calibration, calibrated_sum, family_tables
 from dsparksim.cost.analytic.cost import ASSUMPTIONS, DTYPE_BYTES, ForwardModel, Parallel
 from dsparksim.cost.analytic.efficiency import EFFICIENCY_JSON, load_efficiency
 from dsparksim.cost.analytic.hardware import HARDWARE_CSV, get_gpu
 from dsparksim.errors import InputError
 
-__all__ = ["BUILDER_VERSION", "M_GRID", "build_profile", "FIXED_OVERHEAD_S", "RESERVE_GIB", "DRAFTERS"]
+__all__ = ["BUILDER_VERSION", "M_GRID", "build_profile", "build_forward_model", "FIXED_OVERHEAD_S", "RESERVE_GIB", "DRAFTERS"]
 
 BUILDER_VERSION = "2"
 # verify breakpoints: every M to 32, then steps of 8, 32, 128, 512 up to 16384 (above vLLM's 8192 default
@@ -57,11 +58,31 @@ def _r(x: float) -> float:
     return float(f"{float(x):.6g}")
 
 
+def build_forward_model(model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int = 1,
+                        dtype: str | None = None, kv_dtype: str | None = None) -> ForwardModel:
+    """The checked :class:`ForwardModel` :func:`build_profile` prices with (``dtype`` None: as there)."""
+    arch = load_arch(Path(model))
+    if dtype is None:
+        hint = arch.weight_dtype_hint.lower()
+        dtype = hint if hint in DTYPE_BYTES else "bf16"
+    fm = ForwardModel(arch, get_gpu(gpu), Parallel(tp=tp, ep=ep, dp=dp), load_efficiency()[0], dtype=dtype,
+                      kv_dtype=kv_dtype)
+    fm.check_shapes()
+    return fm
+
+
 def build_profile(model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int = 1, dtype: str | None = None,
                   kv_dtype: str | None = None, gpu_memory_utilization: float = 0.9, name: str | None = None,
-                  date: str | None = None, model_label: str | None = None) -> dict[str, Any]:
+                  date: str | None = None, model_label: str | None = None,
+                  calibration: Calibration | None = None) -> dict[str, Any]:
     """The profile JSON object (validate/save with dsparksim.cost.profile). InputError/ConfigError on bad input.
-    ``dtype`` None = the weight dtype the config says its weights are published in (DeepSeek-V3: fp8), else bf16."""
+    ``dtype`` None = the weight dtype the config says its weights are published in (DeepSeek-V3: fp8), else bf16.
+    ``calibration`` scales each cost family and sets the fixed overhead (:mod:`.calibration`); None or the identity
+    builds the uncalibrated profile byte for byte. A calibrated profile keeps full float precision (the fit's
+    re-pricing reproduces its prices exactly) and records the calibration in ``metadata.build.calibration``."""
+    cal = calibration if calibration is not None else Calibration()
+    identity = cal.is_identity
+    rnd = _r if identity else float
     for flag, v in (("--tp", tp), ("--ep", ep), ("--dp", dp)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise InputError(flag, flag.lstrip("-"), f"expected a positive integer, got {v!r}")
@@ -79,8 +100,7 @@ def build_profile(model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int
     arch: Arch = load_arch(mpath)
     g = get_gpu(gpu)
     eff, eff_json = load_efficiency()
-    fm = ForwardModel(arch, g, Parallel(tp=tp, ep=ep, dp=dp), eff, dtype=dtype, kv_dtype=kv_dtype)
-    fm.check_shapes()
+    fm = build_forward_model(mpath, gpu, tp=tp, ep=ep, dp=dp, dtype=dtype, kv_dtype=kv_dtype)
 
     # ---- memory: weights, KV capacity
     wparts = fm.weight_bytes_per_gpu()
@@ -100,19 +120,24 @@ def build_profile(model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int
     # ---- verify staircase and drafters
     M = M_GRID
     terms = fm.terms(M)
-    verify = sum(terms.values())
+    verify = sum(terms.values()) if identity else calibrated_sum(family_tables(fm, M), cal)
     drafters: dict[str, Any] = {}
     for dn, spec in DRAFTERS.items():
         moe_layers = spec["layers"] if (spec["moe"] and arch.is_moe) else 0
-        t = fm.forward(M, n_layers=spec["layers"], n_moe_layers=moe_layers)
-        if spec.get("mtp_projection"):
-            t = t + fm.mtp_projection(M)
-        e: dict[str, Any] = {"kind": spec["kind"], "tokens": [int(x) for x in M], "time_s": [_r(x) for x in t]}
+        if identity:
+            t = fm.forward(M, n_layers=spec["layers"], n_moe_layers=moe_layers)
+            if spec.get("mtp_projection"):
+                t = t + fm.mtp_projection(M)
+        else:
+            t = calibrated_sum(family_tables(fm, M, n_layers=spec["layers"], n_moe_layers=moe_layers), cal)
+            if spec.get("mtp_projection"):   # enorm/hnorm + eh_proj: dense GEMM and elementwise work
+                t = t + cal.scale("dense") * fm.mtp_projection(M)
+        e: dict[str, Any] = {"kind": spec["kind"], "tokens": [int(x) for x in M], "time_s": [rnd(x) for x in t]}
         if spec["markov_overhead_frac"]:
             e["markov_overhead_frac"] = spec["markov_overhead_frac"]
         # state update per prompt token (drafters read the target's features of every prompt token): marginal
         # cost per token over the top octave of the grid
-        e["prefill_s_per_token"] = _r(max((t[-1] - t[np.searchsorted(M, M[-1] // 2)]) / (M[-1] - M[-1] // 2), 0.0))
+        e["prefill_s_per_token"] = rnd(max((t[-1] - t[np.searchsorted(M, M[-1] // 2)]) / (M[-1] - M[-1] // 2), 0.0))
         e["note"] = spec["note"]
         if spec.get("mtp_projection"):
             e["note"] += (f"; this config has num_nextn_predict_layers={arch.mtp_layers}" if arch.mtp_layers else
@@ -186,22 +211,30 @@ def build_profile(model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int
                              "pipeline parallelism", "drafters' attention"],
         },
     }
+    fixed = FIXED_OVERHEAD_S if cal.fixed_overhead_s is None else float(cal.fixed_overhead_s)
+    if not identity:
+        meta["build"]["calibration"] = {
+            **cal.as_dict(), "families": FAMILY_NOTES,
+            "note": "each scale multiplies the seconds of its family's terms wherever the builder prices them "
+                    "(verify staircase, drafters, context and prefill terms); terms_ms_at_M above are uncalibrated"}
     qk_kind = (f"absorbed MLA: 2 x ({2 * arch.kv_lora_rank} + {arch.qk_rope_head_dim}) per head per layer"
                if arch.is_mla else "QK^T + PV: 2 x (head_dim + v_head_dim) per head per layer")
     return {
         "format": "dsparksim-profile/1", "name": name, "metadata": meta,
-        "verify": {"M": [int(x) for x in M], "time_s": [_r(x) for x in verify]},
-        "attention": {"model": "kv_bandwidth", "seconds_per_kv_token": _r(fm.seconds_per_kv_token()),
-                      "seconds_per_query_kv": _r(fm.seconds_per_query_key()),
+        "verify": {"M": [int(x) for x in M], "time_s": [rnd(x) for x in verify]},
+        "attention": {"model": "kv_bandwidth",
+                      "seconds_per_kv_token": rnd(cal.scale("attention") * fm.seconds_per_kv_token()),
+                      "seconds_per_query_kv": rnd(cal.scale("attention") * fm.seconds_per_query_key()),
                       "note": f"seconds_per_kv_token: {fm.kv_bytes_per_token():g} KV bytes per context token per "
                               f"GPU ({'MLA latent' if arch.is_mla else 'GQA K+V'}, {fm.kv_dtype}) read once per "
                               "step at the fitted HBM fraction (bytes). seconds_per_query_kv: "
                               f"{fm.attn_flops_per_query_key():g} attention FLOPs per decode query-key pair per GPU "
                               f"({qk_kind}) / (bf16 peak x fitted fl_max) (FLOPs); the two add (no overlap)"},
-        "prefill": {"seconds_per_token": 0.0, "seconds_per_query_key": _r(fm.seconds_per_query_key()),
+        "prefill": {"seconds_per_token": 0.0,
+                    "seconds_per_query_key": rnd(cal.scale("prefill") * fm.seconds_per_query_key()),
                     "seconds_per_chunk": 0.0,
                     "note": "prompt tokens' GEMMs are in the verify term at the step's M; the query-key work is "
                             "attention FLOPs per pair / (bf16 peak * fitted fl_max)"},
-        "fixed_overhead_s": FIXED_OVERHEAD_S,
+        "fixed_overhead_s": fixed,
         "drafters": drafters,
     }

@@ -194,11 +194,17 @@ class ForwardModel:
     def head(self, M: Any) -> dict[str, Any]:
         a, tp = self.a, self.p.tp
         Mf = np.asarray(M, float)
-        gather = (np.zeros_like(Mf) if tp == 1 else
-                  A("allreduce_latency_s") + (tp - 1) / tp * Mf * a.vocab * 2.0 / self.ar_bw)
+        gather = self.vocab_gather(M)
         return {"embedding": self._ew(2 * Mf * a.hidden * 2),
                 "lm_head": self._g(M, a.hidden, a.vocab / tp, w=2.0) + self._ew(2 * Mf * a.hidden * 2) + gather,
                 "sampling": self._ew(Mf * a.vocab * A("sampling_bytes_per_logit"))}
+
+    def vocab_gather(self, M: Any) -> Any:
+        """The LM head's gather of the vocabulary shards over TP (inside the ``lm_head`` term)."""
+        a, tp = self.a, self.p.tp
+        Mf = np.asarray(M, float)
+        return (np.zeros_like(Mf) if tp == 1 else
+                A("allreduce_latency_s") + (tp - 1) / tp * Mf * a.vocab * 2.0 / self.ar_bw)
 
     def mtp_projection(self, M: Any) -> Any:
         """What DeepSeek's MTP module adds before its transformer block: RMSNorm of the token embedding (enorm)

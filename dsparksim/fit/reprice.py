@@ -1,0 +1,115 @@
+"""Exact, vectorised re-pricing of a traced run for any calibration of the builder's profile.
+
+A calibrated profile prices step i as ``sum_k coef_k * X[i, k]`` (:mod:`dsparksim.cost.analytic.calibration`):
+the verify families' tables at the step's M (floor lookup on the builder's grid), the attention term
+(``kv_read`` KV tokens + the decoding rows' query-key pairs), the prefill query-key term and 1 (the fixed
+overhead), with ``coef = (s_dense, s_moe, s_comm, s_attention, s_prefill, fixed_overhead_s)``. Step end times are
+then ``cumsum(X) @ coef``, so every request time, and every mean over requests, is linear in ``coef``:
+:class:`LinearRun` precomputes those maps once per trace and a metric costs microseconds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dsparksim.cost.analytic.calibration import FAMILIES, VERIFY_FAMILIES, Calibration, family_tables
+from dsparksim.fit.trace import Trace
+
+__all__ = ["PARAMS", "PriceBasis", "LinearRun", "coef_of"]
+
+PARAMS = FAMILIES + ("fixed_overhead_s",)
+
+
+@dataclass(frozen=True)
+class PriceBasis:
+    """The builder's uncalibrated per-family prices of one deployment (what the calibration multiplies)."""
+
+    M: np.ndarray                      # verify grid (floor lookup)
+    tables: dict[str, np.ndarray]      # VERIFY_FAMILIES -> seconds over M
+    kv_token_s: float                  # attention: seconds per KV token read
+    query_kv_s: float                  # attention: seconds per decode query-key pair
+    prefill_qk_s: float                # prefill: seconds per prompt query-key pair
+    fixed_overhead_s: float            # the builder's fixed overhead
+
+    @classmethod
+    def build(cls, model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int = 1,
+              dtype: str | None = None, kv_dtype: str | None = None) -> "PriceBasis":
+        from dsparksim.cost.analytic.builder import build_forward_model, FIXED_OVERHEAD_S, M_GRID
+        fm = build_forward_model(model, gpu, tp=tp, ep=ep, dp=dp, dtype=dtype, kv_dtype=kv_dtype)
+        return cls(M=np.asarray(M_GRID), tables=family_tables(fm, M_GRID), kv_token_s=fm.seconds_per_kv_token(),
+                   query_kv_s=fm.seconds_per_query_key(), prefill_qk_s=fm.seconds_per_query_key(),
+                   fixed_overhead_s=FIXED_OVERHEAD_S)
+
+    def zero_families(self) -> list[str]:
+        """Families that price nothing for this deployment (e.g. ``moe`` of a dense model)."""
+        z = [f for f in VERIFY_FAMILIES if not np.any(self.tables[f])]
+        if self.kv_token_s == 0 and self.query_kv_s == 0:
+            z.append("attention")
+        if self.prefill_qk_s == 0:
+            z.append("prefill")
+        return z
+
+    def features(self, steps: dict[str, np.ndarray]) -> np.ndarray:
+        """X (n_steps, len(PARAMS)): step i's seconds per unit of each coefficient."""
+        M = np.asarray(steps["M"], np.int64)
+        ci = np.searchsorted(self.M, M, side="right") - 1
+        if len(M) and (ci.min() < 0 or M.max() > self.M[-1]):
+            raise ValueError(f"trace has M outside the profile grid [{self.M[0]}, {self.M[-1]}]")
+        X = np.empty((len(M), len(PARAMS)))
+        for k, f in enumerate(VERIFY_FAMILIES):
+            X[:, k] = self.tables[f][ci]
+        dec_qk = np.where(np.asarray(steps["n_decode"]) > 0, np.asarray(steps["decode_qk"], float), 0.0)
+        X[:, 3] = self.kv_token_s * np.asarray(steps["kv_read"], float) + self.query_kv_s * dec_qk
+        X[:, 4] = np.where(np.asarray(steps["n_prefill_tokens"]) > 0,
+                           self.prefill_qk_s * np.asarray(steps["prefill_qk"], float), 0.0)
+        X[:, 5] = 1.0
+        return X
+
+
+def coef_of(cal: Calibration, basis: PriceBasis) -> np.ndarray:
+    """The coefficient vector of a calibration (its fixed overhead, else the builder's)."""
+    fixed = basis.fixed_overhead_s if cal.fixed_overhead_s is None else float(cal.fixed_overhead_s)
+    return np.array([cal.scale(f) for f in FAMILIES] + [fixed])
+
+
+class LinearRun:
+    """One traced run reduced to linear maps from ``coef`` to its client metrics."""
+
+    def __init__(self, trace: Trace, basis: PriceBasis | None):
+        # basis None: the trace's own step durations (coef = [1]): the client metrics of a DES run as simulated,
+        # e.g. a speculative run, whose shapes depend on prices and so cannot be re-priced
+        X = basis.features(trace.steps) if basis is not None else np.asarray(trace.steps["dt"], float)[:, None]
+        C = np.vstack([np.zeros((1, X.shape[1])), np.cumsum(X, axis=0)])   # C[i + 1] @ coef = end of step i
+        a, f, e = trace.arrival_step + 1, trace.first_token_step + 1, trace.finish_step + 1
+        self.trace = trace
+        self.gpus = int(trace.spec.gpus)
+        self.out_tokens = float(trace.output_len.sum())
+        self.end = C                                           # step end times (row i+1), for exactness checks
+        self.arrive = C[a]
+        self.ttft = C[f] - C[a]
+        self.e2e = C[e] - C[a]
+        multi = trace.output_len > 1                           # the client's TPOT needs two tokens
+        self.tpot = (C[e][multi] - C[f][multi]) / (trace.output_len[multi] - 1)[:, None]
+        self.duration = C[-1] - C[trace.start_step + 1]             # from the end of the warm-up
+        self.mean = {"ttft": self.ttft.mean(axis=0), "tpot": self.tpot.mean(axis=0), "e2el": self.e2e.mean(axis=0)}
+
+    def metric(self, name: str, coef: np.ndarray) -> float:
+        """One client metric: ``mean_tpot_ms``, ``median_ttft_ms``, ``p99_e2el_ms``, ``output_throughput_per_gpu``..."""
+        if name == "output_throughput_per_gpu":
+            return self.out_tokens / float(self.duration @ coef) / self.gpus
+        if name == "duration_s":
+            return float(self.duration @ coef)
+        stat, m, _ = name.split("_")
+        if stat == "mean":
+            return float(self.mean[m] @ coef) * 1e3
+        v = getattr(self, {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e"}[m]) @ coef
+        return float(np.median(v) if stat == "median" else np.percentile(v, 99)) * 1e3
+
+    def metrics(self, coef: np.ndarray) -> dict[str, float]:
+        names = [f"{s}_{m}_ms" for m in ("tpot", "ttft", "e2el") for s in ("mean", "median", "p99")]
+        return {**{n: self.metric(n, coef) for n in names},
+                "output_throughput_per_gpu": self.metric("output_throughput_per_gpu", coef),
+                "duration_s": self.metric("duration_s", coef)}

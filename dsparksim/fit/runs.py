@@ -1,0 +1,124 @@
+"""The fit's view of a runs table (``dsparksim bench import`` output, :mod:`dsparksim.bench.runs`): selection
+(``--where``), checks, one :class:`FitRun` per measured run. Every refusal is an InputError naming the file, the
+run and the field.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dsparksim.errors import InputError
+from dsparksim.fit.trace import ClientSpec
+
+__all__ = ["FitRun", "load_fit_runs", "parse_where", "file_sha256", "METRIC_CHOICES"]
+
+# measured metric (runs-table column) -> per kind, in order of preference
+METRIC_CHOICES = {"tpot": ("mean_tpot_ms", "median_tpot_ms"), "ttft": ("mean_ttft_ms", "median_ttft_ms"),
+                  "tput": ("output_throughput_per_gpu",)}
+
+
+@dataclass(frozen=True)
+class FitRun:
+    """One selected run: its row id, the client spec to simulate and its measured metrics (name -> value)."""
+
+    run_id: str
+    spec: ClientSpec
+    measured: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def concurrency(self) -> int:
+        return self.spec.concurrency
+
+
+def file_sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def parse_where(text: str | None) -> dict[str, str]:
+    """``KEY=VALUE,KEY=VALUE`` -> dict (values compared as strings, case-insensitive)."""
+    out: dict[str, str] = {}
+    if not text:
+        return out
+    for part in text.split(","):
+        k, eq, v = part.partition("=")
+        if not eq or not k.strip():
+            raise InputError("--where", "where", f"expected KEY=VALUE[,KEY=VALUE...], got {part!r}")
+        out[k.strip()] = v.strip()
+    return out
+
+
+def _cell(v: Any) -> str:
+    from dsparksim.bench.runs import format_cell
+    return format_cell(v).strip().lower()
+
+
+def _need(path: Path, r: dict[str, Any], key: str, why: str) -> Any:
+    v = r.get(key)
+    if v is None:
+        raise InputError(str(path), key, f"run {r['run_id']}: empty; the fit needs it ({why})")
+    return v
+
+
+def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, int] | None = None
+                  ) -> tuple[list[FitRun], list[dict[str, Any]]]:
+    """(the selected runs, their rows). InputError on an empty selection, a speculative, open-loop, non-random or
+    non-``ignore_eos`` run, or a run without the fields the fit needs."""
+    from dsparksim.bench.runs import NAMES, read_runs
+
+    path = Path(path)
+    for k in where:
+        if k not in NAMES:
+            raise InputError("--where", k, f"not a column of the runs table (columns: {', '.join(NAMES)})")
+    rows = read_runs(path)
+    sel = [r for r in rows if all(_cell(r.get(k)) == v.lower() for k, v in where.items())]
+    if not sel:
+        raise InputError(str(path), "--where", f"no run matches {where or 'the whole table (it is empty)'}")
+    server = server or {}
+    runs = []
+    for r in sel:
+        rid = str(r["run_id"])
+        sm = r.get("spec_method")
+        if sm is None:
+            raise InputError(str(path), "spec_method", f"run {rid}: empty; the fit needs runs known to be "
+                             "non-speculative (set it at import: bench import --spec-method none)")
+        if sm != "none":
+            raise InputError(str(path), "spec_method", f"run {rid}: {sm!r}: the fit re-prices non-speculative runs "
+                             "only; select them (e.g. --where spec_method=none)")
+        if r.get("ignore_eos") is not True:
+            raise InputError(str(path), "ignore_eos", f"run {rid}: {_cell(r.get('ignore_eos')) or 'empty'}: the fit "
+                             "needs ignore_eos runs (step shapes must not depend on what the model generates)")
+        rate = r.get("request_rate")
+        if rate is not None and not math.isinf(rate):
+            raise InputError(str(path), "request_rate", f"run {rid}: {rate}: the fit needs closed-loop runs "
+                             "released at once (request rate inf); a finite rate makes step shapes depend on prices")
+        if r.get("dataset_name") not in (None, "random") or r.get("lengths_file"):
+            raise InputError(str(path), "dataset_name", f"run {rid}: the fit simulates the random dataset only")
+        if r.get("random_range_convention") == "symmetric":
+            raise InputError(str(path), "random_range_convention", f"run {rid}: symmetric range ratios are not "
+                             "simulated by the fit yet (lengths uniform in [R*L, L] only)")
+        if r.get("dp_attention"):
+            raise InputError(str(path), "dp_attention", f"run {rid}: DP-attention engines step their ranks in "
+                             "lockstep (a max over ranks) which the fit's re-pricing does not cover")
+        conc = _need(path, r, "max_concurrency", "closed loop at a fixed concurrency")
+        tp = _need(path, r, "tp", "GPUs of the engine")
+        agg, per = r.get("output_throughput"), r.get("output_throughput_per_gpu")
+        # the per-GPU divisor as the source applied it (InferenceX: tp), else the run's GPUs
+        gpus = int(round(agg / per)) if agg and per else int(r.get("gpu_count") or tp)
+        spec = ClientSpec(concurrency=int(conc), num_prompts=int(_need(path, r, "num_prompts", "closed-loop pool")),
+                          input_len=int(_need(path, r, "random_input_len", "prompt lengths")),
+                          output_len=int(_need(path, r, "random_output_len", "output lengths")),
+                          range_ratio=float(r.get("random_range_ratio") or 1.0), gpus=max(gpus, 1),
+                          num_warmup_prompts=int(r.get("num_warmup_prompts") or 0), **server)
+        meas: dict[str, float] = {}
+        for names in METRIC_CHOICES.values():
+            for n in names:
+                if r.get(n):
+                    meas[n] = float(r[n])
+                    break
+        if not meas:
+            raise InputError(str(path), "mean_tpot_ms", f"run {rid}: no measured TPOT, TTFT or output throughput")
+        runs.append(FitRun(run_id=rid, spec=spec, measured=meas))
+    return runs, sel

@@ -1,0 +1,199 @@
+"""`dsparksim profile fit`: calibrated builder linearity, exact re-pricing against the DES, identifiability
+(recovery of known scales from a synthetic profile's own replays, flagging of what the runs cannot see), bad
+inputs. Synthetic "measurements" are the simulator's own metrics on a calibrated profile, so the truth is known."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dsparksim.cli.main import main
+from dsparksim.cost.analytic.builder import build_forward_model, build_profile, M_GRID
+from dsparksim.cost.analytic.calibration import Calibration, family_tables
+from dsparksim.cost.profile import dumps_profile, profile_from_dict
+from dsparksim.errors import InputError
+from dsparksim.fit.fitter import FitProblem, fit_problem, loco
+from dsparksim.fit.reprice import PARAMS, LinearRun, PriceBasis, coef_of
+from dsparksim.fit.runs import FitRun
+from dsparksim.fit.trace import ClientSpec, simulate_trace
+
+MODELS = Path(__file__).resolve().parents[1] / "dsparksim" / "data" / "models"
+MOE = str(MODELS / "qwen3-30b-a3b.json")      # MoE on one H100: no communication family
+DENSE = str(MODELS / "llama-2-7b.json")
+TRUE = Calibration(scales={"dense": 0.8, "moe": 1.4, "attention": 0.7, "prefill": 1.5}, fixed_overhead_s=0.003)
+
+
+def _profiles(model: str, cal: Calibration):
+    base = profile_from_dict(build_profile(model, "H100", date="2026-12-01"), "base.json")
+    calp = profile_from_dict(build_profile(model, "H100", date="2026-12-01", calibration=cal), "cal.json")
+    return base, calp, PriceBasis.build(model, "H100")
+
+
+@pytest.fixture(scope="module")
+def moe():
+    return _profiles(MOE, TRUE)
+
+
+def _synthetic_runs(base, basis, coef, workloads, concs):
+    runs, lin = [], []
+    for L, O in workloads:
+        for c in concs:
+            spec = ClientSpec(concurrency=c, num_prompts=3 * c, input_len=L, output_len=O, range_ratio=0.8)
+            lr = LinearRun(simulate_trace(base, spec), basis)
+            meas = {k: lr.metric(k, coef) for k in ("mean_tpot_ms", "mean_ttft_ms", "output_throughput_per_gpu")}
+            runs.append(FitRun(f"{L}/{O}@{c}", spec, meas))
+            lin.append(lr)
+    return runs, lin
+
+
+# ------------------------------------------------------------------ calibration in the builder
+def test_families_partition_the_forward_and_calibration_is_linear():
+    for model, tp in ((MOE, 1), (str(MODELS / "deepseek-v3.json"), 8), (DENSE, 1)):
+        fm = build_forward_model(model, "H200", tp=tp)
+        tab = family_tables(fm, M_GRID)
+        np.testing.assert_allclose(sum(tab.values()), fm.forward(M_GRID), rtol=1e-12)
+    d = build_profile(MOE, "H100", date="2026-12-01", calibration=TRUE)
+    tab = family_tables(build_forward_model(MOE, "H100"), M_GRID)
+    want = 0.8 * tab["dense"] + 1.4 * tab["moe"] + 1.0 * tab["comm"]
+    np.testing.assert_allclose(d["verify"]["time_s"], want, rtol=1e-14)
+    assert d["fixed_overhead_s"] == 0.003
+    assert d["metadata"]["build"]["calibration"]["scales"]["moe"] == 1.4
+    # identity calibration: the uncalibrated profile, byte for byte
+    a = dumps_profile(build_profile(MOE, "H100", date="2026-12-01"))
+    assert dumps_profile(build_profile(MOE, "H100", date="2026-12-01", calibration=Calibration())) == a
+    with pytest.raises(InputError, match="unknown cost family"):
+        Calibration(scales={"gemm": 1.0})
+
+
+# ------------------------------------------------------------------ exact re-pricing
+def test_repricing_the_builder_trace_equals_a_fresh_des_run_of_the_calibrated_profile(moe):
+    from dsparksim.bench.client import ClientWorkload, ServerSettings, run_client
+    base, calp, basis = moe
+    spec = ClientSpec(concurrency=8, num_prompts=24, input_len=3000, output_len=200, range_ratio=0.8,
+                      prefill_chunk_tokens=2048, num_warmup_prompts=5)
+    tr0, tr1 = simulate_trace(base, spec), simulate_trace(calp, spec)
+    for k in ("M", "kv_read", "prefill_qk", "decode_qk", "n_decode"):
+        assert np.array_equal(tr0.steps[k], tr1.steps[k]), k    # step shapes do not depend on prices
+    assert tr0.start_step >= 0
+    lr, c = LinearRun(tr0, basis), coef_of(TRUE, basis)
+    end = tr1.steps["t_start"] + tr1.steps["dt"]                 # seconds from the benchmark's start
+    np.testing.assert_allclose(lr.end[1:] @ c - lr.end[tr0.start_step + 1] @ c, end, rtol=1e-9, atol=1e-12)
+    # the client's own metrics of a fresh simulation of the calibrated profile
+    run = run_client(calp, ClientWorkload(random_input_len=3000, random_output_len=200, random_range_ratio=0.8,
+                                          num_prompts=24, max_concurrency=8, num_warmup_prompts=5),
+                     ServerSettings(chunked_prefill_size=2048, max_running_requests=1024, gpus=1))
+    got = lr.metrics(c)
+    for k in ("mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+              "mean_e2el_ms", "p99_e2el_ms", "output_throughput_per_gpu", "duration_s"):
+        assert got[k] == pytest.approx(run.metrics[k], rel=1e-9), k
+    assert got["mean_tpot_ms"] != pytest.approx(lr.metric("mean_tpot_ms", coef_of(Calibration(), basis)), rel=0.01)
+
+
+def test_repricing_is_not_valid_for_a_price_dependent_policy(moe):
+    """The confidence policy chooses verify lengths by price: its step shapes change with the profile, so a trace
+    re-priced differs from the DES of the calibrated profile (such runs must be simulated)."""
+    base, calp, basis = moe
+    spec = ClientSpec(concurrency=8, num_prompts=16, input_len=256, output_len=128)
+    tr0 = simulate_trace(base, spec, policy="confidence")
+    tr1 = simulate_trace(calp, spec, policy="confidence")
+    assert not np.array_equal(tr0.steps["M"], tr1.steps["M"])
+
+
+# ------------------------------------------------------------------ identifiability
+def test_fit_recovers_known_scales_from_its_own_replays(moe):
+    base, _, basis = moe
+    c = coef_of(TRUE, basis)
+    runs, lin = _synthetic_runs(base, basis, c, ((4096, 64), (256, 256)), (1, 4, 16, 64))
+    res = fit_problem(FitProblem(basis, runs, lin))
+    assert res.status["comm"]["status"] == "unidentified" and "zero" in res.status["comm"]["reason"]
+    assert set(res.fitted) == set(PARAMS) - {"comm"}
+    np.testing.assert_allclose(res.coef, c, rtol=1e-4)            # noise-free data: recovered to 1e-4
+    assert np.abs(res.residuals).max() < 1e-6
+    rows = loco(FitProblem(basis, runs, lin))                     # held-out concurrencies predicted exactly too
+    assert rows and max(abs(r["rel_error"]) for r in rows) < 1e-4
+
+
+def test_fit_flags_what_the_runs_cannot_see_and_holds_it_at_the_builder_value():
+    """Tiny prompts: the prefill query-key term is invisible. A dense model: the moe family prices nothing."""
+    base, _, basis = _profiles(DENSE, Calibration())
+    truth = Calibration(scales={"dense": 1.2}, fixed_overhead_s=0.002)
+    runs, lin = _synthetic_runs(base, basis, coef_of(truth, basis), ((8, 128),), (1, 8, 32))
+    res = fit_problem(FitProblem(basis, runs, lin))
+    st = res.status
+    assert st["moe"]["status"] == "unidentified" and "zero" in st["moe"]["reason"]
+    assert st["prefill"]["status"] == "unidentified" and "flat" in st["prefill"]["reason"]
+    for p in ("moe", "prefill", "comm"):
+        assert res.coef[PARAMS.index(p)] == (1.0 if p != "fixed_overhead_s" else basis.fixed_overhead_s)
+    assert "dense" in res.fitted
+
+
+# ------------------------------------------------------------------ the command
+def _runs_csv(path: Path, moe_profiles, spec: str = "none") -> None:
+    from dsparksim.bench.runs import write_runs
+    base, _, basis = moe_profiles
+    c = coef_of(TRUE, basis)
+    runs, _ = _synthetic_runs(base, basis, c, ((2048, 128),), (2, 8, 32))
+    rows = []
+    for i, r in enumerate(runs):
+        s, m = r.spec, r.measured
+        rows.append({"run_id": f"syn:{i + 1}", "source_format": "vllm", "source_file": "synthetic", "source_row": i + 1,
+                     "gpu": "h100", "tp": 1, "ep": 1, "gpu_count": 1, "spec_method": spec if i == 1 else "none",
+                     "dataset_name": "random", "random_input_len": s.input_len, "random_output_len": s.output_len,
+                     "random_range_ratio": 0.8, "random_range_convention": "low", "max_concurrency": s.concurrency,
+                     "request_rate": float("inf"), "num_prompts": s.num_prompts, "ignore_eos": True,
+                     "mean_tpot_ms": m["mean_tpot_ms"], "mean_ttft_ms": m["mean_ttft_ms"],
+                     "output_throughput_per_gpu": m["output_throughput_per_gpu"],
+                     "output_throughput": m["output_throughput_per_gpu"]})
+    write_runs(rows, path)
+
+
+def test_cli_fit_writes_a_profile_with_provenance_and_refuses_to_overwrite(tmp_path, moe, capsys):
+    runs = tmp_path / "runs.csv"
+    _runs_csv(runs, moe)
+    out = tmp_path / "fit.json"
+    argv = ["profile", "fit", str(runs), "--model", MOE, "--gpu", "H100", "--where", "gpu=h100",
+            "--bootstrap", "20", "--out", str(out), "--date", "2026-12-03"]
+    assert main(argv) == 0
+    d = json.loads(out.read_text())
+    fit = d["metadata"]["fit"]
+    assert fit["runs"]["run_ids"] == ["syn:1", "syn:2", "syn:3"] and len(fit["runs"]["sha256"]) == 64
+    assert fit["parameters"]["comm"]["status"] == "unidentified"
+    for p, e in fit["parameters"].items():
+        if e["status"] == "fitted":
+            assert e["bootstrap"]["p2.5"] * 0.999 <= e["value"] <= e["bootstrap"]["p97.5"] * 1.001
+    assert fit["fit_error"]["tpot"]["median_abs"] < 0.01
+    prof = profile_from_dict(d, str(out))                      # a normal profile
+    assert prof.fixed_overhead_s == pytest.approx(fit["parameters"]["fixed_overhead_s"]["value"])
+    before = out.read_bytes()
+    capsys.readouterr()
+    assert main(argv) == 2                                     # exists: needs --force
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--force" in err[0] and out.read_bytes() == before
+    assert main(argv + ["--force", "--bootstrap", "0"]) == 0
+
+
+@pytest.mark.parametrize("case", ["missing_file", "bad_where", "unknown_column", "mtp_on", "not_ours",
+                                  "no_match", "bad_metrics"])
+def test_cli_fit_bad_inputs_one_line_exit_2_nothing_written(tmp_path, moe, capsys, case):
+    runs = tmp_path / "runs.csv"
+    _runs_csv(runs, moe, spec="eagle" if case == "mtp_on" else "none")
+    out = tmp_path / "fit.json"
+    where = {"bad_where": "gpu", "unknown_column": "gpu_kind=h100", "no_match": "gpu=b200"}.get(case, "gpu=h100")
+    if case == "not_ours":
+        out.write_text('{"user": "file"}')
+    argv = ["profile", "fit", str(tmp_path / "nope.csv") if case == "missing_file" else str(runs), "--model", MOE,
+            "--gpu", "H100", "--where", where, "--bootstrap", "0", "--out", str(out)]
+    if case == "bad_metrics":
+        argv += ["--metrics", "tpot,itl"]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("dsparksim: error:"), err
+    if case == "not_ours":
+        assert out.read_text() == '{"user": "file"}'
+    else:
+        assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["runs.csv"] + (["fit.json"] if case == "not_ours"
+                                                                                  else []))
