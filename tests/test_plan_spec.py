@@ -151,3 +151,11 @@ def test_bad_out_and_missing_or_broken_spec_file_exit_2(tmp_path, capsys, no_cel
         rc = main(["plan", *argv, "--backend", "serial", "--quiet"])
         err = capsys.readouterr().err
         assert rc == 2 and words in err and len(err.strip().splitlines()) == 1, (argv, err)
+
+
+def test_profile_label_keeps_dots_of_shipped_names():
+    """A shipped name with dots (fitted-...-0.5.12) is not cut like a file suffix; a .json file loses only .json."""
+    from dsparksim.plan.spec import profile_label
+    assert profile_label("fitted-h200x8-deepseek-r1-sglang-0.5.12") == "fitted-h200x8-deepseek-r1-sglang-0.5.12"
+    assert profile_label("/tmp/x/my-h200.json") == "my-h200"
+    assert profile_label("h100-llama2-7b-tp1") == "h100-llama2-7b-tp1"

@@ -59,6 +59,13 @@ RESERVED = ("concurrency", "rate", "time_scale", "trace", "seed", "replicas", "p
 DISAGG_KEY, PREFILL_KEY = "disaggregated", "prefill_replicas"
 
 
+def profile_label(prof_name: object) -> str:
+    """A profile's short name in labels: a file's name without ``.json``; a shipped name as it is (shipped names
+    may contain dots, e.g. ``fitted-...-sglang-0.5.12``, which ``Path.stem`` would cut)."""
+    s = Path(str(prof_name)).name
+    return s[:-5] if s.endswith(".json") else s
+
+
 def slo_metrics() -> tuple[str, ...]:
     """Run-summary fields an SLO may constrain (dsparksim.results.metrics.summarize)."""
     return tuple(SLO_METRICS)
@@ -531,7 +538,7 @@ def _candidate(src: str, i: int, c: dict[str, Any], prices: Mapping[str, float],
             prefill = int(n_pre) * over.get("prefill_gpus_per_replica", g)
         vary = ", ".join(f"{k}={v}" for k, v in zip(lists, combo) if k != "profile")
         for pspec, K, takes_k in policies:
-            label = (f"{cname}/{Path(str(prof_name)).stem}" + (f" [{vary}]" if vary else "") + f" {pspec}"
+            label = (f"{cname}/{profile_label(prof_name)}" + (f" [{vary}]" if vary else "") + f" {pspec}"
                      + (f" K={K}" if takes_k else ""))
             out.append(Deployment(index=start + len(out), candidate=cname, label=label,
                                   family=_family(pspec), policy=pspec, K=K, options=o, device=device,

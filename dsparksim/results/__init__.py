@@ -1,0 +1,1 @@
+"""Results layer: metrics, bench JSON, output files, frontiers, plots, statistics."""
