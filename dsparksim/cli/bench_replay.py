@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from dsparksim.cli.options import add_seed_option, bar_off, check_seed
+
 
 def register_replay(sub) -> None:
     """Add ``replay`` to the ``bench`` subcommands."""
@@ -26,7 +28,7 @@ def register_replay(sub) -> None:
     q.add_argument("--profile", required=True, help="cost profile: shipped name or JSON path")
     q.add_argument("--where", default=None, metavar="KEY=VALUE,...",
                    help="only the runs whose columns equal these values (numbers as numbers; KEY= for empty)")
-    q.add_argument("--seed", type=int, default=0, help="random seed of every simulated run [%(default)s]")
+    add_seed_option(q, help="random seed of every simulated run [%(default)s]")
     q.add_argument("--chunked-prefill-size", type=pos_int, default=None, metavar="N",
                    help="server setting for every run: prefill tokens per step [the simulator's default]")
     q.add_argument("--max-running-requests", type=pos_int, default=None, metavar="N",
@@ -50,14 +52,11 @@ def replay_command(args: argparse.Namespace) -> int:
     from dsparksim.bench.client import ServerSettings
     from dsparksim.bench.replay import (error_summary, parse_where, read_table, replay, replay_figure, row_policy,
                                         row_workload, select)
-    from dsparksim.cli.main import _bar_off
     from dsparksim.cost.profile import load_profile, profile_path
     from dsparksim.results.outputs import check_out_dir, staged_dir
     from dsparksim.sim.simulate import write_json, write_table
 
-    if args.seed < 0:
-        from dsparksim.errors import ConfigError
-        raise ConfigError("cli", "--seed", f"expected an integer >= 0, got {args.seed}")
+    check_seed(args)
     check_out_dir(args.out, "--out")
     where = parse_where(args.where)
     runs = read_table(args.runs)
@@ -70,7 +69,7 @@ def replay_command(args: argparse.Namespace) -> int:
                             max_running_requests=args.max_running_requests,
                             cuda_graph_max_bs=args.cuda_graph_max_bs, mem_fraction_static=args.mem_fraction_static)
     t0 = time.perf_counter()
-    with tqdm(total=len(sel), unit="run", desc="replay", disable=_bar_off(args)) as bar:
+    with tqdm(total=len(sel), unit="run", desc="replay", disable=bar_off(args)) as bar:
         df = replay(sel, prof, server=server, seed=args.seed, source=str(args.runs), on_done=lambda: bar.update(1),
                     mixed_prefill=args.mixed_prefill)
     wall = time.perf_counter() - t0

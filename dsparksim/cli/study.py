@@ -4,9 +4,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dsparksim.cli.options import add_seed_option, add_workers_option, check_seed
+
 
 def register(subparsers) -> None:
-    from dsparksim.config import nonneg_int, pos_int
+    from dsparksim.config import pos_int
     from dsparksim.study import STUDIES
 
     p = subparsers.add_parser(
@@ -22,8 +24,8 @@ def register(subparsers) -> None:
                         "(decode-only, paged KV, ...) stay")
     p.add_argument("--no-contrast", action="store_true", help="skip the dense contrast regime (h100-llama2-7b-tp1)")
     p.add_argument("--seeds", type=pos_int, default=None, help="paired seeds [2 fast, 5 full]")
-    p.add_argument("--seed", type=nonneg_int, default=0, help="first seed [0]")
-    p.add_argument("--workers", type=pos_int, default=1, help="worker processes [1]")
+    add_seed_option(p, help="first seed [%(default)s]")
+    add_workers_option(p, default=1, help="worker processes [%(default)s]")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_study)
 
@@ -32,6 +34,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     from dsparksim.study import STUDIES
     from dsparksim.study.run import check_out, run_study, settings_for, write_report, write_study
 
+    check_seed(args)
     names = list(STUDIES) if args.name == "all" else [args.name]
     if args.profile is not None:
         from dsparksim.cost.profile import profile_path

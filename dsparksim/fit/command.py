@@ -14,7 +14,7 @@ import numpy as np
 from dsparksim.cost.analytic.calibration import FAMILY_NOTES, Calibration
 from dsparksim.errors import InputError
 from dsparksim.fit.fitter import (BOUNDS, DELTA_MIN, GAMMA_MAX, FitProblem, bootstrap, fit_problem, loco,
-                                  _bounds)
+                                  param_bounds)
 from dsparksim.fit.reprice import PARAMS, LinearRun, PriceBasis
 from dsparksim.fit.runs import FitRun, file_sha256, load_fit_runs
 from dsparksim.fit.trace import Trace, simulate_trace
@@ -126,14 +126,14 @@ def run_fit(runs_path: str | Path, opt: FitOptions, *, tqdm_file: Any = None
     for k, p in enumerate(PARAMS):
         st = res.status[p]
         e: dict[str, Any] = {"value": float(res.coef[k]), "builder_value": float(prob.builder_coef[k]),
-                             "status": st["status"], "bounds": list(_bounds(p)),
+                             "status": st["status"], "bounds": list(param_bounds(p)),
                              "sensitivity": st.get("sensitivity")}
         if "reason" in st:
             e["reason"] = st["reason"]
         if "collinearity_index" in st:
             e["collinearity_index"] = st["collinearity_index"]
         if st["status"] == "fitted":
-            lo, hi = _bounds(p)
+            lo, hi = param_bounds(p)
             e["at_bound"] = bool(res.coef[k] <= lo * 1.001 or res.coef[k] >= hi / 1.001)
             if boot is not None:
                 b = boot[:, k]

@@ -14,7 +14,7 @@ from dsparksim.config import RunConfig
 from dsparksim.errors import ConfigError
 from dsparksim.sim.inputs import load_run_profile, resolve_inputs
 from dsparksim.policies import make_policy
-from dsparksim.sim.simulate import RunOutput, _streams, run_summary
+from dsparksim.sim.simulate import RunOutput, run_streams, run_summary
 from dsparksim.traffic import build_workload
 from dsparksim.runner.engine import LiveEngine, RealEngine
 from dsparksim.runner.executor import Executor, ExecutorConfig, build_models, torch_dtype
@@ -81,7 +81,7 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
         # admission. The saved config says so (kv_policy "reserve"), whatever the run default is.
         cfg = cfg.replace(engine=replace(cfg.engine, kv_policy="reserve"))
     ex = rcfg.executor
-    rngs = _streams(cfg.seed)
+    rngs = run_streams(cfg.seed)
     profile = load_run_profile(cfg)
     live = rcfg.mode == "live"
     if live:

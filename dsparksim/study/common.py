@@ -120,7 +120,7 @@ class BudgetRecorder(_Wrapper):
         self.fresh: list[int] = []
 
     def choose(self, ctx: StepContext) -> np.ndarray:
-        from dsparksim.policies._common import Ranking
+        from dsparksim.policies import Ranking
         from dsparksim.policies.confidence_global import global_budget
 
         L = self.inner.choose(ctx)

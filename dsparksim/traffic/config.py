@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dsparksim.config import BOOL, DEFAULT_DURATION_S, INT, NUM, nonneg_int, option, pos_float, pos_int
+from dsparksim.io.options import BOOL, DEFAULT_DURATION_S, INT, NUM, nonneg_int, option, pos_float, pos_int
 from dsparksim.errors import ConfigError
 from dsparksim.traffic.readers import DOMAINS, FORMATS
 
