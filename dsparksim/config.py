@@ -7,137 +7,19 @@ from it (:func:`run_options`), and :meth:`RunConfig.from_options` builds a run f
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from dsparksim.errors import ConfigError
-
-# Value types a sweep spec (TOML) may give for an option; NUM values become floats.
-STR: tuple[type, ...] = (str,)
-INT: tuple[type, ...] = (int,)
-NUM: tuple[type, ...] = (int, float)
-BOOL: tuple[type, ...] = (bool,)
+from dsparksim.io.options import (  # noqa: F401  (re-exported: the run options' public names)
+    BOOL, DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, INT, NUM, STR, UNSET, Option, OptionSpec, nonneg_float,
+    nonneg_int, option, pos_float, pos_int)
 
 
-class _Unset:
-    def __repr__(self) -> str:
-        return "UNSET"
-
-
-UNSET: Any = _Unset()       # Option.default when the option's default is the field's own
-DEFAULT_CONCURRENCY = 32    # closed-loop users of a run that names no load
-DEFAULT_DURATION_S = 60.0   # simulated seconds of a run that sets neither duration_s nor num_requests
-
-
-# ------------------------------------------------------------------------------------------- option parsers
-def _number(s: str, kind: type, lo: float, lo_open: bool, what: str):
-    if "_" in str(s):   # Python's int()/float() read '2_0' as 20: a typo, not a number
-        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
-    try:
-        v = kind(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
-    if not math.isfinite(v) or v < lo or (lo_open and v == lo):
-        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
-    return v
-
-
-def pos_float(s: str) -> float:
-    """Option parser: a finite number > 0."""
-    return _number(s, float, 0.0, True, "a finite number > 0")
-
-
-def nonneg_float(s: str) -> float:
-    """Option parser: a finite number >= 0."""
-    return _number(s, float, 0.0, False, "a finite number >= 0")
-
-
-def pos_int(s: str) -> int:
-    """Option parser: an integer >= 1."""
-    return _number(s, int, 1, False, "an integer >= 1")
-
-
-def nonneg_int(s: str) -> int:
-    """Option parser: an integer >= 0."""
-    return _number(s, int, 0, False, "an integer >= 0")
-
-
-# ------------------------------------------------------------------------------------------ option metadata
-@dataclass(frozen=True)
-class Option:
-    """How a configuration field is given as a run option (command line and sweep key).
-
-    flags:       command-line spellings, primary first; () = a sweep key only.
-    parse:       argparse type for the flag's string (None: the string itself).
-    kinds:       value types a sweep spec may give (NUM values become floats).
-    choices:     allowed values, or a function returning them (checked by argparse; the dataclass checks again).
-    default:     the value when the option is not given; UNSET = the field's default.
-    key:         the option / sweep key and argparse dest; None = the field name.
-    group:       command-line help group (inputs | traffic | engine; "" = top level); None = the section's.
-    exclusive:   command-line mutually exclusive group this flag belongs to.
-    switch:      a flag without value (store_true).
-    deprecated:  (flag, why) pairs: spellings that still work but warn.
-    load:        a load option (concurrency | rate | time_scale): replaced by load lists in ``frontier``.
-    common:      added by the shared run options; False = each command adds it (``--policy``).
-    frontier_help: help text in ``frontier`` where it differs.
-    """
-
-    flags: tuple[str, ...] = ()
-    help: str = ""
-    parse: Callable[[str], Any] | None = None
-    kinds: tuple[type, ...] = STR
-    choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None
-    default: Any = UNSET
-    key: str | None = None
-    group: str | None = None
-    exclusive: str | None = None
-    switch: bool = False
-    metavar: str | None = None
-    deprecated: tuple[tuple[str, str], ...] = ()
-    load: bool = False
-    common: bool = True
-    frontier_help: str | None = None
-
-    def choice_list(self) -> tuple[str, ...] | None:
-        return self.choices() if callable(self.choices) else self.choices
-
-
-def option(field_default: Any, /, *flags: str, **kw: Any) -> Any:
-    """A dataclass field with ``field_default`` that is also a run option (see :class:`Option`)."""
-    return field(default=field_default, metadata={"option": Option(flags=tuple(flags), **kw)})
-
-
-@dataclass(frozen=True)
-class OptionSpec:
-    """One run option resolved: its key, the config section and field it sets, its definition and default."""
-
-    key: str
-    section: str        # "run" | "engine" | "traffic"
-    field: str
-    option: Option
-    default: Any
-
-    @property
-    def group(self) -> str:
-        g = self.option.group
-        return g if g is not None else {"run": "inputs"}.get(self.section, self.section)
-
-    @property
-    def aliases(self) -> tuple[str, ...]:
-        """Other spellings of the key: each command-line flag with dashes as underscores (``-K`` -> ``k``)."""
-        out = []
-        for f in self.option.flags:
-            n = f.lstrip("-").replace("-", "_")
-            n = n.lower() if not f.startswith("--") else n
-            if n != self.key and n not in out:
-                out.append(n)
-        return tuple(out)
-
-
+# ------------------------------------------------------------------------------------------- run options
 def _section_classes() -> dict[str, type]:
     from dsparksim.traffic.config import TrafficConfig  # lazy: keeps this module import-light
 
@@ -207,6 +89,8 @@ class EngineConfig:
     prefill_replicas:    prefill instances of the pool (disaggregated).
     kv_transfer_gbps:    prefill -> decode link bandwidth in Gbit/s (disaggregated; required there).
     kv_bytes_per_token:  KV bytes per token shipped (disaggregated); None = the profile's metadata value.
+    mixed_prefill:       a step mixes prefill chunks with decode (vLLM, TensorRT-LLM); False = a step with a prefill
+                         chunk carries no decode (SGLang's default, --enable-mixed-chunk off; sim/engine.py doc).
     """
 
     block_size: int = option(
@@ -252,6 +136,11 @@ class EngineConfig:
     kv_bytes_per_token: float | None = option(
         None, "--kv-bytes-per-token", parse=pos_float, kinds=NUM, metavar="B",
         help="KV bytes per token shipped with --disaggregated [the profile's metadata.kv_bytes_per_token]")
+    mixed_prefill: bool = option(
+        True, "--mixed-prefill", switch=True, kinds=BOOL,
+        help="steps mix prefill chunks with decode (vLLM, TensorRT-LLM); --no-mixed-prefill: a step with a prefill "
+             "chunk carries no decode and the decoding requests wait it out (SGLang's default, "
+             "--enable-mixed-chunk off) [on]")
     mem_fraction_static: float | None = option(
         None, "--mem-fraction-static", parse=pos_float, kinds=NUM, metavar="FRAC",
         help="SGLang's static memory fraction (weights + KV pool): sets the KV capacity from the profile's memory "
@@ -477,17 +366,19 @@ class RunConfig:
             raise bad(key, e.message) from None
 
     def to_dict(self) -> dict[str, Any]:
-        return _jsonable(dataclasses.asdict(self))
+        return jsonable(dataclasses.asdict(self))
 
     def replace(self, **kw: Any) -> "RunConfig":
         return dataclasses.replace(self, **kw)
 
 
-def _jsonable(x: Any) -> Any:
+def jsonable(x: Any) -> Any:
+    """``x`` as plain JSON values: dict keys as strings, tuples as lists, numpy scalars as Python numbers, any
+    other object as its ``str``."""
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     if hasattr(x, "item") and callable(x.item):  # numpy scalars
         return x.item()
     if isinstance(x, (str, int, float, bool)) or x is None:

@@ -7,6 +7,6 @@
 set -euo pipefail
 PRESET="${1:-quick}"
 cd "$(dirname "$0")/.."
-dsparksim train --preset "$PRESET" --out models
-dsparksim collect --models models --out traces
+dsparksim train --preset "$PRESET" --out models --threads 2    # --threads defaults to 1 (every torch command)
+dsparksim collect --models models --out traces --threads 2
 dsparksim report --models models --traces traces --out models/report

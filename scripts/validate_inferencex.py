@@ -25,6 +25,7 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from dsparksim.bench.client import engine_mixes_prefill  # noqa: E402
 from dsparksim.bench.importers import import_files  # noqa: E402
 from dsparksim.bench.runs import runs_frame, write_runs  # noqa: E402
 from dsparksim.cost.analytic.builder import build_profile  # noqa: E402
@@ -77,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bootstrap", type=int, default=200)
     ap.add_argument("--images", default="", help="only engine images containing one of these (comma list)")
     ap.add_argument("--ship", action="store_true", help="write the SHIP groups' fitted profiles to profiles/")
+    ap.add_argument("--mixed-prefill", choices=("auto", "on", "off"), default="auto",
+                    help="steps mix prefill with decode: auto = each engine's default (SGLang off, TRT-LLM on) "
+                         "[%(default)s]")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -106,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                                 ("ep", str(ep)), ("spec_method", "none"), ("dp_attention", "false")),
                          max_num_seqs=512, mem_fraction_static=s.get("mem_fraction_static"),
                          kv_dtype=s.get("kv_dtype"), name=ship_name(hw, fw, image, int(tp), int(ep)),
-                         date="2026-12-03", model_label="dsparksim/data/models/deepseek-v3.json")
+                         date="2026-12-03", model_label="dsparksim/data/models/deepseek-v3.json",
+                         mixed_prefill={"auto": None, "on": True, "off": False}[a.mixed_prefill])
         t0 = time.perf_counter()
         print(f"fitting {hw} {fw} {image} tp{tp} ep{ep}: {len(g)} rows, concurrencies {conc}", flush=True)
         try:
@@ -147,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     R["loco_rel_error"] = R.loco_predicted / R.measured - 1
     G.to_csv(out / "groups.csv", index=False)
     R.to_csv(out / "rows.csv", index=False)
-    (out / "REPORT.md").write_text(report(G, T, skipped, time.perf_counter() - t_all), encoding="utf-8")
+    (out / "REPORT.md").write_text(report(G, T, skipped, time.perf_counter() - t_all,
+                                                  a.mixed_prefill), encoding="utf-8")
     print(f"wrote {out / 'REPORT.md'}, groups.csv, rows.csv")
     return 0
 
@@ -167,7 +173,9 @@ def predict_mtp(allrows: pd.DataFrame, key: tuple, prof, opt: FitOptions) -> lis
                           range_ratio=float(r.random_range_ratio), gpus=int(tp), max_num_seqs=opt.max_num_seqs,
                           prefill_chunk_tokens=int(prof.max_tokens),
                           num_warmup_prompts=int(r.num_warmup_prompts) if pd.notna(r.num_warmup_prompts) else 0,
-                          mem_fraction_static=opt.mem_fraction_static)
+                          mem_fraction_static=opt.mem_fraction_static,
+                          mixed_prefill=(engine_mixes_prefill(fw) if opt.mixed_prefill is None
+                                         else opt.mixed_prefill))
         tr = simulate_trace(prof, spec, policy=m.policy, block_size=m.block_size, acceptance=m.acceptance,
                             drafter=m.drafter)
         lr = LinearRun(tr, None)
@@ -180,7 +188,7 @@ def predict_mtp(allrows: pd.DataFrame, key: tuple, prof, opt: FitOptions) -> lis
     return out
 
 
-def report(G: pd.DataFrame, T: pd.DataFrame, skipped: list, seconds: float) -> str:
+def report(G: pd.DataFrame, T: pd.DataFrame, skipped: list, seconds: float, mixed: str = "auto") -> str:
     gated = G[G.target_applies]
     met = gated[gated.target_met == True]  # noqa: E712
     lines = ["# `profile fit` on InferenceX DeepSeek-R1-0528 (issue 30 part 6)", "",
@@ -188,7 +196,10 @@ def report(G: pd.DataFrame, T: pd.DataFrame, skipped: list, seconds: float) -> s
              "Each (hardware, framework image, TP, EP) group of MTP-off rows without DP attention is fitted with "
              "`dsparksim profile fit` (all three metrics fitted); LOCO = each concurrency predicted by the fit on "
              "the others (identifiability re-judged there). Errors are simulated/measured - 1; medians of |error| "
-             "over the group's runs.", "",
+             "over the group's runs. Prefill mixed with decode: "
+             + {"auto": "each engine's default (SGLang off: --enable-mixed-chunk defaults to off; TRT-LLM on).",
+                "on": "on for every group (--mixed-prefill on).",
+                "off": "off for every group (--mixed-prefill off)."}[mixed], "",
              f"**Targets** (LOCO median |error| <= {TARGET_LOCO:.0%} on mean TPOT and output tok/s/GPU, groups with "
              f">= {MIN_CONC} concurrencies): met by {len(met)} of {len(gated)} groups.", "",
              "| hardware | image | TP/EP | rows | concurrencies | LOCO TPOT | LOCO tok/s/GPU | LOCO TTFT | in-sample "

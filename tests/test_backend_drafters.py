@@ -4,6 +4,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dsparksim.backend import drafters as D  # noqa: E402
+from dsparksim.backend.drafter_state import batch_runtime  # noqa: E402
 from dsparksim.backend.model import ModelConfig, TargetModel, cache_mask  # noqa: E402
 
 torch.set_num_threads(1)
@@ -43,7 +44,7 @@ def test_parallel_drafter_training_logits_equal_decoding_logits(setup, monkeypat
     with torch.no_grad():
         dr.loss(tg, x, hs, lg)
         t = 10                                         # anchor x_10; context features f_0..f_9
-        rt = dr.runtime(tg, 1, 64)
+        rt = batch_runtime(dr, tg, 1, 64)
         rt.update([h[:, :t] for h in hs], x[:, 1:t + 1], torch.zeros(1, dtype=torch.long), torch.tensor([t - 1]))
         rt.propose(K, 0.0, None)
     train = cap[0][0, t - 1]                           # anchors start at 1
@@ -59,7 +60,7 @@ def test_eagle3_training_time_test_matches_decoding(setup, monkeypatch):
     o = 9                                              # step-1 query at position o predicts x_{o+2}
     with torch.no_grad():
         dr.loss(tg, x, hs, lg)
-        rt = dr.runtime(tg, 1, 64)
+        rt = batch_runtime(dr, tg, 1, 64)
         rt.update([h[:, :o + 1] for h in hs], x[:, 1:o + 2], torch.zeros(1, dtype=torch.long), torch.tensor([o]))
         assert torch.allclose(rt.logits1[0], cap[0][0, o], atol=1e-5)
         # step 2 fed with the data token x_{o+2} (teacher forcing) and the drafter's own hidden state

@@ -7,6 +7,7 @@ import numpy as np  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from dsparksim.backend import specdec  # noqa: E402
+from dsparksim.backend.drafter_state import batch_runtime  # noqa: E402
 from dsparksim.backend.drafters import DrafterConfig, build_drafter  # noqa: E402
 from dsparksim.backend.model import ModelConfig, TargetModel  # noqa: E402
 from dsparksim.backend.specdec import greedy_reference, speculative_generate  # noqa: E402
@@ -95,7 +96,7 @@ def test_temperature1_output_distribution_equals_target(monkeypatch):
                        for x in range(V)])
         q1 = []                                     # the drafter's first-position distribution given anchor x
         for x in range(V):
-            rt = dr.runtime(tg, 1, 32)
+            rt = batch_runtime(dr, tg, 1, 32)
             rt.update(hs, torch.tensor([prompt[1:] + [x]]), torch.zeros(1, dtype=torch.long), torch.tensor([2]))
             q1.append(rt.propose(K, 1.0, torch.Generator().manual_seed(0))[1][0, 0].double().numpy())
     q1 = np.stack(q1)
@@ -140,7 +141,7 @@ def test_markov_head_changes_logits_only_through_previous_token():
         with torch.no_grad():
             hs, _ = tg(x)
             nxt = torch.cat([x[:, 1:], torch.tensor([[17]])], 1)          # same anchor token 17 in both
-            r1, r2 = ds.runtime(tg, 1, 32), df.runtime(tg, 1, 32)
+            r1, r2 = batch_runtime(ds, tg, 1, 32), batch_runtime(df, tg, 1, 32)
             for r in (r1, r2):
                 r.update(hs, nxt, torch.zeros(1, dtype=torch.long), torch.tensor([len(prompt) - 1]))
             d, _, _ = r1.propose(K, 0.0, None)

@@ -144,7 +144,7 @@ def test_failed_counts_refused_requests_not_those_in_flight(tmp_path):
 
 
 def _hand_built():
-    from dsparksim.sim.engine import SimResult
+    from dsparksim.sim.cluster import SimResult
     nan = np.nan
     steps = {"t_start": np.array([0.0, 1.0, 2.0, 3.0]), "dt": np.array([1.0, 1.0, 1.0, 1.0]),
              "verify_tokens": np.zeros(4, int), "drafts": np.zeros(4, int), "accepted": np.zeros(4, int)}

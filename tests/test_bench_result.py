@@ -11,7 +11,7 @@ import pytest
 
 from dsparksim.results.bench_json import ALL_KEYS, bench_result
 from dsparksim.cli.main import main
-from dsparksim.sim.engine import SimResult
+from dsparksim.sim.cluster import SimResult
 
 # Written out from vllm/benchmarks/serve.py (vllm-project/vllm @ 009e6d4a): main_async's setup keys, benchmark()'s
 # result dict, the spec_decode_* keys, and process_one_metric for ttft,tpot,itl,e2el at --metric-percentiles 99.

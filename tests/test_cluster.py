@@ -329,7 +329,7 @@ def test_rewritten_engine_reproduces_the_old_engine_on_the_legacy_draw_path(monk
         def __init__(self, **kw):
             kw["rng"] = kw.pop("streams")
             super().__init__(**kw)
-    monkeypatch.setattr(S, "_streams", legacy)
+    monkeypatch.setattr(S, "run_streams", legacy)
     monkeypatch.setattr(S, "Simulation", LegacySimulation)
     # The acceptance model of c58c5ed (issue 11 changed the default: step-weighted calibration, fitted confidence
     # parameters, STS): request-weighted calibration, flat noise 0.43, T = 1, raw confidences; draw for draw the same.

@@ -73,6 +73,8 @@ def test_cli_and_sweep_build_the_same_run_for_the_same_options():
           "dp_ranks": 4, "kv_capacity_tokens": 50000, "extrapolate": True}),
         (["--rate", "2", "--burstiness", "0.5", "--duration", "5", "--seed", "3"],
          {"rate": 2.0, "burstiness": 0.5, "duration_s": 5.0, "seed": 3}),
+        (["--concurrency", "4", "--no-mixed-prefill"], {"concurrency": 4, "mixed_prefill": False}),
+        (["--concurrency", "4", "--mixed-prefill"], {"concurrency": 4, "mixed_prefill": True}),
     ]
     for argv, keys in cases:
         cli = run_config(build_parser().parse_args(["run", *argv]))

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from dsparksim.acceptance.base import AcceptanceModel, Block
-from dsparksim.sim.engine import Simulation
+from dsparksim.sim.cluster import Simulation
 from dsparksim.results.metrics import summarize
 from dsparksim.policies import make_policy
 from dsparksim.sim.streams import RequestStreams

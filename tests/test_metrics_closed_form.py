@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dsparksim.acceptance.base import AcceptanceModel, Block
-from dsparksim.sim.engine import SimResult, Simulation
+from dsparksim.sim.cluster import SimResult, Simulation
 from dsparksim.results.metrics import per_request_table, summarize
 from dsparksim.policies import make_policy
 from dsparksim.cost.profile import FORMAT, profile_from_dict

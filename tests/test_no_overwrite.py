@@ -126,7 +126,6 @@ SPEC = """[sweep]
 name = "tiny"
 [base]
 profile = "h100-llama2-7b-tp1"
-acceptance = "dspark"
 duration_s = 1.0
 concurrency = 2
 [axes]

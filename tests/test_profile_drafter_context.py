@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dsparksim.acceptance.base import AcceptanceModel, Block
-from dsparksim.sim.engine import Simulation
+from dsparksim.sim.cluster import Simulation
 from dsparksim.errors import ConfigError, InputError
 from dsparksim.policies import make_policy
 from dsparksim.cost.profile import load_profile, profile_from_dict, profile_to_dict

@@ -68,12 +68,15 @@ def test_families_partition_the_forward_and_calibration_is_linear():
 
 
 # ------------------------------------------------------------------ exact re-pricing
-def test_repricing_the_builder_trace_equals_a_fresh_des_run_of_the_calibrated_profile(moe):
+@pytest.mark.parametrize("mixed", [True, False], ids=["mixed", "prefill-only-steps"])
+def test_repricing_the_builder_trace_equals_a_fresh_des_run_of_the_calibrated_profile(moe, mixed):
     from dsparksim.bench.client import ClientWorkload, ServerSettings, run_client
     base, calp, basis = moe
     spec = ClientSpec(concurrency=8, num_prompts=24, input_len=3000, output_len=200, range_ratio=0.8,
-                      prefill_chunk_tokens=2048, num_warmup_prompts=5)
+                      prefill_chunk_tokens=2048, num_warmup_prompts=5, mixed_prefill=mixed)
     tr0, tr1 = simulate_trace(base, spec), simulate_trace(calp, spec)
+    both = (tr0.steps["n_decode"] > 0) & (tr0.steps["n_prefill_tokens"] > 0)
+    assert both.any() == mixed           # unmixed (SGLang's default): no step carries decode and a chunk
     for k in ("M", "kv_read", "prefill_qk", "decode_qk", "n_decode"):
         assert np.array_equal(tr0.steps[k], tr1.steps[k]), k    # step shapes do not depend on prices
     assert tr0.start_step >= 0
@@ -83,7 +86,8 @@ def test_repricing_the_builder_trace_equals_a_fresh_des_run_of_the_calibrated_pr
     # the client's own metrics of a fresh simulation of the calibrated profile
     run = run_client(calp, ClientWorkload(random_input_len=3000, random_output_len=200, random_range_ratio=0.8,
                                           num_prompts=24, max_concurrency=8, num_warmup_prompts=5),
-                     ServerSettings(chunked_prefill_size=2048, max_running_requests=1024, gpus=1))
+                     ServerSettings(chunked_prefill_size=2048, max_running_requests=1024, gpus=1,
+                                    mixed_chunk=mixed))
     got = lr.metrics(c)
     for k in ("mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
               "mean_e2el_ms", "p99_e2el_ms", "output_throughput_per_gpu", "duration_s"):
@@ -164,6 +168,7 @@ def test_cli_fit_writes_a_profile_with_provenance_and_refuses_to_overwrite(tmp_p
         if e["status"] == "fitted":
             assert e["bootstrap"]["p2.5"] * 0.999 <= e["value"] <= e["bootstrap"]["p97.5"] * 1.001
     assert fit["fit_error"]["tpot"]["median_abs"] < 0.01
+    assert fit["client_model"]["mixed_prefill"]["value"] is True      # the runs name no engine: mixed (vLLM)
     prof = profile_from_dict(d, str(out))                      # a normal profile
     assert prof.fixed_overhead_s == pytest.approx(fit["parameters"]["fixed_overhead_s"]["value"])
     before = out.read_bytes()
@@ -197,3 +202,18 @@ def test_cli_fit_bad_inputs_one_line_exit_2_nothing_written(tmp_path, moe, capsy
         assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["runs.csv"] + (["fit.json"] if case == "not_ours"
                                                                                   else []))
+
+
+def test_fit_runs_take_mixed_prefill_from_the_engine_unless_overridden(tmp_path, moe):
+    from dsparksim.bench.runs import read_runs, write_runs
+    from dsparksim.fit.runs import load_fit_runs
+    runs = tmp_path / "runs.csv"
+    _runs_csv(runs, moe)
+    rows = read_runs(runs)
+    for r, eng in zip(rows, ("sglang", "trtllm", "vllm")):
+        r["engine"] = eng
+    write_runs(rows, runs, force=True)
+    got, _ = load_fit_runs(runs, {"spec_method": "none"})
+    assert [r.spec.mixed_prefill for r in got] == [False, True, True]   # sglang off (its default), others on
+    got, _ = load_fit_runs(runs, {"spec_method": "none"}, mixed_prefill=True)
+    assert [r.spec.mixed_prefill for r in got] == [True, True, True]

@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 
 from dsparksim.errors import ConfigError, InputError  # noqa: E402
 from dsparksim.runner import measure as meas  # noqa: E402
-from dsparksim.runner.measure import (MeasureConfig, _slot_tokens, cell_contexts, context_spread,  # noqa: E402
+from dsparksim.runner.measure import (MeasureConfig, slot_tokens, cell_contexts, context_spread,  # noqa: E402
                                       context_spread_from_csv)
 from dsparksim.runner.paired import PairedCells  # noqa: E402
 
@@ -44,7 +44,7 @@ def test_cell_contexts_follow_the_spread_at_the_cells_mean_context():
         d = np.sort(cell_contexts(n, ctx))
         assert c.max() > d.max() and c.min() < d.min() and abs(d.mean() - ctx) <= 0.5
         # the KV slot covers the longest context of the cell and the steps after it
-        assert _slot_tokens(ctx, 7, 2, 5, spread=q) > c.max() + 8 * 7
+        assert slot_tokens(ctx, 7, 2, 5, spread=q) > c.max() + 8 * 7
     assert cell_contexts(1, 88, q).tolist() == [88]
     # without a spread: unchanged (evenly over [c/2, 3c/2])
     assert sorted(cell_contexts(3, 100).tolist()) == [50, 100, 150]

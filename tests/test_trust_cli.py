@@ -212,7 +212,7 @@ def test_one_spelling_per_concept_across_commands():
     p = build_parser()
     f1 = p.parse_args(["frontier", "--jobs", "2", "--sla", "50,100", "--result-dir", "x"])
     f2 = p.parse_args(["frontier", "--workers", "2", "--slo", "50,100", "--out", "x"])
-    assert (f1.jobs, f1.slo, f1.out) == (f2.jobs, f2.slo, f2.out) == (2, ["50", "100"], "x")
+    assert (f1.workers, f1.slo, f1.out) == (f2.workers, f2.slo, f2.out) == (2, ["50", "100"], "x")
     c1 = p.parse_args(["capacity", "s.toml", "--result-dir", "o", "--jobs", "3", "--sla", "tau>=2"])
     c2 = p.parse_args(["capacity", "s.toml", "--out", "o", "--workers", "3", "--slo", "tau>=2"])
     assert (c1.out, c1.workers, c1.slo) == (c2.out, c2.workers, c2.slo) == ("o", 3, ["tau>=2"])

@@ -13,7 +13,7 @@ from dsparksim.sim import cluster as engine_mod
 from dsparksim.acceptance.base import AcceptanceModel, Block
 from dsparksim.cli.main import main
 from dsparksim.config import RunConfig
-from dsparksim.sim.engine import SimResult, Simulation
+from dsparksim.sim.cluster import SimResult, Simulation
 from dsparksim.errors import ConfigError
 from dsparksim.results.metrics import per_request_table, saturation, summarize
 from dsparksim.policies import make_policy

@@ -20,10 +20,12 @@ class Block:
 
     conf:     (n, K) float64 calibrated conditional confidences in [0, 1] (what the scheduler sees).
     accepted: (n,) int64 ground-truth accepted prefix length A[i] in 0..K had all K been verified.
+    survival: (n, K) float64 cumulative product of conf along axis 1, or None (then the engine computes it).
     """
 
     conf: np.ndarray
     accepted: np.ndarray
+    survival: np.ndarray | None = None   # cumprod of conf along positions, when the source already has it
 
 
 class AcceptanceModel:
@@ -39,6 +41,10 @@ class AcceptanceModel:
     drafter: str
     K: int
     metadata: dict[str, Any]
+    # True if draw() on keyed rows (dsparksim.sim.streams.KeyedRows) computes each row from that row's draws and
+    # its slot's start() state alone, changing no state: the engine may then draw a request's steps ahead in
+    # blocks (dsparksim.sim.predraw), bit for bit the same values.
+    keyed_rows_pure: bool = False
 
     def start(self, slots: np.ndarray, domains: np.ndarray, rng: np.random.Generator) -> None:
         """Begin new requests in these slots. domains: (len(slots),) array of domain strings."""

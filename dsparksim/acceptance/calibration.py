@@ -32,7 +32,7 @@ _STEP_ITERS = 60
 
 
 @lru_cache(maxsize=8)
-def _gauss_hermite(n: int) -> tuple[np.ndarray, np.ndarray]:
+def gauss_hermite(n: int) -> tuple[np.ndarray, np.ndarray]:
     """Nodes/weights for E[f(Z)], Z ~ N(0,1) (probabilists' Hermite, weights normalised to sum 1)."""
     x, w = np.polynomial.hermite_e.hermegauss(n)
     return x, w / w.sum()
@@ -61,7 +61,7 @@ def _g_exact(m: np.ndarray, sigma_tok: float, shape: Shape) -> np.ndarray:
     Gauss-Legendre on each side of the step at Z = -m / sigma_tok, where the integrand is smooth."""
     m = np.asarray(m, dtype=float)
     if tuple(shape) == PLAIN:
-        x, w = _gauss_hermite(_N_TOK)
+        x, w = gauss_hermite(_N_TOK)
         return (expit(m[..., None] + sigma_tok * x) * w).sum(axis=-1)
     t, w = np.polynomial.legendre.leggauss(_N_SPLIT)
     cut = np.clip(-m / sigma_tok, -_SPLIT_EDGE, _SPLIT_EDGE)[..., None]
@@ -181,14 +181,14 @@ def _solve_mu(alpha: tuple[float, ...], s: np.ndarray, w0: np.ndarray, sigma_tok
 @lru_cache(maxsize=256)
 def _calibrate_cached(alpha: tuple[float, ...], sigma_shared: float, sigma_tok: float,
                       shape: Shape = PLAIN) -> tuple[float, ...]:
-    xs, ws = _gauss_hermite(_N_SHARED)
+    xs, ws = gauss_hermite(_N_SHARED)
     return _solve_mu(alpha, sigma_shared * xs, ws.copy(), sigma_tok, exact=True, shape=shape)
 
 
 def _req_block_nodes(sigma_req: float, sigma_block: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
     """Product quadrature over (request shift u, block shift z): s = u + z flattened, weights (n_u, n_z)."""
-    xu, wu = _gauss_hermite(_N_REQ) if sigma_req > 0 else (np.zeros(1), np.ones(1))
-    xz, wz = _gauss_hermite(_N_BLOCK) if sigma_block > 0 else (np.zeros(1), np.ones(1))
+    xu, wu = gauss_hermite(_N_REQ) if sigma_req > 0 else (np.zeros(1), np.ones(1))
+    xz, wz = gauss_hermite(_N_BLOCK) if sigma_block > 0 else (np.zeros(1), np.ones(1))
     s = (sigma_req * xu[:, None] + sigma_block * xz[None, :]).ravel()
     return s, wu, wz, xu.size, xz.size
 
@@ -271,7 +271,7 @@ def calibrate_mu(alpha, sigma_shared: float, sigma_tok: float = 0.0, source: str
 
 def model_survival(mu, sigma_shared: float, sigma_tok: float = 0.0, shape: Shape = PLAIN) -> np.ndarray:
     """P(A >= k) for k = 1..K implied by offsets mu (quadrature)."""
-    xs, ws = _gauss_hermite(_N_SHARED)
+    xs, ws = gauss_hermite(_N_SHARED)
     s = sigma_shared * xs
     g = smoothed_sigmoid(np.asarray(mu, dtype=float)[:, None] + s[None, :], sigma_tok, shape=shape)  # (K, nodes)
     return (np.cumprod(g, axis=0) * ws).sum(axis=1)

@@ -21,9 +21,9 @@ import numpy as np
 
 from dsparksim.acceptance.base import DOMAINS
 from dsparksim.errors import ConfigError
-from dsparksim.acceptance.calibration import _gauss_hermite, link
+from dsparksim.acceptance.calibration import gauss_hermite, link
 from dsparksim.acceptance.confidence import per_position_metrics
-from dsparksim.acceptance.parametric import ParametricAcceptance, ParametricParams, _sigmoid
+from dsparksim.acceptance.parametric import ParametricAcceptance, ParametricParams, sigmoid
 from dsparksim.acceptance.reference import load_reference
 
 THRESHOLDS = (0.5, 0.7, 0.9)
@@ -70,7 +70,7 @@ class _Sample:
     """Common random numbers for one domain: (n_u nodes, blocks, K)."""
 
     def __init__(self, K: int, n_u: int, blocks: int, rng: np.random.Generator) -> None:
-        self.xu, self.wu = _gauss_hermite(n_u)
+        self.xu, self.wu = gauss_hermite(n_u)
         self.zb = rng.standard_normal((n_u, blocks))
         self.zt = rng.standard_normal((n_u, blocks, K))
         self.un = rng.random((n_u, blocks, K))
@@ -97,9 +97,9 @@ def evaluate(params: ParametricParams, *, drafter: str = "dspark", K: int = 7, n
         s = samples[d]
         mu = model.mu(d)
         x = link(mu + (p.sigma_req * s.xu[:, None] + p.sigma_block * s.zb)[:, :, None] + p.sigma_tok * s.zt, p.shape)
-        ok = s.un < _sigmoid(x)
+        ok = s.un < sigmoid(x)
         A = np.where(ok.all(axis=2), K, ok.argmin(axis=2))                          # (n_u, B)
-        conf = _sigmoid((x + model._noise * s.zn + p.noise_block * s.znb) * model._scale)
+        conf = sigmoid((x + model._noise * s.zn + p.noise_block * s.znb) * model._scale)
         surv = np.cumprod(conf, axis=2)
         tok0 = (A + 1).mean(axis=1)                                                  # E[tokens | u], all verified
         step_w = s.wu / tok0                                                         # steps per token at u

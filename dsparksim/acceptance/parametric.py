@@ -72,10 +72,20 @@ def _fitted(name: str):
     return load_fit()["params"][name]
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """The logistic function 1 / (1 + exp(-x)), elementwise."""
     # plain numpy is ~2x faster than scipy's expit on small arrays (hot path); exp overflow -> inf -> 0 is exact
     with np.errstate(over="ignore"):
         return 1.0 / (1.0 + np.exp(-x))
+
+
+def _sigmoid_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """sigmoid(x) written into ``out`` (C-contiguous, may be x): the same operations, no temporaries."""
+    with np.errstate(over="ignore"):
+        np.negative(x, out=out)
+        np.exp(out, out=out)
+        np.add(1.0, out, out=out)
+        return np.divide(1.0, out, out=out)
 
 
 @dataclass(frozen=True)
@@ -177,6 +187,8 @@ class ParametricAcceptance(AcceptanceModel):
 
     curves: {domain: alpha_1..alpha_K'} with K' >= K (first K used), or {"all": alpha} for one pooled curve.
     """
+
+    keyed_rows_pure = True   # draw(): elementwise in each row's keyed halves, u and mu of its request; no state
 
     def __init__(self, curves: Mapping[str, Sequence[float]], K: int, *, drafter: str = "custom",
                  params: ParametricParams | None = None, source: str = "custom curve",
@@ -308,19 +320,27 @@ class ParametricAcceptance(AcceptanceModel):
         slots = np.asarray(slots, dtype=np.int64)
         if slots.size == 0:
             return
-        rows = self.domain_rows(domains)
+        rows, u = self.request_state(domains, rng)
         if rows.size != slots.size:
             raise ValueError(f"start(): {slots.size} slots but {rows.size} domains")
         self._ensure_capacity(int(slots.max()))
         self._row[slots] = rows
-        self._u[slots] = self.params.sigma_req * rng.standard_normal(slots.size)
+        self._u[slots] = u
+
+    def request_state(self, domains, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """(curve row, persistent shift u) of new requests: what start() stores in their slots."""
+        rows = self.domain_rows(domains)
+        return rows, self.params.sigma_req * rng.standard_normal(rows.size)
 
     def latent(self, slots: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Draw the acceptance logits h(x) (n, K) for one block of each slot (x the difficulty score)."""
+        return self._latent(self._row[slots], self._u[slots], rng)
+
+    def _latent(self, rows: np.ndarray, u: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         p = self.params
-        n = slots.size
-        shift = self._u[slots] + p.sigma_block * rng.standard_normal(n)
-        x = self._mu[self._row[slots]] + shift[:, None]
+        n = rows.size
+        shift = u + p.sigma_block * rng.standard_normal(n)
+        x = self._mu[rows] + shift[:, None]
         if p.sigma_tok:
             x += p.sigma_tok * rng.standard_normal((n, self.K))
         return link(x, p.shape)
@@ -329,34 +349,41 @@ class ParametricAcceptance(AcceptanceModel):
         slots = np.asarray(slots, dtype=np.int64)
         if slots.size and (slots.max() >= self._row.size or (self._row[slots] < 0).any()):
             raise ValueError("draw() on a slot that was never start()ed")
+        return self.draw_state(self._row[slots], self._u[slots], rng)
+
+    def draw_state(self, rows: np.ndarray, u: np.ndarray, rng: np.random.Generator) -> Block:
+        """draw() for requests given by their state (curve row, shift u; see :meth:`request_state`), not slots."""
         p = self.params
         if isinstance(rng, KeyedRows) and p.sigma_tok and (p.noise_sd or p.noise_sd_end):
-            return self._draw_keyed(slots, rng)
-        x = self.latent(slots, rng)
-        ok = rng.random(x.shape) < _sigmoid(x)
+            return self._draw_keyed(rows, u, rng)
+        x = self._latent(rows, u, rng)
+        ok = rng.random(x.shape) < sigmoid(x)
         # leading successes: index of the first rejection, K if none
         accepted = np.where(ok.all(axis=1), self.K, ok.argmin(axis=1)).astype(np.int64)
         y = x + self._noise * rng.standard_normal(x.shape) if p.noise_sd or p.noise_sd_end else x
         if p.noise_block:
             y = y + p.noise_block * rng.standard_normal(x.shape[0])[:, None]
-        return Block(conf=_sigmoid(y * self._scale), accepted=accepted)
+        return Block(conf=sigmoid(y * self._scale), accepted=accepted)
 
-    def _draw_keyed(self, slots: np.ndarray, rng: KeyedRows) -> Block:
+    def _draw_keyed(self, rows: np.ndarray, u: np.ndarray, rng: KeyedRows) -> Block:
         """draw() on keyed streams in one pass: the same halves, in the same order, as the generic path (block
-        shift, K token shifts, K uniforms, K noises, then the block noise when noise_block > 0), hence the same values, with a third of the numpy calls."""
+        shift, K token shifts, K uniforms, K noises, then the block noise when noise_block > 0), hence the same
+        values, with a third of the numpy calls (the K uniform halves are not turned into normals)."""
         p, K = self.params, self.K
         h = rng.halves(1 + 3 * K + (1 if p.noise_block else 0))      # (n, 1 + 3K [+ 1]) uint32
-        z = normals_from_halves(h)
-        x = self._mu[self._row[slots]]
-        x += (self._u[slots] + p.sigma_block * z[:, 0])[:, None]
-        x += p.sigma_tok * z[:, 1:1 + K]
+        z = normals_from_halves(h[:, :1 + K])
+        x = self._mu[rows]
+        x += (u + p.sigma_block * z[:, 0])[:, None]
+        x += p.sigma_tok * z[:, 1:]
         x = link(x, p.shape)
-        ok = uniforms_from_halves(h[:, 1 + K:1 + 2 * K]) < _sigmoid(x)
+        ok = uniforms_from_halves(h[:, 1 + K:1 + 2 * K]) < _sigmoid_into(x, np.empty_like(x))
         accepted = np.where(ok.all(axis=1), K, ok.argmin(axis=1)).astype(np.int64)
-        y = x + self._noise * z[:, 1 + 2 * K:1 + 3 * K]
+        y = self._noise * normals_from_halves(h[:, 1 + 2 * K:1 + 3 * K])
+        np.add(x, y, out=y)
         if p.noise_block:
-            y += p.noise_block * z[:, 1 + 3 * K:]
-        return Block(conf=_sigmoid(y * self._scale), accepted=accepted)
+            y += p.noise_block * normals_from_halves(h[:, 1 + 3 * K:])
+        y *= self._scale
+        return Block(conf=_sigmoid_into(y, y), accepted=accepted)
 
     # ---- analysis helpers ------------------------------------------------------------------------------
     def mu(self, domain: str) -> np.ndarray:
@@ -400,11 +427,11 @@ class ParametricAcceptance(AcceptanceModel):
                 n = STS_BLOCKS
                 x = self._mu[i] + (p.sigma_req * rng.standard_normal(n) + p.sigma_block * rng.standard_normal(n))[:, None]
                 x = link(x + p.sigma_tok * rng.standard_normal((n, K)), p.shape)
-                ok = rng.random((n, K)) < _sigmoid(x)
+                ok = rng.random((n, K)) < sigmoid(x)
                 acc.append(np.where(ok.all(axis=1), K, ok.argmin(axis=1)))
                 y = x + self._noise * rng.standard_normal((n, K))
                 if p.noise_block:
                     y += p.noise_block * rng.standard_normal(n)[:, None]
-                conf.append(_sigmoid(y * p.raw_gain))
+                conf.append(sigmoid(y * p.raw_gain))
             _STS_CACHE[key] = fit_sts_nll(np.vstack(conf), np.concatenate(acc))
         return _STS_CACHE[key].copy()

@@ -25,7 +25,7 @@ PER_POSITION_DEFINITION = ("DeepSpec (deepseek-ai/DeepSpec deepspec/eval/dspark/
                            "1000-bin histogram")
 
 
-def _ratio_se(y: np.ndarray, n: np.ndarray) -> tuple[float, float]:
+def ratio_se(y: np.ndarray, n: np.ndarray) -> tuple[float, float]:
     """Ratio sum(y)/sum(n) over clusters and its cluster-robust standard error (NaN when undefined)."""
     tot = n.sum()
     if tot == 0:
@@ -52,13 +52,13 @@ def summarize_blocks(request_id: np.ndarray, domain: np.ndarray, accepted: np.nd
         rid, A, C = request_id[sel], accepted[sel], conf[sel]
         _, g = np.unique(rid, return_inverse=True)
         m = int(g.max()) + 1
-        tau, tau_se = _ratio_se(np.bincount(g, weights=A + 1.0, minlength=m),
+        tau, tau_se = ratio_se(np.bincount(g, weights=A + 1.0, minlength=m),
                                 np.bincount(g, minlength=m).astype(float))
         pos = []
         for k in range(1, K + 1):
             risk = A >= k - 1
             succ = A >= k
-            c, se = _ratio_se(np.bincount(g, weights=succ, minlength=m), np.bincount(g, weights=risk, minlength=m))
+            c, se = ratio_se(np.bincount(g, weights=succ, minlength=m), np.bincount(g, weights=risk, minlength=m))
             pos.append({"k": k, "at_risk": int(risk.sum()), "accepted": int(succ.sum()), "conditional": c,
                         "ci95": _ci(c, se, clip=True),
                         "mean_conf_at_risk": float(C[risk, k - 1].mean()) if risk.any() else math.nan,

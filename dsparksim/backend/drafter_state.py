@@ -1,7 +1,7 @@
 """Per-slot decoding state of the drafters, fed with the target's hidden states.
 
 One state object holds every request ("slot") a decoder serves: the single-process speculative decoder
-(:mod:`.specdec`, request b = slot b, through :class:`BatchRuntime`) and the batched real engine
+(:mod:`.specdec`, request b = slot b, through :func:`batch_runtime`) and the batched real engine
 (:mod:`dsparksim.runner.live`, flat variable-length updates) both use it, so drafting has one implementation.
 
 ``observe`` consumes a flat run of tokens per updated slot: the target's features of tokens at (slot, pos), the
@@ -173,3 +173,8 @@ class BatchRuntime:
         if name == "last_logits":
             return st.last_logits
         raise AttributeError(name)
+
+
+def batch_runtime(drafter, target, B: int, T: int) -> BatchRuntime:
+    """Decoding state for B requests of at most T positions of ``drafter`` (request b = slot b)."""
+    return BatchRuntime(state_for(drafter, target, B, T), B)

@@ -20,7 +20,7 @@ pending token x_t that it has not processed yet. A drafter proposes x_{t+1}..x_{
   s_k, trained towards the analytic acceptance ``1 - 0.5 ||p_draft - p_target||_1``.
 
 Every drafter exposes ``loss(target, tokens, hs, tlogits)`` (distillation against the frozen target's
-distributions) and ``runtime(target, B, T)`` for decoding (see :mod:`.specdec`).
+distributions); it decodes through ``drafter_state.batch_runtime(drafter, target, B, T)`` (see :mod:`.specdec`).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dsparksim.backend.model import Block, ModelConfig, RMSNorm, TargetModel, _init, cache_mask
+from dsparksim.backend.model import Block, ModelConfig, RMSNorm, TargetModel, init_weights, cache_mask
 
 DRAFTERS = ("mtp1", "eagle3", "dflash", "dspark")
 
@@ -83,7 +83,7 @@ class ARDrafter(nn.Module):
         self.block = Block(tcfg)
         self.norm = RMSNorm(d)
         self.lm = nn.Linear(d, tcfg.vocab_size, bias=False) if self.is_eagle else None
-        self.apply(_init)
+        self.apply(init_weights)
 
     def feat(self, target, hs):
         return self.fc(fused(target, hs)) if self.is_eagle else hs[-1]
@@ -127,10 +127,6 @@ class ARDrafter(nn.Module):
             h = hs_ + self.block.mlp(self.block.n2(hs_))
             total = total + soft_ce(self.logits(target, h), p[:, s:s + n])
         return total / steps, {}
-
-    def runtime(self, target, B, T):
-        return _runtime(self, target, B, T)
-
 
 def propose_ar(m: ARDrafter, target, h, origin, logits1, ck, cv, K, temperature, gen):
     """K autoregressive draft steps for B requests: h (B, d) drafter state at ``origin`` (B,), logits1 (B, V) its
@@ -177,7 +173,7 @@ class ParallelDrafter(nn.Module):
             self.mk_emb = nn.Embedding(tcfg.vocab_size, r)
             self.mk_out = nn.Linear(r, tcfg.vocab_size, bias=False)
             self.conf = nn.Linear(d + r, 1)
-        self.apply(_init)
+        self.apply(init_weights)
         nn.init.normal_(self.mask_emb, std=0.02)
         if self.spark:
             nn.init.zeros_(self.mk_out.weight)     # starts as the plain dflash backbone
@@ -236,10 +232,6 @@ class ParallelDrafter(nn.Module):
             loss = loss + extra["conf_bce"]
         return loss, extra
 
-    def runtime(self, target, B, T):
-        return _runtime(self, target, B, T)
-
-
 def propose_parallel(m: ParallelDrafter, target, anchor, t0, cache, K, temperature, gen):
     """One parallel block for B requests: anchor (B,) pending token at position t0 (B,), cache[l] = (k, v) context
     keys (B, Hkv, Tc, hd) of drafter layer l (positions j < t0 visible). Returns (d (B,K), q (B,K,V), conf (B,K),
@@ -265,12 +257,6 @@ def propose_parallel(m: ParallelDrafter, target, anchor, t0, cache, K, temperatu
         probs.append(p)
         prev = tok
     return torch.stack(toks, 1), torch.stack(probs, 1), torch.stack(confs, 1), torch.stack(logits, 1)
-
-
-def _runtime(m, target, B: int, T: int):
-    """Decoding state for B requests of at most T positions (see :mod:`.drafter_state`)."""
-    from dsparksim.backend.drafter_state import BatchRuntime, state_for   # lazy: drafter_state imports this module
-    return BatchRuntime(state_for(m, target, B, T), B)
 
 
 def build_drafter(tcfg: ModelConfig, dcfg: DrafterConfig) -> nn.Module:

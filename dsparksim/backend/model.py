@@ -166,7 +166,7 @@ class TargetModel(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.apply(_init)
+        self.apply(init_weights)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Logits from a last-layer hidden state (final norm + tied output embedding)."""
@@ -199,7 +199,8 @@ class TargetModel(nn.Module):
         return hs, self.head(x)
 
 
-def _init(m: nn.Module) -> None:
+def init_weights(m: nn.Module) -> None:
+    """Initialise one module of a model (``model.apply(init_weights)``): Linear and Embedding weights normal(0, 0.02), Linear biases zero."""
     if isinstance(m, nn.Linear):
         nn.init.normal_(m.weight, std=0.02)
         if m.bias is not None:

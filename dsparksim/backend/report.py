@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from dsparksim.acceptance.confidence import ece_survival
-from dsparksim.acceptance.summary import Z95, _ratio_se, summarize_blocks
+from dsparksim.acceptance.summary import Z95, ratio_se, summarize_blocks
 from dsparksim.acceptance.trace_format import read_trace
 from dsparksim.errors import InputError
 
@@ -34,7 +34,7 @@ def tau_se(tr, dom):
     sel = tr.domain == dom
     g, m = _req_groups(tr, sel)
     A = tr.accepted[sel]
-    return _ratio_se(np.bincount(g, weights=A + 1.0, minlength=m), np.bincount(g, minlength=m).astype(float))
+    return ratio_se(np.bincount(g, weights=A + 1.0, minlength=m), np.bincount(g, minlength=m).astype(float))
 
 
 def pooled_conditional(tr, dom, ks):
@@ -44,7 +44,7 @@ def pooled_conditional(tr, dom, ks):
     A = tr.accepted[sel]
     y = sum(np.bincount(g, weights=(A >= k).astype(float), minlength=m) for k in ks)
     n = sum(np.bincount(g, weights=(A >= k - 1).astype(float), minlength=m) for k in ks)
-    return _ratio_se(y, n)
+    return ratio_se(y, n)
 
 
 def _diff(a, b):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from dsparksim.backend.drafter_state import batch_runtime
 from dsparksim.backend.drafters import sample
 
 
@@ -88,7 +89,7 @@ def speculative_generate(target, drafter, prompts: list[list[int]], K: int, step
     pending, _ = sample(logits[b, lens - 1], temperature, gen)
     nxt = torch.cat([tok[:, 1:], torch.zeros(B, 1, dtype=torch.long)], 1)
     nxt[b, lens - 1] = pending
-    rt = drafter.runtime(target, B, T)
+    rt = batch_runtime(drafter, target, B, T)
     rt.update(hs, nxt, torch.zeros(B, dtype=torch.long), lens - 1)
     t = lens.clone()                                     # position of the pending token
     out = [[int(x)] for x in pending]

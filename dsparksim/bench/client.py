@@ -100,6 +100,9 @@ class ServerSettings:
     mem_fraction_static:  SGLang --mem-fraction-static -> the KV capacity, derived from the profile's
                           metadata.build.memory (weights per GPU) and GPU memory; refused if the profile lacks them.
     gpus:                 GPUs of the deployment (throughput per GPU).
+    mixed_chunk:          prefill chunks share a step with decode (vLLM, TensorRT-LLM; SGLang --enable-mixed-chunk);
+                          False = a step with a prefill chunk carries no decode (SGLang's default) -> the engine's
+                          mixed_prefill.
     """
 
     chunked_prefill_size: int | None = None
@@ -107,14 +110,27 @@ class ServerSettings:
     cuda_graph_max_bs: int | None = None
     mem_fraction_static: float | None = None
     gpus: int = 1
+    mixed_chunk: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.mixed_chunk, bool):
+            raise ConfigError("server", "mixed_chunk", f"expected true or false, got {self.mixed_chunk!r}")
         for name in ("chunked_prefill_size", "max_running_requests", "cuda_graph_max_bs"):
             if getattr(self, name) is not None:
                 _int(name, getattr(self, name), 1, "server")
         if self.mem_fraction_static is not None:
             _num("mem_fraction_static", self.mem_fraction_static, 0.0, 1.0, "server", lo_open=True)
         _int("gpus", self.gpus, 1, "server")
+
+
+def engine_mixes_prefill(engine: Any) -> bool:
+    """Whether an engine's default scheduler mixes prefill chunks with decode in one step: False for SGLang
+    (``--enable-mixed-chunk`` off by default: sgl-project/sglang python/sglang/srt/server_args.py
+    ``enable_mixed_chunk: bool = False``; python/sglang/srt/managers/scheduler.py, commit
+    d51c1c21d1ac07cd5d1de9ead6c99087d8428e79, mixes the running batch into a prefill batch only
+    ``if self.is_mixed_chunk``, and a new prefill batch runs before the decode batch), True otherwise (vLLM V1's
+    chunked prefill, TensorRT-LLM's in-flight batching)."""
+    return str(engine or "").strip().lower() != "sglang"
 
 
 @dataclass
@@ -202,6 +218,8 @@ def client_config(profile_name: str, workload: ClientWorkload, server: ServerSet
                             "domain": "chat"}
     if workload.burstiness != 1.0:
         opts["burstiness"] = float(workload.burstiness)
+    if not server.mixed_chunk:
+        opts["mixed_prefill"] = False
     for key, v in (("block_size", block_size), ("acceptance", acceptance),
                    ("prefill_chunk_tokens", server.chunked_prefill_size),
                    ("max_num_seqs", server.max_running_requests), ("cuda_graph_max_bs", server.cuda_graph_max_bs),
@@ -283,6 +301,7 @@ def client_run(out: Any, gpus: int = 1) -> ClientRun:
         "benchmark_start_s": t0, "kv_capacity_tokens": int(eng["kv_capacity_tokens"]),
         "max_num_seqs": int(cfg.engine.max_num_seqs), "prefill_chunk_tokens": int(cfg.engine.prefill_chunk_tokens),
         "max_batched_tokens": int(eng["max_batched_tokens"]), "block_size": int(res.block_size),
+        "mixed_prefill": bool(cfg.engine.mixed_prefill),
         "drafter": res.drafter, "policy": cfg.policy, "acceptance": out.inputs["acceptance"],
         "ended_by": res.ended_by, "gpus": int(gpus), "config": cfg}
     if cfg.engine.mem_fraction_static is not None:

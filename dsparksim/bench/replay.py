@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from dsparksim.bench.client import ClientWorkload, ServerSettings, run_client
+from dsparksim.bench.client import ClientWorkload, ServerSettings, engine_mixes_prefill, run_client
 from dsparksim.errors import ConfigError, InputError
 
 # metric of the runs table -> key of ClientRun.metrics
@@ -167,9 +167,12 @@ def _rel(sim: float, meas: Any) -> float:
 
 
 def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSettings = ServerSettings(),
-           seed: int = 0, source: str = "runs table", on_done: Callable[[], None] | None = None):
-    """Simulate every run; a DataFrame with one row per run: KEYS, notes, the policy, and for each metric
-    ``measured_M``, ``simulated_M``, ``rel_error_M``. Every row is checked before any is simulated."""
+           seed: int = 0, source: str = "runs table", on_done: Callable[[], None] | None = None,
+           mixed_prefill: bool | None = None):
+    """Simulate every run; a DataFrame with one row per run: KEYS, notes, the policy, ``mixed_prefill`` and for
+    each metric ``measured_M``, ``simulated_M``, ``rel_error_M``. Every row is checked before any is simulated.
+    ``mixed_prefill``: None = each run's engine default (SGLang: off; see
+    :func:`dsparksim.bench.client.engine_mixes_prefill`), else the value for every run."""
     import pandas as pd
 
     from dsparksim.cost.profile import load_profile
@@ -181,10 +184,12 @@ def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSet
         plan.append((row, wl, notes, row_policy(row, source), gpus_of(row)))
     out = []
     for row, wl, notes, pol, gpus in plan:
-        srv = ServerSettings(**{**server.__dict__, "gpus": gpus})
+        mixed = engine_mixes_prefill(row.get("engine")) if mixed_prefill is None else bool(mixed_prefill)
+        srv = ServerSettings(**{**server.__dict__, "gpus": gpus, "mixed_chunk": mixed})
         run = run_client(prof, wl, srv, seed=seed, **pol)
         rec: dict[str, Any] = {k: row.get(k) for k in KEYS}
         rec["policy"] = pol["policy"]
+        rec["mixed_prefill"] = mixed
         rec["notes"] = "; ".join(notes)
         rec["simulated_failed"] = run.metrics["failed"]
         for m in METRICS:

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from dsparksim.cli.options import add_seed_option, bar_off, check_seed
+
 
 def register_replay(sub) -> None:
     """Add ``replay`` to the ``bench`` subcommands."""
@@ -26,7 +28,7 @@ def register_replay(sub) -> None:
     q.add_argument("--profile", required=True, help="cost profile: shipped name or JSON path")
     q.add_argument("--where", default=None, metavar="KEY=VALUE,...",
                    help="only the runs whose columns equal these values (numbers as numbers; KEY= for empty)")
-    q.add_argument("--seed", type=int, default=0, help="random seed of every simulated run [%(default)s]")
+    add_seed_option(q, help="random seed of every simulated run [%(default)s]")
     q.add_argument("--chunked-prefill-size", type=pos_int, default=None, metavar="N",
                    help="server setting for every run: prefill tokens per step [the simulator's default]")
     q.add_argument("--max-running-requests", type=pos_int, default=None, metavar="N",
@@ -35,6 +37,9 @@ def register_replay(sub) -> None:
                    help="server setting for every run: KV capacity from the profile's memory metadata")
     q.add_argument("--cuda-graph-max-bs", type=pos_int, default=None, metavar="N",
                    help="server setting for every run: recorded, not priced")
+    q.add_argument("--mixed-prefill", action=argparse.BooleanOptionalAction, default=None,
+                   help="whether the server's steps mix prefill chunks with decode [each run's engine default: "
+                        "off for SGLang (--enable-mixed-chunk defaults to off), on otherwise]")
     q.add_argument("--out", required=True, help="output directory, replaced whole by the new results")
     q.add_argument("--quiet", action="store_true")
     q.set_defaults(func=replay_command)
@@ -47,14 +52,11 @@ def replay_command(args: argparse.Namespace) -> int:
     from dsparksim.bench.client import ServerSettings
     from dsparksim.bench.replay import (error_summary, parse_where, read_table, replay, replay_figure, row_policy,
                                         row_workload, select)
-    from dsparksim.cli.main import _bar_off
     from dsparksim.cost.profile import load_profile, profile_path
     from dsparksim.results.outputs import check_out_dir, staged_dir
     from dsparksim.sim.simulate import write_json, write_table
 
-    if args.seed < 0:
-        from dsparksim.errors import ConfigError
-        raise ConfigError("cli", "--seed", f"expected an integer >= 0, got {args.seed}")
+    check_seed(args)
     check_out_dir(args.out, "--out")
     where = parse_where(args.where)
     runs = read_table(args.runs)
@@ -67,8 +69,9 @@ def replay_command(args: argparse.Namespace) -> int:
                             max_running_requests=args.max_running_requests,
                             cuda_graph_max_bs=args.cuda_graph_max_bs, mem_fraction_static=args.mem_fraction_static)
     t0 = time.perf_counter()
-    with tqdm(total=len(sel), unit="run", desc="replay", disable=_bar_off(args)) as bar:
-        df = replay(sel, prof, server=server, seed=args.seed, source=str(args.runs), on_done=lambda: bar.update(1))
+    with tqdm(total=len(sel), unit="run", desc="replay", disable=bar_off(args)) as bar:
+        df = replay(sel, prof, server=server, seed=args.seed, source=str(args.runs), on_done=lambda: bar.update(1),
+                    mixed_prefill=args.mixed_prefill)
     wall = time.perf_counter() - t0
     err = error_summary(df)
     out = Path(args.out)
@@ -79,7 +82,10 @@ def replay_command(args: argparse.Namespace) -> int:
                       ).savefig(d / "replay.png")
         write_json(d / "config.json", {"runs": str(args.runs), "where": args.where, "profile": prof.name,
                                        "profile_path": str(profile_path(args.profile)), "seed": args.seed,
-                                       "server": {k: v for k, v in server.__dict__.items() if k != "gpus"},
+                                       "server": {k: v for k, v in server.__dict__.items() if k not in ("gpus", "mixed_chunk")},
+                                       "mixed_prefill": (args.mixed_prefill if args.mixed_prefill is not None
+                                                         else "each run's engine default (sglang: off, "
+                                                              "others: on)"),
                                        "selected": len(df), "of": len(runs), "wall_s": round(wall, 2),
                                        "dsparksim_version": __version__})
     if not args.quiet:

@@ -9,9 +9,11 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from dsparksim.config import (DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, RunConfig, _number, nonneg_float,
+from dsparksim.config import (DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, RunConfig, nonneg_float,
                               nonneg_int, pos_float, pos_int, run_options)
+from dsparksim.cli.options import add_backend_options, bar_off
 from dsparksim.errors import ConfigError, InputError
+from dsparksim.io.options import number
 
 __all__ = ["DEFAULT_DURATION_S", "add_draft_len", "add_option", "add_out", "build_parser", "main", "nonneg_float",
            "nonneg_int", "pos_float", "pos_int", "preflight", "run_config"]
@@ -29,14 +31,14 @@ def _floats(s: str) -> list[float]:
     vals = [x.strip() for x in s.split(",")]
     if not any(vals) or not all(vals):
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers > 0, got {s!r}")
-    return [_number(x, float, 0.0, True, "comma-separated numbers > 0") for x in vals]
+    return [number(x, float, 0.0, True, "comma-separated numbers > 0") for x in vals]
 
 
 def _ints(s: str) -> list[int]:
     vals = [x.strip() for x in s.split(",")]
     if not any(vals) or not all(vals):
         raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {s!r}")
-    return [_number(x, int, 1, False, "comma-separated integers >= 1") for x in vals]
+    return [number(x, int, 1, False, "comma-separated integers >= 1") for x in vals]
 
 
 # Run options that `frontier` takes as comma lists (one frontier per deployment = replicas x router).
@@ -105,7 +107,8 @@ def add_option(container, key: str, help: str | None = None) -> None:
     o = spec.option
     kw: dict[str, Any] = {"dest": key, "default": spec.default, "help": o.help if help is None else help}
     if o.switch:
-        kw["action"] = "store_true"
+        # a switch that defaults on gets its --no- spelling too (--mixed-prefill / --no-mixed-prefill)
+        kw["action"] = argparse.BooleanOptionalAction if spec.default is True else "store_true"
     else:
         if o.parse is not None:
             kw["type"] = o.parse
@@ -213,7 +216,7 @@ def result_file(args: argparse.Namespace, cfg: RunConfig, model: str) -> Path | 
 
 def default_out_note(args: argparse.Namespace, existed: bool) -> None:
     """Say so when a command without --out replaced its default folder (the previous results are gone)."""
-    typed = _given(args, "--out") or (_given(args, "--result-dir") and not hasattr(args, "result_dir"))
+    typed = flag_given(args, "--out") or (flag_given(args, "--result-dir") and not hasattr(args, "result_dir"))
     if existed and not typed:   # (--result-dir is --out's alias only where it is not vLLM's separate option)
         print(f"dsparksim: note: replaced {args.out} (the previous results there); give --out DIR to keep each "
               "run's results", file=sys.stderr)
@@ -222,7 +225,7 @@ def default_out_note(args: argparse.Namespace, existed: bool) -> None:
 _GROUPS = {"inputs": "inputs", "traffic": "traffic (closed loop by default)", "engine": "engine"}
 
 
-def _add_common(p: argparse.ArgumentParser, frontier: bool) -> None:
+def add_run_options(p: argparse.ArgumentParser, frontier: bool) -> None:
     """The shared run options, generated from the config fields' metadata (``frontier``: load lists instead of
     one load), plus ``--format``."""
     groups = {name: p.add_argument_group(title) for name, title in _GROUPS.items()}
@@ -258,19 +261,11 @@ def _bad(option: str, message: str) -> ConfigError:
     return ConfigError("cli", option, message)
 
 
-def _given(args: argparse.Namespace, *opts: str) -> bool:
+def flag_given(args: argparse.Namespace, *opts: str) -> bool:
     """Was any of ``opts`` typed on the command line (as ``--opt v``, ``--opt=v`` or ``-Kv``)?"""
     argv = getattr(args, "_argv", None) or []
     return any(a == o or a.startswith(o + "=") or (len(o) == 2 and a.startswith(o) and not a.startswith("--"))
                for a in argv for o in opts)
-
-
-def _bar_off(args: argparse.Namespace) -> bool:
-    """Progress bars go to a terminal only: a log or a pipe gets the result lines, not carriage-return noise.
-    DSPARKSIM_PROGRESS=1 draws them anyway (e.g. to watch a CI log), --quiet never."""
-    if getattr(args, "quiet", False):
-        return True
-    return not (sys.stderr.isatty() or os.environ.get("DSPARKSIM_PROGRESS", "") in ("1", "always"))
 
 
 # The command-line flags of the draft options (dsparksim.sim.reads.DRAFT_OPTIONS; drafter has none).
@@ -285,7 +280,7 @@ def check_unread_options(args: argparse.Namespace, policies: Sequence[str], how:
     from dsparksim.sim.reads import unread_by_all
 
     for key, flags in DRAFT_FLAGS.items():
-        if _given(args, *flags):
+        if flag_given(args, *flags):
             hit = unread_by_all(policies, [key])
             if hit:
                 raise _bad(flags[0], f"has no effect with {how} ({hit[1]})")
@@ -313,11 +308,11 @@ def check_run_args(args: argparse.Namespace, frontier: bool = False) -> None:
     if not frontier and args.time_scale is not None and not args.trace:
         raise _bad("--time-scale", f"applies to trace replay only (set --trace); got --time-scale {args.time_scale:g}")
     reps = args.replicas if isinstance(args.replicas, (list, tuple)) else [args.replicas]
-    if _given(args, "--router") and max(reps) == 1 and getattr(args, "dp_ranks", 1) == 1:
+    if flag_given(args, "--router") and max(reps) == 1 and getattr(args, "dp_ranks", 1) == 1:
         raise _bad("--router", f"has no effect on one engine (set --replicas or --dp-ranks above 1); got --router "
                    f"{','.join(args.router) if isinstance(args.router, (list, tuple)) else args.router}")
     from dsparksim.config import PAGED_ONLY, reserved_kv_conflict
-    hit = reserved_kv_conflict(args.kv_policy, {k: getattr(args, k) for k, f in PAGED_ONLY.items() if _given(args, f)},
+    hit = reserved_kv_conflict(args.kv_policy, {k: getattr(args, k) for k, f in PAGED_ONLY.items() if flag_given(args, f)},
                                flags=True)
     if hit:
         raise _bad(*hit)
@@ -365,7 +360,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from dsparksim.sim.simulate import simulate, write_run
 
-    write_out = args.result_dir is None or _given(args, "--out")   # --result-dir alone: only that file
+    write_out = args.result_dir is None or flag_given(args, "--out")   # --result-dir alone: only that file
     if not write_out:
         args.out = None
     check_run_args(args)  # every option and the output directory, before the simulation
@@ -383,7 +378,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     existed = args.out is not None and Path(args.out).is_dir() and any(Path(args.out).iterdir())
     t0 = time.perf_counter()
     total = traffic.duration_s
-    with tqdm(total=total, unit="sim-s", disable=_bar_off(args) or total is None, leave=False,
+    with tqdm(total=total, unit="sim-s", disable=bar_off(args) or total is None, leave=False,
               bar_format="{l_bar}{bar}| {n:.1f}/{total:.0f} sim-s [{elapsed}<{remaining}]") as bar:
         out = simulate(cfg, progress=(lambda now: bar.update(min(now, total) - bar.n)) if total else None)
     wall = time.perf_counter() - t0
@@ -493,11 +488,11 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     cfgs = cells(base, policies, loads, deploys, seeds=seeds if len(seeds) > 1 else None)
     for w in slo_warnings:   # after every check: a refused command prints its one error line only (notes too)
         print(w, file=sys.stderr)
-    jobs = args.jobs or min(os.cpu_count() or 1, len(cfgs))
+    jobs = args.workers or min(os.cpu_count() or 1, len(cfgs))
     out = Path(args.out)
     existed = out.is_dir() and any(out.iterdir())
     t0 = time.perf_counter()
-    with tqdm(total=len(cfgs), unit="cell", disable=_bar_off(args), desc="frontier") as bar:
+    with tqdm(total=len(cfgs), unit="cell", disable=bar_off(args), desc="frontier") as bar:
         summaries = run_cells(cfgs, jobs=jobs, on_done=lambda: bar.update(1), backend=args.backend,
                               ray_address=args.ray_address)
     wall = time.perf_counter() - t0
@@ -665,7 +660,7 @@ def frontier_slos(args: argparse.Namespace) -> tuple[list[float], list[str]]:
     out, bare = [], []
     for t in args.slo or ():
         try:
-            out.append(_number(t, float, 0.0, True, "a number"))
+            out.append(number(t, float, 0.0, True, "a number"))
             bare.append(t)
             continue
         except argparse.ArgumentTypeError:
@@ -677,7 +672,7 @@ def frontier_slos(args: argparse.Namespace) -> tuple[list[float], list[str]]:
                        "capacity and plan")
         out.append(c.value)
     warn = []
-    if _given(args, "--sla"):
+    if flag_given(args, "--sla"):
         warn.append("dsparksim: warning: --sla is deprecated; use --slo")
     if bare:
         warn.append(f"dsparksim: warning: --slo {','.join(bare)}: a bare number is deprecated; write --slo "
@@ -689,8 +684,8 @@ def frontier_slos(args: argparse.Namespace) -> tuple[list[float], list[str]]:
 
 
 def _is_term(t: str) -> bool:
-    from dsparksim.sweep.capacity import _SLO_RE
-    return bool(_SLO_RE.match(t))
+    from dsparksim.sweep.capacity import SLO_RE
+    return bool(SLO_RE.match(t))
 
 
 def check_frontier_loads(args: argparse.Namespace) -> None:
@@ -817,7 +812,7 @@ def build_parser() -> argparse.ArgumentParser:
     for act in r._actions:
         if act.dest == "policy":   # every spec the registry knows (the top-level help points here)
             act.help = f"policy spec, one of: {', '.join(list_specs())} [%(default)s]"
-    _add_common(r, frontier=False)
+    add_run_options(r, frontier=False)
     add_out(r, "results/run", "output directory, replaced whole by the new results", result_dir_alias=False)
     add_result_options(r)
     r.add_argument("--save-steps", action="store_true", help="also write the per-step log steps.csv")
@@ -829,7 +824,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--policies", default=None,
                    help="comma-separated policy specs [all eight: none, mtp1, fixed:7, threshold:0.5, goodput, "
                         "confidence, confidence-async:2, oracle]")
-    _add_common(f, frontier=True)
+    add_run_options(f, frontier=True)
     from dsparksim.results.stats import MAX_SEEDS, seeds_arg
     f.add_argument("--seeds", type=seeds_arg, default=1,
                    help="run every cell with N seeds (--seed, --seed+1, ...), the same seeds for every policy "
@@ -843,17 +838,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per-user speed targets for throughput gains at that speed, comma-separated, in the SLO "
                         "syntax of capacity and plan: tps_user_median>=X (or tps_user_p50>=X); repeatable (a bare "
                         "number X and the --sla spelling are deprecated)")
-    f.add_argument("--backend", choices=["serial", "local", "ray"], default=None,
-                   help="where cells run: serial, local process pool or ray (optional extra) [local; serial for 1 "
-                        "worker]; results are identical whatever the backend")
-    f.add_argument("--ray-address", default=None, help="with --backend ray: an existing cluster (e.g. auto)")
-    f.add_argument("--workers", "--jobs", dest="jobs", type=pos_int, default=None,
-                   help="worker processes [all cores]")
+    add_backend_options(f, default=None,
+                        backend_help="where cells run: serial, local process pool or ray (optional extra) [local; "
+                                     "serial for 1 worker]; results are identical whatever the backend")
     add_out(f, "results/frontier", "output directory, replaced whole by the new results")
     f.add_argument("--quiet", action="store_true")
     f.set_defaults(func=cmd_frontier)
     for mod in ("dsparksim.cli.profile", "dsparksim.cli.trace", "dsparksim.cli.sweep",
-                "dsparksim.cli.models", "dsparksim.cli.runner", "dsparksim.cli.bench"):
+                "dsparksim.cli.models", "dsparksim.cli.runner", "dsparksim.cli.bench", "dsparksim.cli.study"):
         __import__(mod, fromlist=["register"]).register(sub)
     return p
 
@@ -872,7 +864,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             build_parser().print_help(sys.stderr)
             return 2
         args = build_parser().parse_args(argv)
-        args._argv = argv  # which options were typed (see _given)
+        args._argv = argv  # which options were typed (see flag_given)
         command = args.command
         return int(args.func(args) or 0)
     except InputError as e:  # bad input or impossible config: one clear line, no traceback

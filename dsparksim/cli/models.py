@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from dsparksim.cli.options import add_threads_option, check_threads
 from dsparksim.errors import InputError
 
 
@@ -31,7 +32,7 @@ def register(subparsers) -> None:
                    help="comma-separated subset of tokenizer,target,drafters,calibrate [all]")
     t.add_argument("--prompts-dir", default=None,
                    help="directory with the prompts/*.jsonl files [../shared/data/prompts]")
-    t.add_argument("--threads", type=int, default=2, help="torch CPU threads [%(default)s]")
+    add_threads_option(t)
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     t.set_defaults(func=train_command)
 
@@ -43,7 +44,7 @@ def register(subparsers) -> None:
     c.add_argument("--drafters", default="dspark,dflash,eagle3,mtp1", help="subset to collect [%(default)s]")
     c.add_argument("--preset", default=None, help="override the collect sizes of this preset [the trained one]")
     c.add_argument("--prompts-dir", default=None, help="directory with the prompts/*.jsonl files")
-    c.add_argument("--threads", type=int, default=2, help="torch CPU threads [%(default)s]")
+    add_threads_option(c)
     c.add_argument("--quiet", action="store_true")
     c.set_defaults(func=collect_command)
 
@@ -65,8 +66,7 @@ def _stages(s: str):
 
 def _check_dir_args(args: argparse.Namespace) -> None:
     """--threads and the output directory, before any model is built or trained."""
-    if args.threads < 1:
-        raise InputError("cli", "--threads", f"expected at least 1 CPU thread, got {args.threads}")
+    check_threads(args)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise InputError(str(out), "--out", "is a file; expected the output directory")

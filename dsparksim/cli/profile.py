@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from dsparksim.cli.options import add_seed_option
 from dsparksim.errors import InputError
 from dsparksim.cost.profile import CostProfile, list_profiles, load_profile, shipped_dir
 from dsparksim.cost.profile_import import (FORMATS, LOOKUPS, complete_profile, import_sps_table, parse_drafter_cost,
@@ -135,7 +136,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         d = build_profile(model, args.gpu, tp=args.tp, ep=args.ep, dp=args.dp, dtype=args.dtype,
                           kv_dtype=args.kv_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
                           name=args.name or None, date=args.date)
-        _save(d, out)
+        save_profile_file(d, out)
     except InputError as e:
         print(f"dsparksim: error: {e}", file=sys.stderr)
         return 2
@@ -288,7 +289,7 @@ def plot_profile(p: CostProfile, path: str | Path) -> Path:
     ax.legend(fontsize=8)
     fig.tight_layout()
     from dsparksim.results.outputs import image_metadata
-    from dsparksim.sim.simulate import atomic_write
+    from dsparksim.results.outputs import atomic_write
     fmt = path.suffix[1:].lower() or "png"
     try:
         atomic_write(path, lambda q: fig.savefig(q, dpi=120, format=fmt, metadata=image_metadata(path)))
@@ -337,11 +338,11 @@ def _profile_file(spec: str | None) -> str | None:
         return None
 
 
-def _save(p: CostProfile | dict, out: Path) -> None:
+def save_profile_file(p: CostProfile | dict, out: Path) -> None:
     """Write the profile atomically with the mark (metadata.written_by) that lets a rerun replace it."""
     from dsparksim.cost.profile import dumps_profile, profile_from_dict, profile_to_dict
     from dsparksim.results.outputs import written_by
-    from dsparksim.sim.simulate import atomic_write
+    from dsparksim.results.outputs import atomic_write
     d = profile_to_dict(p) if isinstance(p, CostProfile) else dict(p)
     d["metadata"] = {**d.get("metadata", {}), "written_by": written_by()}
     profile_from_dict(d, str(out))  # never write something load_profile would reject
@@ -362,7 +363,7 @@ def cmd_import(args: argparse.Namespace) -> int:
                              engine_clamp=args.engine_clamp, metadata=meta)
         p = complete_profile(p, kv_capacity_tokens=args.kv_capacity_tokens, max_model_len=args.max_model_len,
                              drafter_costs=costs)
-        _save(p, out)
+        save_profile_file(p, out)
     except InputError as e:
         print(f"dsparksim: error: {e}", file=sys.stderr)
         return 2
@@ -474,7 +475,7 @@ def _register_fit(sub: Any) -> None:
                    help="metrics fitted, of tpot, ttft, tput (all are reported) [%(default)s]")
     f.add_argument("--bootstrap", type=int, default=200, metavar="N",
                    help="bootstrap resamples over runs for the uncertainties (0 = none) [%(default)s]")
-    f.add_argument("--seed", type=int, default=0, help="bootstrap seed [%(default)s]")
+    add_seed_option(f, help="bootstrap seed [%(default)s]")
     f.add_argument("--max-num-seqs", type=int, default=1024, help="server's max running requests [%(default)s]")
     f.add_argument("--prefill-chunk", type=int, default=None, metavar="TOKENS",
                    help="server's chunked-prefill size [the profile's token budget]")
@@ -482,6 +483,9 @@ def _register_fit(sub: Any) -> None:
                    help="server's memory fraction for weights + KV (SGLang's flag; sets the KV capacity) "
                         "[the built profile's KV capacity]")
     f.add_argument("--kv-dtype", choices=("bf16", "fp16", "fp8"), help="server's KV-cache dtype [as `profile build`]")
+    f.add_argument("--mixed-prefill", action=argparse.BooleanOptionalAction, default=None,
+                   help="whether the server's steps mixed prefill chunks with decode [each run's engine default: "
+                        "off for SGLang (--enable-mixed-chunk defaults to off), on otherwise]")
     f.add_argument("--name", help="profile name [fitted-<gpu>x<tp>-<model>]")
     f.add_argument("--date", help="date written into metadata [today]")
     f.add_argument("--out", required=True, metavar="P.json", help="profile JSON to write (never overwritten "
@@ -532,9 +536,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
                          where=tuple(parse_where(args.where).items()), bootstrap=args.bootstrap, seed=args.seed,
                          max_num_seqs=args.max_num_seqs, prefill_chunk_tokens=args.prefill_chunk, name=args.name,
                          date=args.date, metrics=kinds, mem_fraction_static=args.mem_fraction_static,
-                         kv_dtype=args.kv_dtype)
+                         kv_dtype=args.kv_dtype, mixed_prefill=args.mixed_prefill)
         d, rep = run_fit(args.runs, opt, tqdm_file=sys.stderr)
-        _save(d, out)    # atomic: the file appears complete or not at all
+        save_profile_file(d, out)    # atomic: the file appears complete or not at all
     except InputError as e:
         print(f"dsparksim: error: {e}", file=sys.stderr)
         return 2

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+from dsparksim.cli.options import add_seed_option, add_threads_option, bar_off, check_seed, check_threads
+
 
 def _ints(s: str) -> tuple[int, ...]:
     try:
@@ -36,9 +38,9 @@ def _device_args(p: argparse.ArgumentParser, seed: bool = True) -> None:
     g.add_argument("--device", default="cpu", help="torch device (cpu, cuda) [%(default)s]")
     g.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 [float32 on CPU, bfloat16 on CUDA]")
     g.add_argument("--drafter-layers", type=int, default=1, help="layers of the drafter proxy [%(default)s]")
-    g.add_argument("--threads", type=int, default=1, help="CPU torch threads [%(default)s]")
+    add_threads_option(g)
     if seed:
-        g.add_argument("--seed", type=int, default=0)
+        add_seed_option(g)
     g.add_argument("--clock", choices=["auto", "wall", "thread"], default="auto",
                    help="step clock: thread CPU time (CPU, 1 thread; immune to other processes' preemption) or "
                         "wall; auto = thread on CPU with --threads 1, else wall [%(default)s]")
@@ -124,10 +126,8 @@ def _check_engine_args(args) -> None:
     import torch
 
     from dsparksim.errors import ConfigError
-    if args.threads is not None and args.threads < 1:
-        raise ConfigError("cli", "--threads", f"expected at least 1 CPU thread, got {args.threads}")
-    if getattr(args, "seed", 0) < 0:
-        raise ConfigError("cli", "--seed", f"expected a non-negative integer, got {args.seed}")
+    check_threads(args)
+    check_seed(args)
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
         raise ConfigError("cli", "--temperature", f"expected >= 0 (0 = greedy), got {args.temperature}")
     if args.drafter_layers < 1:
@@ -151,7 +151,7 @@ def _check_engine_args(args) -> None:
 def _check_measure_args(args, validate: bool = False) -> None:
     """The profile sweep's options and --out, before any model is built (an unwritable --out used to fail after
     the whole sweep)."""
-    from dsparksim.cli.main import _given
+    from dsparksim.cli.main import flag_given
     from dsparksim.errors import ConfigError
     from dsparksim.results.outputs import check_out_dir, refuse_working_dir
     if not 1 <= args.block_size <= 15:
@@ -170,7 +170,7 @@ def _check_measure_args(args, validate: bool = False) -> None:
     if args.profile is not None:
         # the sweep options shape a profile measured in this command; with --profile they would be ignored
         given = [f for f in ("--n-req", "--contexts", "--anchor-context", "--context-spread-from", "--warmup",
-                             "--reps", "--min-growth") if _given(args, f)]
+                             "--reps", "--min-growth") if flag_given(args, f)]
         if given:
             raise ConfigError("cli", given[0], f"shapes the profile measured in this command, but --profile "
                               f"{args.profile} is given; drop {', '.join(given)} or --profile")
@@ -240,16 +240,15 @@ def cmd_measure(args) -> int:
     _need_torch()
     _check_engine_args(args)
     _check_measure_args(args)
-    from dsparksim.cli.main import _bar_off          # one rule for every command: bars on a terminal only
     from dsparksim.runner.measure import measure
-    prof, raw = measure(_mc(args), progress=not _bar_off(args))
+    prof, raw = measure(_mc(args), progress=not bar_off(args))
     prof["metadata"]["command"] = "dsparksim " + " ".join(sys.argv[1:])
     out = Path(args.out)
-    from dsparksim.cli.profile import _save
-    _save(prof, out)
+    from dsparksim.cli.profile import save_profile_file
+    save_profile_file(prof, out)
     if args.raw:
         from dsparksim.results.outputs import written_by
-        from dsparksim.sim.simulate import atomic_write
+        from dsparksim.results.outputs import atomic_write
         doc = {"written_by": written_by(), **raw}
         atomic_write(Path(args.raw), lambda p: p.write_text(json.dumps(doc) + "\n"))
     fit = prof["metadata"]["fit"]
@@ -282,7 +281,6 @@ def cmd_validate(args) -> int:
     _need_torch()
     _check_engine_args(args)
     _check_measure_args(args, validate=True)
-    from dsparksim.cli.main import _bar_off
     from dsparksim.runner.validate import ValidateConfig, validate
     mc = _mc(args)
     acc, acc1 = args.acceptance, args.mtp1_acceptance
@@ -317,7 +315,7 @@ def cmd_validate(args) -> int:
                         "traces/sample_dspark_k7.csv", mtp1_acceptance=acc1 or "mtp1", K=args.block_size,
                         requests_per_user=args.requests_per_user, repeats=args.repeats, seed=args.seed, measure=mc, profile=args.profile,
                         runner=_runner(args, mc.executor), **extra)
-    validate(vc, args.out, progress=not _bar_off(args))
+    validate(vc, args.out, progress=not bar_off(args))
     s = json.loads((Path(args.out) / "summary.json").read_text())["summary"]
     worst = max(s["median_abs_rel_err_throughput"], s["median_abs_rel_err_tps_user_median"])
     d = s["drift"]
@@ -344,6 +342,7 @@ def _check_audit_args(args) -> None:
     from dsparksim.errors import ConfigError
     if args.steps < 1:
         raise ConfigError("cli", "--steps", f"expected at least 1 engine step per setting, got {args.steps}")
+    check_seed(args)
     if args.live and args.requests < 1:
         raise ConfigError("cli", "--requests", f"expected at least 1 request per policy, got {args.requests}")
     if not 0.0 < args.alpha < 1.0:
@@ -356,7 +355,7 @@ def _check_audit_args(args) -> None:
 
 
 def _write_rows(path: str, rows) -> None:
-    from dsparksim.sim.simulate import atomic_write
+    from dsparksim.results.outputs import atomic_write
     atomic_write(Path(path), lambda p: p.write_text(json.dumps(rows, indent=2) + "\n"))
 
 
@@ -399,7 +398,7 @@ def _audit_live(args, policies) -> int:
 
 
 def cmd_run_real(args) -> int:
-    from dsparksim.cli.main import _run_config, check_run_args, run_traffic
+    from dsparksim.cli.main import check_run_args, run_config, run_traffic
     from dsparksim.sim.simulate import write_run
 
     check_run_args(args)  # options and the output directory, before the engine starts
@@ -409,7 +408,7 @@ def cmd_run_real(args) -> int:
 
     if args.profile is None:    # the shipped profile of this machine's CPU target, measured for the mode
         args.profile = "cpu-tiny-live" if args.live else "cpu-tiny"
-    cfg = _run_config(args, run_traffic(args, default_concurrency=8))
+    cfg = run_config(args).replace(traffic=run_traffic(args, default_concurrency=8))
     out = real_run(cfg, _runner(args, _executor(args)))
     paths = write_run(out, args.out, fmt=args.format, steps=True)
     s = out.summary
@@ -505,9 +504,9 @@ def register(sub) -> None:
                        description="Like `dsparksim run`, but every step is executed for real (one flattened target "
                                    "forward per step, drafter-proxy forward, sampling) and timed; writes the same "
                                    "result files (plus steps.csv), so real and simulated runs load into one frontier.")
-    from dsparksim.cli.main import _add_common
+    from dsparksim.cli.main import add_run_options
     r.add_argument("--policy", default="confidence", help="policy spec [%(default)s]")
-    _add_common(r, frontier=False)
+    add_run_options(r, frontier=False)
     _device_args(r, seed=False)
     _live_args(r)
     r.add_argument("--no-profile-check", action="store_true",
@@ -523,7 +522,7 @@ def register(sub) -> None:
 
     a = sub.add_parser("audit", help="statistical test that lossless policies keep the target distribution")
     a.add_argument("--steps", type=int, default=6000, help="engine steps per synthetic setting [%(default)s]")
-    a.add_argument("--seed", type=int, default=0, help="random seed [%(default)s]")
+    add_seed_option(a)
     a.add_argument("--alpha", type=float, default=1e-3, help="significance level [%(default)s]")
     a.add_argument("--out", default=None, help="write the results as JSON (an existing file only if an audit wrote it)")
     a.add_argument("--force", action="store_true",

@@ -5,23 +5,14 @@ import argparse
 import sys
 
 
+from dsparksim.cli.options import add_backend_options, bar_off
+
+
 def _backend_args(p: argparse.ArgumentParser, default: str = "local") -> None:
+    """The execution group of the spec-driven commands: the shared backend options and ``--quiet``."""
     g = p.add_argument_group("execution")
-    g.add_argument("--backend", choices=["serial", "local", "ray"], default=default,
-                   help="serial (this process), local (process pool) or ray (optional extra) [%(default)s]")
-    from dsparksim.config import pos_int
-    g.add_argument("--workers", "--jobs", dest="workers", type=pos_int, default=None,
-                   help="worker processes / Ray CPUs [all cores]")
-    g.add_argument("--ray-address", default=None,
-                   help="connect to an existing Ray cluster (e.g. ray://host:10001 or auto) instead of starting "
-                        "a local instance")
+    add_backend_options(g, default=default)
     g.add_argument("--quiet", action="store_true", help="no progress bar or report")
-
-
-
-def _bar_off(args: argparse.Namespace) -> bool:
-    from dsparksim.cli.main import _bar_off as off   # one rule for every command: bars on a terminal only
-    return off(args)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -34,7 +25,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     claim_result_set(args.out, RESULT_FILES, MANIFEST, "--out")
     try:
         res = run_sweep(spec, args.out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
-                        progress=not _bar_off(args))
+                        progress=not bar_off(args))
     except KeyboardInterrupt:
         print(f"dsparksim: interrupted: finished cells are saved in {args.out}/cells; run the same command again "
               "to resume", file=sys.stderr)
@@ -62,7 +53,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_capacity(args: argparse.Namespace) -> int:
     from dsparksim.results.outputs import claim_result_set, write_result_set
     from dsparksim.sweep import load_spec
-    from dsparksim.sweep.runner import _dump
+    from dsparksim.sweep.runner import dump_json
     from dsparksim.sweep.capacity import capacity_search, capacity_settings, capacity_table
 
     spec = load_spec(args.spec)
@@ -70,15 +61,15 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                            slo=args.slo, require_unsaturated=False if args.allow_saturated else None,
                            seeds=args.seeds)
     out = claim_result_set(args.out, CAPACITY_FILES, "capacity.manifest.json", "--out")  # before any probe
-    from dsparksim.cli.main import _given
-    if _given(args, "--sla"):   # after the checks: a refused command prints its one error line only
+    from dsparksim.cli.main import flag_given
+    if flag_given(args, "--sla"):   # after the checks: a refused command prints its one error line only
         print("dsparksim: warning: --sla is deprecated; use --slo", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     res = capacity_search(spec, st, out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
-                          progress=not _bar_off(args))
+                          progress=not bar_off(args))
     table = capacity_table(res)
     # replaced as a set; capacity.manifest.json, written last, lists both (dsparksim.results.outputs)
-    write_result_set(out, {"capacity.json": lambda p: _dump(p, res),
+    write_result_set(out, {"capacity.json": lambda p: dump_json(p, res),
                            "capacity.csv": lambda p: table.to_csv(p, index=False)}, "capacity.manifest.json")
     if not args.quiet:
         print(f"SLO: {' and '.join(st.to_dict()['slo'])}"
@@ -166,5 +157,5 @@ def register(subparsers) -> None:
     _backend_args(r)
     r.set_defaults(func=cmd_regress)
 
-    from dsparksim.plan.command import register as register_plan
+    from dsparksim.cli.plan import register as register_plan
     register_plan(subparsers, _backend_args)

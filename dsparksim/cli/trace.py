@@ -10,6 +10,7 @@ import math
 import sys
 from typing import Any
 
+from dsparksim.cli.options import add_seed_option, check_seed
 from dsparksim.errors import InputError
 
 
@@ -22,14 +23,14 @@ def register(subparsers) -> None:
                        description="TARGET is a trace file (.csv, .csv.gz, .parquet) or an acceptance spec "
                                    "(dspark, dflash, eagle3, mtp1, tau:X, vllm:PATH, sglang:PATH; specs are "
                                    "simulated).")
-    from dsparksim.cli.main import nonneg_int, pos_int
+    from dsparksim.cli.main import pos_int
 
     q.add_argument("target", help="trace path or acceptance spec")
     q.add_argument("--K", type=pos_int, default=None,
                    help="block size (trace: default the trace's K, smaller truncates; spec: default 7, mtp1 1)")
     q.add_argument("--blocks", type=int, default=20000, help="simulated blocks per domain for a spec (default 20000)")
     q.add_argument("--blocks-per-request", type=int, default=20, help="simulated blocks per request (default 20)")
-    q.add_argument("--seed", type=nonneg_int, default=0, help="simulation seed (default 0)")
+    add_seed_option(q, help="simulation seed (default 0)")
     q.add_argument("--json", action="store_true", help="print the summary as JSON")
     q.set_defaults(func=inspect_command)
 
@@ -114,6 +115,7 @@ def render_text(s: dict) -> str:
 def inspect_command(args: argparse.Namespace) -> int:
     """Entry point of ``dsparksim trace inspect``."""
     try:
+        check_seed(args)
         summary = build_summary(args)
     except InputError as e:            # ConfigError is a subclass
         print(f"dsparksim: error: {e}", file=sys.stderr)

@@ -14,7 +14,7 @@ import numpy as np
 from dsparksim.cost.analytic.calibration import FAMILY_NOTES, Calibration
 from dsparksim.errors import InputError
 from dsparksim.fit.fitter import (BOUNDS, DELTA_MIN, GAMMA_MAX, FitProblem, bootstrap, fit_problem, loco,
-                                  _bounds)
+                                  param_bounds)
 from dsparksim.fit.reprice import PARAMS, LinearRun, PriceBasis
 from dsparksim.fit.runs import FitRun, file_sha256, load_fit_runs
 from dsparksim.fit.trace import Trace, simulate_trace
@@ -42,6 +42,7 @@ class FitOptions:
     metrics: tuple[str, ...] = ("tpot", "ttft", "tput")   # kinds fitted (KINDS values); all are reported
     mem_fraction_static: float | None = None     # the server's memory fraction (None: the profile's KV capacity)
     kv_dtype: str | None = None                  # the server's KV-cache dtype (None: the builder's default)
+    mixed_prefill: bool | None = None            # None: each run's engine default (SGLang: off)
 
 
 def traces_for(runs: list[FitRun], profile: Any, progress: Any = None) -> list[Trace]:
@@ -55,6 +56,15 @@ def traces_for(runs: list[FitRun], profile: Any, progress: Any = None) -> list[T
         if progress is not None:
             progress(1)
     return out
+
+
+def _mixed_record(runs: list[FitRun], given: bool | None) -> dict[str, Any]:
+    """metadata.fit's record of whether prefill chunks shared steps with decode, and why."""
+    vals = sorted({bool(r.spec.mixed_prefill) for r in runs})
+    return {"value": vals[0] if len(vals) == 1 else vals,
+            "source": ("--mixed-prefill/--no-mixed-prefill" if given is not None else
+                       "each run's engine default: SGLang off (--enable-mixed-chunk defaults to False), "
+                       "others on (dsparksim.bench.client.engine_mixes_prefill)")}
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -87,7 +97,8 @@ def run_fit(runs_path: str | Path, opt: FitOptions, *, tqdm_file: Any = None
                          f"{base.max_tokens}")
     runs, rows = load_fit_runs(runs_path, where, server={"max_num_seqs": opt.max_num_seqs,
                                                          "prefill_chunk_tokens": chunk,
-                                                         "mem_fraction_static": opt.mem_fraction_static})
+                                                         "mem_fraction_static": opt.mem_fraction_static},
+                               mixed_prefill=opt.mixed_prefill)
     basis = PriceBasis.build(opt.model, opt.gpu, tp=opt.tp, ep=opt.ep, kv_dtype=opt.kv_dtype)
     with tqdm(total=len(runs), desc="simulate runs", unit="run", file=tqdm_file, leave=False) as bar:
         traces = traces_for(runs, base, bar.update)
@@ -115,14 +126,14 @@ def run_fit(runs_path: str | Path, opt: FitOptions, *, tqdm_file: Any = None
     for k, p in enumerate(PARAMS):
         st = res.status[p]
         e: dict[str, Any] = {"value": float(res.coef[k]), "builder_value": float(prob.builder_coef[k]),
-                             "status": st["status"], "bounds": list(_bounds(p)),
+                             "status": st["status"], "bounds": list(param_bounds(p)),
                              "sensitivity": st.get("sensitivity")}
         if "reason" in st:
             e["reason"] = st["reason"]
         if "collinearity_index" in st:
             e["collinearity_index"] = st["collinearity_index"]
         if st["status"] == "fitted":
-            lo, hi = _bounds(p)
+            lo, hi = param_bounds(p)
             e["at_bound"] = bool(res.coef[k] <= lo * 1.001 or res.coef[k] >= hi / 1.001)
             if boot is not None:
                 b = boot[:, k]
@@ -152,6 +163,7 @@ def run_fit(runs_path: str | Path, opt: FitOptions, *, tqdm_file: Any = None
                          "once, warm-up prompts first; lengths uniform in [int(R*L), L]; ignore_eos",
                          "max_num_seqs": opt.max_num_seqs, "prefill_chunk_tokens": chunk, "seed": 0,
                          "mem_fraction_static": opt.mem_fraction_static, "kv_dtype": opt.kv_dtype,
+                         "mixed_prefill": _mixed_record(runs, opt.mixed_prefill),
                          "simulated_by": "dsparksim.bench.client.run_client (warm-up prompts included)"},
         "objective": "least squares of log(simulated/measured): per run mean TPOT (median where the run has no "
                      "mean), mean TTFT (median likewise) and output tokens/s per GPU, equal weights",

@@ -39,7 +39,8 @@ BOUNDS = {"scale": (0.2, 5.0), "fixed_overhead_s": (1e-5, 0.02)}
 JAC_STEP = 1e-4      # central differences in log parameter
 
 
-def _bounds(name: str) -> tuple[float, float]:
+def param_bounds(name: str) -> tuple[float, float]:
+    """(low, high) bounds of parameter ``name``: the fixed overhead's, or every family scale's."""
     return BOUNDS["fixed_overhead_s"] if name == "fixed_overhead_s" else BOUNDS["scale"]
 
 
@@ -139,8 +140,8 @@ def _solve(prob: FitProblem, names: Sequence[str], start: np.ndarray, hold: np.n
     if not names:
         return coef
     ks = [PARAMS.index(n) for n in names]
-    lo = np.log([_bounds(n)[0] for n in names])
-    hi = np.log([_bounds(n)[1] for n in names])
+    lo = np.log([param_bounds(n)[0] for n in names])
+    hi = np.log([param_bounds(n)[1] for n in names])
     x0 = np.clip(np.log(start[ks]), lo + 1e-9, hi - 1e-9)
 
     def f(x: np.ndarray) -> np.ndarray:

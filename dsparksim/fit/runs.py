@@ -62,10 +62,12 @@ def _need(path: Path, r: dict[str, Any], key: str, why: str) -> Any:
     return v
 
 
-def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, int] | None = None
-                  ) -> tuple[list[FitRun], list[dict[str, Any]]]:
+def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, int] | None = None,
+                  mixed_prefill: bool | None = None) -> tuple[list[FitRun], list[dict[str, Any]]]:
     """(the selected runs, their rows). InputError on an empty selection, a speculative, open-loop, non-random or
-    non-``ignore_eos`` run, or a run without the fields the fit needs."""
+    non-``ignore_eos`` run, or a run without the fields the fit needs. ``mixed_prefill``: None = each run's
+    engine default (SGLang: off; :func:`dsparksim.bench.client.engine_mixes_prefill`)."""
+    from dsparksim.bench.client import engine_mixes_prefill
     from dsparksim.bench.runs import NAMES, read_runs
 
     path = Path(path)
@@ -111,7 +113,9 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
                           input_len=int(_need(path, r, "random_input_len", "prompt lengths")),
                           output_len=int(_need(path, r, "random_output_len", "output lengths")),
                           range_ratio=float(r.get("random_range_ratio") or 1.0), gpus=max(gpus, 1),
-                          num_warmup_prompts=int(r.get("num_warmup_prompts") or 0), **server)
+                          num_warmup_prompts=int(r.get("num_warmup_prompts") or 0),
+                          mixed_prefill=(engine_mixes_prefill(r.get("engine")) if mixed_prefill is None
+                                         else bool(mixed_prefill)), **server)
         meas: dict[str, float] = {}
         for names in METRIC_CHOICES.values():
             for n in names:

@@ -218,9 +218,9 @@ def write_plan(run: PlanRun, out: str | Path) -> tuple[dict[str, Any], dict[str,
 
 
 def _dump(p: Path, obj: Any) -> None:
-    from dsparksim.config import _jsonable
+    from dsparksim.config import jsonable
 
-    p.write_text(json.dumps(_jsonable(obj), indent=1, allow_nan=False, default=str) + "\n")
+    p.write_text(json.dumps(jsonable(obj), indent=1, allow_nan=False, default=str) + "\n")
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:

@@ -193,7 +193,7 @@ def _table(src: str, d: Mapping[str, Any], name: str, required: bool = False) ->
 
 def _run_options(src: str, where: str, d: Mapping[str, Any], allow_lists: bool) -> dict[str, Any]:
     """Run options of a table, keys canonical, values type-checked (lists: one value each)."""
-    from dsparksim.sweep.spec import _check_value, canonical_key
+    from dsparksim.sweep.spec import check_value, canonical_key
 
     out: dict[str, Any] = {}
     for k, v in d.items():
@@ -206,12 +206,12 @@ def _run_options(src: str, where: str, d: Mapping[str, Any], allow_lists: bool) 
         if allow_lists and isinstance(v, list):
             if not v:
                 raise ConfigError(src, f"{where}.{k}", "empty list: give at least one value")
-            vals = [_check_value(src, f"{where}.{k}[{i}]", c, x) for i, x in enumerate(v)]
+            vals = [check_value(src, f"{where}.{k}[{i}]", c, x) for i, x in enumerate(v)]
             if len(set(map(repr, vals))) != len(vals):
                 raise ConfigError(src, f"{where}.{k}", f"duplicate values in {v!r}")
             out[c] = vals
         else:
-            out[c] = _check_value(src, f"{where}.{k}", c, v)
+            out[c] = check_value(src, f"{where}.{k}", c, v)
     return out
 
 

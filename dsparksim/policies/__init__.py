@@ -6,7 +6,7 @@ takes an argument) and one line in ``REGISTRY``. Specs are ``name`` or ``name:ar
 from __future__ import annotations
 
 from dsparksim.errors import ConfigError
-from dsparksim.policies._common import spec_error
+from dsparksim.policies._common import Ranking, draft_budget, rank_candidates, ratio_curve
 from dsparksim.policies.base import Policy, StepContext
 from dsparksim.policies.confidence import Confidence, algorithm1
 from dsparksim.policies.confidence_async import ConfidenceAsync
@@ -16,9 +16,10 @@ from dsparksim.policies.goodput import Goodput
 from dsparksim.policies.mtp1 import MTP1
 from dsparksim.policies.none import NoSpeculation
 from dsparksim.policies.oracle import Oracle
+from dsparksim.policies.registry import REGISTRY, list_specs, spec_error
 from dsparksim.policies.threshold import Threshold
 
-REGISTRY: dict[str, type[Policy]] = {
+REGISTRY.update({
     "none": NoSpeculation,  # plain autoregressive decoding (K = 0, no drafter)
     "mtp1": MTP1,
     "fixed": Fixed,
@@ -28,12 +29,7 @@ REGISTRY: dict[str, type[Policy]] = {
     "confidence-async": ConfidenceAsync,
     "confidence-global": ConfidenceGlobal,  # NOT lossless: only for demonstrating the Appendix-A bias
     "oracle": Oracle,
-}
-
-
-def list_specs() -> list[str]:
-    """Spec patterns, e.g. ['mtp1', 'fixed:K', ...]."""
-    return [cls.usage for cls in REGISTRY.values()]
+})
 
 
 def list_policies() -> list[str]:
@@ -64,4 +60,4 @@ def make_policy(spec: str) -> Policy:
 __all__ = ["REGISTRY", "Policy", "StepContext", "make_policy", "list_policies", "list_specs", "confidence_readers",
            "algorithm1",
            "global_search_current", "MTP1", "Fixed", "Threshold", "Goodput", "Confidence", "ConfidenceAsync",
-           "ConfidenceGlobal", "Oracle", "NoSpeculation"]
+           "ConfidenceGlobal", "Oracle", "NoSpeculation", "Ranking", "draft_budget", "rank_candidates", "ratio_curve"]

@@ -12,6 +12,8 @@ from typing import Callable, ClassVar
 
 import numpy as np
 
+from dsparksim.policies.registry import no_arg
+
 
 @dataclass
 class StepContext:
@@ -75,7 +77,6 @@ class Policy:
     @classmethod
     def from_arg(cls, arg: str | None) -> "Policy":
         """Build from the text after ':' in the spec (None if absent). Default: the policy takes no argument."""
-        from dsparksim.policies._common import no_arg  # lazy: _common imports this module
         no_arg(cls.name, arg)
         return cls()
 

@@ -36,7 +36,13 @@ def early_stop_ranked(ctx: StepContext, ranking: Ranking) -> int:
     the very same queries.
     """
     bmax = draft_budget(ctx)
-    T = eval_times(ctx.step_time, ctx.base_tokens + np.arange(bmax + 1, dtype=np.int64))
+    st = ctx.step_time
+    if getattr(st, "checked", False) and ctx.base_tokens >= 1:
+        # a checked dense price table (dsparksim.sim.engine.DenseStepTime): every price in range is positive and
+        # finite, so only the prefix the scan reads is looked up -- the same numbers
+        T = None
+    else:
+        T = eval_times(st, ctx.base_tokens + np.arange(bmax + 1, dtype=np.int64))
     m = FIRST_PREFIX
     while True:
         values = ranking.values(min(m, bmax))
@@ -45,7 +51,8 @@ def early_stop_ranked(ctx: StepContext, ranking: Ranking) -> int:
         E[0] = float(ctx.n)
         E[1:] = values[:p]
         np.cumsum(E, out=E)
-        j = first_drop(E / T[: p + 1])
+        E /= st.span(ctx.base_tokens, p + 1) if T is None else T[: p + 1]
+        j = first_drop(E)
         if j < p or p == bmax:
             return j
         m *= 4

@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from dsparksim.sim.engine import REJECT_REASONS, SimResult
+from dsparksim.sim.cluster import SimResult
+from dsparksim.sim.engine import REJECT_REASONS
 
 # The keys vLLM writes (setup, result, spec decode, statistics), in its order.
 SETUP_KEYS = ("date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
@@ -106,7 +107,7 @@ def write_bench_json(path, d: dict[str, Any]) -> None:
     """Write a bench_result dict as JSON, one key per line, streaming ``itls`` (vLLM's file has no indent)."""
     import json
 
-    from dsparksim.sim.simulate import atomic_write
+    from dsparksim.results.outputs import atomic_write
 
     def write(p) -> None:
         with open(p, "w") as f:

@@ -133,10 +133,10 @@ def frontier_table(summaries: list[dict[str, Any]], cfgs: Sequence[RunConfig] | 
     df = _with_deployment(df, cfgs)
     if cfgs is not None and seeded:
         df.insert(0, "seed", [c.seed for c in cfgs])
-    return _mark_pareto(df, SERIES + (("seed",) if seeded else ()))
+    return mark_pareto(df, SERIES + (("seed",) if seeded else ()))
 
 
-def _mark_pareto(df: pd.DataFrame, series: Sequence[str]) -> pd.DataFrame:
+def mark_pareto(df: pd.DataFrame, series: Sequence[str]) -> pd.DataFrame:
     """``df`` with its ``pareto`` column (re)computed per ``series`` group; saturated points are never Pareto."""
     df["pareto"] = False
     sat = df["saturated"].fillna(False).astype(bool) if "saturated" in df else pd.Series(False, index=df.index)

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from dsparksim.results.frontier import SERIES, _mark_pareto, comparison_table
+from dsparksim.results.frontier import SERIES, mark_pareto, comparison_table
 from dsparksim.results.stats import LEVEL, t_interval
 
 # Columns that name a cell rather than measure it: equal across seeds, never averaged.
@@ -62,7 +62,7 @@ def seed_means(per_seed: pd.DataFrame) -> pd.DataFrame:
                 row[c] = col.iloc[0] if len(vals) == 1 else "|".join(vals)
         row["n_seeds"] = int(g["seed"].nunique()) if "seed" in g else len(g)
         rows.append(row)
-    return _mark_pareto(pd.DataFrame(rows), SERIES)
+    return mark_pareto(pd.DataFrame(rows), SERIES)
 
 
 def comparison_with_intervals(mean_df: pd.DataFrame, per_seed: pd.DataFrame, baseline: str = "mtp1",

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dsparksim.sim.engine import REJECT_REASONS, SimResult
+from dsparksim.sim.cluster import SimResult
+from dsparksim.sim.engine import REJECT_REASONS
 
 if TYPE_CHECKING:  # pandas is imported where a table is built: a run imports it only to write results
     import pandas as pd

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -40,6 +41,23 @@ from typing import Callable, Iterator, Mapping, Sequence
 from dsparksim.errors import ConfigError
 
 RESULT_SUFFIXES = (".json", ".csv", ".parquet", ".png", ".gz")
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Write to a temporary file next to ``path`` and rename: a crash never leaves a half-written result.
+
+    The temporary file is created with mode 0666 less the umask (as ``open`` would), not mkstemp's 0600, so
+    results are readable by whoever may read the directory."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def check_out_dir(path: str | Path, option: str = "--out", replace: bool = True) -> Path:
@@ -180,7 +198,7 @@ def claim_out_file(path: str | Path, kind: str, force: bool = False, option: str
       "audit" the audit rows; :func:`register_kind` adds one), and only with ``force`` (the user's ``--force``:
       a rerun does not silently replace an earlier result); a file dsparksim did not write never, force or not.
 
-    Write the file with :func:`~dsparksim.sim.simulate.atomic_write`, carrying ``written_by()`` (or
+    Write the file with :func:`atomic_write`, carrying ``written_by()`` (or
     ``image_metadata``), so that a rerun may replace it. Returns ``Path(path)``.
     """
     p = Path(path)
@@ -348,8 +366,6 @@ def write_result_set(out: str | Path, files: Mapping[str, Callable[[Path], None]
 
     ``status``: what the set describes, recorded in the manifest; its ``complete`` (default True) says whether the
     work behind the files finished (a sweep with failed cells writes its files whole but is not complete)."""
-    from dsparksim.sim.simulate import atomic_write
-
     d = Path(out)
     d.mkdir(parents=True, exist_ok=True)
     # While the files are written the manifest is a pending one: it keeps every old and new name claimed (a rerun

@@ -50,7 +50,7 @@ from scipy.optimize import isotonic_regression, nnls
 
 from dsparksim.acceptance.base import AcceptanceModel, Block
 from dsparksim.errors import ConfigError
-from dsparksim.policies._common import draft_budget, rank_candidates, ratio_curve
+from dsparksim.policies import draft_budget, rank_candidates, ratio_curve
 from dsparksim.policies.base import Policy, StepContext
 from dsparksim.cost.profile import FORMAT, profile_from_dict
 from dsparksim.traffic.base import Workload
@@ -183,7 +183,7 @@ class MeasureConfig:
         return (a,) + tuple(self.contexts) if a and min(self.contexts) > a else tuple(self.contexts)
 
 
-_DUMMY = {"format": FORMAT, "name": "profiling-placeholder",
+PLACEHOLDER_PROFILE = {"format": FORMAT, "name": "profiling-placeholder",
           "metadata": {"device": "-", "model": "-", "source": "-", "method": "-"},
           "verify": {"M": [1, 1 << 30], "time_s": [1e-3, 1e-3]}, "fixed_overhead_s": 0.0,
           "drafters": {"dspark": {"kind": "parallel", "tokens": [1, 1 << 30], "time_s": [1e-4, 1e-4]},
@@ -196,7 +196,7 @@ def _is_oom(e: BaseException) -> bool:
     return isinstance(e, getattr(torch, "OutOfMemoryError", ())) or "out of memory" in str(e).lower()
 
 
-def _slot_tokens(ctx: int, K: int, warmup: int, reps: int, nL: int | None = None,
+def slot_tokens(ctx: int, K: int, warmup: int, reps: int, nL: int | None = None,
                  spread: tuple[float, ...] | None = None) -> int:
     """KV positions one profiling request needs: its longest context + one token per step + the draft block."""
     nL = K + 1 if nL is None else nL
@@ -244,12 +244,12 @@ def _cell(target, proxy, ex: ExecutorConfig, K: int, drafter: str, n: int, ctx: 
     With ``live`` the step is the live-drafter step (trained drafter proposes, rejection sampling, drafter state
     update), every block then rejected at position 1 so the context still grows one token per step."""
     out_len = len(Ls) * (warmup + reps) + 6
-    T = _slot_tokens(ctx, K, warmup, reps, len(Ls), spread)
+    T = slot_tokens(ctx, K, warmup, reps, len(Ls), spread)
     exe = cell_executor(target, proxy, ex, T, n, drafter, live)
     pol = UniformL()
     pol.reset(K, np.random.default_rng(0))
     st = profiling_engine(exe, n=n, ctx=ctx, out_len=out_len, T=T, K=K, drafter=drafter, policy=pol,
-                          acceptance=RejectAll(K, drafter), profile=profile_from_dict(_DUMMY),
+                          acceptance=RejectAll(K, drafter), profile=profile_from_dict(PLACEHOLDER_PROFILE),
                           max_batched_tokens=n * (K + 1) + n * ctx, prefill_chunk_tokens=n * ctx,
                           live=live is not None, rng=np.random.default_rng(0), spread=spread)
     now = 0.0
@@ -792,7 +792,7 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
     cap = kv_capacity_tokens(mcfg, ex.device, bits, wbytes)
     for c in contexts:
         # a context no cell of which fits is refused before anything is timed, never written as measured
-        need = min(mc.n_reqs) * _slot_tokens(c, mc.K, mc.warmup, mc.reps, spread=mc.context_spread)
+        need = min(mc.n_reqs) * slot_tokens(c, mc.K, mc.warmup, mc.reps, spread=mc.context_spread)
         if need > cap:
             raise ConfigError("measure", "--contexts", f"context {c}: even {min(mc.n_reqs)} request(s) need {need} "
                               f"KV tokens and {ex.device} holds about {cap} for this model; measure shorter contexts")
@@ -833,7 +833,7 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
         runs out of memory is recorded under failed_cells, never measured."""
         out = []
         for c, n in cells:
-            need = n * _slot_tokens(c, K, mc.warmup, mc.reps, spread=mc.context_spread)
+            need = n * slot_tokens(c, K, mc.warmup, mc.reps, spread=mc.context_spread)
             if need > cap:
                 failed.append({"context": c, "n_req": n, "K": K, "error": f"skipped: needs {need} KV tokens, the "
                                f"device holds about {cap}"})

@@ -148,7 +148,7 @@ class PairedCells:
         """One step of the matched cell's profiling engine at verify length L (seconds on the executor's clock);
         None for the untimed warm-up steps of a freshly built engine. An engine lives as long as a profile cell
         did ((warmup + reps) rounds of every L), so its contexts stay in the range the profile timed."""
-        from dsparksim.runner.measure import RejectAll, UniformL, _DUMMY, _slot_tokens, cell_executor, profiling_engine
+        from dsparksim.runner.measure import RejectAll, UniformL, PLACEHOLDER_PROFILE, slot_tokens, cell_executor, profiling_engine
         from dsparksim.cost.profile import profile_from_dict
         drafter, n, c, L = key
         K = self.tables[drafter]["K"]
@@ -156,14 +156,14 @@ class PairedCells:
         ek = (drafter, n, c)
         e = self._engines.get(ek)
         if e is None:
-            T = _slot_tokens(c, K, self.warmup, self.reps, nL, self.spread)
+            T = slot_tokens(c, K, self.warmup, self.reps, nL, self.spread)
             # live: the live step exactly as measure --live timed it
             exe = cell_executor(self.target, self.proxy, self.ex, T, n, drafter, self.live)
             pol = UniformL()
             pol.reset(K, np.random.default_rng(0))
             st = profiling_engine(exe, n=n, ctx=c, out_len=nL * (self.warmup + self.reps) + 6, T=T, K=K,
                                   drafter=drafter, policy=pol, acceptance=RejectAll(K, drafter),
-                                  profile=profile_from_dict(_DUMMY), max_batched_tokens=n * (K + 1) + n * c,
+                                  profile=profile_from_dict(PLACEHOLDER_PROFILE), max_batched_tokens=n * (K + 1) + n * c,
                                   prefill_chunk_tokens=n * c, live=self.live is not None,
                                   rng=np.random.default_rng(0), spread=self.spread)
             e = self._engines[ek] = [st, pol, 0.0, 0]

@@ -14,7 +14,7 @@ from dsparksim.config import RunConfig
 from dsparksim.errors import ConfigError
 from dsparksim.sim.inputs import load_run_profile, resolve_inputs
 from dsparksim.policies import make_policy
-from dsparksim.sim.simulate import RunOutput, _streams, run_summary
+from dsparksim.sim.simulate import RunOutput, run_streams, run_summary
 from dsparksim.traffic import build_workload
 from dsparksim.runner.engine import LiveEngine, RealEngine
 from dsparksim.runner.executor import Executor, ExecutorConfig, build_models, torch_dtype
@@ -81,7 +81,7 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
         # admission. The saved config says so (kv_policy "reserve"), whatever the run default is.
         cfg = cfg.replace(engine=replace(cfg.engine, kv_policy="reserve"))
     ex = rcfg.executor
-    rngs = _streams(cfg.seed)
+    rngs = run_streams(cfg.seed)
     profile = load_run_profile(cfg)
     live = rcfg.mode == "live"
     if live:
@@ -155,7 +155,8 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
                      prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens, streams=rngs["acceptance"],
                      duration_s=duration, num_requests=cfg.traffic.num_requests, progress=progress,
                      replicas=getattr(cfg.engine, "replicas", 1), dp_ranks=getattr(cfg.engine, "dp_ranks", 1),
-                     checkpoint=checkpoint, checkpoint_every_s=checkpoint_every_s, after_step=after_step)
+                     checkpoint=checkpoint, checkpoint_every_s=checkpoint_every_s, after_step=after_step,
+                     mixed_prefill=bool(getattr(cfg.engine, "mixed_prefill", True)))
     res = eng.run()
     summary, inputs = run_summary(cfg, res, profile, acceptance, policy, workload, K, drafter, kv_cap, max_tok,
                                   duration)

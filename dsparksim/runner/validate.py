@@ -493,7 +493,7 @@ def error_summary(df: pd.DataFrame) -> dict[str, Any]:
 
 
 def _jsonable(vc: ValidateConfig) -> Any:
-    from dsparksim.config import _jsonable as j
+    from dsparksim.config import jsonable as j
     return j(asdict(vc))
 
 

@@ -159,7 +159,7 @@ class Simulation:
 
     ``kv_policy`` ("reserve" | "paged"), ``kv_page_tokens`` and ``kv_watermark``: the engines' KV memory.
     ``disaggregated`` with ``prefill_replicas``, ``kv_transfer_gbps`` (Gbit/s) and ``kv_bytes_per_token``: decode-only
-    engines behind a prefill pool (see the module doc).
+    engines behind a prefill pool (see the module doc). ``mixed_prefill``: see :mod:`dsparksim.sim.engine`.
     """
 
     def __init__(
@@ -195,6 +195,7 @@ class Simulation:
         kv_bytes_per_token: float | None = None,
         client_cap: int | None = None,
         warmup_requests: int = 0,
+        mixed_prefill: bool = True,
     ) -> None:
         if (duration_s is None) == (num_requests is None):
             raise ConfigError("config", "duration_s/num_requests", "give exactly one of duration or number of requests")
@@ -275,7 +276,8 @@ class Simulation:
                 max_batched_tokens=max_batched_tokens, prefill_chunk_tokens=prefill_chunk_tokens, streams=streams,
                 rng=rng, index=e, rank=e % self.dp_ranks, slot_base=e * int(max_num_seqs),
                 max_model_len=self.max_model_len, kv_policy=kv_policy, kv_page_tokens=int(kv_page_tokens),
-                kv_watermark=float(kv_watermark), disaggregated=self.disagg))
+                kv_watermark=float(kv_watermark), disaggregated=self.disagg,
+                mixed_prefill=bool(mixed_prefill)))
         self.router = make_router(router, n_eng, seed=router_seed)
         if getattr(self.router, "needs_session", False) and not self._has_sessions():
             raise ConfigError("config", "router", f"router '{router}' needs session or prefix ids, which this "
@@ -439,10 +441,27 @@ class Simulation:
         if self.client_cap is not None:
             self._release(now)
         if self.wl.closed_loop:
-            # Each finished user immediately sends its next request (zero think time).
+            # Each finished user immediately sends its next request (zero think time), unless the user count
+            # has been lowered (user_steps): then the user retires.
             for _ in range(len(rows)):
+                if self.users > self.users_target:
+                    self.users -= 1
+                    continue
                 self._issue_user(now)
         self._maybe_done()
+
+    def _user_schedule(self, env: simpy.Environment, steps):
+        """Closed loop with ``user_steps``: change the target user count at each step's time. New users send
+        their first request at once; surplus users retire when their current request finishes (_on_finish)."""
+        for t, users in steps:
+            if self.duration is not None and t >= self.duration:
+                return
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            self.users_target = int(users)
+            while self.users < self.users_target:
+                self.users += 1
+                self._issue_user(env.now)
 
     def _maybe_done(self) -> None:
         """Count-bound runs (and a closed-loop pool that ran dry) end when nothing is left to serve."""
@@ -479,8 +498,12 @@ class Simulation:
                 self._driver_of.append(drv)
         self._arrivals_finished = self.wl.closed_loop
         if self.wl.closed_loop:
+            self.users = self.users_target = int(self.wl.concurrency)
             for _ in range(int(self.wl.concurrency)):
                 self._issue_user(0.0)
+            steps = getattr(self.wl, "user_steps", None)
+            if steps:
+                env.process(self._guard(self._user_schedule(env, steps)))
         else:
             env.process(self._guard(self._arrivals(env)))
         for drv in drivers:

@@ -2,7 +2,7 @@
 
 The public step contract, shared by the simulator and the torch runner::
 
-    engine.drain(); engine.admit(now)          # take requests from the inbox (a simpy.Store), admit FIFO
+    engine.drain(); engine.admit(now)          # take requests from the inbox (FIFO), admit FIFO
     plan = engine.plan_step()                  # StepPlan: decoding rows, their drafts' confidences, the policy's
                                                #   verify lengths, prefill chunks, M, context, the profile's price
     outcome = executor.execute(plan)           # StepOutcome: duration, accepted prefix per decoding row
@@ -49,11 +49,24 @@ query-key pair of its decoding requests' attention: request i, with context c_i 
 prices candidate M with every extra verified token at the decoding requests' mean context (a 1-D price in M, the
 paper's SPS(B)); the step itself is priced with the exact pairs.
 
+Mixed prefill (``mixed_prefill``, default True = vLLM V1 and TensorRT-LLM's in-flight batching): a step carries
+the decoding rows' tokens first and the rest of the token budget goes to prefill chunks. With ``mixed_prefill=False``
+(SGLang's default, ``--enable-mixed-chunk`` off) a step that schedules any prefill chunk is a prefill-only step: it
+carries no decode tokens, the decoding rows wait it out and decode on the next step without a chunk; the chunks
+get ``min(prefill_chunk_tokens, max_batched_tokens)`` tokens (decode rows take none of that budget), and the step
+is priced by the profile's prefill-only path (``n_decode == 0``), its ``kv_read`` being the context of the
+non-decoding rows only. Sources: sgl-project/sglang python/sglang/srt/server_args.py ``enable_mixed_chunk: bool =
+False``; python/sglang/srt/managers/scheduler.py (commit d51c1c21d1ac07cd5d1de9ead6c99087d8428e79)
+``get_new_batch_prefill``: ``num_mixed_running = running_bs if self.is_mixed_chunk else 0`` and the running batch
+is mixed into the prefill batch only ``if self.is_mixed_chunk``; ``get_next_batch_to_run`` in later versions:
+``if new_batch is not None: # Run prefill first if possible`` else run the decode batch.
+
 Randomness: with ``streams`` (:class:`dsparksim.sim.streams.RequestStreams`) the confidences and true accepted prefix
 of request i's j-th decode step are a pure function of (seed, i, j), whichever engine, policy or load serves it.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -64,6 +77,7 @@ import simpy
 from dsparksim.acceptance.base import AcceptanceModel, Block
 from dsparksim.policies.base import Policy, StepContext
 from dsparksim.sim.requests import DECODE, DONE, NOT_ARRIVED, PREFILL, REJECTED, WAITING, RequestTable  # noqa: F401
+from dsparksim.sim.predraw import PredrawnDraws, supports_predraw
 from dsparksim.sim.streams import RequestStreams
 
 # Why a request was rejected on arrival (SimResult.reject_reason; 0 = not rejected).
@@ -138,6 +152,40 @@ class StepOutcome:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+class Inbox:
+    """An engine's inbox: the rows routed to it and not yet drained, FIFO (``items``, as a simpy.Store names it).
+    A put takes effect at once and schedules nothing (a simpy.Store scheduled an event per put and per get)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self) -> None:
+        self.items: list[int] = []
+
+    def put(self, row: int) -> None:
+        self.items.append(row)
+
+
+class DenseStepTime:
+    """A step's price as a function of M from the dense verify table: ``dense[M] + extra`` (see
+    :meth:`Engine.step_cost`). ``checked``: every price over M = 1..len(dense)-1 is positive and finite (the table's
+    are, and ``extra`` cannot make one otherwise), so a policy may read a slice of them unchecked (:meth:`span`)."""
+
+    __slots__ = ("dense", "extra", "checked")
+
+    def __init__(self, dense: np.ndarray, extra: float, lo: float, hi: float) -> None:
+        self.dense, self.extra = dense, extra
+        # lo > 0 and extra >= 0: every dense[M] + extra >= lo > 0 (rounding is monotone); hi + extra finite
+        self.checked = lo > 0 and extra >= 0 and math.isfinite(hi + extra)
+
+    def __call__(self, M: np.ndarray) -> np.ndarray:
+        return self.dense[M] + self.extra
+
+    def span(self, base: int, count: int) -> np.ndarray:
+        """Prices at M = base .. base + count - 1 (1 <= base, base + count <= len(dense)): the same numbers as
+        ``self(base + arange(count))``."""
+        return self.dense[base: base + count] + self.extra
+
+
 class CostExecutor:
     """The simulator's executor: a step takes the profile's price of its plan; the drawn truth decides acceptance."""
 
@@ -159,7 +207,7 @@ class Engine:
                  rng: np.random.Generator | None = None, index: int = 0, rank: int = 0, slot_base: int = 0,
                  max_model_len: int | None = None, kv_policy: str = "reserve",
                  kv_page_tokens: int = DEFAULT_PAGE_TOKENS, kv_watermark: float = DEFAULT_WATERMARK,
-                 disaggregated: bool = False) -> None:
+                 disaggregated: bool = False, mixed_prefill: bool = True) -> None:
         if streams is None and rng is None:
             raise ValueError("Engine needs keyed streams or a Generator for its acceptance draws")
         if kv_policy not in KV_POLICIES:
@@ -169,10 +217,12 @@ class Engine:
                              f"{kv_watermark}")
         self.paged, self.disagg = kv_policy == "paged", bool(disaggregated)
         self.kv_policy = kv_policy
+        self.mixed = bool(mixed_prefill)
         self.page = int(kv_page_tokens)
         self.n_pages = int(kv_capacity_tokens) // self.page
         self.wm_pages = int(kv_watermark * self.n_pages)
         self.pages_used = 0
+        self._grown = False   # paged: admit() gave every decoding request its pages for the coming step
         self.n_preemptions = 0
         self._preempted: list[int] = []
         # long-context attention: seconds per query-key pair of the decoding rows (absent = 0: priced as before)
@@ -188,7 +238,7 @@ class Engine:
         self.streams, self.rng = streams, rng
         self.index, self.rank = int(index), int(rank)
         self.max_model_len = max_model_len
-        self.inbox: simpy.Store | None = None
+        self.inbox: Inbox | None = None
         self.running: list[int] = []
         self._run_arr: np.ndarray | None = np.zeros(0, np.int64)
         self.free_slots: list[int] = list(range(slot_base + self.max_seqs - 1, slot_base - 1, -1))
@@ -202,21 +252,30 @@ class Engine:
         self.acc_pos_log: list[np.ndarray] = []
         self._words = int(getattr(acceptance, "words_per_step", 8))
         self._dense = self._dense_verify_table()
+        # keyed draws of a pure acceptance source are drawn ahead in blocks of steps per request (same values),
+        # by one PredrawnDraws shared by the engines of the request table
+        self._pre: PredrawnDraws | None = None
+        if streams is not None and supports_predraw(acceptance):
+            pre = table.predraw
+            if pre is None or pre.acc is not acceptance or pre.K != self.K or pre.streams is not streams:
+                pre = table.predraw = PredrawnDraws(acceptance, streams, table, self.K, self._words)
+            self._pre = pre
 
     # ---------------------------------------------------------------- inbox and admission
-    def attach(self, env: simpy.Environment) -> simpy.Store:
-        """Create the inbox (a simpy.Store of request rows) in ``env``."""
-        self.inbox = simpy.Store(env)
+    def attach(self, env: simpy.Environment) -> "Inbox":
+        """Create the inbox of request rows (for the engine stepped in ``env``)."""
+        self.inbox = Inbox()
         return self.inbox
 
     def drain(self) -> int:
         """Move every request in the inbox to the waiting queue (FIFO); returns how many."""
         box = self.inbox
-        n = 0
-        while box is not None and box.items:
-            self.enqueue(box.get().value)
-            n += 1
-        return n
+        if box is None or not box.items:
+            return 0
+        rows, box.items = box.items, []
+        for row in rows:
+            self.enqueue(row)
+        return len(rows)
 
     def enqueue(self, row: int) -> None:
         """Queue request ``row`` for admission (it has been checked servable)."""
@@ -265,8 +324,10 @@ class Engine:
         preempted admits nothing)."""
         K, r = self.K, self.req
         new: list[int] = []
-        if self.paged and self._grow_pages():
-            return new
+        if self.paged:
+            if self._grow_pages():
+                return new
+            self._grown = True   # plan_step need not grow again unless this admission adds decoding rows
         while self.waiting and self.free_slots:
             row = self.waiting[0]
             if self.paged:
@@ -304,8 +365,13 @@ class Engine:
             self._run_arr = None
             rows = np.array(new, np.int64)
             # one call for all admitted requests: each row's start draws are keyed by its request alone
-            rng = self.rng if self.streams is None else self.streams.rows(r.key[rows], -1, 1)
-            self.acc.start(r.slot_of[rows], r.domain[rows], rng)
+            if self._pre is not None:
+                self._pre.admit(rows)        # the source's per-request state, keyed by each request alone
+            else:
+                rng = self.rng if self.streams is None else self.streams.rows(r.key[rows], -1, 1)
+                self.acc.start(r.slot_of[rows], r.domain[rows], rng)
+            if self.disagg:
+                self._grown = False
             for cb in self.on_admit:
                 cb(new)
         return new
@@ -319,11 +385,13 @@ class Engine:
         while self.running:
             run = self.running_rows()
             dec = run[r.phase[run] == DECODE]
+            held = r.pages[dec]
             want = self.pages_for(r.prefilled[dec] + r.gen[dec] - r.regen[dec] + self.K)
-            grow = np.maximum(want - r.pages[dec], 0)
+            grow = np.maximum(want - held, 0)
             need = int(grow.sum())
             if need <= self.n_pages - self.pages_used:
-                r.pages[dec] += grow
+                if need:
+                    r.pages[dec] = held + grow
                 self.pages_used += need
                 break
             self._preempt(self.running[-1])
@@ -390,6 +458,9 @@ class Engine:
             return None
         table = np.full(self.max_tokens + 1, np.nan)
         table[1:] = prof.verify_time(np.arange(1, self.max_tokens + 1), 0)
+        body = table[1:]
+        ok = bool(np.isfinite(body).all() and (body > 0).all())
+        self._dense_lo, self._dense_hi = (float(body.min()), float(body.max())) if ok else (math.nan, math.nan)
         return table
 
     def step_cost(self, n_dec: int, kv_read: int, n_pf: int, pf_qk: int, n_chunks: int
@@ -414,9 +485,7 @@ class Engine:
         if dense is not None:
             # Same sum as the profile's verify_time(M, kv) + nontrim, with the per-step terms folded first.
             extra = nontrim + float(getattr(prof, "seconds_per_kv_token", None) or 0.0) * kv_read
-
-            def step_time(M: np.ndarray) -> np.ndarray:
-                return dense[M] + extra
+            return DenseStepTime(dense, extra, self._dense_lo, self._dense_hi)
         else:
             def step_time(M: np.ndarray) -> np.ndarray:
                 return prof.verify_time(M, kv_read) + nontrim
@@ -432,23 +501,29 @@ class Engine:
         """This step's confidences and true accepted prefixes for decoding rows ``dec`` (keyed: (seed, row, j))."""
         if self.streams is None:
             return self.acc.draw(slots, self.rng)
+        if self._pre is not None:
+            conf, surv, acc = self._pre.take(dec)
+            return Block(conf=conf, accepted=acc, survival=surv)
         r = self.req
         return self.acc.draw(slots, self.streams.rows(r.key[dec], r.dsteps[dec], self._words))
 
     def plan_step(self, draft: Callable[[np.ndarray, np.ndarray], Block] | None = None) -> StepPlan | None:
         """Plan the next step over the running requests (None if none runs). ``draft(rows, slots)`` replaces the
         acceptance draw (the live runner drafts for real and leaves ``true_accepted`` None)."""
-        if self.paged:
+        if self.paged and not self._grown:
             self._grow_pages()
+        self._grown = False
         if not self.running:
             return None
         K, r = self.K, self.req
         run = self.running_rows()
+        n_run = len(run)
         ph = r.phase[run]
         dec = run[ph == DECODE]
         n_dec = len(dec)
-        # Chunked prefill: decode tokens first, the rest of the budget goes to prefills in FIFO order.
-        budget = min(self.chunk, self.max_tokens - n_dec * (1 + K))
+        # Chunked prefill: decode tokens first, the rest of the budget goes to prefills in FIFO order. Not mixed
+        # (SGLang's default): the chunks get the whole budget and a step with a chunk carries no decode (module doc).
+        budget = min(self.chunk, self.max_tokens - (n_dec * (1 + K) if self.mixed else 0))
         chunks: list[tuple[int, int, int, int]] = []
         n_pf = pf_qk = 0
         if n_dec < len(run):
@@ -462,6 +537,10 @@ class Engine:
                 n_pf += c
                 # prefill beyond the verify term: the quadratic query-key part of the chunk's causal attention
                 pf_qk += c * done + c * (c + 1) // 2
+        if chunks and not self.mixed and n_dec:
+            # a prefill-only step: the decoding rows wait; only the prefilling rows' context is read
+            dec, n_dec = dec[:0], 0
+            run = run[ph != DECODE]
         kv_read = int(r.prefilled[run].sum() + r.gen[run].sum() - r.regen[run].sum()) + n_pf
         step_time = base_time = self.step_cost(n_dec, kv_read, n_pf, pf_qk, len(chunks))
         dctx = None
@@ -480,7 +559,8 @@ class Engine:
             blk = draft(dec, slots) if draft is not None else self.draw(dec, slots)
             conf = blk.conf[:, :K]
             A = blk.accepted
-            ctx = StepContext(conf=conf, survival=np.cumprod(conf, axis=1), request_ids=dec,
+            surv = np.cumprod(conf, axis=1) if blk.survival is None else blk.survival
+            ctx = StepContext(conf=conf, survival=surv, request_ids=dec,
                               base_tokens=n_dec + n_pf, step_time=step_time, max_tokens=self.max_tokens,
                               true_accepted=A if self.policy.needs_oracle else None)
             L = np.asarray(self.policy.choose(ctx), dtype=np.int64)
@@ -494,6 +574,8 @@ class Engine:
             n = 1 + L
             dec_qk = int((n * dctx).sum() + (L * (L + 1) // 2).sum())
             dt = float(base_time(np.array([M]))[0]) + self._qk * dec_qk
+        elif type(step_time) is DenseStepTime:
+            dt = float(step_time.dense[M] + step_time.extra)   # the same sum as step_time(np.array([M]))[0]
         else:
             dt = float(step_time(np.array([M]))[0])
         if not dt > 0:
@@ -503,7 +585,7 @@ class Engine:
             pre, self._preempted = np.array(self._preempted, np.int64), []
         return StepPlan(decode=dec, slots=slots, verify=L, conf=conf, true_accepted=A, prefill=chunks, M=M,
                         n_prefill=n_pf, kv_read=kv_read, prefill_qk=pf_qk, K=K, predicted_s=dt,
-                        n_running=len(run), decode_qk=dec_qk, preempted=pre, kv_pages=self.pages_used)
+                        n_running=n_run, decode_qk=dec_qk, preempted=pre, kv_pages=self.pages_used)
 
     def apply(self, plan: StepPlan, outcome: StepOutcome, now: float) -> np.ndarray:
         """Apply an executed step at time ``now`` (its end): emit tokens, advance prefills, finish requests.
@@ -521,15 +603,17 @@ class Engine:
             # requests whose accepted prefix reached past position p: a reversed cumulative count
             cnt = np.bincount(drafted, minlength=self.K + 1)
             outcome.accepted_per_pos = np.cumsum(cnt[::-1])[::-1][1:self.K + 1].astype(np.int64)
-            emit = np.minimum(a + 1, r.out[dec] - r.gen[dec])  # the last step may overshoot: stop at length
-            r.gen[dec] += emit
+            out, gen = r.out[dec], r.gen[dec]
+            emit = np.minimum(a + 1, out - gen)  # the last step may overshoot: stop at length
+            gen += emit
+            r.gen[dec] = gen
             r.demit[dec] += emit
             r.dsteps[dec] += 1
             r.vtok[dec] += L
             r.atok[dec] += a
             emitted = int(emit.sum())
             self.policy.observe(dec, L, a)
-            finished.append(dec[r.gen[dec] >= r.out[dec]])
+            finished.append(dec[gen >= out])
         else:
             outcome.accepted_per_pos = np.zeros(self.K, np.int64)
         outcome.decode_emitted = emitted
@@ -626,10 +710,3 @@ def reprice_steps(profile: Any, steps: Any, drafter: str | None, K: int,
         out[i] = t
     return out
 
-
-def __getattr__(name: str):
-    # SimResult and Simulation live in dsparksim.sim.cluster (the engine is one of many); kept importable from here.
-    if name in ("SimResult", "Simulation", "MAX_WAITING", "MAX_REJECT_STREAK"):
-        from dsparksim.sim import cluster
-        return getattr(cluster, name)
-    raise AttributeError(name)

@@ -45,6 +45,7 @@ class RequestTable:
         self._exhausted = False
         self.cap = 0
         self.has_session = False
+        self.predraw = None   # the engines' shared pre-drawn acceptance draws (dsparksim.sim.predraw), if any
         for name in self.GROWN:
             setattr(self, name, np.zeros(0, self._DTYPE.get(name, np.float64)))
 

@@ -11,17 +11,18 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from dsparksim.config import RunConfig
+from dsparksim.config import RunConfig, jsonable
 from dsparksim.sim.cluster import SimResult, Simulation
 from dsparksim.sim.inputs import engine_limits, max_model_len, resolve_inputs  # noqa: F401  (engine_limits: re-export)
 from dsparksim.sim.streams import RequestStreams
 from dsparksim.results.metrics import bench_serve_json, per_request_table, summarize
+from dsparksim.results.outputs import atomic_write
 from dsparksim.traffic import build_workload
 
 if TYPE_CHECKING:  # pandas is imported where results are written (lazy: ~0.4 s of start-up)
     import pandas as pd
 
-__all__ = ["RunOutput", "simulate", "write_run", "load_label"]
+__all__ = ["RunOutput", "simulate", "write_run", "load_label", "run_streams"]
 
 
 @dataclass
@@ -46,7 +47,8 @@ def load_label(cfg: RunConfig) -> Any:
     return float(t.rate)
 
 
-def _streams(seed: int) -> dict[str, Any]:
+def run_streams(seed: int) -> dict[str, Any]:
+    """A run's random streams from its seed: ``workload`` and ``policy`` Generators, ``acceptance`` RequestStreams."""
     # Independent, reproducible streams. The workload depends only on the seed and the acceptance draws of request
     # i's j-th step only on (seed, i, j) (keyed streams), so every policy, load list and replica count serves the
     # very same requests with the very same draws: comparisons are paired (common random numbers).
@@ -57,13 +59,18 @@ def _streams(seed: int) -> dict[str, Any]:
 
 
 def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None, *, profile: Any = None,
-             cache: dict | None = None) -> RunOutput:
+             cache: dict | None = None, wrap_policy: Callable[[Any], Any] | None = None) -> RunOutput:
     """Simulate one configuration and summarise it (nothing is written). ``profile``: an already loaded profile
-    instead of ``cfg.profile``; ``cache``: shared across calls (see :func:`resolve_inputs`)."""
-    rngs = _streams(cfg.seed)
+    instead of ``cfg.profile``; ``cache``: shared across calls (see :func:`resolve_inputs`).
+
+    ``wrap_policy(policy) -> policy``: replaces the resolved policy with a wrapper around it (the studies use it to
+    record per-step decisions or add a knob); the wrapper keeps the inner policy's spec, K and drafter."""
+    rngs = run_streams(cfg.seed)
     # profile, policy, K, acceptance, drafter and engine limits (dsparksim.sim.inputs)
     ri = resolve_inputs(cfg, profile=profile, cache=cache)
     profile, policy, K, acceptance, drafter = ri.profile, ri.policy, ri.K, ri.acceptance, ri.drafter
+    if wrap_policy is not None:
+        policy = wrap_policy(policy)
     kv_cap, max_tok = ri.kv_cap, ri.max_tokens
     policy.reset(K, rngs["policy"])
 
@@ -89,7 +96,8 @@ def kv_options(cfg: RunConfig) -> dict[str, Any]:
     e = cfg.engine
     return {"kv_policy": e.kv_policy, "kv_page_tokens": e.kv_page_tokens, "kv_watermark": float(e.kv_watermark),
             "disaggregated": e.disaggregated, "prefill_replicas": e.prefill_replicas,
-            "kv_transfer_gbps": e.kv_transfer_gbps, "kv_bytes_per_token": e.kv_bytes_per_token}
+            "kv_transfer_gbps": e.kv_transfer_gbps, "kv_bytes_per_token": e.kv_bytes_per_token,
+            "mixed_prefill": bool(getattr(e, "mixed_prefill", True))}
 
 
 def run_summary(cfg: RunConfig, res: SimResult, profile, acceptance, policy, workload, K: int, drafter: str,
@@ -130,23 +138,6 @@ _ADMISSION = {
              "watermark of pages free); a step that cannot get its pages preempts the most recently admitted "
              "request by recompute (re-queued first, re-prefills prompt + generated tokens)",
 }
-
-
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Write to a temporary file next to ``path`` and rename: a crash never leaves a half-written result.
-
-    The temporary file is created with mode 0666 less the umask (as ``open`` would), not mkstemp's 0600, so
-    results are readable by whoever may read the directory."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -212,7 +203,7 @@ def write_run(out: RunOutput, out_dir: str | Path | None, fmt: str = "csv", step
         return paths
     final = Path(out_dir)
     with staged_dir(final) as d:
-        write_json(d / names["config"], {"config": cfg.to_dict(), "inputs": _jsonable(out.inputs),
+        write_json(d / names["config"], {"config": cfg.to_dict(), "inputs": jsonable(out.inputs),
                                          "dsparksim_version": _version()})
         write_table(d / names["requests"], out.requests())
         write_bench_json(d / names["bench"], bench)
@@ -237,11 +228,6 @@ def _write_new_file(path: Path, write: Callable[[Path], None]) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-
-
-def _jsonable(x: Any) -> Any:
-    from dsparksim.config import _jsonable as j
-    return j(x)
 
 
 def _version() -> str:

@@ -40,7 +40,7 @@ class Task:
 def execute_cell(task: Task) -> dict[str, Any]:
     """Simulate one cell; any exception becomes a failed result carrying its one-line message, its traceback and
     (when it pickles) the exception itself."""
-    from dsparksim.config import _jsonable
+    from dsparksim.config import jsonable
     from dsparksim.sweep.cells import code_fingerprint
 
     t0 = time.perf_counter()
@@ -49,7 +49,7 @@ def execute_cell(task: Task) -> dict[str, Any]:
         from dsparksim.sim.simulate import simulate
 
         out = simulate(task.config)
-        res.update(ok=True, summary=out.summary, inputs=_jsonable(out.inputs),
+        res.update(ok=True, summary=out.summary, inputs=jsonable(out.inputs),
                    requests=out.requests() if task.save_requests else None)
     except Exception as e:  # noqa: BLE001 -- reported per cell, the sweep goes on
         res.update(ok=False, error=one_line(e), traceback=traceback.format_exc(), exception=_portable(e))

@@ -21,16 +21,16 @@ from typing import Any
 
 import pandas as pd
 
-from dsparksim.config import _jsonable
+from dsparksim.config import jsonable
 from dsparksim.results.metrics import SUMMARY_FIELDS
-from dsparksim.sim.simulate import atomic_write
+from dsparksim.results.outputs import atomic_write
 
 log = logging.getLogger(__name__)
 
 
 def write_json(path: Path, obj: Any) -> None:
     # Full float precision (repr round-trips exactly) so a cached result equals a fresh one bit for bit.
-    atomic_write(path, lambda p: p.write_text(json.dumps(_jsonable(obj), indent=1, allow_nan=True) + "\n"))
+    atomic_write(path, lambda p: p.write_text(json.dumps(jsonable(obj), indent=1, allow_nan=True) + "\n"))
 
 
 def write_frame(path: Path, df: pd.DataFrame) -> None:

@@ -22,7 +22,8 @@ from dsparksim.sweep.cells import Cell, build_config, cell_hash
 from dsparksim.sweep.spec import LOAD_KEYS, SweepSpec
 
 _OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
-_SLO_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=|>|<)\s*([-+0-9.eE]+)\s*$")
+# One SLO term, "METRIC OP NUMBER" (OP one of >= <= > <), as capacity, plan and frontier --slo take it.
+SLO_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=|>|<)\s*([-+0-9.eE]+)\s*$")
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ def parse_slo(terms: Sequence[str], source: str = "--slo", field: str = "slo") -
     out = []
     for i, t in enumerate(terms):
         where, what = (field, f"in {t!r}: ") if cli else (f"{field}[{i}]", "")
-        m = _SLO_RE.match(t) if isinstance(t, str) else None
+        m = SLO_RE.match(t) if isinstance(t, str) else None
         if not m:
             ops = t.split()[1] if isinstance(t, str) and len(t.split()) == 3 else None
             hint = f" (operator {ops!r} is not one of {', '.join(_OPS)})" if ops and ops not in _OPS else ""

@@ -13,11 +13,13 @@ import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsparksim.config import DEFAULT_CONCURRENCY, RunConfig
 from dsparksim.errors import ConfigError, InputError
-from dsparksim.sweep.spec import SweepSpec
+
+if TYPE_CHECKING:  # a type only: spec.py validates a spec by expanding its cells (no import circle)
+    from dsparksim.sweep.spec import SweepSpec
 
 __all__ = ["DEFAULT_CONCURRENCY", "Cell", "build_config", "cell_hash", "expand", "input_hashes"]
 

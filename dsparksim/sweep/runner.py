@@ -140,12 +140,12 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, backend: str = "local", work
     # The final files are replaced as a set; sweep.manifest.json (written last) lists them (dsparksim.results.outputs).
     from dsparksim.results.outputs import write_result_set
 
-    files = {"sweep.json": lambda p: _dump(p, {
+    files = {"sweep.json": lambda p: dump_json(p, {
                  "spec": spec.to_dict(), "n_cells": len(cells), "n_runs": len(cells) - n_rep,
                  "n_repeats": n_rep, "repeats_why": why, "n_cached": n_cached, "n_ran": n_ran,
                  "n_failed": len(failures), "backend": backend, "workers": workers, "wall_s": round(wall, 3),
                  "cell_hashes": [c.hash for c in cells]}),
-             "failures.json": lambda p: _dump(p, failures)}
+             "failures.json": lambda p: dump_json(p, failures)}
     if have_parquet():
         files["results.parquet"] = lambda p: table.to_parquet(p, index=False)
     files["results.csv"] = lambda p: table.to_csv(p, index=False)
@@ -159,9 +159,10 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, backend: str = "local", work
                        wall_s=wall, paths=paths, n_repeats=n_rep, repeats_why=why)
 
 
-def _dump(p: Path, obj: Any) -> None:
-    from dsparksim.config import _jsonable
-    p.write_text(json.dumps(_jsonable(obj), indent=1, allow_nan=True) + "\n")
+def dump_json(p: Path, obj: Any) -> None:
+    """Write ``obj`` (made JSON-safe by :func:`dsparksim.config.jsonable`) to ``p`` as indented JSON."""
+    from dsparksim.config import jsonable
+    p.write_text(json.dumps(jsonable(obj), indent=1, allow_nan=True) + "\n")
 
 
 def failure_text(failures: Sequence[dict[str, Any]], limit: int = 20) -> str:

@@ -37,6 +37,7 @@ from typing import Any, Mapping
 
 from dsparksim.config import NUM, run_options
 from dsparksim.errors import ConfigError, InputError
+from dsparksim.sweep.cells import expand
 
 # Every key is a run option defined once, on the config dataclasses (dsparksim.config.run_options).
 _OPTIONS = run_options()
@@ -163,7 +164,7 @@ def spec_from_dict(d: Mapping[str, Any], source: str = "sweep spec", check_input
     save_req = sw.get("save_requests", False)
     if not isinstance(save_req, bool):
         raise ConfigError(source, "sweep.save_requests", f"expected true or false, got {save_req!r}")
-    base = {k: _check_value(source, f"base.{k}", k, v) for k, v in dict(d.get("base", {})).items()}
+    base = {k: check_value(source, f"base.{k}", k, v) for k, v in dict(d.get("base", {})).items()}
     axes: dict[str, tuple[Any, ...]] = {}
     for k, vals in dict(d.get("axes", {})).items():
         if k in base:
@@ -173,7 +174,7 @@ def spec_from_dict(d: Mapping[str, Any], source: str = "sweep spec", check_input
                               "belong in [base])")
         if not vals:
             raise ConfigError(source, f"axes.{k}", "empty axis: give at least one value")
-        checked = tuple(_check_value(source, f"axes.{k}[{i}]", k, v) for i, v in enumerate(vals))
+        checked = tuple(check_value(source, f"axes.{k}[{i}]", k, v) for i, v in enumerate(vals))
         seen = set()
         for i, v in enumerate(checked):
             if v in seen:
@@ -190,7 +191,9 @@ def spec_from_dict(d: Mapping[str, Any], source: str = "sweep spec", check_input
     return spec
 
 
-def _check_value(source: str, where: str, key: str, v: Any) -> Any:
+def check_value(source: str, where: str, key: str, v: Any) -> Any:
+    """The value ``v`` of run option ``key`` at ``where`` in a spec, type-checked (NUM values as floats); raises
+    ConfigError naming ``source`` and ``where`` for an unknown key or a value of the wrong type."""
     if key not in TYPES:
         raise ConfigError(source, where, f"unknown key {key!r}; known keys: {', '.join(KEYS)} (or their "
                           f"command-line spellings: {', '.join(sorted(KEY_ALIASES))})")
@@ -229,8 +232,6 @@ def _check_semantics(spec: SweepSpec, check_inputs: bool) -> None:
         raise ConfigError(src, "base.trace", "a time_scale load axis replays a trace: set trace")
     if check_inputs:
         _check_inputs(spec)
-    from dsparksim.sweep.cells import expand
-
     cells = expand(spec)  # builds every RunConfig: raises ConfigError naming the spec and the cell's values
     _check_unread(spec)   # after the values themselves are known valid
     if check_inputs:

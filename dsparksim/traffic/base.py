@@ -58,6 +58,7 @@ class Workload:
     concurrency: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     session: np.ndarray | None = None   # (n,) int64 session / prefix id per request (-1 = none), or None
+    user_steps: tuple[tuple[float, int], ...] | None = None   # closed loop: changes of the user count
     warmup: int = 0                      # the first rows are the client's warm-up (ids WARMUP_ID0 + row)
 
     def __post_init__(self) -> None:
@@ -68,6 +69,8 @@ class Workload:
             raise ValueError("Workload needs exactly one of arrival_s (open loop) or concurrency (closed loop)")
         if self.arrival_s is not None and len(self.arrival_s) != n:
             raise ValueError(f"arrival_s has {len(self.arrival_s)} rows, expected {n}")
+        if self.user_steps is not None and self.concurrency is None:
+            raise ValueError("user_steps needs a closed-loop workload (concurrency)")
 
     @property
     def closed_loop(self) -> bool:
@@ -113,6 +116,7 @@ class LazyWorkload:
                  exact_times: Callable[[np.ndarray], np.ndarray] | None = None,
                  horizon: float | None = None, limit: int | None = None, concurrency: int | None = None,
                  metadata: dict[str, Any] | None = None,
+                 user_steps: tuple[tuple[float, int], ...] | None = None,
                  finish_meta: Callable[["Workload"], dict[str, Any]] | None = None,
                  lengths: Callable[[int, int], tuple[np.ndarray, np.ndarray]] | None = None,
                  warmup: int = 0) -> None:
@@ -121,6 +125,9 @@ class LazyWorkload:
         self._p, self._o = prompt_table, output_table
         self._rows, self._domains, self._gaps, self._exact = rows, domains, gaps, exact_times
         self.time_scale, self.horizon, self.limit, self.concurrency = time_scale, horizon, limit, concurrency
+        if user_steps is not None and concurrency is None:
+            raise ValueError("user_steps needs a closed-loop workload (concurrency)")
+        self.user_steps = user_steps   # closed loop: ((t_s, users), ...) changes of the user count (TrafficConfig)
         self.warmup = int(warmup)   # first rows: warm-up, from blocks WARMUP_BLOCK0 + b (limit counts them)
         self._lengths = lengths   # (block, n) -> (prompt, output) of its first n requests, instead of table rows
         self._meta = dict(metadata or {})
@@ -189,7 +196,7 @@ class LazyWorkload:
             cat = (lambda k, dt: np.concatenate([x[k] for x in blocks]) if blocks else np.zeros(0, dt))
             self._eager = Workload(prompt_tokens=cat(0, np.int64), output_tokens=cat(1, np.int64),
                                    domain=cat(2, object), arrival_s=None if self.closed_loop else cat(3, float),
-                                   concurrency=self.concurrency, warmup=self.warmup)
+                                   concurrency=self.concurrency, warmup=self.warmup, user_steps=self.user_steps)
         return self._eager
 
     @property

@@ -165,9 +165,11 @@ def build_workload(cfg: TrafficConfig, rng: np.random.Generator) -> Workload | L
     if cfg.mode == "closed":
         limit = cfg.total_requests or cfg.pool_size
         meta |= {"process": "closed", "concurrency": cfg.concurrency, "pool_size": limit,
+                 "user_steps": None if cfg.user_steps is None else [list(x) for x in cfg.user_steps],
                  "pool_note": "requests are generated as users need them; None = unlimited (the duration ends the "
                               "run); a run that uses up a limit ends there, rows are never recycled"}
-        return LazyWorkload(**common, concurrency=cfg.concurrency, limit=limit, metadata=meta, finish_meta=dom_counts)
+        return LazyWorkload(**common, concurrency=cfg.concurrency, limit=limit, metadata=meta, finish_meta=dom_counts,
+                            user_steps=cfg.user_steps)
     horizon = cfg.duration_s
     if cfg.num_requests is None:
         check_expected_arrivals(cfg.rate * cfg.time_scale, cfg.duration_s)

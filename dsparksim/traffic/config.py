@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dsparksim.config import BOOL, DEFAULT_DURATION_S, INT, NUM, nonneg_int, option, pos_float, pos_int
+from dsparksim.io.options import BOOL, DEFAULT_DURATION_S, INT, NUM, nonneg_int, option, pos_float, pos_int
 from dsparksim.errors import ConfigError
 from dsparksim.traffic.readers import DOMAINS, FORMATS
 
@@ -118,6 +118,23 @@ def _unused(mode: str, **fields) -> None:
             raise ConfigError(_SRC, name, f"has no meaning in mode {mode!r} (got {v!r}); leave it unset")
 
 
+def user_steps_error(steps) -> str | None:
+    """Why ``steps`` is not a valid closed-loop user schedule ``((t_s, users), ...)``; None when it is."""
+    if not isinstance(steps, tuple) or not steps:
+        return f"expected a non-empty tuple of (t_s, users) pairs, got {steps!r}"
+    last = 0.0
+    for i, st in enumerate(steps):
+        if not (isinstance(st, tuple) and len(st) == 2):
+            return f"step {i}: expected a (t_s, users) pair, got {st!r}"
+        t, u = st
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= last:
+            return f"step {i}: time {t!r} must be a finite number > {last:g} (times strictly increasing, > 0)"
+        if isinstance(u, bool) or not isinstance(u, int) or u < 1:
+            return f"step {i}: users {u!r} must be an integer >= 1"
+        last = float(t)
+    return None
+
+
 @dataclass(frozen=True)
 class TrafficConfig:
     """Load to put on the engine (the modes of ``vllm bench serve`` plus trace replay).
@@ -155,6 +172,10 @@ class TrafficConfig:
         request i's from keyed block i // CHUNK of the ROW stream; replaces ``lengths``.
     pool_size: closed loop, optional: most requests a duration-bound run may issue (None = unlimited; requests
         are generated lazily as users need them). A run that uses them up before its duration is an error.
+    user_steps: closed loop, optional: ``((t_s, users), ...)`` with strictly increasing times > 0: at t_s the
+        number of users becomes ``users`` (``concurrency`` is the count from t = 0). A rise sends the new users'
+        first requests at t_s; a fall retires users as their current requests finish (nothing is cancelled).
+        A ramp is a sequence of small steps. Not a command-line option (the studies use it; see user_steps_error).
     """
 
     # The option that sets the mode is --arrival (open loop); which load option is given picks the rest
@@ -209,6 +230,7 @@ class TrafficConfig:
     max_prompt_tokens: int | None = option(None, kinds=INT)
     max_output_tokens: int | None = option(None, kinds=INT)
     pool_size: int | None = None
+    user_steps: tuple[tuple[float, int], ...] | None = None
 
     def __post_init__(self) -> None:
         m = self.mode
@@ -235,6 +257,15 @@ class TrafficConfig:
             _unused(m, trace=self.trace, trace_format=self.trace_format)
             if self.mooncake_spread:
                 raise ConfigError(_SRC, "mooncake_spread", f"only applies to mode 'trace', not {m!r}")
+        if self.user_steps is not None:
+            if m != "closed":
+                raise ConfigError(_SRC, "user_steps", f"only applies to mode 'closed', not {m!r}")
+            err = user_steps_error(self.user_steps)
+            if err:
+                raise ConfigError(_SRC, "user_steps", err)
+            if self.num_warmup_prompts:
+                raise ConfigError(_SRC, "user_steps", f"cannot be combined with num_warmup_prompts "
+                                  f"({self.num_warmup_prompts!r}): the warm-up holds users back at its end")
         if m == "closed":
             _pos_int("concurrency", self.concurrency, required=True)
             _unused(m, rate=self.rate)

@@ -4,9 +4,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dsparksim.cli.options import bar_off
+
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from dsparksim.cli.sweep import _bar_off
     from dsparksim.plan import load_plan, run_plan, text_report, write_plan
     from dsparksim.plan.report import MANIFEST, RESULT_FILES
     from dsparksim.results.outputs import claim_result_set
@@ -21,7 +22,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                                                         for c in spec.collapsed), file=sys.stderr)
     try:
         run = run_plan(spec, out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
-                       progress=not _bar_off(args))
+                       progress=not bar_off(args))
     except KeyboardInterrupt:
         print(f"dsparksim: interrupted: finished probes are saved in {out}/cells; run the same command again to "
               "resume", file=sys.stderr)

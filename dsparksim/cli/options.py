@@ -1,0 +1,72 @@
+"""Command-line options that several commands share, each declared once here (issue 28, part 5).
+
+* :func:`add_backend_options`: where the work runs (``--backend``, ``--workers``/``--jobs``, ``--ray-address``);
+  :func:`add_workers_option` alone for a command with a local process pool only;
+* :func:`add_seed_option` + :func:`check_seed`: ``--seed`` of the commands outside the run options (the run
+  options' own ``--seed`` is RunConfig's field, ``dsparksim.config``);
+* :func:`add_threads_option` + :func:`check_threads`: torch CPU threads of the torch commands;
+* :func:`bar_off`: the one rule for progress bars.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from dsparksim.errors import ConfigError
+from dsparksim.io.options import pos_int
+
+BACKENDS = ("serial", "local", "ray")  # = dsparksim.sweep.backends.BACKENDS (tests/test_hygiene.py checks)
+THREADS_DEFAULT = 1  # one CPU thread: the step clock of `measure` is thread CPU time only with one thread
+
+__all__ = ["BACKENDS", "THREADS_DEFAULT", "add_backend_options", "add_seed_option", "add_threads_option",
+           "add_workers_option", "bar_off", "check_seed", "check_threads"]
+
+
+def add_backend_options(p: Any, default: str | None = "local",
+                        backend_help: str = "serial (this process), local (process pool) or ray (optional extra) "
+                                            "[%(default)s]") -> None:
+    """``--backend``, ``--workers`` (alias ``--jobs``, dest ``workers``) and ``--ray-address`` on parser or group
+    ``p``. ``default``: the backend when not given (None: the command chooses, as ``backend_help`` says)."""
+    p.add_argument("--backend", choices=BACKENDS, default=default, help=backend_help)
+    add_workers_option(p)
+    p.add_argument("--ray-address", default=None,
+                   help="connect to an existing Ray cluster (e.g. ray://host:10001 or auto) instead of starting "
+                        "a local instance")
+
+
+def add_workers_option(p: Any, default: int | None = None,
+                       help: str = "worker processes / Ray CPUs [all cores]") -> None:
+    """``--workers`` (alias ``--jobs``, dest ``workers``): an integer >= 1; ``default`` None = the command's choice."""
+    p.add_argument("--workers", "--jobs", dest="workers", type=pos_int, default=default, help=help)
+
+
+def add_seed_option(p: Any, help: str = "random seed [%(default)s]") -> None:
+    """``--seed`` (an integer, default 0; :func:`check_seed` refuses a negative one in one line)."""
+    p.add_argument("--seed", type=int, default=0, help=help)
+
+
+def check_seed(args: argparse.Namespace) -> None:
+    """Raise ConfigError unless ``--seed`` is a non-negative integer."""
+    if getattr(args, "seed", 0) < 0:
+        raise ConfigError("cli", "--seed", f"expected a non-negative integer, got {args.seed}")
+
+
+def add_threads_option(p: Any) -> None:
+    """``--threads``: torch CPU threads (default :data:`THREADS_DEFAULT`; :func:`check_threads` refuses < 1)."""
+    p.add_argument("--threads", type=int, default=THREADS_DEFAULT, help="torch CPU threads [%(default)s]")
+
+
+def check_threads(args: argparse.Namespace) -> None:
+    """Raise ConfigError unless ``--threads`` is at least 1."""
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError("cli", "--threads", f"expected at least 1 CPU thread, got {args.threads}")
+
+
+def bar_off(args: argparse.Namespace) -> bool:
+    """Progress bars go to a terminal only: a log or a pipe gets the result lines, not carriage-return noise.
+    DSPARKSIM_PROGRESS=1 draws them anyway (e.g. to watch a CI log), --quiet never."""
+    if getattr(args, "quiet", False):
+        return True
+    return not (sys.stderr.isatty() or os.environ.get("DSPARKSIM_PROGRESS", "") in ("1", "always"))

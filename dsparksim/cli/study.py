@@ -1,0 +1,57 @@
+"""CLI: ``dsparksim study NAME|all --out DIR`` — run the issue-29 studies and regenerate DIR/REPORT.md."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dsparksim.cli.options import add_seed_option, add_workers_option, check_seed
+
+
+def register(subparsers) -> None:
+    from dsparksim.config import pos_int
+    from dsparksim.study import STUDIES
+
+    p = subparsers.add_parser(
+        "study", help="run a study (issue 29) and regenerate the studies report",
+        description="Run one study (or all) and write DIR/NAME/ (tables as CSV, the report section, study.json) "
+                    "and DIR/REPORT.md, assembled from every study folder in DIR. Full mode by default; --fast is "
+                    "the CI-sized run (few seeds, short runs, the primary regime only: shape, not answers).")
+    p.add_argument("name", metavar="NAME", choices=[*STUDIES, "all"], help=f"{' | '.join(STUDIES)} | all")
+    p.add_argument("--out", required=True, help="study folder (e.g. studies); other files in it are left alone")
+    p.add_argument("--fast", action="store_true", help="CI-sized run")
+    p.add_argument("--profile", default=None,
+                   help="cost profile of the production regime [built-h200x8-deepseek-v3-tp8]; its engine options "
+                        "(decode-only, paged KV, ...) stay")
+    p.add_argument("--no-contrast", action="store_true", help="skip the dense contrast regime (h100-llama2-7b-tp1)")
+    p.add_argument("--seeds", type=pos_int, default=None, help="paired seeds [2 fast, 5 full]")
+    add_seed_option(p, help="first seed [%(default)s]")
+    add_workers_option(p, default=1, help="worker processes [%(default)s]")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_study)
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    from dsparksim.study import STUDIES
+    from dsparksim.study.run import check_out, run_study, settings_for, write_report, write_study
+
+    check_seed(args)
+    names = list(STUDIES) if args.name == "all" else [args.name]
+    if args.profile is not None:
+        from dsparksim.cost.profile import profile_path
+
+        profile_path(args.profile)   # an unknown name or a missing file fails before any run
+    settings = settings_for("fast" if args.fast else "full", args.profile, None if args.no_contrast else "dense",
+                            args.seeds, args.seed)
+    check_out(args.out, names)
+    for name in names:
+        def progress(i: int, n: int, name=name) -> None:
+            if not args.quiet:
+                print(f"\r{name}: {i}/{n} runs", end="" if i < n else "\n", file=sys.stderr, flush=True)
+        section, _rows, wall = run_study(name, settings, workers=args.workers, progress=progress)
+        path = write_study(args.out, name, settings, section, wall)
+        if not args.quiet:
+            print(f"{name}: {wall:.1f} s -> {path}\n  {section.headline}")
+    rep = write_report(args.out)
+    if not args.quiet:
+        print(f"report -> {rep}")
+    return 0
