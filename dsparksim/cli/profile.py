@@ -470,7 +470,7 @@ def _register_fit(sub: Any) -> None:
     f.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per engine [1]")
     f.add_argument("--ep", type=int, default=1, help="expert-parallel degree [1]")
     f.add_argument("--where", metavar="KEY=VALUE,...", help="select runs whose columns equal these values (e.g. "
-                                                             "hardware=h200,framework_image=...,mtp=off)")
+                                                             "gpu=h200,engine=sglang,engine_version=...,spec_method=none)")
     f.add_argument("--metrics", default="tpot,ttft,tput",
                    help="metrics fitted, of tpot, ttft, tput (all are reported) [%(default)s]")
     f.add_argument("--bootstrap", type=int, default=200, metavar="N",
