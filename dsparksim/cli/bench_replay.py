@@ -92,6 +92,9 @@ def replay_command(args: argparse.Namespace) -> int:
         print(f"{len(df)} of {len(runs)} runs replayed on {prof.name} in {wall:.1f} s")
         print("metric                      runs  median |err|  p90 |err|  median err")
         for r in err.itertuples():
+            if not r.runs:   # no selected run published this metric (e.g. history rows have no means)
+                print(f"  {r.metric:26s}{r.runs:5d}  {'not measured in these runs':>33s}")
+                continue
             print(f"  {r.metric:26s}{r.runs:5d}  {r.median_abs_error_pct:10.1f}%  {r.p90_abs_error_pct:8.1f}%  "
                   f"{r.median_error_pct:+9.1f}%")
         for name in ("replay.csv", "replay_errors.csv", "replay.png", "config.json"):
