@@ -13,13 +13,19 @@ import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Mapping, Protocol
 
 from dsparksim.config import DEFAULT_CONCURRENCY, RunConfig
 from dsparksim.errors import ConfigError, InputError
 
-if TYPE_CHECKING:  # a type only: spec.py validates a spec by expanding its cells (no import circle)
-    from dsparksim.sweep.spec import SweepSpec
+
+
+class SpecAxes(Protocol):
+    """What :func:`expand` reads of a :class:`dsparksim.sweep.spec.SweepSpec` (a protocol, not an import: spec.py
+    validates a spec by expanding its cells, so importing it here would make a circle)."""
+    axes: Mapping[str, list[Any]]
+    base: Mapping[str, Any]
+    source: str
 
 __all__ = ["DEFAULT_CONCURRENCY", "Cell", "build_config", "cell_hash", "expand", "input_hashes"]
 
@@ -53,7 +59,7 @@ def build_config(values: dict[str, Any], source: str = "sweep spec") -> RunConfi
         raise ConfigError(source, e.field, f"cell {values}: {e.message if e.source == source else e}") from None
 
 
-def expand(spec: SweepSpec) -> list[Cell]:
+def expand(spec: SpecAxes) -> list[Cell]:
     """All cells of a spec, in the order of the axes' cross product (first axis slowest). A cell that differs
     from an earlier one only in options its run never reads (e.g. mtp1's acceptance) is the same run: it shares
     that cell's hash and names it in ``same_as``."""
