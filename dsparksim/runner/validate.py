@@ -29,7 +29,9 @@ from dsparksim.traffic import TrafficConfig
 from dsparksim.runner.executor import build_models
 from dsparksim.runner.drift import (CALIBRATION_PROBES, DEFAULT_GATE, DEFAULT_THRESHOLD, DriftMonitor, RunWindows,
                     warp_result)
-from dsparksim.runner.measure import REFERENCE_CELL, MeasureConfig, context_spread_from_csv, measure, reference_probe
+from dsparksim.runner.grid import REFERENCE_CELL, MeasureConfig, context_spread_from_csv
+from dsparksim.runner.measure import measure
+from dsparksim.runner.timing import reference_probe
 from dsparksim.runner.residuals import attribute, by_shape, by_term, step_residuals
 from dsparksim.runner.models import load_target
 from dsparksim.runner.paired import BASELINES, PairedCells, RunPairs, fit_vs_cells
@@ -253,7 +255,7 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
         else:
             lv = None
             if live and prof["metadata"].get("cells"):
-                from dsparksim.runner.measure import LiveDrafters
+                from dsparksim.runner.timing import LiveDrafters
                 lv = LiveDrafters.load(vc.runner.models, sorted(prof["metadata"]["cells"]), target)
             cells = PairedCells.from_profile(prof, target, proxy, ex, vc.pair_baseline, live=lv)
             if cells is None:
