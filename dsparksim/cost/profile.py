@@ -88,6 +88,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from dsparksim.cost.price import StepPrice, StepPricer, StepShape
 from dsparksim.errors import ConfigError, InputError
 from dsparksim.io.textio import MAX_EXACT_INT, finite_float, is_file, loads_json, escape_controls, read_text
 
@@ -479,6 +480,20 @@ class CostProfile:
         if prefill_tokens and self.prefill_note is not None:
             t += self.prefill_time(drafter, prefill_tokens, query_keys, chunks, n_req)
         return t
+
+    def pricer(self, max_tokens: int | None = None) -> StepPricer:
+        """The :class:`~dsparksim.cost.price.StepPricer` of this profile for a token budget (None = the largest
+        breakpoint; it decides whether the dense verify table prices candidates), built once per budget."""
+        key = ("pricer", max_tokens)
+        p = self._memo.get(key)
+        if p is None:
+            p = self._memo[key] = StepPricer(self, max_tokens)
+        return p
+
+    def price(self, shape: StepShape, max_tokens: int | None = None) -> StepPrice:
+        """One step's (or an array of steps') price in named parts that add up to the step time
+        (:mod:`dsparksim.cost.price`); ``max_tokens``: the run's token budget (see :meth:`pricer`)."""
+        return self.pricer(max_tokens).price(shape)
 
     def __repr__(self) -> str:
         return (f"<CostProfile {self.name!r} M=[{self.min_tokens},{self.max_tokens}] ({len(self.verify_M)} steps), "
