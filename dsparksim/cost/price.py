@@ -92,14 +92,14 @@ class StepShape:
     @classmethod
     def from_log(cls, steps: Mapping[str, Any], drafter: str | None, K: int,
                  names: Mapping[str, str] | None = None) -> "StepShape":
-        """The shapes of logged steps (int64 arrays) from step-log columns: the engine's names (``M``,
+        """The shapes of logged steps (arrays, as logged) from step-log columns: the engine's names (``M``,
         ``n_decode``, ``kv_read``, ``n_prefill_tokens``, ``prefill_qk``, ``prefill_chunks``, ``decode_qk``), or
         others given by ``names`` (field -> column; a column missing from ``steps`` counts 0)."""
         cols = {"M": "M", "n_decode": "n_decode", "kv_read": "kv_read", "prefill_tokens": "n_prefill_tokens",
                 "prefill_qk": "prefill_qk", "prefill_chunks": "prefill_chunks", "decode_qk": "decode_qk"}
         cols.update(names or {})
         n = len(steps["M"])
-        get = {f: np.asarray(steps[c], np.int64) if c in steps else np.zeros(n, np.int64) for f, c in cols.items()}
+        get = {f: np.asarray(steps[c]) if c in steps else np.zeros(n, np.int64) for f, c in cols.items()}
         return cls(**get, drafter=drafter, K=int(K))
 
     def __len__(self) -> int:
@@ -298,7 +298,8 @@ class StepPricer:
     def price(self, shape: StepShape) -> StepPrice:
         """The shape's price in named parts (arrays for an array shape; see the module doc)."""
         prof = self.profile
-        M, n, kv = (np.asarray(getattr(shape, k), np.int64) for k in ("M", "n_decode", "kv_read"))
+        M, n = (np.asarray(getattr(shape, k), np.int64) for k in ("M", "n_decode"))
+        kv = np.asarray(shape.kv_read)      # as given: a stored cell's KV read may be a (fractional) median
         pf, qk, ch, dqk = (np.asarray(getattr(shape, k), np.float64)
                            for k in ("prefill_tokens", "prefill_qk", "prefill_chunks", "decode_qk"))
         v0 = np.asarray(prof.verify_time(M, np.zeros_like(M)), float)
