@@ -5,6 +5,7 @@ The public step contract, shared by the simulator and the torch runner::
     engine.drain(); engine.admit(now)          # take requests from the inbox (FIFO), admit FIFO
     plan = engine.plan_step()                  # StepPlan: decoding rows, their drafts' confidences, the policy's
                                                #   verify lengths, prefill chunks, M, context, the profile's price
+                                               #   (the step's StepShape priced by cost/price.py's StepPricer)
     outcome = executor.execute(plan)           # StepOutcome: duration, accepted prefix per decoding row
     finished = engine.apply(plan, outcome, t)  # emit tokens, finish requests (at time t = end of the step)
     engine.record(plan, outcome, t_start)      # append the step to the engine's log
