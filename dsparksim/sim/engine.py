@@ -182,8 +182,8 @@ class Engine:
     slots). ``on_admit(rows)`` / ``on_finish(rows, now)`` callbacks let the cluster and the runner follow requests.
     """
 
-    def __init__(self, *, table: RequestTable, profile: CostProfile, acceptance: AcceptanceModel, policy: Policy, K: int,
-                 drafter: str, kv_capacity_tokens: int, max_num_seqs: int, max_batched_tokens: int,
+    def __init__(self, *, table: RequestTable, profile: CostProfile, acceptance: AcceptanceModel, policy: Policy,
+                 K: int, drafter: str, kv_capacity_tokens: int, max_num_seqs: int, max_batched_tokens: int,
                  prefill_chunk_tokens: int, streams: RequestStreams | None = None,
                  rng: np.random.Generator | None = None, index: int = 0, rank: int = 0, slot_base: int = 0,
                  max_model_len: int | None = None, kv_policy: str = "reserve",
