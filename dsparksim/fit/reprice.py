@@ -5,8 +5,9 @@ the verify families' tables at the step's M (floor lookup on the builder's grid)
 (``kv_read`` KV tokens + the decoding rows' query-key pairs), the prefill query-key term and 1 (the fixed
 overhead), with ``coef = (s_dense, s_moe, s_comm, s_attention, s_prefill, fixed_overhead_s)``; each column is the
 price parts (:meth:`CostProfile.price`) of a profile that prices only that coefficient, at 1
-(:meth:`PriceBasis.unit_profile`). Step end times are then ``cumsum(X) @ coef``, so every request time, and every mean over requests, is linear in ``coef``:
-:class:`LinearRun` precomputes those maps once per trace and a metric costs microseconds.
+(:meth:`PriceBasis.unit_profile`). Step end times are then ``cumsum(X) @ coef``, so every request time, and every
+mean over requests, is linear in ``coef``: :class:`LinearRun` precomputes those maps once per trace and a metric
+costs microseconds.
 """
 from __future__ import annotations
 
