@@ -2,7 +2,6 @@
 charges; the engine, the disaggregated prefill pool, the runner's residuals and the fit's features read one price."""
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -110,8 +109,8 @@ def test_parts_add_up_to_the_step_time(name):
             if drafter is None:
                 assert p.drafter == p.prefill_drafter == 0.0
         # an array of shapes prices as its entries, in one pass
-        arr = StepShape(**{f.name: np.array([getattr(s, f.name) for s in shapes])
-                           for f in dataclasses.fields(StepShape) if f.name not in ("drafter", "K")},
+        arr = StepShape(**{f: np.array([getattr(s, f) for s in shapes])
+                           for f in StepShape._fields if f not in ("drafter", "K")},
                         drafter=drafter, K=K)
         pa = prof.price(arr)
         for k in PART_NAMES:
@@ -123,7 +122,7 @@ def test_parts_add_up_to_the_step_time(name):
 def test_a_drafter_changes_only_the_drafting_parts():
     prof = _tiny()
     for s in _shapes(prof, "dspark"):
-        a, b = prof.price(s), prof.price(dataclasses.replace(s, drafter=None))
+        a, b = prof.price(s), prof.price(s._replace(drafter=None))
         for k in ("verify", "context", "query_key", "prefill", "prefill_chunk", "overhead"):
             assert getattr(a, k) == getattr(b, k)
         if s.n_decode:

@@ -409,7 +409,6 @@ def test_prefill_only_fit_recovers_the_whole_step_closed_form_and_the_profile_pr
     t = prof.prefill_only_time("dspark", 128, 128 * 500 + 128 * 129 // 2, 1)
     assert t == pytest.approx(p0 + a * 128 + b * (128 * 500 + 128 * 129 // 2) + e + dft * 128, rel=1e-6)
     # the engine: a prefill-only step costs fixed + that, whatever its M; with a decoding request, the old formula
-    import dataclasses
     import numpy as np
     from dsparksim.cost.price import StepPricer, StepShape
     pricer = StepPricer(prof, dense=False)
@@ -417,7 +416,7 @@ def test_prefill_only_fit_recovers_the_whole_step_closed_form_and_the_profile_pr
                       prefill_chunks=1, drafter="dspark", K=7)
     cost = pricer.step_time(shape)
     assert np.allclose(cost(np.array([128, 129])), 1e-4 + t)
-    mixed = pricer.step_time(dataclasses.replace(shape, n_decode=1))(np.array([136]))[0]
+    mixed = pricer.step_time(shape._replace(n_decode=1))(np.array([136]))[0]
     assert mixed == pytest.approx(prof.verify_time(136, 628) + prof.step_overhead("dspark", 1, 7, 128, 128 * 500
                                                                                   + 128 * 129 // 2, 1))
     # disaggregated prefill prices its chunks the same way

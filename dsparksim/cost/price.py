@@ -31,9 +31,9 @@ entry per step): parts are then arrays, priced in one vectorised pass.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -59,9 +59,10 @@ def decode_query_keys(verify: Any, context: Any) -> Any:
     return (1 + verify) * context + verify * (verify + 1) // 2
 
 
-@dataclass(frozen=True, slots=True)
-class StepShape:
+class StepShape(NamedTuple):
     """One engine step as the cost model sees it (ints; or integer arrays of equal length, one entry per step).
+    Immutable and typed; a NamedTuple rather than a frozen dataclass because the engine builds one per step (a
+    third of the construction time).
 
     M:              tokens in the target forward (decode rows + verified drafts + prefill tokens)
     n_decode:       decoding requests (each drafts and verifies)
@@ -102,13 +103,13 @@ class StepShape:
         get = {f: np.asarray(steps[c]) if c in steps else np.zeros(n, np.int64) for f, c in cols.items()}
         return cls(**get, drafter=drafter, K=int(K))
 
-    def __len__(self) -> int:
+    def n_steps(self) -> int:
+        """Entries of an array shape (1 for a scalar one)."""
         return int(np.size(self.M))
 
     def row(self, i: int) -> "StepShape":
         """Entry ``i`` of an array shape, as ints."""
-        v = {f.name: int(np.asarray(getattr(self, f.name)).reshape(-1)[i]) for f in fields(self)
-             if f.name not in ("drafter", "K")}
+        v = {f: int(np.asarray(getattr(self, f)).reshape(-1)[i]) for f in self._fields if f not in ("drafter", "K")}
         return StepShape(**v, drafter=self.drafter, K=self.K)
 
 
@@ -292,7 +293,7 @@ class StepPricer:
 
     def seconds_each(self, shape: StepShape) -> np.ndarray:
         """The price of every entry of an array shape (float64 array), each as :meth:`seconds`."""
-        return np.array([self.seconds(shape.row(i)) for i in range(len(shape))], dtype=np.float64)
+        return np.array([self.seconds(shape.row(i)) for i in range(shape.n_steps())], dtype=np.float64)
 
     # ------------------------------------------------------------------ named parts
     def price(self, shape: StepShape) -> StepPrice:
