@@ -261,15 +261,18 @@ class StepPricer:
     def step_time(self, shape: StepShape) -> Any:
         """The shape's price as a vectorised function of M (``shape.M`` is ignored), without the long-context
         term: ``f(M_array) -> seconds`` with ``f.at(M) -> float``."""
-        prof, n_dec, kv = self.profile, shape.n_decode, shape.kv_read
-        n_pf, pf_qk, n_ch = shape.prefill_tokens, shape.prefill_qk, shape.prefill_chunks
+        _, n_dec, kv, n_pf, pf_qk, n_ch, _, drafter, K = shape      # (one unpacking: this runs every step)
+        prof = self.profile
         if n_dec == 0 and n_pf and prof.prefill_only is not None:
             # a prefill-only step has its own measured price (profile prefill.only), whatever its M
-            return FlatStepTime(float(prof.fixed_overhead_s) + prof.prefill_only_time(shape.drafter, n_pf, pf_qk, n_ch))
-        if self.drafter_reads_kv(shape.drafter):
-            nontrim = prof.step_overhead(shape.drafter, n_dec, shape.K, n_pf, pf_qk, n_ch, kv_tokens=kv)
+            return FlatStepTime(float(prof.fixed_overhead_s) + prof.prefill_only_time(drafter, n_pf, pf_qk, n_ch))
+        reads_kv = self._draft_kv.get(drafter)
+        if reads_kv is None:
+            reads_kv = self.drafter_reads_kv(drafter)
+        if reads_kv:
+            nontrim = prof.step_overhead(drafter, n_dec, K, n_pf, pf_qk, n_ch, kv_tokens=kv)
         else:
-            nontrim = prof.step_overhead(shape.drafter, n_dec, shape.K, n_pf, pf_qk, n_ch)
+            nontrim = prof.step_overhead(drafter, n_dec, K, n_pf, pf_qk, n_ch)
         if self.dense is not None:
             # the per-step terms folded first: the same sum as verify_time(M, kv) + nontrim up to that order
             return DenseStepTime(self.dense, nontrim + self.spk * kv, self._dense_lo, self._dense_hi)

@@ -470,9 +470,10 @@ class Engine:
             run = run[ph != DECODE]
         kv_read = int(r.prefilled[run].sum() + r.gen[run].sum() - r.regen[run].sum()) + n_pf
         pricer = self.pricer
-        step_time = base_time = pricer.step_time(StepShape(
-            M=n_dec + n_pf, n_decode=n_dec, kv_read=kv_read, prefill_tokens=n_pf, prefill_qk=pf_qk,
-            prefill_chunks=len(chunks), drafter=self.drafter, K=K))
+        # StepShape(M, n_decode, kv_read, prefill_tokens, prefill_qk, prefill_chunks, decode_qk, drafter, K),
+        # positional (built every step); M and decode_qk before the policy's choice
+        step_time = base_time = pricer.step_time(StepShape(n_dec + n_pf, n_dec, kv_read, n_pf, pf_qk, len(chunks), 0,
+                                                           self.drafter, K))
         dctx = None
         if pricer.sq and n_dec:
             # long context: the policy prices each extra verified token at the decoding rows' mean context
