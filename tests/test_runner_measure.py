@@ -411,12 +411,13 @@ def test_prefill_only_fit_recovers_the_whole_step_closed_form_and_the_profile_pr
     assert t == pytest.approx(p0 + a * 128 + b * (128 * 500 + 128 * 129 // 2) + e + dft * 128, rel=1e-6)
     # the engine: a prefill-only step costs fixed + that, whatever its M; with a decoding request, the old formula
     import numpy as np
-    from dsparksim.sim.engine import Engine
-    eng = Engine.__new__(Engine)
-    eng.profile, eng.drafter, eng.K, eng._draft_kv, eng._dense = prof, "dspark", 7, False, None
-    cost = eng.step_cost(0, 628, 128, 128 * 500 + 128 * 129 // 2, 1)
+    from dsparksim.cost.price import StepPricer, StepShape
+    pricer = StepPricer(prof, dense=False)
+    shape = StepShape(M=128, n_decode=0, kv_read=628, prefill_tokens=128, prefill_qk=128 * 500 + 128 * 129 // 2,
+                      prefill_chunks=1, drafter="dspark", K=7)
+    cost = pricer.step_time(shape)
     assert np.allclose(cost(np.array([128, 129])), 1e-4 + t)
-    mixed = eng.step_cost(1, 628, 128, 128 * 500 + 128 * 129 // 2, 1)(np.array([136]))[0]
+    mixed = pricer.step_time(shape._replace(n_decode=1))(np.array([136]))[0]
     assert mixed == pytest.approx(prof.verify_time(136, 628) + prof.step_overhead("dspark", 1, 7, 128, 128 * 500
                                                                                   + 128 * 129 // 2, 1))
     # disaggregated prefill prices its chunks the same way

@@ -14,6 +14,7 @@ import torch
 from dsparksim.acceptance.base import AcceptanceModel, Block
 from dsparksim.backend.checkpoint import load_drafter
 from dsparksim.backend.collect import load_models
+from dsparksim.cost.price import chunk_query_keys
 from dsparksim.cost.profile import FORMAT, profile_from_dict
 from dsparksim.policies import draft_budget, rank_candidates, ratio_curve
 from dsparksim.policies.base import Policy, StepContext
@@ -234,7 +235,7 @@ def time_prefill_cells(target, proxy, ex: ExecutorConfig, K: int, drafter: str, 
                 rows.append(pair)
         a = np.median(np.array(rows), axis=0)                # (2, 5): without / with the chunks
         recs.append({"n_dec": n, "chunk": c, "k": k, "prefix": s, "tokens": c * k,
-                     "qk": k * (c * s + c * (c + 1) // 2),
+                     "qk": k * chunk_query_keys(c, s),
                      "M0": int(a[0, 3]), "M1": int(a[1, 3]), "kv0": float(a[0, 4]), "kv1": float(a[1, 4]),
                      "d_step": float(a[1, 0] - a[0, 0]), "d_target": float(a[1, 1] - a[0, 1]),
                      "d_draft": float(a[1, 2] - a[0, 2])})

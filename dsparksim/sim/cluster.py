@@ -45,6 +45,7 @@ import numpy as np
 import simpy
 
 from dsparksim.acceptance.base import AcceptanceModel
+from dsparksim.cost.profile import CostProfile
 from dsparksim.sim.engine import REJECT_REASONS, R_LEN, CostExecutor, Engine, StepOutcome, StepPlan  # noqa: F401
 from dsparksim.errors import ConfigError
 from dsparksim.policies.base import Policy
@@ -165,7 +166,7 @@ class Simulation:
     def __init__(
         self,
         *,
-        profile: Any,
+        profile: CostProfile,
         acceptance: AcceptanceModel,
         policy: Policy,
         workload: Workload,
