@@ -24,34 +24,42 @@ from dsparksim.sim.engine import R_LEN
 from dsparksim.sim.routers import request_only_names, router_class
 from dsparksim.sim.simulate import RunOutput, prepare
 
-__all__ = ["refusal", "check_shardable", "shard_ranges", "simulate_part", "merge", "simulate_sharded"]
+__all__ = ["refusal", "interaction", "check_shardable", "shard_ranges", "simulate_part", "merge", "simulate_sharded"]
 
 
 def refusal(cfg: RunConfig) -> str | None:
     """Why the replicas of ``cfg`` interact (one line), or None when it can be sharded."""
+    why = interaction(cfg)
+    return None if why is None else why[1]
+
+
+def interaction(cfg: RunConfig) -> tuple[str, str] | None:
+    """(the field, why) when the replicas of ``cfg`` interact, else None."""
     e, t = cfg.engine, cfg.traffic
     cls, _ = router_class(e.router)
     ok = ", ".join(request_only_names())
     if not cls.request_only:
-        return (f"router '{e.router}' reads the replicas' load when it routes, so replicas interact; shard with a "
-                f"router that decides from the request alone ({ok})")
+        return "router", (f"router '{e.router}' reads the replicas' load when it routes, so replicas interact; "
+                          f"shard with a router that decides from the request alone ({ok})")
     if t.mode == "closed" and not cls.pins_users:
-        return (f"in a closed loop under router '{e.router}' a request finished on one replica sends the user's "
-                "next request to any replica, so replicas interact; use --router pinned (users pinned to replicas)")
+        return "router", (f"in a closed loop under router '{e.router}' a request finished on one replica sends the "
+                          "user's next request to any replica, so replicas interact; use --router pinned (users "
+                          "pinned to replicas)")
     if e.disaggregated:
-        return "the disaggregated prefill pool is shared by all replicas"
+        return "disaggregated", "the disaggregated prefill pool is shared by all replicas"
     if t.max_concurrency is not None:
-        return "the benchmark client's concurrency cap (--max-concurrency) is shared by all replicas"
+        return "max_concurrency", "the benchmark client's concurrency cap is shared by all replicas"
     if t.num_warmup_prompts:
-        return "the benchmark client's warm-up ends when every replica's warm-up requests have finished"
+        return "num_warmup_prompts", ("the benchmark client's warm-up ends when every replica's warm-up requests "
+                                      "have finished")
     return None
 
 
 def check_shardable(cfg: RunConfig) -> None:
     """ConfigError (one line) unless ``cfg`` can be sharded."""
-    why = refusal(cfg)
+    why = interaction(cfg)
     if why is not None:
-        raise ConfigError("config", "router", f"cannot shard this run across processes: {why}")
+        raise ConfigError("config", why[0], f"cannot shard this run across processes: {why[1]}")
 
 
 def shard_ranges(replicas: int, shards: int) -> list[tuple[int, int]]:
