@@ -38,12 +38,15 @@ def config(replicas: int, users: int, duration: float):
 
 
 def timed(workers: int, cfg):
+    """(wall s, this process's CPU s, the shards' CPU s, the output)."""
     from dsparksim.sim.simulate import simulate
     from dsparksim.sweep.fleet import run_fleet
 
-    t0 = time.perf_counter()
-    out = simulate(cfg) if workers == 1 else run_fleet(cfg, backend="local", workers=workers)
-    return time.perf_counter() - t0, out
+    shards: list[float] = []
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = simulate(cfg) if workers == 1 else run_fleet(cfg, backend="local", workers=workers,
+                                                       on_shard=lambda r: shards.append(r["cpu_s"]))
+    return time.perf_counter() - t0, time.process_time() - c0, shards, out
 
 
 def same(a, b) -> bool:
@@ -66,11 +69,20 @@ def main() -> None:
           f"{load:.2f} | {args.replicas} replicas x {args.users} users (closed loop, router pinned), "
           f"{args.duration:g} simulated s, confidence, K={K}, {PROFILE}, seed {SEED}")
     cfg = config(args.replicas, args.users, args.duration)
+    from dsparksim.sim.simulate import simulate
+    simulate(config(1, args.users, 1.0))   # warm-up: the one-time loads (profile, acceptance fit) out of the timing
     walls: dict[int, float] = {}
     ref = None
+    cpu_1 = parent = shard_total = None
     for w in args.workers:
-        wall, out = timed(w, cfg)
+        wall, cpu, shards, out = timed(w, cfg)
         walls[w] = wall
+        if w == 1:
+            cpu_1 = cpu
+        else:
+            parent, shard_total = cpu, sum(shards)
+        cpus = f"CPU: {cpu:.1f} s this process" + (f", shards {' + '.join(f'{c:.1f}' for c in shards)} s"
+                                                   if shards else "")
         steps = len(out.result.steps["dt"])
         check = ""
         if ref is None:
@@ -78,15 +90,28 @@ def main() -> None:
         else:
             check = " | merged result equals the first run's: " + ("yes" if same(ref, out) else "NO")
         print(f"{w:3d} worker(s): {wall:8.1f} s wall, {args.duration / wall:7.1f}x real time, {steps} steps, "
-              f"{out.summary['num_requests_completed']} requests completed{check}", flush=True)
+              f"{out.summary['num_requests_completed']} requests completed ({cpus}){check}", flush=True)
     if len(walls) >= 2:
         n = np.array(sorted(walls), float)
         t = np.array([walls[int(x)] for x in n])
         b, a = np.polyfit(1.0 / n, t, 1)
         p = args.project
-        print(f"fit wall(N) = {a:.1f} s + {b:.1f} s / N over N = {', '.join(str(int(x)) for x in n)}; projected "
-              f"on {p} workers (assumes {p} free cores): {a + b / p:.1f} s wall, "
-              f"{args.duration / (a + b / p):.0f}x real time")
+        if a < 0 or b <= 0:
+            print(f"wall times {walls} do not fit a + b / N with a >= 0, b > 0 (a loaded machine?): no wall projection")
+        else:
+                print(f"fit wall(N) = {a:.1f} s + {b:.1f} s / N over N = {', '.join(str(int(x)) for x in n)}; "
+                  f"projected on {p} workers (assumes {p} free cores): {a + b / p:.1f} s wall, "
+                  f"{args.duration / (a + b / p):.1f}x real time")
+    if parent is not None and shard_total is not None:
+        # CPU-time projection (robust on a loaded machine): the parent's serial work (set-up, merge, summary) plus
+        # the largest of p shards, each ceil(replicas / p) replicas of the shards' per-replica CPU
+        p = args.project
+        per_rep = shard_total / args.replicas
+        proj = parent + per_rep * -(-args.replicas // p)
+        print(f"CPU-time projection on {p} workers: {parent:.1f} s serial (set-up, merge, summary) + "
+              f"{per_rep * -(-args.replicas // p):.1f} s for the largest shard = {proj:.1f} s, "
+              f"{args.duration / proj:.1f}x real time (1 worker: {cpu_1:.1f} s CPU, "
+              f"{args.duration / cpu_1:.1f}x)" if cpu_1 else "")
 
 
 if __name__ == "__main__":
