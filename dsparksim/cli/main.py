@@ -636,10 +636,10 @@ def _check_session_routers(base: RunConfig, routers: Sequence[str]) -> None:
     cell, with the message its cells would give."""
     import numpy as np
 
-    from dsparksim.sim.routers import make_router
+    from dsparksim.sim.routers import router_class
     from dsparksim.traffic.build import build_workload
 
-    need = [r for r in routers if getattr(make_router(r, 1), "needs_session", False)]
+    need = [r for r in routers if router_class(r)[0].needs_session]
     if not need:
         return
     blk = next(iter(build_workload(base.traffic, np.random.default_rng(base.seed)).iter_blocks()), None)
