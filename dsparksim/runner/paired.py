@@ -148,7 +148,8 @@ class PairedCells:
         """One step of the matched cell's profiling engine at verify length L (seconds on the executor's clock);
         None for the untimed warm-up steps of a freshly built engine. An engine lives as long as a profile cell
         did ((warmup + reps) rounds of every L), so its contexts stay in the range the profile timed."""
-        from dsparksim.runner.measure import RejectAll, UniformL, PLACEHOLDER_PROFILE, slot_tokens, cell_executor, profiling_engine
+        from dsparksim.runner.timing import RejectAll, UniformL, PLACEHOLDER_PROFILE, cell_executor, profiling_engine
+        from dsparksim.runner.grid import slot_tokens
         from dsparksim.cost.profile import profile_from_dict
         drafter, n, c, L = key
         K = self.tables[drafter]["K"]
@@ -220,7 +221,7 @@ class PairedCells:
         """One prefill-only step of the matched cell (k chunks of c prompt tokens after ``prefix`` cached ones, as
         ``measure`` timed it) on the executor's clock; None for the first steps of a freshly built executor. The
         executor is kept: every call re-runs the same chunks over the same positions."""
-        from dsparksim.runner.measure import cell_executor
+        from dsparksim.runner.timing import cell_executor
         _, drafter, c, k, pre = key
         e = self._engines.get(key)
         none = np.zeros(0, np.int64)
