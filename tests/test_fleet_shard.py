@@ -73,6 +73,17 @@ def test_sharded_run_writes_the_same_bytes_for_every_request_only_router(tmp_pat
         assert _files(split, tmp_path / f"s{i}") == _files(one, tmp_path / f"o{i}"), (router, traffic)
 
 
+@pytest.mark.parametrize("router, traffic", [("round-robin", OPEN[0]), ("pinned", CLOSED[1])])
+def test_sharded_run_with_rejections_writes_the_same_bytes(router, traffic, tmp_path):
+    # a small KV cache rejects some requests on arrival: never routed, they belong to no replica (open loop: every
+    # shard sees them alike; closed loop: the pinned user's shard)
+    cfg = _cfg(router, **traffic)
+    cfg = cfg.replace(engine=dataclasses.replace(cfg.engine, kv_capacity_tokens=2500))
+    one = simulate(cfg)
+    assert one.requests()["rejected"].sum() >= 5
+    assert _files(simulate_sharded(cfg, 3, _serial), tmp_path / "s") == _files(one, tmp_path / "o")
+
+
 def test_local_pool_shards_equal_one_process_with_dp_ranks(tmp_path):
     c = _cfg("pinned", replicas=3, mode="closed", concurrency=12, duration_s=10.0)
     c = c.replace(engine=dataclasses.replace(c.engine, dp_ranks=2))
