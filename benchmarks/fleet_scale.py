@@ -15,7 +15,6 @@ assumes N free cores. Figures depend on the machine and its load: compare figure
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import platform
 import time

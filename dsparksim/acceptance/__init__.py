@@ -43,8 +43,6 @@ REGISTRY.update({
     "sglang": SGLangLog,
     "tau": Tau,
 })
-IMPORTERS = ("vllm", "sglang", "tau")
-MTP_CHAIN = "mtp"   # DeepSeek's MTP module reused for K positions (:mod:`.mtp`)
 
 __all__ = ["AcceptanceKind", "AcceptanceModel", "AcceptanceSpec", "Block", "DOMAINS", "MTP1_NAMES",
            "PARAMETRIC_DRAFTERS", "ParametricAcceptance", "ParametricParams", "REGISTRY", "TRACE_SUFFIXES",
