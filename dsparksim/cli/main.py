@@ -825,10 +825,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_out(r, "results/run", "output directory, replaced whole by the new results", result_dir_alias=False)
     add_result_options(r)
     r.add_argument("--save-steps", action="store_true", help="also write the per-step log steps.csv")
+    from dsparksim.sim.routers import request_only_names
     fleet = r.add_argument_group("fleet sharding", "with --backend or --workers, the replicas are cut into one shard "
                                  "per worker and simulated apart, then merged (the same files, bit for bit); only "
-                                 "when replicas never interact: a request-only router (round-robin, random, pinned, "
-                                 "session-hash; a closed loop needs pinned)")
+                                 "when replicas never interact: a router that decides from the request alone ("
+                                 f"{', '.join(request_only_names())}; a closed loop needs one that pins users)")
     add_backend_options(fleet, default=None, backend_help="where the shards run: serial, local process pool or ray "
                                                           "(optional extra) [local when --workers is given]")
     r.add_argument("--quiet", action="store_true")
