@@ -53,7 +53,7 @@ def per_request_table(res: SimResult) -> pd.DataFrame:
     codes = res.reject_reason if res.reject_reason is not None else np.zeros(len(rejected), np.int8)
     reason = np.array([""] + [REJECT_REASONS.get(c, "") for c in range(1, 8)], dtype=object)[codes]
     cols = {
-        "request_id": np.arange(len(res.arrival_s)),
+        "request_id": np.arange(len(res.arrival_s)) if res.request_id is None else res.request_id,
         "domain": res.domain,
         "arrival_s": res.arrival_s,
         "admitted_s": res.admitted_s,
