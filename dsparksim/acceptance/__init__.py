@@ -12,6 +12,8 @@
                                confidence head (confidence-reading policies are refused)
 ``...?sigma_req=0.5&...``      override parameters: sigma_req, sigma_block, sigma_tok, noise_sd, noise_sd_end,
                                noise_block, raw_gain, jump, slope, slope_easy, offset, temperature
+``...?head_blind=0.5&...``     paper drafters: a head blind to part of the domain shift, head_mix=M:C:H the mix
+                               it learned on, sts_mix=M:C:H the mix STS is fitted on (:mod:`.headshift`)
 ``PATH.csv|.csv.gz|.parquet``  replay an acceptance trace (format: :mod:`.trace_format`)
 ``vllm:PATH`` ``sglang:PATH``  engine-log importers (:mod:`.importers`); extra params ``drafter=``,
                                ``draft_len=`` (sglang)
@@ -193,10 +195,12 @@ def _load(spec: str, ps: AcceptanceSpec, K: int, domain_default: str, confidence
     if ps.kind == "parametric":
         if ps.name == "mtp1" and K != 1:
             raise ConfigError(_src(spec), "K", f"mtp1 drafts exactly one token: K must be 1, got {K}")
+        from dsparksim.acceptance.headshift import HeadShift
+        shift = HeadShift.pop_from(params, _src(spec))
         p = ParametricParams.from_strings(params, _src(spec))
         kw = {"mtp1_source": ps.arg} if ps.name == "mtp1" and ps.arg else {}
         return ParametricAcceptance.from_paper(ps.name, K, p, domain_default=domain_default, source=spec,
-                                              confidence=confidence, **kw)
+                                              confidence=confidence, shift=shift, **kw)
     from dsparksim.acceptance import importers
     drafter = _pop_str(params, "drafter", "dspark")
     draft_len = _pop_int(spec, params, "draft_len") if ps.kind == "sglang" else None
