@@ -5,4 +5,4 @@ simulated run reduced to its metrics; module-level so a process pool can run it)
 Section``. ``dsparksim study NAME|all --out DIR`` runs them (dsparksim.study.run) and regenerates DIR/REPORT.md.
 """
 STUDIES = {"load-spikes": "dsparksim.study.spikes", "calibration-drift": "dsparksim.study.drift",
-           "p99-tails": "dsparksim.study.tails"}
+           "long-context": "dsparksim.study.longctx", "p99-tails": "dsparksim.study.tails"}

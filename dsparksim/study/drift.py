@@ -64,11 +64,13 @@ class Scenario:
 class Plan:
     scenarios: tuple[Scenario, ...]
     blinds: tuple[float, ...]
+    contrast: tuple[Scenario, ...] = ()     # the contrast regime's scenarios (its own request rate)
 
 
-# production at 256 users issues ~75 requests/s after its first 256 at t = 0: request 1500 comes at ~17 s
+# production at 256 users issues ~75 requests/s after its first 256 at t = 0: request 1500 comes at ~18 s; the dense
+# contrast at 64 users ~18 requests/s: request 400 at ~20 s
 FULL = Plan(scenarios=(Scenario("abrupt", 1500, 1500, 45.0, 5.0), Scenario("gradual", 900, 2700, 50.0, 5.0)),
-            blinds=(0.0, 0.5, 1.0))
+            blinds=(0.0, 0.5, 1.0), contrast=(Scenario("abrupt", 400, 400, 45.0, 5.0),))
 FAST = Plan(scenarios=(Scenario("abrupt", 650, 650, 14.0, 2.0),), blinds=(1.0,))
 
 
@@ -92,7 +94,7 @@ def plan(settings: Settings) -> list[Cell]:
     regimes = settings.regimes[:1] if settings.fast else settings.regimes
     cells = []
     for i, r in enumerate(regimes):
-        scen = p.scenarios if i == 0 else p.scenarios[:1]          # the contrast regime: the abrupt change only
+        scen = p.scenarios if i == 0 else p.contrast                # the contrast regime: the abrupt change only
         blinds = p.blinds if i == 0 else p.blinds[-1:]
         cells += [Cell(r, s, b, arm, seed, p) for s in scen for b in blinds for seed in settings.seeds
                   for arm in ARMS]
@@ -354,8 +356,9 @@ def _text(settings: Settings, p: Plan, rows, paired, ece) -> tuple[str, str]:
                    "lengths resampled from the shipped Azure conversation sample; the first change "
                    f"({p.scenarios[0].name}) came at {fmt_ci(*t0, digits=1, unit=' s')} (issue time of its first "
                    "request, over runs).")
-    for s in p.scenarios:
-        out.append(f"- Scenario `{s.name}`: the mix (math:code:chat) is A = {':'.join(f'{x:g}' for x in MIX_A)} for "
+    for s in p.scenarios + tuple(x for x in p.contrast if len(regimes) > 1):
+        who = "" if s in p.scenarios else f" ({regimes[-1]})"
+        out.append(f"- Scenario `{s.name}`{who}: the mix (math:code:chat) is A = {':'.join(f'{x:g}' for x in MIX_A)} for "
                    f"requests before #{s.i0}, B = {':'.join(f'{x:g}' for x in MIX_B)} from #{s.i1}"
                    + (", linear in the request index in between" if s.i1 > s.i0 else " (abrupt)")
                    + f"; run {s.end:g} s, warm-up {s.warmup_s:g} s (TrafficConfig.domain_drift: each request's "
