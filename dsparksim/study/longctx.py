@@ -32,13 +32,14 @@ TWO_D = "confidence-async-2d:2"
 LENGTHS = "mooncake-long"
 PREFILL_REPLICAS = 256   # a Mooncake-like prefill pool large enough that the decode engine is the bottleneck
 
-# The DP-attention deployment of the same model: 8 attention ranks stepped in lockstep, each holding its own
-# requests' KV, so a query-key pair costs 8x more per rank than under TP8 (the profile's own metadata says so).
-DP_ATTENTION = Regime(
-    name="dp-attention", profile="built-h200x8-deepseek-v3-dp8ep8",
-    options=PRODUCTION.options + (("dp_ranks", 8),), users=(64, 512), rate_rps=48.0, loads=(64, 128),
-    why="DeepSeek-V3 on 8 x H200 as DP8 attention + EP8 experts (8 lockstep ranks, 443k KV tokens each); "
-        "decode-only behind the prefill pool, paged KV, K = 5")
+# The contrast: the InferenceX-fitted TensorRT-LLM profile of the same model family (issue 30), fp8 KV (twice the
+# cache: 1,333,260 tokens), so twice as many long requests decode at once.
+FITTED = Regime(
+    name="fitted-trtllm", profile="fitted-h200x8-deepseek-r1-trtllm-1.3.0rc14-ep8", options=PRODUCTION.options,
+    users=(64, 512), rate_rps=48.0, loads=(32, 64),
+    why="DeepSeek-R1 on 8 x H200, TensorRT-LLM 1.3.0rc14 TP8/EP8, fitted by `dsparksim profile fit` on published "
+        "InferenceX runs (issue 30); fp8 KV, 1,333,260 tokens; run with the production regime's engine options "
+        "(decode-only, paged KV, K = 5)")
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class Plan:
     control_users: int | None      # short-context control (Azure conversation lengths) at this load, production
 
 
-FULL = Plan(loads={"production": (16, 32), "dp-attention": (64, 128)}, duration_s=60.0, warmup_s=15.0,
+FULL = Plan(loads={"production": (16, 32), "fitted-trtllm": (32, 64)}, duration_s=60.0, warmup_s=15.0,
             control_users=256)
 FAST = Plan(loads={"production": (32,)}, duration_s=30.0, warmup_s=10.0, control_users=None)
 
@@ -65,10 +66,10 @@ class Cell:
 
 
 def regimes_of(settings: Settings) -> list[Regime]:
-    """The primary (production) regime; in full mode the DP-attention deployment as the contrast (the dense 7B
+    """The primary (production) regime; in full mode the fitted TensorRT-LLM profile as the contrast (the dense 7B
     contrast of the other studies has a 4,096-token context limit and cannot serve these requests)."""
     prim = settings.regimes[0]
-    return [prim] if settings.fast else [prim, DP_ATTENTION]
+    return [prim] if settings.fast else [prim, FITTED]
 
 
 def plan(settings: Settings) -> list[Cell]:
@@ -242,7 +243,7 @@ def _figure(path, paired, price) -> None:
 
 def _text(settings: Settings, rows, paired, price) -> tuple[str, str]:
     groups = list(dict.fromkeys((r["regime"], r["lengths"], r["users"]) for r in rows))
-    reg_of = {r.name: r for r in [*settings.regimes, DP_ATTENTION]}
+    reg_of = {r.name: r for r in [*settings.regimes, FITTED]}
     p = FAST if settings.fast else FULL
     out = [f"**Question.** {QUESTION}\n", "**Setup.**"]
     for name in dict.fromkeys(g[0] for g in groups):
@@ -306,7 +307,8 @@ def _text(settings: Settings, rows, paired, price) -> tuple[str, str]:
                "studied. theta is a mean slope: on a staircase a single token's batch cost is 0 or a riser. The "
                "2-D variant keeps the 1-D budget's LAG-2 staleness in tokens, so a budget carried across steps with "
                "different context mixes is only approximately right. Acceptance does not depend on context here "
-               "(the model has no context term)."
+               "(the model has no context term). Not studied: DP-attention deployments (per-rank attention in lockstep "
+               "steps)."
                + (" FAST mode: one load, short runs — shape, not answers." if settings.fast else ""))
     return "; ".join(heads[:4]), "\n".join(out)
 
