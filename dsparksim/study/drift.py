@@ -276,7 +276,9 @@ METRICS = ("throughput_after_tok_s", "tpot_mean_after_s", "throughput_during_tok
 def analyse(settings: Settings, rows: list[dict[str, Any]]) -> Section:
     p = FAST if settings.fast else FULL
     order = {a: i for i, a in enumerate(ARMS)}
-    rows = sorted(rows, key=lambda r: (r["regime"], r["scenario"], r["blind"], order[r["arm"]], r["seed"]))
+    reg_order = {r.name: i for i, r in enumerate(settings.regimes)}
+    rows = sorted(rows, key=lambda r: (reg_order.get(r["regime"], 99), r["scenario"], r["blind"], order[r["arm"]],
+                                       r["seed"]))
     paired = []
     for m in METRICS:
         if any(m in r and r[m] is not None and not (isinstance(r[m], float) and math.isnan(r[m])) for r in rows):
@@ -357,7 +359,7 @@ def _text(settings: Settings, p: Plan, rows, paired, ece) -> tuple[str, str]:
                    f"({p.scenarios[0].name}) came at {fmt_ci(*t0, digits=1, unit=' s')} (issue time of its first "
                    "request, over runs).")
     for s in p.scenarios + tuple(x for x in p.contrast if len(regimes) > 1):
-        who = "" if s in p.scenarios else f" ({regimes[-1]})"
+        who = "" if s in p.scenarios else f" ({regimes[-1]}: its own request rate)"
         out.append(f"- Scenario `{s.name}`{who}: the mix (math:code:chat) is A = {':'.join(f'{x:g}' for x in MIX_A)} for "
                    f"requests before #{s.i0}, B = {':'.join(f'{x:g}' for x in MIX_B)} from #{s.i1}"
                    + (", linear in the request index in between" if s.i1 > s.i0 else " (abrupt)")

@@ -96,6 +96,8 @@ class PriceRecorder(_Wrapper):
         self.att_share: list[np.ndarray] = []      # attention share of the true marginal of verified tokens
         self.step_err: list[float] = []            # (1-D step time - exact) / exact at the chosen M
         self.ctx_cv: list[float] = []              # coefficient of variation of the decoding contexts
+        self.ctx_mean: list[float] = []            # mean context of the decoding requests
+        self.step_gain: list[float] = []           # exact tokens/s of the 2-D global choice / the 1-D one - 1
 
     def choose(self, ctx: StepContext) -> np.ndarray:
         from dsparksim.policies.confidence_async_2d import priced_candidates
@@ -120,7 +122,33 @@ class PriceRecorder(_Wrapper):
         exact = float(base(np.array([M]))[0]) + sq * float(((1 + L) * c + L * (L + 1) / 2).sum())
         self.step_err.append(float(ctx.step_time(np.array([M]))[0]) / exact - 1.0)
         self.ctx_cv.append(float(c.std() / c.mean()) if n > 1 else 0.0)
+        self.ctx_mean.append(float(c.mean()))
+        self.step_gain.append(_step_gain(ctx, base))
         return L
+
+
+def _step_gain(ctx: StepContext, base) -> float:
+    """On this step's own information: the exact expected tokens per second (engine price) of the 2-D global
+    choice over that of the 1-D global choice (confidence-global's budget by survival rank), minus 1."""
+    from dsparksim.policies import Ranking
+    from dsparksim.policies._common import draft_budget, global_best
+    from dsparksim.policies.confidence_async_2d import priced_candidates, ratio_2d
+    from dsparksim.policies.confidence_global import global_budget
+
+    n, c, sq = ctx.n, np.asarray(ctx.context, float), float(ctx.qk_s)
+    cum = np.concatenate([np.zeros((n, 1)), np.cumsum(ctx.survival, axis=1)], axis=1)
+
+    def exact(L: np.ndarray) -> float:
+        M = ctx.base_tokens + int(L.sum())
+        T = float(base(np.array([M]))[0]) + sq * float(((1 + L) * c + L * (L + 1) / 2).sum())
+        return (n + float(cum[np.arange(n), L].sum())) / T
+
+    rk = Ranking(ctx.survival)
+    l1 = rk.lengths(global_budget(ctx, rk.values()))
+    order, vals, pairs, _ = priced_candidates(ctx)
+    b2 = global_best(ratio_2d(ctx, vals, pairs, base, draft_budget(ctx)))
+    l2 = np.bincount(order[:b2] % n, minlength=n)
+    return exact(l2) / exact(l1) - 1.0
 
 
 def _abs_stats(parts: list[np.ndarray]) -> tuple[float, float, float]:
@@ -165,20 +193,25 @@ def measure(cell: Cell) -> dict[str, Any]:
     row["step_err_mean"] = float(se.mean()) if se.size else math.nan
     row["step_err_abs_p90"] = float(np.percentile(np.abs(se), 90)) if se.size else math.nan
     row["context_cv_mean"] = float(np.mean(rec.ctx_cv)) if rec.ctx_cv else math.nan
+    row["decoding_context_mean"] = float(np.mean(rec.ctx_mean)) if rec.ctx_mean else math.nan
+    row["step_gain_2d_mean"] = float(np.mean(rec.step_gain)) if rec.step_gain else math.nan
+    row["step_gain_2d_neg_share"] = float(np.mean(np.asarray(rec.step_gain) < -1e-12)) if rec.step_gain else math.nan
     return row
 
 
 # ------------------------------------------------------------------------------------------------ analysis
 _KEYS = ("regime", "lengths", "users", "policy")
 METRICS = (("output_throughput_tok_s", True), ("tpot_mean_s", True), ("tpot_p99_s", True),
-           ("tps_user_median", True), ("mean_verify_len", False))
+           ("tps_user_median", True), ("mean_verify_len", False), ("decoding_context_mean", True))
 PRICE = ("price_err_all_mean", "price_err_all_p90", "price_err_ver_mean", "price_err_ver_p90",
-         "attention_share_ver", "step_err_mean", "step_err_abs_p90", "context_cv_mean", "mean_decoding")
+         "attention_share_ver", "step_err_mean", "step_err_abs_p90", "context_cv_mean", "mean_decoding",
+         "step_gain_2d_mean", "step_gain_2d_neg_share", "decoding_context_mean")
 
 
 def analyse(settings: Settings, rows: list[dict[str, Any]]) -> Section:
-    rows = sorted(rows, key=lambda r: (r["regime"], r["lengths"] != LENGTHS, r["users"], r["policy"] != BASE,
-                                       r["seed"]))
+    reg_order = {r.name: i for i, r in enumerate([*regimes_of(settings)])}
+    rows = sorted(rows, key=lambda r: (reg_order.get(r["regime"], 99), r["lengths"] != LENGTHS, r["users"],
+                                       r["policy"] != BASE, r["seed"]))
     paired = []
     for m, rel in METRICS:
         paired += paired_rows(rows, _KEYS, m, {"policy": BASE}, rel)
@@ -277,13 +310,21 @@ def _text(settings: Settings, rows, paired, price) -> tuple[str, str]:
                 f"verified token (P90 {f('price_err_ver_p90')}; over all candidates P90 {f('price_err_all_p90')}), "
                 f"attention being {f('attention_share_ver')} of a verified token's true marginal cost; the 1-D step "
                 f"time at the chosen M is off by {f('step_err_mean', digits=2)} (P90 |.| "
-                f"{f('step_err_abs_p90', digits=2)}); `{TWO_D}` vs `{BASE}`: throughput "
-                f"{d('output_throughput_tok_s')}, mean TPOT {d('tpot_mean_s')}, P99 TPOT {d('tpot_p99_s')}")
+                f"{f('step_err_abs_p90', digits=2)}); on the same steps the 2-D choice would serve "
+                f"{f('step_gain_2d_mean', digits=2)} more expected tokens per second (worse on "
+                f"{f('step_gain_2d_neg_share', digits=1)} of steps); run paired, `{TWO_D}` vs `{BASE}`: throughput "
+                f"{d('output_throughput_tok_s')}, mean TPOT {d('tpot_mean_s')}, P99 TPOT {d('tpot_p99_s')}, mean "
+                f"context of the decoding requests {d('decoding_context_mean')}")
+        sg = pr["step_gain_2d_mean"]
+        th = _get(paired, regime=reg, lengths=ln, users=u, policy=TWO_D, metric="output_throughput_tok_s")
+        if sg and th and sg["lo"] > 0 and th["diff_hi"] < 0:
+            text += ("; the per-step gain does not carry over to the run: favouring short contexts leaves the long "
+                     "ones decoding longer, so the batch the engine steps holds longer contexts")
         out.append(f"- {text}.")
         heads.append(text)
     out.append("")
     hdr = ["regime", "lengths", "users", "decoding / step", "context CV", "throughput", "mean TPOT", "P99 TPOT",
-           "median user tok/s", "verify length (abs.)"]
+           "median user tok/s", "verify length (abs.)", "decoding context"]
     body = []
     for reg, ln, u in groups:
         q = _get(price, regime=reg, lengths=ln, users=u, metric="mean_decoding")
@@ -302,7 +343,10 @@ def _text(settings: Settings, rows, paired, price) -> tuple[str, str]:
                "theta the mean slope of the profile's batch term over the step's range, qk_s the profile's seconds "
                "per decode query-key pair; the 1-D price: theta + qk_s mean(c). Error = 1-D / true - 1 (absolute "
                "values averaged). Measured on the steps of the 1-D policy's own runs. Step error: the 1-D "
-               "step_time(M) over the engine's exact price at the M chosen, minus 1.\n")
+               "step_time(M) over the engine's exact price at the M chosen, minus 1. Per-step 2-D gain: on each "
+               "step of the 1-D run, the expected tokens per second at the engine's exact price of the 2-D global "
+               "choice over that of the 1-D global choice (both on the step's own information), minus 1. Decoding "
+               "context: the mean context of the requests decoding at a step, averaged over steps.\n")
     out.append("**Limits.** Closed-loop users; one engine; the prefill pool is sized out of the way, so TTFT is not "
                "studied. theta is a mean slope: on a staircase a single token's batch cost is 0 or a riser. The "
                "2-D variant keeps the 1-D budget's LAG-2 staleness in tokens, so a budget carried across steps with "
