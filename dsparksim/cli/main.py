@@ -270,7 +270,8 @@ def flag_given(args: argparse.Namespace, *opts: str) -> bool:
 
 # The command-line flags of the draft options (dsparksim.sim.reads.DRAFT_OPTIONS; drafter has none).
 DRAFT_FLAGS = {"acceptance": ("--acceptance",), "block_size": ("--num-speculative-tokens", "-K", "--block-size"),
-               "mtp1_acceptance": ("--mtp1-acceptance",), "confidence": ("--confidence",)}
+               "mtp1_acceptance": ("--mtp1-acceptance",), "confidence": ("--confidence",),
+               "recalibrate": ("--recalibrate",)}
 
 
 def check_unread_options(args: argparse.Namespace, policies: Sequence[str], how: str) -> None:

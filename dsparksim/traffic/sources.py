@@ -20,6 +20,8 @@ SHIPPED: dict[str, tuple[str, str]] = {
     "azure-conv-window": ("azure_conv_window.csv", "10 contiguous minutes of the Azure 2023 conv trace"),
     "azure-code-window": ("azure_code_window.csv", "10 contiguous minutes of the Azure 2023 code trace"),
     "mooncake-window": ("mooncake_conv_window.jsonl", "5 contiguous minutes of the Mooncake conversation trace"),
+    "mooncake-long": ("mooncake_long_sample.csv", "2,000 random Mooncake conversation requests with 8k-128k prompt "
+                                                  "tokens (lengths only)"),
 }
 
 
@@ -35,7 +37,13 @@ def shipped_path(name: str) -> Path:
     """Path of a shipped sample by name (see :data:`SHIPPED`)."""
     if name not in SHIPPED:
         raise ConfigError("traffic", "name", f"unknown shipped trace {name!r}; known: {sorted(SHIPPED)}")
-    return traces_dir() / SHIPPED[name][0]
+    path = traces_dir() / SHIPPED[name][0]
+    if not is_file(path):
+        # an editable install of another checkout maps dsparksim._traces there: take this checkout's copy
+        local = Path(__file__).resolve().parents[2] / "traces" / SHIPPED[name][0]
+        if is_file(local):
+            return local
+    return path
 
 
 def resolve(value: str, field: str) -> tuple[Path, str]:
