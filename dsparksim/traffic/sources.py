@@ -37,13 +37,7 @@ def shipped_path(name: str) -> Path:
     """Path of a shipped sample by name (see :data:`SHIPPED`)."""
     if name not in SHIPPED:
         raise ConfigError("traffic", "name", f"unknown shipped trace {name!r}; known: {sorted(SHIPPED)}")
-    path = traces_dir() / SHIPPED[name][0]
-    if not is_file(path):
-        # an editable install of another checkout maps dsparksim._traces there: take this checkout's copy
-        local = Path(__file__).resolve().parents[2] / "traces" / SHIPPED[name][0]
-        if is_file(local):
-            return local
-    return path
+    return traces_dir() / SHIPPED[name][0]
 
 
 def resolve(value: str, field: str) -> tuple[Path, str]:
