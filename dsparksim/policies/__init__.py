@@ -6,7 +6,7 @@ takes an argument) and one line in ``REGISTRY``. Specs are ``name`` or ``name:ar
 from __future__ import annotations
 
 from dsparksim.errors import ConfigError
-from dsparksim.policies._common import Ranking, draft_budget, rank_candidates, ratio_curve
+from dsparksim.policies._common import Ranking, draft_budget, global_best, rank_candidates, ratio_curve
 from dsparksim.policies.base import Policy, StepContext
 from dsparksim.policies.confidence import Confidence, algorithm1
 from dsparksim.policies.confidence_async import ConfidenceAsync
@@ -62,4 +62,4 @@ def make_policy(spec: str) -> Policy:
 __all__ = ["REGISTRY", "Policy", "StepContext", "make_policy", "list_policies", "list_specs", "confidence_readers",
            "algorithm1",
            "global_search_current", "MTP1", "Fixed", "Threshold", "Goodput", "Confidence", "ConfidenceAsync",
-           "ConfidenceGlobal", "Oracle", "NoSpeculation", "Ranking", "draft_budget", "rank_candidates", "ratio_curve"]
+           "ConfidenceGlobal", "Oracle", "NoSpeculation", "Ranking", "draft_budget", "global_best", "rank_candidates", "ratio_curve"]

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from dsparksim.policies.base import Policy, StepContext
-from dsparksim.study.common import (Regime, Section, Settings, _Wrapper, fmt_ci, interval, md_table, paired_rows,
+from dsparksim.study.common import (Regime, Section, Settings, PolicyWrapper, fmt_ci, interval, md_table, paired_rows,
                                     run_config, window_throughput)
 
 NAME = "calibration-drift"
@@ -128,7 +128,7 @@ def sts_temperatures(blind: float, frac: float, K: int) -> tuple[float, ...]:
 
 
 # ------------------------------------------------------------------------------------------------ wrappers
-class CalibrationRecorder(_Wrapper):
+class CalibrationRecorder(PolicyWrapper):
     """Per decoding step: 15-bin histograms of the survivals the policy sees against the realised survival (for
     ECE over time), read from the ground truth the engine hands an oracle (used for measurement only, stripped
     before the inner policy sees the context)."""
@@ -154,7 +154,7 @@ class CalibrationRecorder(_Wrapper):
         return self.inner.choose(replace(ctx, true_accepted=None) if self.inner.needs_oracle is False else ctx)
 
 
-class FixedRescale(_Wrapper):
+class FixedRescale(PolicyWrapper):
     """The reference calibration: request i's logits times factor[i, k] = T_stale,k / T_{mix at i's arrival},k,
     i.e. STS fitted on the mix being served."""
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from dsparksim.policies.base import Policy, StepContext
-from dsparksim.study.common import (PRODUCTION, Regime, Section, Settings, _Wrapper, fmt_ci, interval, md_table,
+from dsparksim.study.common import (PRODUCTION, Regime, Section, Settings, PolicyWrapper, fmt_ci, interval, md_table,
                                     paired_rows, run_config)
 
 NAME = "long-context"
@@ -85,7 +85,7 @@ def plan(settings: Settings) -> list[Cell]:
 
 
 # ------------------------------------------------------------------------------------------------ recorder
-class PriceRecorder(_Wrapper):
+class PriceRecorder(PolicyWrapper):
     """Per step with a context term: the 1-D marginal price against each candidate's true marginal cost, and the
     1-D step-time prediction at the chosen M against the exact price."""
 
@@ -131,7 +131,7 @@ def _step_gain(ctx: StepContext, base) -> float:
     """On this step's own information: the exact expected tokens per second (engine price) of the 2-D global
     choice over that of the 1-D global choice (confidence-global's budget by survival rank), minus 1."""
     from dsparksim.policies import Ranking
-    from dsparksim.policies._common import draft_budget, global_best
+    from dsparksim.policies import draft_budget, global_best
     from dsparksim.policies.confidence_async_2d import priced_candidates, ratio_2d
     from dsparksim.policies.confidence_global import global_budget
 
