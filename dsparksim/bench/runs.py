@@ -134,6 +134,9 @@ def parse_cell(col: Column, text: str, source: str | Path, line: int | None) -> 
     except ValueError:
         raise InputError(source, col.name, f"expected a number ({col.unit or col.type}), got "
                          f"{escape_controls(s)!r}", line=line) from None
+    if math.isnan(v):   # a missing value is an empty cell; 'nan' text would pass a required cell as missing
+        raise InputError(source, col.name, f"expected a number ({col.unit or col.type}) or an empty cell for a "
+                         f"missing value, got {escape_controls(s)!r}", line=line)
     return check_value(col, v, source, line)
 
 
@@ -213,6 +216,10 @@ def read_runs(path: str | Path) -> list[dict[str, Any]]:
     if lines and lines[0].startswith("#"):
         if not lines[0].startswith("# dsparksim runs table"):
             raise InputError(path, None, "comment line is not a dsparksim runs table marker", line=1)
+        ver = re.match(r"# dsparksim runs table v(\S*)", lines[0])
+        if ver and ver.group(1) != str(FORMAT_VERSION):   # a table of another format version is not read as v1
+            raise InputError(path, None, f"runs table format v{escape_controls(ver.group(1))}; this dsparksim reads "
+                             f"v{FORMAT_VERSION}", line=1)
         lines, first = lines[1:], 2
     rd = csv.reader(io.StringIO("".join(lines)))
     try:
