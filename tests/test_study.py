@@ -227,3 +227,17 @@ def test_progress_is_drawn_on_a_terminal_only(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("DSPARKSIM_PROGRESS", "1")
     assert main(["study", "p99-tails", "--fast", "--out", str(tmp_path / "s")]) == 0
     assert "p99-tails: 2/2 runs" in capsys.readouterr().err
+
+
+def test_an_out_that_cannot_be_created_is_refused_before_any_run(tmp_path, capsys, monkeypatch):
+    import dsparksim.study.run as study_run
+
+    def no_run(*a, **k):
+        raise AssertionError("a study ran")
+    monkeypatch.setattr(study_run, "run_study", no_run)
+    f = tmp_path / "x.csv"
+    f.write_text("mine")
+    assert main(["study", "p99-tails", "--fast", "--out", str(f / "sub"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "x.csv" in err[0] and "is a file" in err[0], err
+    assert f.read_text() == "mine"

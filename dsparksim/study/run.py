@@ -68,6 +68,8 @@ def check_out(out: str | Path, names: Sequence[str]) -> Path:
     d = Path(out)
     if d.exists() and not d.is_dir():
         raise ConfigError("study", "--out", f"expected a directory, but {str(d)!r} is a file")
+    from dsparksim.results.outputs import check_out_dir
+    check_out_dir(d, "--out", replace=False)   # creatable and writable, before any run (not a traceback after)
     for n in names:
         sub = d / n
         if sub.exists() and not _ours(sub):
