@@ -374,7 +374,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = run_config(args)
     traffic = cfg.traffic
     if args.ray_address is not None and args.backend != "ray":
-        raise _bad("--ray-address", f"applies to --backend ray only; got --backend {args.backend}")
+        raise _bad("--ray-address", "applies to --backend ray only; got " + (
+            f"--backend {args.backend}" if args.backend is not None else "no --backend"))
     if args.backend is not None or args.workers is not None:
         from dsparksim.sim.shard import check_shardable
         check_shardable(cfg)   # one line saying why the replicas interact, before anything runs
