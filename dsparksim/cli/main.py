@@ -270,7 +270,8 @@ def flag_given(args: argparse.Namespace, *opts: str) -> bool:
 
 # The command-line flags of the draft options (dsparksim.sim.reads.DRAFT_OPTIONS; drafter has none).
 DRAFT_FLAGS = {"acceptance": ("--acceptance",), "block_size": ("--num-speculative-tokens", "-K", "--block-size"),
-               "mtp1_acceptance": ("--mtp1-acceptance",), "confidence": ("--confidence",)}
+               "mtp1_acceptance": ("--mtp1-acceptance",), "confidence": ("--confidence",),
+               "recalibrate": ("--recalibrate",)}
 
 
 def check_unread_options(args: argparse.Namespace, policies: Sequence[str], how: str) -> None:
@@ -428,18 +429,10 @@ def _f(v: Any, nd: int = 1) -> str:
     return "n/a" if v is None else f"{v:.{nd}f}"
 
 
-def cmd_frontier(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from dsparksim.results.frontier import DEFAULT_CONCURRENCY as DEFAULT_LOADS
-    from dsparksim.results.frontier import (DEFAULT_POLICIES, cells, comparison_table, deployment_label, deployments,
-                                    frontier_table, run_cells)
-    from dsparksim.results.frontier_seeds import comparison_with_intervals, seed_means
-    from dsparksim.results.plots import plot_frontier, plot_verify_budget
-    from dsparksim.results.outputs import staged_dir
-    from dsparksim.results.stats import seed_list
+def frontier_policies(args: argparse.Namespace) -> tuple[list[str], Any, list[str]]:
+    """The swept policies, SLOs and notes of `frontier`, every option checked before any cell runs."""
     from dsparksim.policies import make_policy
-    from dsparksim.sim.simulate import write_json, write_table
+    from dsparksim.results.frontier import DEFAULT_POLICIES
 
     if args.policies is not None:
         policies = [p.strip() for p in args.policies.split(",")]
@@ -447,7 +440,8 @@ def cmd_frontier(args: argparse.Namespace) -> int:
             raise _bad("--policies", f"expected comma-separated policy specs, got {args.policies!r}")
     else:
         policies = list(DEFAULT_POLICIES)
-    pols = [make_policy(p) for p in policies]  # fail fast on a bad spec, before any cell runs
+    for p in policies:
+        make_policy(p)  # fail fast on a bad spec, before any cell runs
     # an option that no swept policy reads would change nothing in any cell: refused, as `run` refuses it
     check_unread_options(args, policies, f"--policies {','.join(policies)}: none of them reads it")
     dup = sorted({p for p in policies if policies.count(p) > 1})
@@ -472,6 +466,15 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     if args.backend == "ray":
         from dsparksim.sweep.backends import import_ray
         import_ray()  # the missing extra is one line before any cell, not after the progress bar
+    return policies, slos, slo_warnings
+
+
+def frontier_cells(args: argparse.Namespace, policies: list[str], slo_warnings: list[str]):
+    """The base config, loads, deployments, seeds and every cell of `frontier`."""
+    from dsparksim.results.frontier import DEFAULT_CONCURRENCY as DEFAULT_LOADS
+    from dsparksim.results.frontier import cells, deployment_label, deployments
+    from dsparksim.results.stats import seed_list
+
     check_run_args(args, frontier=True)
     if args.trace:
         loads, load, load_name = args.time_scales or [0.5, 1, 2, 4], {"time_scale": 1.0}, "trace time scale"
@@ -495,6 +498,37 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     _check_session_routers(base, args.router)
     seeds = seed_list(base.seed, args.seeds)
     cfgs = cells(base, policies, loads, deploys, seeds=seeds if len(seeds) > 1 else None)
+    return base, loads, load_name, deploys, seeds, cfgs
+
+
+def warn_incomplete_cells(table, seeded: bool) -> None:
+    """Cells with no finished request, or with requests rejected on arrival, said out loud (never silently
+    left off a plot); with seeds, ``table`` is the per-seed table."""
+    empty = _empty_cells(table)  # with seeds: any seed without a finished request
+    if empty:
+        # Kept in frontier.csv with empty metrics (never Pareto) -- said out loud, never silently left off a plot.
+        print(f"dsparksim: warning: {len(empty)} cell(s) finished no request in the measurement window; they stay "
+              f"in frontier.csv with empty metrics and are never Pareto: {', '.join(empty)} (lengthen --duration)"
+              + ("; a cell's mean over seeds is empty when any of its seeds is" if seeded else ""),
+              file=sys.stderr)
+    rejected = _rejected_cells(table)
+    if rejected:
+        print(f"dsparksim: warning: requests were rejected on arrival in {len(rejected)} cell(s) and their metrics "
+              f"cover only the admitted requests: {', '.join(rejected)} (frontier.csv: num_requests_rejected)",
+              file=sys.stderr)
+
+
+def cmd_frontier(args: argparse.Namespace) -> int:
+    """`dsparksim frontier`: every policy at every load (and deployment, seed), the frontier and the gains."""
+    from tqdm import tqdm
+    from dsparksim.results.frontier import comparison_table, deployment_label, frontier_table, run_cells
+    from dsparksim.results.frontier_seeds import comparison_with_intervals, seed_means
+    from dsparksim.results.plots import plot_frontier, plot_verify_budget
+    from dsparksim.results.outputs import staged_dir
+    from dsparksim.sim.simulate import write_json, write_table
+
+    policies, slos, slo_warnings = frontier_policies(args)
+    base, loads, load_name, deploys, seeds, cfgs = frontier_cells(args, policies, slo_warnings)
     for w in slo_warnings:   # after every check: a refused command prints its one error line only (notes too)
         print(w, file=sys.stderr)
     jobs = args.workers or min(os.cpu_count() or 1, len(cfgs))
@@ -554,18 +588,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         write_table(d / names["frontier_csv"], df)
     paths = {k: out / v for k, v in names.items()}
     default_out_note(args, existed)
-    empty = _empty_cells(per_seed if len(seeds) > 1 else df)  # with seeds: any seed without a finished request
-    if empty:
-        # Kept in frontier.csv with empty metrics (never Pareto) -- said out loud, never silently left off a plot.
-        print(f"dsparksim: warning: {len(empty)} cell(s) finished no request in the measurement window; they stay "
-              f"in frontier.csv with empty metrics and are never Pareto: {', '.join(empty)} (lengthen --duration)"
-              + ("; a cell's mean over seeds is empty when any of its seeds is" if len(seeds) > 1 else ""),
-              file=sys.stderr)
-    rejected = _rejected_cells(per_seed if len(seeds) > 1 else df)
-    if rejected:
-        print(f"dsparksim: warning: requests were rejected on arrival in {len(rejected)} cell(s) and their metrics "
-              f"cover only the admitted requests: {', '.join(rejected)} (frontier.csv: num_requests_rejected)",
-              file=sys.stderr)
+    warn_incomplete_cells(per_seed if len(seeds) > 1 else df, len(seeds) > 1)
     if not args.quiet:
         deps = f" x {len(deploys)} deployments" if len(deploys) > 1 else ""
         reps = f" x {len(seeds)} seeds {seeds[0]}..{seeds[-1]}" if len(seeds) > 1 else ""

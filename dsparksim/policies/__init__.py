@@ -10,6 +10,7 @@ from dsparksim.policies._common import Ranking, draft_budget, rank_candidates, r
 from dsparksim.policies.base import Policy, StepContext
 from dsparksim.policies.confidence import Confidence, algorithm1
 from dsparksim.policies.confidence_async import ConfidenceAsync
+from dsparksim.policies.confidence_async_2d import ConfidenceAsync2D
 from dsparksim.policies.confidence_global import ConfidenceGlobal, global_search_current
 from dsparksim.policies.fixed import Fixed
 from dsparksim.policies.goodput import Goodput
@@ -27,6 +28,7 @@ REGISTRY.update({
     "goodput": Goodput,
     "confidence": Confidence,
     "confidence-async": ConfidenceAsync,
+    "confidence-async-2d": ConfidenceAsync2D,  # each candidate priced at its own request's context
     "confidence-global": ConfidenceGlobal,  # NOT lossless: only for demonstrating the Appendix-A bias
     "oracle": Oracle,
 })

@@ -489,7 +489,8 @@ class Engine:
             surv = np.cumprod(conf, axis=1) if blk.survival is None else blk.survival
             ctx = StepContext(conf=conf, survival=surv, request_ids=dec,
                               base_tokens=n_dec + n_pf, step_time=step_time, max_tokens=self.max_tokens,
-                              true_accepted=A if self.policy.needs_oracle else None)
+                              true_accepted=A if self.policy.needs_oracle else None,
+                              context=dctx, qk_s=float(pricer.sq) if dctx is not None else 0.0)
             L = np.asarray(self.policy.choose(ctx), dtype=np.int64)
             if L.shape != (n_dec,) or (n_dec and (L.min() < 0 or L.max() > K)):
                 raise RuntimeError(f"policy {self.policy.spec} returned invalid verify lengths {L!r} (K={K})")
