@@ -304,7 +304,7 @@ class RunConfig:
         lasts ``duration_s`` (60 s by default). Errors are ConfigErrors naming ``source`` and the option (its
         command-line flag when ``flags``); the config dataclasses check every value again.
         """
-        from dsparksim.traffic.config import OPEN_SYNTHETIC, TrafficConfig
+        from dsparksim.traffic.config import OPEN_SYNTHETIC, TrafficConfig  # lazy: keeps this module import-light (numpy)
 
         specs = run_options()
 
