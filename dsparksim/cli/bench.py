@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import argparse
 from collections import Counter
 
@@ -53,7 +54,6 @@ def _register_import(sub) -> None:
 
 def overrides(args: argparse.Namespace) -> dict:
     """The column values given as options, parsed and checked as their columns (errors name the option)."""
-    import dataclasses
 
 
     out = {}

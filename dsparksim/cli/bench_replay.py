@@ -48,7 +48,7 @@ def register_replay(sub) -> None:
 
 
 def replay_command(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+    from tqdm import tqdm  # lazy: only commands that draw a bar (CLI start-up)
 
     from dsparksim.bench.client import ServerSettings  # lazy: pulls in numpy
     from dsparksim.bench.replay import (error_summary, parse_where, read_table, replay, replay_figure, row_policy,

@@ -358,7 +358,7 @@ def _run_config(args: argparse.Namespace, traffic) -> RunConfig:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+    from tqdm import tqdm  # lazy: only commands that draw a bar (CLI start-up)
 
     from dsparksim.sim.simulate import simulate, write_run  # lazy: pulls in numpy, scipy, simpy
 
@@ -519,7 +519,7 @@ def warn_incomplete_cells(table, seeded: bool) -> None:
 
 def cmd_frontier(args: argparse.Namespace) -> int:
     """`dsparksim frontier`: every policy at every load (and deployment, seed), the frontier and the gains."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # lazy: only commands that draw a bar (CLI start-up)
     from dsparksim.results.frontier import comparison_table, deployment_label, frontier_table, run_cells  # lazy: pulls in numpy, pandas, pyarrow
     from dsparksim.results.frontier_seeds import comparison_with_intervals, seed_means  # lazy: pulls in numpy, pandas, pyarrow
     from dsparksim.results.plots import plot_frontier, plot_verify_budget  # lazy: pulls in matplotlib, numpy, pandas, pyarrow
@@ -653,7 +653,7 @@ def preflight(base: RunConfig, policies: Sequence[str]) -> None:
 def _check_session_routers(base: RunConfig, routers: Sequence[str]) -> None:
     """A router that needs session or prefix ids (``session``) on a workload without them fails here, before any
     cell, with the message its cells would give."""
-    import numpy as np
+    import numpy as np  # lazy: numpy (CLI start-up)
 
     from dsparksim.sim.routers import router_class  # lazy: pulls in numpy
     from dsparksim.traffic.build import build_workload  # lazy: pulls in numpy
@@ -766,7 +766,7 @@ def _comparison_text(df, comp, baseline: str) -> str:
     """The frontier summary: per policy (and deployment, when there are several), unsaturated peak, best per-user
     speed, and every gain vs the baseline at the same deployment with the range it was interpolated over; one
     column per --slo target; '!' marks a narrow overlap."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
     from dsparksim.results.frontier import series_labels  # lazy: pulls in numpy, pandas, pyarrow
 

@@ -251,7 +251,7 @@ def format_summary(s: dict[str, Any]) -> str:
 
 def check_plot_path(path: str | Path) -> Path:
     """Refuse a plot path matplotlib cannot write (unknown format, a directory) before any work is done."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib
 
     path = Path(path)
     ext = path.suffix[1:].lower()
@@ -267,9 +267,9 @@ def check_plot_path(path: str | Path) -> Path:
 def plot_profile(p: CostProfile, path: str | Path) -> Path:
     """Step plot of the verify staircase (first kv row for 2-D tables) and each drafter's forward cost, written
     atomically and marked as dsparksim's (so a rerun may replace it)."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib
 
     path = check_plot_path(path)
 

@@ -1,6 +1,8 @@
 """`dsparksim measure | validate | audit | run-real`: the torch runner's commands (torch imported lazily)."""
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 import argparse
 import json
 import sys
@@ -121,9 +123,8 @@ def _need_torch() -> None:
 def _check_engine_args(args) -> None:
     """The real engine's options, before any model is built (hostile-tester findings 2026-12-03: --threads 0
     wrote a profile of garbage, --threads -1 / --seed -3 / --device cuda without CUDA ended in tracebacks)."""
-    import math
 
-    import torch
+    import torch  # lazy: torch
 
     check_threads(args)
     check_seed(args)
@@ -297,7 +298,6 @@ def cmd_validate(args) -> int:
         # live: stay inside the traces' horizon (collected over the first 20 blocks per response)
         extra["output_tokens"] = (24, 56)
     if not args.n_req and not args.profile and args.concurrency:
-        from dataclasses import replace
         from dsparksim.runner.validate import dense_n_reqs  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy, torch, tqdm
         chunk = extra.get("prefill_chunk_tokens", ValidateConfig.prefill_chunk_tokens)
         mc = replace(mc, n_reqs=dense_n_reqs(args.concurrency, K, chunk))

@@ -88,6 +88,7 @@ Semantics:
 """
 from __future__ import annotations
 
+from importlib.resources import files
 import dataclasses
 import json
 import logging
@@ -841,7 +842,6 @@ def save_profile(p: CostProfile | Mapping[str, Any], path: str | Path) -> Path:
 def shipped_dir() -> Path:
     """Folder holding the shipped profile JSONs (package dsparksim._profiles, or ./profiles in a checkout)."""
     try:
-        from importlib.resources import files
         p = Path(str(files("dsparksim._profiles")))
         if p.is_dir():
             return p

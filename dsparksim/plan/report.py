@@ -232,7 +232,7 @@ def plan_figure(doc: dict[str, Any]):
     """Cost per hour against per-user speed, one panel per traffic scale: each family's Pareto set as a step line
     in the family's colour (as in every plot, dsparksim.results.plots), every point labelled with its replica
     count, its cheapest deployment circled, the per-user speed SLO as a dotted line; legend beside the panels."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib
 
     from dsparksim.results.plots import outside_legend, policy_color  # lazy: pulls in matplotlib
 
@@ -267,7 +267,7 @@ def plan_figure(doc: dict[str, Any]):
         ax.grid(alpha=0.3)
     handles, _ = axes[-1].get_legend_handles_labels()
     if handles or speed_slo:
-        from matplotlib.lines import Line2D
+        from matplotlib.lines import Line2D  # lazy: matplotlib
         handles += [Line2D([], [], ls="", label="xN: replicas"),
                     Line2D([], [], ls="", marker="o", mfc="none", mec="0.2", label="circled: cheapest meeting the SLO")]
         if speed_slo:

@@ -19,6 +19,8 @@ when ``require_unsaturated``.
 """
 from __future__ import annotations
 
+from tqdm import tqdm
+import os
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -182,7 +184,6 @@ def run_plan(spec: PlanSpec, out_dir: str | Path, backend: str = "local", worker
              ray_address: str | None = None, progress: bool = True,
              on_round: Callable[[PlanRun], None] | None = None) -> PlanRun:
     """Search every deployment at every traffic scale (see the module docstring); cells cached in OUT/cells."""
-    from tqdm import tqdm
 
 
     run = PlanRun(spec, [Search(d, s) for s in spec.scales for d in spec.deployments])
@@ -247,7 +248,7 @@ def run_plan(spec: PlanSpec, out_dir: str | Path, backend: str = "local", worker
     finally:
         bar.close()
         if ray_started:
-            import ray
+            import ray  # optional: ray
 
             ray.shutdown()
     return run
@@ -258,7 +259,6 @@ def _start_ray(backend: str, workers: int | None, address: str | None) -> bool:
     a cluster address is left to the backend, which connects per round. True if this call started it."""
     if backend != "ray" or address:
         return False
-    import os
 
 
     ray = import_ray()

@@ -31,6 +31,7 @@ SLO / duration, a request with one output token having TPOT 0 (vLLM's rule).
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Sequence
@@ -94,7 +95,6 @@ class ItlLists(Sequence):
         (json formats a float with float.__repr__ and joins a list with ", "); formatting every sample took
         most of the time of writing a long run's results.
         """
-        import json
 
         if not np.isfinite(self._dt).all():  # json.dumps raises on NaN/inf: let it, with its own message
             for i in range(len(self)):
@@ -107,7 +107,6 @@ class ItlLists(Sequence):
 
 def write_bench_json(path, d: dict[str, Any]) -> None:
     """Write a bench_result dict as JSON, one key per line, streaming ``itls`` (vLLM's file has no indent)."""
-    import json
 
 
     def write(p) -> None:

@@ -1,6 +1,7 @@
 """Frontiers: policies x load levels, Pareto sets, matched comparisons (DESIGN.md section 8)."""
 from __future__ import annotations
 
+import warnings
 import dataclasses
 from typing import Any, Callable, Iterable, Sequence
 
@@ -168,7 +169,6 @@ def deprecated_slas(slos: Iterable[float], slas: Iterable[float] | None) -> Iter
     """``slos``, or the deprecated keyword ``slas`` (a DeprecationWarning) when it is given instead."""
     if slas is None:
         return slos
-    import warnings
     warnings.warn("slas= is deprecated; use slos=", DeprecationWarning, stacklevel=3)
     return slas
 

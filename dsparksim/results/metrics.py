@@ -48,7 +48,7 @@ def per_request_table(res: SimResult) -> pd.DataFrame:
         # preemption, the re-prefill's token come from prefill forwards
         dem = res.decode_emitted_tokens if res.decode_emitted_tokens is not None else res.emitted_tokens - 1
         tau = dem / steps
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
     rejected = res.rejected
     codes = res.reject_reason if res.reject_reason is not None else np.zeros(len(rejected), np.int8)

@@ -7,6 +7,7 @@ differences (a gain) is the paired interval.
 """
 from __future__ import annotations
 
+import argparse
 import math
 from typing import Iterable, NamedTuple
 
@@ -36,7 +37,6 @@ MAX_SEEDS = 1000
 
 def seeds_arg(s: str) -> int:
     """Option parser of --seeds: an integer in 1..MAX_SEEDS."""
-    import argparse
 
 
     n = pos_int(s)
@@ -57,7 +57,7 @@ def t_quantile(n: int, level: float = LEVEL) -> float:
     """The two-sided Student-t critical value for ``n`` samples (n - 1 degrees of freedom); NaN for n < 2."""
     if n < 2:
         return math.nan
-    from scipy.stats import t
+    from scipy.stats import t  # lazy: scipy
 
     return float(t.ppf(0.5 + level / 2, n - 1))
 

@@ -12,6 +12,7 @@ re-raises. Ctrl-C does the same. Pool workers ignore SIGINT (only the parent han
 """
 from __future__ import annotations
 
+import ctypes
 import contextlib
 import multiprocessing as mp
 import os
@@ -114,7 +115,6 @@ def _worker_init(parent_pid: int) -> None:
 def _set_pdeathsig(sig: int) -> bool:
     """Ask Linux to send ``sig`` to this process when its parent dies (prctl PR_SET_PDEATHSIG); False elsewhere."""
     try:
-        import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
@@ -261,7 +261,7 @@ class RayBackend:
 def import_ray():
     """Import ray lazily (an optional extra: ``pip install 'dsparksim[ray]'``)."""
     try:
-        import ray
+        import ray  # optional: ray
     except ImportError:
         raise MissingExtraError("ray", "ray", "--backend ray", "use --backend local") from None
     return ray

@@ -7,6 +7,7 @@ the full search trace (every probed load, its metrics and the violated constrain
 """
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import re
@@ -283,7 +284,6 @@ def capacity_search(spec: SweepSpec, settings: CapacitySettings, out_dir: str | 
                     workers: int | None = None, ray_address: str | None = None, progress: bool = True
                     ) -> dict[str, Any]:
     """Run the search for every group (the cross product of the spec's axes) and return the result dict."""
-    import itertools
 
 
 

@@ -1,6 +1,7 @@
 """Run a sweep: skip cached cells, run the rest on a backend, write each result as it lands, build the table."""
 from __future__ import annotations
 
+from tqdm import tqdm
 import json
 import time
 from dataclasses import dataclass, field
@@ -63,7 +64,6 @@ def run_cells_cached(cells: Sequence[Cell], out_dir: str | Path, backend: str = 
         return {"cell_hash": c.hash, "key": c.key, "config": c.config.to_dict(), "inputs": inputs,
                 "input_hashes": input_hashes(c.config), "dsparksim_version": __version__, "code": mine}
 
-    from tqdm import tqdm
 
     own = bar is None
     if own:
