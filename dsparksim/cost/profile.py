@@ -376,6 +376,41 @@ class CostProfile:
             t = t + self._draft_kv(d, n, kv_tokens)
         return _scalar_or(t, n_req)
 
+    def draft_time_exit(self, drafter: str, drafted: np.ndarray, K: int, kv_tokens: int = 0) -> float:
+        """Drafting time (s) of one step whose decoding requests drafted ``drafted[i]`` positions each (1..K: the
+        drafter's early exit, :func:`dsparksim.sim.early_exit.drafted_lengths`):
+
+        * ``autoregressive``: one forward per position over the requests still drafting it (position j costs the
+          forward at #{i: drafted[i] >= j} tokens);
+        * ``parallel``: the backbone's one forward over n*K tokens is paid whole (it computes every position at
+          once, before any confidence exists); only the Markov head's share, ``markov_overhead_frac``, shrinks to
+          the positions drafted;
+        * ``mtp``: one forward (K = 1; nothing to stop).
+
+        With every request drafting all K positions this is :meth:`draft_time` (autoregressive: the same terms
+        summed instead of multiplied by K)."""
+        d = self.drafter(drafter)
+        dr = np.asarray(drafted, np.int64)
+        K = int(K)
+        n = int(dr.size)
+        if n and (dr.min() < 1 or dr.max() > K):
+            raise ConfigError(f"profile '{self.name}'", "drafted", f"drafted positions must lie in 1..K={K}, got "
+                              f"{int(dr.min())}..{int(dr.max())}")
+        if n == 0:
+            return 0.0
+        axis = f"drafters.{drafter}.tokens"
+        if d.kind == "autoregressive":
+            counts = np.bincount(dr, minlength=K + 1)[1:][::-1].cumsum()[::-1]   # counts[j]: drafting j+1
+            t = float(self._floor_pos(d.tokens, d.time_s, counts[counts > 0], axis).sum())
+        elif d.kind == "parallel":
+            base = float(self._floor_pos(d.tokens, d.time_s, np.array([n * K]), axis)[0])
+            t = base * (1.0 + d.markov_overhead_frac * (float(dr.sum()) / (n * K)))
+        else:  # mtp: one forward of n tokens
+            t = float(self._floor_pos(d.tokens, d.time_s, np.array([n]), axis)[0])
+        if d.seconds_per_kv_token:
+            t += float(self._draft_kv(d, np.array([n]), kv_tokens)[0])
+        return t
+
     def _draft_kv(self, d: DrafterCost, n: np.ndarray, kv_tokens: Any) -> np.ndarray:
         """The drafter's context term: seconds_per_kv_token * kv_tokens on drafting steps (n > 0), else 0."""
         kv = _as_query(kv_tokens, self.name, "kv_tokens")

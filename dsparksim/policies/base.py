@@ -29,6 +29,8 @@ class StepContext:
     max_tokens:  the largest M this step may use (engine token budget / profile range). Policies never exceed it.
     true_accepted: (n,) int64 ground-truth accepted prefix length A[i] had all K been verified. None unless the
                  policy declares ``needs_oracle = True``; only the oracle bound may read it.
+    drafted:     (n,) int64 positions each request's drafter proposed (early exit, 1..K), or None = all K. Positions
+                 past drafted[i] carry confidence 0 and are never verified (the engine caps L[i] at drafted[i]).
     """
 
     conf: np.ndarray
@@ -38,6 +40,7 @@ class StepContext:
     step_time: Callable[[np.ndarray], np.ndarray]
     max_tokens: int
     true_accepted: np.ndarray | None = None
+    drafted: np.ndarray | None = None
 
     @property
     def n(self) -> int:

@@ -49,6 +49,17 @@ query-key pair of its decoding requests' attention: request i, with context c_i 
 prices candidate M with every extra verified token at the decoding requests' mean context (a 1-D price in M, the
 paper's SPS(B)); the step itself is priced with the exact pairs.
 
+Padded verification (``pad_verify``): an engine without variable-length attention kernels runs every decoding row
+of a step at the step's longest verify length (CUDA-graph / static-shape verification): the target's forward is
+priced at M + pad_tokens with pad_tokens = n_decode * max(L) - sum(L) (and the long-context term at the padded
+rows), while only the chosen L[i] are verified. The policy is not told (it prices M as an unpadded engine would).
+
+Early exit of drafting (``draft_exit`` = T): the drafter stops a request's block at the first position whose running
+survival falls below T (:mod:`dsparksim.sim.early_exit`): the policy sees the undrafted positions at confidence 0,
+their verify lengths are capped at the drafted ones, and the step's drafting is priced for what was drafted
+(``CostProfile.draft_time_exit``). The log gains ``drafted`` (positions drafted), ``draft_s`` and ``draft_full_s``
+(drafting priced, and what all K positions would have cost).
+
 Mixed prefill (``mixed_prefill``, default True = vLLM V1 and TensorRT-LLM's in-flight batching): a step carries
 the decoding rows' tokens first and the rest of the token budget goes to prefill chunks. With ``mixed_prefill=False``
 (SGLang's default, ``--enable-mixed-chunk`` off) a step that schedules any prefill chunk is a prefill-only step: it
@@ -77,6 +88,7 @@ import simpy
 from dsparksim.acceptance.base import AcceptanceModel, Block
 from dsparksim.policies.base import Policy, StepContext
 from dsparksim.sim.requests import DECODE, DONE, NOT_ARRIVED, PREFILL, REJECTED, WAITING, RequestTable  # noqa: F401
+from dsparksim.sim.early_exit import check_threshold, drafted_lengths, mask_undrafted
 from dsparksim.sim.predraw import PredrawnDraws, supports_predraw
 from dsparksim.sim.streams import RequestStreams
 
@@ -112,6 +124,8 @@ class StepPlan:
     decode_qk:     query-key pairs of the decoding rows' attention (long-context term; see the module doc)
     preempted:     rows preempted (paged KV) since the previous plan, to make room for this step; None = none
     kv_pages:      KV pages held after this step's allocation (paged KV; 0 under reserve)
+    drafted:       (n,) positions each decoding row drafted (early exit; None = all K)
+    pad_tokens:    verify tokens a padded engine runs beyond M (pad_verify; priced, never verified)
     """
 
     decode: np.ndarray
@@ -130,6 +144,8 @@ class StepPlan:
     decode_qk: int = 0
     preempted: np.ndarray | None = None
     kv_pages: int = 0
+    drafted: np.ndarray | None = None
+    pad_tokens: int = 0
 
     @property
     def n_decode(self) -> int:
@@ -207,7 +223,8 @@ class Engine:
                  rng: np.random.Generator | None = None, index: int = 0, rank: int = 0, slot_base: int = 0,
                  max_model_len: int | None = None, kv_policy: str = "reserve",
                  kv_page_tokens: int = DEFAULT_PAGE_TOKENS, kv_watermark: float = DEFAULT_WATERMARK,
-                 disaggregated: bool = False, mixed_prefill: bool = True) -> None:
+                 disaggregated: bool = False, mixed_prefill: bool = True, draft_exit: float | None = None,
+                 pad_verify: bool = False) -> None:
         if streams is None and rng is None:
             raise ValueError("Engine needs keyed streams or a Generator for its acceptance draws")
         if kv_policy not in KV_POLICIES:
@@ -218,6 +235,9 @@ class Engine:
         self.paged, self.disagg = kv_policy == "paged", bool(disaggregated)
         self.kv_policy = kv_policy
         self.mixed = bool(mixed_prefill)
+        self.draft_exit = check_threshold(draft_exit)   # early exit of drafting (module sim/early_exit.py)
+        self.pad_verify = bool(pad_verify)              # verify lengths padded to the step's maximum (module doc)
+        self._exit_log = (0, 0.0, 0.0)                  # this step's (drafted positions, drafting s, all-K s)
         self.page = int(kv_page_tokens)
         self.n_pages = int(kv_capacity_tokens) // self.page
         self.wm_pages = int(kv_watermark * self.n_pages)
@@ -463,8 +483,8 @@ class Engine:
         self._dense_lo, self._dense_hi = (float(body.min()), float(body.max())) if ok else (math.nan, math.nan)
         return table
 
-    def step_cost(self, n_dec: int, kv_read: int, n_pf: int, pf_qk: int, n_chunks: int
-                  ) -> Callable[[np.ndarray], np.ndarray]:
+    def step_cost(self, n_dec: int, kv_read: int, n_pf: int, pf_qk: int, n_chunks: int,
+                  draft_delta: float = 0.0) -> Callable[[np.ndarray], np.ndarray]:
         """Vectorised price of this step as a function of M: the profile's verify_time(M, context) +
         step_overhead(drafting of n_dec requests, prefill terms) -- the formula lives in the profile.
         The long-context query-key term is added by :meth:`plan_step` (it depends on each row's length); the
@@ -481,6 +501,8 @@ class Engine:
             nontrim = prof.step_overhead(self.drafter, n_dec, self.K, n_pf, pf_qk, n_chunks, kv_tokens=kv_read)
         else:
             nontrim = prof.step_overhead(self.drafter, n_dec, self.K, n_pf, pf_qk, n_chunks)
+        if draft_delta:
+            nontrim += draft_delta   # early exit: drafting as done minus drafting of all K positions (<= 0)
         dense = self._dense
         if dense is not None:
             # Same sum as the profile's verify_time(M, kv) + nontrim, with the per-step terms folded first.
@@ -542,7 +564,19 @@ class Engine:
             dec, n_dec = dec[:0], 0
             run = run[ph != DECODE]
         kv_read = int(r.prefilled[run].sum() + r.gen[run].sum() - r.regen[run].sum()) + n_pf
-        step_time = base_time = self.step_cost(n_dec, kv_read, n_pf, pf_qk, len(chunks))
+        slots = r.slot_of[dec]
+        blk = drafted = None
+        draft_delta = 0.0
+        if n_dec:
+            blk = draft(dec, slots) if draft is not None else self.draw(dec, slots)
+            if self.draft_exit is not None and self.drafter is not None and K > 1:
+                surv0 = np.cumprod(blk.conf[:, :K], axis=1) if blk.survival is None else blk.survival
+                drafted = drafted_lengths(surv0, self.draft_exit)
+                full = float(self.profile.draft_time(self.drafter, n_dec, K, kv_read if self._draft_kv else 0))
+                done = self.profile.draft_time_exit(self.drafter, drafted, K, kv_read if self._draft_kv else 0)
+                draft_delta = done - full
+                self._exit_log = (int(drafted.sum()), done, full)
+        step_time = base_time = self.step_cost(n_dec, kv_read, n_pf, pf_qk, len(chunks), draft_delta)
         dctx = None
         if self._qk and n_dec:
             # long context: the policy prices each extra verified token at the decoding rows' mean context
@@ -554,38 +588,46 @@ class Engine:
             step_time = with_qk
         L = np.zeros(0, np.int64)
         conf = A = None
-        slots = r.slot_of[dec]
         if n_dec:
-            blk = draft(dec, slots) if draft is not None else self.draw(dec, slots)
             conf = blk.conf[:, :K]
             A = blk.accepted
             surv = np.cumprod(conf, axis=1) if blk.survival is None else blk.survival
+            if drafted is not None:
+                conf, surv = mask_undrafted(conf, surv, drafted)
             ctx = StepContext(conf=conf, survival=surv, request_ids=dec,
                               base_tokens=n_dec + n_pf, step_time=step_time, max_tokens=self.max_tokens,
-                              true_accepted=A if self.policy.needs_oracle else None)
+                              true_accepted=A if self.policy.needs_oracle else None, drafted=drafted)
             L = np.asarray(self.policy.choose(ctx), dtype=np.int64)
             if L.shape != (n_dec,) or (n_dec and (L.min() < 0 or L.max() > K)):
                 raise RuntimeError(f"policy {self.policy.spec} returned invalid verify lengths {L!r} (K={K})")
+            if drafted is not None:
+                L = np.minimum(L, drafted)   # positions never drafted cannot be verified
         M = n_dec + n_pf + int(L.sum())
         if M > self.max_tokens:
             raise RuntimeError(f"policy {self.policy.spec} exceeded the token budget: M={M} > {self.max_tokens}")
+        # a padded engine (no variable-length attention kernels) runs every decoding row at the step's longest
+        # verify length: the target's forward is priced at that M (module doc)
+        Lp = np.full(n_dec, int(L.max()), np.int64) if self.pad_verify and n_dec else L
+        Mp = n_dec + n_pf + int(Lp.sum())   # <= n_dec (1 + K) + n_pf <= max_tokens (admission and chunk budget)
         dec_qk = 0
         if dctx is not None:
-            n = 1 + L
-            dec_qk = int((n * dctx).sum() + (L * (L + 1) // 2).sum())
-            dt = float(base_time(np.array([M]))[0]) + self._qk * dec_qk
+            n = 1 + Lp
+            dec_qk = int((n * dctx).sum() + (Lp * (Lp + 1) // 2).sum())
+            dt = float(base_time(np.array([Mp]))[0]) + self._qk * dec_qk
         elif type(step_time) is DenseStepTime:
-            dt = float(step_time.dense[M] + step_time.extra)   # the same sum as step_time(np.array([M]))[0]
+            dt = float(step_time.dense[Mp] + step_time.extra)   # the same sum as step_time(np.array([M]))[0]
         else:
-            dt = float(step_time(np.array([M]))[0])
+            dt = float(step_time(np.array([Mp]))[0])
         if not dt > 0:
             raise RuntimeError(f"non-positive step time {dt} at M={M}")
         pre = None
         if self._preempted:
             pre, self._preempted = np.array(self._preempted, np.int64), []
-        return StepPlan(decode=dec, slots=slots, verify=L, conf=conf, true_accepted=A, prefill=chunks, M=M,
+        plan = StepPlan(decode=dec, slots=slots, verify=L, conf=conf, true_accepted=A, prefill=chunks, M=M,
                         n_prefill=n_pf, kv_read=kv_read, prefill_qk=pf_qk, K=K, predicted_s=dt,
-                        n_running=n_run, decode_qk=dec_qk, preempted=pre, kv_pages=self.pages_used)
+                        n_running=n_run, decode_qk=dec_qk, preempted=pre, kv_pages=self.pages_used,
+                        drafted=drafted, pad_tokens=Mp - M)
+        return plan
 
     def apply(self, plan: StepPlan, outcome: StepOutcome, now: float) -> np.ndarray:
         """Apply an executed step at time ``now`` (its end): emit tokens, advance prefills, finish requests.
@@ -660,6 +702,13 @@ class Engine:
         lg["prefill_qk"].append(plan.prefill_qk)
         lg["prefill_chunks"].append(len(plan.prefill))
         lg["decode_qk"].append(plan.decode_qk)
+        if self.pad_verify:
+            lg.setdefault("pad_tokens", []).append(plan.pad_tokens)
+        if self.draft_exit is not None:
+            d = plan.drafted
+            lg.setdefault("drafted", []).append(0 if d is None else int(d.sum()))
+            lg.setdefault("draft_s", []).append(self._exit_log[1] if d is not None else 0.0)
+            lg.setdefault("draft_full_s", []).append(self._exit_log[2] if d is not None else 0.0)
         self.acc_pos_log.append(outcome.accepted_per_pos)
         for k, v in outcome.extra.items():
             lg.setdefault(k, []).append(v)
@@ -701,10 +750,14 @@ def reprice_steps(profile: Any, steps: Any, drafter: str | None, K: int,
     eng.max_tokens = int(profile.max_tokens if max_batched_tokens is None else max_batched_tokens)
     eng._dense = eng._dense_verify_table()
     out = np.empty(len(col["M"]))
+    # a padded engine's price is at M + pad_tokens; early exit's drafting is the logged draft_s for draft_full_s
+    pad = np.asarray(steps["pad_tokens"], np.int64) if "pad_tokens" in steps else np.zeros(len(out), np.int64)
+    delta = (np.asarray(steps["draft_s"], float) - np.asarray(steps["draft_full_s"], float)
+             if "draft_s" in steps else np.zeros(len(out)))
     for i in range(len(out)):
         f = eng.step_cost(int(col["n_decode"][i]), int(col["kv_read"][i]), int(col["n_prefill_tokens"][i]),
-                          int(col["prefill_qk"][i]), int(col["prefill_chunks"][i]))
-        t = float(f(np.array([int(col["M"][i])]))[0])
+                          int(col["prefill_qk"][i]), int(col["prefill_chunks"][i]), float(delta[i]))
+        t = float(f(np.array([int(col["M"][i] + pad[i])]))[0])
         if eng._qk and col["n_decode"][i]:
             t += eng._qk * int(col["decode_qk"][i])
         out[i] = t
