@@ -5,4 +5,5 @@ simulated run reduced to its metrics; module-level so a process pool can run it)
 Section``. ``dsparksim study NAME|all --out DIR`` runs them (dsparksim.study.run) and regenerates DIR/REPORT.md.
 """
 STUDIES = {"load-spikes": "dsparksim.study.spikes", "p99-tails": "dsparksim.study.tails",
-           "ablation": "dsparksim.study.ablation", "fig8-production": "dsparksim.study.fig8"}
+           "early-exit": "dsparksim.study.early_exit", "ablation": "dsparksim.study.ablation",
+           "fig8-production": "dsparksim.study.fig8"}

@@ -69,7 +69,7 @@ class Plan:
 FULL = Plan(arms=tuple(ARMS), loads={"production": (64, 256, 512), "dense": (64,)}, pads=(False, True),
             duration_s=30.0, warmup_s=10.0, contrast=True)
 FAST = Plan(arms=("ar-fixed", "par-fixed", "sar-fixed", "sar-threshold", "sar-async"),
-            loads={"production": (256,)}, pads=(False, True), duration_s=6.0, warmup_s=1.5, contrast=False)
+            loads={"production": (256,)}, pads=(False, True), duration_s=5.0, warmup_s=1.5, contrast=False)
 
 
 @dataclass(frozen=True)
