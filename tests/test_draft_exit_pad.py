@@ -10,7 +10,7 @@ from dsparksim.config import RunConfig
 from dsparksim.cost.profile import load_profile
 from dsparksim.errors import ConfigError
 from dsparksim.policies.base import Policy
-from dsparksim.sim.early_exit import drafted_lengths, mask_undrafted
+from dsparksim.sim.early_exit import drafted_lengths, mask_undrafted, position_counts
 from dsparksim.sim.engine import reprice_steps
 from dsparksim.sim.simulate import simulate
 
@@ -68,12 +68,13 @@ def test_drafted_lengths_and_mask():
 
 def test_draft_time_exit_prices_what_is_drafted():
     prof = load_profile("built-h200x8-deepseek-v3-tp8")
-    full = np.full(40, 5)
+    full = np.full(5, 40)
     for d in ("eagle3", "dspark", "mtp1"):
         K = 1 if d == "mtp1" else 5
-        assert prof.draft_time_exit(d, np.full(40, K), K) == pytest.approx(prof.draft_time(d, 40, K), rel=1e-12)
+        assert prof.draft_time_exit(d, np.full(K, 40), K) == pytest.approx(prof.draft_time(d, 40, K), rel=1e-12)
     # autoregressive: position j is one forward over the requests still drafting it
-    dr = np.array([1] * 10 + [3] * 20 + [5] * 10)
+    dr = position_counts(np.array([1] * 10 + [3] * 20 + [5] * 10), 5)
+    np.testing.assert_array_equal(dr, [40, 30, 30, 10, 10])
     ar = prof.drafters["eagle3"]
 
     def fwd(n):
@@ -82,11 +83,11 @@ def test_draft_time_exit_prices_what_is_drafted():
     # parallel: the backbone over n*K tokens is paid whole; only the Markov head's share follows the positions
     frac = prof.drafters["dspark"].markov_overhead_frac
     base = prof.draft_time("dflash", 40, 5)
-    assert prof.draft_time_exit("dspark", dr, 5) == pytest.approx(base * (1 + frac * dr.sum() / 200), rel=1e-12)
+    assert prof.draft_time_exit("dspark", dr, 5) == pytest.approx(base * (1 + frac * 120 / 200), rel=1e-12)
     assert prof.draft_time_exit("dspark", dr, 5) < prof.draft_time("dspark", 40, 5)
     assert prof.draft_time_exit("eagle3", full, 5) > prof.draft_time_exit("eagle3", dr, 5)
-    with pytest.raises(ConfigError, match="1..K=5"):
-        prof.draft_time_exit("eagle3", np.array([0, 2]), 5)
+    with pytest.raises(ConfigError, match="non-increasing"):
+        prof.draft_time_exit("eagle3", np.array([10, 12, 3, 2, 1]), 5)
 
 
 @pytest.mark.parametrize("policy", ["fixed:5", "confidence-async:2"])

@@ -376,12 +376,13 @@ class CostProfile:
             t = t + self._draft_kv(d, n, kv_tokens)
         return _scalar_or(t, n_req)
 
-    def draft_time_exit(self, drafter: str, drafted: np.ndarray, K: int, kv_tokens: int = 0) -> float:
-        """Drafting time (s) of one step whose decoding requests drafted ``drafted[i]`` positions each (1..K: the
-        drafter's early exit, :func:`dsparksim.sim.early_exit.drafted_lengths`):
+    def draft_time_exit(self, drafter: str, counts: Any, K: int, kv_tokens: int = 0) -> float:
+        """Drafting time (s) of one step whose drafter stopped early (early exit, :mod:`dsparksim.sim.early_exit`):
+        ``counts[j]`` decoding requests drafted position j + 1 (j = 0..K-1; non-increasing, ``counts[0]`` = all
+        decoding requests, :func:`dsparksim.sim.early_exit.position_counts`).
 
-        * ``autoregressive``: one forward per position over the requests still drafting it (position j costs the
-          forward at #{i: drafted[i] >= j} tokens);
+        * ``autoregressive``: one forward per position over the requests still drafting it (position j + 1 costs
+          the forward at ``counts[j]`` tokens);
         * ``parallel``: the backbone's one forward over n*K tokens is paid whole (it computes every position at
           once, before any confidence exists); only the Markov head's share, ``markov_overhead_frac``, shrinks to
           the positions drafted;
@@ -390,21 +391,20 @@ class CostProfile:
         With every request drafting all K positions this is :meth:`draft_time` (autoregressive: the same terms
         summed instead of multiplied by K)."""
         d = self.drafter(drafter)
-        dr = np.asarray(drafted, np.int64)
+        c = np.asarray(counts, np.int64).reshape(-1)
         K = int(K)
-        n = int(dr.size)
-        if n and (dr.min() < 1 or dr.max() > K):
-            raise ConfigError(f"profile '{self.name}'", "drafted", f"drafted positions must lie in 1..K={K}, got "
-                              f"{int(dr.min())}..{int(dr.max())}")
+        if c.size != K or (K and (c.min() < 0 or np.any(np.diff(c) > 0))):
+            raise ConfigError(f"profile '{self.name}'", "counts", f"expected K={K} non-increasing counts of "
+                              f"requests drafting each position, got {c.tolist()}")
+        n = int(c[0]) if K else 0
         if n == 0:
             return 0.0
         axis = f"drafters.{drafter}.tokens"
         if d.kind == "autoregressive":
-            counts = np.bincount(dr, minlength=K + 1)[1:][::-1].cumsum()[::-1]   # counts[j]: drafting j+1
-            t = float(self._floor_pos(d.tokens, d.time_s, counts[counts > 0], axis).sum())
+            t = float(self._floor_pos(d.tokens, d.time_s, c[c > 0], axis).sum())
         elif d.kind == "parallel":
             base = float(self._floor_pos(d.tokens, d.time_s, np.array([n * K]), axis)[0])
-            t = base * (1.0 + d.markov_overhead_frac * (float(dr.sum()) / (n * K)))
+            t = base * (1.0 + d.markov_overhead_frac * (float(c.sum()) / (n * K)))
         else:  # mtp: one forward of n tokens
             t = float(self._floor_pos(d.tokens, d.time_s, np.array([n]), axis)[0])
         if d.seconds_per_kv_token:

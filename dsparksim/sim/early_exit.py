@@ -45,6 +45,12 @@ def drafted_lengths(survival: np.ndarray, threshold: float) -> np.ndarray:
     return (1 + run).astype(np.int64)
 
 
+def position_counts(drafted: np.ndarray, K: int) -> np.ndarray:
+    """(K,) requests drafting each position: counts[j] = #{i : drafted[i] >= j + 1} (non-increasing)."""
+    d = np.asarray(drafted, np.int64)
+    return np.bincount(d, minlength=K + 1)[1:K + 1][::-1].cumsum()[::-1].astype(np.int64)
+
+
 def mask_undrafted(conf: np.ndarray, survival: np.ndarray, drafted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(conf, survival) with the positions past ``drafted[i]`` set to 0 (new arrays; the inputs are untouched)."""
     K = conf.shape[1]

@@ -88,7 +88,7 @@ import simpy
 from dsparksim.acceptance.base import AcceptanceModel, Block
 from dsparksim.policies.base import Policy, StepContext
 from dsparksim.sim.requests import DECODE, DONE, NOT_ARRIVED, PREFILL, REJECTED, WAITING, RequestTable  # noqa: F401
-from dsparksim.sim.early_exit import check_threshold, drafted_lengths, mask_undrafted
+from dsparksim.sim.early_exit import check_threshold, drafted_lengths, mask_undrafted, position_counts
 from dsparksim.sim.predraw import PredrawnDraws, supports_predraw
 from dsparksim.sim.streams import RequestStreams
 
@@ -573,7 +573,8 @@ class Engine:
                 surv0 = np.cumprod(blk.conf[:, :K], axis=1) if blk.survival is None else blk.survival
                 drafted = drafted_lengths(surv0, self.draft_exit)
                 full = float(self.profile.draft_time(self.drafter, n_dec, K, kv_read if self._draft_kv else 0))
-                done = self.profile.draft_time_exit(self.drafter, drafted, K, kv_read if self._draft_kv else 0)
+                done = self.profile.draft_time_exit(self.drafter, position_counts(drafted, K), K,
+                                                    kv_read if self._draft_kv else 0)
                 draft_delta = done - full
                 self._exit_log = (int(drafted.sum()), done, full)
         step_time = base_time = self.step_cost(n_dec, kv_read, n_pf, pf_qk, len(chunks), draft_delta)
