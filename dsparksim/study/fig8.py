@@ -124,7 +124,8 @@ def frontier_gains(rows: list[dict[str, Any]], baseline: str) -> list[dict[str, 
         per_seed = mark_pareto(df[cols].copy(), SERIES + ("seed",))
         comp = comparison_with_intervals(seed_means(per_seed), per_seed, baseline=baseline)
         for _, c in comp.iterrows():
-            if c["metric"] not in ("tps_user_gain_at_matched_throughput", "throughput_gain_at_matched_slo"):
+            if c["metric"] not in ("tps_user_gain_at_matched_throughput", "throughput_gain_at_matched_slo") or \
+                    c["policy"] in (BASE, V4):    # the two baselines against each other: not a question asked
                 continue
             out.append({"regime": reg, "policy": c["policy"], "baseline": baseline, "metric": c["metric"],
                         "gain": c["gain_seed_mean"], "gain_lo": c["gain_lo"], "gain_hi": c["gain_hi"],
