@@ -252,12 +252,18 @@ def _text(settings: Settings, p: Plan, rows, paired, contrib, padcost, order) ->
             if th is not None:
                 text += f"; a static threshold {_pct(th)}"
             if sy is not None:
+                vs = _get(paired, regime=name, load=load, pad=False, arm="sar-sync", metric="mean_verify_len")
                 text += f", synchronous Algorithm 1 {_pct(sy)}"
+                if vs is not None:
+                    text += (f" (it verifies {fmt_ci(vs['value'], vs['value_lo'], vs['value_hi'], 1, 2)} draft "
+                             "tokens per request-step: its first-drop stop ends at the first step of the cost "
+                             "staircase)" if vs["value"] < 1 else
+                             f" (verify length {fmt_ci(vs['value'], vs['value_lo'], vs['value_hi'], 1, 2)})")
             pa = c("sar-async", "sar-fixed", pad=True)
             pc = _get(padcost, regime=name, load=load, arm="sar-async")
             if pa is not None and pc is not None:
-                text += (f"; padded, the async scheduler gains {_pct(pa)} over fixed length (padding costs "
-                         f"`sar-async` {_pct(pc)} of its throughput)")
+                text += (f"; on a padded engine async scheduling against fixed length {_pct(pa)} (padding "
+                         f"changes `sar-async`'s throughput by {_pct(pc)})")
             heads.append(text)
             out.append(f"- {text}.")
             ar = c("ar-async", "ar-fixed")
