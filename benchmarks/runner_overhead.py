@@ -28,7 +28,7 @@ def engine_overhead(n: int, steps: int, policy_spec: str = "confidence", K: int 
     from dsparksim.policies import make_policy
     from dsparksim.cost.profile import load_profile
     from dsparksim.runner.executor import Executor, ExecutorConfig, build_models
-    from dsparksim.runner.measure import profiling_engine
+    from dsparksim.runner.timing import profiling_engine
     from dsparksim.runner.models import parse_model
 
     ex = ExecutorConfig()
@@ -36,7 +36,7 @@ def engine_overhead(n: int, steps: int, policy_spec: str = "confidence", K: int 
     T = ctx + out + K + 2
     if live:
         from dsparksim.runner.live import LiveExecutor
-        from dsparksim.runner.measure import LiveDrafters
+        from dsparksim.runner.timing import LiveDrafters
         from dsparksim.runner.models import load_target
         cfg, tm, _ = load_target(f"ckpt:{REPO / 'models' / 'target.pt'}", "cpu", "float32")
         target, _ = build_models(cfg, ex, tm)

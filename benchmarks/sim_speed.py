@@ -76,14 +76,16 @@ print(json.dumps({"package": dsparksim.__file__, "import_s": t1 - t0, "simulate_
 
 
 # Replicas line: least-outstanding keeps 256 users on each replica; round-robin in closed loop lets the replicas'
-# user counts drift apart (measured 29 vs 366 running after 600 s), which is another workload.
+# user counts drift apart (measured 29 vs 366 running after 600 s), which is another workload. pinned (--router)
+# pins 256 users to each replica exactly, and such a run can be sharded (benchmarks/fleet_scale.py).
 ROUTER = "least-outstanding"
 
 
-def whole_process(policy: str, users: int, duration: float, replicas: int | None, write: bool) -> dict:
+def whole_process(policy: str, users: int, duration: float, replicas: int | None, write: bool,
+                  router: str = ROUTER) -> dict:
     """Run one configuration in a fresh interpreter; wall time is measured around the whole process."""
     spec = dict(policy=policy, profile=PROFILE, users=users, duration=duration, seed=SEED, replicas=replicas,
-                router=ROUTER,
+                router=router,
                 engine=engine_kwargs(users // (replicas or 1)), write=write)   # per-replica batch limits
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], capture_output=True, text=True)
@@ -138,6 +140,8 @@ def main() -> None:
                     help="also time N replicas x 256 users each, for each N given (needs EngineConfig.replicas)")
     ap.add_argument("--replicas-duration", type=float, default=None,
                     help="simulated seconds of the replica lines [the headline's]")
+    ap.add_argument("--router", default=ROUTER, help="router of the replica lines [%(default)s]")
+    ap.add_argument("--no-headline", action="store_true", help="skip the 1-hour headline (replica lines only)")
     ap.add_argument("--no-table", action="store_true", help="headline lines only")
     ap.add_argument("--no-write", action="store_true", help="headline child does not write the result files")
     args = ap.parse_args()
@@ -149,17 +153,19 @@ def main() -> None:
           ">= 400x whole process with numpy alone (>= 1000x with a compiled kernel), <= 300 MiB peak RSS; "
           "4 replicas x 256 users >= 250x")
 
-    res = whole_process("confidence", 256, args.duration, None, not args.no_write)
-    print(f"code under test: {os.path.dirname(res['package'])} (the child runs in {os.getcwd()}: a dsparksim/ "
-          "there wins over PYTHONPATH)")
-    print(headline(f"headline, confidence, 256 users, {args.duration:g} s", res), flush=True)
+    if not args.no_headline:
+        res = whole_process("confidence", 256, args.duration, None, not args.no_write)
+        print(f"code under test: {os.path.dirname(res['package'])} (the child runs in {os.getcwd()}: a dsparksim/ "
+              "there wins over PYTHONPATH)")
+        print(headline(f"headline, confidence, 256 users, {args.duration:g} s", res), flush=True)
 
     if args.replicas is not None:
         rdur = args.replicas_duration or args.duration
         if has_replicas_field():
             for n in args.replicas:
-                res = whole_process("confidence", 256 * n, rdur, n, not args.no_write)
-                print(headline(f"{n} replicas x 256 users ({ROUTER}), confidence, {rdur:g} s", res), flush=True)
+                res = whole_process("confidence", 256 * n, rdur, n, not args.no_write, args.router)
+                print(headline(f"{n} replicas x 256 users ({args.router}), confidence, {rdur:g} s", res),
+                      flush=True)
         else:
             print(f"--replicas {args.replicas}: skipped, EngineConfig has no `replicas` field in this build")
 

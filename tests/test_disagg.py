@@ -52,7 +52,7 @@ def test_ttft_parts_fifo_pool_closed_form():
     # waits for the first free instance. Transfer: P * bytes * 8 / (gbps * 1e9).
     c, per = 0.01, 1e-5
     prof = FlatProfile(c, per_token=per)
-    prof.metadata = {"kv_bytes_per_token": 2.0e5}
+    prof.metadata.update({"kv_bytes_per_token": 2.0e5})
     P = np.array([100, 300, 50])
     sim = _sim(_wl(P, [5, 5, 1], arrivals=[0.0, 0.0, 0.001]), K=2, profile=prof, disaggregated=True,
                prefill_replicas=2, kv_transfer_gbps=8.0)
@@ -115,7 +115,7 @@ def test_pool_flags_without_disaggregated_are_an_error(tmp_path, capsys):
 
 def test_profile_kv_bytes_per_token_is_checked():
     prof = FlatProfile()
-    prof.metadata = {"kv_bytes_per_token": -1}
+    prof.metadata.update({"kv_bytes_per_token": -1})
     with pytest.raises(ConfigError, match="kv_bytes_per_token"):
         _sim(_wl([4], [4], arrivals=[0.0]), profile=prof, disaggregated=True, kv_transfer_gbps=1.0)
 

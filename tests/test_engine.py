@@ -10,30 +10,12 @@ from dsparksim.results.metrics import summarize
 from dsparksim.policies import make_policy
 from dsparksim.sim.streams import RequestStreams
 from dsparksim.traffic.base import Workload
+from stand_in_profile import stand_in_profile
 
 
-class FlatProfile:
-    """verify_time = c for every M (flat SPS curve), no drafting cost, no overhead."""
-
-    name, source, metadata, context_model = "flat", "<test>", {}, "none"
-
-    def __init__(self, c: float = 0.01, max_tokens: int = 8192, per_token: float = 0.0, draft: float = 0.0):
-        self.c, self.max_tokens, self.per_token, self.draft = c, max_tokens, per_token, draft
-        self.fixed_overhead_s = 0.0
-        self.drafters = {"dspark": None, "mtp1": None}
-
-    def verify_time(self, M, kv_tokens=0):
-        M = np.asarray(M)
-        if np.any(M > self.max_tokens):
-            raise ValueError(f"M {M.max()} beyond profile")
-        return self.c + self.per_token * M
-
-    def nontrimmable_time(self, drafter, n_req, K):
-        return self.draft
-
-    def step_overhead(self, drafter, n_req, K, prefill_tokens=0, query_keys=0, chunks=0):
-        # the profile protocol's non-verify part of a step (no prefill term in this stand-in)
-        return self.nontrimmable_time(drafter, n_req, K) if n_req else self.fixed_overhead_s
+def FlatProfile(c: float = 0.01, max_tokens: int = 8192, per_token: float = 0.0, draft: float = 0.0):
+    """verify_time = c + per_token * M (flat SPS curve when per_token = 0), drafting ``draft`` s, no overhead."""
+    return stand_in_profile(lambda M: c + per_token * M, max_tokens, draft)
 
 
 class Homogeneous(AcceptanceModel):
@@ -139,13 +121,7 @@ def test_oracle_bounds_every_policy_throughput(N):
     # over a run it must not fall below any same-drafter policy by more than 2%.
     from dsparksim.acceptance import load_acceptance
 
-    class Staircase(FlatProfile):
-        def verify_time(self, M, kv_tokens=0):
-            M = np.asarray(M)
-            return 0.008 + 0.004 * np.floor_divide(M - 1, 128) + 2e-6 * M
-
-    prof = Staircase()
-    prof.draft = 0.001
+    prof = stand_in_profile(lambda M: 0.008 + 0.004 * np.floor_divide(M - 1, 128) + 2e-6 * M, 8192, draft=0.001)
     out = {}
     for pol in ["fixed:7", "threshold:0.5", "goodput", "confidence", "confidence-async:2", "oracle"]:
         acc = load_acceptance("dspark", 7)
@@ -166,7 +142,7 @@ def test_dense_verify_table_equals_profile_lookup():
                    max_batched_tokens=prof.max_tokens, prefill_chunk_tokens=512, rng=np.random.default_rng(0),
                    num_requests=4)
     M = np.arange(1, prof.max_tokens + 1)
-    np.testing.assert_array_equal(s.engines[0]._dense[1:], prof.verify_time(M, 0))
+    np.testing.assert_array_equal(s.engines[0].pricer.dense[1:], prof.verify_time(M, 0))
 
 
 def test_prefill_term_is_charged_per_chunk_token_and_query_key():

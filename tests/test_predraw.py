@@ -15,7 +15,7 @@ from dsparksim.config import EngineConfig, RunConfig
 from dsparksim.policies.base import StepContext
 from dsparksim.policies.confidence import algorithm1
 from dsparksim.sim import predraw as predraw_mod
-from dsparksim.sim.engine import DenseStepTime
+from dsparksim.cost.price import DenseStepTime
 from dsparksim.sim.requests import RequestTable
 from dsparksim.sim.simulate import simulate
 from dsparksim.sim.streams import RequestStreams

@@ -11,9 +11,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from dsparksim.errors import ConfigError, InputError  # noqa: E402
-from dsparksim.runner import measure as meas  # noqa: E402
-from dsparksim.runner.measure import (MeasureConfig, slot_tokens, cell_contexts, context_spread,  # noqa: E402
-                                      context_spread_from_csv)
+from dsparksim.runner import measure, timing  # noqa: E402
+from dsparksim.runner.grid import MeasureConfig, slot_tokens, cell_contexts, context_spread, context_spread_from_csv  # noqa: E402
 from dsparksim.runner.paired import PairedCells  # noqa: E402
 
 TINY = "tiny,n_layers=1,d_model=32,n_heads=2,n_kv_heads=1,d_ff=64,vocab_size=128"
@@ -70,18 +69,18 @@ def test_bad_spreads_and_lengths_files_are_refused_with_the_field(tmp_path):
 
 def test_measure_times_cells_at_the_spread_and_pairing_re_times_them_alike(monkeypatch):
     seen = []
-    real_fast = meas._fast_prefill
+    real_fast = timing.fast_prefill
 
     def spy(eng, exe, n, ctx, spread=None):
         seen.append((n, ctx, spread, sorted(exe.cache_len.values())))
         real_fast(eng, exe, n, ctx, spread)
         seen[-1] = (n, ctx, spread, sorted(int(exe.cache_len[r]) for r in range(n)))
 
-    monkeypatch.setattr(meas, "_fast_prefill", spy)
+    monkeypatch.setattr(timing, "fast_prefill", spy)
     q = context_spread(np.full(2, 8), np.full(2, 57), points=17)
     mc = MeasureConfig(model=TINY, drift_gate=None, drift=False, prefill=False, mtp1=False, K=3, n_reqs=(1, 2, 4),
                        contexts=(16, 48), reps=3, min_growth=0.0, context_spread=q)
-    prof, _ = meas.measure(mc, progress=False, log=lambda s: None)
+    prof, _ = measure.measure(mc, progress=False, log=lambda s: None)
     assert prof["metadata"]["grid"]["context_spread"] == list(q)
     assert "grid.context_spread" in prof["metadata"]["method"]
     cells4 = [s for s in seen if s[0] == 4]

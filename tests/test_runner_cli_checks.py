@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import dsparksim.runner.measure as measure_mod  # noqa: E402
+import dsparksim.runner.timing as timing  # noqa: E402
 import dsparksim.runner.validate as validate_mod  # noqa: E402
 from dsparksim.cli.main import main  # noqa: E402
 
@@ -120,7 +121,7 @@ def test_a_corrupt_checkpoint_is_one_line(tmp_path, capsys):
 
 def test_a_context_that_cannot_fit_is_refused_before_any_cell(tmp_path, capsys, monkeypatch):
     timed = []
-    monkeypatch.setattr(measure_mod, "_cell", lambda *a, **k: timed.append(1) or [])
+    monkeypatch.setattr(timing, "time_cell", lambda *a, **k: timed.append(1) or [])
     assert main(["measure", "--n-req", "1,2", "--contexts", "100000000", "--reps", "3", "--warmup", "1",
                  "--no-drift", "--out", str(tmp_path / "p.json")]) == 2
     err = capsys.readouterr().err

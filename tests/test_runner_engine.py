@@ -17,7 +17,8 @@ from dsparksim.traffic import TrafficConfig  # noqa: E402
 from dsparksim.backend.model import ModelConfig, TargetModel  # noqa: E402
 from dsparksim.runner.executor import ExecutorConfig  # noqa: E402
 from dsparksim.runner.flat import FlatForward, KVPool, make_group  # noqa: E402
-from dsparksim.runner.measure import MeasureConfig, measure  # noqa: E402
+from dsparksim.runner.grid import MeasureConfig  # noqa: E402
+from dsparksim.runner.measure import measure  # noqa: E402
 from dsparksim.runner.run import RunnerConfig, real_run  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -4,9 +4,10 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from dsparksim.cost.profile import load_profile, save_profile  # noqa: E402
-from dsparksim.runner import measure as meas  # noqa: E402
+from dsparksim.runner import fitting, grid, measure, timing  # noqa: E402
 from dsparksim.runner.executor import ExecutorConfig  # noqa: E402
-from dsparksim.runner.measure import MeasureConfig, MeasurementError, decompose_target, fit_profile  # noqa: E402
+from dsparksim.runner.grid import MeasureConfig  # noqa: E402
+from dsparksim.runner.fitting import MeasurementError, decompose_target, fit_profile  # noqa: E402
 
 TINY = "tiny,n_layers=1,d_model=32,n_heads=2,n_kv_heads=1,d_ff=64,vocab_size=128"
 
@@ -77,18 +78,18 @@ def test_flat_and_inert_results_are_refused():
 
 
 def test_measured_profile_loads_in_core_and_oom_cell_is_reported_not_measured(tmp_path, monkeypatch):
-    real_cell = meas._cell
+    real_cell = timing.time_cell
 
     def flaky(target, proxy, ex, K, drafter, n, ctx, *a):
         if n == 2 and ctx == 16 and K > 1:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real_cell(target, proxy, ex, K, drafter, n, ctx, *a)
 
-    monkeypatch.setattr(meas, "_cell", flaky)
+    monkeypatch.setattr(timing, "time_cell", flaky)
     mc = MeasureConfig(
         model=TINY, drift_gate=None, executor=ExecutorConfig(), K=3, n_reqs=(1, 2, 4), contexts=(16, 48), reps=3,
         min_growth=0.0)
-    prof, raw = meas.measure(mc, progress=False, log=lambda s: None)
+    prof, raw = measure.measure(mc, progress=False, log=lambda s: None)
     fails = prof["metadata"]["failed_cells"]
     assert len(fails) == 1 and fails[0]["n_req"] == 2 and fails[0]["context"] == 16 and "out of memory" in fails[0]["error"]
     assert not any(r["n"] == 2 and r["ctx"] == 16 for r in raw["block"])   # never written as a measurement
@@ -104,11 +105,11 @@ def test_prefill_cells_out_of_memory_leave_no_prefill_term(monkeypatch):
     def oom(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
 
-    monkeypatch.setattr(meas, "_prefill_cells", oom)
+    monkeypatch.setattr(timing, "time_prefill_cells", oom)
     mc = MeasureConfig(
         model=TINY, drift_gate=None, executor=ExecutorConfig(), K=3, n_reqs=(1, 2, 4), contexts=(16,), reps=3,
         min_growth=0.0)
-    prof, _ = meas.measure(mc, progress=False, log=lambda s: None)
+    prof, _ = measure.measure(mc, progress=False, log=lambda s: None)
     assert "prefill" not in prof                                        # no partial / guessed term
     assert prof["metadata"]["fit"]["prefill"] == {"skipped": "out of memory"}
     assert any(f.get("cell") == "prefill" and "out of memory" in f["error"] for f in prof["metadata"]["failed_cells"])
@@ -124,7 +125,7 @@ def test_measure_fits_a_prefill_term_from_paired_steps():
     mc = MeasureConfig(
         model=TINY, drift_gate=None, executor=ExecutorConfig(), K=3, n_reqs=(1, 2, 4, 8, 12), contexts=(16,), reps=3,
         min_growth=0.0)
-    prof, _ = meas.measure(mc, progress=False, log=lambda s: None)
+    prof, _ = measure.measure(mc, progress=False, log=lambda s: None)
     fit = prof["metadata"]["fit"]["prefill"]
     assert fit["cells"] >= 3 and "prefill" in prof                       # 4 x (1+3) + chunk <= 48 tokens
     for k in ("seconds_per_token", "seconds_per_query_key", "seconds_per_chunk"):
@@ -148,7 +149,7 @@ def test_measured_profile_drives_dsparksim_frontier(tmp_path):
     mc = MeasureConfig(
         model=TINY, drift_gate=None, executor=ExecutorConfig(), K=3, n_reqs=(1, 2, 4), contexts=(16, 48), reps=3,
         min_growth=0.0)
-    prof, _ = meas.measure(mc, progress=False, log=lambda s: None)
+    prof, _ = measure.measure(mc, progress=False, log=lambda s: None)
     p = save_profile(prof, tmp_path / "p.json")
     out = tmp_path / "fr"
     rc = main(["frontier", "--profile", str(p), "--policies", "fixed:3,confidence", "--block-size", "3",
@@ -175,9 +176,9 @@ def test_prefill_fit_recovers_the_chunk_cost_growing_with_decoding_requests():
     p = profile_from_dict(prof | {"name": "t", "metadata": {k: "-" for k in ("device", "model", "source", "method")}})
     a, b, e, tn, cn = 3e-7, 2e-9, 1.5e-4, 4e-9, 6e-6          # the closed form being fitted
     recs = []
-    for n in meas.PREFILL_DECODE_ROWS:
-        for c in meas.PREFILL_CHUNKS:
-            for k, pre in ((k, pre) for k in (1, 2) for pre in meas.PREFILL_PREFIXES):
+    for n in grid.PREFILL_DECODE_ROWS:
+        for c in grid.PREFILL_CHUNKS:
+            for k, pre in ((k, pre) for k in (1, 2) for pre in grid.PREFILL_PREFIXES):
                 M0, kv0 = n * 8, n * 40.0
                 M1, kv1 = M0 + c * k, kv0 + (pre + c) * k
                 qk = k * (c * pre + c * (c + 1) // 2)           # a chunk after `pre` cached tokens
@@ -186,9 +187,9 @@ def test_prefill_fit_recovers_the_chunk_cost_growing_with_decoding_requests():
                 recs.append({"n_dec": n, "chunk": c, "k": k, "tokens": c * k, "qk": qk, "M0": M0, "M1": M1,
                              "kv0": kv0, "kv1": kv1, "d_step": dv + add + 1e-5 * c * k, "d_target": dv + add,
                              "d_draft": 1e-5 * c * k})
-    fit = meas.fit_prefill(recs, prof)
+    fit = fitting.fit_prefill(recs, prof)
     # the prefill-only records (n_dec = 0) go to prefill.only (fit_prefill_only), not to these terms
-    assert 0 in meas.PREFILL_DECODE_ROWS and fit["decode_rows"] == [n for n in meas.PREFILL_DECODE_ROWS if n]
+    assert 0 in grid.PREFILL_DECODE_ROWS and fit["decode_rows"] == [n for n in grid.PREFILL_DECODE_ROWS if n]
     for key, want in (("seconds_per_token", a), ("seconds_per_query_key", b), ("seconds_per_chunk", e),
                       ("seconds_per_token_per_decode", tn), ("seconds_per_chunk_per_decode", cn),
                       ("drafter_s_per_token", 1e-5)):
@@ -206,8 +207,8 @@ def test_prefill_fit_recovers_the_chunk_cost_growing_with_decoding_requests():
         pytest.approx(a * 100 + b * 5050 + e * 2, rel=1e-12)
     # one decode-row count only (old raw records): no interaction terms are fitted
     old_recs = [{k: v for k, v in r.items() if k != "n_dec"} for r in recs if r["n_dec"] == 4]
-    assert len({r["qk"] for r in recs}) > len(meas.PREFILL_CHUNKS) * 2    # prefixes make c*s separable from c^2
-    assert meas.fit_prefill(old_recs, prof)["seconds_per_chunk_per_decode"] == 0.0
+    assert len({r["qk"] for r in recs}) > len(grid.PREFILL_CHUNKS) * 2    # prefixes make c*s separable from c^2
+    assert fitting.fit_prefill(old_recs, prof)["seconds_per_chunk_per_decode"] == 0.0
 
 
 def test_prefill_fit_weighs_cells_by_relative_error():
@@ -221,8 +222,8 @@ def test_prefill_fit_weighs_cells_by_relative_error():
     p = profile_from_dict(prof | {"name": "t", "metadata": {k: "-" for k in ("device", "model", "source", "method")}})
     recs = []
     for n in (1, 4, 16):
-        for c in meas.PREFILL_CHUNKS:
-            for k, pre in ((k, pre) for k in (1, 2) for pre in meas.PREFILL_PREFIXES):
+        for c in grid.PREFILL_CHUNKS:
+            for k, pre in ((k, pre) for k in (1, 2) for pre in grid.PREFILL_PREFIXES):
                 M0, kv0 = n * 8, n * 40.0
                 M1, kv1 = M0 + c * k, kv0 + (pre + c) * k
                 qk = k * (c * pre + c * (c + 1) // 2)
@@ -233,12 +234,12 @@ def test_prefill_fit_weighs_cells_by_relative_error():
 
     def errors(fit):
         # the profile's own price of each cell's chunks with the fitted terms (measure.prefill_section writes them)
-        fp = profile_from_dict(prof | {"name": "f", "metadata": p.metadata, "prefill": meas.prefill_section(fit, "f")})
+        fp = profile_from_dict(prof | {"name": "f", "metadata": p.metadata, "prefill": fitting.prefill_section(fit, "f")})
         return np.array([(fp.verify_time(r["M1"], r["kv1"]) - fp.verify_time(r["M0"], r["kv0"])
                           + fp.prefill_time(None, r["tokens"], r["qk"], r["k"], r["n_dec"])) / r["d_step"] - 1
                          for r in recs])
 
-    rel, ab = errors(meas.fit_prefill(recs, prof)), errors(meas.fit_prefill(recs, prof, relative=False))
+    rel, ab = errors(fitting.fit_prefill(recs, prof)), errors(fitting.fit_prefill(recs, prof, relative=False))
     small = np.array([r["chunk"] <= 32 for r in recs])
     rms = lambda e: float(np.sqrt(np.mean(e ** 2)))  # noqa: E731
     assert rms(rel) < 0.99 * rms(ab)                              # 6.0% vs 6.3%
@@ -246,27 +247,27 @@ def test_prefill_fit_weighs_cells_by_relative_error():
     # a noisy cell timed at ~0 s does not take the fit over (its weight is capped at 2x the median cell's; at 10x
     # that one cell made the rms error 0.34 instead of 0.06)
     bad = dict(recs[0], d_step=1e-12, d_target=1e-12)
-    fit2 = meas.fit_prefill(recs + [bad], prof)
+    fit2 = fitting.fit_prefill(recs + [bad], prof)
     assert all(np.isfinite(v) for v in fit2.values() if isinstance(v, float))
     assert rms(errors(fit2)) < 1.5 * rms(rel)
 
 
 def test_prefill_prefixes_span_the_measured_contexts():
-    assert meas.prefill_prefixes((32, 96, 160)) == (0, 512)
-    assert meas.prefill_prefixes((2048, 4096, 6144)) == (0, 6144)
-    assert meas.prefill_prefixes((1024, 8192, 32768)) == (0, meas.PREFIX_CAP)
+    assert grid.prefill_prefixes((32, 96, 160)) == (0, 512)
+    assert grid.prefill_prefixes((2048, 4096, 6144)) == (0, 6144)
+    assert grid.prefill_prefixes((1024, 8192, 32768)) == (0, grid.PREFIX_CAP)
 
 
 def test_per_request_and_context_shape_diagnostics_match_their_closed_forms():
     ns = np.array([1, 2, 4, 8, 16])
-    c = meas.per_request_cost(ns, 2e-4 + 3e-5 * ns)
+    c = fitting.per_request_cost(ns, 2e-4 + 3e-5 * ns)
     assert c["intercept_s"] == pytest.approx(2e-4, rel=1e-9) and c["per_request_s"] == pytest.approx(3e-5, rel=1e-9)
     V0 = lambda M: 1e-3 + 2e-5 * M  # noqa: E731
     B = lambda n: 3e-4 * (n - 1)    # noqa: E731
     r = {k: np.array([x[k] for x in _synthetic(V0, B, 1e-7, ctxs=(10, 50, 200))], float)
          for k in _synthetic(V0, B, 1e-7)[0]}
     M, V, Bn, s, q = decompose_target(r)
-    sh = meas.context_shape(r, M, V, np.array([1, 2, 4]), Bn)
+    sh = fitting.context_shape(r, M, V, np.array([1, 2, 4]), Bn)
     assert sh["s_per_kv_token_by_context"] == pytest.approx({"10": 1e-7, "50": 1e-7, "200": 1e-7}, rel=1e-5)
     assert sh["max_over_min"] == pytest.approx(1.0, rel=1e-5)                         # linear: shapes agree
     # a context term growing faster than linearly shows as a slope rising with the context
@@ -274,7 +275,7 @@ def test_per_request_and_context_shape_diagnostics_match_their_closed_forms():
     for x in recs:
         x["t_target"] += 1e-9 * x["kv"] * x["ctx"]
     r2 = {k: np.array([x[k] for x in recs], float) for k in recs[0]}
-    sh2 = meas.context_shape(r2, M, V, np.array([1, 2, 4]), Bn)["s_per_kv_token_by_context"]
+    sh2 = fitting.context_shape(r2, M, V, np.array([1, 2, 4]), Bn)["s_per_kv_token_by_context"]
     assert sh2["10"] == pytest.approx(1e-8) and sh2["200"] == pytest.approx(2e-7)
 
 
@@ -387,19 +388,19 @@ def test_prefill_only_fit_recovers_the_whole_step_closed_form_and_the_profile_pr
     from dsparksim.errors import InputError
     p0, a, b, e, dft = 2e-3, 4e-6, 3e-9, 1e-4, 1e-6
     recs = []
-    for c in meas.PREFILL_CHUNKS:
+    for c in grid.PREFILL_CHUNKS:
         for k in (1, 2):
             for pre in (0, 1536):
                 qk = k * (c * pre + c * (c + 1) // 2)
                 recs.append({"n_dec": 0, "chunk": c, "k": k, "prefix": pre, "tokens": c * k, "qk": qk, "M0": 0,
                              "M1": c * k, "kv0": 0.0, "kv1": float(k * (pre + c)), "d_target": 0.0,
                              "d_step": p0 + a * c * k + b * qk + e * k + dft * c * k, "d_draft": dft * c * k})
-    only = meas.fit_prefill_only(recs)
+    only = fitting.fit_prefill_only(recs)
     for key, want in (("seconds_per_step", p0), ("seconds_per_token", a), ("seconds_per_query_key", b),
                       ("seconds_per_chunk", e)):
         assert only[key] == pytest.approx(want, rel=1e-6), key
-    assert meas.fit_prefill_only(recs[:3]) is None                       # too few cells
-    assert meas.fit_prefill_only([{**r, "n_dec": 1} for r in recs]) is None   # none without decoding requests
+    assert fitting.fit_prefill_only(recs[:3]) is None                       # too few cells
+    assert fitting.fit_prefill_only([{**r, "n_dec": 1} for r in recs]) is None   # none without decoding requests
     d = _fit_base() | {"name": "t", "metadata": {k: "-" for k in ("device", "model", "source", "method")},
                        "prefill": {"seconds_per_token": 1e-6, "seconds_per_query_key": 0.0, "note": "t",
                                    "only": only}}
@@ -410,12 +411,13 @@ def test_prefill_only_fit_recovers_the_whole_step_closed_form_and_the_profile_pr
     assert t == pytest.approx(p0 + a * 128 + b * (128 * 500 + 128 * 129 // 2) + e + dft * 128, rel=1e-6)
     # the engine: a prefill-only step costs fixed + that, whatever its M; with a decoding request, the old formula
     import numpy as np
-    from dsparksim.sim.engine import Engine
-    eng = Engine.__new__(Engine)
-    eng.profile, eng.drafter, eng.K, eng._draft_kv, eng._dense = prof, "dspark", 7, False, None
-    cost = eng.step_cost(0, 628, 128, 128 * 500 + 128 * 129 // 2, 1)
+    from dsparksim.cost.price import StepPricer, StepShape
+    pricer = StepPricer(prof, dense=False)
+    shape = StepShape(M=128, n_decode=0, kv_read=628, prefill_tokens=128, prefill_qk=128 * 500 + 128 * 129 // 2,
+                      prefill_chunks=1, drafter="dspark", K=7)
+    cost = pricer.step_time(shape)
     assert np.allclose(cost(np.array([128, 129])), 1e-4 + t)
-    mixed = eng.step_cost(1, 628, 128, 128 * 500 + 128 * 129 // 2, 1)(np.array([136]))[0]
+    mixed = pricer.step_time(shape._replace(n_decode=1))(np.array([136]))[0]
     assert mixed == pytest.approx(prof.verify_time(136, 628) + prof.step_overhead("dspark", 1, 7, 128, 128 * 500
                                                                                   + 128 * 129 // 2, 1))
     # disaggregated prefill prices its chunks the same way

@@ -30,7 +30,7 @@ def test_smooth_factors_carries_the_running_median_to_every_step():
 
 def test_cell_medians_are_the_per_cell_medians_and_mean_contexts():
     pytest.importorskip("torch")
-    from dsparksim.runner.measure import cell_medians
+    from dsparksim.runner.fitting import cell_medians
     recs = [{"n": 2, "ctx": 32, "L": 1, "t_step": t, "kv": kv} for t, kv in ((3.0, 64), (1.0, 66), (2.0, 68))]
     recs += [{"n": 1, "ctx": 32, "L": 0, "t_step": 5.0, "kv": 40}]
     c = cell_medians(recs, 3)
@@ -150,7 +150,7 @@ def test_live_cells_are_timed_on_the_trained_drafters_step():
     from pathlib import Path
     from dsparksim.runner.executor import ExecutorConfig, build_models
     from dsparksim.runner.live import LiveExecutor
-    from dsparksim.runner.measure import LiveDrafters
+    from dsparksim.runner.timing import LiveDrafters
     from dsparksim.runner.models import load_target
     models = Path(__file__).resolve().parents[1] / "models"
     ex = ExecutorConfig()

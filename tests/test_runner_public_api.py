@@ -118,23 +118,12 @@ from dsparksim.sim.engine import DECODE, CostExecutor, Engine  # noqa: E402
 from dsparksim.policies import make_policy  # noqa: E402
 from dsparksim.sim.streams import RequestStreams  # noqa: E402
 from dsparksim.traffic.base import Workload  # noqa: E402
+from stand_in_profile import stand_in_profile  # noqa: E402
 
 
-class _Linear:
-    """verify_time = 1 ms + 10 us per token, no drafting cost (a stand-in profile)."""
-
-    name, source, metadata, context_model, min_tokens, max_tokens = "lin", "<test>", {}, "none", 1, 4096
-    fixed_overhead_s, drafters = 0.0, {"dspark": None}
-
-    def verify_time(self, M, kv_tokens=0):
-        return 1e-3 + 1e-5 * np.asarray(M)
-
-    def nontrimmable_time(self, drafter, n_req, K):
-        return 2e-4
-
-    def step_overhead(self, drafter, n_req, K, prefill_tokens=0, query_keys=0, chunks=0):
-        # the profile protocol's non-verify part of a step (no prefill term in this stand-in)
-        return self.nontrimmable_time(drafter, n_req, K) if n_req else self.fixed_overhead_s
+def _Linear():
+    """verify_time = 1 ms + 10 us per token, 0.2 ms drafting (a stand-in profile)."""
+    return stand_in_profile(lambda M: 1e-3 + 1e-5 * M, 4096, draft=2e-4, name="lin", drafters=("dspark",))
 
 
 class _Half(AcceptanceModel):

@@ -7,7 +7,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from dsparksim.cost.profile import load_profile  # noqa: E402
-from dsparksim.runner.measure import MeasureConfig  # noqa: E402
+from dsparksim.runner.grid import MeasureConfig  # noqa: E402
 from dsparksim.runner.validate import ValidateConfig, validate  # noqa: E402
 
 # CI-sized validation: the tiny CPU target, a profile measured in the same call, three policies x two closed-loop
@@ -105,7 +105,7 @@ def test_reduced_validation_within_the_gate(tmp_path):
     # refit from them reproduces the written profile's verify staircase
     raw = json.loads((out / "profile_raw.json").read_text())
     assert len(raw["block"]) == 16 * 3 * 8 * 3 and len(raw["mtp1"]) == 16 * 3 * 2 * 3 and raw["prefill"]
-    from dsparksim.runner.measure import fit_profile
+    from dsparksim.runner.fitting import fit_profile
     refit = fit_profile(raw["block"], raw["mtp1"], MeasureConfig(K=7, n_reqs=tuple(prof["metadata"]["grid"]["n_req"])))
     np.testing.assert_allclose(refit["verify"]["time_s"], prof["verify"]["time_s"], rtol=1e-12)
     # pricing the same real steps offline (runner.refit): the used profile reproduces every run's residual sum, a
@@ -124,13 +124,13 @@ def test_reduced_validation_within_the_gate(tmp_path):
 
 def test_policies_that_cannot_run_for_real_are_refused_before_any_work(tmp_path, monkeypatch):
     from dsparksim.errors import ConfigError
-    from dsparksim.runner import measure as meas
+    from dsparksim.runner import timing
     from dsparksim.runner import validate as val
 
     def no_work(*a, **k):
         raise AssertionError("profiling / model work started before the refusal")
 
-    for mod, name in ((val, "load_target"), (val, "build_models"), (val, "measure"), (meas, "_cell"),
+    for mod, name in ((val, "load_target"), (val, "build_models"), (val, "measure"), (timing, "time_cell"),
                       (val, "real_run")):
         monkeypatch.setattr(mod, name, no_work)
     with pytest.raises(ConfigError, match="true accepted length.*nothing was measured"):

@@ -26,7 +26,7 @@ def test_ttft_waits_for_decode_side_kv_room_step_by_step():
     # admitted then and its first token comes at T + 3c: TTFT_B = q + prefill + transfer + (2c - 1 ms) + c.
     c = 0.01
     prof = FlatProfile(c)
-    prof.metadata = {"kv_bytes_per_token": 1.0e5}
+    prof.metadata.update({"kv_bytes_per_token": 1.0e5})
     res = _sim(_wl([6, 6], [3, 3], arrivals=[0.0, 0.001]), K=1, kv=10, page=1, watermark=0.0, alpha=1.0,
                profile=prof, disaggregated=True, prefill_replicas=2, kv_transfer_gbps=8.0).run()
     tx = 6 * 1.0e5 * 8 / 8e9
@@ -53,7 +53,7 @@ def test_ttft_is_never_before_admission_and_parts_sum_to_it():
     n = 40
     prompts, outs = rng.integers(20, 120, n), rng.integers(20, 80, n)
     prof = FlatProfile(0.01, per_token=1e-5)
-    prof.metadata = {"kv_bytes_per_token": 1.0e4}
+    prof.metadata.update({"kv_bytes_per_token": 1.0e4})
     res = _sim(_wl(prompts, outs, arrivals=np.sort(rng.uniform(0, 0.3, n))), K=2, kv=600, page=4, profile=prof,
                max_seqs=16, chunk=64, max_tokens=256, disaggregated=True, prefill_replicas=4,
                kv_transfer_gbps=100.0).run()

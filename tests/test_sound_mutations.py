@@ -98,7 +98,7 @@ def test_disaggregated_pool_chunks_are_capped_by_the_token_budget():
     # 1000-token prompt takes 2 chunks of the flat profile's c (each a prefill-only step), not 1.
     c = 0.01
     prof = FlatProfile(c, max_tokens=512)
-    prof.metadata = {"kv_bytes_per_token": 1.0}
+    prof.metadata.update({"kv_bytes_per_token": 1.0})
     res = _sim(_wl([1000], [2], arrivals=[0.0]), K=1, profile=prof, chunk=2048, max_tokens=512, disaggregated=True,
                kv_transfer_gbps=1e3).run()
     assert res.ttft_prefill_s[0] == pytest.approx(2 * c, rel=1e-12)

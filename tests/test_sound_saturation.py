@@ -43,7 +43,7 @@ def test_open_loop_running_set_grows_under_paged_kv(rate, expect):
 def _disagg(rate, n, *, gbps=100.0, pool=1, duration=5.0, closed=None):
     # prefill instance: c + 0 per token = 10 ms a request; decode engine: 10 ms steps, outputs of 3 tokens
     prof = FlatProfile(0.01)
-    prof.metadata = {"kv_bytes_per_token": 1.0e5}
+    prof.metadata.update({"kv_bytes_per_token": 1.0e5})
     wl = _wl([10] * n, [3] * n, concurrency=closed) if closed else _wl([10] * n, [3] * n, arrivals=_poisson(rate, n))
     return _sim(wl, K=1, profile=prof, disaggregated=True, prefill_replicas=pool, kv_transfer_gbps=gbps,
                 duration_s=duration).run()

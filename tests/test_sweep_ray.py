@@ -44,3 +44,20 @@ def test_ray_reuses_a_running_instance_and_runs_in_workers(local_ray):
     RayBackend(workers=2).run([Task(c.index, c.config) for c in cells], lambda r: got.__setitem__(r["index"], r))
     assert got[0]["ok"] and got[1]["ok"] and got[0]["pid"] != os.getpid()
     assert ray.is_initialized()  # an instance the backend did not start is left running
+
+
+def test_fleet_shards_on_ray_equal_one_process(local_ray):
+    # issue 28 part 7: a fleet's replicas sharded across Ray workers merge into the one-process result
+    import dataclasses
+
+    from dsparksim.config import RunConfig
+    from dsparksim.sim.simulate import simulate
+    from dsparksim.sweep.fleet import run_fleet
+    from dsparksim.traffic import TrafficConfig
+
+    cfg = RunConfig(policy="confidence", traffic=TrafficConfig(mode="closed", concurrency=12, duration_s=5.0), seed=4)
+    cfg = cfg.replace(engine=dataclasses.replace(cfg.engine, replicas=4, router="pinned"))
+    one, split = simulate(cfg), run_fleet(cfg, backend="ray", workers=2)
+    assert split.summary == one.summary and split.summary["num_requests_completed"] > 0
+    pd.testing.assert_frame_equal(split.requests(), one.requests(), check_exact=True)
+    pd.testing.assert_frame_equal(pd.DataFrame(split.result.steps), pd.DataFrame(one.result.steps), check_exact=True)

@@ -20,28 +20,13 @@ from dsparksim.policies import make_policy
 from dsparksim.sim.simulate import simulate
 from dsparksim.traffic import TrafficConfig, build_workload
 from dsparksim.traffic.base import Workload
+from stand_in_profile import stand_in_profile
 
 
 # ------------------------------------------------------------------ small stand-ins (closed-form engine)
-class FlatProfile:
-    """Every step costs c seconds, no drafting cost (service times are exact multiples of c)."""
-
-    name, source, metadata, context_model = "flat", "<test>", {}, "none"
-    fixed_overhead_s = 0.0
-
-    def __init__(self, c: float = 0.01, max_tokens: int = 4096):
-        self.c, self.max_tokens = c, max_tokens
-        self.drafters = {"dspark": None}
-
-    def verify_time(self, M, kv_tokens=0):
-        return np.full(np.shape(M), self.c)
-
-    def nontrimmable_time(self, drafter, n_req, K):
-        return 0.0
-
-    def step_overhead(self, drafter, n_req, K, prefill_tokens=0, query_keys=0, chunks=0):
-        # the profile protocol's non-verify part of a step (no prefill term in this stand-in)
-        return self.nontrimmable_time(drafter, n_req, K) if n_req else self.fixed_overhead_s
+def FlatProfile(c: float = 0.01, max_tokens: int = 4096):
+    """verify_time = c for every M, no drafting cost, no overhead."""
+    return stand_in_profile(lambda M: np.full(M.shape, c), max_tokens, drafters=("dspark",))
 
 
 class RejectAll(AcceptanceModel):

@@ -159,18 +159,7 @@ def read_vllm(path: str | Path) -> tuple[dict[str, CurveEstimate], dict[str, Any
     path = Path(path)
     data = _load_json(path)
     if isinstance(data, dict) and "num_accepted_tokens_per_pos" in data:
-        nd = data.get("num_drafts")
-        if not isinstance(nd, int) or isinstance(nd, bool) or not 0 < nd <= MAX_COUNT:
-            raise InputError(path, "num_drafts", f"expected an integer in 1..{MAX_COUNT}, got {_short(nd)}")
-        a = _int_list(path, "num_accepted_tokens_per_pos", data["num_accepted_tokens_per_pos"])
-        if a.size == 0:
-            raise InputError(path, "num_accepted_tokens_per_pos", "empty list")
-        if a[0] > nd or (np.diff(a) > 0).any():
-            raise InputError(path, "num_accepted_tokens_per_pos", f"per-position accepted counts must be "
-                             f"non-increasing and <= num_drafts={nd} (they are unconditional), got {a.tolist()}")
-        info = {"form": "vLLM server counters (unconditional per-position accepted counts)", "num_drafts": nd,
-                "draft_length": "every draft assumed to have the full length (the counters do not say)"}
-        return {POOLED: conditional_from_unconditional(nd, a)}, info
+        return _vllm_counters(path, data)
     recs = _records(path, data)
     doms = _domains_of(path, recs)
     hists: dict[str, dict[int, np.ndarray]] = {}
@@ -194,38 +183,11 @@ def read_vllm(path: str | Path) -> tuple[dict[str, CurveEstimate], dict[str, Any
             continue
         _obj(path, where, sd)
         h = hists.setdefault(doms[i] or POOLED, {})
-        by_len = sd.get("acceptance_histogram_by_draft_length")
-        if by_len is not None:
+        if sd.get("acceptance_histogram_by_draft_length") is not None:
             used_by_len = True
-            if not isinstance(by_len, dict):
-                raise InputError(path, f"{where}.acceptance_histogram_by_draft_length", "expected an object")
-            for key, counts in by_len.items():
-                try:
-                    d = int(key)
-                except ValueError:
-                    raise InputError(path, f"{where}.acceptance_histogram_by_draft_length",
-                                     f"draft-length key {_short(key)} is not an integer") from None
-                c = _int_list(path, f"{where}.acceptance_histogram_by_draft_length.{d}", counts)
-                if d < 0 or c.size != d + 1:
-                    raise InputError(path, f"{where}.acceptance_histogram_by_draft_length.{d}",
-                                     f"draft length {d} needs {d + 1} buckets, got {c.size}")
-                _add(h, d, c)
+            _add_by_length(path, where, sd["acceptance_histogram_by_draft_length"], h)
             continue
-        hist = _int_list(path, f"{where}.acceptance_histogram", sd.get("acceptance_histogram"))
-        K = sd.get("num_spec_tokens", hist.size - 1)
-        if not isinstance(K, int) or isinstance(K, bool) or hist.size != K + 1:
-            raise InputError(path, f"{where}.acceptance_histogram", f"expected num_spec_tokens+1 = {_short(K)}+1 "
-                             f"buckets, got {hist.size}")
-        steps = int(hist.sum())
-        if "num_spec_steps" in sd and sd["num_spec_steps"] != steps:
-            raise InputError(path, f"{where}.num_spec_steps", f"{_short(sd['num_spec_steps'])} != histogram sum "
-                             f"{steps}")
-        nd = sd.get("num_draft_tokens")
-        if nd is not None and nd != steps * K:
-            raise InputError(path, f"{where}.num_draft_tokens", f"{_short(nd)} != num_spec_steps*num_spec_tokens = "
-                             f"{steps * K}: drafts had variable length, which acceptance_histogram alone cannot "
-                             "convert exactly; log acceptance_histogram_by_draft_length (vLLM >= 0.29)")
-        _add(h, K, hist)
+        _add_histogram(path, where, sd, h)
     if not hists:
         raise InputError(path, None, f"all {len(recs)} records have speculative_decoding = null (n > 1 requests or "
                          "metrics disabled); nothing to import")
@@ -237,6 +199,58 @@ def read_vllm(path: str | Path) -> tuple[dict[str, CurveEstimate], dict[str, Any
                              "would have been accepted - not true of adaptive drafters)") if used_by_len else
                             "every step drafted num_spec_tokens tokens (checked against num_draft_tokens)"}
     return est, info
+
+
+def _vllm_counters(path: Path, data: dict) -> tuple[dict[str, CurveEstimate], dict[str, Any]]:
+    """vLLM's server counters: unconditional per-position accepted counts over num_drafts drafts."""
+    nd = data.get("num_drafts")
+    if not isinstance(nd, int) or isinstance(nd, bool) or not 0 < nd <= MAX_COUNT:
+        raise InputError(path, "num_drafts", f"expected an integer in 1..{MAX_COUNT}, got {_short(nd)}")
+    a = _int_list(path, "num_accepted_tokens_per_pos", data["num_accepted_tokens_per_pos"])
+    if a.size == 0:
+        raise InputError(path, "num_accepted_tokens_per_pos", "empty list")
+    if a[0] > nd or (np.diff(a) > 0).any():
+        raise InputError(path, "num_accepted_tokens_per_pos", f"per-position accepted counts must be "
+                         f"non-increasing and <= num_drafts={nd} (they are unconditional), got {a.tolist()}")
+    info = {"form": "vLLM server counters (unconditional per-position accepted counts)", "num_drafts": nd,
+            "draft_length": "every draft assumed to have the full length (the counters do not say)"}
+    return {POOLED: conditional_from_unconditional(nd, a)}, info
+
+
+def _add_by_length(path: Path, where: str, by_len: Any, h: dict[int, np.ndarray]) -> None:
+    """acceptance_histogram_by_draft_length: one histogram per drafted length, added to ``h``."""
+    if not isinstance(by_len, dict):
+        raise InputError(path, f"{where}.acceptance_histogram_by_draft_length", "expected an object")
+    for key, counts in by_len.items():
+        try:
+            d = int(key)
+        except ValueError:
+            raise InputError(path, f"{where}.acceptance_histogram_by_draft_length",
+                             f"draft-length key {_short(key)} is not an integer") from None
+        c = _int_list(path, f"{where}.acceptance_histogram_by_draft_length.{d}", counts)
+        if d < 0 or c.size != d + 1:
+            raise InputError(path, f"{where}.acceptance_histogram_by_draft_length.{d}",
+                             f"draft length {d} needs {d + 1} buckets, got {c.size}")
+        _add(h, d, c)
+
+
+def _add_histogram(path: Path, where: str, sd: dict, h: dict[int, np.ndarray]) -> None:
+    """acceptance_histogram of a run whose every step drafted num_spec_tokens (checked), added to ``h``."""
+    hist = _int_list(path, f"{where}.acceptance_histogram", sd.get("acceptance_histogram"))
+    K = sd.get("num_spec_tokens", hist.size - 1)
+    if not isinstance(K, int) or isinstance(K, bool) or hist.size != K + 1:
+        raise InputError(path, f"{where}.acceptance_histogram", f"expected num_spec_tokens+1 = {_short(K)}+1 "
+                         f"buckets, got {hist.size}")
+    steps = int(hist.sum())
+    if "num_spec_steps" in sd and sd["num_spec_steps"] != steps:
+        raise InputError(path, f"{where}.num_spec_steps", f"{_short(sd['num_spec_steps'])} != histogram sum "
+                         f"{steps}")
+    nd = sd.get("num_draft_tokens")
+    if nd is not None and nd != steps * K:
+        raise InputError(path, f"{where}.num_draft_tokens", f"{_short(nd)} != num_spec_steps*num_spec_tokens = "
+                         f"{steps * K}: drafts had variable length, which acceptance_histogram alone cannot "
+                         "convert exactly; log acceptance_histogram_by_draft_length (vLLM >= 0.29)")
+    _add(h, K, hist)
 
 
 def read_sglang(path: str | Path, draft_len: int | None = None) -> tuple[dict[str, CurveEstimate], dict[str, Any]]:

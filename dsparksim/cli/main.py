@@ -372,6 +372,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise _bad("--result-filename", f"{args.result_filename!r} is one of the run's own files in --out")
     cfg = run_config(args)
     traffic = cfg.traffic
+    if args.ray_address is not None and args.backend != "ray":
+        raise _bad("--ray-address", f"applies to --backend ray only; got --backend {args.backend}")
+    if args.backend is not None or args.workers is not None:
+        from dsparksim.sim.shard import check_shardable
+        check_shardable(cfg)   # one line saying why the replicas interact, before anything runs
     preflight(cfg, [cfg.policy])  # profile, acceptance, lengths and trace read before the progress bar starts
     from dsparksim.sim.inputs import load_run_profile
     target = result_file(args, cfg, str(load_run_profile(cfg).metadata.get("model", "")))
@@ -380,7 +385,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     total = traffic.duration_s
     with tqdm(total=total, unit="sim-s", disable=bar_off(args) or total is None, leave=False,
               bar_format="{l_bar}{bar}| {n:.1f}/{total:.0f} sim-s [{elapsed}<{remaining}]") as bar:
-        out = simulate(cfg, progress=(lambda now: bar.update(min(now, total) - bar.n)) if total else None)
+        if args.backend is None and args.workers is None:
+            out = simulate(cfg, progress=(lambda now: bar.update(min(now, total) - bar.n)) if total else None)
+        else:   # sharded across workers (ConfigError when the replicas interact)
+            from dsparksim.sweep.fleet import run_fleet
+            out = run_fleet(cfg, args.backend or "local", args.workers, args.ray_address)
     wall = time.perf_counter() - t0
     paths = write_run(out, args.out, fmt=args.format, steps=args.save_steps, bench_options=bench_opts,
                       result_file=target, bench_copy_name=args.result_filename if args.result_dir is None else None)
@@ -627,10 +636,10 @@ def _check_session_routers(base: RunConfig, routers: Sequence[str]) -> None:
     cell, with the message its cells would give."""
     import numpy as np
 
-    from dsparksim.sim.routers import make_router
+    from dsparksim.sim.routers import router_class
     from dsparksim.traffic.build import build_workload
 
-    need = [r for r in routers if getattr(make_router(r, 1), "needs_session", False)]
+    need = [r for r in routers if router_class(r)[0].needs_session]
     if not need:
         return
     blk = next(iter(build_workload(base.traffic, np.random.default_rng(base.seed)).iter_blocks()), None)
@@ -816,6 +825,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_out(r, "results/run", "output directory, replaced whole by the new results", result_dir_alias=False)
     add_result_options(r)
     r.add_argument("--save-steps", action="store_true", help="also write the per-step log steps.csv")
+    from dsparksim.sim.routers import request_only_names
+    fleet = r.add_argument_group("fleet sharding", "with --backend or --workers, the replicas are cut into one shard "
+                                 "per worker and simulated apart, then merged (the same files, bit for bit); only "
+                                 "when replicas never interact: a router that decides from the request alone ("
+                                 f"{', '.join(request_only_names())}; a closed loop needs one that pins users)")
+    add_backend_options(fleet, default=None, backend_help="where the shards run: serial, local process pool or ray "
+                                                          "(optional extra) [local when --workers is given]")
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(func=cmd_run)
     f = sub.add_parser("frontier", help="policies x load levels: frontier, comparison, plots",

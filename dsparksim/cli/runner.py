@@ -215,7 +215,7 @@ def _live_model(args) -> str:
 
 
 def _mc(args):
-    from dsparksim.runner.measure import MeasureConfig
+    from dsparksim.runner.grid import MeasureConfig
     kw = {"model": _live_model(args), "executor": _executor(args), "K": args.block_size, "warmup": args.warmup,
           "reps": args.reps, "min_growth": args.min_growth, "drift": not args.no_drift,
           "drift_threshold": args.drift_threshold, "drift_gate": _gate(args), "anchor_context": args.anchor_context}
@@ -229,7 +229,7 @@ def _mc(args):
     if args.contexts:
         kw["contexts"] = args.contexts
     if args.context_spread_from:
-        from dsparksim.runner.measure import context_spread_from_csv
+        from dsparksim.runner.grid import context_spread_from_csv
         kw["context_spread"] = context_spread_from_csv(args.context_spread_from)
     if getattr(args, "name", None):
         kw["name"] = args.name

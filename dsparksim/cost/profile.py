@@ -1,5 +1,9 @@
 """Cost profiles: what one engine step costs, as measured (DESIGN.md section 3).
 
+:meth:`CostProfile.price` prices a :class:`~dsparksim.cost.price.StepShape` in named parts (verify, context,
+query-key, prefill, drafter, overhead, ...) that add up to the step time; :mod:`dsparksim.cost.price` sums the
+terms below in the one order every caller (engine, prefill pool, re-pricer, residuals, fit) uses.
+
 A profile is provenance metadata + a measured verification staircase + the non-trimmable terms::
 
     step_time(M, n_req, drafter, K, kv) = verify_time(M, kv)                       # trimmable
@@ -88,6 +92,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from dsparksim.cost.price import StepPrice, StepPricer, StepShape
 from dsparksim.errors import ConfigError, InputError
 from dsparksim.io.textio import MAX_EXACT_INT, finite_float, is_file, loads_json, escape_controls, read_text
 
@@ -504,16 +509,37 @@ class CostProfile:
         return self.verify_time(M, kv_tokens) + self.nontrimmable_time(drafter, n_req, K, kv_tokens)
 
     def step_overhead(self, drafter: str | None, n_req: int, K: int, prefill_tokens: int = 0,
-                      query_keys: int = 0, chunks: int = 0, kv_tokens: int = 0) -> float:
+                      query_keys: int = 0, chunks: int = 0, kv_tokens: int = 0, draft_counts: Any = None) -> float:
         """Everything one engine step costs beyond verify_time(M, context) -- the one place of the step formula:
         drafting + fixed + batch overhead for ``n_req`` decoding requests (a prefill-only step, n_req = 0, pays
         the fixed overhead only: nothing is drafted) plus the prefill terms of its chunks, if the profile has them.
-        A step's price is ``verify_time(M, context) + step_overhead(...)`` (:class:`dsparksim.sim.engine.Engine`).
-        ``kv_tokens`` (the step's kv_read) prices the drafter's context term, if its profile entry has one."""
-        t = float(self.nontrimmable_time(drafter, n_req, K, kv_tokens)) if n_req else float(self.fixed_overhead_s)
+        A step's price is ``verify_time(M, context) + step_overhead(...)``, summed by
+        :class:`dsparksim.cost.price.StepPricer` (:meth:`price` gives it in named parts).
+        ``kv_tokens`` (the step's kv_read) prices the drafter's context term, if its profile entry has one.
+        ``draft_counts``: the drafter stopped early (requests drafting each position): drafting is
+        :meth:`draft_time_exit` instead of :meth:`draft_time`."""
+        if draft_counts is not None and n_req and drafter is not None:
+            t = (self.draft_time_exit(drafter, draft_counts, K, kv_tokens) + self.fixed_overhead_s
+                 + float(self.batch_overhead_time(n_req)))
+        else:
+            t = float(self.nontrimmable_time(drafter, n_req, K, kv_tokens)) if n_req else float(self.fixed_overhead_s)
         if prefill_tokens and self.prefill_note is not None:
             t += self.prefill_time(drafter, prefill_tokens, query_keys, chunks, n_req)
         return t
+
+    def pricer(self, max_tokens: int | None = None) -> StepPricer:
+        """The :class:`~dsparksim.cost.price.StepPricer` of this profile for a token budget (None = the largest
+        breakpoint; it decides whether the dense verify table prices candidates), built once per budget."""
+        key = ("pricer", max_tokens)
+        p = self._memo.get(key)
+        if p is None:
+            p = self._memo[key] = StepPricer(self, max_tokens)
+        return p
+
+    def price(self, shape: StepShape, max_tokens: int | None = None) -> StepPrice:
+        """One step's (or an array of steps') price in named parts that add up to the step time
+        (:mod:`dsparksim.cost.price`); ``max_tokens``: the run's token budget (see :meth:`pricer`)."""
+        return self.pricer(max_tokens).price(shape)
 
     def __repr__(self) -> str:
         return (f"<CostProfile {self.name!r} M=[{self.min_tokens},{self.max_tokens}] ({len(self.verify_M)} steps), "

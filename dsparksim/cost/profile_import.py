@@ -170,93 +170,14 @@ def import_sps_dict(data: Any, fmt: str, *, source: str = "<dict>", name: str | 
     notes: list[str] = []
     missing = ["drafter costs (not in engine SPS tables)",
                "context axis (the table is 1-D in batch tokens, measured at the profiler's context lengths)"]
-    fixed, batch = 0.0, None
     imported: dict[str, Any] = {"format": fmt}
-
-    if fmt in ("vllm", "sglang") and "bias_seconds" not in data:
-        xs = s.ints(s.field(data, "sample_batch_tokens"), "sample_batch_tokens", 1)
-        sps = s.floats(s.field(data, "sample_steps_per_sec"), "sample_steps_per_sec", len(xs), positive=True)
-        mbt = s.field(data, "max_batch_tokens")
-        if isinstance(mbt, bool) or not isinstance(mbt, int) or not xs[-1] <= mbt <= MAX_EXACT_INT:
-            raise s.err("max_batch_tokens", f"expected an integer >= the largest probe {xs[-1]} (and <= 2^53-1), "
-                                            f"got {_short(mbt)}")
-        use = "floor" if lookup == "auto" else lookup
-        vx, vy = _to_floor(xs, [1.0 / v for v in sps], use, s, "sample_batch_tokens", notes)
-        if engine_clamp:
-            vx, vy = _clamp_extend(vx, vy, mbt, "verify.M", notes)
-        elif mbt > vx[-1]:
-            notes.append(f"max_batch_tokens {mbt} is above the last probe {vx[-1]}: runs default to a {vx[-1]}-token "
-                         f"budget (the measured range); engine_clamp (--engine-clamp) prices M up to {mbt} as the "
-                         "engine does")
-        imported.update(table="SpsCostTable", engine_lookup="floor with clamp at both ends",
-                        lookup_used=use, probes=len(xs), max_batch_tokens=mbt)
-        notes.append("verify.time_s = 1 / sample_steps_per_sec; fixed_overhead_s = 0 because SPS is measured on "
-                     "whole decode steps, which folds the per-step floor (host overhead, batch term and, in a "
-                     "live sweep, drafting) into every probe")
-        missing.append("a separate non-trimmable floor (folded into 1/SPS)")
-    elif fmt in ("vllm", "sglang"):
-        bias = s.scalar(s.field(data, "bias_seconds"), "bias_seconds", positive=False)
-        bs = s.ints(s.field(data, "bs_probes"), "bs_probes", 0)
-        al = s.floats(s.field(data, "alpha_seconds"), "alpha_seconds", len(bs), positive=False)
-        ms = s.ints(s.field(data, "m_probes"), "m_probes", 0)
-        th = s.floats(s.field(data, "theta_seconds"), "theta_seconds", len(ms), positive=True)
-        use = "interp" if lookup == "auto" else lookup
-        vx, vy = _to_floor(ms, th, use, s, "m_probes", notes)
-        bx, by = _to_floor(bs, al, use, s, "bs_probes", notes)
-        if engine_clamp:
-            vx, vy = _clamp_extend(vx, vy, None, "verify.M", notes)
-            bx, by = _clamp_extend(bx, by, vx[-1], "batch_overhead.n_req", notes, _BATCH_HI)
-        fixed, batch = bias, {"n_req": bx, "time_s": by}
-        imported.update(table="SpsAdditiveCostTable", engine_lookup="clamped linear interpolation",
-                        lookup_used=use, m_probes=len(ms), bs_probes=len(bs))
-        notes.append("fixed_overhead_s = bias_seconds; batch_overhead = alpha(bs); verify = theta(M)")
-    else:  # trt
-        xs = s.ints(s.field(data, "token_counts"), "token_counts", 0)
-        ms_ = s.floats(s.field(data, "step_time_ms"), "step_time_ms", len(xs), positive=True)
-        fixed = s.scalar(s.field(data, "fixed_overhead_ms", required=False, default=0.0), "fixed_overhead_ms",
-                         positive=False) / 1e3
-        bsz = s.field(data, "batch_sizes", required=False, default=[])
-        bov = s.field(data, "batch_overhead_ms", required=False, default=[])
-        meta_in = data.get("_meta") if isinstance(data.get("_meta"), Mapping) else {}
-        marker = meta_in.get("lookup")
-        use = lookup if lookup != "auto" else ("interp" if marker == "interp" else "floor")
-        vx, vy = _to_floor(xs, [v / 1e3 for v in ms_], use, s, "token_counts", notes)
-        if bsz or bov:
-            bx_ = s.ints(bsz, "batch_sizes", 0)
-            by_ = s.floats(bov, "batch_overhead_ms", len(bx_), positive=False)
-            bx, by = _to_floor(bx_, [v / 1e3 for v in by_], use, s, "batch_sizes", notes)
-            if engine_clamp:
-                bx, by = _clamp_extend(bx, by, vx[-1], "batch_overhead.n_req", notes, _BATCH_HI)
-            batch = {"n_req": bx, "time_s": by}
-        if engine_clamp:
-            vx, vy = _clamp_extend(vx, vy, None, "verify.M", notes)
-        imported.update(table="TensorRT-LLM sps_table.json", engine_lookup="clamped linear interpolation "
-                        "(current); floor (tables without _meta.lookup='interp')", lookup_marker=marker,
-                        lookup_used=use, token_counts=len(xs), batch_sizes=len(bsz) if bsz else 0,
-                        synthetic=bool(data.get("SYNTHETIC", False)))
-        if meta_in:
-            imported["engine_meta"] = json.loads(json.dumps(meta_in))
-        notes.append("verify.time_s = step_time_ms / 1000 (theta(M), the verify term only); fixed_overhead_s = "
-                     "fixed_overhead_ms / 1000; batch_overhead = batch_overhead_ms / 1000")
-        if "fixed_overhead_ms" not in data:
-            notes.append("fixed_overhead_ms absent: the engine then assumes step_time_ms already measures whole "
-                         "steps, so fixed_overhead_s = 0")
-        if data.get("SYNTHETIC"):
-            notes.append("the table is marked SYNTHETIC: it is not a measurement")
-
-    drafters: dict[str, Any] = {}
+    if fmt in ("vllm", "sglang"):
+        read = _read_sps if "bias_seconds" not in data else _read_additive
+    else:
+        read = _read_trt
+    vx, vy, fixed, batch = read(s, data, lookup, engine_clamp, notes, imported, missing)
     meta: dict[str, Any] = {"device": "unknown", "model": "unknown", "dtype": "unknown", "tensor_parallel": None}
-    if drafters_from is not None:
-        dp = drafters_from if isinstance(drafters_from, CostProfile) else load_profile(drafters_from)
-        drafters = profile_to_dict(dp)["drafters"]
-        if not drafters:
-            raise InputError(dp.source, "drafters", f"--drafters-from profile '{dp.name}' has no drafters to copy")
-        meta["drafters_from"] = {"profile": dp.name, "source": dp.source, "drafters": sorted(drafters),
-                                 "note": "drafter costs copied from another profile, not measured with this table"}
-        if imported["table"] == "SpsCostTable":
-            meta["drafters_from"]["warning"] = ("SPS measured on whole steps may already include drafting; "
-                                                "adding copied drafter costs can count it twice")
-        missing = [m for m in missing if not m.startswith("drafter costs")]
+    drafters = _copy_drafters(drafters_from, imported, meta, missing) if drafters_from is not None else {}
     meta.update(dict(metadata or {}))
     meta.update({
         "source": source, "method": f"imported from a {fmt} step-cost table by dsparksim.cost.profile_import",
@@ -269,6 +190,109 @@ def import_sps_dict(data: Any, fmt: str, *, source: str = "<dict>", name: str | 
     if batch is not None:
         out["batch_overhead"] = batch
     return profile_from_dict(out, source)
+
+
+def _read_sps(s: "_Src", data: Mapping[str, Any], lookup: str, engine_clamp: bool, notes: list[str],
+              imported: dict[str, Any], missing: list[str]) -> tuple[list[int], list[float], float, dict | None]:
+    """vLLM/SGLang SpsCostTable: 1/SPS per probed batch size, the floor folded into every probe."""
+    fixed, batch = 0.0, None
+    xs = s.ints(s.field(data, "sample_batch_tokens"), "sample_batch_tokens", 1)
+    sps = s.floats(s.field(data, "sample_steps_per_sec"), "sample_steps_per_sec", len(xs), positive=True)
+    mbt = s.field(data, "max_batch_tokens")
+    if isinstance(mbt, bool) or not isinstance(mbt, int) or not xs[-1] <= mbt <= MAX_EXACT_INT:
+        raise s.err("max_batch_tokens", f"expected an integer >= the largest probe {xs[-1]} (and <= 2^53-1), "
+                                        f"got {_short(mbt)}")
+    use = "floor" if lookup == "auto" else lookup
+    vx, vy = _to_floor(xs, [1.0 / v for v in sps], use, s, "sample_batch_tokens", notes)
+    if engine_clamp:
+        vx, vy = _clamp_extend(vx, vy, mbt, "verify.M", notes)
+    elif mbt > vx[-1]:
+        notes.append(f"max_batch_tokens {mbt} is above the last probe {vx[-1]}: runs default to a {vx[-1]}-token "
+                     f"budget (the measured range); engine_clamp (--engine-clamp) prices M up to {mbt} as the "
+                     "engine does")
+    imported.update(table="SpsCostTable", engine_lookup="floor with clamp at both ends",
+                    lookup_used=use, probes=len(xs), max_batch_tokens=mbt)
+    notes.append("verify.time_s = 1 / sample_steps_per_sec; fixed_overhead_s = 0 because SPS is measured on "
+                 "whole decode steps, which folds the per-step floor (host overhead, batch term and, in a "
+                 "live sweep, drafting) into every probe")
+    missing.append("a separate non-trimmable floor (folded into 1/SPS)")
+    return vx, vy, fixed, batch
+
+
+def _read_additive(s: "_Src", data: Mapping[str, Any], lookup: str, engine_clamp: bool, notes: list[str],
+                   imported: dict[str, Any], missing: list[str]) -> tuple[list[int], list[float], float, dict | None]:
+    """vLLM/SGLang SpsAdditiveCostTable: bias + alpha(bs) + theta(M)."""
+    bias = s.scalar(s.field(data, "bias_seconds"), "bias_seconds", positive=False)
+    bs = s.ints(s.field(data, "bs_probes"), "bs_probes", 0)
+    al = s.floats(s.field(data, "alpha_seconds"), "alpha_seconds", len(bs), positive=False)
+    ms = s.ints(s.field(data, "m_probes"), "m_probes", 0)
+    th = s.floats(s.field(data, "theta_seconds"), "theta_seconds", len(ms), positive=True)
+    use = "interp" if lookup == "auto" else lookup
+    vx, vy = _to_floor(ms, th, use, s, "m_probes", notes)
+    bx, by = _to_floor(bs, al, use, s, "bs_probes", notes)
+    if engine_clamp:
+        vx, vy = _clamp_extend(vx, vy, None, "verify.M", notes)
+        bx, by = _clamp_extend(bx, by, vx[-1], "batch_overhead.n_req", notes, _BATCH_HI)
+    fixed, batch = bias, {"n_req": bx, "time_s": by}
+    imported.update(table="SpsAdditiveCostTable", engine_lookup="clamped linear interpolation",
+                    lookup_used=use, m_probes=len(ms), bs_probes=len(bs))
+    notes.append("fixed_overhead_s = bias_seconds; batch_overhead = alpha(bs); verify = theta(M)")
+    return vx, vy, fixed, batch
+
+
+def _read_trt(s: "_Src", data: Mapping[str, Any], lookup: str, engine_clamp: bool, notes: list[str],
+              imported: dict[str, Any], missing: list[str]) -> tuple[list[int], list[float], float, dict | None]:
+    """TensorRT-LLM sps_table.json: theta(M), fixed overhead and batch overhead in ms."""
+    batch = None
+    xs = s.ints(s.field(data, "token_counts"), "token_counts", 0)
+    ms_ = s.floats(s.field(data, "step_time_ms"), "step_time_ms", len(xs), positive=True)
+    fixed = s.scalar(s.field(data, "fixed_overhead_ms", required=False, default=0.0), "fixed_overhead_ms",
+                     positive=False) / 1e3
+    bsz = s.field(data, "batch_sizes", required=False, default=[])
+    bov = s.field(data, "batch_overhead_ms", required=False, default=[])
+    meta_in = data.get("_meta") if isinstance(data.get("_meta"), Mapping) else {}
+    marker = meta_in.get("lookup")
+    use = lookup if lookup != "auto" else ("interp" if marker == "interp" else "floor")
+    vx, vy = _to_floor(xs, [v / 1e3 for v in ms_], use, s, "token_counts", notes)
+    if bsz or bov:
+        bx_ = s.ints(bsz, "batch_sizes", 0)
+        by_ = s.floats(bov, "batch_overhead_ms", len(bx_), positive=False)
+        bx, by = _to_floor(bx_, [v / 1e3 for v in by_], use, s, "batch_sizes", notes)
+        if engine_clamp:
+            bx, by = _clamp_extend(bx, by, vx[-1], "batch_overhead.n_req", notes, _BATCH_HI)
+        batch = {"n_req": bx, "time_s": by}
+    if engine_clamp:
+        vx, vy = _clamp_extend(vx, vy, None, "verify.M", notes)
+    imported.update(table="TensorRT-LLM sps_table.json", engine_lookup="clamped linear interpolation "
+                    "(current); floor (tables without _meta.lookup='interp')", lookup_marker=marker,
+                    lookup_used=use, token_counts=len(xs), batch_sizes=len(bsz) if bsz else 0,
+                    synthetic=bool(data.get("SYNTHETIC", False)))
+    if meta_in:
+        imported["engine_meta"] = json.loads(json.dumps(meta_in))
+    notes.append("verify.time_s = step_time_ms / 1000 (theta(M), the verify term only); fixed_overhead_s = "
+                 "fixed_overhead_ms / 1000; batch_overhead = batch_overhead_ms / 1000")
+    if "fixed_overhead_ms" not in data:
+        notes.append("fixed_overhead_ms absent: the engine then assumes step_time_ms already measures whole "
+                     "steps, so fixed_overhead_s = 0")
+    if data.get("SYNTHETIC"):
+        notes.append("the table is marked SYNTHETIC: it is not a measurement")
+    return vx, vy, fixed, batch
+
+
+def _copy_drafters(drafters_from: str | Path | CostProfile, imported: dict[str, Any], meta: dict[str, Any],
+                   missing: list[str]) -> dict[str, Any]:
+    """--drafters-from: another profile's drafter costs, said so in ``meta`` (and dropped from ``missing``)."""
+    dp = drafters_from if isinstance(drafters_from, CostProfile) else load_profile(drafters_from)
+    drafters = profile_to_dict(dp)["drafters"]
+    if not drafters:
+        raise InputError(dp.source, "drafters", f"--drafters-from profile '{dp.name}' has no drafters to copy")
+    meta["drafters_from"] = {"profile": dp.name, "source": dp.source, "drafters": sorted(drafters),
+                             "note": "drafter costs copied from another profile, not measured with this table"}
+    if imported["table"] == "SpsCostTable":
+        meta["drafters_from"]["warning"] = ("SPS measured on whole steps may already include drafting; "
+                                            "adding copied drafter costs can count it twice")
+    missing[:] = [m for m in missing if not m.startswith("drafter costs")]
+    return drafters
 
 
 def import_sps_table(path: str | Path, fmt: str, **kw: Any) -> CostProfile:

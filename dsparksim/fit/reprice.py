@@ -3,9 +3,11 @@
 A calibrated profile prices step i as ``sum_k coef_k * X[i, k]`` (:mod:`dsparksim.cost.analytic.calibration`):
 the verify families' tables at the step's M (floor lookup on the builder's grid), the attention term
 (``kv_read`` KV tokens + the decoding rows' query-key pairs), the prefill query-key term and 1 (the fixed
-overhead), with ``coef = (s_dense, s_moe, s_comm, s_attention, s_prefill, fixed_overhead_s)``. Step end times are
-then ``cumsum(X) @ coef``, so every request time, and every mean over requests, is linear in ``coef``:
-:class:`LinearRun` precomputes those maps once per trace and a metric costs microseconds.
+overhead), with ``coef = (s_dense, s_moe, s_comm, s_attention, s_prefill, fixed_overhead_s)``; each column is the
+price parts (:meth:`CostProfile.price`) of a profile that prices only that coefficient, at 1
+(:meth:`PriceBasis.unit_profile`). Step end times are then ``cumsum(X) @ coef``, so every request time, and every
+mean over requests, is linear in ``coef``: :class:`LinearRun` precomputes those maps once per trace and a metric
+costs microseconds.
 """
 from __future__ import annotations
 
@@ -15,12 +17,17 @@ from typing import Any
 
 import numpy as np
 
+from dsparksim.cost.price import StepShape
+from dsparksim.cost.profile import CostProfile
 from dsparksim.cost.analytic.calibration import FAMILIES, VERIFY_FAMILIES, Calibration, family_tables
 from dsparksim.fit.trace import Trace
 
-__all__ = ["PARAMS", "PriceBasis", "LinearRun", "coef_of"]
+__all__ = ["PARAMS", "PARAM_PARTS", "PriceBasis", "LinearRun", "coef_of"]
 
 PARAMS = FAMILIES + ("fixed_overhead_s",)
+# The price parts (dsparksim.cost.price.StepPrice) each coefficient scales
+PARAM_PARTS = {**{f: ("verify",) for f in VERIFY_FAMILIES}, "attention": ("context", "query_key"),
+               "prefill": ("prefill",), "fixed_overhead_s": ("overhead",)}
 
 
 @dataclass(frozen=True)
@@ -52,20 +59,42 @@ class PriceBasis:
             z.append("prefill")
         return z
 
+    def unit_profile(self, param: str) -> CostProfile:
+        """The profile that prices one coefficient of :data:`PARAMS` at 1 and every other at 0 (a unit
+        calibration): its price parts :data:`PARAM_PARTS` are that coefficient's feature."""
+        zero = np.zeros(len(self.M))
+        kw: dict[str, Any] = {}
+        if param in VERIFY_FAMILIES:
+            kw["verify_time_s"] = np.asarray(self.tables[param], float)
+        elif param == "attention":
+            kw.update(seconds_per_kv_token=float(self.kv_token_s), seconds_per_query_kv=float(self.query_kv_s))
+        elif param == "prefill":
+            kw.update(prefill_s_per_query_key=float(self.prefill_qk_s), prefill_note="")
+        elif param == "fixed_overhead_s":
+            kw["fixed_overhead_s"] = 1.0
+        else:
+            raise ValueError(f"unknown coefficient {param!r} (expected one of {', '.join(PARAMS)})")
+        base = dict(name=f"unit-{param}", metadata={}, verify_M=np.asarray(self.M), verify_time_s=zero,
+                    kv_tokens=None, seconds_per_kv_token=None, fixed_overhead_s=0.0, batch_overhead=None,
+                    drafters={}, source="<fit basis>")
+        return CostProfile(**(base | kw))
+
     def features(self, steps: dict[str, np.ndarray]) -> np.ndarray:
-        """X (n_steps, len(PARAMS)): step i's seconds per unit of each coefficient."""
+        """X (n_steps, len(PARAMS)): step i's seconds per unit of each coefficient -- the price parts
+        (:meth:`CostProfile.price`) of the coefficient's unit profile (:meth:`unit_profile`)."""
         M = np.asarray(steps["M"], np.int64)
         ci = np.searchsorted(self.M, M, side="right") - 1
         if len(M) and (ci.min() < 0 or M.max() > self.M[-1]):
             raise ValueError(f"trace has M outside the profile grid [{self.M[0]}, {self.M[-1]}]")
+        shape = StepShape.from_log(steps, None, 1)
         X = np.empty((len(M), len(PARAMS)))
-        for k, f in enumerate(VERIFY_FAMILIES):
-            X[:, k] = self.tables[f][ci]
-        dec_qk = np.where(np.asarray(steps["n_decode"]) > 0, np.asarray(steps["decode_qk"], float), 0.0)
-        X[:, 3] = self.kv_token_s * np.asarray(steps["kv_read"], float) + self.query_kv_s * dec_qk
-        X[:, 4] = np.where(np.asarray(steps["n_prefill_tokens"]) > 0,
-                           self.prefill_qk_s * np.asarray(steps["prefill_qk"], float), 0.0)
-        X[:, 5] = 1.0
+        for k, param in enumerate(PARAMS):
+            price = self.unit_profile(param).price(shape)
+            parts = PARAM_PARTS[param]
+            x = getattr(price, parts[0])
+            for part in parts[1:]:
+                x = x + getattr(price, part)
+            X[:, k] = x
         return X
 
 

@@ -43,9 +43,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from dsparksim.config import run_options
+from dsparksim.cost.analytic.hardware import SHORT_NAMES
+from dsparksim.cost.profile import load_profile
 from dsparksim.errors import ConfigError, InputError
+from dsparksim.policies import make_policy
+from dsparksim.results.stats import MAX_SEEDS
+from dsparksim.sim.reads import DRAFT_OPTIONS, collapsed_reason, identity, policy_reads, unread_by_all
 # the one SLO vocabulary of capacity, plan and frontier (percentile spellings: *_p50 = *_median)
 from dsparksim.sweep.capacity import METRIC_ALIASES, SLO_METRICS  # noqa: F401
+from dsparksim.sweep.capacity import parse_slo
+from dsparksim.sweep.cells import build_config
+from dsparksim.sweep.spec import canonical_key, check_value, read_toml, spec_from_dict
+from dsparksim.traffic.build import check_expected_arrivals
 
 TABLES = ("plan", "traffic", "base", "prices", "candidates")
 PLAN_KEYS = ("name", "slo", "seeds", "confidence", "require_unsaturated", "prune")
@@ -174,7 +184,6 @@ class PlanSpec:
 
 def load_plan(path: str | Path) -> PlanSpec:
     """Read and validate a TOML plan spec (structure, SLOs, prices, every probe's configuration) -- no cell runs."""
-    from dsparksim.sweep.spec import read_toml
 
     return plan_from_dict(read_toml(path, "plan spec"), source=str(Path(path)))
 
@@ -193,7 +202,6 @@ def _table(src: str, d: Mapping[str, Any], name: str, required: bool = False) ->
 
 def _run_options(src: str, where: str, d: Mapping[str, Any], allow_lists: bool) -> dict[str, Any]:
     """Run options of a table, keys canonical, values type-checked (lists: one value each)."""
-    from dsparksim.sweep.spec import check_value, canonical_key
 
     out: dict[str, Any] = {}
     for k, v in d.items():
@@ -225,7 +233,6 @@ def _pos_number(src: str, where: str, v: Any, integer: bool = False) -> float:
 
 def parse_slo_terms(src: str, terms: Any) -> tuple[SLOTerm, ...]:
     """SLO terms ``METRIC OP NUMBER`` (OP in >=, <=, >, <) on known run-summary metrics."""
-    from dsparksim.sweep.capacity import parse_slo
 
     if not isinstance(terms, list):
         raise ConfigError(src, "plan.slo", f"expected a non-empty list of terms like 'tps_user_p50 >= 60', "
@@ -291,6 +298,28 @@ def plan_from_dict(d: Mapping[str, Any], source: str = "plan spec") -> PlanSpec:
     for t in d:
         if t not in TABLES:
             raise ConfigError(src, t, f"unknown table [{t}]; expected some of {', '.join(TABLES)}")
+    name, slo, seeds, conf, flags = _plan_table(src, d)
+    topts, load_key, load_base, scales = _traffic_table(src, d)
+    base = _run_options(src, "base", _table(src, d, "base"), allow_lists=False)
+    for k in base:
+        if k in topts:
+            raise ConfigError(src, f"base.{k}", f"also set in [traffic] ({topts[k]!r}); keep one")
+    prices = _table(src, d, "prices")
+    for k, v in prices.items():
+        prices[k] = float(_pos_number(src, f"prices.{k}", v))
+    deps = _deployments(src, d.get("candidates"), prices, {**topts, **base})
+    _check_unread_shared(src, {"traffic": topts, "base": base}, [x.policy for x in deps])
+    spec = PlanSpec(source=src, name=name, slo=slo, seeds=tuple(seeds), confidence=float(conf),
+                    require_unsaturated=flags["require_unsaturated"], prune=flags["prune"], load_key=load_key,
+                    load_base=load_base, scales=tuple(scales), traffic=topts, base=base, prices=prices,
+                    deployments=tuple(deps), raw=_plain(d))
+    spec = _collapse(spec)
+    _check_probes(spec)
+    return spec
+
+
+def _plan_table(src: str, d: Mapping[str, Any]) -> tuple[str, Any, list[int], float, dict[str, bool]]:
+    """[plan]: name, SLO terms, seeds, confidence and the two flags, each checked."""
     plan = _table(src, d, "plan", required=True)
     for k in plan:
         if k not in PLAN_KEYS:
@@ -300,7 +329,6 @@ def plan_from_dict(d: Mapping[str, Any], source: str = "plan spec") -> PlanSpec:
         raise ConfigError(src, "plan.name", f"expected a non-empty string, got {name!r}")
     slo = parse_slo_terms(src, plan.get("slo"))
     seeds = plan.get("seeds", [0])
-    from dsparksim.results.stats import MAX_SEEDS
     if (not isinstance(seeds, list) or not seeds or len(seeds) > MAX_SEEDS
             or any(isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**63 for s in seeds)):
         raise ConfigError(src, "plan.seeds", f"expected a list of 1..{MAX_SEEDS} integers >= 0, got {seeds!r}")
@@ -314,7 +342,11 @@ def plan_from_dict(d: Mapping[str, Any], source: str = "plan spec") -> PlanSpec:
         flags[k] = plan.get(k, default)
         if not isinstance(flags[k], bool):
             raise ConfigError(src, f"plan.{k}", f"expected true or false, got {flags[k]!r}")
+    return name, slo, seeds, conf, flags
 
+
+def _traffic_table(src: str, d: Mapping[str, Any]) -> tuple[dict[str, Any], str, float, list[float]]:
+    """[traffic]: its run options, the load (rate or trace time_scale) and the scales the plan searches."""
     traffic = _table(src, d, "traffic", required=True)
     scales = traffic.pop("scales", [1.0])
     if not isinstance(scales, list) or not scales:
@@ -348,16 +380,11 @@ def plan_from_dict(d: Mapping[str, Any], source: str = "plan spec") -> PlanSpec:
         if not isinstance(trace, str):
             raise ConfigError(src, "traffic.trace", f"expected a trace path or shipped name, got {trace!r}")
         topts["trace"] = trace
-    base = _run_options(src, "base", _table(src, d, "base"), allow_lists=False)
-    for k in base:
-        if k in topts:
-            raise ConfigError(src, f"base.{k}", f"also set in [traffic] ({topts[k]!r}); keep one")
+    return topts, load_key, load_base, scales
 
-    prices = _table(src, d, "prices")
-    for k, v in prices.items():
-        prices[k] = float(_pos_number(src, f"prices.{k}", v))
 
-    cands = d.get("candidates")
+def _deployments(src: str, cands: Any, prices: dict[str, float], shared: dict[str, Any]) -> list[Deployment]:
+    """[[candidates]] expanded into deployments (names unique, at least one)."""
     if cands is None or (isinstance(cands, list) and not cands):
         raise ConfigError(src, "candidates", "no candidate deployments: add at least one [[candidates]] table")
     if not isinstance(cands, list) or not all(isinstance(c, Mapping) for c in cands):
@@ -370,23 +397,15 @@ def plan_from_dict(d: Mapping[str, Any], source: str = "plan spec") -> PlanSpec:
             raise ConfigError(src, f"candidates[{i}].name", f"duplicate candidate name {cname!r} (also "
                               f"candidates[{names[cname]}]): each candidate needs its own name")
         names[cname] = i
-        deps.extend(_candidate(src, i, dict(c), prices, len(deps), {**topts, **base}))
+        deps.extend(_candidate(src, i, dict(c), prices, len(deps), shared))
     if not deps:
         raise ConfigError(src, "candidates", "no deployment to search")
-    _check_unread_shared(src, {"traffic": topts, "base": base}, [x.policy for x in deps])
-    spec = PlanSpec(source=src, name=name, slo=slo, seeds=tuple(seeds), confidence=float(conf),
-                    require_unsaturated=flags["require_unsaturated"], prune=flags["prune"], load_key=load_key,
-                    load_base=load_base, scales=tuple(scales), traffic=topts, base=base, prices=prices,
-                    deployments=tuple(deps), raw=_plain(d))
-    spec = _collapse(spec)
-    _check_probes(spec)
-    return spec
+    return deps
 
 
 def _check_unread_shared(src: str, tables: Mapping[str, Mapping[str, Any]], policies: list[str]) -> None:
     """A draft option in [traffic] or [base] that no candidate policy reads is refused, as everywhere
     (dsparksim.sim.reads)."""
-    from dsparksim.sim.reads import DRAFT_OPTIONS, unread_by_all
 
     for t, opts in tables.items():
         for key in DRAFT_OPTIONS:
@@ -402,8 +421,6 @@ def _collapse(spec: PlanSpec) -> PlanSpec:
     only in options their runs never read, e.g. mtp1's acceptance): each is recorded in ``collapsed``."""
     import dataclasses as dc
 
-    from dsparksim.sim.reads import collapsed_reason, identity
-    from dsparksim.sweep.cells import build_config
 
     seen: dict[Any, Deployment] = {}
     keep, gone = [], []
@@ -444,7 +461,6 @@ def price_key_for(device: str, prices: Mapping[str, float]) -> str | None:
     'NVIDIA H100 SXM 80GB': 'H100' prices both). Two matching short names are ambiguous: None."""
     if device in prices:
         return device
-    from dsparksim.cost.analytic.hardware import SHORT_NAMES
 
     hits = [k for k in prices if k.upper() in SHORT_NAMES
             and re.search(rf"(?<![A-Za-z0-9]){re.escape(k.upper())}(?![A-Za-z0-9])", device.upper())]
@@ -453,9 +469,7 @@ def price_key_for(device: str, prices: Mapping[str, float]) -> str | None:
 
 def _candidate(src: str, i: int, c: dict[str, Any], prices: Mapping[str, float], start: int,
                shared: Mapping[str, Any]) -> list[Deployment]:
-    from dsparksim.policies import make_policy
-    from dsparksim.cost.profile import load_profile
-
+    """One [[candidates]] table expanded over its listed options, policies and K into deployments."""
     where = f"candidates[{i}]"
     cname = c.pop("name", f"c{i}")
     if not isinstance(cname, str) or not cname:
@@ -484,19 +498,7 @@ def _candidate(src: str, i: int, c: dict[str, Any], prices: Mapping[str, float],
         raise ConfigError(src, f"{where}.profile", "required: the cost profile (shipped name or JSON path)")
     lists = {k: v for k, v in opts.items() if isinstance(v, list)}
     fixed = {k: v for k, v in opts.items() if not isinstance(v, list)}
-    policies = []
-    for j, p in enumerate(pols):
-        try:
-            pol = make_policy(p)
-        except InputError as e:
-            raise ConfigError(src, f"{where}.policies[{j}]", f"invalid policy spec {p!r}: {e}") from None
-        from dsparksim.sim.reads import policy_reads
-        takes_k = "block_size" in policy_reads(pol.spec)     # none: K = 0; mtp1: K = 1, whatever K lists
-        for K in ks:
-            eff = int(K if takes_k else (pol.block_size or 0) if getattr(pol, "drafts", True) else 0)
-            if (pol.spec, eff, takes_k) not in policies:
-                policies.append((pol.spec, eff, takes_k))
-    from dsparksim.sim.reads import DRAFT_OPTIONS, unread_by_all
+    policies = _candidate_policies(src, where, pols, ks)
     for key in ("block_size",) * k_given + tuple(k for k in DRAFT_OPTIONS if k in opts):
         hit = unread_by_all([p for p, _, _ in policies], [key])
         if hit:
@@ -519,20 +521,9 @@ def _candidate(src: str, i: int, c: dict[str, Any], prices: Mapping[str, float],
                               f"metadata.device): add it, or its short name (A100, H100, H200, H800, H20, B200), "
                               f"to [prices] in $/GPU-hour"
                               + (f"; priced: {', '.join(prices)}" if prices else ""))
-        if "gpus_per_replica" in over:
-            g, note = over["gpus_per_replica"], "candidate gpus_per_replica"
-        else:
-            try:
-                g, note = gpus_per_replica(meta, int(merged.get("dp_ranks", 1)))
-            except ValueError as e:
-                raise ConfigError(src, f"{where}.dp_ranks", f"profile {prof_name!r}: {e}") from None
-            if not g:
-                raise ConfigError(src, f"{where}.profile", f"profile {prof_name!r} states neither gpus nor "
-                                  "tensor_parallel in its metadata: set gpus_per_replica on the candidate")
+        g, note = _gpus(src, where, prof_name, meta, merged, over)
         prefill = 0
         if merged.get(DISAGG_KEY):
-            from dsparksim.config import run_options
-
             spec_pre = run_options().get(PREFILL_KEY)
             n_pre = merged.get(PREFILL_KEY, spec_pre.default if spec_pre is not None else 1) or 1
             prefill = int(n_pre) * over.get("prefill_gpus_per_replica", g)
@@ -547,10 +538,41 @@ def _candidate(src: str, i: int, c: dict[str, Any], prices: Mapping[str, float],
     return out
 
 
+def _candidate_policies(src: str, where: str, pols: list[str], ks: list[int]) -> list[tuple[str, int, bool]]:
+    """(policy spec, effective K, whether the policy reads K) for every listed policy and K, without duplicates."""
+    policies = []
+    for j, p in enumerate(pols):
+        try:
+            pol = make_policy(p)
+        except InputError as e:
+            raise ConfigError(src, f"{where}.policies[{j}]", f"invalid policy spec {p!r}: {e}") from None
+        takes_k = "block_size" in policy_reads(pol.spec)     # none: K = 0; mtp1: K = 1, whatever K lists
+        for K in ks:
+            eff = int(K if takes_k else (pol.block_size or 0) if getattr(pol, "drafts", True) else 0)
+            if (pol.spec, eff, takes_k) not in policies:
+                policies.append((pol.spec, eff, takes_k))
+    return policies
+
+
+def _gpus(src: str, where: str, prof_name: str, meta: Mapping[str, Any], merged: Mapping[str, Any],
+          over: Mapping[str, int]) -> tuple[int, str]:
+    """GPUs per replica: the candidate's override, else from the profile's metadata (TP x DP ranks)."""
+    if "gpus_per_replica" in over:
+        g, note = over["gpus_per_replica"], "candidate gpus_per_replica"
+    else:
+        try:
+            g, note = gpus_per_replica(meta, int(merged.get("dp_ranks", 1)))
+        except ValueError as e:
+            raise ConfigError(src, f"{where}.dp_ranks", f"profile {prof_name!r}: {e}") from None
+        if not g:
+            raise ConfigError(src, f"{where}.profile", f"profile {prof_name!r} states neither gpus nor "
+                              "tensor_parallel in its metadata: set gpus_per_replica on the candidate")
+    return g, note
+
+
 def _check_arrivals(spec: PlanSpec, cfg: Any, scale: float) -> None:
     """An open-loop probe whose expected arrivals exceed the per-run limit is refused here, as `run` refuses it,
     naming the plan's [traffic] rate (not after a round of probes has failed)."""
-    from dsparksim.traffic.build import check_expected_arrivals
 
     t = cfg.traffic
     if t.rate is None or t.duration_s is None:
@@ -564,8 +586,6 @@ def _check_arrivals(spec: PlanSpec, cfg: Any, scale: float) -> None:
 
 def _check_probes(spec: PlanSpec) -> None:
     """Every probe the search may run builds a valid RunConfig; the inputs it reads open (no cell runs)."""
-    from dsparksim.sweep.cells import build_config
-    from dsparksim.sweep.spec import spec_from_dict
 
     seen: set[str] = set()
     for d in spec.deployments:
@@ -578,7 +598,6 @@ def _check_probes(spec: PlanSpec) -> None:
                     raise ConfigError(spec.source, where, f"replicas={r}, scale={scale:g}: {e}") from None
                 _check_arrivals(spec, cfg, scale)
         # Input files (acceptance sources, traces, length tables, routers) are checked as a sweep checks them.
-        from dsparksim.sim.reads import DRAFT_OPTIONS, policy_reads
         reads = policy_reads(d.policy)   # a shared option another candidate's policy reads is not this probe's
         opts = {k: v for k, v in spec.options(d, spec.scales[0], d.hi, spec.seeds[0]).items()
                 if k not in DRAFT_OPTIONS or k in reads}

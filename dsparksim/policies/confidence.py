@@ -38,7 +38,7 @@ def early_stop_ranked(ctx: StepContext, ranking: Ranking) -> int:
     bmax = draft_budget(ctx)
     st = ctx.step_time
     if getattr(st, "checked", False) and ctx.base_tokens >= 1:
-        # a checked dense price table (dsparksim.sim.engine.DenseStepTime): every price in range is positive and
+        # a checked dense price table (dsparksim.cost.price.DenseStepTime): every price in range is positive and
         # finite, so only the prefix the scan reads is looked up -- the same numbers
         T = None
     else:

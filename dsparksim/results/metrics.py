@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dsparksim.errors import ConfigError
 from dsparksim.sim.cluster import SimResult
 from dsparksim.sim.engine import REJECT_REASONS
 
@@ -52,7 +53,7 @@ def per_request_table(res: SimResult) -> pd.DataFrame:
     codes = res.reject_reason if res.reject_reason is not None else np.zeros(len(rejected), np.int8)
     reason = np.array([""] + [REJECT_REASONS.get(c, "") for c in range(1, 8)], dtype=object)[codes]
     cols = {
-        "request_id": np.arange(len(res.arrival_s)),
+        "request_id": np.arange(len(res.arrival_s)) if res.request_id is None else res.request_id,
         "domain": res.domain,
         "arrival_s": res.arrival_s,
         "admitted_s": res.admitted_s,
@@ -195,27 +196,35 @@ def saturation(res: SimResult, warmup_s: float, closed_loop: bool) -> tuple[bool
     hold all N users, and more users only add queueing. A window in which no engine step ends while requests are
     held (all of them stuck, e.g. in a KV transfer that never lands) served nothing: saturated.
     """
-    if closed_loop:
-        st = res.steps
-        t_end = st["t_start"] + st["dt"] if len(st["dt"]) else np.zeros(0)
-        win = t_end > warmup_s
-        q = np.asarray(st["n_waiting"])[win]
-        if q.size == 0:
-            where = held_by_place(res, float(res.sim_time_s))
-            n_held = sum(where.values())
-            return n_held > 0, {"rule": "closed loop: no engine step in the window while requests are held: "
-                                        "nothing was served", "steps": 0, "held": n_held, "held_by_place": where}
-        pool = _prefill_pool_waiting(res, t_end[win])
-        if pool is not None:
-            q = q + pool   # disaggregated: a request queued at the prefill pool waits for admission too
-        frac = float((q > 0).mean())
-        info = {"rule": f"closed loop: requests wait for admission in more than "
-                        f"{CLOSED_WAIT_FRACTION:g} of the window's steps"
-                        + (" (decode engines' queue + the prefill pool's queue)" if pool is not None else ""),
-                "frac_steps_with_waiting": frac, "steps": int(q.size)}
-        if pool is not None:
-            info["frac_steps_with_prefill_pool_waiting"] = float((pool > 0).mean())
-        return frac > CLOSED_WAIT_FRACTION, info
+    return closed_loop_saturation(res, warmup_s) if closed_loop else open_loop_saturation(res, warmup_s)
+
+
+def closed_loop_saturation(res: SimResult, warmup_s: float) -> tuple[bool, dict[str, Any]]:
+    """:func:`saturation`'s closed-loop rule: requests wait for admission in most of the window's steps."""
+    st = res.steps
+    t_end = st["t_start"] + st["dt"] if len(st["dt"]) else np.zeros(0)
+    win = t_end > warmup_s
+    q = np.asarray(st["n_waiting"])[win]
+    if q.size == 0:
+        where = held_by_place(res, float(res.sim_time_s))
+        n_held = sum(where.values())
+        return n_held > 0, {"rule": "closed loop: no engine step in the window while requests are held: "
+                                    "nothing was served", "steps": 0, "held": n_held, "held_by_place": where}
+    pool = _prefill_pool_waiting(res, t_end[win])
+    if pool is not None:
+        q = q + pool   # disaggregated: a request queued at the prefill pool waits for admission too
+    frac = float((q > 0).mean())
+    info = {"rule": f"closed loop: requests wait for admission in more than "
+                    f"{CLOSED_WAIT_FRACTION:g} of the window's steps"
+                    + (" (decode engines' queue + the prefill pool's queue)" if pool is not None else ""),
+            "frac_steps_with_waiting": frac, "steps": int(q.size)}
+    if pool is not None:
+        info["frac_steps_with_prefill_pool_waiting"] = float((pool > 0).mean())
+    return frac > CLOSED_WAIT_FRACTION, info
+
+
+def open_loop_saturation(res: SimResult, warmup_s: float) -> tuple[bool, dict[str, Any]]:
+    """:func:`saturation`'s open-loop rules: the admission queue or the requests held grew over the window."""
     ok = ~res.rejected & np.isfinite(res.arrival_s)
     arr = np.sort(res.arrival_s[ok])
     adm = np.sort(res.admitted_s[ok][np.isfinite(res.admitted_s[ok])])
@@ -264,12 +273,56 @@ def saturation(res: SimResult, warmup_s: float, closed_loop: bool) -> tuple[bool
     return bool(waiting or held), info
 
 
+def latency_stats(done: pd.DataFrame, dt: np.ndarray, n_dec: np.ndarray) -> dict[str, float]:
+    """Per-user speed and latency of the window's completed requests (``done``), and ITL from the window's step
+    durations ``dt`` and their decoding-request counts ``n_dec``."""
+    return {
+    "tps_user_mean": _mean(done["tps_user"].to_numpy()),
+    "tps_user_median": _pct(done["tps_user"].to_numpy(), 50),
+    "tps_user_p10": _pct(done["tps_user"].to_numpy(), 10),
+    "tps_user_p90": _pct(done["tps_user"].to_numpy(), 90),
+    "ttft_mean_s": _mean(done["ttft_s"].to_numpy()),
+    "ttft_median_s": _pct(done["ttft_s"].to_numpy(), 50),
+    "ttft_p99_s": _pct(done["ttft_s"].to_numpy(), 99),
+    "tpot_mean_s": _mean(done["tpot_s"].to_numpy()),
+    "tpot_median_s": _pct(done["tpot_s"].to_numpy(), 50),
+    "tpot_p99_s": _pct(done["tpot_s"].to_numpy(), 99),
+    # ITL per streamed chunk: every decoding request receives one chunk per step, so the step durations
+    # weighted by the number of decoding requests are exactly the pooled per-request ITL samples.
+    "itl_median_s": _weighted_pct(dt, n_dec, 50),
+    "itl_p99_s": _weighted_pct(dt, n_dec, 99),
+    "e2e_mean_s": _mean(done["e2e_s"].to_numpy()),
+    "e2e_median_s": _pct(done["e2e_s"].to_numpy(), 50),
+    "e2e_p99_s": _pct(done["e2e_s"].to_numpy(), 99),
+    }
+
+
+def kv_and_ttft_parts(res: SimResult, st: dict[str, np.ndarray], done: pd.DataFrame) -> dict[str, Any]:
+    """Paged KV's preemption counts and a disaggregated run's TTFT split, when the run has them."""
+    s: dict[str, Any] = {}
+    if res.kv_policy == "paged" and res.preemptions is not None:
+        # whole-run counts (not windowed): every preemption and the KV tokens it threw away
+        s.update(kv_policy="paged", kv_page_tokens=int(res.kv_page_tokens),
+                 kv_peak_used_pages=int(st["kv_pages"].max()) if len(st.get("kv_pages", ())) else 0,
+                 num_preemptions=int(res.preemptions.sum()),
+                 num_requests_preempted=int((res.preemptions > 0).sum()),
+                 recomputed_tokens=int(res.recomputed_tokens.sum()))
+    if res.disaggregated and res.ttft_queue_s is not None:
+        s["disaggregated"] = True
+        for part in ("queue", "prefill", "transfer", "decode_wait", "first_step"):
+            if f"ttft_{part}_s" not in done:
+                continue
+            x = done[f"ttft_{part}_s"].to_numpy()
+            s[f"ttft_{part}_mean_s"], s[f"ttft_{part}_median_s"] = _mean(x), _pct(x, 50)
+            s[f"ttft_{part}_p99_s"] = _pct(x, 99)
+    return s
+
+
 def summarize(res: SimResult, *, policy: str, load: Any, warmup_s: float, closed_loop: bool) -> dict[str, Any]:
     """The run's summary (summary.json): throughput, per-user speed, latency percentiles, verify length, tau."""
     end = res.sim_time_s
     window = end - warmup_s
     if not window > 0:
-        from dsparksim.errors import ConfigError
         raise ConfigError("config", "warmup_s", f"warm-up {warmup_s:g} s leaves no measurement window (the run "
                           f"ended at {end:.3f} s): lower --warmup")
     st = res.steps
@@ -297,23 +350,7 @@ def summarize(res: SimResult, *, policy: str, load: Any, warmup_s: float, closed
         "rejected_by_reason": {r: int((req["reject_reason"] == r).sum()) for r in REJECT_REASONS.values()},
         "output_throughput_tok_s": out_tokens / window,
         "request_throughput_req_s": len(done) / window,
-        "tps_user_mean": _mean(done["tps_user"].to_numpy()),
-        "tps_user_median": _pct(done["tps_user"].to_numpy(), 50),
-        "tps_user_p10": _pct(done["tps_user"].to_numpy(), 10),
-        "tps_user_p90": _pct(done["tps_user"].to_numpy(), 90),
-        "ttft_mean_s": _mean(done["ttft_s"].to_numpy()),
-        "ttft_median_s": _pct(done["ttft_s"].to_numpy(), 50),
-        "ttft_p99_s": _pct(done["ttft_s"].to_numpy(), 99),
-        "tpot_mean_s": _mean(done["tpot_s"].to_numpy()),
-        "tpot_median_s": _pct(done["tpot_s"].to_numpy(), 50),
-        "tpot_p99_s": _pct(done["tpot_s"].to_numpy(), 99),
-        # ITL per streamed chunk: every decoding request receives one chunk per step, so the step durations
-        # weighted by the number of decoding requests are exactly the pooled per-request ITL samples.
-        "itl_median_s": _weighted_pct(st["dt"][in_win], n_dec, 50),
-        "itl_p99_s": _weighted_pct(st["dt"][in_win], n_dec, 99),
-        "e2e_mean_s": _mean(done["e2e_s"].to_numpy()),
-        "e2e_median_s": _pct(done["e2e_s"].to_numpy(), 50),
-        "e2e_p99_s": _pct(done["e2e_s"].to_numpy(), 99),
+        **latency_stats(done, st["dt"][in_win], n_dec),
         "mean_verify_len": float(st["verify_tokens"][in_win].sum() / dec_steps) if dec_steps else float("nan"),
         "tau": _tau(st, in_win, dec_steps),
         "tau_unclipped": _tau_unclipped(st, in_win, dec_steps),
@@ -329,21 +366,7 @@ def summarize(res: SimResult, *, policy: str, load: Any, warmup_s: float, closed
         "replicas": int(res.replicas),
         "dp_ranks": int(res.dp_ranks),
     }
-    if res.kv_policy == "paged" and res.preemptions is not None:
-        # whole-run counts (not windowed): every preemption and the KV tokens it threw away
-        s.update(kv_policy="paged", kv_page_tokens=int(res.kv_page_tokens),
-                 kv_peak_used_pages=int(st["kv_pages"].max()) if len(st.get("kv_pages", ())) else 0,
-                 num_preemptions=int(res.preemptions.sum()),
-                 num_requests_preempted=int((res.preemptions > 0).sum()),
-                 recomputed_tokens=int(res.recomputed_tokens.sum()))
-    if res.disaggregated and res.ttft_queue_s is not None:
-        s["disaggregated"] = True
-        for part in ("queue", "prefill", "transfer", "decode_wait", "first_step"):
-            if f"ttft_{part}_s" not in done:
-                continue
-            x = done[f"ttft_{part}_s"].to_numpy()
-            s[f"ttft_{part}_mean_s"], s[f"ttft_{part}_median_s"] = _mean(x), _pct(x, 50)
-            s[f"ttft_{part}_p99_s"] = _pct(x, 99)
+    s.update(kv_and_ttft_parts(res, st, done))
     if res.replicas > 1:
         # Per-replica view of the same window: how evenly the router spread the load.
         s["per_replica"] = [_replica_summary(res.for_replica(r), r, warmup_s, closed_loop)

@@ -49,6 +49,8 @@ from typing import Any
 
 import numpy as np
 
+from dsparksim.cost.price import StepShape, chunk_query_keys, decode_query_keys
+from dsparksim.cost.profile import CostProfile
 from dsparksim.errors import ConfigError
 
 BASELINES = ("fit", "cell")
@@ -148,7 +150,8 @@ class PairedCells:
         """One step of the matched cell's profiling engine at verify length L (seconds on the executor's clock);
         None for the untimed warm-up steps of a freshly built engine. An engine lives as long as a profile cell
         did ((warmup + reps) rounds of every L), so its contexts stay in the range the profile timed."""
-        from dsparksim.runner.measure import RejectAll, UniformL, PLACEHOLDER_PROFILE, slot_tokens, cell_executor, profiling_engine
+        from dsparksim.runner.timing import RejectAll, UniformL, PLACEHOLDER_PROFILE, cell_executor, profiling_engine
+        from dsparksim.runner.grid import slot_tokens
         from dsparksim.cost.profile import profile_from_dict
         drafter, n, c, L = key
         K = self.tables[drafter]["K"]
@@ -220,7 +223,7 @@ class PairedCells:
         """One prefill-only step of the matched cell (k chunks of c prompt tokens after ``prefix`` cached ones, as
         ``measure`` timed it) on the executor's clock; None for the first steps of a freshly built executor. The
         executor is kept: every call re-runs the same chunks over the same positions."""
-        from dsparksim.runner.measure import cell_executor
+        from dsparksim.runner.timing import cell_executor
         _, drafter, c, k, pre = key
         e = self._engines.get(key)
         none = np.zeros(0, np.int64)
@@ -247,28 +250,28 @@ def _mixed_factor(r: tuple) -> float:
     return (1.0 - w) * r[5] / r[6] + w * r[10] / r[11]
 
 
-def prefill_cell_prices(profile, rows: np.ndarray, drafter: str) -> np.ndarray:
-    """(len(rows),) the profile's price of each stored prefill-only cell: its ``prefill.only`` price, else the verify
-    term at the chunks' M and KV read plus the prefill terms beside no decoding request (no host loop either way:
-    the cell times the executor's step)."""
-    out = []
-    for c, k, pre, _, kv in rows:
-        c, k, pre = int(c), int(k), int(pre)
-        qk = k * (c * pre + c * (c + 1) // 2)
-        only = profile.prefill_only_time(drafter, c * k, qk, k)
-        out.append(only if only is not None else
-                   float(profile.verify_time(c * k, kv)) + profile.prefill_time(drafter, c * k, qk, k, 0))
-    return np.array(out)
+def prefill_cell_prices(profile: CostProfile, rows: np.ndarray, drafter: str) -> np.ndarray:
+    """(len(rows),) the profile's price of each stored prefill-only cell (k chunks of c tokens after ``prefix``
+    cached ones, its KV read): the parts of :meth:`CostProfile.price` but the step overhead (no host loop: the cell
+    times the executor's step) -- its ``prefill.only`` price, else the verify term at the chunks' M and KV read
+    plus the prefill terms beside no decoding request."""
+    c, k, pre = (rows[:, i].astype(np.int64) for i in range(3))
+    shape = StepShape(M=c * k, kv_read=rows[:, 4], prefill_tokens=c * k,
+                      prefill_qk=k * chunk_query_keys(c, pre), prefill_chunks=k, n_decode=np.zeros_like(c),
+                      decode_qk=np.zeros_like(c), drafter=drafter, K=1)
+    p = profile.price(shape)
+    return np.asarray((p.verify + p.context) + ((p.prefill + p.prefill_chunk) + p.prefill_drafter), float)
 
 
-def cell_prices(profile, rows: np.ndarray, K: int, drafter: str) -> np.ndarray:
+def cell_prices(profile: CostProfile, rows: np.ndarray, K: int, drafter: str) -> np.ndarray:
     """(len(rows),) the profile's price of each stored cell's shape: n requests at verify length L reading the
     cell's mean context each (the query-key count as the engine logs it for decoding rows)."""
-    from dsparksim.runner.residuals import model_terms
     n, L, ctx = rows[:, 0].astype(np.int64), rows[:, 2].astype(np.int64), rows[:, 4]
-    steps = {"n_decode": n, "M": n * (L + 1), "kv_read": np.rint(n * ctx).astype(np.int64),
-             "n_prefill_tokens": np.zeros(len(n), np.int64), "dec_qk": n * ((L + 1) * ctx + L * (L + 1) // 2)}
-    return model_terms(steps, profile, K, drafter).to_numpy().sum(axis=1)
+    zero = np.zeros(len(n), np.int64)
+    shape = StepShape(M=n * (L + 1), n_decode=n, kv_read=np.rint(n * ctx).astype(np.int64), prefill_tokens=zero,
+                      prefill_qk=zero, prefill_chunks=zero, decode_qk=n * decode_query_keys(L, ctx),
+                      drafter=drafter, K=K)
+    return np.asarray(profile.price(shape).parts_sum(), float)
 
 
 class RunPairs:

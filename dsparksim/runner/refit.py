@@ -25,7 +25,8 @@ import numpy as np
 import pandas as pd
 
 from dsparksim.cost.profile import CostProfile, profile_from_dict
-from dsparksim.runner.measure import MeasureConfig, fit_prefill, fit_profile, prefill_section
+from dsparksim.runner.grid import MeasureConfig
+from dsparksim.runner.fitting import fit_prefill, fit_profile, prefill_section
 from dsparksim.runner.paired import cell_prices, prefill_cell_prices, smooth_factors
 from dsparksim.runner.residuals import model_terms
 

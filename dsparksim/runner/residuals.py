@@ -2,7 +2,8 @@
 
 A real step's log row (the engine's public step log + the executor's split) gives its shape (decoding requests
 ``n_decode``, verified tokens, ``M``, prefill tokens/chunks/query-key pairs, KV tokens read) and its measured time
-``dt = t_target + t_draft + t_host``. The profile prices the same shape as a sum of terms (profile.py)::
+``dt = t_target + t_draft + t_host``. The profile prices the same shape as a sum of terms (the parts of
+:meth:`CostProfile.price`, :mod:`dsparksim.cost.price`)::
 
     verify   = verify_time(M, 0)                       (staircase)
     context  = verify_time(M, kv) - verify_time(M, 0)  (attention over the KV tokens read)
@@ -24,16 +25,21 @@ Measured times are brought to the profile's machine speed first when a drift fac
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 import pandas as pd
 
+from dsparksim.cost.price import StepShape
+from dsparksim.cost.profile import CostProfile
+
+# The real runner's step-log columns for the StepShape fields it names differently (runner/engine.py EXTRA_LOG)
+RUNNER_LOG_NAMES = {"prefill_qk": "pf_qk", "prefill_chunks": "pf_chunks", "decode_qk": "dec_qk"}
 TERMS = ("verify", "context", "prefill", "per_request", "drafter", "host")
 TARGET_TERMS = ("verify", "context", "prefill", "per_request")
 
 
-def _per_request_target(profile: Any, n: np.ndarray) -> np.ndarray:
+def _per_request_target(profile: CostProfile, n: np.ndarray) -> np.ndarray:
     """B(n): the target forward's per-request part that a measured profile keeps in its floor (0 otherwise)."""
     fit = profile.metadata.get("fit", {}) if isinstance(profile.metadata, Mapping) else {}
     bt = fit.get("target_per_request_s_by_n") if isinstance(fit, Mapping) else None
@@ -45,49 +51,20 @@ def _per_request_target(profile: Any, n: np.ndarray) -> np.ndarray:
     return np.where(n > 0, b, 0.0)
 
 
-def model_terms(steps: Mapping[str, np.ndarray], profile: Any, K: int, drafter: str | None) -> pd.DataFrame:
-    """The profile's price of every logged step, term by term (seconds; see module doc)."""
+def model_terms(steps: Mapping[str, np.ndarray], profile: CostProfile, K: int, drafter: str | None) -> pd.DataFrame:
+    """The profile's price of every logged step, term by term (seconds; see module doc): the parts of
+    :meth:`CostProfile.price` on the steps' shapes, with the per-request target part B(n) moved out of the floor."""
     n = np.asarray(steps["n_decode"], np.int64)
-    M = np.asarray(steps["M"], np.int64)
-    kv = np.asarray(steps["kv_read"], np.int64)
-    pf = np.asarray(steps["n_prefill_tokens"], np.int64)
-    qk = np.asarray(steps.get("pf_qk", np.zeros(len(n))), float)
-    ch = np.asarray(steps.get("pf_chunks", np.zeros(len(n))), float)
-    v0 = np.asarray(profile.verify_time(M, np.zeros_like(M)), float).reshape(-1)
-    v = np.asarray(profile.verify_time(M, kv), float).reshape(-1)
-    # long-context term (profile attention.seconds_per_query_kv; absent = 0): the decoding rows' query-key pairs
-    dqk = np.asarray(steps.get("dec_qk", np.zeros(len(n))), float)
-    v = v + float(getattr(profile, "seconds_per_query_kv", 0.0) or 0.0) * np.where(n > 0, dqk, 0.0)
-    d = np.asarray(profile.draft_time(drafter, n, K), float) if drafter is not None else np.zeros(len(n))
-    dc = profile.drafters.get(drafter) if drafter is not None else None
-    if dc is not None and getattr(dc, "seconds_per_kv_token", 0.0):
-        d_ctx = np.asarray(profile.draft_time(drafter, n, K, kv), float) - d
-    else:
-        d_ctx = np.zeros(len(n))
-    host = profile.fixed_overhead_s + np.asarray(profile.batch_overhead_time(n), float)
-    has_pf = (pf > 0) & (profile.prefill_note is not None)
-    pf_t = np.where(has_pf, profile.prefill_s_per_token * pf + profile.prefill_s_per_query_key * qk
-                    + float(getattr(profile, "prefill_s_per_token_per_decode", 0.0)) * pf * n, 0.0)
-    pf_c = np.where(has_pf, profile.prefill_s_per_chunk * ch
-                    + float(getattr(profile, "prefill_s_per_chunk_per_decode", 0.0)) * ch * n, 0.0)
-    dpf = profile.drafters[drafter].prefill_s_per_token if drafter in profile.drafters else 0.0
-    pf_d = np.where(has_pf, dpf * pf, 0.0)
+    shape = StepShape.from_log(steps, drafter, K, names=RUNNER_LOG_NAMES)
+    p = profile.price(shape)
     B = _per_request_target(profile, n)
-    po = getattr(profile, "prefill_only", None)
-    if po is not None:
-        # prefill-only steps (no decoding request) priced by the profile's own prefill.only terms: their target
-        # forward is the whole measured term (no verify staircase, no context, no per-chunk host part)
-        only = (n == 0) & (pf > 0)
-        t_only = po[0] + po[1] * pf + po[2] * qk + po[3] * ch
-        v0, v = np.where(only, 0.0, v0), np.where(only, 0.0, v)
-        pf_t = np.where(only, t_only, pf_t)
-        pf_c = np.where(only, 0.0, pf_c)
-    return pd.DataFrame({"m_verify": v0, "m_context": v - v0, "m_prefill_target": pf_t, "m_prefill_chunk": pf_c,
-                         "m_prefill_drafter": pf_d, "m_per_request": B, "m_drafter": d, "m_drafter_context": d_ctx,
-                         "m_host": host - B})
+    return pd.DataFrame({"m_verify": p.verify, "m_context": p.context + p.query_key, "m_prefill_target": p.prefill,
+                         "m_prefill_chunk": p.prefill_chunk, "m_prefill_drafter": p.prefill_drafter,
+                         "m_per_request": B, "m_drafter": p.drafter, "m_drafter_context": p.drafter_context,
+                         "m_host": p.overhead - B})
 
 
-def step_residuals(steps: Mapping[str, np.ndarray], profile: Any, K: int, drafter: str | None,
+def step_residuals(steps: Mapping[str, np.ndarray], profile: CostProfile, K: int, drafter: str | None,
                    factor: float = 1.0, check_price: bool = True) -> pd.DataFrame:
     """One row per step: shape, measured split (at baseline speed: divided by the drift ``factor``), the model's
     terms, and residuals (model - measured) per timer and per term; ``r_total = dt_model - dt``.

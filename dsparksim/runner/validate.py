@@ -21,15 +21,21 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from dsparksim.config import EngineConfig, RunConfig
+from dsparksim.runner.live import PromptSource
+from dsparksim.results.metrics import summarize
+from dsparksim.acceptance import load_acceptance
+from dsparksim.policies import make_policy
+from dsparksim.config import EngineConfig, RunConfig, jsonable
 from dsparksim.errors import ConfigError
-from dsparksim.cost.profile import load_profile, save_profile
-from dsparksim.sim.simulate import simulate, write_run
+from dsparksim.cost.profile import load_profile, profile_from_dict, read_profile_dict, save_profile
+from dsparksim.sim.simulate import load_label, RunOutput, simulate, write_run
 from dsparksim.traffic import TrafficConfig
 from dsparksim.runner.executor import build_models
 from dsparksim.runner.drift import (CALIBRATION_PROBES, DEFAULT_GATE, DEFAULT_THRESHOLD, DriftMonitor, RunWindows,
                     warp_result)
-from dsparksim.runner.measure import REFERENCE_CELL, MeasureConfig, context_spread_from_csv, measure, reference_probe
+from dsparksim.runner.grid import REFERENCE_CELL, MeasureConfig, context_spread_from_csv
+from dsparksim.runner.measure import measure
+from dsparksim.runner.timing import LiveDrafters, reference_probe
 from dsparksim.runner.residuals import attribute, by_shape, by_term, step_residuals
 from dsparksim.runner.models import load_target
 from dsparksim.runner.paired import BASELINES, PairedCells, RunPairs, fit_vs_cells
@@ -118,7 +124,6 @@ def write_lengths(path: Path, vc: ValidateConfig, n: int = 400) -> Path:
 def write_live_lengths(path: Path, vc: ValidateConfig) -> Path:
     """Live mode: every eval prompt at its native token length, with its domain, and a drawn output length, so
     no prompt is packed and the live contexts are the ones the traces were collected on."""
-    from dsparksim.runner.live import PromptSource
     ps = PromptSource.from_models(vc.runner.models, vc.runner.prompts_dir)
     nat = ps.native_lengths()
     rng = np.random.default_rng(vc.seed + 12345)
@@ -141,8 +146,6 @@ def run_config(vc: ValidateConfig, policy: str, users: int, profile: str, length
 
 def _warm(out, frac: float) -> Any:
     """Re-summarise a RunOutput with the first ``frac`` of its run time discarded as warm-up."""
-    from dsparksim.results.metrics import summarize
-    from dsparksim.sim.simulate import load_label
     res = out.result
     s = summarize(res, policy=out.summary["policy"], load=load_label(out.config), warmup_s=frac * res.sim_time_s,
                   closed_loop=True)
@@ -153,8 +156,6 @@ def precheck(vc: ValidateConfig) -> None:
     """Everything that can be refused without measuring, refused first: policy specs, policies that cannot run
     for real (the oracle reads the true accepted length), verify lengths beyond K, and an acceptance trace
     recorded for another K. Runs before any model is built or any profile cell is timed."""
-    from dsparksim.acceptance import load_acceptance
-    from dsparksim.policies import make_policy
     for spec in vc.policies:
         pol = make_policy(spec)
         if pol.needs_oracle:
@@ -162,7 +163,6 @@ def precheck(vc: ValidateConfig) -> None:
                               "the simulator and cannot run on the real engine; drop it (nothing was measured)")
         pol.reset(vc.K, np.random.default_rng(0))        # e.g. fixed:7 at K=5 is refused here, not mid-run
     if vc.runner.mode == "live":                         # the eval prompts are read after the profile otherwise
-        from dsparksim.runner.live import PromptSource
         PromptSource.from_models(vc.runner.models, vc.runner.prompts_dir)
     else:
         for spec, K in ((vc.acceptance, vc.K), (vc.mtp1_acceptance, 1)):
@@ -179,151 +179,169 @@ STALE_OUT = ("REPORT.md", "summary.json", "errors.csv", "step_residuals.csv", "r
 OUT_NAMES = frozenset(STALE_OUT + ("lengths.csv", "profile.json", "profile_raw.json"))
 
 
-def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
-             log: Callable[[str], None] = print) -> pd.DataFrame:
-    """Measure, run real + simulated for every (policy, users), write the report; returns the error table.
+def given_profile(vc: ValidateConfig) -> tuple[dict, Path, Any] | None:
+    """``--profile``, read and checked before any model is built or file written: shipped names resolve, a bad file
+    names its line, a profile of another K is refused as such (not as a range error of the simulated side)."""
+    if vc.profile is None:
+        return None
+    d, p = read_profile_dict(vc.profile)
+    given = d, p, profile_from_dict(d, str(p))      # read once; the core loader's checks too
+    gK = ((d.get("metadata") or {}).get("grid") or {}).get("K")
+    if gK is not None and int(gK) != vc.K:
+        raise ConfigError(str(p), "-K", f"the profile was measured with K={gK} but this validation uses "
+                          f"K={vc.K}: validate with -K {gK}, or measure a profile with -K {vc.K}")
+    return given
 
-    Refusals that need no measurement come first (:func:`precheck`). Every real run is bracketed by timings of
-    the reference cell (:mod:`.drift`): its figures and step times are brought to the profile's machine speed,
-    and a run during which the speed moved past ``vc.drift_threshold`` is re-run (``vc.drift_attempts`` in all)
-    and counted as discarded; a cell with no steady attempt is kept in the table but flagged and left out of
-    the medians."""
-    precheck(vc)
-    given = None
-    if vc.profile is not None:
-        # read and checked before any model is built or file written: shipped names resolve, a bad file names its
-        # line, a profile of another K is refused as such (not as a range error of the simulated side)
-        from dsparksim.cost.profile import profile_from_dict, read_profile_dict
-        d, p = read_profile_dict(vc.profile)
-        given = d, p, profile_from_dict(d, str(p))      # read once; the core loader's checks too
-        gK = ((d.get("metadata") or {}).get("grid") or {}).get("K")
-        if gK is not None and int(gK) != vc.K:
-            raise ConfigError(str(p), "-K", f"the profile was measured with K={gK} but this validation uses "
-                              f"K={vc.K}: validate with -K {gK}, or measure a profile with -K {vc.K}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    # an earlier validation's results go before any new one is written: its runs/ must not stand beside the new
-    # runs (a cell it had and this one has not), nor its report beside a new run that fails (profile.json,
-    # lengths.csv: overwritten below; a --profile inside OUT is kept)
+
+def clear_stale(out: Path) -> None:
+    """An earlier validation's results go before any new one is written: its runs/ must not stand beside the new
+    runs (a cell it had and this one has not), nor its report beside a new run that fails (profile.json,
+    lengths.csv: overwritten later; a --profile inside OUT is kept)."""
     for name in STALE_OUT:
         q = out / name
         if q.is_dir():
             shutil.rmtree(q)
         elif q.exists():
             q.unlink()
-    t0 = time.time()
-    ex = vc.runner.executor
-    mcfg, tmodel, _ = load_target(vc.runner.model, ex.device, ex.dtype)
-    target, proxy = build_models(mcfg, ex, tmodel)
-    probe = reference_probe(target, proxy, ex)
-    lengths = (write_live_lengths if vc.runner.mode == "live" else write_lengths)(out / "lengths.csv", vc)
-    if vc.profile is None:
-        mc = replace(vc.measure, model=vc.runner.model, executor=ex, K=vc.K,
-                     drift_threshold=vc.drift_threshold)
-        if vc.cell_spread == "workload" and mc.context_spread is None:
-            # cells whose contexts spread like the served batches': the runner pads each attention group to its
-            # longest context, so a cell spread less widely than the real batches under-prices them
-            mc = replace(mc, context_spread=context_spread_from_csv(lengths))
-            q = mc.context_spread
-            log(f"validate: profile cells spread like this workload's decode contexts ({q[0]:.2f}-{q[-1]:.2f} x "
-                "the mean)")
-        log(f"validate: measuring the profile ({len(mc.n_reqs)} n_req x {mc.K + 1} L x {len(mc.grid_contexts)} contexts)")
-        prof, raw = measure(mc, progress=progress, log=log, target=target, proxy=proxy)
-        ppath = save_profile(prof, out / "profile.json")
-        # the raw per-step cell records, as `measure --raw` writes them: refits offline without re-measuring
-        (out / "profile_raw.json").write_text(json.dumps(raw) + "\n")
-        profile = load_profile(str(ppath))
-    else:
-        prof, ppath, profile = given
-        log(f"validate: using the measured profile {ppath}")
-    # the profile's own reference timing is the speed every real figure is brought back to
+
+
+def obtain_profile(vc: ValidateConfig, out: Path, lengths: Path, given, target, proxy, progress: bool,
+                   log: Callable[[str], None]) -> tuple[dict, Path, Any]:
+    """The profile the simulated side runs on: ``given`` (``--profile``) or one measured now into OUT."""
+    if given is not None:
+        log(f"validate: using the measured profile {given[1]}")
+        return given
+    mc = replace(vc.measure, model=vc.runner.model, executor=vc.runner.executor, K=vc.K,
+                 drift_threshold=vc.drift_threshold)
+    if vc.cell_spread == "workload" and mc.context_spread is None:
+        # cells whose contexts spread like the served batches': the runner pads each attention group to its
+        # longest context, so a cell spread less widely than the real batches under-prices them
+        mc = replace(mc, context_spread=context_spread_from_csv(lengths))
+        q = mc.context_spread
+        log(f"validate: profile cells spread like this workload's decode contexts ({q[0]:.2f}-{q[-1]:.2f} x "
+            "the mean)")
+    log(f"validate: measuring the profile ({len(mc.n_reqs)} n_req x {mc.K + 1} L x {len(mc.grid_contexts)} contexts)")
+    prof, raw = measure(mc, progress=progress, log=log, target=target, proxy=proxy)
+    ppath = save_profile(prof, out / "profile.json")
+    # the raw per-step cell records, as `measure --raw` writes them: refits offline without re-measuring
+    (out / "profile_raw.json").write_text(json.dumps(raw) + "\n")
+    return prof, ppath, load_profile(str(ppath))
+
+
+def drift_monitor(vc: ValidateConfig, prof: dict, probe: Callable[[], float]) -> DriftMonitor:
+    """The run-time drift monitor; the profile's own reference timing is the speed every real figure is brought
+    back to (when it timed the same reference cell)."""
     pd_ = prof["metadata"].get("drift") or {}
     same_cell = pd_.get("reference_cell") == REFERENCE_CELL
     base = pd_.get("baseline_s") if same_cell and (vc.profile is None or vc.drift_profile_baseline) else None
     mon = DriftMonitor(probe, threshold=vc.drift_threshold, baseline=base, gate=vc.drift_gate)
     mon.calibrate("before the runs", probes=1 if base is not None else CALIBRATION_PROBES)
-    cells = None
-    if vc.pair_cells and vc.normalise:
-        drafting = str(prof["metadata"].get("drafting", "proxy"))
-        live = vc.runner.mode == "live"
-        if live != drafting.startswith("live:"):
-            # the stored cells are steps of the other kind (proxy vs trained drafter): not this run's shape
-            log(f"validate: the profile's cells were measured on {drafting!r} steps, not on this run's "
-                f"{'live' if live else 'drafter-proxy'} steps; real runs are normalised by the drift windows")
-        else:
-            lv = None
-            if live and prof["metadata"].get("cells"):
-                from dsparksim.runner.measure import LiveDrafters
-                lv = LiveDrafters.load(vc.runner.models, sorted(prof["metadata"]["cells"]), target)
-            cells = PairedCells.from_profile(prof, target, proxy, ex, vc.pair_baseline, live=lv)
-            if cells is None:
-                log(f"validate: the profile {ppath} stores no cell timings (metadata.cells, written by `dsparksim "
-                    "measure` since 2026-12-01): real runs are normalised by the drift windows, not paired cells")
-    rows, resid = [], []
-    for users in vc.concurrency:
-        for pol in vc.policies:
-            cfg = run_config(vc, pol, users, str(ppath), str(lengths))
-            label = f"{pol} users={users}"
-            tries = [timed_run(vc, cfg, mon, f"{label} #{i + 1}", target, proxy, cells)
-                     for i in range(vc.repeats)]
-            # per-step median over the repeats (normalised figures; interference is removed by the windows'
-            # reference timings and the median, not by picking the fastest)
-            tr = combine_runs(tries, cfg)
-            real, kept, factor = tr.norm, tr.kept, tr.factor
-            if not vc.normalise:
-                real, kept, factor = tr.raw, True, 1.0
-            sim = simulate(cfg)
-            cell = out / "runs" / f"{pol.replace(':', '_')}-c{users}"
-            write_run(real, cell / "real", steps=True)
-            for i, t in enumerate(tries):
-                if t.pairs is not None:
-                    t.pairs.table().to_csv(cell / "real" / f"paired_{i + 1}.csv", index=False, float_format="%.9g")
-                    if t.pairs.pf_log:
-                        t.pairs.prefill_table().to_csv(cell / "real" / f"paired_prefill_{i + 1}.csv", index=False,
-                                                       float_format="%.9g")
-                    if t.pairs.mx_log:
-                        t.pairs.mixed_table().to_csv(cell / "real" / f"paired_mixed_{i + 1}.csv", index=False,
-                                                     float_format="%.9g")
-            write_run(sim, cell / "sim", steps=True)
-            rs, ss = _warm(real, vc.warmup_frac), _warm(sim, vc.warmup_frac)
-            rraw = _warm(tr.raw, vc.warmup_frac)
-            row: dict[str, Any] = {"policy": pol, "users": users, "kept": kept, "speed_factor": factor,
-                                   "drift": tr.max_drift, "unsteady_share": tr.unsteady_share, "windows": tr.windows,
-                                   "paired_steps": tr.paired,
-                                   "paired_prefill_steps": sum(len(t.pairs.pf_log) for t in tries
-                                                               if t.pairs is not None),
-                                   "paired_mixed_steps": sum(len(t.pairs.mx_log) for t in tries
-                                                             if t.pairs is not None),
-                                   "paired_cell_over_fit": _mean_or_nan(
-                                       t.norm.summary["speed_normalised"].get("paired_cell_median_over_fit")
-                                       for t in tries),
-                                   "ref_min_ms": 1e3 * tr.ref_min, "ref_max_ms": 1e3 * tr.ref_max,
-                                   "real_repeats_throughput_raw": ";".join(
-                                       f"{_warm(t.raw, vc.warmup_frac)['output_throughput_tok_s']:.1f}" for t in tries)}
-            for short, key in METRICS.items():
-                r, s = rs[key], ss[key]
-                if short in RATES:
-                    row[f"{short}_real_raw"] = rraw[key]
-                row[f"{short}_real"], row[f"{short}_sim"] = r, s
-                row[f"{short}_rel_err"] = (s - r) / r if r else float("nan")
-            drafter = real.inputs["policy"]["drafter"]
-            # the steps are at baseline speed already (warped); factor 1 keeps them as they are
-            st = step_residuals(real.result.steps, profile, real.inputs["policy"]["block_size"], drafter)
-            st.insert(0, "users", users)
-            st.insert(0, "policy", pol)
-            st.to_csv(cell / "real" / "residuals.csv", index=False, float_format="%.9g")
-            resid.append(st)
-            row["real_steps"] = int(len(st))
-            row["step_time_resid_pct"] = 100 * float(st["r_total"].sum() / st["dt"].sum())
-            for t in ("target", "draft", "host"):
-                row[f"{t}_resid_pct"] = 100 * float(st[f"r_{t}"].sum() / st["dt"].sum())
-            rows.append(row)
-            log(f"validate: {pol:>20} users={users:<3} throughput real {row['throughput_real']:.1f} (raw "
-                f"{row['throughput_real_raw']:.1f}, speed x{factor:.3f}, {tr.windows} windows, "
-                f"{100 * tr.unsteady_share:.0f}% unsteady{'' if kept else ', DRIFTING'}) "
-                f"sim {row['throughput_sim']:.1f} "
-                f"({100 * row['throughput_rel_err']:+.1f}%), per-user median "
-                f"{100 * row['tps_user_median_rel_err']:+.1f}%")
+    return mon
+
+
+def paired_cells(vc: ValidateConfig, prof: dict, ppath: Path, target, proxy,
+                 log: Callable[[str], None]) -> PairedCells | None:
+    """The profile's cells re-timed beside every real step (:mod:`.paired`), or None (drift windows only)."""
+    if not (vc.pair_cells and vc.normalise):
+        return None
+    drafting = str(prof["metadata"].get("drafting", "proxy"))
+    live = vc.runner.mode == "live"
+    if live != drafting.startswith("live:"):
+        # the stored cells are steps of the other kind (proxy vs trained drafter): not this run's shape
+        log(f"validate: the profile's cells were measured on {drafting!r} steps, not on this run's "
+            f"{'live' if live else 'drafter-proxy'} steps; real runs are normalised by the drift windows")
+        return None
+    lv = None
+    if live and prof["metadata"].get("cells"):
+        lv = LiveDrafters.load(vc.runner.models, sorted(prof["metadata"]["cells"]), target)
+    cells = PairedCells.from_profile(prof, target, proxy, vc.runner.executor, vc.pair_baseline, live=lv)
+    if cells is None:
+        log(f"validate: the profile {ppath} stores no cell timings (metadata.cells, written by `dsparksim "
+            "measure` since 2026-12-01): real runs are normalised by the drift windows, not paired cells")
+    return cells
+
+
+def write_cell_runs(cell: Path, real: Any, sim: Any, tries: list["TimedRun"]) -> None:
+    """One (policy, users) cell's real and simulated runs, with every repeat's paired-cell tables."""
+    write_run(real, cell / "real", steps=True)
+    for i, t in enumerate(tries):
+        if t.pairs is None:
+            continue
+        t.pairs.table().to_csv(cell / "real" / f"paired_{i + 1}.csv", index=False, float_format="%.9g")
+        if t.pairs.pf_log:
+            t.pairs.prefill_table().to_csv(cell / "real" / f"paired_prefill_{i + 1}.csv", index=False,
+                                           float_format="%.9g")
+        if t.pairs.mx_log:
+            t.pairs.mixed_table().to_csv(cell / "real" / f"paired_mixed_{i + 1}.csv", index=False,
+                                         float_format="%.9g")
+    write_run(sim, cell / "sim", steps=True)
+
+
+def cell_row(vc: ValidateConfig, pol: str, users: int, tr: "TimedRun", tries: list["TimedRun"], real: Any,
+             sim: Any, kept: bool, factor: float) -> dict[str, Any]:
+    """The errors table's row of one cell: how it was measured, and each metric real vs simulated."""
+    rs, ss = _warm(real, vc.warmup_frac), _warm(sim, vc.warmup_frac)
+    rraw = _warm(tr.raw, vc.warmup_frac)
+    pairs = [t.pairs for t in tries if t.pairs is not None]
+    row: dict[str, Any] = {"policy": pol, "users": users, "kept": kept, "speed_factor": factor,
+                           "drift": tr.max_drift, "unsteady_share": tr.unsteady_share, "windows": tr.windows,
+                           "paired_steps": tr.paired,
+                           "paired_prefill_steps": sum(len(p.pf_log) for p in pairs),
+                           "paired_mixed_steps": sum(len(p.mx_log) for p in pairs),
+                           "paired_cell_over_fit": _mean_or_nan(
+                               t.norm.summary["speed_normalised"].get("paired_cell_median_over_fit")
+                               for t in tries),
+                           "ref_min_ms": 1e3 * tr.ref_min, "ref_max_ms": 1e3 * tr.ref_max,
+                           "real_repeats_throughput_raw": ";".join(
+                               f"{_warm(t.raw, vc.warmup_frac)['output_throughput_tok_s']:.1f}" for t in tries)}
+    for short, key in METRICS.items():
+        r, s = rs[key], ss[key]
+        if short in RATES:
+            row[f"{short}_real_raw"] = rraw[key]
+        row[f"{short}_real"], row[f"{short}_sim"] = r, s
+        row[f"{short}_rel_err"] = (s - r) / r if r else float("nan")
+    return row
+
+
+def validate_cell(vc: ValidateConfig, pol: str, users: int, ppath: Path, lengths: Path, profile: Any,
+                  mon: DriftMonitor, target, proxy, cells: PairedCells | None, out: Path,
+                  log: Callable[[str], None]) -> tuple[dict[str, Any], pd.DataFrame]:
+    """One (policy, users) cell: ``vc.repeats`` real runs, the simulated run, their files, the errors row and
+    the real steps' residuals against the profile."""
+    cfg = run_config(vc, pol, users, str(ppath), str(lengths))
+    label = f"{pol} users={users}"
+    tries = [timed_run(vc, cfg, mon, f"{label} #{i + 1}", target, proxy, cells) for i in range(vc.repeats)]
+    # per-step median over the repeats (normalised figures; interference is removed by the windows'
+    # reference timings and the median, not by picking the fastest)
+    tr = combine_runs(tries, cfg)
+    real, kept, factor = (tr.norm, tr.kept, tr.factor) if vc.normalise else (tr.raw, True, 1.0)
+    sim = simulate(cfg)
+    cell = out / "runs" / f"{pol.replace(':', '_')}-c{users}"
+    write_cell_runs(cell, real, sim, tries)
+    row = cell_row(vc, pol, users, tr, tries, real, sim, kept, factor)
+    drafter = real.inputs["policy"]["drafter"]
+    # the steps are at baseline speed already (warped); factor 1 keeps them as they are
+    st = step_residuals(real.result.steps, profile, real.inputs["policy"]["block_size"], drafter)
+    st.insert(0, "users", users)
+    st.insert(0, "policy", pol)
+    st.to_csv(cell / "real" / "residuals.csv", index=False, float_format="%.9g")
+    row["real_steps"] = int(len(st))
+    row["step_time_resid_pct"] = 100 * float(st["r_total"].sum() / st["dt"].sum())
+    for t in ("target", "draft", "host"):
+        row[f"{t}_resid_pct"] = 100 * float(st[f"r_{t}"].sum() / st["dt"].sum())
+    log(f"validate: {pol:>20} users={users:<3} throughput real {row['throughput_real']:.1f} (raw "
+        f"{row['throughput_real_raw']:.1f}, speed x{factor:.3f}, {tr.windows} windows, "
+        f"{100 * tr.unsteady_share:.0f}% unsteady{'' if kept else ', DRIFTING'}) "
+        f"sim {row['throughput_sim']:.1f} "
+        f"({100 * row['throughput_rel_err']:+.1f}%), per-user median "
+        f"{100 * row['tps_user_median_rel_err']:+.1f}%")
+    return row, st
+
+
+def write_outputs(vc: ValidateConfig, out: Path, rows: list[dict], resid: list[pd.DataFrame], prof: dict,
+                  mon: DriftMonitor, cells: PairedCells | None, t0: float) -> pd.DataFrame:
+    """errors.csv, the residual tables, summary.json, the overlay plot and REPORT.md (last: a folder with it is a
+    finished validation)."""
     df = pd.DataFrame(rows)
     df.to_csv(out / "errors.csv", index=False, float_format="%.6g")
     steps = pd.concat(resid, ignore_index=True)
@@ -345,6 +363,38 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
     plot_overlay(df, out / "frontier_overlay.png")
     write_report(df, summ, vc, out / "REPORT.md", prof, shape, term)
     return df
+
+
+def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
+             log: Callable[[str], None] = print) -> pd.DataFrame:
+    """Measure, run real + simulated for every (policy, users), write the report; returns the error table.
+
+    Refusals that need no measurement come first (:func:`precheck`). Every real run is bracketed by timings of
+    the reference cell (:mod:`.drift`): its figures and step times are brought to the profile's machine speed,
+    and a run during which the speed moved past ``vc.drift_threshold`` is re-run (``vc.drift_attempts`` in all)
+    and counted as discarded; a cell with no steady attempt is kept in the table but flagged and left out of
+    the medians."""
+    precheck(vc)
+    given = given_profile(vc)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    clear_stale(out)
+    t0 = time.time()
+    ex = vc.runner.executor
+    mcfg, tmodel, _ = load_target(vc.runner.model, ex.device, ex.dtype)
+    target, proxy = build_models(mcfg, ex, tmodel)
+    probe = reference_probe(target, proxy, ex)
+    lengths = (write_live_lengths if vc.runner.mode == "live" else write_lengths)(out / "lengths.csv", vc)
+    prof, ppath, profile = obtain_profile(vc, out, lengths, given, target, proxy, progress, log)
+    mon = drift_monitor(vc, prof, probe)
+    cells = paired_cells(vc, prof, ppath, target, proxy, log)
+    rows, resid = [], []
+    for users in vc.concurrency:
+        for pol in vc.policies:
+            row, st = validate_cell(vc, pol, users, ppath, lengths, profile, mon, target, proxy, cells, out, log)
+            rows.append(row)
+            resid.append(st)
+    return write_outputs(vc, out, rows, resid, prof, mon, cells, t0)
 
 
 RATES = ("throughput", "tps_user_median")
@@ -375,7 +425,6 @@ def timed_run(vc: ValidateConfig, cfg: RunConfig, mon: DriftMonitor, label: str,
     of its time fell in unsteady windows. Every attempt is counted kept or discarded on the monitor. A step's
     factor is its paired profile cell's (``cells``, :mod:`.paired`) when the run had paired steps, else its
     window's."""
-    from dsparksim.policies import make_policy
     drafter = make_policy(cfg.policy).drafter or vc.measure.block_drafter
     for i in range(vc.drift_attempts):
         lab = label if i == 0 else f"{label} (retry {i})"
@@ -420,8 +469,6 @@ SHAPE_COLS = ("n_decode", "M", "n_prefill_tokens", "verify_tokens", "kv_read")
 
 
 def _normalised_output(raw: Any, res: Any, cfg: RunConfig, extra: dict[str, Any]) -> Any:
-    from dsparksim.results.metrics import summarize
-    from dsparksim.sim.simulate import RunOutput, load_label
     summ = {**raw.summary, **summarize(res, policy=raw.summary["policy"], load=load_label(cfg), warmup_s=0.0,
                                        closed_loop=True)}
     summ["speed_normalised"] = {**raw.summary.get("speed_normalised", {}), **extra}
@@ -493,8 +540,7 @@ def error_summary(df: pd.DataFrame) -> dict[str, Any]:
 
 
 def _jsonable(vc: ValidateConfig) -> Any:
-    from dsparksim.config import jsonable as j
-    return j(asdict(vc))
+    return jsonable(asdict(vc))
 
 
 def plot_overlay(df: pd.DataFrame, path: Path) -> None:
@@ -516,10 +562,9 @@ def plot_overlay(df: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(df: pd.DataFrame, summ: dict, vc: ValidateConfig, path: Path, prof: dict,
-                 shape: pd.DataFrame, term: pd.DataFrame) -> None:
+def report_errors(df: pd.DataFrame, summ: dict, vc: ValidateConfig, prof: dict) -> list[str]:
+    """REPORT.md's head: what was compared, and the errors per cell and over the cells."""
     cols = ["policy", "users"] + [f"{k}_rel_err" for k in METRICS]
-    d = summ["drift"]
     lines = ["# Simulator vs real validation", "",
              f"Profile `{prof['name']}` ({prof['metadata']['device']}; {prof['metadata']['model']}; drafting "
              f"{prof['metadata'].get('drafting', 'proxy')}), "
@@ -556,8 +601,14 @@ def write_report(df: pd.DataFrame, summ: dict, vc: ValidateConfig, path: Path, p
     lines.append(f"- all {summ['cells']} cells, steady or not: " + "; ".join(
         f"{k} median |rel err| {100 * summ[f'median_abs_rel_err_{k}_all_cells']:.1f}%, p95 "
         f"{100 * summ[f'p95_abs_rel_err_{k}_all_cells']:.1f}%" for k in RATES))
+    return lines
+
+
+def report_drift(df: pd.DataFrame, summ: dict, vc: ValidateConfig) -> list[str]:
+    """REPORT.md's machine-drift section: the reference cell, the windows, the paired cells."""
+    d = summ["drift"]
     rc = REFERENCE_CELL
-    lines += ["", "## Machine drift", "",
+    lines = ["", "## Machine drift", "",
               f"Reference cell ({rc['n_req']} requests, context {rc['context']}, L={rc['L']} of K={rc['K']}, median "
               f"of {rc['reps']} steps) re-timed every {vc.window_s:g} s of each real run's measured time (windows); "
               + (f"every window starts in the machine's fast state (reference within {100 * vc.drift_gate:.0f}% of "
@@ -613,7 +664,12 @@ def write_report(df: pd.DataFrame, summ: dict, vc: ValidateConfig, path: Path, p
         lines.append("Profile fit at its own cells (fit price / raw cell median - 1): " + "; ".join(
             f"{d}: median {100 * v['median_err']:+.1f}%, median |.| {100 * v['median_abs_err']:.1f}%, p95 |.| "
             f"{100 * v['p95_abs_err']:.1f}% over {v['cells']} cells" for d, v in fvc.items()) + ".")
-    lines += ["", "## Where the bias lives: per-step residuals (model - measured)", "",
+    return lines
+
+
+def report_residuals(df: pd.DataFrame, summ: dict, shape: pd.DataFrame, term: pd.DataFrame) -> list[str]:
+    """REPORT.md's per-step residuals: by cost term, by step shape and per cell."""
+    lines = ["", "## Where the bias lives: per-step residuals (model - measured)", "",
               "Every real step priced by the profile at its exact shape (`step_residuals.csv`, per cell "
               "`runs/*/real/residuals.csv`). By cost term over all steps (% of all measured step time; the terms "
               "sum to the total; `prefill` is the target-forward part, the drafter and per-chunk parts sit in "
@@ -641,4 +697,10 @@ def write_report(df: pd.DataFrame, summ: dict, vc: ValidateConfig, path: Path, p
     for _, r in df.iterrows():
         lines.append(f"| {r['policy']} | {r['users']} | {r['real_steps']} | {r['step_time_resid_pct']:+.1f}% | "
                      f"{r['target_resid_pct']:+.1f}% | {r['draft_resid_pct']:+.1f}% | {r['host_resid_pct']:+.1f}% |")
+    return lines
+
+
+def write_report(df: pd.DataFrame, summ: dict, vc: ValidateConfig, path: Path, prof: dict,
+                 shape: pd.DataFrame, term: pd.DataFrame) -> None:
+    lines = report_errors(df, summ, vc, prof) + report_drift(df, summ, vc) + report_residuals(df, summ, shape, term)
     path.write_text("\n".join(lines) + "\n")

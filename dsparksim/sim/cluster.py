@@ -45,6 +45,7 @@ import numpy as np
 import simpy
 
 from dsparksim.acceptance.base import AcceptanceModel
+from dsparksim.cost.profile import CostProfile
 from dsparksim.sim.engine import REJECT_REASONS, R_LEN, CostExecutor, Engine, StepOutcome, StepPlan  # noqa: F401
 from dsparksim.errors import ConfigError
 from dsparksim.policies.base import Policy
@@ -107,6 +108,8 @@ class SimResult:
     ttft_first_step_s: np.ndarray | None = None   # per request (disaggregated): admitted -> first token
     # per request: tokens emitted by its decode steps (None: emitted - 1, the first token excluded)
     decode_emitted_tokens: np.ndarray | None = None
+    # per request: its workload row (None: rows 0..n-1; closed-loop users pinned to engines send other rows)
+    request_id: np.ndarray | None = None
 
     @property
     def completed(self) -> np.ndarray:
@@ -131,7 +134,7 @@ class SimResult:
             "arrival_s", "admitted_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
             "emitted_tokens", "decode_steps", "verify_tokens", "accepted_tokens", "domain")}
         for k in ("preemptions", "recomputed_tokens", "ttft_queue_s", "ttft_prefill_s", "ttft_transfer_s",
-                  "ttft_decode_wait_s", "ttft_first_step_s", "decode_emitted_tokens"):
+                  "ttft_decode_wait_s", "ttft_first_step_s", "decode_emitted_tokens", "request_id"):
             v = getattr(self, k)
             per_req[k] = None if v is None else v[keep]
         return SimResult(**per_req, steps={k: v[sk] for k, v in self.steps.items()}, sim_time_s=self.sim_time_s,
@@ -166,7 +169,7 @@ class Simulation:
     def __init__(
         self,
         *,
-        profile: Any,
+        profile: CostProfile,
         acceptance: AcceptanceModel,
         policy: Policy,
         workload: Workload,
@@ -199,6 +202,7 @@ class Simulation:
         mixed_prefill: bool = True,
         pad_verify: bool = False,
         draft_exit: float | None = None,
+        shard: tuple[int, int] | None = None,
     ) -> None:
         if (duration_s is None) == (num_requests is None):
             raise ConfigError("config", "duration_s/num_requests", "give exactly one of duration or number of requests")
@@ -282,9 +286,20 @@ class Simulation:
                 kv_watermark=float(kv_watermark), disaggregated=self.disagg,
                 mixed_prefill=bool(mixed_prefill), pad_verify=bool(pad_verify), draft_exit=draft_exit))
         self.router = make_router(router, n_eng, seed=router_seed)
-        if getattr(self.router, "needs_session", False) and not self._has_sessions():
+        if self.router.needs_session and not self._has_sessions():
             raise ConfigError("config", "router", f"router '{router}' needs session or prefix ids, which this "
                               "workload does not carry (Mooncake traces carry hash_ids)")
+        # closed loop with users pinned to engines: engine e's users send its rows router.user_row(e, 0, 1, ...)
+        self.pinned = bool(self.router.pins_users and workload.closed_loop)
+        if self.pinned and (self.warmup_requests or getattr(workload, "user_steps", None)):
+            raise ConfigError("config", "router", f"router '{router}' pins closed-loop users to engines; it takes "
+                              "no warm-up requests and no user-count steps (user_steps)")
+        self._cursor = [0] * n_eng      # pinned: requests each engine's users have sent
+        self._streak = [0] * n_eng      # pinned: rejections in a row per engine
+        self.shard = self._check_shard(shard)
+        self.local = [self.shard is None or self.shard[0] <= e // self.dp_ranks < self.shard[1]
+                      for e in range(n_eng)]
+        self.owned: list[int] = []      # shard: rows routed here, or rejected here (dsparksim.sim.shard merges)
         self.executor = CostExecutor()
         self.driver_factory = driver_factory
         self.notes: dict[str, Any] = dict(self.notes_kv) if self.disagg else {}
@@ -293,6 +308,19 @@ class Simulation:
         self._reject_streak = 0
         self.n_finished = 0
         self.ended_by: str | None = None
+
+    def _check_shard(self, shard: tuple[int, int] | None) -> tuple[int, int] | None:
+        """A shard runs replicas lo..hi-1 of this cluster alone (see :mod:`dsparksim.sim.shard`)."""
+        if shard is None:
+            return None
+        lo, hi = (int(x) for x in shard)
+        if not 0 <= lo < hi <= self.replicas:
+            raise ConfigError("config", "shard", f"expected replicas lo..hi-1 with 0 <= lo < hi <= {self.replicas}, "
+                              f"got {shard!r}")
+        if not self.router.request_only or self.disagg or self.client_cap is not None or self.warmup_requests \
+                or (self.wl.closed_loop and not self.pinned):
+            raise ConfigError("config", "shard", "replicas of this run interact; see dsparksim.sim.shard.refusal")
+        return lo, hi
 
     def _has_sessions(self) -> bool:
         self.req.load(0)
@@ -332,6 +360,8 @@ class Simulation:
             r.reject[row] = reason
             self.n_rejected += 1
             self._reject_streak += 1
+            if self.shard is not None:
+                self.owned.append(row)
             self._check_warmup(t)
             return False
         self._reject_streak = 0
@@ -357,6 +387,10 @@ class Simulation:
             self.in_prefill -= 1
             r.landed[row] = t
         e = self.router.route(row, self.engines, r)
+        if self.shard is not None:
+            if not self.local[e]:
+                return      # another shard's replica serves it
+            self.owned.append(row)
         eng = self.engines[e]
         eng.inbox.put(row)
         drv = self._driver_of[e]
@@ -384,13 +418,28 @@ class Simulation:
                                                             and idle):
                 self._nothing_fits()
 
+    def _issue_pinned(self, t: float, e: int) -> None:
+        """Closed loop, users pinned: a free user of engine ``e`` sends that engine's next rows until one is queued
+        (the rejection guard counts per engine, so a shard decides as the whole cluster does)."""
+        while self._has_row(e):
+            row = self.router.user_row(e, self._cursor[e])
+            self._cursor[e] += 1
+            if self._issue(row, t):
+                self._streak[e] = 0
+                return
+            self._streak[e] += 1
+            if self._streak[e] >= MAX_REJECT_STREAK or (self.engines[e].n_admitted == 0 and self._streak[e] >= 1000
+                                                       and not self.engines[e].outstanding):
+                self._nothing_fits()
+
+    def _has_row(self, e: int) -> bool:
+        """Pinned: engine ``e``'s users have a row left to send."""
+        row = self.router.user_row(e, self._cursor[e])
+        return (self.n_rows is None or row < self.n_rows) and self.req.load(row)
+
     def _nothing_fits(self) -> None:
-        lim = f" or max_model_len {self.max_model_len}" if self.max_model_len is not None else ""
-        field_ = ("kv_capacity_tokens" if not np.any(self.req.reject[: self.req.known] == R_LEN)
-                  else "max_model_len")
-        raise ConfigError("config", field_, f"{self.n_rejected} requests were rejected (prompt+output+K beyond the "
-                          f"KV capacity {self.kv_cap}{lim}) and none could be admitted: no request of this "
-                          "workload fits this engine")
+        raise nothing_fits(self.n_rejected, self.kv_cap, self.max_model_len,
+                           bool(np.any(self.req.reject[: self.req.known] == R_LEN)))
 
     def _arrivals(self, env: simpy.Environment):
         """Open loop: one timeout per arrival; each request is routed at its arrival time (with the client's cap:
@@ -443,7 +492,10 @@ class Simulation:
         self._check_warmup(now)
         if self.client_cap is not None:
             self._release(now)
-        if self.wl.closed_loop:
+        if self.pinned:
+            for row in rows:   # the user of each finished request sends its engine's next row
+                self._issue_pinned(now, int(self.req.replica[row]))
+        elif self.wl.closed_loop:
             # Each finished user immediately sends its next request (zero think time), unless the user count
             # has been lowered (user_steps): then the user retires.
             for _ in range(len(rows)):
@@ -470,7 +522,10 @@ class Simulation:
         """Count-bound runs (and a closed-loop pool that ran dry) end when nothing is left to serve."""
         if self._done.triggered or self.in_prefill or any(e.outstanding for e in self.engines):
             return
-        more = (self.n_rows is None or self.issued < self.n_rows) and self.req.load(self.issued)
+        if self.pinned:
+            more = any(self._has_row(e) for e in range(len(self.engines)) if self.local[e])
+        else:
+            more = (self.n_rows is None or self.issued < self.n_rows) and self.req.load(self.issued)
         if more:
             return
         if self.wl.closed_loop:
@@ -481,7 +536,8 @@ class Simulation:
             self._done.succeed()
 
     # ---------------------------------------------------------------- engine processes
-    def run(self) -> SimResult:
+    def run(self) -> SimResult | ShardPart:
+        """Simulate to the end: the SimResult (a shard: its :class:`ShardPart`)."""
         env = simpy.Environment()
         self.env = env
         self._done = env.event()
@@ -492,6 +548,9 @@ class Simulation:
         drivers = []
         for rep in range(self.replicas):
             ranks = self.engines[rep * self.dp_ranks: (rep + 1) * self.dp_ranks]
+            if not self.local[rep * self.dp_ranks]:     # a shard steps its own replicas only
+                self._driver_of += [None] * len(ranks)
+                continue
             drv = (_Driver(env, ranks, self.executor) if self.driver_factory is None
                    else self.driver_factory(env, ranks))
             drivers.append(drv)
@@ -500,7 +559,13 @@ class Simulation:
                 eng.on_finish.append(self._on_finish)
                 self._driver_of.append(drv)
         self._arrivals_finished = self.wl.closed_loop
-        if self.wl.closed_loop:
+        if self.pinned:
+            c, n = int(self.wl.concurrency), len(self.engines)
+            self.users = self.users_target = c
+            for e in range(n):   # user u sits on engine u mod n
+                for _ in range(c // n + (e < c % n) if self.local[e] else 0):
+                    self._issue_pinned(0.0, e)
+        elif self.wl.closed_loop:
             self.users = self.users_target = int(self.wl.concurrency)
             for _ in range(int(self.wl.concurrency)):
                 self._issue_user(0.0)
@@ -525,10 +590,11 @@ class Simulation:
             raise self._error
         if self.progress is not None:
             self.progress(env.now)
+        if self.shard is not None:   # the end checks belong to the whole cluster: dsparksim.sim.shard.merge
+            ended = self.duration is not None and self.ended_by == "duration"
+            return self._part(float(self.duration) if ended else float(env.now))
         if self.wl.closed_loop and self.duration is not None and self.ended_by != "duration":
-            raise ConfigError("config", "traffic.pool_size",
-                              f"the closed-loop request pool ({self.n_rows} rows) ran out at t={env.now:.2f}s before "
-                              f"the {self.duration}s duration: raise the pool size (or leave it unset: unlimited)")
+            raise pool_ran_out(self.n_rows, env.now, self.duration)
         if self.warmup_requests or self.client_cap is not None:
             self.notes["benchmark_start_s"] = float(self.bench_start)
             self.notes["warmup_requests"] = self.warmup_requests
@@ -558,40 +624,116 @@ class Simulation:
             self.progress(env.now)
 
     def _result(self, m: int, sim_time: float) -> SimResult:
+        idx, request_id = (slice(0, m), None)
+        if self.pinned:   # the rows each engine's users sent (not a prefix of the workload): by row
+            request_id = np.sort(np.concatenate([np.array([self.router.user_row(e, k) for k in range(c)], np.int64)
+                                                 for e, c in enumerate(self._cursor)]))
+            idx = request_id
+        return result_of(self.req, idx, [e.log for e in self.engines], [e.acc_pos_log for e in self.engines],
+                         request_id=request_id, sim_time_s=sim_time, ended_by=self.ended_by, notes=self.notes,
+                         **self._meta())
+
+    def _meta(self) -> dict[str, Any]:
+        return dict(K=self.K, dp_ranks=self.dp_ranks, replicas=self.replicas, kv_capacity_tokens=self.kv_cap,
+                    max_batched_tokens=self.max_tokens, drafter=self.drafter, kv_policy=self.kv_policy,
+                    kv_page_tokens=self.kv_page_tokens, disaggregated=self.disagg)
+
+    def _part(self, sim_time: float) -> "ShardPart":
+        rows = np.array(sorted(set(self.owned)), np.int64)
         r = self.req
-        cols = list(self.engines[0].log)
-        for e in self.engines[1:]:
-            cols += [k for k in e.log if k not in cols]
-        steps: dict[str, np.ndarray] = {}
-        for k in cols:
-            parts = [np.asarray(e.log[k]) if k in e.log else np.full(len(e.log["dt"]), np.nan)
-                     for e in self.engines]
-            steps[k] = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        lens = [len(e.log["dt"]) for e in self.engines]
-        steps["replica"] = np.repeat(np.arange(len(self.engines)) // self.dp_ranks, lens).astype(np.int64)
-        steps["rank"] = np.repeat(np.arange(len(self.engines)) % self.dp_ranks, lens).astype(np.int64)
-        pos = [p for e in self.engines for p in e.acc_pos_log]
-        eng_idx = r.replica[:m]
-        return SimResult(
-            arrival_s=r.arrival[:m], admitted_s=r.admitted[:m], first_token_s=r.first_tok[:m],
-            finish_s=r.finish[:m], prompt_tokens=r.prompt[:m], output_tokens=r.out[:m],
-            emitted_tokens=r.gen[:m], decode_steps=r.dsteps[:m], verify_tokens=r.vtok[:m],
-            accepted_tokens=r.atok[:m], domain=r.domain[:m].copy(), steps=steps, sim_time_s=sim_time,
-            ended_by=self.ended_by, kv_capacity_tokens=self.kv_cap, max_batched_tokens=self.max_tokens,
-            block_size=self.K, drafter=self.drafter, notes=self.notes, reject_reason=r.reject[:m].copy(),
-            step_accepted_per_pos=(np.vstack(pos) if pos else np.zeros((0, self.K), np.int64)),
-            replica=np.where(eng_idx >= 0, eng_idx // self.dp_ranks, -1).astype(np.int64),
-            dp_rank=np.where(eng_idx >= 0, eng_idx % self.dp_ranks, -1).astype(np.int64),
-            replicas=self.replicas, dp_ranks=self.dp_ranks, kv_policy=self.kv_policy,
-            kv_page_tokens=self.kv_page_tokens if self.kv_policy == "paged" else 0,
-            preemptions=r.preempt[:m].copy(), recomputed_tokens=r.recomp[:m].copy(), disaggregated=self.disagg,
-            ttft_queue_s=r.ttft_q[:m].copy() if self.disagg else None,
-            ttft_prefill_s=r.ttft_pf[:m].copy() if self.disagg else None,
-            ttft_transfer_s=r.ttft_tx[:m].copy() if self.disagg else None,
-            ttft_decode_wait_s=(r.admitted[:m] - r.landed[:m]) if self.disagg else None,
-            ttft_first_step_s=(r.first_tok[:m] - r.admitted[:m]) if self.disagg else None,
-            decode_emitted_tokens=r.demit[:m].copy(),
-        )
+        local = [e for e in range(len(self.engines)) if self.local[e]]
+        return ShardPart(
+            shard=self.shard, rows=rows, columns={k: getattr(r, k)[rows].copy() for k in TABLE_COLUMNS},
+            logs={e: {k: np.asarray(v) for k, v in self.engines[e].log.items()} for e in local},
+            acc={e: (np.vstack(self.engines[e].acc_pos_log) if self.engines[e].acc_pos_log else None) for e in local},
+            sim_time_s=sim_time, ended_by=self.ended_by, notes=dict(self.notes), n_admitted=self.n_admitted,
+            pinned=self.pinned, issued=self.issued, n_rows=self.n_rows, duration_s=self.duration,
+            closed_loop=bool(self.wl.closed_loop), max_model_len=self.max_model_len, meta=self._meta())
+
+
+# The request-table columns a result is built from (result_of); a shard sends them for the rows it owns.
+TABLE_COLUMNS = ("arrival", "admitted", "first_tok", "finish", "prompt", "out", "gen", "dsteps", "vtok", "atok",
+                 "domain", "reject", "replica", "preempt", "recomp", "demit", "ttft_q", "ttft_pf", "ttft_tx",
+                 "landed")
+
+
+@dataclass
+class ShardPart:
+    """What one shard of a cluster (replicas ``shard[0]..shard[1]-1``) brings back: the table columns of the rows
+    it owns (routed to its replicas, or rejected), the step logs of its engines, and its end; merged by
+    :func:`dsparksim.sim.shard.merge`."""
+
+    shard: tuple[int, int]
+    rows: np.ndarray
+    columns: dict[str, np.ndarray]
+    logs: dict[int, dict[str, np.ndarray]]
+    acc: dict[int, np.ndarray | None]
+    sim_time_s: float
+    ended_by: str | None
+    notes: dict[str, Any]
+    n_admitted: int
+    pinned: bool
+    issued: int
+    n_rows: int | None
+    duration_s: float | None
+    closed_loop: bool
+    max_model_len: int | None
+    meta: dict[str, Any]
+
+
+def nothing_fits(n_rejected: int, kv_cap: int, max_model_len: int | None, any_too_long: bool) -> ConfigError:
+    """The error of a run in which no request could be admitted."""
+    lim = f" or max_model_len {max_model_len}" if max_model_len is not None else ""
+    return ConfigError("config", "max_model_len" if any_too_long else "kv_capacity_tokens",
+                       f"{n_rejected} requests were rejected (prompt+output+K beyond the KV capacity {kv_cap}{lim}) "
+                       "and none could be admitted: no request of this workload fits this engine")
+
+
+def pool_ran_out(n_rows: int | None, now: float, duration: float) -> ConfigError:
+    return ConfigError("config", "traffic.pool_size",
+                       f"the closed-loop request pool ({n_rows} rows) ran out at t={now:.2f}s before the {duration}s "
+                       "duration: raise the pool size (or leave it unset: unlimited)")
+
+
+def result_of(tab: Any, idx: Any, logs: list[dict[str, Any]], accs: list[Any], *, request_id: np.ndarray | None,
+              sim_time_s: float, ended_by: str | None, notes: dict[str, Any], K: int, dp_ranks: int, replicas: int,
+              kv_capacity_tokens: int, max_batched_tokens: int, drafter: str, kv_policy: str, kv_page_tokens: int,
+              disaggregated: bool) -> SimResult:
+    """A SimResult from request-table columns (``tab.<column>[idx]``) and every engine's step log (engine order;
+    ``accs``: each engine's accepted-per-position rows, a list of 1-d arrays or one 2-d array or None)."""
+    cols = list(logs[0])
+    for lg in logs[1:]:
+        cols += [k for k in lg if k not in cols]
+    steps: dict[str, np.ndarray] = {}
+    for k in cols:
+        parts = [np.asarray(lg[k]) if k in lg else np.full(len(lg["dt"]), np.nan) for lg in logs]
+        steps[k] = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    lens = [len(lg["dt"]) for lg in logs]
+    steps["replica"] = np.repeat(np.arange(len(logs)) // dp_ranks, lens).astype(np.int64)
+    steps["rank"] = np.repeat(np.arange(len(logs)) % dp_ranks, lens).astype(np.int64)
+    pos = [np.vstack(a) if isinstance(a, list) else a for a in accs if a is not None and len(a)]
+    r, disagg = tab, disaggregated
+    eng_idx = r.replica[idx]
+    return SimResult(
+        arrival_s=r.arrival[idx], admitted_s=r.admitted[idx], first_token_s=r.first_tok[idx],
+        finish_s=r.finish[idx], prompt_tokens=r.prompt[idx], output_tokens=r.out[idx],
+        emitted_tokens=r.gen[idx], decode_steps=r.dsteps[idx], verify_tokens=r.vtok[idx],
+        accepted_tokens=r.atok[idx], domain=r.domain[idx].copy(), steps=steps, sim_time_s=sim_time_s,
+        ended_by=ended_by, kv_capacity_tokens=kv_capacity_tokens, max_batched_tokens=max_batched_tokens,
+        block_size=K, drafter=drafter, notes=notes, reject_reason=r.reject[idx].copy(),
+        step_accepted_per_pos=(np.vstack(pos) if pos else np.zeros((0, K), np.int64)),
+        replica=np.where(eng_idx >= 0, eng_idx // dp_ranks, -1).astype(np.int64),
+        dp_rank=np.where(eng_idx >= 0, eng_idx % dp_ranks, -1).astype(np.int64),
+        replicas=replicas, dp_ranks=dp_ranks, kv_policy=kv_policy,
+        kv_page_tokens=kv_page_tokens if kv_policy == "paged" else 0,
+        preemptions=r.preempt[idx].copy(), recomputed_tokens=r.recomp[idx].copy(), disaggregated=disagg,
+        ttft_queue_s=r.ttft_q[idx].copy() if disagg else None,
+        ttft_prefill_s=r.ttft_pf[idx].copy() if disagg else None,
+        ttft_transfer_s=r.ttft_tx[idx].copy() if disagg else None,
+        ttft_decode_wait_s=(r.admitted[idx] - r.landed[idx]) if disagg else None,
+        ttft_first_step_s=(r.first_tok[idx] - r.admitted[idx]) if disagg else None,
+        decode_emitted_tokens=r.demit[idx].copy(), request_id=request_id,
+    )
 
 
 class _Driver:

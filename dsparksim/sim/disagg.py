@@ -7,9 +7,10 @@ Model (deliberately simple, every part reported per request):
   that is free first and waits for it (``ttft_queue``).
 * An instance runs one request at a time (no batching across requests), its prompt in chunks of
   ``chunk_tokens`` tokens; a chunk of c tokens after s already prefilled costs one prefill-only step of the cost
-  profile: ``verify_time(c, s + c) + step_overhead(drafter, 0, K, c, c*s + c(c+1)/2, 1)`` (the fixed overhead
-  plus the profile's prefill terms, the drafter's prompt update included; a profile with a measured
-  ``prefill.only`` price of prefill-only steps uses that instead, as the engine does) -- ``ttft_prefill``.
+  profile, ``StepShape.prefill_chunk(c, s)`` priced by the profile's pricer (:mod:`dsparksim.cost.price`: the
+  verify term at M = c and KV read s + c, the fixed overhead and the prefill terms, the drafter's prompt update
+  included; a profile's measured ``prefill.only`` price when it has one, as the engine) -- ``ttft_prefill``. The
+  verify lookup is summed first (no dense table), as this pool always has.
 * The prompt's KV then crosses the link at full bandwidth, with no contention between transfers:
   ``prompt_tokens * kv_bytes_per_token * 8 / (kv_transfer_gbps * 1e9)`` seconds (``ttft_transfer``).
 
@@ -22,12 +23,12 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Any
-
+from dsparksim.cost.price import StepPricer, StepShape
+from dsparksim.cost.profile import CostProfile
 from dsparksim.errors import ConfigError
 
 
-def kv_transfer_terms(profile: Any, gbps: float | None, bytes_per_token: float | None) -> tuple[float, float]:
+def kv_transfer_terms(profile: CostProfile, gbps: float | None, bytes_per_token: float | None) -> tuple[float, float]:
     """(link Gbit/s, KV bytes per token) of a disaggregated run: the link from ``--kv-transfer-gbps`` (required),
     the bytes from ``--kv-bytes-per-token`` or else the profile's ``metadata.kv_bytes_per_token``."""
     if gbps is None:
@@ -54,7 +55,7 @@ def kv_transfer_terms(profile: Any, gbps: float | None, bytes_per_token: float |
 class PrefillPool:
     """FIFO prefill instances (see the module doc); :meth:`serve` gives one request's TTFT parts."""
 
-    def __init__(self, *, profile: Any, drafter: str | None, K: int, replicas: int, chunk_tokens: int,
+    def __init__(self, *, profile: CostProfile, drafter: str | None, K: int, replicas: int, chunk_tokens: int,
                  gbps: float, bytes_per_token: float) -> None:
         if replicas < 1 or chunk_tokens < 1:
             raise ValueError(f"need replicas >= 1 and chunk_tokens >= 1, got {replicas}, {chunk_tokens}")
@@ -64,19 +65,16 @@ class PrefillPool:
         self.bytes_per_token = float(bytes_per_token)
         self._free = [0.0] * int(replicas)     # heap of the instances' next free times
         self._memo: dict[int, float] = {}
+        self.pricer = StepPricer(profile, dense=False)
 
     def prefill_s(self, prompt: int) -> float:
         """Seconds one instance takes to prefill a ``prompt``-token prompt (chunked; see the module doc)."""
         t = self._memo.get(prompt)
         if t is None:
-            t, s, prof = 0.0, 0, self.profile
+            t, s = 0.0, 0
             while s < prompt:
                 c = min(self.chunk, prompt - s)
-                qk = c * s + c * (c + 1) // 2
-                only = getattr(prof, "prefill_only", None) is not None
-                # a profile's measured prefill-only step price (prefill.only) when it has one, as the engine
-                t += (float(prof.fixed_overhead_s) + prof.prefill_only_time(self.drafter, c, qk, 1) if only else
-                      float(prof.verify_time(c, s + c)) + float(prof.step_overhead(self.drafter, 0, self.K, c, qk, 1)))
+                t += self.pricer.seconds(StepShape.prefill_chunk(c, s, self.drafter, self.K))
                 s += c
             self._memo[prompt] = t
         return t

@@ -5,6 +5,7 @@ The public step contract, shared by the simulator and the torch runner::
     engine.drain(); engine.admit(now)          # take requests from the inbox (FIFO), admit FIFO
     plan = engine.plan_step()                  # StepPlan: decoding rows, their drafts' confidences, the policy's
                                                #   verify lengths, prefill chunks, M, context, the profile's price
+                                               #   (the step's StepShape priced by cost/price.py's StepPricer)
     outcome = executor.execute(plan)           # StepOutcome: duration, accepted prefix per decoding row
     finished = engine.apply(plan, outcome, t)  # emit tokens, finish requests (at time t = end of the step)
     engine.record(plan, outcome, t_start)      # append the step to the engine's log
@@ -51,14 +52,16 @@ paper's SPS(B)); the step itself is priced with the exact pairs.
 
 Padded verification (``pad_verify``): an engine without variable-length attention kernels runs every decoding row
 of a step at the step's longest verify length (CUDA-graph / static-shape verification): the target's forward is
-priced at M + pad_tokens with pad_tokens = n_decode * max(L) - sum(L) (and the long-context term at the padded
-rows), while only the chosen L[i] are verified. The policy is not told (it prices M as an unpadded engine would).
+priced at M + pad_tokens with pad_tokens = n_decode * max(L) - sum(L) (``StepShape.pad_tokens``; the long-context
+term at the padded rows too), while only the chosen L[i] are verified. The policy is not told (it prices M as an
+unpadded engine would). The log gains ``pad_tokens``.
 
 Early exit of drafting (``draft_exit`` = T): the drafter stops a request's block at the first position whose running
 survival falls below T (:mod:`dsparksim.sim.early_exit`): the policy sees the undrafted positions at confidence 0,
 their verify lengths are capped at the drafted ones, and the step's drafting is priced for what was drafted
-(``CostProfile.draft_time_exit``). The log gains ``drafted`` (positions drafted), ``draft_s`` and ``draft_full_s``
-(drafting priced, and what all K positions would have cost).
+(``StepShape.draft_counts``, ``CostProfile.draft_time_exit``). The log gains ``drafted`` (positions drafted),
+``draft_counts`` (requests drafting each position, space-separated), ``draft_s`` and ``draft_full_s`` (drafting
+priced, and what all K positions would have cost).
 
 Mixed prefill (``mixed_prefill``, default True = vLLM V1 and TensorRT-LLM's in-flight batching): a step carries
 the decoding rows' tokens first and the rest of the token budget goes to prefill chunks. With ``mixed_prefill=False``
@@ -77,7 +80,6 @@ of request i's j-th decode step are a pure function of (seed, i, j), whichever e
 """
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -86,6 +88,8 @@ import numpy as np
 import simpy
 
 from dsparksim.acceptance.base import AcceptanceModel, Block
+from dsparksim.cost.price import StepShape, chunk_query_keys, decode_query_keys
+from dsparksim.cost.profile import CostProfile
 from dsparksim.policies.base import Policy, StepContext
 from dsparksim.sim.requests import DECODE, DONE, NOT_ARRIVED, PREFILL, REJECTED, WAITING, RequestTable  # noqa: F401
 from dsparksim.sim.early_exit import check_threshold, drafted_lengths, mask_undrafted, position_counts
@@ -105,6 +109,8 @@ LOG_KEYS = ("t_start", "dt", "n_decode", "n_prefill_tokens", "M", "verify_tokens
 # The columns a step's price is a function of (with the profile, the drafter and K): reprice_steps() recomputes dt
 # from them exactly.
 PRICE_KEYS = ("M", "n_decode", "kv_read", "n_prefill_tokens", "prefill_qk", "prefill_chunks", "decode_qk")
+# ... and, when the run logged them (--pad-verify, --draft-exit), these
+EXTRA_PRICE_KEYS = ("pad_tokens", "draft_counts")
 
 
 @dataclass
@@ -181,27 +187,6 @@ class Inbox:
         self.items.append(row)
 
 
-class DenseStepTime:
-    """A step's price as a function of M from the dense verify table: ``dense[M] + extra`` (see
-    :meth:`Engine.step_cost`). ``checked``: every price over M = 1..len(dense)-1 is positive and finite (the table's
-    are, and ``extra`` cannot make one otherwise), so a policy may read a slice of them unchecked (:meth:`span`)."""
-
-    __slots__ = ("dense", "extra", "checked")
-
-    def __init__(self, dense: np.ndarray, extra: float, lo: float, hi: float) -> None:
-        self.dense, self.extra = dense, extra
-        # lo > 0 and extra >= 0: every dense[M] + extra >= lo > 0 (rounding is monotone); hi + extra finite
-        self.checked = lo > 0 and extra >= 0 and math.isfinite(hi + extra)
-
-    def __call__(self, M: np.ndarray) -> np.ndarray:
-        return self.dense[M] + self.extra
-
-    def span(self, base: int, count: int) -> np.ndarray:
-        """Prices at M = base .. base + count - 1 (1 <= base, base + count <= len(dense)): the same numbers as
-        ``self(base + arange(count))``."""
-        return self.dense[base: base + count] + self.extra
-
-
 class CostExecutor:
     """The simulator's executor: a step takes the profile's price of its plan; the drawn truth decides acceptance."""
 
@@ -217,8 +202,8 @@ class Engine:
     slots). ``on_admit(rows)`` / ``on_finish(rows, now)`` callbacks let the cluster and the runner follow requests.
     """
 
-    def __init__(self, *, table: RequestTable, profile: Any, acceptance: AcceptanceModel, policy: Policy, K: int,
-                 drafter: str, kv_capacity_tokens: int, max_num_seqs: int, max_batched_tokens: int,
+    def __init__(self, *, table: RequestTable, profile: CostProfile, acceptance: AcceptanceModel, policy: Policy,
+                 K: int, drafter: str, kv_capacity_tokens: int, max_num_seqs: int, max_batched_tokens: int,
                  prefill_chunk_tokens: int, streams: RequestStreams | None = None,
                  rng: np.random.Generator | None = None, index: int = 0, rank: int = 0, slot_base: int = 0,
                  max_model_len: int | None = None, kv_policy: str = "reserve",
@@ -237,7 +222,7 @@ class Engine:
         self.mixed = bool(mixed_prefill)
         self.draft_exit = check_threshold(draft_exit)   # early exit of drafting (module sim/early_exit.py)
         self.pad_verify = bool(pad_verify)              # verify lengths padded to the step's maximum (module doc)
-        self._exit_log = (0, 0.0, 0.0)                  # this step's (drafted positions, drafting s, all-K s)
+        self._exit_log = (0.0, 0.0)                     # this step's drafting priced, and all K positions' price
         self.page = int(kv_page_tokens)
         self.n_pages = int(kv_capacity_tokens) // self.page
         self.wm_pages = int(kv_watermark * self.n_pages)
@@ -245,12 +230,6 @@ class Engine:
         self._grown = False   # paged: admit() gave every decoding request its pages for the coming step
         self.n_preemptions = 0
         self._preempted: list[int] = []
-        # long-context attention: seconds per query-key pair of the decoding rows (absent = 0: priced as before)
-        self._qk = float(getattr(profile, "seconds_per_query_kv", 0.0) or 0.0)
-        # the drafter's context term (profile drafters.<name>.seconds_per_kv_token; absent = 0): only then is the
-        # step's kv_read passed to step_overhead, so profiles without it are priced by the very same call
-        dc = (getattr(profile, "drafters", None) or {}).get(drafter) if drafter is not None else None
-        self._draft_kv = bool(getattr(dc, "seconds_per_kv_token", 0.0))
         self.req, self.profile, self.acc, self.policy = table, profile, acceptance, policy
         self.K, self.drafter = int(K), drafter
         self.kv_cap, self.max_seqs = int(kv_capacity_tokens), int(max_num_seqs)
@@ -271,7 +250,8 @@ class Engine:
         self.log: dict[str, list] = {k: [] for k in LOG_KEYS}
         self.acc_pos_log: list[np.ndarray] = []
         self._words = int(getattr(acceptance, "words_per_step", 8))
-        self._dense = self._dense_verify_table()
+        # the step's price (cost/price.py): the profile's pricer for this token budget
+        self.pricer = profile.pricer(self.max_tokens)
         # keyed draws of a pure acceptance source are drawn ahead in blocks of steps per request (same values),
         # by one PredrawnDraws shared by the engines of the request table
         self._pre: PredrawnDraws | None = None
@@ -462,57 +442,6 @@ class Engine:
         r.first_tok[rows] = now
         r.gen[rows] = 1
 
-    # ---------------------------------------------------------------- pricing
-    def _dense_verify_table(self) -> np.ndarray | None:
-        """Verify time (context term excluded) for every M in 0..max_tokens, looked up once.
-
-        Policies price hundreds of candidate M values per step; one fancy index into this table replaces a floor
-        search per call. Only possible when the context term is additive (none or linear) and the whole range
-        lies inside the profile (extrapolated lookups go through the profile so they are counted).
-        """
-        prof = self.profile
-        if getattr(prof, "context_model", "none") not in ("none", "linear"):
-            return None
-        lo, hi = int(getattr(prof, "min_tokens", 1)), int(prof.max_tokens)
-        if self.max_tokens > hi or lo > 1:
-            return None
-        table = np.full(self.max_tokens + 1, np.nan)
-        table[1:] = prof.verify_time(np.arange(1, self.max_tokens + 1), 0)
-        body = table[1:]
-        ok = bool(np.isfinite(body).all() and (body > 0).all())
-        self._dense_lo, self._dense_hi = (float(body.min()), float(body.max())) if ok else (math.nan, math.nan)
-        return table
-
-    def step_cost(self, n_dec: int, kv_read: int, n_pf: int, pf_qk: int, n_chunks: int,
-                  draft_delta: float = 0.0) -> Callable[[np.ndarray], np.ndarray]:
-        """Vectorised price of this step as a function of M: the profile's verify_time(M, context) +
-        step_overhead(drafting of n_dec requests, prefill terms) -- the formula lives in the profile.
-        The long-context query-key term is added by :meth:`plan_step` (it depends on each row's length); the
-        drafter's context term (its attention over ``kv_read``) is inside step_overhead, constant in M."""
-        prof = self.profile
-        if n_dec == 0 and n_pf and getattr(prof, "prefill_only", None) is not None:
-            # a prefill-only step has its own measured price (profile prefill.only), whatever its M
-            t_only = float(prof.fixed_overhead_s) + prof.prefill_only_time(self.drafter, n_pf, pf_qk, n_chunks)
-
-            def only_time(M: np.ndarray) -> np.ndarray:
-                return np.full(np.shape(M), t_only)
-            return only_time
-        if self._draft_kv:
-            nontrim = prof.step_overhead(self.drafter, n_dec, self.K, n_pf, pf_qk, n_chunks, kv_tokens=kv_read)
-        else:
-            nontrim = prof.step_overhead(self.drafter, n_dec, self.K, n_pf, pf_qk, n_chunks)
-        if draft_delta:
-            nontrim += draft_delta   # early exit: drafting as done minus drafting of all K positions (<= 0)
-        dense = self._dense
-        if dense is not None:
-            # Same sum as the profile's verify_time(M, kv) + nontrim, with the per-step terms folded first.
-            extra = nontrim + float(getattr(prof, "seconds_per_kv_token", None) or 0.0) * kv_read
-            return DenseStepTime(dense, extra, self._dense_lo, self._dense_hi)
-        else:
-            def step_time(M: np.ndarray) -> np.ndarray:
-                return prof.verify_time(M, kv_read) + nontrim
-        return step_time
-
     # ---------------------------------------------------------------- one step
     def running_rows(self) -> np.ndarray:
         if self._run_arr is None:
@@ -558,35 +487,35 @@ class Engine:
                 budget -= c
                 n_pf += c
                 # prefill beyond the verify term: the quadratic query-key part of the chunk's causal attention
-                pf_qk += c * done + c * (c + 1) // 2
+                pf_qk += chunk_query_keys(c, done)
         if chunks and not self.mixed and n_dec:
             # a prefill-only step: the decoding rows wait; only the prefilling rows' context is read
             dec, n_dec = dec[:0], 0
             run = run[ph != DECODE]
         kv_read = int(r.prefilled[run].sum() + r.gen[run].sum() - r.regen[run].sum()) + n_pf
         slots = r.slot_of[dec]
-        blk = drafted = None
-        draft_delta = 0.0
+        blk = drafted = counts = None
         if n_dec:
             blk = draft(dec, slots) if draft is not None else self.draw(dec, slots)
             if self.draft_exit is not None and self.drafter is not None and K > 1:
-                surv0 = np.cumprod(blk.conf[:, :K], axis=1) if blk.survival is None else blk.survival
-                drafted = drafted_lengths(surv0, self.draft_exit)
-                full = float(self.profile.draft_time(self.drafter, n_dec, K, kv_read if self._draft_kv else 0))
-                done = self.profile.draft_time_exit(self.drafter, position_counts(drafted, K), K,
-                                                    kv_read if self._draft_kv else 0)
-                draft_delta = done - full
-                self._exit_log = (int(drafted.sum()), done, full)
-        step_time = base_time = self.step_cost(n_dec, kv_read, n_pf, pf_qk, len(chunks), draft_delta)
+                # early exit: the drafter stopped each block at its survival threshold (module sim/early_exit.py)
+                drafted = drafted_lengths(np.cumprod(blk.conf[:, :K], axis=1) if blk.survival is None
+                                          else blk.survival, self.draft_exit)
+                counts = tuple(position_counts(drafted, K).tolist())
+        pricer = self.pricer
+        # StepShape(M, n_decode, kv_read, prefill_tokens, prefill_qk, prefill_chunks, decode_qk, drafter, K,
+        # pad_tokens, draft_counts), positional (built every step); M and decode_qk before the policy's choice
+        step_time = base_time = pricer.step_time(StepShape(n_dec + n_pf, n_dec, kv_read, n_pf, pf_qk, len(chunks), 0,
+                                                           self.drafter, K, 0, counts))
+        if counts is not None:
+            kv_d = kv_read if pricer.drafter_reads_kv(self.drafter) else 0
+            self._exit_log = (self.profile.draft_time_exit(self.drafter, counts, K, kv_d),
+                              float(self.profile.draft_time(self.drafter, n_dec, K, kv_d)))
         dctx = None
-        if self._qk and n_dec:
+        if pricer.sq and n_dec:
             # long context: the policy prices each extra verified token at the decoding rows' mean context
             dctx = r.prefilled[dec] + r.gen[dec] - r.regen[dec]
-            qk0, per, m0, sq = int(dctx.sum()), float(dctx.mean()), n_dec + n_pf, self._qk
-
-            def with_qk(M: np.ndarray) -> np.ndarray:
-                return base_time(M) + sq * (qk0 + (np.asarray(M) - m0) * per)
-            step_time = with_qk
+            step_time = pricer.with_decode_qk(base_time, int(dctx.sum()), float(dctx.mean()), n_dec + n_pf)
         L = np.zeros(0, np.int64)
         conf = A = None
         if n_dec:
@@ -607,28 +536,21 @@ class Engine:
         if M > self.max_tokens:
             raise RuntimeError(f"policy {self.policy.spec} exceeded the token budget: M={M} > {self.max_tokens}")
         # a padded engine (no variable-length attention kernels) runs every decoding row at the step's longest
-        # verify length: the target's forward is priced at that M (module doc)
+        # verify length: the target's forward is priced at M + pad (module doc); M + pad <= n_dec (1 + K) + n_pf
+        # <= max_tokens (admission and the chunk budget)
         Lp = np.full(n_dec, int(L.max()), np.int64) if self.pad_verify and n_dec else L
-        Mp = n_dec + n_pf + int(Lp.sum())   # <= n_dec (1 + K) + n_pf <= max_tokens (admission and chunk budget)
-        dec_qk = 0
-        if dctx is not None:
-            n = 1 + Lp
-            dec_qk = int((n * dctx).sum() + (Lp * (Lp + 1) // 2).sum())
-            dt = float(base_time(np.array([Mp]))[0]) + self._qk * dec_qk
-        elif type(step_time) is DenseStepTime:
-            dt = float(step_time.dense[Mp] + step_time.extra)   # the same sum as step_time(np.array([M]))[0]
-        else:
-            dt = float(step_time(np.array([Mp]))[0])
+        pad = int(Lp.sum()) - int(L.sum())
+        dec_qk = 0 if dctx is None else int(decode_query_keys(Lp, dctx).sum())
+        dt = pricer.charge(base_time, M + pad, n_dec, dec_qk)
         if not dt > 0:
             raise RuntimeError(f"non-positive step time {dt} at M={M}")
         pre = None
         if self._preempted:
             pre, self._preempted = np.array(self._preempted, np.int64), []
-        plan = StepPlan(decode=dec, slots=slots, verify=L, conf=conf, true_accepted=A, prefill=chunks, M=M,
+        return StepPlan(decode=dec, slots=slots, verify=L, conf=conf, true_accepted=A, prefill=chunks, M=M,
                         n_prefill=n_pf, kv_read=kv_read, prefill_qk=pf_qk, K=K, predicted_s=dt,
                         n_running=n_run, decode_qk=dec_qk, preempted=pre, kv_pages=self.pages_used,
-                        drafted=drafted, pad_tokens=Mp - M)
-        return plan
+                        drafted=drafted, pad_tokens=pad)
 
     def apply(self, plan: StepPlan, outcome: StepOutcome, now: float) -> np.ndarray:
         """Apply an executed step at time ``now`` (its end): emit tokens, advance prefills, finish requests.
@@ -708,8 +630,10 @@ class Engine:
         if self.draft_exit is not None:
             d = plan.drafted
             lg.setdefault("drafted", []).append(0 if d is None else int(d.sum()))
-            lg.setdefault("draft_s", []).append(self._exit_log[1] if d is not None else 0.0)
-            lg.setdefault("draft_full_s", []).append(self._exit_log[2] if d is not None else 0.0)
+            lg.setdefault("draft_counts", []).append(
+                "" if d is None else " ".join(map(str, position_counts(d, self.K).tolist())))
+            lg.setdefault("draft_s", []).append(self._exit_log[0] if d is not None else 0.0)
+            lg.setdefault("draft_full_s", []).append(self._exit_log[1] if d is not None else 0.0)
         self.acc_pos_log.append(outcome.accepted_per_pos)
         for k, v in outcome.extra.items():
             lg.setdefault(k, []).append(v)
@@ -734,33 +658,13 @@ class Engine:
             cb(rows, now)
 
 
-def reprice_steps(profile: Any, steps: Any, drafter: str | None, K: int,
+def reprice_steps(profile: CostProfile, steps: Any, drafter: str | None, K: int,
                   max_batched_tokens: int | None = None) -> np.ndarray:
     """The price of every logged step, recomputed from its shape (the PRICE_KEYS columns of an engine's step log,
-    a dict of arrays or a DataFrame) with the very formula :meth:`Engine.plan_step` used, in the same order of
-    operations, so that it equals the logged ``dt`` of a simulated single-rank step bit for bit. A DP rank's own
-    price is its ``rank_busy_s`` (its ``dt`` is the slowest rank's). ``max_batched_tokens``: the run's token
-    budget (None = the profile's largest breakpoint), which decides whether verify times came from the dense
-    table."""
-    eng = Engine.__new__(Engine)   # only the pricing state: the profile, drafter, K, token budget and tables
-    eng.profile, eng.drafter, eng.K = profile, drafter, int(K)
-    eng._qk = float(getattr(profile, "seconds_per_query_kv", 0.0) or 0.0)
-    dc = (getattr(profile, "drafters", None) or {}).get(drafter) if drafter is not None else None
-    eng._draft_kv = bool(getattr(dc, "seconds_per_kv_token", 0.0))
-    col = {k: np.asarray(steps[k], np.int64) for k in PRICE_KEYS}
-    eng.max_tokens = int(profile.max_tokens if max_batched_tokens is None else max_batched_tokens)
-    eng._dense = eng._dense_verify_table()
-    out = np.empty(len(col["M"]))
-    # a padded engine's price is at M + pad_tokens; early exit's drafting is the logged draft_s for draft_full_s
-    pad = np.asarray(steps["pad_tokens"], np.int64) if "pad_tokens" in steps else np.zeros(len(out), np.int64)
-    delta = (np.asarray(steps["draft_s"], float) - np.asarray(steps["draft_full_s"], float)
-             if "draft_s" in steps else np.zeros(len(out)))
-    for i in range(len(out)):
-        f = eng.step_cost(int(col["n_decode"][i]), int(col["kv_read"][i]), int(col["n_prefill_tokens"][i]),
-                          int(col["prefill_qk"][i]), int(col["prefill_chunks"][i]), float(delta[i]))
-        t = float(f(np.array([int(col["M"][i] + pad[i])]))[0])
-        if eng._qk and col["n_decode"][i]:
-            t += eng._qk * int(col["decode_qk"][i])
-        out[i] = t
-    return out
-
+    with EXTRA_PRICE_KEYS where logged; a dict of arrays or a DataFrame) by the profile's pricer, as :meth:`Engine.plan_step` charged it, so that it
+    equals the logged ``dt`` of a simulated single-rank step bit for bit. A DP rank's own price is its
+    ``rank_busy_s`` (its ``dt`` is the slowest rank's). ``max_batched_tokens``: the run's token budget (None = the
+    profile's largest breakpoint), which decides whether verify times came from the dense table."""
+    cols = {k: steps[k] for k in PRICE_KEYS} | {k: steps[k] for k in EXTRA_PRICE_KEYS if k in steps}
+    shape = StepShape.from_log(cols, drafter, K)
+    return profile.pricer(max_batched_tokens).seconds_each(shape)

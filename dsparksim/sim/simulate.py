@@ -22,7 +22,7 @@ from dsparksim.traffic import build_workload
 if TYPE_CHECKING:  # pandas is imported where results are written (lazy: ~0.4 s of start-up)
     import pandas as pd
 
-__all__ = ["RunOutput", "simulate", "write_run", "load_label", "run_streams"]
+__all__ = ["Prepared", "RunOutput", "prepare", "simulate", "write_run", "load_label", "run_streams"]
 
 
 @dataclass
@@ -65,6 +65,37 @@ def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None, *,
 
     ``wrap_policy(policy) -> policy``: replaces the resolved policy with a wrapper around it (the studies use it to
     record per-step decisions or add a knob); the wrapper keeps the inner policy's spec, K and drafter."""
+    run = prepare(cfg, progress, profile=profile, cache=cache, wrap_policy=wrap_policy)
+    return run.output(run.sim.run())
+
+
+@dataclass
+class Prepared:
+    """A configuration resolved into a ready :class:`Simulation` and what its summary needs."""
+
+    cfg: RunConfig
+    sim: Simulation
+    profile: Any
+    acceptance: Any
+    policy: Any
+    workload: Any
+    K: int
+    drafter: str
+    kv_cap: Any
+    max_tok: Any
+    duration: float | None
+
+    def output(self, res: SimResult) -> RunOutput:
+        """The run's output from its result (the simulation's own, or merged from shards)."""
+        summary, inputs = run_summary(self.cfg, res, self.profile, self.acceptance, self.policy, self.workload,
+                                      self.K, self.drafter, self.kv_cap, self.max_tok, self.duration)
+        return RunOutput(config=self.cfg, summary=summary, result=res, inputs=inputs)
+
+
+def prepare(cfg: RunConfig, progress: Callable[[float], None] | None = None, *, profile: Any = None,
+            cache: dict | None = None, wrap_policy: Callable[[Any], Any] | None = None,
+            shard: tuple[int, int] | None = None) -> Prepared:
+    """Resolve ``cfg`` and build its Simulation (not run); ``shard``: only replicas lo..hi-1 (dsparksim.sim.shard)."""
     rngs = run_streams(cfg.seed)
     # profile, policy, K, acceptance, drafter and engine limits (dsparksim.sim.inputs)
     ri = resolve_inputs(cfg, profile=profile, cache=cache)
@@ -84,11 +115,9 @@ def simulate(cfg: RunConfig, progress: Callable[[float], None] | None = None, *,
                      progress=progress, max_model_len=max_model_len(profile),
                      replicas=getattr(cfg.engine, "replicas", 1), dp_ranks=getattr(cfg.engine, "dp_ranks", 1),
                      router=getattr(cfg.engine, "router", "round-robin"), router_seed=cfg.seed,
-                     client_cap=t.max_concurrency, warmup_requests=t.num_warmup_prompts, **kv_options(cfg))
-    res = sim.run()
-    summary, inputs = run_summary(cfg, res, profile, acceptance, policy, workload, K, drafter, kv_cap, max_tok,
-                                  duration)
-    return RunOutput(config=cfg, summary=summary, result=res, inputs=inputs)
+                     client_cap=t.max_concurrency, warmup_requests=t.num_warmup_prompts, shard=shard,
+                     **kv_options(cfg))
+    return Prepared(cfg, sim, profile, acceptance, policy, workload, K, drafter, kv_cap, max_tok, duration)
 
 
 def kv_options(cfg: RunConfig) -> dict[str, Any]:

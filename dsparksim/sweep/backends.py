@@ -1,9 +1,9 @@
 """Where cells run: serially in this process, in a local process pool, or on Ray.
 
-Every backend runs the same function (:func:`execute_cell`) on the same RunConfig, and each cell carries its own
-seed, so results are identical whatever the backend; backends only have to keep the cell -> result mapping.
-Results stream back through ``on_result`` as they finish (the driver writes them to the cache at once, which is
-what makes an interrupted sweep resumable). A cell that raises comes back as a failed result (its error as one
+Every backend runs the same function (:func:`execute_cell`, or the ``fn`` given to ``run``: a fleet's shards) on the
+same RunConfig, and each cell carries its own seed, so results are identical whatever the backend; backends only
+have to keep the cell -> result mapping. Results stream back through ``on_result`` as they finish (the driver
+writes them to the cache at once, which is what makes an interrupted sweep resumable). A cell that raises comes back as a failed result (its error as one
 line, and the exception itself so a caller can re-raise it), never as an exception that stops the other cells.
 
 To stop early, ``on_result`` raises: the backend then cancels every pending cell, terminates its workers and
@@ -52,12 +52,12 @@ def execute_cell(task: Task) -> dict[str, Any]:
         res.update(ok=True, summary=out.summary, inputs=jsonable(out.inputs),
                    requests=out.requests() if task.save_requests else None)
     except Exception as e:  # noqa: BLE001 -- reported per cell, the sweep goes on
-        res.update(ok=False, error=one_line(e), traceback=traceback.format_exc(), exception=_portable(e))
+        res.update(ok=False, error=one_line(e), traceback=traceback.format_exc(), exception=portable(e))
     res["wall_s"] = time.perf_counter() - t0
     return res
 
 
-def _portable(e: BaseException) -> BaseException | None:
+def portable(e: BaseException) -> BaseException | None:
     # An exception that does not survive pickling would break the result's trip to the parent (the pool would
     # count the worker as crashed); the one-line message and the traceback still go.
     try:
@@ -165,9 +165,10 @@ class SerialBackend:
     name = "serial"
     workers = 1
 
-    def run(self, tasks: Sequence[Task], on_result: Callable[[dict[str, Any]], None]) -> None:
+    def run(self, tasks: Sequence[Task], on_result: Callable[[dict[str, Any]], None],
+            fn: Callable[[Any], dict[str, Any]] = execute_cell) -> None:
         for t in tasks:
-            on_result(execute_cell(t))
+            on_result(fn(t))
 
 
 class LocalPoolBackend:
@@ -179,7 +180,8 @@ class LocalPoolBackend:
     def __init__(self, workers: int | None = None):
         self.workers = max(1, workers or os.cpu_count() or 1)
 
-    def run(self, tasks: Sequence[Task], on_result: Callable[[dict[str, Any]], None]) -> None:
+    def run(self, tasks: Sequence[Task], on_result: Callable[[dict[str, Any]], None],
+            fn: Callable[[Any], dict[str, Any]] = execute_cell) -> None:
         if not tasks:
             return
         ctx = mp.get_context("fork" if os.name == "posix" else "spawn")
@@ -188,7 +190,7 @@ class LocalPoolBackend:
         finished = False
         try:
             with _sigint_blocked():  # the workers are forked by the first submit
-                futs = {ex.submit(execute_cell, t): t for t in _longest_first(tasks)}
+                futs = {ex.submit(fn, t): t for t in _longest_first(tasks)}
             pending = set(futs)
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -219,7 +221,8 @@ class RayBackend:
         self.workers = max(1, workers or os.cpu_count() or 1)
         self.address = address
 
-    def run(self, tasks: Sequence[Task], on_result: Callable[[dict[str, Any]], None]) -> None:
+    def run(self, tasks: Sequence[Task], on_result: Callable[[dict[str, Any]], None],
+            fn: Callable[[Any], dict[str, Any]] = execute_cell) -> None:
         ray = import_ray()
         started = False
         if not ray.is_initialized():
@@ -236,7 +239,7 @@ class RayBackend:
         refs: dict[Any, Task] = {}
         pending: list[Any] = []
         try:
-            remote = ray.remote(num_cpus=1, max_retries=0)(execute_cell)
+            remote = ray.remote(num_cpus=1, max_retries=0)(fn)
             refs = {remote.remote(t): t for t in _longest_first(tasks)}
             pending = list(refs)
             while pending:

@@ -307,9 +307,9 @@ def _check_inputs(spec: SweepSpec) -> None:
                 tables[(key, val)] = read_trace(path, spec.base.get("trace_format") if key == "trace" else None)
             except (InputError, OSError) as e:
                 raise ConfigError(src, where, f"{key} {val!r} cannot be read: {e}") from None
-    from dsparksim.sim.routers import make_router
+    from dsparksim.sim.routers import router_class
     for where, r in _values(spec, "router"):
-        if not getattr(make_router(r, 1), "needs_session", False):
+        if not router_class(r)[0].needs_session:
             continue
         traces = _values(spec, "trace")
         bare = [v for _, v in traces if tables[("trace", v)].session is None]

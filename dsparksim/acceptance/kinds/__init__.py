@@ -1,0 +1,1 @@
+"""The acceptance-source kinds, one module each (registered in :mod:`dsparksim.acceptance`)."""
