@@ -280,6 +280,10 @@ class RunConfig:
                              help="confidences the policies see from a parametric acceptance source: sts = the "
                                   "raw head after the simulator's sequential temperature scaling, raw = "
                                   "uncalibrated (ECE ~5%%); acceptance itself is identical [%(default)s]")
+    recalibrate: bool = option(False, "--recalibrate", switch=True, kinds=BOOL,
+                               help="online recalibration: the confidence-reading policy sees confidences rescaled "
+                                    "by per-position temperatures refitted from past verification outcomes "
+                                    "(dsparksim/policies/recalibrate.py; lossless, `audit --recalibrate`) [off]")
     engine: EngineConfig = field(default_factory=EngineConfig)
     traffic: Any = None  # dsparksim.traffic.TrafficConfig (kept Any so this module stays import-light)
     # None = 10% of duration for duration-bound runs, 0 for count-bound runs
@@ -317,7 +321,7 @@ class RunConfig:
         lasts ``duration_s`` (60 s by default). Errors are ConfigErrors naming ``source`` and the option (its
         command-line flag when ``flags``); the config dataclasses check every value again.
         """
-        from dsparksim.traffic.config import OPEN_SYNTHETIC, TrafficConfig
+        from dsparksim.traffic.config import OPEN_SYNTHETIC, TrafficConfig  # lazy: keeps this module import-light (numpy)
 
         specs = run_options()
 

@@ -29,6 +29,7 @@ JSON format ``dsparksim-profile/1`` (also documented in profiles/README.md)::
                  "only": {"seconds_per_step": float > 0, "seconds_per_token": float >= 0,   # optional: steps
                           "seconds_per_query_key": float >= 0, "seconds_per_chunk": float >= 0}},  # with no decode
      "fixed_overhead_s": float >= 0,
+     "request_latency_s": float >= 0,                                  # optional (absent = 0)
      "batch_overhead": {"n_req": [int, strictly increasing, >= 1], "time_s": [float >= 0]},    # optional
      "drafters": {"dspark": {"kind": "parallel", "tokens": [...], "time_s": [...],
                              "markov_overhead_frac": 0.008},
@@ -70,6 +71,11 @@ Semantics:
     the fixed overhead and the drafter's ``prefill_s_per_token * prefill_tokens``, instead of the verify term at
     its M plus the prefill terms: the staircase is fitted on decode-shaped batches and priced a measured CPU
     prefill-only step 1.1-1.8x its time (2026-12-02). Absent: the verify term + prefill terms, as before.
+  * Request latency (optional ``request_latency_s``, absent = 0): the serving stack's latency outside the engine's
+    step loop (HTTP, tokenization, detokenization, streaming) as a benchmark CLIENT sees it: the benchmark client's
+    view (``dsparksim bench replay``, :mod:`dsparksim.bench.client`) adds it to every request's TTFT and E2E (not
+    to TPOT) and to the run's duration; the engine does not see it (a closed-loop client's next request reaches the
+    engine when the previous one finishes there), and ``run``/``frontier``/``plan`` report engine-side times.
   * Drafting: ``parallel`` = one drafter forward over n_req*K tokens, times (1 + markov_overhead_frac);
     ``autoregressive`` = K sequential forwards of n_req tokens; ``mtp`` = one forward of n_req tokens (K must
     be 1). ``drafter=None`` means no drafting (plain decoding).
@@ -106,7 +112,7 @@ DRAFTER_KINDS = ("parallel", "autoregressive", "mtp")
 REQUIRED_METADATA = ("device", "model", "source", "method")
 INT_METADATA = ("kv_capacity_tokens", "max_model_len")   # optional; when given, positive integers
 _TOP_KEYS = {"format", "name", "metadata", "verify", "attention", "prefill", "fixed_overhead_s", "batch_overhead",
-             "drafters"}
+             "drafters", "request_latency_s"}
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +208,7 @@ class CostProfile:
     # prefill.only: (seconds_per_step, per_token, per_query_key, per_chunk) of a step with no decoding request
     prefill_only: tuple[float, float, float, float] | None = None
     seconds_per_query_kv: float = 0.0     # long-context attention term per decode query-key pair
+    request_latency_s: float = 0.0        # client-side latency outside the step loop (benchmark client's view)
     _extrap: _ExtrapolationLog = field(default_factory=_ExtrapolationLog, repr=False, compare=False)
     # Per-copy caches of the hot per-step lookups (not init: every copy, e.g. with_extrapolation, starts empty).
     _memo: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -754,6 +761,7 @@ def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False)
         pf_note = str(pf.get("note", ""))
 
     fixed = c.number(c.get(d, "fixed_overhead_s"), "fixed_overhead_s")
+    req_lat = c.number(d.get("request_latency_s", 0.0), "request_latency_s")
 
     bo = None
     b = c.get(d, "batch_overhead", required=False)
@@ -793,7 +801,7 @@ def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False)
                        attention_note=att_note, prefill_s_per_token=pf_tok, prefill_s_per_query_key=pf_qk,
                        prefill_s_per_chunk=pf_ch, prefill_s_per_token_per_decode=pf_tn,
                        prefill_s_per_chunk_per_decode=pf_cn, prefill_note=pf_note, seconds_per_query_kv=sqk,
-                       prefill_only=pf_only)
+                       prefill_only=pf_only, request_latency_s=req_lat)
 
 
 def profile_to_dict(p: CostProfile) -> dict[str, Any]:
@@ -822,6 +830,8 @@ def profile_to_dict(p: CostProfile) -> dict[str, Any]:
             out["prefill"]["only"] = dict(zip(("seconds_per_step", "seconds_per_token", "seconds_per_query_key",
                                                "seconds_per_chunk"), (float(x) for x in p.prefill_only)))
     out["fixed_overhead_s"] = float(p.fixed_overhead_s)
+    if p.request_latency_s:               # optional: written only when non-zero (absent = 0)
+        out["request_latency_s"] = float(p.request_latency_s)
     if p.batch_overhead is not None:
         out["batch_overhead"] = {"n_req": [int(x) for x in p.batch_overhead[0]],
                                  "time_s": [float(x) for x in p.batch_overhead[1]]}

@@ -16,6 +16,7 @@ import numpy as np
 from dsparksim.errors import ConfigError
 from dsparksim.sim.cluster import SimResult
 from dsparksim.sim.engine import REJECT_REASONS
+from dsparksim.results.bench_json import bench_result
 
 if TYPE_CHECKING:  # pandas is imported where a table is built: a run imports it only to write results
     import pandas as pd
@@ -415,7 +416,6 @@ def bench_serve_json(res: SimResult, summary: dict[str, Any], *, model_id: str, 
                      burstiness: Any, max_concurrency: Any, **options: Any) -> dict[str, Any]:
     """The run shaped exactly as `vllm bench serve --save-result` writes it (keys, units, meanings):
     see :mod:`dsparksim.results.bench_json`. Prompts are the requests issued in the measurement window."""
-    from dsparksim.results.bench_json import bench_result
 
     d = bench_result(res, warmup_s=float(summary["warmup_s"]), duration_s=float(summary["window_s"]),
                      model_id=model_id, request_rate=request_rate, burstiness=burstiness,

@@ -11,6 +11,7 @@ import math
 from typing import Iterable, NamedTuple
 
 import numpy as np
+from dsparksim.config import pos_int
 
 LEVEL = 0.95  # the nominal coverage of every interval dsparksim reports
 
@@ -37,7 +38,6 @@ def seeds_arg(s: str) -> int:
     """Option parser of --seeds: an integer in 1..MAX_SEEDS."""
     import argparse
 
-    from dsparksim.config import pos_int
 
     n = pos_int(s)
     if n > MAX_SEEDS:

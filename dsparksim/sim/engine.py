@@ -526,7 +526,8 @@ class Engine:
                 conf, surv = mask_undrafted(conf, surv, drafted)
             ctx = StepContext(conf=conf, survival=surv, request_ids=dec,
                               base_tokens=n_dec + n_pf, step_time=step_time, max_tokens=self.max_tokens,
-                              true_accepted=A if self.policy.needs_oracle else None, drafted=drafted)
+                              true_accepted=A if self.policy.needs_oracle else None, drafted=drafted,
+                              context=dctx, qk_s=float(pricer.sq) if dctx is not None else 0.0)
             L = np.asarray(self.policy.choose(ctx), dtype=np.int64)
             if L.shape != (n_dec,) or (n_dec and (L.min() < 0 or L.max() > K)):
                 raise RuntimeError(f"policy {self.policy.spec} returned invalid verify lengths {L!r} (K={K})")
@@ -661,8 +662,8 @@ class Engine:
 def reprice_steps(profile: CostProfile, steps: Any, drafter: str | None, K: int,
                   max_batched_tokens: int | None = None) -> np.ndarray:
     """The price of every logged step, recomputed from its shape (the PRICE_KEYS columns of an engine's step log,
-    with EXTRA_PRICE_KEYS where logged; a dict of arrays or a DataFrame) by the profile's pricer, as :meth:`Engine.plan_step` charged it, so that it
-    equals the logged ``dt`` of a simulated single-rank step bit for bit. A DP rank's own price is its
+    with EXTRA_PRICE_KEYS where logged; a dict of arrays or a DataFrame) by the profile's pricer, as
+    :meth:`Engine.plan_step` charged it, so that it equals the logged ``dt`` of a simulated single-rank step bit for bit. A DP rank's own price is its
     ``rank_busy_s`` (its ``dt`` is the slowest rank's). ``max_batched_tokens``: the run's token budget (None = the
     profile's largest breakpoint), which decides whether verify times came from the dense table."""
     cols = {k: steps[k] for k in PRICE_KEYS} | {k: steps[k] for k in EXTRA_PRICE_KEYS if k in steps}

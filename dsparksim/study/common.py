@@ -86,7 +86,7 @@ def run_config(regime: Regime, policy: str, seed: int, traffic: dict[str, Any],
 
 
 # ------------------------------------------------------------------------------------------- policy wrappers
-class _Wrapper(Policy):
+class PolicyWrapper(Policy):
     """A policy around another: same spec, drafter, K and oracle needs; choose/observe/reset delegate."""
 
     def __init__(self, inner: Policy) -> None:
@@ -109,7 +109,7 @@ class _Wrapper(Policy):
         return self.inner.choose(ctx)
 
 
-class BudgetRecorder(_Wrapper):
+class BudgetRecorder(PolicyWrapper):
     """Records, per decoding step, the draft tokens the policy verified (``used``) and the *fresh* capacity: the
     budget b_t a global search on this step's own information would choose (confidence-global's; what
     confidence-async:LAG uses LAG steps later). ``used - fresh`` > 0 is over-verification, < 0 under-verification."""
@@ -129,7 +129,7 @@ class BudgetRecorder(_Wrapper):
         return L
 
 
-class MinVerify(_Wrapper):
+class MinVerify(PolicyWrapper):
     """The tail knob: every decoding request verifies at least ``floor`` draft tokens (min(floor, K)) on top of the
     inner policy's choice. The floor is fixed before any token is drawn, so the policy stays lossless. A step where
     the floor would overflow the token budget keeps the inner choice (counted in ``overflow_steps``)."""

@@ -23,7 +23,8 @@ import numpy as np
 
 from dsparksim.policies.base import Policy, StepContext
 from dsparksim.sim.early_exit import drafted_lengths, mask_undrafted
-from dsparksim.study.common import Regime, Section, Settings, fmt_ci, md_table, paired_rows, run_config
+from dsparksim.study.common import (PolicyWrapper, Regime, Section, Settings, fmt_ci, md_table, paired_rows,
+                                    run_config)
 
 NAME = "early-exit"
 TITLE = "Difficulty-aware early exit of drafting"
@@ -33,23 +34,16 @@ OFF = -1.0     # the threshold column's value of the runs without early exit
 MODES = ("exit", "cap")
 
 
-class ExitCap(Policy):
+class ExitCap(PolicyWrapper):
     """The early-exit stop rule applied to verification only: the inner policy sees the positions past each
     request's stop at confidence 0 and verifies at most the drafted positions; drafting stays paid in full (the
     engine runs without --draft-exit). Lossless for the same reason as the stop: it reads only the drafter's
     outputs up to each stop."""
 
     def __init__(self, inner: Policy, threshold: float) -> None:
-        self.inner, self.threshold = inner, float(threshold)
-        self.spec, self.name = f"{inner.spec}+cap{threshold:g}", inner.name
-        self.needs_oracle, self.drafter, self.block_size = inner.needs_oracle, inner.drafter, inner.block_size
-        self.drafts, self.reads_confidence = inner.drafts, inner.reads_confidence
-
-    def reset(self, K: int, rng: np.random.Generator) -> None:
-        self.inner.reset(K, rng)
-
-    def observe(self, request_ids, verify_len, accepted) -> None:
-        self.inner.observe(request_ids, verify_len, accepted)
+        super().__init__(inner)
+        self.threshold = float(threshold)
+        self.spec = f"{inner.spec}+cap{threshold:g}"
 
     def choose(self, ctx: StepContext) -> np.ndarray:
         import dataclasses

@@ -24,8 +24,10 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
-from dsparksim.config import RunConfig
+from dsparksim.config import jsonable, RunConfig
 from dsparksim.errors import ConfigError, InputError, MissingExtraError, one_line
+from dsparksim.sim.simulate import simulate
+from dsparksim.sweep.cells import code_fingerprint
 
 BACKENDS = ("serial", "local", "ray")
 
@@ -40,13 +42,10 @@ class Task:
 def execute_cell(task: Task) -> dict[str, Any]:
     """Simulate one cell; any exception becomes a failed result carrying its one-line message, its traceback and
     (when it pickles) the exception itself."""
-    from dsparksim.config import jsonable
-    from dsparksim.sweep.cells import code_fingerprint
 
     t0 = time.perf_counter()
     res: dict[str, Any] = {"index": task.index, "pid": os.getpid(), "code": code_fingerprint()}
     try:
-        from dsparksim.sim.simulate import simulate
 
         out = simulate(task.config)
         res.update(ok=True, summary=out.summary, inputs=jsonable(out.inputs),
