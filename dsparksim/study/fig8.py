@@ -163,6 +163,7 @@ def _figure(path, paired, order) -> None:
     """Per regime: mean verify length against load (top) and the throughput / per-user ratio over mtp1 (bottom),
     95% intervals as error bars."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import NullFormatter
 
     regs = list(dict.fromkeys(r["regime"] for r in paired))
     fig = Figure(figsize=(4.4 * len(regs), 6.4))
@@ -186,6 +187,10 @@ def _figure(path, paired, order) -> None:
         bot.axhline(1.0, color="grey", lw=0.8)
         top.set(xscale="log", xlabel="users (closed loop)", ylabel="mean verify length", title=reg)
         bot.set(xscale="log", xlabel="users (closed loop)", ylabel=f"ratio over {BASE}")
+        loads = sorted({r["load"] for r in paired if r["regime"] == reg})
+        for ax in (top, bot):     # the loads as plain tick labels (no log-scale minor labels)
+            ax.set_xticks(loads, [str(x) for x in loads])
+            ax.xaxis.set_minor_formatter(NullFormatter())
         top.legend(fontsize=6)
         bot.legend(fontsize=6)
     fig.tight_layout()
