@@ -23,6 +23,7 @@ ar-fixed and Markov head sar-fixed / par-fixed), scheduler = sar-async / sar-fix
 """
 from __future__ import annotations
 
+import numpy as np
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -91,9 +92,8 @@ def plan(settings: Settings) -> list[Cell]:
 
 def measure(cell: Cell) -> dict[str, Any]:
     """Simulate one cell: throughput, per-user speed, TPOT, verify length, tau, padding and drafting time."""
-    import numpy as np
 
-    from dsparksim.sim.simulate import simulate
+    from dsparksim.sim.simulate import simulate  # lazy: pulls in scipy
 
     pol, acc = ARMS[cell.arm]
     opts = {"concurrency": cell.load, "duration_s": cell.plan.duration_s, "warmup_s": cell.plan.warmup_s,
@@ -178,8 +178,7 @@ def _padratio(rows, reg, load, arm) -> dict[str, Any] | None:
 
 def _figure(path, paired, order) -> None:
     """Per regime and load: throughput of every arm (mean, 95% interval), variable-length and padded side by side."""
-    import numpy as np
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib
 
     panels = list(dict.fromkeys((r["regime"], r["load"]) for r in paired))
     fig = Figure(figsize=(max(5.0, 4.6 * len(panels)), 4.2))

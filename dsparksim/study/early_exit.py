@@ -15,6 +15,7 @@ buys; ``cap`` / no early exit what the verification cap alone does.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from dsparksim.policies.base import Policy, StepContext
 from dsparksim.sim.early_exit import drafted_lengths, mask_undrafted
 from dsparksim.study.common import (PolicyWrapper, Regime, Section, Settings, fmt_ci, md_table, paired_rows,
                                     run_config)
+from dsparksim.cost.profile import load_profile
 
 NAME = "early-exit"
 TITLE = "Difficulty-aware early exit of drafting"
@@ -46,7 +48,6 @@ class ExitCap(PolicyWrapper):
         self.spec = f"{inner.spec}+cap{threshold:g}"
 
     def choose(self, ctx: StepContext) -> np.ndarray:
-        import dataclasses
 
         D = drafted_lengths(ctx.survival, self.threshold) if ctx.K > 1 else np.full(ctx.n, ctx.K, np.int64)
         conf, surv = mask_undrafted(ctx.conf, ctx.survival, D)
@@ -98,7 +99,7 @@ def variant(threshold: float, mode: str) -> str:
 
 def measure(cell: Cell) -> dict[str, Any]:
     """Simulate one cell; throughput, TPOT, verify length and the drafting time it paid and saved."""
-    from dsparksim.sim.simulate import simulate
+    from dsparksim.sim.simulate import simulate  # lazy: pulls in scipy
 
     opts = {"concurrency": cell.load, "duration_s": cell.plan.duration_s, "warmup_s": cell.plan.warmup_s,
             "acceptance": cell.drafter}
@@ -119,7 +120,6 @@ def measure(cell: Cell) -> dict[str, Any]:
         paid, full = float(np.sum(st["draft_s"])), float(np.sum(st["draft_full_s"]))
         drafted = float(np.sum(st["drafted"]))
     else:   # without early exit every decoding step drafts all K positions of every decoding request
-        from dsparksim.cost.profile import load_profile
 
         prof = load_profile(cell.regime.profile)
         dec = n > 0
@@ -176,8 +176,7 @@ def _series(paired, mode="exit", **kw):
 def _figure(path, paired, p: Plan) -> None:
     """Per regime and load: throughput change (top) and drafting time saved (bottom) against T, per drafter and
     policy, 95% intervals."""
-    import numpy as np
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib
 
     panels = list(dict.fromkeys((r["regime"], r["load"]) for r in paired))
     fig = Figure(figsize=(4.4 * len(panels), 6.4))

@@ -10,6 +10,8 @@ matched throughput, the paper's headline axis) comes from each seed's own Pareto
 """
 from __future__ import annotations
 
+import dataclasses
+import numpy as np
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -56,7 +58,6 @@ class Cell:
 
 def regimes(settings: Settings, p: Plan) -> list[Regime]:
     """The primary regime, the fitted profile beside it (as regime ``production-fitted``), the contrast."""
-    import dataclasses
 
     prim = settings.regimes[0]
     out = [prim]
@@ -83,7 +84,7 @@ def plan(settings: Settings) -> list[Cell]:
 
 def measure(cell: Cell) -> dict[str, Any]:
     """Simulate one cell; its throughput, per-user speed and verify length."""
-    from dsparksim.sim.simulate import simulate
+    from dsparksim.sim.simulate import simulate  # lazy: pulls in scipy
 
     traffic = {"concurrency": cell.load, "duration_s": cell.plan.duration_s, "warmup_s": cell.plan.warmup_s}
     if cell.policy == V4:
@@ -106,10 +107,10 @@ METRICS = (("output_throughput_tok_s", True), ("tps_user_mean", True), ("mean_ve
 def frontier_gains(rows: list[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
     """Per regime and policy: per-user speed gain at matched throughput and throughput gain at matched per-user
     speed over ``baseline``, from each seed's own Pareto frontiers over the loads (paired per seed; 95% interval)."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
-    from dsparksim.results.frontier_seeds import comparison_with_intervals, seed_means
-    from dsparksim.results.frontier import mark_pareto, SERIES
+    from dsparksim.results.frontier_seeds import comparison_with_intervals, seed_means  # lazy: pulls in pandas, pyarrow
+    from dsparksim.results.frontier import mark_pareto, SERIES  # lazy: pulls in pandas, pyarrow
 
     out = []
     for reg in dict.fromkeys(r["regime"] for r in rows):
@@ -162,8 +163,8 @@ def _get(table, **kw):
 def _figure(path, paired, order) -> None:
     """Per regime: mean verify length against load (top) and the throughput / per-user ratio over mtp1 (bottom),
     95% intervals as error bars."""
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import NullFormatter
+    from matplotlib.figure import Figure  # lazy: matplotlib
+    from matplotlib.ticker import NullFormatter  # lazy: matplotlib
 
     regs = list(dict.fromkeys(r["regime"] for r in paired))
     fig = Figure(figsize=(4.4 * len(regs), 6.4))
@@ -198,7 +199,6 @@ def _figure(path, paired, order) -> None:
 
 
 def _err(rows, key):
-    import numpy as np
 
     lo = [r[key] - r[f"{key}_lo"] for r in rows]
     hi = [r[f"{key}_hi"] - r[key] for r in rows]
