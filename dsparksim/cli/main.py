@@ -276,7 +276,7 @@ def flag_given(args: argparse.Namespace, *opts: str) -> bool:
 # The command-line flags of the draft options (dsparksim.sim.reads.DRAFT_OPTIONS; drafter has none).
 DRAFT_FLAGS = {"acceptance": ("--acceptance",), "block_size": ("--num-speculative-tokens", "-K", "--block-size"),
                "mtp1_acceptance": ("--mtp1-acceptance",), "confidence": ("--confidence",),
-               "recalibrate": ("--recalibrate",)}
+               "recalibrate": ("--recalibrate",), "draft_exit": ("--draft-exit",)}
 
 
 def check_unread_options(args: argparse.Namespace, policies: Sequence[str], how: str) -> None:
