@@ -454,6 +454,20 @@ def test_a_runs_table_of_another_format_version_is_refused(tmp_path):
     assert len(read_runs(p)) == len(import_file(IX))
 
 
+@pytest.mark.parametrize("opts,needle", [
+    (["--measurement-date", "2026-02-30"], "--measurement-date': not a calendar date"),
+    (["--measurement-date", "2026-02-28T25:00:00"], "--measurement-date': not a calendar date"),
+    (["--tp", "8", "--gpu-count", "4"], "field 'tp': tp (8) exceeds gpu_count (4)"),
+    (["--ep", "16", "--gpu-count", "8"], "field 'ep': ep (16) exceeds gpu_count (8)")])
+def test_impossible_dates_and_parallel_sizes_are_refused(tmp_path, capsys, opts, needle):
+    """A date of the right shape that is no calendar date, and a TP/EP group larger than the run's GPUs."""
+    out = tmp_path / "o.csv"
+    assert main(["bench", "import", str(SGLANG if opts[0] == "--measurement-date" else VLLM_PLAIN), *opts,
+                 "--out", str(out)]) == 2
+    assert needle in _err(capsys) and not out.exists()
+    assert main(["bench", "import", str(SGLANG), "--measurement-date", "2026-02-28T23:00:00", "--out", str(out)]) == 0
+
+
 def test_the_simulators_own_vllm_shaped_result_imports(tmp_path, capsys):
     """`dsparksim run` writes bench_result.json in vLLM's shape (pretty-printed, one key per line, with e2el
     statistics): it imports as a vLLM run with every statistic taken from it."""
