@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         if not a.no_mtp_sensitivity:
             for a1 in SENS_A1:
                 acc = f"mtp?a1={a1:g}&a2={a1 * A2_OVER_A1:.4f}"
-                mtp_rows += predict_mtp(allrows, key, fitted_prof, opt, acceptance=acc)
+                for im in [None] + ([CROSS[key]] if key in CROSS else []):
+                    mtp_rows += predict_mtp(allrows, key, fitted_prof, opt, image=im, acceptance=acc)
         if a.ship and key in SHIP:
             p = save_profile(d, REPO / "profiles" / f"{opt.name}.json")
             print(f"  shipped {p}")
@@ -286,15 +287,17 @@ def report(G: pd.DataFrame, T: pd.DataFrame, skipped: list, seconds: float, mixe
             accs = [a for a in dict.fromkeys(sens.acceptance)] + ["mtp"]
             head = [_acc_label(a) for a in accs]
             lines += ["", "Acceptance sensitivity (shown, never chosen: the runs publish no acceptance): median abs "
-                      "error TPOT / tok/s/GPU if alpha_1 were lower, alpha_2 = alpha_1 x 0.819 (the published "
-                      "curve's shape); tau = 1 + a1 + a1 a2 at 2 drafts.", "",
-                      "| gpu | image | fitted on | " + " | ".join(head) + " |", "|---|---|---|" + "---|" * len(head)]
-            for (g, im, fo), t in T.groupby(["gpu", "engine_version", "fitted_on"]):
+                      "error TPOT / tok/s/GPU per workload if alpha_1 were lower, alpha_2 = alpha_1 x 0.819 (the "
+                      "published curve's shape); tau = 1 + a1 + a1 a2 at 2 drafts.", "",
+                      "| gpu | image | fitted on | workload | runs | " + " | ".join(head) + " |",
+                      "|---|---|---|---|---|" + "---|" * len(head)]
+            for (g, im, fo, wl), t in T.groupby(["gpu", "engine_version", "fitted_on", "workload"]):
                 cells = []
                 for a in accs:
                     e1, e2 = _mtp_errors(t[t.acceptance == a])
                     cells.append("-" if pd.isna(e1) else f"{e1:.0%} / {e2:.0%}")
-                lines.append(f"| {g} | {im} | {fo} | " + " | ".join(cells) + " |")
+                lines.append(f"| {g} | {im.split(':')[-1]} | {fo.split(':')[-1]} | {wl} | {t.run_id.nunique()} | "
+                             + " | ".join(cells) + " |")
     else:
         lines.append("No fitted group has MTP-on runs.")
     lines += ["", "Skipped groups:", ""] + [f"- {' '.join(map(str, k))}: {why}" for k, why in skipped]
