@@ -89,6 +89,7 @@ Semantics:
 """
 from __future__ import annotations
 
+from importlib.resources import files
 import dataclasses
 import json
 import logging
@@ -394,6 +395,41 @@ class CostProfile:
             t = t + self._draft_kv(d, n, kv_tokens)
         return _scalar_or(t, n_req)
 
+    def draft_time_exit(self, drafter: str, counts: Any, K: int, kv_tokens: int = 0) -> float:
+        """Drafting time (s) of one step whose drafter stopped early (early exit, :mod:`dsparksim.sim.early_exit`):
+        ``counts[j]`` decoding requests drafted position j + 1 (j = 0..K-1; non-increasing, ``counts[0]`` = all
+        decoding requests, :func:`dsparksim.sim.early_exit.position_counts`).
+
+        * ``autoregressive``: one forward per position over the requests still drafting it (position j + 1 costs
+          the forward at ``counts[j]`` tokens);
+        * ``parallel``: the backbone's one forward over n*K tokens is paid whole (it computes every position at
+          once, before any confidence exists); only the Markov head's share, ``markov_overhead_frac``, shrinks to
+          the positions drafted;
+        * ``mtp``: one forward (K = 1; nothing to stop).
+
+        With every request drafting all K positions this is :meth:`draft_time` (autoregressive: the same terms
+        summed instead of multiplied by K)."""
+        d = self.drafter(drafter)
+        c = np.asarray(counts, np.int64).reshape(-1)
+        K = int(K)
+        if c.size != K or (K and (c.min() < 0 or np.any(np.diff(c) > 0))):
+            raise ConfigError(f"profile '{self.name}'", "counts", f"expected K={K} non-increasing counts of "
+                              f"requests drafting each position, got {c.tolist()}")
+        n = int(c[0]) if K else 0
+        if n == 0:
+            return 0.0
+        axis = f"drafters.{drafter}.tokens"
+        if d.kind == "autoregressive":
+            t = float(self._floor_pos(d.tokens, d.time_s, c[c > 0], axis).sum())
+        elif d.kind == "parallel":
+            base = float(self._floor_pos(d.tokens, d.time_s, np.array([n * K]), axis)[0])
+            t = base * (1.0 + d.markov_overhead_frac * (float(c.sum()) / (n * K)))
+        else:  # mtp: one forward of n tokens
+            t = float(self._floor_pos(d.tokens, d.time_s, np.array([n]), axis)[0])
+        if d.seconds_per_kv_token:
+            t += float(self._draft_kv(d, np.array([n]), kv_tokens)[0])
+        return t
+
     def _draft_kv(self, d: DrafterCost, n: np.ndarray, kv_tokens: Any) -> np.ndarray:
         """The drafter's context term: seconds_per_kv_token * kv_tokens on drafting steps (n > 0), else 0."""
         kv = _as_query(kv_tokens, self.name, "kv_tokens")
@@ -487,14 +523,20 @@ class CostProfile:
         return self.verify_time(M, kv_tokens) + self.nontrimmable_time(drafter, n_req, K, kv_tokens)
 
     def step_overhead(self, drafter: str | None, n_req: int, K: int, prefill_tokens: int = 0,
-                      query_keys: int = 0, chunks: int = 0, kv_tokens: int = 0) -> float:
+                      query_keys: int = 0, chunks: int = 0, kv_tokens: int = 0, draft_counts: Any = None) -> float:
         """Everything one engine step costs beyond verify_time(M, context) -- the one place of the step formula:
         drafting + fixed + batch overhead for ``n_req`` decoding requests (a prefill-only step, n_req = 0, pays
         the fixed overhead only: nothing is drafted) plus the prefill terms of its chunks, if the profile has them.
         A step's price is ``verify_time(M, context) + step_overhead(...)``, summed by
         :class:`dsparksim.cost.price.StepPricer` (:meth:`price` gives it in named parts).
-        ``kv_tokens`` (the step's kv_read) prices the drafter's context term, if its profile entry has one."""
-        t = float(self.nontrimmable_time(drafter, n_req, K, kv_tokens)) if n_req else float(self.fixed_overhead_s)
+        ``kv_tokens`` (the step's kv_read) prices the drafter's context term, if its profile entry has one.
+        ``draft_counts``: the drafter stopped early (requests drafting each position): drafting is
+        :meth:`draft_time_exit` instead of :meth:`draft_time`."""
+        if draft_counts is not None and n_req and drafter is not None:
+            t = (self.draft_time_exit(drafter, draft_counts, K, kv_tokens) + self.fixed_overhead_s
+                 + float(self.batch_overhead_time(n_req)))
+        else:
+            t = float(self.nontrimmable_time(drafter, n_req, K, kv_tokens)) if n_req else float(self.fixed_overhead_s)
         if prefill_tokens and self.prefill_note is not None:
             t += self.prefill_time(drafter, prefill_tokens, query_keys, chunks, n_req)
         return t
@@ -847,7 +889,6 @@ def save_profile(p: CostProfile | Mapping[str, Any], path: str | Path) -> Path:
 def shipped_dir() -> Path:
     """Folder holding the shipped profile JSONs (package dsparksim._profiles, or ./profiles in a checkout)."""
     try:
-        from importlib.resources import files
         p = Path(str(files("dsparksim._profiles")))
         if p.is_dir():
             return p

@@ -162,7 +162,8 @@ class Simulation:
 
     ``kv_policy`` ("reserve" | "paged"), ``kv_page_tokens`` and ``kv_watermark``: the engines' KV memory.
     ``disaggregated`` with ``prefill_replicas``, ``kv_transfer_gbps`` (Gbit/s) and ``kv_bytes_per_token``: decode-only
-    engines behind a prefill pool (see the module doc). ``mixed_prefill``: see :mod:`dsparksim.sim.engine`.
+    engines behind a prefill pool (see the module doc). ``mixed_prefill``, ``pad_verify`` and ``draft_exit``: see
+    :mod:`dsparksim.sim.engine`.
     """
 
     def __init__(
@@ -199,6 +200,8 @@ class Simulation:
         client_cap: int | None = None,
         warmup_requests: int = 0,
         mixed_prefill: bool = True,
+        pad_verify: bool = False,
+        draft_exit: float | None = None,
         shard: tuple[int, int] | None = None,
     ) -> None:
         if (duration_s is None) == (num_requests is None):
@@ -281,7 +284,7 @@ class Simulation:
                 rng=rng, index=e, rank=e % self.dp_ranks, slot_base=e * int(max_num_seqs),
                 max_model_len=self.max_model_len, kv_policy=kv_policy, kv_page_tokens=int(kv_page_tokens),
                 kv_watermark=float(kv_watermark), disaggregated=self.disagg,
-                mixed_prefill=bool(mixed_prefill)))
+                mixed_prefill=bool(mixed_prefill), pad_verify=bool(pad_verify), draft_exit=draft_exit))
         self.router = make_router(router, n_eng, seed=router_seed)
         if self.router.needs_session and not self._has_sessions():
             raise ConfigError("config", "router", f"router '{router}' needs session or prefix ids, which this "

@@ -126,7 +126,8 @@ def kv_options(cfg: RunConfig) -> dict[str, Any]:
     return {"kv_policy": e.kv_policy, "kv_page_tokens": e.kv_page_tokens, "kv_watermark": float(e.kv_watermark),
             "disaggregated": e.disaggregated, "prefill_replicas": e.prefill_replicas,
             "kv_transfer_gbps": e.kv_transfer_gbps, "kv_bytes_per_token": e.kv_bytes_per_token,
-            "mixed_prefill": bool(getattr(e, "mixed_prefill", True))}
+            "mixed_prefill": bool(getattr(e, "mixed_prefill", True)),
+            "pad_verify": bool(getattr(e, "pad_verify", False)), "draft_exit": getattr(e, "draft_exit", None)}
 
 
 def run_summary(cfg: RunConfig, res: SimResult, profile, acceptance, policy, workload, K: int, drafter: str,

@@ -15,6 +15,9 @@ import numpy as np
 
 from dsparksim.policies.base import Policy, StepContext
 from dsparksim.results.stats import t_interval
+from dsparksim.config import RunConfig
+from dsparksim.policies import Ranking
+from dsparksim.policies.confidence_global import global_budget
 
 
 # ------------------------------------------------------------------------------------------------ regimes
@@ -76,7 +79,6 @@ REGIMES = {r.name: r for r in (PRODUCTION, DENSE)}
 def run_config(regime: Regime, policy: str, seed: int, traffic: dict[str, Any],
                user_steps: tuple[tuple[float, int], ...] | None = None):
     """The RunConfig of one cell: the regime's options, the policy and seed, the traffic options (+ user_steps)."""
-    from dsparksim.config import RunConfig
 
     opts = regime.run_options() | {"policy": policy, "seed": int(seed)} | traffic
     cfg = RunConfig.from_options(opts, source=f"study regime {regime.name!r}")
@@ -120,8 +122,6 @@ class BudgetRecorder(PolicyWrapper):
         self.fresh: list[int] = []
 
     def choose(self, ctx: StepContext) -> np.ndarray:
-        from dsparksim.policies import Ranking
-        from dsparksim.policies.confidence_global import global_budget
 
         L = self.inner.choose(ctx)
         self.used.append(int(np.asarray(L).sum()))

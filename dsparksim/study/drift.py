@@ -15,6 +15,8 @@ after the change against ``correct``; the gain of ``recal`` over ``stale``.
 """
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import replace
 import json
 import math
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ import numpy as np
 from dsparksim.policies.base import Policy, StepContext
 from dsparksim.study.common import (Regime, Section, Settings, PolicyWrapper, fmt_ci, interval, md_table, paired_rows,
                                     run_config, window_throughput)
+from dsparksim.policies.recalibrate import Recalibrating
 
 NAME = "calibration-drift"
 TITLE = "Calibration drift: STS fitted on one mix, served on another"
@@ -122,7 +125,7 @@ def acceptance_spec(blind: float, sts_frac: float = 0.0) -> str:
 
 @lru_cache(maxsize=64)
 def sts_temperatures(blind: float, frac: float, K: int) -> tuple[float, ...]:
-    from dsparksim.acceptance import load_acceptance
+    from dsparksim.acceptance import load_acceptance  # lazy: pulls in scipy
 
     return tuple(float(x) for x in load_acceptance(acceptance_spec(blind, frac), K).sts_temperatures)
 
@@ -141,7 +144,6 @@ class CalibrationRecorder(PolicyWrapper):
         self.real: list[np.ndarray] = []
 
     def choose(self, ctx: StepContext) -> np.ndarray:
-        from dataclasses import replace
 
         if ctx.n:
             s = ctx.survival.ravel()
@@ -163,7 +165,6 @@ class FixedRescale(PolicyWrapper):
         self.factor = factor
 
     def choose(self, ctx: StepContext) -> np.ndarray:
-        from dataclasses import replace
 
         if not ctx.n:
             return self.inner.choose(ctx)
@@ -181,10 +182,8 @@ def ece_of(count: np.ndarray, pred: np.ndarray, real: np.ndarray) -> float:
 # ------------------------------------------------------------------------------------------------ one cell
 def measure(cell: Cell) -> dict[str, Any]:
     """Simulate one cell; ECE and throughput per time bin, and the window metrics (runs in a worker process)."""
-    import dataclasses
 
-    from dsparksim.policies.recalibrate import Recalibrating
-    from dsparksim.sim.simulate import simulate
+    from dsparksim.sim.simulate import simulate  # lazy: pulls in scipy
 
     sc, K = cell.scenario, 5
     users = users_of(cell.regime)
@@ -209,7 +208,7 @@ def measure(cell: Cell) -> dict[str, Any]:
         return rec
 
     out = simulate(cfg, wrap_policy=wrap)
-    res, st = out.result, out.result.steps
+    st = out.result.steps
     rec = holder["rec"]
     dec = np.asarray(st["n_decode"]) > 0
     n = int(dec.sum())
@@ -312,7 +311,7 @@ def analyse(settings: Settings, rows: list[dict[str, Any]]) -> Section:
 def _figure(path, series) -> None:
     """Per (regime, scenario) at the largest blindness: ECE over time (top) and throughput (bottom) per arm, mean
     over seeds."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib
 
     panels = sorted({(r["regime"], r["scenario"]) for r in series})
     fig = Figure(figsize=(5.0 * len(panels), 6.4))

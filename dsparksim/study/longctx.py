@@ -21,6 +21,9 @@ import numpy as np
 from dsparksim.policies.base import Policy, StepContext
 from dsparksim.study.common import (PRODUCTION, Regime, Section, Settings, PolicyWrapper, fmt_ci, interval, md_table,
                                     paired_rows, run_config)
+from dsparksim.policies import draft_budget, global_best, Ranking
+from dsparksim.policies.confidence_async_2d import priced_candidates, ratio_2d
+from dsparksim.policies.confidence_global import global_budget
 
 NAME = "long-context"
 TITLE = "Long context vs a 1-D SPS table"
@@ -100,7 +103,6 @@ class PriceRecorder(PolicyWrapper):
         self.step_gain: list[float] = []           # exact tokens/s of the 2-D global choice / the 1-D one - 1
 
     def choose(self, ctx: StepContext) -> np.ndarray:
-        from dsparksim.policies.confidence_async_2d import priced_candidates
 
         L = np.asarray(self.inner.choose(ctx), np.int64)
         if ctx.n == 0 or ctx.context is None or not ctx.qk_s > 0:
@@ -130,10 +132,6 @@ class PriceRecorder(PolicyWrapper):
 def _step_gain(ctx: StepContext, base) -> float:
     """On this step's own information: the exact expected tokens per second (engine price) of the 2-D global
     choice over that of the 1-D global choice (confidence-global's budget by survival rank), minus 1."""
-    from dsparksim.policies import Ranking
-    from dsparksim.policies import draft_budget, global_best
-    from dsparksim.policies.confidence_async_2d import priced_candidates, ratio_2d
-    from dsparksim.policies.confidence_global import global_budget
 
     n, c, sq = ctx.n, np.asarray(ctx.context, float), float(ctx.qk_s)
     cum = np.concatenate([np.zeros((n, 1)), np.cumsum(ctx.survival, axis=1)], axis=1)
@@ -161,7 +159,7 @@ def _abs_stats(parts: list[np.ndarray]) -> tuple[float, float, float]:
 # ------------------------------------------------------------------------------------------------ one cell
 def measure(cell: Cell) -> dict[str, Any]:
     """Simulate one cell; the summary's throughput and latency, and (1-D runs) the pricing errors."""
-    from dsparksim.sim.simulate import simulate
+    from dsparksim.sim.simulate import simulate  # lazy: pulls in scipy
 
     p = cell.plan
     traffic = {"concurrency": cell.users, "duration_s": p.duration_s, "warmup_s": p.warmup_s,
@@ -241,7 +239,7 @@ def _get(table, **kw):
 def _figure(path, paired, price) -> None:
     """Left: the 1-D marginal price error (mean and P90 |error|, verified tokens) per regime and load. Right: the
     2-D variant's paired throughput and mean-TPOT change, 95% intervals."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib
 
     groups = list(dict.fromkeys((r["regime"], r["lengths"], r["users"]) for r in price))
     labels = [f"{g[0]}\n{g[1]}, {g[2]} users" for g in groups]

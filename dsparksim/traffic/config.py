@@ -1,6 +1,7 @@
 """TrafficConfig: which requests arrive when, with which lengths and domains. Validated on construction."""
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass
 
@@ -75,7 +76,6 @@ def rate_or_inf(s: str) -> float:
 def dataset_name(s: str) -> str:
     """Option parser of --dataset-name: only ``random`` is simulated (other datasets are length files)."""
     if s != "random":
-        import argparse
         raise argparse.ArgumentTypeError(f"only 'random' is simulated, got {s!r}; for ShareGPT or other prompt "
                                          "sets give their lengths with --lengths (sharegpt is shipped)")
     return s
@@ -83,7 +83,6 @@ def dataset_name(s: str) -> str:
 
 def range_ratio(s: str) -> float:
     """Option parser of --random-range-ratio: a fraction in [0, 1]."""
-    import argparse
     try:
         v = float(s)
     except ValueError:
