@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from dsparksim.acceptance import load_acceptance
 from dsparksim.bench.client import ClientWorkload, ServerSettings, engine_mixes_prefill, run_client
 from dsparksim.errors import ConfigError, InputError
 
@@ -193,8 +194,6 @@ def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSet
         if not spec_ks:
             raise ConfigError("cli", "--acceptance", f"{acceptance!r} given, but no selected run is speculative "
                               "(it replaces the acceptance of speculative runs only)")
-        from dsparksim.acceptance import load_acceptance
-
         for K in spec_ks:                # a bad spec fails here, before any run is simulated
             load_acceptance(acceptance, K)
     out = []
