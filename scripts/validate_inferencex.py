@@ -8,7 +8,9 @@ DeepSeek-V3 (the R1-0528 architecture) on the group's runs (`dsparksim.fit.comma
 `dsparksim profile fit`), with its leave-one-concurrency-out (LOCO) refits. Writes REPORT.md, groups.csv (one row
 per group: parameters, in-sample and LOCO median |error| per metric, target verdict), rows.csv (per run and
 metric: measured, fitted, LOCO-predicted). ``--ship`` also writes the fitted profiles of the groups listed in SHIP
-to profiles/. Targets (issue 30): LOCO median |error| <= 8% on mean TPOT and output tok/s/GPU for groups with >= 4
+to profiles/. MTP-on runs are predicted from their image's MTP-off fit (and, for the images in CROSS, another
+image's MTP-on runs: a cross-image check), with an acceptance sensitivity table (SENS_A1; --no-mtp-sensitivity
+skips it). A run restricted by --hardware/--images says "Partial run" in its report. Targets (issue 30): LOCO median |error| <= 8% on mean TPOT and output tok/s/GPU for groups with >= 4
 concurrencies; <= 15% on the MTP-on predictions. Nothing here is tuned toward them.
 """
 from __future__ import annotations
