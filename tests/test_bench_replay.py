@@ -87,6 +87,15 @@ def test_select():
         select(rows, [("nope", "1")])
     with pytest.raises(ConfigError, match="selects none"):
         select(rows, [("engine", "vllm")])
+    # numbers as numbers, text case-insensitively (the fit selects with the same rule)
+    assert [r["run_id"] for r in select(rows, [("max_concurrency", "8.0"), ("engine", "SIM")])] == ["t.csv:3"]
+
+
+def test_where_refuses_a_column_given_twice():
+    from dsparksim.bench.replay import parse_where
+    assert parse_where("engine=sglang,max_concurrency=4") == [("engine", "sglang"), ("max_concurrency", "4")]
+    with pytest.raises(ConfigError, match="'max_concurrency' is given twice"):
+        parse_where("max_concurrency=4,max_concurrency=64")
 
 
 def test_bench_replay_cli(tmp_path, capsys):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -46,19 +46,25 @@ def read_table(path: str | Path) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------------------------------------- selection
 def parse_where(spec: str | None) -> list[tuple[str, str]]:
-    """``"engine=sglang,random_input_len=1024"`` -> [(column, text)]; ConfigError on a malformed term."""
+    """``"engine=sglang,random_input_len=1024"`` -> [(column, text)]; ConfigError on a malformed term or a column
+    given twice (which of two values was meant is unknown)."""
     if spec is None:
         return []
-    out = []
+    out: list[tuple[str, str]] = []
     for term in spec.split(","):
         k, eq, v = term.partition("=")
         if not eq or not k.strip():
             raise ConfigError("cli", "--where", f"expected KEY=VALUE[,KEY=VALUE...], got term {term!r}")
+        if k.strip() in dict(out):
+            raise ConfigError("cli", "--where", f"{k.strip()!r} is given twice ({dict(out)[k.strip()]!r} and "
+                              f"{v.strip()!r}); give each column once")
         out.append((k.strip(), v.strip()))
     return out
 
 
-def _matches(v: Any, text: str) -> bool:
+def cell_matches(v: Any, text: str) -> bool:
+    """A runs-table cell against a --where value: numbers as numbers (1024 = 1024.0), text case-insensitively,
+    '' = empty."""
     if _missing(v):
         return text == ""
     if isinstance(v, bool):
@@ -68,18 +74,18 @@ def _matches(v: Any, text: str) -> bool:
             return float(text) == float(v)
         except ValueError:
             return False
-    return str(v) == text
+    return str(v).lower() == text.lower()
 
 
 def select(runs: Sequence[Mapping[str, Any]], where: list[tuple[str, str]], source: str = "runs table"
            ) -> list[Mapping[str, Any]]:
-    """The runs matching every KEY=VALUE term (numbers compared as numbers, text exactly, '' = empty)."""
+    """The runs matching every KEY=VALUE term (:func:`cell_matches`)."""
     if runs:
         cols = set(runs[0])
         for k, _ in where:
             if k not in cols:
                 raise ConfigError("cli", "--where", f"{k!r} is not a column of {source}")
-    sel = [r for r in runs if all(_matches(r.get(k), v) for k, v in where)]
+    sel = [r for r in runs if all(cell_matches(r.get(k), v) for k, v in where)]
     if not sel:
         raise ConfigError("cli", "--where", f"selects none of the {len(runs)} runs of {source}")
     return sel

@@ -508,7 +508,7 @@ def _check_fit_out(path: str, force: bool, runs: str) -> Path:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from dsparksim.fit.command import FitOptions, run_fit  # lazy: pulls in scipy, simpy
-    from dsparksim.fit.runs import parse_where  # lazy: pulls in scipy, simpy
+    from dsparksim.bench.replay import parse_where  # lazy: pulls in numpy
 
     try:
         for flag, v, lo in (("--tp", args.tp, 1), ("--ep", args.ep, 1), ("--bootstrap", args.bootstrap, 0),
@@ -527,7 +527,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         out = _check_fit_out(args.out, args.force, args.runs)
         model = _model_config(args.model)
         opt = FitOptions(model=model, gpu=args.gpu, tp=args.tp, ep=args.ep,
-                         where=tuple(parse_where(args.where).items()), bootstrap=args.bootstrap, seed=args.seed,
+                         where=tuple(parse_where(args.where)), bootstrap=args.bootstrap, seed=args.seed,
                          max_num_seqs=args.max_num_seqs, prefill_chunk_tokens=args.prefill_chunk, name=args.name,
                          date=args.date, metrics=kinds, mem_fraction_static=args.mem_fraction_static,
                          kv_dtype=args.kv_dtype, mixed_prefill=args.mixed_prefill)
