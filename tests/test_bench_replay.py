@@ -91,6 +91,14 @@ def test_select():
     assert [r["run_id"] for r in select(rows, [("max_concurrency", "8.0"), ("engine", "SIM")])] == ["t.csv:3"]
 
 
+def test_a_run_of_another_deployment_is_refused_before_any_simulation():
+    # a B200 or TP4 run priced on an H200 TP8 profile: its errors would mean nothing, and would count in the medians
+    ok = _row(1, 2, gpu="h200", gpu_count=8, tp=8)
+    for bad, field in ((dict(gpu="b200"), "gpu"), (dict(tp=4, gpu_count=4), "tp"), (dict(ep=8), "ep")):
+        with pytest.raises(ConfigError, match=f"field '{field}': run t.csv:2 ran"):
+            replay([ok, _row(2, 2, **{**ok, **bad, "run_id": "t.csv:2"})], "built-h200x8-deepseek-v3-tp8")
+
+
 def test_where_refuses_a_column_given_twice():
     from dsparksim.bench.replay import parse_where
     assert parse_where("engine=sglang,max_concurrency=4") == [("engine", "sglang"), ("max_concurrency", "4")]
@@ -125,7 +133,7 @@ def test_bench_replay_refuses_a_row_before_simulating(tmp_path, capsys):
 
 def test_mtp_rows_replay_with_their_spec_mapping():
     row = _row(1, 2, spec_method="eagle", spec_num_steps=2, spec_num_draft_tokens=3, spec_topk=1, gpu_count=8,
-               tp=8, random_input_len=256, random_output_len=24, num_prompts=6)
+               tp=8, gpu="h200", random_input_len=256, random_output_len=24, num_prompts=6)
     df = replay([row], "built-h200x8-deepseek-v3-tp8")
     assert df["policy"].tolist() == ["fixed:2"]
     plain = replay([{**row, "spec_method": "none", "spec_num_steps": None, "spec_num_draft_tokens": None,
@@ -141,7 +149,7 @@ def test_acceptance_override_changes_only_speculative_runs(tmp_path, capsys):
     """--acceptance replaces the mapping's acceptance of MTP rows: a lower accept length lengthens TPOT; it is
     refused (one line, nothing written) without a speculative run or with a bad spec."""
     row = _row(1, 2, spec_method="eagle", spec_num_steps=2, spec_num_draft_tokens=3, spec_topk=1, gpu_count=8,
-               tp=8, random_input_len=256, random_output_len=24, num_prompts=6)
+               tp=8, gpu="h200", random_input_len=256, random_output_len=24, num_prompts=6)
     plain = {**row, "run_id": "t.csv:2", "spec_method": "none", "spec_num_steps": None,
              "spec_num_draft_tokens": None, "spec_topk": None}
     base = replay([row, plain], "built-h200x8-deepseek-v3-tp8")

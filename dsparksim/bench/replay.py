@@ -173,6 +173,23 @@ def _rel(sim: float, meas: Any) -> float:
     return float(sim) / float(meas) - 1.0
 
 
+def check_deployment(row: Mapping[str, Any], prof: Any, source: str = "runs table") -> None:
+    """A run is replayed on a profile of its own deployment: its GPU named in the profile's device, its TP and EP
+    equal to the profile's (where both say). Another GPU's or parallelism's cost curve would make every error
+    meaningless, so a mismatch is an error naming the run (select the runs with --where, or use their profile)."""
+    meta = getattr(prof, "metadata", {}) or {}
+    rid = row.get("run_id") or "?"
+    gpu, device = row.get("gpu"), str(meta.get("device") or "")
+    if not _missing(gpu) and device and str(gpu).strip().lower() not in device.lower():
+        raise ConfigError(source, "gpu", f"run {rid} ran on {gpu!r} but the profile {prof.name!r} prices "
+                          f"{device!r}: replay each GPU's runs on its own profile (--where gpu=...)")
+    for col, key in (("tp", "tensor_parallel"), ("ep", "expert_parallel")):
+        v, pv = row.get(col), meta.get(key)
+        if not _missing(v) and pv is not None and int(v) != int(pv):
+            raise ConfigError(source, col, f"run {rid} ran with {col} {int(v)} but the profile {prof.name!r} has "
+                              f"{key} {int(pv)}: select the runs of its deployment (--where {col}={int(pv)})")
+
+
 def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSettings = ServerSettings(),
            seed: int = 0, source: str = "runs table", on_done: Callable[[], None] | None = None,
            mixed_prefill: bool | None = None, acceptance: str | None = None):
@@ -189,6 +206,7 @@ def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSet
     prof = load_profile(profile) if isinstance(profile, (str, Path)) else profile
     plan = []
     for row in runs:
+        check_deployment(row, prof, source)
         wl, notes = row_workload(row, source)
         pol = row_policy(row, source)
         if acceptance is not None and "acceptance" in pol:
