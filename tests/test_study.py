@@ -241,3 +241,11 @@ def test_an_out_that_cannot_be_created_is_refused_before_any_run(tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "x.csv" in err[0] and "is a file" in err[0], err
     assert f.read_text() == "mine"
+
+
+def test_seeds_are_capped_as_elsewhere(capsys):
+    # --seeds 2000 would start hours of runs; the cap is frontier's and sweep's (results.stats.MAX_SEEDS)
+    from dsparksim.results.stats import MAX_SEEDS
+    with pytest.raises(SystemExit) as e:
+        main(["study", "load-spikes", "--fast", "--seeds", str(MAX_SEEDS + 1), "--out", "never"])
+    assert e.value.code == 2 and f"at most {MAX_SEEDS} seeds" in capsys.readouterr().err

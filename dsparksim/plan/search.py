@@ -185,7 +185,6 @@ def run_plan(spec: PlanSpec, out_dir: str | Path, backend: str = "local", worker
              on_round: Callable[[PlanRun], None] | None = None) -> PlanRun:
     """Search every deployment at every traffic scale (see the module docstring); cells cached in OUT/cells."""
 
-
     run = PlanRun(spec, [Search(d, s) for s in spec.scales for d in spec.deployments])
     best: dict[tuple[str, float], tuple[float, int]] = {}
     n_seeds = len(spec.seeds)
@@ -259,7 +258,6 @@ def _start_ray(backend: str, workers: int | None, address: str | None) -> bool:
     a cluster address is left to the backend, which connects per round. True if this call started it."""
     if backend != "ray" or address:
         return False
-
 
     ray = import_ray()
     if ray.is_initialized():

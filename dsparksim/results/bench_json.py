@@ -108,7 +108,6 @@ class ItlLists(Sequence):
 def write_bench_json(path, d: dict[str, Any]) -> None:
     """Write a bench_result dict as JSON, one key per line, streaming ``itls`` (vLLM's file has no indent)."""
 
-
     def write(p) -> None:
         with open(p, "w") as f:
             f.write("{")

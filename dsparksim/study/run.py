@@ -100,7 +100,6 @@ def write_study(out: str | Path, name: str, settings: Settings, section: Section
     """DIR/NAME/: study.json, section.md and one CSV per table, replacing an earlier folder whole."""
     import pandas as pd  # lazy: pandas
 
-
     mod = study_module(name)
     final = Path(out) / name
     with staged_dir(final) as d:

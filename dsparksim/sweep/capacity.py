@@ -285,8 +285,6 @@ def capacity_search(spec: SweepSpec, settings: CapacitySettings, out_dir: str | 
                     ) -> dict[str, Any]:
     """Run the search for every group (the cross product of the spec's axes) and return the result dict."""
 
-
-
     st = settings
     names = list(spec.axes)
     base = {k: v for k, v in spec.base.items() if k != st.load}
