@@ -23,6 +23,9 @@ import numpy as np
 from dsparksim.acceptance import load_acceptance
 from dsparksim.bench.client import ClientWorkload, ServerSettings, engine_mixes_prefill, run_client
 from dsparksim.errors import ConfigError, InputError
+from dsparksim.bench.runs import read_runs
+from dsparksim.bench.spec import map_row
+from dsparksim.cost.profile import load_profile
 
 # metric of the runs table -> key of ClientRun.metrics
 METRICS = ("mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
@@ -39,7 +42,6 @@ def _missing(v: Any) -> bool:
 
 def read_table(path: str | Path) -> list[dict[str, Any]]:
     """The runs of a runs table (dsparksim.bench.runs.read_runs, which validates every cell)."""
-    from dsparksim.bench.runs import read_runs
 
     return read_runs(path)
 
@@ -147,7 +149,6 @@ def row_policy(row: Mapping[str, Any], source: str = "runs table") -> dict[str, 
     plain = _missing(method) or str(method).strip().lower() in ("none", "off")
     if plain and all(_missing(row.get(k)) for k in ("spec_num_steps", "spec_num_draft_tokens", "spec_mtp_nextn")):
         return {"policy": "none"}
-    from dsparksim.bench.spec import map_row
 
     try:
         m = map_row(row, source=source)
@@ -199,9 +200,7 @@ def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSet
     :func:`dsparksim.bench.client.engine_mixes_prefill`), else the value for every run. ``acceptance``: the
     acceptance spec of the speculative runs instead of their mapping's (e.g. ``mtp?tau2=2.3`` from the server
     log's accept length); ConfigError when no selected run is speculative."""
-    import pandas as pd
-
-    from dsparksim.cost.profile import load_profile
+    import pandas as pd  # lazy: pandas
 
     prof = load_profile(profile) if isinstance(profile, (str, Path)) else profile
     plan = []
@@ -244,7 +243,7 @@ def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSet
 
 def error_summary(df) -> "Any":
     """Per metric: runs with a measurement, median and p90 of |relative error| (in %), and the median signed."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
     rows = []
     for m in METRICS:
@@ -273,8 +272,8 @@ def replay_figure(df, title: str = ""):
     """Interactivity (tok/s/user = 1000 / median TPOT) against output throughput per GPU, one panel per workload
     (lengths, GPU, engine, version, speculation): measured (filled, solid) and simulated (hollow, dashed), each
     series in concurrency (then rate) order, as InferenceX draws it."""
-    import pandas as pd
-    from matplotlib.figure import Figure
+    import pandas as pd  # lazy: pandas
+    from matplotlib.figure import Figure  # lazy: matplotlib
 
     d = df.copy()
     d["_label"] = [_workload_label(r) for r in d.to_dict("records")]

@@ -271,7 +271,7 @@ def read_runs(path: str | Path) -> list[dict[str, Any]]:
 
 def runs_frame(runs: Iterable[Mapping[str, Any]]):
     """The runs as a pandas DataFrame in column order (ints as nullable Int64, bools as nullable boolean)."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
     df = pd.DataFrame([dict(r) for r in runs], columns=list(NAMES))
     for c in COLUMNS:

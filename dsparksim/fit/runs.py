@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from dsparksim.bench.replay import cell_matches
-from dsparksim.bench.runs import format_cell
+from dsparksim.bench.runs import format_cell, NAMES, read_runs
 from dsparksim.errors import InputError
 from dsparksim.fit.trace import ClientSpec
+from dsparksim.bench.client import engine_mixes_prefill
 
 __all__ = ["FitRun", "load_fit_runs", "file_sha256", "METRIC_CHOICES"]
 
@@ -51,8 +52,6 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
     """(the selected runs, their rows). InputError on an empty selection, a speculative, open-loop, non-random or
     non-``ignore_eos`` run, or a run without the fields the fit needs. ``mixed_prefill``: None = each run's
     engine default (SGLang: off; :func:`dsparksim.bench.client.engine_mixes_prefill`)."""
-    from dsparksim.bench.client import engine_mixes_prefill
-    from dsparksim.bench.runs import NAMES, read_runs
 
     path = Path(path)
     for k in where:
