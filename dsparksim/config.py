@@ -97,7 +97,7 @@ class EngineConfig:
     kv_transfer_gbps:    prefill -> decode link bandwidth in Gbit/s (disaggregated; required there).
     kv_bytes_per_token:  KV bytes per token shipped (disaggregated); None = the profile's metadata value.
     mixed_prefill:       a step mixes prefill chunks with decode (vLLM, TensorRT-LLM); False = a step with a prefill
-                         chunk carries no decode (SGLang's default, --enable-mixed-chunk off; sim/engine.py doc).
+                         chunk carries no decode (SGLang's default, --enable-mixed-chunk off; sim/scheduler.py doc).
     """
 
     block_size: int = option(

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from dsparksim.sim.cluster import SimResult
-from dsparksim.sim.engine import REJECT_REASONS
+from dsparksim.sim.kv import REJECT_REASONS
 
 # The keys vLLM writes (setup, result, spec decode, statistics), in its order.
 SETUP_KEYS = ("date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",

@@ -20,18 +20,20 @@ __all__ = ["ResolvedInputs", "acceptance_spec", "engine_limits", "load_run_profi
 
 @dataclass(frozen=True)
 class ResolvedInputs:
-    """Everything a run reads besides its traffic. ``policy`` is a fresh policy object (reset it with the run's
-    random stream before use); ``acceptance_spec`` names the source ``acceptance`` was loaded from."""
+    """Everything a run reads besides its traffic and its engine options (``EngineConfig``), resolved: what a
+    :class:`~dsparksim.sim.cluster.Simulation` is built from. ``policy`` is a fresh policy object (reset it with the
+    run's random stream before use); ``acceptance_spec`` names the source ``acceptance`` was loaded from
+    ("given": built by the caller)."""
 
     profile: Any
     policy: Any
     K: int
     acceptance: Any
-    acceptance_spec: str
     drafter: str | None     # None: the policy drafts nothing (``none``): no drafting cost
     kv_cap: int
     max_tokens: int
-    max_model_len: int | None
+    max_model_len: int | None = None
+    acceptance_spec: str = "given"
 
 
 def load_run_profile(cfg: RunConfig, cache: dict | None = None):
