@@ -280,8 +280,8 @@ class RunConfig:
             # numpy's SeedSequence takes non-negative integers only
             raise ConfigError("config", "seed", f"must be an integer in [0, 2^63), got {self.seed!r}")
         t = self.traffic
-        dur = getattr(t, "duration_s", None) if getattr(t, "num_requests", None) is None else None
-        if self.warmup_s is not None and getattr(t, "num_warmup_prompts", 0):
+        dur = t.duration_s if t is not None and t.num_requests is None else None
+        if self.warmup_s is not None and t is not None and t.num_warmup_prompts:
             raise ConfigError("config", "warmup_s", f"conflicts with num_warmup_prompts ({t.num_warmup_prompts}): "
                               "the benchmark starts when the warm-up prompts have finished; give one")
         if self.warmup_s is not None and dur is not None and self.warmup_s >= dur:

@@ -327,7 +327,7 @@ class RunPairs:
             tp = self.cells.time_prefill(pkey)
             if tp is not None:
                 bd, bp = self.cells.baseline(key), self.cells.prefill_baseline(pkey)
-                w = self.cells.prefill_weight(key, float(getattr(plan, "predicted_s", 0.0)), bd, bp)
+                w = self.cells.prefill_weight(key, float(plan.predicted_s), bd, bp)
                 self.mx_log.append((int(i), *key, t, bd, *pkey[2:], tp, bp, w))
 
     @property
