@@ -47,6 +47,7 @@ import simpy
 from dsparksim.config import EngineConfig
 from dsparksim.errors import ConfigError
 from dsparksim.sim.contract import Executor
+from dsparksim.sim.disagg import PrefillPool, kv_transfer_terms
 from dsparksim.sim.driver import Driver, StepClock
 from dsparksim.sim.inputs import ResolvedInputs
 from dsparksim.sim.kv import R_LEN
@@ -197,18 +198,9 @@ class Simulation:
         self.bench_start = 0.0
         self.kv_policy, self.kv_page_tokens = engine.kv_policy, engine.kv_page_tokens
         self.disagg = engine.disaggregated
-        self.pool = None
-        profile, drafter = inputs.profile, inputs.drafter
-        if self.disagg:
-            from dsparksim.sim.disagg import PrefillPool, kv_transfer_terms
-
-            gbps, bpt = kv_transfer_terms(profile, engine.kv_transfer_gbps, engine.kv_bytes_per_token)
-            self.notes_kv = {"kv_transfer_gbps": gbps, "kv_bytes_per_token": bpt}
-            self.pool = PrefillPool(profile=profile, drafter=drafter, K=K, replicas=engine.prefill_replicas,
-                                    chunk_tokens=min(engine.prefill_chunk_tokens, int(inputs.max_tokens)),
-                                    gbps=gbps, bytes_per_token=bpt)
+        self.pool = self._prefill_pool(engine, inputs) if self.disagg else None
         self.in_prefill = 0   # requests in the prefill pool or on the link (disaggregated)
-        self.wl, self.K, self.drafter, self.policy = workload, K, drafter, inputs.policy
+        self.wl, self.K, self.drafter, self.policy = workload, K, inputs.drafter, inputs.policy
         self.duration, self.num_requests, self.progress = duration_s, num_requests, progress
         self.kv_cap, self.max_tokens = int(inputs.kv_cap), int(inputs.max_tokens)
         self.max_model_len = inputs.max_model_len
@@ -249,6 +241,15 @@ class Simulation:
         self._reject_streak = 0
         self.n_finished = 0
         self.ended_by: str | None = None
+
+    def _prefill_pool(self, engine: EngineConfig, inputs: ResolvedInputs) -> Any:
+        """The disaggregated prefill pool (:mod:`dsparksim.sim.disagg`); its link terms go into the notes."""
+        gbps, bpt = kv_transfer_terms(inputs.profile, engine.kv_transfer_gbps, engine.kv_bytes_per_token)
+        self.notes_kv = {"kv_transfer_gbps": gbps, "kv_bytes_per_token": bpt}
+        return PrefillPool(profile=inputs.profile, drafter=inputs.drafter, K=int(inputs.K),
+                           replicas=engine.prefill_replicas,
+                           chunk_tokens=min(engine.prefill_chunk_tokens, int(inputs.max_tokens)), gbps=gbps,
+                           bytes_per_token=bpt)
 
     def _check_shard(self, shard: tuple[int, int] | None) -> tuple[int, int] | None:
         """A shard runs replicas lo..hi-1 of this cluster alone (see :mod:`dsparksim.sim.shard`)."""

@@ -310,19 +310,7 @@ class Scheduler:
         # Chunked prefill: decode tokens first, the rest of the budget goes to prefills in FIFO order. Not mixed
         # (SGLang's default): the chunks get the whole budget and a step with a chunk carries no decode (module doc).
         budget = min(self.chunk, self.max_tokens - (n_dec * (1 + K) if self.mixed else 0))
-        chunks: list[tuple[int, int, int, int]] = []
-        n_pf = pf_qk = 0
-        if n_dec < len(run):
-            for row in run[ph == PREFILL]:
-                if budget <= 0:
-                    break
-                done = int(r.prefilled[row])
-                c = int(min(r.prompt[row] + r.regen[row] - done, budget))
-                chunks.append((int(row), int(r.slot_of[row]), done, c))
-                budget -= c
-                n_pf += c
-                # prefill beyond the verify term: the quadratic query-key part of the chunk's causal attention
-                pf_qk += chunk_query_keys(c, done)
+        chunks, n_pf, pf_qk = self._chunks(run[ph == PREFILL], budget) if n_dec < n_run else ([], 0, 0)
         if chunks and not self.mixed and n_dec:
             # a prefill-only step: the decoding rows wait; only the prefilling rows' context is read
             dec, n_dec = dec[:0], 0
@@ -365,6 +353,23 @@ class Scheduler:
         return StepPlan(decode=dec, slots=slots, verify=L, conf=conf, true_accepted=A, prefill=chunks, M=M,
                         n_prefill=n_pf, kv_read=kv_read, prefill_qk=pf_qk, K=K, predicted_s=dt,
                         n_running=n_run, decode_qk=dec_qk, preempted=pre, kv_pages=self.kv.used_pages)
+
+    def _chunks(self, rows: np.ndarray, budget: int) -> tuple[list[tuple[int, int, int, int]], int, int]:
+        """Prefill chunks of prefilling ``rows`` (FIFO) within ``budget`` tokens: (chunks, tokens, query-key pairs)."""
+        r = self.req
+        chunks: list[tuple[int, int, int, int]] = []
+        n_pf = pf_qk = 0
+        for row in rows:
+            if budget <= 0:
+                break
+            done = int(r.prefilled[row])
+            c = int(min(r.prompt[row] + r.regen[row] - done, budget))
+            chunks.append((int(row), int(r.slot_of[row]), done, c))
+            budget -= c
+            n_pf += c
+            # prefill beyond the verify term: the quadratic query-key part of the chunk's causal attention
+            pf_qk += chunk_query_keys(c, done)
+        return chunks, n_pf, pf_qk
 
     def apply(self, plan: StepPlan, outcome: StepOutcome, now: float) -> np.ndarray:
         """Apply an executed step at time ``now`` (its end): emit tokens, advance prefills, finish requests.
