@@ -98,6 +98,9 @@ class EngineConfig:
     kv_bytes_per_token:  KV bytes per token shipped (disaggregated); None = the profile's metadata value.
     mixed_prefill:       a step mixes prefill chunks with decode (vLLM, TensorRT-LLM); False = a step with a prefill
                          chunk carries no decode (SGLang's default, --enable-mixed-chunk off; sim/scheduler.py doc).
+    pad_verify:          verify lengths padded to the step's maximum (no variable-length kernels; sim/scheduler.py
+                         doc).
+    draft_exit:          early-exit survival threshold of the drafter, None = off (sim/early_exit.py).
     """
 
     block_size: int = option(
@@ -155,6 +158,17 @@ class EngineConfig:
     cuda_graph_max_bs: int | None = option(
         None, "--cuda-graph-max-bs", parse=pos_int, kinds=INT, metavar="N",
         help="SGLang's largest CUDA-graph batch: recorded; not priced (no profile has an eager-mode term)")
+    pad_verify: bool = option(
+        False, "--pad-verify", switch=True, kinds=BOOL,
+        help="the engine has no variable-length attention kernels: every decoding request of a step runs at the "
+             "step's longest verify length, and the target's forward is priced at that padded batch (only the "
+             "chosen draft tokens are verified; the policy is not told) [off]")
+    draft_exit: float | None = option(
+        None, "--draft-exit", parse=nonneg_float, kinds=NUM, metavar="T",
+        help="difficulty-aware early exit of drafting: the drafter stops a request's block at the first position "
+             "whose running survival (product of its confidences) falls below T in [0, 1]; the positions not "
+             "drafted are never verified and their drafting is not paid (autoregressive drafters skip forwards; a "
+             "parallel drafter saves only its Markov head's share) [off]")
     tensor_parallel_size: int | None = option(
         None, "--tensor-parallel-size", "--tp", parse=pos_int, kinds=INT, metavar="TP",
         help="the deployment's TP: checked against the profile's metadata.tensor_parallel (a profile prices one TP)")
@@ -204,6 +218,10 @@ class EngineConfig:
             if self.kv_capacity_tokens is not None:
                 raise ConfigError("config", "mem_fraction_static", f"conflicts with kv_capacity_tokens "
                                   f"({self.kv_capacity_tokens}): both set the KV capacity; give one")
+        if self.draft_exit is not None:
+            from dsparksim.sim.early_exit import check_threshold   # lazy: keeps this module import-light
+
+            check_threshold(self.draft_exit)
         for name in ("cuda_graph_max_bs", "tensor_parallel_size"):
             if getattr(self, name) is not None:
                 _count(name, getattr(self, name))
@@ -263,6 +281,10 @@ class RunConfig:
                              help="confidences the policies see from a parametric acceptance source: sts = the "
                                   "raw head after the simulator's sequential temperature scaling, raw = "
                                   "uncalibrated (ECE ~5%%); acceptance itself is identical [%(default)s]")
+    recalibrate: bool = option(False, "--recalibrate", switch=True, kinds=BOOL,
+                               help="online recalibration: the confidence-reading policy sees confidences rescaled "
+                                    "by per-position temperatures refitted from past verification outcomes "
+                                    "(dsparksim/policies/recalibrate.py; lossless, `audit --recalibrate`) [off]")
     engine: EngineConfig = field(default_factory=EngineConfig)
     traffic: Any = None  # dsparksim.traffic.TrafficConfig (kept Any so this module stays import-light)
     # None = 10% of duration for duration-bound runs, 0 for count-bound runs
@@ -300,7 +322,7 @@ class RunConfig:
         lasts ``duration_s`` (60 s by default). Errors are ConfigErrors naming ``source`` and the option (its
         command-line flag when ``flags``); the config dataclasses check every value again.
         """
-        from dsparksim.traffic.config import OPEN_SYNTHETIC, TrafficConfig
+        from dsparksim.traffic.config import OPEN_SYNTHETIC, TrafficConfig  # lazy: keeps this module import-light (numpy)
 
         specs = run_options()
 

@@ -31,7 +31,7 @@ from dsparksim.bench.runs import runs_frame, write_runs  # noqa: E402
 from dsparksim.cost.analytic.builder import build_profile  # noqa: E402
 from dsparksim.bench.spec import map_row  # noqa: E402
 from dsparksim.cost.profile import profile_from_dict, save_profile  # noqa: E402
-from dsparksim.fit.reprice import LinearRun  # noqa: E402
+from dsparksim.fit.reprice import PARAMS, LinearRun  # noqa: E402
 from dsparksim.fit.trace import ClientSpec, simulate_trace  # noqa: E402
 from dsparksim.errors import InputError  # noqa: E402
 from dsparksim.fit.command import KINDS, FitOptions, run_fit  # noqa: E402
@@ -205,8 +205,7 @@ def report(G: pd.DataFrame, T: pd.DataFrame, skipped: list, seconds: float, mixe
              "| hardware | image | TP/EP | rows | concurrencies | LOCO TPOT | LOCO tok/s/GPU | LOCO TTFT | in-sample "
              "TPOT | fitted (else held) | target |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for _, r in G.iterrows():
-        fitted = ", ".join(f"{p}={r[p]}" for p in ("dense", "moe", "comm", "attention", "prefill",
-                                                    "fixed_overhead_s") if r[p] != "held") or "none"
+        fitted = ", ".join(f"{p}={r[p]}" for p in PARAMS if p in r and r[p] != "held") or "none"
         verdict = ("met" if r.target_met else "NOT met") if r.target_applies else f"n/a (< {MIN_CONC} conc.)"
         pct = lambda x: "-" if x is None or pd.isna(x) else f"{x:.1%}"  # noqa: E731
         lines.append(f"| {r.gpu} | {r.engine_version} | {r.tp}/{r.ep} | {r.rows} | {r.concurrencies} | "

@@ -99,6 +99,29 @@ def test_tpot_and_throughput_definitions():
     assert run8.metrics["output_throughput_per_gpu"] == pytest.approx(m["output_throughput"] / 8, rel=1e-12)
 
 
+def test_request_latency_is_added_to_ttft_and_e2e_not_tpot_nor_the_engine():
+    """The profile's request_latency_s (outside the step loop): +d on every TTFT and E2E and on the duration,
+    TPOT and the engine's steps unchanged (a closed-loop client's next request reaches the engine at the finish)."""
+    import dataclasses
+    wl = ClientWorkload(128, 32, 0.5, num_prompts=40, max_concurrency=6, num_warmup_prompts=4)
+    prof = load_profile(SMALL)
+    a = run_client(prof, wl, seed=3)
+    b = run_client(dataclasses.replace(prof, request_latency_s=0.05), wl, seed=3)
+    assert np.array_equal(a.steps["dt"], b.steps["dt"]) and np.array_equal(a.requests["finish_s"],
+                                                                            b.requests["finish_s"])
+    np.testing.assert_allclose(b.requests["ttft_ms"], a.requests["ttft_ms"] + 50.0, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(b.requests["e2el_ms"], a.requests["e2el_ms"] + 50.0, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(b.requests["tpot_ms"], a.requests["tpot_ms"], rtol=1e-9)
+    assert b.metrics["duration_s"] == pytest.approx(a.metrics["duration_s"] + 0.05, rel=1e-12)
+    from dsparksim.cost.profile import profile_from_dict, profile_to_dict
+    from dsparksim.errors import InputError
+    d = profile_to_dict(dataclasses.replace(prof, request_latency_s=0.05))
+    assert d["request_latency_s"] == 0.05 and profile_from_dict(d).request_latency_s == 0.05
+    assert "request_latency_s" not in profile_to_dict(prof)          # absent = 0: older profiles unchanged
+    with pytest.raises(InputError, match="request_latency_s"):
+        profile_from_dict({**d, "request_latency_s": -0.01})
+
+
 def test_step_indices_point_at_the_steps():
     run = run_client(SMALL, ClientWorkload(256, 24, 0.5, num_prompts=30, max_concurrency=4, num_warmup_prompts=3),
                      seed=4)

@@ -195,7 +195,8 @@ def test_missing_file():
 # ------------------------------------------------------------------ shipped + real data
 
 SHIPPED_ROWS = {"azure-conv": 2000, "azure-code": 2000, "sharegpt": 2000, "arxiv": 2000,
-                "azure-conv-window": 4123, "azure-code-window": 2112, "mooncake-window": 1007}
+                "azure-conv-window": 4123, "azure-code-window": 2112, "mooncake-window": 1007,
+                "mooncake-long": 2000}
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))

@@ -22,6 +22,7 @@ N_SAMPLE = 2000            # rows in each lengths-only sample
 WINDOW_START_S = 1200.0    # windows start 20 min into each trace (past any start-up effects)
 AZURE_WINDOW_S = 600.0
 MOONCAKE_WINDOW_S = 300.0  # Mooncake lines carry hash_ids, so 5 min already is ~250 kB
+LONG_RANGE = (8192, 131072)  # prompt tokens of the long-context sample (study long-context: 8k-128k)
 
 # file -> sha256 prefix from data/SOURCES.md
 SOURCES = {
@@ -59,6 +60,16 @@ def _mooncake_window(src: Path, dst: Path) -> None:
     dst.write_text("".join(lines[i] + "\n" for i in keep))
 
 
+def _mooncake_long(src: Path, dst: Path, rng: np.random.Generator) -> None:
+    """N_SAMPLE random Mooncake conversation requests whose prompt has 8k-128k tokens (input_length, output_length
+    verbatim, as a lengths CSV)."""
+    rows = [json.loads(ln) for ln in src.read_text().splitlines() if ln.strip()]
+    keep = [r for r in rows if LONG_RANGE[0] <= r["input_length"] <= LONG_RANGE[1]]
+    pick = np.sort(rng.choice(len(keep), size=N_SAMPLE, replace=False))
+    dst.write_text("num_prefill_tokens,num_decode_tokens\n"
+                   + "".join(f"{keep[i]['input_length']},{keep[i]['output_length']}\n" for i in pick))
+
+
 def main(argv: list[str] | None = None) -> int:
     here = Path(__file__).resolve().parent
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -81,10 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     _azure_window(args.shared / "AzureLLMInferenceTrace_conv.csv", here / "azure_conv_window.csv")
     _azure_window(args.shared / "AzureLLMInferenceTrace_code.csv", here / "azure_code_window.csv")
     _mooncake_window(args.shared / "conversation_trace.jsonl", here / "mooncake_conv_window.jsonl")
+    _mooncake_long(args.shared / "conversation_trace.jsonl", here / "mooncake_long_sample.csv", rng)
 
     from dsparksim.traffic.readers import read_trace  # validate what we wrote with the strict readers
     for f in ("azure_conv_sample.csv", "azure_code_sample.csv", "sharegpt_sample.csv", "arxiv_sample.csv",
-              "azure_conv_window.csv", "azure_code_window.csv", "mooncake_conv_window.jsonl"):
+              "azure_conv_window.csv", "azure_code_window.csv", "mooncake_conv_window.jsonl",
+              "mooncake_long_sample.csv"):
         tab = read_trace(here / f)
         span = f", {tab.arrival_s[-1]:.1f} s" if tab.arrival_s is not None else ""
         print(f"{f}: {len(tab)} rows ({tab.format}{span}), {(here / f).stat().st_size} bytes, sha256 {tab.sha256}")

@@ -12,6 +12,8 @@
                                confidence head (confidence-reading policies are refused)
 ``...?sigma_req=0.5&...``      override parameters: sigma_req, sigma_block, sigma_tok, noise_sd, noise_sd_end,
                                noise_block, raw_gain, jump, slope, slope_easy, offset, temperature
+``...?head_blind=0.5&...``     paper drafters: a head blind to part of the domain shift, head_mix=M:C:H the mix
+                               it learned on, sts_mix=M:C:H the mix STS is fitted on (:mod:`.headshift`)
 ``PATH.csv|.csv.gz|.parquet``  replay an acceptance trace (format: :mod:`.trace_format`)
 ``vllm:PATH`` ``sglang:PATH``  engine-log importers (:mod:`.importers`); extra params ``drafter=``,
                                ``draft_len=`` (sglang)

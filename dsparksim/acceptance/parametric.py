@@ -50,6 +50,7 @@ from dsparksim.acceptance.base import DOMAINS, AcceptanceModel, Block
 from dsparksim.acceptance.calibration import (calibrate_mu, calibrate_mu_steps, check_curve, link, model_conditional,
                                               model_conditional_steps, tau_of_curve)
 from dsparksim.acceptance.confidence import fit_sts_nll
+from dsparksim.acceptance.headshift import HeadShift
 from dsparksim.acceptance.reference import K_MAX, MTP1_DEFAULT_SOURCE, mtp1_alpha, paper_curve
 from dsparksim.sim.streams import KeyedRows, normals_from_halves, uniforms_from_halves
 
@@ -194,7 +195,7 @@ class ParametricAcceptance(AcceptanceModel):
                  params: ParametricParams | None = None, source: str = "custom curve",
                  notes: Sequence[str] = (), domain_default: str = "chat",
                  extra_metadata: Mapping[str, Any] | None = None, confidence: str = "sts",
-                 calibration: str = "steps"):
+                 calibration: str = "steps", shift: "HeadShift | None" = None):
         if calibration not in ("steps", "requests"):
             raise ConfigError(source, "calibration", f"expected 'steps' or 'requests', got {calibration!r}")
         if confidence not in CONFIDENCE_MODES:
@@ -229,6 +230,11 @@ class ParametricAcceptance(AcceptanceModel):
                                   for d in self._rows])
         self.confidence = confidence
         self._noise = p.noise_by_position(self.K)
+        # the head's domain shift (study calibration-drift): a per-domain logit bias of the raw head, and the mix
+        # the STS temperatures are fitted on (None = the defaults: no bias, every curve weighted equally)
+        self.shift = shift if shift is not None and not shift.is_default else None
+        self._bias = (self.shift.bias(self.curves, self._rows, self.K, source) if self.shift is not None
+                      else None)
         # final logit = (x + noise) * scale_k: raw_gain for the raw head, raw_gain / T_k after the simulator's own
         # sequential temperature scaling (fitted on a fixed-seed sample of this model's raw confidences)
         self.sts_temperatures = self._fit_sts() if confidence == "sts" else None
@@ -259,6 +265,9 @@ class ParametricAcceptance(AcceptanceModel):
             "domain_default": domain_default,
             "assumptions": list(notes),
         }
+        if self.shift is not None:
+            self.metadata["head_shift"] = self.shift.describe() | {
+                "bias_by_domain": {d: [round(float(b), 6) for b in self._bias[i]] for i, d in enumerate(self._rows)}}
         if self.pooled:
             self.metadata["assumptions"].append("one pooled curve: every domain gets the same acceptance")
         self._extra = dict(extra_metadata or {})
@@ -269,7 +278,7 @@ class ParametricAcceptance(AcceptanceModel):
     def from_paper(cls, drafter: str, K: int, params: ParametricParams | None = None, *,
                    domain_default: str = "chat", source: str | None = None,
                    confidence: str = "sts", calibration: str = "steps",
-                   mtp1_source: str = MTP1_DEFAULT_SOURCE) -> "ParametricAcceptance":
+                   mtp1_source: str = MTP1_DEFAULT_SOURCE, shift: "HeadShift | None" = None) -> "ParametricAcceptance":
         """The paper-calibrated model for dspark / dflash / eagle3 (K <= 15) or mtp1 (K = 1; ``mtp1_source``
         v3 or v4 names its acceptance, see :func:`.reference.mtp1_alpha`)."""
         src = source or drafter
@@ -287,7 +296,7 @@ class ParametricAcceptance(AcceptanceModel):
                 + " (dsparksim/data/dspark_acceptance.json)"}
         return cls(curves, K, drafter=drafter, params=params, source=src, notes=notes,
                    domain_default=domain_default, extra_metadata=meta, confidence=confidence,
-                   calibration=calibration)
+                   calibration=calibration, shift=shift)
 
     # ---- AcceptanceModel interface ---------------------------------------------------------------------
     def _ensure_capacity(self, top: int) -> None:
@@ -363,6 +372,8 @@ class ParametricAcceptance(AcceptanceModel):
         y = x + self._noise * rng.standard_normal(x.shape) if p.noise_sd or p.noise_sd_end else x
         if p.noise_block:
             y = y + p.noise_block * rng.standard_normal(x.shape[0])[:, None]
+        if self._bias is not None:
+            y = y + self._bias[rows]
         return Block(conf=sigmoid(y * self._scale), accepted=accepted)
 
     def _draw_keyed(self, rows: np.ndarray, u: np.ndarray, rng: KeyedRows) -> Block:
@@ -382,6 +393,8 @@ class ParametricAcceptance(AcceptanceModel):
         np.add(x, y, out=y)
         if p.noise_block:
             y += p.noise_block * normals_from_halves(h[:, 1 + 3 * K:])
+        if self._bias is not None:
+            y += self._bias[rows]
         y *= self._scale
         return Block(conf=_sigmoid_into(y, y), accepted=accepted)
 
@@ -406,7 +419,7 @@ class ParametricAcceptance(AcceptanceModel):
                                     notes=[n for n in self.metadata["assumptions"]
                                            if not n.startswith("one pooled curve")],
                                     domain_default=self.domain_default, extra_metadata=self._extra,
-                                    confidence=self.confidence, calibration=self.calibration)
+                                    confidence=self.confidence, calibration=self.calibration, shift=self.shift)
 
     def with_confidence(self, confidence: str) -> "ParametricAcceptance":
         """Same model (same draws, same acceptance truth), raw or STS-calibrated confidences."""
@@ -414,17 +427,24 @@ class ParametricAcceptance(AcceptanceModel):
                                     notes=[n for n in self.metadata["assumptions"]
                                            if not n.startswith("one pooled curve")],
                                     domain_default=self.domain_default, extra_metadata=self._extra,
-                                    confidence=confidence, calibration=self.calibration)
+                                    confidence=confidence, calibration=self.calibration, shift=self.shift)
 
     def _fit_sts(self) -> np.ndarray:
         """STS temperatures T_1..T_K of this model's raw confidences (cached: deterministic in curves/params)."""
-        key = (tuple(tuple(np.round(self.curves[d], 12)) for d in self._rows), self.K, self.params, self.calibration)
+        key = (tuple(tuple(np.round(self.curves[d], 12)) for d in self._rows), self.K, self.params, self.calibration,
+               self.shift)
         if key not in _STS_CACHE:
             p, K = self.params, self.K
             rng = np.random.default_rng(STS_SEED)
             conf, acc = [], []
-            for i in range(len(self._rows)):      # one block of each of STS_BLOCKS fresh requests per curve
-                n = STS_BLOCKS
+            # one block of each of STS_BLOCKS fresh requests per curve (a shift's sts_mix: the same total, split
+            # in proportion to the mix's weights)
+            counts = ([STS_BLOCKS] * len(self._rows) if self.shift is None else
+                      self.shift.sts_counts(self._rows, STS_BLOCKS))
+            for i in range(len(self._rows)):
+                n = counts[i]
+                if n == 0:
+                    continue
                 x = self._mu[i] + (p.sigma_req * rng.standard_normal(n) + p.sigma_block * rng.standard_normal(n))[:, None]
                 x = link(x + p.sigma_tok * rng.standard_normal((n, K)), p.shape)
                 ok = rng.random((n, K)) < sigmoid(x)
@@ -432,6 +452,8 @@ class ParametricAcceptance(AcceptanceModel):
                 y = x + self._noise * rng.standard_normal((n, K))
                 if p.noise_block:
                     y += p.noise_block * rng.standard_normal(n)[:, None]
+                if self._bias is not None:
+                    y += self._bias[i]
                 conf.append(sigmoid(y * p.raw_gain))
             _STS_CACHE[key] = fit_sts_nll(np.vstack(conf), np.concatenate(acc))
         return _STS_CACHE[key].copy()

@@ -103,9 +103,9 @@ def analyse(traces: dict) -> dict:
 
 
 def _plot(res: dict, traces: dict, path: Path) -> None:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib
 
     fig, axes = plt.subplots(2, 3, figsize=(14, 8.5))
     colors = {"dspark": "C3", "dflash": "C0", "eagle3": "C2", "mtp1": "C7"}

@@ -10,7 +10,7 @@ from dsparksim.backend.data import EOT, SPECIAL
 
 def train_tokenizer(texts: list[str], vocab_size: int):
     """Train a byte-level BPE with the special tokens (EOT, user, assistant) at ids 0..2."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # heavy: tokenizers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -23,7 +23,7 @@ def train_tokenizer(texts: list[str], vocab_size: int):
 
 def load_tokenizer(path: str | Path, expect_vocab: int | None = None, checkpoint: str | Path | None = None):
     """Load ``tokenizer.json``; with ``expect_vocab`` check it matches the model's vocabulary size."""
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # heavy: tokenizers
 
     path = Path(path)
     if not path.is_file():

@@ -19,13 +19,13 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from dsparksim.backend.calibration import apply_sts, fit_sts
-from dsparksim.backend.checkpoint import save
+from dsparksim.backend.checkpoint import load_drafter, load_target, save
 from dsparksim.backend.config import PipelineConfig
 from dsparksim.backend.data import DOMAINS, Corpus, build_corpus
 from dsparksim.backend.drafters import DRAFTERS, DrafterConfig, build_drafter
 from dsparksim.backend.model import TargetModel, lr_at, n_params
 from dsparksim.backend.specdec import speculative_generate
-from dsparksim.backend.tokenizer import file_sha256, train_tokenizer
+from dsparksim.backend.tokenizer import file_sha256, load_tokenizer, train_tokenizer
 from dsparksim.acceptance.confidence import ece_survival
 
 STAGES = ("tokenizer", "target", "drafters", "calibrate")
@@ -180,8 +180,6 @@ def calibrate(cfg: PipelineConfig, tok, target, drafters: dict, corpus: Corpus, 
 def run_pipeline(cfg: PipelineConfig, out: str | Path, stages=STAGES, prompts_dir=None, progress=True,
                  threads: int = 2) -> dict:
     """Run the requested stages; later stages load earlier results from ``out``."""
-    from dsparksim.backend.checkpoint import load_drafter, load_target
-    from dsparksim.backend.tokenizer import load_tokenizer
 
     torch.set_num_threads(threads)
     out = Path(out)

@@ -12,7 +12,8 @@ server settings of :class:`ServerSettings`, and computes the metrics as the clie
   is sent. The run ends when the prompts run out (:class:`dsparksim.sim.cluster.Simulation` ``client_cap``).
 * **Warm-up**: ``num_warmup_prompts`` requests (same length distribution, own draws) run first, under the same
   cap; the benchmark's clock starts when the last of them finished, and none of them is measured.
-* **Metrics** (:func:`client_metrics`): TTFT = first token − sent; E2E = finish − sent; TPOT of a request =
+* **Metrics** (:func:`client_metrics`): TTFT = first token − sent; E2E = finish − sent (both plus the profile's
+  ``request_latency_s``, the stack's latency outside the engine's step loop, 0 when absent); TPOT of a request =
   (E2E − TTFT) / (output tokens − 1) over requests with more than one output token; mean / median / p99
   (``np.percentile``, linear) over requests; duration = the last measured request's finish − the benchmark's
   start; throughput = output tokens / duration; per GPU = / ``server.gpus``. ``failed`` = requests the server
@@ -251,11 +252,14 @@ def run_client(profile: Any, workload: ClientWorkload, server: ServerSettings = 
     cfg = client_config(str(getattr(prof, "name", "profile")), workload, server, policy, block_size, acceptance,
                         drafter, seed)
     out = simulate(cfg, profile=prof, cache=_CACHE)
-    return client_run(out, server.gpus)
+    return client_run(out, server.gpus, float(getattr(prof, "request_latency_s", 0.0) or 0.0))
 
 
-def client_run(out: Any, gpus: int = 1) -> ClientRun:
-    """The client's view of a finished count-bound run (a :class:`dsparksim.sim.simulate.RunOutput`)."""
+def client_run(out: Any, gpus: int = 1, request_latency_s: float = 0.0) -> ClientRun:
+    """The client's view of a finished count-bound run (a :class:`dsparksim.sim.simulate.RunOutput`).
+    ``request_latency_s`` (the profile's): the stack's latency outside the engine's step loop, added to every
+    request's TTFT and E2E and to the duration (the last response reaches the client that much later); the
+    ``first_token_s`` / ``finish_s`` columns and the step indices stay the engine's."""
     import pandas as pd
 
     res, cfg = out.result, out.config
@@ -283,8 +287,11 @@ def client_run(out: Any, gpus: int = 1) -> ClientRun:
         ok = np.isfinite(x) & (i < len(t_end))
         return np.where(ok, np.minimum(i, max(len(t_end) - 1, 0)), -1).astype(np.int64)
 
-    ttft = (ft - arr) * 1e3
-    e2el = (fin - arr) * 1e3
+    lat = float(request_latency_s)
+    if not math.isfinite(lat) or lat < 0:
+        raise ConfigError(_SRC, "request_latency_s", f"expected a finite number >= 0, got {request_latency_s!r}")
+    ttft = (ft - arr + lat) * 1e3
+    e2el = (fin - arr + lat) * 1e3
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(outl > 1, (e2el - ttft) / (outl - 1), np.nan)
     reqs = pd.DataFrame({
@@ -294,7 +301,7 @@ def client_run(out: Any, gpus: int = 1) -> ClientRun:
         "first_token_step": step_of_end(ft), "finish_step": step_of_end(fin),
         "tpot_ms": tpot, "ttft_ms": ttft, "e2el_ms": e2el, "failed": failed})
     done = np.isfinite(fin)
-    duration = float(fin[done].max()) if done.any() else 0.0
+    duration = float(fin[done].max()) + lat if done.any() else 0.0
     metrics = client_metrics(reqs, duration, gpus)
     eng = out.inputs["engine"]
     notes: dict[str, Any] = {
@@ -303,7 +310,7 @@ def client_run(out: Any, gpus: int = 1) -> ClientRun:
         "max_batched_tokens": int(eng["max_batched_tokens"]), "block_size": int(res.block_size),
         "mixed_prefill": bool(cfg.engine.mixed_prefill),
         "drafter": res.drafter, "policy": cfg.policy, "acceptance": out.inputs["acceptance"],
-        "ended_by": res.ended_by, "gpus": int(gpus), "config": cfg}
+        "ended_by": res.ended_by, "gpus": int(gpus), "request_latency_s": lat, "config": cfg}
     if cfg.engine.mem_fraction_static is not None:
         notes["kv_capacity"] = (f"mem_fraction_static {cfg.engine.mem_fraction_static}: (GPU memory x fraction - "
                                 "weights per GPU) / KV bytes per token per GPU (dsparksim.cost.memory)")

@@ -5,15 +5,18 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import argparse
 from collections import Counter
 
 from dsparksim.errors import InputError
+from dsparksim.bench.importers import FORMATS, import_files
+from dsparksim.bench.runs import check_out, COLUMNS, parse_cell, write_runs
+from dsparksim.cli.bench_replay import register_replay
 
 
 def register(subparsers) -> None:
     """Add ``bench`` and its subcommands to an argparse subparsers object."""
-    from dsparksim.cli.bench_replay import register_replay
 
     p = subparsers.add_parser("bench", help="measured serving-benchmark runs: import them into a runs table, "
                                             "replay them")
@@ -24,8 +27,6 @@ def register(subparsers) -> None:
 
 
 def _register_import(sub) -> None:
-    from dsparksim.bench.importers import FORMATS
-    from dsparksim.bench.runs import COLUMNS
 
     q = sub.add_parser(
         "import", help="read vLLM / SGLang / InferenceX benchmark results into a runs table",
@@ -53,9 +54,7 @@ def _register_import(sub) -> None:
 
 def overrides(args: argparse.Namespace) -> dict:
     """The column values given as options, parsed and checked as their columns (errors name the option)."""
-    import dataclasses
 
-    from dsparksim.bench.runs import COLUMNS, parse_cell
 
     out = {}
     for c in COLUMNS:
@@ -70,8 +69,6 @@ def overrides(args: argparse.Namespace) -> dict:
 
 
 def import_command(args: argparse.Namespace) -> int:
-    from dsparksim.bench.importers import import_files
-    from dsparksim.bench.runs import check_out, write_runs
 
     check_out(args.out, args.force, inputs=args.files)
     rows = import_files(args.files, args.format, overrides(args))

@@ -13,11 +13,13 @@ import time
 from pathlib import Path
 
 from dsparksim.cli.options import add_seed_option, bar_off, check_seed
+from dsparksim import __version__
+from dsparksim.config import pos_float, pos_int
+from dsparksim.results.outputs import check_out_dir, staged_dir
 
 
 def register_replay(sub) -> None:
     """Add ``replay`` to the ``bench`` subcommands."""
-    from dsparksim.config import pos_float, pos_int
 
     q = sub.add_parser("replay", help="simulate every selected run of a runs table as its client ran it",
                        description="Simulate each selected run of a runs table (bench import) on a cost profile, "
@@ -46,15 +48,13 @@ def register_replay(sub) -> None:
 
 
 def replay_command(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+    from tqdm import tqdm  # lazy: only commands that draw a bar (CLI start-up)
 
-    from dsparksim import __version__
-    from dsparksim.bench.client import ServerSettings
+    from dsparksim.bench.client import ServerSettings  # lazy: pulls in numpy
     from dsparksim.bench.replay import (error_summary, parse_where, read_table, replay, replay_figure, row_policy,
                                         row_workload, select)
-    from dsparksim.cost.profile import load_profile, profile_path
-    from dsparksim.results.outputs import check_out_dir, staged_dir
-    from dsparksim.sim.simulate import write_json, write_table
+    from dsparksim.cost.profile import load_profile, profile_path  # lazy: pulls in numpy
+    from dsparksim.sim.simulate import write_json, write_table  # lazy: pulls in numpy, scipy, simpy
 
     check_seed(args)
     check_out_dir(args.out, "--out")

@@ -12,8 +12,14 @@ from typing import Any, Sequence
 from dsparksim.config import (DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, RunConfig, nonneg_float,
                               nonneg_int, pos_float, pos_int, run_options)
 from dsparksim.cli.options import add_backend_options, bar_off
-from dsparksim.errors import ConfigError, InputError
+from dsparksim.errors import ConfigError, InputError, missing_extra, one_line
 from dsparksim.io.options import number
+from dsparksim import __version__
+from dsparksim.config import PAGED_ONLY, reserved_kv_conflict
+from dsparksim.results.notes import low_verify_note
+from dsparksim.results.outputs import check_out_dir, check_out_file, need_parquet, staged_dir
+from dsparksim.sim.inputs import load_run_profile, resolve_inputs
+from dsparksim.sim.reads import unread_by_all
 
 __all__ = ["DEFAULT_DURATION_S", "add_draft_len", "add_option", "add_out", "build_parser", "main", "nonneg_float",
            "nonneg_int", "pos_float", "pos_int", "preflight", "run_config"]
@@ -162,7 +168,7 @@ def add_result_options(r: argparse.ArgumentParser) -> None:
 
 def result_options(args: argparse.Namespace) -> dict[str, Any]:
     """bench_result()'s options from `run`'s result flags, checked (one line naming the flag)."""
-    from dsparksim.results.bench_json import ALL_KEYS, parse_goodput
+    from dsparksim.results.bench_json import ALL_KEYS, parse_goodput  # lazy: pulls in numpy, scipy, simpy
 
     mets = [m.strip() for m in args.percentile_metrics.split(",")]
     bad = [m for m in mets if m not in PERCENTILE_METRICS]
@@ -191,7 +197,6 @@ def result_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def result_file(args: argparse.Namespace, cfg: RunConfig, model: str) -> Path | None:
     """Where --result-dir puts the result JSON (vLLM's name unless --result-filename); refused if it exists."""
-    from dsparksim.results.outputs import check_out_file
 
     if args.result_filename is not None and (not args.result_filename or "/" in args.result_filename
                                              or args.result_filename in (".", "..")):
@@ -270,14 +275,14 @@ def flag_given(args: argparse.Namespace, *opts: str) -> bool:
 
 # The command-line flags of the draft options (dsparksim.sim.reads.DRAFT_OPTIONS; drafter has none).
 DRAFT_FLAGS = {"acceptance": ("--acceptance",), "block_size": ("--num-speculative-tokens", "-K", "--block-size"),
-               "mtp1_acceptance": ("--mtp1-acceptance",), "confidence": ("--confidence",)}
+               "mtp1_acceptance": ("--mtp1-acceptance",), "confidence": ("--confidence",),
+               "recalibrate": ("--recalibrate",)}
 
 
 def check_unread_options(args: argparse.Namespace, policies: Sequence[str], how: str) -> None:
     """An option typed on the command line that none of ``policies`` reads is an error, never silently dropped
     (one rule for `run` and `frontier`, as for sweep and plan specs: dsparksim.sim.reads). ``how``: how the
     policies were given, e.g. '--policy none'."""
-    from dsparksim.sim.reads import unread_by_all
 
     for key, flags in DRAFT_FLAGS.items():
         if flag_given(args, *flags):
@@ -311,7 +316,6 @@ def check_run_args(args: argparse.Namespace, frontier: bool = False) -> None:
     if flag_given(args, "--router") and max(reps) == 1 and getattr(args, "dp_ranks", 1) == 1:
         raise _bad("--router", f"has no effect on one engine (set --replicas or --dp-ranks above 1); got --router "
                    f"{','.join(args.router) if isinstance(args.router, (list, tuple)) else args.router}")
-    from dsparksim.config import PAGED_ONLY, reserved_kv_conflict
     hit = reserved_kv_conflict(args.kv_policy, {k: getattr(args, k) for k, f in PAGED_ONLY.items() if flag_given(args, f)},
                                flags=True)
     if hit:
@@ -319,9 +323,7 @@ def check_run_args(args: argparse.Namespace, frontier: bool = False) -> None:
     if args.format == "parquet":
         if frontier:
             raise _bad("--format", "frontier writes no per-request table; --format applies to run")
-        from dsparksim.results.outputs import need_parquet
         need_parquet("--format")
-    from dsparksim.results.outputs import check_out_dir
     if args.out is not None:   # None: `run --result-dir` alone writes no folder
         check_out_dir(args.out, "--out")
 
@@ -356,9 +358,9 @@ def _run_config(args: argparse.Namespace, traffic) -> RunConfig:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+    from tqdm import tqdm  # lazy: only commands that draw a bar (CLI start-up)
 
-    from dsparksim.sim.simulate import simulate, write_run
+    from dsparksim.sim.simulate import simulate, write_run  # lazy: pulls in numpy, scipy, simpy
 
     write_out = args.result_dir is None or flag_given(args, "--out")   # --result-dir alone: only that file
     if not write_out:
@@ -375,10 +377,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.ray_address is not None and args.backend != "ray":
         raise _bad("--ray-address", f"applies to --backend ray only; got --backend {args.backend}")
     if args.backend is not None or args.workers is not None:
-        from dsparksim.sim.shard import check_shardable
+        from dsparksim.sim.shard import check_shardable  # lazy: pulls in numpy, scipy, simpy
         check_shardable(cfg)   # one line saying why the replicas interact, before anything runs
     preflight(cfg, [cfg.policy])  # profile, acceptance, lengths and trace read before the progress bar starts
-    from dsparksim.sim.inputs import load_run_profile
     target = result_file(args, cfg, str(load_run_profile(cfg).metadata.get("model", "")))
     existed = args.out is not None and Path(args.out).is_dir() and any(Path(args.out).iterdir())
     t0 = time.perf_counter()
@@ -388,7 +389,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.backend is None and args.workers is None:
             out = simulate(cfg, progress=(lambda now: bar.update(min(now, total) - bar.n)) if total else None)
         else:   # sharded across workers (ConfigError when the replicas interact)
-            from dsparksim.sweep.fleet import run_fleet
+            from dsparksim.sweep.fleet import run_fleet  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
             out = run_fleet(cfg, args.backend or "local", args.workers, args.ray_address)
     wall = time.perf_counter() - t0
     paths = write_run(out, args.out, fmt=args.format, steps=args.save_steps, bench_options=bench_opts,
@@ -398,7 +399,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not s["num_requests_completed"]:
         print(f"dsparksim: warning: no request both arrived inside the measurement window (after the {s['warmup_s']:g} s "
               "warm-up) and completed: per-request metrics are empty (lower --warmup or run longer)", file=sys.stderr)
-    from dsparksim.results.notes import low_verify_note
     note = low_verify_note(s)
     if note:
         print(f"dsparksim: note: {note}", file=sys.stderr)
@@ -428,18 +428,10 @@ def _f(v: Any, nd: int = 1) -> str:
     return "n/a" if v is None else f"{v:.{nd}f}"
 
 
-def cmd_frontier(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from dsparksim.results.frontier import DEFAULT_CONCURRENCY as DEFAULT_LOADS
-    from dsparksim.results.frontier import (DEFAULT_POLICIES, cells, comparison_table, deployment_label, deployments,
-                                    frontier_table, run_cells)
-    from dsparksim.results.frontier_seeds import comparison_with_intervals, seed_means
-    from dsparksim.results.plots import plot_frontier, plot_verify_budget
-    from dsparksim.results.outputs import staged_dir
-    from dsparksim.results.stats import seed_list
-    from dsparksim.policies import make_policy
-    from dsparksim.sim.simulate import write_json, write_table
+def frontier_policies(args: argparse.Namespace) -> tuple[list[str], Any, list[str]]:
+    """The swept policies, SLOs and notes of `frontier`, every option checked before any cell runs."""
+    from dsparksim.policies import make_policy  # lazy: pulls in numpy
+    from dsparksim.results.frontier import DEFAULT_POLICIES  # lazy: pulls in numpy, pandas, pyarrow
 
     if args.policies is not None:
         policies = [p.strip() for p in args.policies.split(",")]
@@ -447,7 +439,8 @@ def cmd_frontier(args: argparse.Namespace) -> int:
             raise _bad("--policies", f"expected comma-separated policy specs, got {args.policies!r}")
     else:
         policies = list(DEFAULT_POLICIES)
-    pols = [make_policy(p) for p in policies]  # fail fast on a bad spec, before any cell runs
+    for p in policies:
+        make_policy(p)  # fail fast on a bad spec, before any cell runs
     # an option that no swept policy reads would change nothing in any cell: refused, as `run` refuses it
     check_unread_options(args, policies, f"--policies {','.join(policies)}: none of them reads it")
     dup = sorted({p for p in policies if policies.count(p) > 1})
@@ -470,8 +463,17 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     if args.ray_address and args.backend != "ray":
         raise _bad("--ray-address", "applies to --backend ray only")
     if args.backend == "ray":
-        from dsparksim.sweep.backends import import_ray
+        from dsparksim.sweep.backends import import_ray  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
         import_ray()  # the missing extra is one line before any cell, not after the progress bar
+    return policies, slos, slo_warnings
+
+
+def frontier_cells(args: argparse.Namespace, policies: list[str], slo_warnings: list[str]):
+    """The base config, loads, deployments, seeds and every cell of `frontier`."""
+    from dsparksim.results.frontier import DEFAULT_CONCURRENCY as DEFAULT_LOADS  # lazy: pulls in numpy, pandas, pyarrow
+    from dsparksim.results.frontier import cells, deployment_label, deployments  # lazy: pulls in numpy, pandas, pyarrow
+    from dsparksim.results.stats import seed_list  # lazy: pulls in numpy
+
     check_run_args(args, frontier=True)
     if args.trace:
         loads, load, load_name = args.time_scales or [0.5, 1, 2, 4], {"time_scale": 1.0}, "trace time scale"
@@ -495,6 +497,36 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     _check_session_routers(base, args.router)
     seeds = seed_list(base.seed, args.seeds)
     cfgs = cells(base, policies, loads, deploys, seeds=seeds if len(seeds) > 1 else None)
+    return base, loads, load_name, deploys, seeds, cfgs
+
+
+def warn_incomplete_cells(table, seeded: bool) -> None:
+    """Cells with no finished request, or with requests rejected on arrival, said out loud (never silently
+    left off a plot); with seeds, ``table`` is the per-seed table."""
+    empty = _empty_cells(table)  # with seeds: any seed without a finished request
+    if empty:
+        # Kept in frontier.csv with empty metrics (never Pareto) -- said out loud, never silently left off a plot.
+        print(f"dsparksim: warning: {len(empty)} cell(s) finished no request in the measurement window; they stay "
+              f"in frontier.csv with empty metrics and are never Pareto: {', '.join(empty)} (lengthen --duration)"
+              + ("; a cell's mean over seeds is empty when any of its seeds is" if seeded else ""),
+              file=sys.stderr)
+    rejected = _rejected_cells(table)
+    if rejected:
+        print(f"dsparksim: warning: requests were rejected on arrival in {len(rejected)} cell(s) and their metrics "
+              f"cover only the admitted requests: {', '.join(rejected)} (frontier.csv: num_requests_rejected)",
+              file=sys.stderr)
+
+
+def cmd_frontier(args: argparse.Namespace) -> int:
+    """`dsparksim frontier`: every policy at every load (and deployment, seed), the frontier and the gains."""
+    from tqdm import tqdm  # lazy: only commands that draw a bar (CLI start-up)
+    from dsparksim.results.frontier import comparison_table, deployment_label, frontier_table, run_cells  # lazy: pulls in numpy, pandas, pyarrow
+    from dsparksim.results.frontier_seeds import comparison_with_intervals, seed_means  # lazy: pulls in numpy, pandas, pyarrow
+    from dsparksim.results.plots import plot_frontier, plot_verify_budget  # lazy: pulls in matplotlib, numpy, pandas, pyarrow
+    from dsparksim.sim.simulate import write_json, write_table  # lazy: pulls in numpy, scipy, simpy
+
+    policies, slos, slo_warnings = frontier_policies(args)
+    base, loads, load_name, deploys, seeds, cfgs = frontier_cells(args, policies, slo_warnings)
     for w in slo_warnings:   # after every check: a refused command prints its one error line only (notes too)
         print(w, file=sys.stderr)
     jobs = args.workers or min(os.cpu_count() or 1, len(cfgs))
@@ -526,8 +558,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     elif many:
         print(f"dsparksim: note: no per-GPU frontier (frontier_per_gpu.png, output_throughput_tok_s_per_gpu): "
               f"{gpu_note}", file=sys.stderr)
-    from dsparksim import __version__
-    from dsparksim.sweep.cells import input_hashes
+    from dsparksim.sweep.cells import input_hashes  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
     with staged_dir(out) as d:  # all the files replace OUT together (dsparksim.results.outputs)
         write_json(d / names["config"], {"base_config": base.to_dict(),
                                          "base_config_note": "the options every cell shares; each cell sets its own "
@@ -554,18 +585,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         write_table(d / names["frontier_csv"], df)
     paths = {k: out / v for k, v in names.items()}
     default_out_note(args, existed)
-    empty = _empty_cells(per_seed if len(seeds) > 1 else df)  # with seeds: any seed without a finished request
-    if empty:
-        # Kept in frontier.csv with empty metrics (never Pareto) -- said out loud, never silently left off a plot.
-        print(f"dsparksim: warning: {len(empty)} cell(s) finished no request in the measurement window; they stay "
-              f"in frontier.csv with empty metrics and are never Pareto: {', '.join(empty)} (lengthen --duration)"
-              + ("; a cell's mean over seeds is empty when any of its seeds is" if len(seeds) > 1 else ""),
-              file=sys.stderr)
-    rejected = _rejected_cells(per_seed if len(seeds) > 1 else df)
-    if rejected:
-        print(f"dsparksim: warning: requests were rejected on arrival in {len(rejected)} cell(s) and their metrics "
-              f"cover only the admitted requests: {', '.join(rejected)} (frontier.csv: num_requests_rejected)",
-              file=sys.stderr)
+    warn_incomplete_cells(per_seed if len(seeds) > 1 else df, len(seeds) > 1)
     if not args.quiet:
         deps = f" x {len(deploys)} deployments" if len(deploys) > 1 else ""
         reps = f" x {len(seeds)} seeds {seeds[0]}..{seeds[-1]}" if len(seeds) > 1 else ""
@@ -581,8 +601,8 @@ def _per_gpu(df, base: RunConfig) -> str | None:
     """Add ``gpus`` (replicas x GPUs of one replica, from the profile's metadata) and
     ``output_throughput_tok_s_per_gpu`` (with its interval ends, when the table has them) to a frontier table; the
     reason when the profile does not say how many GPUs a replica has (then nothing is added)."""
-    from dsparksim.cost.profile import load_profile
-    from dsparksim.plan.spec import gpus_per_replica
+    from dsparksim.cost.profile import load_profile  # lazy: pulls in numpy
+    from dsparksim.plan.spec import gpus_per_replica  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
 
     try:
         g, _ = gpus_per_replica(load_profile(base.profile).metadata, base.engine.dp_ranks)
@@ -617,9 +637,8 @@ def _gain_cell(r: Any) -> str:
 def preflight(base: RunConfig, policies: Sequence[str]) -> None:
     """Load every input the cells will read (profile, each policy's acceptance source, length and trace files) in
     this process, so a bad one is one error line before any cell runs, not a failure inside a worker."""
-    from dsparksim.sim.inputs import resolve_inputs
-    from dsparksim.traffic.readers import read_trace
-    from dsparksim.traffic.sources import resolve
+    from dsparksim.traffic.readers import read_trace  # lazy: pulls in numpy
+    from dsparksim.traffic.sources import resolve  # lazy: pulls in numpy
 
     cache: dict = {}  # each profile and (acceptance spec, K) is read once across the policies
     for spec in policies:
@@ -634,10 +653,10 @@ def preflight(base: RunConfig, policies: Sequence[str]) -> None:
 def _check_session_routers(base: RunConfig, routers: Sequence[str]) -> None:
     """A router that needs session or prefix ids (``session``) on a workload without them fails here, before any
     cell, with the message its cells would give."""
-    import numpy as np
+    import numpy as np  # lazy: numpy (CLI start-up)
 
-    from dsparksim.sim.routers import router_class
-    from dsparksim.traffic.build import build_workload
+    from dsparksim.sim.routers import router_class  # lazy: pulls in numpy
+    from dsparksim.traffic.build import build_workload  # lazy: pulls in numpy
 
     need = [r for r in routers if router_class(r)[0].needs_session]
     if not need:
@@ -664,7 +683,7 @@ def frontier_slos(args: argparse.Namespace) -> tuple[list[float], list[str]]:
     """(the per-user speed targets of `frontier --slo` terms, deprecation warnings to print once every check has
     passed). The terms take the SLO syntax of capacity and plan (``tps_user_median>=X``); a bare number and the
     ``--sla`` spelling still work, deprecated."""
-    from dsparksim.sweep.capacity import parse_slo
+    from dsparksim.sweep.capacity import parse_slo  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
 
     out, bare = [], []
     for t in args.slo or ():
@@ -693,7 +712,7 @@ def frontier_slos(args: argparse.Namespace) -> tuple[list[float], list[str]]:
 
 
 def _is_term(t: str) -> bool:
-    from dsparksim.sweep.capacity import SLO_RE
+    from dsparksim.sweep.capacity import SLO_RE  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
     return bool(SLO_RE.match(t))
 
 
@@ -712,7 +731,7 @@ def check_frontier_loads(args: argparse.Namespace) -> None:
 
 
 def _empty_cells(df) -> list[str]:
-    from dsparksim.results.frontier import series_labels
+    from dsparksim.results.frontier import series_labels  # lazy: pulls in numpy, pandas, pyarrow
 
     if "num_requests_completed" not in df.columns:
         return []
@@ -747,9 +766,9 @@ def _comparison_text(df, comp, baseline: str) -> str:
     """The frontier summary: per policy (and deployment, when there are several), unsaturated peak, best per-user
     speed, and every gain vs the baseline at the same deployment with the range it was interpolated over; one
     column per --slo target; '!' marks a narrow overlap."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
-    from dsparksim.results.frontier import series_labels
+    from dsparksim.results.frontier import series_labels  # lazy: pulls in numpy, pandas, pyarrow
 
     slas = [m for m in dict.fromkeys(comp["metric"]) if m.startswith("throughput_gain_at_slo:")] if len(comp) else []
     cols = [("tps_user_gain_at_matched_throughput", f"user-speed gain vs {baseline} @ same tok/s"),
@@ -795,7 +814,7 @@ def _comparison_text(df, comp, baseline: str) -> str:
         lines.append("n/a: no overlap, or the SLO lies outside a frontier's per-user speed range (see the note "
                      "column of comparison.csv); nothing is extrapolated.")
     if flagged:
-        from dsparksim.results.frontier import NARROW_FRACTION, NARROW_MIN_POINTS
+        from dsparksim.results.frontier import NARROW_FRACTION, NARROW_MIN_POINTS  # lazy: pulls in numpy, pandas, pyarrow
         lines.append(f"! narrow overlap: the frontiers share less than {NARROW_FRACTION:.0%} of the baseline's range "
                      f"on that axis, or fewer than {NARROW_MIN_POINTS} points of either frontier lie in it: the gain "
                      f"is an edge interpolation, not a frontier-wide result.")
@@ -803,7 +822,6 @@ def _comparison_text(df, comp, baseline: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dsparksim import __version__
 
     p = _Parser(
         prog="dsparksim",
@@ -817,7 +835,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Simulate one policy at one load; writes config.json, summary.json, "
                                    "requests.csv and a vllm-bench-serve-shaped bench_result.json.")
     add_option(r, "policy")
-    from dsparksim.policies import list_specs
+    from dsparksim.policies import list_specs  # lazy: pulls in numpy
     for act in r._actions:
         if act.dest == "policy":   # every spec the registry knows (the top-level help points here)
             act.help = f"policy spec, one of: {', '.join(list_specs())} [%(default)s]"
@@ -825,7 +843,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_out(r, "results/run", "output directory, replaced whole by the new results", result_dir_alias=False)
     add_result_options(r)
     r.add_argument("--save-steps", action="store_true", help="also write the per-step log steps.csv")
-    from dsparksim.sim.routers import request_only_names
+    from dsparksim.sim.routers import request_only_names  # lazy: pulls in numpy
     fleet = r.add_argument_group("fleet sharding", "with --backend or --workers, the replicas are cut into one shard "
                                  "per worker and simulated apart, then merged (the same files, bit for bit); only "
                                  "when replicas never interact: a router that decides from the request alone ("
@@ -841,7 +859,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated policy specs [all eight: none, mtp1, fixed:7, threshold:0.5, goodput, "
                         "confidence, confidence-async:2, oracle]")
     add_run_options(f, frontier=True)
-    from dsparksim.results.stats import MAX_SEEDS, seeds_arg
+    from dsparksim.results.stats import MAX_SEEDS, seeds_arg  # lazy: pulls in numpy
     f.add_argument("--seeds", type=seeds_arg, default=1,
                    help="run every cell with N seeds (--seed, --seed+1, ...), the same seeds for every policy "
                         "(paired draws); frontier.csv then holds per-cell means with 95%% t-intervals "
@@ -871,7 +889,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     `regress` differences, capacity errors); 2 bad input, impossible configuration or a missing optional extra
     (one line on stderr); 130 interrupted (Ctrl-C); 141 stdout closed early (broken pipe). A traceback means a bug.
     """
-    from dsparksim.errors import missing_extra, one_line
 
     command = None
     try:

@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from dsparksim.cli.options import add_threads_option, check_threads
-from dsparksim.errors import InputError
+from dsparksim.errors import InputError, MissingExtraError
 
 
 def _need_torch(cmd: str) -> bool:
@@ -16,7 +16,6 @@ def _need_torch(cmd: str) -> bool:
         import torch  # noqa: F401
         import tokenizers  # noqa: F401
     except ImportError as e:  # main() prints the one line and exits 2, as for every missing extra
-        from dsparksim.errors import MissingExtraError
         raise MissingExtraError(getattr(e, "name", None) or "torch", "torch", f"dsparksim {cmd}") from None
     return True
 
@@ -56,7 +55,7 @@ def register(subparsers) -> None:
 
 
 def _stages(s: str):
-    from dsparksim.backend.train import STAGES
+    from dsparksim.backend.train import STAGES  # lazy: pulls in numpy, scipy, torch, tqdm
     st = tuple(x.strip() for x in s.split(",") if x.strip())
     bad = [x for x in st if x not in STAGES]
     if bad or not st:
@@ -76,8 +75,8 @@ def train_command(args: argparse.Namespace) -> int:
     _check_dir_args(args)
     if not _need_torch("train"):
         return 3
-    from dsparksim.backend.config import preset
-    from dsparksim.backend.train import run_pipeline
+    from dsparksim.backend.config import preset  # lazy: pulls in numpy, torch, tqdm
+    from dsparksim.backend.train import run_pipeline  # lazy: pulls in numpy, scipy, torch, tqdm
     log = run_pipeline(preset(args.preset), args.out, _stages(args.stages), args.prompts_dir,
                        progress=not args.quiet, threads=args.threads)
     print(f"trained preset {args.preset!r} into {args.out}: seconds {log['seconds']}, "
@@ -89,7 +88,7 @@ def collect_command(args: argparse.Namespace) -> int:
     _check_dir_args(args)
     if not _need_torch("collect"):
         return 3
-    from dsparksim.backend.collect import collect
+    from dsparksim.backend.collect import collect  # lazy: pulls in numpy, pandas, pyarrow, scipy, torch, tqdm
     paths = collect(args.models, args.out, [d.strip() for d in args.drafters.split(",") if d.strip()],
                     preset_name=args.preset, prompts_dir=args.prompts_dir, progress=not args.quiet,
                     threads=args.threads)

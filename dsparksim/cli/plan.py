@@ -5,12 +5,12 @@ import argparse
 import sys
 
 from dsparksim.cli.options import bar_off
+from dsparksim.results.outputs import claim_result_set
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from dsparksim.plan import load_plan, run_plan, text_report, write_plan
-    from dsparksim.plan.report import MANIFEST, RESULT_FILES
-    from dsparksim.results.outputs import claim_result_set
+    from dsparksim.plan import load_plan, run_plan, text_report, write_plan  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
+    from dsparksim.plan.report import MANIFEST, RESULT_FILES  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
 
     spec = load_plan(args.spec)  # validated (every probe's configuration, prices, SLO metrics): nothing runs before
     # holds the cell cache: written into, never replaced; a same-named file of the user's is never replaced

@@ -14,9 +14,12 @@ import numpy as np
 
 from dsparksim.cli.options import add_seed_option
 from dsparksim.errors import InputError
-from dsparksim.cost.profile import CostProfile, list_profiles, load_profile, shipped_dir
+from dsparksim.cost.profile import CostProfile, dumps_profile, list_profiles, load_profile, profile_from_dict, profile_path, profile_to_dict, shipped_dir
 from dsparksim.cost.profile_import import (FORMATS, LOOKUPS, complete_profile, import_sps_table, parse_drafter_cost,
                                       run_readiness)
+from dsparksim.cost.analytic.builder import build_profile
+from dsparksim.cost.analytic.loo import MODELS_DIR
+from dsparksim.results.outputs import atomic_write, claim_out_file, image_metadata, written_by
 
 SHOW_M = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 SHOW_NREQ = (1, 8, 32, 128)
@@ -111,7 +114,6 @@ def _register_build(sub: Any) -> None:
 def _model_config(spec: str) -> str:
     """A config.json path, or the name of a shipped one (``llama-3-8b`` -> dsparksim/data/models/llama-3-8b.json)
     when no such file exists; a bare name that is neither is refused with the list of shipped names."""
-    from dsparksim.cost.analytic.loo import MODELS_DIR
     p = Path(spec)
     if p.exists() or p.suffix or len(p.parts) > 1:
         return spec
@@ -123,7 +125,6 @@ def _model_config(spec: str) -> str:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from dsparksim.cost.analytic.builder import build_profile
 
     try:
         if args.dp > 1 and args.ep <= 1:
@@ -250,7 +251,7 @@ def format_summary(s: dict[str, Any]) -> str:
 
 def check_plot_path(path: str | Path) -> Path:
     """Refuse a plot path matplotlib cannot write (unknown format, a directory) before any work is done."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib
 
     path = Path(path)
     ext = path.suffix[1:].lower()
@@ -266,9 +267,9 @@ def check_plot_path(path: str | Path) -> Path:
 def plot_profile(p: CostProfile, path: str | Path) -> Path:
     """Step plot of the verify staircase (first kv row for 2-D tables) and each drafter's forward cost, written
     atomically and marked as dsparksim's (so a rerun may replace it)."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib
 
     path = check_plot_path(path)
 
@@ -288,8 +289,6 @@ def plot_profile(p: CostProfile, path: str | Path) -> Path:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    from dsparksim.results.outputs import image_metadata
-    from dsparksim.results.outputs import atomic_write
     fmt = path.suffix[1:].lower() or "png"
     try:
         atomic_write(path, lambda q: fig.savefig(q, dpi=120, format=fmt, metadata=image_metadata(path)))
@@ -304,7 +303,6 @@ def cmd_show(args: argparse.Namespace) -> int:
     try:
         if getattr(args, "plot", None):
             check_plot_path(args.plot)
-            from dsparksim.results.outputs import claim_out_file
             claim_out_file(args.plot, "plot", getattr(args, "force", False), "--plot",
                            inputs=[_profile_file(args.profile)])
         elif getattr(args, "force", False):
@@ -323,7 +321,6 @@ def cmd_show(args: argparse.Namespace) -> int:
 def _check_out(path: str | Path, force: bool = False, inputs=()) -> Path:
     """The profile file to write, by the one overwrite rule (dsparksim.results.outputs.claim_out_file): never a
     directory or an input; an existing file only when dsparksim wrote it, or with --force."""
-    from dsparksim.results.outputs import claim_out_file
     return claim_out_file(path, "profile", force, "--out", inputs=inputs)
 
 
@@ -332,7 +329,6 @@ def _profile_file(spec: str | None) -> str | None:
     if not spec:
         return None
     try:
-        from dsparksim.cost.profile import profile_path
         return str(profile_path(spec))
     except InputError:
         return None
@@ -340,9 +336,6 @@ def _profile_file(spec: str | None) -> str | None:
 
 def save_profile_file(p: CostProfile | dict, out: Path) -> None:
     """Write the profile atomically with the mark (metadata.written_by) that lets a rerun replace it."""
-    from dsparksim.cost.profile import dumps_profile, profile_from_dict, profile_to_dict
-    from dsparksim.results.outputs import written_by
-    from dsparksim.results.outputs import atomic_write
     d = profile_to_dict(p) if isinstance(p, CostProfile) else dict(p)
     d["metadata"] = {**d.get("metadata", {}), "written_by": written_by()}
     profile_from_dict(d, str(out))  # never write something load_profile would reject
@@ -418,7 +411,7 @@ def _parallel(md: dict) -> tuple[str, str | None]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from dsparksim.plan.spec import gpus_per_replica
+    from dsparksim.plan.spec import gpus_per_replica  # lazy: pulls in pandas, pyarrow, scipy, simpy
     names = list_profiles()
     print(f"shipped profiles ({shipped_dir()}):")
     rows, notes = [], []
@@ -513,8 +506,8 @@ def _check_fit_out(path: str, force: bool, runs: str) -> Path:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from dsparksim.fit.command import FitOptions, run_fit
-    from dsparksim.fit.runs import parse_where
+    from dsparksim.fit.command import FitOptions, run_fit  # lazy: pulls in scipy, simpy
+    from dsparksim.fit.runs import parse_where  # lazy: pulls in scipy, simpy
 
     try:
         for flag, v, lo in (("--tp", args.tp, 1), ("--ep", args.ep, 1), ("--bootstrap", args.bootstrap, 0),

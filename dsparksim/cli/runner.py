@@ -1,12 +1,17 @@
 """`dsparksim measure | validate | audit | run-real`: the torch runner's commands (torch imported lazily)."""
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 import argparse
 import json
 import sys
 from pathlib import Path
 
 from dsparksim.cli.options import add_seed_option, add_threads_option, bar_off, check_seed, check_threads
+from dsparksim.cli.main import add_draft_len, add_out, add_run_options, check_run_args, flag_given, run_config, run_traffic
+from dsparksim.errors import ConfigError
+from dsparksim.results.outputs import atomic_write, check_out_dir, claim_out_file, refuse_working_dir, written_by
 
 
 def _ints(s: str) -> tuple[int, ...]:
@@ -60,7 +65,6 @@ def _live_args(p: argparse.ArgumentParser) -> None:
 
 
 def _measure_args(p: argparse.ArgumentParser) -> None:
-    from dsparksim.cli.main import add_draft_len
 
     g = p.add_argument_group("profile sweep")
     add_draft_len(g)
@@ -102,7 +106,6 @@ def _measure_args(p: argparse.ArgumentParser) -> None:
 
 
 def _gate(args) -> float | None:
-    from dsparksim.errors import ConfigError
     if args.drift_gate < 0:
         raise ConfigError("cli", "--drift-gate", f"must be >= 0 (0 = off), got {args.drift_gate}")
     return args.drift_gate or None
@@ -112,7 +115,6 @@ def _need_torch() -> None:
     # The torch runner is an optional extra: say so up front instead of a ModuleNotFoundError mid-command.
     import importlib.util
 
-    from dsparksim.errors import ConfigError
     if importlib.util.find_spec("torch") is None:
         raise ConfigError("cli", "torch", "this command runs the real engine and needs torch: pip install "
                           "'dsparksim[torch]' (the pinned torch==2.13.0, as `train`/`collect` say)")
@@ -121,11 +123,9 @@ def _need_torch() -> None:
 def _check_engine_args(args) -> None:
     """The real engine's options, before any model is built (hostile-tester findings 2026-12-03: --threads 0
     wrote a profile of garbage, --threads -1 / --seed -3 / --device cuda without CUDA ended in tracebacks)."""
-    import math
 
-    import torch
+    import torch  # lazy: torch
 
-    from dsparksim.errors import ConfigError
     check_threads(args)
     check_seed(args)
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
@@ -151,16 +151,12 @@ def _check_engine_args(args) -> None:
 def _check_measure_args(args, validate: bool = False) -> None:
     """The profile sweep's options and --out, before any model is built (an unwritable --out used to fail after
     the whole sweep)."""
-    from dsparksim.cli.main import flag_given
-    from dsparksim.errors import ConfigError
-    from dsparksim.results.outputs import check_out_dir, refuse_working_dir
     if not 1 <= args.block_size <= 15:
         raise ConfigError("cli", "--num-speculative-tokens", f"must be in 1..15 (as the simulator's), got "
                           f"{args.block_size}")
     if args.contexts and len(set(args.contexts)) != len(args.contexts):
         raise ConfigError("cli", "--contexts", f"each context once, got {list(args.contexts)}")
     if not validate:
-        from dsparksim.results.outputs import claim_out_file
         claim_out_file(args.out, "profile", args.force, "--out")
         if args.raw:
             if Path(args.raw).absolute() == Path(args.out).absolute():
@@ -184,7 +180,7 @@ def _check_measure_args(args, validate: bool = False) -> None:
             raise ConfigError("cli", "--policies", f"each policy once, got {','.join(args.policies)}")
     if args.max_error is not None and not args.max_error > 0:
         raise ConfigError("cli", "--max-error", f"expected a fraction > 0 (e.g. 0.10), got {args.max_error}")
-    from dsparksim.runner.validate import OUT_NAMES
+    from dsparksim.runner.validate import OUT_NAMES  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy, torch, tqdm
     out = Path(args.out)
     refuse_working_dir(out, "--out")       # validate cleans an earlier validation's files out of OUT
     check_out_dir(out, "--out", replace=False)
@@ -195,14 +191,14 @@ def _check_measure_args(args, validate: bool = False) -> None:
 
 
 def _executor(args):
-    from dsparksim.runner.executor import ExecutorConfig
+    from dsparksim.runner.executor import ExecutorConfig  # lazy: pulls in numpy, scipy, simpy, torch, tqdm
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     return ExecutorConfig(device=args.device, dtype=dtype, drafter_layers=args.drafter_layers, seed=args.seed,
                           threads=args.threads, clock=args.clock, temperature=args.temperature)
 
 
 def _runner(args, executor):
-    from dsparksim.runner.run import RunnerConfig
+    from dsparksim.runner.run import RunnerConfig  # lazy: pulls in numpy, scipy, simpy, torch, tqdm
     live = getattr(args, "live", False)
     kw = dict(mode="live", models=args.models, live_drafter=args.live_drafter, prompts_dir=args.prompts_dir) \
         if live else {}
@@ -215,7 +211,7 @@ def _live_model(args) -> str:
 
 
 def _mc(args):
-    from dsparksim.runner.grid import MeasureConfig
+    from dsparksim.runner.grid import MeasureConfig  # lazy: pulls in numpy, scipy, simpy, torch, tqdm
     kw = {"model": _live_model(args), "executor": _executor(args), "K": args.block_size, "warmup": args.warmup,
           "reps": args.reps, "min_growth": args.min_growth, "drift": not args.no_drift,
           "drift_threshold": args.drift_threshold, "drift_gate": _gate(args), "anchor_context": args.anchor_context}
@@ -229,7 +225,7 @@ def _mc(args):
     if args.contexts:
         kw["contexts"] = args.contexts
     if args.context_spread_from:
-        from dsparksim.runner.grid import context_spread_from_csv
+        from dsparksim.runner.grid import context_spread_from_csv  # lazy: pulls in numpy, scipy, simpy, torch, tqdm
         kw["context_spread"] = context_spread_from_csv(args.context_spread_from)
     if getattr(args, "name", None):
         kw["name"] = args.name
@@ -240,15 +236,13 @@ def cmd_measure(args) -> int:
     _need_torch()
     _check_engine_args(args)
     _check_measure_args(args)
-    from dsparksim.runner.measure import measure
+    from dsparksim.runner.measure import measure  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy, torch, tqdm
     prof, raw = measure(_mc(args), progress=not bar_off(args))
     prof["metadata"]["command"] = "dsparksim " + " ".join(sys.argv[1:])
     out = Path(args.out)
-    from dsparksim.cli.profile import save_profile_file
+    from dsparksim.cli.profile import save_profile_file  # lazy: pulls in numpy
     save_profile_file(prof, out)
     if args.raw:
-        from dsparksim.results.outputs import written_by
-        from dsparksim.results.outputs import atomic_write
         doc = {"written_by": written_by(), **raw}
         atomic_write(Path(args.raw), lambda p: p.write_text(json.dumps(doc) + "\n"))
     fit = prof["metadata"]["fit"]
@@ -281,7 +275,7 @@ def cmd_validate(args) -> int:
     _need_torch()
     _check_engine_args(args)
     _check_measure_args(args, validate=True)
-    from dsparksim.runner.validate import ValidateConfig, validate
+    from dsparksim.runner.validate import ValidateConfig, validate  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy, torch, tqdm
     mc = _mc(args)
     acc, acc1 = args.acceptance, args.mtp1_acceptance
     K = args.block_size
@@ -304,8 +298,7 @@ def cmd_validate(args) -> int:
         # live: stay inside the traces' horizon (collected over the first 20 blocks per response)
         extra["output_tokens"] = (24, 56)
     if not args.n_req and not args.profile and args.concurrency:
-        from dataclasses import replace
-        from dsparksim.runner.validate import dense_n_reqs
+        from dsparksim.runner.validate import dense_n_reqs  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy, torch, tqdm
         chunk = extra.get("prefill_chunk_tokens", ValidateConfig.prefill_chunk_tokens)
         mc = replace(mc, n_reqs=dense_n_reqs(args.concurrency, K, chunk))
     vc = ValidateConfig(policies=pols, concurrency=args.concurrency, drift_threshold=args.drift_threshold,
@@ -339,7 +332,6 @@ def cmd_validate(args) -> int:
 def _check_audit_args(args) -> None:
     """Every audit option before any sampling (a zero step count made every lossless policy 'look biased' at
     p = nan, and an unwritable --out raised after the whole audit)."""
-    from dsparksim.errors import ConfigError
     if args.steps < 1:
         raise ConfigError("cli", "--steps", f"expected at least 1 engine step per setting, got {args.steps}")
     check_seed(args)
@@ -348,26 +340,32 @@ def _check_audit_args(args) -> None:
     if not 0.0 < args.alpha < 1.0:
         raise ConfigError("cli", "--alpha", f"expected a significance level in (0, 1), got {args.alpha:g}")
     if args.out:
-        from dsparksim.results.outputs import claim_out_file
         claim_out_file(args.out, "audit", args.force, "--out")
     elif args.force:
         raise ConfigError("cli", "--force", "has no effect without --out (audit writes nothing else)")
 
 
 def _write_rows(path: str, rows) -> None:
-    from dsparksim.results.outputs import atomic_write
     atomic_write(Path(path), lambda p: p.write_text(json.dumps(rows, indent=2) + "\n"))
 
 
 def cmd_audit(args) -> int:
-    from dsparksim.runner.audit import LOSSLESS, audit_all
+    from dsparksim.runner.audit import LOSSLESS, RECALIBRATED, audit_all  # lazy: pulls in numpy, scipy
     _check_audit_args(args)
+    recal = getattr(args, "recalibrate", False)
+    lossless_set = RECALIBRATED if recal else LOSSLESS
     if args.live:
-        return _audit_live(args, LOSSLESS)
-    rows = audit_all(steps=args.steps, seed=args.seed, policies=LOSSLESS + ("confidence-global",))
+        return _audit_live(args, lossless_set)
+    if recal:
+        # the recalibrated lossless readers; the power check (confidence-global must be caught) runs unwrapped:
+        # recalibrated, the Appendix-A confidences drop so low that the global search verifies nothing (no bias)
+        rows = audit_all(steps=args.steps, seed=args.seed, policies=lossless_set, recalibrate=True)
+        rows += audit_all(steps=args.steps, seed=args.seed, policies=("confidence-global",))
+    else:
+        rows = audit_all(steps=args.steps, seed=args.seed, policies=lossless_set + ("confidence-global",))
     bad = 0
     for r in rows:
-        lossless = r["policy"] != "confidence-global"
+        lossless = not r["policy"].startswith("confidence-global")
         ok = (r["p_value"] > args.alpha) if lossless else True
         flag = "" if ok else "  <-- FAILS (lossless policy looks biased)"
         if not lossless and r["setting"] == "appendix_a" and r["p_value"] > args.alpha:
@@ -382,9 +380,9 @@ def cmd_audit(args) -> int:
 
 
 def _audit_live(args, policies) -> int:
-    from dsparksim.runner.audit_live import audit_live
+    from dsparksim.runner.audit_live import audit_live  # lazy: pulls in numpy, scipy, simpy, torch, tqdm
     rows = audit_live(args.models, args.profile, policies, n_requests=args.requests, seed=args.seed,
-                      prompts_dir=args.prompts_dir)
+                      prompts_dir=args.prompts_dir, recalibrate=getattr(args, "recalibrate", False))
     bad = 0
     for r in rows:
         ok = r["p_value"] > args.alpha
@@ -398,13 +396,12 @@ def _audit_live(args, policies) -> int:
 
 
 def cmd_run_real(args) -> int:
-    from dsparksim.cli.main import check_run_args, run_config, run_traffic
-    from dsparksim.sim.simulate import write_run
+    from dsparksim.sim.simulate import write_run  # lazy: pulls in numpy, scipy, simpy
 
     check_run_args(args)  # options and the output directory, before the engine starts
     _need_torch()
     _check_engine_args(args)
-    from dsparksim.runner.run import real_run
+    from dsparksim.runner.run import real_run  # lazy: pulls in numpy, scipy, simpy, torch, tqdm
 
     if args.profile is None:    # the shipped profile of this machine's CPU target, measured for the mode
         args.profile = "cpu-tiny-live" if args.live else "cpu-tiny"
@@ -504,14 +501,12 @@ def register(sub) -> None:
                        description="Like `dsparksim run`, but every step is executed for real (one flattened target "
                                    "forward per step, drafter-proxy forward, sampling) and timed; writes the same "
                                    "result files (plus steps.csv), so real and simulated runs load into one frontier.")
-    from dsparksim.cli.main import add_run_options
     r.add_argument("--policy", default="confidence", help="policy spec [%(default)s]")
     add_run_options(r, frontier=False)
     _device_args(r, seed=False)
     _live_args(r)
     r.add_argument("--no-profile-check", action="store_true",
                    help="allow a profile measured for another model/device (its metadata is otherwise checked)")
-    from dsparksim.cli.main import add_out
     add_out(r, "results/run-real", "output directory, replaced whole by the new results")
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(func=cmd_run_real, profile=None, acceptance="traces/sample_dspark_k7.csv")
@@ -527,6 +522,9 @@ def register(sub) -> None:
     a.add_argument("--out", default=None, help="write the results as JSON (an existing file only if an audit wrote it)")
     a.add_argument("--force", action="store_true",
                    help="replace an existing --out file that dsparksim wrote (never any other file)")
+    a.add_argument("--recalibrate", action="store_true",
+                   help="audit the confidence-reading policies wrapped in online recalibration (the --recalibrate of "
+                        "a run; the non-causal confidence-global must still be caught)")
     g = a.add_argument_group("live audit (the real engine with the trained drafters)")
     g.add_argument("--live", action="store_true",
                    help="audit the batched real engine with the trained pair instead of the synthetic Markov settings")

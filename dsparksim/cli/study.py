@@ -5,11 +5,11 @@ import argparse
 import sys
 
 from dsparksim.cli.options import add_seed_option, add_workers_option, check_seed
+from dsparksim.config import pos_int
+from dsparksim.study import STUDIES
 
 
 def register(subparsers) -> None:
-    from dsparksim.config import pos_int
-    from dsparksim.study import STUDIES
 
     p = subparsers.add_parser(
         "study", help="run a study (issue 29) and regenerate the studies report",
@@ -31,13 +31,12 @@ def register(subparsers) -> None:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from dsparksim.study import STUDIES
-    from dsparksim.study.run import check_out, run_study, settings_for, write_report, write_study
+    from dsparksim.study.run import check_out, run_study, settings_for, write_report, write_study  # lazy: pulls in numpy
 
     check_seed(args)
     names = list(STUDIES) if args.name == "all" else [args.name]
     if args.profile is not None:
-        from dsparksim.cost.profile import profile_path
+        from dsparksim.cost.profile import profile_path  # lazy: pulls in numpy
 
         profile_path(args.profile)   # an unknown name or a missing file fails before any run
     settings = settings_for("fast" if args.fast else "full", args.profile, None if args.no_contrast else "dense",

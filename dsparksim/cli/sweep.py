@@ -6,6 +6,10 @@ import sys
 
 
 from dsparksim.cli.options import add_backend_options, bar_off
+from dsparksim.cli.main import flag_given
+from dsparksim.cli.plan import register as register_plan
+from dsparksim.config import pos_float, pos_int
+from dsparksim.results.outputs import claim_result_set, write_result_set
 
 
 def _backend_args(p: argparse.ArgumentParser, default: str = "local") -> None:
@@ -16,9 +20,8 @@ def _backend_args(p: argparse.ArgumentParser, default: str = "local") -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from dsparksim.results.outputs import claim_result_set
-    from dsparksim.sweep import failure_text, load_spec, run_sweep
-    from dsparksim.sweep.runner import MANIFEST, RESULT_FILES
+    from dsparksim.sweep import failure_text, load_spec, run_sweep  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
+    from dsparksim.sweep.runner import MANIFEST, RESULT_FILES  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
 
     spec = load_spec(args.spec)  # validated before any cell runs
     # holds the cache: written into, never replaced whole; a same-named file of the user's is never replaced
@@ -35,7 +38,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                f"{res.repeats_why}, and share its result (results column same_as); " if res.n_repeats else "")
         print(f"{spec.name}: {res.n_cells} cells ({rep}{res.n_cached} cached, {res.n_ran} run, "
               f"{len(res.failures)} failed) in {res.wall_s:.1f} s on backend {args.backend}")
-        from dsparksim.sweep.table import sweep_text
+        from dsparksim.sweep.table import sweep_text  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
         text = sweep_text(res.table)
         if text:
             print(text)
@@ -51,17 +54,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    from dsparksim.results.outputs import claim_result_set, write_result_set
-    from dsparksim.sweep import load_spec
-    from dsparksim.sweep.runner import dump_json
-    from dsparksim.sweep.capacity import capacity_search, capacity_settings, capacity_table
+    from dsparksim.sweep import load_spec  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
+    from dsparksim.sweep.runner import dump_json  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
+    from dsparksim.sweep.capacity import capacity_search, capacity_settings, capacity_table  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
 
     spec = load_spec(args.spec)
     st = capacity_settings(spec, load=args.load, min=args.min, max=args.max, tolerance=args.tolerance,
                            slo=args.slo, require_unsaturated=False if args.allow_saturated else None,
                            seeds=args.seeds)
     out = claim_result_set(args.out, CAPACITY_FILES, "capacity.manifest.json", "--out")  # before any probe
-    from dsparksim.cli.main import flag_given
     if flag_given(args, "--sla"):   # after the checks: a refused command prints its one error line only
         print("dsparksim: warning: --sla is deprecated; use --slo", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
@@ -91,7 +92,7 @@ CAPACITY_FILES = ("capacity.json", "capacity.csv")
 
 
 def cmd_regress(args: argparse.Namespace) -> int:
-    from dsparksim.sweep.regress import regress
+    from dsparksim.sweep.regress import regress  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
 
     ok, text, _ = regress(args.baseline, spec_path=args.spec, backend=args.backend, workers=args.workers,
                           ray_address=args.ray_address, update=args.update, exact=args.exact)
@@ -101,7 +102,6 @@ def cmd_regress(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     """Add `sweep`, `capacity` and `regress` to the dsparksim CLI."""
-    from dsparksim.config import pos_float, pos_int
     s = subparsers.add_parser("sweep", help="run every cell of a TOML sweep spec (cached, resumable)",
                               description="Run the cross product of a sweep spec's axes. Finished cells are cached "
                                           "by content hash in OUT/cells and skipped on a rerun (an interrupted sweep "
@@ -131,7 +131,7 @@ def register(subparsers) -> None:
     c.add_argument("--tolerance", type=pos_float, default=None,
                    help="stop when the bracket is this narrow [1 for concurrency, (max-min)/100 otherwise]")
     c.add_argument("--allow-saturated", action="store_true", help="let a saturated run meet the SLO")
-    from dsparksim.results.stats import seeds_arg
+    from dsparksim.results.stats import seeds_arg  # lazy: pulls in numpy
     c.add_argument("--seeds", type=seeds_arg, default=None,
                    help="search every group once per seed (the spec's seed, seed+1, ...; same seeds for every "
                         "group): capacity is the mean of the per-seed capacities with a 95%% t-interval "
@@ -157,5 +157,4 @@ def register(subparsers) -> None:
     _backend_args(r)
     r.set_defaults(func=cmd_regress)
 
-    from dsparksim.cli.plan import register as register_plan
     register_plan(subparsers, _backend_args)

@@ -12,6 +12,7 @@ from typing import Any
 
 from dsparksim.cli.options import add_seed_option, check_seed
 from dsparksim.errors import InputError
+from dsparksim.cli.main import pos_int
 
 
 def register(subparsers) -> None:
@@ -23,7 +24,6 @@ def register(subparsers) -> None:
                        description="TARGET is a trace file (.csv, .csv.gz, .parquet) or an acceptance spec "
                                    "(dspark, dflash, eagle3, mtp1, tau:X, vllm:PATH, sglang:PATH; specs are "
                                    "simulated).")
-    from dsparksim.cli.main import pos_int
 
     q.add_argument("target", help="trace path or acceptance spec")
     q.add_argument("--K", type=pos_int, default=None,
@@ -53,10 +53,10 @@ def _clean(x: Any) -> Any:
 
 def build_summary(args: argparse.Namespace) -> dict:
     """The summary dict for a trace path or a spec (used by the command and tests)."""
-    from dsparksim.acceptance import load_acceptance, parse_spec
-    from dsparksim.acceptance.mtp import K_MAX_MTP
-    from dsparksim.acceptance.summary import summarize_model, summarize_trace
-    from dsparksim.acceptance.trace_format import read_trace
+    from dsparksim.acceptance import load_acceptance, parse_spec  # lazy: pulls in numpy, scipy
+    from dsparksim.acceptance.mtp import K_MAX_MTP  # lazy: pulls in numpy, scipy
+    from dsparksim.acceptance.summary import summarize_model, summarize_trace  # lazy: pulls in numpy, pandas, pyarrow, scipy
+    from dsparksim.acceptance.trace_format import read_trace  # lazy: pulls in numpy, pandas, pyarrow, scipy
 
     target = args.target.strip()
     ps = parse_spec(target)

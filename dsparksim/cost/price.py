@@ -2,19 +2,21 @@
 
 One step's price, term by term (the terms' formulas are the profile's lookups, :mod:`dsparksim.cost.profile`)::
 
-    verify    = verify_time(M, 0)                                   staircase at the step's M
-    context   = verify_time(M, kv_read) - verify_time(M, 0)        attention over the KV tokens read
+    verify    = verify_time(M', 0)                                  staircase at the step's M' = M + pad_tokens
+    context   = verify_time(M', kv_read) - verify_time(M', 0)      attention over the KV tokens read
     query_key = seconds_per_query_kv * decode_qk                   long context (decoding rows' query-key pairs)
     prefill   = prefill per token + per query-key pair (+ per token beside each decoding row)
     prefill_chunk    = per chunk (+ per chunk beside each decoding row)
     prefill_drafter  = the drafter's prompt-token update
-    drafter          = draft_time(drafter, n_decode, K)
+    drafter          = draft_time(drafter, n_decode, K), or draft_time_exit(drafter, draft_counts, K) when the
+                       drafter stopped early (early exit)
     drafter_context  = the drafter's attention over kv_read (drafting steps only)
     overhead         = fixed_overhead_s + batch_overhead(n_decode)
 
 A prefill-only step (no decoding row) of a profile with a measured ``prefill.only`` price has no verify, context
 or chunk part: its ``prefill`` part is that measured forward (per step + per token + per query-key pair + per
-chunk). Without one it is priced as any other step.
+chunk). Without one it is priced as any other step. A padded engine (``pad_tokens`` > 0: verify lengths padded to the
+step's maximum) runs and pays its forward at M + pad_tokens.
 
 :class:`StepPricer` is the one place the terms are summed into the seconds a step takes, in one fixed order (the
 engine's clock, the disaggregated prefill pool, the step-log re-pricer and the runner's residuals all read it):
@@ -72,6 +74,9 @@ class StepShape(NamedTuple):
     prefill_chunks: how many chunks
     decode_qk:      the decoding rows' query-key pairs (:func:`decode_query_keys`, summed; long-context term)
     drafter, K:     the drafter (None = no drafting) and its block size
+    pad_tokens:     verify tokens a padded engine runs beyond M (priced, never verified; 0 = variable-length)
+    draft_counts:   early exit of drafting: a K-tuple, requests drafting each position (non-increasing, first =
+                    n_decode); None = every decoding row drafted all K. An array shape holds one per step.
     """
 
     M: Any
@@ -83,6 +88,8 @@ class StepShape(NamedTuple):
     decode_qk: Any = 0
     drafter: str | None = None
     K: int = 1
+    pad_tokens: Any = 0
+    draft_counts: Any = None
 
     @classmethod
     def prefill_chunk(cls, tokens: int, prefix: int, drafter: str | None, K: int) -> "StepShape":
@@ -94,14 +101,20 @@ class StepShape(NamedTuple):
     def from_log(cls, steps: Mapping[str, Any], drafter: str | None, K: int,
                  names: Mapping[str, str] | None = None) -> "StepShape":
         """The shapes of logged steps (arrays, as logged) from step-log columns: the engine's names (``M``,
-        ``n_decode``, ``kv_read``, ``n_prefill_tokens``, ``prefill_qk``, ``prefill_chunks``, ``decode_qk``), or
-        others given by ``names`` (field -> column; a column missing from ``steps`` counts 0)."""
+        ``n_decode``, ``kv_read``, ``n_prefill_tokens``, ``prefill_qk``, ``prefill_chunks``, ``decode_qk``,
+        ``pad_tokens``), or others given by ``names`` (field -> column; a column missing from ``steps`` counts 0).
+        ``draft_counts`` (early exit) is read from its column of space-separated counts, empty = none."""
         cols = {"M": "M", "n_decode": "n_decode", "kv_read": "kv_read", "prefill_tokens": "n_prefill_tokens",
-                "prefill_qk": "prefill_qk", "prefill_chunks": "prefill_chunks", "decode_qk": "decode_qk"}
+                "prefill_qk": "prefill_qk", "prefill_chunks": "prefill_chunks", "decode_qk": "decode_qk",
+                "pad_tokens": "pad_tokens"}
         cols.update(names or {})
         n = len(steps["M"])
         get = {f: np.asarray(steps[c]) if c in steps else np.zeros(n, np.int64) for f, c in cols.items()}
-        return cls(**get, drafter=drafter, K=int(K))
+        counts = None
+        if "draft_counts" in steps:
+            counts = [tuple(int(x) for x in str(v).split()) if isinstance(v, str) and v.strip() else None
+                      for v in steps["draft_counts"]]
+        return cls(**get, drafter=drafter, K=int(K), draft_counts=counts)
 
     def n_steps(self) -> int:
         """Entries of an array shape (1 for a scalar one)."""
@@ -109,8 +122,12 @@ class StepShape(NamedTuple):
 
     def row(self, i: int) -> "StepShape":
         """Entry ``i`` of an array shape, as ints."""
-        v = {f: int(np.asarray(getattr(self, f)).reshape(-1)[i]) for f in self._fields if f not in ("drafter", "K")}
-        return StepShape(**v, drafter=self.drafter, K=self.K)
+        v = {f: int(np.asarray(getattr(self, f)).reshape(-1)[i]) for f in self._fields
+             if f not in ("drafter", "K", "draft_counts")}
+        dc = self.draft_counts
+        if dc is not None and not (len(dc) and isinstance(dc[0], (int, np.integer))):
+            dc = dc[i]                           # an array shape: one entry (a K-tuple or None) per step
+        return StepShape(**v, drafter=self.drafter, K=self.K, draft_counts=dc)
 
 
 @dataclass(frozen=True)
@@ -261,7 +278,7 @@ class StepPricer:
     def step_time(self, shape: StepShape) -> Any:
         """The shape's price as a vectorised function of M (``shape.M`` is ignored), without the long-context
         term: ``f(M_array) -> seconds`` with ``f.at(M) -> float``."""
-        _, n_dec, kv, n_pf, pf_qk, n_ch, _, drafter, K = shape      # (one unpacking: this runs every step)
+        _, n_dec, kv, n_pf, pf_qk, n_ch, _, drafter, K, _, counts = shape    # (one unpacking: runs every step)
         prof = self.profile
         if n_dec == 0 and n_pf and prof.prefill_only is not None:
             # a prefill-only step has its own measured price (profile prefill.only), whatever its M
@@ -269,7 +286,10 @@ class StepPricer:
         reads_kv = self._draft_kv.get(drafter)
         if reads_kv is None:
             reads_kv = self.drafter_reads_kv(drafter)
-        if reads_kv:
+        if counts is not None:    # early exit: drafting priced for the positions drafted
+            nontrim = prof.step_overhead(drafter, n_dec, K, n_pf, pf_qk, n_ch, kv_tokens=kv if reads_kv else 0,
+                                         draft_counts=counts)
+        elif reads_kv:
             nontrim = prof.step_overhead(drafter, n_dec, K, n_pf, pf_qk, n_ch, kv_tokens=kv)
         else:
             nontrim = prof.step_overhead(drafter, n_dec, K, n_pf, pf_qk, n_ch)
@@ -284,7 +304,8 @@ class StepPricer:
         return DecodeQKStepTime(base, self.sq, qk0, per, m0) if self.sq else base
 
     def charge(self, base: Any, M: int, n_decode: int, decode_qk: int) -> float:
-        """The seconds of the step ``base = step_time(shape)`` at its actual M and decoding rows' pairs."""
+        """The seconds of the step ``base = step_time(shape)`` at its actual M (+ pad_tokens on a padded engine) and
+        decoding rows' pairs."""
         t = base.at(M)
         if self.sq and n_decode:
             t += self.sq * decode_qk
@@ -292,7 +313,8 @@ class StepPricer:
 
     def seconds(self, shape: StepShape) -> float:
         """One step's price (ints), as the engine charges it."""
-        return self.charge(self.step_time(shape), int(shape.M), int(shape.n_decode), int(shape.decode_qk))
+        return self.charge(self.step_time(shape), int(shape.M) + int(shape.pad_tokens), int(shape.n_decode),
+                           int(shape.decode_qk))
 
     def seconds_each(self, shape: StepShape) -> np.ndarray:
         """The price of every entry of an array shape (float64 array), each as :meth:`seconds`."""
@@ -303,6 +325,7 @@ class StepPricer:
         """The shape's price in named parts (arrays for an array shape; see the module doc)."""
         prof = self.profile
         M, n = (np.asarray(getattr(shape, k), np.int64) for k in ("M", "n_decode"))
+        M = M + np.asarray(shape.pad_tokens, np.int64)     # a padded engine runs (and pays) the padded batch
         kv = np.asarray(shape.kv_read)      # as given: a stored cell's KV read may be a (fractional) median
         pf, qk, ch, dqk = (np.asarray(getattr(shape, k), np.float64)
                            for k in ("prefill_tokens", "prefill_qk", "prefill_chunks", "decode_qk"))
@@ -311,6 +334,11 @@ class StepPricer:
         q = self.sq * np.where(n > 0, dqk, 0.0)
         dr = shape.drafter
         d = np.asarray(prof.draft_time(dr, n, shape.K), float) if dr is not None else np.zeros(n.shape)
+        dc = shape.draft_counts
+        if dc is not None and dr is not None:   # early exit: the positions drafted
+            each = [dc] if np.ndim(shape.M) == 0 else list(dc)
+            ex = np.array([np.nan if c is None else prof.draft_time_exit(dr, c, shape.K) for c in each])
+            d = np.where(np.isnan(ex), d, ex).reshape(d.shape)
         d_ctx = (np.asarray(prof.draft_time(dr, n, shape.K, kv), float) - d if self.drafter_reads_kv(dr)
                  else np.zeros(n.shape))
         over = prof.fixed_overhead_s + np.asarray(prof.batch_overhead_time(n), float)

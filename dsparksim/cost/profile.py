@@ -29,6 +29,7 @@ JSON format ``dsparksim-profile/1`` (also documented in profiles/README.md)::
                  "only": {"seconds_per_step": float > 0, "seconds_per_token": float >= 0,   # optional: steps
                           "seconds_per_query_key": float >= 0, "seconds_per_chunk": float >= 0}},  # with no decode
      "fixed_overhead_s": float >= 0,
+     "request_latency_s": float >= 0,                                  # optional (absent = 0)
      "batch_overhead": {"n_req": [int, strictly increasing, >= 1], "time_s": [float >= 0]},    # optional
      "drafters": {"dspark": {"kind": "parallel", "tokens": [...], "time_s": [...],
                              "markov_overhead_frac": 0.008},
@@ -70,6 +71,11 @@ Semantics:
     the fixed overhead and the drafter's ``prefill_s_per_token * prefill_tokens``, instead of the verify term at
     its M plus the prefill terms: the staircase is fitted on decode-shaped batches and priced a measured CPU
     prefill-only step 1.1-1.8x its time (2026-12-02). Absent: the verify term + prefill terms, as before.
+  * Request latency (optional ``request_latency_s``, absent = 0): the serving stack's latency outside the engine's
+    step loop (HTTP, tokenization, detokenization, streaming) as a benchmark CLIENT sees it: the benchmark client's
+    view (``dsparksim bench replay``, :mod:`dsparksim.bench.client`) adds it to every request's TTFT and E2E (not
+    to TPOT) and to the run's duration; the engine does not see it (a closed-loop client's next request reaches the
+    engine when the previous one finishes there), and ``run``/``frontier``/``plan`` report engine-side times.
   * Drafting: ``parallel`` = one drafter forward over n_req*K tokens, times (1 + markov_overhead_frac);
     ``autoregressive`` = K sequential forwards of n_req tokens; ``mtp`` = one forward of n_req tokens (K must
     be 1). ``drafter=None`` means no drafting (plain decoding).
@@ -82,6 +88,7 @@ Semantics:
 """
 from __future__ import annotations
 
+from importlib.resources import files
 import dataclasses
 import json
 import logging
@@ -106,7 +113,7 @@ DRAFTER_KINDS = ("parallel", "autoregressive", "mtp")
 REQUIRED_METADATA = ("device", "model", "source", "method")
 INT_METADATA = ("kv_capacity_tokens", "max_model_len")   # optional; when given, positive integers
 _TOP_KEYS = {"format", "name", "metadata", "verify", "attention", "prefill", "fixed_overhead_s", "batch_overhead",
-             "drafters"}
+             "drafters", "request_latency_s"}
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +209,7 @@ class CostProfile:
     # prefill.only: (seconds_per_step, per_token, per_query_key, per_chunk) of a step with no decoding request
     prefill_only: tuple[float, float, float, float] | None = None
     seconds_per_query_kv: float = 0.0     # long-context attention term per decode query-key pair
+    request_latency_s: float = 0.0        # client-side latency outside the step loop (benchmark client's view)
     _extrap: _ExtrapolationLog = field(default_factory=_ExtrapolationLog, repr=False, compare=False)
     # Per-copy caches of the hot per-step lookups (not init: every copy, e.g. with_extrapolation, starts empty).
     _memo: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -381,6 +389,41 @@ class CostProfile:
             t = t + self._draft_kv(d, n, kv_tokens)
         return _scalar_or(t, n_req)
 
+    def draft_time_exit(self, drafter: str, counts: Any, K: int, kv_tokens: int = 0) -> float:
+        """Drafting time (s) of one step whose drafter stopped early (early exit, :mod:`dsparksim.sim.early_exit`):
+        ``counts[j]`` decoding requests drafted position j + 1 (j = 0..K-1; non-increasing, ``counts[0]`` = all
+        decoding requests, :func:`dsparksim.sim.early_exit.position_counts`).
+
+        * ``autoregressive``: one forward per position over the requests still drafting it (position j + 1 costs
+          the forward at ``counts[j]`` tokens);
+        * ``parallel``: the backbone's one forward over n*K tokens is paid whole (it computes every position at
+          once, before any confidence exists); only the Markov head's share, ``markov_overhead_frac``, shrinks to
+          the positions drafted;
+        * ``mtp``: one forward (K = 1; nothing to stop).
+
+        With every request drafting all K positions this is :meth:`draft_time` (autoregressive: the same terms
+        summed instead of multiplied by K)."""
+        d = self.drafter(drafter)
+        c = np.asarray(counts, np.int64).reshape(-1)
+        K = int(K)
+        if c.size != K or (K and (c.min() < 0 or np.any(np.diff(c) > 0))):
+            raise ConfigError(f"profile '{self.name}'", "counts", f"expected K={K} non-increasing counts of "
+                              f"requests drafting each position, got {c.tolist()}")
+        n = int(c[0]) if K else 0
+        if n == 0:
+            return 0.0
+        axis = f"drafters.{drafter}.tokens"
+        if d.kind == "autoregressive":
+            t = float(self._floor_pos(d.tokens, d.time_s, c[c > 0], axis).sum())
+        elif d.kind == "parallel":
+            base = float(self._floor_pos(d.tokens, d.time_s, np.array([n * K]), axis)[0])
+            t = base * (1.0 + d.markov_overhead_frac * (float(c.sum()) / (n * K)))
+        else:  # mtp: one forward of n tokens
+            t = float(self._floor_pos(d.tokens, d.time_s, np.array([n]), axis)[0])
+        if d.seconds_per_kv_token:
+            t += float(self._draft_kv(d, np.array([n]), kv_tokens)[0])
+        return t
+
     def _draft_kv(self, d: DrafterCost, n: np.ndarray, kv_tokens: Any) -> np.ndarray:
         """The drafter's context term: seconds_per_kv_token * kv_tokens on drafting steps (n > 0), else 0."""
         kv = _as_query(kv_tokens, self.name, "kv_tokens")
@@ -474,14 +517,20 @@ class CostProfile:
         return self.verify_time(M, kv_tokens) + self.nontrimmable_time(drafter, n_req, K, kv_tokens)
 
     def step_overhead(self, drafter: str | None, n_req: int, K: int, prefill_tokens: int = 0,
-                      query_keys: int = 0, chunks: int = 0, kv_tokens: int = 0) -> float:
+                      query_keys: int = 0, chunks: int = 0, kv_tokens: int = 0, draft_counts: Any = None) -> float:
         """Everything one engine step costs beyond verify_time(M, context) -- the one place of the step formula:
         drafting + fixed + batch overhead for ``n_req`` decoding requests (a prefill-only step, n_req = 0, pays
         the fixed overhead only: nothing is drafted) plus the prefill terms of its chunks, if the profile has them.
         A step's price is ``verify_time(M, context) + step_overhead(...)``, summed by
         :class:`dsparksim.cost.price.StepPricer` (:meth:`price` gives it in named parts).
-        ``kv_tokens`` (the step's kv_read) prices the drafter's context term, if its profile entry has one."""
-        t = float(self.nontrimmable_time(drafter, n_req, K, kv_tokens)) if n_req else float(self.fixed_overhead_s)
+        ``kv_tokens`` (the step's kv_read) prices the drafter's context term, if its profile entry has one.
+        ``draft_counts``: the drafter stopped early (requests drafting each position): drafting is
+        :meth:`draft_time_exit` instead of :meth:`draft_time`."""
+        if draft_counts is not None and n_req and drafter is not None:
+            t = (self.draft_time_exit(drafter, draft_counts, K, kv_tokens) + self.fixed_overhead_s
+                 + float(self.batch_overhead_time(n_req)))
+        else:
+            t = float(self.nontrimmable_time(drafter, n_req, K, kv_tokens)) if n_req else float(self.fixed_overhead_s)
         if prefill_tokens and self.prefill_note is not None:
             t += self.prefill_time(drafter, prefill_tokens, query_keys, chunks, n_req)
         return t
@@ -713,6 +762,7 @@ def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False)
         pf_note = str(pf.get("note", ""))
 
     fixed = c.number(c.get(d, "fixed_overhead_s"), "fixed_overhead_s")
+    req_lat = c.number(d.get("request_latency_s", 0.0), "request_latency_s")
 
     bo = None
     b = c.get(d, "batch_overhead", required=False)
@@ -752,7 +802,7 @@ def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False)
                        attention_note=att_note, prefill_s_per_token=pf_tok, prefill_s_per_query_key=pf_qk,
                        prefill_s_per_chunk=pf_ch, prefill_s_per_token_per_decode=pf_tn,
                        prefill_s_per_chunk_per_decode=pf_cn, prefill_note=pf_note, seconds_per_query_kv=sqk,
-                       prefill_only=pf_only)
+                       prefill_only=pf_only, request_latency_s=req_lat)
 
 
 def profile_to_dict(p: CostProfile) -> dict[str, Any]:
@@ -781,6 +831,8 @@ def profile_to_dict(p: CostProfile) -> dict[str, Any]:
             out["prefill"]["only"] = dict(zip(("seconds_per_step", "seconds_per_token", "seconds_per_query_key",
                                                "seconds_per_chunk"), (float(x) for x in p.prefill_only)))
     out["fixed_overhead_s"] = float(p.fixed_overhead_s)
+    if p.request_latency_s:               # optional: written only when non-zero (absent = 0)
+        out["request_latency_s"] = float(p.request_latency_s)
     if p.batch_overhead is not None:
         out["batch_overhead"] = {"n_req": [int(x) for x in p.batch_overhead[0]],
                                  "time_s": [float(x) for x in p.batch_overhead[1]]}
@@ -831,7 +883,6 @@ def save_profile(p: CostProfile | Mapping[str, Any], path: str | Path) -> Path:
 def shipped_dir() -> Path:
     """Folder holding the shipped profile JSONs (package dsparksim._profiles, or ./profiles in a checkout)."""
     try:
-        from importlib.resources import files
         p = Path(str(files("dsparksim._profiles")))
         if p.is_dir():
             return p

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from dsparksim.cost.analytic.calibration import FAMILY_NOTES, Calibration
+from dsparksim.cost.analytic.calibration import FAMILIES, FAMILY_NOTES, Calibration
 from dsparksim.errors import InputError
 from dsparksim.fit.fitter import (BOUNDS, DELTA_MIN, GAMMA_MAX, FitProblem, bootstrap, fit_problem, loco,
                                   param_bounds)
@@ -21,6 +21,10 @@ from dsparksim.fit.trace import Trace, simulate_trace
 
 __all__ = ["FitOptions", "run_fit", "traces_for", "KINDS"]
 
+PARAM_NOTES = {"fixed_overhead_s": "seconds added to every engine step (host scheduling, launches)",
+               "request_latency_s": "seconds outside the engine's step loop (HTTP, tokenization, detokenization, "
+                                    "streaming) that the benchmark client sees in every TTFT and E2E, not in TPOT "
+                                    "(profile field request_latency_s; the engine and run/frontier do not see it)"}
 KINDS = {"mean_tpot_ms": "tpot", "median_tpot_ms": "tpot", "mean_ttft_ms": "ttft", "median_ttft_ms": "ttft",
          "output_throughput_per_gpu": "tput"}
 
@@ -140,19 +144,21 @@ def run_fit(runs_path: str | Path, opt: FitOptions, *, tqdm_file: Any = None
                 e["bootstrap"] = {"n": int(len(b)), "seed": opt.seed, "p2.5": float(np.percentile(b, 2.5)),
                                   "p50": float(np.median(b)), "p97.5": float(np.percentile(b, 97.5)),
                                   "sd_log": float(np.std(np.log(b)))}
-        e["meaning"] = FAMILY_NOTES.get(p, "seconds added to every engine step (host scheduling, launches)")
+        e["meaning"] = FAMILY_NOTES.get(p, PARAM_NOTES.get(p, ""))
         params[p] = e
-    scales = {p: float(res.coef[k]) for k, p in enumerate(PARAMS[:-1]) if res.coef[k] != 1.0}
-    cal = Calibration(scales=scales, fixed_overhead_s=float(res.coef[-1]))
+    scales = {p: float(res.coef[PARAMS.index(p)]) for p in FAMILIES if res.coef[PARAMS.index(p)] != 1.0}
+    lat = float(res.coef[PARAMS.index("request_latency_s")])
+    cal = Calibration(scales=scales, fixed_overhead_s=float(res.coef[PARAMS.index("fixed_overhead_s")]),
+                      request_latency_s=lat if lat > 0 else None)
     name = opt.name or f"fitted-{opt.gpu.lower()}x{opt.tp}-{Path(opt.model).stem}"
     d = build_profile(opt.model, opt.gpu, tp=opt.tp, ep=opt.ep, date=opt.date or _dt.date.today().isoformat(),
                       model_label=opt.model_label, calibration=cal, name=name, **server_kw)
     md = d["metadata"]
     md["source"] = (f"dsparksim profile fit on {len(runs)} measured runs of {Path(runs_path).name} "
                     f"(builder v{md['build']['builder_version']} calibrated)")
-    md["method"] = ("analytic builder profile with one scale per cost family and a fixed per-step overhead fitted "
-                    "by bounded least squares on log(simulated/measured) of the runs' TPOT, TTFT and output "
-                    "tokens/s per GPU; see metadata.fit")
+    md["method"] = ("analytic builder profile with one scale per cost family, a fixed per-step overhead and a "
+                    "request latency outside the step loop fitted by bounded least squares on log(simulated/"
+                    "measured) of the runs' TPOT, TTFT and output tokens/s per GPU; see metadata.fit")
     md["fit"] = {
         "command": "dsparksim profile fit",
         "runs": {"file": str(runs_path), "sha256": file_sha256(runs_path), "selection": where,

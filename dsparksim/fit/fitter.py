@@ -17,6 +17,9 @@ log parameters at the builder's values, then again at the fitted values (once):
   parameter can compensate its change to within 1/GAMMA_MAX and it is unidentified (collinear).
 
 Unidentified parameters are held at the builder's value and reported as such, never fitted.
+
+``request_latency_s`` (outside the step loop) is 0 in a built profile; a log parameter has no sensitivity at 0, so
+it is judged, and its fit started, at :data:`LATENCY_START` (and held at 0 when unidentified).
 """
 from __future__ import annotations
 
@@ -35,13 +38,24 @@ __all__ = ["FitProblem", "FitResult", "fit_problem", "judge", "bootstrap", "loco
 
 DELTA_MIN = 0.01     # rms change of log metrics per e-fold of the parameter: 1% (run-to-run noise is 0.2-1%)
 GAMMA_MAX = 10.0     # collinearity index threshold (Brun et al. 2001 use 10-15)
-BOUNDS = {"scale": (0.2, 5.0), "fixed_overhead_s": (1e-5, 0.02)}
+BOUNDS = {"scale": (0.2, 5.0), "fixed_overhead_s": (1e-5, 0.02), "request_latency_s": (1e-4, 0.5)}
 JAC_STEP = 1e-4      # central differences in log parameter
+LATENCY_START = 0.02  # s: where request_latency_s is judged and its fit starts (HTTP + tokenization, order of)
+_LAT = PARAMS.index("request_latency_s")
 
 
 def param_bounds(name: str) -> tuple[float, float]:
-    """(low, high) bounds of parameter ``name``: the fixed overhead's, or every family scale's."""
-    return BOUNDS["fixed_overhead_s"] if name == "fixed_overhead_s" else BOUNDS["scale"]
+    """(low, high) bounds of parameter ``name``: the fixed overhead's, the request latency's, or every family
+    scale's."""
+    return BOUNDS.get(name, BOUNDS["scale"])
+
+
+def _judge_point(coef: np.ndarray) -> np.ndarray:
+    """``coef`` with a zero request latency replaced by :data:`LATENCY_START` (see the module doc)."""
+    c = coef.copy()
+    if c[_LAT] <= 0:
+        c[_LAT] = LATENCY_START
+    return c
 
 
 @dataclass
@@ -64,7 +78,7 @@ class FitProblem:
 
     @property
     def builder_coef(self) -> np.ndarray:
-        return np.array([1.0] * (len(PARAMS) - 1) + [self.basis.fixed_overhead_s])
+        return np.array([1.0] * (len(PARAMS) - 2) + [self.basis.fixed_overhead_s, 0.0])
 
     def subset(self, idx: Sequence[int]) -> "FitProblem":
         """The problem over runs ``idx`` (repeats allowed: bootstrap)."""
@@ -157,9 +171,10 @@ def fit_problem(prob: FitProblem) -> FitResult:
     """Judge identifiability at the builder's values, fit the identified set, judge again at the fit: a parameter
     is fitted only if identified at both (else it is held at the builder's value, reported as unstable)."""
     base = prob.builder_coef
-    names1, status1 = judge(prob, base)
-    coef = _solve(prob, names1, base, base)
-    names2, status = judge(prob, coef)
+    start = _judge_point(base)
+    names1, status1 = judge(prob, start)
+    coef = _solve(prob, names1, start, base)
+    names2, status = judge(prob, _judge_point(coef))
     passes = 1
     if names2 != names1:
         passes = 2
@@ -168,7 +183,7 @@ def fit_problem(prob: FitProblem) -> FitResult:
             if p not in names and (p in names1 or p in names2):
                 status[p] = {**status[p], "status": "unidentified",
                              "reason": "unstable: identified at only one of the builder's and the fitted values"}
-        coef = _solve(prob, names, base, base)
+        coef = _solve(prob, names, start, base)
     else:
         names = names1
     for p in PARAMS:

@@ -3,10 +3,12 @@
 A calibrated profile prices step i as ``sum_k coef_k * X[i, k]`` (:mod:`dsparksim.cost.analytic.calibration`):
 the verify families' tables at the step's M (floor lookup on the builder's grid), the attention term
 (``kv_read`` KV tokens + the decoding rows' query-key pairs), the prefill query-key term and 1 (the fixed
-overhead), with ``coef = (s_dense, s_moe, s_comm, s_attention, s_prefill, fixed_overhead_s)``; each column is the
-price parts (:meth:`CostProfile.price`) of a profile that prices only that coefficient, at 1
-(:meth:`PriceBasis.unit_profile`). Step end times are then ``cumsum(X) @ coef``, so every request time, and every
-mean over requests, is linear in ``coef``: :class:`LinearRun` precomputes those maps once per trace and a metric
+overhead), with ``coef = (s_dense, s_moe, s_comm, s_floor, s_attention, s_prefill, fixed_overhead_s,
+request_latency_s)``; each column is the price parts (:meth:`CostProfile.price`) of a profile that prices only that
+coefficient, at 1 (:meth:`PriceBasis.unit_profile`). Step end times are then ``cumsum(X) @ coef``, so every request
+time, and every mean over requests, is linear in ``coef``; the request latency (outside the step loop: no step
+column) adds 1 x its coefficient to every TTFT, E2E and the duration, as the benchmark client's view does
+(:func:`dsparksim.bench.client.client_run`). :class:`LinearRun` precomputes those maps once per trace and a metric
 costs microseconds.
 """
 from __future__ import annotations
@@ -24,10 +26,12 @@ from dsparksim.fit.trace import Trace
 
 __all__ = ["PARAMS", "PARAM_PARTS", "PriceBasis", "LinearRun", "coef_of"]
 
-PARAMS = FAMILIES + ("fixed_overhead_s",)
-# The price parts (dsparksim.cost.price.StepPrice) each coefficient scales
+PARAMS = FAMILIES + ("fixed_overhead_s", "request_latency_s")
+LATENCY = PARAMS.index("request_latency_s")
+# The price parts (dsparksim.cost.price.StepPrice) each coefficient scales (request_latency_s: none, it is outside
+# the step loop)
 PARAM_PARTS = {**{f: ("verify",) for f in VERIFY_FAMILIES}, "attention": ("context", "query_key"),
-               "prefill": ("prefill",), "fixed_overhead_s": ("overhead",)}
+               "prefill": ("prefill",), "fixed_overhead_s": ("overhead",), "request_latency_s": ()}
 
 
 @dataclass(frozen=True)
@@ -87,10 +91,12 @@ class PriceBasis:
         if len(M) and (ci.min() < 0 or M.max() > self.M[-1]):
             raise ValueError(f"trace has M outside the profile grid [{self.M[0]}, {self.M[-1]}]")
         shape = StepShape.from_log(steps, None, 1)
-        X = np.empty((len(M), len(PARAMS)))
+        X = np.zeros((len(M), len(PARAMS)))
         for k, param in enumerate(PARAMS):
-            price = self.unit_profile(param).price(shape)
             parts = PARAM_PARTS[param]
+            if not parts:                    # request_latency_s: no step column
+                continue
+            price = self.unit_profile(param).price(shape)
             x = getattr(price, parts[0])
             for part in parts[1:]:
                 x = x + getattr(price, part)
@@ -99,9 +105,10 @@ class PriceBasis:
 
 
 def coef_of(cal: Calibration, basis: PriceBasis) -> np.ndarray:
-    """The coefficient vector of a calibration (its fixed overhead, else the builder's)."""
+    """The coefficient vector of a calibration (its fixed overhead, else the builder's; its request latency, else
+    0)."""
     fixed = basis.fixed_overhead_s if cal.fixed_overhead_s is None else float(cal.fixed_overhead_s)
-    return np.array([cal.scale(f) for f in FAMILIES] + [fixed])
+    return np.array([cal.scale(f) for f in FAMILIES] + [fixed, float(cal.request_latency_s or 0.0)])
 
 
 class LinearRun:
@@ -118,23 +125,29 @@ class LinearRun:
         self.out_tokens = float(trace.output_len.sum())
         self.end = C                                           # step end times (row i+1), for exactness checks
         self.arrive = C[a]
-        self.ttft = C[f] - C[a]
-        self.e2e = C[e] - C[a]
+        lat = np.zeros(X.shape[1])
+        if basis is not None:                                  # the request latency: +1 x its coefficient
+            lat[LATENCY] = 1.0
+        # basis None: the run's own request latency (the profile's, as simulated) is a constant
+        self.k = 0.0 if basis is not None else float(getattr(trace, "request_latency_s", 0.0))
+        self.ttft = C[f] - C[a] + lat
+        self.e2e = C[e] - C[a] + lat
         multi = trace.output_len > 1                           # the client's TPOT needs two tokens
         self.tpot = (C[e][multi] - C[f][multi]) / (trace.output_len[multi] - 1)[:, None]
-        self.duration = C[-1] - C[trace.start_step + 1]             # from the end of the warm-up
+        self.duration = C[-1] - C[trace.start_step + 1] + lat       # from the end of the warm-up
         self.mean = {"ttft": self.ttft.mean(axis=0), "tpot": self.tpot.mean(axis=0), "e2el": self.e2e.mean(axis=0)}
 
     def metric(self, name: str, coef: np.ndarray) -> float:
         """One client metric: ``mean_tpot_ms``, ``median_ttft_ms``, ``p99_e2el_ms``, ``output_throughput_per_gpu``..."""
         if name == "output_throughput_per_gpu":
-            return self.out_tokens / float(self.duration @ coef) / self.gpus
+            return self.out_tokens / (float(self.duration @ coef) + self.k) / self.gpus
         if name == "duration_s":
-            return float(self.duration @ coef)
+            return float(self.duration @ coef) + self.k
         stat, m, _ = name.split("_")
+        k = 0.0 if m == "tpot" else self.k
         if stat == "mean":
-            return float(self.mean[m] @ coef) * 1e3
-        v = getattr(self, {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e"}[m]) @ coef
+            return (float(self.mean[m] @ coef) + k) * 1e3
+        v = getattr(self, {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e"}[m]) @ coef + k
         return float(np.median(v) if stat == "median" else np.percentile(v, 99)) * 1e3
 
     def metrics(self, coef: np.ndarray) -> dict[str, float]:

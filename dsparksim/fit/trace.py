@@ -66,6 +66,7 @@ class Trace:
     prompt_len: np.ndarray
     policy: str = "none"
     start_step: int = -1
+    request_latency_s: float = 0.0     # the profile's, as the client added it (outside the step log)
 
     @property
     def n_steps(self) -> int:
@@ -102,4 +103,5 @@ def simulate_trace(profile: Any, spec: ClientSpec, policy: str = "none", block_s
                  first_token_step=np.asarray(rq["first_token_step"], np.int64),
                  finish_step=np.asarray(rq["finish_step"], np.int64),
                  output_len=np.asarray(rq["output_len"], np.int64), prompt_len=np.asarray(rq["prompt_len"], np.int64),
-                 policy=policy, start_step=n_warm - 1)
+                 policy=policy, start_step=n_warm - 1,
+                 request_latency_s=float(run.notes.get("request_latency_s", 0.0)))

@@ -21,6 +21,8 @@ from typing import Any
 import pandas as pd
 
 from dsparksim.plan.search import SPEED, PlanRun, Probe, Search, binding_slo
+from dsparksim.config import jsonable
+from dsparksim.results.outputs import write_result_set
 
 MANIFEST = "plan.manifest.json"
 RESULT_FILES = ("plan.json", "spec.json", "cheapest.csv", "pareto.csv", "pareto.json", "probes.csv", "plan.png")
@@ -193,7 +195,6 @@ def text_report(doc: dict[str, Any]) -> str:
 
 def write_plan(run: PlanRun, out: str | Path) -> tuple[dict[str, Any], dict[str, Path]]:
     """Write the plan's result set into ``out`` (see the module docstring); returns (plan.json document, paths)."""
-    from dsparksim.results.outputs import write_result_set
 
     doc = summarize_plan(run)
     probes = pd.DataFrame([probe_row(s, s.probes[r]) for s in run.searches for r in sorted(s.probes)])
@@ -218,7 +219,6 @@ def write_plan(run: PlanRun, out: str | Path) -> tuple[dict[str, Any], dict[str,
 
 
 def _dump(p: Path, obj: Any) -> None:
-    from dsparksim.config import jsonable
 
     p.write_text(json.dumps(jsonable(obj), indent=1, allow_nan=False, default=str) + "\n")
 
@@ -232,9 +232,9 @@ def plan_figure(doc: dict[str, Any]):
     """Cost per hour against per-user speed, one panel per traffic scale: each family's Pareto set as a step line
     in the family's colour (as in every plot, dsparksim.results.plots), every point labelled with its replica
     count, its cheapest deployment circled, the per-user speed SLO as a dotted line; legend beside the panels."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib
 
-    from dsparksim.results.plots import outside_legend, policy_color
+    from dsparksim.results.plots import outside_legend, policy_color  # lazy: pulls in matplotlib
 
     sc = doc["scales"]
     speed_slo = _speed_slo(doc)
@@ -267,7 +267,7 @@ def plan_figure(doc: dict[str, Any]):
         ax.grid(alpha=0.3)
     handles, _ = axes[-1].get_legend_handles_labels()
     if handles or speed_slo:
-        from matplotlib.lines import Line2D
+        from matplotlib.lines import Line2D  # lazy: matplotlib
         handles += [Line2D([], [], ls="", label="xN: replicas"),
                     Line2D([], [], ls="", marker="o", mfc="none", mec="0.2", label="circled: cheapest meeting the SLO")]
         if speed_slo:

@@ -19,6 +19,8 @@ when ``require_unsaturated``.
 """
 from __future__ import annotations
 
+from tqdm import tqdm
+import os
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +30,10 @@ import numpy as np
 
 from dsparksim.plan.cost import cost_per_hour, cost_per_mtok, max_replicas_below
 from dsparksim.plan.spec import Deployment, PlanSpec, SLOTerm
+from dsparksim.results.stats import t_interval
+from dsparksim.sweep.backends import import_ray
+from dsparksim.sweep.cells import build_config, Cell, cell_hash
+from dsparksim.sweep.runner import run_cells_cached
 
 SATURATED = "not saturated"   # the pseudo-term a saturated probe violates
 SPEED = "tps_user_median"     # the per-user speed of the Pareto set
@@ -37,7 +43,6 @@ THROUGHPUT = "output_throughput_tok_s"
 def interval(values: Sequence[float], confidence: float) -> tuple[float, float, float]:
     """(mean, low, high): the two-sided Student-t interval of the mean at ``confidence`` (dsparksim.results.stats, the
     rule every seed interval of dsparksim uses); one value: the value itself (no spread to estimate)."""
-    from dsparksim.results.stats import t_interval
 
     iv = t_interval(values, confidence)
     if iv.n < 2:
@@ -171,7 +176,6 @@ class PlanRun:
 
 def run_cells(cells, out_dir, backend, workers, ray_address, bar):
     """Run cells through the sweep machinery (cache under OUT/cells); a seam tests can replace."""
-    from dsparksim.sweep.runner import run_cells_cached
 
     return run_cells_cached(cells, out_dir, backend, workers, ray_address, False, bar is not None, bar=bar)
 
@@ -180,9 +184,7 @@ def run_plan(spec: PlanSpec, out_dir: str | Path, backend: str = "local", worker
              ray_address: str | None = None, progress: bool = True,
              on_round: Callable[[PlanRun], None] | None = None) -> PlanRun:
     """Search every deployment at every traffic scale (see the module docstring); cells cached in OUT/cells."""
-    from tqdm import tqdm
 
-    from dsparksim.sweep.cells import Cell, build_config, cell_hash
 
     run = PlanRun(spec, [Search(d, s) for s in spec.scales for d in spec.deployments])
     best: dict[tuple[str, float], tuple[float, int]] = {}
@@ -246,7 +248,7 @@ def run_plan(spec: PlanSpec, out_dir: str | Path, backend: str = "local", worker
     finally:
         bar.close()
         if ray_started:
-            import ray
+            import ray  # optional: ray
 
             ray.shutdown()
     return run
@@ -257,9 +259,7 @@ def _start_ray(backend: str, workers: int | None, address: str | None) -> bool:
     a cluster address is left to the backend, which connects per round. True if this call started it."""
     if backend != "ray" or address:
         return False
-    import os
 
-    from dsparksim.sweep.backends import import_ray
 
     ray = import_ray()
     if ray.is_initialized():

@@ -36,6 +36,7 @@ on the config dataclasses (``dsparksim.config.run_options``), spelled as in swee
 """
 from __future__ import annotations
 
+import dataclasses as dc
 import itertools
 import math
 import re
@@ -419,7 +420,6 @@ def _check_unread_shared(src: str, tables: Mapping[str, Mapping[str, Any]], poli
 def _collapse(spec: PlanSpec) -> PlanSpec:
     """The spec without deployments that are the same run as an earlier one at every replica count (they differ
     only in options their runs never read, e.g. mtp1's acceptance): each is recorded in ``collapsed``."""
-    import dataclasses as dc
 
 
     seen: dict[Any, Deployment] = {}

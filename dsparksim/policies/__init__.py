@@ -6,10 +6,11 @@ takes an argument) and one line in ``REGISTRY``. Specs are ``name`` or ``name:ar
 from __future__ import annotations
 
 from dsparksim.errors import ConfigError
-from dsparksim.policies._common import Ranking, draft_budget, rank_candidates, ratio_curve
+from dsparksim.policies._common import Ranking, draft_budget, global_best, rank_candidates, ratio_curve
 from dsparksim.policies.base import Policy, StepContext
 from dsparksim.policies.confidence import Confidence, algorithm1
 from dsparksim.policies.confidence_async import ConfidenceAsync
+from dsparksim.policies.confidence_async_2d import ConfidenceAsync2D
 from dsparksim.policies.confidence_global import ConfidenceGlobal, global_search_current
 from dsparksim.policies.fixed import Fixed
 from dsparksim.policies.goodput import Goodput
@@ -27,6 +28,7 @@ REGISTRY.update({
     "goodput": Goodput,
     "confidence": Confidence,
     "confidence-async": ConfidenceAsync,
+    "confidence-async-2d": ConfidenceAsync2D,  # each candidate priced at its own request's context
     "confidence-global": ConfidenceGlobal,  # NOT lossless: only for demonstrating the Appendix-A bias
     "oracle": Oracle,
 })
@@ -60,4 +62,4 @@ def make_policy(spec: str) -> Policy:
 __all__ = ["REGISTRY", "Policy", "StepContext", "make_policy", "list_policies", "list_specs", "confidence_readers",
            "algorithm1",
            "global_search_current", "MTP1", "Fixed", "Threshold", "Goodput", "Confidence", "ConfidenceAsync",
-           "ConfidenceGlobal", "Oracle", "NoSpeculation", "Ranking", "draft_budget", "rank_candidates", "ratio_curve"]
+           "ConfidenceGlobal", "Oracle", "NoSpeculation", "Ranking", "draft_budget", "global_best", "rank_candidates", "ratio_curve"]

@@ -29,6 +29,14 @@ class StepContext:
     max_tokens:  the largest M this step may use (engine token budget / profile range). Policies never exceed it.
     true_accepted: (n,) int64 ground-truth accepted prefix length A[i] had all K been verified. None unless the
                  policy declares ``needs_oracle = True``; only the oracle bound may read it.
+    drafted:     (n,) int64 positions each request's drafter proposed (early exit, 1..K), or None = all K. Positions
+                 past drafted[i] carry confidence 0 and are never verified (the engine caps L[i] at drafted[i]).
+    context:     (n,) int64 context tokens of each decoding request (prompt + generated), or None when the step
+                 is priced without a long-context term. With ``qk_s`` > 0, ``step_time`` prices every extra verified
+                 token at the mean context (the 1-D price: step_time(M) = base(M) + qk_s * (sum(context) +
+                 (M - base_tokens) * mean(context))), while verifying L[i] drafts of request i really costs
+                 qk_s * ((1 + L[i]) * context[i] + L[i] (L[i] + 1) / 2) (the engine's exact step price).
+    qk_s:        seconds per decode query-key pair of the profile's long-context term (0 = none).
     """
 
     conf: np.ndarray
@@ -38,6 +46,9 @@ class StepContext:
     step_time: Callable[[np.ndarray], np.ndarray]
     max_tokens: int
     true_accepted: np.ndarray | None = None
+    drafted: np.ndarray | None = None
+    context: np.ndarray | None = None
+    qk_s: float = 0.0
 
     @property
     def n(self) -> int:

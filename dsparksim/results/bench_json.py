@@ -31,6 +31,7 @@ SLO / duration, a request with one output token having TPOT 0 (vLLM's rule).
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Sequence
@@ -40,6 +41,8 @@ import numpy as np
 
 from dsparksim.sim.cluster import SimResult
 from dsparksim.sim.kv import REJECT_REASONS
+from dsparksim.errors import ConfigError
+from dsparksim.results.outputs import atomic_write
 
 # The keys vLLM writes (setup, result, spec decode, statistics), in its order.
 SETUP_KEYS = ("date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
@@ -92,7 +95,6 @@ class ItlLists(Sequence):
         (json formats a float with float.__repr__ and joins a list with ", "); formatting every sample took
         most of the time of writing a long run's results.
         """
-        import json
 
         if not np.isfinite(self._dt).all():  # json.dumps raises on NaN/inf: let it, with its own message
             for i in range(len(self)):
@@ -105,9 +107,7 @@ class ItlLists(Sequence):
 
 def write_bench_json(path, d: dict[str, Any]) -> None:
     """Write a bench_result dict as JSON, one key per line, streaming ``itls`` (vLLM's file has no indent)."""
-    import json
 
-    from dsparksim.results.outputs import atomic_write
 
     def write(p) -> None:
         with open(p, "w") as f:
@@ -150,7 +150,6 @@ GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 def parse_goodput(items: Sequence[str]) -> dict[str, float]:
     """``["ttft:500", "tpot:50"]`` -> {"ttft": 500.0, "tpot": 50.0} (ms), as vllm bench serve --goodput;
     a ConfigError naming the bad item otherwise."""
-    from dsparksim.errors import ConfigError
 
     out: dict[str, float] = {}
     for it in items:

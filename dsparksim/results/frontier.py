@@ -1,13 +1,15 @@
 """Frontiers: policies x load levels, Pareto sets, matched comparisons (DESIGN.md section 8)."""
 from __future__ import annotations
 
+import warnings
 import dataclasses
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from dsparksim.config import RunConfig
+from dsparksim.config import EngineConfig, RunConfig
+from dsparksim.errors import ConfigError
 
 X, Y = "output_throughput_tok_s", "tps_user_median"
 DEFAULT_POLICIES = ("none", "mtp1", "fixed:7", "threshold:0.5", "goodput", "confidence", "confidence-async:2", "oracle")
@@ -65,7 +67,7 @@ def run_cells(cfgs: list[RunConfig], jobs: int = 1, on_done: Callable[[], None] 
     Any failing cell raises its own exception (an InputError keeps its one-line message) as soon as it fails, and
     the cells still queued or running are cancelled: a frontier with holes is never returned as if complete.
     """
-    from dsparksim.sweep.backends import Task, cell_exception, make_backend
+    from dsparksim.sweep.backends import Task, cell_exception, make_backend  # lazy: pulls in scipy
 
     name = backend or ("serial" if jobs <= 1 or len(cfgs) <= 1 else "local")
     out: list[dict[str, Any] | None] = [None] * len(cfgs)
@@ -101,7 +103,6 @@ def pareto_mask(x: np.ndarray, y: np.ndarray, eligible: np.ndarray | None = None
 def _with_deployment(df: pd.DataFrame, cfgs: Sequence[RunConfig] | None = None) -> pd.DataFrame:
     """``df`` with ``replicas`` and ``router`` columns: from ``cfgs`` (one per row) when given, else kept as they
     are; a missing one gets the engine default (a table of single-engine runs). ``router`` follows ``replicas``."""
-    from dsparksim.config import EngineConfig
 
     df = df.copy()
     if cfgs is not None:
@@ -168,7 +169,6 @@ def deprecated_slas(slos: Iterable[float], slas: Iterable[float] | None) -> Iter
     """``slos``, or the deprecated keyword ``slas`` (a DeprecationWarning) when it is given instead."""
     if slas is None:
         return slos
-    import warnings
     warnings.warn("slas= is deprecated; use slos=", DeprecationWarning, stacklevel=3)
     return slas
 
@@ -226,7 +226,6 @@ def comparison_table(df: pd.DataFrame, baseline: str = "mtp1", slos: Iterable[fl
     ``narrow_overlap`` is True where the overlap covers < NARROW_FRACTION of the baseline's range on that axis or
     holds < NARROW_MIN_POINTS Pareto points of either frontier. Saturated points are never Pareto, so never used.
     """
-    from dsparksim.errors import ConfigError
 
     policies = list(df["policy"].unique()) if len(df) else []
     if baseline not in policies:

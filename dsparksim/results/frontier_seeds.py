@@ -20,7 +20,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from dsparksim.results.frontier import SERIES, mark_pareto, comparison_table
+from dsparksim.results.frontier import comparison_table, deprecated_slas, mark_pareto, SERIES
 from dsparksim.results.stats import LEVEL, t_interval
 
 # Columns that name a cell rather than measure it: equal across seeds, never averaged.
@@ -74,7 +74,6 @@ def comparison_with_intervals(mean_df: pd.DataFrame, per_seed: pd.DataFrame, bas
     Each seed's gain is ``gain_mean`` of that seed's own frontiers (its own overlap range); a seed where the gain is
     undefined (no overlap, SLO outside a frontier) leaves the interval empty and says so in ``note``.
     """
-    from dsparksim.results.frontier import deprecated_slas
 
     slos = list(deprecated_slas(slos, slas))
     comp = comparison_table(mean_df, baseline=baseline, slos=slos)

@@ -16,6 +16,7 @@ import numpy as np
 from dsparksim.errors import ConfigError
 from dsparksim.sim.cluster import SimResult
 from dsparksim.sim.kv import REJECT_REASONS
+from dsparksim.results.bench_json import bench_result
 
 if TYPE_CHECKING:  # pandas is imported where a table is built: a run imports it only to write results
     import pandas as pd
@@ -47,7 +48,7 @@ def per_request_table(res: SimResult) -> pd.DataFrame:
         # preemption, the re-prefill's token come from prefill forwards
         dem = res.decode_emitted_tokens if res.decode_emitted_tokens is not None else res.emitted_tokens - 1
         tau = dem / steps
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
     rejected = res.rejected
     codes = res.reject_reason if res.reject_reason is not None else np.zeros(len(rejected), np.int8)
@@ -415,7 +416,6 @@ def bench_serve_json(res: SimResult, summary: dict[str, Any], *, model_id: str, 
                      burstiness: Any, max_concurrency: Any, **options: Any) -> dict[str, Any]:
     """The run shaped exactly as `vllm bench serve --save-result` writes it (keys, units, meanings):
     see :mod:`dsparksim.results.bench_json`. Prompts are the requests issued in the measurement window."""
-    from dsparksim.results.bench_json import bench_result
 
     d = bench_result(res, warmup_s=float(summary["warmup_s"]), duration_s=float(summary["window_s"]),
                      model_id=model_id, request_rate=request_rate, burstiness=burstiness,

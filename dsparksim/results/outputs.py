@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
 from dsparksim.errors import ConfigError
+from dsparksim import __version__
 
 RESULT_SUFFIXES = (".json", ".csv", ".parquet", ".png", ".gz")
 
@@ -112,7 +113,6 @@ MARK = "dsparksim"   # the mark a file dsparksim wrote carries (JSON: written_by
 
 def written_by() -> str:
     """The mark dsparksim puts in what it writes: ``dsparksim <version>``."""
-    from dsparksim import __version__
 
     return f"{MARK} {__version__}"
 

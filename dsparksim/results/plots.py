@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from dsparksim.results.frontier import X, Y, series_labels
+from dsparksim.results.frontier import deprecated_slas, series_labels, X, Y
 
 # The shipped policy families (and the drafters they run with) get fixed colours, keyed by family (the spec before
 # ':'); mtp1 is the grey baseline, none (plain decoding) light grey and dotted, oracle the black upper bound.
@@ -135,7 +135,6 @@ def frontier_figure(df: pd.DataFrame, title: str = "", slos: Iterable[float] = (
     colour = policy family, line style and marker = deployment (replicas x router) when there are several.
     ``x``: the throughput column on the x axis (``output_throughput_tok_s_per_gpu``: a deployments frontier per
     GPU)."""
-    from dsparksim.results.frontier import deprecated_slas
 
     slos = list(deprecated_slas(slos, slas))
     fig = Figure(figsize=(11, 6), dpi=120)

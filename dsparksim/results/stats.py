@@ -7,10 +7,12 @@ differences (a gain) is the paired interval.
 """
 from __future__ import annotations
 
+import argparse
 import math
 from typing import Iterable, NamedTuple
 
 import numpy as np
+from dsparksim.config import pos_int
 
 LEVEL = 0.95  # the nominal coverage of every interval dsparksim reports
 
@@ -35,9 +37,7 @@ MAX_SEEDS = 1000
 
 def seeds_arg(s: str) -> int:
     """Option parser of --seeds: an integer in 1..MAX_SEEDS."""
-    import argparse
 
-    from dsparksim.config import pos_int
 
     n = pos_int(s)
     if n > MAX_SEEDS:
@@ -57,7 +57,7 @@ def t_quantile(n: int, level: float = LEVEL) -> float:
     """The two-sided Student-t critical value for ``n`` samples (n - 1 degrees of freedom); NaN for n < 2."""
     if n < 2:
         return math.nan
-    from scipy.stats import t
+    from scipy.stats import t  # lazy: scipy
 
     return float(t.ppf(0.5 + level / 2, n - 1))
 

@@ -65,12 +65,17 @@ def _sample_rows(P: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.minimum((np.cumsum(P, 1) < u).sum(1), P.shape[1] - 1)
 
 
-def run_audit(policy_spec: str, setting: AuditSetting, steps: int, seed: int) -> dict:
-    """Decode ``steps`` steps under the policy; return counts, chi-square statistic, dof and p-value."""
+def run_audit(policy_spec: str, setting: AuditSetting, steps: int, seed: int, recalibrate: bool = False) -> dict:
+    """Decode ``steps`` steps under the policy (wrapped in online recalibration when ``recalibrate``: the
+    ``--recalibrate`` of a run); return counts, chi-square statistic, dof and p-value."""
     rng = np.random.default_rng(seed)
     S = setting
     V, K, B = S.p.shape[0], S.K, S.B
     pol = make_policy(policy_spec)
+    if recalibrate:
+        from dsparksim.policies.recalibrate import Recalibrating
+        pol = Recalibrating(pol)
+        policy_spec = pol.spec
     Kp = int(pol.block_size or K)
     pol.reset(Kp, np.random.default_rng(seed + 1))
     T = 1.0 / S.sps
@@ -133,7 +138,11 @@ def run_audit(policy_spec: str, setting: AuditSetting, steps: int, seed: int) ->
 LOSSLESS = ("mtp1", "fixed:7", "fixed:2", "threshold:0.5", "goodput", "confidence", "confidence-async:2")
 
 
+RECALIBRATED = ("threshold:0.5", "confidence", "confidence-async:2")   # the lossless confidence readers
+
+
 def audit_all(steps: int = 6000, seed: int = 0, policies=LOSSLESS + ("confidence-global",),
-              settings=("appendix_a", "batch")) -> list[dict]:
-    """Every policy in every setting (mtp1 runs with K=1 by construction)."""
-    return [run_audit(p, SETTINGS[s](), steps, seed) for s in settings for p in policies]
+              settings=("appendix_a", "batch"), recalibrate: bool = False) -> list[dict]:
+    """Every policy in every setting (mtp1 runs with K=1 by construction); ``recalibrate``: each wrapped in
+    online recalibration (dsparksim.policies.recalibrate)."""
+    return [run_audit(p, SETTINGS[s](), steps, seed, recalibrate) for s in settings for p in policies]

@@ -50,7 +50,7 @@ def audit_live(models: str | Path, profile: str, policies, n_requests: int = 200
                           domain="math")
         cfg = RunConfig(policy=pol, profile=profile, acceptance="dspark", mtp1_acceptance="mtp1",
                         engine=EngineConfig(block_size=7, max_num_seqs=users, prefill_chunk_tokens=4096), traffic=t,
-                        seed=seed)
+                        seed=seed, recalibrate=recalibrate)
         rc = RunnerConfig(executor=ExecutorConfig(temperature=1.0, seed=seed), check_profile=False, mode="live",
                           models=str(models), prompts_dir=prompts_dir)
         out = real_run(cfg, rc, record_outputs=True, prompt_source=_Single(prompt))
@@ -58,7 +58,7 @@ def audit_live(models: str | Path, profile: str, policies, n_requests: int = 200
         obs, exp = _expected(target, prompt, toks)
         chi2, dof, p = _chi2(obs, exp)
         r = out.result
-        rows.append({"policy": pol, "requests": int(len(toks)), "tokens_tested": int(2 * len(toks)),
+        rows.append({"policy": pol + ("+recal" if recalibrate else ""), "requests": int(len(toks)), "tokens_tested": int(2 * len(toks)),
                      "chi2": chi2, "dof": dof, "p_value": p, "tau": float(1 + r.accepted_tokens.sum() /
                                                                         max(1, r.decode_steps.sum())),
                      "mean_verify_len": float(r.verify_tokens.sum() / max(1, r.decode_steps.sum()))})

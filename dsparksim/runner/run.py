@@ -77,6 +77,10 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
     if cfg.engine.disaggregated:
         raise ConfigError("config", "disaggregated", "the real runner serves one engine that prefills its own "
                           "requests; --disaggregated exists only in the simulator")
+    for k, flag in (("pad_verify", "--pad-verify"), ("draft_exit", "--draft-exit")):
+        if getattr(cfg.engine, k) not in (None, False):
+            raise ConfigError("config", k, f"{flag} is priced by the simulator only (the real runner's executors "
+                              "neither pad verification nor stop drafting early); drop it for a real run")
     if cfg.engine.kv_policy != "reserve":
         # The real runner's KV is one fixed slot per request (no pages to preempt): it always reserves at
         # admission. The saved config says so (kv_policy "reserve"), whatever the run default is.

@@ -37,6 +37,8 @@ class StepPlan:
     decode_qk:     query-key pairs of the decoding rows' attention (long-context term; sim/scheduler.py doc)
     preempted:     rows preempted (paged KV) since the previous plan, to make room for this step; None = none
     kv_pages:      KV pages held after this step's allocation (paged KV; 0 under reserve)
+    drafted:       (n,) positions each decoding row drafted (early exit; None = all K)
+    pad_tokens:    verify tokens a padded engine runs beyond M (pad_verify; priced, never verified)
     """
 
     decode: np.ndarray
@@ -55,6 +57,8 @@ class StepPlan:
     decode_qk: int = 0
     preempted: np.ndarray | None = None
     kv_pages: int = 0
+    drafted: np.ndarray | None = None
+    pad_tokens: int = 0
 
     @property
     def n_decode(self) -> int:

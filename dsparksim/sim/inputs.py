@@ -140,6 +140,10 @@ def resolve_inputs(cfg: RunConfig, *, profile=None, acceptance: Callable[[Any, i
         return ResolvedInputs(profile=prof, policy=policy, K=0, acceptance=NoDraftAcceptance(), acceptance_spec="none",
                               drafter=None, kv_cap=kv_cap, max_tokens=max_tok, max_model_len=max_model_len(prof))
     K = int(policy.block_size or cfg.engine.block_size)
+    if getattr(cfg, "recalibrate", False) and policy.reads_confidence:
+        from dsparksim.policies.recalibrate import Recalibrating
+        policy = Recalibrating(policy)       # online STS from past outcomes; the unread-option rule of
+        # dsparksim.sim.reads refuses --recalibrate typed for a policy that reads no confidence
     if acceptance is not None:
         acc, spec = acceptance(policy, K), "live"
     else:

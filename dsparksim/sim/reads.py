@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 from dsparksim.config import RunConfig, run_options
 
-DRAFT_OPTIONS = ("block_size", "acceptance", "mtp1_acceptance", "confidence", "drafter")
+DRAFT_OPTIONS = ("block_size", "acceptance", "mtp1_acceptance", "confidence", "recalibrate", "drafter")
 ENGINE_OPTIONS = ("router",)
 
 
@@ -41,7 +41,7 @@ def policy_reads(spec: str) -> frozenset[str]:
     if pol.block_size is None:
         r.add("block_size")
     if pol.reads_confidence:
-        r.add("confidence")
+        r |= {"confidence", "recalibrate"}
     return frozenset(r)
 
 
@@ -52,7 +52,7 @@ def why_unread(spec: str, key: str) -> str:
     pol = make_policy(spec)
     if not getattr(pol, "drafts", True):
         return {"block_size": "plain decoding: K is 0"}.get(key, "plain decoding: nothing is drafted")
-    if key == "confidence":
+    if key in ("confidence", "recalibrate"):
         return f"it never reads the confidences; the policies that do: {', '.join(confidence_readers())}"
     if key == "mtp1_acceptance":
         return "only the mtp1 policy reads it"

@@ -30,6 +30,19 @@ query-key pair of its decoding requests' attention: request i, with context c_i 
 prices candidate M with every extra verified token at the decoding requests' mean context (a 1-D price in M, the
 paper's SPS(B)); the step itself is priced with the exact pairs.
 
+Padded verification (``pad_verify``): an engine without variable-length attention kernels runs every decoding row
+of a step at the step's longest verify length (CUDA-graph / static-shape verification): the target's forward is
+priced at M + pad_tokens with pad_tokens = n_decode * max(L) - sum(L) (``StepShape.pad_tokens``; the long-context
+term at the padded rows too), while only the chosen L[i] are verified. The policy is not told (it prices M as an
+unpadded engine would). The log gains ``pad_tokens``.
+
+Early exit of drafting (``draft_exit`` = T): the drafter stops a request's block at the first position whose running
+survival falls below T (:mod:`dsparksim.sim.early_exit`): the policy sees the undrafted positions at confidence 0,
+their verify lengths are capped at the drafted ones, and the step's drafting is priced for what was drafted
+(``StepShape.draft_counts``, ``CostProfile.draft_time_exit``). The log gains ``drafted`` (positions drafted),
+``draft_counts`` (requests drafting each position, space-separated), ``draft_s`` and ``draft_full_s`` (drafting
+priced, and what all K positions would have cost).
+
 Mixed prefill (``mixed_prefill``, default True = vLLM V1 and TensorRT-LLM's in-flight batching): a step carries
 the decoding rows' tokens first and the rest of the token budget goes to prefill chunks. With ``mixed_prefill=False``
 (SGLang's default, ``--enable-mixed-chunk`` off) a step that schedules any prefill chunk is a prefill-only step: it
@@ -60,6 +73,7 @@ from dsparksim.policies.base import Policy, StepContext
 from dsparksim.sim.contract import NewRequest, StepOutcome, StepPlan
 from dsparksim.sim.inputs import ResolvedInputs
 from dsparksim.sim.kv import R_KV, R_LEN, make_kv
+from dsparksim.sim.early_exit import drafted_lengths, mask_undrafted, position_counts
 from dsparksim.sim.predraw import PredrawnDraws, supports_predraw
 from dsparksim.sim.requests import DECODE, DONE, PREFILL, WAITING, RequestTable
 from dsparksim.sim.streams import RequestStreams
@@ -70,6 +84,8 @@ LOG_KEYS = ("t_start", "dt", "n_decode", "n_prefill_tokens", "M", "verify_tokens
 # The columns a step's price is a function of (with the profile, the drafter and K): reprice_steps() recomputes dt
 # from them exactly.
 PRICE_KEYS = ("M", "n_decode", "kv_read", "n_prefill_tokens", "prefill_qk", "prefill_chunks", "decode_qk")
+# ... and, when the run logged them (--pad-verify, --draft-exit), these
+EXTRA_PRICE_KEYS = ("pad_tokens", "draft_counts")
 
 
 class Inbox:
@@ -107,6 +123,9 @@ class Scheduler:
         self.K, self.drafter = K, inputs.drafter
         self.kv = make_kv(config.kv_policy, table, inputs.kv_cap, K, config.kv_page_tokens, config.kv_watermark)
         self.paged, self.disagg, self.mixed = self.kv.paged, config.disaggregated, config.mixed_prefill
+        self.draft_exit = config.draft_exit     # early exit of drafting (module sim/early_exit.py)
+        self.pad_verify = config.pad_verify     # verify lengths padded to the step's maximum (module doc)
+        self._exit_log = (0.0, 0.0)             # this step's drafting priced, and all K positions' price
         self._grown = False   # paged: admit() gave every decoding request its pages for the coming step
         self.n_preemptions = 0
         self._preempted: list[int] = []
@@ -316,11 +335,24 @@ class Scheduler:
             dec, n_dec = dec[:0], 0
             run = run[ph != DECODE]
         kv_read = int(r.prefilled[run].sum() + r.gen[run].sum() - r.regen[run].sum()) + n_pf
+        slots = r.slot_of[dec]
+        blk = drafted = counts = None
+        if n_dec:
+            blk = draft(dec, slots) if draft is not None else self.draw(dec, slots)
+            if self.draft_exit is not None and self.drafter is not None and K > 1:
+                # early exit: the drafter stopped each block at its survival threshold (module sim/early_exit.py)
+                drafted = drafted_lengths(np.cumprod(blk.conf[:, :K], axis=1) if blk.survival is None
+                                          else blk.survival, self.draft_exit)
+                counts = tuple(position_counts(drafted, K).tolist())
         pricer = self.pricer
-        # StepShape(M, n_decode, kv_read, prefill_tokens, prefill_qk, prefill_chunks, decode_qk, drafter, K),
-        # positional (built every step); M and decode_qk before the policy's choice
+        # StepShape(M, n_decode, kv_read, prefill_tokens, prefill_qk, prefill_chunks, decode_qk, drafter, K,
+        # pad_tokens, draft_counts), positional (built every step); M and decode_qk before the policy's choice
         step_time = base_time = pricer.step_time(StepShape(n_dec + n_pf, n_dec, kv_read, n_pf, pf_qk, len(chunks), 0,
-                                                           self.drafter, K))
+                                                           self.drafter, K, 0, counts))
+        if counts is not None:
+            kv_d = kv_read if pricer.drafter_reads_kv(self.drafter) else 0
+            self._exit_log = (self.profile.draft_time_exit(self.drafter, counts, K, kv_d),
+                              float(self.profile.draft_time(self.drafter, n_dec, K, kv_d)))
         dctx = None
         if pricer.sq and n_dec:
             # long context: the policy prices each extra verified token at the decoding rows' mean context
@@ -328,23 +360,31 @@ class Scheduler:
             step_time = pricer.with_decode_qk(base_time, int(dctx.sum()), float(dctx.mean()), n_dec + n_pf)
         L = np.zeros(0, np.int64)
         conf = A = None
-        slots = r.slot_of[dec]
         if n_dec:
-            blk = draft(dec, slots) if draft is not None else self.draw(dec, slots)
             conf = blk.conf[:, :K]
             A = blk.accepted
             surv = np.cumprod(conf, axis=1) if blk.survival is None else blk.survival
+            if drafted is not None:
+                conf, surv = mask_undrafted(conf, surv, drafted)
             ctx = StepContext(conf=conf, survival=surv, request_ids=dec,
                               base_tokens=n_dec + n_pf, step_time=step_time, max_tokens=self.max_tokens,
-                              true_accepted=A if self.policy.needs_oracle else None)
+                              true_accepted=A if self.policy.needs_oracle else None, drafted=drafted,
+                              context=dctx, qk_s=float(pricer.sq) if dctx is not None else 0.0)
             L = np.asarray(self.policy.choose(ctx), dtype=np.int64)
             if L.shape != (n_dec,) or (n_dec and (L.min() < 0 or L.max() > K)):
                 raise RuntimeError(f"policy {self.policy.spec} returned invalid verify lengths {L!r} (K={K})")
+            if drafted is not None:
+                L = np.minimum(L, drafted)   # positions never drafted cannot be verified
         M = n_dec + n_pf + int(L.sum())
         if M > self.max_tokens:
             raise RuntimeError(f"policy {self.policy.spec} exceeded the token budget: M={M} > {self.max_tokens}")
-        dec_qk = 0 if dctx is None else int(decode_query_keys(L, dctx).sum())
-        dt = pricer.charge(base_time, M, n_dec, dec_qk)
+        # a padded engine (no variable-length attention kernels) runs every decoding row at the step's longest
+        # verify length: the target's forward is priced at M + pad (module doc); M + pad <= n_dec (1 + K) + n_pf
+        # <= max_tokens (admission and the chunk budget)
+        Lp = np.full(n_dec, int(L.max()), np.int64) if self.pad_verify and n_dec else L
+        pad = int(Lp.sum()) - int(L.sum())
+        dec_qk = 0 if dctx is None else int(decode_query_keys(Lp, dctx).sum())
+        dt = pricer.charge(base_time, M + pad, n_dec, dec_qk)
         if not dt > 0:
             raise RuntimeError(f"non-positive step time {dt} at M={M}")
         pre = None
@@ -352,7 +392,8 @@ class Scheduler:
             pre, self._preempted = np.array(self._preempted, np.int64), []
         return StepPlan(decode=dec, slots=slots, verify=L, conf=conf, true_accepted=A, prefill=chunks, M=M,
                         n_prefill=n_pf, kv_read=kv_read, prefill_qk=pf_qk, K=K, predicted_s=dt,
-                        n_running=n_run, decode_qk=dec_qk, preempted=pre, kv_pages=self.kv.used_pages)
+                        n_running=n_run, decode_qk=dec_qk, preempted=pre, kv_pages=self.kv.used_pages,
+                        drafted=drafted, pad_tokens=pad)
 
     def _chunks(self, rows: np.ndarray, budget: int) -> tuple[list[tuple[int, int, int, int]], int, int]:
         """Prefill chunks of prefilling ``rows`` (FIFO) within ``budget`` tokens: (chunks, tokens, query-key pairs)."""
@@ -444,6 +485,15 @@ class Scheduler:
         lg["prefill_qk"].append(plan.prefill_qk)
         lg["prefill_chunks"].append(len(plan.prefill))
         lg["decode_qk"].append(plan.decode_qk)
+        if self.pad_verify:
+            lg.setdefault("pad_tokens", []).append(plan.pad_tokens)
+        if self.draft_exit is not None:
+            d = plan.drafted
+            lg.setdefault("drafted", []).append(0 if d is None else int(d.sum()))
+            lg.setdefault("draft_counts", []).append(
+                "" if d is None else " ".join(map(str, position_counts(d, self.K).tolist())))
+            lg.setdefault("draft_s", []).append(self._exit_log[0] if d is not None else 0.0)
+            lg.setdefault("draft_full_s", []).append(self._exit_log[1] if d is not None else 0.0)
         self.acc_pos_log.append(outcome.accepted_per_pos)
         for k, v in outcome.extra.items():
             lg.setdefault(k, []).append(v)
@@ -465,9 +515,11 @@ class Scheduler:
 def reprice_steps(profile: CostProfile, steps: Any, drafter: str | None, K: int,
                   max_batched_tokens: int | None = None) -> np.ndarray:
     """The price of every logged step, recomputed from its shape (the PRICE_KEYS columns of an engine's step log,
-    a dict of arrays or a DataFrame) by the profile's pricer, as :meth:`Scheduler.plan_step` charged it, so that it
-    equals the logged ``dt`` of a simulated single-rank step bit for bit. A DP rank's own price is its
+    with EXTRA_PRICE_KEYS where logged; a dict of arrays or a DataFrame) by the profile's pricer, as
+    :meth:`Scheduler.plan_step` charged it, so that it equals the logged ``dt`` of a simulated single-rank step bit
+    for bit. A DP rank's own price is its
     ``rank_busy_s`` (its ``dt`` is the slowest rank's). ``max_batched_tokens``: the run's token budget (None = the
     profile's largest breakpoint), which decides whether verify times came from the dense table."""
-    shape = StepShape.from_log({k: steps[k] for k in PRICE_KEYS}, drafter, K)
+    cols = {k: steps[k] for k in PRICE_KEYS} | {k: steps[k] for k in EXTRA_PRICE_KEYS if k in steps}
+    shape = StepShape.from_log(cols, drafter, K)
     return profile.pricer(max_batched_tokens).seconds_each(shape)

@@ -15,6 +15,9 @@ import numpy as np
 
 from dsparksim.policies.base import Policy, StepContext
 from dsparksim.results.stats import t_interval
+from dsparksim.config import RunConfig
+from dsparksim.policies import Ranking
+from dsparksim.policies.confidence_global import global_budget
 
 
 # ------------------------------------------------------------------------------------------------ regimes
@@ -76,7 +79,6 @@ REGIMES = {r.name: r for r in (PRODUCTION, DENSE)}
 def run_config(regime: Regime, policy: str, seed: int, traffic: dict[str, Any],
                user_steps: tuple[tuple[float, int], ...] | None = None):
     """The RunConfig of one cell: the regime's options, the policy and seed, the traffic options (+ user_steps)."""
-    from dsparksim.config import RunConfig
 
     opts = regime.run_options() | {"policy": policy, "seed": int(seed)} | traffic
     cfg = RunConfig.from_options(opts, source=f"study regime {regime.name!r}")
@@ -86,7 +88,7 @@ def run_config(regime: Regime, policy: str, seed: int, traffic: dict[str, Any],
 
 
 # ------------------------------------------------------------------------------------------- policy wrappers
-class _Wrapper(Policy):
+class PolicyWrapper(Policy):
     """A policy around another: same spec, drafter, K and oracle needs; choose/observe/reset delegate."""
 
     def __init__(self, inner: Policy) -> None:
@@ -109,7 +111,7 @@ class _Wrapper(Policy):
         return self.inner.choose(ctx)
 
 
-class BudgetRecorder(_Wrapper):
+class BudgetRecorder(PolicyWrapper):
     """Records, per decoding step, the draft tokens the policy verified (``used``) and the *fresh* capacity: the
     budget b_t a global search on this step's own information would choose (confidence-global's; what
     confidence-async:LAG uses LAG steps later). ``used - fresh`` > 0 is over-verification, < 0 under-verification."""
@@ -120,8 +122,6 @@ class BudgetRecorder(_Wrapper):
         self.fresh: list[int] = []
 
     def choose(self, ctx: StepContext) -> np.ndarray:
-        from dsparksim.policies import Ranking
-        from dsparksim.policies.confidence_global import global_budget
 
         L = self.inner.choose(ctx)
         self.used.append(int(np.asarray(L).sum()))
@@ -129,7 +129,7 @@ class BudgetRecorder(_Wrapper):
         return L
 
 
-class MinVerify(_Wrapper):
+class MinVerify(PolicyWrapper):
     """The tail knob: every decoding request verifies at least ``floor`` draft tokens (min(floor, K)) on top of the
     inner policy's choice. The floor is fixed before any token is drawn, so the policy stays lossless. A step where
     the floor would overflow the token budget keeps the inner choice (counted in ``overflow_steps``)."""

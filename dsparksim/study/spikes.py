@@ -130,7 +130,7 @@ def _over_under(rec: dict[str, np.ndarray], a: float, b: float) -> dict[str, flo
 
 def measure(cell: Cell) -> dict[str, Any]:
     """Simulate one cell and reduce it to its metrics (runs in a worker process)."""
-    from dsparksim.sim.simulate import simulate
+    from dsparksim.sim.simulate import simulate  # lazy: pulls in scipy
 
     traffic, steps_sched = _traffic(cell)
     cfg = run_config(cell.regime, cell.policy, cell.seed, traffic, steps_sched)
@@ -218,7 +218,7 @@ def analyse(settings: Settings, rows: list[dict[str, Any]]) -> Section:
 
 def _figure(path, rows, paired, stale) -> None:
     """Per regime: costs against LAG 0 (left) and the per-step budget error (right), with 95% intervals."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib
 
     regimes = list(dict.fromkeys(r["regime"] for r in rows))
     fig = Figure(figsize=(11, 3.6 * len(regimes)))

@@ -6,6 +6,7 @@ lossless). Differences are paired against confidence-async:2 on the same seed (s
 """
 from __future__ import annotations
 
+import numpy as np
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -56,7 +57,7 @@ def plan(settings: Settings) -> list[Cell]:
 
 def measure(cell: Cell) -> dict[str, Any]:
     """Simulate one cell; its summary's latency tails and throughput (runs in a worker process)."""
-    from dsparksim.sim.simulate import simulate
+    from dsparksim.sim.simulate import simulate  # lazy: pulls in scipy
 
     spec, _, floor = cell.policy.partition("+min")
     traffic = {"concurrency": cell.load, "duration_s": cell.plan.duration_s, "warmup_s": cell.plan.warmup_s}
@@ -98,8 +99,7 @@ def analyse(settings: Settings, rows: list[dict[str, Any]]) -> Section:
 
 def _figure(path, paired, order) -> None:
     """One panel per regime and load: P99 TPOT against throughput per policy, 95% intervals on both."""
-    import numpy as np
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib
 
     panels = list(dict.fromkeys((r["regime"], r["load"]) for r in paired))
     fig = Figure(figsize=(4.2 * len(panels), 4.0))

@@ -12,6 +12,7 @@ re-raises. Ctrl-C does the same. Pool workers ignore SIGINT (only the parent han
 """
 from __future__ import annotations
 
+import ctypes
 import contextlib
 import multiprocessing as mp
 import os
@@ -24,8 +25,10 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
-from dsparksim.config import RunConfig
+from dsparksim.config import jsonable, RunConfig
 from dsparksim.errors import ConfigError, InputError, MissingExtraError, one_line
+from dsparksim.sim.simulate import simulate
+from dsparksim.sweep.cells import code_fingerprint
 
 BACKENDS = ("serial", "local", "ray")
 
@@ -40,13 +43,10 @@ class Task:
 def execute_cell(task: Task) -> dict[str, Any]:
     """Simulate one cell; any exception becomes a failed result carrying its one-line message, its traceback and
     (when it pickles) the exception itself."""
-    from dsparksim.config import jsonable
-    from dsparksim.sweep.cells import code_fingerprint
 
     t0 = time.perf_counter()
     res: dict[str, Any] = {"index": task.index, "pid": os.getpid(), "code": code_fingerprint()}
     try:
-        from dsparksim.sim.simulate import simulate
 
         out = simulate(task.config)
         res.update(ok=True, summary=out.summary, inputs=jsonable(out.inputs),
@@ -115,7 +115,6 @@ def _worker_init(parent_pid: int) -> None:
 def _set_pdeathsig(sig: int) -> bool:
     """Ask Linux to send ``sig`` to this process when its parent dies (prctl PR_SET_PDEATHSIG); False elsewhere."""
     try:
-        import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
@@ -262,7 +261,7 @@ class RayBackend:
 def import_ray():
     """Import ray lazily (an optional extra: ``pip install 'dsparksim[ray]'``)."""
     try:
-        import ray
+        import ray  # optional: ray
     except ImportError:
         raise MissingExtraError("ray", "ray", "--backend ray", "use --backend local") from None
     return ray

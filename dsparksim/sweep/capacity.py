@@ -7,6 +7,7 @@ the full search trace (every probed load, its metrics and the violated constrain
 """
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import re
@@ -17,9 +18,10 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from dsparksim.errors import ConfigError
-from dsparksim.results.stats import MAX_SEEDS
+from dsparksim.results.stats import MAX_SEEDS, seed_list, t_interval
 from dsparksim.sweep.cells import Cell, build_config, cell_hash
 from dsparksim.sweep.spec import LOAD_KEYS, SweepSpec
+from dsparksim.sweep.runner import run_cells_cached
 
 _OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
 # One SLO term, "METRIC OP NUMBER" (OP one of >= <= > <), as capacity, plan and frontier --slo take it.
@@ -282,11 +284,8 @@ def capacity_search(spec: SweepSpec, settings: CapacitySettings, out_dir: str | 
                     workers: int | None = None, ray_address: str | None = None, progress: bool = True
                     ) -> dict[str, Any]:
     """Run the search for every group (the cross product of the spec's axes) and return the result dict."""
-    import itertools
 
-    from dsparksim.sweep.runner import run_cells_cached
 
-    from dsparksim.results.stats import seed_list
 
     st = settings
     names = list(spec.axes)
@@ -336,7 +335,6 @@ def _over_seeds(group: dict[str, Any], per_seed: list[dict[str, Any]]) -> dict[s
     """A group's result over seeds: mean capacity and its 95% t-interval when every seed's search ended inside
     the range ("ok"); otherwise no mean or interval (a capacity at a range end is censored, not measured) and a
     status naming the seeds' outcomes. Each seed's own search (bracket, trace) is kept under ``seeds``."""
-    from dsparksim.results.stats import t_interval
 
     statuses = [r["status"] for r in per_seed]
     ok = all(x == "ok" for x in statuses)

@@ -15,8 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Protocol
 
-from dsparksim.config import DEFAULT_CONCURRENCY, RunConfig
+from dsparksim.config import DEFAULT_CONCURRENCY, reserved_kv_conflict, RunConfig
 from dsparksim.errors import ConfigError, InputError
+from dsparksim import __version__
+from dsparksim.acceptance import parse_spec
+from dsparksim.cost.profile import profile_path
+from dsparksim.sim.reads import identity, same_as
+from dsparksim.traffic.config import DEFAULT_LENGTHS
+from dsparksim.traffic.sources import resolve
 
 
 
@@ -44,7 +50,6 @@ class Cell:
 def build_config(values: dict[str, Any], source: str = "sweep spec") -> RunConfig:
     """RunConfig for one cell from spec keys (missing keys take `dsparksim run`'s defaults: both build runs with
     :meth:`RunConfig.from_options`, so a cell is exactly the run the CLI would do with the same options)."""
-    from dsparksim.config import reserved_kv_conflict
 
     try:
         if "trace" in values and "time_scale" not in values:
@@ -63,7 +68,6 @@ def expand(spec: SpecAxes) -> list[Cell]:
     """All cells of a spec, in the order of the axes' cross product (first axis slowest). A cell that differs
     from an earlier one only in options its run never reads (e.g. mtp1's acceptance) is the same run: it shares
     that cell's hash and names it in ``same_as``."""
-    from dsparksim.sim.reads import same_as
 
     names = list(spec.axes)
     built = []
@@ -81,8 +85,6 @@ def expand(spec: SpecAxes) -> list[Cell]:
 def cell_hash(cfg: RunConfig) -> str:
     """sha256 of the canonical JSON of the config's identity (options its run never reads at their defaults:
     the same run, the same hash), its inputs' content hashes, version and code fingerprint."""
-    from dsparksim import __version__
-    from dsparksim.sim.reads import identity
 
     cfg = identity(cfg)
     payload = {"config": cfg.to_dict(), "inputs": input_hashes(cfg), "dsparksim_version": __version__,
@@ -96,8 +98,6 @@ def canonical_json(obj: Any) -> str:
 
 def input_hashes(cfg: RunConfig) -> dict[str, str | None]:
     """sha256 of the bytes of every file the run reads (None for an input that is not a file)."""
-    from dsparksim.traffic.config import DEFAULT_LENGTHS
-    from dsparksim.traffic.sources import resolve
 
     t = cfg.traffic
     out = {"profile": _file_sha(_profile_path(cfg.profile)),
@@ -112,7 +112,6 @@ def input_hashes(cfg: RunConfig) -> dict[str, str | None]:
 
 
 def _profile_path(name: str) -> Path | None:
-    from dsparksim.cost.profile import profile_path
 
     try:
         return profile_path(name)          # the loader's own rule: a file, else a shipped name
@@ -121,7 +120,6 @@ def _profile_path(name: str) -> Path | None:
 
 
 def _acceptance_sha(spec: str) -> str | None:
-    from dsparksim.acceptance import parse_spec
 
     try:
         ps = parse_spec(spec)

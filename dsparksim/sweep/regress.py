@@ -34,6 +34,12 @@ import pandas as pd
 
 from dsparksim.errors import ConfigError, InputError
 from dsparksim.sweep.spec import LOAD_KEYS, SweepSpec, load_spec
+from dsparksim import __version__
+from dsparksim.results.frontier import frontier_table
+from dsparksim.results.stats import seed_list, t_interval
+from dsparksim.sweep.backends import make_backend, Task
+from dsparksim.sweep.cache import write_json
+from dsparksim.sweep.cells import expand
 
 FORMAT = "dsparksim-regress/3"
 OLD_FORMATS = ("dsparksim-regress/1", "dsparksim-regress/2")
@@ -55,7 +61,6 @@ def rule_text(tol: Mapping[str, float]) -> str:
 
 def _seeds(spec: SweepSpec) -> list[int]:
     """The regress run's seeds: [regress] seeds = N -> the base seed and the N-1 after it (default 1)."""
-    from dsparksim.results.stats import seed_list
 
     for k in spec.regress:
         if k in GONE_KEYS:
@@ -89,9 +94,6 @@ def compute(spec: SweepSpec, backend: str = "local", workers: int | None = None,
             ray_address: str | None = None) -> pd.DataFrame:
     """Run every cell over the spec's seeds (no cache: this is the check) and return the per-seed frontier table
     (one row per policy x load x seed, ``seed`` column first)."""
-    from dsparksim.results.frontier import frontier_table
-    from dsparksim.sweep.backends import Task, make_backend
-    from dsparksim.sweep.cells import expand
 
     extra = [k for k in spec.axes if k not in ("policy",) + LOAD_KEYS]
     if extra or "policy" not in spec.axes:
@@ -118,7 +120,6 @@ def _spec_sha(spec: SweepSpec) -> str:
 def make_baseline(spec: SweepSpec, per_seed: pd.DataFrame, baseline_path: str | Path,
                   tol: Mapping[str, float] | None = None) -> dict[str, Any]:
     """The baseline document of a per-seed frontier table (spec path stored relative to the baseline file)."""
-    from dsparksim import __version__
 
     tol = tolerances(spec, tol)
     rel = os.path.relpath(Path(spec.source).resolve(), Path(baseline_path).resolve().parent)
@@ -212,7 +213,6 @@ def paired_change(base: Sequence[Any], new: Sequence[Any], confidence: float
     The change is relative per seed, (new_s - base_s) / |base_s| -- a slowdown scales every seed alike -- and is
     returned in the metric's units (times |baseline mean|) so one rule covers both forms; where some base_s is 0
     the plain differences new_s - base_s are used. One pair: the interval is the change itself."""
-    from dsparksim.results.stats import t_interval
 
     pairs = [(float(b), float(n)) for b, n in zip(base, new) if b is not None and n is not None]
     if not pairs:
@@ -339,7 +339,6 @@ def regress(baseline_path: str | Path, spec_path: str | Path | None = None, back
     With ``update`` the baseline file is (re)written from the current results (``spec_path`` required if the
     baseline does not exist yet).
     """
-    from dsparksim.sweep.cache import write_json
 
     bp = Path(baseline_path)
     base = None if (update and not bp.exists()) else load_baseline(bp, old_ok=update)

@@ -1,6 +1,7 @@
 """Run a sweep: skip cached cells, run the rest on a backend, write each result as it lands, build the table."""
 from __future__ import annotations
 
+from tqdm import tqdm
 import json
 import time
 from dataclasses import dataclass, field
@@ -13,6 +14,9 @@ from dsparksim.sweep.backends import Task, make_backend
 from dsparksim.sweep.cache import CellCache, have_parquet
 from dsparksim.sweep.cells import Cell, code_fingerprint, expand, input_hashes
 from dsparksim.sweep.spec import SweepSpec
+from dsparksim import __version__
+from dsparksim.config import jsonable
+from dsparksim.sim.reads import collapsed_reason
 
 RESULT_FILES = ("sweep.json", "failures.json", "results.parquet", "results.csv")  # the set (parquet: with pyarrow)
 MANIFEST = "sweep.manifest.json"  # written last: the final files of the sweep are complete
@@ -47,7 +51,6 @@ def run_cells_cached(cells: Sequence[Cell], out_dir: str | Path, backend: str = 
 
     ``bar``: a tqdm bar to advance (one step per cell, cached ones at once) instead of a bar of its own, for a
     caller that runs several batches under one progress bar (``dsparksim plan``); it is left open."""
-    from dsparksim import __version__
 
     cache = CellCache(out_dir)
     cache.clean_temp()
@@ -61,7 +64,6 @@ def run_cells_cached(cells: Sequence[Cell], out_dir: str | Path, backend: str = 
         return {"cell_hash": c.hash, "key": c.key, "config": c.config.to_dict(), "inputs": inputs,
                 "input_hashes": input_hashes(c.config), "dsparksim_version": __version__, "code": mine}
 
-    from tqdm import tqdm
 
     own = bar is None
     if own:
@@ -129,7 +131,6 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, backend: str = "local", work
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     cells = expand(spec)
-    from dsparksim.sim.reads import collapsed_reason
     same = [c.same_as for c in cells]
     n_rep = sum(s is not None for s in same)
     why = collapsed_reason([c.config for c in cells], same) if n_rep else ""
@@ -161,7 +162,6 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, backend: str = "local", work
 
 def dump_json(p: Path, obj: Any) -> None:
     """Write ``obj`` (made JSON-safe by :func:`dsparksim.config.jsonable`) to ``p`` as indented JSON."""
-    from dsparksim.config import jsonable
     p.write_text(json.dumps(jsonable(obj), indent=1, allow_nan=True) + "\n")
 
 

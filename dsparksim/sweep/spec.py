@@ -35,9 +35,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from dsparksim.config import NUM, run_options
+from dsparksim.config import NUM, run_options, RunConfig
 from dsparksim.errors import ConfigError, InputError
 from dsparksim.sweep.cells import expand
+from dsparksim.acceptance import load_acceptance
+from dsparksim.cost.profile import load_profile
+from dsparksim.policies import make_policy
+from dsparksim.sim.inputs import check_deployment
+from dsparksim.sim.reads import DRAFT_OPTIONS, engine_reads_router, unread_by_all
+from dsparksim.sim.routers import router_class
+from dsparksim.traffic.readers import read_trace
+from dsparksim.traffic.sources import resolve
 
 # Every key is a run option defined once, on the config dataclasses (dsparksim.config.run_options).
 _OPTIONS = run_options()
@@ -216,7 +224,6 @@ def _values(spec: SweepSpec, key: str) -> list[tuple[str, Any]]:
 
 def _check_semantics(spec: SweepSpec, check_inputs: bool) -> None:
     """Policies parse, named inputs exist and load; every cell's configuration is constructible."""
-    from dsparksim.policies import make_policy
 
     src = spec.source
     for where, pol in _values(spec, "policy"):
@@ -241,8 +248,6 @@ def _check_semantics(spec: SweepSpec, check_inputs: bool) -> None:
 def _check_unread(spec: SweepSpec) -> None:
     """An option that no policy of the spec reads would change no cell: refused, as `run` and `frontier` refuse it
     (dsparksim.sim.reads); so is a router when every cell runs one engine."""
-    from dsparksim.config import RunConfig
-    from dsparksim.sim.reads import DRAFT_OPTIONS, engine_reads_router, unread_by_all
 
     policies = [v for _, v in _values(spec, "policy")] or [RunConfig.policy]
     for key in DRAFT_OPTIONS:
@@ -262,8 +267,6 @@ def _check_unread(spec: SweepSpec) -> None:
 
 def _check_deployments(spec: SweepSpec, cells: list) -> None:
     """Every disaggregated cell can price its KV transfer (link and bytes per token), before any cell runs."""
-    from dsparksim.sim.inputs import check_deployment
-    from dsparksim.cost.profile import load_profile
 
     profiles: dict[str, Any] = {}
     for cell in cells:
@@ -280,10 +283,6 @@ def _check_deployments(spec: SweepSpec, cells: list) -> None:
 
 
 def _check_inputs(spec: SweepSpec) -> None:
-    from dsparksim.acceptance import load_acceptance
-    from dsparksim.cost.profile import load_profile
-    from dsparksim.traffic.readers import read_trace
-    from dsparksim.traffic.sources import resolve
 
     src = spec.source
     for where, prof in _values(spec, "profile"):
@@ -307,7 +306,6 @@ def _check_inputs(spec: SweepSpec) -> None:
                 tables[(key, val)] = read_trace(path, spec.base.get("trace_format") if key == "trace" else None)
             except (InputError, OSError) as e:
                 raise ConfigError(src, where, f"{key} {val!r} cannot be read: {e}") from None
-    from dsparksim.sim.routers import router_class
     for where, r in _values(spec, "router"):
         if not router_class(r)[0].needs_session:
             continue

@@ -54,11 +54,36 @@ def _domain_source(cfg: TrafficConfig, tab: TraceTable, key: int):
         col = np.asarray(tab.domain, dtype=object)
         return (lambda b, rows: col[rows]), {"spec": "trace", "column": "domain", "source": tab.source}
     meta = {"spec": cfg.domain, "weights": weights}
+    if cfg.domain_drift is not None:
+        return _drift_source(cfg, weights, key), meta | {"drift": {
+            "mix_b": parse_domain(cfg.domain_drift[0]), "from_request": cfg.domain_drift[1],
+            "to_request": cfg.domain_drift[2], "how": "weights linear in the request index between the two; domain "
+                                                      "= inverse CDF (math, code, chat) of the request's keyed uniform"}}
     if max(weights.values()) == 1.0:
         only = max(weights, key=weights.get)
         return (lambda b, rows: np.full(len(rows), only, dtype=object)), meta
     names, p = np.array(DOMAINS, dtype=object), [weights[d] for d in DOMAINS]
     return (lambda b, rows: keyed_rng(key, STREAM_DOMAIN, b).choice(names, size=CHUNK, p=p)[:len(rows)]), meta
+
+
+def drift_weights(a: dict, b: dict, i: np.ndarray, i0: int, i1: int) -> np.ndarray:
+    """(n, 3) domain weights (DOMAINS order) of requests i: mix a before i0, b from i1, linear in between."""
+    f = (np.asarray(i) >= i1).astype(float) if i1 <= i0 else np.clip((np.asarray(i) - i0) / (i1 - i0), 0.0, 1.0)
+    wa, wb = np.array([a[d] for d in DOMAINS]), np.array([b[d] for d in DOMAINS])
+    return (1.0 - f)[:, None] * wa[None, :] + f[:, None] * wb[None, :]
+
+
+def _drift_source(cfg: TrafficConfig, a: dict, key: int):
+    b = parse_domain(cfg.domain_drift[0])
+    _, i0, i1 = cfg.domain_drift
+    names = np.array(DOMAINS, dtype=object)
+
+    def domains(blk: int, rows) -> np.ndarray:
+        n = len(rows)
+        u = keyed_rng(key, STREAM_DOMAIN, blk).random(CHUNK)[:n]
+        w = drift_weights(a, b, blk * CHUNK + np.arange(n), i0, i1)
+        return names[np.minimum((u[:, None] >= np.cumsum(w, axis=1)).sum(axis=1), len(DOMAINS) - 1)]
+    return domains
 
 
 def _check_limits(cfg: TrafficConfig, tab: TraceTable, rows: np.ndarray, what: str) -> None:

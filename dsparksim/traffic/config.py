@@ -1,6 +1,7 @@
 """TrafficConfig: which requests arrive when, with which lengths and domains. Validated on construction."""
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass
 
@@ -50,6 +51,18 @@ def parse_domain(spec: str) -> dict[str, float] | None:
     return {d: x / total for d, x in w.items()}
 
 
+def drift_error(domain: str, drift) -> None:
+    """ConfigError unless ``drift`` is (mix_b, i0, i1) with a domain spec mix_b and integers 0 <= i0 <= i1, and
+    ``domain`` is a domain or mix (not 'trace')."""
+    ok = (isinstance(drift, tuple) and len(drift) == 3 and isinstance(drift[0], str)
+          and all(isinstance(x, int) and not isinstance(x, bool) for x in drift[1:]) and 0 <= drift[1] <= drift[2])
+    if not ok:
+        raise ConfigError(_SRC, "domain_drift", f"expected (mix_b, i0, i1) with integers 0 <= i0 <= i1, got {drift!r}")
+    if parse_domain(domain) is None or parse_domain(drift[0]) is None:
+        raise ConfigError(_SRC, "domain_drift", f"drifts between two domain mixes; 'trace' takes the domains from a "
+                          f"file (domain={domain!r}, mix_b={drift[0]!r})")
+
+
 RANDOM_DEFAULTS = (1024, 128)   # vLLM's --random-input-len / --random-output-len defaults
 
 
@@ -63,7 +76,6 @@ def rate_or_inf(s: str) -> float:
 def dataset_name(s: str) -> str:
     """Option parser of --dataset-name: only ``random`` is simulated (other datasets are length files)."""
     if s != "random":
-        import argparse
         raise argparse.ArgumentTypeError(f"only 'random' is simulated, got {s!r}; for ShareGPT or other prompt "
                                          "sets give their lengths with --lengths (sharegpt is shipped)")
     return s
@@ -71,7 +83,6 @@ def dataset_name(s: str) -> str:
 
 def range_ratio(s: str) -> float:
     """Option parser of --random-range-ratio: a fraction in [0, 1]."""
-    import argparse
     try:
         v = float(s)
     except ValueError:
@@ -176,6 +187,12 @@ class TrafficConfig:
         number of users becomes ``users`` (``concurrency`` is the count from t = 0). A rise sends the new users'
         first requests at t_s; a fall retires users as their current requests finish (nothing is cancelled).
         A ramp is a sequence of small steps. Not a command-line option (the studies use it; see user_steps_error).
+    domain_drift: optional ``(mix_b, i0, i1)``: the domain mix drifts with the request index i -- ``domain`` (a
+        mix) for i < i0, ``mix_b`` (a domain spec, not 'trace') for i >= i1, the weights linear in i in between
+        (i0 == i1: an abrupt change). Each request's domain is the inverse CDF of its keyed uniform under its own
+        mix, so requests whose mix is equal get equal domains in every run. Indexed by request, not time, so it
+        works in closed loop (where arrival times are not known when requests are drawn). Not a command-line
+        option (study calibration-drift uses it).
     """
 
     # The option that sets the mode is --arrival (open loop); which load option is given picks the rest
@@ -231,6 +248,7 @@ class TrafficConfig:
     max_output_tokens: int | None = option(None, kinds=INT)
     pool_size: int | None = None
     user_steps: tuple[tuple[float, int], ...] | None = None
+    domain_drift: tuple[str, int, int] | None = None
 
     def __post_init__(self) -> None:
         m = self.mode
@@ -249,6 +267,8 @@ class TrafficConfig:
         if self.lengths is not None and not isinstance(self.lengths, str):
             raise ConfigError(_SRC, "lengths", f"expected a shipped name or a path string, got {self.lengths!r}")
         parse_domain(self.domain)
+        if self.domain_drift is not None:
+            drift_error(self.domain, self.domain_drift)
         self._check_client()
         if self.burstiness != 1.0 and m != "gamma":
             raise ConfigError(_SRC, "burstiness", f"only applies to mode 'gamma' (got {self.burstiness!r} with mode "

@@ -19,6 +19,7 @@ where time goes backwards. Blank lines carry no data and are skipped (line numbe
 """
 from __future__ import annotations
 
+import csv
 import functools
 import hashlib
 import io
@@ -133,7 +134,7 @@ def _read_csv_strings(path: Path, text: str, cols: tuple[str, ...] = ()) -> tupl
     required columns, checked in the header before the rows' field counts (a missing column is the clearer error)."""
     if not text.strip():
         raise InputError(path, None, "empty file: expected a header line and at least one data row", line=1)
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
     _check_fields(path, text, cols)
     try:
@@ -156,7 +157,6 @@ def _check_fields(path: Path, text: str, cols: tuple[str, ...] = ()) -> None:
     """Every data row has the header's number of fields, and no column is named twice (pandas would take a row
     with one field too many as an index and shift every value, or rename a second ``X`` to ``X.1`` and read the
     first)."""
-    import csv
 
     rows = csv.reader(io.StringIO(text))
     try:
@@ -184,7 +184,7 @@ def _require(path: Path, df: pd.DataFrame, cols: tuple[str, ...]) -> None:
 
 
 def _token_counts(path: Path, df: pd.DataFrame, col: str, line: np.ndarray) -> np.ndarray:
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
     raw = df[col]
     x = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
@@ -268,7 +268,7 @@ def _check_offsets(path: Path, raw_t: np.ndarray, line: np.ndarray) -> None:
 
 
 def _timestamps_ns(path: Path, df: pd.DataFrame, line: np.ndarray) -> np.ndarray:
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
     raw_t = df["TIMESTAMP"].to_numpy()
     _check_offsets(path, raw_t, line)

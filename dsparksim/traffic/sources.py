@@ -20,6 +20,8 @@ SHIPPED: dict[str, tuple[str, str]] = {
     "azure-conv-window": ("azure_conv_window.csv", "10 contiguous minutes of the Azure 2023 conv trace"),
     "azure-code-window": ("azure_code_window.csv", "10 contiguous minutes of the Azure 2023 code trace"),
     "mooncake-window": ("mooncake_conv_window.jsonl", "5 contiguous minutes of the Mooncake conversation trace"),
+    "mooncake-long": ("mooncake_long_sample.csv", "2,000 random Mooncake conversation requests with 8k-128k prompt "
+                                                  "tokens (lengths only)"),
 }
 
 

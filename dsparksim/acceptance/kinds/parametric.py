@@ -25,10 +25,14 @@ class Parametric(AcceptanceKind):
     def load(cls, ps, K, domain_default, confidence):
         if ps.name == "mtp1" and K != 1:
             raise ConfigError(src(ps.text), "K", f"mtp1 drafts exactly one token: K must be 1, got {K}")
-        p = ParametricParams.from_strings(dict(ps.params), src(ps.text))
+        from dsparksim.acceptance.headshift import HeadShift
+
+        params = dict(ps.params)
+        shift = HeadShift.pop_from(params, src(ps.text))      # head_blind, head_mix, sts_mix (study 2.2)
+        p = ParametricParams.from_strings(params, src(ps.text))
         kw = {"mtp1_source": ps.arg} if ps.name == "mtp1" and ps.arg else {}
         return ParametricAcceptance.from_paper(ps.name, K, p, domain_default=domain_default, source=ps.text,
-                                              confidence=confidence, **kw)
+                                              confidence=confidence, shift=shift, **kw)
 
     @classmethod
     def drafter(cls, ps) -> str:

@@ -130,8 +130,9 @@ def build_profile(model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int
                 t = t + fm.mtp_projection(M)
         else:
             t = calibrated_sum(family_tables(fm, M, n_layers=spec["layers"], n_moe_layers=moe_layers), cal)
-            if spec.get("mtp_projection"):   # enorm/hnorm + eh_proj: dense GEMM and elementwise work
-                t = t + cal.scale("dense") * fm.mtp_projection(M)
+            if spec.get("mtp_projection"):   # enorm/hnorm + eh_proj: dense GEMM and elementwise work (+ floors)
+                bare = fm.floorless().mtp_projection(M)
+                t = t + cal.scale("dense") * bare + cal.scale("floor") * (fm.mtp_projection(M) - bare)
         e: dict[str, Any] = {"kind": spec["kind"], "tokens": [int(x) for x in M], "time_s": [rnd(x) for x in t]}
         if spec["markov_overhead_frac"]:
             e["markov_overhead_frac"] = spec["markov_overhead_frac"]
@@ -236,5 +237,6 @@ def build_profile(model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int
                     "note": "prompt tokens' GEMMs are in the verify term at the step's M; the query-key work is "
                             "attention FLOPs per pair / (bf16 peak * fitted fl_max)"},
         "fixed_overhead_s": fixed,
+        **({"request_latency_s": float(cal.request_latency_s)} if cal.request_latency_s else {}),
         "drafters": drafters,
     }

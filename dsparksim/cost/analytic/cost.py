@@ -55,6 +55,11 @@ def A(key: str) -> Any:
     return ASSUMPTIONS[key]["value"]
 
 
+# per-call latencies of the forward: with the efficiency fit's per-kernel floors (t0_gemm_s, t0_ew_s) they make up
+# the ``floor`` cost family (:meth:`ForwardModel.floorless`)
+LATENCY_KEYS = ("allreduce_latency_s", "alltoall_latency_s", "moe_topk_s", "moe_align_permute_s", "moe_unpermute_s")
+
+
 def expected_distinct_experts(E: int, k: int, tokens: Any) -> Any:
     """Expected number of distinct experts hit by `tokens` tokens each routed to k of E (uniform, independent)."""
     return E * (1.0 - (1.0 - k / E) ** np.asarray(tokens, dtype=float))
@@ -106,6 +111,24 @@ class ForwardModel:
         self.fl16 = gpu.peak_flops("bf16")
         half_nvl = gpu.nvlink_Bps / 2
         self.ar_bw, self.a2a_bw = half_nvl * A("allreduce_busbw_frac"), half_nvl * A("alltoall_bw_frac")
+        self._floors = True
+
+    def _lat(self, key: str) -> float:
+        """A per-call latency assumption (0 in the :meth:`floorless` model)."""
+        return float(A(key)) if self._floors else 0.0
+
+    def floorless(self) -> "ForwardModel":
+        """The same model without its M-independent floors: no per-kernel launch floor (the efficiency fit's
+        ``t0_gemm_s`` and ``t0_ew_s``) and no per-call latency (:data:`LATENCY_KEYS`: collectives, MoE
+        top-k/align/unpermute kernels). ``terms() - floorless().terms()`` is therefore a constant over M per
+        term: the ``floor`` cost family of :mod:`dsparksim.cost.analytic.calibration`."""
+        import copy
+        import dataclasses
+
+        fm = copy.copy(self)
+        fm.eff = dataclasses.replace(self.eff, t0_gemm_s=0.0, t0_ew_s=0.0)
+        fm._floors = False
+        return fm
 
     # ------------------------------------------------------------------ kernels
     def _g(self, M: Any, K: float, N: float, w: float | None = None) -> Any:
@@ -117,7 +140,7 @@ class ForwardModel:
 
     def _ar(self, M: Any) -> Any:
         return allreduce_time(np.asarray(M, float) * self.a.hidden * 2.0, self.p.tp, self.ar_bw,
-                              A("allreduce_latency_s"))
+                              self._lat("allreduce_latency_s"))
 
     # ------------------------------------------------------------------ shapes
     @property
@@ -175,7 +198,8 @@ class ForwardModel:
                                               flops / (self.fl * e.e_fl(rows / touched)))
         routed = routed + self._ew(1.5 * assign * 2 * f * 2)
         out = {"moe_router": self._g(M, a.hidden, a.n_experts, w=2.0),
-               "moe_fixed": np.full_like(Mf, A("moe_topk_s") + A("moe_align_permute_s") + A("moe_unpermute_s")),
+               "moe_fixed": np.full_like(Mf, self._lat("moe_topk_s") + self._lat("moe_align_permute_s")
+                                         + self._lat("moe_unpermute_s")),
                "moe_routed": routed,
                "moe_shared": (self.dense_mlp(M, a.n_shared_experts * a.moe_ffn) if a.n_shared_experts
                               else np.zeros_like(Mf)),
@@ -183,7 +207,7 @@ class ForwardModel:
         if p.ep > 1 and p.dp > 1:
             # DP ranks hold different tokens: dispatch to and combine from the experts' ranks. With dp == 1 every
             # rank already holds all M tokens (TP attention) and the TP all-reduce after the layer combines them.
-            lat = A("alltoall_latency_s")
+            lat = self._lat("alltoall_latency_s")
             disp = Mf * a.top_k * a.hidden * A("alltoall_dispatch_bytes")
             comb = Mf * a.top_k * a.hidden * 2.0
             out["ep_alltoall"] = (alltoall_time(disp, p.ep, self.a2a_bw, lat)
@@ -204,7 +228,7 @@ class ForwardModel:
         a, tp = self.a, self.p.tp
         Mf = np.asarray(M, float)
         return (np.zeros_like(Mf) if tp == 1 else
-                A("allreduce_latency_s") + (tp - 1) / tp * Mf * a.vocab * 2.0 / self.ar_bw)
+                self._lat("allreduce_latency_s") + (tp - 1) / tp * Mf * a.vocab * 2.0 / self.ar_bw)
 
     def mtp_projection(self, M: Any) -> Any:
         """What DeepSeek's MTP module adds before its transformer block: RMSNorm of the token embedding (enorm)
