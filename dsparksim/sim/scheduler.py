@@ -361,20 +361,7 @@ class Scheduler:
         L = np.zeros(0, np.int64)
         conf = A = None
         if n_dec:
-            conf = blk.conf[:, :K]
-            A = blk.accepted
-            surv = np.cumprod(conf, axis=1) if blk.survival is None else blk.survival
-            if drafted is not None:
-                conf, surv = mask_undrafted(conf, surv, drafted)
-            ctx = StepContext(conf=conf, survival=surv, request_ids=dec,
-                              base_tokens=n_dec + n_pf, step_time=step_time, max_tokens=self.max_tokens,
-                              true_accepted=A if self.policy.needs_oracle else None, drafted=drafted,
-                              context=dctx, qk_s=float(pricer.sq) if dctx is not None else 0.0)
-            L = np.asarray(self.policy.choose(ctx), dtype=np.int64)
-            if L.shape != (n_dec,) or (n_dec and (L.min() < 0 or L.max() > K)):
-                raise RuntimeError(f"policy {self.policy.spec} returned invalid verify lengths {L!r} (K={K})")
-            if drafted is not None:
-                L = np.minimum(L, drafted)   # positions never drafted cannot be verified
+            L, conf, A = self._choose(dec, blk, drafted, n_dec + n_pf, step_time, dctx)
         M = n_dec + n_pf + int(L.sum())
         if M > self.max_tokens:
             raise RuntimeError(f"policy {self.policy.spec} exceeded the token budget: M={M} > {self.max_tokens}")
@@ -394,6 +381,27 @@ class Scheduler:
                         n_prefill=n_pf, kv_read=kv_read, prefill_qk=pf_qk, K=K, predicted_s=dt,
                         n_running=n_run, decode_qk=dec_qk, preempted=pre, kv_pages=self.kv.used_pages,
                         drafted=drafted, pad_tokens=pad)
+
+    def _choose(self, dec: np.ndarray, blk: Block, drafted: np.ndarray | None, base_tokens: int, step_time: Any,
+                dctx: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """The policy's verify lengths for decoding rows ``dec`` from their drafts ``blk``: (L, confidences seen,
+        true accepted prefixes)."""
+        K, n_dec = self.K, len(dec)
+        conf = blk.conf[:, :K]
+        A = blk.accepted
+        surv = np.cumprod(conf, axis=1) if blk.survival is None else blk.survival
+        if drafted is not None:
+            conf, surv = mask_undrafted(conf, surv, drafted)
+        ctx = StepContext(conf=conf, survival=surv, request_ids=dec,
+                          base_tokens=base_tokens, step_time=step_time, max_tokens=self.max_tokens,
+                          true_accepted=A if self.policy.needs_oracle else None, drafted=drafted,
+                          context=dctx, qk_s=float(self.pricer.sq) if dctx is not None else 0.0)
+        L = np.asarray(self.policy.choose(ctx), dtype=np.int64)
+        if L.shape != (n_dec,) or (n_dec and (L.min() < 0 or L.max() > K)):
+            raise RuntimeError(f"policy {self.policy.spec} returned invalid verify lengths {L!r} (K={K})")
+        if drafted is not None:
+            L = np.minimum(L, drafted)   # positions never drafted cannot be verified
+        return L, conf, A
 
     def _chunks(self, rows: np.ndarray, budget: int) -> tuple[list[tuple[int, int, int, int]], int, int]:
         """Prefill chunks of prefilling ``rows`` (FIFO) within ``budget`` tokens: (chunks, tokens, query-key pairs)."""
