@@ -5,6 +5,7 @@ The lead's CLI calls :func:`register` with its argparse subparsers object; every
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from dsparksim.cli.options import add_seed_option
+from dsparksim.cli.options import add_seed_option, bar_off
 from dsparksim.errors import InputError
 from dsparksim.cost.profile import CostProfile, dumps_profile, list_profiles, load_profile, profile_from_dict, profile_path, profile_to_dict, shipped_dir
 from dsparksim.cost.profile_import import (FORMATS, LOOKUPS, complete_profile, import_sps_table, parse_drafter_cost,
@@ -530,7 +531,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
                          max_num_seqs=args.max_num_seqs, prefill_chunk_tokens=args.prefill_chunk, name=args.name,
                          date=args.date, metrics=kinds, mem_fraction_static=args.mem_fraction_static,
                          kv_dtype=args.kv_dtype, mixed_prefill=args.mixed_prefill)
-        d, rep = run_fit(args.runs, opt, tqdm_file=sys.stderr)
+        # bars only on a terminal (cli.options.bar_off); otherwise they go to a sink, not a log's stderr
+        d, rep = run_fit(args.runs, opt, tqdm_file=io.StringIO() if bar_off(args) else sys.stderr)
         save_profile_file(d, out)    # atomic: the file appears complete or not at all
     except InputError as e:
         print(f"dsparksim: error: {e}", file=sys.stderr)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dsparksim.cli.options import add_seed_option, add_workers_option, check_seed
+from dsparksim.cli.options import add_seed_option, add_workers_option, bar_off, check_seed
 from dsparksim.config import pos_int
 from dsparksim.study import STUDIES
 
@@ -44,7 +44,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     check_out(args.out, names)
     for name in names:
         def progress(i: int, n: int, name=name) -> None:
-            if not args.quiet:
+            if not bar_off(args):   # a terminal only (a log gets the result lines); --quiet never
                 print(f"\r{name}: {i}/{n} runs", end="" if i < n else "\n", file=sys.stderr, flush=True)
         section, _rows, wall = run_study(name, settings, workers=args.workers, progress=progress)
         path = write_study(args.out, name, settings, section, wall)
