@@ -502,3 +502,14 @@ def test_write_runs_itself_never_replaces_another_file(tmp_path):
     ours = tmp_path / "runs.csv"
     write_runs(rows, ours)
     assert write_runs(import_file(IX), ours, force=True) == 6 and len(read_runs(ours)) == 6
+
+
+def test_a_key_given_twice_is_refused_not_read_as_the_last(tmp_path, capsys):
+    # json keeps the last of two equal keys silently: max_concurrency 4 then 64 would import a c=64 run
+    text = VLLM_PLAIN.read_text()
+    bad = tmp_path / "dup.json"
+    bad.write_text(text.replace('{', '{"max_concurrency": 4, "max_concurrency": 64, ', 1))
+    out = tmp_path / "o.csv"
+    assert main(["bench", "import", str(bad), "--out", str(out)]) == 2
+    err = _err(capsys)
+    assert "dup.json" in err and "'max_concurrency' appears twice" in err and not out.exists()

@@ -12,7 +12,7 @@ import pytest
 from dsparksim.bench.client import ClientWorkload, run_client
 from dsparksim.bench.replay import METRICS, error_summary, replay, row_workload, select
 from dsparksim.cli.main import main
-from dsparksim.errors import InputError
+from dsparksim.errors import ConfigError, InputError
 
 PROFILE = "h100-llama2-7b-tp1"
 
@@ -126,6 +126,32 @@ def test_mtp_rows_replay_with_their_spec_mapping():
     assert df["simulated_mean_tpot_ms"][0] < plain["simulated_mean_tpot_ms"][0]
     with pytest.raises(InputError, match="spec_topk"):
         replay([{**row, "spec_topk": 4}], "built-h200x8-deepseek-v3-tp8")
+
+
+def test_acceptance_override_changes_only_speculative_runs(tmp_path, capsys):
+    """--acceptance replaces the mapping's acceptance of MTP rows: a lower accept length lengthens TPOT; it is
+    refused (one line, nothing written) without a speculative run or with a bad spec."""
+    row = _row(1, 2, spec_method="eagle", spec_num_steps=2, spec_num_draft_tokens=3, spec_topk=1, gpu_count=8,
+               tp=8, random_input_len=256, random_output_len=24, num_prompts=6)
+    plain = {**row, "run_id": "t.csv:2", "spec_method": "none", "spec_num_steps": None,
+             "spec_num_draft_tokens": None, "spec_topk": None}
+    base = replay([row, plain], "built-h200x8-deepseek-v3-tp8")
+    low = replay([row, plain], "built-h200x8-deepseek-v3-tp8", acceptance="mtp?a1=0.3&a2=0.25")
+    assert low["simulated_mean_tpot_ms"][0] > base["simulated_mean_tpot_ms"][0]      # fewer tokens per step
+    assert low["simulated_mean_tpot_ms"][1] == base["simulated_mean_tpot_ms"][1]     # the plain run untouched
+    assert "acceptance mtp?a1=0.3&a2=0.25 (given)" in low["notes"][0]
+    with pytest.raises(ConfigError, match="no selected run is speculative"):
+        replay([plain], "built-h200x8-deepseek-v3-tp8", acceptance="mtp")
+    with pytest.raises(ConfigError, match="a1"):
+        replay([row], "built-h200x8-deepseek-v3-tp8", acceptance="mtp?a1=2")
+    t = tmp_path / "runs.csv"
+    from dsparksim.bench.runs import write_runs
+    write_runs([plain], t, force=True)
+    out = tmp_path / "rep"
+    rc = main(["bench", "replay", str(t), "--profile", "built-h200x8-deepseek-v3-tp8", "--acceptance", "mtp",
+               "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "--acceptance" in err and not out.exists()
 
 
 def test_round_trip_run_import_replay_is_exact(tmp_path, monkeypatch, capsys):

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from dsparksim.acceptance import load_acceptance
 from dsparksim.bench.client import ClientWorkload, ServerSettings, engine_mixes_prefill, run_client
 from dsparksim.errors import ConfigError, InputError
 
@@ -168,11 +169,13 @@ def _rel(sim: float, meas: Any) -> float:
 
 def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSettings = ServerSettings(),
            seed: int = 0, source: str = "runs table", on_done: Callable[[], None] | None = None,
-           mixed_prefill: bool | None = None):
+           mixed_prefill: bool | None = None, acceptance: str | None = None):
     """Simulate every run; a DataFrame with one row per run: KEYS, notes, the policy, ``mixed_prefill`` and for
     each metric ``measured_M``, ``simulated_M``, ``rel_error_M``. Every row is checked before any is simulated.
     ``mixed_prefill``: None = each run's engine default (SGLang: off; see
-    :func:`dsparksim.bench.client.engine_mixes_prefill`), else the value for every run."""
+    :func:`dsparksim.bench.client.engine_mixes_prefill`), else the value for every run. ``acceptance``: the
+    acceptance spec of the speculative runs instead of their mapping's (e.g. ``mtp?tau2=2.3`` from the server
+    log's accept length); ConfigError when no selected run is speculative."""
     import pandas as pd
 
     from dsparksim.cost.profile import load_profile
@@ -181,7 +184,18 @@ def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSet
     plan = []
     for row in runs:
         wl, notes = row_workload(row, source)
-        plan.append((row, wl, notes, row_policy(row, source), gpus_of(row)))
+        pol = row_policy(row, source)
+        if acceptance is not None and "acceptance" in pol:
+            pol = {**pol, "acceptance": acceptance}
+            notes = notes + [f"acceptance {acceptance} (given) instead of the mapping's"]
+        plan.append((row, wl, notes, pol, gpus_of(row)))
+    if acceptance is not None:
+        spec_ks = sorted({int(pol["block_size"]) for _, _, _, pol, _ in plan if "acceptance" in pol})
+        if not spec_ks:
+            raise ConfigError("cli", "--acceptance", f"{acceptance!r} given, but no selected run is speculative "
+                              "(it replaces the acceptance of speculative runs only)")
+        for K in spec_ks:                # a bad spec fails here, before any run is simulated
+            load_acceptance(acceptance, K)
     out = []
     for row, wl, notes, pol, gpus in plan:
         mixed = engine_mixes_prefill(row.get("engine")) if mixed_prefill is None else bool(mixed_prefill)

@@ -325,7 +325,7 @@ def check_run_args(args: argparse.Namespace, frontier: bool = False) -> None:
             raise _bad("--format", "frontier writes no per-request table; --format applies to run")
         need_parquet("--format")
     if args.out is not None:   # None: `run --result-dir` alone writes no folder
-        check_out_dir(args.out, "--out")
+        check_out_dir(args.out, "--out", also=tuple(x for x in [getattr(args, "result_filename", None)] if x))
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
