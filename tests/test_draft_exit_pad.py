@@ -11,7 +11,7 @@ from dsparksim.cost.profile import load_profile
 from dsparksim.errors import ConfigError
 from dsparksim.policies.base import Policy
 from dsparksim.sim.early_exit import drafted_lengths, mask_undrafted, position_counts
-from dsparksim.sim.engine import reprice_steps
+from dsparksim.sim.scheduler import reprice_steps
 from dsparksim.sim.simulate import simulate
 
 PROD = {"profile": "built-h200x8-deepseek-v3-tp8", "disaggregated": True, "kv_transfer_gbps": 400.0,

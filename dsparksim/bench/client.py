@@ -151,7 +151,7 @@ class ClientRun:
               before the request was sent; -1 = none), first_token_step, finish_step (the step whose end emitted
               the first / last token; -1 = refused), tpot_ms, ttft_ms, e2el_ms, failed.
     steps:    the engine's step log over the whole run (warm-up included, ``warmup`` column), one row per step
-              with its full priced shape (dsparksim.sim.engine.PRICE_KEYS; reprice_steps recomputes dt),
+              with its full priced shape (dsparksim.sim.scheduler.PRICE_KEYS; reprice_steps recomputes dt),
               t_start / t_end in seconds from the benchmark's start (negative: warm-up).
     notes:    the resolved server settings and what was not priced.
     """

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from dsparksim.errors import ConfigError
-from dsparksim.sim.engine import PRICE_KEYS
 from dsparksim.bench.client import ClientWorkload, run_client, ServerSettings
+from dsparksim.sim.scheduler import PRICE_KEYS
 
 __all__ = ["ClientSpec", "Trace", "simulate_trace", "PRICE_COLUMNS"]
 

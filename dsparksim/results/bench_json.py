@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from dsparksim.sim.cluster import SimResult
-from dsparksim.sim.engine import REJECT_REASONS
+from dsparksim.sim.kv import REJECT_REASONS
 from dsparksim.errors import ConfigError
 from dsparksim.results.outputs import atomic_write
 
