@@ -33,7 +33,7 @@ from dsparksim.plan.spec import Deployment, PlanSpec, SLOTerm
 from dsparksim.results.stats import t_interval
 from dsparksim.sweep.backends import import_ray
 from dsparksim.sweep.cells import build_config, Cell, cell_hash
-from dsparksim.sweep.runner import run_cells_cached
+from dsparksim.sweep import runner as sweep_runner  # called through the module: tests patch run_cells_cached
 
 SATURATED = "not saturated"   # the pseudo-term a saturated probe violates
 SPEED = "tps_user_median"     # the per-user speed of the Pareto set
@@ -177,7 +177,7 @@ class PlanRun:
 def run_cells(cells, out_dir, backend, workers, ray_address, bar):
     """Run cells through the sweep machinery (cache under OUT/cells); a seam tests can replace."""
 
-    return run_cells_cached(cells, out_dir, backend, workers, ray_address, False, bar is not None, bar=bar)
+    return sweep_runner.run_cells_cached(cells, out_dir, backend, workers, ray_address, False, bar is not None, bar=bar)
 
 
 def run_plan(spec: PlanSpec, out_dir: str | Path, backend: str = "local", workers: int | None = None,
