@@ -26,6 +26,7 @@ from scipy import stats
 
 from dsparksim.policies import make_policy
 from dsparksim.policies.base import StepContext
+from dsparksim.policies.recalibrate import Recalibrating
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,6 @@ def run_audit(policy_spec: str, setting: AuditSetting, steps: int, seed: int, re
     V, K, B = S.p.shape[0], S.K, S.B
     pol = make_policy(policy_spec)
     if recalibrate:
-        from dsparksim.policies.recalibrate import Recalibrating
         pol = Recalibrating(pol)
         policy_spec = pol.spec
     Kp = int(pol.block_size or K)

@@ -15,6 +15,7 @@ a drafter proposes the target's likely tokens, so a lossy verifier over-emits lo
 """
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,9 @@ from scipy import stats
 from dsparksim.config import EngineConfig, RunConfig
 from dsparksim.traffic import TrafficConfig
 from dsparksim.runner.executor import ExecutorConfig
+from dsparksim.backend.checkpoint import load_target
+from dsparksim.runner.live import PromptSource
+from dsparksim.runner.run import RunnerConfig
 
 BINS = 24
 
@@ -33,11 +37,8 @@ def audit_live(models: str | Path, profile: str, policies, n_requests: int = 200
                ) -> list[dict]:
     """Chi-square of generated tokens 2..3 against the target, per policy (see module doc); ``recalibrate``:
     the confidence-reading policies wrapped in online recalibration (``audit --recalibrate``)."""
-    import tempfile
-
-    from dsparksim.backend.checkpoint import load_target
-    from dsparksim.runner.live import PromptSource
-    from dsparksim.runner.run import RunnerConfig, real_run
+    # looked up per call, not bound at import: tests spy on dsparksim.runner.run.real_run
+    from dsparksim.runner.run import real_run
 
     src = PromptSource.from_models(models, prompts_dir)
     prompt = list(src.enc["math"][0])

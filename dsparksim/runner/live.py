@@ -34,6 +34,8 @@ from dsparksim.sim.contract import StepOutcome, StepPlan
 from dsparksim.errors import ConfigError
 from dsparksim.runner.engine import step_extra
 from dsparksim.runner.executor import Executor, ExecutorConfig, StepTiming, sync
+from dsparksim.backend.data import build_corpus, EOT
+from dsparksim.backend.train import encode_prompts, PROMPT_KEEP
 
 
 # ---------------------------------------------------------------------------------------------- prompts
@@ -94,9 +96,7 @@ class PromptSource:
 def _eval_prompts(models: str, prompts_dir: str | None) -> tuple[dict[str, tuple[tuple[int, ...], ...]], int]:
     """Token ids of the eval split per domain and the end-of-text id (building the corpus reads the stdlib:
     a validation's many runs share one read)."""
-    from dsparksim.backend.collect import load_models
-    from dsparksim.backend.data import EOT, build_corpus
-    from dsparksim.backend.train import PROMPT_KEEP, encode_prompts
+    from dsparksim.backend.collect import load_models  # lazy: pulls in pandas, pyarrow
 
     cfg, tok, _, _, _ = load_models(models)
     corpus = build_corpus(cfg.data, prompts_dir)

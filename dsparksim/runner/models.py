@@ -11,6 +11,7 @@ import torch
 
 from dsparksim.backend.model import ModelConfig, TargetModel
 from dsparksim.errors import ConfigError, InputError
+from dsparksim.backend.checkpoint import load_target as _lt
 
 # Published decoder shapes (random weights: timing only). Qwen3-8B: config.json of Qwen/Qwen3-8B
 # (hidden 4096, 36 layers, 32 query / 8 KV heads of 128, intermediate 12288, vocab 151936); the q/k RMSNorm of
@@ -105,7 +106,6 @@ def load_target(spec: str, device: str, dtype: str) -> tuple[ModelConfig, Target
     cfg, ck = parse_model(spec)
     if ck is None:
         return cfg, None, None
-    from dsparksim.backend.checkpoint import load_target as _lt
     m, _ = _lt(ck)
     return cfg, m, ck
 

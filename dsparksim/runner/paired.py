@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from dsparksim.cost.price import StepShape, chunk_query_keys, decode_query_keys
-from dsparksim.cost.profile import CostProfile
+from dsparksim.cost.profile import CostProfile, profile_from_dict
 from dsparksim.errors import ConfigError
 
 BASELINES = ("fit", "cell")
@@ -95,7 +95,6 @@ class PairedCells:
         """From a measured profile dict (``metadata.cells``, written by `dsparksim measure`); None without them.
         ``live``: the trained drafters (:class:`~.measure.LiveDrafters`) when the profile was measured on live
         steps (its ``metadata.drafting`` is ``live:...``); a proxy-measured profile's cells need ``live=None``."""
-        from dsparksim.cost.profile import profile_from_dict
         meta = prof.get("metadata", {})
         cells, grid = meta.get("cells"), meta.get("grid") or {}
         if not cells:
@@ -150,9 +149,8 @@ class PairedCells:
         """One step of the matched cell's profiling engine at verify length L (seconds on the executor's clock);
         None for the untimed warm-up steps of a freshly built engine. An engine lives as long as a profile cell
         did ((warmup + reps) rounds of every L), so its contexts stay in the range the profile timed."""
-        from dsparksim.runner.timing import RejectAll, UniformL, PLACEHOLDER_PROFILE, cell_executor, profiling_engine
-        from dsparksim.runner.grid import slot_tokens
-        from dsparksim.cost.profile import profile_from_dict
+        from dsparksim.runner.timing import RejectAll, UniformL, PLACEHOLDER_PROFILE, cell_executor, profiling_engine  # lazy: pulls in pandas, pyarrow, scipy, torch
+        from dsparksim.runner.grid import slot_tokens  # lazy: pulls in scipy, torch
         drafter, n, c, L = key
         K = self.tables[drafter]["K"]
         nL = K + 1
@@ -222,7 +220,7 @@ class PairedCells:
         """One prefill-only step of the matched cell (k chunks of c prompt tokens after ``prefix`` cached ones, as
         ``measure`` timed it) on the executor's clock; None for the first steps of a freshly built executor. The
         executor is kept: every call re-runs the same chunks over the same positions."""
-        from dsparksim.runner.timing import cell_executor
+        from dsparksim.runner.timing import cell_executor  # lazy: pulls in pandas, pyarrow, scipy, torch
         _, drafter, c, k, pre = key
         e = self._engines.get(key)
         none = np.zeros(0, np.int64)
@@ -351,7 +349,7 @@ class RunPairs:
     def table(self):
         """The run's pairs as a DataFrame (``paired.csv``): step, cell (drafter, n_req, ctx, L), its time now, its
         baseline and the raw factor."""
-        import pandas as pd
+        import pandas as pd  # lazy: pandas
         df = pd.DataFrame(self.log, columns=["step", "drafter", "n_req", "ctx", "L", "cell_s", "baseline_s"])
         df["factor"] = df["cell_s"] / df["baseline_s"]
         return df
@@ -359,7 +357,7 @@ class RunPairs:
     def prefill_table(self):
         """The run's prefill-only pairs as a DataFrame (``paired_prefill.csv``): step, cell (drafter, chunk, k,
         prefix), its time now, its baseline and the raw factor."""
-        import pandas as pd
+        import pandas as pd  # lazy: pandas
         df = pd.DataFrame(self.pf_log, columns=["step", "drafter", "chunk", "k", "prefix", "cell_s", "baseline_s"])
         df["factor"] = df["cell_s"] / df["baseline_s"]
         return df
@@ -367,7 +365,7 @@ class RunPairs:
     def mixed_table(self):
         """The run's mixed-step pairs as a DataFrame (``paired_mixed.csv``): step, decode cell (drafter, n_req, ctx,
         L) and prefill cell (chunk, k, prefix), each one's time now and baseline, and the step's factor."""
-        import pandas as pd
+        import pandas as pd  # lazy: pandas
         df = pd.DataFrame(self.mx_log, columns=["step", "drafter", "n_req", "ctx", "L", "cell_s", "baseline_s",
                                                 "chunk", "k", "prefix", "prefill_s", "prefill_baseline_s",
                                                 "w_prefill"])

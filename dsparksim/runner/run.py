@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from dsparksim.config import RunConfig
-from dsparksim.errors import ConfigError
+from dsparksim.errors import ConfigError, InputError
 from dsparksim.sim.inputs import load_run_profile, resolve_inputs
 from dsparksim.policies import make_policy
 from dsparksim.sim.cluster import Simulation
@@ -19,8 +19,9 @@ from dsparksim.sim.simulate import RunOutput, run_streams, run_summary
 from dsparksim.traffic import build_workload
 from dsparksim.runner.engine import MeasuredClock, real_result
 from dsparksim.runner.executor import Executor, ExecutorConfig, build_models, torch_dtype
-from dsparksim.runner.live import LiveExecutor
+from dsparksim.runner.live import LiveAcceptance, LiveExecutor, PromptSource
 from dsparksim.runner.models import device_key, kv_capacity_tokens, load_target, model_key
+from dsparksim.backend.checkpoint import load_drafter
 
 
 @dataclass(frozen=True)
@@ -182,10 +183,7 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
 
 def _live_parts(rcfg: RunnerConfig, kind: str, K: int, ex: ExecutorConfig):
     """(LiveAcceptance, (drafter module, STS temperatures, PromptSource)) from a models directory, all checked."""
-    from dsparksim.backend.checkpoint import load_drafter
-    from dsparksim.backend.collect import load_models
-    from dsparksim.errors import InputError
-    from dsparksim.runner.live import LiveAcceptance, PromptSource
+    from dsparksim.backend.collect import load_models  # lazy: pulls in pandas, pyarrow
 
     models = Path(rcfg.models)
     _, _, target, tmeta, cal = load_models(models)

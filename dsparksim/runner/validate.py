@@ -544,9 +544,9 @@ def _jsonable(vc: ValidateConfig) -> Any:
 
 
 def plot_overlay(df: pd.DataFrame, path: Path) -> None:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib
     fig, ax = plt.subplots(figsize=(7, 5))
     for i, (pol, g) in enumerate(df.groupby("policy", sort=False)):
         g = g.sort_values("users")

@@ -8,11 +8,17 @@ Every bad input is a ConfigError/InputError naming it, before anything runs.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from dsparksim.config import RunConfig
 from dsparksim.errors import ConfigError
+from dsparksim.cost.memory import kv_capacity_at_fraction
+from dsparksim.cost.profile import load_profile
+from dsparksim.policies import make_policy, REGISTRY
+from dsparksim.policies.recalibrate import Recalibrating
+from dsparksim.sim.disagg import kv_transfer_terms
 
 __all__ = ["ResolvedInputs", "acceptance_spec", "engine_limits", "load_run_profile", "max_model_len",
            "resolve_inputs"]
@@ -38,7 +44,6 @@ class ResolvedInputs:
 
 def load_run_profile(cfg: RunConfig, cache: dict | None = None):
     """The run's cost profile, allowing extrapolation when ``cfg.engine.extrapolate`` is set."""
-    from dsparksim.cost.profile import load_profile
 
     key = ("profile", cfg.profile, bool(cfg.engine.extrapolate))
     if cache is not None and key in cache:
@@ -73,7 +78,6 @@ def engine_limits(cfg: RunConfig, profile) -> tuple[int, int]:
     """(KV capacity in tokens, token budget per step) of a run: the config's values, else the profile's."""
     kv_cap = cfg.engine.kv_capacity_tokens or profile.metadata.get("kv_capacity_tokens")
     if cfg.engine.mem_fraction_static is not None:
-        from dsparksim.cost.memory import kv_capacity_at_fraction
         kv_cap = kv_capacity_at_fraction(profile, cfg.engine.mem_fraction_static)[0]
     if not kv_cap:
         raise ConfigError(profile.source, "metadata.kv_capacity_tokens",
@@ -106,11 +110,9 @@ def check_deployment(cfg: RunConfig, prof: Any) -> None:
             raise ConfigError("cli", "--tensor-parallel-size", f"{tp}, but profile '{prof.name}' prices TP {have} "
                               f"(a profile prices one deployment): build one with `profile build --tp {tp}`")
     if eng.disaggregated:
-        from dsparksim.sim.disagg import kv_transfer_terms
         kv_transfer_terms(prof, eng.kv_transfer_gbps, eng.kv_bytes_per_token)
     d = prof.metadata.get("data_parallel") if isinstance(getattr(prof, "metadata", None), dict) else None
     if isinstance(d, int) and d > 1 and eng.dp_ranks != d and (prof.name, eng.dp_ranks) not in _DP_WARNED:
-        import sys
         _DP_WARNED.add((prof.name, eng.dp_ranks))   # once per process, not per resolve
         print(f"dsparksim: warning: profile '{prof.name}' prices one of {d} data-parallel ranks "
               f"(metadata.data_parallel) but this run simulates --dp-ranks {eng.dp_ranks}: its "
@@ -127,8 +129,7 @@ def resolve_inputs(cfg: RunConfig, *, profile=None, acceptance: Callable[[Any, i
     cache:      a dict shared across calls (e.g. one per policy of a frontier) so each profile and each
                 (acceptance spec, K) is loaded once.
     """
-    from dsparksim.acceptance import load_acceptance
-    from dsparksim.policies import make_policy
+    from dsparksim.acceptance import load_acceptance  # lazy: pulls in scipy
 
     prof = profile if profile is not None else load_run_profile(cfg, cache)
     check_deployment(cfg, prof)
@@ -141,7 +142,6 @@ def resolve_inputs(cfg: RunConfig, *, profile=None, acceptance: Callable[[Any, i
                               drafter=None, kv_cap=kv_cap, max_tokens=max_tok, max_model_len=max_model_len(prof))
     K = int(policy.block_size or cfg.engine.block_size)
     if getattr(cfg, "recalibrate", False) and policy.reads_confidence:
-        from dsparksim.policies.recalibrate import Recalibrating
         policy = Recalibrating(policy)       # online STS from past outcomes; the unread-option rule of
         # dsparksim.sim.reads refuses --recalibrate typed for a policy that reads no confidence
     if acceptance is not None:
@@ -156,7 +156,6 @@ def resolve_inputs(cfg: RunConfig, *, profile=None, acceptance: Callable[[Any, i
             if cache is not None:
                 cache[key] = acc
     if policy.reads_confidence and not getattr(acc, "confidence_head", True):
-        from dsparksim.policies import REGISTRY
         ok = ", ".join(n for n, c in REGISTRY.items() if not c.reads_confidence)
         raise ConfigError(f"acceptance spec {spec!r}", "policy", f"drafter '{acc.drafter}' has no confidence head, "
                           f"but policy '{policy.spec}' reads confidences; use one of {ok}")

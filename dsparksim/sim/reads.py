@@ -20,6 +20,7 @@ import dataclasses
 from typing import Iterable, Sequence
 
 from dsparksim.config import RunConfig, run_options
+from dsparksim.policies import confidence_readers, make_policy
 
 DRAFT_OPTIONS = ("block_size", "acceptance", "mtp1_acceptance", "confidence", "recalibrate", "drafter", "draft_exit")
 ENGINE_OPTIONS = ("router",)
@@ -27,7 +28,6 @@ ENGINE_OPTIONS = ("router",)
 
 def policy_reads(spec: str) -> frozenset[str]:
     """The draft options (of :data:`DRAFT_OPTIONS`) a policy spec reads."""
-    from dsparksim.policies import make_policy
 
     pol = make_policy(spec)
     if not getattr(pol, "drafts", True):
@@ -47,7 +47,6 @@ def policy_reads(spec: str) -> frozenset[str]:
 
 def why_unread(spec: str, key: str) -> str:
     """Why policy ``spec`` does not read draft option ``key`` (a short phrase)."""
-    from dsparksim.policies import confidence_readers, make_policy
 
     pol = make_policy(spec)
     if not getattr(pol, "drafts", True):

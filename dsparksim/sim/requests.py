@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from dsparksim.sim.streams import RequestStreams
-from dsparksim.traffic.base import Workload
+from dsparksim.traffic.base import WARMUP_ID0, Workload
 
 # Request phases.
 NOT_ARRIVED, WAITING, PREFILL, DECODE, DONE, REJECTED = 0, 1, 2, 3, 4, 5
@@ -84,7 +84,6 @@ class RequestTable:
                 ids = np.arange(i, j)
                 w = int(getattr(self.wl, "warmup", 0) or 0)
                 if w:   # measured requests keep the ids they have without a warm-up (traffic.base)
-                    from dsparksim.traffic.base import WARMUP_ID0
                     ids = np.where(ids >= w, ids - w, WARMUP_ID0 + ids)
                 self.key[i:j] = self.streams.request_keys(ids)
             self.known = j

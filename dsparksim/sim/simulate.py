@@ -17,8 +17,10 @@ from dsparksim.sim.cluster import SimResult, Simulation
 from dsparksim.sim.inputs import engine_limits, max_model_len, resolve_inputs  # noqa: F401  (engine_limits: re-export)
 from dsparksim.sim.streams import RequestStreams
 from dsparksim.results.metrics import bench_serve_json, per_request_table, summarize
-from dsparksim.results.outputs import atomic_write
+from dsparksim.results.outputs import atomic_write, staged_dir
 from dsparksim.traffic import build_workload
+from dsparksim import __version__
+from dsparksim.results.bench_json import write_bench_json
 
 if TYPE_CHECKING:  # pandas is imported where results are written (lazy: ~0.4 s of start-up)
     import pandas as pd
@@ -200,8 +202,6 @@ def write_run(out: RunOutput, out_dir: str | Path | None, fmt: str = "csv", step
     folder. ``result_file``: also write the bench JSON there, as a new file (``--result-dir``: never replaces the
     folder, never an existing file); ``bench_copy_name``: also inside ``out_dir`` under that name
     (``--result-filename`` without ``--result-dir``)."""
-    from dsparksim.results.bench_json import write_bench_json
-    from dsparksim.results.outputs import staged_dir
 
     cfg = out.config
     names = {"config": "config.json", "requests": f"requests.{fmt}", "bench": "bench_result.json",
@@ -225,7 +225,7 @@ def write_run(out: RunOutput, out_dir: str | Path | None, fmt: str = "csv", step
         write_table(d / names["requests"], out.requests())
         write_bench_json(d / names["bench"], bench)
         if steps:
-            import pandas as pd
+            import pandas as pd  # lazy: pandas
 
             write_table(d / names["steps"], pd.DataFrame(out.result.steps))
         write_json(d / names["summary"], round_floats(out.summary))
@@ -248,5 +248,4 @@ def _write_new_file(path: Path, write: Callable[[Path], None]) -> None:
 
 
 def _version() -> str:
-    from dsparksim import __version__
     return __version__

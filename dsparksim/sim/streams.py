@@ -146,7 +146,7 @@ def _normal_table() -> tuple[np.ndarray, np.ndarray]:
     mean, variance and kurtosis stay right. Cheaper than Box-Muller's log/sqrt/cos on these small arrays."""
     global _TABLE
     if _TABLE is None:
-        from scipy.special import ndtr, ndtri
+        from scipy.special import ndtr, ndtri  # lazy: scipy
         q = 2.0 ** -16
         z = ndtri(np.arange(2 ** 16 + 1, dtype=np.float64) * q)
         inner = -z[1]                                                  # 4.17
