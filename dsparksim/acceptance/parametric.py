@@ -208,12 +208,8 @@ class ParametricAcceptance(AcceptanceModel):
         if bad or (POOLED in curves and len(curves) > 1):
             raise ConfigError(source, "curves",
                               f"keys must be domains {DOMAINS} or only {POOLED!r}, got {list(curves)}")
-        self.drafter = drafter
-        self.K = int(K)
-        self.params = params or ParametricParams()
-        self.source = source
-        self.domain_default = domain_default
-        self.pooled = POOLED in curves
+        self.drafter, self.K, self.params = drafter, int(K), params or ParametricParams()
+        self.source, self.domain_default, self.pooled = source, domain_default, POOLED in curves
         self._rows = list(curves)
         self._row_of = {d: i for i, d in enumerate(self._rows)}
         self.curves = {d: check_curve(curves[d], f"{source} [{d}]", self.K)[: self.K] for d in self._rows}

@@ -55,8 +55,8 @@ def replay_command(args: argparse.Namespace) -> int:
     from tqdm import tqdm  # lazy: only commands that draw a bar (CLI start-up)
 
     from dsparksim.bench.client import ServerSettings  # lazy: pulls in numpy
-    from dsparksim.bench.replay import (error_summary, parse_where, read_table, replay, replay_figure, row_policy,
-                                        row_workload, select)
+    from dsparksim.bench.replay import (error_summary, parse_where, read_table, replay,  # lazy: numpy
+                                        replay_figure, row_policy, row_workload, select)
     from dsparksim.cost.profile import load_profile, profile_path  # lazy: pulls in numpy
     from dsparksim.sim.simulate import write_json, write_table  # lazy: pulls in numpy, scipy, simpy
 
