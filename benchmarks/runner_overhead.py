@@ -56,9 +56,8 @@ def engine_overhead(n: int, steps: int, policy_spec: str = "confidence", K: int 
                           rng=np.random.default_rng(0))
     now = 0.0
     for _ in range(steps):
-        plan, o, dt = st.begin()
-        now += dt + st.end(plan, o, dt, now, now + dt)
-    st = {k: np.asarray(v[3:]) for k, v in st.engine.log.items()}   # first 3 steps = warm-up
+        _, _, now = st.step(now)
+    st = {k: np.asarray(v[3:]) for k, v in st.ranks[0].log.items()}   # first 3 steps = warm-up
     med = {k: float(np.median(st[k])) * 1e3 for k in ("dt", "t_target", "t_draft", "t_host")}
     return {"mode": "live" if live else "replay", "n_req": n, "steps": len(st["dt"]), "step_ms": med["dt"], "target_ms": med["t_target"],
             "draft_ms": med["t_draft"], "host_ms": med["t_host"], "host_share": med["t_host"] / med["dt"],

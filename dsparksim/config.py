@@ -97,8 +97,9 @@ class EngineConfig:
     kv_transfer_gbps:    prefill -> decode link bandwidth in Gbit/s (disaggregated; required there).
     kv_bytes_per_token:  KV bytes per token shipped (disaggregated); None = the profile's metadata value.
     mixed_prefill:       a step mixes prefill chunks with decode (vLLM, TensorRT-LLM); False = a step with a prefill
-                         chunk carries no decode (SGLang's default, --enable-mixed-chunk off; sim/engine.py doc).
-    pad_verify:          verify lengths padded to the step's maximum (no variable-length kernels; sim/engine.py doc).
+                         chunk carries no decode (SGLang's default, --enable-mixed-chunk off; sim/scheduler.py doc).
+    pad_verify:          verify lengths padded to the step's maximum (no variable-length kernels; sim/scheduler.py
+                         doc).
     draft_exit:          early-exit survival threshold of the drafter, None = off (sim/early_exit.py).
     """
 
@@ -301,8 +302,8 @@ class RunConfig:
             # numpy's SeedSequence takes non-negative integers only
             raise ConfigError("config", "seed", f"must be an integer in [0, 2^63), got {self.seed!r}")
         t = self.traffic
-        dur = getattr(t, "duration_s", None) if getattr(t, "num_requests", None) is None else None
-        if self.warmup_s is not None and getattr(t, "num_warmup_prompts", 0):
+        dur = t.duration_s if t is not None and t.num_requests is None else None
+        if self.warmup_s is not None and t is not None and t.num_warmup_prompts:
             raise ConfigError("config", "warmup_s", f"conflicts with num_warmup_prompts ({t.num_warmup_prompts}): "
                               "the benchmark starts when the warm-up prompts have finished; give one")
         if self.warmup_s is not None and dur is not None and self.warmup_s >= dur:

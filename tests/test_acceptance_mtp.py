@@ -151,11 +151,15 @@ def test_blind_policies_run_with_the_mtp_drafter(policy):
 def test_mtp_drafter_costs_k_module_forwards_in_the_built_profile():
     p = load_profile(DS_PROFILE)
     d = p.drafters["mtp"]
-    assert d.kind == "autoregressive"
+    assert d.kind == "chain"
     n = np.array([1, 4, 16, 64, 256])
-    one = p.draft_time("mtp", n, 1)
+    one = np.interp(n, d.tokens, d.time_s)      # n is on the grid: one module forward at n tokens
+    # K module forwards: the first over the n*(K+1) verified tokens (SGLang's draft extend), K-1 at n tokens
     for K in range(1, K_MAX_MTP + 1):
-        np.testing.assert_allclose(p.draft_time("mtp", n, K), K * one, rtol=1e-12)
+        first = np.interp(n * (K + 1), d.tokens, d.time_s)
+        assert set(n * (K + 1)) <= set(d.tokens.tolist())
+        np.testing.assert_allclose(p.draft_time("mtp", n, K), first + (K - 1) * one, rtol=1e-12)
+        assert np.all(p.draft_time("mtp", n, K) > K * one)       # the extend is dearer than a forward at n
     # one position = the MTP module (enorm/hnorm + eh_proj) + 1 MoE target layer + LM head, from the config
     eff, _ = load_efficiency()
     fm = ForwardModel(load_arch(REPO / "dsparksim" / "data" / "models" / "deepseek-v3.json"), get_gpu("H200"),
@@ -208,7 +212,7 @@ def test_unsupported_configs_name_the_field(args, field):
 def test_imported_profiles_price_an_mtp_drafter_as_a_chain():
     from dsparksim.cost.profile_import import parse_drafter_cost
 
-    assert parse_drafter_cost("mtp=0.0003") == ("mtp", "autoregressive", 0.0003)    # K forwards, not mtp1's one
+    assert parse_drafter_cost("mtp=0.0003") == ("mtp", "chain", 0.0003)    # K forwards, not mtp1's one
     assert parse_drafter_cost("mtp1=0.0003")[1] == "mtp"
 
 

@@ -11,7 +11,8 @@ from dsparksim.bench.client import (ClientWorkload, ServerSettings, client_arriv
                                     server_kv_capacity)
 from dsparksim.cost.profile import load_profile
 from dsparksim.errors import ConfigError
-from dsparksim.sim.engine import reprice_steps
+from dsparksim.sim.scheduler import reprice_steps
+from sim_kit import make_sim  # noqa: E402
 
 SMALL = "h100-llama2-7b-tp1"      # fast: short steps, many requests per second
 MOE = "built-h200x8-deepseek-v3-tp8"   # long-context (query-key) and prefill terms
@@ -156,7 +157,6 @@ def test_capped_client_at_rate_inf_is_the_closed_loop():
     """A closed loop of c users over N requests is the client at rate inf with cap c: identical steps."""
     from dsparksim.acceptance.nodraft import NoDraftAcceptance
     from dsparksim.policies import make_policy
-    from dsparksim.sim.cluster import Simulation
     from dsparksim.sim.streams import RequestStreams
     from dsparksim.traffic.base import Workload
 
@@ -169,7 +169,7 @@ def test_capped_client_at_rate_inf_is_the_closed_loop():
         wl = Workload(p, o, dom, concurrency=7) if closed else Workload(p, o, dom, arrival_s=np.zeros(80))
         pol = make_policy("none")
         pol.reset(0, np.random.default_rng(0))
-        sim = Simulation(profile=prof, acceptance=NoDraftAcceptance(), policy=pol, workload=wl, block_size=0,
+        sim = make_sim(profile=prof, acceptance=NoDraftAcceptance(), policy=pol, workload=wl, block_size=0,
                          drafter=None, kv_capacity_tokens=100_000, max_num_seqs=256, max_batched_tokens=4096,
                          prefill_chunk_tokens=512, streams=RequestStreams(np.random.SeedSequence(1)),
                          num_requests=80, client_cap=None if closed else 7)

@@ -407,6 +407,67 @@ def test_the_same_file_twice_is_refused(tmp_path, capsys):
     assert "imported twice" in _err(capsys) and not out.exists()
 
 
+def test_the_same_file_under_two_spellings_is_refused(tmp_path, capsys, monkeypatch):
+    """x.csv and ./x.csv are one file: its runs would be imported twice under two run ids."""
+    (tmp_path / "x.csv").write_bytes(IX.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "import", "x.csv", "./x.csv", "--out", "o.csv"]) == 2
+    err = _err(capsys)
+    assert "./x.csv" in err and "given twice" in err and not (tmp_path / "o.csv").exists()
+
+
+def test_a_nan_cell_is_refused_not_read_as_missing(tmp_path, capsys):
+    """'nan' text is not an empty cell: in a required column (InferenceX concurrency) it would pass as missing."""
+    rows = list(csv.reader(io.StringIO(IX.read_text())))
+    rows[1][rows[0].index("concurrency")] = "nan"
+    src, out = tmp_path / "ix.csv", tmp_path / "o.csv"
+    with open(src, "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    assert main(["bench", "import", str(src), "--out", str(out)]) == 2
+    err = _err(capsys)
+    assert "ix.csv:2: field 'concurrency'" in err and "'nan'" in err and not out.exists()
+    assert main(["bench", "import", str(IX), "--out", str(out), "--max-concurrency", "nan"]) == 2
+    assert "--max-concurrency" in _err(capsys) and not out.exists()
+    good = tmp_path / "runs.csv"
+    write_runs(import_file(IX), good)
+    lines = good.read_text().splitlines()
+    col = lines[1].split(",").index("max_concurrency")
+    cells = next(csv.reader([lines[2]]))
+    cells[col] = "nan"
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="").writerow(cells)
+    lines[2] = buf.getvalue()
+    good.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError, match=r"runs.csv:3: field 'max_concurrency'.*'nan'"):
+        read_runs(good)
+
+
+def test_a_runs_table_of_another_format_version_is_refused(tmp_path):
+    p = tmp_path / "runs.csv"
+    write_runs(import_file(IX), p)
+    text = p.read_text()
+    assert text.startswith(MARKER + "\n")
+    p.write_text(text.replace(MARKER, "# dsparksim runs table v9 (README: Benchmark runs as input)", 1))
+    with pytest.raises(InputError, match=r"runs.csv:1: .*format v9; this dsparksim reads v1"):
+        read_runs(p)
+    p.write_text(text.replace(MARKER, "# dsparksim runs table", 1))    # no version: read as it is
+    assert len(read_runs(p)) == len(import_file(IX))
+
+
+@pytest.mark.parametrize("opts,needle", [
+    (["--measurement-date", "2026-02-30"], "--measurement-date': not a calendar date"),
+    (["--measurement-date", "2026-02-28T25:00:00"], "--measurement-date': not a calendar date"),
+    (["--tp", "8", "--gpu-count", "4"], "field 'tp': tp (8) exceeds gpu_count (4)"),
+    (["--ep", "16", "--gpu-count", "8"], "field 'ep': ep (16) exceeds gpu_count (8)")])
+def test_impossible_dates_and_parallel_sizes_are_refused(tmp_path, capsys, opts, needle):
+    """A date of the right shape that is no calendar date, and a TP/EP group larger than the run's GPUs."""
+    out = tmp_path / "o.csv"
+    assert main(["bench", "import", str(SGLANG if opts[0] == "--measurement-date" else VLLM_PLAIN), *opts,
+                 "--out", str(out)]) == 2
+    assert needle in _err(capsys) and not out.exists()
+    assert main(["bench", "import", str(SGLANG), "--measurement-date", "2026-02-28T23:00:00", "--out", str(out)]) == 0
+
+
 def test_the_simulators_own_vllm_shaped_result_imports(tmp_path, capsys):
     """`dsparksim run` writes bench_result.json in vLLM's shape (pretty-printed, one key per line, with e2el
     statistics): it imports as a vLLM run with every statistic taken from it."""
@@ -441,3 +502,14 @@ def test_write_runs_itself_never_replaces_another_file(tmp_path):
     ours = tmp_path / "runs.csv"
     write_runs(rows, ours)
     assert write_runs(import_file(IX), ours, force=True) == 6 and len(read_runs(ours)) == 6
+
+
+def test_a_key_given_twice_is_refused_not_read_as_the_last(tmp_path, capsys):
+    # json keeps the last of two equal keys silently: max_concurrency 4 then 64 would import a c=64 run
+    text = VLLM_PLAIN.read_text()
+    bad = tmp_path / "dup.json"
+    bad.write_text(text.replace('{', '{"max_concurrency": 4, "max_concurrency": 64, ', 1))
+    out = tmp_path / "o.csv"
+    assert main(["bench", "import", str(bad), "--out", str(out)]) == 2
+    err = _err(capsys)
+    assert "dup.json" in err and "'max_concurrency' appears twice" in err and not out.exists()

@@ -12,7 +12,7 @@ import pytest
 from dsparksim.bench.client import ClientWorkload, run_client
 from dsparksim.bench.replay import METRICS, error_summary, replay, row_workload, select
 from dsparksim.cli.main import main
-from dsparksim.errors import InputError
+from dsparksim.errors import ConfigError, InputError
 
 PROFILE = "h100-llama2-7b-tp1"
 
@@ -87,6 +87,23 @@ def test_select():
         select(rows, [("nope", "1")])
     with pytest.raises(ConfigError, match="selects none"):
         select(rows, [("engine", "vllm")])
+    # numbers as numbers, text case-insensitively (the fit selects with the same rule)
+    assert [r["run_id"] for r in select(rows, [("max_concurrency", "8.0"), ("engine", "SIM")])] == ["t.csv:3"]
+
+
+def test_a_run_of_another_deployment_is_refused_before_any_simulation():
+    # a B200 or TP4 run priced on an H200 TP8 profile: its errors would mean nothing, and would count in the medians
+    ok = _row(1, 2, gpu="h200", gpu_count=8, tp=8)
+    for bad, field in ((dict(gpu="b200"), "gpu"), (dict(tp=4, gpu_count=4), "tp"), (dict(ep=8), "ep")):
+        with pytest.raises(ConfigError, match=f"field '{field}': run t.csv:2 ran"):
+            replay([ok, _row(2, 2, **{**ok, **bad, "run_id": "t.csv:2"})], "built-h200x8-deepseek-v3-tp8")
+
+
+def test_where_refuses_a_column_given_twice():
+    from dsparksim.bench.replay import parse_where
+    assert parse_where("engine=sglang,max_concurrency=4") == [("engine", "sglang"), ("max_concurrency", "4")]
+    with pytest.raises(ConfigError, match="'max_concurrency' is given twice"):
+        parse_where("max_concurrency=4,max_concurrency=64")
 
 
 def test_bench_replay_cli(tmp_path, capsys):
@@ -116,7 +133,7 @@ def test_bench_replay_refuses_a_row_before_simulating(tmp_path, capsys):
 
 def test_mtp_rows_replay_with_their_spec_mapping():
     row = _row(1, 2, spec_method="eagle", spec_num_steps=2, spec_num_draft_tokens=3, spec_topk=1, gpu_count=8,
-               tp=8, random_input_len=256, random_output_len=24, num_prompts=6)
+               tp=8, gpu="h200", random_input_len=256, random_output_len=24, num_prompts=6)
     df = replay([row], "built-h200x8-deepseek-v3-tp8")
     assert df["policy"].tolist() == ["fixed:2"]
     plain = replay([{**row, "spec_method": "none", "spec_num_steps": None, "spec_num_draft_tokens": None,
@@ -126,6 +143,32 @@ def test_mtp_rows_replay_with_their_spec_mapping():
     assert df["simulated_mean_tpot_ms"][0] < plain["simulated_mean_tpot_ms"][0]
     with pytest.raises(InputError, match="spec_topk"):
         replay([{**row, "spec_topk": 4}], "built-h200x8-deepseek-v3-tp8")
+
+
+def test_acceptance_override_changes_only_speculative_runs(tmp_path, capsys):
+    """--acceptance replaces the mapping's acceptance of MTP rows: a lower accept length lengthens TPOT; it is
+    refused (one line, nothing written) without a speculative run or with a bad spec."""
+    row = _row(1, 2, spec_method="eagle", spec_num_steps=2, spec_num_draft_tokens=3, spec_topk=1, gpu_count=8,
+               tp=8, gpu="h200", random_input_len=256, random_output_len=24, num_prompts=6)
+    plain = {**row, "run_id": "t.csv:2", "spec_method": "none", "spec_num_steps": None,
+             "spec_num_draft_tokens": None, "spec_topk": None}
+    base = replay([row, plain], "built-h200x8-deepseek-v3-tp8")
+    low = replay([row, plain], "built-h200x8-deepseek-v3-tp8", acceptance="mtp?a1=0.3&a2=0.25")
+    assert low["simulated_mean_tpot_ms"][0] > base["simulated_mean_tpot_ms"][0]      # fewer tokens per step
+    assert low["simulated_mean_tpot_ms"][1] == base["simulated_mean_tpot_ms"][1]     # the plain run untouched
+    assert "acceptance mtp?a1=0.3&a2=0.25 (given)" in low["notes"][0]
+    with pytest.raises(ConfigError, match="no selected run is speculative"):
+        replay([plain], "built-h200x8-deepseek-v3-tp8", acceptance="mtp")
+    with pytest.raises(ConfigError, match="a1"):
+        replay([row], "built-h200x8-deepseek-v3-tp8", acceptance="mtp?a1=2")
+    t = tmp_path / "runs.csv"
+    from dsparksim.bench.runs import write_runs
+    write_runs([plain], t, force=True)
+    out = tmp_path / "rep"
+    rc = main(["bench", "replay", str(t), "--profile", "built-h200x8-deepseek-v3-tp8", "--acceptance", "mtp",
+               "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "--acceptance" in err and not out.exists()
 
 
 def test_round_trip_run_import_replay_is_exact(tmp_path, monkeypatch, capsys):

@@ -6,14 +6,14 @@ import dataclasses
 import numpy as np
 import pandas as pd
 import pytest
-import simpy
 from scipy import stats
 
 from dsparksim.acceptance import load_acceptance
 from dsparksim.cli.main import main
 from dsparksim.sim.cluster import Simulation
 from dsparksim.config import EngineConfig, RunConfig
-from dsparksim.sim.engine import CostExecutor, Engine
+from dsparksim.sim.contract import CostExecutor
+from dsparksim.sim.scheduler import Scheduler
 from dsparksim.policies import make_policy
 from dsparksim.cost.profile import load_profile
 from dsparksim.sim.requests import RequestTable
@@ -21,6 +21,7 @@ from dsparksim.sim.simulate import simulate
 from dsparksim.sim.streams import RequestStreams
 from dsparksim.traffic import TrafficConfig
 from dsparksim.traffic.base import Workload
+from sim_kit import make_scheduler, make_sim  # noqa: E402
 
 PROFILE = "h100-llama2-7b-tp1"
 
@@ -74,14 +75,14 @@ def test_keyed_uniforms_and_normals_have_the_right_distribution_and_no_correlati
 def _draw_log(monkeypatch):
     """Record (request, step) -> (confidences, true accepted) of every acceptance draw."""
     seen: dict[tuple[int, int], tuple[tuple, int]] = {}
-    orig = Engine.draw
+    orig = Scheduler.draw
 
     def spy(self, dec, slots):
         blk = orig(self, dec, slots)
         for r, row in enumerate(dec):
             seen[(int(row), int(self.req.dsteps[row]))] = (tuple(blk.conf[r]), int(blk.accepted[r]))
         return blk
-    monkeypatch.setattr(Engine, "draw", spy)
+    monkeypatch.setattr(Scheduler, "draw", spy)
     return seen
 
 
@@ -132,14 +133,13 @@ def test_one_replica_equals_the_engine_driven_through_the_public_contract():
         p = make_policy("confidence")
         p.reset(K, np.random.default_rng(0))
         return p
-    sim = Simulation(policy=policy(), workload=wl, block_size=K, streams=RequestStreams(3), num_requests=30,
+    sim = make_sim(policy=policy(), workload=wl, block_size=K, streams=RequestStreams(3), num_requests=30,
                      **{k: v for k, v in kw.items() if k != "K"})
     res = sim.run()
 
-    # the same run by hand: public Engine API, a plain clock, zero-think-time users
+    # the same run by hand: the public step contract, a plain clock, zero-think-time users
     table = RequestTable(wl, 30, RequestStreams(3))
-    eng = Engine(table=table, policy=policy(), streams=RequestStreams(3), **kw)
-    eng.attach(simpy.Environment())
+    eng = make_scheduler(table=table, policy=policy(), streams=RequestStreams(3), **kw)
     issued = 0
 
     def issue(now):
@@ -150,7 +150,6 @@ def test_one_replica_equals_the_engine_driven_through_the_public_contract():
         issued += 1
     for _ in range(6):
         issue(0.0)
-    eng.on_finish.append(lambda rows, now: [issue(now) for _ in rows if issued < 30])
     ex, now = CostExecutor(), 0.0
     while True:
         eng.drain()
@@ -159,8 +158,11 @@ def test_one_replica_equals_the_engine_driven_through_the_public_contract():
         if plan is None:
             break
         out = ex.execute(plan)
-        eng.apply(plan, out, now + out.duration_s)
+        done = eng.apply(plan, out, now + out.duration_s)
         eng.record(plan, out, now)
+        for _ in done:
+            if issued < 30:
+                issue(now + out.duration_s)
         now += out.duration_s
     np.testing.assert_array_equal(res.finish_s, table.finish[:30])
     np.testing.assert_array_equal(res.steps["dt"], eng.log["dt"])
@@ -326,9 +328,8 @@ def test_rewritten_engine_reproduces_the_old_engine_on_the_legacy_draw_path(monk
                 "policy": np.random.default_rng(p)}
 
     class LegacySimulation(Simulation):
-        def __init__(self, **kw):
-            kw["rng"] = kw.pop("streams")
-            super().__init__(**kw)
+        def __init__(self, engine, inputs, workload, streams, **kw):
+            super().__init__(engine, inputs, workload, None, rng=streams, **kw)
     monkeypatch.setattr(S, "run_streams", legacy)
     monkeypatch.setattr(S, "Simulation", LegacySimulation)
     # The acceptance model of c58c5ed (issue 11 changed the default: step-weighted calibration, fitted confidence

@@ -11,7 +11,7 @@ from dsparksim.cost.profile import load_profile
 from dsparksim.errors import ConfigError
 from dsparksim.policies.base import Policy
 from dsparksim.sim.early_exit import drafted_lengths, mask_undrafted, position_counts
-from dsparksim.sim.engine import reprice_steps
+from dsparksim.sim.scheduler import reprice_steps
 from dsparksim.sim.simulate import simulate
 
 PROD = {"profile": "built-h200x8-deepseek-v3-tp8", "disaggregated": True, "kv_transfer_gbps": 400.0,
@@ -163,3 +163,21 @@ def test_options_are_checked(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--draft-exit" in err[0] and "[0, 1]" in err[0]
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("policies", [["none"], ["mtp1"], ["none", "mtp1"]])
+def test_draft_exit_is_refused_where_no_policy_drafts_a_block(tmp_path, capsys, policies):
+    """none drafts nothing and MTP-1 drafts one token: --draft-exit would change nothing (the same run bit for bit),
+    so it is refused in one line, as every option no policy reads."""
+    from dsparksim.cli.main import main
+    from dsparksim.sim.reads import policy_reads
+
+    assert not any("draft_exit" in policy_reads(p) for p in policies)
+    assert "draft_exit" in policy_reads("fixed:5") and "draft_exit" in policy_reads("confidence-async:2")
+    out = tmp_path / "r"
+    argv = (["run", "--policy", policies[0]] if len(policies) == 1 else
+            ["frontier", "--policies", ",".join(policies), "--concurrency-levels", "1,2"])
+    assert main([*argv, "--draft-exit", "0.3", "--duration", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--draft-exit" in err[0] and "has no effect" in err[0], err
+    assert not out.exists()

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 from dsparksim.acceptance.base import AcceptanceModel, Block
-from dsparksim.sim.cluster import Simulation
 from dsparksim.results.metrics import summarize
 from dsparksim.policies import make_policy
 from dsparksim.sim.streams import RequestStreams
 from dsparksim.traffic.base import Workload
+from sim_kit import make_sim  # noqa: E402
 from stand_in_profile import stand_in_profile
 
 
@@ -46,7 +46,7 @@ def sim(policy: str, wl: Workload, *, profile=None, acc=None, K=7, duration=None
     pol = make_policy(policy)
     k = pol.block_size or K
     pol.reset(k, np.random.default_rng(seed))
-    s = Simulation(profile=profile or FlatProfile(), acceptance=acc or Homogeneous(0.8, k), policy=pol, workload=wl,
+    s = make_sim(profile=profile or FlatProfile(), acceptance=acc or Homogeneous(0.8, k), policy=pol, workload=wl,
                    block_size=k, drafter="dspark", kv_capacity_tokens=kv, max_num_seqs=max_seqs,
                    max_batched_tokens=max_tokens, prefill_chunk_tokens=chunk,
                    **({"streams": RequestStreams(seed)} if keyed else {"rng": np.random.default_rng(seed)}),
@@ -137,7 +137,7 @@ def test_dense_verify_table_equals_profile_lookup():
 
     prof = load_profile("h100-llama2-7b-tp1")
     pol = make_policy("confidence")
-    s = Simulation(profile=prof, acceptance=load_acceptance("dspark", 7), policy=pol, workload=closed(2, 8, 8, 4),
+    s = make_sim(profile=prof, acceptance=load_acceptance("dspark", 7), policy=pol, workload=closed(2, 8, 8, 4),
                    block_size=7, drafter="dspark", kv_capacity_tokens=10**6, max_num_seqs=8,
                    max_batched_tokens=prof.max_tokens, prefill_chunk_tokens=512, rng=np.random.default_rng(0),
                    num_requests=4)
@@ -159,7 +159,7 @@ def test_prefill_term_is_charged_per_chunk_token_and_query_key():
     def run(prof):
         pol = make_policy("fixed:7")
         pol.reset(7, np.random.default_rng(0))
-        s = Simulation(profile=prof, acceptance=Homogeneous(0.7, 7), policy=pol, workload=wl, block_size=7,
+        s = make_sim(profile=prof, acceptance=Homogeneous(0.7, 7), policy=pol, workload=wl, block_size=7,
                        drafter="dspark", kv_capacity_tokens=10**6, max_num_seqs=8, max_batched_tokens=512,
                        prefill_chunk_tokens=128, rng=np.random.default_rng(0), num_requests=9)
         plans = []

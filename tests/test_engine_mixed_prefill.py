@@ -13,9 +13,9 @@ from dsparksim.acceptance.base import AcceptanceModel, Block
 from dsparksim.cost.profile import FORMAT, profile_from_dict
 from dsparksim.policies import make_policy
 from dsparksim.results.metrics import per_request_table
-from dsparksim.sim.cluster import Simulation
-from dsparksim.sim.engine import reprice_steps
+from dsparksim.sim.scheduler import reprice_steps
 from dsparksim.traffic.base import Workload
+from sim_kit import make_sim  # noqa: E402
 
 
 class AcceptNone(AcceptanceModel):
@@ -55,7 +55,7 @@ def _run(mixed: bool):
                   domain=np.array(["chat", "chat"], dtype=object), arrival_s=np.array([0.0, 0.020]))
     pol = make_policy("fixed:1")
     pol.reset(1, np.random.default_rng(0))
-    sim = Simulation(profile=_profile(), acceptance=AcceptNone(1), policy=pol, workload=wl, block_size=1,
+    sim = make_sim(profile=_profile(), acceptance=AcceptNone(1), policy=pol, workload=wl, block_size=1,
                      drafter="dspark", kv_capacity_tokens=10**6, max_num_seqs=8, max_batched_tokens=128,
                      prefill_chunk_tokens=8, rng=np.random.default_rng(0), num_requests=2, mixed_prefill=mixed)
     return sim.run()
@@ -115,7 +115,7 @@ def test_unmixed_chunk_takes_the_whole_budget():
     for mixed, chunk in ((True, 2), (False, 8)):
         pol = make_policy("fixed:1")
         pol.reset(1, np.random.default_rng(0))
-        sim = Simulation(profile=_profile(), acceptance=AcceptNone(1), policy=pol, workload=wl, block_size=1,
+        sim = make_sim(profile=_profile(), acceptance=AcceptNone(1), policy=pol, workload=wl, block_size=1,
                          drafter="dspark", kv_capacity_tokens=10**6, max_num_seqs=8, max_batched_tokens=10,
                          prefill_chunk_tokens=8, rng=np.random.default_rng(0), num_requests=n, mixed_prefill=mixed)
         st = sim.run().steps

@@ -154,3 +154,14 @@ def test_cli_refusal_is_one_line_exit_2(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "least-outstanding' reads the replicas' load" in r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_ray_address_without_ray_backend_names_what_was_given(tmp_path, capsys):
+    from dsparksim.cli.main import main
+
+    base = ["run", "--replicas", "2", "--router", "pinned", "--concurrency", "2", "--duration", "1", "--quiet"]
+    assert main([*base, "--ray-address", "auto", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "got no --backend" in err and "None" not in err, err
+    assert main([*base, "--backend", "serial", "--ray-address", "auto", "--out", str(tmp_path / "o")]) == 2
+    assert "got --backend serial" in capsys.readouterr().err and not (tmp_path / "o").exists()

@@ -10,13 +10,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dsparksim.cli.main import main
-from dsparksim.sim.cluster import Simulation
 from dsparksim.config import EngineConfig
-from dsparksim.sim.engine import R_KV
+from dsparksim.sim.kv import R_KV
 from dsparksim.errors import ConfigError
 from dsparksim.policies import make_policy
 from dsparksim.cost.profile import load_profile
 from dsparksim.traffic.base import Workload
+from sim_kit import make_sim  # noqa: E402
 
 from test_engine import FlatProfile, Homogeneous
 
@@ -26,7 +26,7 @@ def _sim(wl: Workload, *, K=3, policy=None, kv=10**6, page=16, watermark=0.01, k
     pol = make_policy(policy or f"fixed:{K}")
     pol.reset(K, np.random.default_rng(seed))
     n = None if "duration_s" in kw else len(wl)
-    return Simulation(profile=profile or FlatProfile(), acceptance=Homogeneous(alpha, K), policy=pol, workload=wl,
+    return make_sim(profile=profile or FlatProfile(), acceptance=Homogeneous(alpha, K), policy=pol, workload=wl,
                       block_size=K, drafter="dspark", kv_capacity_tokens=kv, max_num_seqs=max_seqs,
                       max_batched_tokens=max_tokens, prefill_chunk_tokens=chunk, rng=np.random.default_rng(seed),
                       num_requests=n, kv_policy=kv_policy, kv_page_tokens=page, kv_watermark=watermark, **kw)

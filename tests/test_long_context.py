@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import simpy
+from dsparksim.sim.contract import CostExecutor
 
 from dsparksim.errors import InputError
 from dsparksim.cost.profile import profile_from_dict, profile_to_dict
@@ -81,13 +81,12 @@ def test_rows_are_priced_at_their_own_context_and_verify_length():
                    alpha=1.0, kv_policy="reserve", max_tokens=4096, chunk=4096)
         eng = sim.engines[0]
         eng.policy = pol
-        eng.attach(simpy.Environment())
         for row in (0, 1):
             sim.req.load(row)
             eng.enqueue(row)
         eng.admit(0.0)
         p1 = eng.plan_step()
-        eng.apply(p1, sim.executor.execute(p1), p1.predicted_s)
+        eng.apply(p1, CostExecutor().execute(p1), p1.predicted_s)
         p2 = eng.plan_step()
         assert p2.verify.tolist() == [0, 3]
         price[s] = (p2.predicted_s, p2.decode_qk)

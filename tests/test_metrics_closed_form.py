@@ -14,6 +14,7 @@ from dsparksim.results.metrics import per_request_table, summarize
 from dsparksim.policies import make_policy
 from dsparksim.cost.profile import FORMAT, profile_from_dict
 from dsparksim.traffic.base import Workload
+from sim_kit import make_sim  # noqa: E402
 
 NAN = float("nan")
 WARMUP, END = 2.0, 10.0           # measurement window [2, 10]: 8 s
@@ -176,7 +177,7 @@ def _profile():
 def _engine(wl: Workload, *, K: int = 3, a: int = 1, kv: int = 10**6, max_seqs: int = 8, **stop) -> Simulation:
     pol = make_policy(f"fixed:{K}")
     pol.reset(K, np.random.default_rng(0))
-    return Simulation(profile=_profile(), acceptance=AcceptExactly(a, K), policy=pol, workload=wl, block_size=K,
+    return make_sim(profile=_profile(), acceptance=AcceptExactly(a, K), policy=pol, workload=wl, block_size=K,
                       drafter="dspark", kv_capacity_tokens=kv, max_num_seqs=max_seqs, max_batched_tokens=128,
                       prefill_chunk_tokens=2048, rng=np.random.default_rng(0), **stop)
 
@@ -221,7 +222,7 @@ def test_kv_fully_released_at_the_end_of_a_num_requests_run():
     assert res.ended_by == "all_requests_done"
     assert res.completed.all() and (res.emitted_tokens == 6).all()
     assert res.steps["n_running"].max() == 2            # 3 * 29 = 87 > 60: never three at once
-    assert sim.engines[0].kv_reserved == 0                          # every reservation returned
+    assert sim.engines[0].kv.reserved == 0                          # every reservation returned
     assert sorted(sim.engines[0].free_slots) == list(range(4))      # every slot free, none twice
     assert not sim.running and not sim.waiting
     # the log's KV use never exceeds the reservations it is bounded by

@@ -29,7 +29,7 @@ def _run(monkeypatch, predraw: bool, policy: str, **engine):
     monkeypatch.setattr(predraw_mod, "BLOCK_STEPS", 3)   # short blocks: many refills, ring wraps and reuses
     monkeypatch.setattr(predraw_mod, "AHEAD", 5)
     if not predraw:
-        monkeypatch.setattr("dsparksim.sim.engine.supports_predraw", lambda acc: False)
+        monkeypatch.setattr("dsparksim.sim.scheduler.supports_predraw", lambda acc: False)
     cfg = RunConfig(policy=policy, profile="h100-llama2-7b-tp1", acceptance="dspark",
                     engine=EngineConfig(block_size=K, **engine),
                     traffic=TrafficConfig(mode="closed", concurrency=40, duration_s=12.0), seed=7)

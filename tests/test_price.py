@@ -16,10 +16,10 @@ from dsparksim.cost.profile import load_profile, profile_from_dict
 from dsparksim.fit.reprice import PARAMS, PriceBasis
 from dsparksim.policies import make_policy
 from dsparksim.runner.residuals import model_terms
-from dsparksim.sim.cluster import Simulation
 from dsparksim.sim.disagg import PrefillPool
-from dsparksim.sim.engine import reprice_steps
+from dsparksim.sim.scheduler import reprice_steps
 from dsparksim.traffic.base import Workload
+from sim_kit import make_sim  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 7
@@ -136,7 +136,7 @@ def _sim(prof, mixed: bool, policy: str = "confidence", max_tokens: int = 256):
                   domain=np.array(["chat"] * n, dtype=object), arrival_s=np.sort(rng.random(n) * 0.05))
     pol = make_policy(policy)
     pol.reset(K, np.random.default_rng(0))
-    return Simulation(profile=prof, acceptance=load_acceptance("dspark", K), policy=pol, workload=wl, block_size=K,
+    return make_sim(profile=prof, acceptance=load_acceptance("dspark", K), policy=pol, workload=wl, block_size=K,
                       drafter="dspark", kv_capacity_tokens=10**6, max_num_seqs=8, max_batched_tokens=max_tokens,
                       prefill_chunk_tokens=48, rng=np.random.default_rng(0), num_requests=n,
                       mixed_prefill=mixed).run()

@@ -111,6 +111,23 @@ def test_draft_time_by_kind(small):
         small.draft_time("dspark", 5, 7)
 
 
+def test_chain_drafter_runs_its_first_forward_over_the_verified_tokens():
+    """kind chain (the MTP/EAGLE chain as SGLang runs it): one forward over n_req*(K+1) tokens (the draft extend
+    over the verified tokens, which yields the first draft) + K-1 forwards over n_req tokens."""
+    d = small_dict()
+    d["drafters"]["chain"] = {**d["drafters"]["eagle3"], "kind": "chain"}   # tokens [1, 8, 32], 0.2/0.3/0.4 ms
+    p = profile_from_dict(d, "x.json")
+    # n=4, K=2: 12 tokens floor to the 8-token step (0.3 ms) + 1 forward at 4 -> floors to 1 (0.2 ms)
+    assert p.draft_time("chain", 4, 2) == pytest.approx(0.0003 + 0.0002, rel=1e-12)
+    # n=8, K=3: 32 tokens (0.4 ms) + 2 forwards at 8 (0.3 ms each); the autoregressive kind pays 3 x 0.3 ms
+    assert p.draft_time("chain", 8, 3) == pytest.approx(0.0004 + 2 * 0.0003, rel=1e-12)
+    assert p.draft_time("eagle3", 8, 3) == pytest.approx(3 * 0.0003, rel=1e-12)
+    # K=1: the one forward is the draft extend over 2 tokens per request
+    assert p.draft_time("chain", 4, 1) == pytest.approx(0.0003, rel=1e-12)
+    # vectorised; zero requests cost nothing
+    np.testing.assert_allclose(p.draft_time("chain", np.array([0, 1, 8]), 2), [0.0, 0.0002 + 0.0002, 0.0003 + 0.0003])  # 24 tokens floor to 8
+
+
 def test_unknown_drafter_lists_available(small):
     with pytest.raises(ConfigError) as ei:
         small.draft_time("medusa", 1, 1)

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from dsparksim.acceptance.base import AcceptanceModel, Block
-from dsparksim.sim.cluster import Simulation
 from dsparksim.errors import ConfigError, InputError
 from dsparksim.policies import make_policy
 from dsparksim.cost.profile import load_profile, profile_from_dict, profile_to_dict
 from dsparksim.traffic.base import Workload
+from sim_kit import make_sim  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 S = 4e-8          # seconds per KV token of the drafter's attention
@@ -113,7 +113,7 @@ def _run(profile, K=4):
                   domain=np.array(["chat"] * 12, dtype=object), concurrency=4)
     pol = make_policy("fixed:4")
     pol.reset(K, np.random.default_rng(0))
-    return Simulation(profile=profile, acceptance=_Accept(K), policy=pol, workload=wl, block_size=K,
+    return make_sim(profile=profile, acceptance=_Accept(K), policy=pol, workload=wl, block_size=K,
                       drafter="dspark", kv_capacity_tokens=10**6, max_num_seqs=4, max_batched_tokens=64,
                       prefill_chunk_tokens=16, rng=np.random.default_rng(1), num_requests=12).run()
 

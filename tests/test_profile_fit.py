@@ -171,7 +171,9 @@ def test_cli_fit_writes_a_profile_with_provenance_and_refuses_to_overwrite(tmp_p
     out = tmp_path / "fit.json"
     argv = ["profile", "fit", str(runs), "--model", MOE, "--gpu", "H100", "--where", "gpu=h100",
             "--bootstrap", "20", "--out", str(out), "--date", "2026-12-03"]
+    capsys.readouterr()
     assert main(argv) == 0
+    assert "simulate runs" not in capsys.readouterr().err     # progress bars only on a terminal (stderr is not)
     d = json.loads(out.read_text())
     fit = d["metadata"]["fit"]
     assert fit["runs"]["run_ids"] == ["syn:1", "syn:2", "syn:3"] and len(fit["runs"]["sha256"]) == 64

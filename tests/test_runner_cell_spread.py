@@ -71,9 +71,10 @@ def test_measure_times_cells_at_the_spread_and_pairing_re_times_them_alike(monke
     seen = []
     real_fast = timing.fast_prefill
 
-    def spy(eng, exe, n, ctx, spread=None):
+    def spy(eng, exe, new, ctx, spread=None):
+        n = len(new)
         seen.append((n, ctx, spread, sorted(exe.cache_len.values())))
-        real_fast(eng, exe, n, ctx, spread)
+        real_fast(eng, exe, new, ctx, spread)
         seen[-1] = (n, ctx, spread, sorted(int(exe.cache_len[r]) for r in range(n)))
 
     monkeypatch.setattr(timing, "fast_prefill", spy)

@@ -171,6 +171,22 @@ def test_live_audit_passes_lossless_policies_and_catches_a_lossy_verifier(monkey
     assert r["p_value"] < 1e-3, r
 
 
+def test_live_audit_recalibrate_wraps_the_policies(monkeypatch):
+    """audit --live --recalibrate: every audited run has recalibrate set (a TypeError traceback before)."""
+    from dsparksim.runner import audit_live as al
+
+    seen = []
+
+    def spy(cfg, rc, **kw):
+        seen.append(cfg.recalibrate)
+        return real_run(cfg, rc, **kw)
+    import dsparksim.runner.run as runmod
+    monkeypatch.setattr(runmod, "real_run", spy)     # audit_live imports it at call time
+    prof = str(REPO / "profiles" / "cpu-tiny.json")
+    (r,) = al.audit_live(MODELS, prof, ["confidence"], n_requests=16, users=8, seed=0, recalibrate=True)
+    assert seen == [True] and r["policy"] == "confidence+recal" and r["requests"] == 16
+
+
 def test_run_real_live_cli_with_the_shipped_live_profile(tmp_path):
     # The shipped profile was measured on live steps of the committed pair (its model key matches a live run's);
     # it drives `run-real --live` and the result files are the simulator's, marked as a live real run. (The

@@ -54,8 +54,9 @@ class FakeCells(PairedCells):
 
 def _plan(n, L, ctx, prefill=()):
     # a StepPlan's fields the pairing reads; prompt tokens and query-key pairs as the engine counts them
+    # (predicted_s 0: no price, a mixed step's weight falls back to the references' shares)
     return SimpleNamespace(n_decode=n, verify=np.full(n, L), kv_read=n * ctx, prefill=list(prefill),
-                           n_prefill=sum(c[3] for c in prefill),
+                           n_prefill=sum(c[3] for c in prefill), predicted_s=0.0,
                            prefill_qk=sum(c[3] * c[2] + c[3] * (c[3] + 1) // 2 for c in prefill))
 
 

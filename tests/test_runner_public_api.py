@@ -9,9 +9,11 @@ import pytest
 from dsparksim.sim.requests import RequestTable
 
 REPO = Path(__file__).resolve().parents[1]
-CORE = [REPO / "dsparksim" / "sim" / f for f in ("engine.py", "cluster.py", "requests.py")]
+CORE = [REPO / "dsparksim" / "sim" / f for f in ("scheduler.py", "kv.py", "contract.py", "driver.py", "cluster.py",
+                                                  "requests.py")]
 RUNNER = sorted((REPO / "dsparksim" / "runner").glob("*.py")) + [REPO / "benchmarks" / "runner_overhead.py"]
-CORE_CLASSES = {"Engine", "Simulation", "RequestTable", "CostExecutor", "_Driver", "SimResult"}
+CORE_CLASSES = {"Scheduler", "Simulation", "RequestTable", "CostExecutor", "Driver", "SimResult", "PagedKV",
+                "ReserveKV"}
 # The old private API the runner used to reach into (named so a regression is reported by name).
 LEGACY = {"_issue", "_admit", "_finish", "_step", "_plan_step", "_apply_step", "_draw_block", "_accepted_prefix",
           "_execute", "_start", "_pull_arrivals", "_next_arrival", "_load", "_engine"}
@@ -113,11 +115,11 @@ class RealStepper:
 import numpy as np  # noqa: E402
 
 from dsparksim.acceptance.base import AcceptanceModel, Block  # noqa: E402
-from dsparksim.sim.cluster import Simulation  # noqa: E402
-from dsparksim.sim.engine import DECODE, CostExecutor, Engine  # noqa: E402
+from dsparksim.sim.requests import DECODE  # noqa: E402
 from dsparksim.policies import make_policy  # noqa: E402
 from dsparksim.sim.streams import RequestStreams  # noqa: E402
 from dsparksim.traffic.base import Workload  # noqa: E402
+from sim_kit import make_scheduler  # noqa: E402
 from stand_in_profile import stand_in_profile  # noqa: E402
 
 
@@ -153,9 +155,9 @@ def test_skip_prefill_marks_admitted_requests_decoding_at_their_contexts():
     table.load(3)
     pol = make_policy("fixed:3")
     pol.reset(K, np.random.default_rng(0))
-    eng = Engine(table=table, profile=_Linear(), acceptance=_Half(K), policy=pol, K=K, drafter="dspark",
-                 kv_capacity_tokens=10_000, max_num_seqs=3, max_batched_tokens=512, prefill_chunk_tokens=64,
-                 rng=np.random.default_rng(0))
+    eng = make_scheduler(table=table, profile=_Linear(), acceptance=_Half(K), policy=pol, K=K, drafter="dspark",
+                         kv_capacity_tokens=10_000, max_num_seqs=3, max_batched_tokens=512, prefill_chunk_tokens=64,
+                         rng=np.random.default_rng(0))
     for i in range(4):
         eng.enqueue(i)
     assert eng.admit(0.0) == [0, 1, 2]                  # 3 slots: row 3 waits
@@ -165,59 +167,9 @@ def test_skip_prefill_marks_admitted_requests_decoding_at_their_contexts():
     eng.skip_prefill(rows, ctx, 0.5)
     assert (table.phase[rows] == DECODE).all() and (table.prompt[rows] == ctx).all()
     assert (table.gen[rows] == 1).all() and (table.first_tok[rows] == 0.5).all()
-    assert eng.kv_reserved == int((ctx + 20 + K).sum())   # the reservation follows the new prompt lengths
+    assert eng.kv.reserved == int((ctx + 20 + K).sum())   # the reservation follows the new prompt lengths
     plan = eng.plan_step()
     assert plan.decode.tolist() == [0, 1, 2] and plan.n_prefill == 0 and plan.prefill == []
     assert plan.kv_read == 45 + 3 and plan.M == 3 * (1 + K)
     with pytest.raises(ValueError, match="not yet prefilled"):
         eng.skip_prefill(rows, ctx, 0.5)                 # only once
-
-
-class _Slow:
-    """A driver (cluster.Simulation's driver protocol) running the step contract at twice the profile's price."""
-
-    made: list = []
-
-    def __init__(self, env, ranks):
-        self.env, self.ranks, self.wake = env, ranks, None
-        _Slow.made.append(list(ranks))
-
-    def run(self):
-        env, (eng,) = self.env, self.ranks
-        while True:
-            now = env.now
-            eng.drain()
-            eng.admit(now)
-            plan = eng.plan_step()
-            if plan is None:
-                self.wake = env.event()
-                yield self.wake
-                self.wake = None
-                continue
-            out = CostExecutor().execute(plan)
-            out.duration_s *= 2
-            yield env.timeout(out.duration_s)
-            eng.apply(plan, out, env.now)
-            eng.record(plan, out, now)
-
-
-@pytest.mark.parametrize("replicas", [1, 2])
-def test_driver_factory_replaces_the_replica_process(replicas):
-    # Closed loop, count-bound: a driver whose steps take exactly twice the price serves the same requests with the
-    # same decisions (keyed draws) and every time doubles; the factory is called once per replica with its engine.
-    def run(factory):
-        return Simulation(profile=_Linear(), acceptance=_Half(3), policy=make_policy("confidence"),
-                          workload=_wl(24, users=4), block_size=3, drafter="dspark", kv_capacity_tokens=10_000,
-                          max_num_seqs=4, max_batched_tokens=256, prefill_chunk_tokens=64,
-                          streams=RequestStreams(1), num_requests=24, replicas=replicas, driver_factory=factory)
-    _Slow.made = []
-    base = run(None).run()
-    sim = run(_Slow)
-    slow = sim.run()
-    assert [len(r) for r in _Slow.made] == [1] * replicas
-    assert [r[0] for r in _Slow.made] == sim.engines
-    assert slow.completed.all() and slow.ended_by == "all_requests_done"
-    np.testing.assert_array_equal(slow.verify_tokens, base.verify_tokens)
-    np.testing.assert_array_equal(slow.accepted_tokens, base.accepted_tokens)
-    np.testing.assert_allclose(slow.finish_s, 2 * base.finish_s, rtol=1e-12)
-    np.testing.assert_allclose(slow.steps["dt"], 2 * base.steps["dt"], rtol=1e-12)

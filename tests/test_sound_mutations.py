@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 
 from dsparksim.policies import make_policy
-from dsparksim.sim.engine import CostExecutor, Engine
+from dsparksim.sim.contract import CostExecutor
 from dsparksim.sim.requests import WAITING, RequestTable
 
 from test_engine import FlatProfile, Homogeneous
 from test_kv_paged import _sim, _wl
+from sim_kit import make_scheduler
 
 
 def _engine(prompts, outs, *, kv, K=3, page=1, watermark=0.0, alpha=1.0):
@@ -21,7 +22,7 @@ def _engine(prompts, outs, *, kv, K=3, page=1, watermark=0.0, alpha=1.0):
         table.load(row)
     pol = make_policy(f"fixed:{K}")
     pol.reset(K, np.random.default_rng(0))
-    return Engine(table=table, profile=FlatProfile(), acceptance=Homogeneous(alpha, K), policy=pol, K=K,
+    return make_scheduler(table=table, profile=FlatProfile(), acceptance=Homogeneous(alpha, K), policy=pol, K=K,
                   drafter="dspark", kv_capacity_tokens=kv, max_num_seqs=8, max_batched_tokens=256,
                   prefill_chunk_tokens=64, rng=np.random.default_rng(0), kv_policy="paged", kv_page_tokens=page,
                   kv_watermark=watermark)
@@ -56,7 +57,7 @@ def test_nothing_is_admitted_in_a_step_that_preempted():
     eng, t = _preempting_engine()
     assert eng.admit(t) == []
     assert list(eng.waiting) == [1] and eng.req.phase[1] == WAITING and eng.running == [0]
-    assert eng.pages_used == 12 and eng.n_pages - eng.pages_used == 8 == eng._need(1)   # it would fit
+    assert eng.kv.pages_used == 12 and eng.kv.n_pages - eng.kv.pages_used == 8 == eng.kv.need(1)   # it would fit
     plan, t = _step(eng, t)
     assert plan.preempted.tolist() == [1] and plan.n_running == 1 and plan.kv_pages == 12
 
@@ -75,7 +76,7 @@ def test_watermark_boundary_admits_when_exactly_the_watermark_stays_free(prompt_
     # runs; B leaves free - pages = 50 - prompt_b pages: 5 is vLLM's boundary, still admitted (free - required >=
     # watermark_blocks); 4 is not.
     eng = _engine([50, prompt_b], [10, 10], kv=100, watermark=0.05)
-    assert eng.wm_pages == 5
+    assert eng.kv.wm_pages == 5
     eng.enqueue(0)
     eng.enqueue(1)
     got = eng.admit(0.0)

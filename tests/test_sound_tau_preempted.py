@@ -8,7 +8,7 @@ from dsparksim.results.metrics import per_request_table, summarize
 
 from dsparksim.acceptance.base import AcceptanceModel, Block
 from dsparksim.policies import make_policy
-from dsparksim.sim.cluster import Simulation
+from sim_kit import make_sim  # noqa: E402
 from test_engine import FlatProfile
 from test_kv_paged import _sim, _wl
 
@@ -29,7 +29,7 @@ class NoDrafts(AcceptanceModel):
 def _none_sim(wl, kv):
     pol = make_policy("none")
     pol.reset(0, np.random.default_rng(0))
-    return Simulation(profile=FlatProfile(), acceptance=NoDrafts(), policy=pol, workload=wl, block_size=0,
+    return make_sim(profile=FlatProfile(), acceptance=NoDrafts(), policy=pol, workload=wl, block_size=0,
                       drafter=None, kv_capacity_tokens=kv, max_num_seqs=16, max_batched_tokens=256,
                       prefill_chunk_tokens=64, rng=np.random.default_rng(0), num_requests=len(wl),
                       kv_policy="paged", kv_page_tokens=1, kv_watermark=0.0)

@@ -204,3 +204,48 @@ def test_full_studies(tmp_path):
     assert (runs.loc[runs["lag"] == 0, "all_under"] == 0).all()
     tails = pd.read_csv(tmp_path / "p99-tails" / "paired_vs_base.csv")
     assert _intervals_hold(tails, "value", "value_lo", "value_hi") > 100
+
+
+def test_progress_is_drawn_on_a_terminal_only(tmp_path, capsys, monkeypatch):
+    """The carriage-return progress line goes to a terminal (or DSPARKSIM_PROGRESS=1), never into a log."""
+    from types import SimpleNamespace
+
+    import dsparksim.study.run as study_run
+
+    def fake_run(name, settings, workers=1, progress=None):
+        for i in (1, 2):
+            progress(i, 2)
+        return SimpleNamespace(headline="h"), [], 0.0
+
+    monkeypatch.setattr(study_run, "run_study", fake_run)
+    monkeypatch.setattr(study_run, "write_study", lambda out, name, *a: tmp_path / name)
+    monkeypatch.setattr(study_run, "write_report", lambda out: tmp_path / "REPORT.md")
+    monkeypatch.delenv("DSPARKSIM_PROGRESS", raising=False)
+    assert main(["study", "p99-tails", "--fast", "--out", str(tmp_path / "s")]) == 0
+    cap = capsys.readouterr()
+    assert "runs" not in cap.err and "p99-tails: 0.0 s" in cap.out
+    monkeypatch.setenv("DSPARKSIM_PROGRESS", "1")
+    assert main(["study", "p99-tails", "--fast", "--out", str(tmp_path / "s")]) == 0
+    assert "p99-tails: 2/2 runs" in capsys.readouterr().err
+
+
+def test_an_out_that_cannot_be_created_is_refused_before_any_run(tmp_path, capsys, monkeypatch):
+    import dsparksim.study.run as study_run
+
+    def no_run(*a, **k):
+        raise AssertionError("a study ran")
+    monkeypatch.setattr(study_run, "run_study", no_run)
+    f = tmp_path / "x.csv"
+    f.write_text("mine")
+    assert main(["study", "p99-tails", "--fast", "--out", str(f / "sub"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "x.csv" in err[0] and "is a file" in err[0], err
+    assert f.read_text() == "mine"
+
+
+def test_seeds_are_capped_as_elsewhere(capsys):
+    # --seeds 2000 would start hours of runs; the cap is frontier's and sweep's (results.stats.MAX_SEEDS)
+    from dsparksim.results.stats import MAX_SEEDS
+    with pytest.raises(SystemExit) as e:
+        main(["study", "load-spikes", "--fast", "--seeds", str(MAX_SEEDS + 1), "--out", "never"])
+    assert e.value.code == 2 and f"at most {MAX_SEEDS} seeds" in capsys.readouterr().err

@@ -20,6 +20,7 @@ from dsparksim.policies import make_policy
 from dsparksim.sim.simulate import simulate
 from dsparksim.traffic import TrafficConfig, build_workload
 from dsparksim.traffic.base import Workload
+from sim_kit import make_sim  # noqa: E402
 from stand_in_profile import stand_in_profile
 
 
@@ -48,7 +49,7 @@ class RejectAll(AcceptanceModel):
 def _sim(wl, *, duration=None, num_requests=None, kv=10**9, max_seqs=4, max_model_len=None, c=0.01) -> Simulation:
     pol = make_policy("fixed:1")
     pol.reset(1, np.random.default_rng(0))
-    return Simulation(profile=FlatProfile(c), acceptance=RejectAll(), policy=pol, workload=wl, block_size=1,
+    return make_sim(profile=FlatProfile(c), acceptance=RejectAll(), policy=pol, workload=wl, block_size=1,
                       drafter="dspark", kv_capacity_tokens=kv, max_num_seqs=max_seqs, max_batched_tokens=4096,
                       prefill_chunk_tokens=4096, rng=np.random.default_rng(0), duration_s=duration,
                       num_requests=num_requests, max_model_len=max_model_len)

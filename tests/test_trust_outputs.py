@@ -261,3 +261,24 @@ def test_frontier_config_records_the_version_and_the_inputs_bytes(tmp_path):
     assert cfg["dsparksim_version"] == __version__
     sha = hashlib.sha256((Path(shipped_dir()) / "h100-llama2-7b-tp1.json").read_bytes()).hexdigest()
     assert cfg["input_sha256"]["profile"] == sha and cfg["policies"] == ["mtp1", "fixed:3"]
+
+
+def test_a_user_file_in_a_result_directory_is_never_deleted_by_the_next_run(tmp_path, capsys):
+    # OUT is replaced whole: a file no dsparksim command writes there (a user's notes, a copied profile) makes the
+    # folder refused with one line, before anything runs, and the file survives; a --result-filename copy of the
+    # run being repeated is its own output and is replaced
+    out = tmp_path / "out"
+    _run(out)
+    mine = out / "mine.json"
+    mine.write_text('{"keep": true}\n')
+    before = sorted(p.name for p in out.iterdir())
+    assert main([*RUN, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "mine.json" in err[0] and "would be deleted" in err[0]
+    assert mine.read_text() == '{"keep": true}\n' and sorted(p.name for p in out.iterdir()) == before
+    mine.unlink()
+    _run(out, "--result-filename", "copy.json")
+    _run(out, "--result-filename", "copy.json")
+    assert (out / "copy.json").is_file()
+    assert main([*RUN, "--out", str(out)]) == 2      # without the option, copy.json is not this command's file
+    assert (out / "copy.json").is_file()

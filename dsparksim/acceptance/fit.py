@@ -21,10 +21,11 @@ import numpy as np
 
 from dsparksim.acceptance.base import DOMAINS
 from dsparksim.errors import ConfigError
-from dsparksim.acceptance.calibration import gauss_hermite, link
+from dsparksim.acceptance.calibration import gauss_hermite, link, tau_of_curve
 from dsparksim.acceptance.confidence import per_position_metrics
 from dsparksim.acceptance.parametric import ParametricAcceptance, ParametricParams, sigmoid
-from dsparksim.acceptance.reference import load_reference
+from dsparksim.acceptance.reference import load_reference, paper_curve
+from dsparksim.acceptance.rootfind import brentq
 
 THRESHOLDS = (0.5, 0.7, 0.9)
 AUC_POSITIONS = (1, 3, 5, 7)
@@ -47,9 +48,6 @@ def fig5_curves(K: int = 7) -> dict[str, np.ndarray]:
     the domain means (5.57, 5.12, 3.49): the sweep ran on one benchmark per domain. Each domain's rejection
     probabilities 1 - alpha_k are scaled by one factor so that 1 + sum prod alpha equals that tau (the shape of
     Fig. 2's curve kept), and the Fig. 5 ratios are compared on that model."""
-    from dsparksim.acceptance.calibration import tau_of_curve
-    from dsparksim.acceptance.reference import paper_curve
-    from dsparksim.acceptance.rootfind import brentq
 
     sw = load_reference()["static_threshold_sweep_dspark_qwen3_4b"]
     out = {}
@@ -194,7 +192,7 @@ def fit(base: ParametricParams | None = None, *, auc_weight: float = 1.0, maxfev
     the noise is a poor lever: it lowers the AUC little and raises the STS ECE fast) minimising
     :func:`_objective`, with common random numbers, from ``base``; then raw_gain by bisection so the raw
     confidences' mean per-position ECE is :data:`RAW_ECE_TARGET`. Returns (params, evaluation at the optimum)."""
-    from scipy.optimize import minimize
+    from scipy.optimize import minimize  # lazy: scipy
 
     base = base or ParametricParams()
     rng = np.random.default_rng(seed)

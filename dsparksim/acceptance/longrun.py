@@ -45,7 +45,7 @@ class _Stratified:
         self._rng = np.random.default_rng(seed)
 
     def standard_normal(self, size):
-        from scipy.special import ndtri
+        from scipy.special import ndtri  # lazy: scipy
 
         n = int(np.prod(size))
         return self._rng.permutation(ndtri((np.arange(n) + 0.5) / n)).reshape(size)

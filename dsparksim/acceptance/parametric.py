@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import lru_cache
+from importlib import resources
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -65,7 +66,6 @@ STS_SEED = 20_261_201
 @lru_cache(maxsize=1)
 def load_fit() -> dict:
     """The fitted parameters shipped in dsparksim/data/acceptance_fit.json (written by scripts/fit_acceptance.py)."""
-    from importlib import resources
     return json.loads(resources.files("dsparksim.data").joinpath(FIT_DATA).read_text(encoding="utf-8"))
 
 

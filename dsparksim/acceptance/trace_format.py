@@ -314,7 +314,7 @@ def _parquet_metadata(path: Path, raw: bytes | None, where: _Where) -> dict:
 
 def _read_parquet(path: Path, where: _Where) -> tuple[pd.DataFrame, dict]:
     try:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # optional: pyarrow
     except ImportError:  # pragma: no cover - pyarrow is an optional dependency
         raise InputError(path, None, "reading Parquet needs pyarrow (pip install 'dsparksim[parquet]')") from None
     try:
@@ -354,7 +354,7 @@ def read_trace_metadata(path: str | Path) -> dict[str, Any]:
         return _metadata_line(path, _first_line(path)[0], where)
     if not is_file(path):
         raise InputError(path, None, "acceptance trace file not found")
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # optional: pyarrow
     try:
         raw = (pq.read_schema(path).metadata or {}).get(MAGIC.encode())
     except Exception as e:  # corrupt / non-parquet file
@@ -420,8 +420,8 @@ def write_trace(path: str | Path, data: Any, metadata: Mapping[str, Any], *, flo
         else:
             path.write_text(text, encoding="utf-8", newline="")
     else:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        import pyarrow as pa  # optional: pyarrow
+        import pyarrow.parquet as pq  # optional: pyarrow
         table = pa.Table.from_pandas(out, preserve_index=False)
         schema_meta = {**(table.schema.metadata or {}), MAGIC.encode(): json.dumps(meta).encode()}
         table = table.replace_schema_metadata(schema_meta)

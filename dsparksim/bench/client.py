@@ -22,6 +22,7 @@ server settings of :class:`ServerSettings`, and computes the metrics as the clie
 """
 from __future__ import annotations
 
+from dataclasses import replace
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,9 @@ __all__ = ["ClientWorkload", "ServerSettings", "ClientRun", "run_client", "clien
            "client_arrivals", "server_kv_capacity"]
 
 from dsparksim.cost.memory import kv_capacity_at_fraction as server_kv_capacity  # noqa: E402
+from dsparksim.config import RunConfig
+from dsparksim.cost.profile import load_profile
+from dsparksim.traffic.arrivals import interarrivals
 
 _SRC = "client"
 STATS = ("mean", "median", "p99")
@@ -147,7 +151,7 @@ class ClientRun:
               before the request was sent; -1 = none), first_token_step, finish_step (the step whose end emitted
               the first / last token; -1 = refused), tpot_ms, ttft_ms, e2el_ms, failed.
     steps:    the engine's step log over the whole run (warm-up included, ``warmup`` column), one row per step
-              with its full priced shape (dsparksim.sim.engine.PRICE_KEYS; reprice_steps recomputes dt),
+              with its full priced shape (dsparksim.sim.scheduler.PRICE_KEYS; reprice_steps recomputes dt),
               t_start / t_end in seconds from the benchmark's start (negative: warm-up).
     notes:    the resolved server settings and what was not priced.
     """
@@ -170,7 +174,6 @@ def client_arrivals(w: ClientWorkload, n: int, rng: np.random.Generator) -> np.n
     exponential (burstiness 1) or gamma(shape=burstiness, scale=1/(rate*burstiness)) gaps, as vLLM's get_request."""
     if math.isinf(w.request_rate):
         return np.zeros(n)
-    from dsparksim.traffic.arrivals import interarrivals
     process = "poisson" if w.burstiness == 1.0 else "gamma"
     gaps = interarrivals(process, float(w.request_rate), max(n - 1, 0), rng, float(w.burstiness))
     return np.concatenate(([0.0], np.cumsum(gaps)))[:n]
@@ -208,7 +211,6 @@ def client_config(profile_name: str, workload: ClientWorkload, server: ServerSet
                   drafter: str | None = None, seed: int = 0):
     """The RunConfig of one benchmark run: the very configuration ``dsparksim run`` builds from the client's flags
     (RunConfig.from_options), so the CLI and :func:`run_client` simulate the same thing."""
-    from dsparksim.config import RunConfig
 
     opts: dict[str, Any] = {"profile": profile_name, "policy": policy, "seed": int(seed),
                             "dataset_name": "random", "random_input_len": workload.random_input_len,
@@ -229,7 +231,6 @@ def client_config(profile_name: str, workload: ClientWorkload, server: ServerSet
             opts[key] = v
     cfg = RunConfig.from_options(opts, _SRC)
     if drafter is not None:
-        from dataclasses import replace
         cfg = cfg.replace(engine=replace(cfg.engine, drafter=drafter))
     return cfg
 
@@ -241,8 +242,7 @@ def run_client(profile: Any, workload: ClientWorkload, server: ServerSettings = 
     path. ``policy`` / ``block_size`` / ``acceptance`` / ``drafter``: as ``dsparksim run``'s --policy, -K,
     --acceptance (None = its default) and the profile's drafter entry. Deterministic in ``seed``; the same
     simulation as ``dsparksim run --dataset-name random ... --num-prompts ... --max-concurrency ...``."""
-    from dsparksim.cost.profile import load_profile
-    from dsparksim.sim.simulate import simulate
+    from dsparksim.sim.simulate import simulate  # lazy: pulls in scipy
 
     if not isinstance(workload, ClientWorkload):
         raise ConfigError(_SRC, "workload", f"expected a ClientWorkload, got {type(workload).__name__}")
@@ -260,7 +260,7 @@ def client_run(out: Any, gpus: int = 1, request_latency_s: float = 0.0) -> Clien
     ``request_latency_s`` (the profile's): the stack's latency outside the engine's step loop, added to every
     request's TTFT and E2E and to the duration (the last response reaches the client that much later); the
     ``first_token_s`` / ``finish_s`` columns and the step indices stay the engine's."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
     res, cfg = out.result, out.config
     t = cfg.traffic

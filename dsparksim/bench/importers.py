@@ -108,7 +108,13 @@ def import_files(paths: list[str | Path], fmt: str = "auto",
                  overrides: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """The runs of every file, in order; the first bad file or record raises an InputError (nothing partial)."""
     rows: list[dict[str, Any]] = []
+    seen: dict[Path, str | Path] = {}
     for p in paths:
+        key = Path(p).resolve()
+        if key in seen:   # x.csv and ./x.csv: the same runs under two run ids
+            raise InputError(p, None, f"the same file as {str(seen[key])!r}, given twice (its runs would be "
+                             "imported twice)")
+        seen[key] = p
         rows.extend(import_file(p, fmt, overrides))
     return rows
 

@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from dsparksim.acceptance import load_acceptance
 from dsparksim.bench.client import ClientWorkload, ServerSettings, engine_mixes_prefill, run_client
 from dsparksim.errors import ConfigError, InputError
+from dsparksim.bench.runs import read_runs
+from dsparksim.bench.spec import map_row
+from dsparksim.cost.profile import load_profile
 
 # metric of the runs table -> key of ClientRun.metrics
 METRICS = ("mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
@@ -38,26 +42,31 @@ def _missing(v: Any) -> bool:
 
 def read_table(path: str | Path) -> list[dict[str, Any]]:
     """The runs of a runs table (dsparksim.bench.runs.read_runs, which validates every cell)."""
-    from dsparksim.bench.runs import read_runs
 
     return read_runs(path)
 
 
 # ------------------------------------------------------------------------------------------------- selection
 def parse_where(spec: str | None) -> list[tuple[str, str]]:
-    """``"engine=sglang,random_input_len=1024"`` -> [(column, text)]; ConfigError on a malformed term."""
+    """``"engine=sglang,random_input_len=1024"`` -> [(column, text)]; ConfigError on a malformed term or a column
+    given twice (which of two values was meant is unknown)."""
     if spec is None:
         return []
-    out = []
+    out: list[tuple[str, str]] = []
     for term in spec.split(","):
         k, eq, v = term.partition("=")
         if not eq or not k.strip():
             raise ConfigError("cli", "--where", f"expected KEY=VALUE[,KEY=VALUE...], got term {term!r}")
+        if k.strip() in dict(out):
+            raise ConfigError("cli", "--where", f"{k.strip()!r} is given twice ({dict(out)[k.strip()]!r} and "
+                              f"{v.strip()!r}); give each column once")
         out.append((k.strip(), v.strip()))
     return out
 
 
-def _matches(v: Any, text: str) -> bool:
+def cell_matches(v: Any, text: str) -> bool:
+    """A runs-table cell against a --where value: numbers as numbers (1024 = 1024.0), text case-insensitively,
+    '' = empty."""
     if _missing(v):
         return text == ""
     if isinstance(v, bool):
@@ -67,18 +76,18 @@ def _matches(v: Any, text: str) -> bool:
             return float(text) == float(v)
         except ValueError:
             return False
-    return str(v) == text
+    return str(v).lower() == text.lower()
 
 
 def select(runs: Sequence[Mapping[str, Any]], where: list[tuple[str, str]], source: str = "runs table"
            ) -> list[Mapping[str, Any]]:
-    """The runs matching every KEY=VALUE term (numbers compared as numbers, text exactly, '' = empty)."""
+    """The runs matching every KEY=VALUE term (:func:`cell_matches`)."""
     if runs:
         cols = set(runs[0])
         for k, _ in where:
             if k not in cols:
                 raise ConfigError("cli", "--where", f"{k!r} is not a column of {source}")
-    sel = [r for r in runs if all(_matches(r.get(k), v) for k, v in where)]
+    sel = [r for r in runs if all(cell_matches(r.get(k), v) for k, v in where)]
     if not sel:
         raise ConfigError("cli", "--where", f"selects none of the {len(runs)} runs of {source}")
     return sel
@@ -140,7 +149,6 @@ def row_policy(row: Mapping[str, Any], source: str = "runs table") -> dict[str, 
     plain = _missing(method) or str(method).strip().lower() in ("none", "off")
     if plain and all(_missing(row.get(k)) for k in ("spec_num_steps", "spec_num_draft_tokens", "spec_mtp_nextn")):
         return {"policy": "none"}
-    from dsparksim.bench.spec import map_row
 
     try:
         m = map_row(row, source=source)
@@ -166,22 +174,51 @@ def _rel(sim: float, meas: Any) -> float:
     return float(sim) / float(meas) - 1.0
 
 
+def check_deployment(row: Mapping[str, Any], prof: Any, source: str = "runs table") -> None:
+    """A run is replayed on a profile of its own deployment: its GPU named in the profile's device, its TP and EP
+    equal to the profile's (where both say). Another GPU's or parallelism's cost curve would make every error
+    meaningless, so a mismatch is an error naming the run (select the runs with --where, or use their profile)."""
+    meta = getattr(prof, "metadata", {}) or {}
+    rid = row.get("run_id") or "?"
+    gpu, device = row.get("gpu"), str(meta.get("device") or "")
+    if not _missing(gpu) and device and str(gpu).strip().lower() not in device.lower():
+        raise ConfigError(source, "gpu", f"run {rid} ran on {gpu!r} but the profile {prof.name!r} prices "
+                          f"{device!r}: replay each GPU's runs on its own profile (--where gpu=...)")
+    for col, key in (("tp", "tensor_parallel"), ("ep", "expert_parallel")):
+        v, pv = row.get(col), meta.get(key)
+        if not _missing(v) and pv is not None and int(v) != int(pv):
+            raise ConfigError(source, col, f"run {rid} ran with {col} {int(v)} but the profile {prof.name!r} has "
+                              f"{key} {int(pv)}: select the runs of its deployment (--where {col}={int(pv)})")
+
+
 def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSettings = ServerSettings(),
            seed: int = 0, source: str = "runs table", on_done: Callable[[], None] | None = None,
-           mixed_prefill: bool | None = None):
+           mixed_prefill: bool | None = None, acceptance: str | None = None):
     """Simulate every run; a DataFrame with one row per run: KEYS, notes, the policy, ``mixed_prefill`` and for
     each metric ``measured_M``, ``simulated_M``, ``rel_error_M``. Every row is checked before any is simulated.
     ``mixed_prefill``: None = each run's engine default (SGLang: off; see
-    :func:`dsparksim.bench.client.engine_mixes_prefill`), else the value for every run."""
-    import pandas as pd
-
-    from dsparksim.cost.profile import load_profile
+    :func:`dsparksim.bench.client.engine_mixes_prefill`), else the value for every run. ``acceptance``: the
+    acceptance spec of the speculative runs instead of their mapping's (e.g. ``mtp?tau2=2.3`` from the server
+    log's accept length); ConfigError when no selected run is speculative."""
+    import pandas as pd  # lazy: pandas
 
     prof = load_profile(profile) if isinstance(profile, (str, Path)) else profile
     plan = []
     for row in runs:
+        check_deployment(row, prof, source)
         wl, notes = row_workload(row, source)
-        plan.append((row, wl, notes, row_policy(row, source), gpus_of(row)))
+        pol = row_policy(row, source)
+        if acceptance is not None and "acceptance" in pol:
+            pol = {**pol, "acceptance": acceptance}
+            notes = notes + [f"acceptance {acceptance} (given) instead of the mapping's"]
+        plan.append((row, wl, notes, pol, gpus_of(row)))
+    if acceptance is not None:
+        spec_ks = sorted({int(pol["block_size"]) for _, _, _, pol, _ in plan if "acceptance" in pol})
+        if not spec_ks:
+            raise ConfigError("cli", "--acceptance", f"{acceptance!r} given, but no selected run is speculative "
+                              "(it replaces the acceptance of speculative runs only)")
+        for K in spec_ks:                # a bad spec fails here, before any run is simulated
+            load_acceptance(acceptance, K)
     out = []
     for row, wl, notes, pol, gpus in plan:
         mixed = engine_mixes_prefill(row.get("engine")) if mixed_prefill is None else bool(mixed_prefill)
@@ -206,7 +243,7 @@ def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSet
 
 def error_summary(df) -> "Any":
     """Per metric: runs with a measurement, median and p90 of |relative error| (in %), and the median signed."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
     rows = []
     for m in METRICS:
@@ -235,8 +272,8 @@ def replay_figure(df, title: str = ""):
     """Interactivity (tok/s/user = 1000 / median TPOT) against output throughput per GPU, one panel per workload
     (lengths, GPU, engine, version, speculation): measured (filled, solid) and simulated (hollow, dashed), each
     series in concurrency (then rate) order, as InferenceX draws it."""
-    import pandas as pd
-    from matplotlib.figure import Figure
+    import pandas as pd  # lazy: pandas
+    from matplotlib.figure import Figure  # lazy: matplotlib
 
     d = df.copy()
     d["_label"] = [_workload_label(r) for r in d.to_dict("records")]

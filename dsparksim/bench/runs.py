@@ -14,6 +14,7 @@ import os
 import re
 import secrets
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -134,6 +135,9 @@ def parse_cell(col: Column, text: str, source: str | Path, line: int | None) -> 
     except ValueError:
         raise InputError(source, col.name, f"expected a number ({col.unit or col.type}), got "
                          f"{escape_controls(s)!r}", line=line) from None
+    if math.isnan(v):   # a missing value is an empty cell; 'nan' text would pass a required cell as missing
+        raise InputError(source, col.name, f"expected a number ({col.unit or col.type}) or an empty cell for a "
+                         f"missing value, got {escape_controls(s)!r}", line=line)
     return check_value(col, v, source, line)
 
 
@@ -150,6 +154,12 @@ def check_value(col: Column, v: Any, source: str | Path, line: int | None) -> An
                              f"{escape_controls(v)!r}", line=line)
         if col.pattern and not re.fullmatch(col.pattern, v):
             raise InputError(source, col.name, f"expected {col.pattern_text}, got {escape_controls(v)!r}", line=line)
+        if col.pattern_text.startswith("YYYY-MM-DD"):   # the shape matched: it must also be a calendar date
+            try:
+                datetime.fromisoformat(v)
+            except ValueError:
+                raise InputError(source, col.name, f"not a calendar date or time: {escape_controls(v)!r}",
+                                 line=line) from None
         return v
     if col.type == "bool":
         if not isinstance(v, bool):
@@ -183,6 +193,10 @@ def check_row(row: Mapping[str, Any], source: str | Path, line: int | None) -> d
     for k in REQUIRED:
         if out[k] is None:
             raise InputError(source, k, "must not be empty", line=line)
+    for k in ("tp", "ep"):   # a TP or EP group spans that many of the run's GPUs
+        if out[k] is not None and out["gpu_count"] is not None and out[k] > out["gpu_count"]:
+            raise InputError(source, k, f"{k} ({out[k]}) exceeds gpu_count ({out['gpu_count']}): a {k.upper()} group "
+                             f"spans {out[k]} GPUs", line=line)
     done, n = out["completed"], out["num_prompts"]
     if done is not None and n is not None and done + (out["failed"] or 0) > n:
         raise InputError(source, "completed", f"completed ({done}) + failed ({out['failed'] or 0}) exceeds "
@@ -213,6 +227,10 @@ def read_runs(path: str | Path) -> list[dict[str, Any]]:
     if lines and lines[0].startswith("#"):
         if not lines[0].startswith("# dsparksim runs table"):
             raise InputError(path, None, "comment line is not a dsparksim runs table marker", line=1)
+        ver = re.match(r"# dsparksim runs table v(\S*)", lines[0])
+        if ver and ver.group(1) != str(FORMAT_VERSION):   # a table of another format version is not read as v1
+            raise InputError(path, None, f"runs table format v{escape_controls(ver.group(1))}; this dsparksim reads "
+                             f"v{FORMAT_VERSION}", line=1)
         lines, first = lines[1:], 2
     rd = csv.reader(io.StringIO("".join(lines)))
     try:
@@ -253,7 +271,7 @@ def read_runs(path: str | Path) -> list[dict[str, Any]]:
 
 def runs_frame(runs: Iterable[Mapping[str, Any]]):
     """The runs as a pandas DataFrame in column order (ints as nullable Int64, bools as nullable boolean)."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
     df = pd.DataFrame([dict(r) for r in runs], columns=list(NAMES))
     for c in COLUMNS:

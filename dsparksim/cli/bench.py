@@ -55,7 +55,6 @@ def _register_import(sub) -> None:
 def overrides(args: argparse.Namespace) -> dict:
     """The column values given as options, parsed and checked as their columns (errors name the option)."""
 
-
     out = {}
     for c in COLUMNS:
         text = getattr(args, "set_" + c.name, None)

@@ -42,6 +42,10 @@ def register_replay(sub) -> None:
     q.add_argument("--mixed-prefill", action=argparse.BooleanOptionalAction, default=None,
                    help="whether the server's steps mix prefill chunks with decode [each run's engine default: "
                         "off for SGLang (--enable-mixed-chunk defaults to off), on otherwise]")
+    q.add_argument("--acceptance", default=None, metavar="SPEC",
+                   help="acceptance model of the speculative runs instead of their config's mapping (mtp), e.g. "
+                        "\"mtp?tau2=2.3\" from your server log's accept length, \"mtp?a1=0.6&tau2=1.9\" below 1.87 "
+                        "[the mapping's]")
     q.add_argument("--out", required=True, help="output directory, replaced whole by the new results")
     q.add_argument("--quiet", action="store_true")
     q.set_defaults(func=replay_command)
@@ -71,7 +75,7 @@ def replay_command(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with tqdm(total=len(sel), unit="run", desc="replay", disable=bar_off(args)) as bar:
         df = replay(sel, prof, server=server, seed=args.seed, source=str(args.runs), on_done=lambda: bar.update(1),
-                    mixed_prefill=args.mixed_prefill)
+                    mixed_prefill=args.mixed_prefill, acceptance=args.acceptance)
     wall = time.perf_counter() - t0
     err = error_summary(df)
     out = Path(args.out)
@@ -82,6 +86,7 @@ def replay_command(args: argparse.Namespace) -> int:
                       ).savefig(d / "replay.png")
         write_json(d / "config.json", {"runs": str(args.runs), "where": args.where, "profile": prof.name,
                                        "profile_path": str(profile_path(args.profile)), "seed": args.seed,
+                                       "acceptance": args.acceptance,
                                        "server": {k: v for k, v in server.__dict__.items() if k not in ("gpus", "mixed_chunk")},
                                        "mixed_prefill": (args.mixed_prefill if args.mixed_prefill is not None
                                                          else "each run's engine default (sglang: off, "

@@ -276,7 +276,7 @@ def flag_given(args: argparse.Namespace, *opts: str) -> bool:
 # The command-line flags of the draft options (dsparksim.sim.reads.DRAFT_OPTIONS; drafter has none).
 DRAFT_FLAGS = {"acceptance": ("--acceptance",), "block_size": ("--num-speculative-tokens", "-K", "--block-size"),
                "mtp1_acceptance": ("--mtp1-acceptance",), "confidence": ("--confidence",),
-               "recalibrate": ("--recalibrate",)}
+               "recalibrate": ("--recalibrate",), "draft_exit": ("--draft-exit",)}
 
 
 def check_unread_options(args: argparse.Namespace, policies: Sequence[str], how: str) -> None:
@@ -325,7 +325,7 @@ def check_run_args(args: argparse.Namespace, frontier: bool = False) -> None:
             raise _bad("--format", "frontier writes no per-request table; --format applies to run")
         need_parquet("--format")
     if args.out is not None:   # None: `run --result-dir` alone writes no folder
-        check_out_dir(args.out, "--out")
+        check_out_dir(args.out, "--out", also=tuple(x for x in [getattr(args, "result_filename", None)] if x))
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
@@ -375,7 +375,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = run_config(args)
     traffic = cfg.traffic
     if args.ray_address is not None and args.backend != "ray":
-        raise _bad("--ray-address", f"applies to --backend ray only; got --backend {args.backend}")
+        raise _bad("--ray-address", "applies to --backend ray only; got " + (
+            f"--backend {args.backend}" if args.backend is not None else "no --backend"))
     if args.backend is not None or args.workers is not None:
         from dsparksim.sim.shard import check_shardable  # lazy: pulls in numpy, scipy, simpy
         check_shardable(cfg)   # one line saying why the replicas interact, before anything runs

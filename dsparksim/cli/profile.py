@@ -5,6 +5,7 @@ The lead's CLI calls :func:`register` with its argparse subparsers object; every
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from dsparksim.cli.options import add_seed_option
+from dsparksim.cli.options import add_seed_option, bar_off
 from dsparksim.errors import InputError
 from dsparksim.cost.profile import CostProfile, dumps_profile, list_profiles, load_profile, profile_from_dict, profile_path, profile_to_dict, shipped_dir
 from dsparksim.cost.profile_import import (FORMATS, LOOKUPS, complete_profile, import_sps_table, parse_drafter_cost,
@@ -507,7 +508,7 @@ def _check_fit_out(path: str, force: bool, runs: str) -> Path:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from dsparksim.fit.command import FitOptions, run_fit  # lazy: pulls in scipy, simpy
-    from dsparksim.fit.runs import parse_where  # lazy: pulls in scipy, simpy
+    from dsparksim.bench.replay import parse_where  # lazy: pulls in numpy
 
     try:
         for flag, v, lo in (("--tp", args.tp, 1), ("--ep", args.ep, 1), ("--bootstrap", args.bootstrap, 0),
@@ -526,11 +527,12 @@ def cmd_fit(args: argparse.Namespace) -> int:
         out = _check_fit_out(args.out, args.force, args.runs)
         model = _model_config(args.model)
         opt = FitOptions(model=model, gpu=args.gpu, tp=args.tp, ep=args.ep,
-                         where=tuple(parse_where(args.where).items()), bootstrap=args.bootstrap, seed=args.seed,
+                         where=tuple(parse_where(args.where)), bootstrap=args.bootstrap, seed=args.seed,
                          max_num_seqs=args.max_num_seqs, prefill_chunk_tokens=args.prefill_chunk, name=args.name,
                          date=args.date, metrics=kinds, mem_fraction_static=args.mem_fraction_static,
                          kv_dtype=args.kv_dtype, mixed_prefill=args.mixed_prefill)
-        d, rep = run_fit(args.runs, opt, tqdm_file=sys.stderr)
+        # bars only on a terminal (cli.options.bar_off); otherwise they go to a sink, not a log's stderr
+        d, rep = run_fit(args.runs, opt, tqdm_file=io.StringIO() if bar_off(args) else sys.stderr)
         save_profile_file(d, out)    # atomic: the file appears complete or not at all
     except InputError as e:
         print(f"dsparksim: error: {e}", file=sys.stderr)

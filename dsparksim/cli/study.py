@@ -4,10 +4,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dsparksim.cli.options import add_seed_option, add_workers_option, check_seed
-from dsparksim.config import pos_int
+from dsparksim.cli.options import add_seed_option, add_workers_option, bar_off, check_seed
 from dsparksim.study import STUDIES
 
+
+
+def _seeds(text: str) -> int:
+    """--seeds: 1..MAX_SEEDS paired seeds, as frontier and sweep take them."""
+    from dsparksim.results.stats import seeds_arg  # lazy: numpy (CLI start-up)
+    return seeds_arg(text)
 
 def register(subparsers) -> None:
 
@@ -23,7 +28,7 @@ def register(subparsers) -> None:
                    help="cost profile of the production regime [built-h200x8-deepseek-v3-tp8]; its engine options "
                         "(decode-only, paged KV, ...) stay")
     p.add_argument("--no-contrast", action="store_true", help="skip the dense contrast regime (h100-llama2-7b-tp1)")
-    p.add_argument("--seeds", type=pos_int, default=None, help="paired seeds [2 fast, 5 full]")
+    p.add_argument("--seeds", type=_seeds, default=None, help="paired seeds [2 fast, 5 full]")
     add_seed_option(p, help="first seed [%(default)s]")
     add_workers_option(p, default=1, help="worker processes [%(default)s]")
     p.add_argument("--quiet", action="store_true")
@@ -44,7 +49,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     check_out(args.out, names)
     for name in names:
         def progress(i: int, n: int, name=name) -> None:
-            if not args.quiet:
+            if not bar_off(args):   # a terminal only (a log gets the result lines); --quiet never
                 print(f"\r{name}: {i}/{n} runs", end="" if i < n else "\n", file=sys.stderr, flush=True)
         section, _rows, wall = run_study(name, settings, workers=args.workers, progress=progress)
         path = write_study(args.out, name, settings, section, wall)

@@ -33,7 +33,8 @@ JSON format ``dsparksim-profile/1`` (also documented in profiles/README.md)::
      "batch_overhead": {"n_req": [int, strictly increasing, >= 1], "time_s": [float >= 0]},    # optional
      "drafters": {"dspark": {"kind": "parallel", "tokens": [...], "time_s": [...],
                              "markov_overhead_frac": 0.008},
-                  "eagle3": {"kind": "autoregressive", ...}, "mtp1": {"kind": "mtp", ...}}}
+                  "eagle3": {"kind": "autoregressive", ...}, "mtp1": {"kind": "mtp", ...},
+                  "mtp": {"kind": "chain", ...}}}
                  # any drafter may add "prefill_s_per_token": float >= 0 (its state update per prompt token)
                  # and "seconds_per_kv_token": float >= 0 (its attention over the step's KV tokens read)
 
@@ -109,7 +110,7 @@ __all__ = [
 ]
 
 FORMAT = "dsparksim-profile/1"
-DRAFTER_KINDS = ("parallel", "autoregressive", "mtp")
+DRAFTER_KINDS = ("parallel", "autoregressive", "mtp", "chain")
 REQUIRED_METADATA = ("device", "model", "source", "method")
 INT_METADATA = ("kv_capacity_tokens", "max_model_len")   # optional; when given, positive integers
 _TOP_KEYS = {"format", "name", "metadata", "verify", "attention", "prefill", "fixed_overhead_s", "batch_overhead",
@@ -379,11 +380,16 @@ class CostProfile:
             t = self._floor_pos(d.tokens, d.time_s, tok, axis) * (1.0 + d.markov_overhead_frac)
         elif d.kind == "autoregressive":
             t = K * self._floor_pos(d.tokens, d.time_s, n, axis)
+        elif d.kind == "chain":
+            # EAGLE-style chain as SGLang/vLLM run it: the first draft token comes from a forward over the
+            # K + 1 tokens per request the target just verified (SGLang's draft extend), then K - 1 forwards
+            t = self._floor_pos(d.tokens, d.time_s, n * (K + 1), axis) \
+                + (K - 1) * self._floor_pos(d.tokens, d.time_s, n, axis)
         else:  # mtp
             if K != 1:
                 raise ConfigError(f"profile '{self.name}'", f"drafters.{drafter}",
                                   f"an 'mtp' drafter makes one forward per step and only supports K=1, got K={K}; "
-                                  "model a deeper MTP chain as an 'autoregressive' drafter")
+                                  "model a deeper MTP chain as a 'chain' (or 'autoregressive') drafter")
             t = self._floor_pos(d.tokens, d.time_s, n, axis)
         if d.seconds_per_kv_token:
             t = t + self._draft_kv(d, n, kv_tokens)

@@ -306,7 +306,7 @@ def import_sps_table(path: str | Path, fmt: str, **kw: Any) -> CostProfile:
 # ------------------------------------------------------------------------------------------ runnable profile
 # Kind of a drafter named on the command line without one (the names the shipped profiles and acceptance use).
 DRAFTER_KINDS_BY_NAME = {"dspark": "parallel", "dflash": "parallel", "eagle3": "autoregressive", "mtp1": "mtp",
-                         "mtp": "autoregressive"}   # mtp: the MTP module chained K times (acceptance kind `mtp`)
+                         "mtp": "chain"}   # mtp: the MTP module chained K times (acceptance kind `mtp`)
 _DRAFTER_COST_SRC = "--drafter-cost"
 
 
@@ -321,10 +321,11 @@ def parse_drafter_cost(text: str) -> tuple[str, str, float]:
         if name not in DRAFTER_KINDS_BY_NAME:
             raise InputError(_DRAFTER_COST_SRC, name,
                              f"no default kind for drafter {name!r}: write {name}:KIND=SECONDS with KIND one of "
-                             f"{', '.join(('parallel', 'autoregressive', 'mtp'))}")
+                             f"{', '.join(('parallel', 'autoregressive', 'mtp', 'chain'))}")
         kind = DRAFTER_KINDS_BY_NAME[name]
-    elif kind not in ("parallel", "autoregressive", "mtp"):
-        raise InputError(_DRAFTER_COST_SRC, name, f"unknown kind {kind!r}; expected parallel, autoregressive or mtp")
+    elif kind not in ("parallel", "autoregressive", "mtp", "chain"):
+        raise InputError(_DRAFTER_COST_SRC, name, f"unknown kind {kind!r}; expected parallel, autoregressive, mtp "
+                         "or chain")
     try:
         s = float(sec)
     except ValueError:

@@ -1,6 +1,7 @@
 """``dsparksim profile fit``: from a runs table to a calibrated ``dsparksim-profile/1`` JSON with ``metadata.fit``."""
 from __future__ import annotations
 
+from tqdm import tqdm
 import datetime as _dt
 import json
 import math
@@ -18,6 +19,8 @@ from dsparksim.fit.fitter import (BOUNDS, DELTA_MIN, GAMMA_MAX, FitProblem, boot
 from dsparksim.fit.reprice import PARAMS, LinearRun, PriceBasis
 from dsparksim.fit.runs import FitRun, file_sha256, load_fit_runs
 from dsparksim.fit.trace import Trace, simulate_trace
+from dsparksim.cost.analytic.builder import build_profile
+from dsparksim.cost.profile import profile_from_dict
 
 __all__ = ["FitOptions", "run_fit", "traces_for", "KINDS"]
 
@@ -84,10 +87,6 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def run_fit(runs_path: str | Path, opt: FitOptions, *, tqdm_file: Any = None
             ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the fitted profile object, a report with the per-run and LOCO rows). InputError on bad input."""
-    from tqdm import tqdm
-
-    from dsparksim.cost.analytic.builder import build_profile
-    from dsparksim.cost.profile import profile_from_dict
 
     t0 = time.perf_counter()
     where = dict(opt.where)

@@ -23,6 +23,7 @@ from dsparksim.cost.price import StepShape
 from dsparksim.cost.profile import CostProfile
 from dsparksim.cost.analytic.calibration import FAMILIES, VERIFY_FAMILIES, Calibration, family_tables
 from dsparksim.fit.trace import Trace
+from dsparksim.cost.analytic.builder import build_forward_model, FIXED_OVERHEAD_S, M_GRID
 
 __all__ = ["PARAMS", "PARAM_PARTS", "PriceBasis", "LinearRun", "coef_of"]
 
@@ -48,7 +49,6 @@ class PriceBasis:
     @classmethod
     def build(cls, model: str | Path, gpu: str, tp: int = 1, ep: int = 1, dp: int = 1,
               dtype: str | None = None, kv_dtype: str | None = None) -> "PriceBasis":
-        from dsparksim.cost.analytic.builder import build_forward_model, FIXED_OVERHEAD_S, M_GRID
         fm = build_forward_model(model, gpu, tp=tp, ep=ep, dp=dp, dtype=dtype, kv_dtype=kv_dtype)
         return cls(M=np.asarray(M_GRID), tables=family_tables(fm, M_GRID), kv_token_s=fm.seconds_per_kv_token(),
                    query_kv_s=fm.seconds_per_query_key(), prefill_qk_s=fm.seconds_per_query_key(),

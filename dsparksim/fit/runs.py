@@ -10,10 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsparksim.bench.replay import cell_matches
+from dsparksim.bench.runs import format_cell, NAMES, read_runs
 from dsparksim.errors import InputError
 from dsparksim.fit.trace import ClientSpec
+from dsparksim.bench.client import engine_mixes_prefill
 
-__all__ = ["FitRun", "load_fit_runs", "parse_where", "file_sha256", "METRIC_CHOICES"]
+__all__ = ["FitRun", "load_fit_runs", "file_sha256", "METRIC_CHOICES"]
 
 # measured metric (runs-table column) -> per kind, in order of preference
 METRIC_CHOICES = {"tpot": ("mean_tpot_ms", "median_tpot_ms"), "ttft": ("mean_ttft_ms", "median_ttft_ms"),
@@ -37,24 +40,6 @@ def file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def parse_where(text: str | None) -> dict[str, str]:
-    """``KEY=VALUE,KEY=VALUE`` -> dict (values compared as strings, case-insensitive)."""
-    out: dict[str, str] = {}
-    if not text:
-        return out
-    for part in text.split(","):
-        k, eq, v = part.partition("=")
-        if not eq or not k.strip():
-            raise InputError("--where", "where", f"expected KEY=VALUE[,KEY=VALUE...], got {part!r}")
-        out[k.strip()] = v.strip()
-    return out
-
-
-def _cell(v: Any) -> str:
-    from dsparksim.bench.runs import format_cell
-    return format_cell(v).strip().lower()
-
-
 def _need(path: Path, r: dict[str, Any], key: str, why: str) -> Any:
     v = r.get(key)
     if v is None:
@@ -67,15 +52,13 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
     """(the selected runs, their rows). InputError on an empty selection, a speculative, open-loop, non-random or
     non-``ignore_eos`` run, or a run without the fields the fit needs. ``mixed_prefill``: None = each run's
     engine default (SGLang: off; :func:`dsparksim.bench.client.engine_mixes_prefill`)."""
-    from dsparksim.bench.client import engine_mixes_prefill
-    from dsparksim.bench.runs import NAMES, read_runs
 
     path = Path(path)
     for k in where:
         if k not in NAMES:
             raise InputError("--where", k, f"not a column of the runs table (columns: {', '.join(NAMES)})")
     rows = read_runs(path)
-    sel = [r for r in rows if all(_cell(r.get(k)) == v.lower() for k, v in where.items())]
+    sel = [r for r in rows if all(cell_matches(r.get(k), v) for k, v in where.items())]
     if not sel:
         raise InputError(str(path), "--where", f"no run matches {where or 'the whole table (it is empty)'}")
     server = server or {}
@@ -90,7 +73,7 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
             raise InputError(str(path), "spec_method", f"run {rid}: {sm!r}: the fit re-prices non-speculative runs "
                              "only; select them (e.g. --where spec_method=none)")
         if r.get("ignore_eos") is not True:
-            raise InputError(str(path), "ignore_eos", f"run {rid}: {_cell(r.get('ignore_eos')) or 'empty'}: the fit "
+            raise InputError(str(path), "ignore_eos", f"run {rid}: {format_cell(r.get('ignore_eos')).strip() or 'empty'}: the fit "
                              "needs ignore_eos runs (step shapes must not depend on what the model generates)")
         rate = r.get("request_rate")
         if rate is not None and not math.isinf(rate):

@@ -10,13 +10,15 @@ clock starts at its end; -1 = no warm-up).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from dsparksim.errors import ConfigError
-from dsparksim.sim.engine import PRICE_KEYS
+from dsparksim.bench.client import ClientWorkload, run_client, ServerSettings
+from dsparksim.sim.scheduler import PRICE_KEYS
 
 __all__ = ["ClientSpec", "Trace", "simulate_trace", "PRICE_COLUMNS"]
 
@@ -77,9 +79,6 @@ def simulate_trace(profile: Any, spec: ClientSpec, policy: str = "none", block_s
                    acceptance: str | None = None, drafter: str | None = None) -> Trace:
     """Simulate one benchmark run on ``profile`` (a CostProfile) with the benchmark client; keep what re-pricing
     needs. A run with refused requests is an error (the fit compares completed runs)."""
-    import math
-
-    from dsparksim.bench.client import ClientWorkload, ServerSettings, run_client
 
     wl = ClientWorkload(random_input_len=int(spec.input_len), random_output_len=int(spec.output_len),
                         random_range_ratio=float(spec.range_ratio), num_prompts=int(spec.num_prompts),

@@ -70,9 +70,12 @@ def read_text(path: str | Path, what: str = "file", bom: bool = True) -> str:
 
 def loads_json(text: str, source: str | Path, line: int | None = None, label: str = "invalid JSON",
                field: str | None = None) -> Any:
-    """``json.loads`` with one-line errors; ``line`` is the file line of ``text`` when it is a single line."""
+    """``json.loads`` with one-line errors; ``line`` is the file line of ``text`` when it is a single line. A key
+    given twice in one object is an error (json keeps the last silently: which one the tool meant is unknown)."""
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as e:
+        raise InputError(source, field, f"{label}: key {e.args[0]!r} appears twice in one object", line=line) from None
     except json.JSONDecodeError as e:
         where = line if line is not None else e.lineno
         raise InputError(source, field, f"{label}: {e.msg} (column {e.colno})", line=where) from None
@@ -83,6 +86,19 @@ def loads_json(text: str, source: str | Path, line: int | None = None, label: st
     if _too_deep(obj):
         raise InputError(source, field, f"{label}: nested too deeply (more than {MAX_JSON_DEPTH} levels)", line=line)
     return obj
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
 
 
 def _too_deep(obj: Any) -> bool:

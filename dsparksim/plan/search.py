@@ -33,7 +33,7 @@ from dsparksim.plan.spec import Deployment, PlanSpec, SLOTerm
 from dsparksim.results.stats import t_interval
 from dsparksim.sweep.backends import import_ray
 from dsparksim.sweep.cells import build_config, Cell, cell_hash
-from dsparksim.sweep.runner import run_cells_cached
+from dsparksim.sweep import runner as sweep_runner  # called through the module: tests patch run_cells_cached
 
 SATURATED = "not saturated"   # the pseudo-term a saturated probe violates
 SPEED = "tps_user_median"     # the per-user speed of the Pareto set
@@ -177,14 +177,13 @@ class PlanRun:
 def run_cells(cells, out_dir, backend, workers, ray_address, bar):
     """Run cells through the sweep machinery (cache under OUT/cells); a seam tests can replace."""
 
-    return run_cells_cached(cells, out_dir, backend, workers, ray_address, False, bar is not None, bar=bar)
+    return sweep_runner.run_cells_cached(cells, out_dir, backend, workers, ray_address, False, bar is not None, bar=bar)
 
 
 def run_plan(spec: PlanSpec, out_dir: str | Path, backend: str = "local", workers: int | None = None,
              ray_address: str | None = None, progress: bool = True,
              on_round: Callable[[PlanRun], None] | None = None) -> PlanRun:
     """Search every deployment at every traffic scale (see the module docstring); cells cached in OUT/cells."""
-
 
     run = PlanRun(spec, [Search(d, s) for s in spec.scales for d in spec.deployments])
     best: dict[tuple[str, float], tuple[float, int]] = {}
@@ -259,7 +258,6 @@ def _start_ray(backend: str, workers: int | None, address: str | None) -> bool:
     a cluster address is left to the backend, which connects per round. True if this call started it."""
     if backend != "ray" or address:
         return False
-
 
     ray = import_ray()
     if ray.is_initialized():

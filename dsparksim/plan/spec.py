@@ -421,7 +421,6 @@ def _collapse(spec: PlanSpec) -> PlanSpec:
     """The spec without deployments that are the same run as an earlier one at every replica count (they differ
     only in options their runs never read, e.g. mtp1's acceptance): each is recorded in ``collapsed``."""
 
-
     seen: dict[Any, Deployment] = {}
     keep, gone = [], []
     for d in spec.deployments:

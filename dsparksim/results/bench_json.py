@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from dsparksim.sim.cluster import SimResult
-from dsparksim.sim.engine import REJECT_REASONS
+from dsparksim.sim.kv import REJECT_REASONS
 from dsparksim.errors import ConfigError
 from dsparksim.results.outputs import atomic_write
 
@@ -107,7 +107,6 @@ class ItlLists(Sequence):
 
 def write_bench_json(path, d: dict[str, Any]) -> None:
     """Write a bench_result dict as JSON, one key per line, streaming ``itls`` (vLLM's file has no indent)."""
-
 
     def write(p) -> None:
         with open(p, "w") as f:

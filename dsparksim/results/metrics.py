@@ -15,7 +15,7 @@ import numpy as np
 
 from dsparksim.errors import ConfigError
 from dsparksim.sim.cluster import SimResult
-from dsparksim.sim.engine import REJECT_REASONS
+from dsparksim.sim.kv import REJECT_REASONS
 from dsparksim.results.bench_json import bench_result
 
 if TYPE_CHECKING:  # pandas is imported where a table is built: a run imports it only to write results

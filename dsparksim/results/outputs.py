@@ -42,6 +42,12 @@ from dsparksim.errors import ConfigError
 from dsparksim import __version__
 
 RESULT_SUFFIXES = (".json", ".csv", ".parquet", ".png", ".gz")
+# every file a command that replaces its OUT whole writes there (`run`, `frontier`, `bench replay`); any other file
+# in an existing OUT is someone else's and makes the folder refused, never deleted with the old results
+RESULT_NAMES = frozenset({
+    "config.json", "summary.json", "requests.csv", "requests.parquet", "steps.csv", "bench_result.json",
+    "frontier.csv", "frontier_seeds.csv", "comparison.csv", "frontier.png", "frontier_per_gpu.png",
+    "verify_budget.png", "replay.csv", "replay_errors.csv", "replay.png"})
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
@@ -61,11 +67,13 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
             os.unlink(tmp)
 
 
-def check_out_dir(path: str | Path, option: str = "--out", replace: bool = True) -> Path:
+def check_out_dir(path: str | Path, option: str = "--out", replace: bool = True,
+                  also: tuple[str, ...] = ()) -> Path:
     """Raise ConfigError (naming ``option``) unless ``path`` can become a result directory.
 
-    ``replace``: OUT is replaced whole, so an existing OUT may only hold result files (no subdirectories), and
-    only ones a dsparksim run or frontier wrote (its config.json says so).
+    ``replace``: OUT is replaced whole, so an existing OUT may only hold result files (no subdirectories) that a
+    dsparksim run, frontier or replay writes (:data:`RESULT_NAMES`, plus the names in ``also``, e.g. a
+    ``--result-filename``), and only ones a dsparksim command wrote (its config.json says so).
     """
     p = Path(path)
     if replace:
@@ -80,6 +88,13 @@ def check_out_dir(path: str | Path, option: str = "--out", replace: bool = True)
             if other:
                 raise ConfigError("cli", option, f"{str(p)!r} is replaced whole by the new results but holds "
                                   f"other things ({', '.join(other[:5])}); choose a new or empty directory")
+            foreign = [c.name for c in entries if c.name not in RESULT_NAMES and c.name not in also
+                       and not c.name.endswith(".tmp")]
+            if foreign:
+                raise ConfigError("cli", option, f"{str(p)!r} is replaced whole by the new results but holds files "
+                                  f"this command does not write ({', '.join(foreign[:5])}"
+                                  f"{', ...' if len(foreign) > 5 else ''}), which would be deleted; move them or "
+                                  "choose a new or empty directory")
             files = [c.name for c in entries]
             if files and not written_by_dsparksim(p):
                 raise ConfigError("cli", option, f"{str(p)!r} is replaced whole by the new results but holds files "

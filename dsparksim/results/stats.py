@@ -38,7 +38,6 @@ MAX_SEEDS = 1000
 def seeds_arg(s: str) -> int:
     """Option parser of --seeds: an integer in 1..MAX_SEEDS."""
 
-
     n = pos_int(s)
     if n > MAX_SEEDS:
         raise argparse.ArgumentTypeError(f"expected at most {MAX_SEEDS} seeds, got {s!r}")

@@ -29,8 +29,10 @@ BINS = 24
 
 
 def audit_live(models: str | Path, profile: str, policies, n_requests: int = 2000, users: int = 64,
-               seed: int = 0, prompts_dir=None, tmp: str | Path | None = None) -> list[dict]:
-    """Chi-square of generated tokens 2..3 against the target, per policy (see module doc)."""
+               seed: int = 0, prompts_dir=None, tmp: str | Path | None = None, recalibrate: bool = False
+               ) -> list[dict]:
+    """Chi-square of generated tokens 2..3 against the target, per policy (see module doc); ``recalibrate``:
+    the confidence-reading policies wrapped in online recalibration (``audit --recalibrate``)."""
     import tempfile
 
     from dsparksim.backend.checkpoint import load_target

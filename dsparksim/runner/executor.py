@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import torch
 
 from dsparksim.backend.model import ModelConfig, TargetModel
-from dsparksim.sim.engine import StepOutcome, StepPlan
+from dsparksim.sim.contract import NewRequest, StepOutcome, StepPlan
 from dsparksim.errors import ConfigError
 from dsparksim.runner.flat import FlatForward, KVPool, make_group
 from dsparksim.runner.engine import step_extra
@@ -193,8 +194,20 @@ class Executor:
         self.timing = StepTiming()
         self.clock = ex.clock_fn()
 
-    # ---------------------------------------------------------------- request lifecycle
-    def start(self, row: int, slot: int, prompt_len: int, domain: str | None = None) -> None:
+    # ---------------------------------------------------------------- request lifecycle (the step contract's)
+    tracks_requests = True
+
+    def start(self, new: Sequence[NewRequest]) -> None:
+        """Admitted requests: each gets its KV slot and prompt tokens."""
+        for q in new:
+            self.start_request(q.row, q.slot, q.prompt_tokens, q.domain)
+
+    def finish(self, rows: np.ndarray) -> None:
+        """Finished requests: their state is freed."""
+        for row in rows:
+            self.finish_request(int(row))
+
+    def start_request(self, row: int, slot: int, prompt_len: int, domain: str | None = None) -> None:
         if prompt_len + 1 > self.T:
             raise ConfigError("runner", "max_seq_tokens", f"request row {row} needs {prompt_len} prompt tokens but "
                               f"the KV slots hold {self.T}")
@@ -203,7 +216,7 @@ class Executor:
         self.prompt[row] = self.np_rng.integers(0, self.V, prompt_len)
         self.cache_len[row] = 0
 
-    def finish(self, row: int) -> None:
+    def finish_request(self, row: int) -> None:
         self.prompt.pop(row, None)
         self.cache_len.pop(row, None)
         self.pending.pop(row, None)

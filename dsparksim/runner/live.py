@@ -6,7 +6,7 @@ Trace-replay (:mod:`.executor`) replays accepted lengths; here every decoding re
 1. draft: the trained drafter proposes K tokens per decoding request from its per-slot state (one batched
    forward for the parallel drafters, K sequential steps for eagle3, one for mtp1) and its raw confidences are
    STS-calibrated (``models/calibration.json``) — the scheduler sees exactly what the traces store;
-2. the policy picks L[i] from those confidences (``Engine.plan_step(draft=executor.propose)``);
+2. the policy picks L[i] from those confidences (``Scheduler.plan_step(draft=executor.propose)``);
 3. verify: anchor + first L[i] drafts of every request and the step's prefill chunks in ONE flattened target
    forward (:class:`~.flat.FlatForward`), then exact rejection sampling of the first L[i] drafts
    (:func:`~dsparksim.backend.specdec.verify_prefix`): the accepted prefix a[i] <= L[i] and the correction/bonus
@@ -30,7 +30,7 @@ from dsparksim.acceptance.base import AcceptanceModel, Block
 from dsparksim.backend.calibration import apply_sts
 from dsparksim.backend.drafter_state import state_for
 from dsparksim.backend.specdec import verify_prefix
-from dsparksim.sim.engine import StepOutcome, StepPlan
+from dsparksim.sim.contract import StepOutcome, StepPlan
 from dsparksim.errors import ConfigError
 from dsparksim.runner.engine import step_extra
 from dsparksim.runner.executor import Executor, ExecutorConfig, StepTiming, sync
@@ -137,7 +137,7 @@ class LiveExecutor(Executor):
         self.prompt_log: dict[int, np.ndarray] = {}
         self._draft: dict[str, Any] | None = None
 
-    def start(self, row: int, slot: int, prompt_len: int, domain: str = "chat") -> None:
+    def start_request(self, row: int, slot: int, prompt_len: int, domain: str = "chat") -> None:
         if prompt_len + 1 > self.T:
             raise ConfigError("runner", "max_seq_tokens", f"request row {row} needs {prompt_len} prompt tokens but "
                               f"the KV slots hold {self.T}")

@@ -1,9 +1,9 @@
 """Measure a cost profile (format ``dsparksim-profile/1``) on the real engine: the orchestration of
 :mod:`.grid` (which cells), :mod:`.timing` (timing them) and :mod:`.fitting` (the profile from the records).
 
-Sweep: for each context length c and number of decoding requests n, the real engine (the scheduler's
-:class:`~dsparksim.sim.engine.Engine` stepped on the real clock by :class:`~.engine.RealStepper`, the very code that
-serves runs) is loaded with n requests whose prompts of c tokens are prefilled (untimed), then a
+Sweep: for each context length c and number of decoding requests n, the real engine (the simulator's
+:class:`~dsparksim.sim.scheduler.Scheduler` stepped by the one :class:`~dsparksim.sim.driver.Driver` on the measured
+clock, :class:`~.engine.MeasuredClock`, the very code that serves runs) is loaded with n requests whose prompts of c tokens are prefilled (untimed), then a
 uniform verify length L = 0..K is forced on every request; after ``warmup`` discarded steps, ``reps`` steps are
 timed. Each timed step yields its measured split: drafter forward, target forward at M = n(1+L) with the KV
 tokens it read, and the rest (host: acceptance draw, policy, tensor building, sampling, bookkeeping).

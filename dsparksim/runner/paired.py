@@ -172,12 +172,11 @@ class PairedCells:
             e = self._engines[ek] = [st, pol, 0.0, 0]
         st, pol = e[0], e[1]
         pol.L = L
-        step = st.begin()
+        step = st.step(e[2])
         if step is None:                       # cannot happen within the engine's lifetime; rebuild next time
             del self._engines[ek]
             return None
-        plan, out, dt = step
-        e[2] += dt + st.end(plan, out, dt, e[2], e[2] + dt)
+        _, (out,), e[2] = step
         e[3] += 1
         if e[3] >= nL * (self.warmup + self.reps):
             del self._engines[ek]
@@ -231,7 +230,7 @@ class PairedCells:
             T = pre + c + 8
             exe = cell_executor(self.target, self.proxy, self.ex, T, k, drafter, self.live)
             for r in range(k):
-                exe.start(r, r, pre + c, "chat")
+                exe.start_request(r, r, pre + c, "chat")
             if pre:
                 exe.run_step(none, none, none, none, 1, [(r, r, 0, pre) for r in range(k)])
             e = self._engines[key] = [exe, 0]
@@ -328,7 +327,7 @@ class RunPairs:
             tp = self.cells.time_prefill(pkey)
             if tp is not None:
                 bd, bp = self.cells.baseline(key), self.cells.prefill_baseline(pkey)
-                w = self.cells.prefill_weight(key, float(getattr(plan, "predicted_s", 0.0)), bd, bp)
+                w = self.cells.prefill_weight(key, float(plan.predicted_s), bd, bp)
                 self.mx_log.append((int(i), *key, t, bd, *pkey[2:], tp, bp, w))
 
     @property

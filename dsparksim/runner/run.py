@@ -1,6 +1,6 @@
 """A real run of one configuration: the same RunConfig, workload, policy and acceptance (keyed per-request draws)
-as ``simulate``, served by :class:`~.engine.RealEngine` (one engine on one device: replicas and DP ranks are
-refused); returns the simulator's :class:`RunOutput`, so ``write_run``, the frontier table and the plots work
+as ``simulate``, served by the simulator's Simulation with the real executor on the measured clock
+(:class:`~.engine.MeasuredClock`; one engine on one device: replicas and DP ranks are refused); returns the simulator's :class:`RunOutput`, so ``write_run``, the frontier table and the plots work
 unchanged."""
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from dsparksim.config import RunConfig
 from dsparksim.errors import ConfigError
 from dsparksim.sim.inputs import load_run_profile, resolve_inputs
 from dsparksim.policies import make_policy
+from dsparksim.sim.cluster import Simulation
 from dsparksim.sim.simulate import RunOutput, run_streams, run_summary
 from dsparksim.traffic import build_workload
-from dsparksim.runner.engine import LiveEngine, RealEngine
+from dsparksim.runner.engine import MeasuredClock, real_result
 from dsparksim.runner.executor import Executor, ExecutorConfig, build_models, torch_dtype
 from dsparksim.runner.live import LiveExecutor
 from dsparksim.runner.models import device_key, kv_capacity_tokens, load_target, model_key
@@ -70,17 +71,17 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
     :class:`~.drift.RunWindows`); ``after_step(step index, plan)`` after every step, off the measured clock too
     (paired reference cells, :class:`~.paired.RunPairs`)."""
     for k in ("replicas", "dp_ranks"):    # before any model is loaded
-        if getattr(cfg.engine, k, 1) != 1:
+        if getattr(cfg.engine, k) != 1:
             raise ConfigError("config", k, f"the real runner serves one engine on one device, got {k}="
                               f"{getattr(cfg.engine, k)}; replicas and DP ranks exist only in the simulator")
-    if getattr(cfg.engine, "disaggregated", False):
+    if cfg.engine.disaggregated:
         raise ConfigError("config", "disaggregated", "the real runner serves one engine that prefills its own "
                           "requests; --disaggregated exists only in the simulator")
     for k, flag in (("pad_verify", "--pad-verify"), ("draft_exit", "--draft-exit")):
-        if getattr(cfg.engine, k, None) not in (None, False):
+        if getattr(cfg.engine, k) not in (None, False):
             raise ConfigError("config", k, f"{flag} is priced by the simulator only (the real runner's executors "
                               "neither pad verification nor stop drafting early); drop it for a real run")
-    if getattr(cfg.engine, "kv_policy", "reserve") != "reserve":
+    if cfg.engine.kv_policy != "reserve":
         # The real runner's KV is one fixed slot per request (no pages to preempt): it always reserves at
         # admission. The saved config says so (kv_policy "reserve"), whatever the run default is.
         cfg = cfg.replace(engine=replace(cfg.engine, kv_policy="reserve"))
@@ -102,7 +103,7 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
                               "`dsparksim measure --live --models MODELS` or pass --no-profile-check")
     t = cfg.traffic   # before anything is loaded
     for name, flag in (("max_concurrency", "--max-concurrency"), ("num_warmup_prompts", "--num-warmup-prompts")):
-        if getattr(t, name, None):   # the benchmark client's cap and warm-up are simulated only (run)
+        if getattr(t, name):   # the benchmark client's cap and warm-up are simulated only (run)
             raise ConfigError("cli", flag, f"is not supported by the real runner ({getattr(t, name)!r}); use "
                               "`dsparksim run`, or --concurrency / no warm-up here")
     probe = make_policy(cfg.policy)
@@ -146,22 +147,19 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
         executor = LiveExecutor(tgt, drafter_m.to(device=tgt.embed.weight.device, dtype=torch_dtype(ex.dtype)),
                                 acceptance.drafter, temps, prompts, ex, T=T, slots=slots,
                                 record_outputs=record_outputs)
-        engine_cls = LiveEngine
+        describe = (f"real (torch), live drafter '{executor.kind}' (acceptance by rejection sampling); "
+                    f"step time = measured {ex.clock_name()} clock")
     else:
         if target is None or proxy is None:
             target, proxy = build_models(mcfg, ex, tmodel)
         executor = Executor(target, proxy, ex, T=T, slots=slots)
-        engine_cls = RealEngine
+        describe = f"real (torch), trace-replay acceptance; step time = measured {ex.clock_name()} clock"
     duration = cfg.traffic.duration_s if cfg.traffic.num_requests is None else None
-    eng = engine_cls(executor=executor, profile=profile, acceptance=acceptance, policy=policy, workload=workload,
-                     block_size=K, drafter=drafter, kv_capacity_tokens=int(kv_cap),
-                     max_num_seqs=cfg.engine.max_num_seqs, max_batched_tokens=int(max_tok),
-                     prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens, streams=rngs["acceptance"],
-                     duration_s=duration, num_requests=cfg.traffic.num_requests, progress=progress,
-                     replicas=getattr(cfg.engine, "replicas", 1), dp_ranks=getattr(cfg.engine, "dp_ranks", 1),
-                     checkpoint=checkpoint, checkpoint_every_s=checkpoint_every_s, after_step=after_step,
-                     mixed_prefill=bool(getattr(cfg.engine, "mixed_prefill", True)))
-    res = eng.run()
+    clock = MeasuredClock(executor, live=live, checkpoint=checkpoint, every_s=checkpoint_every_s,
+                          after_step=after_step)
+    sim = Simulation(cfg.engine, ri, workload, rngs["acceptance"], executor=executor, clock=clock,
+                     duration_s=duration, num_requests=cfg.traffic.num_requests, progress=progress)
+    res = real_result(sim.run(), describe)
     summary, inputs = run_summary(cfg, res, profile, acceptance, policy, workload, K, drafter, kv_cap, max_tok,
                                   duration)
     summary["engine"] = "real"

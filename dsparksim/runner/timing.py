@@ -18,12 +18,16 @@ from dsparksim.cost.price import chunk_query_keys
 from dsparksim.cost.profile import FORMAT, profile_from_dict
 from dsparksim.policies import draft_budget, rank_candidates, ratio_curve
 from dsparksim.policies.base import Policy, StepContext
-from dsparksim.runner.engine import RealStepper, connect
+from dsparksim.runner.engine import MeasuredClock
 from dsparksim.runner.executor import Executor, ExecutorConfig
 from dsparksim.runner.live import LiveExecutor, PromptSource
 from dsparksim.runner.grid import (PREFILL_CHUNKS, PREFILL_DECODE_ROWS, PREFILL_PREFIXES, REFERENCE_CELL, cell_contexts,
                                    slot_tokens)
-from dsparksim.sim.engine import Engine
+from dsparksim.config import EngineConfig
+from dsparksim.sim.contract import NewRequest
+from dsparksim.sim.driver import Driver
+from dsparksim.sim.inputs import ResolvedInputs
+from dsparksim.sim.scheduler import Scheduler
 from dsparksim.sim.requests import RequestTable
 from dsparksim.traffic.base import Workload
 
@@ -99,23 +103,26 @@ def is_oom(e: BaseException) -> bool:
 
 def profiling_engine(exe: Any, *, n: int, ctx: int, out_len: int, T: int, K: int, drafter: str, policy: Policy,
                      acceptance: AcceptanceModel, profile: Any, max_batched_tokens: int, prefill_chunk_tokens: int,
-                     live: bool, rng: np.random.Generator, spread: tuple[float, ...] | None = None) -> RealStepper:
+                     live: bool, rng: np.random.Generator, spread: tuple[float, ...] | None = None) -> Driver:
     """One engine with n requests admitted and prefilled (untimed, :func:`fast_prefill`) at contexts spread around
-    ctx (:func:`cell_contexts`, with ``spread``), ready to be stepped on the executor's clock."""
+    ctx (:func:`cell_contexts`, with ``spread``), ready to be stepped (``Driver.step``) on the executor's clock."""
     wl = Workload(prompt_tokens=np.full(n, ctx, np.int64), output_tokens=np.full(n, out_len, np.int64),
                   domain=np.full(n, "chat", dtype=object), concurrency=n)
     table = RequestTable(wl, n, None)
     table.load(n - 1)
-    eng = Engine(table=table, profile=profile, acceptance=acceptance, policy=policy, K=K, drafter=drafter,
-                 kv_capacity_tokens=n * T, max_num_seqs=n, max_batched_tokens=max_batched_tokens,
-                 prefill_chunk_tokens=prefill_chunk_tokens, rng=rng)
-    connect(eng, exe)
+    cfg = EngineConfig(kv_policy="reserve", max_num_seqs=n, prefill_chunk_tokens=prefill_chunk_tokens)
+    inputs = ResolvedInputs(profile=profile, policy=policy, K=K, acceptance=acceptance, drafter=drafter,
+                            kv_cap=n * T, max_tokens=max_batched_tokens)
+    eng = Scheduler(cfg, inputs, table, rng=rng)
     for i in range(n):
         eng.enqueue(i)
-    if len(eng.admit(0.0)) != n:
+    rows = eng.admit(0.0)
+    if len(rows) != n:
         raise RuntimeError(f"profiling engine admitted fewer than its {n} requests")
-    fast_prefill(eng, exe, n, ctx, spread)
-    return RealStepper(eng, exe, live=live)
+    new = eng.new_requests(rows)
+    exe.start(new)
+    fast_prefill(eng, exe, new, ctx, spread)
+    return Driver(None, [eng], exe, MeasuredClock(exe, live=live))
 
 
 def cell_executor(target, proxy, ex: ExecutorConfig, T: int, slots: int, drafter: str,
@@ -154,8 +161,8 @@ def time_cell(target, proxy, ex: ExecutorConfig, K: int, drafter: str, n: int, c
         for L in order.permutation(Ls):
             L = int(L)
             pol.L = L
-            plan, out, dt = st.begin()
-            now += dt + st.end(plan, out, dt, now, now + dt)
+            plans, outs, now = st.step(now)
+            plan, out = plans[0][1], outs[0]
             if s >= warmup:
                 x = out.extra
                 recs.append({"n": n, "L": L, "ctx": ctx, "M": int(plan.M), "kv": int(plan.kv_read),
@@ -203,7 +210,7 @@ def time_prefill_cells(target, proxy, ex: ExecutorConfig, K: int, drafter: str, 
         T = 32 + 2 * (reps + 1) + K + 4 + c + s
         exe = cell_executor(target, proxy, ex, T, n + k, drafter, live)
         for r in range(n + k):
-            exe.start(r, r, 32 if r < n else s + c, "chat")
+            exe.start_request(r, r, 32 if r < n else s + c, "chat")
         none = np.zeros(0, np.int64)
         if n:
             exe.run_step(none, none, none, none, K, [(r, r, 0, 32) for r in range(n)])  # decode rows' prompts
@@ -242,20 +249,21 @@ def time_prefill_cells(target, proxy, ex: ExecutorConfig, K: int, drafter: str, 
     return recs
 
 
-def fast_prefill(eng: Engine, exe: Executor, n: int, ctx: int, spread: tuple[float, ...] | None = None) -> None:
-    """Mark n admitted requests as prefilled with ctx tokens without running the prefill.
+def fast_prefill(eng: Scheduler, exe: Executor, new: list[NewRequest], ctx: int,
+                 spread: tuple[float, ...] | None = None) -> None:
+    """Mark the admitted requests ``new`` as prefilled with contexts around ctx without running the prefill.
 
     Decode timing does not depend on the cached values, only on how many positions are read, so the KV slots
     are left as allocated; this makes long contexts (8k, 32k tokens) measurable without a quadratic prefill.
     """
-    rows = np.arange(n)
-    lens = cell_contexts(n, ctx, spread)
+    rows = np.array([q.row for q in new], np.int64)
+    lens = cell_contexts(len(new), ctx, spread)
     eng.skip_prefill(rows, lens, 0.0)
-    for r in rows:
-        exe.cache_len[int(r)] = int(lens[r])
+    for r, ln in zip(rows, lens):
+        exe.cache_len[int(r)] = int(ln)
         exe.pending[int(r)] = int(exe.np_rng.integers(0, exe.V))
     if hasattr(exe, "dstate"):                 # live drafter: its per-slot state must point at the context too
-        slots = torch.as_tensor(eng.req.slot_of[rows], device=exe.dev)
+        slots = torch.as_tensor([q.slot for q in new], device=exe.dev)
         exe.dstate.fake_prefill(slots, torch.as_tensor(lens, device=exe.dev),
                                 torch.as_tensor([exe.pending[int(r)] for r in rows], device=exe.dev))
 

@@ -1,17 +1,17 @@
 """A cluster of engines in one SimPy environment: arrivals, closed-loop users, a router, replicas, DP ranks.
 
-:class:`Simulation` builds ``replicas x dp_ranks`` :class:`~dsparksim.sim.engine.Engine` objects over one shared
+:class:`Simulation` builds ``replicas x dp_ranks`` :class:`~dsparksim.sim.scheduler.Scheduler` objects over one shared
 request table. Requests arrive from an arrival process (open loop and trace replay: one SimPy timeout per arrival)
 or from closed-loop users (each finished request makes its user send the next at once), are checked servable
 (rejected on arrival otherwise), routed (:mod:`dsparksim.sim.routers`) and put into the chosen engine's inbox.
 
-Each replica is one SimPy process that runs the step contract with :class:`~dsparksim.sim.engine.CostExecutor`. With
+Each replica is one SimPy process, a :class:`~dsparksim.sim.driver.Driver` running the step contract. With
 ``dp_ranks`` R > 1 a replica is one MoE engine with R data-parallel attention ranks stepped in lockstep: every
 rank plans its own batch, and the step takes as long as the slowest rank (max of the ranks' prices), which is
 what DP imbalance in context and verify lengths costs. The router assigns requests to ranks.
 
 KV memory (``kv_policy``): ``"reserve"`` reserves prompt + output + K at admission (never preempts);
-``"paged"`` allocates pages as tokens are written and preempts by recompute (see :mod:`dsparksim.sim.engine`). The
+``"paged"`` allocates pages as tokens are written and preempts by recompute (see :mod:`dsparksim.sim.kv` and :mod:`dsparksim.sim.scheduler`). The
 result counts preemptions and recomputed tokens per request (``SimResult.preemptions``/``recomputed_tokens``).
 
 Disaggregated (``disaggregated=True``): every engine is decode-only. An arriving request that can be served first
@@ -44,12 +44,15 @@ from typing import Any, Callable
 import numpy as np
 import simpy
 
-from dsparksim.acceptance.base import AcceptanceModel
-from dsparksim.cost.profile import CostProfile
-from dsparksim.sim.engine import REJECT_REASONS, R_LEN, CostExecutor, Engine, StepOutcome, StepPlan  # noqa: F401
+from dsparksim.config import EngineConfig
 from dsparksim.errors import ConfigError
-from dsparksim.policies.base import Policy
+from dsparksim.sim.contract import Executor
+from dsparksim.sim.disagg import PrefillPool, kv_transfer_terms
+from dsparksim.sim.driver import Driver, StepClock
+from dsparksim.sim.inputs import ResolvedInputs
+from dsparksim.sim.kv import R_LEN
 from dsparksim.sim.requests import REJECTED, RequestTable
+from dsparksim.sim.scheduler import Scheduler
 from dsparksim.sim.routers import make_router
 from dsparksim.sim.streams import RequestStreams
 from dsparksim.traffic.base import Workload
@@ -150,122 +153,58 @@ class SimResult:
 
 
 class Simulation:
-    """Simulate one policy on one workload, on ``replicas`` engines of ``dp_ranks`` ranks (see the module doc).
+    """Simulate one policy on one workload, on ``engine.replicas`` engines of ``engine.dp_ranks`` ranks (see the
+    module doc).
 
-    ``streams`` keys every acceptance draw by (request, step) so runs are paired; without it the draws come from
-    ``rng`` in step order (legacy: unpaired). ``max_model_len``: longest prompt + output a request may have.
+    ``engine``: the engine's options (:class:`~dsparksim.config.EngineConfig`, checked there); ``inputs``: the resolved
+    profile, policy, acceptance source, K, drafter, KV capacity, token budget and ``max_model_len``
+    (:class:`~dsparksim.sim.inputs.ResolvedInputs`; they win over the config's unresolved fields). ``streams`` keys
+    every acceptance draw by (request, step) so runs are paired; without it the draws come from ``rng`` in step
+    order (legacy: unpaired).
 
-    ``driver_factory(env, ranks)`` replaces the SimPy process that steps one replica's engines (default: the
-    step contract with :class:`CostExecutor` on the profile's clock; the real runner steps on a measured clock).
-    It returns an object with a ``run()`` generator (the process) and a ``wake`` attribute: None, or the event the
-    process waits on while nothing runs, which the cluster triggers when a request is routed to those engines.
-
-    ``kv_policy`` ("reserve" | "paged"), ``kv_page_tokens`` and ``kv_watermark``: the engines' KV memory.
-    ``disaggregated`` with ``prefill_replicas``, ``kv_transfer_gbps`` (Gbit/s) and ``kv_bytes_per_token``: decode-only
-    engines behind a prefill pool (see the module doc). ``mixed_prefill``, ``pad_verify`` and ``draft_exit``: see
-    :mod:`dsparksim.sim.engine`.
+    Each replica is stepped by one :class:`~dsparksim.sim.driver.Driver` running ``executor`` on ``clock`` (default:
+    :class:`~dsparksim.sim.contract.CostExecutor` on the profile's price; the real runner executes on the model and
+    measures). ``duration_s`` / ``num_requests`` (exactly one), ``client_cap`` and ``warmup_requests``: the run's
+    stop rule and benchmark client (``TrafficConfig`` checks them); ``router_seed``: the random routers' seed;
+    ``shard``: simulate only replicas lo..hi-1 (:mod:`dsparksim.sim.shard`).
     """
 
-    def __init__(
-        self,
-        *,
-        profile: CostProfile,
-        acceptance: AcceptanceModel,
-        policy: Policy,
-        workload: Workload,
-        block_size: int,
-        drafter: str,
-        kv_capacity_tokens: int,
-        max_num_seqs: int,
-        max_batched_tokens: int,
-        prefill_chunk_tokens: int,
-        rng: np.random.Generator | None = None,
-        duration_s: float | None = None,
-        num_requests: int | None = None,
-        progress: Callable[[float], None] | None = None,
-        max_model_len: int | None = None,
-        streams: RequestStreams | None = None,
-        replicas: int = 1,
-        dp_ranks: int = 1,
-        router: str = "round-robin",
-        router_seed: int = 0,
-        driver_factory: Callable[[simpy.Environment, list[Engine]], Any] | None = None,
-        kv_policy: str = "reserve",
-        kv_page_tokens: int = 16,
-        kv_watermark: float = 0.01,
-        disaggregated: bool = False,
-        prefill_replicas: int = 1,
-        kv_transfer_gbps: float | None = None,
-        kv_bytes_per_token: float | None = None,
-        client_cap: int | None = None,
-        warmup_requests: int = 0,
-        mixed_prefill: bool = True,
-        pad_verify: bool = False,
-        draft_exit: float | None = None,
-        shard: tuple[int, int] | None = None,
-    ) -> None:
+    def __init__(self, engine: EngineConfig, inputs: ResolvedInputs, workload: Workload,
+                 streams: RequestStreams | None, *, executor: Executor | None = None, clock: StepClock | None = None,
+                 rng: np.random.Generator | None = None, duration_s: float | None = None,
+                 num_requests: int | None = None, progress: Callable[[float], None] | None = None,
+                 router_seed: int = 0, client_cap: int | None = None, warmup_requests: int = 0,
+                 shard: tuple[int, int] | None = None) -> None:
+        if not isinstance(engine, EngineConfig):
+            raise TypeError(f"Simulation takes an EngineConfig, got {type(engine).__name__}")
         if (duration_s is None) == (num_requests is None):
             raise ConfigError("config", "duration_s/num_requests", "give exactly one of duration or number of requests")
-        if duration_s is not None and not duration_s > 0:
-            raise ConfigError("config", "duration_s", f"must be > 0, got {duration_s}")
-        if num_requests is not None and num_requests < 1:
-            raise ConfigError("config", "num_requests", f"must be >= 1, got {num_requests}")
-        for name, v in (("replicas", replicas), ("dp_ranks", dp_ranks)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ConfigError("config", name, f"must be an integer >= 1, got {v!r}")
-        K = int(block_size)
-        if acceptance.K < K:
-            raise ConfigError("config", "block_size", f"acceptance source yields K={acceptance.K} < block size {K}")
-        if max_batched_tokens < 1 + K:
-            raise ConfigError("config", "max_batched_tokens",
-                              f"{max_batched_tokens} cannot hold even one request's 1+K={1 + K} verify tokens")
         if streams is None and rng is None:
             raise ValueError("Simulation needs streams (keyed, paired draws) or rng")
-        if kv_policy not in ("paged", "reserve"):
-            raise ConfigError("config", "kv_policy", f"expected 'paged' or 'reserve', got {kv_policy!r}")
-        if isinstance(kv_page_tokens, bool) or not isinstance(kv_page_tokens, (int, np.integer)) or kv_page_tokens < 1:
-            raise ConfigError("config", "kv_page_tokens", f"must be an integer >= 1, got {kv_page_tokens!r}")
-        if not 0 <= kv_watermark < 1:
-            raise ConfigError("config", "kv_watermark", f"must be a fraction in [0, 1), got {kv_watermark!r}")
-        if kv_policy == "paged" and int(kv_capacity_tokens) < kv_page_tokens:
-            raise ConfigError("config", "kv_capacity_tokens", f"{kv_capacity_tokens} KV tokens hold no page of "
-                              f"{kv_page_tokens} tokens")
-        if client_cap is not None and workload.closed_loop:
-            raise ConfigError("config", "client_cap", "the client's cap applies to arrivals (open loop); a closed "
-                              "loop already caps its users")
-        if warmup_requests and num_requests is None:
-            raise ConfigError("config", "warmup_requests", "warm-up requests need a count-bound run (num_requests)")
-        if client_cap is not None and (isinstance(client_cap, bool) or int(client_cap) < 1):
-            raise ConfigError("config", "client_cap", f"must be an integer >= 1, got {client_cap!r}")
-        if isinstance(warmup_requests, bool) or int(warmup_requests) < 0:
-            raise ConfigError("config", "warmup_requests", f"must be an integer >= 0, got {warmup_requests!r}")
-        if warmup_requests and num_requests is not None and warmup_requests >= num_requests:
-            raise ConfigError("config", "warmup_requests", f"{warmup_requests} warm-up requests leave none of the "
-                              f"{num_requests} requests to measure")
-        self.client_cap = None if client_cap is None else int(client_cap)
+        K, acceptance = int(inputs.K), inputs.acceptance
+        # checks of the resolved inputs against the engine (each value itself is checked by its config dataclass)
+        if acceptance.K < K:
+            raise ConfigError("config", "block_size", f"acceptance source yields K={acceptance.K} < block size {K}")
+        if inputs.max_tokens < 1 + K:
+            raise ConfigError("config", "max_batched_tokens",
+                              f"{inputs.max_tokens} cannot hold even one request's 1+K={1 + K} verify tokens")
+        if engine.kv_policy == "paged" and int(inputs.kv_cap) < engine.kv_page_tokens:
+            raise ConfigError("config", "kv_capacity_tokens", f"{inputs.kv_cap} KV tokens hold no page of "
+                              f"{engine.kv_page_tokens} tokens")
+        self.config, self.inputs = engine, inputs
+        self.client_cap = client_cap
         self.warmup_requests = int(warmup_requests)
         self.client_waiting = 0   # requests arrived at the client, waiting for the cap (FIFO: rows issued..)
         self.bench_start = 0.0
-        self.kv_policy, self.kv_page_tokens = kv_policy, int(kv_page_tokens)
-        self.disagg = bool(disaggregated)
-        self.pool = None
-        if self.disagg:
-            from dsparksim.sim.disagg import PrefillPool, kv_transfer_terms
-
-            _count_ok = not isinstance(prefill_replicas, bool) and isinstance(prefill_replicas, (int, np.integer))
-            if not _count_ok or prefill_replicas < 1:
-                raise ConfigError("config", "prefill_replicas", f"must be an integer >= 1, got {prefill_replicas!r}")
-            gbps, bpt = kv_transfer_terms(profile, kv_transfer_gbps, kv_bytes_per_token)
-            self.notes_kv = {"kv_transfer_gbps": gbps, "kv_bytes_per_token": bpt}
-            self.pool = PrefillPool(profile=profile, drafter=drafter, K=K, replicas=int(prefill_replicas),
-                                    chunk_tokens=min(int(prefill_chunk_tokens), int(max_batched_tokens)),
-                                    gbps=gbps, bytes_per_token=bpt)
+        self.kv_policy, self.kv_page_tokens = engine.kv_policy, engine.kv_page_tokens
+        self.disagg = engine.disaggregated
+        self.pool = self._prefill_pool(engine, inputs) if self.disagg else None
         self.in_prefill = 0   # requests in the prefill pool or on the link (disaggregated)
-        self.wl, self.K, self.drafter, self.policy = workload, K, drafter, policy
+        self.wl, self.K, self.drafter, self.policy = workload, K, inputs.drafter, inputs.policy
         self.duration, self.num_requests, self.progress = duration_s, num_requests, progress
-        self.kv_cap, self.max_tokens = int(kv_capacity_tokens), int(max_batched_tokens)
-        self.max_model_len = None if max_model_len is None else int(max_model_len)
-        self.replicas, self.dp_ranks = int(replicas), int(dp_ranks)
+        self.kv_cap, self.max_tokens = int(inputs.kv_cap), int(inputs.max_tokens)
+        self.max_model_len = inputs.max_model_len
+        self.replicas, self.dp_ranks = engine.replicas, engine.dp_ranks
         limit = workload.limit
         if num_requests is not None and limit is not None and num_requests > limit:
             raise ConfigError("config", "num_requests", f"{num_requests} requested but the workload has only {limit} "
@@ -273,18 +212,13 @@ class Simulation:
         self.n_rows = limit if num_requests is None else num_requests  # None = unbounded (duration ends the run)
         self.req = RequestTable(workload, self.n_rows, streams)
         n_eng = self.replicas * self.dp_ranks
-        self.engines: list[Engine] = []
+        self.engines: list[Scheduler] = []
         for e in range(n_eng):
             # Each engine keeps its own policy state (batch-level estimates); one engine uses the given object.
-            pol = policy if n_eng == 1 else copy.deepcopy(policy)
-            self.engines.append(Engine(
-                table=self.req, profile=profile, acceptance=acceptance, policy=pol, K=K, drafter=drafter,
-                kv_capacity_tokens=kv_capacity_tokens, max_num_seqs=max_num_seqs,
-                max_batched_tokens=max_batched_tokens, prefill_chunk_tokens=prefill_chunk_tokens, streams=streams,
-                rng=rng, index=e, rank=e % self.dp_ranks, slot_base=e * int(max_num_seqs),
-                max_model_len=self.max_model_len, kv_policy=kv_policy, kv_page_tokens=int(kv_page_tokens),
-                kv_watermark=float(kv_watermark), disaggregated=self.disagg,
-                mixed_prefill=bool(mixed_prefill), pad_verify=bool(pad_verify), draft_exit=draft_exit))
+            pol = inputs.policy if n_eng == 1 else copy.deepcopy(inputs.policy)
+            self.engines.append(Scheduler(engine, inputs, self.req, streams=streams, rng=rng, policy=pol, index=e,
+                                          slot_base=e * engine.max_num_seqs))
+        router = engine.router
         self.router = make_router(router, n_eng, seed=router_seed)
         if self.router.needs_session and not self._has_sessions():
             raise ConfigError("config", "router", f"router '{router}' needs session or prefix ids, which this "
@@ -300,14 +234,22 @@ class Simulation:
         self.local = [self.shard is None or self.shard[0] <= e // self.dp_ranks < self.shard[1]
                       for e in range(n_eng)]
         self.owned: list[int] = []      # shard: rows routed here, or rejected here (dsparksim.sim.shard merges)
-        self.executor = CostExecutor()
-        self.driver_factory = driver_factory
+        self.executor, self.clock = executor, clock
         self.notes: dict[str, Any] = dict(self.notes_kv) if self.disagg else {}
         self.issued = 0
         self.n_rejected = 0
         self._reject_streak = 0
         self.n_finished = 0
         self.ended_by: str | None = None
+
+    def _prefill_pool(self, engine: EngineConfig, inputs: ResolvedInputs) -> Any:
+        """The disaggregated prefill pool (:mod:`dsparksim.sim.disagg`); its link terms go into the notes."""
+        gbps, bpt = kv_transfer_terms(inputs.profile, engine.kv_transfer_gbps, engine.kv_bytes_per_token)
+        self.notes_kv = {"kv_transfer_gbps": gbps, "kv_bytes_per_token": bpt}
+        return PrefillPool(profile=inputs.profile, drafter=inputs.drafter, K=int(inputs.K),
+                           replicas=engine.prefill_replicas,
+                           chunk_tokens=min(engine.prefill_chunk_tokens, int(inputs.max_tokens)), gbps=gbps,
+                           bytes_per_token=bpt)
 
     def _check_shard(self, shard: tuple[int, int] | None) -> tuple[int, int] | None:
         """A shard runs replicas lo..hi-1 of this cluster alone (see :mod:`dsparksim.sim.shard`)."""
@@ -544,20 +486,16 @@ class Simulation:
         self._warm_done = env.event()
         self._users_waiting = 0
         self._error: BaseException | None = None
-        self._driver_of: list[_Driver] = []
+        self._driver_of: list[Driver | None] = []
         drivers = []
         for rep in range(self.replicas):
             ranks = self.engines[rep * self.dp_ranks: (rep + 1) * self.dp_ranks]
             if not self.local[rep * self.dp_ranks]:     # a shard steps its own replicas only
                 self._driver_of += [None] * len(ranks)
                 continue
-            drv = (_Driver(env, ranks, self.executor) if self.driver_factory is None
-                   else self.driver_factory(env, ranks))
+            drv = Driver(env, ranks, self.executor, self.clock, done=self._on_finish)
             drivers.append(drv)
-            for eng in ranks:
-                eng.attach(env)
-                eng.on_finish.append(self._on_finish)
-                self._driver_of.append(drv)
+            self._driver_of += [drv] * len(ranks)
         self._arrivals_finished = self.wl.closed_loop
         if self.pinned:
             c, n = int(self.wl.concurrency), len(self.engines)
@@ -734,39 +672,3 @@ def result_of(tab: Any, idx: Any, logs: list[dict[str, Any]], accs: list[Any], *
         ttft_first_step_s=(r.first_tok[idx] - r.admitted[idx]) if disagg else None,
         decode_emitted_tokens=r.demit[idx].copy(), request_id=request_id,
     )
-
-
-class _Driver:
-    """The SimPy process of one replica: its ranks (one engine unless DP) step in lockstep (see the module doc)."""
-
-    def __init__(self, env: simpy.Environment, ranks: list[Engine], executor: CostExecutor) -> None:
-        self.env, self.ranks, self.ex = env, ranks, executor
-        self.wake: simpy.Event | None = None
-        self.proc = None
-
-    def run(self):
-        env, ranks, ex = self.env, self.ranks, self.ex
-        while True:
-            now = env.now
-            plans: list[tuple[Engine, StepPlan]] = []
-            for eng in ranks:
-                eng.drain()
-                eng.admit(now)
-                p = eng.plan_step()
-                if p is not None:
-                    plans.append((eng, p))
-            if not plans:
-                self.wake = env.event()
-                yield self.wake
-                self.wake = None
-                continue
-            outs = [ex.execute(p) for _, p in plans]
-            dt = max(o.duration_s for o in outs)       # lockstep: the slowest rank sets the step
-            if len(ranks) > 1:
-                for o in outs:
-                    o.extra["rank_busy_s"] = o.duration_s
-                    o.duration_s = dt
-            yield env.timeout(dt)
-            for (eng, p), o in zip(plans, outs):
-                eng.apply(p, o, env.now)
-                eng.record(p, o, now)

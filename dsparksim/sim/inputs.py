@@ -20,18 +20,20 @@ __all__ = ["ResolvedInputs", "acceptance_spec", "engine_limits", "load_run_profi
 
 @dataclass(frozen=True)
 class ResolvedInputs:
-    """Everything a run reads besides its traffic. ``policy`` is a fresh policy object (reset it with the run's
-    random stream before use); ``acceptance_spec`` names the source ``acceptance`` was loaded from."""
+    """Everything a run reads besides its traffic and its engine options (``EngineConfig``), resolved: what a
+    :class:`~dsparksim.sim.cluster.Simulation` is built from. ``policy`` is a fresh policy object (reset it with the
+    run's random stream before use); ``acceptance_spec`` names the source ``acceptance`` was loaded from
+    ("given": built by the caller)."""
 
     profile: Any
     policy: Any
     K: int
     acceptance: Any
-    acceptance_spec: str
     drafter: str | None     # None: the policy drafts nothing (``none``): no drafting cost
     kv_cap: int
     max_tokens: int
-    max_model_len: int | None
+    max_model_len: int | None = None
+    acceptance_spec: str = "given"
 
 
 def load_run_profile(cfg: RunConfig, cache: dict | None = None):
@@ -70,7 +72,7 @@ def max_model_len(profile) -> int | None:
 def engine_limits(cfg: RunConfig, profile) -> tuple[int, int]:
     """(KV capacity in tokens, token budget per step) of a run: the config's values, else the profile's."""
     kv_cap = cfg.engine.kv_capacity_tokens or profile.metadata.get("kv_capacity_tokens")
-    if getattr(cfg.engine, "mem_fraction_static", None) is not None:
+    if cfg.engine.mem_fraction_static is not None:
         from dsparksim.cost.memory import kv_capacity_at_fraction
         kv_cap = kv_capacity_at_fraction(profile, cfg.engine.mem_fraction_static)[0]
     if not kv_cap:
@@ -93,7 +95,7 @@ def check_deployment(cfg: RunConfig, prof: Any) -> None:
     (metadata.data_parallel, e.g. a built DP8+EP8 profile) run with another number of --dp-ranks is warned about
     (its EP all-to-all assumes D ranks)."""
     eng = cfg.engine
-    tp = getattr(eng, "tensor_parallel_size", None)
+    tp = eng.tensor_parallel_size
     if tp is not None:
         have = prof.metadata.get("tensor_parallel") if isinstance(getattr(prof, "metadata", None), dict) else None
         if have is None:
@@ -103,16 +105,15 @@ def check_deployment(cfg: RunConfig, prof: Any) -> None:
         if int(have) != tp:
             raise ConfigError("cli", "--tensor-parallel-size", f"{tp}, but profile '{prof.name}' prices TP {have} "
                               f"(a profile prices one deployment): build one with `profile build --tp {tp}`")
-    if getattr(eng, "disaggregated", False):
+    if eng.disaggregated:
         from dsparksim.sim.disagg import kv_transfer_terms
         kv_transfer_terms(prof, eng.kv_transfer_gbps, eng.kv_bytes_per_token)
     d = prof.metadata.get("data_parallel") if isinstance(getattr(prof, "metadata", None), dict) else None
-    if isinstance(d, int) and d > 1 and int(getattr(eng, "dp_ranks", 1)) != d \
-            and (prof.name, int(getattr(eng, "dp_ranks", 1))) not in _DP_WARNED:
+    if isinstance(d, int) and d > 1 and eng.dp_ranks != d and (prof.name, eng.dp_ranks) not in _DP_WARNED:
         import sys
-        _DP_WARNED.add((prof.name, int(getattr(eng, "dp_ranks", 1))))   # once per process, not per resolve
+        _DP_WARNED.add((prof.name, eng.dp_ranks))   # once per process, not per resolve
         print(f"dsparksim: warning: profile '{prof.name}' prices one of {d} data-parallel ranks "
-              f"(metadata.data_parallel) but this run simulates --dp-ranks {int(getattr(eng, 'dp_ranks', 1))}: its "
+              f"(metadata.data_parallel) but this run simulates --dp-ranks {eng.dp_ranks}: its "
               f"per-rank costs assume {d} ranks; pass --dp-ranks {d}", file=sys.stderr)
 
 

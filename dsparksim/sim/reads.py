@@ -3,10 +3,10 @@
 A run's result depends only on the options it reads (dsparksim.sim.inputs resolves them):
 
 - plain decoding (``none``, ``drafts = False``) reads no draft option: K, acceptance, mtp1_acceptance,
-  confidence, drafter;
+  confidence, drafter, draft_exit;
 - a policy with its own drafter (``mtp1``) runs that drafter's source (``mtp1_acceptance``) and its own K: it reads
-  no ``block_size``, ``acceptance`` or ``drafter``; a policy with the run's block drafter reads no
-  ``mtp1_acceptance``; a policy that never looks at the confidences reads no ``confidence``;
+  no ``block_size``, ``acceptance``, ``drafter`` or ``draft_exit`` (one drafted token: nothing to stop early); a
+  policy with the run's block drafter reads no ``mtp1_acceptance``; a policy that never looks at the confidences reads no ``confidence``;
 - one engine (replicas x dp_ranks = 1) reads no ``router``.
 
 :func:`identity` resets every unread option to its default: two configurations with the same identity are the
@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 from dsparksim.config import RunConfig, run_options
 
-DRAFT_OPTIONS = ("block_size", "acceptance", "mtp1_acceptance", "confidence", "recalibrate", "drafter")
+DRAFT_OPTIONS = ("block_size", "acceptance", "mtp1_acceptance", "confidence", "recalibrate", "drafter", "draft_exit")
 ENGINE_OPTIONS = ("router",)
 
 
@@ -33,7 +33,7 @@ def policy_reads(spec: str) -> frozenset[str]:
     if not getattr(pol, "drafts", True):
         return frozenset()
     if pol.drafter is None:
-        r = {"acceptance", "drafter"}
+        r = {"acceptance", "drafter", "draft_exit"}   # early exit stops the run's block drafter (not MTP-1's K=1)
     elif pol.drafter == "mtp1":
         r = {"mtp1_acceptance"}
     else:
@@ -57,7 +57,8 @@ def why_unread(spec: str, key: str) -> str:
     if key == "mtp1_acceptance":
         return "only the mtp1 policy reads it"
     if pol.drafter == "mtp1":
-        return {"block_size": "MTP-1 drafts K=1", "drafter": "MTP-1 drafts with its own drafter"}.get(
+        return {"block_size": "MTP-1 drafts K=1", "drafter": "MTP-1 drafts with its own drafter",
+                "draft_exit": "MTP-1 drafts one token: nothing to stop early"}.get(
             key, "the MTP-1 drafter runs with --mtp1-acceptance")
     if key == "block_size":
         return f"it drafts K={pol.block_size}"

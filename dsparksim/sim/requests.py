@@ -4,7 +4,7 @@ Requests are loaded from the workload lazily, block by block, and the arrays gro
 the requests issued, not users x duration. Every engine of a cluster reads and writes the rows of the requests
 routed to it; the row index is the request's stable id (policy history, keyed random streams, result tables).
 
-Paged KV (:mod:`dsparksim.sim.engine`) adds: ``regen`` generated tokens a preempted request re-prefills (its prefill
+Paged KV (:mod:`dsparksim.sim.kv`) adds: ``regen`` generated tokens a preempted request re-prefills (its prefill
 target is prompt + regen; its context is prefilled + gen - regen), ``pages`` KV pages held, ``preempt`` times
 preempted, ``recomp`` KV tokens discarded by preemption (computed again). ``demit``: tokens emitted by the request's
 decode steps (its first token and a re-prefill's token come from prefill forwards). Disaggregated runs add the TTFT parts

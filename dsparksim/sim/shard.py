@@ -20,7 +20,7 @@ import numpy as np
 from dsparksim.config import RunConfig
 from dsparksim.errors import ConfigError
 from dsparksim.sim.cluster import TABLE_COLUMNS, ShardPart, SimResult, nothing_fits, pool_ran_out, result_of
-from dsparksim.sim.engine import R_LEN
+from dsparksim.sim.kv import R_LEN
 from dsparksim.sim.routers import request_only_names, router_class
 from dsparksim.sim.simulate import RunOutput, prepare
 

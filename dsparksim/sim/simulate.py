@@ -1,6 +1,7 @@
 """Run one configuration end to end: resolve inputs, simulate, summarise, write result files."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -108,33 +109,19 @@ def prepare(cfg: RunConfig, progress: Callable[[float], None] | None = None, *, 
     t = cfg.traffic
     workload = build_workload(t, rngs["workload"])
     duration = t.duration_s if t.num_requests is None else None
-    sim = Simulation(profile=profile, acceptance=acceptance, policy=policy, workload=workload, block_size=K,
-                     drafter=drafter, kv_capacity_tokens=int(kv_cap), max_num_seqs=cfg.engine.max_num_seqs,
-                     max_batched_tokens=int(max_tok), prefill_chunk_tokens=cfg.engine.prefill_chunk_tokens,
-                     streams=rngs["acceptance"], duration_s=duration, num_requests=t.total_requests,
-                     progress=progress, max_model_len=max_model_len(profile),
-                     replicas=getattr(cfg.engine, "replicas", 1), dp_ranks=getattr(cfg.engine, "dp_ranks", 1),
-                     router=getattr(cfg.engine, "router", "round-robin"), router_seed=cfg.seed,
-                     client_cap=t.max_concurrency, warmup_requests=t.num_warmup_prompts, shard=shard,
-                     **kv_options(cfg))
+    if policy is not ri.policy:
+        ri = dataclasses.replace(ri, policy=policy)
+    sim = Simulation(cfg.engine, ri, workload, rngs["acceptance"], duration_s=duration, num_requests=t.total_requests,
+                     progress=progress, router_seed=cfg.seed, client_cap=t.max_concurrency,
+                     warmup_requests=t.num_warmup_prompts, shard=shard)
     return Prepared(cfg, sim, profile, acceptance, policy, workload, K, drafter, kv_cap, max_tok, duration)
-
-
-def kv_options(cfg: RunConfig) -> dict[str, Any]:
-    """The Simulation keywords of the run's KV memory and disaggregation options."""
-    e = cfg.engine
-    return {"kv_policy": e.kv_policy, "kv_page_tokens": e.kv_page_tokens, "kv_watermark": float(e.kv_watermark),
-            "disaggregated": e.disaggregated, "prefill_replicas": e.prefill_replicas,
-            "kv_transfer_gbps": e.kv_transfer_gbps, "kv_bytes_per_token": e.kv_bytes_per_token,
-            "mixed_prefill": bool(getattr(e, "mixed_prefill", True)),
-            "pad_verify": bool(getattr(e, "pad_verify", False)), "draft_exit": getattr(e, "draft_exit", None)}
 
 
 def run_summary(cfg: RunConfig, res: SimResult, profile, acceptance, policy, workload, K: int, drafter: str,
                 kv_cap: int, max_tok: int, duration: float | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(summary, resolved inputs) of a finished run, simulated or real (the real runner adds its own fields)."""
     warmup = cfg.warmup_s if cfg.warmup_s is not None else (0.1 * duration if duration else 0.0)
-    if getattr(cfg.traffic, "num_warmup_prompts", 0):
+    if cfg.traffic.num_warmup_prompts:
         # the benchmark client's warm-up: the measurement starts when the warm-up requests have finished
         warmup = float(res.notes["benchmark_start_s"])
     summary = summarize(res, policy=policy.spec, load=load_label(cfg), warmup_s=warmup,
@@ -150,11 +137,11 @@ def run_summary(cfg: RunConfig, res: SimResult, profile, acceptance, policy, wor
         "policy": {"spec": policy.spec, "block_size": K, "drafter": drafter},
         "engine": {"kv_capacity_tokens": int(kv_cap), "max_batched_tokens": int(max_tok),
                    "max_model_len": max_model_len(profile),
-                   "admission": _ADMISSION[getattr(cfg.engine, "kv_policy", "reserve")],
+                   "admission": _ADMISSION[cfg.engine.kv_policy],
                    "rejection": "on arrival when prompt+output > max_model_len or prompt+output+K > KV capacity "
                                 "(counted, never admitted; closed loop: the user sends its next request)"},
     }
-    if getattr(cfg.engine, "disaggregated", False):
+    if cfg.engine.disaggregated:
         inputs["engine"]["disaggregated"] = (
             f"decode-only engines; {cfg.engine.prefill_replicas} FIFO prefill instance(s), one request at a time in "
             "chunks priced as prefill-only steps; KV shipped at full link bandwidth "

@@ -27,7 +27,6 @@ from typing import Any, Callable, Iterator, Sequence
 
 from dsparksim.config import jsonable, RunConfig
 from dsparksim.errors import ConfigError, InputError, MissingExtraError, one_line
-from dsparksim.sim.simulate import simulate
 from dsparksim.sweep.cells import code_fingerprint
 
 BACKENDS = ("serial", "local", "ray")
@@ -47,7 +46,8 @@ def execute_cell(task: Task) -> dict[str, Any]:
     t0 = time.perf_counter()
     res: dict[str, Any] = {"index": task.index, "pid": os.getpid(), "code": code_fingerprint()}
     try:
-
+        # looked up per call, not bound at import: a forked worker runs the simulate its parent patched (tests)
+        from dsparksim.sim.simulate import simulate
         out = simulate(task.config)
         res.update(ok=True, summary=out.summary, inputs=jsonable(out.inputs),
                    requests=out.requests() if task.save_requests else None)

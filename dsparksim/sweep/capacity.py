@@ -21,7 +21,7 @@ from dsparksim.errors import ConfigError
 from dsparksim.results.stats import MAX_SEEDS, seed_list, t_interval
 from dsparksim.sweep.cells import Cell, build_config, cell_hash
 from dsparksim.sweep.spec import LOAD_KEYS, SweepSpec
-from dsparksim.sweep.runner import run_cells_cached
+from dsparksim.sweep import runner as sweep_runner  # called through the module: tests patch run_cells_cached
 
 _OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
 # One SLO term, "METRIC OP NUMBER" (OP one of >= <= > <), as capacity, plan and frontier --slo take it.
@@ -285,8 +285,6 @@ def capacity_search(spec: SweepSpec, settings: CapacitySettings, out_dir: str | 
                     ) -> dict[str, Any]:
     """Run the search for every group (the cross product of the spec's axes) and return the result dict."""
 
-
-
     st = settings
     names = list(spec.axes)
     base = {k: v for k, v in spec.base.items() if k != st.load}
@@ -305,7 +303,7 @@ def capacity_search(spec: SweepSpec, settings: CapacitySettings, out_dir: str | 
         if not batch:
             break
         rnd += 1
-        summaries, failures, _, _ = run_cells_cached([c for _, _, c in batch], out_dir, backend, workers,
+        summaries, failures, _, _ = sweep_runner.run_cells_cached([c for _, _, c in batch], out_dir, backend, workers,
                                                      ray_address, False, progress, desc=f"capacity round {rnd}")
         failed = {f["cell"]: f["error"] for f in failures}
         for s, x, c in batch:

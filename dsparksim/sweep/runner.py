@@ -64,7 +64,6 @@ def run_cells_cached(cells: Sequence[Cell], out_dir: str | Path, backend: str = 
         return {"cell_hash": c.hash, "key": c.key, "config": c.config.to_dict(), "inputs": inputs,
                 "input_hashes": input_hashes(c.config), "dsparksim_version": __version__, "code": mine}
 
-
     own = bar is None
     if own:
         bar = tqdm(total=len(distinct), initial=len(distinct) - len(todo), unit="cell", desc=desc,

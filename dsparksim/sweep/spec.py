@@ -271,7 +271,7 @@ def _check_deployments(spec: SweepSpec, cells: list) -> None:
     profiles: dict[str, Any] = {}
     for cell in cells:
         cfg = cell.config
-        if not getattr(cfg.engine, "disaggregated", False):
+        if not cfg.engine.disaggregated:
             continue
         if cfg.profile not in profiles:
             profiles[cfg.profile] = load_profile(cfg.profile)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dsparksim.acceptance.parametric import ParametricAcceptance, ParametricParams
 from dsparksim.acceptance.registry import AcceptanceKind, AcceptanceSpec, src
 from dsparksim.errors import ConfigError
+from dsparksim.acceptance.headshift import HeadShift
 
 PARAMETRIC_DRAFTERS = ("dspark", "dflash", "eagle3", "mtp1")
 # Named MTP-1 acceptance sources -> the reference source they read (:func:`.reference.mtp1_alpha`; "" = default v3)
@@ -25,7 +26,6 @@ class Parametric(AcceptanceKind):
     def load(cls, ps, K, domain_default, confidence):
         if ps.name == "mtp1" and K != 1:
             raise ConfigError(src(ps.text), "K", f"mtp1 drafts exactly one token: K must be 1, got {K}")
-        from dsparksim.acceptance.headshift import HeadShift
 
         params = dict(ps.params)
         shift = HeadShift.pop_from(params, src(ps.text))      # head_blind, head_mix, sts_mix (study 2.2)

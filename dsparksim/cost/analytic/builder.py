@@ -42,11 +42,14 @@ DRAFTERS: dict[str, dict[str, Any]] = {
     "mtp1": {"kind": "mtp", "layers": 1, "moe": True, "markov_overhead_frac": 0.0,
              "note": "1 target layer (MoE when the target is MoE, as DeepSeek's MTP module) + shared LM head"},
     # DeepSeek's MTP module reused for K draft positions (acceptance kind `mtp`): K sequential forwards, each the
-    # module's enorm/hnorm + eh_proj, one target layer (MoE when the target is MoE) and the shared LM head
-    "mtp": {"kind": "autoregressive", "layers": 1, "moe": True, "mtp_projection": True, "markov_overhead_frac": 0.0,
+    # module's enorm/hnorm + eh_proj, one target layer (MoE when the target is MoE) and the shared LM head. Kind
+    # `chain`: the first forward runs over the K + 1 tokens per request the target verified (SGLang's EAGLE
+    # worker: draft extend after verify, which yields the first draft token), the other K - 1 at n_req tokens
+    "mtp": {"kind": "chain", "layers": 1, "moe": True, "mtp_projection": True, "markov_overhead_frac": 0.0,
             "note": "DeepSeek's MTP module reused per draft position: enorm/hnorm + eh_proj (2h->h, bf16, "
-                    "replicated) + 1 target layer (MoE when the target is MoE) + shared LM head, one sequential "
-                    "forward per position (K positions cost K forwards)"},
+                    "replicated) + 1 target layer (MoE when the target is MoE) + shared LM head; K positions cost "
+                    "one forward over n_req*(K+1) tokens (draft extend over the verified tokens, as SGLang's EAGLE "
+                    "worker runs it) + K-1 forwards over n_req tokens"},
 }
 
 

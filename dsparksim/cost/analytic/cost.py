@@ -7,6 +7,8 @@ NOT in :meth:`ForwardModel.terms` (it is the profile's linear ``attention`` term
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -122,8 +124,6 @@ class ForwardModel:
         ``t0_gemm_s`` and ``t0_ew_s``) and no per-call latency (:data:`LATENCY_KEYS`: collectives, MoE
         top-k/align/unpermute kernels). ``terms() - floorless().terms()`` is therefore a constant over M per
         term: the ``floor`` cost family of :mod:`dsparksim.cost.analytic.calibration`."""
-        import copy
-        import dataclasses
 
         fm = copy.copy(self)
         fm.eff = dataclasses.replace(self.eff, t0_gemm_s=0.0, t0_ew_s=0.0)

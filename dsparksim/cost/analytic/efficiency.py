@@ -87,7 +87,7 @@ OPS = ("emb", "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
 
 def vidur_rows(csv_dir: str | Path, files: Iterable[str] | None = None) -> "Any":
     """One row per (file, TP, num_tokens): the shape columns and the median over rows of each op's median (s)."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
     out = []
     for f in (files or VIDUR_FILES):
@@ -134,7 +134,7 @@ def predict_ops(eff: Efficiency, rows: Any, gpus: dict[str, Any]) -> dict[str, n
 
 def fit(rows: Any, gpus: dict[str, Any]) -> tuple[Efficiency, dict[str, Any]]:
     """Least squares on log(predicted/measured) over every op of every row; returns params and fit stats."""
-    from scipy.optimize import least_squares
+    from scipy.optimize import least_squares  # lazy: scipy
 
     meas = {op: rows[op].to_numpy(float) for op in OPS}
     x0 = np.log([5e-6, 0.8, 2e6, 0.7, 32.0, 4e-6, 0.7])

@@ -41,7 +41,7 @@ def built_forward(eff: Efficiency, model: str, gpu: str, tp: int, M: np.ndarray)
 
 def loo_table(csv_dir: str | Path, models: list[str] | None = None) -> tuple[Any, Any]:
     """(per-model summary, per-row detail) DataFrames of leave-one-model-out relative errors (built/measured - 1)."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas
 
     rows = vidur_rows(csv_dir)
     gpus = {g: get_gpu(g) for g in rows["gpu"].unique()}

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dsparksim.cost.analytic.builder import build_profile
+from dsparksim.cost.profile import save_profile
 
 REPO = Path(__file__).resolve().parents[3]
 DATE = "2026-12-01"   # fixed so regenerated files are byte-identical
@@ -34,7 +35,6 @@ def build_shipped(name: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dsparksim.cost.profile import save_profile
 
     ap = argparse.ArgumentParser(description="regenerate the shipped built profiles")
     ap.add_argument("--out-dir", default=str(REPO / "profiles"))
