@@ -25,7 +25,9 @@ def _Ks(kind):
 
 def _ns(p, dc, K):
     """Every n up to 256 and both sides of every breakpoint of the drafter's axis, inside its measured range."""
-    per = K if dc.kind == "parallel" else 1
+    # tokens the drafter's table is looked up at per request: the parallel drafter's K, a chain's first forward
+    # over the verified K + 1 (dsparksim.cost.profile, kind "chain"), one otherwise
+    per = K if dc.kind == "parallel" else K + 1 if dc.kind == "chain" else 1
     lo, hi = int(dc.tokens[0]), int(dc.tokens[-1])
     edges = {int(t) // per + d for t in dc.tokens[::2] for d in (0, 1)}
     nmax = int(p.batch_overhead[0][-1]) if p.batch_overhead is not None else hi

@@ -677,9 +677,8 @@ def _finite_json(c: _Checker, v: Any, fld: str) -> None:
             _finite_json(c, x, f"{fld}[{i}]")
 
 
-def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False) -> CostProfile:
-    """Validate a profile JSON object and build the :class:`CostProfile` (InputError on any defect)."""
-    c = _Checker(source)
+def _parse_head(c: _Checker, d: Any) -> str:
+    """The top level: an object of the right format with known keys; returns the profile's name."""
     if not isinstance(d, Mapping):
         raise c.fail("", f"expected a JSON object at the top level, got {type(d).__name__}")
     fmt = c.get(d, "format")
@@ -692,6 +691,11 @@ def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False)
     if not isinstance(name, str) or not name or escape_controls(name) != name:
         # the name is quoted in later errors and output titles: one printable line
         raise c.fail("name", f"expected a non-empty one-line string, got {_short(name)}")
+    return name
+
+
+def _parse_metadata(c: _Checker, d: Mapping[str, Any]) -> dict[str, Any]:
+    """The metadata object: required keys present, strict-JSON values, integer counts."""
     meta = c.get(d, "metadata")
     if not isinstance(meta, Mapping):
         raise c.fail("metadata", f"expected an object, got {type(meta).__name__}")
@@ -702,7 +706,11 @@ def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False)
     for k in INT_METADATA:
         if meta.get(k) is not None:
             meta[k] = c.count(meta[k], f"metadata.{k}")
+    return meta
 
+
+def _parse_verify(c: _Checker, d: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The verify table: (M breakpoints, times (1-D, or 2-D rows per kv_tokens), kv_tokens or None)."""
     ver = c.get(d, "verify")
     M = c.breakpoints(c.get(ver, "M", "verify."), "verify.M")
     kv_raw = c.get(ver, "kv_tokens", "verify.", required=False)
@@ -717,7 +725,11 @@ def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False)
             raise c.fail("verify.time_s", f"length mismatch: a 2-D table needs one row per kv_tokens breakpoint "
                                           f"({len(kv)}), got {n}")
         T = np.stack([c.times(row, f"verify.time_s[{r}]", len(M)) for r, row in enumerate(t_raw)])
+    return M, T, kv
 
+
+def _parse_attention(c: _Checker, d: Mapping[str, Any], kv: np.ndarray | None) -> tuple[float | None, str, float]:
+    """The optional kv_bandwidth attention term: (seconds_per_kv_token or None, note, seconds_per_query_kv)."""
     spk, att_note, sqk = None, "", 0.0
     att = c.get(d, "attention", required=False)
     if att is not None:
@@ -734,7 +746,25 @@ def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False)
         if kv is not None:
             raise c.fail("attention", "a profile with a 2-D verify table (verify.kv_tokens) already prices context; "
                                       "a kv_bandwidth term on top would count attention twice")
+    return spk, att_note, sqk
 
+
+def _parse_prefill_only(c: _Checker, po: Any) -> tuple[float, ...]:
+    """prefill.only: the prefill-only step's (per step, per token, per query-key, per chunk) seconds."""
+    if not isinstance(po, Mapping):
+        raise c.fail("prefill.only", f"expected an object, got {type(po).__name__}")
+    keys = ("seconds_per_step", "seconds_per_token", "seconds_per_query_key", "seconds_per_chunk")
+    bad = sorted(set(po) - set(keys))
+    if bad:
+        raise c.fail(f"prefill.only.{bad[0]}", f"unknown key (allowed: {', '.join(keys)})")
+    # a step is never free: the per-step part must be > 0
+    return (c.number(c.get(po, "seconds_per_step", "prefill.only."), "prefill.only.seconds_per_step",
+                     strict=True),
+            *(c.number(po.get(k, 0.0), f"prefill.only.{k}") for k in keys[1:]))
+
+
+def _parse_prefill(c: _Checker, d: Mapping[str, Any]) -> dict[str, Any]:
+    """The optional prefill section, as CostProfile's prefill_* keyword arguments (zeros when absent)."""
     pf_tok = pf_qk = pf_ch = pf_tn = pf_cn = 0.0
     pf_note = None
     pf_only = None
@@ -750,65 +780,81 @@ def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False)
                                               "seconds_per_chunk_per_decode, only, note)")
         po = pf.get("only")
         if po is not None:
-            if not isinstance(po, Mapping):
-                raise c.fail("prefill.only", f"expected an object, got {type(po).__name__}")
-            keys = ("seconds_per_step", "seconds_per_token", "seconds_per_query_key", "seconds_per_chunk")
-            bad = sorted(set(po) - set(keys))
-            if bad:
-                raise c.fail(f"prefill.only.{bad[0]}", f"unknown key (allowed: {', '.join(keys)})")
-            # a step is never free: the per-step part must be > 0
-            pf_only = (c.number(c.get(po, "seconds_per_step", "prefill.only."), "prefill.only.seconds_per_step",
-                                strict=True),
-                       *(c.number(po.get(k, 0.0), f"prefill.only.{k}") for k in keys[1:]))
+            pf_only = _parse_prefill_only(c, po)
         pf_tok = c.number(c.get(pf, "seconds_per_token", "prefill."), "prefill.seconds_per_token")
         pf_qk = c.number(pf.get("seconds_per_query_key", 0.0), "prefill.seconds_per_query_key")
         pf_ch = c.number(pf.get("seconds_per_chunk", 0.0), "prefill.seconds_per_chunk")
         pf_tn = c.number(pf.get("seconds_per_token_per_decode", 0.0), "prefill.seconds_per_token_per_decode")
         pf_cn = c.number(pf.get("seconds_per_chunk_per_decode", 0.0), "prefill.seconds_per_chunk_per_decode")
         pf_note = str(pf.get("note", ""))
+    return dict(prefill_s_per_token=pf_tok, prefill_s_per_query_key=pf_qk, prefill_s_per_chunk=pf_ch,
+                prefill_s_per_token_per_decode=pf_tn, prefill_s_per_chunk_per_decode=pf_cn, prefill_note=pf_note,
+                prefill_only=pf_only)
 
-    fixed = c.number(c.get(d, "fixed_overhead_s"), "fixed_overhead_s")
-    req_lat = c.number(d.get("request_latency_s", 0.0), "request_latency_s")
 
-    bo = None
+def _parse_batch_overhead(c: _Checker, d: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The optional batch_overhead table: (n_req breakpoints, times) or None."""
     b = c.get(d, "batch_overhead", required=False)
-    if b is not None:
-        bn = c.breakpoints(c.get(b, "n_req", "batch_overhead."), "batch_overhead.n_req")
-        bt = c.times(c.get(b, "time_s", "batch_overhead."), "batch_overhead.time_s", len(bn), allow_zero=True)
-        bo = (_ro(bn), _ro(bt))
+    if b is None:
+        return None
+    bn = c.breakpoints(c.get(b, "n_req", "batch_overhead."), "batch_overhead.n_req")
+    bt = c.times(c.get(b, "time_s", "batch_overhead."), "batch_overhead.time_s", len(bn), allow_zero=True)
+    return _ro(bn), _ro(bt)
 
+
+def _parse_drafter(c: _Checker, dname: Any, spec: Any) -> DrafterCost:
+    """One drafters.NAME entry."""
+    p = f"drafters.{dname}."
+    if not dname or escape_controls(dname) != dname:
+        raise c.fail("drafters", f"expected drafter names that are non-empty printable strings, got {dname!r}")
+    kind = c.get(spec, "kind", p)
+    if kind not in DRAFTER_KINDS:
+        raise c.fail(p + "kind", f"unknown drafter kind {kind!r}; expected one of {', '.join(DRAFTER_KINDS)}")
+    tok = c.breakpoints(c.get(spec, "tokens", p), p + "tokens")
+    tt = c.times(c.get(spec, "time_s", p), p + "time_s", len(tok), allow_zero=True)  # 0: drafting folded elsewhere
+    mo = spec.get("markov_overhead_frac", 0.0)
+    mo = c.number(mo, p + "markov_overhead_frac")
+    if mo >= 1.0:
+        raise c.fail(p + "markov_overhead_frac", f"expected a fraction < 1, got {mo}")
+    if mo and kind != "parallel":
+        raise c.fail(p + "markov_overhead_frac", f"only a 'parallel' drafter has a Markov head; kind is {kind!r}")
+    dpf = c.number(spec.get("prefill_s_per_token", 0.0), p + "prefill_s_per_token")
+    dkv = c.number(spec.get("seconds_per_kv_token", 0.0), p + "seconds_per_kv_token")
+    return DrafterCost(kind=kind, tokens=_ro(tok), time_s=_ro(tt), markov_overhead_frac=mo,
+                       note=str(spec.get("note", "")), prefill_s_per_token=dpf, seconds_per_kv_token=dkv)
+
+
+def _parse_drafters(c: _Checker, d: Mapping[str, Any]) -> dict[str, DrafterCost]:
+    """The optional drafters object: name -> DrafterCost."""
     drafters: dict[str, DrafterCost] = {}
     dr = c.get(d, "drafters", required=False) or {}
     if not isinstance(dr, Mapping):
         raise c.fail("drafters", f"expected an object mapping drafter name -> cost, got {type(dr).__name__}")
     for dname, spec in dr.items():
-        p = f"drafters.{dname}."
-        if not dname or escape_controls(dname) != dname:
-            raise c.fail("drafters", f"expected drafter names that are non-empty printable strings, got {dname!r}")
-        kind = c.get(spec, "kind", p)
-        if kind not in DRAFTER_KINDS:
-            raise c.fail(p + "kind", f"unknown drafter kind {kind!r}; expected one of {', '.join(DRAFTER_KINDS)}")
-        tok = c.breakpoints(c.get(spec, "tokens", p), p + "tokens")
-        tt = c.times(c.get(spec, "time_s", p), p + "time_s", len(tok), allow_zero=True)  # 0: drafting folded elsewhere
-        mo = spec.get("markov_overhead_frac", 0.0)
-        mo = c.number(mo, p + "markov_overhead_frac")
-        if mo >= 1.0:
-            raise c.fail(p + "markov_overhead_frac", f"expected a fraction < 1, got {mo}")
-        if mo and kind != "parallel":
-            raise c.fail(p + "markov_overhead_frac", f"only a 'parallel' drafter has a Markov head; kind is {kind!r}")
-        dpf = c.number(spec.get("prefill_s_per_token", 0.0), p + "prefill_s_per_token")
-        dkv = c.number(spec.get("seconds_per_kv_token", 0.0), p + "seconds_per_kv_token")
-        drafters[str(dname)] = DrafterCost(kind=kind, tokens=_ro(tok), time_s=_ro(tt), markov_overhead_frac=mo,
-                                           note=str(spec.get("note", "")), prefill_s_per_token=dpf,
-                                           seconds_per_kv_token=dkv)
+        drafters[str(dname)] = _parse_drafter(c, dname, spec)
+    return drafters
 
+
+def profile_from_dict(d: Any, source: str = "<dict>", extrapolate: bool = False) -> CostProfile:
+    """Validate a profile JSON object and build the :class:`CostProfile` (InputError on any defect).
+
+    Sections are checked in a fixed order (head, metadata, verify, attention, prefill, overheads, drafters), so
+    the first defect reported is the same whatever else is wrong.
+    """
+    c = _Checker(source)
+    name = _parse_head(c, d)
+    meta = _parse_metadata(c, d)
+    M, T, kv = _parse_verify(c, d)
+    spk, att_note, sqk = _parse_attention(c, d, kv)
+    prefill = _parse_prefill(c, d)
+    fixed = c.number(c.get(d, "fixed_overhead_s"), "fixed_overhead_s")
+    req_lat = c.number(d.get("request_latency_s", 0.0), "request_latency_s")
+    bo = _parse_batch_overhead(c, d)
+    drafters = _parse_drafters(c, d)
     return CostProfile(name=name, metadata=json.loads(json.dumps(meta)), verify_M=_ro(M), verify_time_s=_ro(T),
                        kv_tokens=None if kv is None else _ro(kv), seconds_per_kv_token=spk, fixed_overhead_s=fixed,
                        batch_overhead=bo, drafters=drafters, source=source, extrapolate=bool(extrapolate),
-                       attention_note=att_note, prefill_s_per_token=pf_tok, prefill_s_per_query_key=pf_qk,
-                       prefill_s_per_chunk=pf_ch, prefill_s_per_token_per_decode=pf_tn,
-                       prefill_s_per_chunk_per_decode=pf_cn, prefill_note=pf_note, seconds_per_query_kv=sqk,
-                       prefill_only=pf_only, request_latency_s=req_lat)
+                       attention_note=att_note, seconds_per_query_kv=sqk, request_latency_s=req_lat, **prefill)
 
 
 def profile_to_dict(p: CostProfile) -> dict[str, Any]:

@@ -215,9 +215,9 @@ def _pct(r) -> str:
     return fmt_ci(r["diff"], r["diff_lo"], r["diff_hi"], 100, 1, "%", True) if r else "n/a"
 
 
-def _text(settings: Settings, p: Plan, rows, paired, contrib, padcost, order) -> tuple[str, str]:
+def _setup(settings: Settings, p: Plan, rows, regs: list[str]) -> list[str]:
+    """The question and the setup paragraph."""
     reg_of = {r.name: r for r in settings.regimes}
-    regs = list(dict.fromkeys(r["regime"] for r in rows))
     out = [f"**Question.** {QUESTION}\n", "**Setup.**"]
     for name in regs:
         rg = reg_of[name]
@@ -231,89 +231,133 @@ def _text(settings: Settings, p: Plan, rows, paired, contrib, padcost, order) ->
     out.append(f"- Every arm on a variable-length engine and padded (`--pad-verify`). {p.duration_s:g} s runs with "
                f"{p.warmup_s:g} s warm-up; seeds {', '.join(map(str, settings.seeds))}; ratios paired per seed; "
                "95% t-intervals over seeds.\n")
-    out.append("**Answer.**")
-    heads = []
+    return out
+
+
+def _loads(rows, name: str) -> list:
+    """The regime's loads, ascending."""
+    return sorted(dict.fromkeys(r["load"] for r in rows if r["regime"] == name))
+
+
+def _contrib(contrib, name, load, a, b, pad=False, metric="output_throughput_tok_s"):
+    """The contribution row a / b at (regime, load, pad, metric), or None."""
+    return next((x for x in contrib if (x["regime"], x["load"], x["pad"], x["numerator"],
+                                        x["denominator"], x["metric"]) ==
+                 (name, load, pad, a, b, metric)), None)
+
+
+def _answer_item(name: str, load, paired, contrib, padcost) -> tuple[str, list[str]] | None:
+    """One (regime, load)'s headline and answer lines; None when its contributions are missing."""
+    def c(a, b, pad=False, metric="output_throughput_tok_s"):
+        return _contrib(contrib, name, load, a, b, pad, metric)
+    tot, dr, sch = c("sar-async", "ar-fixed"), c("sar-fixed", "ar-fixed"), c("sar-async", "sar-fixed")
+    if None in (tot, dr, sch):
+        return None
+    text = (f"`{name}` at {load} users: DSpark (`sar-async`) over a fixed-length autoregressive drafter "
+            f"{_pct(tot)} throughput = drafter {_pct(dr)} x scheduler {_pct(sch)}")
+    if tot["diff_lo"] > 0 or tot["diff_hi"] < 0:
+        share = dr["log_ratio"] / tot["log_ratio"] if tot["log_ratio"] else math.nan
+        text += f" (the drafter's share of the log gain {100 * share:.0f}%)"
+    th, sy = c("sar-threshold", "sar-fixed"), c("sar-sync", "sar-fixed")
+    if th is not None:
+        text += f"; a static threshold {_pct(th)}"
+    if sy is not None:
+        vs = _get(paired, regime=name, load=load, pad=False, arm="sar-sync", metric="mean_verify_len")
+        text += f", synchronous Algorithm 1 {_pct(sy)}"
+        if vs is not None:
+            text += (f" (it verifies {fmt_ci(vs['value'], vs['value_lo'], vs['value_hi'], 1, 2)} draft "
+                     "tokens per request-step: its first-drop stop ends at the first step of the cost "
+                     "staircase)" if vs["value"] < 1 else
+                     f" (verify length {fmt_ci(vs['value'], vs['value_lo'], vs['value_hi'], 1, 2)})")
+    pa = c("sar-async", "sar-fixed", pad=True)
+    pc = _get(padcost, regime=name, load=load, arm="sar-async")
+    if pa is not None and pc is not None:
+        text += (f"; on a padded engine async scheduling against fixed length {_pct(pa)} (padding "
+                 f"changes `sar-async`'s throughput by {_pct(pc)})")
+    out = [f"- {text}."]
+    ar = c("ar-async", "ar-fixed")
+    if ar is not None:
+        out.append(f"  - Factorial: the async scheduler on the autoregressive drafter {_pct(ar)} "
+                   f"(on DSpark's {_pct(sch)}).")
+    return text, out
+
+
+def _answer(regs: list[str], rows, paired, contrib, padcost) -> tuple[list[str], list[str]]:
+    """The answer paragraph: (headlines, lines)."""
+    heads, out = [], ["**Answer.**"]
     for name in regs:
-        for load in sorted(dict.fromkeys(r["load"] for r in rows if r["regime"] == name)):
-            def c(a, b, pad=False, metric="output_throughput_tok_s"):
-                return next((x for x in contrib if (x["regime"], x["load"], x["pad"], x["numerator"],
-                                                    x["denominator"], x["metric"]) ==
-                             (name, load, pad, a, b, metric)), None)
-            tot, dr, sch = c("sar-async", "ar-fixed"), c("sar-fixed", "ar-fixed"), c("sar-async", "sar-fixed")
-            if None in (tot, dr, sch):
+        for load in _loads(rows, name):
+            item = _answer_item(name, load, paired, contrib, padcost)
+            if item is None:
                 continue
-            text = (f"`{name}` at {load} users: DSpark (`sar-async`) over a fixed-length autoregressive drafter "
-                    f"{_pct(tot)} throughput = drafter {_pct(dr)} x scheduler {_pct(sch)}")
-            if tot["diff_lo"] > 0 or tot["diff_hi"] < 0:
-                share = dr["log_ratio"] / tot["log_ratio"] if tot["log_ratio"] else math.nan
-                text += f" (the drafter's share of the log gain {100 * share:.0f}%)"
-            th, sy = c("sar-threshold", "sar-fixed"), c("sar-sync", "sar-fixed")
-            if th is not None:
-                text += f"; a static threshold {_pct(th)}"
-            if sy is not None:
-                vs = _get(paired, regime=name, load=load, pad=False, arm="sar-sync", metric="mean_verify_len")
-                text += f", synchronous Algorithm 1 {_pct(sy)}"
-                if vs is not None:
-                    text += (f" (it verifies {fmt_ci(vs['value'], vs['value_lo'], vs['value_hi'], 1, 2)} draft "
-                             "tokens per request-step: its first-drop stop ends at the first step of the cost "
-                             "staircase)" if vs["value"] < 1 else
-                             f" (verify length {fmt_ci(vs['value'], vs['value_lo'], vs['value_hi'], 1, 2)})")
-            pa = c("sar-async", "sar-fixed", pad=True)
-            pc = _get(padcost, regime=name, load=load, arm="sar-async")
-            if pa is not None and pc is not None:
-                text += (f"; on a padded engine async scheduling against fixed length {_pct(pa)} (padding "
-                         f"changes `sar-async`'s throughput by {_pct(pc)})")
-            heads.append(text)
-            out.append(f"- {text}.")
-            ar = c("ar-async", "ar-fixed")
-            if ar is not None:
-                out.append(f"  - Factorial: the async scheduler on the autoregressive drafter {_pct(ar)} "
-                           f"(on DSpark's {_pct(sch)}).")
+            heads.append(item[0])
+            out += item[1]
+    return heads, out
+
+
+def _contrib_table(p: Plan, name: str, load, contrib) -> list[str]:
+    """Contributions as paired ratios, variable-length | padded engine."""
+    out = [f"*`{name}`, {load} users: contributions as paired throughput ratios - 1 (per-user speed "
+           "after the slash), variable-length | padded engine, mean [95% CI] in %.*\n"]
+    body = []
+    for label, a, b in CONTRIBUTIONS:
+        cells = [label.replace("  ", "- ")]
+        for pad in p.pads:
+            t = _contrib(contrib, name, load, a, b, pad, "output_throughput_tok_s")
+            u = _contrib(contrib, name, load, a, b, pad, "tps_user_mean")
+            cells.append(f"{_pct(t)} / {_pct(u)}" if t else "n/a")
+        if any(c_ != "n/a" for c_ in cells[1:]):
+            body.append(cells)
+    hdr = ["contribution"] + ["padded" if pad else "variable-length" for pad in p.pads]
+    out.append(md_table(hdr, body) + "\n")
+    return out
+
+
+def _arm_table(name: str, load, rows, paired, padcost, order) -> list[str]:
+    """Per-arm values and padding's cost."""
+    out = [f"*`{name}`, {load} users: per arm, value mean [95% CI] (variable-length engine); padding's "
+           "cost = paired throughput change when padded, and the padded share of the target's tokens.*\n"]
+    body = []
+    for arm in sorted(dict.fromkeys(r["arm"] for r in rows if r["regime"] == name and r["load"] == load),
+                      key=lambda a: order[a]):
+        def g(metric, pad=False):
+            return _get(paired, regime=name, load=load, pad=pad, arm=arm, metric=metric)
+        t, v, tau, tp = g("output_throughput_tok_s"), g("mean_verify_len"), g("tau"), g("tpot_mean_s")
+        pc = _get(padcost, regime=name, load=load, arm=arm)
+        body.append([f"`{arm}`", fmt_ci(t["value"], t["value_lo"], t["value_hi"], 1, 0),
+                     fmt_ci(tp["value"], tp["value_lo"], tp["value_hi"], 1e3, 1),
+                     fmt_ci(v["value"], v["value_lo"], v["value_hi"], 1, 2),
+                     fmt_ci(tau["value"], tau["value_lo"], tau["value_hi"], 1, 2),
+                     _pct(pc) if pc else "n/a",
+                     fmt_ci(pc["pad_share"], pc["pad_share_lo"], pc["pad_share_hi"], 100, 1, "%")
+                     if pc else "n/a"])
+    out.append(md_table(["arm", "throughput tok/s", "mean TPOT ms", "verify len", "tau",
+                         "padding: throughput", "padding: padded share"], body) + "\n")
+    return out
+
+
+def _limits(settings: Settings) -> str:
+    """The limits paragraph."""
+    return ("**Limits.** One block size (K = 5) for every drafter; acceptance curves are the paper's Qwen3-4B "
+            "calibration for each drafter, not DeepSeek's; the drafters' costs come from the profile's drafter "
+            "entries (the built profile's analytic model), so the drafter contribution is as good as those. The "
+            f"static threshold is one value ({THRESHOLD}), not tuned per load. Padding prices the padded batch; "
+            "no policy here knows it pads (a padding-aware scheduler would choose differently), and the KV "
+            "memory of the padded slots is not charged beyond the K draft slots every request already holds."
+            + (" FAST mode: five arms, one load, short runs — shape, not answers." if settings.fast else ""))
+
+
+def _text(settings: Settings, p: Plan, rows, paired, contrib, padcost, order) -> tuple[str, str]:
+    regs = list(dict.fromkeys(r["regime"] for r in rows))
+    out = _setup(settings, p, rows, regs)
+    heads, answer = _answer(regs, rows, paired, contrib, padcost)
+    out += answer
     out.append("")
     for name in regs:
-        for load in sorted(dict.fromkeys(r["load"] for r in rows if r["regime"] == name)):
-            out.append(f"*`{name}`, {load} users: contributions as paired throughput ratios - 1 (per-user speed "
-                       "after the slash), variable-length | padded engine, mean [95% CI] in %.*\n")
-            body = []
-            for label, a, b in CONTRIBUTIONS:
-                cells = [label.replace("  ", "- ")]
-                for pad in p.pads:
-                    t = next((x for x in contrib if (x["regime"], x["load"], x["pad"], x["numerator"],
-                                                     x["denominator"], x["metric"]) ==
-                              (name, load, pad, a, b, "output_throughput_tok_s")), None)
-                    u = next((x for x in contrib if (x["regime"], x["load"], x["pad"], x["numerator"],
-                                                     x["denominator"], x["metric"]) ==
-                              (name, load, pad, a, b, "tps_user_mean")), None)
-                    cells.append(f"{_pct(t)} / {_pct(u)}" if t else "n/a")
-                if any(c_ != "n/a" for c_ in cells[1:]):
-                    body.append(cells)
-            hdr = ["contribution"] + ["padded" if pad else "variable-length" for pad in p.pads]
-            out.append(md_table(hdr, body) + "\n")
-            out.append(f"*`{name}`, {load} users: per arm, value mean [95% CI] (variable-length engine); padding's "
-                       "cost = paired throughput change when padded, and the padded share of the target's tokens.*\n")
-            body = []
-            for arm in sorted(dict.fromkeys(r["arm"] for r in rows if r["regime"] == name and r["load"] == load),
-                              key=lambda a: order[a]):
-                def g(metric, pad=False):
-                    return _get(paired, regime=name, load=load, pad=pad, arm=arm, metric=metric)
-                t, v, tau, tp = g("output_throughput_tok_s"), g("mean_verify_len"), g("tau"), g("tpot_mean_s")
-                pc = _get(padcost, regime=name, load=load, arm=arm)
-                body.append([f"`{arm}`", fmt_ci(t["value"], t["value_lo"], t["value_hi"], 1, 0),
-                             fmt_ci(tp["value"], tp["value_lo"], tp["value_hi"], 1e3, 1),
-                             fmt_ci(v["value"], v["value_lo"], v["value_hi"], 1, 2),
-                             fmt_ci(tau["value"], tau["value_lo"], tau["value_hi"], 1, 2),
-                             _pct(pc) if pc else "n/a",
-                             fmt_ci(pc["pad_share"], pc["pad_share_lo"], pc["pad_share_hi"], 100, 1, "%")
-                             if pc else "n/a"])
-            out.append(md_table(["arm", "throughput tok/s", "mean TPOT ms", "verify len", "tau",
-                                 "padding: throughput", "padding: padded share"], body) + "\n")
-    out.append("**Limits.** One block size (K = 5) for every drafter; acceptance curves are the paper's Qwen3-4B "
-               "calibration for each drafter, not DeepSeek's; the drafters' costs come from the profile's drafter "
-               "entries (the built profile's analytic model), so the drafter contribution is as good as those. The "
-               f"static threshold is one value ({THRESHOLD}), not tuned per load. Padding prices the padded batch; "
-               "no policy here knows it pads (a padding-aware scheduler would choose differently), and the KV "
-               "memory of the padded slots is not charged beyond the K draft slots every request already holds."
-               + (" FAST mode: five arms, one load, short runs — shape, not answers." if settings.fast else ""))
+        for load in _loads(rows, name):
+            out += _contrib_table(p, name, load, contrib)
+            out += _arm_table(name, load, rows, paired, padcost, order)
+    out.append(_limits(settings))
     return "; ".join(heads), "\n".join(out)
 
 

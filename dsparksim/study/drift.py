@@ -345,9 +345,9 @@ def _pct(r, signed=True) -> str:
     return fmt_ci(r["diff"], r["diff_lo"], r["diff_hi"], 100, 2, "%", signed) if r else "n/a"
 
 
-def _text(settings: Settings, p: Plan, rows, paired, ece) -> tuple[str, str]:
+def _setup(settings: Settings, p: Plan, rows, regimes: list[str]) -> list[str]:
+    """The question and the setup paragraph."""
     reg_of = {r.name: r for r in settings.regimes}
-    regimes = list(dict.fromkeys(r["regime"] for r in rows))
     out = [f"**Question.** {QUESTION}\n", "**Setup.**"]
     for name in regimes:
         rg = reg_of[name]
@@ -373,84 +373,122 @@ def _text(settings: Settings, p: Plan, rows, paired, ece) -> tuple[str, str]:
                "nearest 10%, the temperatures of STS refitted on that mix); `recal` = `--recalibrate` (per-position temperatures refitted every 25 steps on the "
                "last 20,000 verified positions, from past outcomes only). Seeds "
                f"{', '.join(map(str, settings.seeds))}; 95% t-intervals over seeds of the per-seed differences.\n")
-    out.append("**Answer.**")
-    heads = []
+    return out
+
+
+def _answer_item(paired, ece, name: str, s, b) -> str | None:
+    """One answer line's text for (regime, scenario, blindness); None when the cell was not run."""
+    st = _get(paired, regime=name, scenario=s.name, blind=b, arm="stale",
+              metric="throughput_after_tok_s", base_arm="correct")
+    if st is None:
+        return None
+    tp = _get(paired, regime=name, scenario=s.name, blind=b, arm="stale", metric="tpot_mean_after_s",
+              base_arm="correct")
+    rt = _get(paired, regime=name, scenario=s.name, blind=b, arm="recal",
+              metric="throughput_after_tok_s", base_arm="correct")
+    rtp = _get(paired, regime=name, scenario=s.name, blind=b, arm="recal", metric="tpot_mean_after_s",
+               base_arm="correct")
+    gain = _get(paired, regime=name, scenario=s.name, blind=b, arm="recal",
+                metric="throughput_after_tok_s", base_arm="stale")
+    e = {arm: _get(ece, regime=name, scenario=s.name, blind=b, arm=arm, window="after") for arm in ARMS}
+    eb = _get(ece, regime=name, scenario=s.name, blind=b, arm="stale", window="before")
+    fe = {a: fmt_ci(x["mean"], x["lo"], x["hi"], 100, 2, "%") if x else "n/a" for a, x in e.items()}
+    return (f"`{name}`, {s.name}, blind {b:g}: ECE after the change {fe['stale']} stale "
+            f"(before: {fmt_ci(eb['mean'], eb['lo'], eb['hi'], 100, 2, '%') if eb else 'n/a'}), "
+            f"{fe['correct']} correct, {fe['recal']} recalibrated; stale vs correct: throughput "
+            f"{_pct(st)}, mean TPOT {_pct(tp)}; recalibrated vs correct: throughput {_pct(rt)}, mean "
+            f"TPOT {_pct(rtp)}; recalibration gain over stale: throughput {_pct(gain)}")
+
+
+def _answer(p: Plan, regimes: list[str], paired, ece) -> tuple[list[str], list[str]]:
+    """The answer paragraph: (headlines, lines)."""
+    heads, out = [], ["**Answer.**"]
     for name in regimes:
         for s in p.scenarios:
             for b in p.blinds:
-                st = _get(paired, regime=name, scenario=s.name, blind=b, arm="stale",
-                          metric="throughput_after_tok_s", base_arm="correct")
-                if st is None:
+                text = _answer_item(paired, ece, name, s, b)
+                if text is None:
                     continue
-                tp = _get(paired, regime=name, scenario=s.name, blind=b, arm="stale", metric="tpot_mean_after_s",
-                          base_arm="correct")
-                rt = _get(paired, regime=name, scenario=s.name, blind=b, arm="recal",
-                          metric="throughput_after_tok_s", base_arm="correct")
-                rtp = _get(paired, regime=name, scenario=s.name, blind=b, arm="recal", metric="tpot_mean_after_s",
-                           base_arm="correct")
-                gain = _get(paired, regime=name, scenario=s.name, blind=b, arm="recal",
-                            metric="throughput_after_tok_s", base_arm="stale")
-                e = {arm: _get(ece, regime=name, scenario=s.name, blind=b, arm=arm, window="after") for arm in ARMS}
-                eb = _get(ece, regime=name, scenario=s.name, blind=b, arm="stale", window="before")
-                fe = {a: fmt_ci(x["mean"], x["lo"], x["hi"], 100, 2, "%") if x else "n/a" for a, x in e.items()}
-                text = (f"`{name}`, {s.name}, blind {b:g}: ECE after the change {fe['stale']} stale "
-                        f"(before: {fmt_ci(eb['mean'], eb['lo'], eb['hi'], 100, 2, '%') if eb else 'n/a'}), "
-                        f"{fe['correct']} correct, {fe['recal']} recalibrated; stale vs correct: throughput "
-                        f"{_pct(st)}, mean TPOT {_pct(tp)}; recalibrated vs correct: throughput {_pct(rt)}, mean "
-                        f"TPOT {_pct(rtp)}; recalibration gain over stale: throughput {_pct(gain)}")
                 out.append(f"- {text}.")
                 if b == max(p.blinds) or (b == 0.0 and s.name == "abrupt"):
                     heads.append(text)
+    return heads, out
+
+
+def _after_table(p: Plan, name: str, paired, ece) -> list[str]:
+    """Paired changes after the mix change, per scenario, blindness and arm."""
+    out = [f"*`{name}`: paired changes after the mix change (window from t1 to the end), in % "
+           "(throughput: negative = lost; TPOT: positive = slower); mean [95% CI].*\n"]
+    hdr = ["scenario", "blind", "arm", "vs", "throughput", "mean TPOT", "ECE after (abs. %)"]
+    body = []
+    for s in p.scenarios:
+        for b in p.blinds:
+            for arm, base in (("stale", "correct"), ("recal", "correct"), ("recal", "stale")):
+                t = _get(paired, regime=name, scenario=s.name, blind=b, arm=arm,
+                         metric="throughput_after_tok_s", base_arm=base)
+                if t is None:
+                    continue
+                q = _get(paired, regime=name, scenario=s.name, blind=b, arm=arm, metric="tpot_mean_after_s",
+                         base_arm=base)
+                e = _get(ece, regime=name, scenario=s.name, blind=b, arm=arm, window="after")
+                body.append([s.name, f"{b:g}", f"`{arm}`", f"`{base}`", _pct(t), _pct(q),
+                             fmt_ci(e["mean"], e["lo"], e["hi"], 100, 2) if e else "n/a"])
+    out.append(md_table(hdr, body) + "\n")
+    return out
+
+
+def _during_table(p: Plan, name: str, rows, paired, ece) -> list[str]:
+    """Paired changes during a gradual drift (empty when no gradual scenario ran in this regime)."""
+    grad = [s for s in p.scenarios if s.i1 > s.i0]
+    if not (grad and any(r["regime"] == name and r["scenario"] == grad[0].name for r in rows)):
+        return []
+    s = grad[0]
+    out = [f"*`{name}`, {s.name}: during the drift (requests #{s.i0}-#{s.i1}), paired against `correct`, "
+           "in %.*\n"]
+    body = []
+    for b in p.blinds:
+        for arm in ("stale", "recal"):
+            t = _get(paired, regime=name, scenario=s.name, blind=b, arm=arm,
+                     metric="throughput_during_tok_s", base_arm="correct")
+            q = _get(paired, regime=name, scenario=s.name, blind=b, arm=arm, metric="tpot_mean_during_s",
+                     base_arm="correct")
+            e = _get(ece, regime=name, scenario=s.name, blind=b, arm=arm, window="during")
+            if t:
+                body.append([f"{b:g}", f"`{arm}`", _pct(t), _pct(q),
+                             fmt_ci(e["mean"], e["lo"], e["hi"], 100, 2) if e else "n/a"])
+    out.append(md_table(["blind", "arm", "throughput", "mean TPOT", "ECE during (abs. %)"], body) + "\n")
+    return out
+
+
+_DEFINITIONS = (
+    "**Definitions.** Windows: before = warm-up to the issue of request i0, during = i0 to i1, after = "
+    "i1 to the end (ECE and throughput by step end time; mean TPOT over the requests of each index range "
+    "that completed). ECE: survival against realised survival (1[A >= k]) over every draft position of "
+    "every decoding step in the window (including positions not verified; the truth comes from the "
+    "simulator), 15 equal-width bins, of the confidences the policy used (after the arm's rescaling). "
+    "Throughput: output tokens per second in the window (steps pro rata).\n")
+
+_LIMITS = (
+    "**Limits.** The head's domain blindness is a model with a free parameter (no published "
+    "measurement of a head's bias under a mix change); blind = 0 shows that the simulator's own head "
+    "does not drift at all. STS and the online refit are temperatures only (no per-domain bias term: "
+    "even `correct` is not perfectly calibrated on a mix of domains); the online fit sees only verified "
+    "positions (censored by the policy's own verify lengths). Closed loop at one load; one engine; the "
+    "drift is indexed by request, so its timing varies a little between arms and seeds.")
+
+
+def _text(settings: Settings, p: Plan, rows, paired, ece) -> tuple[str, str]:
+    regimes = list(dict.fromkeys(r["regime"] for r in rows))
+    out = _setup(settings, p, rows, regimes)
+    heads, answer = _answer(p, regimes, paired, ece)
+    out += answer
     out.append("")
     for name in regimes:
-        out.append(f"*`{name}`: paired changes after the mix change (window from t1 to the end), in % "
-                   "(throughput: negative = lost; TPOT: positive = slower); mean [95% CI].*\n")
-        hdr = ["scenario", "blind", "arm", "vs", "throughput", "mean TPOT", "ECE after (abs. %)"]
-        body = []
-        for s in p.scenarios:
-            for b in p.blinds:
-                for arm, base in (("stale", "correct"), ("recal", "correct"), ("recal", "stale")):
-                    t = _get(paired, regime=name, scenario=s.name, blind=b, arm=arm,
-                             metric="throughput_after_tok_s", base_arm=base)
-                    if t is None:
-                        continue
-                    q = _get(paired, regime=name, scenario=s.name, blind=b, arm=arm, metric="tpot_mean_after_s",
-                             base_arm=base)
-                    e = _get(ece, regime=name, scenario=s.name, blind=b, arm=arm, window="after")
-                    body.append([s.name, f"{b:g}", f"`{arm}`", f"`{base}`", _pct(t), _pct(q),
-                                 fmt_ci(e["mean"], e["lo"], e["hi"], 100, 2) if e else "n/a"])
-        out.append(md_table(hdr, body) + "\n")
-        grad = [s for s in p.scenarios if s.i1 > s.i0]
-        if grad and any(r["regime"] == name and r["scenario"] == grad[0].name for r in rows):
-            s = grad[0]
-            out.append(f"*`{name}`, {s.name}: during the drift (requests #{s.i0}-#{s.i1}), paired against `correct`, "
-                       "in %.*\n")
-            body = []
-            for b in p.blinds:
-                for arm in ("stale", "recal"):
-                    t = _get(paired, regime=name, scenario=s.name, blind=b, arm=arm,
-                             metric="throughput_during_tok_s", base_arm="correct")
-                    q = _get(paired, regime=name, scenario=s.name, blind=b, arm=arm, metric="tpot_mean_during_s",
-                             base_arm="correct")
-                    e = _get(ece, regime=name, scenario=s.name, blind=b, arm=arm, window="during")
-                    if t:
-                        body.append([f"{b:g}", f"`{arm}`", _pct(t), _pct(q),
-                                     fmt_ci(e["mean"], e["lo"], e["hi"], 100, 2) if e else "n/a"])
-            out.append(md_table(["blind", "arm", "throughput", "mean TPOT", "ECE during (abs. %)"], body) + "\n")
-    out.append("**Definitions.** Windows: before = warm-up to the issue of request i0, during = i0 to i1, after = "
-               "i1 to the end (ECE and throughput by step end time; mean TPOT over the requests of each index range "
-               "that completed). ECE: survival against realised survival (1[A >= k]) over every draft position of "
-               "every decoding step in the window (including positions not verified; the truth comes from the "
-               "simulator), 15 equal-width bins, of the confidences the policy used (after the arm's rescaling). "
-               "Throughput: output tokens per second in the window (steps pro rata).\n")
-    out.append("**Limits.** The head's domain blindness is a model with a free parameter (no published "
-               "measurement of a head's bias under a mix change); blind = 0 shows that the simulator's own head "
-               "does not drift at all. STS and the online refit are temperatures only (no per-domain bias term: "
-               "even `correct` is not perfectly calibrated on a mix of domains); the online fit sees only verified "
-               "positions (censored by the policy's own verify lengths). Closed loop at one load; one engine; the "
-               "drift is indexed by request, so its timing varies a little between arms and seeds."
-               + (" FAST mode: one scenario, one blindness, short runs — shape, not answers." if settings.fast
-                  else ""))
+        out += _after_table(p, name, paired, ece)
+        out += _during_table(p, name, rows, paired, ece)
+    out.append(_DEFINITIONS)
+    out.append(_LIMITS + (" FAST mode: one scenario, one blindness, short runs — shape, not answers." if settings.fast
+                          else ""))
     return "; ".join(heads), "\n".join(out)
 
 

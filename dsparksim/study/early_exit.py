@@ -219,9 +219,9 @@ def _pct(r, key="diff") -> str:
     return fmt_ci(r[key], r[f"{key}_lo"], r[f"{key}_hi"], 100, 1, "%", key == "diff")
 
 
-def _text(settings: Settings, p: Plan, rows, paired, vs_cap) -> tuple[str, str]:
+def _setup(settings: Settings, p: Plan, rows, regs: list[str]) -> list[str]:
+    """The question and the setup paragraph."""
     reg_of = {r.name: r for r in settings.regimes}
-    regs = list(dict.fromkeys(r["regime"] for r in rows))
     out = [f"**Question.** {QUESTION}\n", "**Setup.**"]
     for name in regs:
         rg = reg_of[name]
@@ -237,79 +237,117 @@ def _text(settings: Settings, p: Plan, rows, paired, vs_cap) -> tuple[str, str]:
                "; changes paired per seed against the same drafter and policy without early exit; 95% t-intervals "
                "over seeds. Drafting time saved = 1 - drafting paid / drafting of all K positions, over the run's "
                "steps.\n")
-    out.append("**Answer.**")
-    heads = []
+    return out
+
+
+def _loads(rows, name: str) -> list:
+    """The regime's loads, ascending."""
+    return sorted(dict.fromkeys(r["load"] for r in rows if r["regime"] == name))
+
+
+def _answer_item(p: Plan, name: str, load, d: str, pol: str, paired, vs_cap) -> tuple[str, str | None] | None:
+    """One drafter and policy's answer text and, for the production policy, its headline; None when not run."""
+    t = _series(paired, regime=name, load=load, drafter=d, policy=pol,
+                metric="output_throughput_tok_s")
+    if not t:
+        return None
+    best = max(t, key=lambda r: r["diff"] if math.isfinite(r["diff"]) else -math.inf)
+    at = {"regime": name, "load": load, "drafter": d, "policy": pol, "threshold": best["threshold"]}
+    sv = _get(paired, **at, mode="exit", metric="draft_saved_share")
+    cap = _get(paired, **at, mode="cap", metric="output_throughput_tok_s")
+    vc = _get(vs_cap, **at, metric="output_throughput_tok_s")
+    sh = _get(paired, regime=name, load=load, drafter=d, policy=pol, threshold=OFF,
+              metric="draft_share_of_time")
+    sig = best["diff_lo"] > 0
+    loss = [r for r in t if r["diff_hi"] < -0.01]
+    txt = (f"`{d}` + `{pol}` (drafting {_pct(sh, 'value')} of step time): best T = "
+           f"{best['threshold']:g}, throughput {_pct(best)}"
+           f"{'' if sig else ' (no significant gain)'}, drafting time saved {_pct(sv, 'value')}; "
+           f"of the change, the saved drafting buys {_pct(vc)} (against the same stop on "
+           f"verification only) and the verification cap alone {_pct(cap)}")
+    if loss:
+        txt += f"; costs more than 1% from T = {loss[0]['threshold']:g}"
+    short = None
+    if pol == p.policies[-1]:   # the headline: the production policy, per drafter
+        short = (f"`{d}` best T = {best['threshold']:g}: drafting saved {_pct(sv, 'value')}, "
+                 f"throughput {_pct(best)} (the saved drafting alone {_pct(vc)})")
+    return txt, short
+
+
+def _answer(p: Plan, regs: list[str], rows, paired, vs_cap) -> tuple[list[str], list[str]]:
+    """The answer paragraph: (headlines, lines)."""
+    heads, out = [], ["**Answer.**"]
     for name in regs:
-        for load in sorted(dict.fromkeys(r["load"] for r in rows if r["regime"] == name)):
+        for load in _loads(rows, name):
             parts, short = [], []
             for d in p.drafters:
                 for pol in p.policies:
-                    t = _series(paired, regime=name, load=load, drafter=d, policy=pol,
-                                metric="output_throughput_tok_s")
-                    if not t:
+                    item = _answer_item(p, name, load, d, pol, paired, vs_cap)
+                    if item is None:
                         continue
-                    best = max(t, key=lambda r: r["diff"] if math.isfinite(r["diff"]) else -math.inf)
-                    at = {"regime": name, "load": load, "drafter": d, "policy": pol, "threshold": best["threshold"]}
-                    sv = _get(paired, **at, mode="exit", metric="draft_saved_share")
-                    cap = _get(paired, **at, mode="cap", metric="output_throughput_tok_s")
-                    vc = _get(vs_cap, **at, metric="output_throughput_tok_s")
-                    sh = _get(paired, regime=name, load=load, drafter=d, policy=pol, threshold=OFF,
-                              metric="draft_share_of_time")
-                    sig = best["diff_lo"] > 0
-                    loss = [r for r in t if r["diff_hi"] < -0.01]
-                    txt = (f"`{d}` + `{pol}` (drafting {_pct(sh, 'value')} of step time): best T = "
-                           f"{best['threshold']:g}, throughput {_pct(best)}"
-                           f"{'' if sig else ' (no significant gain)'}, drafting time saved {_pct(sv, 'value')}; "
-                           f"of the change, the saved drafting buys {_pct(vc)} (against the same stop on "
-                           f"verification only) and the verification cap alone {_pct(cap)}")
-                    if loss:
-                        txt += f"; costs more than 1% from T = {loss[0]['threshold']:g}"
-                    parts.append(txt)
-                    if pol == p.policies[-1]:   # the headline: the production policy, per drafter
-                        short.append(f"`{d}` best T = {best['threshold']:g}: drafting saved {_pct(sv, 'value')}, "
-                                     f"throughput {_pct(best)} (the saved drafting alone {_pct(vc)})")
+                    parts.append(item[0])
+                    if item[1] is not None:
+                        short.append(item[1])
             if parts:
                 heads.append(f"`{name}` at {load} users under `{p.policies[-1]}`: " + "; ".join(short))
                 out.append(f"- `{name}` at {load} users:")
                 out += [f"  - {x}." for x in parts]
+    return heads, out
+
+
+def _table(p: Plan, name: str, load, paired, vs_cap) -> list[str]:
+    """Per drafter, policy and threshold: the changes against no early exit."""
+    out = [f"*`{name}`, {load} users: per drafter and policy against T — throughput change with early "
+           "exit; the same stop on verification only (`cap`, drafting paid in full); exit against cap; "
+           "mean TPOT change; drafting time saved; positions drafted per request-step; mean verify "
+           "length (mean [95% CI]; changes paired against no early exit).*\n"]
+    body = []
+    for d in p.drafters:
+        for pol in p.policies:
+            for th in (OFF,) + p.thresholds:
+                mode = "off" if th == OFF else "exit"
+
+                def g(metric, mode=mode, th=th):
+                    return _get(paired, regime=name, load=load, drafter=d, policy=pol, threshold=th,
+                                mode=mode, metric=metric)
+                t, tp, sv, dp, vl = (g("output_throughput_tok_s"), g("tpot_mean_s"),
+                                     g("draft_saved_share"), g("drafted_per_request"), g("mean_verify_len"))
+                if t is None:
+                    continue
+                cap = g("output_throughput_tok_s", "cap")
+                vc = _get(vs_cap, regime=name, load=load, drafter=d, policy=pol, threshold=th,
+                          metric="output_throughput_tok_s")
+                body.append([f"`{d}`", f"`{pol}`", "off" if th == OFF else f"{th:g}",
+                             fmt_ci(t["value"], t["value_lo"], t["value_hi"], 1, 0) if th == OFF
+                             else _pct(t), "" if th == OFF else _pct(cap), "" if th == OFF else _pct(vc),
+                             "" if th == OFF else _pct(tp), _pct(sv, "value"),
+                             fmt_ci(dp["value"], dp["value_lo"], dp["value_hi"], 1, 2),
+                             fmt_ci(vl["value"], vl["value_lo"], vl["value_hi"], 1, 2)])
+    out.append(md_table(["drafter", "policy", "T", "throughput (tok/s when off)", "cap only",
+                         "exit vs cap", "mean TPOT", "drafting saved", "drafted / req-step", "verify len"],
+                        body) + "\n")
+    return out
+
+
+_LIMITS = (
+    "**Limits.** The stop rule reads the confidence head's survival, whose calibration is the simulator's "
+    "(STS on the parametric model); a drafter without a confidence head cannot stop this way. Drafting "
+    "costs are the profile's drafter entries: how much a stop saves depends on them (for `dspark` at most "
+    "its Markov head's 0.8%). KV slots for all K draft positions stay reserved; the stop saves compute, "
+    "not memory. The real runner does not implement `--draft-exit` (refused there).")
+
+
+def _text(settings: Settings, p: Plan, rows, paired, vs_cap) -> tuple[str, str]:
+    regs = list(dict.fromkeys(r["regime"] for r in rows))
+    out = _setup(settings, p, rows, regs)
+    heads, answer = _answer(p, regs, rows, paired, vs_cap)
+    out += answer
     out.append("")
     for name in regs:
-        for load in sorted(dict.fromkeys(r["load"] for r in rows if r["regime"] == name)):
-            out.append(f"*`{name}`, {load} users: per drafter and policy against T — throughput change with early "
-                       "exit; the same stop on verification only (`cap`, drafting paid in full); exit against cap; "
-                       "mean TPOT change; drafting time saved; positions drafted per request-step; mean verify "
-                       "length (mean [95% CI]; changes paired against no early exit).*\n")
-            body = []
-            for d in p.drafters:
-                for pol in p.policies:
-                    for th in (OFF,) + p.thresholds:
-                        mode = "off" if th == OFF else "exit"
-
-                        def g(metric, mode=mode, th=th):
-                            return _get(paired, regime=name, load=load, drafter=d, policy=pol, threshold=th,
-                                        mode=mode, metric=metric)
-                        t, tp, sv, dp, vl = (g("output_throughput_tok_s"), g("tpot_mean_s"),
-                                             g("draft_saved_share"), g("drafted_per_request"), g("mean_verify_len"))
-                        if t is None:
-                            continue
-                        cap = g("output_throughput_tok_s", "cap")
-                        vc = _get(vs_cap, regime=name, load=load, drafter=d, policy=pol, threshold=th,
-                                  metric="output_throughput_tok_s")
-                        body.append([f"`{d}`", f"`{pol}`", "off" if th == OFF else f"{th:g}",
-                                     fmt_ci(t["value"], t["value_lo"], t["value_hi"], 1, 0) if th == OFF
-                                     else _pct(t), "" if th == OFF else _pct(cap), "" if th == OFF else _pct(vc),
-                                     "" if th == OFF else _pct(tp), _pct(sv, "value"),
-                                     fmt_ci(dp["value"], dp["value_lo"], dp["value_hi"], 1, 2),
-                                     fmt_ci(vl["value"], vl["value_lo"], vl["value_hi"], 1, 2)])
-            out.append(md_table(["drafter", "policy", "T", "throughput (tok/s when off)", "cap only",
-                                 "exit vs cap", "mean TPOT", "drafting saved", "drafted / req-step", "verify len"],
-                                body) + "\n")
-    out.append("**Limits.** The stop rule reads the confidence head's survival, whose calibration is the simulator's "
-               "(STS on the parametric model); a drafter without a confidence head cannot stop this way. Drafting "
-               "costs are the profile's drafter entries: how much a stop saves depends on them (for `dspark` at most "
-               "its Markov head's 0.8%). KV slots for all K draft positions stay reserved; the stop saves compute, "
-               "not memory. The real runner does not implement `--draft-exit` (refused there)."
-               + (" FAST mode: one threshold, one load, short runs — shape, not answers." if settings.fast else ""))
+        for load in _loads(rows, name):
+            out += _table(p, name, load, paired, vs_cap)
+    out.append(_LIMITS + (" FAST mode: one threshold, one load, short runs — shape, not answers." if settings.fast
+                          else ""))
     return "; ".join(heads), "\n".join(out)
 
 

@@ -209,9 +209,9 @@ def _pct(r) -> str:
     return fmt_ci(r["diff"], r["diff_lo"], r["diff_hi"], 100, 1, "%", True) if r else "n/a"
 
 
-def _text(settings: Settings, p: Plan, rows, paired, gains, order) -> tuple[str, str]:
+def _setup(settings: Settings, p: Plan, rows, regs: list[str]) -> list[str]:
+    """The question and the setup paragraph."""
     reg_of = {r.name: r for r in regimes(settings, p)}
-    regs = list(dict.fromkeys(r["regime"] for r in rows))
     out = [f"**Question.** {QUESTION}\n", "**Setup.**"]
     for name in regs:
         rg = reg_of[name]
@@ -224,17 +224,34 @@ def _text(settings: Settings, p: Plan, rows, paired, gains, order) -> tuple[str,
                f"{', '.join(f'`{x}`' for x in p.policies)} (`{BASE}` with DeepSeek-V3's acceptance 0.87{v4}). "
                f"Seeds {', '.join(map(str, settings.seeds))}; ratios are paired per seed against `{BASE}`; 95% "
                "t-intervals over seeds. Verify length = draft tokens verified per decoding request per step.\n")
-    out.append("**Answer.**")
-    heads = []
+    return out
+
+
+def _v4_line(name: str, lo_l, hi_l, paired, gains) -> str | None:
+    """The answer's sub-line against the DeepSeek-V4 baseline; None when its throughputs are missing."""
+    t4 = [_get(paired, regime=name, load=ld, policy=POLICY, metric="output_throughput_tok_s", baseline=V4)
+          for ld in (lo_l, hi_l)]
+    g4 = _get(gains, regime=name, policy=POLICY, baseline=V4, metric="tps_user_gain_at_matched_throughput")
+    if None in t4:
+        return None
+    line = (f"  - Against `{V4}` (the paper's baseline): throughput {_pct(t4[0])} at {lo_l} users, "
+            f"{_pct(t4[1])} at {hi_l}")
+    if g4 is not None:
+        line += (f"; per-user speed at matched throughput "
+                 f"{fmt_ci(g4['gain'], g4['gain_lo'], g4['gain_hi'], 100, 1, '%', True)} (the paper "
+                 "reports +60-85% in DeepSeek-V4 production)")
+    return line + "."
+
+
+def _answer(p: Plan, regs: list[str], rows, paired, gains) -> tuple[list[str], list[str]]:
+    """The answer paragraph: (headlines, lines)."""
+    heads, out = [], ["**Answer.**"]
     for name in regs:
         loads = sorted(dict.fromkeys(r["load"] for r in rows if r["regime"] == name))
         lo_l, hi_l = loads[0], loads[-1]
-        vl = [_get(paired, regime=name, load=ld, policy=POLICY, metric="mean_verify_len", baseline=BASE)
-              for ld in (lo_l, hi_l)]
-        th = [_get(paired, regime=name, load=ld, policy=POLICY, metric="output_throughput_tok_s", baseline=BASE)
-              for ld in (lo_l, hi_l)]
-        us = [_get(paired, regime=name, load=ld, policy=POLICY, metric="tps_user_mean", baseline=BASE)
-              for ld in (lo_l, hi_l)]
+        vl, th, us = ([_get(paired, regime=name, load=ld, policy=POLICY, metric=m, baseline=BASE)
+                       for ld in (lo_l, hi_l)]
+                      for m in ("mean_verify_len", "output_throughput_tok_s", "tps_user_mean"))
         if None in vl or None in th or None in us:
             continue
         best = max((r for r in paired if r["regime"] == name and r["policy"] == POLICY and r["baseline"] == BASE
@@ -251,48 +268,65 @@ def _text(settings: Settings, p: Plan, rows, paired, gains, order) -> tuple[str,
         heads.append(text)
         out.append(f"- {text}.")
         if V4 in p.policies:
-            t4 = [_get(paired, regime=name, load=ld, policy=POLICY, metric="output_throughput_tok_s", baseline=V4)
-                  for ld in (lo_l, hi_l)]
-            g4 = _get(gains, regime=name, policy=POLICY, baseline=V4, metric="tps_user_gain_at_matched_throughput")
-            if None not in t4:
-                line = (f"  - Against `{V4}` (the paper's baseline): throughput {_pct(t4[0])} at {lo_l} users, "
-                        f"{_pct(t4[1])} at {hi_l}")
-                if g4 is not None:
-                    line += (f"; per-user speed at matched throughput "
-                             f"{fmt_ci(g4['gain'], g4['gain_lo'], g4['gain_hi'], 100, 1, '%', True)} (the paper "
-                             "reports +60-85% in DeepSeek-V4 production)")
-                out.append(line + ".")
+            line = _v4_line(name, lo_l, hi_l, paired, gains)
+            if line is not None:
+                out.append(line)
+    return heads, out
+
+
+def _load_table(p: Plan, name: str, rows, paired) -> list[str]:
+    """Per load: the baseline's throughput and each policy's verify length and paired changes."""
+    out = [f"*`{name}`: mean verify length (value [95% CI]) and paired change against `{BASE}` in % "
+           "(throughput; per-user mean tok/s).*\n"]
+    pols = [x for x in p.policies if x != BASE]
+    hdr = ["users", f"`{BASE}` thr. tok/s"] + [f"`{x}` verify len; thr.; per-user" for x in pols]
+    body = []
+    for ld in sorted(dict.fromkeys(r["load"] for r in rows if r["regime"] == name)):
+        b = _get(paired, regime=name, load=ld, policy=BASE, metric="output_throughput_tok_s", baseline=BASE)
+        line = [str(ld), fmt_ci(b["value"], b["value_lo"], b["value_hi"], 1, 0) if b else "n/a"]
+        for pol in pols:
+            v = _get(paired, regime=name, load=ld, policy=pol, metric="mean_verify_len", baseline=BASE)
+            t = _get(paired, regime=name, load=ld, policy=pol, metric="output_throughput_tok_s", baseline=BASE)
+            u = _get(paired, regime=name, load=ld, policy=pol, metric="tps_user_mean", baseline=BASE)
+            line.append(f"{fmt_ci(v['value'], v['value_lo'], v['value_hi'], 1, 2) if v else 'n/a'}; "
+                        f"{_pct(t)}; {_pct(u)}")
+        body.append(line)
+    out.append(md_table(hdr, body) + "\n")
+    return out
+
+
+def _gains_table(gains) -> list[str]:
+    """The frontier gains over the loads (empty when there are none)."""
+    if not gains:
+        return []
+    body = [[f"`{g['regime']}`", f"`{g['policy']}`", f"`{g['baseline']}`",
+             g["metric"].replace("_", " "), fmt_ci(g["gain"], g["gain_lo"], g["gain_hi"], 100, 1, "%", True),
+             f"{g['range_lo']:.0f}..{g['range_hi']:.0f}" if g["range_lo"] is not None and
+             math.isfinite(g["range_lo"]) else "n/a", g["note"] or ""] for g in gains]
+    return ["*Frontier gains over the loads (each seed's own Pareto frontiers; interval over seeds).*\n",
+            md_table(["regime", "policy", "baseline", "gain", "mean [95% CI]", "range", "note"], body) + "\n"]
+
+
+def _limits(settings: Settings, rows) -> str:
+    """The limits paragraph, naming the saturated cells."""
+    sat = sorted({(r["regime"], r["load"], r["policy"]) for r in rows if r["saturated"]})
+    return ("**Limits.** Closed-loop users without think time, one engine; the parametric dspark acceptance "
+            "(paper-calibrated on Qwen3-4B, not DeepSeek's drafter); K = 5 as in the paper's production. "
+            "Saturated cells (the queue still growing at the end) are kept in the per-load table and never "
+            f"enter a frontier: {', '.join(f'{a} {b} {c}' for a, b, c in sat) if sat else 'none'}."
+            + (" FAST mode: two loads, two policies, short runs — shape, not answers." if settings.fast else ""))
+
+
+def _text(settings: Settings, p: Plan, rows, paired, gains, order) -> tuple[str, str]:
+    regs = list(dict.fromkeys(r["regime"] for r in rows))
+    out = _setup(settings, p, rows, regs)
+    heads, answer = _answer(p, regs, rows, paired, gains)
+    out += answer
     out.append("")
     for name in regs:
-        out.append(f"*`{name}`: mean verify length (value [95% CI]) and paired change against `{BASE}` in % "
-                   "(throughput; per-user mean tok/s).*\n")
-        pols = [x for x in p.policies if x != BASE]
-        hdr = ["users", f"`{BASE}` thr. tok/s"] + [f"`{x}` verify len; thr.; per-user" for x in pols]
-        body = []
-        for ld in sorted(dict.fromkeys(r["load"] for r in rows if r["regime"] == name)):
-            b = _get(paired, regime=name, load=ld, policy=BASE, metric="output_throughput_tok_s", baseline=BASE)
-            line = [str(ld), fmt_ci(b["value"], b["value_lo"], b["value_hi"], 1, 0) if b else "n/a"]
-            for pol in pols:
-                v = _get(paired, regime=name, load=ld, policy=pol, metric="mean_verify_len", baseline=BASE)
-                t = _get(paired, regime=name, load=ld, policy=pol, metric="output_throughput_tok_s", baseline=BASE)
-                u = _get(paired, regime=name, load=ld, policy=pol, metric="tps_user_mean", baseline=BASE)
-                line.append(f"{fmt_ci(v['value'], v['value_lo'], v['value_hi'], 1, 2) if v else 'n/a'}; "
-                            f"{_pct(t)}; {_pct(u)}")
-            body.append(line)
-        out.append(md_table(hdr, body) + "\n")
-    sat = sorted({(r["regime"], r["load"], r["policy"]) for r in rows if r["saturated"]})
-    if gains:
-        out.append("*Frontier gains over the loads (each seed's own Pareto frontiers; interval over seeds).*\n")
-        body = [[f"`{g['regime']}`", f"`{g['policy']}`", f"`{g['baseline']}`",
-                 g["metric"].replace("_", " "), fmt_ci(g["gain"], g["gain_lo"], g["gain_hi"], 100, 1, "%", True),
-                 f"{g['range_lo']:.0f}..{g['range_hi']:.0f}" if g["range_lo"] is not None and
-                 math.isfinite(g["range_lo"]) else "n/a", g["note"] or ""] for g in gains]
-        out.append(md_table(["regime", "policy", "baseline", "gain", "mean [95% CI]", "range", "note"], body) + "\n")
-    out.append("**Limits.** Closed-loop users without think time, one engine; the parametric dspark acceptance "
-               "(paper-calibrated on Qwen3-4B, not DeepSeek's drafter); K = 5 as in the paper's production. "
-               "Saturated cells (the queue still growing at the end) are kept in the per-load table and never "
-               f"enter a frontier: {', '.join(f'{a} {b} {c}' for a, b, c in sat) if sat else 'none'}."
-               + (" FAST mode: two loads, two policies, short runs — shape, not answers." if settings.fast else ""))
+        out += _load_table(p, name, rows, paired)
+    out += _gains_table(gains)
+    out.append(_limits(settings, rows))
     return "; ".join(heads), "\n".join(out)
 
 

@@ -272,10 +272,9 @@ def _figure(path, paired, price) -> None:
     fig.savefig(path, dpi=110)
 
 
-def _text(settings: Settings, rows, paired, price) -> tuple[str, str]:
-    groups = list(dict.fromkeys((r["regime"], r["lengths"], r["users"]) for r in rows))
+def _setup(settings: Settings, p: Plan, groups: list[tuple]) -> list[str]:
+    """The question and the setup paragraph."""
     reg_of = {r.name: r for r in [*settings.regimes, FITTED]}
-    p = FAST if settings.fast else FULL
     out = [f"**Question.** {QUESTION}\n", "**Setup.**"]
     for name in dict.fromkeys(g[0] for g in groups):
         rg = reg_of[name]
@@ -291,37 +290,51 @@ def _text(settings: Settings, rows, paired, price) -> tuple[str, str]:
                "(dsparksim/policies/confidence_async_2d.py). Seeds "
                f"{', '.join(map(str, settings.seeds))}, paired (same requests, same draws); 95% t-intervals over "
                "seeds.\n")
-    out.append("**Answer.**")
-    heads = []
+    return out
+
+
+def _answer_item(reg: str, ln: str, u, paired, price) -> str:
+    """One (regime, lengths, users) group's answer text."""
+    pr = {m: _get(price, regime=reg, lengths=ln, users=u, metric=m) for m in PRICE}
+
+    def f(m, scale=100, digits=1, unit="%"):
+        q = pr[m]
+        return fmt_ci(q["mean"], q["lo"], q["hi"], scale, digits, unit) if q else "n/a"
+
+    def d(m):
+        q = _get(paired, regime=reg, lengths=ln, users=u, policy=TWO_D, metric=m)
+        return fmt_ci(q["diff"], q["diff_lo"], q["diff_hi"], 100, 2, "%", True) if q else "n/a"
+    text = (f"`{reg}`, `{ln}`, {u} users: the 1-D price is off by {f('price_err_ver_mean')} on average per "
+            f"verified token (P90 {f('price_err_ver_p90')}; over all candidates P90 {f('price_err_all_p90')}), "
+            f"attention being {f('attention_share_ver')} of a verified token's true marginal cost; the 1-D step "
+            f"time at the chosen M is off by {f('step_err_mean', digits=2)} (P90 |.| "
+            f"{f('step_err_abs_p90', digits=2)}); on the same steps the 2-D choice would serve "
+            f"{f('step_gain_2d_mean', digits=2)} more expected tokens per second (worse on "
+            f"{f('step_gain_2d_neg_share', digits=1)} of steps); run paired, `{TWO_D}` vs `{BASE}`: throughput "
+            f"{d('output_throughput_tok_s')}, mean TPOT {d('tpot_mean_s')}, P99 TPOT {d('tpot_p99_s')}, mean "
+            f"context of the decoding requests {d('decoding_context_mean')}")
+    sg = pr["step_gain_2d_mean"]
+    th = _get(paired, regime=reg, lengths=ln, users=u, policy=TWO_D, metric="output_throughput_tok_s")
+    if sg and th and sg["lo"] > 0 and th["diff_hi"] < 0:
+        text += ("; the per-step gain does not carry over to the run: favouring short contexts leaves the long "
+                 "ones decoding longer, so the batch the engine steps holds longer contexts")
+    return text
+
+
+def _answer(groups: list[tuple], paired, price) -> tuple[list[str], list[str]]:
+    """The answer paragraph: (headlines, lines)."""
+    heads, out = [], ["**Answer.**"]
     for g in groups:
         reg, ln, u = g
-        pr = {m: _get(price, regime=reg, lengths=ln, users=u, metric=m) for m in PRICE}
-
-        def f(m, scale=100, digits=1, unit="%"):
-            q = pr[m]
-            return fmt_ci(q["mean"], q["lo"], q["hi"], scale, digits, unit) if q else "n/a"
-
-        def d(m):
-            q = _get(paired, regime=reg, lengths=ln, users=u, policy=TWO_D, metric=m)
-            return fmt_ci(q["diff"], q["diff_lo"], q["diff_hi"], 100, 2, "%", True) if q else "n/a"
-        text = (f"`{reg}`, `{ln}`, {u} users: the 1-D price is off by {f('price_err_ver_mean')} on average per "
-                f"verified token (P90 {f('price_err_ver_p90')}; over all candidates P90 {f('price_err_all_p90')}), "
-                f"attention being {f('attention_share_ver')} of a verified token's true marginal cost; the 1-D step "
-                f"time at the chosen M is off by {f('step_err_mean', digits=2)} (P90 |.| "
-                f"{f('step_err_abs_p90', digits=2)}); on the same steps the 2-D choice would serve "
-                f"{f('step_gain_2d_mean', digits=2)} more expected tokens per second (worse on "
-                f"{f('step_gain_2d_neg_share', digits=1)} of steps); run paired, `{TWO_D}` vs `{BASE}`: throughput "
-                f"{d('output_throughput_tok_s')}, mean TPOT {d('tpot_mean_s')}, P99 TPOT {d('tpot_p99_s')}, mean "
-                f"context of the decoding requests {d('decoding_context_mean')}")
-        sg = pr["step_gain_2d_mean"]
-        th = _get(paired, regime=reg, lengths=ln, users=u, policy=TWO_D, metric="output_throughput_tok_s")
-        if sg and th and sg["lo"] > 0 and th["diff_hi"] < 0:
-            text += ("; the per-step gain does not carry over to the run: favouring short contexts leaves the long "
-                     "ones decoding longer, so the batch the engine steps holds longer contexts")
+        text = _answer_item(reg, ln, u, paired, price)
         out.append(f"- {text}.")
         if u == max(g2[2] for g2 in groups if g2[:2] == (reg, ln)):      # the headline: each regime's top load
             heads.append(text)
-    out.append("")
+    return heads, out
+
+
+def _table(groups: list[tuple], paired, price) -> list[str]:
+    """The paired changes of the 2-D variant, one row per group."""
     hdr = ["regime", "lengths", "users", "decoding / step", "context CV", "throughput", "mean TPOT", "P99 TPOT",
            "median user tok/s", "verify length (abs.)", "decoding context"]
     body = []
@@ -335,24 +348,39 @@ def _text(settings: Settings, rows, paired, price) -> tuple[str, str]:
             line.append(fmt_ci(r["diff"], r["diff_lo"], r["diff_hi"], 100 if rel else 1, 2, "%" if rel else "",
                                True) if r else "n/a")
         body.append(line)
-    out.append(f"*Paired change of `{TWO_D}` against `{BASE}`, mean [95% CI] (% unless marked; positive throughput "
-               "= gained, positive TPOT = slower).*\n")
-    out.append(md_table(hdr, body) + "\n")
-    out.append("**Definitions.** True marginal cost of draft position k+1 of request i: theta + qk_s (c_i + k + 1), "
-               "theta the mean slope of the profile's batch term over the step's range, qk_s the profile's seconds "
-               "per decode query-key pair; the 1-D price: theta + qk_s mean(c). Error = 1-D / true - 1 (absolute "
-               "values averaged). Measured on the steps of the 1-D policy's own runs. Step error: the 1-D "
-               "step_time(M) over the engine's exact price at the M chosen, minus 1. Per-step 2-D gain: on each "
-               "step of the 1-D run, the expected tokens per second at the engine's exact price of the 2-D global "
-               "choice over that of the 1-D global choice (both on the step's own information), minus 1. Decoding "
-               "context: the mean context of the requests decoding at a step, averaged over steps.\n")
-    out.append("**Limits.** Closed-loop users; one engine; the prefill pool is sized out of the way, so TTFT is not "
-               "studied. theta is a mean slope: on a staircase a single token's batch cost is 0 or a riser. The "
-               "2-D variant keeps the 1-D budget's LAG-2 staleness in tokens, so a budget carried across steps with "
-               "different context mixes is only approximately right. Acceptance does not depend on context here "
-               "(the model has no context term). Not studied: DP-attention deployments (per-rank attention in lockstep "
-               "steps)."
-               + (" FAST mode: one load, short runs — shape, not answers." if settings.fast else ""))
+    return [f"*Paired change of `{TWO_D}` against `{BASE}`, mean [95% CI] (% unless marked; positive throughput "
+            "= gained, positive TPOT = slower).*\n", md_table(hdr, body) + "\n"]
+
+
+_DEFINITIONS = (
+    "**Definitions.** True marginal cost of draft position k+1 of request i: theta + qk_s (c_i + k + 1), "
+    "theta the mean slope of the profile's batch term over the step's range, qk_s the profile's seconds "
+    "per decode query-key pair; the 1-D price: theta + qk_s mean(c). Error = 1-D / true - 1 (absolute "
+    "values averaged). Measured on the steps of the 1-D policy's own runs. Step error: the 1-D "
+    "step_time(M) over the engine's exact price at the M chosen, minus 1. Per-step 2-D gain: on each "
+    "step of the 1-D run, the expected tokens per second at the engine's exact price of the 2-D global "
+    "choice over that of the 1-D global choice (both on the step's own information), minus 1. Decoding "
+    "context: the mean context of the requests decoding at a step, averaged over steps.\n")
+
+_LIMITS = (
+    "**Limits.** Closed-loop users; one engine; the prefill pool is sized out of the way, so TTFT is not "
+    "studied. theta is a mean slope: on a staircase a single token's batch cost is 0 or a riser. The "
+    "2-D variant keeps the 1-D budget's LAG-2 staleness in tokens, so a budget carried across steps with "
+    "different context mixes is only approximately right. Acceptance does not depend on context here "
+    "(the model has no context term). Not studied: DP-attention deployments (per-rank attention in lockstep "
+    "steps).")
+
+
+def _text(settings: Settings, rows, paired, price) -> tuple[str, str]:
+    groups = list(dict.fromkeys((r["regime"], r["lengths"], r["users"]) for r in rows))
+    p = FAST if settings.fast else FULL
+    out = _setup(settings, p, groups)
+    heads, answer = _answer(groups, paired, price)
+    out += answer
+    out.append("")
+    out += _table(groups, paired, price)
+    out.append(_DEFINITIONS)
+    out.append(_LIMITS + (" FAST mode: one load, short runs — shape, not answers." if settings.fast else ""))
     return "; ".join(heads), "\n".join(out)
 
 

@@ -313,13 +313,11 @@ def _verdict(paired, name, lags, base_lag) -> str:
             + ("; its interval lies above the limit" if above else "; its interval still reaches below the limit"))
 
 
-def _text(settings: Settings, p: Plan, rows, paired, paired1, stale) -> tuple[str, str]:
-    regimes = list(dict.fromkeys(r["regime"] for r in rows))
+def _setup(settings: Settings, p: Plan, regimes: list[str]) -> list[str]:
+    """The question and the setup paragraph."""
     reg_of = {r.name: r for r in settings.regimes}
-    heads, out = [], []
     tl = p.timeline
-    out.append(f"**Question.** {QUESTION}\n")
-    out.append("**Setup.**")
+    out = [f"**Question.** {QUESTION}\n", "**Setup.**"]
     for name in regimes:
         rg = reg_of[name]
         out.append(f"- Regime `{name}`: profile `{rg.profile}`; {rg.why}.")
@@ -338,7 +336,12 @@ def _text(settings: Settings, p: Plan, rows, paired, paired1, stale) -> tuple[st
                f". Seeds {', '.join(str(s) for s in settings.seeds)}, paired: every policy serves the same requests "
                "with the same acceptance draws at a seed; intervals are 95% t-intervals over seeds of the per-seed "
                "differences against LAG 0.\n")
-    out.append("**Answer.**")
+    return out
+
+
+def _answer(regimes: list[str], rows, paired, paired1) -> tuple[list[str], list[str]]:
+    """The answer paragraph: (headlines, lines)."""
+    heads, out = [], ["**Answer.**"]
     for name in regimes:
         lags = tuple(sorted(dict.fromkeys(r["lag"] for r in rows if r["regime"] == name and r["lag"] >= 0)))
         h = f"`{name}`: staleness beyond the lossless minimum: {_verdict(paired1, name, lags, 1)}"
@@ -354,85 +357,128 @@ def _text(settings: Settings, p: Plan, rows, paired, paired1, stale) -> tuple[st
             out.append(f"  - LAG 1 against LAG 0 loses {la} of the spike window's throughput and {lc}"
                        " at a constant high load: the one-step cost is the price of not seeing the step's own "
                        "confidences (what keeps the policy lossless), present without any load change.")
+    return heads, out
+
+
+def _lags(rows, name: str) -> list:
+    """The regime's lags in first-seen order (oracle = -1 included)."""
+    return list(dict.fromkeys(r["lag"] for r in rows if r["regime"] == name))
+
+
+def _cost_table(name: str, rows, paired, const: bool, cvs: list[str]) -> list[str]:
+    """Costs against LAG 0, one row per lag."""
+    out = [f"*Regime `{name}`: costs against LAG 0 (positive = worse), mean [95% CI] in %.*\n"]
+    hdr = ["LAG", "step: spike thr. loss", "step: P99 TPOT during", "step: P99 TPOT after",
+           "step: recovery up (s, diff)", "step: recovery down (s, diff)"]
+    hdr += (["constant high load: thr. loss, mean TPOT"] if const else [])
+    hdr += [f"CV {c.removeprefix('gamma-cv')}: thr/busy-s loss, mean TPOT" for c in cvs]
+    body = []
+    for lag in sorted(x for x in _lags(rows, name) if x != 0):
+        def g(sc, m, sign=1.0, scale=100.0, unit=""):
+            r = _get(paired, regime=name, scenario=sc, lag=lag, metric=m)
+            if r is None:
+                return "n/a"
+            lo, hi = sorted((sign * r["diff_lo"], sign * r["diff_hi"]))
+            return fmt_ci(sign * r["diff"], lo, hi, scale, 2 if scale == 100 else 2, unit, signed=True)
+        line = ["oracle" if lag < 0 else str(lag), g("step", "spike_throughput_tok_s", -1),
+                g("step", "tpot_p99_during_s"), g("step", "tpot_p99_after_s"),
+                g("step", "recovery_up_s", scale=1.0), g("step", "recovery_down_s", scale=1.0)]
+        line += [f"{g('constant', 'throughput_tok_s', -1)}; {g('constant', 'tpot_mean_s')}"] if const else []
+        line += [f"{g(c, 'busy_throughput_tok_s', -1)}; {g(c, 'tpot_mean_s')}" for c in cvs]
+        body.append(line)
+    out.append(md_table(hdr, body) + "\n")
+    return out
+
+
+def _cost1_table(name: str, rows, paired1, const: bool, cvs: list[str]) -> list[str]:
+    """Costs against LAG 1, for lags above 1 (empty when there are none)."""
+    body1 = []
+    for lag in sorted(x for x in _lags(rows, name) if x > 1):
+        def g1(sc, m, sign=1.0):
+            r = _get(paired1, regime=name, scenario=sc, lag=lag, metric=m)
+            if r is None:
+                return "n/a"
+            lo, hi = sorted((sign * r["diff_lo"], sign * r["diff_hi"]))
+            return fmt_ci(sign * r["diff"], lo, hi, 100, 2, "", signed=True)
+        body1.append([str(lag), f"{g1('step', 'spike_throughput_tok_s', -1)}; {g1('step', 'tpot_mean_s')}"] +
+                     ([f"{g1('constant', 'throughput_tok_s', -1)}; {g1('constant', 'tpot_mean_s')}"]
+                      if const else []) +
+                     [f"{g1(c, 'busy_throughput_tok_s', -1)}; {g1(c, 'tpot_mean_s')}" for c in cvs])
+    if not body1:
+        return []
+    return [f"*Regime `{name}`: the same costs against LAG 1 (the freshest lossless budget): throughput "
+            "loss; mean-TPOT rise, in %.*\n",
+            md_table(["LAG", "step (spike window)"] + (["constant high load"] if const else []) +
+                     [f"CV {c.removeprefix('gamma-cv')}" for c in cvs], body1) + "\n"]
+
+
+def _stale_table(name: str, rows, stale, const: bool, cvs: list[str]) -> list[str]:
+    """Over/under-verification against the fresh budget, one row per lag >= 0."""
+    out = [f"*Regime `{name}`: per-step verify budget against the fresh capacity, as a share of the fresh "
+           "budget (over = verified beyond it, under = short of it), mean [95% CI] in %.*\n"]
+    hdr2 = ["LAG", "step low: over / under", "step ramp-up: over / under", "step drop: over / under"]
+    hdr2 += (["constant: over / under"] if const else [])
+    hdr2 += [f"CV {c.removeprefix('gamma-cv')}: over / under" for c in cvs]
+    body2 = []
+    for lag in sorted(x for x in _lags(rows, name) if x >= 0):
+        def s(sc, m):
+            r = _get(stale, regime=name, scenario=sc, lag=lag, metric=m)
+            return "n/a" if r is None else fmt_ci(r["mean"], r["lo"], r["hi"], 100, 2)
+        body2.append([str(lag), f"{s('step', 'low_over_rel')} / {s('step', 'low_under_rel')}",
+                      f"{s('step', 'up_over_rel')} / {s('step', 'up_under_rel')}",
+                      f"{s('step', 'down_over_rel')} / {s('step', 'down_under_rel')}"] +
+                     ([f"{s('constant', 'all_over_rel')} / {s('constant', 'all_under_rel')}"] if const else []) +
+                     [f"{s(c, 'all_over_rel')} / {s(c, 'all_under_rel')}" for c in cvs])
+    out.append(md_table(hdr2, body2) + "\n")
+    return out
+
+
+def _regime_tables(name: str, p: Plan, rows, paired, paired1, stale) -> list[str]:
+    """One regime's three tables and its LAG 0 reference line."""
+    present = set(r["scenario"] for r in rows if r["regime"] == name)
+    cvs = [f"gamma-cv{c:g}" for c in p.cvs if f"gamma-cv{c:g}" in present]
+    const = "constant" in present
+    out = _cost_table(name, rows, paired, const, cvs)
+    out += _cost1_table(name, rows, paired1, const, cvs)
+    out += _stale_table(name, rows, stale, const, cvs)
+    base = [r for r in rows if r["regime"] == name and r["lag"] == 0 and r["scenario"] == "step"]
+    if base:
+        m = interval(r["spike_throughput_tok_s"] for r in base)
+        ru = interval(r["recovery_up_s"] for r in base)
+        out.append(f"LAG 0 reference (`{name}`, step): spike-window throughput {fmt_ci(*m, 1, 0, ' tok/s')}, "
+                   f"recovery after the rise {fmt_ci(*ru, 1, 2, ' s')}.\n")
+    return out
+
+
+_DEFINITIONS = (
+    "**Definitions.** Over/under-verification: per decoding step, the draft tokens verified minus the "
+    "fresh budget b_t (the global search on the step's own confidences and batch), summed over the "
+    "window's steps and divided by the fresh budgets' sum. Throughput: output tokens per second over the "
+    "window (closed loop); in open loop served tokens follow the arrivals, so the cost is tokens per "
+    "busy second of the engine. Recovery: seconds after a change until the trailing 1 s throughput lies "
+    "within 5% of the settled level — after the rise, the mean over the second half of the high phase; "
+    "after the fall, the pre-spike level (same users) — as a diff against LAG 0 on the same seed; n/a "
+    "when some seed never gets there before the run ends. "
+    "P99 TPOT during/after: requests arriving in the high phase / after the drop.\n")
+
+_LIMITS = (
+    "**Limits.** The simulator draws acceptance outcomes, not tokens: LAG 0 (`confidence-global`) is "
+    "not lossless on a real engine, so it is a capacity reference only. One engine (no DP ranks, no "
+    "replicas); users have no think time; the step's users arrive with their prefills at once (the "
+    "prefill pool, or chunked prefill in the dense regime, absorbs the burst). Staleness is counted in "
+    "steps: at a fixed LAG, slower steps (the production profile's) mean older information in seconds. "
+    "The oracle row (full mode) bounds what any policy with this drafter and K could reach.")
+
+
+def _text(settings: Settings, p: Plan, rows, paired, paired1, stale) -> tuple[str, str]:
+    regimes = list(dict.fromkeys(r["regime"] for r in rows))
+    out = _setup(settings, p, regimes)
+    heads, answer = _answer(regimes, rows, paired, paired1)
+    out += answer
     out.append("")
     for name in regimes:
-        out.append(f"*Regime `{name}`: costs against LAG 0 (positive = worse), mean [95% CI] in %.*\n")
-        hdr = ["LAG", "step: spike thr. loss", "step: P99 TPOT during", "step: P99 TPOT after",
-               "step: recovery up (s, diff)", "step: recovery down (s, diff)"]
-        present = set(r["scenario"] for r in rows if r["regime"] == name)
-        cvs = [f"gamma-cv{c:g}" for c in p.cvs if f"gamma-cv{c:g}" in present]
-        const = "constant" in present
-        hdr += (["constant high load: thr. loss, mean TPOT"] if const else [])
-        hdr += [f"CV {c.removeprefix('gamma-cv')}: thr/busy-s loss, mean TPOT" for c in cvs]
-        body = []
-        for lag in sorted(x for x in dict.fromkeys(r["lag"] for r in rows if r["regime"] == name) if x != 0):
-            def g(sc, m, sign=1.0, scale=100.0, unit=""):
-                r = _get(paired, regime=name, scenario=sc, lag=lag, metric=m)
-                if r is None:
-                    return "n/a"
-                lo, hi = sorted((sign * r["diff_lo"], sign * r["diff_hi"]))
-                return fmt_ci(sign * r["diff"], lo, hi, scale, 2 if scale == 100 else 2, unit, signed=True)
-            line = ["oracle" if lag < 0 else str(lag), g("step", "spike_throughput_tok_s", -1),
-                    g("step", "tpot_p99_during_s"), g("step", "tpot_p99_after_s"),
-                    g("step", "recovery_up_s", scale=1.0), g("step", "recovery_down_s", scale=1.0)]
-            line += [f"{g('constant', 'throughput_tok_s', -1)}; {g('constant', 'tpot_mean_s')}"] if const else []
-            line += [f"{g(c, 'busy_throughput_tok_s', -1)}; {g(c, 'tpot_mean_s')}" for c in cvs]
-            body.append(line)
-        out.append(md_table(hdr, body) + "\n")
-        body1 = []
-        for lag in sorted(x for x in dict.fromkeys(r["lag"] for r in rows if r["regime"] == name) if x > 1):
-            def g1(sc, m, sign=1.0):
-                r = _get(paired1, regime=name, scenario=sc, lag=lag, metric=m)
-                if r is None:
-                    return "n/a"
-                lo, hi = sorted((sign * r["diff_lo"], sign * r["diff_hi"]))
-                return fmt_ci(sign * r["diff"], lo, hi, 100, 2, "", signed=True)
-            body1.append([str(lag), f"{g1('step', 'spike_throughput_tok_s', -1)}; {g1('step', 'tpot_mean_s')}"] +
-                         ([f"{g1('constant', 'throughput_tok_s', -1)}; {g1('constant', 'tpot_mean_s')}"]
-                          if const else []) +
-                         [f"{g1(c, 'busy_throughput_tok_s', -1)}; {g1(c, 'tpot_mean_s')}" for c in cvs])
-        if body1:
-            out.append(f"*Regime `{name}`: the same costs against LAG 1 (the freshest lossless budget): throughput "
-                       "loss; mean-TPOT rise, in %.*\n")
-            out.append(md_table(["LAG", "step (spike window)"] + (["constant high load"] if const else []) +
-                                [f"CV {c.removeprefix('gamma-cv')}" for c in cvs], body1) + "\n")
-        out.append(f"*Regime `{name}`: per-step verify budget against the fresh capacity, as a share of the fresh "
-                   "budget (over = verified beyond it, under = short of it), mean [95% CI] in %.*\n")
-        hdr2 = ["LAG", "step low: over / under", "step ramp-up: over / under", "step drop: over / under"]
-        hdr2 += (["constant: over / under"] if const else [])
-        hdr2 += [f"CV {c.removeprefix('gamma-cv')}: over / under" for c in cvs]
-        body2 = []
-        for lag in sorted(x for x in dict.fromkeys(r["lag"] for r in rows if r["regime"] == name) if x >= 0):
-            def s(sc, m):
-                r = _get(stale, regime=name, scenario=sc, lag=lag, metric=m)
-                return "n/a" if r is None else fmt_ci(r["mean"], r["lo"], r["hi"], 100, 2)
-            body2.append([str(lag), f"{s('step', 'low_over_rel')} / {s('step', 'low_under_rel')}",
-                          f"{s('step', 'up_over_rel')} / {s('step', 'up_under_rel')}",
-                          f"{s('step', 'down_over_rel')} / {s('step', 'down_under_rel')}"] +
-                         ([f"{s('constant', 'all_over_rel')} / {s('constant', 'all_under_rel')}"] if const else []) +
-                         [f"{s(c, 'all_over_rel')} / {s(c, 'all_under_rel')}" for c in cvs])
-        out.append(md_table(hdr2, body2) + "\n")
-        base = [r for r in rows if r["regime"] == name and r["lag"] == 0 and r["scenario"] == "step"]
-        if base:
-            m = interval(r["spike_throughput_tok_s"] for r in base)
-            ru = interval(r["recovery_up_s"] for r in base)
-            out.append(f"LAG 0 reference (`{name}`, step): spike-window throughput {fmt_ci(*m, 1, 0, ' tok/s')}, "
-                       f"recovery after the rise {fmt_ci(*ru, 1, 2, ' s')}.\n")
-    out.append("**Definitions.** Over/under-verification: per decoding step, the draft tokens verified minus the "
-               "fresh budget b_t (the global search on the step's own confidences and batch), summed over the "
-               "window's steps and divided by the fresh budgets' sum. Throughput: output tokens per second over the "
-               "window (closed loop); in open loop served tokens follow the arrivals, so the cost is tokens per "
-               "busy second of the engine. Recovery: seconds after a change until the trailing 1 s throughput lies "
-               "within 5% of the settled level — after the rise, the mean over the second half of the high phase; "
-               "after the fall, the pre-spike level (same users) — as a diff against LAG 0 on the same seed; n/a "
-               "when some seed never gets there before the run ends. "
-               "P99 TPOT during/after: requests arriving in the high phase / after the drop.\n")
-    out.append("**Limits.** The simulator draws acceptance outcomes, not tokens: LAG 0 (`confidence-global`) is "
-               "not lossless on a real engine, so it is a capacity reference only. One engine (no DP ranks, no "
-               "replicas); users have no think time; the step's users arrive with their prefills at once (the "
-               "prefill pool, or chunked prefill in the dense regime, absorbs the burst). Staleness is counted in "
-               "steps: at a fixed LAG, slower steps (the production profile's) mean older information in seconds. "
-               "The oracle row (full mode) bounds what any policy with this drafter and K could reach."
-               + (" FAST mode: few seeds, short runs, the primary regime only — shape, not answers." if
-                  settings.fast else ""))
+        out += _regime_tables(name, p, rows, paired, paired1, stale)
+    out.append(_DEFINITIONS)
+    out.append(_LIMITS + (" FAST mode: few seeds, short runs, the primary regime only — shape, not answers." if
+                          settings.fast else ""))
     return "; ".join(heads), "\n".join(out)
