@@ -1,7 +1,6 @@
 """``dsparksim profile fit``: from a runs table to a calibrated ``dsparksim-profile/1`` JSON with ``metadata.fit``."""
 from __future__ import annotations
 
-from tqdm import tqdm
 import datetime as _dt
 import json
 import math
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from dsparksim.cost.analytic.calibration import FAMILIES, FAMILY_NOTES, Calibration
 from dsparksim.errors import InputError
@@ -84,10 +84,69 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def parameter_entries(prob: FitProblem, res: Any, boot: np.ndarray | None, seed: int) -> dict[str, Any]:
+    """``metadata.fit.parameters``: each parameter's value, builder value, status, bounds, sensitivity, and for a
+    fitted one whether it sits at a bound and its bootstrap percentiles."""
+    params: dict[str, Any] = {}
+    for k, p in enumerate(PARAMS):
+        st = res.status[p]
+        e: dict[str, Any] = {"value": float(res.coef[k]), "builder_value": float(prob.builder_coef[k]),
+                             "status": st["status"], "bounds": list(param_bounds(p)),
+                             "sensitivity": st.get("sensitivity")}
+        if "reason" in st:
+            e["reason"] = st["reason"]
+        if "collinearity_index" in st:
+            e["collinearity_index"] = st["collinearity_index"]
+        if st["status"] == "fitted":
+            lo, hi = param_bounds(p)
+            e["at_bound"] = bool(res.coef[k] <= lo * 1.001 or res.coef[k] >= hi / 1.001)
+            if boot is not None:
+                b = boot[:, k]
+                e["bootstrap"] = {"n": int(len(b)), "seed": seed, "p2.5": float(np.percentile(b, 2.5)),
+                                  "p50": float(np.median(b)), "p97.5": float(np.percentile(b, 97.5)),
+                                  "sd_log": float(np.std(np.log(b)))}
+        e["meaning"] = FAMILY_NOTES.get(p, PARAM_NOTES.get(p, ""))
+        params[p] = e
+    return params
+
+
+def fit_metadata(runs_path: str | Path, opt: FitOptions, where: dict[str, str], runs: list[FitRun], chunk: int,
+                 params: dict[str, Any], res: Any, in_rows: list[dict], loco_rows: list[dict],
+                 elapsed: float) -> dict[str, Any]:
+    """``metadata.fit``: the runs and selection, the client model, the objective, the parameters, the
+    identifiability rule and the fit and leave-one-concurrency-out errors."""
+    return {
+        "command": "dsparksim profile fit",
+        "runs": {"file": str(runs_path), "sha256": file_sha256(runs_path), "selection": where,
+                 "run_ids": [r.run_id for r in runs], "n_runs": len(runs),
+                 "concurrencies": sorted({r.concurrency for r in runs}),
+                 "workloads": sorted({f"{r.spec.input_len}/{r.spec.output_len}" for r in runs})},
+        "client_model": {"workload": "the run's client: max_concurrency cap over num_prompts requests released at "
+                         "once, warm-up prompts first; lengths uniform in [int(R*L), L]; ignore_eos",
+                         "max_num_seqs": opt.max_num_seqs, "prefill_chunk_tokens": chunk, "seed": 0,
+                         "mem_fraction_static": opt.mem_fraction_static, "kv_dtype": opt.kv_dtype,
+                         "mixed_prefill": _mixed_record(runs, opt.mixed_prefill),
+                         "simulated_by": "dsparksim.bench.client.run_client (warm-up prompts included)"},
+        "objective": "least squares of log(simulated/measured): per run mean TPOT (median where the run has no "
+                     "mean), mean TTFT (median likewise) and output tokens/s per GPU, equal weights",
+        "fitted_metrics": list(opt.metrics),
+        "parameters": params,
+        "identifiability": {"rule": f"Brun et al. 2001: flat if sensitivity ||J_j||/sqrt(n) < {DELTA_MIN} (J: "
+                                    "d log metric / d log parameter); in decreasing sensitivity a parameter is "
+                                    f"fitted only if the collinearity index of the fitted set stays <= {GAMMA_MAX:g}; "
+                                    "judged at the builder's values and again at the fitted ones",
+                            "passes": res.passes, "unidentified_held_at_builder_value":
+                                [p for p in PARAMS if res.status[p]["status"] != "fitted"]},
+        "fit_error": _summary(in_rows),
+        "loco_error": _summary(loco_rows) if loco_rows else "fewer than 2 concurrencies: not computed",
+        "rms_log_residual": float(np.sqrt(np.mean(res.residuals ** 2))) if len(res.residuals) else None,
+        "elapsed_s": round(elapsed, 1),
+    }
+
+
 def run_fit(runs_path: str | Path, opt: FitOptions, *, tqdm_file: Any = None
             ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the fitted profile object, a report with the per-run and LOCO rows). InputError on bad input."""
-
     t0 = time.perf_counter()
     where = dict(opt.where)
     server_kw = {"kv_dtype": opt.kv_dtype}
@@ -125,26 +184,7 @@ def run_fit(runs_path: str | Path, opt: FitOptions, *, tqdm_file: Any = None
         r["rel_error"] = r["predicted"] / r["measured"] - 1.0
     elapsed = time.perf_counter() - t0
 
-    params: dict[str, Any] = {}
-    for k, p in enumerate(PARAMS):
-        st = res.status[p]
-        e: dict[str, Any] = {"value": float(res.coef[k]), "builder_value": float(prob.builder_coef[k]),
-                             "status": st["status"], "bounds": list(param_bounds(p)),
-                             "sensitivity": st.get("sensitivity")}
-        if "reason" in st:
-            e["reason"] = st["reason"]
-        if "collinearity_index" in st:
-            e["collinearity_index"] = st["collinearity_index"]
-        if st["status"] == "fitted":
-            lo, hi = param_bounds(p)
-            e["at_bound"] = bool(res.coef[k] <= lo * 1.001 or res.coef[k] >= hi / 1.001)
-            if boot is not None:
-                b = boot[:, k]
-                e["bootstrap"] = {"n": int(len(b)), "seed": opt.seed, "p2.5": float(np.percentile(b, 2.5)),
-                                  "p50": float(np.median(b)), "p97.5": float(np.percentile(b, 97.5)),
-                                  "sd_log": float(np.std(np.log(b)))}
-        e["meaning"] = FAMILY_NOTES.get(p, PARAM_NOTES.get(p, ""))
-        params[p] = e
+    params = parameter_entries(prob, res, boot, opt.seed)
     scales = {p: float(res.coef[PARAMS.index(p)]) for p in FAMILIES if res.coef[PARAMS.index(p)] != 1.0}
     lat = float(res.coef[PARAMS.index("request_latency_s")])
     cal = Calibration(scales=scales, fixed_overhead_s=float(res.coef[PARAMS.index("fixed_overhead_s")]),
@@ -158,31 +198,5 @@ def run_fit(runs_path: str | Path, opt: FitOptions, *, tqdm_file: Any = None
     md["method"] = ("analytic builder profile with one scale per cost family, a fixed per-step overhead and a "
                     "request latency outside the step loop fitted by bounded least squares on log(simulated/"
                     "measured) of the runs' TPOT, TTFT and output tokens/s per GPU; see metadata.fit")
-    md["fit"] = {
-        "command": "dsparksim profile fit",
-        "runs": {"file": str(runs_path), "sha256": file_sha256(runs_path), "selection": where,
-                 "run_ids": [r.run_id for r in runs], "n_runs": len(runs),
-                 "concurrencies": sorted({r.concurrency for r in runs}),
-                 "workloads": sorted({f"{r.spec.input_len}/{r.spec.output_len}" for r in runs})},
-        "client_model": {"workload": "the run's client: max_concurrency cap over num_prompts requests released at "
-                         "once, warm-up prompts first; lengths uniform in [int(R*L), L]; ignore_eos",
-                         "max_num_seqs": opt.max_num_seqs, "prefill_chunk_tokens": chunk, "seed": 0,
-                         "mem_fraction_static": opt.mem_fraction_static, "kv_dtype": opt.kv_dtype,
-                         "mixed_prefill": _mixed_record(runs, opt.mixed_prefill),
-                         "simulated_by": "dsparksim.bench.client.run_client (warm-up prompts included)"},
-        "objective": "least squares of log(simulated/measured): per run mean TPOT (median where the run has no "
-                     "mean), mean TTFT (median likewise) and output tokens/s per GPU, equal weights",
-        "fitted_metrics": list(opt.metrics),
-        "parameters": params,
-        "identifiability": {"rule": f"Brun et al. 2001: flat if sensitivity ||J_j||/sqrt(n) < {DELTA_MIN} (J: "
-                                    "d log metric / d log parameter); in decreasing sensitivity a parameter is "
-                                    f"fitted only if the collinearity index of the fitted set stays <= {GAMMA_MAX:g}; "
-                                    "judged at the builder's values and again at the fitted ones",
-                            "passes": res.passes, "unidentified_held_at_builder_value":
-                                [p for p in PARAMS if res.status[p]["status"] != "fitted"]},
-        "fit_error": _summary(in_rows),
-        "loco_error": _summary(loco_rows) if loco_rows else "fewer than 2 concurrencies: not computed",
-        "rms_log_residual": float(np.sqrt(np.mean(res.residuals ** 2))) if len(res.residuals) else None,
-        "elapsed_s": round(elapsed, 1),
-    }
+    md["fit"] = fit_metadata(runs_path, opt, where, runs, chunk, params, res, in_rows, loco_rows, elapsed)
     return d, {"in_sample": in_rows, "loco": loco_rows, "result": res, "runs": runs, "elapsed_s": elapsed}

@@ -19,14 +19,14 @@ when ``require_unsaturated``.
 """
 from __future__ import annotations
 
-from tqdm import tqdm
-import os
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
 from dsparksim.plan.cost import cost_per_hour, cost_per_mtok, max_replicas_below
 from dsparksim.plan.spec import Deployment, PlanSpec, SLOTerm

@@ -1,7 +1,6 @@
 """Run a sweep: skip cached cells, run the rest on a backend, write each result as it lands, build the table."""
 from __future__ import annotations
 
-from tqdm import tqdm
 import json
 import time
 from dataclasses import dataclass, field
@@ -9,6 +8,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
+from tqdm import tqdm
 
 from dsparksim.sweep.backends import Task, make_backend
 from dsparksim.sweep.cache import CellCache, have_parquet
