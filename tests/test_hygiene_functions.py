@@ -26,9 +26,7 @@ ARGUMENT_TABLES = {"dsparksim/cli/runner.py:register"}
 # modules are next touched; a listed function may not grow
 LONG: dict[str, int] = {
     "dsparksim/cost/analytic/builder.py:build_profile": 169,
-    "dsparksim/fit/command.py:run_fit": 102,
     "dsparksim/runner/live.py:LiveExecutor.run_step": 88,
-    "dsparksim/runner/run.py:real_run": 118,
 }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -61,16 +61,9 @@ def _check_profile(profile, mkey: str, dkey: str) -> None:
                               f"for this model/device (`dsparksim measure`) or pass --no-profile-check")
 
 
-def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None, proxy=None,
-             progress: Callable[[float], None] | None = None, record_outputs: bool = False,
-             prompt_source=None, checkpoint: Callable[[int], None] | None = None,
-             checkpoint_every_s: float = 0.5, after_step=None) -> RunOutput:
-    """Serve ``cfg`` for real (``rcfg.mode``: trace replay or live drafters). ``target``/``proxy`` reuse already
-    built models; ``record_outputs`` keeps each request's prompt and generated tokens (live mode) on the result;
-    ``prompt_source`` overrides the live prompts (the audit gives every request the same prompt); ``checkpoint``
-    (next step index) is called between steps every ``checkpoint_every_s`` of measured time (drift windows,
-    :class:`~.drift.RunWindows`); ``after_step(step index, plan)`` after every step, off the measured clock too
-    (paired reference cells, :class:`~.paired.RunPairs`)."""
+def simulator_only_refused(cfg: RunConfig) -> RunConfig:
+    """Options that exist only in the simulator refused before any model is loaded; the config a real run saves
+    (its KV reserved at admission: one fixed slot per request, no pages to preempt)."""
     for k in ("replicas", "dp_ranks"):    # before any model is loaded
         if getattr(cfg.engine, k) != 1:
             raise ConfigError("config", k, f"the real runner serves one engine on one device, got {k}="
@@ -82,10 +75,63 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
         if getattr(cfg.engine, k) not in (None, False):
             raise ConfigError("config", k, f"{flag} is priced by the simulator only (the real runner's executors "
                               "neither pad verification nor stop drafting early); drop it for a real run")
+    t = cfg.traffic
+    for name, flag in (("max_concurrency", "--max-concurrency"), ("num_warmup_prompts", "--num-warmup-prompts")):
+        if getattr(t, name):   # the benchmark client's cap and warm-up are simulated only (run)
+            raise ConfigError("cli", flag, f"is not supported by the real runner ({getattr(t, name)!r}); use "
+                              "`dsparksim run`, or --concurrency / no warm-up here")
     if cfg.engine.kv_policy != "reserve":
         # The real runner's KV is one fixed slot per request (no pages to preempt): it always reserves at
         # admission. The saved config says so (kv_policy "reserve"), whatever the run default is.
         cfg = cfg.replace(engine=replace(cfg.engine, kv_policy="reserve"))
+    return cfg
+
+
+def add_real_records(summary: dict[str, Any], inputs: dict[str, Any], res: Any, mkey: str, dkey: str, T: int,
+                     live: bool, profile: Any) -> None:
+    """What a real run adds to summary.json and config.json's inputs: the measured vs modelled step time split,
+    the model and device keys, the KV slot size and how acceptance was decided."""
+    summary["engine"] = "real"
+    st = res.steps
+    summary["step_time_model_vs_real"] = {
+        "sum_dt_s": float(np.sum(st["dt"])), "sum_dt_model_s": float(np.sum(st["dt_model"])),
+        "sum_t_target_s": float(np.sum(st["t_target"])), "sum_t_draft_s": float(np.sum(st["t_draft"])),
+        "sum_t_host_s": float(np.sum(st["t_host"]))}
+    inputs["engine"] = {"kind": "real", "model": mkey, "device": dkey, **inputs["engine"], "kv_slot_tokens": T,
+                        "acceptance_mode": (
+                            "live: trained drafter + exact rejection sampling of the first L drafts; drafting "
+                            f"priced from the profile ({profile.metadata.get('drafting', 'proxy')})" if live else
+                            "trace-replay: a = min(L, A) with A from the acceptance source")}
+
+
+def kv_slots(cfg: RunConfig, workload: Any, K: int, kv_cap: int, mcfg: Any, ex: ExecutorConfig) -> tuple[int, int]:
+    """(tokens per KV slot, slots): one fixed slot per request of the longest request plus a block, refused when
+    the KV asked for or the slots exceed what the device holds for this model."""
+    bits = torch_dtype(ex.dtype).itemsize * 8
+    dev_cap = kv_capacity_tokens(mcfg, ex.device, bits)
+    if kv_cap > dev_cap:
+        raise ConfigError("config", "kv_capacity_tokens", f"{kv_cap} KV tokens requested but {ex.device} can hold "
+                          f"about {dev_cap} for this model ({bits}-bit KV); lower --kv-capacity")
+    T = workload.max_request_tokens() + K + 2
+    conc = workload.concurrency or cfg.engine.max_num_seqs
+    slots = min(cfg.engine.max_num_seqs, conc)
+    if slots * T > dev_cap:
+        raise ConfigError("config", "max_num_seqs", f"{slots} KV slots of {T} tokens exceed the device's "
+                          f"{dev_cap}-token KV capacity")
+    return T, slots
+
+
+def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None, proxy=None,
+             progress: Callable[[float], None] | None = None, record_outputs: bool = False,
+             prompt_source=None, checkpoint: Callable[[int], None] | None = None,
+             checkpoint_every_s: float = 0.5, after_step=None) -> RunOutput:
+    """Serve ``cfg`` for real (``rcfg.mode``: trace replay or live drafters). ``target``/``proxy`` reuse already
+    built models; ``record_outputs`` keeps each request's prompt and generated tokens (live mode) on the result;
+    ``prompt_source`` overrides the live prompts (the audit gives every request the same prompt); ``checkpoint``
+    (next step index) is called between steps every ``checkpoint_every_s`` of measured time (drift windows,
+    :class:`~.drift.RunWindows`); ``after_step(step index, plan)`` after every step, off the measured clock too
+    (paired reference cells, :class:`~.paired.RunPairs`)."""
+    cfg = simulator_only_refused(cfg)
     ex = rcfg.executor
     rngs = run_streams(cfg.seed)
     profile = load_run_profile(cfg)
@@ -102,11 +148,6 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
                               "live mode needs drafting costs measured on the trained drafters, but this profile's "
                               f"come from {profile.metadata.get('drafting', 'the drafter proxy')!r}; measure with "
                               "`dsparksim measure --live --models MODELS` or pass --no-profile-check")
-    t = cfg.traffic   # before anything is loaded
-    for name, flag in (("max_concurrency", "--max-concurrency"), ("num_warmup_prompts", "--num-warmup-prompts")):
-        if getattr(t, name):   # the benchmark client's cap and warm-up are simulated only (run)
-            raise ConfigError("cli", flag, f"is not supported by the real runner ({getattr(t, name)!r}); use "
-                              "`dsparksim run`, or --concurrency / no warm-up here")
     probe = make_policy(cfg.policy)
     if probe.needs_oracle:  # before any drafter is loaded
         raise ConfigError("config", "policy", f"{probe.spec} reads the true accepted length: it exists only in the "
@@ -130,17 +171,7 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
                           f"K={tK}; a validation must replay blocks of the same size (record a K={K} trace)")
     policy.reset(K, rngs["policy"])
     workload = build_workload(cfg.traffic, rngs["workload"])
-    bits = torch_dtype(ex.dtype).itemsize * 8
-    dev_cap = kv_capacity_tokens(mcfg, ex.device, bits)
-    if kv_cap > dev_cap:
-        raise ConfigError("config", "kv_capacity_tokens", f"{kv_cap} KV tokens requested but {ex.device} can hold "
-                          f"about {dev_cap} for this model ({bits}-bit KV); lower --kv-capacity")
-    T = workload.max_request_tokens() + K + 2
-    conc = workload.concurrency or cfg.engine.max_num_seqs
-    slots = min(cfg.engine.max_num_seqs, conc)
-    if slots * T > dev_cap:
-        raise ConfigError("config", "max_num_seqs", f"{slots} KV slots of {T} tokens exceed the device's "
-                          f"{dev_cap}-token KV capacity")
+    T, slots = kv_slots(cfg, workload, K, kv_cap, mcfg, ex)
     if live:
         tgt = target if target is not None else build_models(mcfg, ex, tmodel)[0]
         drafter_m, temps, prompts = live_parts
@@ -163,17 +194,7 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
     res = real_result(sim.run(), describe)
     summary, inputs = run_summary(cfg, res, profile, acceptance, policy, workload, K, drafter, kv_cap, max_tok,
                                   duration)
-    summary["engine"] = "real"
-    st = res.steps
-    summary["step_time_model_vs_real"] = {
-        "sum_dt_s": float(np.sum(st["dt"])), "sum_dt_model_s": float(np.sum(st["dt_model"])),
-        "sum_t_target_s": float(np.sum(st["t_target"])), "sum_t_draft_s": float(np.sum(st["t_draft"])),
-        "sum_t_host_s": float(np.sum(st["t_host"]))}
-    inputs["engine"] = {"kind": "real", "model": mkey, "device": dkey, **inputs["engine"], "kv_slot_tokens": T,
-                        "acceptance_mode": (
-                            "live: trained drafter + exact rejection sampling of the first L drafts; drafting "
-                            f"priced from the profile ({profile.metadata.get('drafting', 'proxy')})" if live else
-                            "trace-replay: a = min(L, A) with A from the acceptance source")}
+    add_real_records(summary, inputs, res, mkey, dkey, T, live, profile)
     out = RunOutput(config=cfg, summary=summary, result=res, inputs=inputs)
     if record_outputs:
         out.outputs = executor.outputs            # row -> generated token ids (live mode; tests)
