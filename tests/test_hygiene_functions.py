@@ -26,7 +26,6 @@ ARGUMENT_TABLES = {"dsparksim/cli/runner.py:register"}
 # modules are next touched; a listed function may not grow
 LONG: dict[str, int] = {
     "dsparksim/cost/analytic/builder.py:build_profile": 169,
-    "dsparksim/runner/live.py:LiveExecutor.run_step": 88,
 }
 
 

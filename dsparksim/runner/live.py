@@ -168,6 +168,31 @@ class LiveExecutor(Executor):
         return StepOutcome(duration_s=self.clock() - t0, accepted=a, extra=step_extra(plan, tm.draft_s, tm.target_s))
 
     @torch.no_grad()
+    def _prefill_next(self, chunks: list[tuple[int, int, int, int]], off: int, logits: torch.Tensor,
+                      sel_idx: list, sel_next: list, sel_runs: list) -> None:
+        """Prefill chunks (flat tokens from ``off`` on): each prompt token's successor for the drafter update, and
+        the first output token of each completing prefill (sampled from its last position's logits)."""
+        dev = self.dev
+        done_pf = []
+        for row, slot, st, ln in chunks:
+            e = off + ln - 1
+            nx = torch.as_tensor(self.prompt[row][st + 1: st + ln + 1], dtype=torch.long, device=dev)
+            if st + ln == len(self.prompt[row]):
+                done_pf.append((row, e, len(sel_next)))
+                nx = torch.cat([nx, torch.zeros(1, dtype=torch.long, device=dev)])   # filled below
+            sel_idx.append(torch.arange(off, off + ln, device=dev))
+            sel_next.append(nx)
+            sel_runs.append(torch.tensor([ln], device=dev))
+            self.cache_len[row] = st + ln
+            off += ln
+        if done_pf:
+            first_tok = self._sample(logits[torch.as_tensor([e for _, e, _ in done_pf], device=dev)])
+            for (row, _, k), t in zip(done_pf, first_tok.tolist()):
+                sel_next[k][-1] = t
+                self.pending[row] = t
+                if self.record:
+                    self.outputs[row].append(t)
+
     def run_step(self, dec_rows: np.ndarray, dec_slots: np.ndarray, L: np.ndarray, a_unused, K: int,
                  chunks: list[tuple[int, int, int, int]]) -> tuple[StepTiming, np.ndarray]:
         """Verify + prefill in one target forward, rejection-sample, advance the drafter. Returns (timing, a)."""
@@ -219,27 +244,7 @@ class LiveExecutor(Executor):
                 self.pending[r] = newl[i]
                 if self.record:
                     self.outputs[r].extend(drafts[i, : int(a[i])].cpu().tolist() + [newl[i]])
-        # ---- prefill chunks: the first output token of each completing prefill
-        off = n_dec_tok
-        done_pf = []
-        for row, slot, st, ln in chunks:
-            e = off + ln - 1
-            nx = torch.as_tensor(self.prompt[row][st + 1: st + ln + 1], dtype=torch.long, device=dev)
-            if st + ln == len(self.prompt[row]):
-                done_pf.append((row, e, len(sel_next)))
-                nx = torch.cat([nx, torch.zeros(1, dtype=torch.long, device=dev)])   # filled below
-            sel_idx.append(torch.arange(off, off + ln, device=dev))
-            sel_next.append(nx)
-            sel_runs.append(torch.tensor([ln], device=dev))
-            self.cache_len[row] = st + ln
-            off += ln
-        if done_pf:
-            first_tok = self._sample(logits[torch.as_tensor([e for _, e, _ in done_pf], device=dev)])
-            for (row, _, k), t in zip(done_pf, first_tok.tolist()):
-                sel_next[k][-1] = t
-                self.pending[row] = t
-                if self.record:
-                    self.outputs[row].append(t)
+        self._prefill_next(chunks, n_dec_tok, logits, sel_idx, sel_next, sel_runs)
         # ---- advance the drafter with the target's features of every processed (kept) token (drafting work)
         sync(dev)
         t_obs = clock()
