@@ -35,12 +35,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
-
-if TYPE_CHECKING:   # typing only: profile.py imports this module
-    from dsparksim.cost.profile import CostProfile
 
 __all__ = ["StepShape", "StepPrice", "StepPricer", "DenseStepTime", "chunk_query_keys", "decode_query_keys",
            "PART_NAMES"]
@@ -239,7 +236,8 @@ class StepPricer:
     which decides whether the dense verify table is used (see the module doc). ``dense=False``: never use it (the
     verify lookup first, as the disaggregated prefill pool has always summed)."""
 
-    def __init__(self, profile: "CostProfile", max_tokens: int | None = None, dense: bool = True) -> None:
+    # profile: a dsparksim.cost.profile.CostProfile (not imported: profile.py imports this module)
+    def __init__(self, profile: Any, max_tokens: int | None = None, dense: bool = True) -> None:
         self.profile = profile
         self.max_tokens = int(profile.max_tokens if max_tokens is None else max_tokens)
         self.sq = float(profile.seconds_per_query_kv)
