@@ -114,39 +114,11 @@ class RealStepper:
 # ---------------------------------------------------------------- the public additions the runner needs
 import numpy as np  # noqa: E402
 
-from dsparksim.acceptance.base import AcceptanceModel, Block  # noqa: E402
 from dsparksim.sim.contract import CostExecutor, Prefilled  # noqa: E402
 from dsparksim.sim.driver import Driver  # noqa: E402
 from dsparksim.sim.requests import DECODE  # noqa: E402
 from dsparksim.policies import make_policy  # noqa: E402
-from dsparksim.traffic.base import Workload  # noqa: E402
-from sim_kit import make_scheduler  # noqa: E402
-from stand_in_profile import stand_in_profile  # noqa: E402
-
-
-def _Linear():
-    """verify_time = 1 ms + 10 us per token, 0.2 ms drafting (a stand-in profile)."""
-    return stand_in_profile(lambda M: 1e-3 + 1e-5 * M, 4096, draft=2e-4, name="lin", drafters=("dspark",))
-
-
-class _Half(AcceptanceModel):
-    drafter = "dspark"
-
-    def __init__(self, K):
-        self.K, self.metadata = K, {"source": "test"}
-
-    def start(self, slots, domains, rng):
-        pass
-
-    def draw(self, slots, rng):
-        ok = rng.random((len(slots), self.K)) < 0.6
-        A = np.where(ok.all(1), self.K, np.argmin(ok, 1))
-        return Block(conf=np.full((len(slots), self.K), 0.6), accepted=A.astype(np.int64))
-
-
-def _wl(n, prompt=10, out=20, users=3):
-    return Workload(prompt_tokens=np.full(n, prompt), output_tokens=np.full(n, out),
-                    domain=np.full(n, "chat", dtype=object), concurrency=users)
+from sim_kit import FlatAcceptance, chat_workload, linear_profile, make_scheduler  # noqa: E402
 
 
 class _PrefillsItself(CostExecutor):
@@ -168,11 +140,11 @@ class _PrefillsItself(CostExecutor):
 def test_requests_prefilled_by_the_executor_decode_at_their_contexts():
     from dsparksim.sim.requests import RequestTable
     K = 3
-    table = RequestTable(_wl(4), 4, None)
+    table = RequestTable(chat_workload(4, 3), 4, None)
     table.load(3)
     pol = make_policy("fixed:3")
     pol.reset(K, np.random.default_rng(0))
-    eng = make_scheduler(table=table, profile=_Linear(), acceptance=_Half(K), policy=pol, K=K, drafter="dspark",
+    eng = make_scheduler(table=table, profile=linear_profile(), acceptance=FlatAcceptance(K), policy=pol, K=K, drafter="dspark",
                          kv_capacity_tokens=10_000, max_num_seqs=3, max_batched_tokens=512, prefill_chunk_tokens=64,
                          rng=np.random.default_rng(0))
     for i in range(4):
