@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from dsparksim.errors import ConfigError, InputError
+from dsparksim.errors import InputError
 from dsparksim.io.textio import escape_controls, read_text
 from dsparksim.results.outputs import claim_out_file, register_kind
 

@@ -349,7 +349,8 @@ def _setup(settings: Settings, p: Plan, rows, regimes: list[str]) -> list[str]:
                    "request, over runs).")
     for s in p.scenarios + tuple(x for x in p.contrast if len(regimes) > 1):
         who = "" if s in p.scenarios else f" ({regimes[-1]}: its own request rate)"
-        out.append(f"- Scenario `{s.name}`{who}: the mix (math:code:chat) is A = {':'.join(f'{x:g}' for x in MIX_A)} for "
+        mix_a = ':'.join(f'{x:g}' for x in MIX_A)
+        out.append(f"- Scenario `{s.name}`{who}: the mix (math:code:chat) is A = {mix_a} for "
                    f"requests before #{s.i0}, B = {':'.join(f'{x:g}' for x in MIX_B)} from #{s.i1}"
                    + (", linear in the request index in between" if s.i1 > s.i0 else " (abrupt)")
                    + f"; run {s.end:g} s, warm-up {s.warmup_s:g} s (TrafficConfig.domain_drift: each request's "
@@ -360,9 +361,9 @@ def _setup(settings: Settings, p: Plan, rows, regimes: list[str]) -> list[str]:
                f"blind in {{{', '.join(f'{b:g}' for b in p.blinds)}}}; its size for a real head is not published.")
     out.append(f"- Policy `{POLICY}`. Arms (paired: same requests, same draws): `stale` = STS fitted on A "
                "throughout; `correct` = STS fitted on the mix served (per request, the mix at its arrival, to the "
-               "nearest 10%, the temperatures of STS refitted on that mix); `recal` = `--recalibrate` (per-position temperatures refitted every 25 steps on the "
-               "last 20,000 verified positions, from past outcomes only). Seeds "
-               f"{', '.join(map(str, settings.seeds))}; 95% t-intervals over seeds of the per-seed differences.\n")
+               "nearest 10%, the temperatures of STS refitted on that mix); `recal` = `--recalibrate` (per-position "
+               "temperatures refitted every 25 steps on the last 20,000 verified positions, from past outcomes "
+               f"only). Seeds {', '.join(map(str, settings.seeds))}; 95% t-intervals over seeds of the per-seed differences.\n")
     return out
 
 

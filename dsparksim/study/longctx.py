@@ -11,7 +11,6 @@ then ``confidence-async-2d:2`` (each candidate priced at its own context, ranked
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
