@@ -115,6 +115,7 @@ FRONTIER_CASES = [
     (["--slo", "0"], "--slo"),
     (["--workers", "0"], "--workers"),
     (["--out", "{file}"], "--out"),
+    (["--policies", "fixed:3,confidence", "--out", "{file}"], "--out"),   # the baseline note waits for the checks
     # options no swept policy reads
     (["--policies", "mtp1,fixed:7,goodput", "--confidence", "raw"], "--confidence"),
     (["--policies", "fixed:7,confidence", "--mtp1-acceptance", "tau:2"], "--mtp1-acceptance"),

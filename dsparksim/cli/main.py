@@ -454,9 +454,9 @@ def frontier_policies(args: argparse.Namespace) -> tuple[list[str], Any, list[st
     if args.baseline is None:
         # The paper's baseline when it is swept; otherwise the first policy, said out loud in the output.
         args.baseline = "mtp1" if "mtp1" in policies else policies[0]
-        if args.baseline != "mtp1":
-            print(f"dsparksim: note: gains are measured against {args.baseline} (mtp1 is not among --policies; "
-                  "set --baseline to choose)", file=sys.stderr)
+        if args.baseline != "mtp1":   # printed with the other notes, once every check has passed
+            slo_warnings.append(f"dsparksim: note: gains are measured against {args.baseline} (mtp1 is not among "
+                                "--policies; set --baseline to choose)")
     if args.baseline not in policies:
         raise ConfigError("cli", "--baseline", f"must be one of --policies ({','.join(policies)}), "
                           f"got {args.baseline!r}")
