@@ -438,8 +438,8 @@ def frontier_policies(args: argparse.Namespace) -> tuple[list[str], Any, list[st
         policies = [p.strip() for p in args.policies.split(",")]
         if not all(policies):
             raise _bad("--policies", f"expected comma-separated policy specs, got {args.policies!r}")
-    else:
-        policies = list(DEFAULT_POLICIES)
+    else:   # fixed:7 verifies the whole block: fixed:K at another --num-speculative-tokens
+        policies = [f"fixed:{args.block_size}" if p == "fixed:7" else p for p in DEFAULT_POLICIES]
     for p in policies:
         make_policy(p)  # fail fast on a bad spec, before any cell runs
     # an option that no swept policy reads would change nothing in any cell: refused, as `run` refuses it
@@ -494,7 +494,7 @@ def frontier_cells(args: argparse.Namespace, policies: list[str], slo_warnings: 
                                 f"{deployment_label(1, args.router[0])}")
     # The base config is the first deployment's; each cell sets its own replicas and router.
     base = run_config(args, replicas=deploys[0][0], router=deploys[0][1], **load)
-    preflight(base, policies)
+    preflight(base, policies, "--policies")
     _check_session_routers(base, args.router)
     seeds = seed_list(base.seed, args.seeds)
     cfgs = cells(base, policies, loads, deploys, seeds=seeds if len(seeds) > 1 else None)
@@ -635,14 +635,22 @@ def _gain_cell(r: Any) -> str:
     return txt + mark
 
 
-def preflight(base: RunConfig, policies: Sequence[str]) -> None:
+def preflight(base: RunConfig, policies: Sequence[str], option: str = "--policy") -> None:
     """Load every input the cells will read (profile, each policy's acceptance source, length and trace files) in
-    this process, so a bad one is one error line before any cell runs, not a failure inside a worker."""
+    this process, so a bad one is one error line before any cell runs, not a failure inside a worker. A fixed:k
+    with k above the block size K is refused (it would run as fixed:K under its own name)."""
+    from dsparksim.policies import make_policy  # lazy: pulls in numpy
+    from dsparksim.policies.fixed import Fixed  # lazy: pulls in numpy
     from dsparksim.traffic.readers import read_trace  # lazy: pulls in numpy
     from dsparksim.traffic.sources import resolve  # lazy: pulls in numpy
 
     cache: dict = {}  # each profile and (acceptance spec, K) is read once across the policies
     for spec in policies:
+        pol = make_policy(spec)
+        K = base.engine.block_size
+        if isinstance(pol, Fixed) and pol.k > K:
+            raise _bad(option, f"{spec} verifies {pol.k} draft tokens but a block holds only K={K} "
+                               f"(--num-speculative-tokens); expected fixed:k with k <= {K}")
         resolve_inputs(base.replace(policy=spec), cache=cache)
     t = base.traffic
     for key, val in (("lengths", t.lengths), ("trace", t.trace)):
@@ -857,8 +865,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Sweep policies over load levels; writes frontier.csv, comparison.csv, "
                                    "frontier.png, verify_budget.png and config.json.")
     f.add_argument("--policies", default=None,
-                   help="comma-separated policy specs [all eight: none, mtp1, fixed:7, threshold:0.5, goodput, "
-                        "confidence, confidence-async:2, oracle]")
+                   help="comma-separated policy specs [all eight: none, mtp1, fixed:7 (fixed:K at another -K), "
+                        "threshold:0.5, goodput, confidence, confidence-async:2, oracle]")
     add_run_options(f, frontier=True)
     from dsparksim.results.stats import MAX_SEEDS, seeds_arg  # lazy: pulls in numpy
     f.add_argument("--seeds", type=seeds_arg, default=1,
