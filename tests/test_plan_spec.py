@@ -54,6 +54,9 @@ BAD = {
     "reserved option": (lambda d: d["candidates"][0].update(seed=3), ["candidates[0].seed", "set by the plan"]),
     "bad option value": (lambda d: d["candidates"][0].update(router="nearest"), ["router", "nearest"]),
     "bad K": (lambda d: d["candidates"][0].update(K=[0]), ["candidates[0].K", "1..15"]),
+    # fixed:5 at K=3 ran as fixed:3 under the label 'fixed:5 K=3' (silently clipped)
+    "fixed above K": (lambda d: d["candidates"][0].update(policies=["mtp1", "fixed:5"]),
+                      ["candidates[0].policies[1]", "fixed:5", "K=3"]),
     "negative price": (lambda d: d["prices"].update({H100: -1}), ["prices.NVIDIA H100", "> 0"]),
     "unknown profile": (lambda d: d["candidates"][0].update(profile="h900-nothing"), ["candidates[0].profile",
                                                                                       "h900-nothing"]),

@@ -49,6 +49,7 @@ from dsparksim.cost.analytic.hardware import SHORT_NAMES
 from dsparksim.cost.profile import load_profile
 from dsparksim.errors import ConfigError, InputError
 from dsparksim.policies import make_policy
+from dsparksim.policies.fixed import Fixed
 from dsparksim.results.stats import MAX_SEEDS
 from dsparksim.sim.reads import DRAFT_OPTIONS, collapsed_reason, identity, policy_reads, unread_by_all
 # the one SLO vocabulary of capacity, plan and frontier (percentile spellings: *_p50 = *_median)
@@ -547,6 +548,9 @@ def _candidate_policies(src: str, where: str, pols: list[str], ks: list[int]) ->
             raise ConfigError(src, f"{where}.policies[{j}]", f"invalid policy spec {p!r}: {e}") from None
         takes_k = "block_size" in policy_reads(pol.spec)     # none: K = 0; mtp1: K = 1, whatever K lists
         for K in ks:
+            if isinstance(pol, Fixed) and pol.k > K:          # it would run as fixed:K under its own name
+                raise ConfigError(src, f"{where}.policies[{j}]", f"{p} verifies {pol.k} draft tokens but K lists "
+                                  f"K={K}; expected fixed:k with k <= every K")
             eff = int(K if takes_k else (pol.block_size or 0) if getattr(pol, "drafts", True) else 0)
             if (pol.spec, eff, takes_k) not in policies:
                 policies.append((pol.spec, eff, takes_k))
