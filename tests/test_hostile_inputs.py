@@ -1,0 +1,15 @@
+"""Found by a hostile new-user pass: inputs that are the wrong kind of thing get an error that says so."""
+from __future__ import annotations
+
+from cli_guard import classify, run_cli
+
+
+def test_a_directory_given_as_a_file_is_called_a_directory_not_missing(tmp_path):
+    d = tmp_path / "results"
+    d.mkdir()
+    for argv in (["bench", "import", str(d), "--out", str(tmp_path / "r.csv")],
+                 ["run", "--profile", str(d), "--num-requests", "2", "--out", str(tmp_path / "o")]):
+        o = run_cli(argv)
+        assert classify(o) == "error", o.describe()
+        assert str(d) in o.stderr and "is a directory" in o.stderr and "not found" not in o.stderr, o.stderr
+    assert not (tmp_path / "r.csv").exists() and not (tmp_path / "o").exists()
