@@ -212,6 +212,11 @@ def result_file(args: argparse.Namespace, cfg: RunConfig, model: str) -> Path | 
         name = (f"{args.label or 'dsparksim'}-{rate}qps{conc}-{(model or cfg.profile).split('/')[-1]}-"
                 f"{time.strftime('%Y%m%d-%H%M%S')}.json")
     path = Path(args.result_dir) / name
+    out = Path(args.out).resolve() if getattr(args, "out", None) is not None else None
+    if out is not None and (path.parent.resolve() == out or out in path.parent.resolve().parents):
+        # the file would be written, reported and then deleted with the folder --out replaces whole
+        raise _bad("--result-dir", f"{args.result_dir!r} is inside --out {args.out!r}, which the run replaces "
+                   "whole; choose another folder, or --result-filename alone for a copy inside --out")
     if path.exists() or path.is_symlink():
         raise _bad("--result-dir", f"{str(path)!r} exists; dsparksim never replaces a file it is asked to add "
                    "(choose another --result-filename or folder)")
