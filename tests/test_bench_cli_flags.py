@@ -207,3 +207,13 @@ def test_result_dir_inside_out_is_refused(tmp_path, capsys, sub):
     err = _fails(["run", *SMALL, "--policy", "none", "--num-prompts", "4", "--quiet", "--out", str(out),
                   "--result-dir", str(out / sub), "--save-result"], capsys)
     assert "--result-dir" in err and "inside --out" in err and not out.exists()
+
+
+@pytest.mark.parametrize("label", ["../escaped", "a/b", "line\nbreak"])
+def test_a_label_that_is_not_a_plain_name_is_refused_with_result_dir(tmp_path, capsys, label):
+    """vLLM's result file name starts with --label: '../escaped' wrote the file outside --result-dir."""
+    rd = tmp_path / "rd" / "inner"
+    err = _fails(["run", *SMALL, "--policy", "none", "--num-prompts", "4", "--quiet", "--out", str(tmp_path / "o"),
+                  "--result-dir", str(rd), "--label", label, "--save-result"], capsys)
+    assert "--label" in err and not (tmp_path / "o").exists()
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))

@@ -205,6 +205,10 @@ def result_file(args: argparse.Namespace, cfg: RunConfig, model: str) -> Path | 
         return None
     name = args.result_filename
     if name is None:
+        label = args.label or "dsparksim"
+        if "/" in label or label in (".", "..") or any(ord(c) < 32 for c in label):   # '../x' wrote outside
+            raise _bad("--label", f"names the --result-dir file, so it must be a plain name (no '/' or control "
+                       f"characters), got {label!r}")
         t = cfg.traffic
         rate = t.rate if t.mode in ("poisson", "gamma", "constant") else "inf"
         cap = t.concurrency if t.mode == "closed" else t.max_concurrency
