@@ -13,3 +13,13 @@ def test_a_directory_given_as_a_file_is_called_a_directory_not_missing(tmp_path)
         assert classify(o) == "error", o.describe()
         assert str(d) in o.stderr and "is a directory" in o.stderr and "not found" not in o.stderr, o.stderr
     assert not (tmp_path / "r.csv").exists() and not (tmp_path / "o").exists()
+
+
+def test_study_refuses_a_profile_its_production_regime_cannot_price_naming_its_own_option(tmp_path):
+    """The production regime runs decode-only behind a prefill pool: a profile without metadata.kv_bytes_per_token
+    failed in the first cell with advice to pass --kv-bytes-per-token, which `study` does not have."""
+    out = tmp_path / "st"
+    o = run_cli(["study", "early-exit", "--fast", "--profile", "h100-llama2-7b-tp1", "--out", str(out), "--quiet"])
+    assert classify(o) == "error", o.describe()
+    assert "--profile" in o.stderr and "kv_bytes_per_token" in o.stderr and "--kv-bytes-per-token" not in o.stderr
+    assert not out.exists()
