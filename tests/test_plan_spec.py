@@ -62,6 +62,7 @@ BAD = {
                                                                                       "h900-nothing"]),
     "empty slo": (lambda d: d["plan"].update(slo=[]), ["plan.slo", "non-empty"]),
     "duplicate seeds": (lambda d: d["plan"].update(seeds=[1, 1]), ["plan.seeds", "duplicate"]),
+    "zero duration": (lambda d: d["traffic"].update(duration_s=0), ["duration_s", "> 0"]),
 }
 
 
@@ -75,6 +76,7 @@ def test_bad_spec_rejected_before_any_cell_runs(tmp_path, capsys, no_cells, case
     assert rc == 2, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("dsparksim: error:") and str(p) in lines[0], err
+    assert lines[0].count(str(p)) == 1, lines[0]   # named once, not again inside a wrapped message
     for w in words:
         assert w in lines[0], (w, lines[0])
     assert not (tmp_path / "out").exists()   # nothing written either

@@ -598,7 +598,8 @@ def _check_probes(spec: PlanSpec) -> None:
                 try:
                     cfg = build_config(spec.options(d, scale, r, spec.seeds[0]), spec.source)
                 except ConfigError as e:
-                    raise ConfigError(spec.source, where, f"replicas={r}, scale={scale:g}: {e}") from None
+                    raise ConfigError(spec.source, where, f"replicas={r}, scale={scale:g}: "
+                                      f"{_unprefixed(e, spec.source)}") from None
                 _check_arrivals(spec, cfg, scale)
         # Input files (acceptance sources, traces, length tables, routers) are checked as a sweep checks them.
         reads = policy_reads(d.policy)   # a shared option another candidate's policy reads is not this probe's
@@ -611,4 +612,10 @@ def _check_probes(spec: PlanSpec) -> None:
         try:
             spec_from_dict({"sweep": {"name": spec.name}, "base": opts}, source=spec.source)
         except ConfigError as e:
-            raise ConfigError(spec.source, where, str(e)) from None
+            raise ConfigError(spec.source, where, _unprefixed(e, spec.source)) from None
+
+
+def _unprefixed(e: InputError, source: str) -> str:
+    """``e``'s message without a leading ``source: `` (the wrapping error names the spec file once)."""
+    text, head = str(e), f"{source}: "
+    return text[len(head):] if text.startswith(head) else text
