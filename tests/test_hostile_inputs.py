@@ -23,3 +23,13 @@ def test_study_refuses_a_profile_its_production_regime_cannot_price_naming_its_o
     assert classify(o) == "error", o.describe()
     assert "--profile" in o.stderr and "kv_bytes_per_token" in o.stderr and "--kv-bytes-per-token" not in o.stderr
     assert not out.exists()
+
+
+def test_an_absurd_max_num_seqs_is_refused_not_a_memory_error(tmp_path):
+    """Every engine pre-allocates its max_num_seqs request slots (and the acceptance model sizes its state by the
+    largest slot id): --max-num-seqs 10**12 ended in a MemoryError traceback."""
+    for extra in (["--max-num-seqs", str(10**12)], ["--max-num-seqs", str(2**21), "--replicas", "4"]):
+        o = run_cli(["run", "--num-requests", "2", "--quiet", "--out", str(tmp_path / "o"), *extra])
+        assert classify(o) == "error", o.describe()
+        assert "--max-num-seqs" in o.stderr and "4,194,304" in o.stderr, o.stderr
+    assert not (tmp_path / "o").exists()
