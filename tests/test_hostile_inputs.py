@@ -33,3 +33,12 @@ def test_an_absurd_max_num_seqs_is_refused_not_a_memory_error(tmp_path):
         assert classify(o) == "error", o.describe()
         assert "--max-num-seqs" in o.stderr and "4,194,304" in o.stderr, o.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_request_count_past_the_per_run_limit_is_refused_as_a_rate_is(tmp_path):
+    """A rate x duration above 2,000,000 expected arrivals is refused (memory bound); --num-requests 10**12 started
+    a run that would never end, holding every request's state."""
+    o = run_cli(["run", "--num-requests", str(10**12), "--quiet", "--out", str(tmp_path / "o")], limit_s=20)
+    assert classify(o) == "error", o.describe()
+    assert "num_requests" in o.stderr and "2,000,000" in o.stderr, o.stderr
+    assert not (tmp_path / "o").exists()
