@@ -42,3 +42,19 @@ def test_a_request_count_past_the_per_run_limit_is_refused_as_a_rate_is(tmp_path
     assert classify(o) == "error", o.describe()
     assert "num_requests" in o.stderr and "2,000,000" in o.stderr, o.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_more_users_than_requests_do_not_stall_the_start(tmp_path):
+    """Closed loop: every user beyond the request count sent nothing, but the start still walked all of them
+    (`run --concurrency 10**9 --num-requests 4`, or a runs-table row with max_concurrency 1e9, never answered)."""
+    import json
+    outs = {}
+    for conc in ("4", str(10**9)):
+        out = tmp_path / f"c{conc}"
+        o = run_cli(["run", "--policy", "none", "--concurrency", conc, "--num-requests", "4", "--quiet",
+                     "--out", str(out)], limit_s=20)
+        assert classify(o) == "ok", o.describe()
+        outs[conc] = json.loads((out / "summary.json").read_text())
+    a, b = outs.values()
+    for k in ("num_requests_completed", "output_throughput_tok_s", "ttft_mean_s", "tps_user_median"):
+        assert a[k] == b[k], k
