@@ -54,3 +54,11 @@ def test_ratio_outside_what_the_chain_produces_is_refused():
         tau_from_stream_ratio(31.0, 10, 1024, 0.8)     # 3 tokens per step at most: < 30
     with pytest.raises(ConfigError, match="outside"):
         tau_from_stream_ratio(math.nan, 10, 1024, 0.8)
+
+
+def test_a1_for_tau_inverts_the_chain_mean():
+    from dsparksim.bench.stream import a1_for_tau
+    a1 = a1_for_tau(2.49)
+    assert a1 == pytest.approx(0.87, abs=1e-4)          # the published pair: a1 0.87, a2 0.7126 -> 2.49
+    with pytest.raises(ConfigError, match="acceptance length"):
+        a1_for_tau(3.5)

@@ -24,7 +24,7 @@ import numpy as np
 
 from dsparksim.errors import ConfigError
 
-__all__ = ["chain_increments", "stream_ratio", "tau_from_stream_ratio", "DECAY_MTP"]
+__all__ = ["chain_increments", "stream_ratio", "tau_from_stream_ratio", "a1_for_tau", "DECAY_MTP"]
 
 DECAY_MTP = 0.7126 / 0.87     # a2 / a1 of the published MTP curve (dsparksim.acceptance.mtp)
 
@@ -82,3 +82,17 @@ def tau_from_stream_ratio(ratio: float, interval: int, out_len: int, range_ratio
     a1 = 0.5 * (lo + hi)
     inc = chain_increments(a1, k, decay)
     return float(np.dot(np.arange(1, k + 2), inc)), float(a1)
+
+
+def a1_for_tau(tau: float, k: int = 2, decay: float = DECAY_MTP) -> float:
+    """The chain's a1 whose mean tokens per verify step is ``tau`` (1 <= tau <= what a1 = 1 gives)."""
+    g = lambda a: float(np.dot(np.arange(1, k + 2), chain_increments(a, k, decay)))  # noqa: E731
+    hi = min(1.0, 1.0 / decay) if decay > 1 else 1.0
+    if not (math.isfinite(tau) and 1.0 <= tau <= g(hi)):
+        raise ConfigError("stream", "tau", f"expected an acceptance length in [1, {g(hi):.3f}] for {k} chain drafts, "
+                          f"got {tau!r}")
+    lo = 0.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if g(mid) < tau else (lo, mid)
+    return 0.5 * (lo + hi)
