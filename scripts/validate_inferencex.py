@@ -278,7 +278,7 @@ def predict_mtp(allrows: pd.DataFrame, key: tuple, prof, opt: FitOptions, image:
                 out.append({"gpu": hw, "engine_version": image, "fitted_on": own,
                             "acceptance": acc or m.acceptance, "variant": variant or ("sensitivity" if acc else
                                                                                        "published"),
-                            "run_id": r.run_id, "concurrency": spec.concurrency,
+                            "run_id": r.run_id, "date": r.measurement_date, "concurrency": spec.concurrency,
                             "workload": f"{spec.input_len}/{spec.output_len}", "policy": m.policy, "metric": metric,
                             "measured": float(v), "predicted": lr.metric(metric, np.array([1.0]))})
     return out
@@ -331,12 +331,12 @@ def stream_section(T: pd.DataFrame, recs: list[dict]) -> list[str]:
         lines.append(f"| {g} | {im.split(':')[-1]} | {fo.split(':')[-1]} | {t.run_id.nunique()} | {e1:.1%} | "
                      f"{e2:.1%} | {verdict} |")
     lines += ["", "Per run (stream-implied acceptance): TPOT / tok/s/GPU error.", "",
-              "| gpu | image | workload | concurrency | TPOT error | tok/s/GPU error |", "|---|---|---|---|---|---|"]
-    for (g, im, wl, c, rid), t in st.groupby(["gpu", "engine_version", "workload", "concurrency", "run_id"]):
+              "| gpu | image | workload | concurrency | date | TPOT error | tok/s/GPU error |", "|---|---|---|---|---|---|---|"]
+    for (g, im, wl, c, dt, rid), t in st.groupby(["gpu", "engine_version", "workload", "concurrency", "date", "run_id"]):
         tp_ = t[t.metric.isin(["mean_tpot_ms", "median_tpot_ms"])].sort_values("metric").head(1)
         th = t[t.metric == "output_throughput_per_gpu"]
         f = lambda x: f"{x.rel_error.iloc[0]:+.1%}" if len(x) else "-"  # noqa: E731
-        lines.append(f"| {g} | {im.split(':')[-1]} | {wl} | {c} | {f(tp_)} | {f(th)} |")
+        lines.append(f"| {g} | {im.split(':')[-1]} | {wl} | {c} | {dt} | {f(tp_)} | {f(th)} |")
     return lines
 
 
