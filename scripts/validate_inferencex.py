@@ -192,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  skipped: {e}", flush=True)
             continue
         fit = d["metadata"]["fit"]
+        try:                             # the runs file as seen from the repository root, not this machine's path
+            fit["runs"]["file"] = runs_csv.resolve().relative_to(REPO).as_posix()
+        except ValueError:
+            pass
         rec = {"gpu": hw, "engine": fw, "engine_version": image, "tp": tp, "ep": ep, "rows": len(g),
                "concurrencies": " ".join(map(str, conc)), "server": s["note"], "seconds": round(time.perf_counter() - t0, 1)}
         for p, e in fit["parameters"].items():
@@ -409,7 +413,8 @@ def report(G: pd.DataFrame, T: pd.DataFrame, skipped: list, seconds: float, mixe
                              + " | ".join(cells) + " |")
     else:
         lines.append("No fitted group has MTP-on runs.")
-    lines += ["", "Skipped groups:", ""] + [f"- {' '.join(map(str, k))}: {why}" for k, why in skipped]
+    lines += ["", "Skipped groups:" + ("" if skipped else " none (every group with >= 2 concurrencies was fitted)."),
+              ""] + [f"- {' '.join(map(str, k))}: {why}" for k, why in skipped]
     lines += ["", "- DP-attention rows are not fitted: lockstep DP ranks price a step at the slowest rank (a max), "
               "which the exact linear re-pricing does not cover.",
               "", f"Total wall time {seconds:.0f} s.", ""]
