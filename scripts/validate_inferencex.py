@@ -317,7 +317,7 @@ def stream_section(T: pd.DataFrame, recs: list[dict]) -> list[str]:
              "`dsparksim/bench/stream.py` computes that ratio exactly (renewal probabilities, first token from "
              "prefill, finishing chunk, lengths uniform in [0.8 L, L]) and inverts it. Check on the MTP-off runs "
              "(tau = 1): predicted 9.95 / 29.54 / 9.99 / 29.94 (1k out at interval 10 / 30, 8k out at 10 / 30), "
-             "published 9.93-9.97 / 29.50-29.56 / 9.99-10.00 / 29.93-29.95. Each workload's tau is the mean over its "
+             "published 9.93-9.97 / 29.41-29.64 / 9.99-10.00 / 29.93-29.95. Each workload's tau is the mean over its "
              "runs that publish both means (the c=4 and most B200 rows are history captures without means); the "
              "chain keeps the published shape a2 = 0.819 a1. This is an acceptance read from each MTP-on run's "
              "token counts, not fitted to its speed; it uses the runs' ITL, which the published-acceptance table "
