@@ -173,22 +173,36 @@ def _objective(ev: dict[str, Any], auc_weight: float = 1.0) -> float:
     return float(v + HINGE_WEIGHT * max(0.0, ev["ece_mean"] / ECE_TOL - HINGE_AT) ** 2)
 
 
+SHARE_CLIP = (0.02, 0.98)   # request share sigma_req / sigma_shared a fit may start from (logit stays finite)
+
+
 def _params_of(theta: np.ndarray, base: ParametricParams) -> ParametricParams:
-    sh, st, sl, j, n1, n7, se = np.exp(np.delete(theta, 2))
-    return replace(base, sigma_req=sh / np.sqrt(2), sigma_block=sh / np.sqrt(2), sigma_tok=st, offset=float(theta[2]),
-                   slope=sl, jump=j, noise_sd=n1, noise_sd_end=n7, slope_easy=se)
+    """Parameters of a fit vector: 8 entries (sigma_req = sigma_block) or 9 (the 9th the logit of the request share
+    sigma_req / sigma_shared; sigma_block takes the rest of sigma_shared^2)."""
+    sh, st, sl, j, n1, n7, se = np.exp(theta[[0, 1, 3, 4, 5, 6, 7]])
+    share = 1.0 / np.sqrt(2.0) if theta.size == 8 else 1.0 / (1.0 + np.exp(-theta[8]))
+    return replace(base, sigma_req=sh * share, sigma_block=sh * np.sqrt(1.0 - share * share), sigma_tok=st,
+                   offset=float(theta[2]), slope=sl, jump=j, noise_sd=n1, noise_sd_end=n7, slope_easy=se)
 
 
-def _theta_of(p: ParametricParams) -> np.ndarray:
+def _theta_of(p: ParametricParams, fit_share: bool = False) -> np.ndarray:
     n7 = p.noise_sd if p.noise_sd_end is None else p.noise_sd_end
-    return np.array([np.log(p.sigma_shared), np.log(p.sigma_tok), p.offset, np.log(p.slope), np.log(max(p.jump, 0.05)),
-                     np.log(max(p.noise_sd, 0.05)), np.log(max(n7, 0.05)), np.log(p.slope_easy)])
+    theta = [np.log(p.sigma_shared), np.log(p.sigma_tok), p.offset, np.log(p.slope), np.log(max(p.jump, 0.05)),
+             np.log(max(p.noise_sd, 0.05)), np.log(max(n7, 0.05)), np.log(p.slope_easy)]
+    if fit_share:
+        share = float(np.clip(p.sigma_req / p.sigma_shared, *SHARE_CLIP)) if p.sigma_shared > 0 else 0.5
+        theta.append(np.log(share / (1.0 - share)))
+    return np.array(theta)
 
 
 def fit(base: ParametricParams | None = None, *, auc_weight: float = 1.0, maxfev: int = 200, seed: int = 0,
-        n_u: int = 16, blocks: int = 1500, log=print) -> tuple[ParametricParams, dict[str, Any]]:
+        n_u: int = 16, blocks: int = 1500, fit_share: bool = False,
+        log=print) -> tuple[ParametricParams, dict[str, Any]]:
     """Nelder-Mead on (log sigma_shared, log sigma_tok, offset, log slope, log jump, log noise_sd, log noise_sd_end,
-    log slope_easy) (sigma_req = sigma_block, the paper cannot separate them; noise_block stays at ``base``'s value;
+    log slope_easy) (sigma_req = sigma_block, the paper cannot separate them; ``fit_share``: the request share
+    sigma_req / sigma_shared fitted too, as a 9th coordinate (its logit), seen through the step weighting alone: a
+    hard request takes more steps per token, so the request part of the spread tilts the pooled Fig. 5 ratios
+    towards hard requests and the block part does not; noise_block stays at ``base``'s value;
     the noise is a poor lever: it lowers the AUC little and raises the STS ECE fast) minimising
     :func:`_objective`, with common random numbers, from ``base``; then raw_gain by bisection so the raw
     confidences' mean per-position ECE is :data:`RAW_ECE_TARGET`. Returns (params, evaluation at the optimum)."""
@@ -210,10 +224,11 @@ def fit(base: ParametricParams | None = None, *, auc_weight: float = 1.0, maxfev
             log(f"  eval {calls[0]}: objective {v:.5f} at {np.round(theta, 3).tolist()}")
         return v
 
-    x0 = _theta_of(base)
-    step = np.array([0.05, 0.2, 0.2, 0.3, 0.05, 0.2, 0.2, 0.3])
+    x0 = _theta_of(base, fit_share)
+    step = np.array([0.05, 0.2, 0.2, 0.3, 0.05, 0.2, 0.2, 0.3, 0.5])[: x0.size]
     opt = minimize(f, x0, method="Nelder-Mead", options={"maxfev": maxfev, "xatol": 1e-3, "fatol": 1e-6,
-                                                        "initial_simplex": x0 + np.vstack([np.zeros(8), np.diag(step)])})
+                                                        "initial_simplex": x0 + np.vstack([np.zeros(x0.size),
+                                                                                          np.diag(step)])})
     params = _params_of(opt.x, base)
     lo, hi = 1.0, 6.0
     for _ in range(20):
