@@ -98,16 +98,19 @@ def test_link_parameters_are_validated():
         load_acceptance("dspark?offset=inf", 7)
 
 
-def test_fit_vector_keeps_or_fits_the_request_share():
-    # scripts/fit_acceptance.py fits 8 coordinates with sigma_req = sigma_block (the default), or 9 with
-    # --fit-share (the 9th the logit of sigma_req / sigma_shared); either way the vector maps back to the parameters
+def test_fit_vector_keeps_or_fits_the_request_share_and_loading():
+    # scripts/fit_acceptance.py fits 8 coordinates with sigma_req = sigma_block and req_load as shipped (the
+    # default); --fit-load adds the logit of req_load, --fit-share the logit of sigma_req / sigma_shared; either way
+    # the vector maps back to the parameters
     from dsparksim.acceptance.fit import _params_of, _theta_of
 
-    p = ParametricParams(sigma_req=0.5, sigma_block=2.0, jump=3.0, noise_sd=0.3, noise_sd_end=0.4)
-    equal = _params_of(_theta_of(p), p)
+    p = ParametricParams(sigma_req=0.5, sigma_block=2.0, jump=3.0, noise_sd=0.3, noise_sd_end=0.4, req_load=0.4)
     assert _theta_of(p).size == 8
+    equal = _params_of(_theta_of(p), p)
     assert equal.sigma_req == pytest.approx(equal.sigma_block) and equal.sigma_shared == pytest.approx(p.sigma_shared)
-    split = _params_of(_theta_of(p, fit_share=True), p)
-    assert (split.sigma_req, split.sigma_block) == (pytest.approx(0.5), pytest.approx(2.0))
+    assert equal.req_load == 0.4                                  # not fitted: the base's value
+    both = _params_of(_theta_of(p, fit_share=True, fit_load=True), p, fit_share=True, fit_load=True)
+    assert (both.sigma_req, both.sigma_block, both.req_load) == (pytest.approx(0.5), pytest.approx(2.0),
+                                                                pytest.approx(0.4))
     for name in ("sigma_tok", "offset", "slope", "jump", "slope_easy", "noise_sd", "noise_sd_end"):
-        assert getattr(split, name) == pytest.approx(getattr(p, name)), name
+        assert getattr(both, name) == pytest.approx(getattr(p, name)), name
