@@ -228,14 +228,7 @@ class ParametricAcceptance(AcceptanceModel):
         self.calibration = calibration
         self._load = p.request_loading(self.K)
         self._load_one = bool((self._load == 1.0).all())     # one shift for all positions: the draws as before
-        if calibration == "steps":
-            self._mu = np.vstack([calibrate_mu_steps(self.curves[d], p.sigma_req, p.sigma_block, p.sigma_tok, source,
-                                                     shape=p.shape, load=self._load) for d in self._rows])
-        else:
-            if not self._load_one:
-                raise ConfigError(source, "req_load", f"calibration='requests' needs req_load=1, got {p.req_load!r}")
-            self._mu = np.vstack([calibrate_mu(self.curves[d], p.sigma_shared, p.sigma_tok, source, shape=p.shape)
-                                  for d in self._rows])
+        self._mu = self._calibrate(source)
         self.confidence = confidence
         self._noise = p.noise_by_position(self.K)
         # the head's domain shift (study calibration-drift): a per-domain logit bias of the raw head, and the mix
@@ -280,6 +273,17 @@ class ParametricAcceptance(AcceptanceModel):
             self.metadata["assumptions"].append("one pooled curve: every domain gets the same acceptance")
         self._extra = dict(extra_metadata or {})
         self.metadata.update(self._extra)
+
+    def _calibrate(self, source: str) -> np.ndarray:
+        """Offsets mu (one row per curve) in the calibration scheme of ``self.calibration``."""
+        p = self.params
+        if self.calibration == "steps":
+            return np.vstack([calibrate_mu_steps(self.curves[d], p.sigma_req, p.sigma_block, p.sigma_tok, source,
+                                                 shape=p.shape, load=self._load) for d in self._rows])
+        if not self._load_one:
+            raise ConfigError(source, "req_load", f"calibration='requests' needs req_load=1, got {p.req_load!r}")
+        return np.vstack([calibrate_mu(self.curves[d], p.sigma_shared, p.sigma_tok, source, shape=p.shape)
+                          for d in self._rows])
 
     # ---- construction from the paper -------------------------------------------------------------------
     @classmethod
