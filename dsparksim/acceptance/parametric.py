@@ -35,7 +35,8 @@ sigma_req = sigma_block, sigma_tok, the link (offset, slope, jump, slope_easy), 
 and chat as issue 29's criteria) and Fig. 6 survival AUC by position together, then raw_gain to the raw ECE; see
 :mod:`.fit`. The JSON carries the residual table. Known gaps: Fig. 6's AUC at position 3 (~0.06 high) and Fig. 5's
 t = 0.5 / 0.7 ratios (a calibrated head cannot keep most verified slots there). Heterogeneity cannot be identified
-from the published means alone: sigma_req = sigma_block is an assumption.
+from the published means alone: sigma_req = sigma_block and req_load = 1 are assumptions (fitting either, the
+fit's --fit-share / --fit-load, runs to a weak request effect; docs/policies.md has the figures).
 """
 from __future__ import annotations
 
