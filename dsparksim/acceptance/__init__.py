@@ -10,8 +10,8 @@
 ``mtp`` ``mtp?a1=..&tau2=..``  DeepSeek's MTP module reused for K = 1..4 positions (:mod:`.mtp`: a1 measured, a2
                                derived from SGLang's 2.49, decay assumed; params a1, a2|tau2, decay); no
                                confidence head (confidence-reading policies are refused)
-``...?sigma_req=0.5&...``      override parameters: sigma_req, sigma_block, sigma_tok, noise_sd, noise_sd_end,
-                               noise_block, raw_gain, jump, slope, slope_easy, offset, temperature
+``...?sigma_req=0.5&...``      override parameters: sigma_req, sigma_block, req_load, sigma_tok, noise_sd,
+                               noise_sd_end, noise_block, raw_gain, jump, slope, slope_easy, offset, temperature
 ``...?head_blind=0.5&...``     paper drafters: a head blind to part of the domain shift, head_mix=M:C:H the mix
                                it learned on, sts_mix=M:C:H the mix STS is fitted on (:mod:`.headshift`)
 ``PATH.csv|.csv.gz|.parquet``  replay an acceptance trace (format: :mod:`.trace_format`)
@@ -26,7 +26,7 @@ drafter) and one line in ``REGISTRY`` below; :func:`parse_spec` (:mod:`.registry
 from __future__ import annotations
 
 from dsparksim.acceptance.base import DOMAINS, AcceptanceModel, Block
-from dsparksim.acceptance.kinds.engine_logs import SGLangLog, VLLMLog
+from dsparksim.acceptance.kinds.engine_logs import EngineLog
 from dsparksim.acceptance.kinds.mtp_chain import MTPChain
 from dsparksim.acceptance.kinds.parametric import MTP1_NAMES, PARAMETRIC_DRAFTERS, Parametric
 from dsparksim.acceptance.kinds.tau import Tau
@@ -41,8 +41,8 @@ REGISTRY.update({
     "parametric": Parametric,
     "mtp": MTPChain,
     "trace": Trace,
-    "vllm": VLLMLog,
-    "sglang": SGLangLog,
+    "vllm": EngineLog.of("vllm"),
+    "sglang": EngineLog.of("sglang", "draft_len"),
     "tau": Tau,
 })
 
