@@ -126,7 +126,7 @@ C = {"name": "a", "profile": "h100-llama2-7b-tp1", "replicas": [1, 2]}
 
 
 def test_plan_runs_none_once_not_once_per_k(tmp_path):
-    spec = _plan(tmp_path, {**C, "policies": ["none", "fixed:7", "confidence"], "K": [3, 7]})
+    spec = _plan(tmp_path, {**C, "policies": ["none", "fixed:3", "confidence"], "K": [3, 7]})
     labels = [d.label for d in spec.deployments]
     assert sum(d.policy == "none" for d in spec.deployments) == 1
     assert not any("none K=" in x for x in labels)

@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from dsparksim.cli.options import add_seed_option, add_workers_option, bar_off, check_seed
+from dsparksim.errors import ConfigError
 from dsparksim.study import STUDIES
 
 
@@ -39,7 +40,6 @@ def _check_production_profile(name: str) -> None:
     """The production regime runs decode-only behind a prefill pool: its KV transfer is priced from the profile's
     metadata.kv_bytes_per_token, which `study` has no option to give otherwise."""
     from dsparksim.cost.profile import load_profile  # lazy: pulls in numpy
-    from dsparksim.errors import ConfigError
     from dsparksim.study.common import PRODUCTION  # lazy: pulls in numpy
 
     if dict(PRODUCTION.options).get("disaggregated") and load_profile(name).metadata.get("kv_bytes_per_token") is None:
