@@ -38,6 +38,16 @@ def gauss_hermite(n: int) -> tuple[np.ndarray, np.ndarray]:
     return x, w / w.sum()
 
 
+@lru_cache(maxsize=8)
+def gauss_legendre(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Gauss-Legendre nodes/weights on [-1, 1] (numpy's leggauss, computed once per n: an eigenvalue problem whose
+    LAPACK call also wakes the BLAS threads, which then spin on the other cores)."""
+    t, w = np.polynomial.legendre.leggauss(n)
+    t.setflags(write=False)
+    w.setflags(write=False)
+    return t, w
+
+
 _G_STEP = 0.004   # grid spacing of the g table (linear interpolation error <= h^2/8 * max|g''| < 2e-7)
 _N_SPLIT = 64     # Gauss-Legendre nodes on each side of the jump (integrand analytic on each piece)
 _SPLIT_EDGE = 12.0  # integration range [-12, 12] in units of sigma_tok (the normal tail beyond is < 1e-32)
@@ -63,7 +73,7 @@ def _g_exact(m: np.ndarray, sigma_tok: float, shape: Shape) -> np.ndarray:
     if tuple(shape) == PLAIN:
         x, w = gauss_hermite(_N_TOK)
         return (expit(m[..., None] + sigma_tok * x) * w).sum(axis=-1)
-    t, w = np.polynomial.legendre.leggauss(_N_SPLIT)
+    t, w = gauss_legendre(_N_SPLIT)
     cut = np.clip(-m / sigma_tok, -_SPLIT_EDGE, _SPLIT_EDGE)[..., None]
     out = np.zeros(m.shape)
     offset, slope, jump, slope_easy = shape
