@@ -121,9 +121,9 @@ def write_bench_json(path, d: dict[str, Any]) -> None:
                 f.write(("," if n else "") + "\n" + json.dumps(k) + ": ")
                 if isinstance(v, ItlLists):
                     f.write("[")
-                    # streamed: a few hundred prompts' lists in memory at a time
+                    # streamed, a few prompts' lists at a time (small strings: a big one is a fresh mapping to fault in)
                     items, sep = v.json_items(), ""
-                    while chunk := list(itertools.islice(items, 512)):
+                    while chunk := list(itertools.islice(items, 16)):
                         f.write(sep + ", ".join(chunk))
                         sep = ", "
                     f.write("]")
