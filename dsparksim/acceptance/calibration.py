@@ -74,15 +74,22 @@ def _g_exact(m: np.ndarray, sigma_tok: float, shape: Shape) -> np.ndarray:
         x, w = gauss_hermite(_N_TOK)
         return (expit(m[..., None] + sigma_tok * x) * w).sum(axis=-1)
     t, w = gauss_legendre(_N_SPLIT)
-    cut = np.clip(-m / sigma_tok, -_SPLIT_EDGE, _SPLIT_EDGE)[..., None]
+    cut = np.clip(-m / sigma_tok, -_SPLIT_EDGE, _SPLIT_EDGE)
     out = np.zeros(m.shape)
     offset, slope, jump, slope_easy = shape
-    for lo, hi, add, sl in ((-_SPLIT_EDGE, cut, offset, slope), (cut, _SPLIT_EDGE, offset + jump, slope_easy)):
+    for edge, add, sl in ((-_SPLIT_EDGE, offset, slope), (_SPLIT_EDGE, offset + jump, slope_easy)):
+        # the piece between the step and this edge; where the step lies beyond the range (|m| >= 12 sigma_tok)
+        # it is empty: every term is 0 * ... = 0 and adds exactly nothing, so it is not computed
+        live = cut != edge
+        if not live.any():
+            continue
+        c, ml = cut[live][:, None], m[live][:, None]
+        lo, hi = (edge, c) if edge < 0 else (c, edge)
         half = 0.5 * (hi - lo)
         z = lo + half * (t + 1.0)
         pdf = np.exp(-0.5 * z * z) / np.sqrt(2.0 * np.pi)
-        out = out + (half * w * pdf * expit(add + sl * (m[..., None] + sigma_tok * z))).sum(axis=-1)
-    return out
+        out[live] = out[live] + (half * w * pdf * expit(add + sl * (ml + sigma_tok * z))).sum(axis=-1)
+    return out[()] if out.ndim == 0 else out      # a scalar for a scalar m, as the sum of the pieces gave
 
 
 @lru_cache(maxsize=16)
@@ -122,6 +129,8 @@ def smoothed_sigmoid(m: np.ndarray, sigma_tok: float, exact: bool = False, shape
         return _g_exact(m, sigma_tok, shape)
     grid, g = _g_table(float(sigma_tok), _shape(shape))
     out = np.interp(m, grid, g)
+    if m.ndim and m.size and grid[0] <= m.min() and m.max() <= grid[-1]:
+        return out                      # all inside the table (the calibration's every call): nothing to patch
     far = np.isfinite(m) & ((m < grid[0]) | (m > grid[-1]))
     if far.any():                       # beyond the table (a shallow link needs large |mu|): exact quadrature
         out = np.array(out, dtype=float)
