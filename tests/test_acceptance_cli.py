@@ -72,6 +72,24 @@ def test_inspect_parametric_spec_simulates(capsys):
     assert s["K"] == 1 and abs(s["domains"]["math"]["positions"][0]["conditional"] - 0.87) < 0.03
 
 
+def test_inspect_mtp_reports_no_confidence_statistics(capsys):
+    # an MTP module has no confidence head: the blocks carry the parametric model's confidences, which no policy
+    # may read, so inspect reports none of ECE / AUC / mean confidence (json null, text '-'), while dspark does
+    rc, out, _ = run(["trace", "inspect", "mtp", "--K", "2", "--blocks", "400", "--json"], capsys)
+    s = json.loads(out)
+    assert rc == 0 and s["confidence_head"] is False
+    for v in s["domains"].values():
+        assert v["ece"] is None and v["mean_auc"] is None and set(v["auc_by_position"].values()) == {None}
+        assert all(p[f] is None for p in v["positions"]
+                   for f in ("mean_conf_at_risk", "mean_conf", "ece_survival", "auc_survival"))
+        assert 0 < v["positions"][0]["conditional"] < 1
+    rc, out, _ = run(["trace", "inspect", "mtp", "--K", "2", "--blocks", "400"], capsys)
+    assert rc == 0 and "no confidence head" in out
+    rc, out, _ = run(["trace", "inspect", "dspark", "--K", "2", "--blocks", "400", "--json"], capsys)
+    s = json.loads(out)
+    assert s["confidence_head"] is True and 0 <= s["domains"]["math"]["ece"] < 0.2
+
+
 def test_inspect_bad_inputs_exit_2(capsys, tmp_path):
     rc, _, err = run(["trace", "inspect", str(tmp_path / "nope.csv")], capsys)
     assert rc == 2 and "nope.csv" in err and "not found" in err

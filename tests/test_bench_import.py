@@ -280,6 +280,27 @@ def test_read_runs_refuses_missing_unknown_and_duplicate(tmp_path):
     assert e.value.line == 3
 
 
+@pytest.mark.parametrize("cmd", [["bench", "replay", "{f}", "--profile", "h100-llama2-7b-tp1", "--out", "{o}"],
+                                 ["profile", "fit", "{f}", "--model", "deepseek-v3", "--gpu", "h200", "--tp", "8",
+                                  "--out", "{o}/p.json"]])
+@pytest.mark.parametrize("raw", [IX, SGLANG])
+def test_a_raw_benchmark_file_given_as_runs_table_points_to_bench_import(tmp_path, capsys, cmd, raw):
+    # a planner's first try hands the benchmark's own file to replay / fit: one line naming the file and the way on
+    out = tmp_path / "out"
+    assert main([a.format(f=raw, o=out) for a in cmd]) == 2
+    err = _err(capsys)
+    assert str(raw) in err and "not a column of the runs table" in err and "dsparksim bench import" in err, err
+    assert not out.exists()
+    # a runs table (marker line present) with one wrong column gets no such hint: it was converted already
+    good = tmp_path / "good.csv"
+    write_runs(import_file(IX)[:1], good)
+    lines = good.read_text().splitlines()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("\n".join([lines[0], lines[1] + ",gpus", lines[2] + ",8"]) + "\n")
+    with pytest.raises(InputError, match="not a column of the runs table$"):
+        read_runs(bad)
+
+
 # --- bad input: one line, exit 2, nothing written -------------------------------------------------------------
 
 def _vllm_with(**change) -> str:

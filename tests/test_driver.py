@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dsparksim.acceptance.base import AcceptanceModel, Block
 from dsparksim.config import EngineConfig
 from dsparksim.errors import ConfigError
 from dsparksim.policies import make_policy
@@ -16,36 +15,18 @@ from dsparksim.sim.inputs import ResolvedInputs
 from dsparksim.sim.requests import RequestTable
 from dsparksim.sim.scheduler import Scheduler
 from dsparksim.sim.streams import RequestStreams
-from dsparksim.traffic.base import Workload
-from stand_in_profile import stand_in_profile
-
-
-class _Half(AcceptanceModel):
-    drafter = "dspark"
-
-    def __init__(self, K):
-        self.K, self.metadata = K, {"source": "test"}
-
-    def start(self, slots, domains, rng):
-        pass
-
-    def draw(self, slots, rng):
-        ok = rng.random((len(slots), self.K)) < 0.6
-        A = np.where(ok.all(1), self.K, np.argmin(ok, 1))
-        return Block(conf=np.full((len(slots), self.K), 0.6), accepted=A.astype(np.int64))
+from sim_kit import FlatAcceptance, chat_workload, linear_profile
 
 
 def _inputs(K=3, max_tokens=256, kv=10_000):
     pol = make_policy("confidence")
     pol.reset(K, np.random.default_rng(0))
-    prof = stand_in_profile(lambda M: 1e-3 + 1e-5 * M, 4096, draft=2e-4, name="lin", drafters=("dspark",))
-    return ResolvedInputs(profile=prof, policy=pol, K=K, acceptance=_Half(K), drafter="dspark", kv_cap=kv,
-                          max_tokens=max_tokens)
+    return ResolvedInputs(profile=linear_profile(), policy=pol, K=K, acceptance=FlatAcceptance(K), drafter="dspark",
+                          kv_cap=kv, max_tokens=max_tokens)
 
 
 def _wl(n=24, users=4):
-    return Workload(prompt_tokens=np.full(n, 10), output_tokens=np.full(n, 20),
-                    domain=np.full(n, "chat", dtype=object), concurrency=users)
+    return chat_workload(n, users)
 
 
 def _shape(plan: StepPlan, out: StepOutcome):

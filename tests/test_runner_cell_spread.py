@@ -11,7 +11,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from dsparksim.errors import ConfigError, InputError  # noqa: E402
-from dsparksim.runner import measure, timing  # noqa: E402
+from dsparksim.runner import measure  # noqa: E402
 from dsparksim.runner.grid import MeasureConfig, slot_tokens, cell_contexts, context_spread, context_spread_from_csv  # noqa: E402
 from dsparksim.runner.paired import PairedCells  # noqa: E402
 
@@ -68,24 +68,27 @@ def test_bad_spreads_and_lengths_files_are_refused_with_the_field(tmp_path):
 
 
 def test_measure_times_cells_at_the_spread_and_pairing_re_times_them_alike(monkeypatch):
+    from dsparksim.runner.executor import Executor
     seen = []
-    real_fast = timing.fast_prefill
+    real_fast = Executor.fast_prefill
 
-    def spy(eng, exe, new, ctx, spread=None):
-        n = len(new)
-        seen.append((n, ctx, spread, sorted(exe.cache_len.values())))
-        real_fast(eng, exe, new, ctx, spread)
-        seen[-1] = (n, ctx, spread, sorted(int(exe.cache_len[r]) for r in range(n)))
+    def spy(exe, new, lens):
+        pre = real_fast(exe, new, lens)
+        seen.append((len(new), sorted(int(exe.cache_len[r]) for r in range(len(new))), sorted(pre.contexts.tolist())))
+        return pre
 
-    monkeypatch.setattr(timing, "fast_prefill", spy)
+    monkeypatch.setattr(Executor, "fast_prefill", spy)
     q = context_spread(np.full(2, 8), np.full(2, 57), points=17)
     mc = MeasureConfig(model=TINY, drift_gate=None, drift=False, prefill=False, mtp1=False, K=3, n_reqs=(1, 2, 4),
                        contexts=(16, 48), reps=3, min_growth=0.0, context_spread=q)
     prof, _ = measure.measure(mc, progress=False, log=lambda s: None)
     assert prof["metadata"]["grid"]["context_spread"] == list(q)
     assert "grid.context_spread" in prof["metadata"]["method"]
+    # every 4-request cell's executor and scheduler contexts are the spread's at one of the measured contexts
     cells4 = [s for s in seen if s[0] == 4]
-    assert cells4 and all(s[2] == q and s[3] == sorted(cell_contexts(4, s[1], q).tolist()) for s in cells4)
+    want = {c: sorted(cell_contexts(4, c, q).tolist()) for c in mc.contexts}
+    assert {c for c in want if any(s[1] == s[2] == want[c] for s in cells4)} == set(mc.contexts)
+    assert all(s[1] in want.values() for s in cells4)
     # validate's paired cells rebuild the same cells from the profile's metadata
     from dsparksim.runner.executor import ExecutorConfig, build_models
     from dsparksim.runner.models import load_target
@@ -97,4 +100,4 @@ def test_measure_times_cells_at_the_spread_and_pairing_re_times_them_alike(monke
     seen.clear()
     key = pc.match("dspark", 4, 2.0, 48.0)
     pc.time(key)
-    assert seen and seen[-1][2] == q and seen[-1][3] == sorted(cell_contexts(4, key[2], q).tolist())
+    assert seen and seen[-1][1] == seen[-1][2] == sorted(cell_contexts(4, key[2], q).tolist())

@@ -114,62 +114,59 @@ class RealStepper:
 # ---------------------------------------------------------------- the public additions the runner needs
 import numpy as np  # noqa: E402
 
-from dsparksim.acceptance.base import AcceptanceModel, Block  # noqa: E402
+from dsparksim.sim.contract import CostExecutor, Prefilled  # noqa: E402
+from dsparksim.sim.driver import Driver  # noqa: E402
 from dsparksim.sim.requests import DECODE  # noqa: E402
 from dsparksim.policies import make_policy  # noqa: E402
-from dsparksim.sim.streams import RequestStreams  # noqa: E402
-from dsparksim.traffic.base import Workload  # noqa: E402
-from sim_kit import make_scheduler  # noqa: E402
-from stand_in_profile import stand_in_profile  # noqa: E402
+from sim_kit import FlatAcceptance, chat_workload, linear_profile, make_scheduler  # noqa: E402
 
 
-def _Linear():
-    """verify_time = 1 ms + 10 us per token, 0.2 ms drafting (a stand-in profile)."""
-    return stand_in_profile(lambda M: 1e-3 + 1e-5 * M, 4096, draft=2e-4, name="lin", drafters=("dspark",))
+class _PrefillsItself(CostExecutor):
+    """A request-tracking executor that prefills the admitted requests itself, outside the loop, to ``contexts``
+    (as measure's profiling cells do): it says so through the contract (``start`` returns :class:`Prefilled`)."""
 
+    tracks_requests = True
 
-class _Half(AcceptanceModel):
-    drafter = "dspark"
+    def __init__(self, contexts):
+        self.contexts = np.asarray(contexts, np.int64)
 
-    def __init__(self, K):
-        self.K, self.metadata = K, {"source": "test"}
+    def start(self, new):
+        return Prefilled(np.array([q.row for q in new], np.int64), self.contexts[:len(new)])
 
-    def start(self, slots, domains, rng):
+    def finish(self, rows):
         pass
 
-    def draw(self, slots, rng):
-        ok = rng.random((len(slots), self.K)) < 0.6
-        A = np.where(ok.all(1), self.K, np.argmin(ok, 1))
-        return Block(conf=np.full((len(slots), self.K), 0.6), accepted=A.astype(np.int64))
 
-
-def _wl(n, prompt=10, out=20, users=3):
-    return Workload(prompt_tokens=np.full(n, prompt), output_tokens=np.full(n, out),
-                    domain=np.full(n, "chat", dtype=object), concurrency=users)
-
-
-def test_skip_prefill_marks_admitted_requests_decoding_at_their_contexts():
+def test_requests_prefilled_by_the_executor_decode_at_their_contexts():
     from dsparksim.sim.requests import RequestTable
     K = 3
-    table = RequestTable(_wl(4), 4, None)
+    table = RequestTable(chat_workload(4, 3), 4, None)
     table.load(3)
     pol = make_policy("fixed:3")
     pol.reset(K, np.random.default_rng(0))
-    eng = make_scheduler(table=table, profile=_Linear(), acceptance=_Half(K), policy=pol, K=K, drafter="dspark",
+    eng = make_scheduler(table=table, profile=linear_profile(), acceptance=FlatAcceptance(K), policy=pol, K=K, drafter="dspark",
                          kv_capacity_tokens=10_000, max_num_seqs=3, max_batched_tokens=512, prefill_chunk_tokens=64,
                          rng=np.random.default_rng(0))
     for i in range(4):
-        eng.enqueue(i)
-    assert eng.admit(0.0) == [0, 1, 2]                  # 3 slots: row 3 waits
-    with pytest.raises(ValueError, match="running"):
-        eng.skip_prefill(np.array([3]), np.array([5]), 0.0)
-    rows, ctx = np.array([0, 1, 2]), np.array([5, 15, 25])
-    eng.skip_prefill(rows, ctx, 0.5)
+        eng.inbox.put(i)
+    ctx = np.array([5, 15, 25])
+    drv = Driver(None, [eng], _PrefillsItself(ctx))
+    rows = np.array(drv.admit(eng, 0.5))
+    assert rows.tolist() == [0, 1, 2]                   # 3 slots: row 3 waits
     assert (table.phase[rows] == DECODE).all() and (table.prompt[rows] == ctx).all()
     assert (table.gen[rows] == 1).all() and (table.first_tok[rows] == 0.5).all()
     assert eng.kv.reserved == int((ctx + 20 + K).sum())   # the reservation follows the new prompt lengths
-    plan = eng.plan_step()
+    (_, plan), = drv.schedule(0.5)
     assert plan.decode.tolist() == [0, 1, 2] and plan.n_prefill == 0 and plan.prefill == []
     assert plan.kv_read == 45 + 3 and plan.M == 3 * (1 + K)
+    with pytest.raises(ValueError, match="running"):
+        eng.apply_prefilled(Prefilled(np.array([3]), np.array([5])), 0.0)
     with pytest.raises(ValueError, match="not yet prefilled"):
-        eng.skip_prefill(rows, ctx, 0.5)                 # only once
+        eng.apply_prefilled(Prefilled(rows, ctx), 0.5)    # only once
+
+
+def test_the_runner_hands_prefills_done_outside_the_loop_through_the_contract():
+    # the scheduler learns of them from Executor.start's Prefilled, applied by the Driver, never from the runner
+    for path in RUNNER:
+        names = {n.attr for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)}
+        assert not names & {"apply_prefilled", "skip_prefill"}, path.name

@@ -26,7 +26,7 @@ drafter) and one line in ``REGISTRY`` below; :func:`parse_spec` (:mod:`.registry
 from __future__ import annotations
 
 from dsparksim.acceptance.base import DOMAINS, AcceptanceModel, Block
-from dsparksim.acceptance.kinds.engine_logs import SGLangLog, VLLMLog
+from dsparksim.acceptance.kinds.engine_logs import EngineLog
 from dsparksim.acceptance.kinds.mtp_chain import MTPChain
 from dsparksim.acceptance.kinds.parametric import MTP1_NAMES, PARAMETRIC_DRAFTERS, Parametric
 from dsparksim.acceptance.kinds.tau import Tau
@@ -41,8 +41,8 @@ REGISTRY.update({
     "parametric": Parametric,
     "mtp": MTPChain,
     "trace": Trace,
-    "vllm": VLLMLog,
-    "sglang": SGLangLog,
+    "vllm": EngineLog.of("vllm"),
+    "sglang": EngineLog.of("sglang", "draft_len"),
     "tau": Tau,
 })
 

@@ -42,8 +42,11 @@ def _ci(c: float, se: float, clip: bool) -> list[float]:
     return [max(0.0, lo), min(1.0, hi)] if clip else [lo, hi]
 
 
-def summarize_blocks(request_id: np.ndarray, domain: np.ndarray, accepted: np.ndarray, conf: np.ndarray) -> dict:
-    """Per-domain (and pooled "all") statistics of blocks; see module docstring."""
+def summarize_blocks(request_id: np.ndarray, domain: np.ndarray, accepted: np.ndarray, conf: np.ndarray,
+                     confidence_head: bool = True) -> dict:
+    """Per-domain (and pooled "all") statistics of blocks; see module docstring. Without a confidence head
+    (``confidence_head=False``, e.g. ``mtp``) the blocks' confidences mean nothing: every confidence statistic is
+    None (no ECE, AUC or mean confidence is reported)."""
     K = conf.shape[1]
     out: dict[str, Any] = {}
     doms = [d for d in DOMAINS if (domain == d).any()]
@@ -63,6 +66,14 @@ def summarize_blocks(request_id: np.ndarray, domain: np.ndarray, accepted: np.nd
                         "ci95": _ci(c, se, clip=True),
                         "mean_conf_at_risk": float(C[risk, k - 1].mean()) if risk.any() else math.nan,
                         "mean_conf": float(C[:, k - 1].mean())})
+        if not confidence_head:
+            for p in pos:
+                p.update(mean_conf_at_risk=None, mean_conf=None, ece_survival=None, auc_survival=None)
+            out[d] = {"requests": m, "blocks": int(A.size), "tau_all_verified": tau,
+                      "tau_ci95": _ci(tau, tau_se, clip=False), "positions": pos, "ece": None,
+                      "auc_by_position": {p["k"]: None for p in pos}, "mean_auc": None,
+                      "ece_by_position": None, "auc_survival_by_position": None}
+            continue
         q = confidence_metrics(C, A)
         dq = per_position_metrics(C, A)
         for p in pos:
@@ -97,5 +108,6 @@ def summarize_model(model: AcceptanceModel, n_blocks: int, blocks_per_request: i
                                                          "blocks_per_request": blocks_per_request},
             "ci_method": "cluster-robust by request, normal approximation, clipped to [0,1]",
             "ece_definition": "survival vs realised survival, 15 equal-width bins",
-            "per_position_definition": PER_POSITION_DEFINITION,
-            "domains": summarize_blocks(data["request_id"], data["domain"], data["accepted_len"], data["conf"])}
+            "per_position_definition": PER_POSITION_DEFINITION, "confidence_head": model.confidence_head,
+            "domains": summarize_blocks(data["request_id"], data["domain"], data["accepted_len"], data["conf"],
+                                        confidence_head=model.confidence_head)}

@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from dsparksim.errors import ConfigError, InputError
+from dsparksim.errors import InputError
 from dsparksim.io.textio import escape_controls, read_text
 from dsparksim.results.outputs import claim_out_file, register_kind
 
@@ -215,6 +215,15 @@ def format_cell(v: Any) -> str:
     return str(v)
 
 
+def import_hint(first: int) -> str:
+    """A pointer to `bench import` when a file without the marker line is no runs table at all: a benchmark's own
+    result file (vLLM JSON, SGLang JSONL, the InferenceX table) handed straight to `bench replay` / `profile fit`."""
+    if first != 1:   # the marker line is there: a runs table with a wrong column, no converted file
+        return ""
+    return ("; a benchmark's own result file (vLLM JSON, SGLang JSONL, InferenceX CSV) is converted first: "
+            "dsparksim bench import FILE... --out RUNS.csv")
+
+
 def read_runs(path: str | Path) -> list[dict[str, Any]]:
     """Every run of a runs table, each a dict over ``NAMES`` (None where empty), validated cell by cell.
 
@@ -242,7 +251,8 @@ def read_runs(path: str | Path) -> list[dict[str, Any]]:
     header = [h.strip() for h in header]
     for h in header:
         if h not in BY_NAME:
-            raise InputError(path, escape_controls(h), "not a column of the runs table", line=first)
+            raise InputError(path, escape_controls(h), "not a column of the runs table" + import_hint(first),
+                             line=first)
         if header.count(h) > 1:
             raise InputError(path, h, "column given twice", line=first)
     missing = [n for n in NAMES if n not in header]

@@ -8,7 +8,7 @@ import sys
 from dsparksim.cli.options import add_backend_options, bar_off
 from dsparksim.cli.main import flag_given
 from dsparksim.cli.plan import register as register_plan
-from dsparksim.config import pos_float, pos_int
+from dsparksim.config import pos_float
 from dsparksim.results.outputs import claim_result_set, write_result_set
 
 

@@ -87,7 +87,9 @@ def render_text(s: dict) -> str:
         lines.append("model: " + json.dumps(_clean(keep)))
         lines.append("simulated: " + json.dumps(s["simulation"]))
     lines.append(f"CI: {s['ci_method']}; ECE: {s['ece_definition']}")
-    if s.get("per_position_definition"):
+    if s.get("confidence_head") is False:
+        lines.append("confidence: none (this drafter has no confidence head; no ECE, AUC or mean confidence: '-')")
+    elif s.get("per_position_definition"):
         lines.append(f"per position ECE_k / AUC_k: {s['per_position_definition']}")
     lines.append("")
     lines.append(f"{'domain':<7}{'requests':>9}{'blocks':>9}  {'tau (all K verified) [95% CI]':<32}{'ECE':>7}"

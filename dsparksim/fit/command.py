@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import json
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +12,7 @@ from tqdm import tqdm
 
 from dsparksim.cost.analytic.calibration import FAMILIES, FAMILY_NOTES, Calibration
 from dsparksim.errors import InputError
-from dsparksim.fit.fitter import (BOUNDS, DELTA_MIN, GAMMA_MAX, FitProblem, bootstrap, fit_problem, loco,
+from dsparksim.fit.fitter import (DELTA_MIN, GAMMA_MAX, FitProblem, bootstrap, fit_problem, loco,
                                   param_bounds)
 from dsparksim.fit.reprice import PARAMS, LinearRun, PriceBasis
 from dsparksim.fit.runs import FitRun, file_sha256, load_fit_runs

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from dsparksim.backend.model import ModelConfig, TargetModel
-from dsparksim.sim.contract import NewRequest, StepOutcome, StepPlan
+from dsparksim.sim.contract import NewRequest, Prefilled, StepOutcome, StepPlan
 from dsparksim.errors import ConfigError
 from dsparksim.runner.flat import FlatForward, KVPool, make_group
 from dsparksim.runner.engine import step_extra
@@ -193,14 +193,35 @@ class Executor:
         self.pending: dict[int, int] = {}
         self.timing = StepTiming()
         self.clock = ex.clock_fn()
+        # measure's profiling cells: the contexts the next admitted requests are prefilled to, untimed (used once)
+        self.untimed_contexts: np.ndarray | None = None
 
     # ---------------------------------------------------------------- request lifecycle (the step contract's)
     tracks_requests = True
 
-    def start(self, new: Sequence[NewRequest]) -> None:
-        """Admitted requests: each gets its KV slot and prompt tokens."""
+    def start(self, new: Sequence[NewRequest]) -> Prefilled | None:
+        """Admitted requests: each gets its KV slot and prompt tokens; with ``untimed_contexts`` set, they are
+        prefilled to those contexts outside the loop (:meth:`fast_prefill`) and returned as such."""
         for q in new:
             self.start_request(q.row, q.slot, q.prompt_tokens, q.domain)
+        if self.untimed_contexts is None:
+            return None
+        lens, self.untimed_contexts = self.untimed_contexts, None
+        return self.fast_prefill(new, lens)
+
+    def fast_prefill(self, new: Sequence[NewRequest], lens: np.ndarray) -> Prefilled:
+        """The admitted requests ``new`` prefilled to contexts ``lens`` without running the prefill.
+
+        Decode timing does not depend on the cached values, only on how many positions are read, so the KV slots
+        are left as allocated; this makes long contexts (8k, 32k tokens) measurable without a quadratic prefill.
+        """
+        if len(lens) != len(new):
+            raise RuntimeError(f"profiling engine admitted {len(new)} of its {len(lens)} requests")
+        rows = np.array([q.row for q in new], np.int64)
+        for r, ln in zip(rows, lens):
+            self.cache_len[int(r)] = int(ln)
+            self.pending[int(r)] = int(self.np_rng.integers(0, self.V))
+        return Prefilled(rows, np.asarray(lens, np.int64))
 
     def finish(self, rows: np.ndarray) -> None:
         """Finished requests: their state is freed."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ from dsparksim.acceptance.base import AcceptanceModel, Block
 from dsparksim.backend.calibration import apply_sts
 from dsparksim.backend.drafter_state import state_for
 from dsparksim.backend.specdec import verify_prefix
-from dsparksim.sim.contract import StepOutcome, StepPlan
+from dsparksim.sim.contract import NewRequest, Prefilled, StepOutcome, StepPlan
 from dsparksim.errors import ConfigError
 from dsparksim.runner.engine import step_extra
 from dsparksim.runner.executor import Executor, ExecutorConfig, StepTiming, sync
@@ -148,6 +148,14 @@ class LiveExecutor(Executor):
         if self.record:
             self.outputs[row] = []
             self.prompt_log[row] = self.prompt[row]
+
+    def fast_prefill(self, new: Sequence[NewRequest], lens: np.ndarray) -> Prefilled:
+        """As :meth:`Executor.fast_prefill`; the drafter's per-slot state points at the contexts too."""
+        pre = super().fast_prefill(new, lens)
+        slots = torch.as_tensor([q.slot for q in new], device=self.dev)
+        self.dstate.fake_prefill(slots, torch.as_tensor(lens, device=self.dev),
+                                 torch.as_tensor([self.pending[int(r)] for r in pre.rows], device=self.dev))
+        return pre
 
     @torch.no_grad()
     def propose(self, dec_rows: np.ndarray, dec_slots: np.ndarray, K: int) -> Block:

@@ -24,7 +24,6 @@ from dsparksim.runner.live import LiveExecutor, PromptSource
 from dsparksim.runner.grid import (PREFILL_CHUNKS, PREFILL_DECODE_ROWS, PREFILL_PREFIXES, REFERENCE_CELL, cell_contexts,
                                    slot_tokens)
 from dsparksim.config import EngineConfig
-from dsparksim.sim.contract import NewRequest
 from dsparksim.sim.driver import Driver
 from dsparksim.sim.inputs import ResolvedInputs
 from dsparksim.sim.scheduler import Scheduler
@@ -104,8 +103,9 @@ def is_oom(e: BaseException) -> bool:
 def profiling_engine(exe: Any, *, n: int, ctx: int, out_len: int, T: int, K: int, drafter: str, policy: Policy,
                      acceptance: AcceptanceModel, profile: Any, max_batched_tokens: int, prefill_chunk_tokens: int,
                      live: bool, rng: np.random.Generator, spread: tuple[float, ...] | None = None) -> Driver:
-    """One engine with n requests admitted and prefilled (untimed, :func:`fast_prefill`) at contexts spread around
-    ctx (:func:`cell_contexts`, with ``spread``), ready to be stepped (``Driver.step``) on the executor's clock."""
+    """One engine with n requests admitted and prefilled (untimed, the executor's ``fast_prefill``) at contexts
+    spread around ctx (:func:`cell_contexts`, with ``spread``), ready to be stepped (``Driver.step``) on the
+    executor's clock."""
     wl = Workload(prompt_tokens=np.full(n, ctx, np.int64), output_tokens=np.full(n, out_len, np.int64),
                   domain=np.full(n, "chat", dtype=object), concurrency=n)
     table = RequestTable(wl, n, None)
@@ -115,14 +115,12 @@ def profiling_engine(exe: Any, *, n: int, ctx: int, out_len: int, T: int, K: int
                             kv_cap=n * T, max_tokens=max_batched_tokens)
     eng = Scheduler(cfg, inputs, table, rng=rng)
     for i in range(n):
-        eng.enqueue(i)
-    rows = eng.admit(0.0)
-    if len(rows) != n:
+        eng.inbox.put(i)
+    exe.untimed_contexts = cell_contexts(n, ctx, spread)
+    st = Driver(None, [eng], exe, MeasuredClock(exe, live=live))
+    if len(st.admit(eng, 0.0)) != n:
         raise RuntimeError(f"profiling engine admitted fewer than its {n} requests")
-    new = eng.new_requests(rows)
-    exe.start(new)
-    fast_prefill(eng, exe, new, ctx, spread)
-    return Driver(None, [eng], exe, MeasuredClock(exe, live=live))
+    return st
 
 
 def cell_executor(target, proxy, ex: ExecutorConfig, T: int, slots: int, drafter: str,
@@ -247,25 +245,6 @@ def time_prefill_cells(target, proxy, ex: ExecutorConfig, K: int, drafter: str, 
                      "d_step": float(a[1, 0] - a[0, 0]), "d_target": float(a[1, 1] - a[0, 1]),
                      "d_draft": float(a[1, 2] - a[0, 2])})
     return recs
-
-
-def fast_prefill(eng: Scheduler, exe: Executor, new: list[NewRequest], ctx: int,
-                 spread: tuple[float, ...] | None = None) -> None:
-    """Mark the admitted requests ``new`` as prefilled with contexts around ctx without running the prefill.
-
-    Decode timing does not depend on the cached values, only on how many positions are read, so the KV slots
-    are left as allocated; this makes long contexts (8k, 32k tokens) measurable without a quadratic prefill.
-    """
-    rows = np.array([q.row for q in new], np.int64)
-    lens = cell_contexts(len(new), ctx, spread)
-    eng.skip_prefill(rows, lens, 0.0)
-    for r, ln in zip(rows, lens):
-        exe.cache_len[int(r)] = int(ln)
-        exe.pending[int(r)] = int(exe.np_rng.integers(0, exe.V))
-    if hasattr(exe, "dstate"):                 # live drafter: its per-slot state must point at the context too
-        slots = torch.as_tensor([q.slot for q in new], device=exe.dev)
-        exe.dstate.fake_prefill(slots, torch.as_tensor(lens, device=exe.dev),
-                                torch.as_tensor([exe.pending[int(r)] for r in rows], device=exe.dev))
 
 
 def release(ex: ExecutorConfig) -> None:

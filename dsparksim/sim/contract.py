@@ -3,7 +3,8 @@
 One engine step is schedule -> execute -> update (:class:`dsparksim.sim.driver.Driver`)::
 
     scheduler.drain(); new = scheduler.admit(now)   # take requests from the inbox (FIFO), admit FIFO
-    executor.start(scheduler.new_requests(new))      # the executor learns the admitted requests (slot, prompt)
+    pre = executor.start(scheduler.new_requests(new))  # the executor learns the admitted requests (slot, prompt)
+    scheduler.apply_prefilled(pre, now)              # Prefilled: those it prefilled outside the loop decode on
     plan = scheduler.plan_step()                     # StepPlan: what runs, priced by the cost profile
     outcome = executor.execute(plan)                 # StepOutcome: duration, accepted prefix per decoding row
     done = scheduler.apply(plan, outcome, t_end)     # emit tokens, finish requests
@@ -91,14 +92,25 @@ class NewRequest(NamedTuple):
     domain: str
 
 
+class Prefilled(NamedTuple):
+    """Admitted requests whose prompts an executor prefilled outside the step loop, as a disaggregated prefill
+    pool's KV arrives at the decode engine (here: the real runner's untimed prefill of ``measure``'s profiling
+    cells): request ``rows[i]`` decodes from ``contexts[i]`` tokens (its prompt length becomes that context), its
+    first token emitted at admission. Returned by :meth:`Executor.start`."""
+
+    rows: np.ndarray
+    contexts: np.ndarray
+
+
 class Executor(Protocol):
     """Runs steps. ``tracks_requests``: whether it keeps per-request state (then :meth:`start` and :meth:`finish`
     are called; the simulator's :class:`CostExecutor` keeps none)."""
 
     tracks_requests: bool
 
-    def start(self, new: Sequence[NewRequest]) -> None:
-        """Requests admitted since the previous step (before the step that first schedules them)."""
+    def start(self, new: Sequence[NewRequest]) -> Prefilled | None:
+        """Requests admitted since the previous step (before the step that first schedules them); returns those
+        whose prefill the executor did itself, outside the loop (None: none, the scheduler plans their prefill)."""
 
     def finish(self, rows: np.ndarray) -> None:
         """Requests that finished in the step just applied."""
@@ -112,8 +124,8 @@ class CostExecutor:
 
     tracks_requests = False
 
-    def start(self, new: Sequence[NewRequest]) -> None:
-        pass
+    def start(self, new: Sequence[NewRequest]) -> Prefilled | None:
+        return None
 
     def finish(self, rows: np.ndarray) -> None:
         pass

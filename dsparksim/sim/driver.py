@@ -90,14 +90,23 @@ class Driver:
         self.proc = None
         self.steps = 0
 
+    def admit(self, eng: "Scheduler", now: float) -> list[int]:
+        """Rank ``eng`` drains its inbox and admits at ``now`` (the schedule's first half); the executor starts the
+        admitted requests, and those it prefilled outside the loop (:class:`~.contract.Prefilled`) decode from their
+        contexts. Returns the rows admitted."""
+        eng.drain()
+        new = eng.admit(now)
+        if new and self.track:
+            pre = self.ex.start(eng.new_requests(new))
+            if pre is not None:
+                eng.apply_prefilled(pre, now)
+        return new
+
     def schedule(self, now: float) -> list[tuple["Scheduler", StepPlan]]:
         """Admit and plan every rank's step at ``now``; the ranks with something to run."""
         plans = []
         for eng, draft in zip(self.ranks, self.drafts):
-            eng.drain()
-            new = eng.admit(now)
-            if new and self.track:
-                self.ex.start(eng.new_requests(new))
+            self.admit(eng, now)
             self.clock.planning(self.steps)
             p = eng.plan_step(draft)
             if p is not None:

@@ -90,7 +90,7 @@ class ReserveKV(KVManager):
         self.reserved -= int((r.prompt[rows] + r.out[rows]).sum()) + self.K * len(rows)
 
     def grow_prompts(self, extra_tokens: int) -> None:
-        """Admitted requests' prompts grew by ``extra_tokens`` in all (``Scheduler.skip_prefill``)."""
+        """Admitted requests' prompts grew by ``extra_tokens`` in all (``Scheduler.apply_prefilled``)."""
         self.reserved += int(extra_tokens)
 
     @property

@@ -70,7 +70,7 @@ from dsparksim.config import EngineConfig
 from dsparksim.cost.price import StepShape, chunk_query_keys, decode_query_keys
 from dsparksim.cost.profile import CostProfile
 from dsparksim.policies.base import Policy, StepContext
-from dsparksim.sim.contract import NewRequest, StepOutcome, StepPlan
+from dsparksim.sim.contract import NewRequest, Prefilled, StepOutcome, StepPlan
 from dsparksim.sim.inputs import ResolvedInputs
 from dsparksim.sim.kv import R_KV, R_LEN, make_kv
 from dsparksim.sim.early_exit import drafted_lengths, mask_undrafted, position_counts
@@ -272,22 +272,23 @@ class Scheduler:
         self.waiting_need += self.kv.need(row)
         self._preempted.append(row)
 
-    def skip_prefill(self, rows: np.ndarray, contexts: np.ndarray, now: float) -> None:
-        """Mark admitted requests ``rows`` (running, nothing prefilled yet) as fully prefilled with ``contexts``
-        tokens each, their first token emitted at ``now``, without running a prefill step; their prompt length
-        becomes the context and the KV reservation follows. For profiling decode steps at long contexts (the
-        real runner's ``measure``); a request must have more than one output token left."""
+    def apply_prefilled(self, pre: Prefilled, now: float) -> None:
+        """Requests the executor prefilled outside the loop (:class:`~dsparksim.sim.contract.Prefilled`: admitted,
+        running, nothing prefilled yet) decode from their contexts, their first token emitted at ``now``, without a
+        prefill step; their prompt length becomes the context and the KV reservation follows. For profiling decode
+        steps at long contexts (the real runner's ``measure``); a request must have more than one output token
+        left."""
         r = self.req
-        rows = np.asarray(rows, np.int64)
-        ctx = np.asarray(contexts, np.int64)
+        rows = np.asarray(pre.rows, np.int64)
+        ctx = np.asarray(pre.contexts, np.int64)
         if rows.shape != ctx.shape or rows.ndim != 1:
-            raise ValueError(f"skip_prefill: {rows.shape} rows but {ctx.shape} contexts")
+            raise ValueError(f"apply_prefilled: {rows.shape} rows but {ctx.shape} contexts")
         if self.paged:
-            raise ValueError("skip_prefill: supported with kv_policy 'reserve' only")
+            raise ValueError("apply_prefilled: supported with kv_policy 'reserve' only")
         if not set(rows.tolist()) <= set(self.running):
-            raise ValueError("skip_prefill: every row must be running on this engine")
+            raise ValueError("apply_prefilled: every row must be running on this engine")
         if (r.phase[rows] != PREFILL).any() or r.prefilled[rows].any() or (ctx < 1).any() or (r.out[rows] < 2).any():
-            raise ValueError("skip_prefill: rows must be admitted, not yet prefilled, with contexts >= 1 and more "
+            raise ValueError("apply_prefilled: rows must be admitted, not yet prefilled, with contexts >= 1 and more "
                              "than one output token")
         self.kv.grow_prompts(int((ctx - r.prompt[rows]).sum()))
         r.prompt[rows] = ctx

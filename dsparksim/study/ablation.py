@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsparksim.results.stats import t_interval
-from dsparksim.study.common import Regime, Section, Settings, fmt_ci, md_table, paired_rows, run_config
+from dsparksim.study.common import (Regime, Section, Settings, find_row, fmt_ci, md_table, new_figure, paired_rows,
+                                    regime_setup, run_config, save_figure)
 
 NAME = "ablation"
 TITLE = "The paper's ablation: drafter vs scheduler, and the cost of padded verification"
@@ -178,10 +179,8 @@ def _padratio(rows, reg, load, arm) -> dict[str, Any] | None:
 
 def _figure(path, paired, order) -> None:
     """Per regime and load: throughput of every arm (mean, 95% interval), variable-length and padded side by side."""
-    from matplotlib.figure import Figure  # lazy: matplotlib
-
     panels = list(dict.fromkeys((r["regime"], r["load"]) for r in paired))
-    fig = Figure(figsize=(max(5.0, 4.6 * len(panels)), 4.2))
+    fig = new_figure((max(5.0, 4.6 * len(panels)), 4.2))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (reg, load) in zip(axes, panels):
         arms = sorted(dict.fromkeys(r["arm"] for r in paired if r["regime"] == reg and r["load"] == load),
@@ -200,15 +199,7 @@ def _figure(path, paired, order) -> None:
         ax.set_xticklabels(arms, rotation=45, ha="right", fontsize=7)
         ax.set(ylabel="output throughput (tok/s)", title=f"{reg}, {load} users")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-def _get(table, **kw):
-    for r in table:
-        if all(r.get(k) == v for k, v in kw.items()):
-            return r
-    return None
+    save_figure(fig, path)
 
 
 def _pct(r) -> str:
@@ -217,13 +208,7 @@ def _pct(r) -> str:
 
 def _setup(settings: Settings, p: Plan, rows, regs: list[str]) -> list[str]:
     """The question and the setup paragraph."""
-    reg_of = {r.name: r for r in settings.regimes}
-    out = [f"**Question.** {QUESTION}\n", "**Setup.**"]
-    for name in regs:
-        rg = reg_of[name]
-        loads = sorted(dict.fromkeys(r["load"] for r in rows if r["regime"] == name))
-        out.append(f"- Regime `{name}`: profile `{rg.profile}`; {rg.why}. Closed loop at "
-                   f"{', '.join(map(str, loads))} users.")
+    out = regime_setup(QUESTION, settings.regimes, rows, regs)
     arms = "; ".join(f"`{a}` = `{ARMS[a][0]}` with the `{ARMS[a][1]}` drafter" for a in p.arms)
     out.append(f"- Arms: {arms}. K = 5; each drafter's acceptance (paper-calibrated parametric model) and drafting "
                "cost (the profile's drafter entry: autoregressive = K sequential forwards, parallel = one forward "
@@ -262,7 +247,7 @@ def _answer_item(name: str, load, paired, contrib, padcost) -> tuple[str, list[s
     if th is not None:
         text += f"; a static threshold {_pct(th)}"
     if sy is not None:
-        vs = _get(paired, regime=name, load=load, pad=False, arm="sar-sync", metric="mean_verify_len")
+        vs = find_row(paired, regime=name, load=load, pad=False, arm="sar-sync", metric="mean_verify_len")
         text += f", synchronous Algorithm 1 {_pct(sy)}"
         if vs is not None:
             text += (f" (it verifies {fmt_ci(vs['value'], vs['value_lo'], vs['value_hi'], 1, 2)} draft "
@@ -270,7 +255,7 @@ def _answer_item(name: str, load, paired, contrib, padcost) -> tuple[str, list[s
                      "staircase)" if vs["value"] < 1 else
                      f" (verify length {fmt_ci(vs['value'], vs['value_lo'], vs['value_hi'], 1, 2)})")
     pa = c("sar-async", "sar-fixed", pad=True)
-    pc = _get(padcost, regime=name, load=load, arm="sar-async")
+    pc = find_row(padcost, regime=name, load=load, arm="sar-async")
     if pa is not None and pc is not None:
         text += (f"; on a padded engine async scheduling against fixed length {_pct(pa)} (padding "
                  f"changes `sar-async`'s throughput by {_pct(pc)})")
@@ -321,9 +306,9 @@ def _arm_table(name: str, load, rows, paired, padcost, order) -> list[str]:
     for arm in sorted(dict.fromkeys(r["arm"] for r in rows if r["regime"] == name and r["load"] == load),
                       key=lambda a: order[a]):
         def g(metric, pad=False):
-            return _get(paired, regime=name, load=load, pad=pad, arm=arm, metric=metric)
+            return find_row(paired, regime=name, load=load, pad=pad, arm=arm, metric=metric)
         t, v, tau, tp = g("output_throughput_tok_s"), g("mean_verify_len"), g("tau"), g("tpot_mean_s")
-        pc = _get(padcost, regime=name, load=load, arm=arm)
+        pc = find_row(padcost, regime=name, load=load, arm=arm)
         body.append([f"`{arm}`", fmt_ci(t["value"], t["value_lo"], t["value_hi"], 1, 0),
                      fmt_ci(tp["value"], tp["value_lo"], tp["value_hi"], 1e3, 1),
                      fmt_ci(v["value"], v["value_lo"], v["value_hi"], 1, 2),

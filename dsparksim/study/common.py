@@ -263,6 +263,41 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def find_row(table: Iterable[dict[str, Any]], **kw: Any) -> dict[str, Any] | None:
+    """The first row of ``table`` whose fields equal ``kw`` (None: no such row)."""
+    for r in table:
+        if all(r.get(k) == v for k, v in kw.items()):
+            return r
+    return None
+
+
+def regime_setup(question: str, regimes: Iterable[Regime], rows: Sequence[dict[str, Any]],
+                 names: Iterable[str]) -> list[str]:
+    """The question and the setup paragraph's first lines: per regime of ``names``, its profile, why, and the
+    closed-loop loads its ``rows`` ran at."""
+    reg_of = {r.name: r for r in regimes}
+    out = [f"**Question.** {question}\n", "**Setup.**"]
+    for name in names:
+        rg = reg_of[name]
+        loads = sorted(dict.fromkeys(r["load"] for r in rows if r["regime"] == name))
+        out.append(f"- Regime `{name}`: profile `{rg.profile}`; {rg.why}. Closed loop at "
+                   f"{', '.join(map(str, loads))} users.")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ figures
+def new_figure(figsize: tuple[float, float]) -> Any:
+    """A matplotlib Figure (no pyplot state) of ``figsize`` inches, to be written by :func:`save_figure`."""
+    from matplotlib.figure import Figure  # lazy: matplotlib
+    return Figure(figsize=figsize)
+
+
+def save_figure(fig: Any, path: Any) -> None:
+    """Lay ``fig`` out and write it to ``path`` at the studies' resolution."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 @dataclass(frozen=True)
 class Settings:
     """How a study runs: fast (CI-sized) or full, its regimes (primary first) and seeds."""

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from dsparksim.policies.base import Policy, StepContext
-from dsparksim.study.common import (Regime, Section, Settings, PolicyWrapper, fmt_ci, interval, md_table, paired_rows,
-                                    run_config, window_throughput)
+from dsparksim.study.common import (PolicyWrapper, Regime, Section, Settings, find_row, fmt_ci, interval, md_table,
+                                    new_figure, paired_rows, run_config, save_figure, window_throughput)
 from dsparksim.policies.recalibrate import Recalibrating
 
 NAME = "calibration-drift"
@@ -311,10 +311,8 @@ def analyse(settings: Settings, rows: list[dict[str, Any]]) -> Section:
 def _figure(path, series) -> None:
     """Per (regime, scenario) at the largest blindness: ECE over time (top) and throughput (bottom) per arm, mean
     over seeds."""
-    from matplotlib.figure import Figure  # lazy: matplotlib
-
     panels = sorted({(r["regime"], r["scenario"]) for r in series})
-    fig = Figure(figsize=(5.0 * len(panels), 6.4))
+    fig = new_figure((5.0 * len(panels), 6.4))
     axes = fig.subplots(2, len(panels), squeeze=False)
     for j, (reg, sc) in enumerate(panels):
         blind = max(r["blind"] for r in series if r["regime"] == reg and r["scenario"] == sc)
@@ -330,15 +328,7 @@ def _figure(path, series) -> None:
         axes[0, j].set(ylabel="ECE (%)", title=f"{reg}, {sc}, head_blind={blind:g}")
         axes[1, j].set(xlabel="time (s)", ylabel="output tok/s")
         axes[0, j].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-def _get(table, **kw):
-    for r in table:
-        if all(r.get(k) == v for k, v in kw.items()):
-            return r
-    return None
+    save_figure(fig, path)
 
 
 def _pct(r, signed=True) -> str:
@@ -359,7 +349,8 @@ def _setup(settings: Settings, p: Plan, rows, regimes: list[str]) -> list[str]:
                    "request, over runs).")
     for s in p.scenarios + tuple(x for x in p.contrast if len(regimes) > 1):
         who = "" if s in p.scenarios else f" ({regimes[-1]}: its own request rate)"
-        out.append(f"- Scenario `{s.name}`{who}: the mix (math:code:chat) is A = {':'.join(f'{x:g}' for x in MIX_A)} for "
+        mix_a = ':'.join(f'{x:g}' for x in MIX_A)
+        out.append(f"- Scenario `{s.name}`{who}: the mix (math:code:chat) is A = {mix_a} for "
                    f"requests before #{s.i0}, B = {':'.join(f'{x:g}' for x in MIX_B)} from #{s.i1}"
                    + (", linear in the request index in between" if s.i1 > s.i0 else " (abrupt)")
                    + f"; run {s.end:g} s, warm-up {s.warmup_s:g} s (TrafficConfig.domain_drift: each request's "
@@ -370,28 +361,28 @@ def _setup(settings: Settings, p: Plan, rows, regimes: list[str]) -> list[str]:
                f"blind in {{{', '.join(f'{b:g}' for b in p.blinds)}}}; its size for a real head is not published.")
     out.append(f"- Policy `{POLICY}`. Arms (paired: same requests, same draws): `stale` = STS fitted on A "
                "throughout; `correct` = STS fitted on the mix served (per request, the mix at its arrival, to the "
-               "nearest 10%, the temperatures of STS refitted on that mix); `recal` = `--recalibrate` (per-position temperatures refitted every 25 steps on the "
-               "last 20,000 verified positions, from past outcomes only). Seeds "
-               f"{', '.join(map(str, settings.seeds))}; 95% t-intervals over seeds of the per-seed differences.\n")
+               "nearest 10%, the temperatures of STS refitted on that mix); `recal` = `--recalibrate` (per-position "
+               "temperatures refitted every 25 steps on the last 20,000 verified positions, from past outcomes "
+               f"only). Seeds {', '.join(map(str, settings.seeds))}; 95% t-intervals over seeds of the per-seed differences.\n")
     return out
 
 
 def _answer_item(paired, ece, name: str, s, b) -> str | None:
     """One answer line's text for (regime, scenario, blindness); None when the cell was not run."""
-    st = _get(paired, regime=name, scenario=s.name, blind=b, arm="stale",
-              metric="throughput_after_tok_s", base_arm="correct")
+    st = find_row(paired, regime=name, scenario=s.name, blind=b, arm="stale",
+                 metric="throughput_after_tok_s", base_arm="correct")
     if st is None:
         return None
-    tp = _get(paired, regime=name, scenario=s.name, blind=b, arm="stale", metric="tpot_mean_after_s",
-              base_arm="correct")
-    rt = _get(paired, regime=name, scenario=s.name, blind=b, arm="recal",
-              metric="throughput_after_tok_s", base_arm="correct")
-    rtp = _get(paired, regime=name, scenario=s.name, blind=b, arm="recal", metric="tpot_mean_after_s",
-               base_arm="correct")
-    gain = _get(paired, regime=name, scenario=s.name, blind=b, arm="recal",
-                metric="throughput_after_tok_s", base_arm="stale")
-    e = {arm: _get(ece, regime=name, scenario=s.name, blind=b, arm=arm, window="after") for arm in ARMS}
-    eb = _get(ece, regime=name, scenario=s.name, blind=b, arm="stale", window="before")
+    tp = find_row(paired, regime=name, scenario=s.name, blind=b, arm="stale", metric="tpot_mean_after_s",
+                 base_arm="correct")
+    rt = find_row(paired, regime=name, scenario=s.name, blind=b, arm="recal",
+                 metric="throughput_after_tok_s", base_arm="correct")
+    rtp = find_row(paired, regime=name, scenario=s.name, blind=b, arm="recal", metric="tpot_mean_after_s",
+                  base_arm="correct")
+    gain = find_row(paired, regime=name, scenario=s.name, blind=b, arm="recal",
+                   metric="throughput_after_tok_s", base_arm="stale")
+    e = {arm: find_row(ece, regime=name, scenario=s.name, blind=b, arm=arm, window="after") for arm in ARMS}
+    eb = find_row(ece, regime=name, scenario=s.name, blind=b, arm="stale", window="before")
     fe = {a: fmt_ci(x["mean"], x["lo"], x["hi"], 100, 2, "%") if x else "n/a" for a, x in e.items()}
     return (f"`{name}`, {s.name}, blind {b:g}: ECE after the change {fe['stale']} stale "
             f"(before: {fmt_ci(eb['mean'], eb['lo'], eb['hi'], 100, 2, '%') if eb else 'n/a'}), "
@@ -424,13 +415,13 @@ def _after_table(p: Plan, name: str, paired, ece) -> list[str]:
     for s in p.scenarios:
         for b in p.blinds:
             for arm, base in (("stale", "correct"), ("recal", "correct"), ("recal", "stale")):
-                t = _get(paired, regime=name, scenario=s.name, blind=b, arm=arm,
-                         metric="throughput_after_tok_s", base_arm=base)
+                t = find_row(paired, regime=name, scenario=s.name, blind=b, arm=arm,
+                            metric="throughput_after_tok_s", base_arm=base)
                 if t is None:
                     continue
-                q = _get(paired, regime=name, scenario=s.name, blind=b, arm=arm, metric="tpot_mean_after_s",
-                         base_arm=base)
-                e = _get(ece, regime=name, scenario=s.name, blind=b, arm=arm, window="after")
+                q = find_row(paired, regime=name, scenario=s.name, blind=b, arm=arm, metric="tpot_mean_after_s",
+                            base_arm=base)
+                e = find_row(ece, regime=name, scenario=s.name, blind=b, arm=arm, window="after")
                 body.append([s.name, f"{b:g}", f"`{arm}`", f"`{base}`", _pct(t), _pct(q),
                              fmt_ci(e["mean"], e["lo"], e["hi"], 100, 2) if e else "n/a"])
     out.append(md_table(hdr, body) + "\n")
@@ -448,11 +439,11 @@ def _during_table(p: Plan, name: str, rows, paired, ece) -> list[str]:
     body = []
     for b in p.blinds:
         for arm in ("stale", "recal"):
-            t = _get(paired, regime=name, scenario=s.name, blind=b, arm=arm,
-                     metric="throughput_during_tok_s", base_arm="correct")
-            q = _get(paired, regime=name, scenario=s.name, blind=b, arm=arm, metric="tpot_mean_during_s",
-                     base_arm="correct")
-            e = _get(ece, regime=name, scenario=s.name, blind=b, arm=arm, window="during")
+            t = find_row(paired, regime=name, scenario=s.name, blind=b, arm=arm,
+                        metric="throughput_during_tok_s", base_arm="correct")
+            q = find_row(paired, regime=name, scenario=s.name, blind=b, arm=arm, metric="tpot_mean_during_s",
+                        base_arm="correct")
+            e = find_row(ece, regime=name, scenario=s.name, blind=b, arm=arm, window="during")
             if t:
                 body.append([f"{b:g}", f"`{arm}`", _pct(t), _pct(q),
                              fmt_ci(e["mean"], e["lo"], e["hi"], 100, 2) if e else "n/a"])

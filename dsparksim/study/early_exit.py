@@ -24,8 +24,8 @@ import numpy as np
 
 from dsparksim.policies.base import Policy, StepContext
 from dsparksim.sim.early_exit import drafted_lengths, mask_undrafted
-from dsparksim.study.common import (PolicyWrapper, Regime, Section, Settings, fmt_ci, md_table, paired_rows,
-                                    run_config)
+from dsparksim.study.common import (PolicyWrapper, Regime, Section, Settings, find_row, fmt_ci, md_table, new_figure,
+                                    paired_rows, regime_setup, run_config, save_figure)
 from dsparksim.cost.profile import load_profile
 
 NAME = "early-exit"
@@ -176,10 +176,8 @@ def _series(paired, mode="exit", **kw):
 def _figure(path, paired, p: Plan) -> None:
     """Per regime and load: throughput change (top) and drafting time saved (bottom) against T, per drafter and
     policy, 95% intervals."""
-    from matplotlib.figure import Figure  # lazy: matplotlib
-
     panels = list(dict.fromkeys((r["regime"], r["load"]) for r in paired))
-    fig = Figure(figsize=(4.4 * len(panels), 6.4))
+    fig = new_figure((4.4 * len(panels), 6.4))
     axes = fig.subplots(2, len(panels), squeeze=False)
     for j, (reg, load) in enumerate(panels):
         for d in p.drafters:
@@ -202,15 +200,7 @@ def _figure(path, paired, p: Plan) -> None:
                        title=f"{reg}, {load} users")
         axes[1][j].set(xlabel="early-exit threshold T", ylabel="drafting time saved (%)")
         axes[0][j].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-def _get(table, **kw):
-    for r in table:
-        if all(r.get(k) == v for k, v in kw.items()):
-            return r
-    return None
+    save_figure(fig, path)
 
 
 def _pct(r, key="diff") -> str:
@@ -221,13 +211,7 @@ def _pct(r, key="diff") -> str:
 
 def _setup(settings: Settings, p: Plan, rows, regs: list[str]) -> list[str]:
     """The question and the setup paragraph."""
-    reg_of = {r.name: r for r in settings.regimes}
-    out = [f"**Question.** {QUESTION}\n", "**Setup.**"]
-    for name in regs:
-        rg = reg_of[name]
-        loads = sorted(dict.fromkeys(r["load"] for r in rows if r["regime"] == name))
-        out.append(f"- Regime `{name}`: profile `{rg.profile}`; {rg.why}. Closed loop at "
-                   f"{', '.join(map(str, loads))} users.")
+    out = regime_setup(QUESTION, settings.regimes, rows, regs)
     out.append(f"- Drafters {', '.join(f'`{d}`' for d in p.drafters)} (acceptance and drafting cost of each; "
                "`eagle3` is autoregressive: position j is one forward over the requests still drafting it; `dspark` "
                "is parallel + Markov head: its backbone forward over all K positions is paid whole, only the Markov "
@@ -253,11 +237,11 @@ def _answer_item(p: Plan, name: str, load, d: str, pol: str, paired, vs_cap) -> 
         return None
     best = max(t, key=lambda r: r["diff"] if math.isfinite(r["diff"]) else -math.inf)
     at = {"regime": name, "load": load, "drafter": d, "policy": pol, "threshold": best["threshold"]}
-    sv = _get(paired, **at, mode="exit", metric="draft_saved_share")
-    cap = _get(paired, **at, mode="cap", metric="output_throughput_tok_s")
-    vc = _get(vs_cap, **at, metric="output_throughput_tok_s")
-    sh = _get(paired, regime=name, load=load, drafter=d, policy=pol, threshold=OFF,
-              metric="draft_share_of_time")
+    sv = find_row(paired, **at, mode="exit", metric="draft_saved_share")
+    cap = find_row(paired, **at, mode="cap", metric="output_throughput_tok_s")
+    vc = find_row(vs_cap, **at, metric="output_throughput_tok_s")
+    sh = find_row(paired, regime=name, load=load, drafter=d, policy=pol, threshold=OFF,
+                 metric="draft_share_of_time")
     sig = best["diff_lo"] > 0
     loss = [r for r in t if r["diff_hi"] < -0.01]
     txt = (f"`{d}` + `{pol}` (drafting {_pct(sh, 'value')} of step time): best T = "
@@ -308,15 +292,15 @@ def _table(p: Plan, name: str, load, paired, vs_cap) -> list[str]:
                 mode = "off" if th == OFF else "exit"
 
                 def g(metric, mode=mode, th=th):
-                    return _get(paired, regime=name, load=load, drafter=d, policy=pol, threshold=th,
-                                mode=mode, metric=metric)
+                    return find_row(paired, regime=name, load=load, drafter=d, policy=pol, threshold=th,
+                                   mode=mode, metric=metric)
                 t, tp, sv, dp, vl = (g("output_throughput_tok_s"), g("tpot_mean_s"),
                                      g("draft_saved_share"), g("drafted_per_request"), g("mean_verify_len"))
                 if t is None:
                     continue
                 cap = g("output_throughput_tok_s", "cap")
-                vc = _get(vs_cap, regime=name, load=load, drafter=d, policy=pol, threshold=th,
-                          metric="output_throughput_tok_s")
+                vc = find_row(vs_cap, regime=name, load=load, drafter=d, policy=pol, threshold=th,
+                             metric="output_throughput_tok_s")
                 body.append([f"`{d}`", f"`{pol}`", "off" if th == OFF else f"{th:g}",
                              fmt_ci(t["value"], t["value_lo"], t["value_hi"], 1, 0) if th == OFF
                              else _pct(t), "" if th == OFF else _pct(cap), "" if th == OFF else _pct(vc),

@@ -16,7 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from dsparksim.study.common import Regime, Section, Settings, fmt_ci, md_table, paired_rows, run_config
+from dsparksim.study.common import (Regime, Section, Settings, find_row, fmt_ci, md_table, new_figure, paired_rows,
+                                    regime_setup, run_config, save_figure)
 
 NAME = "fig8-production"
 TITLE = "Fig. 8 in the production regime: verify length and gain over MTP-1 against load"
@@ -153,21 +154,13 @@ def analyse(settings: Settings, rows: list[dict[str, Any]]) -> Section:
                    headline=heads, figures={"fig8.png": lambda path: _figure(path, paired, order)})
 
 
-def _get(table, **kw):
-    for r in table:
-        if all(r.get(k) == v for k, v in kw.items()):
-            return r
-    return None
-
-
 def _figure(path, paired, order) -> None:
     """Per regime: mean verify length against load (top) and the throughput / per-user ratio over mtp1 (bottom),
     95% intervals as error bars."""
-    from matplotlib.figure import Figure  # lazy: matplotlib
     from matplotlib.ticker import NullFormatter  # lazy: matplotlib
 
     regs = list(dict.fromkeys(r["regime"] for r in paired))
-    fig = Figure(figsize=(4.4 * len(regs), 6.4))
+    fig = new_figure((4.4 * len(regs), 6.4))
     axes = fig.subplots(2, len(regs), squeeze=False)
     for j, reg in enumerate(regs):
         top, bot = axes[0][j], axes[1][j]
@@ -194,8 +187,7 @@ def _figure(path, paired, order) -> None:
             ax.xaxis.set_minor_formatter(NullFormatter())
         top.legend(fontsize=6)
         bot.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def _err(rows, key):
@@ -211,13 +203,7 @@ def _pct(r) -> str:
 
 def _setup(settings: Settings, p: Plan, rows, regs: list[str]) -> list[str]:
     """The question and the setup paragraph."""
-    reg_of = {r.name: r for r in regimes(settings, p)}
-    out = [f"**Question.** {QUESTION}\n", "**Setup.**"]
-    for name in regs:
-        rg = reg_of[name]
-        loads = sorted(dict.fromkeys(r["load"] for r in rows if r["regime"] == name))
-        out.append(f"- Regime `{name}`: profile `{rg.profile}`; {rg.why}. Closed loop at "
-                   f"{', '.join(map(str, loads))} users.")
+    out = regime_setup(QUESTION, regimes(settings, p), rows, regs)
     v4 = (f"; `{V4}` is `mtp1` with DeepSeek-V4's MTP acceptance (0.775, `--mtp1-acceptance mtp1-v4`, the paper's "
           "production baseline)") if V4 in p.policies else ""
     out.append(f"- {p.duration_s:g} s runs with {p.warmup_s:g} s warm-up; policies "
@@ -229,9 +215,9 @@ def _setup(settings: Settings, p: Plan, rows, regs: list[str]) -> list[str]:
 
 def _v4_line(name: str, lo_l, hi_l, paired, gains) -> str | None:
     """The answer's sub-line against the DeepSeek-V4 baseline; None when its throughputs are missing."""
-    t4 = [_get(paired, regime=name, load=ld, policy=POLICY, metric="output_throughput_tok_s", baseline=V4)
+    t4 = [find_row(paired, regime=name, load=ld, policy=POLICY, metric="output_throughput_tok_s", baseline=V4)
           for ld in (lo_l, hi_l)]
-    g4 = _get(gains, regime=name, policy=POLICY, baseline=V4, metric="tps_user_gain_at_matched_throughput")
+    g4 = find_row(gains, regime=name, policy=POLICY, baseline=V4, metric="tps_user_gain_at_matched_throughput")
     if None in t4:
         return None
     line = (f"  - Against `{V4}` (the paper's baseline): throughput {_pct(t4[0])} at {lo_l} users, "
@@ -249,7 +235,7 @@ def _answer(p: Plan, regs: list[str], rows, paired, gains) -> tuple[list[str], l
     for name in regs:
         loads = sorted(dict.fromkeys(r["load"] for r in rows if r["regime"] == name))
         lo_l, hi_l = loads[0], loads[-1]
-        vl, th, us = ([_get(paired, regime=name, load=ld, policy=POLICY, metric=m, baseline=BASE)
+        vl, th, us = ([find_row(paired, regime=name, load=ld, policy=POLICY, metric=m, baseline=BASE)
                        for ld in (lo_l, hi_l)]
                       for m in ("mean_verify_len", "output_throughput_tok_s", "tps_user_mean"))
         if None in vl or None in th or None in us:
@@ -261,7 +247,7 @@ def _answer(p: Plan, regs: list[str], rows, paired, gains) -> tuple[list[str], l
                 f"step at {lo_l} users and {fmt_ci(vl[1]['value'], vl[1]['value_lo'], vl[1]['value_hi'], 1, 2)} at "
                 f"{hi_l}; throughput over `{BASE}` {_pct(th[0])} at {lo_l} users, {_pct(th[1])} at {hi_l} (largest "
                 f"{_pct(best)} at {best['load']}); per-user speed {_pct(us[0])} and {_pct(us[1])}")
-        g = _get(gains, regime=name, policy=POLICY, baseline=BASE, metric="tps_user_gain_at_matched_throughput")
+        g = find_row(gains, regime=name, policy=POLICY, baseline=BASE, metric="tps_user_gain_at_matched_throughput")
         if g is not None:
             text += ("; at matched throughput (frontier over the loads) per-user speed "
                      f"{fmt_ci(g['gain'], g['gain_lo'], g['gain_hi'], 100, 1, '%', True)}")
@@ -282,12 +268,12 @@ def _load_table(p: Plan, name: str, rows, paired) -> list[str]:
     hdr = ["users", f"`{BASE}` thr. tok/s"] + [f"`{x}` verify len; thr.; per-user" for x in pols]
     body = []
     for ld in sorted(dict.fromkeys(r["load"] for r in rows if r["regime"] == name)):
-        b = _get(paired, regime=name, load=ld, policy=BASE, metric="output_throughput_tok_s", baseline=BASE)
+        b = find_row(paired, regime=name, load=ld, policy=BASE, metric="output_throughput_tok_s", baseline=BASE)
         line = [str(ld), fmt_ci(b["value"], b["value_lo"], b["value_hi"], 1, 0) if b else "n/a"]
         for pol in pols:
-            v = _get(paired, regime=name, load=ld, policy=pol, metric="mean_verify_len", baseline=BASE)
-            t = _get(paired, regime=name, load=ld, policy=pol, metric="output_throughput_tok_s", baseline=BASE)
-            u = _get(paired, regime=name, load=ld, policy=pol, metric="tps_user_mean", baseline=BASE)
+            v = find_row(paired, regime=name, load=ld, policy=pol, metric="mean_verify_len", baseline=BASE)
+            t = find_row(paired, regime=name, load=ld, policy=pol, metric="output_throughput_tok_s", baseline=BASE)
+            u = find_row(paired, regime=name, load=ld, policy=pol, metric="tps_user_mean", baseline=BASE)
             line.append(f"{fmt_ci(v['value'], v['value_lo'], v['value_hi'], 1, 2) if v else 'n/a'}; "
                         f"{_pct(t)}; {_pct(u)}")
         body.append(line)

@@ -11,7 +11,6 @@ then ``confidence-async-2d:2`` (each candidate priced at its own context, ranked
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -19,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from dsparksim.policies.base import Policy, StepContext
-from dsparksim.study.common import (PRODUCTION, Regime, Section, Settings, PolicyWrapper, fmt_ci, interval, md_table,
-                                    paired_rows, run_config)
+from dsparksim.study.common import (PRODUCTION, PolicyWrapper, Regime, Section, Settings, find_row, fmt_ci, interval,
+                                    md_table, new_figure, paired_rows, run_config, save_figure)
 from dsparksim.policies import draft_budget, global_best, Ranking
 from dsparksim.policies.confidence_async_2d import priced_candidates, ratio_2d
 from dsparksim.policies.confidence_global import global_budget
@@ -229,27 +228,18 @@ def analyse(settings: Settings, rows: list[dict[str, Any]]) -> Section:
                    headline=heads, figures={"longctx.png": lambda path: _figure(path, paired, price)})
 
 
-def _get(table, **kw):
-    for r in table:
-        if all(r.get(k) == v for k, v in kw.items()):
-            return r
-    return None
-
-
 def _figure(path, paired, price) -> None:
     """Left: the 1-D marginal price error (mean and P90 |error|, verified tokens) per regime and load. Right: the
     2-D variant's paired throughput and mean-TPOT change, 95% intervals."""
-    from matplotlib.figure import Figure  # lazy: matplotlib
-
     groups = list(dict.fromkeys((r["regime"], r["lengths"], r["users"]) for r in price))
     labels = [f"{g[0]}\n{g[1]}, {g[2]} users" for g in groups]
-    fig = Figure(figsize=(12, 4.2))
+    fig = new_figure((12, 4.2))
     ax, bx = fig.subplots(1, 2)
     x = np.arange(len(groups))
     for j, (m, lab) in enumerate((("price_err_ver_mean", "mean |error|, verified"),
                                   ("price_err_ver_p90", "P90 |error|, verified"),
                                   ("price_err_all_p90", "P90 |error|, all candidates"))):
-        r = [_get(price, regime=g[0], lengths=g[1], users=g[2], metric=m) for g in groups]
+        r = [find_row(price, regime=g[0], lengths=g[1], users=g[2], metric=m) for g in groups]
         y = np.array([100 * q["mean"] if q else np.nan for q in r])
         lo = np.array([100 * q["lo"] if q else np.nan for q in r])
         hi = np.array([100 * q["hi"] if q else np.nan for q in r])
@@ -259,7 +249,7 @@ def _figure(path, paired, price) -> None:
     ax.legend(fontsize=7)
     for j, (m, sign, lab) in enumerate((("output_throughput_tok_s", 1, "throughput"),
                                         ("tpot_mean_s", 1, "mean TPOT"), ("tpot_p99_s", 1, "P99 TPOT"))):
-        r = [_get(paired, regime=g[0], lengths=g[1], users=g[2], policy=TWO_D, metric=m) for g in groups]
+        r = [find_row(paired, regime=g[0], lengths=g[1], users=g[2], policy=TWO_D, metric=m) for g in groups]
         y = np.array([100 * q["diff"] if q else np.nan for q in r])
         lo = np.array([100 * q["diff_lo"] if q else np.nan for q in r])
         hi = np.array([100 * q["diff_hi"] if q else np.nan for q in r])
@@ -268,8 +258,7 @@ def _figure(path, paired, price) -> None:
     bx.set_xticks(x, labels, fontsize=7)
     bx.set(ylabel=f"{TWO_D} vs {BASE} (%)", title="2-D-aware variant, paired change")
     bx.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def _setup(settings: Settings, p: Plan, groups: list[tuple]) -> list[str]:
@@ -295,14 +284,14 @@ def _setup(settings: Settings, p: Plan, groups: list[tuple]) -> list[str]:
 
 def _answer_item(reg: str, ln: str, u, paired, price) -> str:
     """One (regime, lengths, users) group's answer text."""
-    pr = {m: _get(price, regime=reg, lengths=ln, users=u, metric=m) for m in PRICE}
+    pr = {m: find_row(price, regime=reg, lengths=ln, users=u, metric=m) for m in PRICE}
 
     def f(m, scale=100, digits=1, unit="%"):
         q = pr[m]
         return fmt_ci(q["mean"], q["lo"], q["hi"], scale, digits, unit) if q else "n/a"
 
     def d(m):
-        q = _get(paired, regime=reg, lengths=ln, users=u, policy=TWO_D, metric=m)
+        q = find_row(paired, regime=reg, lengths=ln, users=u, policy=TWO_D, metric=m)
         return fmt_ci(q["diff"], q["diff_lo"], q["diff_hi"], 100, 2, "%", True) if q else "n/a"
     text = (f"`{reg}`, `{ln}`, {u} users: the 1-D price is off by {f('price_err_ver_mean')} on average per "
             f"verified token (P90 {f('price_err_ver_p90')}; over all candidates P90 {f('price_err_all_p90')}), "
@@ -314,7 +303,7 @@ def _answer_item(reg: str, ln: str, u, paired, price) -> str:
             f"{d('output_throughput_tok_s')}, mean TPOT {d('tpot_mean_s')}, P99 TPOT {d('tpot_p99_s')}, mean "
             f"context of the decoding requests {d('decoding_context_mean')}")
     sg = pr["step_gain_2d_mean"]
-    th = _get(paired, regime=reg, lengths=ln, users=u, policy=TWO_D, metric="output_throughput_tok_s")
+    th = find_row(paired, regime=reg, lengths=ln, users=u, policy=TWO_D, metric="output_throughput_tok_s")
     if sg and th and sg["lo"] > 0 and th["diff_hi"] < 0:
         text += ("; the per-step gain does not carry over to the run: favouring short contexts leaves the long "
                  "ones decoding longer, so the batch the engine steps holds longer contexts")
@@ -339,12 +328,12 @@ def _table(groups: list[tuple], paired, price) -> list[str]:
            "median user tok/s", "verify length (abs.)", "decoding context"]
     body = []
     for reg, ln, u in groups:
-        q = _get(price, regime=reg, lengths=ln, users=u, metric="mean_decoding")
-        cv = _get(price, regime=reg, lengths=ln, users=u, metric="context_cv_mean")
+        q = find_row(price, regime=reg, lengths=ln, users=u, metric="mean_decoding")
+        cv = find_row(price, regime=reg, lengths=ln, users=u, metric="context_cv_mean")
         line = [f"`{reg}`", f"`{ln}`", u, fmt_ci(q["mean"], q["lo"], q["hi"], 1, 1) if q else "n/a",
                 fmt_ci(cv["mean"], cv["lo"], cv["hi"], 1, 2) if cv else "n/a"]
         for m, rel in METRICS:
-            r = _get(paired, regime=reg, lengths=ln, users=u, policy=TWO_D, metric=m)
+            r = find_row(paired, regime=reg, lengths=ln, users=u, policy=TWO_D, metric=m)
             line.append(fmt_ci(r["diff"], r["diff_lo"], r["diff_hi"], 100 if rel else 1, 2, "%" if rel else "",
                                True) if r else "n/a")
         body.append(line)

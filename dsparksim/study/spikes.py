@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from dsparksim.study.common import (BudgetRecorder, Regime, Section, Settings, fmt_ci, interval, md_table, p99,
-                                    paired_rows, recorded_steps, recovery_time, run_config, throughput_series,
-                                    window_throughput)
+from dsparksim.study.common import (BudgetRecorder, Regime, Section, Settings, find_row, fmt_ci, interval, md_table,
+                                    new_figure, p99, paired_rows, recorded_steps, recovery_time, run_config,
+                                    save_figure, throughput_series, window_throughput)
 
 NAME = "load-spikes"
 TITLE = "Load spikes vs stale capacity"
@@ -218,10 +218,8 @@ def analyse(settings: Settings, rows: list[dict[str, Any]]) -> Section:
 
 def _figure(path, rows, paired, stale) -> None:
     """Per regime: costs against LAG 0 (left) and the per-step budget error (right), with 95% intervals."""
-    from matplotlib.figure import Figure  # lazy: matplotlib
-
     regimes = list(dict.fromkeys(r["regime"] for r in rows))
-    fig = Figure(figsize=(11, 3.6 * len(regimes)))
+    fig = new_figure((11, 3.6 * len(regimes)))
     axes = fig.subplots(len(regimes), 2, squeeze=False)
     series = (("step", "spike_throughput_tok_s", -1, "step: spike-window throughput loss"),
               ("constant", "throughput_tok_s", -1, "constant high load: throughput loss"),
@@ -252,18 +250,10 @@ def _figure(path, rows, paired, stale) -> None:
                 bx.errorbar(x, y, yerr=[y - a, b - y], marker="o", capsize=3, label=label)
         bx.set(xlabel="LAG (steps)", ylabel="% of the fresh budget", title=f"{name}: per-step budget error")
         bx.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 _STEP_ONLY = {"spike_throughput_tok_s", "tpot_p99_during_s", "tpot_p99_after_s", "recovery_up_s", "recovery_down_s"}
-
-
-def _get(table, **kw):
-    for r in table:
-        if all(r.get(k) == v for k, v in kw.items()):
-            return r
-    return None
 
 
 def costly_lag(paired: list[dict], regime: str, lags: tuple[int, ...], base_lag: int = 0
@@ -348,8 +338,8 @@ def _answer(regimes: list[str], rows, paired, paired1) -> tuple[list[str], list[
         h0 = f"against the synchronous search: {_verdict(paired, name, lags, 0)}"
         heads.append(f"{h}; {h0}")
         out.append(f"- {h}.\n  - {h0[0].upper() + h0[1:]}.")
-        one = {sc: _get(paired, regime=name, scenario=sc, lag=1, metric=m) for sc, m in (
-            ("step", "spike_throughput_tok_s"), ("constant", "throughput_tok_s"))}
+        one = {sc: find_row(paired, regime=name, scenario=sc, lag=1, metric=m) for sc, m in (
+               ("step", "spike_throughput_tok_s"), ("constant", "throughput_tok_s"))}
         if one["step"] is not None and one["constant"] is not None:
             a, c = one["step"], one["constant"]
             la = fmt_ci(-a['diff'], -a['diff_hi'], -a['diff_lo'], 100, 2, '%')
@@ -375,7 +365,7 @@ def _cost_table(name: str, rows, paired, const: bool, cvs: list[str]) -> list[st
     body = []
     for lag in sorted(x for x in _lags(rows, name) if x != 0):
         def g(sc, m, sign=1.0, scale=100.0, unit=""):
-            r = _get(paired, regime=name, scenario=sc, lag=lag, metric=m)
+            r = find_row(paired, regime=name, scenario=sc, lag=lag, metric=m)
             if r is None:
                 return "n/a"
             lo, hi = sorted((sign * r["diff_lo"], sign * r["diff_hi"]))
@@ -395,7 +385,7 @@ def _cost1_table(name: str, rows, paired1, const: bool, cvs: list[str]) -> list[
     body1 = []
     for lag in sorted(x for x in _lags(rows, name) if x > 1):
         def g1(sc, m, sign=1.0):
-            r = _get(paired1, regime=name, scenario=sc, lag=lag, metric=m)
+            r = find_row(paired1, regime=name, scenario=sc, lag=lag, metric=m)
             if r is None:
                 return "n/a"
             lo, hi = sorted((sign * r["diff_lo"], sign * r["diff_hi"]))
@@ -422,7 +412,7 @@ def _stale_table(name: str, rows, stale, const: bool, cvs: list[str]) -> list[st
     body2 = []
     for lag in sorted(x for x in _lags(rows, name) if x >= 0):
         def s(sc, m):
-            r = _get(stale, regime=name, scenario=sc, lag=lag, metric=m)
+            r = find_row(stale, regime=name, scenario=sc, lag=lag, metric=m)
             return "n/a" if r is None else fmt_ci(r["mean"], r["lo"], r["hi"], 100, 2)
         body2.append([str(lag), f"{s('step', 'low_over_rel')} / {s('step', 'low_under_rel')}",
                       f"{s('step', 'up_over_rel')} / {s('step', 'up_under_rel')}",

@@ -11,7 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from dsparksim.study.common import MinVerify, Regime, Section, Settings, fmt_ci, md_table, paired_rows, run_config
+from dsparksim.study.common import (MinVerify, Regime, Section, Settings, find_row, fmt_ci, md_table, new_figure,
+                                    paired_rows, regime_setup, run_config, save_figure)
 
 NAME = "p99-tails"
 TITLE = "P99 tails per policy, and a knob that buys tail for mean"
@@ -99,43 +100,27 @@ def analyse(settings: Settings, rows: list[dict[str, Any]]) -> Section:
 
 def _figure(path, paired, order) -> None:
     """One panel per regime and load: P99 TPOT against throughput per policy, 95% intervals on both."""
-    from matplotlib.figure import Figure  # lazy: matplotlib
-
     panels = list(dict.fromkeys((r["regime"], r["load"]) for r in paired))
-    fig = Figure(figsize=(4.2 * len(panels), 4.0))
+    fig = new_figure((4.2 * len(panels), 4.0))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (reg, load) in zip(axes, panels):
         pols = sorted(dict.fromkeys(r["policy"] for r in paired if r["regime"] == reg and r["load"] == load),
                       key=lambda x: order.get(x, 99))
         for pol in pols:
-            t = _get(paired, regime=reg, load=load, policy=pol, metric="output_throughput_tok_s")
-            q = _get(paired, regime=reg, load=load, policy=pol, metric="tpot_p99_s")
+            t = find_row(paired, regime=reg, load=load, policy=pol, metric="output_throughput_tok_s")
+            q = find_row(paired, regime=reg, load=load, policy=pol, metric="tpot_p99_s")
             x, y = t["value"], 1e3 * q["value"]
             xe = np.nan_to_num([[x - t["value_lo"]], [t["value_hi"] - x]])
             ye = np.nan_to_num([[y - 1e3 * q["value_lo"]], [1e3 * q["value_hi"] - y]])
             ax.errorbar([x], [y], xerr=xe, yerr=ye, marker="s" if "+min" in pol else "o", capsize=3, label=pol)
         ax.set(xlabel="output throughput (tok/s)", ylabel="P99 TPOT (ms)", title=f"{reg}, {load} users")
     axes[0].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-def _get(table, **kw):
-    for r in table:
-        if all(r.get(k) == v for k, v in kw.items()):
-            return r
-    return None
+    save_figure(fig, path)
 
 
 def _text(settings: Settings, p: Plan, rows, paired, order) -> tuple[str, str]:
-    reg_of = {r.name: r for r in settings.regimes}
     regimes = list(dict.fromkeys(r["regime"] for r in rows))
-    out = [f"**Question.** {QUESTION}\n", "**Setup.**"]
-    for name in regimes:
-        rg = reg_of[name]
-        loads = sorted(dict.fromkeys(r["load"] for r in rows if r["regime"] == name))
-        out.append(f"- Regime `{name}`: profile `{rg.profile}`; {rg.why}. Closed loop at "
-                   f"{', '.join(map(str, loads))} users.")
+    out = regime_setup(QUESTION, settings.regimes, rows, regimes)
     pols = ", ".join(f"`{x}`" for x in p.policies)
     out.append(f"- {p.duration_s:g} s runs with {p.warmup_s:g} s warm-up; policies {pols}; "
                f"the knob: `{BASE}` with a minimum verify length m in {{{', '.join(map(str, p.floors))}}} "
@@ -155,8 +140,8 @@ def _text(settings: Settings, p: Plan, rows, paired, order) -> tuple[str, str]:
             kb = min(knob, key=lambda r: r["diff"] if math.isfinite(r["diff"]) else math.inf) if knob else None
 
             def cost(pol):
-                thr = _get(paired, regime=name, load=load, policy=pol, metric="output_throughput_tok_s")
-                mean = _get(paired, regime=name, load=load, policy=pol, metric="tpot_mean_s")
+                thr = find_row(paired, regime=name, load=load, policy=pol, metric="output_throughput_tok_s")
+                mean = find_row(paired, regime=name, load=load, policy=pol, metric="tpot_mean_s")
                 return (f"throughput {fmt_ci(thr['diff'], thr['diff_lo'], thr['diff_hi'], 100, 1, '%', True)}, "
                         f"mean TPOT {fmt_ci(mean['diff'], mean['diff_lo'], mean['diff_hi'], 100, 1, '%', True)}")
             text = (f"`{name}` at {load} users: shortest P99 TPOT `{best['policy']}` "
@@ -184,7 +169,7 @@ def _text(settings: Settings, p: Plan, rows, paired, order) -> tuple[str, str]:
             for pol in pols:
                 line = [f"`{pol}`"]
                 for m, _rel in METRICS:
-                    r = _get(paired, regime=name, load=load, policy=pol, metric=m)
+                    r = find_row(paired, regime=name, load=load, policy=pol, metric=m)
                     scale = 1.0 if m in ("output_throughput_tok_s", "tps_user_p10") else 1e3
                     v = fmt_ci(r["value"], r["value_lo"], r["value_hi"], scale, 0 if scale == 1 else 1)
                     d = "" if pol == BASE else " / " + fmt_ci(r["diff"], r["diff_lo"], r["diff_hi"], 100, 1, "%", True)

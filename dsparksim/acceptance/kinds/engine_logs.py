@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 from dsparksim.acceptance.parametric import ParametricParams
 from dsparksim.acceptance.registry import AcceptanceKind, src
@@ -25,28 +26,19 @@ def importer_options(ps, params: dict[str, str]) -> dict:
     return dict(params=ParametricParams.from_strings(params, src(ps.text)), drafter=drafter)
 
 
-class VLLMLog(AcceptanceKind):
-    kind = "vllm"
-    names = ("vllm",)
+class EngineLog(AcceptanceKind):
+    """``ENGINE:PATH``: an engine's log, read by ``importers.import_ENGINE`` into a parametric model.
+    :meth:`of` makes the kind of one engine; ``int_params``: the integer parameters its importer takes
+    (sglang: ``draft_len``), read before the parametric ones."""
+
     takes_arg = True
-    usage = "'vllm:PATH'"
+    int_params: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
-    def path(cls, ps) -> Path:
-        return Path(ps.arg)
-
-    @classmethod
-    def load(cls, ps, K, domain_default, confidence):
-        from dsparksim.acceptance import importers  # heavy: pandas, on use only
-        return importers.import_vllm(ps.arg, K, domain_default=domain_default,
-                                     **importer_options(ps, dict(ps.params)))
-
-
-class SGLangLog(AcceptanceKind):
-    kind = "sglang"
-    names = ("sglang",)
-    takes_arg = True
-    usage = "'sglang:PATH'"
+    def of(cls, engine: str, *int_params: str) -> type["EngineLog"]:
+        """The kind ``engine:PATH`` (one ``REGISTRY`` line each)."""
+        return type(f"EngineLog_{engine}", (cls,), {"kind": engine, "names": (engine,), "usage": f"'{engine}:PATH'",
+                                                    "int_params": tuple(int_params)})
 
     @classmethod
     def path(cls, ps) -> Path:
@@ -55,7 +47,7 @@ class SGLangLog(AcceptanceKind):
     @classmethod
     def load(cls, ps, K, domain_default, confidence):
         params = dict(ps.params)
-        draft_len = pop_int(ps.text, params, "draft_len")   # before the parametric parameters are read
+        ints = {name: pop_int(ps.text, params, name) for name in cls.int_params}   # before the parametric ones
         from dsparksim.acceptance import importers  # heavy: pandas, on use only
-        return importers.import_sglang(ps.arg, K, draft_len=draft_len, domain_default=domain_default,
-                                       **importer_options(ps, params))
+        read = getattr(importers, f"import_{cls.kind}")
+        return read(ps.arg, K, **ints, domain_default=domain_default, **importer_options(ps, params))
