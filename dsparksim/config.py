@@ -70,6 +70,9 @@ def _count(name: str, v: Any, hi: int | None = None) -> None:
 # Engines one run may simulate (replicas x DP ranks): each keeps its own scheduler state, so a typo like
 # --replicas 100000 would exhaust memory instead of answering.
 MAX_ENGINES = 4096
+# Request slots one run may hold (max_num_seqs x engines): each engine pre-allocates its max_num_seqs slots and the
+# acceptance models size their per-request state by the largest slot id (MAX_ENGINES engines at the default 1024).
+MAX_SLOTS = MAX_ENGINES * 1024
 
 
 # ------------------------------------------------------------------------------------------------- configs
@@ -228,6 +231,10 @@ class EngineConfig:
         if self.replicas * self.dp_ranks > MAX_ENGINES:
             raise ConfigError("config", "replicas", f"replicas x dp_ranks = {self.replicas} x {self.dp_ranks} = "
                               f"{self.replicas * self.dp_ranks} engines, above the limit of {MAX_ENGINES}")
+        n_eng = self.replicas * self.dp_ranks
+        if self.max_num_seqs * n_eng > MAX_SLOTS:
+            raise ConfigError("config", "max_num_seqs", f"{self.max_num_seqs:,} per engine x {n_eng} engine(s) = "
+                              f"{self.max_num_seqs * n_eng:,} request slots, above the limit of {MAX_SLOTS:,}")
 
 
 # Engine options that only paged KV reads (key -> its flag): under --kv-policy reserve they are refused.

@@ -8,9 +8,10 @@ DeepSeek-V3 (the R1-0528 architecture) on the group's runs (`dsparksim.fit.comma
 `dsparksim profile fit`), with its leave-one-concurrency-out (LOCO) refits. Writes REPORT.md, groups.csv (one row
 per group: parameters, in-sample and LOCO median |error| per metric, target verdict), rows.csv (per run and
 metric: measured, fitted, LOCO-predicted). ``--ship`` also writes the fitted profiles of the groups listed in SHIP
-to profiles/. MTP-on runs are predicted from their image's MTP-off fit (and, for the images in CROSS, another
+(and of those in SHIP_IF_MET that meet the LOCO target in this run) to profiles/. MTP-on runs are predicted from their image's MTP-off fit (and, for the images in CROSS, another
 image's MTP-on runs: a cross-image check), with an acceptance sensitivity table (SENS_A1; --no-mtp-sensitivity
-skips it). A run restricted by --hardware/--images says "Partial run" in its report. Targets (issue 30): LOCO median |error| <= 8% on mean TPOT and output tok/s/GPU for groups with >= 4
+skips it), and with the acceptance length each image's runs imply through their stream chunking (mean ITL / mean
+TPOT, ``dsparksim.bench.stream``). A run restricted by --hardware/--images says "Partial run" in its report. Targets (issue 30): LOCO median |error| <= 8% on mean TPOT and output tok/s/GPU for groups with >= 4
 concurrencies; <= 15% on the MTP-on predictions. Nothing here is tuned toward them.
 """
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dsparksim.bench.importers import import_files  # noqa: E402
 from dsparksim.bench.runs import runs_frame, write_runs  # noqa: E402
 from dsparksim.cost.analytic.builder import build_profile  # noqa: E402
 from dsparksim.bench.spec import map_row  # noqa: E402
+from dsparksim.bench.stream import a1_for_tau, DECAY_MTP, tau_from_stream_ratio  # noqa: E402
 from dsparksim.cost.profile import profile_from_dict, save_profile  # noqa: E402
 from dsparksim.fit.reprice import PARAMS, LinearRun  # noqa: E402
 from dsparksim.fit.trace import ClientSpec, simulate_trace  # noqa: E402
@@ -66,6 +68,20 @@ def server(hw: str, fw: str, tp: int, ep: int) -> dict:
         f = 0.82 if tp == 8 else 0.95
         return {"mem_fraction_static": f, "kv_dtype": "fp8",
                 "note": f"FP8 KV, mem fraction {f} (InferenceX launch scripts dsr1_fp8_b200[_mtp].sh)"}
+    if hw == "b200" and fw == "trtllm":      # not in the data README: from the InferenceX launch script
+        # benchmarks/single_node/dsr1_fp8_b200_trt.sh of SemiAnalysisAI/InferenceX: kv_cache_config dtype fp8,
+        # free_gpu_memory_fraction 0.8 (0.75 for TP4 at 8k/1k: the group's KV-bound runs; its 1k/1k runs never
+        # approach the KV capacity), --max_num_tokens max(8192, (CONC+ISL+127)//64*64) (8192 at 1k/1k and 1k/8k,
+        # 8320-8512 at 8k/1k: one 8k prompt per step in every case), max_batch_size left at the default 2048;
+        # the script as committed, assumed for every image (earlier images may have run other settings)
+        free = 0.75 if tp == 4 else 0.8
+        d = build_profile(MODEL, "B200", tp=tp, ep=ep, kv_dtype="fp8")
+        total = d["metadata"]["build"]["gpu_figures"]["memory_GiB"]
+        w = sum(d["metadata"]["build"]["memory"]["weights_GiB_per_gpu"].values())
+        f = (free * (total - w) + w) / total      # KV = free x what the weights leave = total*f - weights
+        return {"mem_fraction_static": round(min(f, 1.0), 4), "kv_dtype": "fp8", "prefill_chunk_tokens": 8192,
+                "note": f"FP8 KV; free GPU memory fraction {free} -> static fraction {f:.3f}; max_num_tokens 8192 "
+                        "(InferenceX launch script dsr1_fp8_b200_trt.sh)"}
     return {"note": "settings not stated in the data README: the built profile's KV capacity (memory 0.9, bf16 KV)"}
 
 
@@ -82,9 +98,44 @@ CROSS = {("h200", "sglang", "lmsysorg/sglang:v0.5.12-cu130", 8, 1): "lmsysorg/sg
 SENS_A1 = (0.3, 0.45, 0.6, 0.75)
 A2_OVER_A1 = 0.7126 / 0.87
 
+# Server stream interval of the SGLang launch scripts (data README; --stream-interval in dsr1_fp8_h200[_mtp].sh and
+# dsr1_fp8_b200_mtp.sh): the mean ITL of a run is per streamed chunk, so mean ITL / mean TPOT = tokens per chunk
+STREAM_INTERVAL = {("h200", "sglang"): 10, ("b200", "sglang"): 30}
+
+
+def stream_acceptance(data: str | Path, allrows: pd.DataFrame) -> tuple[dict, list[dict]]:
+    """Acceptance length of each (gpu, image, workload) of MTP-on SGLang runs, read from the runs' own stream
+    chunking (``dsparksim.bench.stream``): tau of every run publishing mean ITL and mean TPOT, averaged per
+    workload. Returns ({(gpu, image, isl, osl): mtp acceptance spec}, one record per run used)."""
+    raw = pd.read_csv(data)
+    on = allrows[(allrows.spec_method != "none") & (~allrows.dp_attention.astype(bool))]
+    recs = []
+    for _, r in on.iterrows():
+        x = raw.iloc[int(r.source_row) - 2]           # source_row: the line of the shared file (header = 1)
+        iv = STREAM_INTERVAL.get((r.gpu, r.engine))
+        if iv is None or not (pd.notna(x.mean_itl_ms) and pd.notna(x.mean_tpot_ms)):
+            continue
+        ratio = float(x.mean_itl_ms) / float(x.mean_tpot_ms)
+        tau, _ = tau_from_stream_ratio(ratio, iv, int(r.random_output_len), float(r.random_range_ratio),
+                                       k=int(r.spec_num_steps))
+        recs.append({"gpu": r.gpu, "engine_version": r.engine_version, "isl": int(r.random_input_len),
+                     "osl": int(r.random_output_len), "concurrency": int(r.max_concurrency), "date":
+                     r.measurement_date, "itl_over_tpot": round(ratio, 2), "interval": iv, "tau": round(tau, 3)})
+    out = {}
+    for (g, im, i, o), t in pd.DataFrame(recs).groupby(["gpu", "engine_version", "isl", "osl"]) if recs else []:
+        a1 = a1_for_tau(float(t.tau.mean()))
+        out[(g, im, i, o)] = f"mtp?a1={a1:.4f}&a2={a1 * DECAY_MTP:.4f}"
+    return out, recs
+
+
 SHIP = {("h200", "sglang", "lmsysorg/sglang:v0.5.12-cu130", 8, 1),
         ("h200", "trtllm", "nvcr.io/nvidia/tensorrt-llm/release:1.1.0rc2.post2", 8, 8),
         ("h200", "trtllm", "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc14", 8, 8)}
+# B200 groups shipped only when this run finds them meeting the LOCO target (a profile that misses it is not shipped)
+SHIP_IF_MET = {("b200", "sglang", "lmsysorg/sglang:v0.5.12-cu130", 8, 1),
+               ("b200", "sglang", "lmsysorg/sglang:v0.5.12-cu130", 4, 1),
+               ("b200", "sglang", "lmsysorg/sglang:v0.5.5-cu129-amd64", 8, 8),
+               ("b200", "trtllm", "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc14", 8, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     df = allrows[(allrows.spec_method == "none") & (~allrows.dp_attention.astype(bool))
                  & allrows.gpu.isin(a.hardware.split(","))]
     groups, rows, skipped, mtp_rows = [], [], [], []
+    stream_acc, stream_recs = stream_acceptance(a.data, allrows)
     t_all = time.perf_counter()
     for key, g in df.groupby(GROUP):
         hw, fw, image, tp, ep = key
@@ -128,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                          where=(("gpu", hw), ("engine", fw), ("engine_version", image), ("tp", str(tp)),
                                 ("ep", str(ep)), ("spec_method", "none"), ("dp_attention", "false")),
                          max_num_seqs=512, mem_fraction_static=s.get("mem_fraction_static"),
-                         kv_dtype=s.get("kv_dtype"), name=ship_name(hw, fw, image, int(tp), int(ep)),
+                         kv_dtype=s.get("kv_dtype"), prefill_chunk_tokens=s.get("prefill_chunk_tokens"), name=ship_name(hw, fw, image, int(tp), int(ep)),
                          date="2026-12-03", model_label="dsparksim/data/models/deepseek-v3.json",
                          mixed_prefill={"auto": None, "on": True, "off": False}[a.mixed_prefill])
         t0 = time.perf_counter()
@@ -140,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  skipped: {e}", flush=True)
             continue
         fit = d["metadata"]["fit"]
+        try:                             # the runs file as seen from the repository root, not this machine's path
+            fit["runs"]["file"] = runs_csv.resolve().relative_to(REPO).as_posix()
+        except ValueError:
+            pass
         rec = {"gpu": hw, "engine": fw, "engine_version": image, "tp": tp, "ep": ep, "rows": len(g),
                "concurrencies": " ".join(map(str, conc)), "server": s["note"], "seconds": round(time.perf_counter() - t0, 1)}
         for p, e in fit["parameters"].items():
@@ -164,12 +220,14 @@ def main(argv: list[str] | None = None) -> int:
         mtp_rows += predict_mtp(allrows, key, fitted_prof, opt)
         if key in CROSS:
             mtp_rows += predict_mtp(allrows, key, fitted_prof, opt, image=CROSS[key])
+        for im in [None] + ([CROSS[key]] if key in CROSS else []):
+            mtp_rows += predict_mtp(allrows, key, fitted_prof, opt, image=im, acceptance=stream_acc, variant="stream")
         if not a.no_mtp_sensitivity:
             for a1 in SENS_A1:
                 acc = f"mtp?a1={a1:g}&a2={a1 * A2_OVER_A1:.4f}"
                 for im in [None] + ([CROSS[key]] if key in CROSS else []):
                     mtp_rows += predict_mtp(allrows, key, fitted_prof, opt, image=im, acceptance=acc)
-        if a.ship and key in SHIP:
+        if a.ship and (key in SHIP or (key in SHIP_IF_MET and rec["target_met"])):
             p = save_profile(d, REPO / "profiles" / f"{opt.name}.json")
             print(f"  shipped {p}")
     G, R, T = pd.DataFrame(groups), pd.DataFrame(rows), pd.DataFrame(mtp_rows)
@@ -182,16 +240,18 @@ def main(argv: list[str] | None = None) -> int:
     sel = " ".join(x for x in (f"--hardware {a.hardware}" if a.hardware != "h200,b200" else "",
                                f"--images {a.images}" if a.images else "") if x)
     (out / "REPORT.md").write_text(report(G, T, skipped, time.perf_counter() - t_all,
-                                                  a.mixed_prefill, sel), encoding="utf-8")
+                                          a.mixed_prefill, sel, stream_recs), encoding="utf-8")
     print(f"wrote {out / 'REPORT.md'}, groups.csv, rows.csv")
     return 0
 
 
 def predict_mtp(allrows: pd.DataFrame, key: tuple, prof, opt: FitOptions, image: str | None = None,
-                acceptance: str | None = None) -> list[dict]:
+                acceptance: str | dict | None = None, variant: str | None = None) -> list[dict]:
     """The group's MTP-on runs (same gpu, engine image, TP, EP) simulated (DES, the spec config's policy) on the
     profile fitted to its MTP-off runs: never seen by the fit. ``image``: another image's MTP-on runs (a
-    cross-image check); ``acceptance``: an acceptance spec instead of the mapping's (the sensitivity table)."""
+    cross-image check); ``acceptance``: an acceptance spec instead of the mapping's (the sensitivity table), or
+    {(gpu, image, isl, osl): spec} (runs of a workload without one are skipped); ``variant``: the row's label
+    (default: "published" for the mapping's acceptance, "sensitivity" for a given spec)."""
     hw, fw, own, tp, ep = key
     image = image or own
     on = allrows[(allrows.gpu == hw) & (allrows.engine == fw) & (allrows.engine_version == image)
@@ -200,22 +260,29 @@ def predict_mtp(allrows: pd.DataFrame, key: tuple, prof, opt: FitOptions, image:
     out = []
     for _, r in on.iterrows():
         m = map_row(r.to_dict(), source=str(r.run_id))
+        acc = acceptance
+        if isinstance(acceptance, dict):
+            acc = acceptance.get((hw, image, int(r.random_input_len), int(r.random_output_len)))
+            if acc is None:
+                continue
         spec = ClientSpec(concurrency=int(r.max_concurrency), num_prompts=int(r.num_prompts),
                           input_len=int(r.random_input_len), output_len=int(r.random_output_len),
                           range_ratio=float(r.random_range_ratio), gpus=int(tp), max_num_seqs=opt.max_num_seqs,
-                          prefill_chunk_tokens=int(prof.max_tokens),
+                          prefill_chunk_tokens=int(opt.prefill_chunk_tokens or prof.max_tokens),
                           num_warmup_prompts=int(r.num_warmup_prompts) if pd.notna(r.num_warmup_prompts) else 0,
                           mem_fraction_static=opt.mem_fraction_static,
                           mixed_prefill=(engine_mixes_prefill(fw) if opt.mixed_prefill is None
                                          else opt.mixed_prefill))
         tr = simulate_trace(prof, spec, policy=m.policy, block_size=m.block_size,
-                            acceptance=acceptance or m.acceptance, drafter=m.drafter)
+                            acceptance=acc or m.acceptance, drafter=m.drafter)
         lr = LinearRun(tr, None)
         for metric in ("mean_tpot_ms", "median_tpot_ms", "output_throughput_per_gpu", "mean_ttft_ms"):
             v = r[metric]
             if pd.notna(v) and v > 0:
                 out.append({"gpu": hw, "engine_version": image, "fitted_on": own,
-                            "acceptance": acceptance or m.acceptance, "run_id": r.run_id, "concurrency": spec.concurrency,
+                            "acceptance": acc or m.acceptance, "variant": variant or ("sensitivity" if acc else
+                                                                                       "published"),
+                            "run_id": r.run_id, "date": r.measurement_date, "concurrency": spec.concurrency,
                             "workload": f"{spec.input_len}/{spec.output_len}", "policy": m.policy, "metric": metric,
                             "measured": float(v), "predicted": lr.metric(metric, np.array([1.0]))})
     return out
@@ -236,12 +303,55 @@ def _acc_label(acc: str) -> str:
     return f"a1={a1:g} (tau {1 + a1 + a1 * a2:.2f})"
 
 
+def stream_section(T: pd.DataFrame, recs: list[dict]) -> list[str]:
+    """The MTP-on predictions with the acceptance length each image's runs imply through their stream chunking."""
+    st = T[T.variant == "stream"]
+    if not len(st) or not recs:
+        return []
+    R = pd.DataFrame(recs)
+    lines = ["", "### With the acceptance length the runs' own stream chunking implies", "",
+             "The published mean ITL is per streamed chunk and SGLang streams a request when `len(output_ids) % "
+             "stream_interval == 1` after a step (`scheduler_output_processor_mixin.py`, `stream_output_generation`; "
+             "--stream-interval 10 on H200, 30 on B200 in the launch scripts). A speculative step adds 1-3 tokens at "
+             "once, so a chunk carries ~interval x tau tokens: mean ITL / mean TPOT = tokens per chunk. "
+             "`dsparksim/bench/stream.py` computes that ratio exactly (renewal probabilities, first token from "
+             "prefill, finishing chunk, lengths uniform in [0.8 L, L]) and inverts it. Check on the MTP-off runs "
+             "(tau = 1): predicted 9.95 / 29.54 / 9.99 / 29.94 (1k out at interval 10 / 30, 8k out at 10 / 30), "
+             "published 9.93-9.97 / 29.41-29.64 / 9.99-10.00 / 29.93-29.95. Each workload's tau is the mean over its "
+             "runs that publish both means (the c=4 and most B200 rows are history captures without means); the "
+             "chain keeps the published shape a2 = 0.819 a1. This is an acceptance read from each MTP-on run's "
+             "token counts, not fitted to its speed; it uses the runs' ITL, which the published-acceptance table "
+             "above does not.", "",
+             "| gpu | image | workload | runs (concurrency: ITL/TPOT -> tau) | tau used |", "|---|---|---|---|---|"]
+    for (g, im, i, o), t in R.groupby(["gpu", "engine_version", "isl", "osl"]):
+        cells = ", ".join(f"c={r.concurrency} {r.date}: {r.itl_over_tpot:.2f} -> {r.tau:.2f}" for r in t.itertuples())
+        lines.append(f"| {g} | {im.split(':')[-1]} | {i}/{o} | {cells} | {t.tau.mean():.2f} |")
+    lines += ["", "| gpu | image | fitted on | runs predicted | median abs error TPOT | tok/s/GPU | target (<= 15%) |",
+              "|---|---|---|---|---|---|---|"]
+    for (g, im, fo), t in st.groupby(["gpu", "engine_version", "fitted_on"]):
+        e1, e2 = _mtp_errors(t)
+        ok = all(pd.notna(x) and x <= TARGET_MTP for x in (e1, e2))
+        verdict = ("met" if ok else "NOT met") if im == fo else "(cross-image, not a target)"
+        lines.append(f"| {g} | {im.split(':')[-1]} | {fo.split(':')[-1]} | {t.run_id.nunique()} | {e1:.1%} | "
+                     f"{e2:.1%} | {verdict} |")
+    lines += ["", "Per run (stream-implied acceptance): TPOT / tok/s/GPU error.", "",
+              "| gpu | image | workload | concurrency | date | TPOT error | tok/s/GPU error |", "|---|---|---|---|---|---|---|"]
+    for (g, im, wl, c, dt, rid), t in st.groupby(["gpu", "engine_version", "workload", "concurrency", "date", "run_id"]):
+        tp_ = t[t.metric.isin(["mean_tpot_ms", "median_tpot_ms"])].sort_values("metric").head(1)
+        th = t[t.metric == "output_throughput_per_gpu"]
+        f = lambda x: f"{x.rel_error.iloc[0]:+.1%}" if len(x) else "-"  # noqa: E731
+        lines.append(f"| {g} | {im.split(':')[-1]} | {wl} | {c} | {dt} | {f(tp_)} | {f(th)} |")
+    return lines
+
+
 def report(G: pd.DataFrame, T: pd.DataFrame, skipped: list, seconds: float, mixed: str = "auto",
-           selection: str = "") -> str:
+           selection: str = "", stream_recs: list | None = None) -> str:
     gated = G[G.target_applies]
     met = gated[gated.target_met == True]  # noqa: E712
     lines = ["# `profile fit` on InferenceX DeepSeek-R1-0528 (issue 30 part 6)", "",
-             "Regenerate: `python scripts/validate_inferencex.py` (data: ../shared/data/inferencex).", "",
+             "Regenerate: `python scripts/validate_inferencex.py --ship` (data: ../shared/data/inferencex); every "
+             "table below comes from one run of it. Diagnoses, what was checked and why some targets are not met: "
+             "`FINDINGS.md` (written by hand, beside this file).", "",
              *([f"**Partial run** ({selection}): only the selected groups are below.", ""] if selection else []),
              "Each (hardware, framework image, TP, EP) group of MTP-off rows without DP attention is fitted with "
              "`dsparksim profile fit` (all three metrics fitted); LOCO = each concurrency predicted by the fit on "
@@ -267,7 +377,7 @@ def report(G: pd.DataFrame, T: pd.DataFrame, skipped: list, seconds: float, mixe
               "forward over the n x 3 verified tokens, SGLang's draft extend, + one at n tokens), calibrated with the "
               "group's fitted scales.", ""]
     if len(T):
-        base = T[T.acceptance == "mtp"]
+        base = T[T.variant == "published"]
         own = base[base.engine_version == base.fitted_on]
         lines += ["| gpu | image | rows | median abs error TPOT | tok/s/GPU | target (<= 15%) |", "|---|---|---|---|---|---|"]
         for (g, im), t in own.groupby(["gpu", "engine_version"]):
@@ -284,16 +394,17 @@ def report(G: pd.DataFrame, T: pd.DataFrame, skipped: list, seconds: float, mixe
             for (g, im, fo), t in cross.groupby(["gpu", "engine_version", "fitted_on"]):
                 e1, e2 = _mtp_errors(t)
                 lines.append(f"| {g} | {im} | {fo} | {t.run_id.nunique()} | {e1:.1%} | {e2:.1%} |")
-        sens = T[T.acceptance != "mtp"]
+        lines += stream_section(T, stream_recs)
+        sens = T[T.variant == "sensitivity"]
         if len(sens):
             accs = [a for a in dict.fromkeys(sens.acceptance)] + ["mtp"]
             head = [_acc_label(a) for a in accs]
-            lines += ["", "Acceptance sensitivity (shown, never chosen: the runs publish no acceptance): median abs "
+            lines += ["", "Acceptance sensitivity (shown, never chosen): median abs "
                       "error TPOT / tok/s/GPU per workload if alpha_1 were lower, alpha_2 = alpha_1 x 0.819 (the "
                       "published curve's shape); tau = 1 + a1 + a1 a2 at 2 drafts.", "",
                       "| gpu | image | fitted on | workload | runs | " + " | ".join(head) + " |",
                       "|---|---|---|---|---|" + "---|" * len(head)]
-            for (g, im, fo, wl), t in T.groupby(["gpu", "engine_version", "fitted_on", "workload"]):
+            for (g, im, fo, wl), t in T[T.variant != "stream"].groupby(["gpu", "engine_version", "fitted_on", "workload"]):
                 cells = []
                 for a in accs:
                     e1, e2 = _mtp_errors(t[t.acceptance == a])
@@ -302,7 +413,8 @@ def report(G: pd.DataFrame, T: pd.DataFrame, skipped: list, seconds: float, mixe
                              + " | ".join(cells) + " |")
     else:
         lines.append("No fitted group has MTP-on runs.")
-    lines += ["", "Skipped groups:", ""] + [f"- {' '.join(map(str, k))}: {why}" for k, why in skipped]
+    lines += ["", "Skipped groups:" + ("" if skipped else " none (every group with >= 2 concurrencies was fitted)."),
+              ""] + [f"- {' '.join(map(str, k))}: {why}" for k, why in skipped]
     lines += ["", "- DP-attention rows are not fitted: lockstep DP ranks price a step at the slowest rank (a max), "
               "which the exact linear re-pricing does not cover.",
               "", f"Total wall time {seconds:.0f} s.", ""]

@@ -95,3 +95,10 @@ def test_inspect_bad_inputs_exit_2(capsys, tmp_path):
     assert rc == 2 and "nope.csv" in err and "not found" in err
     rc, _, err = run(["trace", "inspect", "medusa"], capsys)
     assert rc == 2 and "'medusa'" in err
+
+
+def test_inspect_refuses_more_simulated_blocks_than_it_can_hold(capsys):
+    """--blocks 10**12 (or a huge --blocks-per-request, rounded up to whole requests) was a MemoryError traceback."""
+    for extra in (["--blocks", str(10**12)], ["--blocks", "10", "--blocks-per-request", str(10**12)]):
+        rc, _, err = run(["trace", "inspect", "dspark", *extra], capsys)
+        assert rc == 2 and "--blocks" in err and "1,000,000" in err and len(err.strip().splitlines()) == 1, err

@@ -197,3 +197,23 @@ def test_result_dir_adds_a_file_and_never_replaces(tmp_path, capsys):
     names = sorted(p.name for p in rd.iterdir())
     assert any(n.startswith("lab-infqps-concurrency2-") and n.endswith(".json") for n in names)
     assert math.isfinite(d["duration"])
+
+
+@pytest.mark.parametrize("sub", ["", "sub"])
+def test_result_dir_inside_out_is_refused(tmp_path, capsys, sub):
+    """--result-dir == --out (or a folder in it): the file was written, listed as written, then deleted with the
+    folder --out replaces whole."""
+    out = tmp_path / "o"
+    err = _fails(["run", *SMALL, "--policy", "none", "--num-prompts", "4", "--quiet", "--out", str(out),
+                  "--result-dir", str(out / sub), "--save-result"], capsys)
+    assert "--result-dir" in err and "inside --out" in err and not out.exists()
+
+
+@pytest.mark.parametrize("label", ["../escaped", "a/b", "line\nbreak"])
+def test_a_label_that_is_not_a_plain_name_is_refused_with_result_dir(tmp_path, capsys, label):
+    """vLLM's result file name starts with --label: '../escaped' wrote the file outside --result-dir."""
+    rd = tmp_path / "rd" / "inner"
+    err = _fails(["run", *SMALL, "--policy", "none", "--num-prompts", "4", "--quiet", "--out", str(tmp_path / "o"),
+                  "--result-dir", str(rd), "--label", label, "--save-result"], capsys)
+    assert "--label" in err and not (tmp_path / "o").exists()
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))

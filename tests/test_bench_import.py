@@ -93,6 +93,16 @@ def test_an_option_that_contradicts_the_file_is_an_error(tmp_path, capsys):
     assert main(["bench", "import", str(VLLM), "--out", str(out), "--tp", "8"]) == 0
 
 
+def test_an_option_that_differs_from_the_file_only_in_case_is_no_contradiction(tmp_path, capsys):
+    """InferenceX writes 'h200', the walk-through types `--gpu H200`: a difference of case only was refused as a
+    contradiction, while --where matches text case-insensitively. The file's spelling is kept."""
+    out = tmp_path / "runs.csv"
+    assert main(["bench", "import", str(VLLM), "--gpu", "h200", "--out", str(out)]) == 0, capsys.readouterr().err
+    assert {r["gpu"] for r in read_runs(out)} == {"H200"}
+    assert main(["bench", "import", str(VLLM), "--gpu", "H100", "--out", str(tmp_path / "o2.csv")]) == 2
+    assert "'gpu'" in _err(capsys)
+
+
 # --- SGLang ---------------------------------------------------------------------------------------------------
 
 def test_sglang_jsonl_values_match_each_line():

@@ -131,6 +131,17 @@ def test_bench_replay_refuses_a_row_before_simulating(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_a_run_the_engine_cannot_serve_is_named_in_the_error(tmp_path, capsys):
+    """A run whose requests fit no engine of the profile said only "config: field 'max_model_len': ...": which
+    run of the table it was went unsaid."""
+    t = _write(tmp_path / "runs.csv", [_row(1, 2), _row(2, 2, random_input_len=10_000_000)])
+    out = tmp_path / "rep"
+    rc = main(["bench", "replay", str(t), "--profile", PROFILE, "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "runs.csv" in err and "run t.csv:2" in err, err
+    assert "rejected" in err and not out.exists()
+
+
 def test_mtp_rows_replay_with_their_spec_mapping():
     row = _row(1, 2, spec_method="eagle", spec_num_steps=2, spec_num_draft_tokens=3, spec_topk=1, gpu_count=8,
                tp=8, gpu="h200", random_input_len=256, random_output_len=24, num_prompts=6)

@@ -54,11 +54,15 @@ BAD = {
     "reserved option": (lambda d: d["candidates"][0].update(seed=3), ["candidates[0].seed", "set by the plan"]),
     "bad option value": (lambda d: d["candidates"][0].update(router="nearest"), ["router", "nearest"]),
     "bad K": (lambda d: d["candidates"][0].update(K=[0]), ["candidates[0].K", "1..15"]),
+    # fixed:5 at K=3 ran as fixed:3 under the label 'fixed:5 K=3' (silently clipped)
+    "fixed above K": (lambda d: d["candidates"][0].update(policies=["mtp1", "fixed:5"]),
+                      ["candidates[0].policies[1]", "fixed:5", "K=3"]),
     "negative price": (lambda d: d["prices"].update({H100: -1}), ["prices.NVIDIA H100", "> 0"]),
     "unknown profile": (lambda d: d["candidates"][0].update(profile="h900-nothing"), ["candidates[0].profile",
                                                                                       "h900-nothing"]),
     "empty slo": (lambda d: d["plan"].update(slo=[]), ["plan.slo", "non-empty"]),
     "duplicate seeds": (lambda d: d["plan"].update(seeds=[1, 1]), ["plan.seeds", "duplicate"]),
+    "zero duration": (lambda d: d["traffic"].update(duration_s=0), ["duration_s", "> 0"]),
 }
 
 
@@ -72,6 +76,7 @@ def test_bad_spec_rejected_before_any_cell_runs(tmp_path, capsys, no_cells, case
     assert rc == 2, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("dsparksim: error:") and str(p) in lines[0], err
+    assert lines[0].count(str(p)) == 1, lines[0]   # named once, not again inside a wrapped message
     for w in words:
         assert w in lines[0], (w, lines[0])
     assert not (tmp_path / "out").exists()   # nothing written either

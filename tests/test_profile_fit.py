@@ -231,3 +231,18 @@ def test_fit_runs_take_mixed_prefill_from_the_engine_unless_overridden(tmp_path,
     assert [r.spec.mixed_prefill for r in got] == [False, True, True]   # sglang off (its default), others on
     got, _ = load_fit_runs(runs, {"spec_method": "none"}, mixed_prefill=True)
     assert [r.spec.mixed_prefill for r in got] == [True, True, True]
+
+
+@pytest.mark.parametrize("n", ["1", "3", "19", "10001", "1000000000"])
+def test_cli_fit_refuses_too_few_bootstrap_resamples(tmp_path, moe, capsys, n):
+    """--bootstrap 1 printed '[x, x] 95% bootstrap': a zero-width 'interval' that excluded the fitted value;
+    --bootstrap 10**9 was a MemoryError traceback."""
+    runs = tmp_path / "runs.csv"
+    _runs_csv(runs, moe)
+    out = tmp_path / "fit.json"
+    capsys.readouterr()
+    assert main(["profile", "fit", str(runs), "--model", MOE, "--gpu", "H100", "--where", "gpu=h100",
+                 "--bootstrap", n, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--bootstrap" in err[0] and "at least 20" in err[0] and "10,000" in err[0]
+    assert not out.exists()

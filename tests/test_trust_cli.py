@@ -79,6 +79,9 @@ RUN_CASES = [
     (["--seed", str(2**63)], "seed"),
     (["--profile", "nosuch"], "nosuch"),
     (["--lengths", "{file}.missing.csv"], "lengths"),
+    # fixed:k above K ran as fixed:K under the name fixed:k (silently clipped)
+    (["--policy", "fixed:9"], "--policy"),
+    (["--policy", "fixed:5", "-K", "4"], "--policy"),
 ]
 
 
@@ -115,6 +118,8 @@ FRONTIER_CASES = [
     (["--slo", "0"], "--slo"),
     (["--workers", "0"], "--workers"),
     (["--out", "{file}"], "--out"),
+    (["--policies", "fixed:3,confidence", "--out", "{file}"], "--out"),   # the baseline note waits for the checks
+    (["--policies", "mtp1,fixed:8"], "--policies"),   # fixed:8 would run as fixed:7 under its own name
     # options no swept policy reads
     (["--policies", "mtp1,fixed:7,goodput", "--confidence", "raw"], "--confidence"),
     (["--policies", "fixed:7,confidence", "--mtp1-acceptance", "tau:2"], "--mtp1-acceptance"),
@@ -397,3 +402,10 @@ def test_frontier_accepts_options_one_swept_policy_reads(tmp_path, no_sim, args)
     # the checks pass (the first cell is the next thing to run: the no_sim guard stops it there)
     with pytest.raises(AssertionError, match="a simulation started"):
         main(["frontier", *args, "--concurrency-levels", "1", "--out", str(tmp_path / "o"), "--quiet"])
+
+
+def test_frontier_default_policies_verify_the_whole_block_at_any_k():
+    """The default list's fixed:7 is fixed:K at another --num-speculative-tokens (fixed:7 at K=4 ran as fixed:4)."""
+    from dsparksim.cli.main import frontier_policies
+    assert "fixed:4" in frontier_policies(build_parser().parse_args(["frontier", "-K", "4"]))[0]
+    assert "fixed:7" in frontier_policies(build_parser().parse_args(["frontier"]))[0]

@@ -10,8 +10,8 @@
 ``mtp`` ``mtp?a1=..&tau2=..``  DeepSeek's MTP module reused for K = 1..4 positions (:mod:`.mtp`: a1 measured, a2
                                derived from SGLang's 2.49, decay assumed; params a1, a2|tau2, decay); no
                                confidence head (confidence-reading policies are refused)
-``...?sigma_req=0.5&...``      override parameters: sigma_req, sigma_block, sigma_tok, noise_sd, noise_sd_end,
-                               noise_block, raw_gain, jump, slope, slope_easy, offset, temperature
+``...?sigma_req=0.5&...``      override parameters: sigma_req, sigma_block, req_load, sigma_tok, noise_sd,
+                               noise_sd_end, noise_block, raw_gain, jump, slope, slope_easy, offset, temperature
 ``...?head_blind=0.5&...``     paper drafters: a head blind to part of the domain shift, head_mix=M:C:H the mix
                                it learned on, sts_mix=M:C:H the mix STS is fitted on (:mod:`.headshift`)
 ``PATH.csv|.csv.gz|.parquet``  replay an acceptance trace (format: :mod:`.trace_format`)

@@ -167,11 +167,15 @@ def _bracket(shape: Shape) -> float:
 
 def _solve_mu(alpha: tuple[float, ...], s: np.ndarray, w0: np.ndarray, sigma_tok: float,
               guess: np.ndarray | None = None, exact: bool = False, shape: Shape = PLAIN) -> tuple[float, ...]:
-    """mu_1..mu_K with sum_n w0[n] prod_{j<=k} g(mu_j + s[n]) / (same for k-1) = alpha_k, left to right."""
+    """mu_1..mu_K with sum_n w0[n] prod_{j<=k} g(mu_j + s[n]) / (same for k-1) = alpha_k, left to right (``s``
+    one row of shifts for every position, or one row per position)."""
     w = w0.copy()                       # w(s) * P(positions 1..k-1 accepted | s)
     mus: list[float] = []
     bracket = _bracket(shape)
+    rows = s if s.ndim == 2 else None
     for a in alpha:
+        if rows is not None:
+            s = rows[len(mus)]
         if a >= 1.0:
             mus.append(np.inf)          # never rejected; weight unchanged
             continue
@@ -204,28 +208,53 @@ def _calibrate_cached(alpha: tuple[float, ...], sigma_shared: float, sigma_tok: 
     return _solve_mu(alpha, sigma_shared * xs, ws.copy(), sigma_tok, exact=True, shape=shape)
 
 
-def _req_block_nodes(sigma_req: float, sigma_block: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
-    """Product quadrature over (request shift u, block shift z): s = u + z flattened, weights (n_u, n_z)."""
+LOAD_RAMP = 7   # positions over which the request shift's loading moves from req_load (position 1) to 1
+
+
+def request_loading(req_load: float, K: int) -> np.ndarray:
+    """Loading lambda_k of the request shift u at positions 1..K: linear from ``req_load`` at position 1 to 1 at
+    position 7, flat after (1 everywhere when req_load = 1: the shift moves every position alike)."""
+    frac = np.minimum(np.arange(K), LOAD_RAMP - 1) / (LOAD_RAMP - 1)
+    return req_load + (1.0 - req_load) * frac
+
+
+def _load_key(load) -> tuple | None:
+    """``load`` as a hashable tuple, or None when it is absent or 1 at every position (the one-shift model)."""
+    if load is None:
+        return None
+    t = tuple(float(v) for v in np.asarray(load, dtype=float).ravel())
+    return None if all(v == 1.0 for v in t) else t
+
+
+def _req_block_nodes(sigma_req: float, sigma_block: float,
+                     load: tuple | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """Product quadrature over (request shift u, block shift z): s = lambda u + z flattened (one row per position
+    when the loading ``load`` varies, else one row for all), weights (n_u, n_z)."""
     xu, wu = gauss_hermite(_N_REQ) if sigma_req > 0 else (np.zeros(1), np.ones(1))
     xz, wz = gauss_hermite(_N_BLOCK) if sigma_block > 0 else (np.zeros(1), np.ones(1))
-    s = (sigma_req * xu[:, None] + sigma_block * xz[None, :]).ravel()
+    if load is None:
+        s = (sigma_req * xu[:, None] + sigma_block * xz[None, :]).ravel()
+    else:
+        lam = np.asarray(load, dtype=float)[:, None, None]
+        s = (lam * sigma_req * xu[None, :, None] + sigma_block * xz[None, None, :]).reshape(lam.shape[0], -1)
     return s, wu, wz, xu.size, xz.size
 
 
 def request_tau(mu, sigma_req: float, sigma_block: float, sigma_tok: float = 0.0,
-                shape: Shape = PLAIN) -> tuple[np.ndarray, np.ndarray]:
-    """Per-request mean tokens per step with all K verified, tau(u) = 1 + sum_k E_z[prod_{j<=k} g(mu_j+u+z)],
+                shape: Shape = PLAIN, load=None) -> tuple[np.ndarray, np.ndarray]:
+    """Per-request mean tokens per step with all K verified, tau(u) = 1 + sum_k E_z[prod_{j<=k} g(mu_j+l_j u+z)],
     at the request-shift quadrature nodes; returns (tau(u) (n_u,), node weights (n_u,))."""
-    s, wu, wz, nu, nz = _req_block_nodes(sigma_req, sigma_block)
+    s, wu, wz, nu, nz = _req_block_nodes(sigma_req, sigma_block, _load_key(load))
     mu = np.asarray(mu, dtype=float)
-    surv = np.cumprod(smoothed_sigmoid(mu[:, None] + s[None, :], sigma_tok, shape=shape), axis=0)  # (K, nu*nz)
+    x = mu[:, None] + (s if s.ndim == 2 else s[None, :])
+    surv = np.cumprod(smoothed_sigmoid(x, sigma_tok, shape=shape), axis=0)  # (K, nu*nz)
     return 1.0 + (surv.reshape(mu.size, nu, nz) * wz).sum(axis=(0, 2)), wu
 
 
 @lru_cache(maxsize=256)
 def _calibrate_steps_cached(alpha: tuple[float, ...], sigma_req: float, sigma_block: float,
-                            sigma_tok: float, shape: Shape = PLAIN) -> tuple[float, ...]:
-    s, wu, wz, nu, nz = _req_block_nodes(sigma_req, sigma_block)
+                            sigma_tok: float, shape: Shape = PLAIN, load: tuple | None = None) -> tuple[float, ...]:
+    s, wu, wz, nu, nz = _req_block_nodes(sigma_req, sigma_block, load)
     step_w = np.ones(nu)
     mus = np.zeros(len(alpha))
     for it in range(_STEP_ITERS):
@@ -236,7 +265,7 @@ def _calibrate_steps_cached(alpha: tuple[float, ...], sigma_req: float, sigma_bl
         mus = new
         if done:
             break
-        tau_u, _ = request_tau(mus, sigma_req, sigma_block, sigma_tok, shape)
+        tau_u, _ = request_tau(mus, sigma_req, sigma_block, sigma_tok, shape, load)
         step_w = 1.0 / tau_u      # a request that emits tau(u) tokens per step takes 1/tau(u) steps per token
     else:
         raise ConfigError("calibration", "alpha", f"step-weighted calibration did not converge in {_STEP_ITERS} "
@@ -245,7 +274,7 @@ def _calibrate_steps_cached(alpha: tuple[float, ...], sigma_req: float, sigma_bl
 
 
 def calibrate_mu_steps(alpha, sigma_req: float, sigma_block: float, sigma_tok: float = 0.0,
-                       source: str = "curve", shape: Shape = PLAIN) -> np.ndarray:
+                       source: str = "curve", shape: Shape = PLAIN, load=None) -> np.ndarray:
     """Offsets mu_1..mu_K making the STEP-weighted conditional acceptance equal ``alpha`` exactly.
 
     Step-weighted = pooled over every verification step of long outputs, as DeepSpec's evaluator pools
@@ -253,28 +282,32 @@ def calibrate_mu_steps(alpha, sigma_req: float, sigma_block: float, sigma_tok: f
     takes per output token, 1/tau(u) (blocks within a request are i.i.d. given u, so the block shift z is
     not reweighted). Solved as a fixed point: calibrate under the current step weights, recompute tau(u),
     repeat until mu moves by < 1e-12. Then tau = sum tokens / sum steps = 1 + sum_k prod_{j<=k} alpha_j.
+    ``load``: the request shift's loading per position (:func:`request_loading`; None = 1 everywhere).
     """
     a = check_curve(alpha, source)
+    key = _load_key(load)
+    if key is not None and len(key) != a.size:
+        raise ConfigError(source, "req_load", f"loading has {len(key)} positions, the curve {a.size}")
     return np.array(_calibrate_steps_cached(tuple(float(x) for x in a), float(sigma_req), float(sigma_block),
-                                            float(sigma_tok), _shape(shape)))
+                                            float(sigma_tok), _shape(shape), key))
 
 
 def model_survival_steps(mu, sigma_req: float, sigma_block: float, sigma_tok: float = 0.0,
-                         shape: Shape = PLAIN) -> np.ndarray:
+                         shape: Shape = PLAIN, load=None) -> np.ndarray:
     """Step-weighted P(A >= k), k = 1..K, implied by offsets mu (quadrature; see :func:`calibrate_mu_steps`)."""
-    s, wu, wz, nu, nz = _req_block_nodes(sigma_req, sigma_block)
+    s, wu, wz, nu, nz = _req_block_nodes(sigma_req, sigma_block, _load_key(load))
     mu = np.asarray(mu, dtype=float)
-    surv = np.cumprod(smoothed_sigmoid(mu[:, None] + s[None, :], sigma_tok, shape=shape),
-                      axis=0).reshape(mu.size, nu, nz)
+    x = mu[:, None] + (s if s.ndim == 2 else s[None, :])
+    surv = np.cumprod(smoothed_sigmoid(x, sigma_tok, shape=shape), axis=0).reshape(mu.size, nu, nz)
     per_u = (surv * wz).sum(axis=2)                                   # (K, nu)
     step_w = wu / (1.0 + per_u.sum(axis=0))
     return (per_u * step_w).sum(axis=1) / step_w.sum()
 
 
 def model_conditional_steps(mu, sigma_req: float, sigma_block: float, sigma_tok: float = 0.0,
-                            shape: Shape = PLAIN) -> np.ndarray:
+                            shape: Shape = PLAIN, load=None) -> np.ndarray:
     """Step-weighted P(A >= k) / P(A >= k-1) implied by mu (what :func:`calibrate_mu_steps` targets)."""
-    surv = model_survival_steps(mu, sigma_req, sigma_block, sigma_tok, shape)
+    surv = model_survival_steps(mu, sigma_req, sigma_block, sigma_tok, shape, load)
     prev = np.concatenate(([1.0], surv[:-1]))
     with np.errstate(invalid="ignore", divide="ignore"):
         return surv / prev

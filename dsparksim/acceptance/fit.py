@@ -94,7 +94,8 @@ def evaluate(params: ParametricParams, *, drafter: str = "dspark", K: int = 7, n
     for d in DOMAINS:
         s = samples[d]
         mu = model.mu(d)
-        x = link(mu + (p.sigma_req * s.xu[:, None] + p.sigma_block * s.zb)[:, :, None] + p.sigma_tok * s.zt, p.shape)
+        shift = (p.sigma_req * s.xu)[:, None, None] * model._load + (p.sigma_block * s.zb)[:, :, None]
+        x = link(mu + shift + p.sigma_tok * s.zt, p.shape)
         ok = s.un < sigmoid(x)
         A = np.where(ok.all(axis=2), K, ok.argmin(axis=2))                          # (n_u, B)
         conf = sigmoid((x + model._noise * s.zn + p.noise_block * s.znb) * model._scale)
@@ -173,22 +174,53 @@ def _objective(ev: dict[str, Any], auc_weight: float = 1.0) -> float:
     return float(v + HINGE_WEIGHT * max(0.0, ev["ece_mean"] / ECE_TOL - HINGE_AT) ** 2)
 
 
-def _params_of(theta: np.ndarray, base: ParametricParams) -> ParametricParams:
-    sh, st, sl, j, n1, n7, se = np.exp(np.delete(theta, 2))
-    return replace(base, sigma_req=sh / np.sqrt(2), sigma_block=sh / np.sqrt(2), sigma_tok=st, offset=float(theta[2]),
-                   slope=sl, jump=j, noise_sd=n1, noise_sd_end=n7, slope_easy=se)
+SHARE_CLIP = (0.02, 0.98)   # request share / loading a fit may start from (their logits stay finite)
 
 
-def _theta_of(p: ParametricParams) -> np.ndarray:
+def _expit(v: float) -> float:
+    return float(1.0 / (1.0 + np.exp(-v)))
+
+
+def _logit_clipped(v: float) -> float:
+    v = float(np.clip(v, *SHARE_CLIP))
+    return float(np.log(v / (1.0 - v)))
+
+
+def _params_of(theta: np.ndarray, base: ParametricParams, fit_share: bool = False,
+               fit_load: bool = False) -> ParametricParams:
+    """Parameters of a fit vector: 8 coordinates (sigma_req = sigma_block; req_load as in ``base``), then the
+    logit of req_load if ``fit_load``, then the logit of the request share sigma_req / sigma_shared if
+    ``fit_share`` (sigma_block takes the rest of sigma_shared^2)."""
+    sh, st, sl, j, n1, n7, se = np.exp(theta[[0, 1, 3, 4, 5, 6, 7]])
+    extra = list(theta[8:])
+    load = _expit(extra.pop(0)) if fit_load else base.req_load
+    share = _expit(extra.pop(0)) if fit_share else 1.0 / np.sqrt(2.0)
+    return replace(base, sigma_req=sh * share, sigma_block=sh * np.sqrt(1.0 - share * share), sigma_tok=st,
+                   offset=float(theta[2]), slope=sl, jump=j, noise_sd=n1, noise_sd_end=n7, slope_easy=se,
+                   req_load=load)
+
+
+def _theta_of(p: ParametricParams, fit_share: bool = False, fit_load: bool = False) -> np.ndarray:
+    """The fit vector of ``p`` (see :func:`_params_of`)."""
     n7 = p.noise_sd if p.noise_sd_end is None else p.noise_sd_end
-    return np.array([np.log(p.sigma_shared), np.log(p.sigma_tok), p.offset, np.log(p.slope), np.log(max(p.jump, 0.05)),
-                     np.log(max(p.noise_sd, 0.05)), np.log(max(n7, 0.05)), np.log(p.slope_easy)])
+    theta = [np.log(p.sigma_shared), np.log(p.sigma_tok), p.offset, np.log(p.slope), np.log(max(p.jump, 0.05)),
+             np.log(max(p.noise_sd, 0.05)), np.log(max(n7, 0.05)), np.log(p.slope_easy)]
+    if fit_load:
+        theta.append(_logit_clipped(p.req_load))
+    if fit_share:
+        theta.append(_logit_clipped(p.sigma_req / p.sigma_shared if p.sigma_shared > 0 else 0.5))
+    return np.array(theta)
 
 
 def fit(base: ParametricParams | None = None, *, auc_weight: float = 1.0, maxfev: int = 200, seed: int = 0,
-        n_u: int = 16, blocks: int = 1500, log=print) -> tuple[ParametricParams, dict[str, Any]]:
+        n_u: int = 16, blocks: int = 1500, fit_share: bool = False, fit_load: bool = False,
+        log=print) -> tuple[ParametricParams, dict[str, Any]]:
     """Nelder-Mead on (log sigma_shared, log sigma_tok, offset, log slope, log jump, log noise_sd, log noise_sd_end,
-    log slope_easy) (sigma_req = sigma_block, the paper cannot separate them; noise_block stays at ``base``'s value;
+    log slope_easy) (sigma_req = sigma_block, the paper cannot separate them; ``fit_load`` / ``fit_share``: the
+    request shift's loading req_load at position 1 / the request share sigma_req / sigma_shared fitted too, as
+    logits, both seen through the step weighting alone: a hard request takes more steps per token, so the request
+    part of the spread tilts the pooled Fig. 5 ratios towards hard requests and the block part does not;
+    noise_block stays at ``base``'s value;
     the noise is a poor lever: it lowers the AUC little and raises the STS ECE fast) minimising
     :func:`_objective`, with common random numbers, from ``base``; then raw_gain by bisection so the raw
     confidences' mean per-position ECE is :data:`RAW_ECE_TARGET`. Returns (params, evaluation at the optimum)."""
@@ -202,7 +234,7 @@ def fit(base: ParametricParams | None = None, *, auc_weight: float = 1.0, maxfev
     def f(theta: np.ndarray) -> float:
         calls[0] += 1
         try:
-            ev = evaluate(_params_of(theta, base), samples=samples)
+            ev = evaluate(_params_of(theta, base, fit_share, fit_load), samples=samples)
         except ConfigError:            # a link that cannot reach some curve value: outside the feasible region
             return 1e3
         v = _objective(ev, auc_weight)
@@ -210,11 +242,12 @@ def fit(base: ParametricParams | None = None, *, auc_weight: float = 1.0, maxfev
             log(f"  eval {calls[0]}: objective {v:.5f} at {np.round(theta, 3).tolist()}")
         return v
 
-    x0 = _theta_of(base)
-    step = np.array([0.05, 0.2, 0.2, 0.3, 0.05, 0.2, 0.2, 0.3])
+    x0 = _theta_of(base, fit_share, fit_load)
+    step = np.array([0.05, 0.2, 0.2, 0.3, 0.05, 0.2, 0.2, 0.3] + [-1.0] * fit_load + [0.5] * fit_share)
     opt = minimize(f, x0, method="Nelder-Mead", options={"maxfev": maxfev, "xatol": 1e-3, "fatol": 1e-6,
-                                                        "initial_simplex": x0 + np.vstack([np.zeros(8), np.diag(step)])})
-    params = _params_of(opt.x, base)
+                                                        "initial_simplex": x0 + np.vstack([np.zeros(x0.size),
+                                                                                          np.diag(step)])})
+    params = _params_of(opt.x, base, fit_share, fit_load)
     lo, hi = 1.0, 6.0
     for _ in range(20):
         mid = 0.5 * (lo + hi)

@@ -5,12 +5,13 @@ Latent model, per request i, block b, position k (1..K)::
     u_i    ~ N(0, sigma_req^2)      persistent per request (easy vs hard prompts), drawn at start()
     z_ib   ~ N(0, sigma_block^2)    per block (easy vs hard stretches of one response)
     e_ibk  ~ N(0, sigma_tok^2)      per position
-    x_ibk  = mu_k + u_i + z_ib + e_ibk                      difficulty score
+    x_ibk  = mu_k + lambda_k u_i + z_ib + e_ibk             difficulty score
     l_ibk  = offset + slope * x            if x <= 0        hard token
            = offset + jump + slope_easy * x  if x > 0       easy token
     p_ibk  = sigmoid(l_ibk)
 
-(issue 29: an easy/hard mixture whose easy share is position- and domain-dependent through mu_k and persistent
+lambda_k, the request shift's loading, moves linearly from req_load at position 1 to 1 at position 7 (flat after;
+req_load = 1: one shift for every position). (issue 29: an easy/hard mixture whose easy share is position- and domain-dependent through mu_k and persistent
 along a block through u + z; (offset, slope, jump, slope_easy) = (0, 1, 0, 1) is the single logit-normal used
 before.) Outcome: given p, positions are accepted independently with probability p_ibk; the ground truth A is the
 number of leading successes (0..K). ``mu_k`` is calibrated numerically (quadrature, left to right, see
@@ -34,7 +35,8 @@ sigma_req = sigma_block, sigma_tok, the link (offset, slope, jump, slope_easy), 
 and chat as issue 29's criteria) and Fig. 6 survival AUC by position together, then raw_gain to the raw ECE; see
 :mod:`.fit`. The JSON carries the residual table. Known gaps: Fig. 6's AUC at position 3 (~0.06 high) and Fig. 5's
 t = 0.5 / 0.7 ratios (a calibrated head cannot keep most verified slots there). Heterogeneity cannot be identified
-from the published means alone: sigma_req = sigma_block is an assumption.
+from the published means alone: sigma_req = sigma_block and req_load = 1 are assumptions (fitting either, the
+fit's --fit-share / --fit-load, runs to a weak request effect; docs/policies.md has the figures).
 """
 from __future__ import annotations
 
@@ -49,7 +51,8 @@ import numpy as np
 from dsparksim.errors import ConfigError
 from dsparksim.acceptance.base import DOMAINS, AcceptanceModel, Block
 from dsparksim.acceptance.calibration import (PLAIN, calibrate_mu, calibrate_mu_steps, check_curve, link,
-                                              model_conditional, model_conditional_steps, tau_of_curve)
+                                              model_conditional, model_conditional_steps, request_loading,
+                                              tau_of_curve)
 from dsparksim.acceptance.confidence import fit_sts_nll
 from dsparksim.acceptance.headshift import HeadShift
 from dsparksim.acceptance.reference import K_MAX, MTP1_DEFAULT_SOURCE, mtp1_alpha, paper_curve
@@ -107,6 +110,8 @@ def _link_into(x: np.ndarray, shape, spare: np.ndarray) -> np.ndarray:
 class ParametricParams:
     """Heterogeneity (sigma_*), confidence-noise and calibration parameters, logit units.
 
+    req_load: loading of the request shift u at position 1 (linear to 1 at position 7, flat after): < 1 means a
+        request's difficulty shows less in the first positions of its blocks, which the text at hand dominates.
     noise_sd / noise_sd_end: confidence noise at position 1 / from position 7 on (linear in between; None = flat).
     noise_block: sd of a confidence-noise term shared by the positions of a block (the head misjudging a whole
         stretch of text; unlike the per-position noise it does not average out along the survival product).
@@ -120,6 +125,7 @@ class ParametricParams:
 
     sigma_req: float = field(default_factory=lambda: _fitted("sigma_req"))
     sigma_block: float = field(default_factory=lambda: _fitted("sigma_block"))
+    req_load: float = field(default_factory=lambda: load_fit()["params"].get("req_load", 1.0))
     sigma_tok: float = field(default_factory=lambda: _fitted("sigma_tok"))
     noise_sd: float = field(default_factory=lambda: _fitted("noise_sd"))
     noise_sd_end: float | None = field(default_factory=lambda: _fitted("noise_sd_end"))
@@ -143,6 +149,10 @@ class ParametricParams:
         end = self.noise_sd if self.noise_sd_end is None else self.noise_sd_end
         frac = np.minimum(np.arange(K), NOISE_RAMP - 1) / (NOISE_RAMP - 1)
         return self.noise_sd + (end - self.noise_sd) * frac
+
+    def request_loading(self, K: int) -> np.ndarray:
+        """Loading of the request shift at positions 1..K (:func:`.calibration.request_loading`)."""
+        return request_loading(self.req_load, K)
 
     @property
     def shape(self) -> tuple[float, float, float, float]:
@@ -232,12 +242,9 @@ class ParametricAcceptance(AcceptanceModel):
         # "requests" = one block per fresh request reproduces it (the scheme before issue 11, kept for the legacy
         # engine fingerprints)
         self.calibration = calibration
-        if calibration == "steps":
-            self._mu = np.vstack([calibrate_mu_steps(self.curves[d], p.sigma_req, p.sigma_block, p.sigma_tok, source,
-                                                     shape=p.shape) for d in self._rows])
-        else:
-            self._mu = np.vstack([calibrate_mu(self.curves[d], p.sigma_shared, p.sigma_tok, source, shape=p.shape)
-                                  for d in self._rows])
+        self._load = p.request_loading(self.K)
+        self._load_one = bool((self._load == 1.0).all())     # one shift for all positions: the draws as before
+        self._mu = self._calibrate(source)
         self.confidence = confidence
         self._noise = p.noise_by_position(self.K)
         # the head's domain shift (study calibration-drift): a per-domain logit bias of the raw head, and the mix
@@ -259,7 +266,7 @@ class ParametricAcceptance(AcceptanceModel):
         self.words_per_step = (3 * self.K + 2 + (1 if p.noise_block else 0)) // 2
         self.metadata = {
             "source": source, "kind": "parametric", "drafter": drafter, "K": self.K,
-            "model": "x = mu_k + u_req + z_block + e_tok; accept ~ Bernoulli(sigmoid(x)) per position, "
+            "model": "x = mu_k + lambda_k u_req + z_block + e_tok; accept ~ Bernoulli(sigmoid(x)) per position, "
                      "A = leading successes; logit(conf) = (x + noise_k) * raw_gain (raw) / T_k (sts: sequential "
                      "temperature scaling fitted by the simulator) / temperature",
             "params": asdict(p),
@@ -282,6 +289,17 @@ class ParametricAcceptance(AcceptanceModel):
             self.metadata["assumptions"].append("one pooled curve: every domain gets the same acceptance")
         self._extra = dict(extra_metadata or {})
         self.metadata.update(self._extra)
+
+    def _calibrate(self, source: str) -> np.ndarray:
+        """Offsets mu (one row per curve) in the calibration scheme of ``self.calibration``."""
+        p = self.params
+        if self.calibration == "steps":
+            return np.vstack([calibrate_mu_steps(self.curves[d], p.sigma_req, p.sigma_block, p.sigma_tok, source,
+                                                 shape=p.shape, load=self._load) for d in self._rows])
+        if not self._load_one:
+            raise ConfigError(source, "req_load", f"calibration='requests' needs req_load=1, got {p.req_load!r}")
+        return np.vstack([calibrate_mu(self.curves[d], p.sigma_shared, p.sigma_tok, source, shape=p.shape)
+                          for d in self._rows])
 
     # ---- construction from the paper -------------------------------------------------------------------
     @classmethod
@@ -358,8 +376,10 @@ class ParametricAcceptance(AcceptanceModel):
     def _latent(self, rows: np.ndarray, u: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         p = self.params
         n = rows.size
-        shift = u + p.sigma_block * rng.standard_normal(n)
-        x = self._mu[rows] + shift[:, None]
+        if self._load_one:
+            x = self._mu[rows] + (u + p.sigma_block * rng.standard_normal(n))[:, None]
+        else:
+            x = self._mu[rows] + u[:, None] * self._load + (p.sigma_block * rng.standard_normal(n))[:, None]
         if p.sigma_tok:
             x += p.sigma_tok * rng.standard_normal((n, self.K))
         return link(x, p.shape)
@@ -406,7 +426,11 @@ class ParametricAcceptance(AcceptanceModel):
         h = rng.halves_by_position(1 + 3 * K + (1 if p.noise_block else 0))      # (1 + 3K [+ 1], n) uint32
         z = normals_from_halves(h[:1 + K])
         x = self._mu.T.take(rows, axis=1)                                       # (K, n)
-        x += u + p.sigma_block * z[0]
+        if self._load_one:
+            x += u + p.sigma_block * z[0]
+        else:
+            x += u * self._load[:, None]                                        # the request shift's loading
+            x += p.sigma_block * z[0]
         e = z[1:]
         e *= p.sigma_tok
         x += e
@@ -437,7 +461,7 @@ class ParametricAcceptance(AcceptanceModel):
         p = self.params
         if self.calibration == "requests":
             return model_conditional(self.mu(domain), p.sigma_shared, p.sigma_tok, p.shape)
-        return model_conditional_steps(self.mu(domain), p.sigma_req, p.sigma_block, p.sigma_tok, p.shape)
+        return model_conditional_steps(self.mu(domain), p.sigma_req, p.sigma_block, p.sigma_tok, p.shape, self._load)
 
     def expected_tau(self, domain: str) -> float:
         """Exact mean tokens per step with all K verified (1 + sum of survival)."""
@@ -475,7 +499,11 @@ class ParametricAcceptance(AcceptanceModel):
                 n = counts[i]
                 if n == 0:
                     continue
-                x = self._mu[i] + (p.sigma_req * rng.standard_normal(n) + p.sigma_block * rng.standard_normal(n))[:, None]
+                if self._load_one:
+                    x = self._mu[i] + (p.sigma_req * rng.standard_normal(n) + p.sigma_block * rng.standard_normal(n))[:, None]
+                else:
+                    u = p.sigma_req * rng.standard_normal(n)
+                    x = self._mu[i] + u[:, None] * self._load + (p.sigma_block * rng.standard_normal(n))[:, None]
                 x = link(x + p.sigma_tok * rng.standard_normal((n, K)), p.shape)
                 ok = rng.random((n, K)) < sigmoid(x)
                 acc.append(np.where(ok.all(axis=1), K, ok.argmin(axis=1)))

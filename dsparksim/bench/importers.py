@@ -456,7 +456,7 @@ def finish_row(row: dict[str, Any], kind: str, path: str | Path, line: int,
         have = row.get(name)
         if have is None:
             row[name] = v
-        elif have != v:
+        elif have != v and not (isinstance(have, str) and isinstance(v, str) and have.lower() == v.lower()):
             raise InputError(path, name, f"the file says {have!r} but --{name.replace('_', '-')} says {v!r}",
                              line=line)
     if kind == "vllm" and row.get("random_range_ratio") is not None and row.get("random_range_convention") is None:

@@ -223,7 +223,10 @@ def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSet
     for row, wl, notes, pol, gpus in plan:
         mixed = engine_mixes_prefill(row.get("engine")) if mixed_prefill is None else bool(mixed_prefill)
         srv = ServerSettings(**{**server.__dict__, "gpus": gpus, "mixed_chunk": mixed})
-        run = run_client(prof, wl, srv, seed=seed, **pol)
+        try:
+            run = run_client(prof, wl, srv, seed=seed, **pol)
+        except InputError as e:   # e.g. no request fits the engine: say which run of the table it was
+            raise InputError(source, None, f"run {row.get('run_id')}: {e}") from None
         rec: dict[str, Any] = {k: row.get(k) for k in KEYS}
         rec["policy"] = pol["policy"]
         rec["mixed_prefill"] = mixed

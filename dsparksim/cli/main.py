@@ -205,6 +205,10 @@ def result_file(args: argparse.Namespace, cfg: RunConfig, model: str) -> Path | 
         return None
     name = args.result_filename
     if name is None:
+        label = args.label or "dsparksim"
+        if "/" in label or label in (".", "..") or any(ord(c) < 32 for c in label):   # '../x' wrote outside
+            raise _bad("--label", f"names the --result-dir file, so it must be a plain name (no '/' or control "
+                       f"characters), got {label!r}")
         t = cfg.traffic
         rate = t.rate if t.mode in ("poisson", "gamma", "constant") else "inf"
         cap = t.concurrency if t.mode == "closed" else t.max_concurrency
@@ -212,6 +216,11 @@ def result_file(args: argparse.Namespace, cfg: RunConfig, model: str) -> Path | 
         name = (f"{args.label or 'dsparksim'}-{rate}qps{conc}-{(model or cfg.profile).split('/')[-1]}-"
                 f"{time.strftime('%Y%m%d-%H%M%S')}.json")
     path = Path(args.result_dir) / name
+    out = Path(args.out).resolve() if getattr(args, "out", None) is not None else None
+    if out is not None and (path.parent.resolve() == out or out in path.parent.resolve().parents):
+        # the file would be written, reported and then deleted with the folder --out replaces whole
+        raise _bad("--result-dir", f"{args.result_dir!r} is inside --out {args.out!r}, which the run replaces "
+                   "whole; choose another folder, or --result-filename alone for a copy inside --out")
     if path.exists() or path.is_symlink():
         raise _bad("--result-dir", f"{str(path)!r} exists; dsparksim never replaces a file it is asked to add "
                    "(choose another --result-filename or folder)")
@@ -438,8 +447,8 @@ def frontier_policies(args: argparse.Namespace) -> tuple[list[str], Any, list[st
         policies = [p.strip() for p in args.policies.split(",")]
         if not all(policies):
             raise _bad("--policies", f"expected comma-separated policy specs, got {args.policies!r}")
-    else:
-        policies = list(DEFAULT_POLICIES)
+    else:   # fixed:7 verifies the whole block: fixed:K at another --num-speculative-tokens
+        policies = [f"fixed:{args.block_size}" if p == "fixed:7" else p for p in DEFAULT_POLICIES]
     for p in policies:
         make_policy(p)  # fail fast on a bad spec, before any cell runs
     # an option that no swept policy reads would change nothing in any cell: refused, as `run` refuses it
@@ -454,9 +463,9 @@ def frontier_policies(args: argparse.Namespace) -> tuple[list[str], Any, list[st
     if args.baseline is None:
         # The paper's baseline when it is swept; otherwise the first policy, said out loud in the output.
         args.baseline = "mtp1" if "mtp1" in policies else policies[0]
-        if args.baseline != "mtp1":
-            print(f"dsparksim: note: gains are measured against {args.baseline} (mtp1 is not among --policies; "
-                  "set --baseline to choose)", file=sys.stderr)
+        if args.baseline != "mtp1":   # printed with the other notes, once every check has passed
+            slo_warnings.append(f"dsparksim: note: gains are measured against {args.baseline} (mtp1 is not among "
+                                "--policies; set --baseline to choose)")
     if args.baseline not in policies:
         raise ConfigError("cli", "--baseline", f"must be one of --policies ({','.join(policies)}), "
                           f"got {args.baseline!r}")
@@ -494,7 +503,7 @@ def frontier_cells(args: argparse.Namespace, policies: list[str], slo_warnings: 
                                 f"{deployment_label(1, args.router[0])}")
     # The base config is the first deployment's; each cell sets its own replicas and router.
     base = run_config(args, replicas=deploys[0][0], router=deploys[0][1], **load)
-    preflight(base, policies)
+    preflight(base, policies, "--policies")
     _check_session_routers(base, args.router)
     seeds = seed_list(base.seed, args.seeds)
     cfgs = cells(base, policies, loads, deploys, seeds=seeds if len(seeds) > 1 else None)
@@ -635,14 +644,22 @@ def _gain_cell(r: Any) -> str:
     return txt + mark
 
 
-def preflight(base: RunConfig, policies: Sequence[str]) -> None:
+def preflight(base: RunConfig, policies: Sequence[str], option: str = "--policy") -> None:
     """Load every input the cells will read (profile, each policy's acceptance source, length and trace files) in
-    this process, so a bad one is one error line before any cell runs, not a failure inside a worker."""
+    this process, so a bad one is one error line before any cell runs, not a failure inside a worker. A fixed:k
+    with k above the block size K is refused (it would run as fixed:K under its own name)."""
+    from dsparksim.policies import make_policy  # lazy: pulls in numpy
+    from dsparksim.policies.fixed import Fixed  # lazy: pulls in numpy
     from dsparksim.traffic.readers import read_trace  # lazy: pulls in numpy
     from dsparksim.traffic.sources import resolve  # lazy: pulls in numpy
 
     cache: dict = {}  # each profile and (acceptance spec, K) is read once across the policies
     for spec in policies:
+        pol = make_policy(spec)
+        K = base.engine.block_size
+        if isinstance(pol, Fixed) and pol.k > K:
+            raise _bad(option, f"{spec} verifies {pol.k} draft tokens but a block holds only K={K} "
+                               f"(--num-speculative-tokens); expected fixed:k with k <= {K}")
         resolve_inputs(base.replace(policy=spec), cache=cache)
     t = base.traffic
     for key, val in (("lengths", t.lengths), ("trace", t.trace)):
@@ -857,8 +874,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Sweep policies over load levels; writes frontier.csv, comparison.csv, "
                                    "frontier.png, verify_budget.png and config.json.")
     f.add_argument("--policies", default=None,
-                   help="comma-separated policy specs [all eight: none, mtp1, fixed:7, threshold:0.5, goodput, "
-                        "confidence, confidence-async:2, oracle]")
+                   help="comma-separated policy specs [all eight: none, mtp1, fixed:7 (fixed:K at another -K), "
+                        "threshold:0.5, goodput, confidence, confidence-async:2, oracle]")
     add_run_options(f, frontier=True)
     from dsparksim.results.stats import MAX_SEEDS, seeds_arg  # lazy: pulls in numpy
     f.add_argument("--seeds", type=seeds_arg, default=1,

@@ -448,6 +448,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- profile fit
 FIT_MARK = "dsparksim profile fit"
+MIN_BOOTSTRAP = 20   # fewest resamples `profile fit` turns into a 95% percentile interval
+MAX_BOOTSTRAP = 10_000   # most resamples (each a full refit; 10**9 was a MemoryError)
 
 
 def _register_fit(sub: Any) -> None:
@@ -468,7 +470,8 @@ def _register_fit(sub: Any) -> None:
     f.add_argument("--metrics", default="tpot,ttft,tput",
                    help="metrics fitted, of tpot, ttft, tput (all are reported) [%(default)s]")
     f.add_argument("--bootstrap", type=int, default=200, metavar="N",
-                   help="bootstrap resamples over runs for the uncertainties (0 = none) [%(default)s]")
+                   help="bootstrap resamples over runs for the 95%% intervals (0 = none, else "
+                        f"{MIN_BOOTSTRAP}..{MAX_BOOTSTRAP}) [%(default)s]")
     add_seed_option(f, help="bootstrap seed [%(default)s]")
     f.add_argument("--max-num-seqs", type=int, default=1024, help="server's max running requests [%(default)s]")
     f.add_argument("--prefill-chunk", type=int, default=None, metavar="TOKENS",
@@ -515,6 +518,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
                             ("--seed", args.seed, 0), ("--max-num-seqs", args.max_num_seqs, 1)):
             if v < lo:
                 raise InputError("profile fit", flag, f"expected an integer >= {lo}, got {v}")
+        if 0 < args.bootstrap < MIN_BOOTSTRAP or args.bootstrap > MAX_BOOTSTRAP:
+            # a 95% percentile interval of a handful of resamples is noise; each resample is a full refit
+            raise InputError("profile fit", "--bootstrap", f"expected 0 (no intervals) or at least {MIN_BOOTSTRAP} "
+                             f"and at most {MAX_BOOTSTRAP:,} resamples for a 95% interval, got {args.bootstrap}")
         kinds = tuple(k.strip() for k in args.metrics.split(",") if k.strip())
         f = args.mem_fraction_static
         if f is not None and not 0 < f <= 1:

@@ -35,6 +35,19 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_study)
 
 
+def _check_production_profile(name: str) -> None:
+    """The production regime runs decode-only behind a prefill pool: its KV transfer is priced from the profile's
+    metadata.kv_bytes_per_token, which `study` has no option to give otherwise."""
+    from dsparksim.cost.profile import load_profile  # lazy: pulls in numpy
+    from dsparksim.errors import ConfigError
+    from dsparksim.study.common import PRODUCTION  # lazy: pulls in numpy
+
+    if dict(PRODUCTION.options).get("disaggregated") and load_profile(name).metadata.get("kv_bytes_per_token") is None:
+        raise ConfigError("study", "--profile", f"profile {name!r} gives no metadata.kv_bytes_per_token, which the "
+                          "production regime's decode-only runs need to price the KV transfer from the prefill pool; "
+                          "choose a profile that states it (`profile build` and `profile fit` write it)")
+
+
 def cmd_study(args: argparse.Namespace) -> int:
     from dsparksim.study.run import check_out, run_study, settings_for, write_report, write_study  # lazy: pulls in numpy
 
@@ -44,6 +57,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         from dsparksim.cost.profile import profile_path  # lazy: pulls in numpy
 
         profile_path(args.profile)   # an unknown name or a missing file fails before any run
+        _check_production_profile(args.profile)
     settings = settings_for("fast" if args.fast else "full", args.profile, None if args.no_contrast else "dense",
                             args.seeds, args.seed)
     check_out(args.out, names)

@@ -14,6 +14,8 @@ from dsparksim.cli.options import add_seed_option, check_seed
 from dsparksim.errors import InputError
 from dsparksim.cli.main import pos_int
 
+MAX_BLOCKS = 1_000_000   # simulated blocks per domain: ~1.5 GB peak at the limit (three domains), 28 s
+
 
 def register(subparsers) -> None:
     """Add ``trace inspect`` to an argparse subparsers object."""
@@ -28,7 +30,8 @@ def register(subparsers) -> None:
     q.add_argument("target", help="trace path or acceptance spec")
     q.add_argument("--K", type=pos_int, default=None,
                    help="block size (trace: default the trace's K, smaller truncates; spec: default 7, mtp1 1)")
-    q.add_argument("--blocks", type=int, default=20000, help="simulated blocks per domain for a spec (default 20000)")
+    q.add_argument("--blocks", type=int, default=20000,
+                   help=f"simulated blocks per domain for a spec (default 20000, at most {MAX_BLOCKS:,})")
     q.add_argument("--blocks-per-request", type=int, default=20, help="simulated blocks per request (default 20)")
     add_seed_option(q, help="simulation seed (default 0)")
     q.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -69,6 +72,10 @@ def build_summary(args: argparse.Namespace) -> dict:
                                            K_MAX_MTP if ps.kind == "mtp" else 7)
     if args.blocks < 2 or args.blocks_per_request < 1:
         raise InputError("trace inspect", "--blocks", "need --blocks >= 2 and --blocks-per-request >= 1")
+    n_req = max(2, -(-args.blocks // args.blocks_per_request))   # whole requests, as summarize_model draws them
+    if n_req * args.blocks_per_request > MAX_BLOCKS:
+        raise InputError("trace inspect", "--blocks", f"{n_req:,} requests x {args.blocks_per_request:,} blocks per "
+                         f"domain is above the limit of {MAX_BLOCKS:,} simulated blocks per domain")
     return summarize_model(load_acceptance(target, K), args.blocks, args.blocks_per_request, args.seed)
 
 

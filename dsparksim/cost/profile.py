@@ -102,7 +102,7 @@ import numpy as np
 
 from dsparksim.cost.price import StepPrice, StepPricer, StepShape
 from dsparksim.errors import ConfigError, InputError
-from dsparksim.io.textio import MAX_EXACT_INT, finite_float, is_file, loads_json, escape_controls, read_text
+from dsparksim.io.textio import MAX_EXACT_INT, finite_float, is_file, loads_json, escape_controls, not_a_file, read_text
 
 __all__ = [
     "FORMAT", "DRAFTER_KINDS", "CostProfile", "DrafterCost", "ProfileRangeError",
@@ -956,7 +956,7 @@ def profile_path(name_or_path: str | Path) -> Path:
     looks_like_path = path.suffix == ".json" or "/" in s or "\\" in s
     if not is_file(path):
         if looks_like_path:
-            raise InputError(s, None, "profile file not found")
+            raise InputError(s, None, not_a_file(path, "profile file"))
         path = shipped_dir() / f"{s}.json"
         if not is_file(path):
             raise ConfigError("profile", "name", f"unknown profile {s!r}: not a file, and not a shipped profile "

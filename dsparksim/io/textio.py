@@ -27,6 +27,15 @@ def is_file(path: str | Path) -> bool:
         return False
 
 
+def not_a_file(path: str | Path, what: str = "file") -> str:
+    """Why ``path`` cannot be read as a ``what``: it is a directory, or it is not there."""
+    try:
+        is_dir = Path(path).is_dir()
+    except (OSError, ValueError):
+        is_dir = False
+    return f"is a directory; expected a {what}" if is_dir else f"{what} not found"
+
+
 def expand_user(value: str) -> Path:
     """``~`` expanded when possible; an unknown ``~user`` stays literal (then it is simply not found)."""
     try:
@@ -39,7 +48,7 @@ def read_bytes(path: str | Path, what: str = "file") -> bytes:
     """The file's bytes, gunzipped when the name ends in ``.gz``; InputError when that is impossible."""
     path = Path(path)
     if not is_file(path):
-        raise InputError(path, None, f"{what} not found")
+        raise InputError(path, None, not_a_file(path, what))
     try:
         raw = path.read_bytes()
     except OSError as e:

@@ -49,6 +49,7 @@ from dsparksim.cost.analytic.hardware import SHORT_NAMES
 from dsparksim.cost.profile import load_profile
 from dsparksim.errors import ConfigError, InputError
 from dsparksim.policies import make_policy
+from dsparksim.policies.fixed import Fixed
 from dsparksim.results.stats import MAX_SEEDS
 from dsparksim.sim.reads import DRAFT_OPTIONS, collapsed_reason, identity, policy_reads, unread_by_all
 # the one SLO vocabulary of capacity, plan and frontier (percentile spellings: *_p50 = *_median)
@@ -547,6 +548,9 @@ def _candidate_policies(src: str, where: str, pols: list[str], ks: list[int]) ->
             raise ConfigError(src, f"{where}.policies[{j}]", f"invalid policy spec {p!r}: {e}") from None
         takes_k = "block_size" in policy_reads(pol.spec)     # none: K = 0; mtp1: K = 1, whatever K lists
         for K in ks:
+            if isinstance(pol, Fixed) and pol.k > K:          # it would run as fixed:K under its own name
+                raise ConfigError(src, f"{where}.policies[{j}]", f"{p} verifies {pol.k} draft tokens but K lists "
+                                  f"K={K}; expected fixed:k with k <= every K")
             eff = int(K if takes_k else (pol.block_size or 0) if getattr(pol, "drafts", True) else 0)
             if (pol.spec, eff, takes_k) not in policies:
                 policies.append((pol.spec, eff, takes_k))
@@ -594,7 +598,8 @@ def _check_probes(spec: PlanSpec) -> None:
                 try:
                     cfg = build_config(spec.options(d, scale, r, spec.seeds[0]), spec.source)
                 except ConfigError as e:
-                    raise ConfigError(spec.source, where, f"replicas={r}, scale={scale:g}: {e}") from None
+                    raise ConfigError(spec.source, where, f"replicas={r}, scale={scale:g}: "
+                                      f"{_unprefixed(e, spec.source)}") from None
                 _check_arrivals(spec, cfg, scale)
         # Input files (acceptance sources, traces, length tables, routers) are checked as a sweep checks them.
         reads = policy_reads(d.policy)   # a shared option another candidate's policy reads is not this probe's
@@ -607,4 +612,10 @@ def _check_probes(spec: PlanSpec) -> None:
         try:
             spec_from_dict({"sweep": {"name": spec.name}, "base": opts}, source=spec.source)
         except ConfigError as e:
-            raise ConfigError(spec.source, where, str(e)) from None
+            raise ConfigError(spec.source, where, _unprefixed(e, spec.source)) from None
+
+
+def _unprefixed(e: InputError, source: str) -> str:
+    """``e``'s message without a leading ``source: `` (the wrapping error names the spec file once)."""
+    text, head = str(e), f"{source}: "
+    return text[len(head):] if text.startswith(head) else text

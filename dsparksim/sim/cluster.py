@@ -344,6 +344,11 @@ class Simulation:
                               + ("(lower --concurrency)" if self.wl.closed_loop else
                                  "(lower --rate / --time-scale, or shorten the run)"))
 
+    def _starting(self, users: int) -> int:
+        """Users that can send at t = 0: each one sends at least one row (or waits for the warm-up) before the next
+        starts, so users beyond the request count send nothing and are not walked (--concurrency 10**9)."""
+        return users if self.n_rows is None else min(users, self.n_rows)
+
     def _issue_user(self, t: float) -> None:
         """Closed loop: a free user sends requests until one is queued (rejected ones are answered at once).
         With a warm-up, a user that reaches the first measured row waits for the warm-up's end."""
@@ -501,11 +506,11 @@ class Simulation:
             c, n = int(self.wl.concurrency), len(self.engines)
             self.users = self.users_target = c
             for e in range(n):   # user u sits on engine u mod n
-                for _ in range(c // n + (e < c % n) if self.local[e] else 0):
+                for _ in range(self._starting(c // n + (e < c % n)) if self.local[e] else 0):
                     self._issue_pinned(0.0, e)
         elif self.wl.closed_loop:
             self.users = self.users_target = int(self.wl.concurrency)
-            for _ in range(int(self.wl.concurrency)):
+            for _ in range(self._starting(int(self.wl.concurrency))):
                 self._issue_user(0.0)
             steps = getattr(self.wl, "user_steps", None)
             if steps:

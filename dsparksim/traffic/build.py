@@ -163,6 +163,9 @@ def build_workload(cfg: TrafficConfig, rng: np.random.Generator) -> Workload | L
 
     Closed loop and synthetic arrivals are generated lazily, block by block, as the engine consumes them.
     """
+    if (cfg.total_requests or 0) > MAX_EXPECTED_ARRIVALS:   # the memory bound a rate x duration keeps
+        raise ConfigError("TrafficConfig", "num_requests", f"{cfg.total_requests:,} requests (with the warm-up) are "
+                          f"above the limit of {MAX_EXPECTED_ARRIVALS:,} requests per run")
     key = int(rng.integers(0, 2**63))
     meta: dict = {"mode": cfg.mode, "time_scale": cfg.time_scale, "num_requests": cfg.num_requests,
                   "duration_s": cfg.duration_s, "max_prompt_tokens": cfg.max_prompt_tokens,

@@ -1,0 +1,60 @@
+"""Found by a hostile new-user pass: inputs that are the wrong kind of thing get an error that says so."""
+from __future__ import annotations
+
+from cli_guard import classify, run_cli
+
+
+def test_a_directory_given_as_a_file_is_called_a_directory_not_missing(tmp_path):
+    d = tmp_path / "results"
+    d.mkdir()
+    for argv in (["bench", "import", str(d), "--out", str(tmp_path / "r.csv")],
+                 ["run", "--profile", str(d), "--num-requests", "2", "--out", str(tmp_path / "o")]):
+        o = run_cli(argv)
+        assert classify(o) == "error", o.describe()
+        assert str(d) in o.stderr and "is a directory" in o.stderr and "not found" not in o.stderr, o.stderr
+    assert not (tmp_path / "r.csv").exists() and not (tmp_path / "o").exists()
+
+
+def test_study_refuses_a_profile_its_production_regime_cannot_price_naming_its_own_option(tmp_path):
+    """The production regime runs decode-only behind a prefill pool: a profile without metadata.kv_bytes_per_token
+    failed in the first cell with advice to pass --kv-bytes-per-token, which `study` does not have."""
+    out = tmp_path / "st"
+    o = run_cli(["study", "early-exit", "--fast", "--profile", "h100-llama2-7b-tp1", "--out", str(out), "--quiet"])
+    assert classify(o) == "error", o.describe()
+    assert "--profile" in o.stderr and "kv_bytes_per_token" in o.stderr and "--kv-bytes-per-token" not in o.stderr
+    assert not out.exists()
+
+
+def test_an_absurd_max_num_seqs_is_refused_not_a_memory_error(tmp_path):
+    """Every engine pre-allocates its max_num_seqs request slots (and the acceptance model sizes its state by the
+    largest slot id): --max-num-seqs 10**12 ended in a MemoryError traceback."""
+    for extra in (["--max-num-seqs", str(10**12)], ["--max-num-seqs", str(2**21), "--replicas", "4"]):
+        o = run_cli(["run", "--num-requests", "2", "--quiet", "--out", str(tmp_path / "o"), *extra])
+        assert classify(o) == "error", o.describe()
+        assert "--max-num-seqs" in o.stderr and "4,194,304" in o.stderr, o.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_request_count_past_the_per_run_limit_is_refused_as_a_rate_is(tmp_path):
+    """A rate x duration above 2,000,000 expected arrivals is refused (memory bound); --num-requests 10**12 started
+    a run that would never end, holding every request's state."""
+    o = run_cli(["run", "--num-requests", str(10**12), "--quiet", "--out", str(tmp_path / "o")], limit_s=20)
+    assert classify(o) == "error", o.describe()
+    assert "num_requests" in o.stderr and "2,000,000" in o.stderr, o.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_more_users_than_requests_do_not_stall_the_start(tmp_path):
+    """Closed loop: every user beyond the request count sent nothing, but the start still walked all of them
+    (`run --concurrency 10**9 --num-requests 4`, or a runs-table row with max_concurrency 1e9, never answered)."""
+    import json
+    outs = {}
+    for conc in ("4", str(10**9)):
+        out = tmp_path / f"c{conc}"
+        o = run_cli(["run", "--policy", "none", "--concurrency", conc, "--num-requests", "4", "--quiet",
+                     "--out", str(out)], limit_s=20)
+        assert classify(o) == "ok", o.describe()
+        outs[conc] = json.loads((out / "summary.json").read_text())
+    a, b = outs.values()
+    for k in ("num_requests_completed", "output_throughput_tok_s", "ttft_mean_s", "tps_user_median"):
+        assert a[k] == b[k], k
