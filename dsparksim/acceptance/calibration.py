@@ -38,6 +38,16 @@ def gauss_hermite(n: int) -> tuple[np.ndarray, np.ndarray]:
     return x, w / w.sum()
 
 
+@lru_cache(maxsize=8)
+def gauss_legendre(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Gauss-Legendre nodes/weights on [-1, 1] (numpy's leggauss, computed once per n: an eigenvalue problem whose
+    LAPACK call also wakes the BLAS threads, which then spin on the other cores)."""
+    t, w = np.polynomial.legendre.leggauss(n)
+    t.setflags(write=False)
+    w.setflags(write=False)
+    return t, w
+
+
 _G_STEP = 0.004   # grid spacing of the g table (linear interpolation error <= h^2/8 * max|g''| < 2e-7)
 _N_SPLIT = 64     # Gauss-Legendre nodes on each side of the jump (integrand analytic on each piece)
 _SPLIT_EDGE = 12.0  # integration range [-12, 12] in units of sigma_tok (the normal tail beyond is < 1e-32)
@@ -63,16 +73,23 @@ def _g_exact(m: np.ndarray, sigma_tok: float, shape: Shape) -> np.ndarray:
     if tuple(shape) == PLAIN:
         x, w = gauss_hermite(_N_TOK)
         return (expit(m[..., None] + sigma_tok * x) * w).sum(axis=-1)
-    t, w = np.polynomial.legendre.leggauss(_N_SPLIT)
-    cut = np.clip(-m / sigma_tok, -_SPLIT_EDGE, _SPLIT_EDGE)[..., None]
+    t, w = gauss_legendre(_N_SPLIT)
+    cut = np.clip(-m / sigma_tok, -_SPLIT_EDGE, _SPLIT_EDGE)
     out = np.zeros(m.shape)
     offset, slope, jump, slope_easy = shape
-    for lo, hi, add, sl in ((-_SPLIT_EDGE, cut, offset, slope), (cut, _SPLIT_EDGE, offset + jump, slope_easy)):
+    for edge, add, sl in ((-_SPLIT_EDGE, offset, slope), (_SPLIT_EDGE, offset + jump, slope_easy)):
+        # the piece between the step and this edge; where the step lies beyond the range (|m| >= 12 sigma_tok)
+        # it is empty: every term is 0 * ... = 0 and adds exactly nothing, so it is not computed
+        live = cut != edge
+        if not live.any():
+            continue
+        c, ml = cut[live][:, None], m[live][:, None]
+        lo, hi = (edge, c) if edge < 0 else (c, edge)
         half = 0.5 * (hi - lo)
         z = lo + half * (t + 1.0)
         pdf = np.exp(-0.5 * z * z) / np.sqrt(2.0 * np.pi)
-        out = out + (half * w * pdf * expit(add + sl * (m[..., None] + sigma_tok * z))).sum(axis=-1)
-    return out
+        out[live] = out[live] + (half * w * pdf * expit(add + sl * (ml + sigma_tok * z))).sum(axis=-1)
+    return out[()] if out.ndim == 0 else out      # a scalar for a scalar m, as the sum of the pieces gave
 
 
 @lru_cache(maxsize=16)
@@ -112,6 +129,8 @@ def smoothed_sigmoid(m: np.ndarray, sigma_tok: float, exact: bool = False, shape
         return _g_exact(m, sigma_tok, shape)
     grid, g = _g_table(float(sigma_tok), _shape(shape))
     out = np.interp(m, grid, g)
+    if m.ndim and m.size and grid[0] <= m.min() and m.max() <= grid[-1]:
+        return out                      # all inside the table (the calibration's every call): nothing to patch
     far = np.isfinite(m) & ((m < grid[0]) | (m > grid[-1]))
     if far.any():                       # beyond the table (a shallow link needs large |mu|): exact quadrature
         out = np.array(out, dtype=float)

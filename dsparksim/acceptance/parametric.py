@@ -50,8 +50,9 @@ import numpy as np
 
 from dsparksim.errors import ConfigError
 from dsparksim.acceptance.base import DOMAINS, AcceptanceModel, Block
-from dsparksim.acceptance.calibration import (calibrate_mu, calibrate_mu_steps, check_curve, link, model_conditional,
-                                              model_conditional_steps, request_loading, tau_of_curve)
+from dsparksim.acceptance.calibration import (PLAIN, calibrate_mu, calibrate_mu_steps, check_curve, link,
+                                              model_conditional, model_conditional_steps, request_loading,
+                                              tau_of_curve)
 from dsparksim.acceptance.confidence import fit_sts_nll
 from dsparksim.acceptance.headshift import HeadShift
 from dsparksim.acceptance.reference import K_MAX, MTP1_DEFAULT_SOURCE, mtp1_alpha, paper_curve
@@ -89,6 +90,20 @@ def _sigmoid_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
         np.exp(out, out=out)
         np.add(1.0, out, out=out)
         return np.divide(1.0, out, out=out)
+
+
+def _link_into(x: np.ndarray, shape, spare: np.ndarray) -> np.ndarray:
+    """:func:`.calibration.link` of ``x`` written into ``x``: the same numbers; ``spare``: an array of x's shape it
+    may overwrite."""
+    if tuple(shape) == PLAIN:
+        return x
+    offset, slope, jump, slope_easy = shape
+    easy = np.multiply(x, slope_easy, out=spare)
+    easy += offset + jump                    # offset + jump + slope_easy * x
+    is_easy = x > 0
+    x *= slope
+    x += offset                              # offset + slope * x
+    return np.where(is_easy, easy, x)
 
 
 @dataclass(frozen=True)
@@ -392,30 +407,50 @@ class ParametricAcceptance(AcceptanceModel):
         return Block(conf=sigmoid(y * self._scale), accepted=accepted)
 
     def _draw_keyed(self, rows: np.ndarray, u: np.ndarray, rng: KeyedRows) -> Block:
-        """draw() on keyed streams in one pass: the same halves, in the same order, as the generic path (block
-        shift, K token shifts, K uniforms, K noises, then the block noise when noise_block > 0), hence the same
-        values, with a third of the numpy calls (the K uniform halves are not turned into normals)."""
+        """draw() on keyed streams in one pass (:meth:`draw_by_position`, laid out as draw() returns it)."""
+        conf, accepted = self.draw_by_position(rows, u, rng)
+        return Block(conf=np.ascontiguousarray(conf.T), accepted=accepted)
+
+    def draw_by_position(self, rows: np.ndarray, u: np.ndarray, rng: KeyedRows
+                         ) -> tuple[np.ndarray, np.ndarray] | None:
+        """draw_state() on keyed streams, its confidences laid out by position: (conf (K, n), accepted (n,)); None
+        where that path does not apply (no token or confidence noise: use draw_state).
+
+        The same halves, in the same order, as the generic path (block shift, K token shifts, K uniforms, K noises,
+        then the block noise when noise_block > 0), hence the same values, with a third of the numpy calls (the K
+        uniform halves are not turned into normals); every array is (positions, n), so each operation runs along
+        rows of n (on (n, K) arrays numpy pays a loop per row of K)."""
         p, K = self.params, self.K
-        h = rng.halves(1 + 3 * K + (1 if p.noise_block else 0))      # (n, 1 + 3K [+ 1]) uint32
-        z = normals_from_halves(h[:, :1 + K])
-        x = self._mu[rows]
+        if not (p.sigma_tok and (p.noise_sd or p.noise_sd_end)):
+            return None
+        h = rng.halves_by_position(1 + 3 * K + (1 if p.noise_block else 0))      # (1 + 3K [+ 1], n) uint32
+        z = normals_from_halves(h[:1 + K])
+        x = self._mu.T.take(rows, axis=1)                                       # (K, n)
         if self._load_one:
-            x += (u + p.sigma_block * z[:, 0])[:, None]
+            x += u + p.sigma_block * z[0]
         else:
-            x += u[:, None] * self._load
-            x += (p.sigma_block * z[:, 0])[:, None]
-        x += p.sigma_tok * z[:, 1:]
-        x = link(x, p.shape)
-        ok = uniforms_from_halves(h[:, 1 + K:1 + 2 * K]) < _sigmoid_into(x, np.empty_like(x))
-        accepted = np.where(ok.all(axis=1), K, ok.argmin(axis=1)).astype(np.int64)
-        y = self._noise * normals_from_halves(h[:, 1 + 2 * K:1 + 3 * K])
-        np.add(x, y, out=y)
+            x += u * self._load[:, None]                                        # the request shift's loading
+            x += p.sigma_block * z[0]
+        e = z[1:]
+        e *= p.sigma_tok
+        x += e
+        x = _link_into(x, p.shape, e)
+        ok = uniforms_from_halves(h[1 + K:1 + 2 * K]) < _sigmoid_into(x, np.empty_like(x))
+        # leading successes: the running AND of the positions, counted
+        run = ok[0].copy()
+        accepted = run.astype(np.int64)
+        for k in range(1, K):
+            run &= ok[k]
+            accepted += run
+        y = normals_from_halves(h[1 + 2 * K:1 + 3 * K])
+        y *= self._noise[:, None]
+        y += x
         if p.noise_block:
-            y += p.noise_block * normals_from_halves(h[:, 1 + 3 * K:])
+            y += p.noise_block * normals_from_halves(h[1 + 3 * K:])
         if self._bias is not None:
-            y += self._bias[rows]
-        y *= self._scale
-        return Block(conf=_sigmoid_into(y, y), accepted=accepted)
+            y += self._bias[rows].T
+        y *= self._scale[:, None]
+        return _sigmoid_into(y, y), accepted
 
     # ---- analysis helpers ------------------------------------------------------------------------------
     def mu(self, domain: str) -> np.ndarray:

@@ -31,6 +31,7 @@ SLO / duration, a request with one output token having TPOT 0 (vLLM's rule).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -101,8 +102,13 @@ class ItlLists(Sequence):
                 yield json.dumps(self[i], allow_nan=False)
             return
         reps = list(map(float.__repr__, self._dt.tolist()))
+        # every step's dt joined once; a prompt's steps are consecutive, so its list is one slice of that text
+        joined = ", ".join(reps)
+        at = np.zeros(len(reps) + 1, np.int64)       # where each step's text starts in ``joined``
+        np.cumsum(np.fromiter(map(len, reps), np.int64, len(reps)) + 2, out=at[1:])
+        at = at.tolist()
         for a, b in zip(self._lo.tolist(), self._hi.tolist()):
-            yield "[" + ", ".join(reps[a:b]) + "]"
+            yield "[" + joined[at[a]:at[b] - 2] + "]" if b > a else "[]"
 
 
 def write_bench_json(path, d: dict[str, Any]) -> None:
@@ -115,8 +121,11 @@ def write_bench_json(path, d: dict[str, Any]) -> None:
                 f.write(("," if n else "") + "\n" + json.dumps(k) + ": ")
                 if isinstance(v, ItlLists):
                     f.write("[")
-                    for i, item in enumerate(v.json_items()):  # streamed: one prompt's list in memory at a time
-                        f.write((", " if i else "") + item)
+                    # streamed, a few prompts' lists at a time (small strings: a big one is a fresh mapping to fault in)
+                    items, sep = v.json_items(), ""
+                    while chunk := list(itertools.islice(items, 16)):
+                        f.write(sep + ", ".join(chunk))
+                        sep = ", "
                     f.write("]")
                 else:
                     f.write(json.dumps(v, allow_nan=False))
@@ -176,6 +185,14 @@ def _error(res: SimResult, i: int, t_end: float) -> str:
         return f"not admitted before the run ended at {t_end:.3f} s"
     return (f"unfinished when the run ended at {t_end:.3f} s "
             f"({int(res.emitted_tokens[i])} of {int(res.output_tokens[i])} tokens)")
+
+
+def _errors(res: SimResult, idx: np.ndarray, ok: np.ndarray, t_end: float) -> list[str]:
+    """:func:`_error` of every prompt ``idx`` (``ok``: finished, no error)."""
+    out = [""] * len(idx)
+    for j in np.flatnonzero(~ok).tolist():
+        out[j] = _error(res, int(idx[j]), t_end)
+    return out
 
 
 def _peak_chunks_per_s(starts: np.ndarray, first: np.ndarray, step_end: np.ndarray, n_in_step: np.ndarray,
@@ -306,7 +323,7 @@ def bench_result(res: SimResult, *, warmup_s: float, duration_s: float, model_id
         "start_times": arr[idx].tolist(),
         "queue_times": [0.0] * len(idx),  # client-side semaphore wait: the simulated client never waits
         "generated_texts": [""] * len(idx),  # no text is generated
-        "errors": [_error(res, int(i), t_end) for i in idx],
+        "errors": _errors(res, idx, ok, t_end),
         "max_output_tokens_per_s": peak_tok,
         "max_concurrent_requests": peak_conc,
         "rtfx": 0.0,

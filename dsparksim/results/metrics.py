@@ -9,7 +9,7 @@ excluded from every latency and throughput metric (they never run).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
@@ -34,7 +34,14 @@ def per_request_table(res: SimResult) -> pd.DataFrame:
     """One row per issued request; times in seconds, NaN where the request did not get that far.
 
     ``rejected`` marks requests refused on arrival (never admitted), ``reject_reason`` says why
-    ("max_model_len" | "kv_capacity"; empty otherwise)."""
+    ("max_model_len" | "kv_capacity"; empty otherwise). The columns are :func:`request_columns`."""
+    import pandas as pd  # lazy: pandas (a run's summary and requests.csv use the columns alone)
+
+    return pd.DataFrame(request_columns(res))
+
+
+def request_columns(res: SimResult) -> dict[str, np.ndarray]:
+    """:func:`per_request_table`'s columns, in its order, as numpy arrays (no pandas)."""
     ttft = res.first_token_s - res.arrival_s
     e2e = res.finish_s - res.arrival_s
     decode_time = res.finish_s - res.first_token_s
@@ -48,8 +55,6 @@ def per_request_table(res: SimResult) -> pd.DataFrame:
         # preemption, the re-prefill's token come from prefill forwards
         dem = res.decode_emitted_tokens if res.decode_emitted_tokens is not None else res.emitted_tokens - 1
         tau = dem / steps
-    import pandas as pd  # lazy: pandas
-
     rejected = res.rejected
     codes = res.reject_reason if res.reject_reason is not None else np.zeros(len(rejected), np.int8)
     reason = np.array([""] + [REJECT_REASONS.get(c, "") for c in range(1, 8)], dtype=object)[codes]
@@ -89,7 +94,7 @@ def per_request_table(res: SimResult) -> pd.DataFrame:
     if res.replica is not None:
         cols["replica"] = res.replica          # -1: rejected on arrival, never routed
         cols["dp_rank"] = res.dp_rank if res.dp_rank is not None else np.where(res.replica >= 0, 0, -1)
-    return pd.DataFrame(cols)
+    return cols
 
 
 def _pct(x: np.ndarray, q: float) -> float:
@@ -274,31 +279,31 @@ def open_loop_saturation(res: SimResult, warmup_s: float) -> tuple[bool, dict[st
     return bool(waiting or held), info
 
 
-def latency_stats(done: pd.DataFrame, dt: np.ndarray, n_dec: np.ndarray) -> dict[str, float]:
-    """Per-user speed and latency of the window's completed requests (``done``), and ITL from the window's step
-    durations ``dt`` and their decoding-request counts ``n_dec``."""
+def latency_stats(done: Mapping[str, np.ndarray], dt: np.ndarray, n_dec: np.ndarray) -> dict[str, float]:
+    """Per-user speed and latency of the window's completed requests (``done``: their columns, a dict of arrays or
+    a DataFrame), and ITL from the window's step durations ``dt`` and their decoding-request counts ``n_dec``."""
     return {
-    "tps_user_mean": _mean(done["tps_user"].to_numpy()),
-    "tps_user_median": _pct(done["tps_user"].to_numpy(), 50),
-    "tps_user_p10": _pct(done["tps_user"].to_numpy(), 10),
-    "tps_user_p90": _pct(done["tps_user"].to_numpy(), 90),
-    "ttft_mean_s": _mean(done["ttft_s"].to_numpy()),
-    "ttft_median_s": _pct(done["ttft_s"].to_numpy(), 50),
-    "ttft_p99_s": _pct(done["ttft_s"].to_numpy(), 99),
-    "tpot_mean_s": _mean(done["tpot_s"].to_numpy()),
-    "tpot_median_s": _pct(done["tpot_s"].to_numpy(), 50),
-    "tpot_p99_s": _pct(done["tpot_s"].to_numpy(), 99),
+    "tps_user_mean": _mean(np.asarray(done["tps_user"])),
+    "tps_user_median": _pct(np.asarray(done["tps_user"]), 50),
+    "tps_user_p10": _pct(np.asarray(done["tps_user"]), 10),
+    "tps_user_p90": _pct(np.asarray(done["tps_user"]), 90),
+    "ttft_mean_s": _mean(np.asarray(done["ttft_s"])),
+    "ttft_median_s": _pct(np.asarray(done["ttft_s"]), 50),
+    "ttft_p99_s": _pct(np.asarray(done["ttft_s"]), 99),
+    "tpot_mean_s": _mean(np.asarray(done["tpot_s"])),
+    "tpot_median_s": _pct(np.asarray(done["tpot_s"]), 50),
+    "tpot_p99_s": _pct(np.asarray(done["tpot_s"]), 99),
     # ITL per streamed chunk: every decoding request receives one chunk per step, so the step durations
     # weighted by the number of decoding requests are exactly the pooled per-request ITL samples.
     "itl_median_s": _weighted_pct(dt, n_dec, 50),
     "itl_p99_s": _weighted_pct(dt, n_dec, 99),
-    "e2e_mean_s": _mean(done["e2e_s"].to_numpy()),
-    "e2e_median_s": _pct(done["e2e_s"].to_numpy(), 50),
-    "e2e_p99_s": _pct(done["e2e_s"].to_numpy(), 99),
+    "e2e_mean_s": _mean(np.asarray(done["e2e_s"])),
+    "e2e_median_s": _pct(np.asarray(done["e2e_s"]), 50),
+    "e2e_p99_s": _pct(np.asarray(done["e2e_s"]), 99),
     }
 
 
-def kv_and_ttft_parts(res: SimResult, st: dict[str, np.ndarray], done: pd.DataFrame) -> dict[str, Any]:
+def kv_and_ttft_parts(res: SimResult, st: dict[str, np.ndarray], done: Mapping[str, np.ndarray]) -> dict[str, Any]:
     """Paged KV's preemption counts and a disaggregated run's TTFT split, when the run has them."""
     s: dict[str, Any] = {}
     if res.kv_policy == "paged" and res.preemptions is not None:
@@ -313,7 +318,7 @@ def kv_and_ttft_parts(res: SimResult, st: dict[str, np.ndarray], done: pd.DataFr
         for part in ("queue", "prefill", "transfer", "decode_wait", "first_step"):
             if f"ttft_{part}_s" not in done:
                 continue
-            x = done[f"ttft_{part}_s"].to_numpy()
+            x = np.asarray(done[f"ttft_{part}_s"])
             s[f"ttft_{part}_mean_s"], s[f"ttft_{part}_median_s"] = _mean(x), _pct(x, 50)
             s[f"ttft_{part}_p99_s"] = _pct(x, 99)
     return s
@@ -332,8 +337,9 @@ def summarize(res: SimResult, *, policy: str, load: Any, warmup_s: float, closed
     # Tokens from a step that straddles the warm-up boundary count pro rata.
     frac = np.clip((t_end - warmup_s) / np.where(st["dt"] > 0, st["dt"], 1.0), 0.0, 1.0)
     out_tokens = float((st["emitted"] * frac).sum())
-    req = per_request_table(res)
-    done = req[req["completed"] & (req["arrival_s"] >= warmup_s)]  # rejected requests never complete
+    req = request_columns(res)
+    keep = req["completed"] & (req["arrival_s"] >= warmup_s)  # rejected requests never complete
+    done = {k: v[keep] for k, v in req.items()}
     n_dec = st["n_decode"][in_win].astype(float)
     dec_steps = n_dec.sum()
     sat, sat_info = saturation(res, warmup_s, closed_loop)
@@ -345,12 +351,12 @@ def summarize(res: SimResult, *, policy: str, load: Any, warmup_s: float, closed
         "warmup_s": warmup_s,
         "ended_by": res.ended_by,
         "num_requests_issued": int(np.isfinite(res.arrival_s).sum()),
-        "num_requests_completed": int(len(done)),
+        "num_requests_completed": int(keep.sum()),
         "num_requests_completed_total": int(req["completed"].sum()),
         "num_requests_rejected": int(req["rejected"].sum()),
         "rejected_by_reason": {r: int((req["reject_reason"] == r).sum()) for r in REJECT_REASONS.values()},
         "output_throughput_tok_s": out_tokens / window,
-        "request_throughput_req_s": len(done) / window,
+        "request_throughput_req_s": int(keep.sum()) / window,
         **latency_stats(done, st["dt"][in_win], n_dec),
         "mean_verify_len": float(st["verify_tokens"][in_win].sum() / dec_steps) if dec_steps else float("nan"),
         "tau": _tau(st, in_win, dec_steps),
@@ -420,5 +426,9 @@ def bench_serve_json(res: SimResult, summary: dict[str, Any], *, model_id: str, 
     d = bench_result(res, warmup_s=float(summary["warmup_s"]), duration_s=float(summary["window_s"]),
                      model_id=model_id, request_rate=request_rate, burstiness=burstiness,
                      max_concurrency=max_concurrency, **options)
-    return {k: ([_clean(x) for x in v] if isinstance(v, list) else v if k == "itls" else _clean(v))
-            for k, v in d.items()}
+    return {k: (_clean_list(v) if isinstance(v, list) else v if k == "itls" else _clean(v)) for k, v in d.items()}
+
+
+def _clean_list(v: list) -> list:
+    """``[_clean(x) for x in v]``, without the call for a str, an int or a float that is not NaN (kept as is)."""
+    return [x if (t := type(x)) is str or t is int or (t is float and x == x) else _clean(x) for x in v]

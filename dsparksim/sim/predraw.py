@@ -102,18 +102,24 @@ class PredrawnDraws:
         crow, u = self._state(rows) if state is None else state
         steps = (first[:, None] + self._offsets).ravel()
         keyed = self.streams.rows(np.repeat(self.req.key[rows], B), steps, self.words)
-        blk = self.acc.draw_state(np.repeat(crow, B), np.repeat(u, B), keyed)
-        conf = blk.conf[:, :K]
+        crow, u = np.repeat(crow, B), np.repeat(u, B)
+        by_pos = getattr(self.acc, "draw_by_position", None)
+        drawn = by_pos(crow, u, keyed) if by_pos is not None else None
+        if drawn is not None:
+            conf, accepted = drawn                # (K, n): one row per position
+            conf = conf[:K]
+        else:
+            blk = self.acc.draw_state(crow, u, keyed)
+            conf, accepted = np.ascontiguousarray(blk.conf[:, :K].T), blk.accepted
         at = (e[:, None] * R + steps.reshape(-1, B) % R).ravel()
-        cs = np.empty((conf.shape[0], 2 * K))
-        cs[:, :K] = conf
-        # survival = cumprod(conf, axis=1), a column at a time: the same products in the same order (numpy's
-        # cumprod along short rows pays a loop per row)
-        cs[:, K] = conf[:, 0]
+        cs = np.empty((2 * K, conf.shape[1]))    # positions' confidences, then their survivals, by position
+        cs[:K] = conf
+        # survival = cumprod(conf, axis=1), a position at a time: the same products in the same order
+        cs[K] = conf[0]
         for k in range(1, K):
-            np.multiply(cs[:, K + k - 1], conf[:, k], out=cs[:, K + k])
-        self._cs[at] = cs
-        self._acc[at] = blk.accepted
+            np.multiply(cs[K + k - 1], conf[k], out=cs[K + k])
+        self._cs[at] = cs.T
+        self._acc[at] = accepted
         self._filled[e] = first + B
         self.refills += 1
 

@@ -8,7 +8,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
@@ -16,7 +16,8 @@ from dsparksim.config import RunConfig, jsonable
 from dsparksim.sim.cluster import SimResult, Simulation
 from dsparksim.sim.inputs import engine_limits, max_model_len, resolve_inputs  # noqa: F401  (engine_limits: re-export)
 from dsparksim.sim.streams import RequestStreams
-from dsparksim.results.metrics import bench_serve_json, per_request_table, summarize
+from dsparksim.results.csvtable import table_cells, write_csv_cells
+from dsparksim.results.metrics import bench_serve_json, per_request_table, request_columns, summarize
 from dsparksim.results.outputs import atomic_write, staged_dir
 from dsparksim.traffic import build_workload
 from dsparksim import __version__
@@ -163,7 +164,17 @@ def write_json(path: Path, obj: Any) -> None:
     atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n"))
 
 
-def write_table(path: Path, df: pd.DataFrame) -> None:
+def write_table(path: Path, df: pd.DataFrame | Mapping[str, np.ndarray]) -> None:
+    """A table as CSV (floats ``%.9g``) or Parquet, by ``path``'s suffix. ``df``: a DataFrame or its columns (a
+    dict of arrays: CSV written without pandas, the same bytes, see dsparksim.results.csvtable)."""
+    if isinstance(df, Mapping):
+        cells = table_cells(df) if path.suffix != ".parquet" else None
+        if cells is not None:
+            atomic_write(path, lambda p: write_csv_cells(p, list(df), cells))
+            return
+        import pandas as pd  # lazy: pandas (Parquet, or a column kind only pandas formats)
+
+        df = pd.DataFrame(df)
     if path.suffix == ".parquet":
         atomic_write(path, lambda p: df.to_parquet(p, index=False))
     else:
@@ -222,12 +233,10 @@ def write_run(out: RunOutput, out_dir: str | Path | None, fmt: str = "csv", step
     with staged_dir(final) as d:
         write_json(d / names["config"], {"config": cfg.to_dict(), "inputs": jsonable(out.inputs),
                                          "dsparksim_version": _version()})
-        write_table(d / names["requests"], out.requests())
+        write_table(d / names["requests"], request_columns(out.result))
         write_bench_json(d / names["bench"], bench)
         if steps:
-            import pandas as pd  # lazy: pandas
-
-            write_table(d / names["steps"], pd.DataFrame(out.result.steps))
+            write_table(d / names["steps"], out.result.steps)
         write_json(d / names["summary"], round_floats(out.summary))
         if bench_copy_name:
             write_bench_json(d / bench_copy_name, bench)

@@ -96,6 +96,23 @@ class KeyedRows:
         self._pos += count
         return out
 
+    def halves_by_position(self, count: int) -> np.ndarray:
+        """``halves(count).T`` as a C-contiguous (count, n) array: the same values, one row per half (vectorised
+        math over them then runs along rows of n, not n rows of a few). Rows with nothing drawn yet hash their
+        words in that layout directly."""
+        if self._words_done or self._half.shape[1]:
+            return np.ascontiguousarray(self.halves(count).T)
+        width = max((count + 1) // 2, self._prefetch)     # the words halves(count) would hash
+        w = np.arange(1, width + 1, dtype=np.uint64)
+        self._words_done = width
+        words = mix64(w[:, None] * _G3 + self._base[None, :]).view(np.uint32)   # (width, 2n): lo, hi per row
+        planes = np.empty((2 * width, self.n), np.uint32)
+        planes[0::2] = words[:, 0::2]
+        planes[1::2] = words[:, 1::2]
+        if 2 * width > count:                                # left for later calls, as halves() leaves them
+            self._half, self._pos = np.ascontiguousarray(planes[count:].T), 0
+        return planes[:count]
+
     def _shape(self, size) -> tuple[tuple[int, ...], int]:
         if isinstance(size, (int, np.integer)):
             shape, width = (int(size),), 1
@@ -127,9 +144,9 @@ def uniforms_from_halves(h: np.ndarray) -> np.ndarray:
 def normals_from_halves(h: np.ndarray) -> np.ndarray:
     """32-bit halves -> standard normals (inverse CDF, :func:`_normal_table`)."""
     a, b = _normal_table()
-    idx = (h >> 16).astype(np.intp)
+    idx = np.right_shift(h, 16, dtype=np.intp)    # the high 16 bits, shifted in intp: one pass, no uint32 copy
     z = b.take(idx)
-    z *= h & 0xFFFF
+    z *= np.bitwise_and(h, 0xFFFF)
     z += a.take(idx)
     return z
 
