@@ -58,3 +58,22 @@ def test_more_users_than_requests_do_not_stall_the_start(tmp_path):
     a, b = outs.values()
     for k in ("num_requests_completed", "output_throughput_tok_s", "ttft_mean_s", "tps_user_median"):
         assert a[k] == b[k], k
+
+
+def test_a_date_that_is_not_a_date_is_refused_before_it_reaches_metadata(tmp_path):
+    """`--date` went into the profile's metadata verbatim: `--date 2026-13-04` or `--date yesterday` wrote a
+    profile whose date no tool can read."""
+    runs = tmp_path / "runs.csv"
+    for argv in (["profile", "build", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--out",
+                  str(tmp_path / "p.json")],
+                 ["profile", "fit", str(runs), "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--out",
+                  str(tmp_path / "p.json")]):
+        for bad in ("2026-13-04", "yesterday", "04/12/2026"):
+            o = run_cli([*argv, "--date", bad])
+            assert classify(o) == "error", o.describe()
+            assert "--date" in o.stderr and repr(bad) in o.stderr and "YYYY-MM-DD" in o.stderr, o.stderr
+    assert not (tmp_path / "p.json").exists()
+    o = run_cli(["profile", "build", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--date", "2026-12-04",
+                 "--out", str(tmp_path / "p.json")])
+    assert classify(o) == "ok", o.describe()
+    assert '"date": "2026-12-04"' in (tmp_path / "p.json").read_text()

@@ -118,7 +118,7 @@ def _spec(tmp_path: Path) -> Path:
     return p
 
 
-def test_sweep_results_are_replaced_as_a_set_and_keep_the_cache(tmp_path, monkeypatch):
+def test_sweep_results_are_replaced_as_a_set_and_keep_the_cache(tmp_path, monkeypatch, capsys):
     import dsparksim.sweep.runner as runner
     from dsparksim.results.outputs import result_set_complete
     from dsparksim.sweep import load_spec
@@ -142,6 +142,13 @@ def test_sweep_results_are_replaced_as_a_set_and_keep_the_cache(tmp_path, monkey
     with pytest.raises(KeyboardInterrupt):
         runner.run_sweep(load_spec(spec), out, backend="serial", progress=False)
     assert not result_set_complete(out, "sweep.manifest.json")
+    # through the CLI: exit 130 and one line naming the folder and the manifest that marks the set incomplete
+    capsys.readouterr()
+    assert main(["sweep", str(spec), "--out", str(out), "--backend", "serial", "--quiet"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("dsparksim: interrupted while writing the result files in"), err
+    assert str(out) in err[0] and "sweep.manifest.json marks the set incomplete" in err[0], err
+    assert json.loads((out / "sweep.manifest.json").read_text())["complete"] is False
     monkeypatch.setattr(pd.DataFrame, "to_csv", real)
     # the rerun resumes from the kept cache and completes the set; a results.parquet it no longer writes goes
     monkeypatch.setattr(runner, "have_parquet", lambda: False)

@@ -927,8 +927,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         _stderr_line(f"dsparksim: error: {one_line(extra)}")
         return 2
-    except KeyboardInterrupt:  # pool workers ignore SIGINT and are terminated by the backend on the way out
-        _stderr_line("dsparksim: interrupted")
+    except KeyboardInterrupt as e:  # pool workers ignore SIGINT and are terminated by the backend on the way out
+        # a plain Ctrl-C has no message; one raised while result files were written says which set is incomplete
+        _stderr_line(f"dsparksim: interrupted {e}" if str(e) else "dsparksim: interrupted")
         return 130
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): no traceback, and stdout must not be flushed again at exit.

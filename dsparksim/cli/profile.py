@@ -15,6 +15,7 @@ import numpy as np
 
 from dsparksim.cli.options import add_seed_option, bar_off
 from dsparksim.errors import InputError
+from dsparksim.io.options import iso_date
 from dsparksim.cost.profile import CostProfile, dumps_profile, list_profiles, load_profile, profile_from_dict, profile_path, profile_to_dict, shipped_dir
 from dsparksim.cost.profile_import import (FORMATS, LOOKUPS, complete_profile, import_sps_table, parse_drafter_cost,
                                       run_readiness)
@@ -104,7 +105,7 @@ def _register_build(sub: Any) -> None:
     b.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="fraction of GPU memory the engine may use, as vLLM's flag [0.9]")
     b.add_argument("--name", help="profile name (default: built-<gpu>-<model>-<parallelism>)")
-    b.add_argument("--date", help="date written into metadata (default today; fix it for reproducible files)")
+    b.add_argument("--date", type=iso_date, help="date written into metadata (default today; fix it for reproducible files)")
     b.add_argument("--out", required=True, help="profile JSON to write (never the --model config; an existing file "
                                                 "only if dsparksim wrote it, with --force)")
     b.add_argument("--force", action="store_true",
@@ -484,7 +485,7 @@ def _register_fit(sub: Any) -> None:
                    help="whether the server's steps mixed prefill chunks with decode [each run's engine default: "
                         "off for SGLang (--enable-mixed-chunk defaults to off), on otherwise]")
     f.add_argument("--name", help="profile name [fitted-<gpu>x<tp>-<model>]")
-    f.add_argument("--date", help="date written into metadata [today]")
+    f.add_argument("--date", type=iso_date, help="date written into metadata [today]")
     f.add_argument("--out", required=True, metavar="P.json", help="profile JSON to write (never overwritten "
                                                                     "unless it is one this command wrote and "
                                                                     "--force is given)")

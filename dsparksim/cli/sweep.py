@@ -9,7 +9,7 @@ from dsparksim.cli.options import add_backend_options, bar_off
 from dsparksim.cli.main import flag_given
 from dsparksim.cli.plan import register as register_plan
 from dsparksim.config import pos_float
-from dsparksim.results.outputs import claim_result_set, write_result_set
+from dsparksim.results.outputs import WriteInterrupted, claim_result_set, write_result_set
 
 
 def _backend_args(p: argparse.ArgumentParser, default: str = "local") -> None:
@@ -29,6 +29,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         res = run_sweep(spec, args.out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
                         progress=not bar_off(args))
+    except WriteInterrupted:   # the cells are done; main() says which result set is left incomplete
+        raise
     except KeyboardInterrupt:
         print(f"dsparksim: interrupted: finished cells are saved in {args.out}/cells; run the same command again "
               "to resume", file=sys.stderr)

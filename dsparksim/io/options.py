@@ -5,6 +5,7 @@ The lowest layer of configuration: ``dsparksim.config`` (RunConfig, EngineConfig
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -59,6 +60,18 @@ def pos_int(s: str) -> int:
 def nonneg_int(s: str) -> int:
     """Option parser: an integer >= 0."""
     return number(s, int, 0, False, "an integer >= 0")
+
+
+def iso_date(s: str) -> str:
+    """Option parser: an ISO 8601 date (``2026-12-04``) or date and time, returned as written (it goes into
+    metadata verbatim, so a typo such as ``2026-13-04`` must not)."""
+    for parse in (_dt.date.fromisoformat, _dt.datetime.fromisoformat):
+        try:
+            parse(s)
+            return s
+        except ValueError:
+            pass
+    raise argparse.ArgumentTypeError(f"expected an ISO 8601 date (YYYY-MM-DD), got {s!r}")
 
 
 # ------------------------------------------------------------------------------------------ option metadata

@@ -374,6 +374,10 @@ def replace_dir(new: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+class WriteInterrupted(KeyboardInterrupt):
+    """Ctrl-C while a result set was being replaced; the message names the folder and its incomplete manifest."""
+
+
 def write_result_set(out: str | Path, files: Mapping[str, Callable[[Path], None]], manifest: str,
                      stale: tuple[str, ...] = (), status: Mapping[str, object] | None = None) -> dict[str, Path]:
     """Replace a set of result files in ``out`` as a unit: mark the manifest pending, write each file atomically, remove
@@ -392,9 +396,16 @@ def write_result_set(out: str | Path, files: Mapping[str, Callable[[Path], None]
                "files": {**claimed, **{n: None for n in files}}}
     atomic_write(d / manifest, lambda p: p.write_text(json.dumps(pending, indent=1) + "\n"))
     paths = {}
-    for name, write in files.items():
-        paths[name] = d / name
-        atomic_write(d / name, write)
+    try:
+        for name, write in files.items():
+            paths[name] = d / name
+            atomic_write(d / name, write)
+    except KeyboardInterrupt as e:
+        # Each file is whole (atomic), but the set may now mix this run's files and an earlier run's: say so, and
+        # leave the pending manifest (complete: false) as the record.
+        raise WriteInterrupted(f"while writing the result files in {str(d)!r}: {manifest} marks the set "
+                               f"incomplete (complete: false; {len(paths) - 1} of {len(files)} files replaced); "
+                               "run the same command again to write it whole") from e
     for name in stale:
         if name not in files:
             (d / name).unlink(missing_ok=True)
