@@ -394,8 +394,9 @@ class RunConfig:
             return cls(engine=EngineConfig(**sect["engine"]), traffic=traffic, **sect["run"])
         except ConfigError as e:
             # the dataclasses name their fields (block_size); a command line names its flag (--num-speculative-tokens)
-            key = next((k for k, s in specs.items() if s.field == e.field), None)
-            if key is None or e.source != "config":
+            sections = {"config": ("run", "engine"), TrafficConfig.__name__: ("traffic",)}.get(e.source, ())
+            key = next((k for k, s in specs.items() if s.field == e.field and s.section in sections), None)
+            if key is None:
                 raise
             raise bad(key, e.message) from None
 

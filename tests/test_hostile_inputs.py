@@ -77,3 +77,12 @@ def test_a_date_that_is_not_a_date_is_refused_before_it_reaches_metadata(tmp_pat
                  "--out", str(tmp_path / "p.json")])
     assert classify(o) == "ok", o.describe()
     assert '"date": "2026-12-04"' in (tmp_path / "p.json").read_text()
+
+
+def test_a_traffic_error_from_the_command_line_names_the_flag_not_the_dataclass_field(tmp_path):
+    """The traffic section's checks named `TrafficConfig: field 'num_warmup_prompts'` for a value typed as
+    --num-warmup-prompts (the engine and run sections already named their flags)."""
+    o = run_cli(["run", "--num-warmup-prompts", "5", "--quiet", "--out", str(tmp_path / "o")])
+    assert classify(o) == "error", o.describe()
+    assert "command line: field '--num-warmup-prompts'" in o.stderr and "TrafficConfig" not in o.stderr, o.stderr
+    assert not (tmp_path / "o").exists()
