@@ -20,6 +20,10 @@ from dsparksim.io.options import (  # noqa: F401  (re-exported: the run options'
 
 
 # ------------------------------------------------------------------------------------------- run options
+# which option sections a config error's source checks (the dataclasses' own ConfigError sources)
+_SECTIONS_OF_SOURCE = {"config": ("run", "engine"), "TrafficConfig": ("traffic",)}
+
+
 def _section_classes() -> dict[str, type]:
     from dsparksim.traffic.config import TrafficConfig  # lazy: keeps this module import-light
 
@@ -390,12 +394,11 @@ class RunConfig:
         # Closed loop needs no pool: requests are generated lazily as users need them (traffic.base), so a cell
         # never depends on the other load levels of a frontier or sweep.
         try:
-            traffic = TrafficConfig(**t)
-            return cls(engine=EngineConfig(**sect["engine"]), traffic=traffic, **sect["run"])
+            return cls(traffic=TrafficConfig(**t), engine=EngineConfig(**sect["engine"]), **sect["run"])  # traffic checked first
         except ConfigError as e:
             # the dataclasses name their fields (block_size); a command line names its flag (--num-speculative-tokens)
-            sections = {"config": ("run", "engine"), TrafficConfig.__name__: ("traffic",)}.get(e.source, ())
-            key = next((k for k, s in specs.items() if s.field == e.field and s.section in sections), None)
+            key = next((k for k, s in specs.items() if s.field == e.field
+                        and s.section in _SECTIONS_OF_SOURCE.get(e.source, ())), None)
             if key is None:
                 raise
             raise bad(key, e.message) from None

@@ -86,3 +86,15 @@ def test_a_traffic_error_from_the_command_line_names_the_flag_not_the_dataclass_
     assert classify(o) == "error", o.describe()
     assert "command line: field '--num-warmup-prompts'" in o.stderr and "TrafficConfig" not in o.stderr, o.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_sweep_cell_with_fixed_k_above_its_block_size_is_refused_before_any_cell_runs(tmp_path):
+    """`run`, `frontier` and `plan` refuse fixed:k above K; a sweep crossing fixed:7 with block_size 3 ran the
+    K=3 cells as fixed:3 under the name fixed:7."""
+    spec = tmp_path / "s.toml"
+    spec.write_text('[sweep]\nname = "t"\n[base]\nduration_s = 2.0\n[axes]\npolicy = ["mtp1", "fixed:7"]\n'
+                    'block_size = [3, 7]\nconcurrency = [4]\n')
+    o = run_cli(["sweep", str(spec), "--out", str(tmp_path / "o"), "--quiet"])
+    assert classify(o) == "error", o.describe()
+    assert str(spec) in o.stderr and "policy=fixed:7, block_size=3" in o.stderr and "k <= 3" in o.stderr, o.stderr
+    assert not (tmp_path / "o").exists()

@@ -41,6 +41,7 @@ from dsparksim.sweep.cells import expand
 from dsparksim.acceptance import load_acceptance
 from dsparksim.cost.profile import load_profile
 from dsparksim.policies import make_policy
+from dsparksim.policies.fixed import Fixed
 from dsparksim.sim.inputs import check_deployment
 from dsparksim.sim.reads import DRAFT_OPTIONS, engine_reads_router, unread_by_all
 from dsparksim.sim.routers import router_class
@@ -241,6 +242,7 @@ def _check_semantics(spec: SweepSpec, check_inputs: bool) -> None:
         _check_inputs(spec)
     cells = expand(spec)  # builds every RunConfig: raises ConfigError naming the spec and the cell's values
     _check_unread(spec)   # after the values themselves are known valid
+    _check_fixed_lengths(spec, cells)
     if check_inputs:
         _check_deployments(spec, cells)
 
@@ -263,6 +265,19 @@ def _check_unread(spec: SweepSpec) -> None:
         if not any(engine_reads_router(r, d) for r in reps for d in dps):
             raise ConfigError(spec.source, vals[0][0].split("[")[0], "has no effect on one engine (every cell "
                               "runs replicas x dp_ranks = 1): set replicas or dp_ranks above 1, or remove it")
+
+
+def _check_fixed_lengths(spec: SweepSpec, cells: list) -> None:
+    """A ``fixed:k`` cell with k above its block size K would run as fixed:K under its own name (the policy verifies
+    min(k, K)): refused, naming the cell, as `run`, `frontier` and `plan` refuse it."""
+
+    for cell in cells:
+        pol, K = make_policy(cell.config.policy), cell.config.engine.block_size
+        if isinstance(pol, Fixed) and pol.k > K:
+            where = ", ".join(f"{k}={v}" for k, v in cell.key.items()) or "base"
+            raise ConfigError(spec.source, f"cell {where}", f"{pol.spec} verifies {pol.k} draft tokens but a block "
+                              f"holds only K={K} (block_size); expected fixed:k with k <= {K} (a fixed length "
+                              "that follows K needs one sweep per block size)")
 
 
 def _check_deployments(spec: SweepSpec, cells: list) -> None:
