@@ -98,3 +98,13 @@ def test_a_sweep_cell_with_fixed_k_above_its_block_size_is_refused_before_any_ce
     assert classify(o) == "error", o.describe()
     assert str(spec) in o.stderr and "policy=fixed:7, block_size=3" in o.stderr and "k <= 3" in o.stderr, o.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_failing_frontier_cell_is_named_by_its_policy_and_load_level(tmp_path):
+    """One level of --concurrency-levels far past saturation failed with '(lower --concurrency)', an option
+    frontier does not have, without saying which of the levels it was."""
+    o = run_cli(["frontier", "--policies", "none,mtp1", "--concurrency-levels", "1,3000000", "--duration", "1",
+                 "--out", str(tmp_path / "f"), "--quiet"])
+    assert classify(o) == "error", o.describe()
+    assert "[frontier cell: policy " in o.stderr and "3000000 users]" in o.stderr, o.stderr
+    assert not (tmp_path / "f").exists()

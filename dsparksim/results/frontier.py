@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from dsparksim.config import EngineConfig, RunConfig
-from dsparksim.errors import ConfigError
+from dsparksim.errors import ConfigError, InputError
 
 X, Y = "output_throughput_tok_s", "tps_user_median"
 DEFAULT_POLICIES = ("none", "mtp1", "fixed:7", "threshold:0.5", "goodput", "confidence", "confidence-async:2", "oracle")
@@ -74,13 +74,24 @@ def run_cells(cfgs: list[RunConfig], jobs: int = 1, on_done: Callable[[], None] 
 
     def on_result(res: dict[str, Any]) -> None:
         if not res["ok"]:
-            raise cell_exception(res)  # the backend cancels the rest
+            raise _naming_cell(cell_exception(res), cfgs[res["index"]])  # the backend cancels the rest
         out[res["index"]] = res["summary"]
         if on_done:
             on_done()
 
     make_backend(name, jobs, ray_address).run([Task(i, c) for i, c in enumerate(cfgs)], on_result)
     return out  # type: ignore[return-value]
+
+
+def _naming_cell(e: BaseException, cfg: RunConfig) -> BaseException:
+    """A cell's configuration error with the cell (policy and load level) named: a frontier runs many cells, and
+    the one that failed is not the command line's value (e.g. one level of --concurrency-levels)."""
+    if type(e) not in (ConfigError, InputError):   # subclasses and other errors stay as they are
+        return e
+    t = cfg.traffic
+    load = (f"{t.concurrency} users" if t.mode == "closed" else f"rate {t.rate:g}/s" if t.rate is not None
+            else f"time scale {t.time_scale:g}")
+    return type(e)(e.source, e.field, f"{e.message} [frontier cell: policy {cfg.policy}, {load}]", e.line)
 
 
 def pareto_mask(x: np.ndarray, y: np.ndarray, eligible: np.ndarray | None = None) -> np.ndarray:
