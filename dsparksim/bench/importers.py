@@ -70,7 +70,7 @@ FILLED_BY: dict[str, dict[str, str]] = {
     },
     "sglang": {
         "source_ref": "tag", "model": "server_info.served_model_name or model_path", "tp": "server_info.tp_size",
-        "ep": "server_info.ep_size", "dp_attention": "server_info.enable_dp_attention",
+        "ep": "server_info.ep_size", "dp_attention": "server_info.enable_dp_attention (dp_size != tp_size refused)",
         "gpu_count": "server_info: tp_size x pp_size (x dp_size without DP attention)",
         "engine": "backend (sglang*, vllm*, trt -> trtllm, lmdeploy*)", "engine_version": "server_info.version",
         "spec_method": "server_info.speculative_algorithm (null -> none)",
