@@ -28,7 +28,9 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dsparksim.bench.client import engine_mixes_prefill  # noqa: E402
+from dsparksim.bench.client import ServerSettings, engine_mixes_prefill  # noqa: E402
+from dsparksim.bench.replay import replay  # noqa: E402
+from dsparksim.cost.analytic.calibration import FAMILIES, Calibration  # noqa: E402
 from dsparksim.bench.importers import import_files  # noqa: E402
 from dsparksim.bench.runs import runs_frame, write_runs  # noqa: E402
 from dsparksim.cost.analytic.builder import build_profile  # noqa: E402
@@ -49,13 +51,18 @@ GROUP = ["gpu", "engine", "engine_version", "tp", "ep"]
 TARGET_LOCO, TARGET_MTP, MIN_CONC = 0.08, 0.15, 4
 
 
-def server(hw: str, fw: str, tp: int, ep: int) -> dict:
-    """Server settings from the data README (launch scripts); what is not stated there stays the builder's."""
+def server(hw: str, fw: str, tp: int, ep: int, dp: int = 1, workload: tuple[int, int, int] | None = None) -> dict:
+    """Server settings from the data README (launch scripts); what is not stated there stays the builder's.
+    ``tp``: the engine's GPUs (the runs table's tp); ``dp`` > 1: attention DP over them (each rank's GPUs hold the
+    whole attention, so the memory the weights leave is that of a ``tp/dp``-GPU rank of the DP build).
+    ``workload`` (isl, osl, concurrency): one run's settings where the launch script sets them per workload (B200
+    TensorRT-LLM 1k/8k c >= 256); None = the group's (as the fits use)."""
+    par = {"tp": tp // dp, "ep": ep, "dp": dp}
     if hw == "h200" and fw == "sglang":   # memory fraction 0.82, chunked prefill 32768 (above the profile's budget)
         return {"mem_fraction_static": 0.82, "note": "mem fraction 0.82; chunked prefill 32768 capped at the "
                 "profile's 16384-token budget; max running 512/256 (never binding below c=256)"}
     if hw == "h200" and fw == "trtllm":      # FP8 KV, free-memory fraction 0.75 of what the weights leave
-        d = build_profile(MODEL, "H200", tp=tp, ep=ep, kv_dtype="fp8")
+        d = build_profile(MODEL, "H200", **par, kv_dtype="fp8")
         total = d["metadata"]["build"]["gpu_figures"]["memory_GiB"]
         w = sum(d["metadata"]["build"]["memory"]["weights_GiB_per_gpu"].values())
         f = (0.75 * (total - w) + w) / total      # KV = 0.75 of what the weights leave = total*f - weights
@@ -75,7 +82,9 @@ def server(hw: str, fw: str, tp: int, ep: int) -> dict:
         # 8320-8512 at 8k/1k: one 8k prompt per step in every case), max_batch_size left at the default 2048;
         # the script as committed, assumed for every image (earlier images may have run other settings)
         free = 0.75 if tp == 4 else 0.8
-        d = build_profile(MODEL, "B200", tp=tp, ep=ep, kv_dtype="fp8")
+        if workload is not None and workload[:2] == (1024, 8192) and workload[2] >= 256:
+            free = 0.7                       # the script's 1k/8k c >= 256 setting (with DeepGEMM MoE)
+        d = build_profile(MODEL, "B200", **par, kv_dtype="fp8")
         total = d["metadata"]["build"]["gpu_figures"]["memory_GiB"]
         w = sum(d["metadata"]["build"]["memory"]["weights_GiB_per_gpu"].values())
         f = (free * (total - w) + w) / total      # KV = free x what the weights leave = total*f - weights
@@ -138,6 +147,20 @@ SHIP_IF_MET = {("b200", "sglang", "lmsysorg/sglang:v0.5.12-cu130", 8, 1),
                ("b200", "trtllm", "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc14", 8, 1)}
 
 
+def fit_options(key: tuple, s: dict, bootstrap: int, mixed: str = "auto") -> FitOptions:
+    """`profile fit`'s options for one (gpu, engine, image, tp, ep) group of MTP-off rows without DP attention,
+    with its server settings ``s`` (:func:`server`)."""
+    hw, fw, image, tp, ep = key
+    return FitOptions(model=str(MODEL), gpu=hw.upper(), tp=int(tp), ep=int(ep), bootstrap=bootstrap,
+                      where=(("gpu", hw), ("engine", fw), ("engine_version", image), ("tp", str(tp)),
+                             ("ep", str(ep)), ("spec_method", "none"), ("dp_attention", "false")),
+                      max_num_seqs=512, mem_fraction_static=s.get("mem_fraction_static"),
+                      kv_dtype=s.get("kv_dtype"), prefill_chunk_tokens=s.get("prefill_chunk_tokens"),
+                      name=ship_name(hw, fw, image, int(tp), int(ep)), date="2026-12-03",
+                      model_label="dsparksim/data/models/deepseek-v3.json",
+                      mixed_prefill={"auto": None, "on": True, "off": False}[mixed])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(DATA))
@@ -151,7 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mixed-prefill", choices=("auto", "on", "off"), default="auto",
                     help="steps mix prefill with decode: auto = each engine's default (SGLang off, TRT-LLM on) "
                          "[%(default)s]")
+    ap.add_argument("--only", choices=("dp",), default=None,
+                    help="dp: only the DP-attention section (its groups' fits and predictions), printed; writes "
+                         "nothing")
     a = ap.parse_args(argv)
+    if a.only == "dp":
+        return main_dp(a)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     runs_csv = out / "runs.csv"          # the InferenceX rows as a runs table (`dsparksim bench import`)
@@ -164,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     allrows = runs_frame(imported)
     df = allrows[(allrows.spec_method == "none") & (~allrows.dp_attention.astype(bool))
                  & allrows.gpu.isin(a.hardware.split(","))]
-    groups, rows, skipped, mtp_rows = [], [], [], []
+    groups, rows, skipped, mtp_rows, coefs = [], [], [], [], {}
     stream_acc, stream_recs = stream_acceptance(a.data, allrows)
     t_all = time.perf_counter()
     for key, g in df.groupby(GROUP):
@@ -176,13 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             skipped.append((key, f"{len(conc)} concurrency: no leave-one-concurrency-out"))
             continue
         s = server(hw, fw, int(tp), int(ep))
-        opt = FitOptions(model=str(MODEL), gpu=hw.upper(), tp=int(tp), ep=int(ep), bootstrap=a.bootstrap,
-                         where=(("gpu", hw), ("engine", fw), ("engine_version", image), ("tp", str(tp)),
-                                ("ep", str(ep)), ("spec_method", "none"), ("dp_attention", "false")),
-                         max_num_seqs=512, mem_fraction_static=s.get("mem_fraction_static"),
-                         kv_dtype=s.get("kv_dtype"), prefill_chunk_tokens=s.get("prefill_chunk_tokens"), name=ship_name(hw, fw, image, int(tp), int(ep)),
-                         date="2026-12-03", model_label="dsparksim/data/models/deepseek-v3.json",
-                         mixed_prefill={"auto": None, "on": True, "off": False}[a.mixed_prefill])
+        opt = fit_options(key, s, a.bootstrap, a.mixed_prefill)
         t0 = time.perf_counter()
         print(f"fitting {hw} {fw} {image} tp{tp} ep{ep}: {len(g)} rows, concurrencies {conc}", flush=True)
         try:
@@ -216,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"gpu": hw, "engine_version": image, "tp": tp, "ep": ep, "run_id": r["run_id"],
                          "concurrency": r["concurrency"], "metric": r["metric"], "measured": r["measured"],
                          "fitted": r["predicted"], "loco_predicted": loco_by.get((r["run_id"], r["metric"]))})
+        coefs[key] = rep["result"].coef
         fitted_prof = profile_from_dict(d, opt.name)
         mtp_rows += predict_mtp(allrows, key, fitted_prof, opt)
         if key in CROSS:
@@ -230,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.ship and (key in SHIP or (key in SHIP_IF_MET and rec["target_met"])):
             p = save_profile(d, REPO / "profiles" / f"{opt.name}.json")
             print(f"  shipped {p}")
+    print("DP-attention rows (cross-configuration check)", flush=True)
+    DP = dp_predict(allrows, coefs, a.hardware)
+    DP.to_csv(out / "dp_attention.csv", index=False)
     G, R, T = pd.DataFrame(groups), pd.DataFrame(rows), pd.DataFrame(mtp_rows)
     if len(T):
         T["rel_error"] = T.predicted / T.measured - 1
@@ -240,8 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     sel = " ".join(x for x in (f"--hardware {a.hardware}" if a.hardware != "h200,b200" else "",
                                f"--images {a.images}" if a.images else "") if x)
     (out / "REPORT.md").write_text(report(G, T, skipped, time.perf_counter() - t_all,
-                                          a.mixed_prefill, sel, stream_recs), encoding="utf-8")
-    print(f"wrote {out / 'REPORT.md'}, groups.csv, rows.csv")
+                                          a.mixed_prefill, sel, stream_recs, dp_section(DP)), encoding="utf-8")
+    print(f"wrote {out / 'REPORT.md'}, groups.csv, rows.csv, mtp_on.csv, dp_attention.csv")
     return 0
 
 
@@ -286,6 +312,161 @@ def predict_mtp(allrows: pd.DataFrame, key: tuple, prof, opt: FitOptions, image:
                             "workload": f"{spec.input_len}/{spec.output_len}", "policy": m.policy, "metric": metric,
                             "measured": float(v), "predicted": lr.metric(metric, np.array([1.0]))})
     return out
+
+
+# ------------------------------------------------------------------------------- DP-attention rows (cross-config)
+DP_METRICS = ("output_throughput_per_gpu", "median_tpot_ms", "mean_tpot_ms", "median_ttft_ms")
+DP_KEYS = GROUP + ["random_input_len", "random_output_len", "max_concurrency", "num_prompts", "num_warmup_prompts"]
+
+
+def dp_fit_group(allrows: pd.DataFrame, key: tuple) -> tuple | None:
+    """The MTP-off group without DP attention whose fitted family scales a DP-attention configuration ``key``
+    (gpu, engine, image, tp, ep) borrows: same gpu, engine image and TP; the same EP where that group has >= 2
+    concurrencies (it is fitted), else the fitted group of that TP with the most rows; None if the image has none."""
+    hw, fw, image, tp, ep = key
+    g = allrows[(allrows.gpu == hw) & (allrows.engine == fw) & (allrows.engine_version == image)
+                & (allrows.tp == tp) & (allrows.spec_method == "none") & (~allrows.dp_attention.astype(bool))]
+    cands = sorted((int(e) != int(ep), -len(t), int(e)) for e, t in g.groupby("ep") if t.max_concurrency.nunique() >= 2)
+    return (hw, fw, image, int(tp), cands[0][2]) if cands else None
+
+
+def calibration_of(coef: np.ndarray) -> Calibration:
+    """The calibration `profile fit` builds from its coefficients (PARAMS order), as run_fit does."""
+    scales = {p: float(coef[PARAMS.index(p)]) for p in FAMILIES if coef[PARAMS.index(p)] != 1.0}
+    lat = float(coef[PARAMS.index("request_latency_s")])
+    return Calibration(scales=scales, fixed_overhead_s=float(coef[PARAMS.index("fixed_overhead_s")]),
+                       request_latency_s=lat if lat > 0 else None)
+
+
+def dp_variants(allrows: pd.DataFrame, key: tuple, workload: tuple, coefs: dict) -> list[tuple]:
+    """(label, profile, server settings, fit group or None, row overrides) of each prediction of one DP-attention
+    configuration: the builder's DP-rank profile (as ``built-h200x8-deepseek-v3-dp8ep8``, with the launch script's
+    KV settings); the same with the family scales of the image's fitted group (:func:`dp_fit_group`); and, for
+    reference, that group's fitted TP profile simulating the run as one TP engine (what `bench replay` did before
+    it knew DP attention)."""
+    hw, fw, image, tp, ep = key
+    s = server(hw, fw, int(tp), int(ep), dp=int(tp), workload=workload)
+    fkey = dp_fit_group(allrows, key)
+    out = []
+    for label, cal in (("builder", None), ("fitted scales", calibration_of(coefs[fkey]) if fkey in coefs else None)):
+        if label != "builder" and cal is None:
+            continue
+        d = build_profile(MODEL, hw.upper(), tp=1, ep=int(ep), dp=int(tp), kv_dtype=s.get("kv_dtype"),
+                          calibration=cal, date="2026-12-04", model_label="dsparksim/data/models/deepseek-v3.json")
+        out.append((label, profile_from_dict(d, d["name"]), s, fkey if cal else None, {}))
+    if fkey in coefs:
+        st = server(hw, fw, int(tp), fkey[4], workload=workload)
+        d = build_profile(MODEL, hw.upper(), tp=int(tp), ep=fkey[4], kv_dtype=st.get("kv_dtype"),
+                          calibration=calibration_of(coefs[fkey]), date="2026-12-04",
+                          model_label="dsparksim/data/models/deepseek-v3.json")
+        out.append(("TP engine (reference)", profile_from_dict(d, d["name"]), st, fkey,
+                    {"dp_attention": False, "ep": fkey[4]}))
+    return out
+
+
+def dp_predict(allrows: pd.DataFrame, coefs: dict, hardware: str = "h200,b200") -> pd.DataFrame:
+    """Every MTP-off DP-attention run predicted by `bench replay` (one simulation per configuration: its runs
+    differ only in date) with each of :func:`dp_variants`; nothing is fitted on them. One row per run, variant and
+    measured metric. ``coefs``: {(gpu, engine, image, tp, ep): fitted coefficients} of the MTP-off groups."""
+    dp = allrows[allrows.dp_attention.astype(bool) & (allrows.spec_method == "none")
+                 & allrows.gpu.isin(hardware.split(","))]
+    out = []
+    for k, g in dp.groupby(DP_KEYS, dropna=False):
+        key, workload = tuple(k[:5]), (int(k[5]), int(k[6]), int(k[7]))
+        for label, prof, s, fkey, over in dp_variants(allrows, key, workload, coefs):
+            srv = ServerSettings(mem_fraction_static=s.get("mem_fraction_static"), max_running_requests=512,
+                                 chunked_prefill_size=int(s.get("prefill_chunk_tokens") or prof.max_tokens))
+            t0 = time.perf_counter()
+            rep = replay([{**g.iloc[0].to_dict(), **over}], prof, server=srv, seed=0).iloc[0]
+            print(f"  DP {key[0]} {key[2].split(':')[-1]} {workload}: {label} {time.perf_counter() - t0:.0f} s",
+                  flush=True)
+            for _, r in g.iterrows():
+                for m in DP_METRICS:
+                    if pd.notna(r[m]) and r[m] > 0:
+                        out.append({"gpu": key[0], "engine_version": key[2], "tp": key[3], "ep": key[4],
+                                    "workload": f"{workload[0]}/{workload[1]}", "concurrency": workload[2],
+                                    "run_id": r.run_id, "date": r.measurement_date, "variant": label,
+                                    "profile": prof.name, "dp_ranks": int(rep.dp_ranks), "router": rep.dp_router,
+                                    "scales_from": "" if fkey is None else f"tp{fkey[3]} ep{fkey[4]}",
+                                    "metric": m, "measured": float(r[m]), "predicted": float(rep[f"simulated_{m}"])})
+    D = pd.DataFrame(out)
+    if len(D):
+        D["rel_error"] = D.predicted / D.measured - 1
+    return D
+
+
+def _cell(t: pd.DataFrame) -> str:
+    """'predicted (median error over the runs)' of one variant and metric; '-' when there is none."""
+    if not len(t):
+        return "-"
+    return f"{t.predicted.iloc[0]:.4g} ({t.rel_error.median():+.1%})"
+
+
+def dp_section(D: pd.DataFrame) -> list[str]:
+    """The report section of :func:`dp_predict`'s rows."""
+    lines = ["", "## DP-attention rows: a cross-configuration check (nothing fitted on them)", "",
+             "MTP-off runs with attention data parallelism (`dp_attention` true: TensorRT-LLM `enable_attention_dp`, "
+             "every one of the engine's tp GPUs an attention rank; MoE EP over all of them) replayed by `dsparksim "
+             "bench replay` as the engine ran them: tp DP ranks stepped in lockstep (`--dp-ranks`, the step takes "
+             "the slowest rank's time), each batching its own requests, new requests spread as TensorRT-LLM "
+             "balances them (`least-outstanding`). Predictions: **builder** = the builder's profile of one DP rank "
+             "(`profile build --tp 1 --ep EP --dp tp`, as `built-h200x8-deepseek-v3-dp8ep8`) with the launch "
+             "script's FP8 KV and memory fraction; **fitted scales** = the same build calibrated with the family "
+             "scales, fixed overhead and request latency `profile fit` gives the same image's MTP-off runs without "
+             "DP attention (group named in 'scales from'); **TP engine (reference)** = that group's fitted profile "
+             "simulating the run as one TP engine, what `bench replay` silently did before it read `dp_attention` "
+             "(not the deployment that ran). A family scale multiplies every term of its family wherever the "
+             "builder prices it, so applying a TP group's scales to the DP build is well defined; whether the "
+             "kernels behave the same is what this checks (`comm` is TP all-reduce there and EP all-to-all here; "
+             "`attention` reads each rank's own requests' KV here). One simulation per configuration (its runs "
+             "differ only in date, seed 0); cells: predicted (median error over the runs). TPOT is the median "
+             "(history rows publish no mean); the one run with a mean TPOT is in dp_attention.csv.", ""]
+    if not len(D):
+        return lines + ["No DP-attention run selected."]
+    variants = list(dict.fromkeys(D.variant))
+    lines += ["| gpu | image | workload | conc. | runs | scales from | metric | measured (median) | "
+              + " | ".join(variants) + " |", "|---|---|---|---|---|---|---|---|" + "---|" * len(variants)]
+    for (g, im, wl, c), t in D.groupby(["gpu", "engine_version", "workload", "concurrency"], sort=False):
+        sf = next((x for x in t.scales_from if x), "-")
+        for m in ("output_throughput_per_gpu", "median_tpot_ms", "median_ttft_ms"):
+            tm = t[t.metric == m]
+            if not len(tm):
+                continue
+            meas = tm.drop_duplicates("run_id").measured.median()
+            cells = [_cell(tm[tm.variant == v]) for v in variants]
+            lines.append(f"| {g} | {im.split(':')[-1]} | {wl} | {c} | {tm.run_id.nunique()} | {sf} | {m} | "
+                         f"{meas:.4g} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def dp_fits(runs_csv: Path, allrows: pd.DataFrame, hardware: str, mixed: str = "auto") -> dict:
+    """The coefficients of the MTP-off groups the DP-attention runs borrow scales from (:func:`dp_fit_group`),
+    fitted as the main loop fits them (no bootstrap: it leaves the coefficients as they are)."""
+    dp = allrows[allrows.dp_attention.astype(bool) & (allrows.spec_method == "none")
+                 & allrows.gpu.isin(hardware.split(","))]
+    keys = {dp_fit_group(allrows, tuple(k)) for k, _ in dp.groupby(GROUP)} - {None}
+    coefs = {}
+    for key in sorted(keys):
+        print(f"fitting {' '.join(map(str, key))} (scales for the DP-attention section)", flush=True)
+        _, rep = run_fit(runs_csv, fit_options(key, server(key[0], key[1], key[3], key[4]), 0, mixed))
+        coefs[key] = rep["result"].coef
+    return coefs
+
+
+def main_dp(a: argparse.Namespace) -> int:
+    """``--only dp``: the DP-attention section alone (its fits, its predictions), printed; nothing written."""
+    import tempfile  # local: only this mode needs a scratch runs table
+
+    with tempfile.TemporaryDirectory() as tmp:
+        runs_csv = Path(tmp) / "runs.csv"
+        imported = import_files([a.data])
+        write_runs(imported, runs_csv)
+        allrows = runs_frame(imported)
+        t0 = time.perf_counter()
+        D = dp_predict(allrows, dp_fits(runs_csv, allrows, a.hardware, a.mixed_prefill), a.hardware)
+    print("\n".join(dp_section(D)))
+    print(f"\n(--only dp: {time.perf_counter() - t0:.0f} s)")
+    return 0
 
 
 def _mtp_errors(t: pd.DataFrame) -> tuple[float, float]:
@@ -345,7 +526,7 @@ def stream_section(T: pd.DataFrame, recs: list[dict]) -> list[str]:
 
 
 def report(G: pd.DataFrame, T: pd.DataFrame, skipped: list, seconds: float, mixed: str = "auto",
-           selection: str = "", stream_recs: list | None = None) -> str:
+           selection: str = "", stream_recs: list | None = None, dp_lines: list[str] | None = None) -> str:
     gated = G[G.target_applies]
     met = gated[gated.target_met == True]  # noqa: E712
     lines = ["# `profile fit` on InferenceX DeepSeek-R1-0528 (issue 30 part 6)", "",
@@ -415,9 +596,11 @@ def report(G: pd.DataFrame, T: pd.DataFrame, skipped: list, seconds: float, mixe
         lines.append("No fitted group has MTP-on runs.")
     lines += ["", "Skipped groups:" + ("" if skipped else " none (every group with >= 2 concurrencies was fitted)."),
               ""] + [f"- {' '.join(map(str, k))}: {why}" for k, why in skipped]
-    lines += ["", "- DP-attention rows are not fitted: lockstep DP ranks price a step at the slowest rank (a max), "
-              "which the exact linear re-pricing does not cover.",
-              "", f"Total wall time {seconds:.0f} s.", ""]
+    lines += ["", "- DP-attention rows are not fitted (lockstep DP ranks price a step at the slowest rank, a max, "
+              "which the exact linear re-pricing does not cover); they are predicted in the next section, from "
+              "the builder's DP-rank profile and from their image's MTP-off fit, as a check."]
+    lines += dp_lines or []
+    lines += ["", f"Total wall time {seconds:.0f} s.", ""]
     return "\n".join(lines)
 
 

@@ -147,6 +147,11 @@ def test_sglang_dp_attention_and_dp_replicas_count_gpus(tmp_path):
     a, b = import_file(p)
     assert (a["gpu_count"], a["dp_attention"], a["ep"]) == (8, True, 8)     # DP attention splits the TP group
     assert (b["gpu_count"], b["dp_attention"]) == (16, False)                # 2 DP replicas of TP8
+    # DP attention with --dp-size below --tp-size (attention TP 2 per rank) is not what the table's column means
+    rec["server_info"].update(tp_size=8, dp_size=4, enable_dp_attention=True)
+    p.write_text(json.dumps(rec) + "\n")
+    with pytest.raises(InputError, match=r"server_info.dp_size.*4 with enable_dp_attention and tp_size 8"):
+        import_file(p)
 
 
 # --- InferenceX -----------------------------------------------------------------------------------------------

@@ -198,3 +198,68 @@ def test_round_trip_run_import_replay_is_exact(tmp_path, monkeypatch, capsys):
     errs = df[[f"rel_error_{m}" for m in METRICS]].iloc[0]
     assert errs.notna().all() and (errs.abs() < 1e-6).all(), errs.to_dict()
     capsys.readouterr()
+
+
+# --- DP attention ---------------------------------------------------------------------------------------------
+DP_PROFILE = "built-h200x8-deepseek-v3-dp8ep8"      # one of 8 DP ranks: tensor_parallel 1, expert_parallel 8
+
+
+def _dp_row(i: int, conc: int, **kw) -> dict:
+    base = dict(gpu="h200", gpu_count=8, tp=8, ep=8, dp_attention=True, engine="trtllm", random_input_len=256,
+                random_output_len=32, num_prompts=3 * conc, num_warmup_prompts=0)
+    return _row(i, conc, **{**base, **kw})
+
+
+def test_a_dp_attention_run_replays_as_lockstep_ranks(monkeypatch):
+    """A DP-attention row is simulated as tp ranks stepped in lockstep, each batching its own requests (spread as
+    TensorRT-LLM balances them), not as one TP engine batching all of them."""
+    import dsparksim.bench.replay as rp
+    runs = []
+
+    def keep(*a, **kw):
+        runs.append(run_client(*a, **kw))
+        return runs[-1]
+
+    monkeypatch.setattr(rp, "run_client", keep)
+    df = replay([_dp_row(1, 16)], DP_PROFILE, seed=0)
+    assert df["dp_ranks"].tolist() == [8] and df["dp_router"].tolist() == ["least-outstanding"]
+    assert "DP attention: 8 ranks in lockstep" in df["notes"].iloc[0]
+    run = runs[0]
+    assert run.notes["dp_ranks"] == 8 and run.notes["config"].engine.dp_ranks == 8
+    st = run.steps
+    assert sorted(st["rank"].unique()) == list(range(8))
+    assert st.groupby("rank")["n_running"].max().max() == 2        # 16 requests over 8 ranks: 2 each
+    # the same workload on one engine of that profile batches all 16 requests in a step: another deployment
+    w, _ = row_workload(_dp_row(1, 16))
+    tp = run_client(DP_PROFILE, w, rp.ServerSettings(gpus=8), seed=0)
+    assert tp.steps["n_running"].max() == 16 and "rank" in tp.steps and tp.steps["rank"].max() == 0
+    assert abs(run.metrics["median_tpot_ms"] / tp.metrics["median_tpot_ms"] - 1) > 0.05
+
+
+def test_sglang_dp_attention_spreads_requests_in_turn():
+    from dsparksim.bench.replay import dp_router
+    assert dp_router("sglang") == "round-robin" and dp_router("trtllm") == "least-outstanding"
+    df = replay([_dp_row(1, 8, engine="sglang")], DP_PROFILE, seed=0)
+    assert df["dp_ranks"].tolist() == [8] and df["dp_router"].tolist() == ["round-robin"]
+
+
+def test_dp_attention_and_profile_must_agree(tmp_path, capsys):
+    """A DP-attention run on a TP profile (or a TP run on a DP-rank profile) is one error line naming the run and
+    dp_attention, exit 2, nothing written."""
+    tp_prof = "fitted-h200x8-deepseek-r1-trtllm-1.1.0rc2.post2-ep8"     # TP8 EP8, metadata.data_parallel 1
+    cases = ((_dp_row(1, 4), tp_prof, "ran with DP attention over 8 ranks"),
+             (_dp_row(1, 4, dp_attention=False), DP_PROFILE, "ran without DP attention (dp_attention false)"),
+             (_dp_row(1, 4, dp_attention=None), DP_PROFILE, "ran without DP attention (dp_attention empty)"))
+    for i, (row, prof, says) in enumerate(cases):
+        t = _write(tmp_path / f"runs{i}.csv", [row])
+        out = tmp_path / f"rep{i}"
+        rc = main(["bench", "replay", str(t), "--profile", prof, "--out", str(out)])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and len(err.splitlines()) == 1, err
+        assert "field 'dp_attention'" in err and "run t.csv:1 " in err and says in err, err
+        assert not out.exists()
+    # the DP profile's GPUs per engine are tensor_parallel x data_parallel: a DP run of another TP size is refused
+    with pytest.raises(ConfigError, match=r"field 'dp_attention': run t.csv:1 ran with DP attention over 4 ranks"):
+        replay([_dp_row(1, 4, tp=4, gpu_count=4)], DP_PROFILE)
+    with pytest.raises(InputError, match="field 'tp': run t.csv:1: missing, and dp_attention is true"):
+        replay([_dp_row(1, 4, tp=None)], DP_PROFILE)

@@ -105,6 +105,12 @@ class ServerSettings:
     mem_fraction_static:  SGLang --mem-fraction-static -> the KV capacity, derived from the profile's
                           metadata.build.memory (weights per GPU) and GPU memory; refused if the profile lacks them.
     gpus:                 GPUs of the deployment (throughput per GPU).
+    dp_ranks:             attention data-parallel ranks of the engine (SGLang --enable-dp-attention, TensorRT-LLM
+                          enable_attention_dp) -> the engine's dp_ranks: R ranks stepped in lockstep, each batching
+                          its own requests on the profile (which must price one of R ranks); 1 = one TP engine.
+    router:               how the engine spreads requests over its DP ranks (a router name: round-robin,
+                          least-outstanding, ...) -> the engine's router; None = the simulator's default. Read only
+                          with dp_ranks > 1.
     mixed_chunk:          prefill chunks share a step with decode (vLLM, TensorRT-LLM; SGLang --enable-mixed-chunk);
                           False = a step with a prefill chunk carries no decode (SGLang's default) -> the engine's
                           mixed_prefill.
@@ -116,6 +122,8 @@ class ServerSettings:
     mem_fraction_static: float | None = None
     gpus: int = 1
     mixed_chunk: bool = True
+    dp_ranks: int = 1
+    router: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.mixed_chunk, bool):
@@ -126,6 +134,10 @@ class ServerSettings:
         if self.mem_fraction_static is not None:
             _num("mem_fraction_static", self.mem_fraction_static, 0.0, 1.0, "server", lo_open=True)
         _int("gpus", self.gpus, 1, "server")
+        _int("dp_ranks", self.dp_ranks, 1, "server")
+        if self.router is not None and self.dp_ranks == 1:
+            raise ConfigError("server", "router", f"{self.router!r} given for one engine rank (dp_ranks 1): a "
+                              "router spreads requests over DP ranks only; drop it or set dp_ranks above 1")
 
 
 def engine_mixes_prefill(engine: Any) -> bool:
@@ -223,6 +235,10 @@ def client_config(profile_name: str, workload: ClientWorkload, server: ServerSet
         opts["burstiness"] = float(workload.burstiness)
     if not server.mixed_chunk:
         opts["mixed_prefill"] = False
+    if server.dp_ranks > 1:
+        opts["dp_ranks"] = int(server.dp_ranks)
+        if server.router is not None:
+            opts["router"] = server.router
     for key, v in (("block_size", block_size), ("acceptance", acceptance),
                    ("prefill_chunk_tokens", server.chunked_prefill_size),
                    ("max_num_seqs", server.max_running_requests), ("cuda_graph_max_bs", server.cuda_graph_max_bs),
@@ -310,7 +326,8 @@ def client_run(out: Any, gpus: int = 1, request_latency_s: float = 0.0) -> Clien
         "max_batched_tokens": int(eng["max_batched_tokens"]), "block_size": int(res.block_size),
         "mixed_prefill": bool(cfg.engine.mixed_prefill),
         "drafter": res.drafter, "policy": cfg.policy, "acceptance": out.inputs["acceptance"],
-        "ended_by": res.ended_by, "gpus": int(gpus), "request_latency_s": lat, "config": cfg}
+        "ended_by": res.ended_by, "gpus": int(gpus), "request_latency_s": lat, "config": cfg,
+        "dp_ranks": int(cfg.engine.dp_ranks), "router": cfg.engine.router if cfg.engine.dp_ranks > 1 else None}
     if cfg.engine.mem_fraction_static is not None:
         notes["kv_capacity"] = (f"mem_fraction_static {cfg.engine.mem_fraction_static}: (GPU memory x fraction - "
                                 "weights per GPU) / KV bytes per token per GPU (dsparksim.cost.memory)")

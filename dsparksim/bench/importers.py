@@ -70,7 +70,7 @@ FILLED_BY: dict[str, dict[str, str]] = {
     },
     "sglang": {
         "source_ref": "tag", "model": "server_info.served_model_name or model_path", "tp": "server_info.tp_size",
-        "ep": "server_info.ep_size", "dp_attention": "server_info.enable_dp_attention",
+        "ep": "server_info.ep_size", "dp_attention": "server_info.enable_dp_attention (dp_size != tp_size refused)",
         "gpu_count": "server_info: tp_size x pp_size (x dp_size without DP attention)",
         "engine": "backend (sglang*, vllm*, trt -> trtllm, lmdeploy*)", "engine_version": "server_info.version",
         "spec_method": "server_info.speculative_algorithm (null -> none)",
@@ -316,6 +316,10 @@ def _sglang_server(s: _Rec) -> dict[str, Any]:
     """Deployment columns from SGLang's /get_server_info (ServerArgs fields and the version)."""
     tp, dp, pp = (s.num(k, "tp") for k in ("tp_size", "dp_size", "pp_size"))
     dpa = s.flag("enable_dp_attention")
+    if dpa and tp is not None and dp is not None and dp != tp:   # the table's DP attention = one rank per TP GPU
+        raise s.err("dp_size", f"{dp} with enable_dp_attention and tp_size {tp}: attention TP {tp // max(dp, 1)} "
+                    "per DP rank; the runs table records DP attention as tp_size ranks of attention TP 1 "
+                    "(--dp-size = --tp-size), so this run cannot be imported as it ran")
     algo = s.get("speculative_algorithm", False)
     if algo is not None and not isinstance(algo, str):
         raise s.err("speculative_algorithm", f"expected text or null, got {algo!r}")

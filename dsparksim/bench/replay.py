@@ -11,6 +11,11 @@ dataset (dataset_name random or empty, random_input_len, random_output_len; rang
 in the ``notes`` column: a missing range ratio is 0; a missing request rate with a cap is inf; a missing
 ignore_eos is taken as true; the warm-up count changes nothing measured (the server is empty when the benchmark
 starts), so a missing one is 0.
+
+A DP-attention run (``dp_attention`` true) is simulated as its engine ran: ``tp`` attention DP ranks stepped in
+lockstep (``--dp-ranks``), each batching its own requests, on a profile that prices one of them
+(``metadata.data_parallel`` = tp, ``tensor_parallel`` 1); any other profile, or a DP profile for a run without DP
+attention, is refused naming the run and ``dp_attention`` (:func:`check_dp`).
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ from dsparksim.cost.profile import load_profile
 METRICS = ("mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
            "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "output_throughput", "output_throughput_per_gpu",
            "duration_s")
-KEYS = ("run_id", "model", "gpu", "gpu_count", "tp", "ep", "engine", "engine_version", "spec_method",
+KEYS = ("run_id", "model", "gpu", "gpu_count", "tp", "ep", "dp_attention", "engine", "engine_version", "spec_method",
         "random_input_len", "random_output_len", "random_range_ratio", "max_concurrency", "request_rate",
         "num_prompts")
 
@@ -160,6 +165,31 @@ def row_policy(row: Mapping[str, Any], source: str = "runs table") -> dict[str, 
     return kw
 
 
+def dp_ranks_of(row: Mapping[str, Any], source: str = "runs table") -> int:
+    """Attention data-parallel ranks of a run's engine: its TP size when ``dp_attention`` is true, else 1.
+
+    TensorRT-LLM's ``enable_attention_dp`` makes every one of the engine's ``tp_size`` GPUs an attention DP rank
+    (attention TP 1; the MoE layers stay EP/TP over all of them); SGLang's ``--enable-dp-attention`` does the same
+    with ``--dp-size`` = ``--tp-size``, the only split the runs table records (the SGLang importer refuses another).
+    InputError when dp_attention is true and tp is missing."""
+    if row.get("dp_attention") is not True:
+        return 1
+    tp = row.get("tp")
+    if _missing(tp):
+        raise InputError(source, "tp", f"run {row.get('run_id') or '?'}: missing, and dp_attention is true: the "
+                         "number of attention DP ranks (the TP size) is unknown")
+    return int(tp)
+
+
+def dp_router(engine: Any) -> str:
+    """How an engine spreads new requests over its attention DP ranks, as a simulator router: TensorRT-LLM assigns
+    each new request to a rank below the balanced count of active requests, fewest active tokens first
+    (``tensorrt_llm/_torch/pyexecutor`` executor request queue, ``_balance_requests_across_ranks``) ->
+    ``least-outstanding`` (fewest running + waiting + queued); SGLang's DP controller sends them in turn
+    (``--load-balance-method`` default ``round_robin``) -> ``round-robin``; any other engine -> ``round-robin``."""
+    return "least-outstanding" if str(engine or "").strip().lower() == "trtllm" else "round-robin"
+
+
 def gpus_of(row: Mapping[str, Any]) -> int:
     """GPUs for throughput per GPU: gpu_count, else tp (InferenceX divides by TP), else 1."""
     for f in ("gpu_count", "tp"):
@@ -174,28 +204,63 @@ def _rel(sim: float, meas: Any) -> float:
     return float(sim) / float(meas) - 1.0
 
 
-def check_deployment(row: Mapping[str, Any], prof: Any, source: str = "runs table") -> None:
-    """A run is replayed on a profile of its own deployment: its GPU named in the profile's device, its TP and EP
-    equal to the profile's (where both say). Another GPU's or parallelism's cost curve would make every error
-    meaningless, so a mismatch is an error naming the run (select the runs with --where, or use their profile)."""
+def check_dp(row: Mapping[str, Any], prof: Any, source: str = "runs table") -> int:
+    """The run's attention DP ranks R (:func:`dp_ranks_of`), checked against the profile's
+    ``metadata.data_parallel`` D (absent = 1: one TP engine): a DP-attention run needs a profile of one of its R
+    ranks (``profile build --tp 1 --ep EP --dp R``), any other run a profile with D = 1. ConfigError naming the run
+    and ``dp_attention`` otherwise (a TP profile's per-step cost is not one rank's, nor the reverse)."""
+    meta = getattr(prof, "metadata", {}) or {}
+    rid = row.get("run_id") or "?"
+    R = dp_ranks_of(row, source)
+    D = int(meta.get("data_parallel") or 1)
+    if R == D:
+        return R
+    if R > 1:
+        what = "one TP engine (metadata.data_parallel 1)" if D == 1 else f"one of {D} DP ranks (metadata.data_parallel)"
+        raise ConfigError(source, "dp_attention", f"run {rid} ran with DP attention over {R} ranks (dp_attention "
+                          f"true, tp {R}) but the profile {prof.name!r} prices {what}: replay it on a profile of one "
+                          f"of {R} DP ranks (profile build --tp 1 --ep EP --dp {R}), or select the runs without DP "
+                          "attention (--where dp_attention=false)")
+    dpa = row.get("dp_attention")
+    raise ConfigError(source, "dp_attention", f"run {rid} ran without DP attention (dp_attention "
+                      f"{'false' if dpa is False else 'empty'}) but the profile {prof.name!r} prices one of {D} "
+                      "DP ranks (metadata.data_parallel): select the DP-attention runs (--where dp_attention=true) "
+                      "or use a profile of one TP engine")
+
+
+def check_deployment(row: Mapping[str, Any], prof: Any, source: str = "runs table") -> int:
+    """A run is replayed on a profile of its own deployment: its GPU named in the profile's device, its attention
+    DP ranks those the profile prices one of (:func:`check_dp`), its TP equal to the profile's GPUs per engine
+    (tensor_parallel x data_parallel) and its EP to the profile's (where both say). Another GPU's or parallelism's
+    cost curve would make every error meaningless, so a mismatch is an error naming the run (select the runs with
+    --where, or use their profile). Returns the run's DP ranks."""
     meta = getattr(prof, "metadata", {}) or {}
     rid = row.get("run_id") or "?"
     gpu, device = row.get("gpu"), str(meta.get("device") or "")
     if not _missing(gpu) and device and str(gpu).strip().lower() not in device.lower():
         raise ConfigError(source, "gpu", f"run {rid} ran on {gpu!r} but the profile {prof.name!r} prices "
                           f"{device!r}: replay each GPU's runs on its own profile (--where gpu=...)")
+    R = check_dp(row, prof, source)
     for col, key in (("tp", "tensor_parallel"), ("ep", "expert_parallel")):
         v, pv = row.get(col), meta.get(key)
-        if not _missing(v) and pv is not None and int(v) != int(pv):
+        if _missing(v) or pv is None:
+            continue
+        have, label = int(pv), f"{key} {int(pv)}"
+        if col == "tp" and R > 1:        # a DP engine's TP size is its GPUs: attention TP x DP ranks
+            have, label = int(pv) * R, f"tensor_parallel {int(pv)} x data_parallel {R} = {int(pv) * R} GPUs"
+        if int(v) != have:
             raise ConfigError(source, col, f"run {rid} ran with {col} {int(v)} but the profile {prof.name!r} has "
-                              f"{key} {int(pv)}: select the runs of its deployment (--where {col}={int(pv)})")
+                              f"{label}: select the runs of its deployment (--where {col}={have})")
+    return R
 
 
 def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSettings = ServerSettings(),
            seed: int = 0, source: str = "runs table", on_done: Callable[[], None] | None = None,
            mixed_prefill: bool | None = None, acceptance: str | None = None):
-    """Simulate every run; a DataFrame with one row per run: KEYS, notes, the policy, ``mixed_prefill`` and for
-    each metric ``measured_M``, ``simulated_M``, ``rel_error_M``. Every row is checked before any is simulated.
+    """Simulate every run; a DataFrame with one row per run: KEYS, notes, the policy, ``mixed_prefill``,
+    ``dp_ranks`` / ``dp_router`` (a DP-attention run: its TP size of ranks stepped in lockstep, requests spread as
+    its engine does, :func:`dp_router`; 1 / empty otherwise) and for each metric ``measured_M``, ``simulated_M``,
+    ``rel_error_M``. Every row is checked before any is simulated (:func:`check_deployment`).
     ``mixed_prefill``: None = each run's engine default (SGLang: off; see
     :func:`dsparksim.bench.client.engine_mixes_prefill`), else the value for every run. ``acceptance``: the
     acceptance spec of the speculative runs instead of their mapping's (e.g. ``mtp?tau2=2.3`` from the server
@@ -205,24 +270,27 @@ def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSet
     prof = load_profile(profile) if isinstance(profile, (str, Path)) else profile
     plan = []
     for row in runs:
-        check_deployment(row, prof, source)
+        R = check_deployment(row, prof, source)
         wl, notes = row_workload(row, source)
+        if R > 1:
+            notes = notes + [f"DP attention: {R} ranks in lockstep, requests spread {dp_router(row.get('engine'))}"]
         pol = row_policy(row, source)
         if acceptance is not None and "acceptance" in pol:
             pol = {**pol, "acceptance": acceptance}
             notes = notes + [f"acceptance {acceptance} (given) instead of the mapping's"]
-        plan.append((row, wl, notes, pol, gpus_of(row)))
+        plan.append((row, wl, notes, pol, gpus_of(row), R))
     if acceptance is not None:
-        spec_ks = sorted({int(pol["block_size"]) for _, _, _, pol, _ in plan if "acceptance" in pol})
+        spec_ks = sorted({int(pol["block_size"]) for _, _, _, pol, _, _ in plan if "acceptance" in pol})
         if not spec_ks:
             raise ConfigError("cli", "--acceptance", f"{acceptance!r} given, but no selected run is speculative "
                               "(it replaces the acceptance of speculative runs only)")
         for K in spec_ks:                # a bad spec fails here, before any run is simulated
             load_acceptance(acceptance, K)
     out = []
-    for row, wl, notes, pol, gpus in plan:
+    for row, wl, notes, pol, gpus, R in plan:
         mixed = engine_mixes_prefill(row.get("engine")) if mixed_prefill is None else bool(mixed_prefill)
-        srv = ServerSettings(**{**server.__dict__, "gpus": gpus, "mixed_chunk": mixed})
+        srv = ServerSettings(**{**server.__dict__, "gpus": gpus, "mixed_chunk": mixed, "dp_ranks": R,
+                                "router": dp_router(row.get("engine")) if R > 1 else None})
         try:
             run = run_client(prof, wl, srv, seed=seed, **pol)
         except InputError as e:   # e.g. no request fits the engine: say which run of the table it was
@@ -230,6 +298,8 @@ def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSet
         rec: dict[str, Any] = {k: row.get(k) for k in KEYS}
         rec["policy"] = pol["policy"]
         rec["mixed_prefill"] = mixed
+        rec["dp_ranks"] = R
+        rec["dp_router"] = srv.router or ""
         rec["notes"] = "; ".join(notes)
         rec["simulated_failed"] = run.metrics["failed"]
         for m in METRICS:

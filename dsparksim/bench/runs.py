@@ -67,8 +67,8 @@ COLUMNS: tuple[Column, ...] = (
     _c(_D, "gpu_count", "int", "GPUs", "GPUs serving the run (all replicas)", lo=1, cli=True),
     _c(_D, "tp", "int", "", "tensor-parallel size", lo=1, cli=True),
     _c(_D, "ep", "int", "", "expert-parallel size (1 = no expert parallelism)", lo=1, cli=True),
-    _c(_D, "dp_attention", "bool", "", "data-parallel attention (SGLang --enable-dp-attention, TRT-LLM "
-       "attention DP)", cli=True),
+    _c(_D, "dp_attention", "bool", "", "data-parallel attention: the engine's tp GPUs are its attention ranks "
+       "(SGLang --enable-dp-attention with --dp-size = --tp-size, TRT-LLM enable_attention_dp)", cli=True),
     _c(_D, "engine", "str", "", "serving engine: sglang, vllm, trtllm, lmdeploy, ...", cli=True),
     _c(_D, "engine_version", "str", "", "engine version or container image", cli=True),
     _c(_D, "precision", "str", "", "weight precision (e.g. fp8, bf16)", cli=True),

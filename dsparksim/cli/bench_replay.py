@@ -87,7 +87,8 @@ def replay_command(args: argparse.Namespace) -> int:
         write_json(d / "config.json", {"runs": str(args.runs), "where": args.where, "profile": prof.name,
                                        "profile_path": str(profile_path(args.profile)), "seed": args.seed,
                                        "acceptance": args.acceptance,
-                                       "server": {k: v for k, v in server.__dict__.items() if k not in ("gpus", "mixed_chunk")},
+                                       "server": {k: v for k, v in server.__dict__.items()     # per run: not here
+                                                  if k not in ("gpus", "mixed_chunk", "dp_ranks", "router")},
                                        "mixed_prefill": (args.mixed_prefill if args.mixed_prefill is not None
                                                          else "each run's engine default (sglang: off, "
                                                               "others: on)"),
