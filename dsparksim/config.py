@@ -133,6 +133,16 @@ class EngineConfig:
                          help="how requests are spread over the replicas (and DP ranks): %(choices)s [%(default)s]")
     dp_ranks: int = option(1, "--dp-ranks", "--data-parallel-size", parse=pos_int, kinds=INT, metavar="R",
                            help="data-parallel attention ranks stepped in lockstep (one MoE engine) [%(default)s]")
+    dp_balance_timeout_iters: int | None = option(
+        None, "--attention-dp-timeout-iters", parse=nonneg_int, kinds=INT, metavar="N",
+        help="with --dp-ranks: TensorRT-LLM's attention-DP balance (attention_dp_config enable_balance, "
+             "timeout_iters N): new prefills are held until every rank has one, N steps have passed, or a rank "
+             "has nothing to decode, so the ranks prefill together (sim/dp_balance.py) [off: each rank prefills "
+             "at once]")
+    dp_balance_wait_iters: int = option(
+        0, "--attention-dp-batching-wait-iters", parse=nonneg_int, kinds=INT, metavar="N",
+        help="with --attention-dp-timeout-iters: attention_dp_config batching_wait_iters, steps the prefills are "
+             "held more once every rank has one and every rank decodes [%(default)s]")
     kv_policy: str = option("paged", "--kv-policy", choices=("paged", "reserve"), metavar="POLICY",
                             help="KV memory: paged (pages taken as tokens are written; when a step cannot get its "
                                  "pages the most recently admitted request is preempted and recomputed, as vLLM) "
@@ -235,10 +245,25 @@ class EngineConfig:
         if self.replicas * self.dp_ranks > MAX_ENGINES:
             raise ConfigError("config", "replicas", f"replicas x dp_ranks = {self.replicas} x {self.dp_ranks} = "
                               f"{self.replicas * self.dp_ranks} engines, above the limit of {MAX_ENGINES}")
+        _check_dp_balance(self)
         n_eng = self.replicas * self.dp_ranks
         if self.max_num_seqs * n_eng > MAX_SLOTS:
             raise ConfigError("config", "max_num_seqs", f"{self.max_num_seqs:,} per engine x {n_eng} engine(s) = "
                               f"{self.max_num_seqs * n_eng:,} request slots, above the limit of {MAX_SLOTS:,}")
+
+
+def _check_dp_balance(e: "EngineConfig") -> None:
+    """The attention-DP balance applies to lockstep DP ranks: refused on one rank, and its batching wait without it."""
+    t, w = e.dp_balance_timeout_iters, e.dp_balance_wait_iters
+    for name, v in (("dp_balance_timeout_iters", t), ("dp_balance_wait_iters", w)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise ConfigError("config", name, f"expected an integer >= 0, got {v!r}")
+    if t is not None and e.dp_ranks == 1:
+        raise ConfigError("config", "dp_balance_timeout_iters", f"{t}: the attention-DP balance holds prefills "
+                          "across DP ranks; with dp_ranks 1 nothing reads it: set --dp-ranks above 1 or drop it")
+    if w and t is None:
+        raise ConfigError("config", "dp_balance_wait_iters", f"{w}: the batching wait is part of the attention-DP "
+                          "balance: set --attention-dp-timeout-iters too, or drop it")
 
 
 # Engine options that only paged KV reads (key -> its flag): under --kv-policy reserve they are refused.

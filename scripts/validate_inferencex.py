@@ -374,8 +374,12 @@ def dp_predict(allrows: pd.DataFrame, coefs: dict, hardware: str = "h200,b200") 
     for k, g in dp.groupby(DP_KEYS, dropna=False):
         key, workload = tuple(k[:5]), (int(k[5]), int(k[6]), int(k[7]))
         for label, prof, s, fkey, over in dp_variants(allrows, key, workload, coefs):
+            # the launch scripts (dsr1_fp8_{h200,b200}_trt.sh) add attention_dp_config: enable_balance true,
+            # timeout_iters 60, batching_wait_iters 0 whenever DP attention is on (the TP reference has no DP ranks)
+            bal = 60 if key[1] == "trtllm" and not over else None
             srv = ServerSettings(mem_fraction_static=s.get("mem_fraction_static"), max_running_requests=512,
-                                 chunked_prefill_size=int(s.get("prefill_chunk_tokens") or prof.max_tokens))
+                                 chunked_prefill_size=int(s.get("prefill_chunk_tokens") or prof.max_tokens),
+                                 attention_dp_timeout_iters=bal)
             t0 = time.perf_counter()
             rep = replay([{**g.iloc[0].to_dict(), **over}], prof, server=srv, seed=0).iloc[0]
             print(f"  DP {key[0]} {key[2].split(':')[-1]} {workload}: {label} {time.perf_counter() - t0:.0f} s",
@@ -409,7 +413,10 @@ def dp_section(D: pd.DataFrame) -> list[str]:
              "every one of the engine's tp GPUs an attention rank; MoE EP over all of them) replayed by `dsparksim "
              "bench replay` as the engine ran them: tp DP ranks stepped in lockstep (`--dp-ranks`, the step takes "
              "the slowest rank's time), each batching its own requests, new requests spread as TensorRT-LLM "
-             "balances them (`least-outstanding`). Predictions: **builder** = the builder's profile of one DP rank "
+             "balances them (`least-outstanding`), with the launch scripts' attention-DP balance (`attention_dp_config: "
+             "enable_balance: true, timeout_iters: 60, batching_wait_iters: 0` -> `--attention-dp-timeout-iters 60`: "
+             "new prefills held until every rank has one, 60 steps pass or a rank has nothing to decode; "
+             "`dsparksim/sim/dp_balance.py`). Predictions: **builder** = the builder's profile of one DP rank "
              "(`profile build --tp 1 --ep EP --dp tp`, as `built-h200x8-deepseek-v3-dp8ep8`) with the launch "
              "script's FP8 KV and memory fraction; **fitted scales** = the same build calibrated with the family "
              "scales, fixed overhead and request latency `profile fit` gives the same image's MTP-off runs without "

@@ -114,6 +114,9 @@ class ServerSettings:
     mixed_chunk:          prefill chunks share a step with decode (vLLM, TensorRT-LLM; SGLang --enable-mixed-chunk);
                           False = a step with a prefill chunk carries no decode (SGLang's default) -> the engine's
                           mixed_prefill.
+    attention_dp_timeout_iters, attention_dp_batching_wait_iters: TensorRT-LLM's attention_dp_config
+                          (enable_balance true, timeout_iters, batching_wait_iters) -> the engine's DP balance
+                          (sim/dp_balance.py); None = no balance (TensorRT-LLM's default). Read only with dp_ranks > 1.
     """
 
     chunked_prefill_size: int | None = None
@@ -124,6 +127,8 @@ class ServerSettings:
     mixed_chunk: bool = True
     dp_ranks: int = 1
     router: str | None = None
+    attention_dp_timeout_iters: int | None = None
+    attention_dp_batching_wait_iters: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.mixed_chunk, bool):
@@ -135,6 +140,13 @@ class ServerSettings:
             _num("mem_fraction_static", self.mem_fraction_static, 0.0, 1.0, "server", lo_open=True)
         _int("gpus", self.gpus, 1, "server")
         _int("dp_ranks", self.dp_ranks, 1, "server")
+        if self.attention_dp_timeout_iters is not None:
+            _int("attention_dp_timeout_iters", self.attention_dp_timeout_iters, 0, "server")
+        _int("attention_dp_batching_wait_iters", self.attention_dp_batching_wait_iters, 0, "server")
+        if self.attention_dp_batching_wait_iters and self.attention_dp_timeout_iters is None:
+            raise ConfigError("server", "attention_dp_batching_wait_iters", f"{self.attention_dp_batching_wait_iters}"
+                              ": the batching wait is part of the attention-DP balance; set "
+                              "attention_dp_timeout_iters (--attention-dp-timeout-iters) too, or drop it")
         if self.router is not None and self.dp_ranks == 1:
             raise ConfigError("server", "router", f"{self.router!r} given for one engine rank (dp_ranks 1): a "
                               "router spreads requests over DP ranks only; drop it or set dp_ranks above 1")
@@ -239,6 +251,9 @@ def client_config(profile_name: str, workload: ClientWorkload, server: ServerSet
         opts["dp_ranks"] = int(server.dp_ranks)
         if server.router is not None:
             opts["router"] = server.router
+        if server.attention_dp_timeout_iters is not None:
+            opts["dp_balance_timeout_iters"] = int(server.attention_dp_timeout_iters)
+            opts["dp_balance_wait_iters"] = int(server.attention_dp_batching_wait_iters)
     for key, v in (("block_size", block_size), ("acceptance", acceptance),
                    ("prefill_chunk_tokens", server.chunked_prefill_size),
                    ("max_num_seqs", server.max_running_requests), ("cuda_graph_max_bs", server.cuda_graph_max_bs),

@@ -15,6 +15,7 @@ from pathlib import Path
 from dsparksim.cli.options import add_seed_option, bar_off, check_seed
 from dsparksim import __version__
 from dsparksim.config import pos_float, pos_int
+from dsparksim.io.options import nonneg_int
 from dsparksim.results.outputs import check_out_dir, staged_dir
 
 
@@ -39,6 +40,13 @@ def register_replay(sub) -> None:
                    help="server setting for every run: KV capacity from the profile's memory metadata")
     q.add_argument("--cuda-graph-max-bs", type=pos_int, default=None, metavar="N",
                    help="server setting for every run: recorded, not priced")
+    q.add_argument("--attention-dp-timeout-iters", type=nonneg_int, default=None, metavar="N",
+                   help="server setting for the DP-attention runs: TensorRT-LLM's attention_dp_config with "
+                        "enable_balance true and timeout_iters N (prefills held until every rank has one) [off, "
+                        "TensorRT-LLM's default; InferenceX's launch scripts: 60]")
+    q.add_argument("--attention-dp-batching-wait-iters", type=nonneg_int, default=0, metavar="N",
+                   help="server setting for the DP-attention runs: attention_dp_config batching_wait_iters, with "
+                        "--attention-dp-timeout-iters [%(default)s]")
     q.add_argument("--mixed-prefill", action=argparse.BooleanOptionalAction, default=None,
                    help="whether the server's steps mix prefill chunks with decode [each run's engine default: "
                         "off for SGLang (--enable-mixed-chunk defaults to off), on otherwise]")
@@ -71,7 +79,9 @@ def replay_command(args: argparse.Namespace) -> int:
     prof = load_profile(args.profile)
     server = ServerSettings(chunked_prefill_size=args.chunked_prefill_size,
                             max_running_requests=args.max_running_requests,
-                            cuda_graph_max_bs=args.cuda_graph_max_bs, mem_fraction_static=args.mem_fraction_static)
+                            cuda_graph_max_bs=args.cuda_graph_max_bs, mem_fraction_static=args.mem_fraction_static,
+                            attention_dp_timeout_iters=args.attention_dp_timeout_iters,
+                            attention_dp_batching_wait_iters=args.attention_dp_batching_wait_iters)
     t0 = time.perf_counter()
     with tqdm(total=len(sel), unit="run", desc="replay", disable=bar_off(args)) as bar:
         df = replay(sel, prof, server=server, seed=args.seed, source=str(args.runs), on_done=lambda: bar.update(1),

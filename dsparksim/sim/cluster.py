@@ -48,6 +48,7 @@ from dsparksim.config import EngineConfig
 from dsparksim.errors import ConfigError
 from dsparksim.sim.contract import Executor
 from dsparksim.sim.disagg import PrefillPool, kv_transfer_terms
+from dsparksim.sim.dp_balance import DPBalance
 from dsparksim.sim.driver import Driver, StepClock
 from dsparksim.sim.inputs import ResolvedInputs
 from dsparksim.sim.kv import R_LEN
@@ -205,6 +206,7 @@ class Simulation:
         self.kv_cap, self.max_tokens = int(inputs.kv_cap), int(inputs.max_tokens)
         self.max_model_len = inputs.max_model_len
         self.replicas, self.dp_ranks = engine.replicas, engine.dp_ranks
+        self.dp_balance = (engine.dp_balance_timeout_iters, engine.dp_balance_wait_iters)
         limit = workload.limit
         if num_requests is not None and limit is not None and num_requests > limit:
             raise ConfigError("config", "num_requests", f"{num_requests} requested but the workload has only {limit} "
@@ -498,7 +500,9 @@ class Simulation:
             if not self.local[rep * self.dp_ranks]:     # a shard steps its own replicas only
                 self._driver_of += [None] * len(ranks)
                 continue
-            drv = Driver(env, ranks, self.executor, self.clock, done=self._on_finish)
+            timeout, wait = self.dp_balance
+            drv = Driver(env, ranks, self.executor, self.clock, done=self._on_finish,
+                         balance=DPBalance(timeout, wait) if timeout is not None and len(ranks) > 1 else None)
             drivers.append(drv)
             self._driver_of += [drv] * len(ranks)
         self._arrivals_finished = self.wl.closed_loop

@@ -15,6 +15,7 @@ import numpy as np
 
 from dsparksim.acceptance.base import Block
 from dsparksim.sim.contract import CostExecutor, Executor, StepOutcome, StepPlan
+from dsparksim.sim.dp_balance import DPBalance
 
 if TYPE_CHECKING:   # annotations only: the scheduler module is the driver's caller's concern
     import simpy
@@ -79,8 +80,9 @@ class Driver:
 
     def __init__(self, env: "simpy.Environment | None", ranks: list["Scheduler"], executor: Executor | None = None,
                  clock: StepClock | None = None,
-                 done: Callable[[np.ndarray, float], None] | None = None) -> None:
+                 done: Callable[[np.ndarray, float], None] | None = None, balance: DPBalance | None = None) -> None:
         self.env, self.ranks = env, ranks
+        self.balance = balance   # DP ranks' context hold (sim/dp_balance.py); None = each rank prefills at once
         self.ex = CostExecutor() if executor is None else executor
         self.clock = PriceClock() if clock is None else clock
         self.done = done
@@ -104,11 +106,26 @@ class Driver:
 
     def schedule(self, now: float) -> list[tuple["Scheduler", StepPlan]]:
         """Admit and plan every rank's step at ``now``; the ranks with something to run."""
+        if self.balance is not None:
+            return self._schedule_balanced(now)
         plans = []
         for eng, draft in zip(self.ranks, self.drafts):
             self.admit(eng, now)
             self.clock.planning(self.steps)
             p = eng.plan_step(draft)
+            if p is not None:
+                plans.append((eng, p))
+        return plans
+
+    def _schedule_balanced(self, now: float) -> list[tuple["Scheduler", StepPlan]]:
+        # every rank admits first: the balance decides for all ranks at once from all their requests
+        for eng in self.ranks:
+            self.admit(eng, now)
+        prefill = not self.balance.hold(self.ranks)
+        plans = []
+        for eng, draft in zip(self.ranks, self.drafts):
+            self.clock.planning(self.steps)
+            p = eng.plan_step(draft, prefill=prefill)
             if p is not None:
                 plans.append((eng, p))
         return plans

@@ -313,9 +313,16 @@ class Scheduler:
         r = self.req
         return self.acc.draw(slots, self.streams.rows(r.key[dec], r.dsteps[dec], self._words))
 
-    def plan_step(self, draft: Callable[[np.ndarray, np.ndarray], Block] | None = None) -> StepPlan | None:
+    def phase_counts(self) -> tuple[int, int]:
+        """(decoding, prefilling) running requests (the DP balance's view, sim/dp_balance.py)."""
+        n_dec = int(np.count_nonzero(self.req.phase[self.running_rows()] == DECODE))
+        return n_dec, len(self.running) - n_dec
+
+    def plan_step(self, draft: Callable[[np.ndarray, np.ndarray], Block] | None = None,
+                  prefill: bool = True) -> StepPlan | None:
         """Plan the next step over the running requests (None if none runs). ``draft(rows, slots)`` replaces the
-        acceptance draw (the live runner drafts for real and leaves ``true_accepted`` None)."""
+        acceptance draw (the live runner drafts for real and leaves ``true_accepted`` None). ``prefill`` False:
+        no prefill chunk this step (held by the DP balance, sim/dp_balance.py; only when requests decode)."""
         if self.paged and not self._grown:
             self._grow()
         self._grown = False
@@ -330,7 +337,7 @@ class Scheduler:
         # Chunked prefill: decode tokens first, the rest of the budget goes to prefills in FIFO order. Not mixed
         # (SGLang's default): the chunks get the whole budget and a step with a chunk carries no decode (module doc).
         budget = min(self.chunk, self.max_tokens - (n_dec * (1 + K) if self.mixed else 0))
-        chunks, n_pf, pf_qk = self._chunks(run[ph == PREFILL], budget) if n_dec < n_run else ([], 0, 0)
+        chunks, n_pf, pf_qk = self._chunks(run[ph == PREFILL], budget) if n_dec < n_run and prefill else ([], 0, 0)
         if chunks and not self.mixed and n_dec:
             # a prefill-only step: the decoding rows wait; only the prefilling rows' context is read
             dec, n_dec = dec[:0], 0
