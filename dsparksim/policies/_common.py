@@ -92,6 +92,10 @@ class Ranking:
         v = self.keys(count)[count - 1]
         if v != v:  # NaN among the admitted: take the full stable order
             return lengths_from_ranked(np.argsort(neg, kind="stable"), count, n)
+        # every key <= v is admitted when exactly ``count`` keys are (the usual case: no tie beyond the count-th)
+        L = (neg <= v).reshape(-1, n).sum(axis=0)
+        if int(L.sum()) == count:
+            return L.astype(np.int64, copy=False)
         L = (neg < v).reshape(-1, n).sum(axis=0)
         rest = count - int(L.sum())
         if rest:

@@ -47,6 +47,7 @@ class PredrawnDraws:
         self.entry = np.zeros(0, np.int64)       # per request row: its ring (0 = none)
         self.ahead_upto = 0                      # rows below this were given their first steps (or skipped)
         self._n = 0
+        self._kept: tuple[np.ndarray, ...] | None = None
         self._grow_pool(64)
         self.refills = 0                         # acceptance calls made (a benchmark figure)
 
@@ -56,10 +57,15 @@ class PredrawnDraws:
         # one row per drawn step: K confidences then their K survivals (one gather per engine step)
         cs, acc = np.empty((n * R, 2 * K)), np.zeros(n * R, np.int64)
         filled, owner = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+        has = np.zeros(n, bool)     # the ring's request state is in _kept (computed once per request)
+        kept = None if old == 0 or self._kept is None else tuple(np.zeros(n, a.dtype) for a in self._kept)
         if old:
             cs[: old * R], acc[: old * R] = self._cs, self._acc
             filled[:old], owner[:old] = self._filled, self._owner
-        self._cs, self._acc, self._filled, self._owner = cs, acc, filled, owner
+            has[:old] = self._has
+            for a, b in zip(kept or (), self._kept or ()):
+                a[:old] = b
+        self._cs, self._acc, self._filled, self._owner, self._has, self._kept = cs, acc, filled, owner, has, kept
         self._free = np.concatenate([np.arange(n - 1, max(old, 1) - 1, -1, dtype=np.int64),
                                      getattr(self, "_free", np.zeros(0, np.int64))])
         self._n = n
@@ -87,6 +93,7 @@ class PredrawnDraws:
         e, self._free = self._free[-m:][::-1].copy(), self._free[:-m]
         self.entry[rows] = e
         self._owner[e] = rows
+        self._has[e] = False
         return e
 
     # ------------------------------------------------------------------ drawing
@@ -95,11 +102,30 @@ class PredrawnDraws:
         r = self.req
         return self.acc.request_state(r.domain[rows], self.streams.rows(r.key[rows], -1, 1))
 
+    def _ring_state(self, rows: np.ndarray, e: np.ndarray,
+                    state: tuple[np.ndarray, ...] | None) -> tuple[np.ndarray, ...]:
+        """The request state of ``rows`` (rings ``e``): ``state`` if given, else kept from the ring's first fill
+        (the same arrays :meth:`_state` gives: it is keyed by each request alone), computed for rings without."""
+        if state is None:
+            miss = ~self._has[e]
+            if not miss.any():
+                return tuple(a[e] for a in self._kept)
+            if not miss.all():
+                self._ring_state(rows[miss], e[miss], self._state(rows[miss]))
+                return tuple(a[e] for a in self._kept)
+            state = self._state(rows)
+        if self._kept is None:
+            self._kept = tuple(np.zeros(self._n, np.asarray(a).dtype) for a in state)
+        for a, v in zip(self._kept, state):
+            a[e] = v
+        self._has[e] = True
+        return state
+
     def _fill(self, rows: np.ndarray, e: np.ndarray, first: np.ndarray,
               state: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         """Draw steps first..first+B-1 of ``rows`` into their rings ``e`` (one acceptance call)."""
         B, K, R = self.B, self.K, self.R
-        crow, u = self._state(rows) if state is None else state
+        crow, u = self._ring_state(rows, e, state)
         steps = (first[:, None] + self._offsets).ravel()
         keyed = self.streams.rows(np.repeat(self.req.key[rows], B), steps, self.words)
         crow, u = np.repeat(crow, B), np.repeat(u, B)
