@@ -68,7 +68,7 @@ class Ranking:
         self._prefix = np.zeros(0)  # the smallest keys, ascending
 
     def keys(self, m: int | None = None) -> np.ndarray:
-        """At least the min(m, n*K) smallest keys, ascending (all of them when m is None)."""
+        """At least the min(m, n*K) smallest keys, ascending (all of them when m is None), maybe more."""
         if self._sorted is not None:
             return self._sorted
         N = self.neg.size
@@ -77,6 +77,14 @@ class Ranking:
         if m is None or 4 * m >= N:  # a partition pays only when the prefix is a small part of the whole
             self._sorted = np.sort(self.neg)
             return self._sorted
+        n = self.n
+        if 0 < m < n:
+            # the m-th smallest key t of the first position (f < n): at least m keys are <= t, so the m smallest
+            # keys all are, and the keys <= t, sorted, are the first of all keys sorted (NaN sorts last)
+            t = np.partition(self.neg[:n], m - 1)[m - 1]
+            if t == t:
+                self._prefix = np.sort(self.neg[self.neg <= t])
+                return self._prefix
         self._prefix = np.sort(np.partition(self.neg, m - 1)[:m])  # NaN sorts last in both, as in argsort
         return self._prefix
 
