@@ -435,11 +435,11 @@ class Scheduler:
             # (L is in 0..K: a negative a viewed as uint64 is above it, so one comparison checks both ends)
             if a.shape != dec.shape or (a.size and (a.view(np.uint64) > np.asarray(L, np.int64).view(np.uint64)).any()):
                 raise RuntimeError(f"executor returned accepted prefixes {a!r} outside 0..verify {L!r}")
-            # vLLM's spec-decode counters: a draft is a request verifying >= 1 draft token this step.
-            drafted = a[L > 0]
-            outcome.drafts, outcome.accepted_total = int(drafted.size), int(drafted.sum())
-            # requests whose accepted prefix reached past position p: a reversed cumulative count
-            cnt = np.bincount(drafted, minlength=self.K + 1)
+            # vLLM's spec-decode counters: a draft is a request verifying >= 1 draft token this step (a request
+            # verifying none accepted none: 0 <= a <= L, so the sums over all requests are those over the drafts)
+            outcome.drafts, outcome.accepted_total = int(np.count_nonzero(L)), int(a.sum())
+            # requests whose accepted prefix reached past position p: a reversed cumulative count (count 0 unused)
+            cnt = np.bincount(a, minlength=self.K + 1)
             outcome.accepted_per_pos = np.cumsum(cnt[:0:-1])[::-1].astype(np.int64)
             out, gen = r.out[dec], r.gen[dec]
             emit = np.minimum(a + 1, out - gen)  # the last step may overshoot: stop at length
