@@ -15,6 +15,7 @@ from dsparksim.policies.base import StepContext
 from dsparksim.policies.registry import int_arg, no_arg, spec_error, unit_float_arg  # noqa: F401  (re-exported)
 
 _SRC = "StepContext"
+_sum = np.add.reduce   # ndarray.sum() without its Python wrapper (called every engine step)
 
 
 # ------------------------------------------------------------------------------------------- budgets and caps
@@ -101,8 +102,8 @@ class Ranking:
         if v != v:  # NaN among the admitted: take the full stable order
             return lengths_from_ranked(np.argsort(neg, kind="stable"), count, n)
         # every key <= v is admitted when exactly ``count`` keys are (the usual case: no tie beyond the count-th)
-        L = (neg <= v).reshape(-1, n).sum(axis=0)
-        if int(L.sum()) == count:
+        L = _sum((neg <= v).reshape(-1, n), axis=0)
+        if int(_sum(L)) == count:
             return L.astype(np.int64, copy=False)
         L = (neg < v).reshape(-1, n).sum(axis=0)
         rest = count - int(L.sum())

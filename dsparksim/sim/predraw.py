@@ -43,6 +43,7 @@ class PredrawnDraws:
         self.acc, self.streams, self.req = acceptance, streams, table
         self.K, self.words, self.B, self.ahead = int(K), int(words), int(steps), int(ahead)
         self.R = 2 * self.B
+        self._wrap = self.R - 1 if self.R & (self.R - 1) == 0 else 0   # st % R as a mask (R a power of 2)
         self._offsets = np.arange(self.B, dtype=np.int64)
         self.entry = np.zeros(0, np.int64)       # per request row: its ring (0 = none)
         self.ahead_upto = 0                      # rows below this were given their first steps (or skipped)
@@ -189,7 +190,7 @@ class PredrawnDraws:
         e = self.entry[rows]
         if (self._filled[e] <= st).any():
             e = self._refill(rows, st)
-        pos = e * self.R + st % self.R
+        pos = e * self.R + (st & self._wrap if self._wrap else st % self.R)
         cs = self._cs.take(pos, axis=0)
         return cs[:, :self.K], cs[:, self.K:], self._acc.take(pos)
 
