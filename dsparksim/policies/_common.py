@@ -64,7 +64,8 @@ class Ranking:
 
     def __init__(self, survival: np.ndarray) -> None:
         self.n = int(survival.shape[0])
-        self.neg = -np.ascontiguousarray(survival.T).ravel()  # keys, f = k*n + i; best candidate = smallest key
+        # keys, f = k*n + i; best candidate = smallest key (negated straight into the k-major layout: one pass)
+        self.neg = np.negative(survival.T, out=np.empty(survival.shape[::-1], survival.dtype)).ravel()
         self._sorted: np.ndarray | None = None  # every key, ascending
         self._prefix = np.zeros(0)  # the smallest keys, ascending
 
@@ -145,7 +146,7 @@ def first_drop(ratio: np.ndarray) -> int:
     if len(ratio) <= 1:
         return 0
     drops = np.subtract(ratio[1:], ratio[:-1]) <= 0  # np.diff's own arithmetic, without its call overhead
-    j = int(np.argmax(drops))
+    j = int(drops.argmax())
     return j if drops[j] else len(ratio) - 1
 
 
