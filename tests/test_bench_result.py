@@ -171,3 +171,26 @@ def test_itl_lists_json_items_are_json_dumps_of_each_list(tmp_path):
     bad = ItlLists(np.array([0.1, np.nan]), np.array([0]), np.array([2]))
     with pytest.raises(ValueError):  # json's own refusal of NaN, as before
         list(bad.json_items())
+
+
+def test_stats_of_repeats_equal_numpys_stats_of_the_pool():
+    # ITL statistics read from (step dt, samples per step): bitwise the numbers numpy gives on the pooled samples
+    from dsparksim.results.bench_json import _stats, _stats_of_repeats
+
+    rng = np.random.default_rng(11)
+    for trial in range(600):
+        m = int(rng.integers(1, 30))
+        vals = [rng.uniform(0, 1, m), np.round(rng.uniform(0, 1, m), 1), rng.lognormal(-3, 2, m)][trial % 3]
+        counts = rng.integers(0, 5, m)
+        counts[int(rng.integers(m))] += 1                       # at least one sample
+        pool = np.repeat(vals, counts)
+        rng.shuffle(pool)
+        pct = [(99,), (50, 90, 99.9), (0, 100, 25, 12.5, 99.99)][trial % 3]
+        want, got = _stats("itl", pool, pct), _stats_of_repeats("itl", pool, vals, counts, pct)
+        assert list(got) == list(want)
+        assert [np.float64(v).tobytes() for v in got.values()] == [np.float64(v).tobytes() for v in want.values()]
+    # not that sample (counts do not add up), NaN: numpy's own path, the same result
+    pool = np.array([0.3, 0.1, 0.2])
+    assert _stats_of_repeats("itl", pool, np.array([0.1, 0.2]), np.array([1, 1])) == _stats("itl", pool)
+    nan = _stats_of_repeats("itl", np.array([0.1, np.nan]), np.array([0.1, np.nan]), np.array([1, 1]))
+    assert math.isnan(nan["median_itl_ms"])

@@ -111,3 +111,17 @@ def test_lengths_without_pandas_read_what_pandas_reads(tmp_path, text):
         taken = True
     assert taken == (text in PLAIN)     # a plain file is read (or refused) without pandas, any other by pandas
     assert _outcome(R._parse_lengths, path, text) == _outcome(_via_pandas, path, text)
+
+
+@pytest.mark.parametrize("n", [0, 1, 257])
+@pytest.mark.parametrize("fmt", ["%.9g", "%.3f,"])
+def test_cells_needing_no_quotes_are_joined_to_the_same_bytes(tmp_path, n, fmt):
+    # no string needs quoting: the lines are joined directly ("%.3f," puts a comma in every float: csv.writer again)
+    cols = _columns(n, np.random.default_rng(n + 1))
+    plain = np.array(["", "chat", " pad ", "math", "ü"], dtype=object)
+    cols["s"] = plain[np.arange(n) % len(plain)]
+    cols["s"][2::5] = None
+    cols["u_str"] = np.array(["x", "y z"] * (n // 2) + ["w"] * (n % 2))
+    write_csv_cells(tmp_path / "ours.csv", list(cols), table_cells(cols, fmt))
+    pd.DataFrame(cols).to_csv(tmp_path / "pandas.csv", index=False, float_format=fmt)
+    assert (tmp_path / "ours.csv").read_bytes() == (tmp_path / "pandas.csv").read_bytes()

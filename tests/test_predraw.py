@@ -106,3 +106,26 @@ def test_dense_price_prefix_gives_the_same_lengths():
         assert fast.tolist() == ref.tolist()
     # a negative per-step term could make a price non-positive: not checked, so the policy checks every price
     assert not DenseStepTime(dense, -0.5, float(dense[1:].min()), float(dense[1:].max())).checked
+
+
+def test_a_request_is_drawn_no_more_steps_than_it_has_tokens_left():
+    """A decode step emits at least one token: a request with t tokens left is drawn at most t more steps (the
+    same values where drawn), and one with none left is not drawn."""
+    acc = load_acceptance("dspark", K)
+    streams = RequestStreams(5)
+    wl = Workload(prompt_tokens=np.full(4, 10), output_tokens=np.array([3, 50, 1, 20]),
+                  domain=np.array(["chat", "math", "chat", "code"], object), concurrency=4)
+    table = RequestTable(wl, None, streams)
+    table.load(3)
+    pre = predraw_mod.PredrawnDraws(acc, streams, table, K, acc.words_per_step, steps=8, ahead=4)
+    rows = np.arange(4)
+    pre.admit(rows)
+    filled = pre._filled
+    assert filled[pre.entry[rows]].tolist() == [3, 8, 1, 8]
+    table.gen[rows] = [1, 45, 1, 3]
+    table.dsteps[rows] = [2, 8, 0, 8]          # rows 1 and 3 ran out: 5 and 17 tokens left
+    acc.start(rows, table.domain[rows], streams.rows(table.key[rows], -1, 1))
+    conf, _, a = pre.take(rows[[1, 3]])
+    assert filled[pre.entry[rows]].tolist() == [3, 13, 1, 16]
+    ref = acc.draw(rows[[1, 3]], streams.rows(table.key[[1, 3]], table.dsteps[[1, 3]], acc.words_per_step))
+    assert conf.tobytes() == np.ascontiguousarray(ref.conf[:, :K]).tobytes() and (a == ref.accepted).all()

@@ -73,7 +73,6 @@ def _g_exact(m: np.ndarray, sigma_tok: float, shape: Shape) -> np.ndarray:
     if tuple(shape) == PLAIN:
         x, w = gauss_hermite(_N_TOK)
         return (expit(m[..., None] + sigma_tok * x) * w).sum(axis=-1)
-    t, w = gauss_legendre(_N_SPLIT)
     cut = np.clip(-m / sigma_tok, -_SPLIT_EDGE, _SPLIT_EDGE)
     out = np.zeros(m.shape)
     offset, slope, jump, slope_easy = shape
@@ -84,12 +83,26 @@ def _g_exact(m: np.ndarray, sigma_tok: float, shape: Shape) -> np.ndarray:
         if not live.any():
             continue
         c, ml = cut[live][:, None], m[live][:, None]
-        lo, hi = (edge, c) if edge < 0 else (c, edge)
-        half = 0.5 * (hi - lo)
-        z = lo + half * (t + 1.0)
-        pdf = np.exp(-0.5 * z * z) / np.sqrt(2.0 * np.pi)
-        out[live] = out[live] + (half * w * pdf * expit(add + sl * (ml + sigma_tok * z))).sum(axis=-1)
+        # where the step lies beyond the other edge the piece is the whole range, the same nodes for every m: its
+        # nodes, density and weights are computed once (the same numbers, broadcast)
+        whole = c[:, 0] == -edge
+        vals = np.empty(c.shape[0])
+        for rows, same in ((whole, True), (~whole, False)):
+            if rows.any():
+                vals[rows] = _g_piece(c[rows][:1] if same else c[rows], ml[rows], edge, add, sl, sigma_tok)
+        out[live] = out[live] + vals
     return out[()] if out.ndim == 0 else out      # a scalar for a scalar m, as the sum of the pieces gave
+
+
+def _g_piece(c: np.ndarray, ml: np.ndarray, edge: float, add: float, sl: float, sigma_tok: float) -> np.ndarray:
+    """One side's integral for offsets ``ml`` (n, 1), between the step ``c`` (n, 1, or (1, 1) for all) and ``edge``
+    (Gauss-Legendre on that interval)."""
+    t, w = gauss_legendre(_N_SPLIT)
+    lo, hi = (edge, c) if edge < 0 else (c, edge)
+    half = 0.5 * (hi - lo)
+    z = lo + half * (t + 1.0)
+    pdf = np.exp(-0.5 * z * z) / np.sqrt(2.0 * np.pi)
+    return (half * w * pdf * expit(add + sl * (ml + sigma_tok * z))).sum(axis=-1)
 
 
 @lru_cache(maxsize=16)
@@ -173,9 +186,15 @@ def _solve_mu(alpha: tuple[float, ...], s: np.ndarray, w0: np.ndarray, sigma_tok
     mus: list[float] = []
     bracket = _bracket(shape)
     rows = s if s.ndim == 2 else None
+    order = s_up = None
     for a in alpha:
-        if rows is not None:
-            s = rows[len(mus)]
+        if rows is not None or order is None:
+            if rows is not None:
+                s = rows[len(mus)]
+            # g is elementwise: evaluated at the shifts in ascending order (the table lookups then walk the table
+            # forward) and put back in place, the same numbers
+            order = np.argsort(s, kind="stable")
+            s_up = s[order]
         if a >= 1.0:
             mus.append(np.inf)          # never rejected; weight unchanged
             continue
@@ -184,8 +203,13 @@ def _solve_mu(alpha: tuple[float, ...], s: np.ndarray, w0: np.ndarray, sigma_tok
             continue
         total = w.sum()
 
+        def g_at(m: float, order=order, s_up=s_up) -> np.ndarray:
+            out = np.empty(s_up.size)
+            out[order] = smoothed_sigmoid(m + s_up, sigma_tok, exact, shape)
+            return out
+
         def gap(m: float) -> float:
-            return float((w * smoothed_sigmoid(m + s, sigma_tok, exact, shape)).sum() / total - a)
+            return float((w * g_at(m)).sum() / total - a)
 
         lo, hi = -bracket, bracket
         if guess is not None and np.isfinite(guess[len(mus)]):
@@ -195,7 +219,7 @@ def _solve_mu(alpha: tuple[float, ...], s: np.ndarray, w0: np.ndarray, sigma_tok
                 lo, hi = g0 - 0.05, g0 + 0.05
         m = brentq(gap, lo, hi, xtol=1e-12, rtol=1e-14, maxiter=200)
         mus.append(m)
-        w = w * smoothed_sigmoid(m + s, sigma_tok, exact, shape)
+        w = w * g_at(m)
         if w.sum() < 1e-300:            # numerically nobody survives: later positions cannot be calibrated
             raise ConfigError("calibration", "alpha", "survival underflows; curve too close to 0")
     return tuple(mus)

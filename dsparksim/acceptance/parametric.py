@@ -103,7 +103,8 @@ def _link_into(x: np.ndarray, shape, spare: np.ndarray) -> np.ndarray:
     is_easy = x > 0
     x *= slope
     x += offset                              # offset + slope * x
-    return np.where(is_easy, easy, x)
+    np.copyto(x, easy, where=is_easy)        # np.where(is_easy, easy, x), in place
+    return x
 
 
 @dataclass(frozen=True)

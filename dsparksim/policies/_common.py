@@ -15,6 +15,7 @@ from dsparksim.policies.base import StepContext
 from dsparksim.policies.registry import int_arg, no_arg, spec_error, unit_float_arg  # noqa: F401  (re-exported)
 
 _SRC = "StepContext"
+_sum = np.add.reduce   # ndarray.sum() without its Python wrapper (called every engine step)
 
 
 # ------------------------------------------------------------------------------------------- budgets and caps
@@ -63,12 +64,13 @@ class Ranking:
 
     def __init__(self, survival: np.ndarray) -> None:
         self.n = int(survival.shape[0])
-        self.neg = -np.ascontiguousarray(survival.T).ravel()  # keys, f = k*n + i; best candidate = smallest key
+        # keys, f = k*n + i; best candidate = smallest key (negated straight into the k-major layout: one pass)
+        self.neg = np.negative(survival.T, out=np.empty(survival.shape[::-1], survival.dtype)).ravel()
         self._sorted: np.ndarray | None = None  # every key, ascending
         self._prefix = np.zeros(0)  # the smallest keys, ascending
 
     def keys(self, m: int | None = None) -> np.ndarray:
-        """At least the min(m, n*K) smallest keys, ascending (all of them when m is None)."""
+        """At least the min(m, n*K) smallest keys, ascending (all of them when m is None), maybe more."""
         if self._sorted is not None:
             return self._sorted
         N = self.neg.size
@@ -77,6 +79,14 @@ class Ranking:
         if m is None or 4 * m >= N:  # a partition pays only when the prefix is a small part of the whole
             self._sorted = np.sort(self.neg)
             return self._sorted
+        n = self.n
+        if 0 < m < n:
+            # the m-th smallest key t of the first position (f < n): at least m keys are <= t, so the m smallest
+            # keys all are, and the keys <= t, sorted, are the first of all keys sorted (NaN sorts last)
+            t = np.partition(self.neg[:n], m - 1)[m - 1]
+            if t == t:
+                self._prefix = np.sort(self.neg[self.neg <= t])
+                return self._prefix
         self._prefix = np.sort(np.partition(self.neg, m - 1)[:m])  # NaN sorts last in both, as in argsort
         return self._prefix
 
@@ -92,6 +102,10 @@ class Ranking:
         v = self.keys(count)[count - 1]
         if v != v:  # NaN among the admitted: take the full stable order
             return lengths_from_ranked(np.argsort(neg, kind="stable"), count, n)
+        # every key <= v is admitted when exactly ``count`` keys are (the usual case: no tie beyond the count-th)
+        L = _sum((neg <= v).reshape(-1, n), axis=0)
+        if int(_sum(L)) == count:
+            return L.astype(np.int64, copy=False)
         L = (neg < v).reshape(-1, n).sum(axis=0)
         rest = count - int(L.sum())
         if rest:
@@ -132,7 +146,7 @@ def first_drop(ratio: np.ndarray) -> int:
     if len(ratio) <= 1:
         return 0
     drops = np.subtract(ratio[1:], ratio[:-1]) <= 0  # np.diff's own arithmetic, without its call overhead
-    j = int(np.argmax(drops))
+    j = int(drops.argmax())
     return j if drops[j] else len(ratio) - 1
 
 

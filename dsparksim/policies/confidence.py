@@ -45,12 +45,12 @@ def early_stop_ranked(ctx: StepContext, ranking: Ranking) -> int:
         T = eval_times(st, ctx.base_tokens + np.arange(bmax + 1, dtype=np.int64))
     m = FIRST_PREFIX
     while True:
-        values = ranking.values(min(m, bmax))
-        p = min(len(values), bmax)
+        keys = ranking.keys(min(m, bmax))       # the survivals best first, negated
+        p = min(len(keys), bmax)
         E = np.empty(p + 1)
         E[0] = float(ctx.n)
-        E[1:] = values[:p]
-        np.cumsum(E, out=E)
+        np.negative(keys[:p], out=E[1:])
+        np.add.accumulate(E, out=E)             # np.cumsum's own loop, without its wrapper
         E /= st.span(ctx.base_tokens, p + 1) if T is None else T[: p + 1]
         j = first_drop(E)
         if j < p or p == bmax:

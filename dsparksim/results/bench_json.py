@@ -31,7 +31,6 @@ SLO / duration, a request with one output token having TPOT 0 (vLLM's rule).
 """
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import time
@@ -90,46 +89,64 @@ class ItlLists(Sequence):
         return int((self._hi - self._lo).sum())
 
     def json_items(self):
-        """Each prompt's list as JSON text, exactly ``json.dumps(self[i], allow_nan=False)``.
-
-        A step's dt appears in the list of every request decoding in that step, so each dt is formatted once
-        (json formats a float with float.__repr__ and joins a list with ", "); formatting every sample took
-        most of the time of writing a long run's results.
-        """
-
+        """Each prompt's list as JSON text, exactly ``json.dumps(self[i], allow_nan=False)``."""
         if not np.isfinite(self._dt).all():  # json.dumps raises on NaN/inf: let it, with its own message
             for i in range(len(self)):
                 yield json.dumps(self[i], allow_nan=False)
             return
-        reps = list(map(float.__repr__, self._dt.tolist()))
-        # every step's dt joined once; a prompt's steps are consecutive, so its list is one slice of that text
-        joined = ", ".join(reps)
-        at = np.zeros(len(reps) + 1, np.int64)       # where each step's text starts in ``joined``
-        np.cumsum(np.fromiter(map(len, reps), np.int64, len(reps)) + 2, out=at[1:])
-        at = at.tolist()
+        joined, at = self._joined()
+        text = joined.decode("ascii")
         for a, b in zip(self._lo.tolist(), self._hi.tolist()):
-            yield "[" + joined[at[a]:at[b] - 2] + "]" if b > a else "[]"
+            yield "[" + text[at[a]:at[b] - 2] + "]" if b > a else "[]"
+
+    def _joined(self) -> tuple[bytes, list[int]]:
+        """Every step's dt as JSON text joined by ", " (ASCII bytes), and where each step's text starts in it.
+
+        A step's dt appears in the list of every request decoding in that step, so each dt is formatted once
+        (json formats a float with float.__repr__ and joins a list with ", "); formatting every sample took
+        most of the time of writing a long run's results. A prompt's steps are consecutive, so its list is one
+        slice of that text."""
+        reps = list(map(float.__repr__, self._dt.tolist()))
+        at = np.zeros(len(reps) + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, reps), np.int64, len(reps)) + 2, out=at[1:])
+        return ", ".join(reps).encode("ascii"), at.tolist()
+
+    def write_json(self, f) -> None:
+        """Write the lists as one JSON array to the binary file ``f``: the bytes of ``"[" + ", ".join(
+        json_items()) + "]"``, each prompt's list a slice of the joined text (no per-prompt string is built)."""
+        if not np.isfinite(self._dt).all():
+            f.write(("[" + ", ".join(self.json_items()) + "]").encode("ascii"))   # raises json's ValueError
+            return
+        joined, at = self._joined()
+        view = memoryview(joined)
+        parts: list[Any] = [b"["]
+        sep = b""
+        for a, b in zip(self._lo.tolist(), self._hi.tolist()):
+            if b > a:
+                parts += (sep, b"[", view[at[a]:at[b] - 2], b"]")
+            else:
+                parts += (sep, b"[]")
+            sep = b", "
+            if len(parts) > 4096:   # a few MB at a time: one copy into the file's buffer, no big string
+                f.write(b"".join(parts))
+                parts = []
+        parts.append(b"]")
+        f.write(b"".join(parts))
 
 
 def write_bench_json(path, d: dict[str, Any]) -> None:
     """Write a bench_result dict as JSON, one key per line, streaming ``itls`` (vLLM's file has no indent)."""
 
     def write(p) -> None:
-        with open(p, "w") as f:
-            f.write("{")
+        with open(p, "wb") as f:
+            f.write(b"{")
             for n, (k, v) in enumerate(d.items()):
-                f.write(("," if n else "") + "\n" + json.dumps(k) + ": ")
+                f.write((("," if n else "") + "\n" + json.dumps(k) + ": ").encode("ascii"))
                 if isinstance(v, ItlLists):
-                    f.write("[")
-                    # streamed, a few prompts' lists at a time (small strings: a big one is a fresh mapping to fault in)
-                    items, sep = v.json_items(), ""
-                    while chunk := list(itertools.islice(items, 16)):
-                        f.write(sep + ", ".join(chunk))
-                        sep = ", "
-                    f.write("]")
+                    v.write_json(f)
                 else:
-                    f.write(json.dumps(v, allow_nan=False))
-            f.write("\n}\n")
+                    f.write(json.dumps(v, allow_nan=False).encode("ascii"))
+            f.write(b"\n}\n")
 
     atomic_write(path, write)
 
@@ -149,6 +166,56 @@ def _stats(prefix: str, x: list[float] | np.ndarray, percentiles: Sequence[float
            f"std_{prefix}_ms": float(a.std()) * 1000}
     for p in percentiles:
         out[f"{_pkey(p)}_{prefix}_ms"] = float(np.percentile(a, p)) * 1000
+    return out
+
+
+def _metric_stats(metrics: Sequence[str], percentiles: Sequence[float], ttft: np.ndarray, tpot: np.ndarray,
+                  itl: tuple[np.ndarray, np.ndarray, np.ndarray], e2el: np.ndarray) -> dict[str, float | None]:
+    """The statistics of ``metrics``, in vLLM's order; ``itl``: (the pooled samples, each step's dt, the samples
+    of each step)."""
+    d: dict[str, float | None] = {}
+    for m, vals in (("ttft", ttft), ("tpot", tpot), ("itl", itl[0]), ("e2el", e2el)):
+        if m in metrics:
+            d.update(_stats_of_repeats(m, *itl, percentiles) if m == "itl" else _stats(m, vals, percentiles))
+    return d
+
+
+def _pooled(dt: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """dt[lo[0]:hi[0]], dt[lo[1]:hi[1]], ... one after another (the ITL samples of those requests)."""
+    segs = [dt[a:b] for a, b in zip(lo, hi)]
+    return np.concatenate(segs) if segs else np.zeros(0)
+
+
+def _stats_of_repeats(prefix: str, pool: np.ndarray, values: np.ndarray, counts: np.ndarray,
+                      percentiles: Sequence[float] = PERCENTILES) -> dict[str, float | None]:
+    """:func:`_stats` of ``pool``, a sample in which ``values[j]`` occurs ``counts[j]`` times (the ITL samples: each
+    step's dt once per completed request decoding in it): the same numbers, the median and percentiles read from
+    the sorted values and their cumulative counts instead of partitioning millions of samples. The mean and std
+    still run over ``pool`` (their sums depend on its order); numpy's median (the mean of the middle one or two)
+    and linear percentile (``_lerp`` of the two neighbours of (N - 1) q / 100) are done with its operations."""
+    a = np.asarray(pool, float)
+    values = np.asarray(values, float)
+    counts = np.asarray(counts, np.int64)
+    order = np.argsort(values, kind="stable")
+    cum = np.cumsum(counts[order])
+    if not a.size or not np.isfinite(values).all() or int(cum[-1]) != a.size or (counts < 0).any():
+        return _stats(prefix, a, percentiles)       # NaN's ordering, or not that sample: numpy's own path
+    srt, n = values[order], a.size
+
+    def kth(k: int) -> np.float64:                  # the k-th smallest sample (0-based)
+        return srt[np.searchsorted(cum, k, "right")]
+
+    mid = [kth((n - 1) // 2)] if n % 2 else [kth(n // 2 - 1), kth(n // 2)]
+    out = {f"mean_{prefix}_ms": float(a.mean()) * 1000, f"median_{prefix}_ms": float(np.mean(np.array(mid))) * 1000,
+           f"std_{prefix}_ms": float(a.std()) * 1000}
+    for p in percentiles:
+        virtual = (n - 1) * np.asanyarray(np.true_divide(p, 100))
+        lo = np.floor(virtual)
+        below, above = (kth(n - 1), kth(n - 1)) if virtual >= n - 1 else (kth(int(lo)), kth(int(lo) + 1))
+        t = float(virtual - lo)
+        diff = above - below
+        v = above - diff * (1 - t) if t >= 0.5 else below + diff * t
+        out[f"{_pkey(p)}_{prefix}_ms"] = float(v) * 1000
     return out
 
 
@@ -287,13 +354,13 @@ def bench_result(res: SimResult, *, warmup_s: float, duration_s: float, model_id
     total_in, total_out = int(in_lens[ok].sum()), int(out_lens.sum())
     multi = ok & (out_lens > 1)  # TPOT needs a token after the first
     tpots = (lat[multi] - ttfts[multi]) / (out_lens[multi] - 1)
-    segs = [dt[a:b] for a, b in zip(lo[ok], hi[ok])]
-    itl_pool = np.concatenate(segs) if segs else np.zeros(0)
-    # Chunks per step from completed requests (difference array over their step ranges).
+    itl_pool = _pooled(dt, lo[ok], hi[ok])
+    # Chunks per step from completed requests (difference array over their step ranges): its dt's ITL samples
     diff = np.zeros(n_steps + 1)
     np.add.at(diff, lo[ok], 1)
     np.add.at(diff, hi[ok], -1)
-    peak_tok, peak_conc = _peak_chunks_per_s(arr[idx], first, t_start + dt, np.cumsum(diff)[:n_steps], ok, fin)
+    per_step = np.cumsum(diff)[:n_steps]
+    peak_tok, peak_conc = _peak_chunks_per_s(arr[idx], first, t_start + dt, per_step, ok, fin)
     dur = float(duration_s)
     d: dict[str, Any] = {
         "date": date or time.strftime("%Y%m%d-%H%M%S"),
@@ -329,9 +396,7 @@ def bench_result(res: SimResult, *, warmup_s: float, duration_s: float, model_id
         "rtfx": 0.0,
     }
     d.update(_spec_decode(res, warmup_s))  # absent when no draft token was verified, as in vLLM
-    for m, vals in (("ttft", ttfts[ok]), ("tpot", tpots), ("itl", itl_pool), ("e2el", lat[ok])):
-        if m in metrics:
-            d.update(_stats(m, vals, percentiles))
+    d.update(_metric_stats(metrics, percentiles, ttfts[ok], tpots, (itl_pool, dt, per_step), lat[ok]))
     for k, v in (metadata or {}).items():   # vLLM: --metadata KEY=VALUE pairs are added to the result
         d[k] = v
     return d

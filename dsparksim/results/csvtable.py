@@ -17,7 +17,13 @@ from typing import Mapping
 
 import numpy as np
 
-__all__ = ["csv_cells", "table_cells", "write_csv_cells"]
+__all__ = ["PlainCells", "csv_cells", "table_cells", "write_csv_cells"]
+
+_SPECIAL = (",", '"', "\n", "\r")   # what makes csv.writer (minimal quoting, "," and "\n") quote a field
+
+
+class PlainCells(list):
+    """A column's cells known to need no quoting (numbers: digits, sign, ".", "e", inf, nan, True, False)."""
 
 
 def csv_cells(col: np.ndarray, float_format: str) -> list | None:
@@ -30,9 +36,10 @@ def csv_cells(col: np.ndarray, float_format: str) -> list | None:
         cells = list(map(float_format.__mod__, a.tolist()))
         for i in np.flatnonzero(np.isnan(a)).tolist():
             cells[i] = ""
-        return cells
+        # numbers through a format without a quoting character: no cell needs quoting
+        return PlainCells(cells) if not any(c in float_format for c in _SPECIAL) else cells
     if kind in "iub":
-        return list(map(str, a.tolist()))
+        return PlainCells(map(str, a.tolist()))
     if kind == "U":
         return a.tolist()
     if kind == "O":
@@ -53,9 +60,27 @@ def table_cells(cols: Mapping[str, np.ndarray], float_format: str = "%.9g") -> l
     return cells
 
 
+def _plain(col: list) -> bool:
+    """Every cell a str csv.writer writes as it is (no quoting)."""
+    if isinstance(col, PlainCells):
+        return True
+    try:
+        text = "".join(col)
+    except TypeError:        # a cell that is not a str: csv.writer formats it
+        return False
+    return not any(c in text for c in _SPECIAL)
+
+
 def write_csv_cells(path: str | Path, header: list[str], cells: list[list]) -> None:
-    """Write the header and the columns' cells (:func:`table_cells`) at ``path``, one row per index."""
+    """Write the header and the columns' cells (:func:`table_cells`) at ``path``, one row per index. When no cell
+    needs quoting (numbers and plain strings) the lines are the cells joined by "," -- the same bytes csv.writer
+    writes, without its per-field checks; otherwise csv.writer writes them."""
     with open(path, "w", newline="", encoding="utf-8") as f:
+        if len(header) > 1 and _plain(header) and all(_plain(c) for c in cells):
+            f.write(",".join(header) + "\n")
+            if cells and cells[0]:
+                f.write("\n".join(map(",".join, zip(*cells))) + "\n")
+            return
         w = csv.writer(f, lineterminator="\n")
         w.writerow(header)
         w.writerows(zip(*cells))

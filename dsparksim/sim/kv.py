@@ -28,6 +28,7 @@ from dsparksim.sim.requests import DECODE, RequestTable
 REJECT_REASONS = {1: "max_model_len", 2: "kv_capacity"}
 R_LEN, R_KV = 1, 2
 KV_POLICIES = ("paged", "reserve")
+_sum = np.add.reduce   # ndarray.sum() without its Python wrapper (called every engine step)
 
 
 class KVManager:
@@ -138,7 +139,7 @@ class PagedKV(KVManager):
         held = r.pages[dec]
         want = self.pages_for(r.prefilled[dec] + r.gen[dec] - r.regen[dec] + self.K)
         grow = np.maximum(want - held, 0)
-        need = int(grow.sum())
+        need = int(_sum(grow))
         if need > self.n_pages - self.pages_used:
             return False
         if need:
@@ -152,7 +153,7 @@ class PagedKV(KVManager):
 
     def release(self, rows: np.ndarray) -> None:
         r = self.req
-        self.pages_used -= int(r.pages[rows].sum())
+        self.pages_used -= int(_sum(r.pages[rows]))
         r.pages[rows] = 0
 
     def release_row(self, row: int) -> None:

@@ -87,6 +87,9 @@ PRICE_KEYS = ("M", "n_decode", "kv_read", "n_prefill_tokens", "prefill_qk", "pre
 # ... and, when the run logged them (--pad-verify, --draft-exit), these
 EXTRA_PRICE_KEYS = ("pad_tokens", "draft_counts")
 
+# ndarray.sum() without its Python wrapper (a few calls per engine step; the same reduction)
+_sum = np.add.reduce
+
 
 class Inbox:
     """An engine's inbox: the rows routed to it and not yet drained, FIFO (``items``, as a simpy.Store names it).
@@ -225,8 +228,9 @@ class Scheduler:
             self.running.append(row)
             new.append(row)
         if new:
-            self._run_arr = None
             rows = np.array(new, np.int64)
+            if self._run_arr is not None:    # running = the rows before + the admitted, in that order
+                self._run_arr = np.concatenate([self._run_arr, rows])
             # one call for all admitted requests: each row's start draws are keyed by its request alone
             if self._pre is not None:
                 self._pre.admit(rows)        # the source's per-request state, keyed by each request alone
@@ -342,7 +346,7 @@ class Scheduler:
             # a prefill-only step: the decoding rows wait; only the prefilling rows' context is read
             dec, n_dec = dec[:0], 0
             run = run[ph != DECODE]
-        kv_read = int(r.prefilled[run].sum() + r.gen[run].sum() - r.regen[run].sum()) + n_pf
+        kv_read = int(_sum(r.prefilled[run]) + _sum(r.gen[run]) - _sum(r.regen[run])) + n_pf
         slots = r.slot_of[dec]
         blk = drafted = counts = None
         if n_dec:
@@ -370,14 +374,15 @@ class Scheduler:
         conf = A = None
         if n_dec:
             L, conf, A = self._choose(dec, blk, drafted, n_dec + n_pf, step_time, dctx)
-        M = n_dec + n_pf + int(L.sum())
+        n_verify = int(_sum(L))
+        M = n_dec + n_pf + n_verify
         if M > self.max_tokens:
             raise RuntimeError(f"policy {self.policy.spec} exceeded the token budget: M={M} > {self.max_tokens}")
         # a padded engine (no variable-length attention kernels) runs every decoding row at the step's longest
         # verify length: the target's forward is priced at M + pad (module doc); M + pad <= n_dec (1 + K) + n_pf
         # <= max_tokens (admission and the chunk budget)
         Lp = np.full(n_dec, int(L.max()), np.int64) if self.pad_verify and n_dec else L
-        pad = int(Lp.sum()) - int(L.sum())
+        pad = int(Lp.sum()) - n_verify if Lp is not L else 0
         dec_qk = 0 if dctx is None else int(decode_query_keys(Lp, dctx).sum())
         dt = pricer.charge(base_time, M + pad, n_dec, dec_qk)
         if not dt > 0:
@@ -405,7 +410,8 @@ class Scheduler:
                           true_accepted=A if self.policy.needs_oracle else None, drafted=drafted,
                           context=dctx, qk_s=float(self.pricer.sq) if dctx is not None else 0.0)
         L = np.asarray(self.policy.choose(ctx), dtype=np.int64)
-        if L.shape != (n_dec,) or (n_dec and (L.min() < 0 or L.max() > K)):
+        # (a negative L viewed as uint64 is above any K: one reduction checks both ends)
+        if L.shape != (n_dec,) or (n_dec and int(L.view(np.uint64).max()) > K):
             raise RuntimeError(f"policy {self.policy.spec} returned invalid verify lengths {L!r} (K={K})")
         if drafted is not None:
             L = np.minimum(L, drafted)   # positions never drafted cannot be verified
@@ -436,14 +442,15 @@ class Scheduler:
         finished: list[np.ndarray] = []
         if len(dec):
             a = np.asarray(a, np.int64)
-            if a.shape != dec.shape or (a.size and (a.min() < 0 or (a > L).any())):
+            # (L is in 0..K: a negative a viewed as uint64 is above it, so one comparison checks both ends)
+            if a.shape != dec.shape or (a.size and (a.view(np.uint64) > np.asarray(L, np.int64).view(np.uint64)).any()):
                 raise RuntimeError(f"executor returned accepted prefixes {a!r} outside 0..verify {L!r}")
-            # vLLM's spec-decode counters: a draft is a request verifying >= 1 draft token this step.
-            drafted = a[L > 0]
-            outcome.drafts, outcome.accepted_total = int(drafted.size), int(drafted.sum())
-            # requests whose accepted prefix reached past position p: a reversed cumulative count
-            cnt = np.bincount(drafted, minlength=self.K + 1)
-            outcome.accepted_per_pos = np.cumsum(cnt[::-1])[::-1][1:self.K + 1].astype(np.int64)
+            # vLLM's spec-decode counters: a draft is a request verifying >= 1 draft token this step (a request
+            # verifying none accepted none: 0 <= a <= L, so the sums over all requests are those over the drafts)
+            outcome.drafts, outcome.accepted_total = int(np.count_nonzero(L)), int(_sum(a))
+            # requests whose accepted prefix reached past position p: a reversed cumulative count (count 0 unused)
+            cnt = np.bincount(a, minlength=self.K + 1)
+            outcome.accepted_per_pos = np.cumsum(cnt[:0:-1])[::-1].astype(np.int64)
             out, gen = r.out[dec], r.gen[dec]
             emit = np.minimum(a + 1, out - gen)  # the last step may overshoot: stop at length
             gen += emit
@@ -452,7 +459,7 @@ class Scheduler:
             r.dsteps[dec] += 1
             r.vtok[dec] += L
             r.atok[dec] += a
-            emitted = int(emit.sum())
+            emitted = int(_sum(emit))
             self.policy.observe(dec, L, a)
             finished.append(dec[gen >= out])
         else:
@@ -484,7 +491,7 @@ class Scheduler:
         lg["n_decode"].append(plan.n_decode)
         lg["n_prefill_tokens"].append(plan.n_prefill)
         lg["M"].append(plan.M)
-        lg["verify_tokens"].append(int(plan.verify.sum()))
+        lg["verify_tokens"].append(int(_sum(plan.verify)))
         lg["emitted"].append(outcome.emitted)
         lg["decode_emitted"].append(outcome.decode_emitted)
         lg["n_waiting"].append(len(self.waiting))
@@ -518,12 +525,16 @@ class Scheduler:
         r = self.req
         r.phase[rows] = DONE
         r.finish[rows] = now
-        if len(rows) == 1:
+        run = self._run_arr
+        if run is not None:
+            # the running rows in order, less the finished (now DONE; a running row is PREFILL or DECODE)
+            run = run[r.phase[run] != DONE]
+            self.running, self._run_arr = run.tolist(), run
+        elif len(rows) == 1:
             self.running.remove(int(rows[0]))
         else:
             done = set(rows.tolist())
             self.running = [x for x in self.running if x not in done]
-        self._run_arr = None
         self.kv.release(rows)
         self.free_slots.extend(r.slot_of[rows].tolist())
 
