@@ -108,3 +108,18 @@ def test_a_failing_frontier_cell_is_named_by_its_policy_and_load_level(tmp_path)
     assert classify(o) == "error", o.describe()
     assert "[frontier cell: policy " in o.stderr and "3000000 users]" in o.stderr, o.stderr
     assert not (tmp_path / "f").exists()
+
+
+def test_a_date_in_the_basic_or_week_iso_form_is_refused_as_the_help_says_yyyy_mm_dd(tmp_path):
+    """Python 3.11's fromisoformat also reads `20261204` and `2026-W49-5`: `--date` took them and wrote them into
+    the profile's metadata verbatim, where every other date is YYYY-MM-DD."""
+    for bad in ("20261204", "2026-W49-5", "2026-12-04x"):
+        o = run_cli(["profile", "build", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--date", bad,
+                     "--out", str(tmp_path / "p.json")])
+        assert classify(o) == "error", o.describe()
+        assert "--date" in o.stderr and repr(bad) in o.stderr and "YYYY-MM-DD" in o.stderr, o.stderr
+    assert not (tmp_path / "p.json").exists()
+    o = run_cli(["profile", "build", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--date",
+                 "2026-12-04T10:00:00", "--out", str(tmp_path / "p.json")])
+    assert classify(o) == "ok", o.describe()
+    assert '"date": "2026-12-04T10:00:00"' in (tmp_path / "p.json").read_text()
