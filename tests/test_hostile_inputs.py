@@ -123,3 +123,23 @@ def test_a_date_in_the_basic_or_week_iso_form_is_refused_as_the_help_says_yyyy_m
                  "2026-12-04T10:00:00", "--out", str(tmp_path / "p.json")])
     assert classify(o) == "ok", o.describe()
     assert '"date": "2026-12-04T10:00:00"' in (tmp_path / "p.json").read_text()
+
+
+def test_bench_replay_attention_dp_errors_name_the_flag_and_the_value(tmp_path):
+    """`bench replay --attention-dp-batching-wait-iters 5` without a timeout named ServerSettings' field
+    ('server: field attention_dp_batching_wait_iters'), not the flag given; the timeout given with no DP-attention
+    run selected did not say its value."""
+    from pathlib import Path
+    runs = tmp_path / "runs.csv"
+    rows = Path(__file__).parent / "data" / "bench" / "inferencex_rows.csv"
+    assert classify(run_cli(["bench", "import", str(rows), "--out", str(runs)])) == "ok"
+    replay = ["bench", "replay", str(runs), "--profile", "built-h200x8-deepseek-v3-tp8", "--quiet",
+              "--where", "gpu=h200,engine=sglang", "--out", str(tmp_path / "rp")]
+    o = run_cli([*replay, "--attention-dp-batching-wait-iters", "5"])
+    assert classify(o) == "error", o.describe()
+    assert "field '--attention-dp-batching-wait-iters'" in o.stderr and ": 5:" in o.stderr, o.stderr
+    assert "--attention-dp-timeout-iters" in o.stderr and "server" not in o.stderr, o.stderr
+    o = run_cli([*replay, "--attention-dp-timeout-iters", "60"])
+    assert classify(o) == "error", o.describe()
+    assert "field '--attention-dp-timeout-iters': 60 given" in o.stderr and "dp_attention=true" in o.stderr, o.stderr
+    assert not (tmp_path / "rp").exists()
