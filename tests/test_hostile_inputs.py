@@ -143,3 +143,18 @@ def test_bench_replay_attention_dp_errors_name_the_flag_and_the_value(tmp_path):
     assert classify(o) == "error", o.describe()
     assert "field '--attention-dp-timeout-iters': 60 given" in o.stderr and "dp_attention=true" in o.stderr, o.stderr
     assert not (tmp_path / "rp").exists()
+
+
+def test_a_frontier_load_level_out_of_range_is_named_by_the_load_flag(tmp_path):
+    """`frontier --rates 1,1e20` was refused as "TrafficConfig: field 'rate'" (as "field '--rate'" when the bad level
+    came first), `--time-scales 1,1e8` as "TrafficConfig: field 'time_scale'": frontier's flags are --rates and
+    --time-scales."""
+    from pathlib import Path
+    trace = str(Path(__file__).parent / "data" / "traffic_azure_small.csv")
+    for loads, flag, bad in ((["--rates", "1,1e20"], "--rates", "1e+20"), (["--rates", "1e20,1"], "--rates", "1e+20"),
+                             (["--trace", trace, "--time-scales", "1,1e8"], "--time-scales", "100000000.0")):
+        o = run_cli(["frontier", "--policies", "none,mtp1", *loads, "--duration", "1", "--quiet",
+                     "--out", str(tmp_path / "f")])
+        assert classify(o) == "error", o.describe()
+        assert f"field '{flag}'" in o.stderr and bad in o.stderr and "TrafficConfig" not in o.stderr, o.stderr
+    assert not (tmp_path / "f").exists()
