@@ -158,3 +158,14 @@ def test_a_frontier_load_level_out_of_range_is_named_by_the_load_flag(tmp_path):
         assert classify(o) == "error", o.describe()
         assert f"field '{flag}'" in o.stderr and bad in o.stderr and "TrafficConfig" not in o.stderr, o.stderr
     assert not (tmp_path / "f").exists()
+
+
+def test_a_failing_frontier_cell_names_its_deployment_when_several_are_swept(tmp_path):
+    """650,000 users overflow the admission queue of one replica (100,000 slots) but not of four: the error named
+    the policy and the load only, not which of --replicas 1,4 failed."""
+    o = run_cli(["frontier", "--policies", "none", "--baseline", "none", "--concurrency-levels", "650000",
+                 "--replicas", "1,4", "--max-num-seqs", "100000", "--duration", "1", "--out", str(tmp_path / "f"),
+                 "--quiet"])
+    assert classify(o) == "error", o.describe()
+    assert "[frontier cell: policy none, 650000 users, deployment x1 " in o.stderr, o.stderr
+    assert not (tmp_path / "f").exists()
