@@ -108,3 +108,64 @@ def test_a_failing_frontier_cell_is_named_by_its_policy_and_load_level(tmp_path)
     assert classify(o) == "error", o.describe()
     assert "[frontier cell: policy " in o.stderr and "3000000 users]" in o.stderr, o.stderr
     assert not (tmp_path / "f").exists()
+
+
+def test_a_date_in_the_basic_or_week_iso_form_is_refused_as_the_help_says_yyyy_mm_dd(tmp_path):
+    """Python 3.11's fromisoformat also reads `20261204` and `2026-W49-5`: `--date` took them and wrote them into
+    the profile's metadata verbatim, where every other date is YYYY-MM-DD."""
+    for bad in ("20261204", "2026-W49-5", "2026-12-04x"):
+        o = run_cli(["profile", "build", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--date", bad,
+                     "--out", str(tmp_path / "p.json")])
+        assert classify(o) == "error", o.describe()
+        assert "--date" in o.stderr and repr(bad) in o.stderr and "YYYY-MM-DD" in o.stderr, o.stderr
+    assert not (tmp_path / "p.json").exists()
+    o = run_cli(["profile", "build", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--date",
+                 "2026-12-04T10:00:00", "--out", str(tmp_path / "p.json")])
+    assert classify(o) == "ok", o.describe()
+    assert '"date": "2026-12-04T10:00:00"' in (tmp_path / "p.json").read_text()
+
+
+def test_bench_replay_attention_dp_errors_name_the_flag_and_the_value(tmp_path):
+    """`bench replay --attention-dp-batching-wait-iters 5` without a timeout named ServerSettings' field
+    ('server: field attention_dp_batching_wait_iters'), not the flag given; the timeout given with no DP-attention
+    run selected did not say its value."""
+    from pathlib import Path
+    runs = tmp_path / "runs.csv"
+    rows = Path(__file__).parent / "data" / "bench" / "inferencex_rows.csv"
+    assert classify(run_cli(["bench", "import", str(rows), "--out", str(runs)])) == "ok"
+    replay = ["bench", "replay", str(runs), "--profile", "built-h200x8-deepseek-v3-tp8", "--quiet",
+              "--where", "gpu=h200,engine=sglang", "--out", str(tmp_path / "rp")]
+    o = run_cli([*replay, "--attention-dp-batching-wait-iters", "5"])
+    assert classify(o) == "error", o.describe()
+    assert "field '--attention-dp-batching-wait-iters'" in o.stderr and ": 5:" in o.stderr, o.stderr
+    assert "--attention-dp-timeout-iters" in o.stderr and "server" not in o.stderr, o.stderr
+    o = run_cli([*replay, "--attention-dp-timeout-iters", "60"])
+    assert classify(o) == "error", o.describe()
+    assert "field '--attention-dp-timeout-iters': 60 given" in o.stderr and "dp_attention=true" in o.stderr, o.stderr
+    assert not (tmp_path / "rp").exists()
+
+
+def test_a_frontier_load_level_out_of_range_is_named_by_the_load_flag(tmp_path):
+    """`frontier --rates 1,1e20` was refused as "TrafficConfig: field 'rate'" (as "field '--rate'" when the bad level
+    came first), `--time-scales 1,1e8` as "TrafficConfig: field 'time_scale'": frontier's flags are --rates and
+    --time-scales."""
+    from pathlib import Path
+    trace = str(Path(__file__).parent / "data" / "traffic_azure_small.csv")
+    for loads, flag, bad in ((["--rates", "1,1e20"], "--rates", "1e+20"), (["--rates", "1e20,1"], "--rates", "1e+20"),
+                             (["--trace", trace, "--time-scales", "1,1e8"], "--time-scales", "100000000.0")):
+        o = run_cli(["frontier", "--policies", "none,mtp1", *loads, "--duration", "1", "--quiet",
+                     "--out", str(tmp_path / "f")])
+        assert classify(o) == "error", o.describe()
+        assert f"field '{flag}'" in o.stderr and bad in o.stderr and "TrafficConfig" not in o.stderr, o.stderr
+    assert not (tmp_path / "f").exists()
+
+
+def test_a_failing_frontier_cell_names_its_deployment_when_several_are_swept(tmp_path):
+    """650,000 users overflow the admission queue of one replica (100,000 slots) but not of four: the error named
+    the policy and the load only, not which of --replicas 1,4 failed."""
+    o = run_cli(["frontier", "--policies", "none", "--baseline", "none", "--concurrency-levels", "650000",
+                 "--replicas", "1,4", "--max-num-seqs", "100000", "--duration", "1", "--out", str(tmp_path / "f"),
+                 "--quiet"])
+    assert classify(o) == "error", o.describe()
+    assert "[frontier cell: policy none, 650000 users, deployment x1 " in o.stderr, o.stderr
+    assert not (tmp_path / "f").exists()

@@ -289,3 +289,25 @@ def test_a_user_file_in_a_result_directory_is_never_deleted_by_the_next_run(tmp_
     assert (out / "copy.json").is_file()
     assert main([*RUN, "--out", str(out)]) == 2      # without the option, copy.json is not this command's file
     assert (out / "copy.json").is_file()
+
+
+def test_ctrl_c_while_the_result_set_is_hashed_still_says_the_set_is_incomplete(tmp_path, monkeypatch):
+    """Ctrl-C after the last file was written but before the manifest was (stale names removed, every file hashed:
+    as long as writing them for a big results table) came out as a plain interrupt."""
+    import dsparksim.results.outputs as outputs
+    from dsparksim.results.outputs import WriteInterrupted, result_set_complete, write_result_set
+
+    def ctrl_c(p):
+        raise KeyboardInterrupt
+
+    files = {"a.csv": lambda p: p.write_text("a\n"), "b.csv": lambda p: p.write_text("b\n")}
+    monkeypatch.setattr(outputs, "_sha256", ctrl_c)
+    with pytest.raises(WriteInterrupted, match=r"x\.manifest\.json marks the set incomplete .*2 of 2 files replaced"):
+        write_result_set(tmp_path, files, "x.manifest.json")
+    assert json.loads((tmp_path / "x.manifest.json").read_text())["complete"] is False
+    monkeypatch.undo()
+    with pytest.raises(WriteInterrupted, match=r"1 of 2 files replaced"):
+        write_result_set(tmp_path / "o", {**files, "b.csv": ctrl_c}, "x.manifest.json")
+    assert (tmp_path / "o" / "a.csv").is_file() and not (tmp_path / "o" / "b.csv").exists()
+    write_result_set(tmp_path, files, "x.manifest.json")
+    assert result_set_complete(tmp_path, "x.manifest.json")

@@ -280,7 +280,8 @@ def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSet
             notes = notes + [f"acceptance {acceptance} (given) instead of the mapping's"]
         plan.append((row, wl, notes, pol, gpus_of(row), R))
     if server.attention_dp_timeout_iters is not None and not any(R > 1 for *_, R in plan):
-        raise ConfigError("cli", "--attention-dp-timeout-iters", "given, but no selected run has DP attention (the "
+        raise ConfigError("cli", "--attention-dp-timeout-iters", f"{server.attention_dp_timeout_iters} given, but no "
+                          "selected run has DP attention (the "
                           "balance holds prefills across DP ranks; select runs with --where dp_attention=true)")
     if acceptance is not None:
         spec_ks = sorted({int(pol["block_size"]) for _, _, _, pol, _, _ in plan if "acceptance" in pol})

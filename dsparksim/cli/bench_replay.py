@@ -15,6 +15,7 @@ from pathlib import Path
 from dsparksim.cli.options import add_seed_option, bar_off, check_seed
 from dsparksim import __version__
 from dsparksim.config import pos_float, pos_int
+from dsparksim.errors import ConfigError
 from dsparksim.io.options import nonneg_int
 from dsparksim.results.outputs import check_out_dir, staged_dir
 
@@ -69,6 +70,10 @@ def replay_command(args: argparse.Namespace) -> int:
     from dsparksim.sim.simulate import write_json, write_table  # lazy: pulls in numpy, scipy, simpy
 
     check_seed(args)
+    if args.attention_dp_batching_wait_iters and args.attention_dp_timeout_iters is None:   # named by its flag
+        raise ConfigError("cli", "--attention-dp-batching-wait-iters", f"{args.attention_dp_batching_wait_iters}: "
+                          "the batching wait is part of the attention-DP balance: set --attention-dp-timeout-iters "
+                          "too, or drop it")
     check_out_dir(args.out, "--out")
     where = parse_where(args.where)
     runs = read_table(args.runs)

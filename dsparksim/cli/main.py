@@ -7,12 +7,12 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from dsparksim.config import (DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, RunConfig, nonneg_float,
                               nonneg_int, pos_float, pos_int, run_options)
 from dsparksim.cli.options import add_backend_options, bar_off
-from dsparksim.errors import ConfigError, InputError, missing_extra, one_line
+from dsparksim.errors import CLI, ConfigError, InputError, missing_extra, one_line
 from dsparksim.io.options import number
 from dsparksim import __version__
 from dsparksim.config import PAGED_ONLY, reserved_kv_conflict
@@ -502,12 +502,27 @@ def frontier_cells(args: argparse.Namespace, policies: list[str], slo_warnings: 
                                 f"{deployment_label(1, args.router[0])} (one engine reads no router): run once, as "
                                 f"{deployment_label(1, args.router[0])}")
     # The base config is the first deployment's; each cell sets its own replicas and router.
-    base = run_config(args, replicas=deploys[0][0], router=deploys[0][1], **load)
+    with _load_levels_named(args, *load):
+        base = run_config(args, replicas=deploys[0][0], router=deploys[0][1], **load)
     preflight(base, policies, "--policies")
     _check_session_routers(base, args.router)
     seeds = seed_list(base.seed, args.seeds)
-    cfgs = cells(base, policies, loads, deploys, seeds=seeds if len(seeds) > 1 else None)
+    with _load_levels_named(args, *load):
+        cfgs = cells(base, policies, loads, deploys, seeds=seeds if len(seeds) > 1 else None)
     return base, loads, load_name, deploys, seeds, cfgs
+
+
+@contextlib.contextmanager
+def _load_levels_named(args: argparse.Namespace, key: str) -> Iterator[None]:
+    """A load level refused by TrafficConfig is named by frontier's own flag (--rates), not the field (rate) or
+    run's flag (--rate), which frontier does not have."""
+    try:
+        yield
+    except ConfigError as e:
+        if e.field not in (key, "--" + key.replace("_", "-")):
+            raise
+        flag = "--time-scales" if args.trace else "--rates" if args.rates else "--concurrency-levels"
+        raise ConfigError(CLI, flag, e.message) from None
 
 
 def warn_incomplete_cells(table, seeded: bool) -> None:

@@ -105,7 +105,7 @@ def _register_build(sub: Any) -> None:
     b.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="fraction of GPU memory the engine may use, as vLLM's flag [0.9]")
     b.add_argument("--name", help="profile name (default: built-<gpu>-<model>-<parallelism>)")
-    b.add_argument("--date", type=iso_date, help="date written into metadata (default today; fix it for reproducible files)")
+    b.add_argument("--date", type=iso_date, help="date written into metadata, YYYY-MM-DD (default today; fix it for reproducible files)")
     b.add_argument("--out", required=True, help="profile JSON to write (never the --model config; an existing file "
                                                 "only if dsparksim wrote it, with --force)")
     b.add_argument("--force", action="store_true",
@@ -485,7 +485,7 @@ def _register_fit(sub: Any) -> None:
                    help="whether the server's steps mixed prefill chunks with decode [each run's engine default: "
                         "off for SGLang (--enable-mixed-chunk defaults to off), on otherwise]")
     f.add_argument("--name", help="profile name [fitted-<gpu>x<tp>-<model>]")
-    f.add_argument("--date", type=iso_date, help="date written into metadata [today]")
+    f.add_argument("--date", type=iso_date, help="date written into metadata, YYYY-MM-DD [today]")
     f.add_argument("--out", required=True, metavar="P.json", help="profile JSON to write (never overwritten "
                                                                     "unless it is one this command wrote and "
                                                                     "--force is given)")

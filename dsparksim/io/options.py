@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -63,14 +64,16 @@ def nonneg_int(s: str) -> int:
 
 
 def iso_date(s: str) -> str:
-    """Option parser: an ISO 8601 date (``2026-12-04``) or date and time, returned as written (it goes into
-    metadata verbatim, so a typo such as ``2026-13-04`` must not)."""
-    for parse in (_dt.date.fromisoformat, _dt.datetime.fromisoformat):
-        try:
-            parse(s)
-            return s
-        except ValueError:
-            pass
+    """Option parser: an ISO 8601 calendar date (``2026-12-04``) or date and time, returned as written (it goes into
+    metadata verbatim, so a typo such as ``2026-13-04`` must not). Python's fromisoformat also takes the basic and
+    week forms (``20261204``, ``2026-W49-5``): refused, the metadata's dates are all YYYY-MM-DD."""
+    if re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", s[:10]) and (len(s) == 10 or s[10] in "T "):
+        for parse in (_dt.date.fromisoformat, _dt.datetime.fromisoformat):
+            try:
+                parse(s)
+                return s
+            except ValueError:
+                pass
     raise argparse.ArgumentTypeError(f"expected an ISO 8601 date (YYYY-MM-DD), got {s!r}")
 
 

@@ -74,7 +74,7 @@ def run_cells(cfgs: list[RunConfig], jobs: int = 1, on_done: Callable[[], None] 
 
     def on_result(res: dict[str, Any]) -> None:
         if not res["ok"]:
-            raise _naming_cell(cell_exception(res), cfgs[res["index"]])  # the backend cancels the rest
+            raise _naming_cell(cell_exception(res), cfgs[res["index"]], cfgs)  # the backend cancels the rest
         out[res["index"]] = res["summary"]
         if on_done:
             on_done()
@@ -83,14 +83,19 @@ def run_cells(cfgs: list[RunConfig], jobs: int = 1, on_done: Callable[[], None] 
     return out  # type: ignore[return-value]
 
 
-def _naming_cell(e: BaseException, cfg: RunConfig) -> BaseException:
+def _naming_cell(e: BaseException, cfg: RunConfig, cfgs: Sequence[RunConfig] = ()) -> BaseException:
     """A cell's configuration error with the cell (policy and load level) named: a frontier runs many cells, and
-    the one that failed is not the command line's value (e.g. one level of --concurrency-levels)."""
+    the one that failed is not the command line's value (e.g. one level of --concurrency-levels). The deployment
+    and the seed are named too when the frontier's cells (``cfgs``) have several."""
     if type(e) not in (ConfigError, InputError):   # subclasses and other errors stay as they are
         return e
     t = cfg.traffic
     load = (f"{t.concurrency} users" if t.mode == "closed" else f"rate {t.rate:g}/s" if t.rate is not None
             else f"time scale {t.time_scale:g}")
+    if len({(c.engine.replicas, c.engine.router) for c in cfgs}) > 1:   # --replicas / --router lists
+        load += f", deployment {deployment_label(cfg.engine.replicas, cfg.engine.router)}"
+    if len({c.seed for c in cfgs}) > 1:
+        load += f", seed {cfg.seed}"
     return type(e)(e.source, e.field, f"{e.message} [frontier cell: policy {cfg.policy}, {load}]", e.line)
 
 

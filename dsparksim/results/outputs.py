@@ -395,21 +395,23 @@ def write_result_set(out: str | Path, files: Mapping[str, Callable[[Path], None]
     pending = {"written_by": written_by(), "complete": False, "writing": True,
                "files": {**claimed, **{n: None for n in files}}}
     atomic_write(d / manifest, lambda p: p.write_text(json.dumps(pending, indent=1) + "\n"))
-    paths = {}
+    paths, done = {}, 0
     try:
         for name, write in files.items():
             paths[name] = d / name
             atomic_write(d / name, write)
+            done += 1
+        for name in stale:
+            if name not in files:
+                (d / name).unlink(missing_ok=True)
+        # hashing every file can take as long as writing them: the manifest is still the pending one until then
+        entries = {name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for name, p in paths.items()}
     except KeyboardInterrupt as e:
         # Each file is whole (atomic), but the set may now mix this run's files and an earlier run's: say so, and
         # leave the pending manifest (complete: false) as the record.
         raise WriteInterrupted(f"while writing the result files in {str(d)!r}: {manifest} marks the set "
-                               f"incomplete (complete: false; {len(paths) - 1} of {len(files)} files replaced); "
+                               f"incomplete (complete: false; {done} of {len(files)} files replaced); "
                                "run the same command again to write it whole") from e
-    for name in stale:
-        if name not in files:
-            (d / name).unlink(missing_ok=True)
-    entries = {name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for name, p in paths.items()}
     doc = {"written_by": written_by(), "complete": True, **(status or {}),
            "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": entries}
     atomic_write(d / manifest, lambda p: p.write_text(json.dumps(doc, indent=1) + "\n"))
