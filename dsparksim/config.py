@@ -261,6 +261,11 @@ def _check_dp_balance(e: "EngineConfig") -> None:
     if t is not None and e.dp_ranks == 1:
         raise ConfigError("config", "dp_balance_timeout_iters", f"{t}: the attention-DP balance holds prefills "
                           "across DP ranks; with dp_ranks 1 nothing reads it: set --dp-ranks above 1 or drop it")
+    if t is not None and e.disaggregated:
+        raise ConfigError("config", "dp_balance_timeout_iters", f"{t}: the attention-DP balance holds the context "
+                          "(prefill) requests of ranks that prefill; --disaggregated decode ranks receive their KV "
+                          "from the prefill pool (TensorRT-LLM's generation servers schedule no context requests): "
+                          "drop it or --disaggregated")
     if w and t is None:
         raise ConfigError("config", "dp_balance_wait_iters", f"{w}: the batching wait is part of the attention-DP "
                           "balance: set --attention-dp-timeout-iters too, or drop it")

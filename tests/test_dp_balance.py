@@ -103,5 +103,7 @@ def test_the_balance_needs_dp_ranks_and_the_wait_needs_the_balance():
         EngineConfig(dp_ranks=2, dp_balance_wait_iters=3)
     with pytest.raises(ConfigError, match="expected an integer >= 0"):
         EngineConfig(dp_ranks=2, dp_balance_timeout_iters=-1)
+    with pytest.raises(ConfigError, match="dp_balance_timeout_iters.*--disaggregated decode ranks"):
+        EngineConfig(dp_ranks=2, dp_balance_timeout_iters=60, disaggregated=True, kv_transfer_gbps=100.0)
     e = EngineConfig(dp_ranks=2, dp_balance_timeout_iters=0, dp_balance_wait_iters=2)
     assert (e.dp_balance_timeout_iters, e.dp_balance_wait_iters) == (0, 2)
