@@ -263,3 +263,13 @@ def test_dp_attention_and_profile_must_agree(tmp_path, capsys):
         replay([_dp_row(1, 4, tp=4, gpu_count=4)], DP_PROFILE)
     with pytest.raises(InputError, match="field 'tp': run t.csv:1: missing, and dp_attention is true"):
         replay([_dp_row(1, 4, tp=None)], DP_PROFILE)
+
+
+def test_the_attention_dp_balance_is_refused_for_an_engine_without_it():
+    """TensorRT-LLM's attention_dp_config balance applied to an SGLang DP-attention run would model a setting SGLang
+    does not have."""
+    from dsparksim.bench.client import ServerSettings
+    with pytest.raises(ConfigError, match=r"--attention-dp-timeout-iters.*60 given, but run t.csv:1 ran on 'sglang'"):
+        replay([_dp_row(1, 4, engine="sglang")], DP_PROFILE, server=ServerSettings(attention_dp_timeout_iters=60))
+    df = replay([_dp_row(1, 4)], DP_PROFILE, server=ServerSettings(attention_dp_timeout_iters=60), seed=0)
+    assert df["dp_ranks"].tolist() == [8]

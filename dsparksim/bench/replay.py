@@ -283,6 +283,13 @@ def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSet
         raise ConfigError("cli", "--attention-dp-timeout-iters", f"{server.attention_dp_timeout_iters} given, but no "
                           "selected run has DP attention (the "
                           "balance holds prefills across DP ranks; select runs with --where dp_attention=true)")
+    if server.attention_dp_timeout_iters is not None:
+        other = next((row for row, *_, R in plan if R > 1 and not _missing(row.get("engine"))
+                      and str(row.get("engine")).strip().lower() != "trtllm"), None)
+        if other is not None:
+            raise ConfigError("cli", "--attention-dp-timeout-iters", f"{server.attention_dp_timeout_iters} given, "
+                              f"but run {other.get('run_id') or '?'} ran on {other.get('engine')!r}: the balance is "
+                              "TensorRT-LLM's (attention_dp_config); select its runs (--where engine=trtllm)")
     if acceptance is not None:
         spec_ks = sorted({int(pol["block_size"]) for _, _, _, pol, _, _ in plan if "acceptance" in pol})
         if not spec_ks:
