@@ -74,7 +74,7 @@ def test_server_flags_and_aliases():
     (["--concurrency", "4", "--max-concurrency", "4", "--num-prompts", "8"], "--max-concurrency"),
     (["--dataset-name", "sharegpt"], "--dataset-name"),
     (["--random-range-ratio", "1.5"], "--random-range-ratio"),
-    (["--num-warmup-prompts", "3"], "num_warmup_prompts"),
+    (["--num-warmup-prompts", "3"], "--num-warmup-prompts"),
     (["--num-warmup-prompts", "3", "--num-prompts", "9", "--warmup", "1"], "--warmup"),
     (["--random-input-len", "64", "--lengths", "sharegpt", "--num-prompts", "5"], "conflicts with lengths"),
     (["--mem-fraction-static", "0.8"], "metadata.build.memory"),            # the 7B profile has no memory metadata

@@ -482,7 +482,7 @@ def test_fuzz_numeric_options(work):
 def test_extreme_rate_is_refused_in_one_line(work, extreme):
     """Found by the fuzz suite (DSPARKSIM_FUZZ_SCALE=8): refused up front (TrafficConfig.RATE_RANGE)."""
     o = run_cli(run_args(work) + extreme, limit_s=LIMIT_S)
-    assert classify(o) == "error" and ("rate" in o.lines[0] or "time_scale" in o.lines[0]), o.describe()
+    assert classify(o) == "error" and ("rate" in o.lines[0] or "time-scale" in o.lines[0]), o.describe()
 
 
 def test_tiny_burstiness_does_not_hang(work):
