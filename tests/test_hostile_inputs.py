@@ -169,3 +169,15 @@ def test_a_failing_frontier_cell_names_its_deployment_when_several_are_swept(tmp
     assert classify(o) == "error", o.describe()
     assert "[frontier cell: policy none, 650000 users, deployment x1 " in o.stderr, o.stderr
     assert not (tmp_path / "f").exists()
+
+
+def test_a_frontier_deployment_the_engine_refuses_is_named_by_its_flag(tmp_path):
+    """`frontier --replicas 1,5000` or a --max-num-seqs too large for one of the --replicas said `config: field
+    'replicas'` / `'max_num_seqs'` (the dataclass field), not the flag typed."""
+    for extra, flag in ((["--replicas", "1,5000"], "--replicas"),
+                        (["--replicas", "1,4", "--max-num-seqs", "2000000"], "--max-num-seqs")):
+        o = run_cli(["frontier", "--policies", "none,mtp1", "--concurrency-levels", "4", "--duration", "1",
+                     "--out", str(tmp_path / "f"), "--quiet", *extra])
+        assert classify(o) == "error", o.describe()
+        assert f"command line: field '{flag}'" in o.stderr and "config: field" not in o.stderr, o.stderr
+    assert not (tmp_path / "f").exists()

@@ -515,14 +515,18 @@ def frontier_cells(args: argparse.Namespace, policies: list[str], slo_warnings: 
 @contextlib.contextmanager
 def _load_levels_named(args: argparse.Namespace, key: str) -> Iterator[None]:
     """A load level refused by TrafficConfig is named by frontier's own flag (--rates), not the field (rate) or
-    run's flag (--rate), which frontier does not have."""
+    run's flag (--rate), which frontier does not have; a deployment value the engine config refuses (one of
+    --replicas, or --max-num-seqs x replicas) by its flag, not the dataclass field."""
     try:
         yield
     except ConfigError as e:
-        if e.field not in (key, "--" + key.replace("_", "-")):
+        if e.field in (key, "--" + key.replace("_", "-")):
+            flag = "--time-scales" if args.trace else "--rates" if args.rates else "--concurrency-levels"
+            raise ConfigError(CLI, flag, e.message) from None
+        spec = next((s for s in run_options().values() if s.field == e.field and s.section == "engine"), None)
+        if e.source != "config" or spec is None or not spec.option.flags:
             raise
-        flag = "--time-scales" if args.trace else "--rates" if args.rates else "--concurrency-levels"
-        raise ConfigError(CLI, flag, e.message) from None
+        raise ConfigError(CLI, spec.option.flags[0], e.message) from None
 
 
 def warn_incomplete_cells(table, seeded: bool) -> None:
