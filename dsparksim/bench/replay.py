@@ -187,7 +187,27 @@ def dp_router(engine: Any) -> str:
     (``tensorrt_llm/_torch/pyexecutor`` executor request queue, ``_balance_requests_across_ranks``) ->
     ``least-outstanding`` (fewest running + waiting + queued); SGLang's DP controller sends them in turn
     (``--load-balance-method`` default ``round_robin``) -> ``round-robin``; any other engine -> ``round-robin``."""
-    return "least-outstanding" if str(engine or "").strip().lower() == "trtllm" else "round-robin"
+    return "least-outstanding" if _is_trtllm(engine) else "round-robin"
+
+
+def _is_trtllm(engine: Any) -> bool:
+    return str(engine or "").strip().lower() == "trtllm"
+
+
+def _check_balance_runs(plan: Sequence[tuple], timeout: int) -> None:
+    """``--attention-dp-timeout-iters`` needs a selected DP-attention run, and every such run a TensorRT-LLM one (the
+    balance is its ``attention_dp_config``). ``plan``: replay's (row, ..., DP ranks) tuples."""
+    dp_rows = [row for row, *_, R in plan if R > 1]
+    if not dp_rows:
+        raise ConfigError("cli", "--attention-dp-timeout-iters", f"{timeout} given, but no selected run has DP "
+                          "attention (the balance holds prefills across DP ranks; select runs with --where "
+                          "dp_attention=true)")
+    other = next((row for row in dp_rows if not _missing(row.get("engine")) and not _is_trtllm(row.get("engine"))),
+                 None)
+    if other is not None:
+        raise ConfigError("cli", "--attention-dp-timeout-iters", f"{timeout} given, but run "
+                          f"{other.get('run_id') or '?'} ran on {other.get('engine')!r}: the balance is "
+                          "TensorRT-LLM's (attention_dp_config); select its runs (--where engine=trtllm)")
 
 
 def gpus_of(row: Mapping[str, Any]) -> int:
@@ -279,17 +299,8 @@ def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSet
             pol = {**pol, "acceptance": acceptance}
             notes = notes + [f"acceptance {acceptance} (given) instead of the mapping's"]
         plan.append((row, wl, notes, pol, gpus_of(row), R))
-    if server.attention_dp_timeout_iters is not None and not any(R > 1 for *_, R in plan):
-        raise ConfigError("cli", "--attention-dp-timeout-iters", f"{server.attention_dp_timeout_iters} given, but no "
-                          "selected run has DP attention (the "
-                          "balance holds prefills across DP ranks; select runs with --where dp_attention=true)")
     if server.attention_dp_timeout_iters is not None:
-        other = next((row for row, *_, R in plan if R > 1 and not _missing(row.get("engine"))
-                      and str(row.get("engine")).strip().lower() != "trtllm"), None)
-        if other is not None:
-            raise ConfigError("cli", "--attention-dp-timeout-iters", f"{server.attention_dp_timeout_iters} given, "
-                              f"but run {other.get('run_id') or '?'} ran on {other.get('engine')!r}: the balance is "
-                              "TensorRT-LLM's (attention_dp_config); select its runs (--where engine=trtllm)")
+        _check_balance_runs(plan, server.attention_dp_timeout_iters)
     if acceptance is not None:
         spec_ks = sorted({int(pol["block_size"]) for _, _, _, pol, _, _ in plan if "acceptance" in pol})
         if not spec_ks:

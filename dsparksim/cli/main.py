@@ -502,18 +502,18 @@ def frontier_cells(args: argparse.Namespace, policies: list[str], slo_warnings: 
                                 f"{deployment_label(1, args.router[0])} (one engine reads no router): run once, as "
                                 f"{deployment_label(1, args.router[0])}")
     # The base config is the first deployment's; each cell sets its own replicas and router.
-    with _load_levels_named(args, *load):
+    with _frontier_flags_named(args, *load):
         base = run_config(args, replicas=deploys[0][0], router=deploys[0][1], **load)
     preflight(base, policies, "--policies")
     _check_session_routers(base, args.router)
     seeds = seed_list(base.seed, args.seeds)
-    with _load_levels_named(args, *load):
+    with _frontier_flags_named(args, *load):
         cfgs = cells(base, policies, loads, deploys, seeds=seeds if len(seeds) > 1 else None)
     return base, loads, load_name, deploys, seeds, cfgs
 
 
 @contextlib.contextmanager
-def _load_levels_named(args: argparse.Namespace, key: str) -> Iterator[None]:
+def _frontier_flags_named(args: argparse.Namespace, key: str) -> Iterator[None]:
     """A load level refused by TrafficConfig is named by frontier's own flag (--rates), not the field (rate) or
     run's flag (--rate), which frontier does not have; a deployment value the engine config refuses (one of
     --replicas, or --max-num-seqs x replicas) by its flag, not the dataclass field."""

@@ -105,25 +105,18 @@ class Driver:
         return new
 
     def schedule(self, now: float) -> list[tuple["Scheduler", StepPlan]]:
-        """Admit and plan every rank's step at ``now``; the ranks with something to run."""
-        if self.balance is not None:
-            return self._schedule_balanced(now)
+        """Admit and plan every rank's step at ``now``; the ranks with something to run. With the DP balance every
+        rank admits first (it decides for all ranks at once from all their requests); without it each rank admits
+        just before it plans."""
+        balance = self.balance
+        if balance is not None:
+            for eng in self.ranks:
+                self.admit(eng, now)
+        prefill = balance is None or not balance.hold(self.ranks)
         plans = []
         for eng, draft in zip(self.ranks, self.drafts):
-            self.admit(eng, now)
-            self.clock.planning(self.steps)
-            p = eng.plan_step(draft)
-            if p is not None:
-                plans.append((eng, p))
-        return plans
-
-    def _schedule_balanced(self, now: float) -> list[tuple["Scheduler", StepPlan]]:
-        # every rank admits first: the balance decides for all ranks at once from all their requests
-        for eng in self.ranks:
-            self.admit(eng, now)
-        prefill = not self.balance.hold(self.ranks)
-        plans = []
-        for eng, draft in zip(self.ranks, self.drafts):
+            if balance is None:
+                self.admit(eng, now)
             self.clock.planning(self.steps)
             p = eng.plan_step(draft, prefill=prefill)
             if p is not None:
