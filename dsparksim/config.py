@@ -95,6 +95,9 @@ class EngineConfig:
     replicas:            identical engine replicas behind a router (each with this configuration).
     router:              how requests are spread over the replicas (one of ``dsparksim.sim.routers.ROUTER_NAMES``).
     dp_ranks:            data-parallel attention ranks of one MoE engine, stepped in lockstep.
+    dp_balance_timeout_iters, dp_balance_wait_iters: TensorRT-LLM's attention-DP balance (sim/dp_balance.py).
+    batch_wait_timeout_iters, batch_wait_max_tokens_ratio: TensorRT-LLM's batch waiting, both or neither
+                         (sim/batch_wait.py).
     kv_policy:           KV memory: "paged" (pages taken as tokens are written, preemption by recompute, as vLLM)
                          or "reserve" (prompt + output + K reserved at admission, never preempts).
     kv_page_tokens:      tokens per KV page (paged).
@@ -143,6 +146,14 @@ class EngineConfig:
         0, "--attention-dp-batching-wait-iters", parse=nonneg_int, kinds=INT, metavar="N",
         help="with --attention-dp-timeout-iters: attention_dp_config batching_wait_iters, steps the prefills are "
              "held more once every rank has one and every rank decodes [%(default)s]")
+    batch_wait_timeout_iters: int | None = option(
+        None, "--batch-wait-timeout-iters", parse=pos_int, kinds=INT, metavar="N",
+        help="TensorRT-LLM's batch waiting (with --batch-wait-max-tokens-ratio): new prefills that would share a "
+             "step with decoding requests are held until their prompts plus the decode tokens reach the ratio of "
+             "the token budget or N steps have waited, so several prefill together (sim/batch_wait.py) [off]")
+    batch_wait_max_tokens_ratio: float | None = option(
+        None, "--batch-wait-max-tokens-ratio", parse=pos_float, kinds=NUM, metavar="FRAC",
+        help="with --batch-wait-timeout-iters: TensorRT-LLM's batch_wait_max_tokens_ratio, in (0, 1] [off]")
     kv_policy: str = option("paged", "--kv-policy", choices=("paged", "reserve"), metavar="POLICY",
                             help="KV memory: paged (pages taken as tokens are written; when a step cannot get its "
                                  "pages the most recently admitted request is preempted and recomputed, as vLLM) "
@@ -246,6 +257,7 @@ class EngineConfig:
             raise ConfigError("config", "replicas", f"replicas x dp_ranks = {self.replicas} x {self.dp_ranks} = "
                               f"{self.replicas * self.dp_ranks} engines, above the limit of {MAX_ENGINES}")
         _check_dp_balance(self)
+        _check_batch_wait(self)
         n_eng = self.replicas * self.dp_ranks
         if self.max_num_seqs * n_eng > MAX_SLOTS:
             raise ConfigError("config", "max_num_seqs", f"{self.max_num_seqs:,} per engine x {n_eng} engine(s) = "
@@ -269,6 +281,31 @@ def _check_dp_balance(e: "EngineConfig") -> None:
     if w and t is None:
         raise ConfigError("config", "dp_balance_wait_iters", f"{w}: the batching wait is part of the attention-DP "
                           "balance: set --attention-dp-timeout-iters too, or drop it")
+
+
+def _check_batch_wait(e: "EngineConfig") -> None:
+    """TensorRT-LLM's batch waiting needs both of its values (with one the rule never holds), and an engine that
+    prefills its own requests without attention DP (TensorRT-LLM skips it with attention DP)."""
+    t, r = e.batch_wait_timeout_iters, e.batch_wait_max_tokens_ratio
+    if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 1):
+        raise ConfigError("config", "batch_wait_timeout_iters", f"expected an integer >= 1, got {t!r}")
+    if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r <= 1):
+        raise ConfigError("config", "batch_wait_max_tokens_ratio", f"expected a fraction in (0, 1], got {r!r}")
+    if (t is None) != (r is None):
+        name, v = ("batch_wait_timeout_iters", t) if r is None else ("batch_wait_max_tokens_ratio", r)
+        other = "--batch-wait-max-tokens-ratio" if r is None else "--batch-wait-timeout-iters"
+        raise ConfigError("config", name, f"{v} without {other}: "
+                          "TensorRT-LLM holds new prefills only while the wait is below its iteration limit AND the "
+                          "scheduled tokens are below the ratio of the budget, so one alone never holds: set both, "
+                          "or neither")
+    if t is not None and e.dp_ranks > 1:
+        raise ConfigError("config", "batch_wait_timeout_iters", f"{t} with dp_ranks {e.dp_ranks}: TensorRT-LLM "
+                          "skips batch waiting under attention DP (its balance is --attention-dp-timeout-iters): "
+                          "drop it or --dp-ranks")
+    if t is not None and e.disaggregated:
+        raise ConfigError("config", "batch_wait_timeout_iters", f"{t}: batch waiting holds the prefills of an "
+                          "engine that prefills; --disaggregated decode engines receive their KV from the prefill "
+                          "pool: drop it or --disaggregated")
 
 
 # Engine options that only paged KV reads (key -> its flag): under --kv-policy reserve they are refused.

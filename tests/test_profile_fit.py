@@ -3,6 +3,7 @@
 inputs. Synthetic "measurements" are the simulator's own metrics on a calibrated profile, so the truth is known."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -245,4 +246,41 @@ def test_cli_fit_refuses_too_few_bootstrap_resamples(tmp_path, moe, capsys, n):
                  "--bootstrap", n, "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--bootstrap" in err[0] and "at least 20" in err[0] and "10,000" in err[0]
+    assert not out.exists()
+
+
+def test_fit_applies_batch_waiting_to_the_runs_it_names_and_records_it(tmp_path, moe, capsys):
+    from dsparksim.fit.command import FitOptions, run_fit
+    from dsparksim.fit.runs import load_fit_runs
+    runs = tmp_path / "runs.csv"
+    _runs_csv(runs, moe)
+    wait = {"batch_wait_timeout_iters": 8, "batch_wait_max_tokens_ratio": 1.0}
+    got, _ = load_fit_runs(runs, {}, run_server={"syn:3": wait})
+    assert [r.spec.batch_wait_timeout_iters for r in got] == [None, None, 8]
+    with pytest.raises(InputError, match="server settings given for 1 run.*'syn:9'"):
+        load_fit_runs(runs, {}, run_server={"syn:9": wait})
+    base = FitOptions(model=MOE, gpu="H100", bootstrap=0, date="2026-12-03")
+    d0, rep0 = run_fit(runs, base)
+    d1, rep1 = run_fit(runs, dataclasses.replace(base, batch_wait_timeout_iters=8, batch_wait_max_tokens_ratio=1.0,
+                                                 batch_wait_runs=("syn:3",)))
+    assert "batch_wait" not in d0["metadata"]["fit"]["client_model"]       # off: metadata as before it existed
+    assert d1["metadata"]["fit"]["client_model"]["batch_wait"] == {"timeout_iters": [8], "max_tokens_ratio": [1.0],
+                                                                   "run_ids": ["syn:3"]}
+    # the named run was simulated with its prefills held (a later first token); the others as before
+    t0 = {r.run_id: r for r in rep0["runs"]}
+    t1 = {r.run_id: r for r in rep1["runs"]}
+    assert t1["syn:1"].spec == t0["syn:1"].spec and t1["syn:3"].spec != t0["syn:3"].spec
+    ttft = {w: {r["run_id"]: r["predicted"] for r in rep["in_sample"] if r["metric"] == "mean_ttft_ms"}
+            for w, rep in (("off", rep0), ("on", rep1))}
+    assert ttft["on"]["syn:3"] > 1.2 * ttft["off"]["syn:3"]
+    # half a setting: one line naming the flag, exit 2, nothing written
+    out = tmp_path / "fit.json"
+    capsys.readouterr()
+    assert main(["profile", "fit", str(runs), "--model", MOE, "--gpu", "H100", "--bootstrap", "0",
+                 "--batch-wait-timeout-iters", "40", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--batch-wait-timeout-iters" in err[0] and "give both" in err[0], err
+    assert main(["profile", "fit", str(runs), "--model", MOE, "--gpu", "H100", "--bootstrap", "0",
+                 "--batch-wait-timeout-iters", "40", "--batch-wait-max-tokens-ratio", "2", "--out", str(out)]) == 2
+    assert "expected a fraction in (0, 1], got 2.0" in capsys.readouterr().err
     assert not out.exists()

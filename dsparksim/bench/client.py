@@ -117,6 +117,9 @@ class ServerSettings:
     attention_dp_timeout_iters, attention_dp_batching_wait_iters: TensorRT-LLM's attention_dp_config
                           (enable_balance true, timeout_iters, batching_wait_iters) -> the engine's DP balance
                           (sim/dp_balance.py); None = no balance (TensorRT-LLM's default). Read only with dp_ranks > 1.
+    batch_wait_timeout_iters, batch_wait_max_tokens_ratio: TensorRT-LLM's batch waiting, both or neither -> the
+                          engine's (sim/batch_wait.py); None = off (TensorRT-LLM's default). Refused with dp_ranks > 1
+                          (TensorRT-LLM skips it under attention DP).
     """
 
     chunked_prefill_size: int | None = None
@@ -129,6 +132,8 @@ class ServerSettings:
     router: str | None = None
     attention_dp_timeout_iters: int | None = None
     attention_dp_batching_wait_iters: int = 0
+    batch_wait_timeout_iters: int | None = None
+    batch_wait_max_tokens_ratio: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.mixed_chunk, bool):
@@ -147,6 +152,15 @@ class ServerSettings:
             raise ConfigError("server", "attention_dp_batching_wait_iters", f"{self.attention_dp_batching_wait_iters}"
                               ": the batching wait is part of the attention-DP balance; set "
                               "attention_dp_timeout_iters (--attention-dp-timeout-iters) too, or drop it")
+        if self.batch_wait_timeout_iters is not None:
+            _int("batch_wait_timeout_iters", self.batch_wait_timeout_iters, 1, "server")
+        if self.batch_wait_max_tokens_ratio is not None:
+            _num("batch_wait_max_tokens_ratio", self.batch_wait_max_tokens_ratio, 0.0, 1.0, "server", lo_open=True)
+        if (self.batch_wait_timeout_iters is None) != (self.batch_wait_max_tokens_ratio is None):
+            raise ConfigError("server", "batch_wait_timeout_iters" if self.batch_wait_max_tokens_ratio is None
+                              else "batch_wait_max_tokens_ratio", "TensorRT-LLM's batch waiting holds prefills only "
+                              "with both batch_wait_timeout_iters (--batch-wait-timeout-iters) and "
+                              "batch_wait_max_tokens_ratio (--batch-wait-max-tokens-ratio) set: give both, or neither")
         if self.router is not None and self.dp_ranks == 1:
             raise ConfigError("server", "router", f"{self.router!r} given for one engine rank (dp_ranks 1): a "
                               "router spreads requests over DP ranks only; drop it or set dp_ranks above 1")
@@ -254,6 +268,9 @@ def client_config(profile_name: str, workload: ClientWorkload, server: ServerSet
         if server.attention_dp_timeout_iters is not None:
             opts["dp_balance_timeout_iters"] = int(server.attention_dp_timeout_iters)
             opts["dp_balance_wait_iters"] = int(server.attention_dp_batching_wait_iters)
+    if server.batch_wait_timeout_iters is not None:
+        opts["batch_wait_timeout_iters"] = int(server.batch_wait_timeout_iters)
+        opts["batch_wait_max_tokens_ratio"] = float(server.batch_wait_max_tokens_ratio)
     for key, v in (("block_size", block_size), ("acceptance", acceptance),
                    ("prefill_chunk_tokens", server.chunked_prefill_size),
                    ("max_num_seqs", server.max_running_requests), ("cuda_graph_max_bs", server.cuda_graph_max_bs),

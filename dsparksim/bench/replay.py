@@ -210,6 +210,18 @@ def _check_balance_runs(plan: Sequence[tuple], timeout: int) -> None:
                           "TensorRT-LLM's (attention_dp_config); select its runs (--where engine=trtllm)")
 
 
+def _check_batch_wait_runs(plan: Sequence[tuple], timeout: int) -> None:
+    """``--batch-wait-timeout-iters`` is TensorRT-LLM's, and it skips batch waiting under attention DP: every
+    selected run must be a TensorRT-LLM one (or of no named engine) without DP attention."""
+    for row, *_, R in plan:
+        eng = row.get("engine")
+        if R > 1 or (not _missing(eng) and not _is_trtllm(eng)):
+            why = ("has DP attention (TensorRT-LLM skips batch waiting there; its balance is "
+                   "--attention-dp-timeout-iters)" if R > 1 else f"ran on {eng!r} (batch waiting is TensorRT-LLM's)")
+            raise ConfigError("cli", "--batch-wait-timeout-iters", f"{timeout} given, but run "
+                              f"{row.get('run_id') or '?'} {why}: select the runs it applies to with --where")
+
+
 def gpus_of(row: Mapping[str, Any]) -> int:
     """GPUs for throughput per GPU: gpu_count, else tp (InferenceX divides by TP), else 1."""
     for f in ("gpu_count", "tp"):
@@ -301,6 +313,8 @@ def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSet
         plan.append((row, wl, notes, pol, gpus_of(row), R))
     if server.attention_dp_timeout_iters is not None:
         _check_balance_runs(plan, server.attention_dp_timeout_iters)
+    if server.batch_wait_timeout_iters is not None:
+        _check_batch_wait_runs(plan, server.batch_wait_timeout_iters)
     if acceptance is not None:
         spec_ks = sorted({int(pol["block_size"]) for _, _, _, pol, _, _ in plan if "acceptance" in pol})
         if not spec_ks:

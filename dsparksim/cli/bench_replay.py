@@ -48,6 +48,12 @@ def register_replay(sub) -> None:
     q.add_argument("--attention-dp-batching-wait-iters", type=nonneg_int, default=0, metavar="N",
                    help="server setting for the DP-attention runs: attention_dp_config batching_wait_iters, with "
                         "--attention-dp-timeout-iters [%(default)s]")
+    q.add_argument("--batch-wait-timeout-iters", type=pos_int, default=None, metavar="N",
+                   help="server setting for every run: TensorRT-LLM's batch_wait_timeout_iters, with "
+                        "--batch-wait-max-tokens-ratio (new prefills held until enough tokens wait or N steps "
+                        "passed; not with DP attention) [off, TensorRT-LLM's default]")
+    q.add_argument("--batch-wait-max-tokens-ratio", type=pos_float, default=None, metavar="FRAC",
+                   help="server setting for every run: TensorRT-LLM's batch_wait_max_tokens_ratio, in (0, 1] [off]")
     q.add_argument("--mixed-prefill", action=argparse.BooleanOptionalAction, default=None,
                    help="whether the server's steps mix prefill chunks with decode [each run's engine default: "
                         "off for SGLang (--enable-mixed-chunk defaults to off), on otherwise]")
@@ -58,6 +64,18 @@ def register_replay(sub) -> None:
     q.add_argument("--out", required=True, help="output directory, replaced whole by the new results")
     q.add_argument("--quiet", action="store_true")
     q.set_defaults(func=replay_command)
+
+
+def _check_batch_wait_flags(args: argparse.Namespace) -> None:
+    """Batch waiting's two flags: both or neither, the ratio a fraction (errors named by flag)."""
+    t, r = args.batch_wait_timeout_iters, args.batch_wait_max_tokens_ratio
+    if (t is None) != (r is None):
+        flag, other = (("--batch-wait-timeout-iters", "--batch-wait-max-tokens-ratio") if r is None else
+                       ("--batch-wait-max-tokens-ratio", "--batch-wait-timeout-iters"))
+        raise ConfigError("cli", flag, f"{t if r is None else r} without {other}: TensorRT-LLM's batch waiting holds "
+                          "prefills only with both set (one alone never holds): give both, or neither")
+    if r is not None and r > 1:
+        raise ConfigError("cli", "--batch-wait-max-tokens-ratio", f"expected a fraction in (0, 1], got {r}")
 
 
 def replay_command(args: argparse.Namespace) -> int:
@@ -74,6 +92,7 @@ def replay_command(args: argparse.Namespace) -> int:
         raise ConfigError("cli", "--attention-dp-batching-wait-iters", f"{args.attention_dp_batching_wait_iters}: "
                           "the batching wait is part of the attention-DP balance: set --attention-dp-timeout-iters "
                           "too, or drop it")
+    _check_batch_wait_flags(args)
     check_out_dir(args.out, "--out")
     where = parse_where(args.where)
     runs = read_table(args.runs)
@@ -86,7 +105,9 @@ def replay_command(args: argparse.Namespace) -> int:
                             max_running_requests=args.max_running_requests,
                             cuda_graph_max_bs=args.cuda_graph_max_bs, mem_fraction_static=args.mem_fraction_static,
                             attention_dp_timeout_iters=args.attention_dp_timeout_iters,
-                            attention_dp_batching_wait_iters=args.attention_dp_batching_wait_iters)
+                            attention_dp_batching_wait_iters=args.attention_dp_batching_wait_iters,
+                            batch_wait_timeout_iters=args.batch_wait_timeout_iters,
+                            batch_wait_max_tokens_ratio=args.batch_wait_max_tokens_ratio)
     t0 = time.perf_counter()
     with tqdm(total=len(sel), unit="run", desc="replay", disable=bar_off(args)) as bar:
         df = replay(sel, prof, server=server, seed=args.seed, source=str(args.runs), on_done=lambda: bar.update(1),

@@ -15,7 +15,7 @@ import numpy as np
 
 from dsparksim.cli.options import add_seed_option, bar_off
 from dsparksim.errors import InputError
-from dsparksim.io.options import iso_date
+from dsparksim.io.options import iso_date, pos_float, pos_int
 from dsparksim.cost.profile import CostProfile, dumps_profile, list_profiles, load_profile, profile_from_dict, profile_path, profile_to_dict, shipped_dir
 from dsparksim.cost.profile_import import (FORMATS, LOOKUPS, complete_profile, import_sps_table, parse_drafter_cost,
                                       run_readiness)
@@ -484,6 +484,11 @@ def _register_fit(sub: Any) -> None:
     f.add_argument("--mixed-prefill", action=argparse.BooleanOptionalAction, default=None,
                    help="whether the server's steps mixed prefill chunks with decode [each run's engine default: "
                         "off for SGLang (--enable-mixed-chunk defaults to off), on otherwise]")
+    f.add_argument("--batch-wait-timeout-iters", type=pos_int, default=None, metavar="N",
+                   help="server's TensorRT-LLM batch_wait_timeout_iters, with --batch-wait-max-tokens-ratio: new "
+                        "prefills held until enough tokens wait or N steps passed (every selected run) [off]")
+    f.add_argument("--batch-wait-max-tokens-ratio", type=pos_float, default=None, metavar="FRAC",
+                   help="server's TensorRT-LLM batch_wait_max_tokens_ratio, in (0, 1] [off]")
     f.add_argument("--name", help="profile name [fitted-<gpu>x<tp>-<model>]")
     f.add_argument("--date", type=iso_date, help="date written into metadata, YYYY-MM-DD [today]")
     f.add_argument("--out", required=True, metavar="P.json", help="profile JSON to write (never overwritten "
@@ -538,7 +543,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
                          where=tuple(parse_where(args.where)), bootstrap=args.bootstrap, seed=args.seed,
                          max_num_seqs=args.max_num_seqs, prefill_chunk_tokens=args.prefill_chunk, name=args.name,
                          date=args.date, metrics=kinds, mem_fraction_static=args.mem_fraction_static,
-                         kv_dtype=args.kv_dtype, mixed_prefill=args.mixed_prefill)
+                         kv_dtype=args.kv_dtype, mixed_prefill=args.mixed_prefill,
+                         batch_wait_timeout_iters=args.batch_wait_timeout_iters,
+                         batch_wait_max_tokens_ratio=args.batch_wait_max_tokens_ratio)
         # bars only on a terminal (cli.options.bar_off); otherwise they go to a sink, not a log's stderr
         d, rep = run_fit(args.runs, opt, tqdm_file=io.StringIO() if bar_off(args) else sys.stderr)
         save_profile_file(d, out)    # atomic: the file appears complete or not at all

@@ -48,6 +48,9 @@ class FitOptions:
     mem_fraction_static: float | None = None     # the server's memory fraction (None: the profile's KV capacity)
     kv_dtype: str | None = None                  # the server's KV-cache dtype (None: the builder's default)
     mixed_prefill: bool | None = None            # None: each run's engine default (SGLang: off)
+    batch_wait_timeout_iters: int | None = None  # TensorRT-LLM's batch waiting, both or neither (sim/batch_wait.py)
+    batch_wait_max_tokens_ratio: float | None = None
+    batch_wait_runs: tuple[str, ...] | None = None   # the run ids it applies to; None = every selected run
 
 
 def traces_for(runs: list[FitRun], profile: Any, progress: Any = None) -> list[Trace]:
@@ -70,6 +73,17 @@ def _mixed_record(runs: list[FitRun], given: bool | None) -> dict[str, Any]:
             "source": ("--mixed-prefill/--no-mixed-prefill" if given is not None else
                        "each run's engine default: SGLang off (--enable-mixed-chunk defaults to False), "
                        "others on (dsparksim.bench.client.engine_mixes_prefill)")}
+
+
+def _batch_wait_record(runs: list[FitRun]) -> dict[str, Any]:
+    """metadata.fit's record of TensorRT-LLM's batch waiting in the simulated runs ({} when off in all: a fit
+    without it writes the same metadata as before it existed)."""
+    on = [r for r in runs if r.spec.batch_wait_timeout_iters is not None]
+    if not on:
+        return {}
+    return {"batch_wait": {"timeout_iters": sorted({r.spec.batch_wait_timeout_iters for r in on}),
+            "max_tokens_ratio": sorted({r.spec.batch_wait_max_tokens_ratio for r in on}),
+            "run_ids": [r.run_id for r in on] if len(on) < len(runs) else "all"}}
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -124,6 +138,7 @@ def fit_metadata(runs_path: str | Path, opt: FitOptions, where: dict[str, str], 
                          "max_num_seqs": opt.max_num_seqs, "prefill_chunk_tokens": chunk, "seed": 0,
                          "mem_fraction_static": opt.mem_fraction_static, "kv_dtype": opt.kv_dtype,
                          "mixed_prefill": _mixed_record(runs, opt.mixed_prefill),
+                         **_batch_wait_record(runs),
                          "simulated_by": "dsparksim.bench.client.run_client (warm-up prompts included)"},
         "objective": "least squares of log(simulated/measured): per run mean TPOT (median where the run has no "
                      "mean), mean TTFT (median likewise) and output tokens/s per GPU, equal weights",
@@ -142,6 +157,22 @@ def fit_metadata(runs_path: str | Path, opt: FitOptions, where: dict[str, str], 
     }
 
 
+def batch_wait_settings(opt: FitOptions) -> dict[str, Any]:
+    """The ClientSpec fields of ``opt``'s batch waiting ({} when off); InputError unless both values are given."""
+    t, r = opt.batch_wait_timeout_iters, opt.batch_wait_max_tokens_ratio
+    if (t is None) != (r is None):
+        raise InputError("profile fit", "--batch-wait-timeout-iters" if r is None else "--batch-wait-max-tokens-ratio",
+                         "TensorRT-LLM's batch waiting holds prefills only with both --batch-wait-timeout-iters and "
+                         "--batch-wait-max-tokens-ratio set: give both, or neither")
+    if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 1):
+        raise InputError("profile fit", "--batch-wait-timeout-iters", f"expected an integer >= 1, got {t!r}")
+    if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r <= 1):
+        raise InputError("profile fit", "--batch-wait-max-tokens-ratio", f"expected a fraction in (0, 1], got {r!r}")
+    if opt.batch_wait_runs is not None and t is None:
+        raise InputError("profile fit", "batch_wait_runs", "names runs for batch waiting, but it is off")
+    return {} if t is None else {"batch_wait_timeout_iters": int(t), "batch_wait_max_tokens_ratio": float(r)}
+
+
 def run_fit(runs_path: str | Path, opt: FitOptions, *, tqdm_file: Any = None
             ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the fitted profile object, a report with the per-run and LOCO rows). InputError on bad input."""
@@ -155,10 +186,13 @@ def run_fit(runs_path: str | Path, opt: FitOptions, *, tqdm_file: Any = None
     if chunk > base.max_tokens:
         raise InputError("profile fit", "--prefill-chunk", f"{chunk} exceeds the profile's token budget "
                          f"{base.max_tokens}")
-    runs, rows = load_fit_runs(runs_path, where, server={"max_num_seqs": opt.max_num_seqs,
-                                                         "prefill_chunk_tokens": chunk,
-                                                         "mem_fraction_static": opt.mem_fraction_static},
-                               mixed_prefill=opt.mixed_prefill)
+    server: dict[str, Any] = {"max_num_seqs": opt.max_num_seqs, "prefill_chunk_tokens": chunk,
+                              "mem_fraction_static": opt.mem_fraction_static}
+    wait = batch_wait_settings(opt)
+    runs, rows = load_fit_runs(runs_path, where, server={**server, **(wait if opt.batch_wait_runs is None else {})},
+                               mixed_prefill=opt.mixed_prefill,
+                               run_server=None if opt.batch_wait_runs is None else
+                               {rid: wait for rid in opt.batch_wait_runs})
     basis = PriceBasis.build(opt.model, opt.gpu, tp=opt.tp, ep=opt.ep, kv_dtype=opt.kv_dtype)
     with tqdm(total=len(runs), desc="simulate runs", unit="run", file=tqdm_file, leave=False) as bar:
         traces = traces_for(runs, base, bar.update)

@@ -8,7 +8,7 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from dsparksim.bench.replay import cell_matches
 from dsparksim.bench.runs import format_cell, NAMES, read_runs
@@ -47,11 +47,13 @@ def _need(path: Path, r: dict[str, Any], key: str, why: str) -> Any:
     return v
 
 
-def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, int] | None = None,
-                  mixed_prefill: bool | None = None) -> tuple[list[FitRun], list[dict[str, Any]]]:
+def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, Any] | None = None,
+                  mixed_prefill: bool | None = None, run_server: Mapping[str, Mapping[str, Any]] | None = None
+                  ) -> tuple[list[FitRun], list[dict[str, Any]]]:
     """(the selected runs, their rows). InputError on an empty selection, a speculative, open-loop, non-random or
     non-``ignore_eos`` run, or a run without the fields the fit needs. ``mixed_prefill``: None = each run's
-    engine default (SGLang: off; :func:`dsparksim.bench.client.engine_mixes_prefill`)."""
+    engine default (SGLang: off; :func:`dsparksim.bench.client.engine_mixes_prefill`). ``server``: ClientSpec
+    server fields of every run; ``run_server``: more of them for the runs it names (by run id)."""
 
     path = Path(path)
     for k in where:
@@ -98,7 +100,8 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
                           range_ratio=float(r.get("random_range_ratio") or 1.0), gpus=max(gpus, 1),
                           num_warmup_prompts=int(r.get("num_warmup_prompts") or 0),
                           mixed_prefill=(engine_mixes_prefill(r.get("engine")) if mixed_prefill is None
-                                         else bool(mixed_prefill)), **server)
+                                         else bool(mixed_prefill)),
+                          **{**server, **(run_server or {}).get(rid, {})})
         meas: dict[str, float] = {}
         for names in METRIC_CHOICES.values():
             for n in names:
@@ -108,4 +111,8 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
         if not meas:
             raise InputError(str(path), "mean_tpot_ms", f"run {rid}: no measured TPOT, TTFT or output throughput")
         runs.append(FitRun(run_id=rid, spec=spec, measured=meas))
+    stray = sorted(set(run_server or {}) - {r.run_id for r in runs})
+    if stray:
+        raise InputError(str(path), "run_id", f"server settings given for {len(stray)} run(s) not selected, e.g. "
+                         f"{stray[0]!r}")
     return runs, sel

@@ -41,6 +41,8 @@ class ClientSpec:
     num_warmup_prompts: int = 0
     mem_fraction_static: float | None = None     # the server's memory fraction (None: the profile's KV capacity)
     mixed_prefill: bool = True                   # prefill chunks share a step with decode (False: SGLang's default)
+    batch_wait_timeout_iters: int | None = None  # TensorRT-LLM's batch waiting, both or neither (sim/batch_wait.py)
+    batch_wait_max_tokens_ratio: float | None = None
 
     def __post_init__(self) -> None:
         for k in ("concurrency", "num_prompts", "input_len", "output_len", "gpus", "max_num_seqs",
@@ -86,7 +88,9 @@ def simulate_trace(profile: Any, spec: ClientSpec, policy: str = "none", block_s
                         num_warmup_prompts=int(spec.num_warmup_prompts))
     srv = ServerSettings(chunked_prefill_size=int(spec.prefill_chunk_tokens),
                          max_running_requests=int(spec.max_num_seqs), mem_fraction_static=spec.mem_fraction_static,
-                         gpus=int(spec.gpus), mixed_chunk=bool(spec.mixed_prefill))
+                         gpus=int(spec.gpus), mixed_chunk=bool(spec.mixed_prefill),
+                         batch_wait_timeout_iters=spec.batch_wait_timeout_iters,
+                         batch_wait_max_tokens_ratio=spec.batch_wait_max_tokens_ratio)
     run = run_client(profile, wl, srv, policy=policy, block_size=block_size, acceptance=acceptance,
                      drafter=drafter, seed=int(spec.seed))
     rq, st = run.requests, run.steps

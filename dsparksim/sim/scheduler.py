@@ -70,6 +70,7 @@ from dsparksim.config import EngineConfig
 from dsparksim.cost.price import StepShape, chunk_query_keys, decode_query_keys
 from dsparksim.cost.profile import CostProfile
 from dsparksim.policies.base import Policy, StepContext
+from dsparksim.sim.batch_wait import BatchWait
 from dsparksim.sim.contract import NewRequest, Prefilled, StepOutcome, StepPlan
 from dsparksim.sim.inputs import ResolvedInputs
 from dsparksim.sim.kv import R_KV, R_LEN, make_kv
@@ -134,6 +135,10 @@ class Scheduler:
         self._preempted: list[int] = []
         self.max_seqs, self.max_tokens = config.max_num_seqs, int(inputs.max_tokens)
         self.chunk = config.prefill_chunk_tokens
+        # TensorRT-LLM's batch waiting (sim/batch_wait.py): None = prefills are scheduled as soon as they fit
+        self.batch_wait = (None if config.batch_wait_timeout_iters is None else
+                           BatchWait(config.batch_wait_timeout_iters, config.batch_wait_max_tokens_ratio,
+                                     self.max_tokens))
         self.streams, self.rng = streams, rng
         self.index = int(index)
         self.max_model_len = inputs.max_model_len
@@ -342,6 +347,8 @@ class Scheduler:
         # (SGLang's default): the chunks get the whole budget and a step with a chunk carries no decode (module doc).
         budget = min(self.chunk, self.max_tokens - (n_dec * (1 + K) if self.mixed else 0))
         chunks, n_pf, pf_qk = self._chunks(run[ph == PREFILL], budget) if n_dec < n_run and prefill else ([], 0, 0)
+        if chunks and n_dec and self.batch_wait is not None and self._wait(chunks, n_dec):
+            chunks, n_pf, pf_qk = [], 0, 0
         if chunks and not self.mixed and n_dec:
             # a prefill-only step: the decoding rows wait; only the prefilling rows' context is read
             dec, n_dec = dec[:0], 0
@@ -416,6 +423,14 @@ class Scheduler:
         if drafted is not None:
             L = np.minimum(L, drafted)   # positions never drafted cannot be verified
         return L, conf, A
+
+    def _wait(self, chunks: list[tuple[int, int, int, int]], n_dec: int) -> bool:
+        """TensorRT-LLM's batch waiting (sim/batch_wait.py): whether this step's chunks are held. It counts each
+        chosen context request's whole prompt (recomputed tokens included) and 1 + K tokens per decoding request."""
+        r = self.req
+        rows = [c[0] for c in chunks]
+        ctx = int(_sum(r.prompt[rows]) + _sum(r.regen[rows]))
+        return self.batch_wait.hold(ctx + n_dec * (1 + self.K))
 
     def _chunks(self, rows: np.ndarray, budget: int) -> tuple[list[tuple[int, int, int, int]], int, int]:
         """Prefill chunks of prefilling ``rows`` (FIFO) within ``budget`` tokens: (chunks, tokens, query-key pairs)."""
