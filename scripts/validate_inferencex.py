@@ -184,7 +184,7 @@ def fit_options(key: tuple, s: dict, bootstrap: int, mixed: str = "auto",
                       mixed_prefill={"auto": None, "on": True, "off": False}[mixed])
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(DATA))
     ap.add_argument("--out", default=str(REPO / "validation" / "inferencex"))
@@ -200,102 +200,144 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=("dp",), default=None,
                     help="dp: only the DP-attention section (its groups' fits and predictions), printed; writes "
                          "nothing")
-    a = ap.parse_args(argv)
-    if a.only == "dp":
-        return main_dp(a)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    runs_csv = out / "runs.csv"          # the InferenceX rows as a runs table (`dsparksim bench import`)
-    imported = import_files([a.data])
-    if Path(a.data).resolve() == DATA.resolve():   # name the shared file as seen from a main checkout's root
+    return ap.parse_args(argv)
+
+
+def import_runs(data: str, runs_csv: Path) -> list[dict]:
+    """The InferenceX rows as a runs table (`dsparksim bench import`) written to ``runs_csv``; the imported rows."""
+    imported = import_files([data])
+    if Path(data).resolve() == DATA.resolve():   # name the shared file as seen from a main checkout's root
         for r in imported:
             r["source_file"] = LABEL
             r["run_id"] = f"{LABEL}:{r['source_row']}"
     write_runs(imported, runs_csv, force=True)
-    allrows = runs_frame(imported)
-    df = allrows[(allrows.spec_method == "none") & (~allrows.dp_attention.astype(bool))
-                 & allrows.gpu.isin(a.hardware.split(","))]
-    groups, rows, skipped, mtp_rows, coefs, bw_rows = [], [], [], [], {}, []
-    stream_acc, stream_recs = stream_acceptance(a.data, allrows)
-    t_all = time.perf_counter()
-    for key, g in df.groupby(GROUP):
-        hw, fw, image, tp, ep = key
-        if a.images and not any(x in image for x in a.images.split(",")):
-            continue
-        conc = sorted(int(c) for c in g.max_concurrency.unique())
-        if len(conc) < 2:
-            skipped.append((key, f"{len(conc)} concurrency: no leave-one-concurrency-out"))
-            continue
-        s = server(hw, fw, int(tp), int(ep))
-        opt = fit_options(key, s, a.bootstrap, a.mixed_prefill)
-        t0 = time.perf_counter()
-        print(f"fitting {hw} {fw} {image} tp{tp} ep{ep}: {len(g)} rows, concurrencies {conc}", flush=True)
-        try:
-            d, rep = run_fit(runs_csv, opt)
-        except InputError as e:          # e.g. the built profile's KV capacity cannot hold the group's requests
-            skipped.append((key, f"not fitted: {e}"))
-            print(f"  skipped: {e}", flush=True)
-            continue
-        fit = d["metadata"]["fit"]
-        try:                             # the runs file as seen from the repository root, not this machine's path
-            fit["runs"]["file"] = runs_csv.resolve().relative_to(REPO).as_posix()
-        except ValueError:
-            pass
-        rec = {"gpu": hw, "engine": fw, "engine_version": image, "tp": tp, "ep": ep, "rows": len(g),
-               "concurrencies": " ".join(map(str, conc)), "server": s["note"], "seconds": round(time.perf_counter() - t0, 1)}
-        for p, e in fit["parameters"].items():
-            rec[p] = (f"{e['value']:.4g}" + (" (bound)" if e.get("at_bound") else "")) if e["status"] == "fitted" \
-                else "held"
-        for label, rs in (("fit", rep["in_sample"]), ("loco", rep["loco"])):
-            for kind in ("tpot", "ttft", "tput"):
-                e = [abs(r["rel_error"]) for r in rs if KINDS[r["metric"]] == kind]
-                rec[f"{label}_{kind}_median_abs"] = round(float(np.median(e)), 4) if e else None
-        gated = len(conc) >= MIN_CONC
-        rec["target_applies"] = gated
-        rec["target_met"] = (bool(rec["loco_tpot_median_abs"] is not None and rec["loco_tpot_median_abs"] <= TARGET_LOCO
-                                  and rec["loco_tput_median_abs"] is not None
-                                  and rec["loco_tput_median_abs"] <= TARGET_LOCO) if gated else None)
-        groups.append(rec)
-        loco_by = {(r["run_id"], r["metric"]): r["predicted"] for r in rep["loco"]}
-        for r in rep["in_sample"]:
-            rows.append({"gpu": hw, "engine_version": image, "tp": tp, "ep": ep, "run_id": r["run_id"],
-                         "concurrency": r["concurrency"], "metric": r["metric"], "measured": r["measured"],
-                         "fitted": r["predicted"], "loco_predicted": loco_by.get((r["run_id"], r["metric"]))})
-        coefs[key] = rep["result"].coef
-        if batch_wait_runs(key, g):
-            bw_rows += batch_wait_variant(runs_csv, key, s, a.mixed_prefill, batch_wait_runs(key, g), rec, rep)
-        fitted_prof = profile_from_dict(d, opt.name)
-        mtp_rows += predict_mtp(allrows, key, fitted_prof, opt)
-        if key in CROSS:
-            mtp_rows += predict_mtp(allrows, key, fitted_prof, opt, image=CROSS[key])
-        for im in [None] + ([CROSS[key]] if key in CROSS else []):
-            mtp_rows += predict_mtp(allrows, key, fitted_prof, opt, image=im, acceptance=stream_acc, variant="stream")
-        if not a.no_mtp_sensitivity:
-            for a1 in SENS_A1:
-                acc = f"mtp?a1={a1:g}&a2={a1 * A2_OVER_A1:.4f}"
-                for im in [None] + ([CROSS[key]] if key in CROSS else []):
-                    mtp_rows += predict_mtp(allrows, key, fitted_prof, opt, image=im, acceptance=acc)
-        if a.ship and (key in SHIP or (key in SHIP_IF_MET and rec["target_met"])):
-            p = save_profile(d, REPO / "profiles" / f"{opt.name}.json")
-            print(f"  shipped {p}")
+    return imported
+
+
+def group_record(key: tuple, g: pd.DataFrame, conc: list[int], s: dict, fit: dict, rep: dict, seconds: float) -> dict:
+    """groups.csv's row of one fitted group: parameters, in-sample and LOCO median |error| per metric, verdict."""
+    hw, fw, image, tp, ep = key
+    rec = {"gpu": hw, "engine": fw, "engine_version": image, "tp": tp, "ep": ep, "rows": len(g),
+           "concurrencies": " ".join(map(str, conc)), "server": s["note"], "seconds": round(seconds, 1)}
+    for p, e in fit["parameters"].items():
+        rec[p] = (f"{e['value']:.4g}" + (" (bound)" if e.get("at_bound") else "")) if e["status"] == "fitted" \
+            else "held"
+    for label, rs in (("fit", rep["in_sample"]), ("loco", rep["loco"])):
+        for kind in ("tpot", "ttft", "tput"):
+            e = [abs(r["rel_error"]) for r in rs if KINDS[r["metric"]] == kind]
+            rec[f"{label}_{kind}_median_abs"] = round(float(np.median(e)), 4) if e else None
+    gated = len(conc) >= MIN_CONC
+    rec["target_applies"] = gated
+    rec["target_met"] = (bool(rec["loco_tpot_median_abs"] is not None and rec["loco_tpot_median_abs"] <= TARGET_LOCO
+                              and rec["loco_tput_median_abs"] is not None
+                              and rec["loco_tput_median_abs"] <= TARGET_LOCO) if gated else None)
+    return rec
+
+
+def run_rows(key: tuple, rep: dict) -> list[dict]:
+    """rows.csv's rows of one fitted group: per run and metric, measured, fitted and LOCO-predicted."""
+    hw, _, image, tp, ep = key
+    loco_by = {(r["run_id"], r["metric"]): r["predicted"] for r in rep["loco"]}
+    return [{"gpu": hw, "engine_version": image, "tp": tp, "ep": ep, "run_id": r["run_id"],
+             "concurrency": r["concurrency"], "metric": r["metric"], "measured": r["measured"],
+             "fitted": r["predicted"], "loco_predicted": loco_by.get((r["run_id"], r["metric"]))}
+            for r in rep["in_sample"]]
+
+
+def mtp_predictions(a: argparse.Namespace, allrows: pd.DataFrame, key: tuple, d: dict, opt: FitOptions,
+                    stream_acc: dict) -> list[dict]:
+    """The MTP-on predictions from one group's fit ``d``: published acceptance, the cross-image check, the
+    stream-implied acceptance and (unless --no-mtp-sensitivity) the acceptance sensitivity."""
+    prof = profile_from_dict(d, opt.name)
+    images = [None] + ([CROSS[key]] if key in CROSS else [])
+    out = predict_mtp(allrows, key, prof, opt)
+    if key in CROSS:
+        out += predict_mtp(allrows, key, prof, opt, image=CROSS[key])
+    for im in images:
+        out += predict_mtp(allrows, key, prof, opt, image=im, acceptance=stream_acc, variant="stream")
+    if not a.no_mtp_sensitivity:
+        for a1 in SENS_A1:
+            acc = f"mtp?a1={a1:g}&a2={a1 * A2_OVER_A1:.4f}"
+            for im in images:
+                out += predict_mtp(allrows, key, prof, opt, image=im, acceptance=acc)
+    return out
+
+
+def fit_group(a: argparse.Namespace, runs_csv: Path, key: tuple, g: pd.DataFrame, acc: dict) -> None:
+    """Fit one group and add its records to ``acc`` (groups, rows, skipped, mtp_rows, coefs, bw_rows); ship its
+    profile with --ship when it is listed (SHIP, or SHIP_IF_MET and the target is met)."""
+    hw, fw, image, tp, ep = key
+    conc = sorted(int(c) for c in g.max_concurrency.unique())
+    if len(conc) < 2:
+        acc["skipped"].append((key, f"{len(conc)} concurrency: no leave-one-concurrency-out"))
+        return
+    s = server(hw, fw, int(tp), int(ep))
+    opt = fit_options(key, s, a.bootstrap, a.mixed_prefill)
+    t0 = time.perf_counter()
+    print(f"fitting {hw} {fw} {image} tp{tp} ep{ep}: {len(g)} rows, concurrencies {conc}", flush=True)
+    try:
+        d, rep = run_fit(runs_csv, opt)
+    except InputError as e:          # e.g. the built profile's KV capacity cannot hold the group's requests
+        acc["skipped"].append((key, f"not fitted: {e}"))
+        print(f"  skipped: {e}", flush=True)
+        return
+    fit = d["metadata"]["fit"]
+    try:                             # the runs file as seen from the repository root, not this machine's path
+        fit["runs"]["file"] = runs_csv.resolve().relative_to(REPO).as_posix()
+    except ValueError:
+        pass
+    rec = group_record(key, g, conc, s, fit, rep, time.perf_counter() - t0)
+    acc["groups"].append(rec)
+    acc["rows"] += run_rows(key, rep)
+    acc["coefs"][key] = rep["result"].coef
+    if batch_wait_runs(key, g):
+        acc["bw_rows"] += batch_wait_variant(runs_csv, key, s, a.mixed_prefill, batch_wait_runs(key, g), rec, rep)
+    acc["mtp_rows"] += mtp_predictions(a, acc["allrows"], key, d, opt, acc["stream_acc"])
+    if a.ship and (key in SHIP or (key in SHIP_IF_MET and rec["target_met"])):
+        p = save_profile(d, REPO / "profiles" / f"{opt.name}.json")
+        print(f"  shipped {p}")
+
+
+def write_outputs(a: argparse.Namespace, out: Path, acc: dict, seconds: float) -> None:
+    """The DP-attention section's predictions, then every CSV and REPORT.md of one run."""
     print("DP-attention rows (cross-configuration check)", flush=True)
-    DP = dp_predict(allrows, coefs, a.hardware)
+    DP = dp_predict(acc["allrows"], acc["coefs"], a.hardware)
     DP.to_csv(out / "dp_attention.csv", index=False)
-    G, R, T = pd.DataFrame(groups), pd.DataFrame(rows), pd.DataFrame(mtp_rows)
+    G, R, T = pd.DataFrame(acc["groups"]), pd.DataFrame(acc["rows"]), pd.DataFrame(acc["mtp_rows"])
     if len(T):
         T["rel_error"] = T.predicted / T.measured - 1
     T.to_csv(out / "mtp_on.csv", index=False)
     R["loco_rel_error"] = R.loco_predicted / R.measured - 1
     G.to_csv(out / "groups.csv", index=False)
-    BW = pd.DataFrame(bw_rows)
+    BW = pd.DataFrame(acc["bw_rows"])
     BW.to_csv(out / "batch_wait.csv", index=False)
     R.to_csv(out / "rows.csv", index=False)
     sel = " ".join(x for x in (f"--hardware {a.hardware}" if a.hardware != "h200,b200" else "",
                                f"--images {a.images}" if a.images else "") if x)
-    (out / "REPORT.md").write_text(report(G, T, skipped, time.perf_counter() - t_all,
-                                          a.mixed_prefill, sel, stream_recs, dp_section(DP) + batch_wait_section(BW)),
-                                   encoding="utf-8")
+    (out / "REPORT.md").write_text(report(G, T, acc["skipped"], seconds, a.mixed_prefill, sel, acc["stream_recs"],
+                                          dp_section(DP) + batch_wait_section(BW)), encoding="utf-8")
     print(f"wrote {out / 'REPORT.md'}, groups.csv, rows.csv, mtp_on.csv, dp_attention.csv, batch_wait.csv")
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    if a.only == "dp":
+        return main_dp(a)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs_csv = out / "runs.csv"
+    allrows = runs_frame(import_runs(a.data, runs_csv))
+    df = allrows[(allrows.spec_method == "none") & (~allrows.dp_attention.astype(bool))
+                 & allrows.gpu.isin(a.hardware.split(","))]
+    stream_acc, stream_recs = stream_acceptance(a.data, allrows)
+    acc = {"groups": [], "rows": [], "skipped": [], "mtp_rows": [], "coefs": {}, "bw_rows": [], "allrows": allrows,
+           "stream_acc": stream_acc, "stream_recs": stream_recs}
+    t_all = time.perf_counter()
+    for key, g in df.groupby(GROUP):
+        if a.images and not any(x in key[2] for x in a.images.split(",")):
+            continue
+        fit_group(a, runs_csv, key, g, acc)
+    write_outputs(a, out, acc, time.perf_counter() - t_all)
     return 0
 
 
