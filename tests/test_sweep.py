@@ -58,6 +58,10 @@ def _write_spec(tmp_path: Path, d: dict, name: str = "spec.toml") -> Path:
     ({"base": {"seed": 1.5}}, "base.seed", "expected int"),
     ({"base": {"rate": 2.0}}, "rate", "only one load key"),
     ({"tables": {"x": 1}}, "tables", "unknown table"),
+    # TOML integers are 64-bit; a larger one used to run every cell, then crash writing results.parquet
+    ({"base": {"batch_wait_max_tokens_ratio": 0.5}, "axes": {"batch_wait_timeout_iters": [5, 10**20]}},
+     "axes.batch_wait_timeout_iters[1]", "expected a 64-bit integer"),
+    ({"base": {"kv_capacity_tokens": 2**63}}, "base.kv_capacity_tokens", "got 9223372036854775808"),
 ])
 def test_spec_validation_names_the_field(tmp_path, patch, field, words):
     d = json.loads(json.dumps(SMALL))
@@ -68,6 +72,17 @@ def test_spec_validation_names_the_field(tmp_path, patch, field, words):
         load_spec(p)
     msg = str(ei.value)
     assert str(p) in msg and f"field '{field}'" in msg and words in msg, msg
+
+
+def test_cli_sweep_refuses_an_integer_beyond_64_bits_before_any_cell(tmp_path, capsys):
+    d = json.loads(json.dumps(SMALL))
+    d["axes"]["dp_balance_wait_iters"] = [1, 10**20]
+    d["base"].update(dp_ranks=2, dp_balance_timeout_iters=5)
+    out = tmp_path / "out"
+    assert main(["sweep", str(_write_spec(tmp_path, d)), "--out", str(out), "--backend", "serial", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "axes.dp_balance_wait_iters[1]" in err[0] and str(10**20) in err[0], err
+    assert not out.exists()
 
 
 def test_unreadable_spec_and_bad_toml_are_input_errors(tmp_path):

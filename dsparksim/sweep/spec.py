@@ -211,6 +211,9 @@ def check_value(source: str, where: str, key: str, v: Any) -> Any:
     if not ok:
         names = " or ".join(t.__name__ for t in want)
         raise ConfigError(source, where, f"expected {names}, got {v!r}")
+    if isinstance(v, int) and not isinstance(v, bool) and not -2**63 <= v < 2**63:
+        # TOML integers are 64-bit (tomllib reads larger ones); results.parquet stores axis values as int64
+        raise ConfigError(source, where, f"expected a 64-bit integer (TOML's range, -2^63 .. 2^63 - 1), got {v}")
     return float(v) if want is NUM else v
 
 
