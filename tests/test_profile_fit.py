@@ -284,3 +284,13 @@ def test_fit_applies_batch_waiting_to_the_runs_it_names_and_records_it(tmp_path,
                  "--batch-wait-timeout-iters", "40", "--batch-wait-max-tokens-ratio", "2", "--out", str(out)]) == 2
     assert "expected a fraction in (0, 1], got 2.0" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("half, words", [({"batch_wait_timeout_iters": 40}, "'--batch-wait-timeout-iters': 40 given"),
+                                         ({"batch_wait_max_tokens_ratio": 0.8},
+                                          "'--batch-wait-max-tokens-ratio': 0.8 given")])
+def test_fit_names_the_value_of_half_a_batch_wait_setting(half, words):
+    from dsparksim.fit.command import batch_wait_settings, FitOptions
+    with pytest.raises(InputError, match="give both") as ei:
+        batch_wait_settings(FitOptions(model=MOE, gpu="H100", **half))
+    assert words in str(ei.value), str(ei.value)

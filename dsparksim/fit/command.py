@@ -162,8 +162,8 @@ def batch_wait_settings(opt: FitOptions) -> dict[str, Any]:
     t, r = opt.batch_wait_timeout_iters, opt.batch_wait_max_tokens_ratio
     if (t is None) != (r is None):
         raise InputError("profile fit", "--batch-wait-timeout-iters" if r is None else "--batch-wait-max-tokens-ratio",
-                         "TensorRT-LLM's batch waiting holds prefills only with both --batch-wait-timeout-iters and "
-                         "--batch-wait-max-tokens-ratio set: give both, or neither")
+                         f"{t if r is None else r} given alone: TensorRT-LLM's batch waiting holds prefills only with "
+                         "both --batch-wait-timeout-iters and --batch-wait-max-tokens-ratio set: give both, or neither")
     if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 1):
         raise InputError("profile fit", "--batch-wait-timeout-iters", f"expected an integer >= 1, got {t!r}")
     if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r <= 1):
