@@ -150,7 +150,9 @@ class EngineConfig:
         None, "--batch-wait-timeout-iters", parse=pos_int, kinds=INT, metavar="N",
         help="TensorRT-LLM's batch waiting (with --batch-wait-max-tokens-ratio): new prefills that would share a "
              "step with decoding requests are held until their prompts plus the decode tokens reach the ratio of "
-             "the token budget or N steps have waited, so several prefill together (sim/batch_wait.py) [off]")
+             "max_num_tokens (here the smaller of --max-batched-tokens and --prefill-chunk: set both to the "
+             "server's max_num_tokens) or N steps have waited, so several prefill together (sim/batch_wait.py) "
+             "[off]")
     batch_wait_max_tokens_ratio: float | None = option(
         None, "--batch-wait-max-tokens-ratio", parse=pos_float, kinds=NUM, metavar="FRAC",
         help="with --batch-wait-timeout-iters: TensorRT-LLM's batch_wait_max_tokens_ratio, in (0, 1] [off]")

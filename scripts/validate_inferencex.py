@@ -151,8 +151,7 @@ SHIP_IF_MET = {("b200", "sglang", "lmsysorg/sglang:v0.5.12-cu130", 8, 1),
 # TensorRT-LLM batch waiting of the B200 launch script (dsr1_fp8_b200_trt.sh: DELAY_BATCHING at ISL = OSL = 1024
 # and CONC >= 64 adds batch_wait_timeout_iters: 40, batch_wait_max_tokens_ratio: 0.8; never with DP attention,
 # which TensorRT-LLM excludes); the script as committed, assumed for every image like its other settings. The main
-# fits leave it out (FINDINGS.md, fifth pass: as modelled it contradicts the runs' TPOT); the report shows the fits
-# with it beside them
+# fits use it on those runs; the report shows the fits without it beside them (FINDINGS.md, fifth pass)
 BATCH_WAIT = {("b200", "trtllm"): (40, 0.8)}
 
 
@@ -272,7 +271,8 @@ def fit_group(a: argparse.Namespace, runs_csv: Path, key: tuple, g: pd.DataFrame
         acc["skipped"].append((key, f"{len(conc)} concurrency: no leave-one-concurrency-out"))
         return
     s = server(hw, fw, int(tp), int(ep))
-    opt = fit_options(key, s, a.bootstrap, a.mixed_prefill)
+    wait = batch_wait_runs(key, g)
+    opt = fit_options(key, s, a.bootstrap, a.mixed_prefill, wait)
     t0 = time.perf_counter()
     print(f"fitting {hw} {fw} {image} tp{tp} ep{ep}: {len(g)} rows, concurrencies {conc}", flush=True)
     try:
@@ -290,8 +290,8 @@ def fit_group(a: argparse.Namespace, runs_csv: Path, key: tuple, g: pd.DataFrame
     acc["groups"].append(rec)
     acc["rows"] += run_rows(key, rep)
     acc["coefs"][key] = rep["result"].coef
-    if batch_wait_runs(key, g):
-        acc["bw_rows"] += batch_wait_variant(runs_csv, key, s, a.mixed_prefill, batch_wait_runs(key, g), rec, rep)
+    if wait:
+        acc["bw_rows"] += batch_wait_variant(runs_csv, key, s, a.mixed_prefill, wait, rep)
     acc["mtp_rows"] += mtp_predictions(a, acc["allrows"], key, d, opt, acc["stream_acc"])
     if a.ship and (key in SHIP or (key in SHIP_IF_MET and rec["target_met"])):
         p = save_profile(d, REPO / "profiles" / f"{opt.name}.json")
@@ -341,16 +341,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def batch_wait_variant(runs_csv: Path, key: tuple, s: dict, mixed: str, wait: tuple[str, ...], rec: dict,
+def batch_wait_variant(runs_csv: Path, key: tuple, s: dict, mixed: str, wait: tuple[str, ...],
                        rep: dict) -> list[dict]:
-    """Group ``key`` fitted again with the launch script's batch waiting on its runs ``wait`` (no bootstrap: the
-    LOCO errors do not use it): one record per (run, metric) with the main fit's and this fit's in-sample and LOCO
-    predictions; ``rec``/``rep``: the main fit's group record and report."""
+    """Group ``key``, whose main fit ``rep`` ran its runs ``wait`` with the launch script's batch waiting, fitted
+    again without it (no bootstrap: the LOCO errors do not use it): one record per (run, metric) with both fits'
+    in-sample and LOCO predictions."""
     hw, fw, image, tp, ep = key
-    print(f"  again with batch waiting on {len(wait)} run(s)", flush=True)
-    _, rep_w = run_fit(runs_csv, fit_options(key, s, 0, mixed, wait))
+    print(f"  again without batch waiting on {len(wait)} run(s)", flush=True)
+    _, rep_0 = run_fit(runs_csv, fit_options(key, s, 0, mixed))
     out = []
-    for which, r_ in (("without", rep), ("with", rep_w)):
+    for which, r_ in (("without", rep_0), ("with", rep)):
         loco_by = {(r["run_id"], r["metric"]): r["predicted"] for r in r_["loco"]}
         for r in r_["in_sample"]:
             out.append({"gpu": hw, "engine_version": image, "tp": tp, "ep": ep, "batch_wait": which,
@@ -363,11 +363,12 @@ def batch_wait_variant(runs_csv: Path, key: tuple, s: dict, mixed: str, wait: tu
 def batch_wait_section(BW: pd.DataFrame) -> list[str]:
     """The report's batch-waiting section: LOCO and in-sample median |error| per group without / with it, and the
     errors of the runs that waited."""
-    lines = ["", "## TensorRT-LLM batch waiting (launch script setting, not in the main fits)", "",
+    lines = ["", "## TensorRT-LLM batch waiting (launch script setting, in the main fits)", "",
              "`dsr1_fp8_b200_trt.sh` adds `batch_wait_timeout_iters: 40, batch_wait_max_tokens_ratio: 0.8` at "
-             "1k/1k with concurrency >= 64 (no DP attention). The groups with such runs are fitted again with it "
-             "on those runs (`profile fit`'s `--batch-wait-*` settings, `dsparksim/sim/batch_wait.py`). Cells: "
-             "median |error| without -> with it. The main table above fits without it: see FINDINGS.md.", ""]
+             "1k/1k with concurrency >= 64 (no DP attention; max_num_tokens 8192 there). The main fits above "
+             "simulate those runs with it (`profile fit`'s `--batch-wait-*` settings, `dsparksim/sim/batch_wait.py`"
+             "); their groups are fitted again without it here. Cells: median |error| without -> with it "
+             "(FINDINGS.md, fifth pass).", ""]
     if not len(BW):
         return lines + ["No fitted group has such runs."]
     BW = BW.assign(fit_err=BW.fitted / BW.measured - 1, loco_err=BW.loco_predicted / BW.measured - 1)

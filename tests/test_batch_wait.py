@@ -32,6 +32,22 @@ def test_contexts_wait_for_the_token_threshold_or_the_timeout():
             BatchWait(*bad)
 
 
+def test_the_rule_counts_against_the_smaller_of_token_budget_and_prefill_chunk():
+    """TensorRT-LLM's max_num_tokens bounds both a step and the contexts it schedules: a threshold on the token
+    budget alone (16384 on the DeepSeek profiles) could never be reached by chunks of 2048."""
+    from sim_kit import FlatAcceptance, chat_workload, linear_profile, make_scheduler
+
+    from dsparksim.policies import make_policy
+    from dsparksim.sim.requests import RequestTable
+    for budget, chunk, basis in ((4096, 1024, 1024), (2048, 8192, 2048), (8192, 8192, 8192)):
+        table = RequestTable(chat_workload(4, 3), 4, None)
+        eng = make_scheduler(table=table, profile=linear_profile(), acceptance=FlatAcceptance(3),
+                             policy=make_policy("fixed:3"), K=3, drafter="dspark", kv_capacity_tokens=10_000,
+                             max_batched_tokens=budget, prefill_chunk_tokens=chunk, batch_wait_timeout_iters=40,
+                             batch_wait_max_tokens_ratio=0.5, rng=np.random.default_rng(0))
+        assert eng.batch_wait.threshold == 0.5 * basis
+
+
 def _run(wait: tuple[int, float] | None, seed: int = 0):
     t, r = wait if wait else (None, None)
     eng = EngineConfig(block_size=3, max_batched_tokens=4096, prefill_chunk_tokens=4096, kv_capacity_tokens=10**7,

@@ -273,6 +273,15 @@ def test_fit_applies_batch_waiting_to_the_runs_it_names_and_records_it(tmp_path,
     ttft = {w: {r["run_id"]: r["predicted"] for r in rep["in_sample"] if r["metric"] == "mean_ttft_ms"}
             for w, rep in (("off", rep0), ("on", rep1))}
     assert ttft["on"]["syn:3"] > 1.2 * ttft["off"]["syn:3"]
+    # batch waiting is TensorRT-LLM's: a run of another engine it would apply to is refused, naming it
+    from dsparksim.bench.runs import read_runs, write_runs
+    rows = read_runs(runs)
+    rows[2]["engine"] = "sglang"
+    write_runs(rows, runs, force=True)
+    with pytest.raises(InputError, match="--batch-wait-timeout-iters.*8 given, but run syn:3 ran on 'sglang'"):
+        run_fit(runs, dataclasses.replace(base, batch_wait_timeout_iters=8, batch_wait_max_tokens_ratio=1.0))
+    run_fit(runs, dataclasses.replace(base, batch_wait_timeout_iters=8, batch_wait_max_tokens_ratio=1.0,
+                                      batch_wait_runs=("syn:2",)))     # not applied to the SGLang run: fine
     # half a setting: one line naming the flag, exit 2, nothing written
     out = tmp_path / "fit.json"
     capsys.readouterr()

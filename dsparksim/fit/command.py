@@ -173,6 +173,19 @@ def batch_wait_settings(opt: FitOptions) -> dict[str, Any]:
     return {} if t is None else {"batch_wait_timeout_iters": int(t), "batch_wait_max_tokens_ratio": float(r)}
 
 
+def _check_batch_wait_engines(rows: list[dict[str, Any]], opt: FitOptions) -> None:
+    """Batch waiting is TensorRT-LLM's: every run it applies to must be a TensorRT-LLM run (or name no engine)."""
+    if opt.batch_wait_timeout_iters is None:
+        return
+    named = None if opt.batch_wait_runs is None else set(opt.batch_wait_runs)
+    for r in rows:
+        eng = r.get("engine")
+        if (named is None or r["run_id"] in named) and eng and str(eng).strip().lower() != "trtllm":
+            raise InputError("profile fit", "--batch-wait-timeout-iters", f"{opt.batch_wait_timeout_iters} given, "
+                             f"but run {r['run_id']} ran on {eng!r} (batch waiting is TensorRT-LLM's): select the "
+                             "runs it applies to with --where")
+
+
 def run_fit(runs_path: str | Path, opt: FitOptions, *, tqdm_file: Any = None
             ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the fitted profile object, a report with the per-run and LOCO rows). InputError on bad input."""
@@ -193,6 +206,7 @@ def run_fit(runs_path: str | Path, opt: FitOptions, *, tqdm_file: Any = None
                                mixed_prefill=opt.mixed_prefill,
                                run_server=None if opt.batch_wait_runs is None else
                                {rid: wait for rid in opt.batch_wait_runs})
+    _check_batch_wait_engines(rows, opt)
     basis = PriceBasis.build(opt.model, opt.gpu, tp=opt.tp, ep=opt.ep, kv_dtype=opt.kv_dtype)
     with tqdm(total=len(runs), desc="simulate runs", unit="run", file=tqdm_file, leave=False) as bar:
         traces = traces_for(runs, base, bar.update)

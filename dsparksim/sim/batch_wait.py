@@ -12,6 +12,12 @@ least one context request and one generation request (and attention DP is off):
   ``batch_wait_max_tokens_ratio`` x ``max_num_tokens``: the contexts run and the count resets;
 * otherwise the contexts are held this iteration and the count grows.
 
+TensorRT-LLM's ``max_num_tokens`` bounds both a step's tokens and the contexts a step schedules (no chunking by
+default); the engine here has a token budget (``max_batched_tokens``) and a prefill chunk (``prefill_chunk_tokens``),
+and the smaller of the two is the rule's ``max_num_tokens``: set both to the server's value to replay it. A
+context longer than a chunk is offered to the rule again before each of its chunks, counted whole (TensorRT-LLM
+counts ``get_tokens(0)``), so a prompt of at least ratio x max_num_tokens never waits.
+
 With only one of the two set the rule never holds (a count >= 0, or tokens >= 0, stops the wait at once), so
 :class:`~dsparksim.config.EngineConfig` refuses one without the other. :class:`BatchWait` is that rule; the
 engine's :class:`~dsparksim.sim.scheduler.Scheduler` asks it once per step that would carry both.

@@ -135,10 +135,12 @@ class Scheduler:
         self._preempted: list[int] = []
         self.max_seqs, self.max_tokens = config.max_num_seqs, int(inputs.max_tokens)
         self.chunk = config.prefill_chunk_tokens
-        # TensorRT-LLM's batch waiting (sim/batch_wait.py): None = prefills are scheduled as soon as they fit
+        # TensorRT-LLM's batch waiting (sim/batch_wait.py): None = prefills are scheduled as soon as they fit. Its
+        # max_num_tokens bounds both a step's tokens and the contexts it schedules; here the smaller of the token
+        # budget and the prefill chunk plays that part (both are TensorRT-LLM's max_num_tokens when set to it)
         self.batch_wait = (None if config.batch_wait_timeout_iters is None else
                            BatchWait(config.batch_wait_timeout_iters, config.batch_wait_max_tokens_ratio,
-                                     self.max_tokens))
+                                     min(self.max_tokens, self.chunk)))
         self.streams, self.rng = streams, rng
         self.index = int(index)
         self.max_model_len = inputs.max_model_len
