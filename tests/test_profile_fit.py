@@ -303,3 +303,15 @@ def test_fit_names_the_value_of_half_a_batch_wait_setting(half, words):
     with pytest.raises(InputError, match="give both") as ei:
         batch_wait_settings(FitOptions(model=MOE, gpu="H100", **half))
     assert words in str(ei.value), str(ei.value)
+
+
+def test_cli_fit_takes_bench_replays_spellings_of_the_server_settings(tmp_path, moe):
+    """`bench replay` spells them --chunked-prefill-size / --max-running-requests (SGLang's names); the walk-through
+    passes the same flags to both commands."""
+    runs = tmp_path / "runs.csv"
+    _runs_csv(runs, moe)
+    out = tmp_path / "fit.json"
+    assert main(["profile", "fit", str(runs), "--model", MOE, "--gpu", "H100", "--bootstrap", "0",
+                 "--chunked-prefill-size", "1024", "--max-running-requests", "64", "--out", str(out)]) == 0
+    cm = json.loads(out.read_text())["metadata"]["fit"]["client_model"]
+    assert (cm["prefill_chunk_tokens"], cm["max_num_seqs"]) == (1024, 64)

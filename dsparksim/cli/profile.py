@@ -474,9 +474,11 @@ def _register_fit(sub: Any) -> None:
                    help="bootstrap resamples over runs for the 95%% intervals (0 = none, else "
                         f"{MIN_BOOTSTRAP}..{MAX_BOOTSTRAP}) [%(default)s]")
     add_seed_option(f, help="bootstrap seed [%(default)s]")
-    f.add_argument("--max-num-seqs", type=int, default=1024, help="server's max running requests [%(default)s]")
-    f.add_argument("--prefill-chunk", type=int, default=None, metavar="TOKENS",
-                   help="server's chunked-prefill size [the profile's token budget]")
+    f.add_argument("--max-num-seqs", "--max-running-requests", type=int, default=1024,
+                   help="server's max running requests (bench replay's --max-running-requests) [%(default)s]")
+    f.add_argument("--prefill-chunk", "--chunked-prefill-size", type=int, default=None, metavar="TOKENS",
+                   help="server's chunked-prefill size (bench replay's --chunked-prefill-size) [the profile's token "
+                        "budget]")
     f.add_argument("--mem-fraction-static", type=float, default=None, metavar="F",
                    help="server's memory fraction for weights + KV (SGLang's flag; sets the KV capacity) "
                         "[the built profile's KV capacity]")
