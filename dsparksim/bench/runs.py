@@ -23,7 +23,7 @@ from dsparksim.io.textio import escape_controls, read_text
 from dsparksim.results.outputs import claim_out_file, register_kind
 
 FORMAT_VERSION = 1
-MARKER = f"# dsparksim runs table v{FORMAT_VERSION} (README: Benchmark runs as input)"
+MARKER = f"# dsparksim runs table v{FORMAT_VERSION} (docs/benchmarks.md: Benchmark runs as input)"
 TYPES = ("str", "int", "float", "bool")
 
 
