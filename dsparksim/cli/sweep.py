@@ -36,8 +36,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               "to resume", file=sys.stderr)
         return 130
     if not args.quiet:
-        rep = (f"{res.n_cells - res.n_repeats} runs: {res.n_repeats} repeat an earlier cell's run, as "
-               f"{res.repeats_why}, and share its result (results column same_as); " if res.n_repeats else "")
+        rep = (f"{res.n_cells - res.n_repeats} runs: {res.n_repeats} repeat an earlier cell's run and share its "
+               f"result, results column same_as, because {res.repeats_why}; " if res.n_repeats else "")
         print(f"{spec.name}: {res.n_cells} cells ({rep}{res.n_cached} cached, {res.n_ran} run, "
               f"{len(res.failures)} failed) in {res.wall_s:.1f} s on backend {args.backend}")
         from dsparksim.sweep.table import sweep_text  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
