@@ -76,13 +76,22 @@ def test_families_partition_the_forward_and_calibration_is_linear():
 
 
 # ------------------------------------------------------------------ exact re-pricing
-@pytest.mark.parametrize("mixed", [True, False], ids=["mixed", "prefill-only-steps"])
-def test_repricing_the_builder_trace_equals_a_fresh_des_run_of_the_calibrated_profile(moe, mixed):
+@pytest.mark.parametrize("mixed,wait", [(True, None), (False, None), (True, (6, 1.0))],
+                         ids=["mixed", "prefill-only-steps", "batch-waiting"])
+def test_repricing_the_builder_trace_equals_a_fresh_des_run_of_the_calibrated_profile(moe, mixed, wait):
+    """Exact for batch waiting too: its hold counts steps and tokens, never seconds."""
     from dsparksim.bench.client import ClientWorkload, ServerSettings, run_client
     base, calp, basis = moe
+    t, r = wait or (None, None)
+    chunk = 2048 if wait is None else 8192        # batch waiting: a threshold (8192) above one prompt, so it holds
     spec = ClientSpec(concurrency=8, num_prompts=24, input_len=3000, output_len=200, range_ratio=0.8,
-                      prefill_chunk_tokens=2048, num_warmup_prompts=5, mixed_prefill=mixed)
+                      prefill_chunk_tokens=chunk, num_warmup_prompts=5, mixed_prefill=mixed,
+                      batch_wait_timeout_iters=t, batch_wait_max_tokens_ratio=r)
     tr0, tr1 = simulate_trace(base, spec), simulate_trace(calp, spec)
+    if wait is not None:   # the hold changed the schedule: fewer steps carry prefill than without it
+        free = simulate_trace(base, dataclasses.replace(spec, batch_wait_timeout_iters=None,
+                                                        batch_wait_max_tokens_ratio=None))
+        assert (tr0.steps["n_prefill_tokens"] > 0).sum() < (free.steps["n_prefill_tokens"] > 0).sum()
     both = (tr0.steps["n_decode"] > 0) & (tr0.steps["n_prefill_tokens"] > 0)
     assert both.any() == mixed           # unmixed (SGLang's default): no step carries decode and a chunk
     for k in ("M", "kv_read", "prefill_qk", "decode_qk", "n_decode"):
@@ -94,8 +103,8 @@ def test_repricing_the_builder_trace_equals_a_fresh_des_run_of_the_calibrated_pr
     # the client's own metrics of a fresh simulation of the calibrated profile
     run = run_client(calp, ClientWorkload(random_input_len=3000, random_output_len=200, random_range_ratio=0.8,
                                           num_prompts=24, max_concurrency=8, num_warmup_prompts=5),
-                     ServerSettings(chunked_prefill_size=2048, max_running_requests=1024, gpus=1,
-                                    mixed_chunk=mixed))
+                     ServerSettings(chunked_prefill_size=chunk, max_running_requests=1024, gpus=1,
+                                    mixed_chunk=mixed, batch_wait_timeout_iters=t, batch_wait_max_tokens_ratio=r))
     got = lr.metrics(c)
     for k in ("mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
               "mean_e2el_ms", "p99_e2el_ms", "output_throughput_per_gpu", "duration_s"):
