@@ -112,6 +112,20 @@ def test_cli_capacity_writes_slo_and_trace(tmp_path, capsys):
     assert d["results"][0]["status"] == "infeasible_at_min"
 
 
+
+def test_cli_capacity_names_a_failed_probe_and_marks_the_set_incomplete(tmp_path, capsys):
+    """A probe that cannot run (here a load far past saturation) stops its search: the error is printed (with --quiet
+    too), the exit status is 1 and capacity.manifest.json says the set is not complete."""
+    p = tmp_path / "cap.toml"
+    p.write_text('[base]\nduration_s = 2.0\n[axes]\npolicy = ["mtp1"]\n'
+                 '[capacity]\nload = "concurrency"\nmin = 1\nmax = 1000000000\nslo = ["tps_user_median >= 1"]\n')
+    assert main(["capacity", str(p), "--out", str(tmp_path / "o"), "--backend", "serial", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "1 capacity probe(s) failed" in err and "[policy=mtp1] concurrency=1000000000" in err
+    assert "far past saturation" in err
+    man = json.loads((tmp_path / "o" / "capacity.manifest.json").read_text())
+    assert man["complete"] is False and man["n_failed_probes"] == 1
+
 def test_capacity_over_seeds_reports_a_t_interval_of_the_per_seed_capacities(tmp_path):
     from dsparksim.results.stats import t_interval
 

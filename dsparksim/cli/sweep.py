@@ -58,7 +58,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_capacity(args: argparse.Namespace) -> int:
     from dsparksim.sweep import load_spec  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
     from dsparksim.sweep.runner import dump_json  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
-    from dsparksim.sweep.capacity import capacity_search, capacity_settings, capacity_table  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
+    from dsparksim.sweep.capacity import capacity_errors, capacity_search, capacity_settings, capacity_table  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
 
     spec = load_spec(args.spec)
     st = capacity_settings(spec, load=args.load, min=args.min, max=args.max, tolerance=args.tolerance,
@@ -71,9 +71,12 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     res = capacity_search(spec, st, out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
                           progress=not bar_off(args))
     table = capacity_table(res)
-    # replaced as a set; capacity.manifest.json, written last, lists both (dsparksim.results.outputs)
+    errors = capacity_errors(res)
+    # replaced as a set; capacity.manifest.json, written last, lists both (dsparksim.results.outputs); a search a
+    # failed probe stopped leaves the set incomplete
     write_result_set(out, {"capacity.json": lambda p: dump_json(p, res),
-                           "capacity.csv": lambda p: table.to_csv(p, index=False)}, "capacity.manifest.json")
+                           "capacity.csv": lambda p: table.to_csv(p, index=False)}, "capacity.manifest.json",
+                     status={"complete": not errors, "n_failed_probes": len(errors)})
     if not args.quiet:
         print(f"SLO: {' and '.join(st.to_dict()['slo'])}"
               f"{' and not saturated' if st.require_unsaturated else ''}; {st.load} in [{st.lo:g}, {st.hi:g}], "
@@ -87,7 +90,11 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                   "seeds (a 95% interval)")
         print(f"  capacity.json {out / 'capacity.json'} (with the search trace)")
         print(f"  capacity.csv  {out / 'capacity.csv'}")
-    return 1 if (table["status"] == "error").any() else 0
+    if errors:
+        print(f"dsparksim: {len(errors)} capacity probe(s) failed; their searches stopped (status error, no "
+              "capacity; the trace in capacity.json):\n" + "\n".join(errors), file=sys.stderr)
+        return 1
+    return 0
 
 
 CAPACITY_FILES = ("capacity.json", "capacity.csv")

@@ -361,3 +361,18 @@ def capacity_table(res: Mapping[str, Any]) -> pd.DataFrame:
         rows.append({**r["group"], "load": res["settings"]["load"], "capacity": r["capacity"], "status": r["status"],
                      "bracket_lo": r["bracket"][0], "bracket_hi": r["bracket"][1], "n_probes": r["n_probes"]})
     return pd.DataFrame(rows)
+
+
+def capacity_errors(res: Mapping[str, Any]) -> list[str]:
+    """One line per probe that failed to run (its search stopped with status error), for every group and seed:
+    the group's axis values, the load and the error."""
+    lines = []
+    for r in res["results"]:
+        for run in r.get("seeds", [r]):
+            key = {**r["group"], **({"seed": run["seed"]} if "seed" in run else {})}
+            for t in run["trace"]:
+                if "error" in t:
+                    what = ", ".join(f"{k}={v}" for k, v in key.items())
+                    lines.append(f"  [{what}] {res['settings']['load']}={t['load']}: {t['error']}")
+    return lines
+
