@@ -63,6 +63,10 @@ BAD = {
     "empty slo": (lambda d: d["plan"].update(slo=[]), ["plan.slo", "non-empty"]),
     "duplicate seeds": (lambda d: d["plan"].update(seeds=[1, 1]), ["plan.seeds", "duplicate"]),
     "zero duration": (lambda d: d["traffic"].update(duration_s=0), ["duration_s", "> 0"]),
+    # a policy or K listed twice was searched once, the repeat silently dropped
+    "duplicate policy": (lambda d: d["candidates"][0].update(policies=["mtp1", "confidence", "mtp1"]),
+                         ["candidates[0].policies[2]", "duplicate policy 'mtp1'", "policies[0]"]),
+    "duplicate K": (lambda d: d["candidates"][0].update(K=[3, 7, 3]), ["candidates[0].K", "duplicate", "[3, 7, 3]"]),
 }
 
 

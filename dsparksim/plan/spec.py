@@ -489,6 +489,8 @@ def _candidate(src: str, i: int, c: dict[str, Any], prices: Mapping[str, float],
     ks = ks if isinstance(ks, list) else [ks]
     if not ks or any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 15 for k in ks):
         raise ConfigError(src, f"{where}.K", f"expected draft block sizes in 1..15, got {ks!r}")
+    if len(set(ks)) != len(ks):
+        raise ConfigError(src, f"{where}.K", f"duplicate values in {ks!r}; list each K once")
     over = {}
     for k in ("gpus_per_replica", "prefill_gpus_per_replica"):
         if k in c:
@@ -541,11 +543,16 @@ def _candidate(src: str, i: int, c: dict[str, Any], prices: Mapping[str, float],
 def _candidate_policies(src: str, where: str, pols: list[str], ks: list[int]) -> list[tuple[str, int, bool]]:
     """(policy spec, effective K, whether the policy reads K) for every listed policy and K, without duplicates."""
     policies = []
+    seen: dict[str, int] = {}
     for j, p in enumerate(pols):
         try:
             pol = make_policy(p)
         except InputError as e:
             raise ConfigError(src, f"{where}.policies[{j}]", f"invalid policy spec {p!r}: {e}") from None
+        if pol.spec in seen:   # listed twice: refused, never searched once silently
+            raise ConfigError(src, f"{where}.policies[{j}]", f"duplicate policy {p!r} (the same policy as "
+                              f"{where}.policies[{seen[pol.spec]}]); list each policy once")
+        seen[pol.spec] = j
         takes_k = "block_size" in policy_reads(pol.spec)     # none: K = 0; mtp1: K = 1, whatever K lists
         for K in ks:
             if isinstance(pol, Fixed) and pol.k > K:          # it would run as fixed:K under its own name
