@@ -160,6 +160,25 @@ def test_plan_and_capacity_refuse_same_named_user_files_before_any_probe(tmp_pat
     assert name in _err(capsys) and user.read_bytes() == USER
 
 
+
+@pytest.mark.parametrize("cmd", ["sweep", "plan", "capacity"])
+def test_a_file_named_cells_in_out_is_refused_before_any_probe(tmp_path, capsys, monkeypatch, cmd):
+    """OUT/cells is the cell cache: a file there was a traceback (NotADirectoryError) after the first cell had run."""
+    import dsparksim.plan as plan
+    import dsparksim.sweep.capacity as cap
+    import dsparksim.sweep.runner as runner
+    boom = (lambda *a, **k: (_ for _ in ()).throw(AssertionError("probes ran")))
+    for mod, name in ((plan, "run_plan"), (cap, "capacity_search"), (runner, "run_cells_cached")):
+        monkeypatch.setattr(mod, name, boom)
+    spec = tmp_path / "s.toml"
+    spec.write_text(SPEC)
+    spec = {"sweep": spec, "plan": REPO / "sweeps" / "plan-example.toml",
+            "capacity": REPO / "sweeps" / "capacity.toml"}[cmd]
+    user = _user_file(tmp_path / "out" / "cells")
+    assert main([cmd, str(spec), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    line = _err(capsys)
+    assert "cells" in line and "not a folder" in line and user.read_bytes() == USER
+
 def test_result_set_manifest_keeps_its_names_claimed_while_writing(tmp_path):
     write_result_set(tmp_path, {"a.csv": lambda p: p.write_text("1\n")}, "x.manifest.json")
     claim_result_set(tmp_path, ["a.csv"], "x.manifest.json")          # ours: may be replaced

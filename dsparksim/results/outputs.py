@@ -252,15 +252,20 @@ def manifest_files(d: Path) -> set[str]:
     return names
 
 
-def claim_result_set(out: str | Path, names: Sequence[str], manifest: str, option: str = "--out") -> Path:
+def claim_result_set(out: str | Path, names: Sequence[str], manifest: str, option: str = "--out",
+                     dirs: Sequence[str] = ("cells",)) -> Path:
     """Check, before any work starts, that the result set ``names`` (+ its ``manifest``) may be written into the
-    folder ``out`` (``sweep``, ``capacity``, ``plan``): the folder is usable (see :func:`check_out_dir`), and every
-    one of those names that already exists there is listed by a dsparksim manifest in the folder, i.e. was
-    written by dsparksim (a rerun updates its own set); a same-named file of the user's is refused, always.
-    Returns ``Path(out)``."""
+    folder ``out`` (``sweep``, ``capacity``, ``plan``): the folder is usable (see :func:`check_out_dir`), each of
+    ``dirs`` (the cell cache) is a folder if it exists, and every one of those names that already exists there is
+    listed by a dsparksim manifest in the folder, i.e. was written by dsparksim (a rerun updates its own set); a
+    same-named file of the user's is refused, always. Returns ``Path(out)``."""
     p = check_out_dir(out, option, replace=False)
     if not p.is_dir():
         return p
+    for name in dirs:
+        if ((p / name).exists() or (p / name).is_symlink()) and not (p / name).is_dir():
+            raise ConfigError("cli", option, f"{str(p / name)!r} is in the way of the cell cache (a folder) and is "
+                              "not a folder; move it or choose a new or empty folder")
     ours = manifest_files(p)
     clash = [n for n in [*names, manifest] if (p / n).exists() and n not in ours]
     bad = [n for n in clash if not (p / n).is_file()]
