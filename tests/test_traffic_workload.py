@@ -229,3 +229,12 @@ def test_build_time_config_errors():
         build_workload(TrafficConfig(mode="trace", trace=AZURE, mooncake_spread=True), rng(0))
     with pytest.raises(ConfigError, match="neither a shipped sample"):
         build_workload(TrafficConfig(mode="poisson", rate=1.0, num_requests=3, lengths="no-such-source"), rng(0))
+
+
+def test_a_trace_that_is_a_directory_is_named_as_one(tmp_path):
+    """It exists: 'neither a shipped sample nor an existing file' sent the user looking for a missing file."""
+    d = tmp_path / "trace.csv"
+    d.mkdir()
+    with pytest.raises(ConfigError, match="trace.csv' is a directory; expected a trace file") as ei:
+        build_workload(TrafficConfig(mode="trace", trace=str(d)), rng(0))
+    assert ei.value.field == "trace" and "neither" not in str(ei.value)

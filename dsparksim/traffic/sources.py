@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 
 from dsparksim.errors import ConfigError
-from dsparksim.io.textio import expand_user, is_file
+from dsparksim.io.textio import expand_user, is_file, not_a_file
 
 # name -> (file in traces/, what it is)
 SHIPPED: dict[str, tuple[str, str]] = {
@@ -46,6 +46,9 @@ def resolve(value: str, field: str) -> tuple[Path, str]:
         return shipped_path(value), f"{value} (shipped traces/{SHIPPED[value][0]})"
     path = expand_user(value)
     if not is_file(path):
+        if not_a_file(path).startswith("is a directory"):   # it exists: "neither ... nor an existing file" misleads
+            raise ConfigError("TrafficConfig", field, f"{value!r} is a directory; expected a trace file (or a "
+                              f"shipped sample: {sorted(SHIPPED)})")
         raise ConfigError("TrafficConfig", field, f"{value!r} is neither a shipped sample {sorted(SHIPPED)} nor an "
                           "existing file")
     return path, str(path)
