@@ -162,3 +162,19 @@ def test_capacity_over_seeds_censored_at_a_range_end_has_no_interval():
     with pytest.raises(ConfigError, match="'--seeds': expected an integer in 1..1000"):   # a keyword = the CLI's flag
         capacity_settings(spec_from_dict({"base": BASE, "axes": {"policy": ["mtp1"]}}), load="concurrency", min=1,
                           max=8, slo=SLO, seeds=0)
+
+
+def test_cli_capacity_interrupted_says_the_probes_are_kept_for_a_resume(tmp_path, capsys, monkeypatch):
+    """Ctrl-C in the search: like sweep and plan, it says where the finished probes are and how to resume."""
+    import dsparksim.sweep.capacity as cap
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cap, "capacity_search", interrupted)
+    p = tmp_path / "cap.toml"
+    p.write_text('[base]\nduration_s = 2.0\n[axes]\npolicy = ["mtp1"]\n'
+                 '[capacity]\nload = "concurrency"\nmin = 1\nmax = 8\nslo = ["tps_user_median >= 1"]\n')
+    assert main(["capacity", str(p), "--out", str(tmp_path / "o"), "--backend", "serial", "--quiet"]) == 130
+    err = capsys.readouterr().err
+    assert f"finished probes are saved in {tmp_path / 'o'}/cells" in err and "run the same command again" in err
+    assert not (tmp_path / "o" / "capacity.manifest.json").exists()

@@ -68,8 +68,13 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     if flag_given(args, "--sla"):   # after the checks: a refused command prints its one error line only
         print("dsparksim: warning: --sla is deprecated; use --slo", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
-    res = capacity_search(spec, st, out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
-                          progress=not bar_off(args))
+    try:
+        res = capacity_search(spec, st, out, backend=args.backend, workers=args.workers,
+                              ray_address=args.ray_address, progress=not bar_off(args))
+    except KeyboardInterrupt:
+        print(f"dsparksim: interrupted: finished probes are saved in {out}/cells; run the same command again to "
+              "resume", file=sys.stderr)
+        return 130
     table = capacity_table(res)
     errors = capacity_errors(res)
     # replaced as a set; capacity.manifest.json, written last, lists both (dsparksim.results.outputs); a search a
