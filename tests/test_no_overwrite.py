@@ -215,3 +215,18 @@ def test_run_without_out_says_it_replaced_results_run(tmp_path, capsys, monkeypa
     assert "dsparksim: note: replaced results/run" in err and "--out" in err
     assert main([*RUN, "--out", "results/run"]) == 0                    # the user named it: no note
     assert "replaced" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cmd", ["sweep", "plan", "capacity", "run"])
+def test_an_empty_out_is_refused_not_the_working_directory(tmp_path, capsys, monkeypatch, cmd):
+    """--out '' (an unset shell variable) was Path('') = '.': sweep, plan and capacity wrote their result set and
+    cell cache into the working directory."""
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "s.toml"
+    spec.write_text(SPEC)
+    args = {"sweep": [str(spec)], "plan": [str(REPO / "sweeps" / "plan-example.toml")],
+            "capacity": [str(REPO / "sweeps" / "capacity.toml")], "run": ["--duration", "1"]}[cmd]
+    assert main([cmd, *args, "--out", "", "--quiet"]) == 2
+    line = _err(capsys)
+    assert "field '--out': empty path ''" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.toml"]   # nothing written here

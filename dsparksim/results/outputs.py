@@ -75,6 +75,9 @@ def check_out_dir(path: str | Path, option: str = "--out", replace: bool = True,
     dsparksim run, frontier or replay writes (:data:`RESULT_NAMES`, plus the names in ``also``, e.g. a
     ``--result-filename``), and only ones a dsparksim command wrote (its config.json says so).
     """
+    if str(path) == "":   # Path("") is ".": an unset shell variable would write into the working directory
+        raise ConfigError("cli", option, f"empty path {str(path)!r}; expected the output folder (e.g. {option} "
+                          "results/run1)")
     p = Path(path)
     if replace:
         refuse_working_dir(p, option)
