@@ -7,7 +7,7 @@ import pytest
 
 from dsparksim.cli.main import main
 from dsparksim.errors import ConfigError
-from dsparksim.sweep import run_sweep, spec_from_dict
+from dsparksim.sweep import load_spec, run_sweep, spec_from_dict
 from dsparksim.sweep.capacity import (CapacitySettings, _Search, capacity_search, capacity_settings, capacity_table,
                                       check_slo, parse_slo)
 
@@ -178,3 +178,19 @@ def test_cli_capacity_interrupted_says_the_probes_are_kept_for_a_resume(tmp_path
     err = capsys.readouterr().err
     assert f"finished probes are saved in {tmp_path / 'o'}/cells" in err and "run the same command again" in err
     assert not (tmp_path / "o" / "capacity.manifest.json").exists()
+
+
+@pytest.mark.parametrize("table,key,load", [("base", "rate", "concurrency"), ("base", "concurrency", "rate"),
+                                             ("axes", "rate", "concurrency")])
+def test_a_second_load_key_in_the_spec_is_blamed_on_itself(tmp_path, table, key, load):
+    """A [base] or [axes] rate under a concurrency search failed every probe's config with "field 'concurrency':
+    has no meaning in mode 'poisson'", blaming the key the search sets rather than the one the user wrote."""
+    val = "4" if key == "concurrency" else "5.0"
+    p = tmp_path / "cap.toml"
+    p.write_text(f'[base]\nduration_s = 2.0\n{key} = {val}\n[axes]\npolicy = ["mtp1"]\n' if table == "base" else
+                 f'[base]\nduration_s = 2.0\n[axes]\npolicy = ["mtp1"]\n{key} = [{val}]\n')
+    with open(p, "a") as f:
+        f.write(f'[capacity]\nload = "{load}"\nmin = 1\nmax = 8\nslo = ["tps_user_median >= 1"]\n')
+    with pytest.raises(ConfigError) as ei:
+        capacity_settings(load_spec(p))
+    assert ei.value.field == f"{table}.{key}" and f"the capacity search varies {load}" in str(ei.value)

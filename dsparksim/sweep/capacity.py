@@ -180,6 +180,11 @@ def capacity_settings(spec: SweepSpec, **over: Any) -> CapacitySettings:
         raise bad("load", f"expected one of {LOAD_KEYS}, got {load!r}")
     if load in spec.axes:
         raise ConfigError(src, f"axes.{load}", "is the load the capacity search varies; remove it from [axes]")
+    for table, keys in (("base", spec.base), ("axes", spec.axes)):
+        for k in LOAD_KEYS:   # another load key: each probe would set two loads (blamed on the search's, not this)
+            if k != load and k in keys:
+                raise ConfigError(src, f"{table}.{k}", f"sets the load as {k}, but the capacity search varies "
+                                  f"{load}{_from('load', given, src) if 'load' in d else ''}; remove one of the two")
     for k in ("min", "max"):
         if k not in d:
             raise ConfigError(src, f"capacity.{k}", f"required: the load range to search (or {_FLAGS[k]})")
