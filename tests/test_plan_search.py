@@ -152,6 +152,19 @@ def test_cost_in_the_plan_output(tmp_path, fake):
     assert saved["prices_per_gpu_hour"] == PRICES and saved["slo"] == ["tps_user_p50 >= 60", "ttft_p99_s <= 2"]
 
 
+
+def test_a_plan_with_a_failed_probe_is_not_marked_complete(tmp_path, fake):
+    """plan.manifest.json said complete: true after probes had failed (sweep and capacity say false)."""
+    spec = plan_from_dict(spec_dict())
+    fake(params_for(spec, np.random.default_rng(2)))
+    run = run_plan(spec, tmp_path, backend="serial", progress=False)
+    write_plan(run, tmp_path)
+    assert json.loads((tmp_path / "plan.manifest.json").read_text())["complete"] is True
+    run.failures.append({"deployment": spec.deployments[0].label, "scale": 1.0, "replicas": 1, "error": "boom"})
+    write_plan(run, tmp_path)
+    man = json.loads((tmp_path / "plan.manifest.json").read_text())
+    assert man["complete"] is False and man["n_failed"] == 1
+
 def test_pareto_set_is_undominated(tmp_path, fake):
     spec = plan_from_dict(spec_dict(plan={"prune": False}))
     fake(params_for(spec, np.random.default_rng(3)))

@@ -215,7 +215,9 @@ def write_plan(run: PlanRun, out: str | Path) -> tuple[dict[str, Any], dict[str,
         "probes.csv": lambda p: probes.to_csv(p, index=False),
         "plan.png": lambda p: plot(doc, p),
     }
-    return doc, write_result_set(out, files, MANIFEST)
+    # "complete" only when no probe failed (as sweep and capacity say it); the files themselves are always whole
+    return doc, write_result_set(out, files, MANIFEST, status={"complete": not run.failures,
+                                                               "n_failed": len(run.failures)})
 
 
 def _dump(p: Path, obj: Any) -> None:
