@@ -230,3 +230,15 @@ def test_an_empty_out_is_refused_not_the_working_directory(tmp_path, capsys, mon
     line = _err(capsys)
     assert "field '--out': empty path ''" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.toml"]   # nothing written here
+
+
+def test_a_dangling_symlink_out_is_named_as_one(tmp_path, capsys):
+    """It was called 'a file', which it is not (nothing is there)."""
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "nowhere")
+    spec = tmp_path / "s.toml"
+    spec.write_text(SPEC)
+    assert main(["sweep", str(spec), "--out", str(link), "--quiet"]) == 2
+    line = _err(capsys)
+    assert "is a dangling symbolic link" in line and "nowhere" in line and "is a file" not in line
+    assert not (tmp_path / "nowhere").exists()

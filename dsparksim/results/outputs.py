@@ -83,7 +83,8 @@ def check_out_dir(path: str | Path, option: str = "--out", replace: bool = True,
         refuse_working_dir(p, option)
     if p.exists() or p.is_symlink():
         if not p.is_dir():
-            raise ConfigError("cli", option, f"expected a directory, but {str(p)!r} is a file")
+            what = (f"a dangling symbolic link (to {os.readlink(p)!r})" if not p.exists() else "a file")
+            raise ConfigError("cli", option, f"expected a directory, but {str(p)!r} is {what}")
         if replace:
             entries = sorted(p.iterdir())
             other = [c.name for c in entries
