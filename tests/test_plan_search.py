@@ -315,6 +315,23 @@ def test_cli_plan_prints_the_answer_and_writes_the_set(tmp_path, fake, capsys):
             else "no feasible deployment" in line
 
 
+
+def test_cli_plan_says_how_many_failed_probes_it_did_not_print(tmp_path, monkeypatch, capsys):
+    """Only the first 20 failed probes are printed; the rest were dropped without a word."""
+    from dsparksim.cli.main import main
+    from plan_toml import toml
+
+    def run_cells(cells, out_dir, backend, workers, ray_address, bar):
+        return {}, [{"cell": c.index, "error": "boom"} for c in cells], 0, len(cells)
+    monkeypatch.setattr(search_mod, "run_cells", run_cells)
+    p = tmp_path / "plan.toml"
+    p.write_text(toml(spec_dict()))
+    assert main(["plan", str(p), "--out", str(tmp_path / "out"), "--backend", "serial", "--quiet"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    n = len(json.loads((tmp_path / "out" / "plan.json").read_text())["failures"])
+    assert n > 20 and sum(ln.startswith("dsparksim: probe failed:") for ln in err) == 20
+    assert f"dsparksim: ... and {n - 20} more failed probe(s) (plan.json: failures)" in err
+
 def test_non_monotone_feasibility_is_reported(tmp_path, monkeypatch):
     """A deployment feasible at 1 replica but not at 4 (a router artefact, say) breaks the bisection's
     assumption: the report says so instead of passing it over."""

@@ -36,6 +36,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         for f in run.failures[:20]:
             print(f"dsparksim: probe failed: {f['deployment']} x{f['scale']:g} at {f['replicas']} replicas: "
                   f"{f['error']}", file=sys.stderr)
+        if len(run.failures) > 20:
+            print(f"dsparksim: ... and {len(run.failures) - 20} more failed probe(s) (plan.json: failures)",
+                  file=sys.stderr)
         return 1
     return 0
 
