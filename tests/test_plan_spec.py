@@ -67,6 +67,11 @@ BAD = {
     "duplicate policy": (lambda d: d["candidates"][0].update(policies=["mtp1", "confidence", "mtp1"]),
                          ["candidates[0].policies[2]", "duplicate policy 'mtp1'", "policies[0]"]),
     "duplicate K": (lambda d: d["candidates"][0].update(K=[3, 7, 3]), ["candidates[0].K", "duplicate", "[3, 7, 3]"]),
+    # an input named in [traffic] or [base] was blamed on "candidates (a/...): field 'base.trace'"
+    "missing trace in traffic": (lambda d: (d["traffic"].pop("rate"), d["traffic"].update(
+        trace="/no-such-dsparksim/t.csv")), ["field 'traffic.trace'", "/no-such-dsparksim/t.csv"]),
+    "missing acceptance in base": (lambda d: d.update(base={"acceptance": "/no-such-dsparksim/a.csv"}),
+                                   ["field 'base.acceptance'", "/no-such-dsparksim/a.csv"]),
 }
 
 

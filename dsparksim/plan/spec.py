@@ -619,6 +619,11 @@ def _check_probes(spec: PlanSpec) -> None:
         try:
             spec_from_dict({"sweep": {"name": spec.name}, "base": opts}, source=spec.source)
         except ConfigError as e:
+            key = e.field[len("base."):] if isinstance(e.field, str) and e.field.startswith("base.") else None
+            if key is not None and key not in d.options:   # set in [traffic] or [base], not by this candidate
+                table = "base" if key in spec.base else "traffic" if key in spec.traffic else None
+                if table is not None:
+                    raise ConfigError(spec.source, f"{table}.{key}", e.message) from None
             raise ConfigError(spec.source, where, _unprefixed(e, spec.source)) from None
 
 
