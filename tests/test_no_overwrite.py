@@ -242,3 +242,22 @@ def test_a_dangling_symlink_out_is_named_as_one(tmp_path, capsys):
     line = _err(capsys)
     assert "is a dangling symbolic link" in line and "nowhere" in line and "is a file" not in line
     assert not (tmp_path / "nowhere").exists()
+
+
+
+def test_a_listed_result_file_changed_since_is_not_replaced(tmp_path, capsys):
+    """The manifest listed results.csv / sweep.json by name only: a results.csv the user had edited, or a spec saved
+    as OUT/sweep.json and swept into OUT (the command's own input), was overwritten by the rerun."""
+    spec = tmp_path / "s.toml"
+    spec.write_text(SPEC)
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec), "--out", str(out), "--backend", "serial", "--quiet"]) == 0
+    assert main(["sweep", str(spec), "--out", str(out), "--backend", "serial", "--quiet"]) == 0   # unchanged: ours
+    edited = (out / "results.csv").read_bytes() + b"my notes\n"
+    (out / "results.csv").write_bytes(edited)
+    assert main(["sweep", str(spec), "--out", str(out), "--backend", "serial", "--quiet"]) == 2
+    assert "results.csv" in _err(capsys) and (out / "results.csv").read_bytes() == edited
+    (out / "results.csv").unlink()
+    (out / "sweep.json").write_text(SPEC)          # the spec itself, under a result file's name
+    assert main(["sweep", str(out / "sweep.json"), "--out", str(out), "--backend", "serial", "--quiet"]) == 2
+    assert "sweep.json" in _err(capsys) and (out / "sweep.json").read_text() == SPEC

@@ -245,14 +245,19 @@ def claim_out_file(path: str | Path, kind: str, force: bool = False, option: str
 
 
 def manifest_files(d: Path) -> set[str]:
-    """The file names the result-set manifests (``*.manifest.json``) in ``d`` list as written by dsparksim."""
+    """The file names the result-set manifests (``*.manifest.json``) in ``d`` list as written by dsparksim: a name
+    with a recorded sha256 only while the file still has it (a file edited or replaced since, e.g. a spec saved
+    under that name, is the user's); a name of a pending manifest (an interrupted write) without one."""
     names: set[str] = set()
     for m in d.glob("*.manifest.json"):
         doc = _json_doc(m)
         if isinstance(doc, dict) and isinstance(doc.get("files"), dict) and (
                 _marked(doc.get("written_by")) or "written" in doc):
             names.add(m.name)
-            names.update(str(n) for n in doc["files"])
+            for n, e in doc["files"].items():
+                sha = e.get("sha256") if isinstance(e, dict) else None
+                if sha is None or not (d / str(n)).is_file() or _sha256(d / str(n)) == sha:
+                    names.add(str(n))
     return names
 
 
@@ -277,8 +282,8 @@ def claim_result_set(out: str | Path, names: Sequence[str], manifest: str, optio
         raise ConfigError("cli", option, f"{str(p / bad[0])!r} is in the way of a result file and is not a file")
     if clash:
         raise ConfigError("cli", option, f"{str(p)!r} holds {', '.join(clash[:5])}{', ...' if len(clash) > 5 else ''}, "
-                          "which dsparksim did not write (no result manifest there lists them) and never replaces; "
-                          "choose a new or empty folder")
+                          "which dsparksim did not write (no result manifest there lists them, or the file changed "
+                          "since: its sha256 differs) and never replaces; choose a new or empty folder")
     return p
 
 
