@@ -181,3 +181,13 @@ def test_a_frontier_deployment_the_engine_refuses_is_named_by_its_flag(tmp_path)
         assert classify(o) == "error", o.describe()
         assert f"command line: field '{flag}'" in o.stderr and "config: field" not in o.stderr, o.stderr
     assert not (tmp_path / "f").exists()
+
+
+def test_workers_on_a_one_replica_run_is_refused_naming_the_flag(tmp_path):
+    """A run is sharded by replica: `run --workers 2` on one replica advised `--router pinned` (closed loop), which is
+    then refused with one replica; with --rate it silently ran as one shard."""
+    for extra in ([], ["--rate", "2"]):
+        o = run_cli(["run", "--workers", "2", "--duration", "5", "--quiet", "--out", str(tmp_path / "o"), *extra])
+        assert classify(o) == "error", o.describe()
+        assert "field '--workers'" in o.stderr and "one replica" in o.stderr and "pinned" not in o.stderr, o.stderr
+    assert not (tmp_path / "o").exists()

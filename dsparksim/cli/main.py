@@ -387,6 +387,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise _bad("--ray-address", "applies to --backend ray only; got " + (
             f"--backend {args.backend}" if args.backend is not None else "no --backend"))
     if args.backend is not None or args.workers is not None:
+        if cfg.engine.replicas == 1:   # a run is sharded by replica: one replica is one shard, whatever the router
+            flag = "--workers" if args.workers is not None else "--backend"
+            raise _bad(flag, "shards a run's replicas over processes, and this run has one replica: add --replicas "
+                             "N (N > 1) or drop " + flag)
         from dsparksim.sim.shard import check_shardable  # lazy: pulls in numpy, scipy, simpy
         check_shardable(cfg)   # one line saying why the replicas interact, before anything runs
     preflight(cfg, [cfg.policy])  # profile, acceptance, lengths and trace read before the progress bar starts
