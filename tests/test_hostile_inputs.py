@@ -191,3 +191,13 @@ def test_workers_on_a_one_replica_run_is_refused_naming_the_flag(tmp_path):
         assert classify(o) == "error", o.describe()
         assert "field '--workers'" in o.stderr and "one replica" in o.stderr and "pinned" not in o.stderr, o.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_sweep_spec_given_as_empty_or_a_directory_says_so(tmp_path):
+    """`sweep ''` read Path('') = '.' and said ".: cannot read sweep spec: Is a directory"."""
+    for spec, want in (("", "expected the path of a sweep spec file, got an empty path"),
+                       (str(tmp_path), "is a directory; expected a sweep spec file (TOML)")):
+        o = run_cli(["sweep", spec, "--out", str(tmp_path / "o")])
+        assert classify(o) == "error", o.describe()
+        assert want in o.stderr, o.stderr
+    assert not (tmp_path / "o").exists()

@@ -134,7 +134,11 @@ class SweepSpec:
 
 def read_toml(path: str | Path, label: str) -> dict[str, Any]:
     """The parsed TOML file; InputError naming the file when it cannot be read or is not UTF-8 TOML."""
+    if not str(path).strip():
+        raise InputError(repr(str(path)), None, f"expected the path of a {label} file, got an empty path")
     p = Path(path)
+    if p.is_dir():
+        raise InputError(str(p), None, f"is a directory; expected a {label} file (TOML)")
     try:
         raw = p.read_bytes()
     except OSError as e:
