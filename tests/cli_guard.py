@@ -96,3 +96,14 @@ def classify(o: Outcome) -> str:
     if len(lines) == 1 and re.match(r"^(\w[\w ]*: )?error: ", lines[0]):
         return "prefix"
     return "not-one-line"
+
+
+def sample_replay_argv(tmp_path, where: str = "gpu=h200,engine=sglang") -> list[str]:
+    """`bench replay` argv over the sample InferenceX rows (tests/data/bench/inferencex_rows.csv), imported into
+    ``tmp_path``/runs.csv; its --out is ``tmp_path``/rp (the flag tests check it is never created)."""
+    from pathlib import Path
+    runs = tmp_path / "runs.csv"
+    rows = Path(__file__).parent / "data" / "bench" / "inferencex_rows.csv"
+    assert classify(run_cli(["bench", "import", str(rows), "--out", str(runs)])) == "ok"
+    return ["bench", "replay", str(runs), "--profile", "built-h200x8-deepseek-v3-tp8", "--quiet",
+            "--where", where, "--out", str(tmp_path / "rp")]

@@ -123,14 +123,9 @@ def test_half_a_setting_or_an_engine_without_it_is_refused():
 
 
 def test_bench_replay_names_its_batch_wait_flags_and_the_runs_they_cannot_apply_to(tmp_path):
-    from pathlib import Path
+    from cli_guard import classify, run_cli, sample_replay_argv
 
-    from cli_guard import classify, run_cli
-    runs = tmp_path / "runs.csv"
-    rows = Path(__file__).parent / "data" / "bench" / "inferencex_rows.csv"
-    assert classify(run_cli(["bench", "import", str(rows), "--out", str(runs)])) == "ok"
-    replay = ["bench", "replay", str(runs), "--profile", "built-h200x8-deepseek-v3-tp8", "--quiet",
-              "--where", "gpu=h200,engine=sglang", "--out", str(tmp_path / "rp")]
+    replay = sample_replay_argv(tmp_path)
     o = run_cli([*replay, "--batch-wait-max-tokens-ratio", "0.8"])
     assert classify(o) == "error", o.describe()
     assert "field '--batch-wait-max-tokens-ratio': 0.8 without --batch-wait-timeout-iters" in o.stderr, o.stderr

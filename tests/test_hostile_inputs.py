@@ -1,7 +1,7 @@
 """Found by a hostile new-user pass: inputs that are the wrong kind of thing get an error that says so."""
 from __future__ import annotations
 
-from cli_guard import classify, run_cli
+from cli_guard import classify, run_cli, sample_replay_argv
 
 
 def test_a_directory_given_as_a_file_is_called_a_directory_not_missing(tmp_path):
@@ -129,12 +129,7 @@ def test_bench_replay_attention_dp_errors_name_the_flag_and_the_value(tmp_path):
     """`bench replay --attention-dp-batching-wait-iters 5` without a timeout named ServerSettings' field
     ('server: field attention_dp_batching_wait_iters'), not the flag given; the timeout given with no DP-attention
     run selected did not say its value."""
-    from pathlib import Path
-    runs = tmp_path / "runs.csv"
-    rows = Path(__file__).parent / "data" / "bench" / "inferencex_rows.csv"
-    assert classify(run_cli(["bench", "import", str(rows), "--out", str(runs)])) == "ok"
-    replay = ["bench", "replay", str(runs), "--profile", "built-h200x8-deepseek-v3-tp8", "--quiet",
-              "--where", "gpu=h200,engine=sglang", "--out", str(tmp_path / "rp")]
+    replay = sample_replay_argv(tmp_path)
     o = run_cli([*replay, "--attention-dp-batching-wait-iters", "5"])
     assert classify(o) == "error", o.describe()
     assert "field '--attention-dp-batching-wait-iters'" in o.stderr and ": 5:" in o.stderr, o.stderr

@@ -176,6 +176,12 @@ def engine_mixes_prefill(engine: Any) -> bool:
     return str(engine or "").strip().lower() != "sglang"
 
 
+def is_trtllm(engine: Any) -> bool:
+    """Whether a runs-table ``engine`` value names TensorRT-LLM (whose server settings the DP balance and batch
+    waiting are)."""
+    return str(engine or "").strip().lower() == "trtllm"
+
+
 @dataclass
 class ClientRun:
     """One simulated benchmark run.

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from dsparksim.acceptance import load_acceptance
-from dsparksim.bench.client import ClientWorkload, ServerSettings, engine_mixes_prefill, run_client
+from dsparksim.bench.client import ClientWorkload, ServerSettings, engine_mixes_prefill, is_trtllm, run_client
 from dsparksim.errors import ConfigError, InputError
 from dsparksim.bench.runs import read_runs
 from dsparksim.bench.spec import map_row
@@ -187,11 +187,7 @@ def dp_router(engine: Any) -> str:
     (``tensorrt_llm/_torch/pyexecutor`` executor request queue, ``_balance_requests_across_ranks``) ->
     ``least-outstanding`` (fewest running + waiting + queued); SGLang's DP controller sends them in turn
     (``--load-balance-method`` default ``round_robin``) -> ``round-robin``; any other engine -> ``round-robin``."""
-    return "least-outstanding" if _is_trtllm(engine) else "round-robin"
-
-
-def _is_trtllm(engine: Any) -> bool:
-    return str(engine or "").strip().lower() == "trtllm"
+    return "least-outstanding" if is_trtllm(engine) else "round-robin"
 
 
 def _check_balance_runs(plan: Sequence[tuple], timeout: int) -> None:
@@ -202,7 +198,7 @@ def _check_balance_runs(plan: Sequence[tuple], timeout: int) -> None:
         raise ConfigError("cli", "--attention-dp-timeout-iters", f"{timeout} given, but no selected run has DP "
                           "attention (the balance holds prefills across DP ranks; select runs with --where "
                           "dp_attention=true)")
-    other = next((row for row in dp_rows if not _missing(row.get("engine")) and not _is_trtllm(row.get("engine"))),
+    other = next((row for row in dp_rows if not _missing(row.get("engine")) and not is_trtllm(row.get("engine"))),
                  None)
     if other is not None:
         raise ConfigError("cli", "--attention-dp-timeout-iters", f"{timeout} given, but run "
@@ -215,7 +211,7 @@ def _check_batch_wait_runs(plan: Sequence[tuple], timeout: int) -> None:
     selected run must be a TensorRT-LLM one (or of no named engine) without DP attention."""
     for row, *_, R in plan:
         eng = row.get("engine")
-        if R > 1 or (not _missing(eng) and not _is_trtllm(eng)):
+        if R > 1 or (not _missing(eng) and not is_trtllm(eng)):
             why = ("has DP attention (TensorRT-LLM skips batch waiting there; its balance is "
                    "--attention-dp-timeout-iters)" if R > 1 else f"ran on {eng!r} (batch waiting is TensorRT-LLM's)")
             raise ConfigError("cli", "--batch-wait-timeout-iters", f"{timeout} given, but run "

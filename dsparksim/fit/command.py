@@ -11,6 +11,7 @@ import numpy as np
 from tqdm import tqdm
 
 from dsparksim.cost.analytic.calibration import FAMILIES, FAMILY_NOTES, Calibration
+from dsparksim.bench.client import is_trtllm
 from dsparksim.errors import InputError
 from dsparksim.fit.fitter import (DELTA_MIN, GAMMA_MAX, FitProblem, bootstrap, fit_problem, loco,
                                   param_bounds)
@@ -180,7 +181,7 @@ def _check_batch_wait_engines(rows: list[dict[str, Any]], opt: FitOptions) -> No
     named = None if opt.batch_wait_runs is None else set(opt.batch_wait_runs)
     for r in rows:
         eng = r.get("engine")
-        if (named is None or r["run_id"] in named) and eng and str(eng).strip().lower() != "trtllm":
+        if (named is None or r["run_id"] in named) and eng and not is_trtllm(eng):
             raise InputError("profile fit", "--batch-wait-timeout-iters", f"{opt.batch_wait_timeout_iters} given, "
                              f"but run {r['run_id']} ran on {eng!r} (batch waiting is TensorRT-LLM's): select the "
                              "runs it applies to with --where")
