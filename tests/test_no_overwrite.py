@@ -179,6 +179,25 @@ def test_a_file_named_cells_in_out_is_refused_before_any_probe(tmp_path, capsys,
     line = _err(capsys)
     assert "cells" in line and "not a folder" in line and user.read_bytes() == USER
 
+def test_a_file_in_place_of_a_cell_folder_is_refused_before_any_cell_runs(tmp_path, capsys):
+    """OUT/cells/<hash> is one cell's folder: a file there was a traceback (FileExistsError) after the other cells
+    had run; now one line naming it, nothing run, the file kept."""
+    spec = tmp_path / "s.toml"
+    spec.write_text(SPEC)
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec), "--out", str(out), "--backend", "serial", "--quiet"]) == 0
+    (cell,) = (out / "cells").iterdir()
+    for f in cell.iterdir():
+        f.unlink()
+    cell.rmdir()
+    user = _user_file(cell)
+    spec.write_text(SPEC.replace('policy = ["none"]', 'policy = ["none", "confidence"]'))
+    assert main(["sweep", str(spec), "--out", str(out), "--backend", "serial", "--quiet"]) == 2
+    line = _err(capsys)
+    assert cell.name in line and "not a folder" in line and user.read_bytes() == USER
+    assert [p.name for p in (out / "cells").iterdir()] == [cell.name]      # the other cell did not run
+
+
 def test_result_set_manifest_keeps_its_names_claimed_while_writing(tmp_path):
     write_result_set(tmp_path, {"a.csv": lambda p: p.write_text("1\n")}, "x.manifest.json")
     claim_result_set(tmp_path, ["a.csv"], "x.manifest.json")          # ours: may be replaced

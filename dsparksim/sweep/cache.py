@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from dsparksim.config import jsonable
+from dsparksim.errors import ConfigError
 from dsparksim.results.metrics import SUMMARY_FIELDS
 from dsparksim.results.outputs import atomic_write
 
@@ -87,6 +88,15 @@ class CellCache:
         with contextlib.suppress(OSError):  # if it cannot go, the rewrite after the recompute will say why
             path.unlink()
         return None
+
+    def check_cell_dirs(self, hashes: list[str]) -> None:
+        """Raise ConfigError if something that is not a folder stands where one of these cells' folders goes (it is
+        not dsparksim's, so it is never removed; the cell could not be written)."""
+        for h in hashes:
+            d = self.dir(h)
+            if (d.exists() or d.is_symlink()) and not d.is_dir():
+                raise ConfigError("cli", "--out", f"{str(d)!r} is in the way of a cell's cache folder and is not a "
+                                  "folder; move it or choose a new or empty folder")
 
     def save_result(self, h: str, config: dict[str, Any], summary: dict[str, Any], wall_s: float,
                     requests: pd.DataFrame | None = None) -> None:

@@ -56,6 +56,7 @@ def run_cells_cached(cells: Sequence[Cell], out_dir: str | Path, backend: str = 
     cache.clean_temp()
     distinct = list({c.hash: c for c in reversed(cells)}.values())[::-1]   # the first cell of every run
     todo = [c for c in distinct if not cache.done(c.hash)]  # a corrupt cached cell is warned about and redone
+    cache.check_cell_dirs([c.hash for c in todo])             # before any cell runs, not after the first one
     by_index = {c.index: c for c in cells}
     failures: list[dict[str, Any]] = []
     mine = code_fingerprint()
