@@ -207,7 +207,10 @@ class TrafficConfig:
     max_concurrency: int | None = option(None, "--max-concurrency", parse=pos_int, kinds=INT, metavar="N",
                                          help="vllm bench serve's cap: with --num-prompts, at most N requests in "
                                               "flight (the others wait in the client), at --request-rate [inf]; "
-                                              "without --num-prompts, --concurrency N")
+                                              "without --num-prompts, --concurrency N",
+                                         frontier_help="with --rates and --num-prompts: at most N requests in flight "
+                                                       "at every rate level, as vllm bench serve's cap (each "
+                                                       "--concurrency-levels level is already the client's cap)")
     num_warmup_prompts: int = option(0, "--num-warmup-prompts", parse=nonneg_int, kinds=INT, metavar="N",
                                      help="with --num-prompts: N unmeasured warm-up requests first, all at once "
                                           "under the cap; the benchmark starts when they have finished [0]")
