@@ -13,9 +13,18 @@ Three formats, told apart by content (or named with ``fmt``):
   ``result`` dict of ``benchmark`` in python/sglang/bench_serving.py: ``tag, backend, dataset_name, request_rate,
   max_concurrency, sharegpt_output_len, random_input_len, random_output_len, random_range_ratio, server_info,
   duration, completed, total_input_tokens, ..., output_throughput, {mean,median,std,p99}_e2e_latency_ms,
-  {mean,median,std,p99}_{ttft,tpot}_ms, ..., concurrency, accept_length``; older versions write a subset).
+  {mean,median,std,p99}_{ttft,tpot}_ms, ..., concurrency, accept_length``; older versions write a subset, and
+  the ``sglang.benchmark`` package's ``save_results`` (python/sglang/benchmark/metrics.py at 6e48df33) writes
+  ``BenchmarkMetrics.__dict__``, whose token counts are ``total_input`` / ``total_output``).
   ``server_info`` (the server's /get_server_info: its ServerArgs and version) fills the deployment columns.
 * ``inferencex``: the table of ../shared/data/inferencex (one published closed-loop point per row).
+
+What the runs table cannot state is refused, naming the field, never imported as something else: a vLLM ramp-up
+(``ramp_up_strategy``; its ``request_rate`` then reads "inf"), ``burstiness`` other than 1 at a finite rate
+(gamma or constant gaps; bench replay draws Poisson), probe requests (``probe_completed``), a run with
+``completed`` 0 (the clients write 0.0 or NaN for every statistic then), a NaN statistic, SGLang's
+``request_rate: "trace"``. ``max_concurrency: null`` means no cap (both clients write it without
+``--max-concurrency``), so ``--max-concurrency`` contradicts it.
 
 Columns a format does not carry stay empty unless an option of `bench import` sets them (``overrides``); a value
 the file carries and an option contradicts is an error, never silently replaced.
@@ -85,8 +94,8 @@ FILLED_BY: dict[str, dict[str, str]] = {
         "random_output_len": "random_output_len (random datasets)",
         "random_range_ratio": "random_range_ratio (random datasets)", "random_range_convention": "low",
         "max_concurrency": "max_concurrency", "request_rate": "request_rate", "duration_s": "duration",
-        "completed": "completed", "total_input_tokens": "total_input_tokens",
-        "total_output_tokens": "total_output_tokens", "output_throughput": "output_throughput",
+        "completed": "completed", "total_input_tokens": "total_input_tokens (or total_input)",
+        "total_output_tokens": "total_output_tokens (or total_output)", "output_throughput": "output_throughput",
         "output_throughput_per_gpu": "output_throughput / gpu_count",
         **{f"{s}_{m}_ms": f"{s}_{m}_ms" for m in ("tpot", "ttft") for s in _STATS},
         **{f"{s}_e2el_ms": f"{s}_e2e_latency_ms" for s in _STATS},
