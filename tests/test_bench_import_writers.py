@@ -280,3 +280,32 @@ def test_the_refusals_do_not_touch_a_plain_run(tmp_path):
     with pytest.raises(InputError, match="ramp_up_strategy"):
         import_file(_write(tmp_path, "r.json", _vllm(), _vllm(ramp_up_strategy="exponential", ramp_up_start_rps=1,
                                                              ramp_up_end_rps=8), end=""))
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("duration", None, "field 'duration': is null; expected a value"),
+    ("completed", None, "field 'completed': is null; expected a value"),
+    ("request_rate", None, "field 'request_rate': is null; expected a value"),
+    ("request_rate", -math.inf, "field 'request_rate'"),
+    ("output_throughput", math.inf, "field 'output_throughput': expected a finite number"),
+])
+def test_required_keys_null_or_not_finite_are_refused(tmp_path, capsys, key, value, needle):
+    err = _refused(tmp_path, capsys, _write(tmp_path, "v.json", _vllm(**{key: value}), end=""))
+    assert needle in err
+
+
+def test_optional_keys_null_stay_empty(tmp_path):
+    """A statistic or count written as null (e.g. request_goodput, a label, spec keys) is an empty cell."""
+    (row,) = import_file(_write(tmp_path, "v.json", _vllm(label=None, p99_tpot_ms=None, failed=None,
+                                                          spec_decode_acceptance_length=None), end=""))
+    assert row["p99_tpot_ms"] is None and row["failed"] is None and row["acceptance_length"] is None
+    assert row["mean_tpot_ms"] == 20.0
+
+
+def test_a_run_cut_off_while_appending_names_its_line(tmp_path, capsys):
+    """sglang.bench_serving appends json.dumps(result) + "\\n": a client killed mid-write leaves a partial last
+    line. The error names that line; nothing is written."""
+    p = tmp_path / "s.jsonl"
+    p.write_text(json.dumps(_sglang()) + "\n" + json.dumps(_sglang())[:200])
+    err = _refused(tmp_path, capsys, p)
+    assert "s.jsonl:2:" in err and "invalid JSON" in err
