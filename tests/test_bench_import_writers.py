@@ -309,3 +309,13 @@ def test_a_run_cut_off_while_appending_names_its_line(tmp_path, capsys):
     p.write_text(json.dumps(_sglang()) + "\n" + json.dumps(_sglang())[:200])
     err = _refused(tmp_path, capsys, p)
     assert "s.jsonl:2:" in err and "invalid JSON" in err
+
+
+def test_sglang_max_concurrency_zero_is_no_cap(tmp_path, capsys):
+    """bench_serving.py (0033168f): `asyncio.Semaphore(max_concurrency) if max_concurrency else None`, so
+    --max-concurrency 0 ran without a cap. It was refused ('expected a value >= 1')."""
+    p = _write(tmp_path, "s.jsonl", _sglang(max_concurrency=0, request_rate=2.0))
+    (row,) = import_file(p)
+    assert row["max_concurrency"] is None and row["request_rate"] == 2.0
+    err = _refused(tmp_path, capsys, p, "--max-concurrency", "4")
+    assert "field 'max_concurrency'" in err and "no cap" in err and "0" in err

@@ -151,6 +151,8 @@ def import_file(path: str | Path, fmt: str = "auto",
         row = {"vllm": _vllm_row, "sglang": _sglang_row, "inferencex": _inferencex_row}[k](rec, path, line)
         said = {} if k == "inferencex" else {col: what for col, (key, what) in NULL_MEANS.items()
                                              if key in rec and rec[key] is None}
+        if k == "sglang" and _sglang_uncapped(rec):
+            said["max_concurrency"] = "no cap (max_concurrency 0: bench_serving runs without a semaphore then)"
         out.append(finish_row(row, k, path, line, overrides or {}, said))
     if not out:
         raise InputError(path, None, f"no runs in the file; {EXPECTED}")
@@ -344,7 +346,7 @@ def _sglang_row(d: Mapping[str, Any], path: str | Path, line: int) -> dict[str, 
         "random_output_len": r.num("random_output_len", "random_output_len") if rnd else None,
         "random_range_ratio": r.num("random_range_ratio", "random_range_ratio") if rnd else None,
         "request_rate": r.num("request_rate", "request_rate", True, inf_text=True),
-        "max_concurrency": r.num("max_concurrency", "max_concurrency"),
+        "max_concurrency": None if _sglang_uncapped(d) else r.num("max_concurrency", "max_concurrency"),
         "duration_s": r.num("duration", "duration_s", True), "completed": r.num("completed", "completed", True),
         "total_input_tokens": _either(r, "total_input_tokens", "total_input"),
         "total_output_tokens": _either(r, "total_output_tokens", "total_output"),
@@ -365,6 +367,13 @@ def _sglang_row(d: Mapping[str, Any], path: str | Path, line: int) -> dict[str, 
         if "decode" not in info:   # a PD-disaggregated server reports per-role info: not a one-engine deployment
             row.update(_sglang_server(_Rec(info, path, line, "server_info.")))
     return row
+
+
+def _sglang_uncapped(d: Mapping[str, Any]) -> bool:
+    """max_concurrency 0: bench_serving.py builds ``asyncio.Semaphore(max_concurrency) if max_concurrency else
+    None``, so 0 ran without a cap (an empty cell, as null)."""
+    v = d.get("max_concurrency")
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and v == 0
 
 
 def _either(r: _Rec, key: str, alt: str) -> Any:
