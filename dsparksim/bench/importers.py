@@ -24,7 +24,7 @@ What the runs table cannot state is refused, naming the field, never imported as
 (gamma or constant gaps; bench replay draws Poisson), probe requests (``probe_completed``), a run with
 ``completed`` 0 (the clients write 0.0 or NaN for every statistic then), a NaN statistic, SGLang's
 ``request_rate: "trace"``. ``max_concurrency: null`` means no cap (both clients write it without
-``--max-concurrency``), so ``--max-concurrency`` contradicts it.
+``--max-concurrency``; SGLang's 0 too), so ``--max-concurrency`` contradicts it.
 
 Columns a format does not carry stay empty unless an option of `bench import` sets them (``overrides``); a value
 the file carries and an option contradicts is an error, never silently replaced.
