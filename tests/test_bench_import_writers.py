@@ -24,10 +24,10 @@ written the way it writes them (``json.dump`` / ``json.dumps(...) + "\\n"``, so 
   the line had only ``backend, dataset_name, request_rate, total_input_tokens, total_output_tokens,
   total_output_tokens_retokenized, mean_e2e_latency_ms, median_e2e_latency_ms, median_ttft_ms, median_itl_ms,
   output_throughput, sharegpt_output_len, random_*, duration, completed``.
-* SGLang's ``sglang.benchmark`` package (``python/sglang/benchmark/metrics.py`` ``save_results`` at 6e48df33, which
-  ``sglang.bench_serving`` re-exports there): the line is the arguments plus ``**metrics.__dict__``, so the token
-  counts are ``total_input`` / ``total_output``; no ``tag`` or ``server_info``; ``--output-details`` nests the
-  arrays under ``details``.
+* SGLang's ``sglang.benchmark`` package (``python/sglang/benchmark/metrics.py`` ``save_results`` at 6e48df33; a
+  version of ``sglang/bench_serving.py`` is a shim over it, ``from sglang.benchmark.serving import do_benchmark,
+  main``): the line is the arguments plus ``**metrics.__dict__``, so the token counts are ``total_input`` /
+  ``total_output``; no ``tag`` or ``server_info``; ``--output-details`` nests the arrays under ``details``.
 """
 from __future__ import annotations
 
