@@ -13,9 +13,18 @@ Three formats, told apart by content (or named with ``fmt``):
   ``result`` dict of ``benchmark`` in python/sglang/bench_serving.py: ``tag, backend, dataset_name, request_rate,
   max_concurrency, sharegpt_output_len, random_input_len, random_output_len, random_range_ratio, server_info,
   duration, completed, total_input_tokens, ..., output_throughput, {mean,median,std,p99}_e2e_latency_ms,
-  {mean,median,std,p99}_{ttft,tpot}_ms, ..., concurrency, accept_length``; older versions write a subset).
+  {mean,median,std,p99}_{ttft,tpot}_ms, ..., concurrency, accept_length``; older versions write a subset, and
+  the ``sglang.benchmark`` package's ``save_results`` (python/sglang/benchmark/metrics.py at 6e48df33) writes
+  ``BenchmarkMetrics.__dict__``, whose token counts are ``total_input`` / ``total_output``).
   ``server_info`` (the server's /get_server_info: its ServerArgs and version) fills the deployment columns.
 * ``inferencex``: the table of ../shared/data/inferencex (one published closed-loop point per row).
+
+What the runs table cannot state is refused, naming the field, never imported as something else: a vLLM ramp-up
+(``ramp_up_strategy``; its ``request_rate`` then reads "inf"), ``burstiness`` other than 1 at a finite rate
+(gamma or constant gaps; bench replay draws Poisson), probe requests (``probe_completed``), a run with
+``completed`` 0 (the clients write 0.0 or NaN for every statistic then), a NaN statistic, SGLang's
+``request_rate: "trace"``. ``max_concurrency: null`` means no cap (both clients write it without
+``--max-concurrency``; SGLang's 0 too), so ``--max-concurrency`` contradicts it.
 
 Columns a format does not carry stay empty unless an option of `bench import` sets them (``overrides``); a value
 the file carries and an option contradicts is an error, never silently replaced.
@@ -51,6 +60,10 @@ INFERENCEX_COLUMNS = ("row_id", "source", "measurement_date", "run_url", "model"
 _ENGINES = {"sglang": "sglang", "sglang-native": "sglang", "sglang-oai": "sglang", "sglang-oai-chat": "sglang",
             "vllm": "vllm", "vllm-chat": "vllm", "trt": "trtllm", "lmdeploy": "lmdeploy",
             "lmdeploy-chat": "lmdeploy"}
+# A JSON null that states something (vs a key the writer did not have): column -> (key, what null means). Both
+# clients write max_concurrency = args.max_concurrency, None without the flag (no semaphore: no cap).
+NULL_MEANS = {"max_concurrency": ("max_concurrency", "no cap (max_concurrency null: the client ran without "
+                                  "--max-concurrency)")}
 STAT_COLUMNS = tuple(f"{s}_{m}_ms" for m in ("tpot", "ttft", "e2el") for s in ("mean", "median", "p99"))
 _STATS = ("mean", "median", "p99")
 # Which columns each format fills from the file itself, and from what (the docs/benchmarks.md table says the same; a test
@@ -81,8 +94,8 @@ FILLED_BY: dict[str, dict[str, str]] = {
         "random_output_len": "random_output_len (random datasets)",
         "random_range_ratio": "random_range_ratio (random datasets)", "random_range_convention": "low",
         "max_concurrency": "max_concurrency", "request_rate": "request_rate", "duration_s": "duration",
-        "completed": "completed", "total_input_tokens": "total_input_tokens",
-        "total_output_tokens": "total_output_tokens", "output_throughput": "output_throughput",
+        "completed": "completed", "total_input_tokens": "total_input_tokens (or total_input)",
+        "total_output_tokens": "total_output_tokens (or total_output)", "output_throughput": "output_throughput",
         "output_throughput_per_gpu": "output_throughput / gpu_count",
         **{f"{s}_{m}_ms": f"{s}_{m}_ms" for m in ("tpot", "ttft") for s in _STATS},
         **{f"{s}_e2el_ms": f"{s}_e2e_latency_ms" for s in _STATS},
@@ -136,7 +149,11 @@ def import_file(path: str | Path, fmt: str = "auto",
     out = []
     for k, line, rec in pairs:
         row = {"vllm": _vllm_row, "sglang": _sglang_row, "inferencex": _inferencex_row}[k](rec, path, line)
-        out.append(finish_row(row, k, path, line, overrides or {}))
+        said = {} if k == "inferencex" else {col: what for col, (key, what) in NULL_MEANS.items()
+                                             if key in rec and rec[key] is None}
+        if k == "sglang" and _sglang_uncapped(rec):
+            said["max_concurrency"] = "no cap (max_concurrency 0: bench_serving runs without a semaphore then)"
+        out.append(finish_row(row, k, path, line, overrides or {}, said))
     if not out:
         raise InputError(path, None, f"no runs in the file; {EXPECTED}")
     return out
@@ -215,10 +232,8 @@ class _Rec:
             v = math.inf
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise self.err(key, f"expected a number, got {escape_controls(repr(v))}")
-        if isinstance(v, float) and math.isnan(v):
-            if required:
-                raise self.err(key, "is NaN; expected a number")
-            return None
+        if isinstance(v, float) and math.isnan(v):   # never an empty cell: null is how a tool says "none"
+            raise self.err(key, "is NaN; expected a number" + ("" if required else " or null"))
         return check_value(dataclasses.replace(BY_NAME[col], name=self.prefix + key), v, self.path, self.line)
 
     def text(self, key: str, required: bool = False) -> str | None:
@@ -249,6 +264,11 @@ def _vllm_date(r: _Rec) -> str | None:
 
 def _vllm_row(d: Mapping[str, Any], path: str | Path, line: int) -> dict[str, Any]:
     r = _Rec(d, path, line)
+    if "total_input_sequences" in d:   # benchmark() of a POOLING task: no output tokens, no TPOT
+        raise r.err("total_input_sequences", "a pooling/embedding benchmark (no output tokens); expected a "
+                    "generation run")
+    _vllm_traffic(r)
+    _some_completed(r, r.num("failed", "failed"))
     row: dict[str, Any] = {
         "source_ref": r.text("label"), "measurement_date": _vllm_date(r), "model": r.text("model_id", True),
         "num_prompts": r.num("num_prompts", "num_prompts", True),
@@ -275,6 +295,42 @@ def _vllm_row(d: Mapping[str, Any], path: str | Path, line: int) -> dict[str, An
 _VLLM_OWN = {"model", "num_prompts", "request_rate", "max_concurrency", "measurement_date"}
 
 
+def _vllm_traffic(r: _Rec) -> None:
+    """Refuse release patterns the runs table cannot state (serve.py ``get_request`` / ``benchmark``): a ramp-up
+    (its file says request_rate "inf"), gamma or constant gaps at a finite rate, probe requests past the cap."""
+    ramp = r.get("ramp_up_strategy", False)
+    if ramp is not None:
+        raise r.err("ramp_up_strategy", f"{escape_controls(repr(ramp))}: requests were released at a rate ramping "
+                    f"from ramp_up_start_rps {escape_controls(r.d.get('ramp_up_start_rps'))} to ramp_up_end_rps "
+                    f"{escape_controls(r.d.get('ramp_up_end_rps'))} (the file's request_rate "
+                    f"{escape_controls(repr(r.d.get('request_rate')))} is not the rate it ran at); expected a run at "
+                    "one request rate")
+    rate = r.num("request_rate", "request_rate", True, inf_text=True)
+    burst = r.get("burstiness", False)
+    if burst is not None and not math.isinf(rate):
+        if isinstance(burst, bool) or not isinstance(burst, (int, float)) or math.isnan(burst):
+            raise r.err("burstiness", f"expected a number, got {escape_controls(repr(burst))}")
+        if burst != 1:
+            gaps = "constant gaps" if math.isinf(burst) else "gamma-distributed gaps"
+            raise r.err("burstiness", f"{burst} at request_rate {rate}: {gaps} between requests; the runs table "
+                        "records Poisson arrivals (burstiness 1) only, and bench replay simulates those")
+    probes = r.get("probe_completed", False)
+    if probes is not None:
+        raise r.err("probe_completed", f"{escape_controls(repr(probes))}: the run sent probe requests alongside "
+                    "(--probe-request-rate), past the concurrency cap; they loaded the server and are not in the "
+                    "runs table")
+
+
+def _some_completed(r: _Rec, failed: Any) -> None:
+    """Refuse a run in which no request completed: the clients then write 0.0 (``np.mean(x or 0)``) or NaN for
+    every latency statistic and 0 for the throughput, no measurement at all."""
+    done = r.num("completed", "completed", True)
+    if done == 0:
+        why = f" ({failed} failed)" if failed else ""
+        raise r.err("completed", f"0{why}: no request completed, so the file's latencies and throughput are the "
+                    "client's placeholders (0 or NaN), not measurements; expected a run with completed requests")
+
+
 def _sglang_row(d: Mapping[str, Any], path: str | Path, line: int) -> dict[str, Any]:
     r = _Rec(d, path, line)
     rate = r.get("request_rate", True)
@@ -283,16 +339,17 @@ def _sglang_row(d: Mapping[str, Any], path: str | Path, line: int) -> dict[str, 
     backend = r.text("backend", True)
     dataset = r.text("dataset_name", True)
     rnd = dataset is not None and dataset.startswith("random")   # random, random-ids: the random_* keys apply
+    _some_completed(r, None)
     row: dict[str, Any] = {
         "source_ref": r.text("tag"), "engine": _ENGINES.get(backend or ""), "dataset_name": dataset,
         "random_input_len": r.num("random_input_len", "random_input_len") if rnd else None,
         "random_output_len": r.num("random_output_len", "random_output_len") if rnd else None,
         "random_range_ratio": r.num("random_range_ratio", "random_range_ratio") if rnd else None,
         "request_rate": r.num("request_rate", "request_rate", True, inf_text=True),
-        "max_concurrency": r.num("max_concurrency", "max_concurrency"),
+        "max_concurrency": None if _sglang_uncapped(d) else r.num("max_concurrency", "max_concurrency"),
         "duration_s": r.num("duration", "duration_s", True), "completed": r.num("completed", "completed", True),
-        "total_input_tokens": r.num("total_input_tokens", "total_input_tokens", True),
-        "total_output_tokens": r.num("total_output_tokens", "total_output_tokens", True),
+        "total_input_tokens": _either(r, "total_input_tokens", "total_input"),
+        "total_output_tokens": _either(r, "total_output_tokens", "total_output"),
         "output_throughput": r.num("output_throughput", "output_throughput", True),
         "acceptance_length": r.num("accept_length", "acceptance_length"),
     }
@@ -310,6 +367,25 @@ def _sglang_row(d: Mapping[str, Any], path: str | Path, line: int) -> dict[str, 
         if "decode" not in info:   # a PD-disaggregated server reports per-role info: not a one-engine deployment
             row.update(_sglang_server(_Rec(info, path, line, "server_info.")))
     return row
+
+
+def _sglang_uncapped(d: Mapping[str, Any]) -> bool:
+    """max_concurrency 0: bench_serving.py builds ``asyncio.Semaphore(max_concurrency) if max_concurrency else
+    None``, so 0 ran without a cap (an empty cell, as null)."""
+    v = d.get("max_concurrency")
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and v == 0
+
+
+def _either(r: _Rec, key: str, alt: str) -> Any:
+    """A required count written as ``key`` (bench_serving.py) or ``alt`` (sglang.benchmark.metrics.save_results
+    dumps ``BenchmarkMetrics.__dict__``: total_input, total_output); both at once is refused."""
+    if key in r.d and alt in r.d:
+        raise r.err(alt, f"given beside {key!r} (two spellings of one count); expected one of them")
+    if alt in r.d:
+        return r.num(alt, key, True)
+    if key not in r.d:
+        raise r.err(key, f"missing field (or {alt!r})")
+    return r.num(key, key, True)
 
 
 def _sglang_server(s: _Rec) -> dict[str, Any]:
@@ -451,13 +527,17 @@ def _ms(seconds_text: str) -> float:
         return float(seconds_text) * 1000
 
 
-def finish_row(row: dict[str, Any], kind: str, path: str | Path, line: int,
-               overrides: Mapping[str, Any]) -> dict[str, Any]:
+def finish_row(row: dict[str, Any], kind: str, path: str | Path, line: int, overrides: Mapping[str, Any],
+               said: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Provenance, the options' values (a contradiction with the file is an error), derived per-GPU
-    throughput and the format's defaults, then the full column check."""
+    throughput and the format's defaults, then the full column check. ``said``: columns the file states as null
+    with a meaning (NULL_MEANS), which an option contradicts as much as a value."""
     row = {k: v for k, v in row.items()}
     for name, v in overrides.items():
         have = row.get(name)
+        if have is None and name in (said or {}):
+            raise InputError(path, name, f"the file says {(said or {})[name]} but --{name.replace('_', '-')} "
+                             f"says {v!r}", line=line)
         if have is None:
             row[name] = v
         elif have != v and not (isinstance(have, str) and isinstance(v, str) and have.lower() == v.lower()):
