@@ -243,6 +243,41 @@ def test_fit_runs_take_mixed_prefill_from_the_engine_unless_overridden(tmp_path,
     assert [r.spec.mixed_prefill for r in got] == [True, True, True]
 
 
+def test_fit_runs_keep_their_range_ratio_and_refuse_failed_requests(tmp_path, moe):
+    """A range ratio of 0 (SGLang's default: lengths uniform in [1, L]) was read as 1 (every length L), and a
+    missing one too; vLLM's symmetric R = 0 is every length L; a run with failed requests measured fewer."""
+    from dsparksim.bench.runs import read_runs, write_runs
+    from dsparksim.errors import InputError
+    from dsparksim.fit.runs import load_fit_runs
+    runs = tmp_path / "runs.csv"
+    _runs_csv(runs, moe)
+    rows = read_runs(runs)
+    rows[0]["random_range_ratio"] = 0.0
+    rows[2]["random_range_ratio"], rows[2]["random_range_convention"] = 0.0, "symmetric"
+    write_runs(rows, runs, force=True)
+    got, _ = load_fit_runs(runs, {"spec_method": "none"})
+    assert [r.spec.range_ratio for r in got] == [0.0, 0.8, 1.0]
+    for field, value in (("random_range_ratio", None), ("failed", 3)):
+        bad = [dict(r) for r in rows]
+        bad[1][field] = value
+        write_runs(bad, runs, force=True)
+        with pytest.raises(InputError) as e:
+            load_fit_runs(runs, {"spec_method": "none"})
+        assert e.value.field == field and "syn:2" in str(e.value)
+
+
+def test_replay_reads_vllm_symmetric_ratio_0_as_fixed_lengths_and_notes_failed_requests():
+    from dsparksim.bench.replay import row_workload
+    from dsparksim.errors import InputError
+    row = {"run_id": "r1", "dataset_name": "random", "random_input_len": 100, "random_output_len": 50,
+           "random_range_ratio": 0.0, "random_range_convention": "symmetric", "num_prompts": 8,
+           "max_concurrency": 4, "request_rate": float("inf"), "ignore_eos": True, "failed": 2}
+    wl, notes = row_workload(row)
+    assert wl.random_range_ratio == 1.0 and any("2 request(s) failed" in n for n in notes)
+    with pytest.raises(InputError, match="symmetric"):
+        row_workload({**row, "random_range_ratio": 0.5})
+
+
 @pytest.mark.parametrize("n", ["1", "3", "19", "10001", "1000000000"])
 def test_cli_fit_refuses_too_few_bootstrap_resamples(tmp_path, moe, capsys, n):
     """--bootstrap 1 printed '[x, x] 95% bootstrap': a zero-width 'interval' that excluded the fitted value;

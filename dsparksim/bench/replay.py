@@ -113,13 +113,15 @@ def row_workload(row: Mapping[str, Any], source: str = "runs table") -> tuple[Cl
     if not _missing(row.get("lengths_file")):
         raise bad("lengths_file", "a lengths file is not replayed (random dataset only)")
     conv = row.get("random_range_convention")
-    if not _missing(conv) and conv != "low":
-        raise bad("random_range_convention", f"{conv!r} (vLLM's [L(1-R), L(1+R)]) is not simulated; only 'low' "
-                  "= [int(R*L), L] (SGLang, InferenceX, vLLM before mid-2025)")
+    R = row.get("random_range_ratio")
+    if not _missing(conv) and conv == "symmetric" and not _missing(R) and R == 0:
+        R = 1.0   # vLLM's [L(1-R), L(1+R)] at R = 0 is every length L: the same draw as [int(R*L), L] at R = 1
+    elif not _missing(conv) and conv != "low":
+        raise bad("random_range_convention", f"{conv!r} (vLLM's [L(1-R), L(1+R)]) at R = {R} is not simulated; "
+                  "only 'low' = [int(R*L), L] (SGLang, InferenceX, vLLM before mid-2025) and vLLM's R = 0")
     for f in ("random_input_len", "random_output_len", "num_prompts"):
         if _missing(row.get(f)):
             raise bad(f, "missing: the client's workload cannot be rebuilt without it")
-    R = row.get("random_range_ratio")
     if _missing(R):
         R = 0.0
         notes.append("random_range_ratio missing: 0")
@@ -135,6 +137,10 @@ def row_workload(row: Mapping[str, Any], source: str = "runs table") -> tuple[Cl
         raise bad("ignore_eos", "false: the simulator has no model of when a model stops (only ignore_eos runs)")
     if _missing(eos):
         notes.append("ignore_eos not recorded: every request emits its drawn output length")
+    failed = row.get("failed")
+    if not _missing(failed) and failed:
+        notes.append(f"{int(failed)} request(s) failed in the measured run: its figures cover the completed ones, "
+                     "the simulation completes every prompt")
     w = row.get("num_warmup_prompts")
     w = 0 if _missing(w) else int(w)
     try:

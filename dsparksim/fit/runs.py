@@ -83,13 +83,21 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
                              "released at once (request rate inf); a finite rate makes step shapes depend on prices")
         if r.get("dataset_name") not in (None, "random") or r.get("lengths_file"):
             raise InputError(str(path), "dataset_name", f"run {rid}: the fit simulates the random dataset only")
-        if r.get("random_range_convention") == "symmetric":
-            raise InputError(str(path), "random_range_convention", f"run {rid}: symmetric range ratios are not "
-                             "simulated by the fit yet (lengths uniform in [R*L, L] only)")
+        symmetric = r.get("random_range_convention") == "symmetric"
+        if symmetric and r.get("random_range_ratio") != 0:
+            raise InputError(str(path), "random_range_convention", f"run {rid}: symmetric range ratios other than 0 are "
+                             "not simulated by the fit yet (lengths uniform in [R*L, L] only)")
         if r.get("dp_attention"):
             raise InputError(str(path), "dp_attention", f"run {rid}: DP-attention engines step their ranks in "
                              "lockstep (a max over ranks) which the fit's re-pricing does not cover")
+        failed = r.get("failed")
+        if failed:
+            raise InputError(str(path), "failed", f"run {rid}: {failed} request(s) failed: the measured figures "
+                             "cover the completed ones only, while the simulated client completes every prompt")
         conc = _need(path, r, "max_concurrency", "closed loop at a fixed concurrency")
+        ratio = _need(path, r, "random_range_ratio", "the length range: lengths uniform in [int(R*L), L]")
+        if symmetric:
+            ratio = 1.0   # vLLM's [L(1-R), L(1+R)] at R = 0 is every length L: [int(R*L), L] at R = 1
         tp = _need(path, r, "tp", "GPUs of the engine")
         agg, per = r.get("output_throughput"), r.get("output_throughput_per_gpu")
         # the per-GPU divisor as the source applied it (InferenceX: tp), else the run's GPUs
@@ -97,7 +105,7 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
         spec = ClientSpec(concurrency=int(conc), num_prompts=int(_need(path, r, "num_prompts", "closed-loop pool")),
                           input_len=int(_need(path, r, "random_input_len", "prompt lengths")),
                           output_len=int(_need(path, r, "random_output_len", "output lengths")),
-                          range_ratio=float(r.get("random_range_ratio") or 1.0), gpus=max(gpus, 1),
+                          range_ratio=float(ratio), gpus=max(gpus, 1),
                           num_warmup_prompts=int(r.get("num_warmup_prompts") or 0),
                           mixed_prefill=(engine_mixes_prefill(r.get("engine")) if mixed_prefill is None
                                          else bool(mixed_prefill)),

@@ -53,8 +53,8 @@ class ClientSpec:
         if isinstance(self.num_warmup_prompts, bool) or self.num_warmup_prompts < 0:
             raise ConfigError("ClientSpec", "num_warmup_prompts", f"expected an integer >= 0, got "
                               f"{self.num_warmup_prompts!r}")
-        if not 0 < self.range_ratio <= 1:
-            raise ConfigError("ClientSpec", "range_ratio", f"expected a fraction in (0, 1], got {self.range_ratio!r}")
+        if not 0 <= self.range_ratio <= 1:   # 0: lengths uniform in [1, L] (SGLang's default)
+            raise ConfigError("ClientSpec", "range_ratio", f"expected a fraction in [0, 1], got {self.range_ratio!r}")
 
 
 @dataclass
