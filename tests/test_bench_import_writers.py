@@ -319,3 +319,16 @@ def test_sglang_max_concurrency_zero_is_no_cap(tmp_path, capsys):
     assert row["max_concurrency"] is None and row["request_rate"] == 2.0
     err = _refused(tmp_path, capsys, p, "--max-concurrency", "4")
     assert "field 'max_concurrency'" in err and "no cap" in err and "0" in err
+
+
+def test_import_names_every_empty_column_that_replay_and_fit_need(tmp_path, capsys):
+    # a vLLM file records no lengths, ignore_eos or speculative config: bench import said only "gpu_count, engine,
+    # dataset_name", and profile fit then refused the runs one missing column at a time
+    src = _write(tmp_path, "c4.json", _vllm())
+    assert main(["bench", "import", str(src), "--gpu", "H200", "--tp", "8", "--out", str(tmp_path / "r.csv")]) == 0
+    hint = [ln for ln in capsys.readouterr().out.splitlines() if "empty in some runs" in ln]
+    assert len(hint) == 1, hint
+    for opt in ("--gpu-count", "--engine", "--spec-method", "--dataset-name", "--random-input-len",
+                "--random-output-len", "--random-range-ratio", "--ignore-eos"):
+        assert opt in hint[0], (opt, hint[0])
+    assert "--gpu " not in hint[0] and "--tp " not in hint[0] and "--num-prompts" not in hint[0]

@@ -8,7 +8,8 @@ with the measured value, the simulated value and the relative error (simulated /
 What a row must carry (else one line naming the run and the field, before anything is simulated): the random
 dataset (dataset_name random or empty, random_input_len, random_output_len; range convention ``low`` =
 [int(R*L), L], the only one simulated), num_prompts, and max_concurrency or request_rate. Filled in and said so
-in the ``notes`` column: a missing range ratio is 0; a missing request rate with a cap is inf; a missing
+in the ``notes`` column: a missing range ratio is 0 (a vLLM run's: vLLM's default, every length L, i.e. 1 in
+[int(R*L), L]); a missing request rate with a cap is inf; a missing
 ignore_eos is taken as true; the warm-up count changes nothing measured (the server is empty when the benchmark
 starts), so a missing one is 0.
 
@@ -16,10 +17,14 @@ A DP-attention run (``dp_attention`` true) is simulated as its engine ran: ``tp`
 lockstep (``--dp-ranks``), each batching its own requests, on a profile that prices one of them
 (``metadata.data_parallel`` = tp, ``tensor_parallel`` 1); any other profile, or a DP profile for a run without DP
 attention, is refused naming the run and ``dp_attention`` (:func:`check_dp`).
+
+Server settings are the caller's for every run; no ``chunked_prefill_size`` = the profile's token budget,
+as ``profile fit`` simulates by default.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -122,7 +127,11 @@ def row_workload(row: Mapping[str, Any], source: str = "runs table") -> tuple[Cl
     for f in ("random_input_len", "random_output_len", "num_prompts"):
         if _missing(row.get(f)):
             raise bad(f, "missing: the client's workload cannot be rebuilt without it")
-    if _missing(R):
+    if _missing(R) and row.get("source_format") == "vllm":
+        R = 1.0   # vLLM records no range ratio; its default (0 symmetric; 1.0 in benchmark_serving.py) is every L
+        notes.append("random_range_ratio not recorded: vLLM's default, every length L (bench import "
+                     "--random-range-ratio if the run set one)")
+    elif _missing(R):
         R = 0.0
         notes.append("random_range_ratio missing: 0")
     cap = None if _missing(row.get("max_concurrency")) else int(row["max_concurrency"])
@@ -302,6 +311,8 @@ def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSet
     import pandas as pd  # lazy: pandas
 
     prof = load_profile(profile) if isinstance(profile, (str, Path)) else profile
+    if server.chunked_prefill_size is None:   # profile fit's default: the runs are simulated as they were fitted
+        server = replace(server, chunked_prefill_size=int(prof.max_tokens))
     plan = []
     for row in runs:
         R = check_deployment(row, prof, source)
