@@ -359,3 +359,23 @@ def test_cli_fit_takes_bench_replays_spellings_of_the_server_settings(tmp_path, 
                  "--chunked-prefill-size", "1024", "--max-running-requests", "64", "--out", str(out)]) == 0
     cm = json.loads(out.read_text())["metadata"]["fit"]["client_model"]
     assert (cm["prefill_chunk_tokens"], cm["max_num_seqs"]) == (1024, 64)
+
+
+def test_fit_refusals_say_how_to_supply_or_select(tmp_path, moe):
+    """A vLLM file records neither the range ratio nor ignore_eos, and a paced run cannot be fitted: each refusal
+    says which bench import option fills the column, or which --where selects the fittable runs."""
+    from dsparksim.bench.runs import read_runs, write_runs
+    from dsparksim.errors import InputError
+    from dsparksim.fit.runs import load_fit_runs
+    runs = tmp_path / "runs.csv"
+    _runs_csv(runs, moe)
+    rows = read_runs(runs)
+    for field, value, hint in (("random_range_ratio", None, "bench import --random-range-ratio"),
+                               ("ignore_eos", None, "bench import --ignore-eos true"),
+                               ("request_rate", 2.0, "--where request_rate=inf")):
+        bad = [dict(r) for r in rows]
+        bad[1][field] = value
+        write_runs(bad, runs, force=True)
+        with pytest.raises(InputError) as e:
+            load_fit_runs(runs, {"spec_method": "none"})
+        assert e.value.field == field and hint in str(e.value), str(e.value)

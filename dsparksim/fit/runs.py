@@ -76,11 +76,13 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
                              "only; select them (e.g. --where spec_method=none)")
         if r.get("ignore_eos") is not True:
             raise InputError(str(path), "ignore_eos", f"run {rid}: {format_cell(r.get('ignore_eos')).strip() or 'empty'}: the fit "
-                             "needs ignore_eos runs (step shapes must not depend on what the model generates)")
+                             "needs ignore_eos runs (step shapes must not depend on what the model generates); vLLM and SGLang files "
+                             "do not record it: set it at import, bench import --ignore-eos true")
         rate = r.get("request_rate")
         if rate is not None and not math.isinf(rate):
             raise InputError(str(path), "request_rate", f"run {rid}: {rate}: the fit needs closed-loop runs "
-                             "released at once (request rate inf); a finite rate makes step shapes depend on prices")
+                             "released at once (request rate inf); a finite rate makes step shapes depend on prices: select the others, e.g. "
+                             "--where request_rate=inf")
         if r.get("dataset_name") not in (None, "random") or r.get("lengths_file"):
             raise InputError(str(path), "dataset_name", f"run {rid}: the fit simulates the random dataset only")
         symmetric = r.get("random_range_convention") == "symmetric"
@@ -95,7 +97,8 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
             raise InputError(str(path), "failed", f"run {rid}: {failed} request(s) failed: the measured figures "
                              "cover the completed ones only, while the simulated client completes every prompt")
         conc = _need(path, r, "max_concurrency", "closed loop at a fixed concurrency")
-        ratio = _need(path, r, "random_range_ratio", "the length range: lengths uniform in [int(R*L), L]")
+        ratio = _need(path, r, "random_range_ratio", "the length range: lengths uniform in [int(R*L), L]; set it "
+                      "at import, bench import --random-range-ratio R, e.g. 0 for vLLM's default, every length L")
         if symmetric:
             ratio = 1.0   # vLLM's [L(1-R), L(1+R)] at R = 0 is every length L: [int(R*L), L] at R = 1
         tp = _need(path, r, "tp", "GPUs of the engine")
