@@ -379,3 +379,23 @@ def test_fit_refusals_say_how_to_supply_or_select(tmp_path, moe):
         with pytest.raises(InputError) as e:
             load_fit_runs(runs, {"spec_method": "none"})
         assert e.value.field == field and hint in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("field,value", [("gpu", "H200"), ("tp", 2), ("ep", 2)])
+def test_fit_refuses_a_run_of_another_deployment_than_gpu_tp_ep(tmp_path, moe, capsys, field, value):
+    """Runs of two deployments in one table (an H100 TP1 and an H200 TP8 model, say) were all fitted into the one
+    profile of --gpu/--tp/--ep, silently; bench replay refuses such a run, and so does the fit now."""
+    from dsparksim.bench.runs import read_runs, write_runs
+    runs = tmp_path / "runs.csv"
+    _runs_csv(runs, moe)
+    rows = read_runs(runs)
+    rows[1][field] = value
+    if field in ("tp", "ep"):
+        rows[1]["gpu_count"] = 2
+    write_runs(rows, runs, force=True)
+    out = tmp_path / "fit.json"
+    assert main(["profile", "fit", str(runs), "--model", MOE, "--gpu", "H100", "--bootstrap", "0",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"field '{field}'" in err and "syn:2" in err and str(runs) in err, err
+    assert not out.exists()

@@ -282,7 +282,7 @@ def check_deployment(row: Mapping[str, Any], prof: Any, source: str = "runs tabl
     gpu, device = row.get("gpu"), str(meta.get("device") or "")
     if not _missing(gpu) and device and str(gpu).strip().lower() not in device.lower():
         raise ConfigError(source, "gpu", f"run {rid} ran on {gpu!r} but the profile {prof.name!r} prices "
-                          f"{device!r}: replay each GPU's runs on its own profile (--where gpu=...)")
+                          f"{device!r}: give each GPU's runs their own profile (select them with --where gpu=...)")
     R = check_dp(row, prof, source)
     for col, key in (("tp", "tensor_parallel"), ("ep", "expert_parallel")):
         v, pv = row.get(col), meta.get(key)
