@@ -399,3 +399,20 @@ def test_fit_refuses_a_run_of_another_deployment_than_gpu_tp_ep(tmp_path, moe, c
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"field '{field}'" in err and "syn:2" in err and str(runs) in err, err
     assert not out.exists()
+
+
+def test_fit_says_when_no_run_measured_a_metric(tmp_path, moe, capsys):
+    """Runs imported without --gpu-count have no output tok/s per GPU: the fit left throughput out without a word."""
+    from dsparksim.bench.runs import read_runs, write_runs
+    runs = tmp_path / "runs.csv"
+    _runs_csv(runs, moe)
+    rows = read_runs(runs)
+    for r in rows:
+        r["output_throughput_per_gpu"], r["gpu_count"] = None, None
+    write_runs(rows, runs, force=True)
+    assert main(["profile", "fit", str(runs), "--model", MOE, "--gpu", "H100", "--where", "spec_method=none",
+                 "--bootstrap", "0", "--out", str(tmp_path / "fit.json")]) == 0
+    out = capsys.readouterr().out
+    assert "tput: not in any selected run, not fitted: output_throughput_per_gpu (empty where gpu_count is: " \
+           "bench import --gpu-count N)" in out, out
+    assert "tpot: not in" not in out

@@ -571,4 +571,16 @@ def cmd_fit(args: argparse.Namespace) -> int:
             print(f"  {label}: " + ", ".join(f"{k} median |err| {x['median_abs']:.1%}" for k, x in v.items()))
         else:
             print(f"  {label}: {v}")
+    _print_unmeasured(fit)
     return 0
+
+
+_UNMEASURED = {"tpot": "mean_tpot_ms / median_tpot_ms", "ttft": "mean_ttft_ms / median_ttft_ms",
+               "tput": "output_throughput_per_gpu (empty where gpu_count is: bench import --gpu-count N)"}
+
+
+def _print_unmeasured(fit: dict) -> None:
+    """Say which asked-for metric no selected run measured (it is then neither fitted nor judged)."""
+    for kind in fit["fitted_metrics"]:
+        if kind not in fit["fit_error"]:
+            print(f"  {kind}: not in any selected run, not fitted: {_UNMEASURED[kind]}")
