@@ -416,3 +416,8 @@ def test_fit_says_when_no_run_measured_a_metric(tmp_path, moe, capsys):
     assert "tput: not in any selected run, not fitted: output_throughput_per_gpu (empty where gpu_count is: " \
            "bench import --gpu-count N)" in out, out
     assert "tpot: not in" not in out
+    # and it says what to run next, with the server settings it simulated (bench replay's own defaults may differ)
+    from dsparksim.cost.profile import load_profile
+    budget = load_profile(str(tmp_path / "fit.json")).max_tokens
+    nxt = [ln for ln in out.splitlines() if ln.startswith("  next: dsparksim bench replay ")]
+    assert len(nxt) == 1 and f"--chunked-prefill-size {budget} --max-running-requests 1024" in nxt[0], out
