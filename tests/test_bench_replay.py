@@ -311,3 +311,22 @@ def test_bench_replay_says_its_prefill_chunk_and_that_fields_were_filled_in(tmp_
     assert "(chunked prefill 4096 tokens, the profile's token budget as in profile fit" in text
     assert "1 run(s) with fields filled in or caveats (replay.csv notes), e.g.: random_range_ratio not recorded: " \
            "vLLM's default" in text
+
+
+def test_an_h20_run_is_not_replayed_on_an_h200_profile():
+    # the GPU check was a substring test: 'h20' is in 'h200-sxm-141gb', so an H20 run (148 vs 989 TFLOPS) passed
+    ok = _row(1, 2, gpu="h200", gpu_count=8, tp=8)
+    assert replay_ok(ok) and replay_ok({**ok, "gpu": "H200-SXM-141GB"})
+    for gpu in ("H20", "h2", "H200X"):
+        with pytest.raises(ConfigError, match=f"field 'gpu': run t.csv:1 ran on '{gpu}'"):
+            check_deployment_of({**ok, "gpu": gpu})
+
+
+def check_deployment_of(row):
+    from dsparksim.bench.replay import check_deployment
+    from dsparksim.cost.profile import load_profile
+    return check_deployment(row, load_profile("built-h200x8-deepseek-v3-tp8"))
+
+
+def replay_ok(row) -> bool:
+    return check_deployment_of(row) == 1

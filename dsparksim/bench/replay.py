@@ -24,6 +24,7 @@ as ``profile fit`` simulates by default.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -280,7 +281,9 @@ def check_deployment(row: Mapping[str, Any], prof: Any, source: str = "runs tabl
     meta = getattr(prof, "metadata", {}) or {}
     rid = row.get("run_id") or "?"
     gpu, device = row.get("gpu"), str(meta.get("device") or "")
-    if not _missing(gpu) and device and str(gpu).strip().lower() not in device.lower():
+    # the run's name as whole words of the device's (h200 in H200-SXM-141GB; h20 is not)
+    if not _missing(gpu) and device and not re.search(rf"(?<![a-z0-9]){re.escape(str(gpu).strip().lower())}"
+                                                      r"(?![a-z0-9])", device.lower()):
         raise ConfigError(source, "gpu", f"run {rid} ran on {gpu!r} but the profile {prof.name!r} prices "
                           f"{device!r}: give each GPU's runs their own profile (select them with --where gpu=...)")
     R = check_dp(row, prof, source)
