@@ -330,3 +330,26 @@ def check_deployment_of(row):
 
 def replay_ok(row) -> bool:
     return check_deployment_of(row) == 1
+
+
+def test_lengths_that_the_runs_token_count_contradicts_are_refused():
+    # vLLM files record no lengths: a mistyped --random-output-len at import was simulated (and fitted) silently,
+    # although the file's total_output_tokens / completed says otherwise
+    ok = _row(1, 4, random_output_len=512, random_range_ratio=1.0, completed=20, total_output_tokens=20 * 512)
+    row_workload(ok)
+    wide = _row(1, 4, random_output_len=512, random_range_ratio=0.0, completed=20, total_output_tokens=20 * 270)
+    row_workload(wide)                                     # [1, 512]: mean 256.5, 20 draws: within sampling
+    for bad in ({"total_output_tokens": 20 * 1024}, {"random_range_ratio": 0.0}):
+        with pytest.raises(InputError, match=r"field 'random_output_len': run t.csv:1: its 20 completed requests "
+                                             r"emitted 1024.0|emitted 512.0"):
+            row_workload({**ok, **bad})
+
+
+def test_fit_refuses_lengths_that_the_token_count_contradicts(tmp_path):
+    from dsparksim.bench.runs import write_runs
+    from dsparksim.fit.runs import load_fit_runs
+    rows = [_row(1, 4, random_output_len=512, random_range_ratio=1.0, completed=20, total_output_tokens=20 * 1024,
+                 mean_tpot_ms=10.0)]
+    write_runs(rows, tmp_path / "r.csv")
+    with pytest.raises(InputError, match="field 'random_output_len'.*emitted 1024.0 tokens each"):
+        load_fit_runs(tmp_path / "r.csv", {})

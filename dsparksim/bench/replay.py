@@ -105,6 +105,23 @@ def select(runs: Sequence[Mapping[str, Any]], where: list[tuple[str, str]], sour
 
 
 # ------------------------------------------------------------------------------------------------ one row
+def check_output_lengths(row: Mapping[str, Any], L: int, R: float, source: str = "runs table") -> None:
+    """The run's own token count against its lengths: with ignore_eos, total_output_tokens / completed is the mean
+    of lengths uniform in [max(1, int(R*L)), L]. Off by more than 4 standard errors + 2% is an InputError (lengths
+    or range ratio mistyped at import, or outputs cut by EOS); a run without the counts is not checked."""
+    tot, done = row.get("total_output_tokens"), row.get("completed")
+    if _missing(tot) or _missing(done) or not done:
+        return
+    lo = max(1, int(R * L))
+    mu, sd = (lo + L) / 2, math.sqrt(((L - lo + 1) ** 2 - 1) / 12)
+    mean = float(tot) / float(done)
+    if abs(mean - mu) > 4 * sd / math.sqrt(float(done)) + 0.02 * mu:
+        raise InputError(source, "random_output_len", f"run {row.get('run_id') or '?'}: its {int(done)} completed "
+                         f"requests emitted {mean:.1f} tokens each (total_output_tokens / completed), but lengths "
+                         f"uniform in [{lo}, {L}] (random_output_len {L}, range ratio {R:g} as [int(R*L), L] reads it) have a mean "
+                         f"of {mu:.1f}: check --random-output-len / --random-range-ratio at import, and ignore_eos")
+
+
 def row_workload(row: Mapping[str, Any], source: str = "runs table") -> tuple[ClientWorkload, list[str]]:
     """The client workload of one run, and the notes of what was filled in (see the module doc)."""
     rid = row.get("run_id") or "?"
@@ -135,6 +152,7 @@ def row_workload(row: Mapping[str, Any], source: str = "runs table") -> tuple[Cl
     elif _missing(R):
         R = 0.0
         notes.append("random_range_ratio missing: 0")
+    check_output_lengths(row, int(row["random_output_len"]), float(R), source)
     cap = None if _missing(row.get("max_concurrency")) else int(row["max_concurrency"])
     rate = row.get("request_rate")
     if _missing(rate):

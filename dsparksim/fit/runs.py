@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from dsparksim.bench.replay import cell_matches
+from dsparksim.bench.replay import cell_matches, check_output_lengths
 from dsparksim.bench.runs import format_cell, NAMES, read_runs
 from dsparksim.errors import InputError
 from dsparksim.fit.trace import ClientSpec
@@ -101,6 +101,7 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
                       "at import, bench import --random-range-ratio R, e.g. 0 for vLLM's default, every length L")
         if symmetric:
             ratio = 1.0   # vLLM's [L(1-R), L(1+R)] at R = 0 is every length L: [int(R*L), L] at R = 1
+        check_output_lengths(r, int(_need(path, r, "random_output_len", "output lengths")), float(ratio), str(path))
         tp = _need(path, r, "tp", "GPUs of the engine")
         agg, per = r.get("output_throughput"), r.get("output_throughput_per_gpu")
         # the per-GPU divisor as the source applied it (InferenceX: tp), else the run's GPUs
