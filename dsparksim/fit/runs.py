@@ -76,13 +76,13 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
                              "only; select them (e.g. --where spec_method=none)")
         if r.get("ignore_eos") is not True:
             raise InputError(str(path), "ignore_eos", f"run {rid}: {format_cell(r.get('ignore_eos')).strip() or 'empty'}: the fit "
-                             "needs ignore_eos runs (step shapes must not depend on what the model generates); vLLM and SGLang files "
-                             "do not record it: set it at import, bench import --ignore-eos true")
+                             "needs ignore_eos runs (step shapes must not depend on what the model generates); "
+                             "vLLM and SGLang files do not record it: set it at import, bench import --ignore-eos true")
         rate = r.get("request_rate")
         if rate is not None and not math.isinf(rate):
             raise InputError(str(path), "request_rate", f"run {rid}: {rate}: the fit needs closed-loop runs "
-                             "released at once (request rate inf); a finite rate makes step shapes depend on prices: select the others, e.g. "
-                             "--where request_rate=inf")
+                             "released at once (request rate inf); a finite rate makes step shapes depend on prices: select the "
+                             "others, e.g. --where request_rate=inf")
         if r.get("dataset_name") not in (None, "random") or r.get("lengths_file"):
             raise InputError(str(path), "dataset_name", f"run {rid}: the fit simulates the random dataset only")
         symmetric = r.get("random_range_convention") == "symmetric"
