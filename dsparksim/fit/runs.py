@@ -81,8 +81,8 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
         rate = r.get("request_rate")
         if rate is not None and not math.isinf(rate):
             raise InputError(str(path), "request_rate", f"run {rid}: {rate}: the fit needs closed-loop runs "
-                             "released at once (request rate inf); a finite rate makes step shapes depend on prices: select the "
-                             "others, e.g. --where request_rate=inf")
+                             "released at once (request rate inf); a finite rate makes step shapes depend on prices: "
+                             "select the others, e.g. --where request_rate=inf")
         if r.get("dataset_name") not in (None, "random") or r.get("lengths_file"):
             raise InputError(str(path), "dataset_name", f"run {rid}: the fit simulates the random dataset only")
         symmetric = r.get("random_range_convention") == "symmetric"
