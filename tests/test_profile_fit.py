@@ -421,3 +421,4 @@ def test_fit_says_when_no_run_measured_a_metric(tmp_path, moe, capsys):
     budget = load_profile(str(tmp_path / "fit.json")).max_tokens
     nxt = [ln for ln in out.splitlines() if ln.startswith("  next: dsparksim bench replay ")]
     assert len(nxt) == 1 and f"--chunked-prefill-size {budget} --max-running-requests 1024" in nxt[0], out
+    assert "  only 3 concurrencies [2, 8, 32]: the leave-one-concurrency-out error extrapolates" in out, out

@@ -583,6 +583,10 @@ _UNMEASURED = {"tpot": "mean_tpot_ms / median_tpot_ms", "ttft": "mean_ttft_ms / 
 def _print_next(fit: dict, out: Any, args: argparse.Namespace) -> None:
     """The bench replay command that simulates the runs on the server the fit assumed (its settings spelled out:
     replay's own defaults need not be the fit's)."""
+    conc = fit["runs"]["concurrencies"]
+    if len(conc) < 4:
+        print(f"  only {len(conc)} concurrenc{'y' if len(conc) == 1 else 'ies'} {conc}: the leave-one-concurrency-out "
+              "error extrapolates from fewer than 3 others; fit runs at 4 or more")
     cm = fit["client_model"]
     opts = [f"--chunked-prefill-size {cm['prefill_chunk_tokens']}", f"--max-running-requests {cm['max_num_seqs']}"]
     if cm.get("mem_fraction_static") is not None:
