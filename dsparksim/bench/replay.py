@@ -119,7 +119,8 @@ def check_output_lengths(row: Mapping[str, Any], L: int, R: float, source: str =
         raise InputError(source, "random_output_len", f"run {row.get('run_id') or '?'}: its {int(done)} completed "
                          f"requests emitted {mean:.1f} tokens each (total_output_tokens / completed), but lengths "
                          f"uniform in [{lo}, {L}] (random_output_len {L}, range ratio {R:g} as [int(R*L), L] reads "
-                         f"it) have a mean of {mu:.1f}: check --random-output-len / --random-range-ratio at import, and ignore_eos")
+                         f"it) have a mean of {mu:.1f}: check --random-output-len / --random-range-ratio at import, "
+                         "and ignore_eos")
 
 
 def row_workload(row: Mapping[str, Any], source: str = "runs table") -> tuple[ClientWorkload, list[str]]:

@@ -581,8 +581,8 @@ _UNMEASURED = {"tpot": "mean_tpot_ms / median_tpot_ms", "ttft": "mean_ttft_ms / 
 
 
 def _print_next(fit: dict, out: Any, args: argparse.Namespace) -> None:
-    """The bench replay command that simulates the runs on the server the fit assumed (its settings spelled out:
-    replay's own defaults need not be the fit's)."""
+    """A caution under 4 concurrencies, then the bench replay command that simulates the runs on the server the
+    fit assumed (its settings spelled out: replay's own defaults need not be the fit's)."""
     conc = fit["runs"]["concurrencies"]
     if len(conc) < 4:
         print(f"  only {len(conc)} concurrenc{'y' if len(conc) == 1 else 'ies'} {conc}: the leave-one-concurrency-out "
