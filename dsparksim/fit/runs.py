@@ -23,6 +23,10 @@ METRIC_CHOICES = {"tpot": ("mean_tpot_ms", "median_tpot_ms"), "ttft": ("mean_ttf
                   "tput": ("output_throughput_per_gpu",)}
 
 
+_RATIO_WHY = ("the length range: lengths uniform in [int(R*L), L]; set it at import, bench import "
+              "--random-range-ratio R, e.g. 0 for vLLM's default, every length L")
+
+
 @dataclass(frozen=True)
 class FitRun:
     """One selected run: its row id, the client spec to simulate and its measured metrics (name -> value)."""
@@ -97,8 +101,7 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
             raise InputError(str(path), "failed", f"run {rid}: {failed} request(s) failed: the measured figures "
                              "cover the completed ones only, while the simulated client completes every prompt")
         conc = _need(path, r, "max_concurrency", "closed loop at a fixed concurrency")
-        ratio = _need(path, r, "random_range_ratio", "the length range: lengths uniform in [int(R*L), L]; set it "
-                      "at import, bench import --random-range-ratio R, e.g. 0 for vLLM's default, every length L")
+        ratio = _need(path, r, "random_range_ratio", _RATIO_WHY)
         if symmetric:
             ratio = 1.0   # vLLM's [L(1-R), L(1+R)] at R = 0 is every length L: [int(R*L), L] at R = 1
         check_output_lengths(r, int(_need(path, r, "random_output_len", "output lengths")), float(ratio), str(path))
