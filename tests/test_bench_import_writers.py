@@ -319,3 +319,29 @@ def test_sglang_max_concurrency_zero_is_no_cap(tmp_path, capsys):
     assert row["max_concurrency"] is None and row["request_rate"] == 2.0
     err = _refused(tmp_path, capsys, p, "--max-concurrency", "4")
     assert "field 'max_concurrency'" in err and "no cap" in err and "0" in err
+
+
+def test_import_names_every_empty_column_that_replay_and_fit_need(tmp_path, capsys):
+    # a vLLM file records no lengths, ignore_eos or speculative config: bench import said only "gpu_count, engine,
+    # dataset_name", and profile fit then refused the runs one missing column at a time
+    src = _write(tmp_path, "c4.json", _vllm())
+    assert main(["bench", "import", str(src), "--gpu", "H200", "--tp", "8", "--out", str(tmp_path / "r.csv")]) == 0
+    hint = [ln for ln in capsys.readouterr().out.splitlines() if "empty in some runs" in ln]
+    assert len(hint) == 1, hint
+    for opt in ("--gpu-count", "--engine", "--spec-method", "--dataset-name", "--random-input-len",
+                "--random-output-len", "--random-range-ratio", "--ignore-eos"):
+        assert opt in hint[0], (opt, hint[0])
+    assert "--gpu " not in hint[0] and "--tp " not in hint[0] and "--num-prompts" not in hint[0]
+
+
+def test_a_speculating_server_contradicts_spec_method_none(tmp_path, capsys):
+    # vllm bench serve writes spec_decode_* only when the server speculates: a blanket --spec-method none made such a
+    # run plain decoding in the runs table, and profile fit then fitted it as one
+    src = _write(tmp_path, "mtp.json", _vllm(spec_decode_acceptance_length=2.6, spec_decode_num_drafts=100))
+    err = _refused(tmp_path, capsys, src, "--spec-method", "none")
+    assert "field 'spec_method'" in err and "2.6" in err and "--spec-method" in err, err
+    out = tmp_path / "ok.csv"
+    assert main(["bench", "import", str(src), "--spec-method", "mtp", "--out", str(out)]) == 0
+    assert read_runs(out)[0]["spec_method"] == "mtp"
+    plain = _write(tmp_path, "plain.json", _vllm())
+    assert main(["bench", "import", str(plain), "--spec-method", "none", "--out", str(tmp_path / "p.csv")]) == 0

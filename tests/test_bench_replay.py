@@ -273,3 +273,83 @@ def test_the_attention_dp_balance_is_refused_for_an_engine_without_it():
         replay([_dp_row(1, 4, engine="sglang")], DP_PROFILE, server=ServerSettings(attention_dp_timeout_iters=60))
     df = replay([_dp_row(1, 4)], DP_PROFILE, server=ServerSettings(attention_dp_timeout_iters=60), seed=0)
     assert df["dp_ranks"].tolist() == [8]
+
+
+def test_a_vllm_run_without_a_range_ratio_is_replayed_with_vllms_default_every_length_l():
+    # vllm bench serve records no range ratio; its default (0, symmetric; 1.0 in the older benchmark_serving.py)
+    # draws every length L, not SGLang's [1, L]: filling 0 in [int(R*L), L] halved the simulated lengths
+    w, notes = row_workload(_row(1, 4, source_format="vllm", random_range_ratio=None, random_range_convention=None))
+    assert w.random_range_ratio == 1.0
+    assert any("vLLM's default" in n and "every length L" in n for n in notes), notes
+    w, notes = row_workload(_row(1, 4, random_range_ratio=None, random_range_convention=None))   # not vLLM's
+    assert w.random_range_ratio == 0.0 and "random_range_ratio missing: 0" in notes
+
+
+def test_replay_default_prefill_chunk_is_the_profiles_token_budget_as_in_profile_fit():
+    # profile fit simulates at --prefill-chunk = the profile's token budget by default; bench replay used the
+    # simulator's 2048, so a fitted profile replayed with defaults ran another server than the one it was fitted on
+    from dsparksim.bench.client import ServerSettings
+    from dsparksim.cost.profile import load_profile
+    budget = load_profile(PROFILE).max_tokens
+    assert budget != 2048
+    rows = [_row(1, 8, random_input_len=1024, random_range_ratio=1.0, num_prompts=16, num_warmup_prompts=0)]
+    dflt = replay(rows, PROFILE, seed=0)
+    given = replay(rows, PROFILE, server=ServerSettings(chunked_prefill_size=budget), seed=0)
+    small = replay(rows, PROFILE, server=ServerSettings(chunked_prefill_size=2048), seed=0)
+    assert dflt["simulated_mean_ttft_ms"].iloc[0] == given["simulated_mean_ttft_ms"].iloc[0]
+    assert dflt["simulated_mean_ttft_ms"].iloc[0] != small["simulated_mean_ttft_ms"].iloc[0]
+
+
+def test_bench_replay_says_its_prefill_chunk_and_that_fields_were_filled_in(tmp_path, capsys):
+    t = _write(tmp_path / "runs.csv", [_row(1, 2, source_format="vllm", random_range_ratio=None,
+                                            random_range_convention=None, num_prompts=4, num_warmup_prompts=0)])
+    out = tmp_path / "rep"
+    assert main(["bench", "replay", str(t), "--profile", PROFILE, "--out", str(out), "--quiet"]) == 0
+    assert json.loads((out / "config.json").read_text())["server"]["chunked_prefill_size"] == 4096
+    assert main(["bench", "replay", str(t), "--profile", PROFILE, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "(chunked prefill 4096 tokens, the profile's token budget as in profile fit" in text
+    assert "1 run(s) with fields filled in or caveats (replay.csv notes), e.g.: random_range_ratio not recorded: " \
+           "vLLM's default" in text
+
+
+def test_an_h20_run_is_not_replayed_on_an_h200_profile():
+    # the GPU check was a substring test: 'h20' is in 'h200-sxm-141gb', so an H20 run (148 vs 989 TFLOPS) passed
+    ok = _row(1, 2, gpu="h200", gpu_count=8, tp=8)
+    assert replay_ok(ok) and replay_ok({**ok, "gpu": "H200-SXM-141GB"})
+    for gpu in ("H20", "h2", "H200X"):
+        with pytest.raises(ConfigError, match=f"field 'gpu': run t.csv:1 ran on '{gpu}'"):
+            check_deployment_of({**ok, "gpu": gpu})
+
+
+def check_deployment_of(row):
+    from dsparksim.bench.replay import check_deployment
+    from dsparksim.cost.profile import load_profile
+    return check_deployment(row, load_profile("built-h200x8-deepseek-v3-tp8"))
+
+
+def replay_ok(row) -> bool:
+    return check_deployment_of(row) == 1
+
+
+def test_lengths_that_the_runs_token_count_contradicts_are_refused():
+    # vLLM files record no lengths: a mistyped --random-output-len at import was simulated (and fitted) silently,
+    # although the file's total_output_tokens / completed says otherwise
+    ok = _row(1, 4, random_output_len=512, random_range_ratio=1.0, completed=20, total_output_tokens=20 * 512)
+    row_workload(ok)
+    wide = _row(1, 4, random_output_len=512, random_range_ratio=0.0, completed=20, total_output_tokens=20 * 270)
+    row_workload(wide)                                     # [1, 512]: mean 256.5, 20 draws: within sampling
+    for bad in ({"total_output_tokens": 20 * 1024}, {"random_range_ratio": 0.0}):
+        with pytest.raises(InputError, match=r"field 'random_output_len': run t.csv:1: its 20 completed requests "
+                                             r"emitted 1024.0|emitted 512.0"):
+            row_workload({**ok, **bad})
+
+
+def test_fit_refuses_lengths_that_the_token_count_contradicts(tmp_path):
+    from dsparksim.bench.runs import write_runs
+    from dsparksim.fit.runs import load_fit_runs
+    rows = [_row(1, 4, random_output_len=512, random_range_ratio=1.0, completed=20, total_output_tokens=20 * 1024,
+                 mean_tpot_ms=10.0)]
+    write_runs(rows, tmp_path / "r.csv")
+    with pytest.raises(InputError, match="field 'random_output_len'.*emitted 1024.0 tokens each"):
+        load_fit_runs(tmp_path / "r.csv", {})

@@ -359,3 +359,66 @@ def test_cli_fit_takes_bench_replays_spellings_of_the_server_settings(tmp_path, 
                  "--chunked-prefill-size", "1024", "--max-running-requests", "64", "--out", str(out)]) == 0
     cm = json.loads(out.read_text())["metadata"]["fit"]["client_model"]
     assert (cm["prefill_chunk_tokens"], cm["max_num_seqs"]) == (1024, 64)
+
+
+def test_fit_refusals_say_how_to_supply_or_select(tmp_path, moe):
+    """A vLLM file records neither the range ratio nor ignore_eos, and a paced run cannot be fitted: each refusal
+    says which bench import option fills the column, or which --where selects the fittable runs."""
+    from dsparksim.bench.runs import read_runs, write_runs
+    from dsparksim.errors import InputError
+    from dsparksim.fit.runs import load_fit_runs
+    runs = tmp_path / "runs.csv"
+    _runs_csv(runs, moe)
+    rows = read_runs(runs)
+    for field, value, hint in (("random_range_ratio", None, "bench import --random-range-ratio"),
+                               ("ignore_eos", None, "bench import --ignore-eos true"),
+                               ("request_rate", 2.0, "--where request_rate=inf")):
+        bad = [dict(r) for r in rows]
+        bad[1][field] = value
+        write_runs(bad, runs, force=True)
+        with pytest.raises(InputError) as e:
+            load_fit_runs(runs, {"spec_method": "none"})
+        assert e.value.field == field and hint in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("field,value", [("gpu", "H200"), ("tp", 2), ("ep", 2)])
+def test_fit_refuses_a_run_of_another_deployment_than_gpu_tp_ep(tmp_path, moe, capsys, field, value):
+    """Runs of two deployments in one table (an H100 TP1 and an H200 TP8 model, say) were all fitted into the one
+    profile of --gpu/--tp/--ep, silently; bench replay refuses such a run, and so does the fit now."""
+    from dsparksim.bench.runs import read_runs, write_runs
+    runs = tmp_path / "runs.csv"
+    _runs_csv(runs, moe)
+    rows = read_runs(runs)
+    rows[1][field] = value
+    if field in ("tp", "ep"):
+        rows[1]["gpu_count"] = 2
+    write_runs(rows, runs, force=True)
+    out = tmp_path / "fit.json"
+    assert main(["profile", "fit", str(runs), "--model", MOE, "--gpu", "H100", "--bootstrap", "0",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"field '{field}'" in err and "syn:2" in err and str(runs) in err, err
+    assert not out.exists()
+
+
+def test_fit_says_when_no_run_measured_a_metric(tmp_path, moe, capsys):
+    """Runs imported without --gpu-count have no output tok/s per GPU: the fit left throughput out without a word."""
+    from dsparksim.bench.runs import read_runs, write_runs
+    runs = tmp_path / "runs.csv"
+    _runs_csv(runs, moe)
+    rows = read_runs(runs)
+    for r in rows:
+        r["output_throughput_per_gpu"], r["gpu_count"] = None, None
+    write_runs(rows, runs, force=True)
+    assert main(["profile", "fit", str(runs), "--model", MOE, "--gpu", "H100", "--where", "spec_method=none",
+                 "--bootstrap", "0", "--out", str(tmp_path / "fit.json")]) == 0
+    out = capsys.readouterr().out
+    assert "tput: not in any selected run, not fitted: output_throughput_per_gpu (empty where gpu_count is: " \
+           "bench import --gpu-count N)" in out, out
+    assert "tpot: not in" not in out
+    # and it says what to run next, with the server settings it simulated (bench replay's own defaults may differ)
+    from dsparksim.cost.profile import load_profile
+    budget = load_profile(str(tmp_path / "fit.json")).max_tokens
+    nxt = [ln for ln in out.splitlines() if ln.startswith("  next: dsparksim bench replay ")]
+    assert len(nxt) == 1 and f"--chunked-prefill-size {budget} --max-running-requests 1024" in nxt[0], out
+    assert "  only 3 concurrencies [2, 8, 32]: the leave-one-concurrency-out error extrapolates" in out, out

@@ -543,6 +543,11 @@ def finish_row(row: dict[str, Any], kind: str, path: str | Path, line: int, over
         elif have != v and not (isinstance(have, str) and isinstance(v, str) and have.lower() == v.lower()):
             raise InputError(path, name, f"the file says {have!r} but --{name.replace('_', '-')} says {v!r}",
                              line=line)
+    acc, sm = row.get("acceptance_length"), row.get("spec_method")
+    if acc is not None and isinstance(sm, str) and sm.lower() in ("none", "off"):   # the server speculated
+        raise InputError(path, "spec_method", f"the file reports speculative decoding (acceptance length {acc:g}) but "
+                         f"{'--spec-method' if 'spec_method' in overrides else 'the file'} says {sm!r}: import it with "
+                         "its method (e.g. --spec-method mtp), or apart from the plain-decoding runs", line=line)
     if kind == "vllm" and row.get("random_range_ratio") is not None and row.get("random_range_convention") is None:
         row["random_range_convention"] = "symmetric"   # vllm bench serve: uniform in [L(1-R), L(1+R)]
     if kind != "inferencex" and row.get("output_throughput") is not None and row.get("gpu_count"):

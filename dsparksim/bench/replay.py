@@ -8,7 +8,8 @@ with the measured value, the simulated value and the relative error (simulated /
 What a row must carry (else one line naming the run and the field, before anything is simulated): the random
 dataset (dataset_name random or empty, random_input_len, random_output_len; range convention ``low`` =
 [int(R*L), L], the only one simulated), num_prompts, and max_concurrency or request_rate. Filled in and said so
-in the ``notes`` column: a missing range ratio is 0; a missing request rate with a cap is inf; a missing
+in the ``notes`` column: a missing range ratio is 0 (a vLLM run's: vLLM's default, every length L, i.e. 1 in
+[int(R*L), L]); a missing request rate with a cap is inf; a missing
 ignore_eos is taken as true; the warm-up count changes nothing measured (the server is empty when the benchmark
 starts), so a missing one is 0.
 
@@ -16,10 +17,15 @@ A DP-attention run (``dp_attention`` true) is simulated as its engine ran: ``tp`
 lockstep (``--dp-ranks``), each batching its own requests, on a profile that prices one of them
 (``metadata.data_parallel`` = tp, ``tensor_parallel`` 1); any other profile, or a DP profile for a run without DP
 attention, is refused naming the run and ``dp_attention`` (:func:`check_dp`).
+
+Server settings are the caller's for every run; no ``chunked_prefill_size`` = the profile's token budget,
+as ``profile fit`` simulates by default.
 """
 from __future__ import annotations
 
 import math
+import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -99,6 +105,24 @@ def select(runs: Sequence[Mapping[str, Any]], where: list[tuple[str, str]], sour
 
 
 # ------------------------------------------------------------------------------------------------ one row
+def check_output_lengths(row: Mapping[str, Any], L: int, R: float, source: str = "runs table") -> None:
+    """The run's own token count against its lengths: with ignore_eos, total_output_tokens / completed is the mean
+    of lengths uniform in [max(1, int(R*L)), L]. Off by more than 4 standard errors + 2% is an InputError (lengths
+    or range ratio mistyped at import, or outputs cut by EOS); a run without the counts is not checked."""
+    tot, done = row.get("total_output_tokens"), row.get("completed")
+    if _missing(tot) or _missing(done) or not done:
+        return
+    lo = max(1, int(R * L))
+    mu, sd = (lo + L) / 2, math.sqrt(((L - lo + 1) ** 2 - 1) / 12)
+    mean = float(tot) / float(done)
+    if abs(mean - mu) > 4 * sd / math.sqrt(float(done)) + 0.02 * mu:
+        raise InputError(source, "random_output_len", f"run {row.get('run_id') or '?'}: its {int(done)} completed "
+                         f"requests emitted {mean:.1f} tokens each (total_output_tokens / completed), but lengths "
+                         f"uniform in [{lo}, {L}] (random_output_len {L}, range ratio {R:g} as [int(R*L), L] reads "
+                         f"it) have a mean of {mu:.1f}: check --random-output-len / --random-range-ratio at import, "
+                         "and ignore_eos")
+
+
 def row_workload(row: Mapping[str, Any], source: str = "runs table") -> tuple[ClientWorkload, list[str]]:
     """The client workload of one run, and the notes of what was filled in (see the module doc)."""
     rid = row.get("run_id") or "?"
@@ -122,9 +146,14 @@ def row_workload(row: Mapping[str, Any], source: str = "runs table") -> tuple[Cl
     for f in ("random_input_len", "random_output_len", "num_prompts"):
         if _missing(row.get(f)):
             raise bad(f, "missing: the client's workload cannot be rebuilt without it")
-    if _missing(R):
+    if _missing(R) and row.get("source_format") == "vllm":
+        R = 1.0   # vLLM records no range ratio; its default (0 symmetric; 1.0 in benchmark_serving.py) is every L
+        notes.append("random_range_ratio not recorded: vLLM's default, every length L (bench import "
+                     "--random-range-ratio if the run set one)")
+    elif _missing(R):
         R = 0.0
         notes.append("random_range_ratio missing: 0")
+    check_output_lengths(row, int(row["random_output_len"]), float(R), source)
     cap = None if _missing(row.get("max_concurrency")) else int(row["max_concurrency"])
     rate = row.get("request_rate")
     if _missing(rate):
@@ -271,9 +300,11 @@ def check_deployment(row: Mapping[str, Any], prof: Any, source: str = "runs tabl
     meta = getattr(prof, "metadata", {}) or {}
     rid = row.get("run_id") or "?"
     gpu, device = row.get("gpu"), str(meta.get("device") or "")
-    if not _missing(gpu) and device and str(gpu).strip().lower() not in device.lower():
+    # the run's name as whole words of the device's (h200 in H200-SXM-141GB; h20 is not)
+    if not _missing(gpu) and device and not re.search(rf"(?<![a-z0-9]){re.escape(str(gpu).strip().lower())}"
+                                                      r"(?![a-z0-9])", device.lower()):
         raise ConfigError(source, "gpu", f"run {rid} ran on {gpu!r} but the profile {prof.name!r} prices "
-                          f"{device!r}: replay each GPU's runs on its own profile (--where gpu=...)")
+                          f"{device!r}: give each GPU's runs their own profile (select them with --where gpu=...)")
     R = check_dp(row, prof, source)
     for col, key in (("tp", "tensor_parallel"), ("ep", "expert_parallel")):
         v, pv = row.get(col), meta.get(key)
@@ -302,6 +333,8 @@ def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSet
     import pandas as pd  # lazy: pandas
 
     prof = load_profile(profile) if isinstance(profile, (str, Path)) else profile
+    if server.chunked_prefill_size is None:   # profile fit's default: the runs are simulated as they were fitted
+        server = replace(server, chunked_prefill_size=int(prof.max_tokens))
     plan = []
     for row in runs:
         R = check_deployment(row, prof, source)

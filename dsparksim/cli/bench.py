@@ -67,6 +67,11 @@ def overrides(args: argparse.Namespace) -> dict:
     return out
 
 
+# columns bench replay / profile fit read that a file may not carry (random_*: for random-dataset runs)
+NEEDED = ("gpu", "gpu_count", "tp", "engine", "spec_method", "dataset_name", "random_input_len",
+          "random_output_len", "random_range_ratio", "ignore_eos", "num_prompts")
+
+
 def import_command(args: argparse.Namespace) -> int:
 
     check_out(args.out, args.force, inputs=args.files)
@@ -75,9 +80,9 @@ def import_command(args: argparse.Namespace) -> int:
     kinds = Counter(r["source_format"] for r in rows)
     print(f"{n} runs from {len(args.files)} file(s) ({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))}) "
           f"-> {args.out}")
-    empty = [name for name in ("gpu", "gpu_count", "engine", "dataset_name", "num_prompts")
-             if any(r[name] is None for r in rows)]
+    empty = [name for name in NEEDED if any(r[name] is None and (not name.startswith("random_") or
+                                                                  r["dataset_name"] in (None, "random")) for r in rows)]
     if empty:
-        print(f"  empty in some runs (set with --{' / --'.join(e.replace('_', '-') for e in empty)} if known): "
-              f"{', '.join(empty)}")
+        print(f"  empty in some runs, needed by bench replay / profile fit (set with "
+              f"--{' / --'.join(e.replace('_', '-') for e in empty)} if known): {', '.join(empty)}")
     return 0

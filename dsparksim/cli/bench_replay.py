@@ -34,7 +34,8 @@ def register_replay(sub) -> None:
                    help="only the runs whose columns equal these values (numbers as numbers; KEY= for empty)")
     add_seed_option(q, help="random seed of every simulated run [%(default)s]")
     q.add_argument("--chunked-prefill-size", type=pos_int, default=None, metavar="N",
-                   help="server setting for every run: prefill tokens per step [the simulator's default]")
+                   help="server setting for every run: prefill tokens per step [the profile's token budget, as in "
+                        "profile fit]")
     q.add_argument("--max-running-requests", type=pos_int, default=None, metavar="N",
                    help="server setting for every run: most running requests")
     q.add_argument("--mem-fraction-static", type=pos_float, default=None, metavar="FRAC",
@@ -101,7 +102,8 @@ def replay_command(args: argparse.Namespace) -> int:
         row_workload(r, str(args.runs))
         row_policy(r, str(args.runs))
     prof = load_profile(args.profile)
-    server = ServerSettings(chunked_prefill_size=args.chunked_prefill_size,
+    chunk = args.chunked_prefill_size or int(prof.max_tokens)    # profile fit's default (config.json says which)
+    server = ServerSettings(chunked_prefill_size=chunk,
                             max_running_requests=args.max_running_requests,
                             cuda_graph_max_bs=args.cuda_graph_max_bs, mem_fraction_static=args.mem_fraction_static,
                             attention_dp_timeout_iters=args.attention_dp_timeout_iters,
@@ -131,7 +133,13 @@ def replay_command(args: argparse.Namespace) -> int:
                                        "selected": len(df), "of": len(runs), "wall_s": round(wall, 2),
                                        "dsparksim_version": __version__})
     if not args.quiet:
-        print(f"{len(df)} of {len(runs)} runs replayed on {prof.name} in {wall:.1f} s")
+        how = "" if args.chunked_prefill_size else (", the profile's token budget as in profile fit: give your "
+                                                    "server's with --chunked-prefill-size")
+        print(f"{len(df)} of {len(runs)} runs replayed on {prof.name} in {wall:.1f} s (chunked prefill {chunk} "
+              f"tokens{how})")
+        noted = [n for n in df["notes"] if n]
+        if noted:
+            print(f"  {len(noted)} run(s) with fields filled in or caveats (replay.csv notes), e.g.: {noted[0]}")
         print("metric                      runs  median |err|  p90 |err|  median err")
         for r in err.itertuples():
             if not r.runs:   # no selected run published this metric (e.g. history rows have no means)

@@ -571,4 +571,37 @@ def cmd_fit(args: argparse.Namespace) -> int:
             print(f"  {label}: " + ", ".join(f"{k} median |err| {x['median_abs']:.1%}" for k, x in v.items()))
         else:
             print(f"  {label}: {v}")
+    _print_unmeasured(fit)
+    _print_next(fit, out, args)
     return 0
+
+
+_UNMEASURED = {"tpot": "mean_tpot_ms / median_tpot_ms", "ttft": "mean_ttft_ms / median_ttft_ms",
+               "tput": "output_throughput_per_gpu (empty where gpu_count is: bench import --gpu-count N)"}
+
+
+def _print_next(fit: dict, out: Any, args: argparse.Namespace) -> None:
+    """A caution under 4 concurrencies, then the bench replay command that simulates the runs on the server the
+    fit assumed (its settings spelled out: replay's own defaults need not be the fit's)."""
+    conc = fit["runs"]["concurrencies"]
+    if len(conc) < 4:
+        print(f"  only {len(conc)} concurrenc{'y' if len(conc) == 1 else 'ies'} {conc}: the leave-one-concurrency-out "
+              "error extrapolates from fewer than 3 others; fit runs at 4 or more")
+    cm = fit["client_model"]
+    opts = [f"--chunked-prefill-size {cm['prefill_chunk_tokens']}", f"--max-running-requests {cm['max_num_seqs']}"]
+    if cm.get("mem_fraction_static") is not None:
+        opts.append(f"--mem-fraction-static {cm['mem_fraction_static']}")
+    if args.mixed_prefill is not None:
+        opts.append("--mixed-prefill" if args.mixed_prefill else "--no-mixed-prefill")
+    if args.batch_wait_timeout_iters is not None:
+        opts.append(f"--batch-wait-timeout-iters {args.batch_wait_timeout_iters} --batch-wait-max-tokens-ratio "
+                    f"{args.batch_wait_max_tokens_ratio}")
+    print(f"  next: dsparksim bench replay {args.runs} --profile {out} {' '.join(opts)} [--where ...] --out replay"
+          "  (every run, speculative ones too, on the server the fit assumed)")
+
+
+def _print_unmeasured(fit: dict) -> None:
+    """Say which asked-for metric no selected run measured (it is then neither fitted nor judged)."""
+    for kind in fit["fitted_metrics"]:
+        if kind not in fit["fit_error"]:
+            print(f"  {kind}: not in any selected run, not fitted: {_UNMEASURED[kind]}")

@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from dsparksim.cost.analytic.calibration import FAMILIES, FAMILY_NOTES, Calibration
 from dsparksim.bench.client import is_trtllm
+from dsparksim.bench.replay import check_deployment
 from dsparksim.errors import InputError
 from dsparksim.fit.fitter import (DELTA_MIN, GAMMA_MAX, FitProblem, bootstrap, fit_problem, loco,
                                   param_bounds)
@@ -208,6 +209,8 @@ def run_fit(runs_path: str | Path, opt: FitOptions, *, tqdm_file: Any = None
                                run_server=None if opt.batch_wait_runs is None else
                                {rid: wait for rid in opt.batch_wait_runs})
     _check_batch_wait_engines(rows, opt)
+    for r in rows:                  # every run on the deployment fitted (bench replay's check)
+        check_deployment(r, base, str(runs_path))
     basis = PriceBasis.build(opt.model, opt.gpu, tp=opt.tp, ep=opt.ep, kv_dtype=opt.kv_dtype)
     with tqdm(total=len(runs), desc="simulate runs", unit="run", file=tqdm_file, leave=False) as bar:
         traces = traces_for(runs, base, bar.update)

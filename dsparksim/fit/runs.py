@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from dsparksim.bench.replay import cell_matches
+from dsparksim.bench.replay import cell_matches, check_output_lengths
 from dsparksim.bench.runs import format_cell, NAMES, read_runs
 from dsparksim.errors import InputError
 from dsparksim.fit.trace import ClientSpec
@@ -21,6 +21,10 @@ __all__ = ["FitRun", "load_fit_runs", "file_sha256", "METRIC_CHOICES"]
 # measured metric (runs-table column) -> per kind, in order of preference
 METRIC_CHOICES = {"tpot": ("mean_tpot_ms", "median_tpot_ms"), "ttft": ("mean_ttft_ms", "median_ttft_ms"),
                   "tput": ("output_throughput_per_gpu",)}
+
+
+_RATIO_WHY = ("the length range: lengths uniform in [int(R*L), L]; set it at import, bench import "
+              "--random-range-ratio R, e.g. 0 for vLLM's default, every length L")
 
 
 @dataclass(frozen=True)
@@ -76,11 +80,13 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
                              "only; select them (e.g. --where spec_method=none)")
         if r.get("ignore_eos") is not True:
             raise InputError(str(path), "ignore_eos", f"run {rid}: {format_cell(r.get('ignore_eos')).strip() or 'empty'}: the fit "
-                             "needs ignore_eos runs (step shapes must not depend on what the model generates)")
+                             "needs ignore_eos runs (step shapes must not depend on what the model generates); "
+                             "vLLM and SGLang files do not record it: set it at import, bench import --ignore-eos true")
         rate = r.get("request_rate")
         if rate is not None and not math.isinf(rate):
             raise InputError(str(path), "request_rate", f"run {rid}: {rate}: the fit needs closed-loop runs "
-                             "released at once (request rate inf); a finite rate makes step shapes depend on prices")
+                             "released at once (request rate inf); a finite rate makes step shapes depend on prices: "
+                             "select the others, e.g. --where request_rate=inf")
         if r.get("dataset_name") not in (None, "random") or r.get("lengths_file"):
             raise InputError(str(path), "dataset_name", f"run {rid}: the fit simulates the random dataset only")
         symmetric = r.get("random_range_convention") == "symmetric"
@@ -95,9 +101,10 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
             raise InputError(str(path), "failed", f"run {rid}: {failed} request(s) failed: the measured figures "
                              "cover the completed ones only, while the simulated client completes every prompt")
         conc = _need(path, r, "max_concurrency", "closed loop at a fixed concurrency")
-        ratio = _need(path, r, "random_range_ratio", "the length range: lengths uniform in [int(R*L), L]")
+        ratio = _need(path, r, "random_range_ratio", _RATIO_WHY)
         if symmetric:
             ratio = 1.0   # vLLM's [L(1-R), L(1+R)] at R = 0 is every length L: [int(R*L), L] at R = 1
+        check_output_lengths(r, int(_need(path, r, "random_output_len", "output lengths")), float(ratio), str(path))
         tp = _need(path, r, "tp", "GPUs of the engine")
         agg, per = r.get("output_throughput"), r.get("output_throughput_per_gpu")
         # the per-GPU divisor as the source applied it (InferenceX: tp), else the run's GPUs
