@@ -18,6 +18,7 @@ import numpy as np
 from dsparksim.acceptance.confidence import ece_survival
 from dsparksim.acceptance.summary import Z95, ratio_se, summarize_blocks
 from dsparksim.acceptance.trace_format import read_trace
+from dsparksim.backend.artifacts import read_calibration, read_training_log
 from dsparksim.errors import InputError
 
 ORDER = ("dspark", "dflash", "eagle3", "mtp1")
@@ -54,7 +55,9 @@ def _diff(a, b):
 
 
 def _f(x, nd=3):
-    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{nd}f}"
+    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)) or not math.isfinite(x):
+        return "-"
+    return f"{x:.{nd}f}"
 
 
 def _diffs(by_domain: dict) -> str:
@@ -255,8 +258,8 @@ def _checks_section(res: dict, cal: dict) -> list[str]:
     if cal:
         L += ["STS temperatures (fitted on separate calib-prompt blocks, pooled domains) and calib-set ECE:", ""]
         for k, v in cal.items():
-            L.append(f"- {k}: T = [{', '.join(_f(t, 2) for t in v['temperatures'])}], {v['calib_blocks']} blocks, "
-                     f"ECE {_f(v['ece_raw'])} -> {_f(v['ece_calibrated'])}")
+            L.append(f"- {k}: T = [{', '.join(_f(t, 2) for t in v['temperatures'])}], {v.get('calib_blocks', '-')} "
+                     f"blocks, ECE {_f(v.get('ece_raw'))} -> {_f(v.get('ece_calibrated'))}")
         L.append("")
     return L
 
@@ -273,6 +276,22 @@ def _clean(x):
     return x
 
 
+def find_traces(traces_dir: Path) -> dict[str, Path]:
+    """The one ``real_<drafter>_k<K>.csv(.gz)`` trace of each drafter in ``traces_dir``; two for one drafter (e.g.
+    K=3 and K=7, or .csv beside .csv.gz) is an error naming both: the report would show one and drop the other."""
+    found: dict[str, Path] = {}
+    for kind in ORDER:
+        hits = sorted(traces_dir.glob(f"real_{kind}_k*.csv.gz")) + sorted(traces_dir.glob(f"real_{kind}_k*.csv"))
+        if len(hits) > 1:
+            raise InputError(traces_dir, "--traces", f"{len(hits)} {kind} traces ({', '.join(h.name for h in hits)}); "
+                             "expected one per drafter (move the others to another folder)")
+        if hits:
+            found[kind] = hits[0]
+    if not found:
+        raise InputError(traces_dir, None, "no real_<drafter>_k<K>.csv(.gz) traces found (run `dsparksim collect`)")
+    return found
+
+
 def write_report(models: str | Path, traces_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write ``report.md``, ``quality.png`` and ``summary.json`` into ``out`` (default MODELS/report)."""
     models, traces_dir = Path(models), Path(traces_dir)
@@ -281,20 +300,21 @@ def write_report(models: str | Path, traces_dir: str | Path, out: str | Path | N
         raise InputError(models, "--models", "models directory not found (run `dsparksim train`, or point --models "
                          "at the committed models/ directory)")
     out = Path(out) if out is not None else models / "report"
-    found = {}
-    for kind in ORDER:
-        hits = sorted(traces_dir.glob(f"real_{kind}_k*.csv.gz")) + sorted(traces_dir.glob(f"real_{kind}_k*.csv"))
-        if hits:
-            found[kind] = read_trace(hits[0])
-    if not found:
-        raise InputError(traces_dir, None, "no real_<drafter>_k<K>.csv(.gz) traces found (run `dsparksim collect`)")
+    if out.exists() and not out.is_dir():
+        raise InputError(out, "--out", "is a file; expected the report directory")
+    found = {kind: read_trace(p) for kind, p in find_traces(traces_dir).items()}
     log_p, cal_p = models / "training_log.json", models / "calibration.json"
-    log = json.loads(log_p.read_text()) if log_p.is_file() else {}
-    cal = json.loads(cal_p.read_text()) if cal_p.is_file() else {}
+    log = read_training_log(log_p) if log_p.is_file() else {}
+    cal = read_calibration(cal_p) if cal_p.is_file() else {}
     res = analyse(found)
+    try:
+        text = _markdown(res, log, cal)
+    except (AttributeError, KeyError, TypeError, ValueError) as e:   # a field of another type than train writes
+        raise InputError(log_p, None, f"unexpected content ({type(e).__name__}: {e}); expected the training log "
+                         "`dsparksim train` writes") from None
     out.mkdir(parents=True, exist_ok=True)
     _plot(res, found, out / "quality.png")
     (out / "summary.json").write_text(json.dumps(_clean(res), indent=1))
     md = out / "report.md"
-    md.write_text(_markdown(res, log, cal))
+    md.write_text(text)
     return md

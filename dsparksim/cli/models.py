@@ -63,9 +63,20 @@ def _stages(s: str):
     return st
 
 
+def _check_paths(args: argparse.Namespace, *dests: str) -> None:
+    """A path option given as '' is an error: Path('') is the working directory, where an unset shell variable
+    (``--out "$DIR"``) would have written or read the models and traces."""
+    for d in dests:
+        v = getattr(args, d, None)
+        if v is not None and not str(v).strip():
+            flag = "--" + d.replace("_", "-")
+            raise InputError("cli", flag, f"empty path {v!r}; expected a directory")
+
+
 def _check_dir_args(args: argparse.Namespace) -> None:
-    """--threads and the output directory, before any model is built or trained."""
+    """--threads and the paths, before any model is built or trained."""
     check_threads(args)
+    _check_paths(args, "out", "models", "prompts_dir")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise InputError(str(out), "--out", "is a file; expected the output directory")
@@ -98,6 +109,7 @@ def collect_command(args: argparse.Namespace) -> int:
 
 
 def report_command(args: argparse.Namespace) -> int:
+    _check_paths(args, "models", "traces", "out")
     from dsparksim.backend.report import write_report   # numpy/matplotlib only: works without torch
     md = write_report(args.models, args.traces, args.out)
     print(f"wrote {md}")
