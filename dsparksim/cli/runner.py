@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from dsparksim.cli.options import add_seed_option, add_threads_option, bar_off, check_seed, check_threads
-from dsparksim.cli.main import add_draft_len, add_out, add_run_options, check_run_args, flag_given, run_config, run_traffic
+from dsparksim.cli.main import (add_draft_len, add_out, add_run_options, check_fixed_k, check_run_args, flag_given,
+                                run_config, run_traffic)
 from dsparksim.errors import ConfigError
 from dsparksim.results.outputs import atomic_write, check_out_dir, claim_out_file, refuse_working_dir, written_by
 
@@ -132,6 +133,12 @@ def _check_engine_args(args) -> None:
         raise ConfigError("cli", "--temperature", f"expected >= 0 (0 = greedy), got {args.temperature}")
     if args.drafter_layers < 1:
         raise ConfigError("cli", "--drafter-layers", f"expected at least 1 layer, got {args.drafter_layers}")
+    if not getattr(args, "live", False):
+        from dsparksim.runner.models import parse_model  # lazy: torch
+        layers = parse_model(args.model)[0].n_layers
+        if args.drafter_layers > layers:   # 1000000 built layers until the machine ran out of memory
+            raise ConfigError("cli", "--drafter-layers", f"expected at most the target's {layers} layer(s) (a drafter "
+                              f"proxy is a cheaper model than its target), got {args.drafter_layers}")
     try:
         d = torch.device(args.device)
     except RuntimeError:
@@ -156,6 +163,12 @@ def _check_measure_args(args, validate: bool = False) -> None:
                           f"{args.block_size}")
     if args.contexts and len(set(args.contexts)) != len(args.contexts):
         raise ConfigError("cli", "--contexts", f"each context once, got {list(args.contexts)}")
+    if not (math.isfinite(args.min_growth) and args.min_growth >= 0):
+        raise ConfigError("cli", "--min-growth", f"expected a finite multiple >= 0 (0 = no flatness check), got "
+                          f"{args.min_growth}")
+    if not (math.isfinite(args.drift_gate) and args.drift_gate >= 0):
+        raise ConfigError("cli", "--drift-gate", f"expected a finite fraction >= 0 (0 = off), got {args.drift_gate}")
+    _no_empty(args, "--context-spread-from", "--name", "--raw", "--acceptance", "--mtp1-acceptance")
     if not validate:
         claim_out_file(args.out, "profile", args.force, "--out")
         if args.raw:
@@ -178,6 +191,10 @@ def _check_measure_args(args, validate: bool = False) -> None:
             raise ConfigError("cli", "--policies", "expected at least one policy spec")
         if len(set(args.policies)) != len(args.policies):
             raise ConfigError("cli", "--policies", f"each policy once, got {','.join(args.policies)}")
+    for flag in ("--requests-per-user", "--prefill-chunk"):
+        v = getattr(args, flag[2:].replace("-", "_"))
+        if v is not None and v < 1:
+            raise ConfigError("cli", flag, f"expected an integer >= 1, got {v}")
     if args.max_error is not None and not args.max_error > 0:
         raise ConfigError("cli", "--max-error", f"expected a fraction > 0 (e.g. 0.10), got {args.max_error}")
     from dsparksim.runner.validate import OUT_NAMES  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy, torch, tqdm
@@ -188,6 +205,16 @@ def _check_measure_args(args, validate: bool = False) -> None:
     if other:
         raise ConfigError("cli", "--out", f"{str(out)!r} holds files that no validation wrote ({', '.join(other[:5])}"
                           f"{', ...' if len(other) > 5 else ''}); choose a new or empty directory")
+
+
+def _no_empty(args, *flags: str) -> None:
+    """A text option given as '' is an error, not its default (`--raw ''` wrote no raw file, `--acceptance ''`
+    replayed the default trace, `--name ''` named the profile DEVICE-MODEL, all silently)."""
+    for flag in flags:
+        v = getattr(args, flag[2:].replace("-", "_"), None)
+        if v is not None and not str(v).strip():
+            what = "name" if flag == "--name" else "path or spec"
+            raise ConfigError("cli", flag, f"empty value {v!r}; expected a {what} (or leave the option out)")
 
 
 def _executor(args):
@@ -282,6 +309,7 @@ def cmd_validate(args) -> int:
     if acc is None and not args.live and K != 7:
         acc = "dspark"          # the shipped sample trace is K=7; another K replays the parametric dspark source
     pols = args.policies or tuple(f"fixed:{K}" if p == "fixed:7" else p for p in DEFAULT_POLICIES)
+    check_fixed_k(pols, K, "--policies")
     extra = {}
     for k in ("prompt_tokens", "output_tokens"):
         if getattr(args, k) is not None:
@@ -339,6 +367,7 @@ def _check_audit_args(args) -> None:
         raise ConfigError("cli", "--requests", f"expected at least 1 request per policy, got {args.requests}")
     if not 0.0 < args.alpha < 1.0:
         raise ConfigError("cli", "--alpha", f"expected a significance level in (0, 1), got {args.alpha:g}")
+    _no_empty(args, "--out", "--profile", "--models", "--prompts-dir")
     if args.out:
         claim_out_file(args.out, "audit", args.force, "--out")
     elif args.force:
@@ -406,6 +435,7 @@ def cmd_run_real(args) -> int:
     if args.profile is None:    # the shipped profile of this machine's CPU target, measured for the mode
         args.profile = "cpu-tiny-live" if args.live else "cpu-tiny"
     cfg = run_config(args).replace(traffic=run_traffic(args, default_concurrency=8))
+    check_fixed_k([cfg.policy], cfg.engine.block_size)
     out = real_run(cfg, _runner(args, _executor(args)))
     paths = write_run(out, args.out, fmt=args.format, steps=True)
     s = out.summary

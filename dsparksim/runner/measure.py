@@ -144,6 +144,15 @@ def check_contexts(mc: MeasureConfig, contexts: tuple[int, ...], cap: int) -> No
             raise ConfigError("measure", "--contexts", f"context {c}: even {min(mc.n_reqs)} request(s) need {need} "
                               f"KV tokens and {mc.executor.device} holds about {cap} for this model; measure "
                               "shorter contexts")
+    # likewise a batch size that fits no context (--n-req 1,100000; validate --concurrency 100000 profiled
+    # 100001 batch sizes, every large one skipped, for hours before the run refused the users)
+    c = min(contexts)
+    for n in mc.n_reqs:
+        need = n * slot_tokens(c, mc.K, mc.warmup, mc.reps, spread=mc.context_spread)
+        if need > cap:
+            raise ConfigError("measure", "--n-req", f"{n} requests need {need} KV tokens even at context {c} and "
+                              f"{mc.executor.device} holds about {cap} for this model; measure fewer requests "
+                              "(validate: fewer --concurrency users)")
 
 
 def add_prefill(prof: dict[str, Any], fit: dict[str, Any], run: CellSweep, contexts: tuple[int, ...]
