@@ -181,3 +181,26 @@ def test_report_bad_training_files_are_one_line(tmp_path, capsys, log, cal, text
     err = capsys.readouterr().err
     assert text in err and err.count("\n") == 1 and "Traceback" not in err, err
     assert not (tmp_path / "rep").exists()
+
+
+@pytest.mark.parametrize("edit, field, text", [
+    (lambda ck: ck.pop("state_dict"), "state_dict", "expected the weights"),
+    (lambda ck: ck.pop("config"), "config", "expected the model configuration"),
+    (lambda ck: ck["config"].update(d_model=-4), "config.d_model", "integer >= 1, got -4"),
+])
+def test_a_mangled_target_checkpoint_is_one_line(smoke, tmp_path, capsys, edit, field, text):
+    # missing keys were KeyError tracebacks, a negative size a RuntimeError from torch
+    root, _ = smoke
+    models = tmp_path / "models"
+    shutil.copytree(root / "models", models)
+    ck = torch.load(models / "target.pt", weights_only=True)
+    edit(ck)
+    torch.save(ck, models / "target.pt")
+    assert main(["collect", "--models", str(models), "--out", str(tmp_path / "t"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"target.pt: field '{field}'" in err and text in err and err.count("\n") == 1, err
+    assert main(["run-real", "--model", f"ckpt:{models / 'target.pt'}", "--no-profile-check", "--duration", "1",
+                 "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "target.pt" in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "t").exists() and not (tmp_path / "r").exists()

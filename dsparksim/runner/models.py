@@ -1,7 +1,6 @@
 """Which target the runner builds: named shapes, explicit parameters, or a trained checkpoint; device facts."""
 from __future__ import annotations
 
-import math
 import os
 import platform
 from dataclasses import asdict, fields
@@ -10,7 +9,7 @@ from typing import Any
 
 import torch
 
-from dsparksim.backend.model import ModelConfig, TargetModel
+from dsparksim.backend.model import ModelConfig, TargetModel, check_model_config
 from dsparksim.errors import ConfigError, InputError
 from dsparksim.backend.checkpoint import load_target as _lt
 
@@ -45,7 +44,7 @@ def parse_model(spec: str) -> tuple[ModelConfig, str | None]:
         except Exception as e:  # noqa: BLE001 - zip, pickle, key and type errors all mean "not our checkpoint"
             raise InputError(path, opt, f"not a readable target checkpoint (`dsparksim train` writes them): "
                              f"{type(e).__name__}: {str(e)[:200]}") from None
-        check_model_config(cfg, path, opt)
+        check_model_config(cfg, path, "config")
         return cfg, path
     name, *over = spec.split(",")
     if name not in SHAPES:
@@ -63,31 +62,6 @@ def parse_model(spec: str) -> tuple[ModelConfig, str | None]:
     cfg = ModelConfig(**kw)
     check_model_config(cfg, "--model", "model")
     return cfg, None
-
-
-def check_model_config(cfg: ModelConfig, source: str, option: str) -> None:
-    """A target shape the engine can build: positive sizes, heads that divide d_model and are a multiple of the KV
-    heads, an even head dimension (rotary halves), a finite rope_base > 0 and norm_eps >= 0 (hostile-tester
-    findings 2026-12-05: d_model=-1, n_layers=0, vocab_size=0, rope_base=-1 ended in tracebacks, some only with
-    --no-profile-check)."""
-    def bad(field: str, msg: str) -> ConfigError:
-        return ConfigError(source, f"{option}.{field}" if option == "model" else field, msg)
-
-    for f in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq"):
-        v = getattr(cfg, f)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise bad(f, f"expected an integer >= 1, got {v!r}")
-    if cfg.d_model % cfg.n_heads:
-        raise bad("n_heads", f"{cfg.n_heads} heads do not divide d_model {cfg.d_model}")
-    if cfg.n_heads % cfg.n_kv_heads:
-        raise bad("n_kv_heads", f"{cfg.n_kv_heads} KV heads do not divide n_heads {cfg.n_heads}")
-    if cfg.head_dim % 2:
-        raise bad("d_model", f"head dimension d_model / n_heads = {cfg.head_dim} is odd; rotary positions need "
-                  "an even one")
-    if not (math.isfinite(cfg.rope_base) and cfg.rope_base > 0):
-        raise bad("rope_base", f"expected a finite number > 0, got {cfg.rope_base}")
-    if not (math.isfinite(cfg.norm_eps) and cfg.norm_eps >= 0):
-        raise bad("norm_eps", f"expected a finite number >= 0, got {cfg.norm_eps}")
 
 
 def model_key(cfg: ModelConfig, ckpt: str | None, drafter_layers: int, dtype: str, live: bool = False) -> str:
