@@ -94,3 +94,16 @@ def test_a_batch_size_that_fits_no_context_is_refused_before_any_cell(tmp_path, 
     err = capsys.readouterr().err
     assert "field '--n-req': 100000 requests need" in err and "holds about" in err
     assert not timed and not (tmp_path / "p.json").exists()
+
+
+def test_measure_live_refuses_drafters_trained_for_another_k(tmp_path, capsys, monkeypatch):
+    # the committed drafters are K=7: -K 3 ended in a numpy broadcast traceback inside the first cell
+    from pathlib import Path
+    models = Path(__file__).resolve().parents[1] / "models"
+    timed = []
+    monkeypatch.setattr(timing, "time_cell", lambda *a, **k: timed.append(1) or [])
+    assert main(["measure", "--live", "--models", str(models), "-K", "3", "--n-req", "1,2", "--contexts", "16",
+                 "--reps", "3", "--warmup", "1", "--no-drift", "--out", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err
+    assert "dspark.pt: field 'K': the drafter was trained for K=7 but this measurement uses K=3" in err
+    assert not timed and not (tmp_path / "p.json").exists()

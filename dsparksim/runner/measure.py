@@ -257,7 +257,8 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
     t_start = time.time()
     live = None
     if mc.live_models is not None:
-        live = timing.LiveDrafters.load(mc.live_models, [mc.block_drafter] + (["mtp1"] if mc.mtp1 else []), target)
+        live = timing.LiveDrafters.load(mc.live_models, [mc.block_drafter] + (["mtp1"] if mc.mtp1 else []), target,
+                                        mc.K)
         log(f"measure: live-drafter steps with the trained {mc.block_drafter}"
             + (" and mtp1" if mc.mtp1 else "") + f" from {mc.live_models}")
     run = CellSweep(mc, target, proxy, cap, contexts, live, progress, log)

@@ -253,7 +253,7 @@ def paired_cells(vc: ValidateConfig, prof: dict, ppath: Path, target, proxy,
         return None
     lv = None
     if live and prof["metadata"].get("cells"):
-        lv = LiveDrafters.load(vc.runner.models, sorted(prof["metadata"]["cells"]), target)
+        lv = LiveDrafters.load(vc.runner.models, sorted(prof["metadata"]["cells"]), target, vc.K)
     cells = PairedCells.from_profile(prof, target, proxy, vc.runner.executor, vc.pair_baseline, live=lv)
     if cells is None:
         log(f"validate: the profile {ppath} stores no cell timings (metadata.cells, written by `dsparksim "
