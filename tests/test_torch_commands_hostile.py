@@ -204,3 +204,16 @@ def test_a_mangled_target_checkpoint_is_one_line(smoke, tmp_path, capsys, edit, 
     err = capsys.readouterr().err
     assert "target.pt" in err and err.count("\n") == 1 and "Traceback" not in err, err
     assert not (tmp_path / "t").exists() and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("missing", ["training_log.json", "calibration.json"])
+def test_report_refuses_a_models_folder_without_its_training_files(tmp_path, capsys, missing):
+    # the report's models and STS sections were silently left out
+    m = _models(tmp_path, {"preset": "smoke"}, GOOD_CAL)
+    (m / missing).unlink()
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    shutil.copy(REPO / "traces" / "real_mtp1_k1.csv.gz", traces)
+    assert main(["report", "--models", str(m), "--traces", str(traces), "--out", str(tmp_path / "rep")]) == 2
+    err = capsys.readouterr().err
+    assert f"{missing}: field '--models': not found" in err and not (tmp_path / "rep").exists()

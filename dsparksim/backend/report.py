@@ -304,8 +304,10 @@ def write_report(models: str | Path, traces_dir: str | Path, out: str | Path | N
         raise InputError(out, "--out", "is a file; expected the report directory")
     found = {kind: read_trace(p) for kind, p in find_traces(traces_dir).items()}
     log_p, cal_p = models / "training_log.json", models / "calibration.json"
-    log = read_training_log(log_p) if log_p.is_file() else {}
-    cal = read_calibration(cal_p) if cal_p.is_file() else {}
+    for f in (log_p, cal_p):    # the models and STS sections come from them: never silently left out
+        if not f.is_file():
+            raise InputError(f, "--models", "not found (`dsparksim train` writes it beside the checkpoints)")
+    log, cal = read_training_log(log_p), read_calibration(cal_p)
     res = analyse(found)
     try:
         text = _markdown(res, log, cal)
