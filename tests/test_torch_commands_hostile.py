@@ -217,3 +217,24 @@ def test_report_refuses_a_models_folder_without_its_training_files(tmp_path, cap
     assert main(["report", "--models", str(m), "--traces", str(traces), "--out", str(tmp_path / "rep")]) == 2
     err = capsys.readouterr().err
     assert f"{missing}: field '--models': not found" in err and not (tmp_path / "rep").exists()
+
+
+def test_an_interrupted_trace_write_leaves_no_truncated_trace(smoke, tmp_path, monkeypatch):
+    import dsparksim.backend.collect as collect_mod
+
+    root, prompts = smoke
+    real = collect_mod.write_trace
+
+    def interrupted(path, data, meta, **kw):
+        if meta["drafter"] == "eagle3":
+            Path(path).write_bytes(b"\x1f\x8b half a gzip stream")      # Ctrl-C in the middle of the write
+            raise KeyboardInterrupt
+        return real(path, data, meta, **kw)
+
+    monkeypatch.setattr(collect_mod, "write_trace", interrupted)
+    out = tmp_path / "traces"
+    with pytest.raises(KeyboardInterrupt):
+        collect_mod.collect(root / "models", out, ["dspark", "eagle3"], prompts_dir=prompts, progress=False,
+                            threads=1)
+    assert sorted(p.name for p in out.iterdir()) == ["real_dspark_k3.csv.gz"]    # whole, and nothing else
+    assert _trace_rows(out / "real_dspark_k3.csv.gz")

@@ -9,6 +9,8 @@ confidences and the STS-calibrated ones (``models/calibration.json``). One file 
 """
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -123,18 +125,33 @@ def collect(models: str | Path, out: str | Path, drafters=DRAFTERS, preset_name:
     corpus = build_corpus(cfg.data, prompts_dir)
     traces = {kind: _decode_trace(cfg, tok, target, drafter, kind, temps, corpus, progress)
               for kind, (drafter, temps) in loaded.items()}
-    cc = cfg.collect
+    out = Path(out)
+    # each trace is written whole under a temporary folder in OUT, then renamed into place: Ctrl-C while writing
+    # never leaves a truncated trace under its final name
+    tmp = out / f".collect-{os.getpid()}.tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
     paths = []
-    for kind, data in traces.items():
-        K = data["conf"].shape[1]
-        meta = {"drafter": kind, "K": K, "temperature": cc.temperature,
-                "target": describe_target(cfg, tmeta["sha256"]),
-                "source": (f"dsparksim collect: exact speculative decoding (all K verified, rejection sampling) of "
-                           f"held-out eval prompts, {cc.samples_per_prompt} responses per prompt, "
-                           f"{cc.blocks_mtp1 if kind == 'mtp1' else cc.blocks} blocks per response, seed "
-                           f"{cc.seed}; conf = STS-calibrated on separate calib prompts, raw_conf = "
-                           + ("confidence head" if kind == "dspark" else "draft probability of the drafted token")
-                           + ")"),
-                "sts_temperatures": loaded[kind][1].tolist(), "preset": cfg.name}
-        paths.append(write_trace(Path(out) / f"real_{kind}_k{K}.csv.gz", data, meta, float_format="%.5g"))
+    try:
+        for kind, data in traces.items():
+            p = _write_one(tmp, kind, data, cfg, tmeta, loaded[kind][1])
+            os.replace(p, out / p.name)
+            paths.append(out / p.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return paths
+
+
+def _write_one(folder: Path, kind: str, data: dict, cfg: PipelineConfig, tmeta: dict, temps) -> Path:
+    """One drafter's trace file ``real_<kind>_k<K>.csv.gz`` in ``folder``, with its metadata."""
+    cc = cfg.collect
+    K = data["conf"].shape[1]
+    meta = {"drafter": kind, "K": K, "temperature": cc.temperature,
+            "target": describe_target(cfg, tmeta["sha256"]),
+            "source": (f"dsparksim collect: exact speculative decoding (all K verified, rejection sampling) of "
+                       f"held-out eval prompts, {cc.samples_per_prompt} responses per prompt, "
+                       f"{cc.blocks_mtp1 if kind == 'mtp1' else cc.blocks} blocks per response, seed "
+                       f"{cc.seed}; conf = STS-calibrated on separate calib prompts, raw_conf = "
+                       + ("confidence head" if kind == "dspark" else "draft probability of the drafted token")
+                       + ")"),
+            "sts_temperatures": temps.tolist(), "preset": cfg.name}
+    return write_trace(folder / f"real_{kind}_k{K}.csv.gz", data, meta, float_format="%.5g")
