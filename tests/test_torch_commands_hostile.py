@@ -238,3 +238,23 @@ def test_an_interrupted_trace_write_leaves_no_truncated_trace(smoke, tmp_path, m
                             threads=1)
     assert sorted(p.name for p in out.iterdir()) == ["real_dspark_k3.csv.gz"]    # whole, and nothing else
     assert _trace_rows(out / "real_dspark_k3.csv.gz")
+
+
+def test_an_interrupted_checkpoint_save_leaves_the_old_file(smoke, tmp_path, monkeypatch):
+    import dsparksim.backend.checkpoint as ckpt
+
+    root, _ = smoke
+    models = tmp_path / "models"
+    shutil.copytree(root / "models", models)
+    before = (models / "target.pt").read_bytes()
+
+    def interrupted(obj, f):
+        Path(f).write_bytes(b"PK half a zip")         # Ctrl-C in the middle of torch.save
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ckpt.torch, "save", interrupted)
+    target, _ = ckpt.load_target(models / "target.pt")
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save(models / "target.pt", "target", target.cfg, target, tokenizer_sha256="x")
+    assert (models / "target.pt").read_bytes() == before
+    assert sorted(p.name for p in models.iterdir()) == sorted(p.name for p in (root / "models").iterdir())

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from dsparksim.errors import InputError
+from dsparksim.results.outputs import atomic_write
 from dsparksim.backend.drafters import DRAFTERS, DrafterConfig, build_drafter
 from dsparksim.backend.model import ModelConfig, TargetModel, check_model_config
 
@@ -36,8 +37,9 @@ def save(path: str | Path, kind: str, config: Any, module: torch.nn.Module, *, t
     sd = {k: v.detach().to(torch.float16).clone() for k, v in module.state_dict().items()}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"format": FORMAT, "kind": kind, "config": asdict(config), "tokenizer_sha256": tokenizer_sha256,
-                "target_sha256": target_sha256, "meta": meta or {}, "state_dict": sd}, path)
+    ck = {"format": FORMAT, "kind": kind, "config": asdict(config), "tokenizer_sha256": tokenizer_sha256,
+          "target_sha256": target_sha256, "meta": meta or {}, "state_dict": sd}
+    atomic_write(path, lambda t: torch.save(ck, t))    # Ctrl-C while saving never leaves half a checkpoint
     return state_sha(sd)
 
 

@@ -29,6 +29,7 @@ from dsparksim.backend.specdec import speculative_generate
 from dsparksim.backend.tokenizer import file_sha256, load_tokenizer, train_tokenizer
 from dsparksim.acceptance.confidence import ece_survival
 from dsparksim.errors import InputError
+from dsparksim.results.outputs import atomic_write
 
 STAGES = ("tokenizer", "target", "drafters", "calibrate")
 
@@ -217,7 +218,7 @@ def run_pipeline(cfg: PipelineConfig, out: str | Path, stages=STAGES, prompts_di
         t0 = time.time()
         docs = [x for d in DOMAINS for x in corpus.train[d]]
         tok = train_tokenizer(docs, cfg.model.vocab_size)
-        tok.save(str(tok_path))
+        atomic_write(tok_path, lambda t: tok.save(str(t)))
         log["seconds"]["tokenizer"] = round(time.time() - t0, 1)
     tok = load_tokenizer(tok_path, cfg.model.vocab_size)
     tok_sha = file_sha256(tok_path)
@@ -236,7 +237,7 @@ def run_pipeline(cfg: PipelineConfig, out: str | Path, stages=STAGES, prompts_di
     log["sizes_bytes"] = {p.name: p.stat().st_size for p in sorted(out.glob("*.pt"))}
     log["sizes_bytes"]["tokenizer.json"] = tok_path.stat().st_size
     log["total_weight_bytes"] = sum(v for k, v in log["sizes_bytes"].items() if k.endswith(".pt"))
-    log_path.write_text(json.dumps(log, indent=1))
+    atomic_write(log_path, lambda t: t.write_text(json.dumps(log, indent=1)))
     return log
 
 
@@ -258,5 +259,5 @@ def _drafter_stages(cfg: PipelineConfig, out: Path, stages, log: dict, streams: 
         drafters = {kind: load_drafter(out / f"{kind}.pt", kind, target, tmeta["sha256"])[0] for kind in DRAFTERS}
         t0 = time.time()
         cal = calibrate(cfg, tok, target, drafters, corpus, progress)
-        (out / "calibration.json").write_text(json.dumps(cal, indent=1))
+        atomic_write(out / "calibration.json", lambda t: t.write_text(json.dumps(cal, indent=1)))
         log["seconds"]["calibrate"] = round(time.time() - t0, 1)
