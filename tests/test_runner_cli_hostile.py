@@ -107,3 +107,25 @@ def test_measure_live_refuses_drafters_trained_for_another_k(tmp_path, capsys, m
     err = capsys.readouterr().err
     assert "dspark.pt: field 'K': the drafter was trained for K=7 but this measurement uses K=3" in err
     assert not timed and not (tmp_path / "p.json").exists()
+
+
+def test_run_real_serves_policy_none_and_prints_na_when_nothing_finished(tmp_path, capsys):
+    # `none` (K = 0) crashed in the drafter proxy (max() of an empty tensor); a run in which no request finished
+    # crashed printing its per-user speed (None) after writing its files
+    import json
+
+    assert main(["run-real", "--policy", "none", "--concurrency", "2", "--duration", "1",
+                 "--random-input-len", "16", "--random-output-len", "8", "--out", str(tmp_path / "none")]) == 0
+    s = json.loads((tmp_path / "none" / "summary.json").read_text())
+    assert s["policy"] == "none" and s["tau"] == 1.0 and s["num_requests_completed"] > 0
+    capsys.readouterr()
+    assert main(["run-real", "--policy", "fixed:7", "--concurrency", "1", "--duration", "0.05",
+                 "--random-input-len", "2000", "--random-output-len", "2000", "--out", str(tmp_path / "short")]) == 0
+    out = capsys.readouterr().out
+    assert "0 requests" in out and "per-user median n/a tok/s" in out
+
+
+def test_run_real_live_refuses_policy_none(tmp_path, capsys):
+    assert main(["run-real", "--live", "--policy", "none", "--duration", "1", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "none drafts nothing" in err and err.count("\n") == 1 and not (tmp_path / "r").exists()

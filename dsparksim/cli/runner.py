@@ -441,12 +441,17 @@ def cmd_run_real(args) -> int:
     s = out.summary
     _warn_beyond_measured(out)
     if not args.quiet:
+        # a run in which no request finished has no per-user speed (None): "n/a", as `run` prints it
         print(f"real run, policy {s['policy']}: {s['num_requests_completed']} requests, output throughput "
-              f"{s['output_throughput_tok_s']:.1f} tok/s, per-user median {s['tps_user_median']:.1f} tok/s, "
-              f"tau {s['tau']:.2f}, mean verify len {s['mean_verify_len']:.2f}")
+              f"{_num(s['output_throughput_tok_s'], 1)} tok/s, per-user median {_num(s['tps_user_median'], 1)} "
+              f"tok/s, tau {_num(s['tau'], 2)}, mean verify len {_num(s['mean_verify_len'], 2)}")
         for k, p in paths.items():
             print(f"  {k:9s} {p}")
     return 0
+
+
+def _num(v, nd: int) -> str:
+    return "n/a" if v is None else f"{v:.{nd}f}"
 
 
 def _warn_beyond_measured(out) -> None:
