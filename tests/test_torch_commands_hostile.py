@@ -258,3 +258,32 @@ def test_an_interrupted_checkpoint_save_leaves_the_old_file(smoke, tmp_path, mon
         ckpt.save(models / "target.pt", "target", target.cfg, target, tokenizer_sha256="x")
     assert (models / "target.pt").read_bytes() == before
     assert sorted(p.name for p in models.iterdir()) == sorted(p.name for p in (root / "models").iterdir())
+
+
+def test_validate_live_refuses_traces_not_collected_from_its_pair(smoke, tmp_path, capsys, monkeypatch):
+    # the synthetic sample (another target) gave a 159% "error", the parametric `dspark` 181%, both exit 0
+    import dsparksim.runner.validate as validate_mod
+
+    built = []
+    monkeypatch.setattr(validate_mod, "build_models", lambda *a, **k: built.append(1))
+    root, prompts = smoke
+    traces = tmp_path / "traces"
+    assert main(["collect", "--models", str(root / "models"), "--prompts-dir", str(prompts), "--quiet",
+                 "--drafters", "dspark,dflash,mtp1", "--out", str(traces)]) == 0
+    other = tmp_path / "real_dspark_k3.csv.gz"     # the same trace, claimed for another target
+    lines = gzip.decompress((traces / "real_dspark_k3.csv.gz").read_bytes()).decode().split("\n", 1)
+    head = lines[0].split(" ", 2)
+    meta = json.loads(head[2])
+    meta["target"] = "some other model, sha256 0123456789ab"
+    other.write_bytes(gzip.compress((f"{head[0]} {head[1]} {json.dumps(meta)}\n" + lines[1]).encode()))
+    common = ["validate", "--live", "--models", str(root / "models"), "--prompts-dir", str(prompts), "-K", "3",
+              "--policies", "fixed:3", "--concurrency", "1", "--mtp1-acceptance", str(traces / "real_mtp1_k1.csv.gz")]
+    for acc, text in ((traces / "real_dflash_k3.csv.gz", "field 'drafter': the trace was recorded for drafter "
+                       "'dflash', but --live serves 'dspark'"),
+                      ("dspark", "field 'acceptance': --live compares the trained pair"),
+                      (other, "field 'target': the trace was collected from another target")):
+        out = tmp_path / "v"
+        assert main([*common, "--acceptance", str(acc), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert text in err and err.count("\n") == 1, err
+        assert not out.exists() and not built
