@@ -129,3 +129,25 @@ def test_run_real_live_refuses_policy_none(tmp_path, capsys):
     assert main(["run-real", "--live", "--policy", "none", "--duration", "1", "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert "none drafts nothing" in err and err.count("\n") == 1 and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["run-real", "--live", "--acceptance", "/nonexistent.csv", "--duration", "1"], "--acceptance"),
+    (["run-real", "--live", "--model", "small", "--duration", "1"], "--model"),
+    (["run-real", "--live", "--drafter-layers", "2", "--duration", "1"], "--drafter-layers"),
+    (["run-real", "--models", "models", "--duration", "1"], "--models"),
+    (["run-real", "--live-drafter", "dflash", "--duration", "1"], "--live-drafter"),
+    (["measure", "--prompts-dir", "x"], "--prompts-dir"),
+    (["validate", "--live", "--model", "small"], "--model"),
+    (["audit", "--models", "x"], "--models"),
+    (["audit", "--profile", "cpu-tiny"], "--profile"),
+    (["audit", "--live", "--steps", "5"], "--steps"),
+])
+def test_options_the_mode_would_ignore_are_refused(tmp_path, capsys, no_work, argv, flag):
+    # run-real --live --acceptance /nonexistent.csv ran (the trained drafter's acceptance replaced it); --models
+    # without --live, audit's live options without --live and --steps with it were dropped silently
+    out = [] if argv[0] == "audit" else ["--out", str(tmp_path / "o")]
+    assert main([*argv, *out]) == 2
+    err = capsys.readouterr().err
+    assert f"field '{flag}': would be ignored" in err and err.count("\n") == 1, err
+    assert not no_work and not (tmp_path / "o").exists()

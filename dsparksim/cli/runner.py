@@ -57,7 +57,8 @@ def _live_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("live drafters (instead of trace replay)")
     g.add_argument("--live", action="store_true",
                    help="the trained drafter/target pair in --models drafts and verifies for real (acceptance by "
-                        "rejection sampling); the target is MODELS/target.pt and --model is ignored")
+                        "rejection sampling); the target is MODELS/target.pt (--model and --drafter-layers are refused "
+                        "with it, as --models, --live-drafter and --prompts-dir are without it)")
     g.add_argument("--models", default="models", help="trained models directory [%(default)s]")
     g.add_argument("--live-drafter", default="dspark", choices=["dspark", "dflash", "eagle3"],
                    help="drafter of the K-token policies (mtp1 policies use mtp1) [%(default)s]")
@@ -153,6 +154,21 @@ def _check_engine_args(args) -> None:
         if d.index is not None and d.index >= torch.cuda.device_count():
             raise ConfigError("cli", "--device", f"{args.device!r}: this machine has {torch.cuda.device_count()} "
                               "CUDA device(s)")
+
+
+LIVE_ONLY = ("--models", "--live-drafter", "--prompts-dir")   # read only with --live
+PROXY_ONLY = ("--model", "--drafter-layers")                   # with --live the target is MODELS/target.pt
+
+
+def _check_live_flags(args, live_ignores: tuple[str, ...] = ()) -> None:
+    """An option that --live (or its absence) would ignore is an error, never silently dropped (run-real --live
+    --acceptance /nonexistent.csv ran, replaying nothing of it; --models without --live was ignored)."""
+    live = getattr(args, "live", False)
+    unread = [f for f in ((*PROXY_ONLY, *live_ignores) if live else LIVE_ONLY) if flag_given(args, f)]
+    if unread:
+        why = ("with --live the trained pair in --models serves (its target is MODELS/target.pt)" if live else
+               "it applies to --live only")
+        raise ConfigError("cli", unread[0], f"would be ignored: {why}; drop {', '.join(unread)}")
 
 
 def _check_measure_args(args, validate: bool = False) -> None:
@@ -261,6 +277,7 @@ def _mc(args):
 
 def cmd_measure(args) -> int:
     _need_torch()
+    _check_live_flags(args)
     _check_engine_args(args)
     _check_measure_args(args)
     from dsparksim.runner.measure import measure  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy, torch, tqdm
@@ -300,6 +317,7 @@ def _g(v) -> str:
 
 def cmd_validate(args) -> int:
     _need_torch()
+    _check_live_flags(args)
     _check_engine_args(args)
     _check_measure_args(args, validate=True)
     from dsparksim.runner.validate import ValidateConfig, validate  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy, torch, tqdm
@@ -368,6 +386,12 @@ def _check_audit_args(args) -> None:
     if not 0.0 < args.alpha < 1.0:
         raise ConfigError("cli", "--alpha", f"expected a significance level in (0, 1), got {args.alpha:g}")
     _no_empty(args, "--out", "--profile", "--models", "--prompts-dir")
+    unread = [f for f in (("--steps",) if args.live else ("--models", "--requests", "--profile", "--prompts-dir"))
+              if flag_given(args, f)]
+    if unread:
+        why = ("the live audit runs --requests requests, not synthetic steps" if args.live else
+               "it applies to the live audit (--live) only")
+        raise ConfigError("cli", unread[0], f"would be ignored: {why}; drop {', '.join(unread)}")
     if args.out:
         claim_out_file(args.out, "audit", args.force, "--out")
     elif args.force:
@@ -429,6 +453,8 @@ def cmd_run_real(args) -> int:
 
     check_run_args(args)  # options and the output directory, before the engine starts
     _need_torch()
+    # live: the trained drafter's own acceptance replaces --acceptance / --mtp1-acceptance
+    _check_live_flags(args, ("--acceptance", "--mtp1-acceptance"))
     _check_engine_args(args)
     from dsparksim.runner.run import real_run  # lazy: pulls in numpy, scipy, simpy, torch, tqdm
 
