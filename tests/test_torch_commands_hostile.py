@@ -287,3 +287,18 @@ def test_validate_live_refuses_traces_not_collected_from_its_pair(smoke, tmp_pat
         err = capsys.readouterr().err
         assert text in err and err.count("\n") == 1, err
         assert not out.exists() and not built
+
+
+def test_collect_never_replaces_a_trace_it_did_not_write(smoke, tmp_path, capsys):
+    root, prompts = smoke
+    out = tmp_path / "traces"
+    out.mkdir()
+    (out / "real_dspark_k3.csv.gz").write_text("my notes")        # a user's file under the name collect writes
+    common = ["collect", "--models", str(root / "models"), "--prompts-dir", str(prompts), "--quiet",
+              "--drafters", "dspark", "--out", str(out)]
+    assert main(common) == 2
+    err = capsys.readouterr().err
+    assert "real_dspark_k3.csv.gz: field '--out': exists and was not written by `dsparksim collect`" in err
+    assert (out / "real_dspark_k3.csv.gz").read_text() == "my notes"
+    (out / "real_dspark_k3.csv.gz").unlink()
+    assert main(common) == 0 and main(common) == 0        # its own trace is replaced by the same command

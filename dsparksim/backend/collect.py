@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from dsparksim.acceptance.trace_format import write_trace
+from dsparksim.acceptance.trace_format import read_trace_metadata, write_trace
 from dsparksim.errors import InputError
 from dsparksim.backend.artifacts import read_calibration, read_training_log
 from dsparksim.backend.calibration import apply_sts
@@ -63,6 +63,20 @@ def check_drafters(drafters) -> tuple[str, ...]:
     if len(set(kinds)) != len(kinds):
         raise InputError("cli", "--drafters", f"each drafter once, got {','.join(kinds)}")
     return kinds
+
+
+def check_replaceable(path: Path) -> None:
+    """An existing trace in OUT is replaced only when `dsparksim collect` wrote it (its metadata says so): a file of
+    the same name that the user made or edited, or that is no trace, is never overwritten."""
+    if not path.exists() and not path.is_symlink():
+        return
+    try:
+        ours = str(read_trace_metadata(path).get("source", "")).startswith("dsparksim collect")
+    except InputError:
+        ours = False
+    if not ours or not path.is_file():
+        raise InputError(path, "--out", "exists and was not written by `dsparksim collect` (its metadata does not "
+                         "say so); it is never replaced: move it or choose another --out")
 
 
 def _checked_drafter(models: Path, kind: str, cfg: PipelineConfig, target, tmeta: dict, cal: dict):
@@ -122,6 +136,8 @@ def collect(models: str | Path, out: str | Path, drafters=DRAFTERS, preset_name:
     if preset_name is not None:
         cfg = preset(preset_name, model=cfg.model)
     loaded = {kind: _checked_drafter(models, kind, cfg, target, tmeta, cal) for kind in kinds}
+    for kind in kinds:
+        check_replaceable(Path(out) / f"real_{kind}_k{1 if kind == 'mtp1' else cfg.collect.K}.csv.gz")
     corpus = build_corpus(cfg.data, prompts_dir)
     traces = {kind: _decode_trace(cfg, tok, target, drafter, kind, temps, corpus, progress)
               for kind, (drafter, temps) in loaded.items()}
