@@ -302,3 +302,19 @@ def test_collect_never_replaces_a_trace_it_did_not_write(smoke, tmp_path, capsys
     assert (out / "real_dspark_k3.csv.gz").read_text() == "my notes"
     (out / "real_dspark_k3.csv.gz").unlink()
     assert main(common) == 0 and main(common) == 0        # its own trace is replaced by the same command
+
+
+def test_report_never_replaces_files_it_did_not_write(smoke, tmp_path, capsys):
+    root, _ = smoke
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    shutil.copy(REPO / "traces" / "real_mtp1_k1.csv.gz", traces)
+    run = tmp_path / "run"                          # e.g. a run's folder: its summary.json was overwritten
+    run.mkdir()
+    (run / "summary.json").write_text('{"mine": 1}')
+    common = ["report", "--models", str(root / "models"), "--traces", str(traces)]
+    assert main([*common, "--out", str(run)]) == 2
+    assert "summary.json: field '--out': exists and no `dsparksim report` wrote it" in capsys.readouterr().err
+    assert (run / "summary.json").read_text() == '{"mine": 1}'
+    rep = tmp_path / "rep"
+    assert main([*common, "--out", str(rep)]) == 0 and main([*common, "--out", str(rep)]) == 0   # its own: replaced
