@@ -318,3 +318,18 @@ def test_report_never_replaces_files_it_did_not_write(smoke, tmp_path, capsys):
     assert (run / "summary.json").read_text() == '{"mine": 1}'
     rep = tmp_path / "rep"
     assert main([*common, "--out", str(rep)]) == 0 and main([*common, "--out", str(rep)]) == 0   # its own: replaced
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--preset", "smoke"],
+    ["collect", "--drafters", "dspark"],
+    ["report", "--models", str(REPO / "models"), "--traces", str(REPO / "traces")],
+])
+def test_an_out_that_cannot_be_created_is_one_line(tmp_path, capsys, argv):
+    # FILE/sub was a NotADirectoryError traceback (collect's after decoding every drafter)
+    f = tmp_path / "afile"
+    f.write_text("mine")
+    assert main([*argv, "--out", str(f / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert "field '--out': cannot create" in err and "is a file" in err and err.count("\n") == 1, err
+    assert f.read_text() == "mine"

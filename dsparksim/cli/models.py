@@ -9,6 +9,7 @@ from pathlib import Path
 
 from dsparksim.cli.options import add_threads_option, check_threads
 from dsparksim.errors import InputError, MissingExtraError
+from dsparksim.results.outputs import check_out_dir
 
 
 def _need_torch(cmd: str) -> bool:
@@ -80,6 +81,7 @@ def _check_dir_args(args: argparse.Namespace) -> None:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise InputError(str(out), "--out", "is a file; expected the output directory")
+    check_out_dir(out, "--out", replace=False)   # creatable and writable (/proc/x, FILE/sub were tracebacks)
 
 
 def train_command(args: argparse.Namespace) -> int:
@@ -110,6 +112,8 @@ def collect_command(args: argparse.Namespace) -> int:
 
 def report_command(args: argparse.Namespace) -> int:
     _check_paths(args, "models", "traces", "out")
+    if args.out is not None and not Path(args.out).is_file():
+        check_out_dir(args.out, "--out", replace=False)   # creatable and writable, before the report is computed
     from dsparksim.backend.report import write_report   # numpy/matplotlib only: works without torch
     md = write_report(args.models, args.traces, args.out)
     print(f"wrote {md}")
