@@ -151,3 +151,20 @@ def test_options_the_mode_would_ignore_are_refused(tmp_path, capsys, no_work, ar
     err = capsys.readouterr().err
     assert f"field '{flag}': would be ignored" in err and err.count("\n") == 1, err
     assert not no_work and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["measure", "--drift-window", "0.5"], "--drift-window"),
+    (["measure", "--no-drift", "--drift-threshold", "0.1"], "--drift-threshold"),
+    (["measure", "--no-drift", "--drift-gate", "0.3"], "--drift-gate"),
+    (["measure", "--no-drift", "--drift-attempts", "2"], "--drift-attempts"),
+    (["validate", "--no-pair-cells", "--pair-baseline", "cell"], "--pair-baseline"),
+    (["validate", "--no-drift", "--pair-baseline", "cell"], "--pair-baseline"),
+    (["validate", "--context-spread-from", "x.csv", "--cell-spread", "workload"], "--cell-spread"),
+])
+def test_sweep_options_the_command_would_not_read_are_refused(tmp_path, capsys, no_work, argv, flag):
+    out = tmp_path / ("p.json" if argv[0] == "measure" else "v")
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"field '{flag}': would be ignored" in err and err.count("\n") == 1, err
+    assert not no_work and not out.exists()

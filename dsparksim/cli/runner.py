@@ -171,6 +171,23 @@ def _check_live_flags(args, live_ignores: tuple[str, ...] = ()) -> None:
         raise ConfigError("cli", unread[0], f"would be ignored: {why}; drop {', '.join(unread)}")
 
 
+def _check_unread_sweep_flags(args, validate: bool) -> None:
+    """Options the command would not read are errors (each was dropped silently): measure's --drift-window (a
+    validate option) and its drift options with --no-drift (no reference cell is timed); validate's --pair-baseline
+    with --no-pair-cells and --cell-spread beside --context-spread-from (which overrides it)."""
+    pairs = [("--drift-window", "it applies to validate's real runs only")] if not validate else []
+    if not validate and args.no_drift:
+        pairs += [(f, "--no-drift times no reference cell") for f in ("--drift-threshold", "--drift-gate",
+                                                                      "--drift-attempts")]
+    if validate and (args.no_pair_cells or args.no_drift):
+        pairs.append(("--pair-baseline", f"{'--no-pair-cells' if args.no_pair_cells else '--no-drift'} pairs no cell"))
+    if validate and args.context_spread_from:
+        pairs.append(("--cell-spread", "--context-spread-from sets the cells' contexts"))
+    for flag, why in pairs:
+        if flag_given(args, flag):
+            raise ConfigError("cli", flag, f"would be ignored: {why}; drop {flag}")
+
+
 def _check_measure_args(args, validate: bool = False) -> None:
     """The profile sweep's options and --out, before any model is built (an unwritable --out used to fail after
     the whole sweep)."""
@@ -185,6 +202,7 @@ def _check_measure_args(args, validate: bool = False) -> None:
     if not (math.isfinite(args.drift_gate) and args.drift_gate >= 0):
         raise ConfigError("cli", "--drift-gate", f"expected a finite fraction >= 0 (0 = off), got {args.drift_gate}")
     _no_empty(args, "--context-spread-from", "--name", "--raw", "--acceptance", "--mtp1-acceptance")
+    _check_unread_sweep_flags(args, validate)
     if not validate:
         claim_out_file(args.out, "profile", args.force, "--out")
         if args.raw:
@@ -195,7 +213,7 @@ def _check_measure_args(args, validate: bool = False) -> None:
     if args.profile is not None:
         # the sweep options shape a profile measured in this command; with --profile they would be ignored
         given = [f for f in ("--n-req", "--contexts", "--anchor-context", "--context-spread-from", "--warmup",
-                             "--reps", "--min-growth") if flag_given(args, f)]
+                             "--reps", "--min-growth", "--cell-spread") if flag_given(args, f)]
         if given:
             raise ConfigError("cli", given[0], f"shapes the profile measured in this command, but --profile "
                               f"{args.profile} is given; drop {', '.join(given)} or --profile")
