@@ -243,6 +243,17 @@ def test_an_out_that_cannot_be_created_is_refused_before_any_run(tmp_path, capsy
     assert f.read_text() == "mine"
 
 
+def test_an_empty_out_is_refused_not_the_working_directory(tmp_path, capsys, monkeypatch):
+    # --out '' wrote REPORT.md and the study folder into the working directory (Path('') is '.')
+    import dsparksim.study.run as study_run
+
+    monkeypatch.setattr(study_run, "run_study", lambda *a, **k: pytest.fail("a study ran"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["study", "ablation", "--fast", "--out", "", "--quiet"]) == 2
+    assert "field '--out': empty path ''" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_seeds_are_capped_as_elsewhere(capsys):
     # --seeds 2000 would start hours of runs; the cap is frontier's and sweep's (results.stats.MAX_SEEDS)
     from dsparksim.results.stats import MAX_SEEDS

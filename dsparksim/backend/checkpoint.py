@@ -15,8 +15,9 @@ from typing import Any
 import torch
 
 from dsparksim.errors import InputError
+from dsparksim.results.outputs import atomic_write
 from dsparksim.backend.drafters import DRAFTERS, DrafterConfig, build_drafter
-from dsparksim.backend.model import ModelConfig, TargetModel
+from dsparksim.backend.model import ModelConfig, TargetModel, check_model_config
 
 FORMAT = "dsparksim-backend-checkpoint/1"
 
@@ -36,8 +37,9 @@ def save(path: str | Path, kind: str, config: Any, module: torch.nn.Module, *, t
     sd = {k: v.detach().to(torch.float16).clone() for k, v in module.state_dict().items()}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"format": FORMAT, "kind": kind, "config": asdict(config), "tokenizer_sha256": tokenizer_sha256,
-                "target_sha256": target_sha256, "meta": meta or {}, "state_dict": sd}, path)
+    ck = {"format": FORMAT, "kind": kind, "config": asdict(config), "tokenizer_sha256": tokenizer_sha256,
+          "target_sha256": target_sha256, "meta": meta or {}, "state_dict": sd}
+    atomic_write(path, lambda t: torch.save(ck, t))    # Ctrl-C while saving never leaves half a checkpoint
     return state_sha(sd)
 
 
@@ -54,6 +56,11 @@ def _read(path: Path, kind: str) -> dict:
         raise InputError(path, "format", f"expected {FORMAT!r}, got {got!r}")
     if ck.get("kind") != kind:
         raise InputError(path, "kind", f"checkpoint holds a {ck.get('kind')!r} model, expected {kind!r}")
+    if not isinstance(ck.get("config"), dict):
+        raise InputError(path, "config", f"expected the model configuration (an object), got {ck.get('config')!r:.60}")
+    sd = ck.get("state_dict")
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise InputError(path, "state_dict", "expected the weights (a mapping of names to tensors)")
     return ck
 
 
@@ -78,6 +85,7 @@ def load_target(path: str | Path, tokenizer_sha256: str | None = None) -> tuple[
         cfg = ModelConfig(**ck["config"])
     except TypeError as e:
         raise InputError(path, "config", f"unknown target configuration: {e}") from None
+    check_model_config(cfg, path, "config")
     if tokenizer_sha256 is not None and ck.get("tokenizer_sha256") != tokenizer_sha256:
         raise InputError(path, "tokenizer_sha256", "the target was trained with a different tokenizer.json "
                          "than the one given")

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dsparksim.errors import InputError
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -44,6 +46,31 @@ class ModelConfig:
         """Low / middle / high layer indices whose outputs the EAGLE-3 / DFlash-style drafters fuse."""
         L = self.n_layers
         return (0, L // 2, L - 1)
+
+
+def check_model_config(cfg: ModelConfig, source: str, option: str) -> None:
+    """A target shape the engine can build: positive sizes, heads that divide d_model and are a multiple of the KV
+    heads, an even head dimension (rotary halves), a finite rope_base > 0 and norm_eps >= 0 (hostile-tester
+    findings 2026-12-05: d_model=-1, n_layers=0, vocab_size=0, rope_base=-1 ended in tracebacks, some only with
+    --no-profile-check)."""
+    def bad(field: str, msg: str) -> InputError:
+        return InputError(source, f"{option}.{field}", msg)
+
+    for f in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq"):
+        v = getattr(cfg, f)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise bad(f, f"expected an integer >= 1, got {v!r}")
+    if cfg.d_model % cfg.n_heads:
+        raise bad("n_heads", f"{cfg.n_heads} heads do not divide d_model {cfg.d_model}")
+    if cfg.n_heads % cfg.n_kv_heads:
+        raise bad("n_kv_heads", f"{cfg.n_kv_heads} KV heads do not divide n_heads {cfg.n_heads}")
+    if cfg.head_dim % 2:
+        raise bad("d_model", f"head dimension d_model / n_heads = {cfg.head_dim} is odd; rotary positions need "
+                  "an even one")
+    if not (math.isfinite(cfg.rope_base) and cfg.rope_base > 0):
+        raise bad("rope_base", f"expected a finite number > 0, got {cfg.rope_base}")
+    if not (math.isfinite(cfg.norm_eps) and cfg.norm_eps >= 0):
+        raise bad("norm_eps", f"expected a finite number >= 0, got {cfg.norm_eps}")
 
 
 class RMSNorm(nn.Module):

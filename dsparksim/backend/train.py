@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from dsparksim.backend.artifacts import read_training_log
 from dsparksim.backend.calibration import apply_sts, fit_sts
 from dsparksim.backend.checkpoint import load_drafter, load_target, save
 from dsparksim.backend.config import PipelineConfig
@@ -27,6 +28,8 @@ from dsparksim.backend.model import TargetModel, lr_at, n_params
 from dsparksim.backend.specdec import speculative_generate
 from dsparksim.backend.tokenizer import file_sha256, load_tokenizer, train_tokenizer
 from dsparksim.acceptance.confidence import ece_survival
+from dsparksim.errors import InputError
+from dsparksim.results.outputs import atomic_write
 
 STAGES = ("tokenizer", "target", "drafters", "calibrate")
 
@@ -177,15 +180,31 @@ def calibrate(cfg: PipelineConfig, tok, target, drafters: dict, corpus: Corpus, 
     return out
 
 
+STAGE_FILES = {"tokenizer": ("tokenizer.json",), "target": ("target.pt",),
+               "drafters": tuple(f"{k}.pt" for k in DRAFTERS), "calibrate": ("calibration.json",)}
+
+
+def missing_stage_inputs(out: str | Path, stages) -> list[Path]:
+    """The files of earlier stages that the requested ``stages`` read from ``out`` and that are not there (a stage
+    reads what every stage before it wrote: ``--stages drafters`` needs tokenizer.json and target.pt)."""
+    last = max(STAGES.index(s) for s in stages)
+    return [Path(out) / f for s in STAGES[:last] if s not in stages for f in STAGE_FILES[s]
+            if not (Path(out) / f).is_file()]
+
+
 def run_pipeline(cfg: PipelineConfig, out: str | Path, stages=STAGES, prompts_dir=None, progress=True,
                  threads: int = 2) -> dict:
-    """Run the requested stages; later stages load earlier results from ``out``."""
-
+    """Run the requested stages; later stages load earlier results from ``out`` (checked before anything is
+    written); a stage's outputs are loaded only when a later requested stage reads them."""
+    missing = missing_stage_inputs(out, stages)
+    if missing:
+        raise InputError(missing[0], "--stages", f"needed by --stages {','.join(stages)} but not found (run the "
+                         "earlier stages first, or point --out at the models directory that holds them)")
     torch.set_num_threads(threads)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "training_log.json"
-    log = json.loads(log_path.read_text()) if log_path.is_file() else {}
+    log = read_training_log(log_path) if log_path.is_file() else {}
     # the code corpus is the running interpreter's stdlib: record which one
     log.update({"preset": cfg.name, "config": cfg.to_dict(), "torch": torch.__version__, "threads": threads,
                 "python": platform.python_version()})
@@ -199,7 +218,7 @@ def run_pipeline(cfg: PipelineConfig, out: str | Path, stages=STAGES, prompts_di
         t0 = time.time()
         docs = [x for d in DOMAINS for x in corpus.train[d]]
         tok = train_tokenizer(docs, cfg.model.vocab_size)
-        tok.save(str(tok_path))
+        atomic_write(tok_path, lambda t: tok.save(str(t)))
         log["seconds"]["tokenizer"] = round(time.time() - t0, 1)
     tok = load_tokenizer(tok_path, cfg.model.vocab_size)
     tok_sha = file_sha256(tok_path)
@@ -213,8 +232,19 @@ def run_pipeline(cfg: PipelineConfig, out: str | Path, stages=STAGES, prompts_di
                    meta={"train_seconds": sec, **info})
         log["seconds"]["target"] = sec
         log["target"] = {"params": n_params(target), "sha256": sha, **info}
+    if "drafters" in stages or "calibrate" in stages:
+        _drafter_stages(cfg, out, stages, log, streams, tok, tok_sha, corpus, progress)
+    log["sizes_bytes"] = {p.name: p.stat().st_size for p in sorted(out.glob("*.pt"))}
+    log["sizes_bytes"]["tokenizer.json"] = tok_path.stat().st_size
+    log["total_weight_bytes"] = sum(v for k, v in log["sizes_bytes"].items() if k.endswith(".pt"))
+    atomic_write(log_path, lambda t: t.write_text(json.dumps(log, indent=1)))
+    return log
+
+
+def _drafter_stages(cfg: PipelineConfig, out: Path, stages, log: dict, streams: Streams, tok, tok_sha: str,
+                    corpus: Corpus, progress: bool) -> None:
+    """The drafters and calibrate stages (both read the target)."""
     target, tmeta = load_target(out / "target.pt", tok_sha)
-    drafters = {}
     if "drafters" in stages:
         for kind in DRAFTERS:
             streams.rng = np.random.default_rng(cfg.seed + 1)        # identical batches for every drafter
@@ -225,15 +255,9 @@ def run_pipeline(cfg: PipelineConfig, out: str | Path, stages=STAGES, prompts_di
                  meta={"train_seconds": sec, **info})
             log["seconds"][kind] = sec
             log.setdefault("drafters", {})[kind] = {"params": n_params(m), **info}
-    for kind in DRAFTERS:
-        drafters[kind], _ = load_drafter(out / f"{kind}.pt", kind, target, tmeta["sha256"])
     if "calibrate" in stages:
+        drafters = {kind: load_drafter(out / f"{kind}.pt", kind, target, tmeta["sha256"])[0] for kind in DRAFTERS}
         t0 = time.time()
         cal = calibrate(cfg, tok, target, drafters, corpus, progress)
-        (out / "calibration.json").write_text(json.dumps(cal, indent=1))
+        atomic_write(out / "calibration.json", lambda t: t.write_text(json.dumps(cal, indent=1)))
         log["seconds"]["calibrate"] = round(time.time() - t0, 1)
-    log["sizes_bytes"] = {p.name: p.stat().st_size for p in sorted(out.glob("*.pt"))}
-    log["sizes_bytes"]["tokenizer.json"] = tok_path.stat().st_size
-    log["total_weight_bytes"] = sum(v for k, v in log["sizes_bytes"].items() if k.endswith(".pt"))
-    log_path.write_text(json.dumps(log, indent=1))
-    return log

@@ -667,22 +667,29 @@ def _gain_cell(r: Any) -> str:
     return txt + mark
 
 
+def check_fixed_k(policies: Sequence[str], K: int, option: str = "--policy") -> None:
+    """A fixed:k with k above the block size K is refused (it would run as fixed:K under its own name); `run`,
+    `frontier`, `run-real` and `validate` alike."""
+    from dsparksim.policies import make_policy  # lazy: pulls in numpy
+    from dsparksim.policies.fixed import Fixed  # lazy: pulls in numpy
+
+    for spec in policies:
+        pol = make_policy(spec)
+        if isinstance(pol, Fixed) and pol.k > K:
+            raise _bad(option, f"{spec} verifies {pol.k} draft tokens but a block holds only K={K} "
+                               f"(--num-speculative-tokens); expected fixed:k with k <= {K}")
+
+
 def preflight(base: RunConfig, policies: Sequence[str], option: str = "--policy") -> None:
     """Load every input the cells will read (profile, each policy's acceptance source, length and trace files) in
     this process, so a bad one is one error line before any cell runs, not a failure inside a worker. A fixed:k
     with k above the block size K is refused (it would run as fixed:K under its own name)."""
-    from dsparksim.policies import make_policy  # lazy: pulls in numpy
-    from dsparksim.policies.fixed import Fixed  # lazy: pulls in numpy
     from dsparksim.traffic.readers import read_trace  # lazy: pulls in numpy
     from dsparksim.traffic.sources import resolve  # lazy: pulls in numpy
 
+    check_fixed_k(policies, base.engine.block_size, option)
     cache: dict = {}  # each profile and (acceptance spec, K) is read once across the policies
     for spec in policies:
-        pol = make_policy(spec)
-        K = base.engine.block_size
-        if isinstance(pol, Fixed) and pol.k > K:
-            raise _bad(option, f"{spec} verifies {pol.k} draft tokens but a block holds only K={K} "
-                               f"(--num-speculative-tokens); expected fixed:k with k <= {K}")
         resolve_inputs(base.replace(policy=spec), cache=cache)
     t = base.traffic
     for key, val in (("lengths", t.lengths), ("trace", t.trace)):

@@ -19,8 +19,9 @@ from dsparksim.io.options import pos_int
 
 BACKENDS = ("serial", "local", "ray")  # = dsparksim.sweep.backends.BACKENDS (tests/test_hygiene.py checks)
 THREADS_DEFAULT = 1  # one CPU thread: the step clock of `measure` is thread CPU time only with one thread
+MAX_THREADS = 1024   # --threads 100000 made torch start threads until the OS refused one (a crash, exit 139)
 
-__all__ = ["BACKENDS", "THREADS_DEFAULT", "add_backend_options", "add_seed_option", "add_threads_option",
+__all__ = ["BACKENDS", "MAX_THREADS", "THREADS_DEFAULT", "add_backend_options", "add_seed_option", "add_threads_option",
            "add_workers_option", "bar_off", "check_seed", "check_threads"]
 
 
@@ -48,20 +49,27 @@ def add_seed_option(p: Any, help: str = "random seed [%(default)s]") -> None:
 
 
 def check_seed(args: argparse.Namespace) -> None:
-    """Raise ConfigError unless ``--seed`` is a non-negative integer."""
+    """Raise ConfigError unless ``--seed`` is an integer in [0, 2^63) (as a run's seed; torch's generators take
+    no larger one: --seed 10**20 ended in an OverflowError traceback)."""
     if getattr(args, "seed", 0) < 0:
         raise ConfigError("cli", "--seed", f"expected a non-negative integer, got {args.seed}")
+    if getattr(args, "seed", 0) >= 2**63:
+        raise ConfigError("cli", "--seed", f"expected an integer below 2^63, got {args.seed}")
 
 
 def add_threads_option(p: Any) -> None:
-    """``--threads``: torch CPU threads (default :data:`THREADS_DEFAULT`; :func:`check_threads` refuses < 1)."""
+    """``--threads``: torch CPU threads (default :data:`THREADS_DEFAULT`; :func:`check_threads` refuses < 1 and
+    > :data:`MAX_THREADS`)."""
     p.add_argument("--threads", type=int, default=THREADS_DEFAULT, help="torch CPU threads [%(default)s]")
 
 
 def check_threads(args: argparse.Namespace) -> None:
-    """Raise ConfigError unless ``--threads`` is at least 1."""
+    """Raise ConfigError unless ``--threads`` is in 1..MAX_THREADS."""
     if args.threads is not None and args.threads < 1:
         raise ConfigError("cli", "--threads", f"expected at least 1 CPU thread, got {args.threads}")
+    if args.threads is not None and args.threads > MAX_THREADS:
+        raise ConfigError("cli", "--threads", f"expected at most {MAX_THREADS} CPU threads (this machine has "
+                          f"{os.cpu_count()} CPUs), got {args.threads}")
 
 
 def bar_off(args: argparse.Namespace) -> bool:

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from dsparksim.cli.options import add_seed_option, add_threads_option, bar_off, check_seed, check_threads
-from dsparksim.cli.main import add_draft_len, add_out, add_run_options, check_run_args, flag_given, run_config, run_traffic
+from dsparksim.cli.main import (add_draft_len, add_out, add_run_options, check_fixed_k, check_run_args, flag_given,
+                                run_config, run_traffic)
 from dsparksim.errors import ConfigError
 from dsparksim.results.outputs import atomic_write, check_out_dir, claim_out_file, refuse_working_dir, written_by
 
@@ -56,7 +57,8 @@ def _live_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("live drafters (instead of trace replay)")
     g.add_argument("--live", action="store_true",
                    help="the trained drafter/target pair in --models drafts and verifies for real (acceptance by "
-                        "rejection sampling); the target is MODELS/target.pt and --model is ignored")
+                        "rejection sampling); the target is MODELS/target.pt (--model and --drafter-layers are refused "
+                        "with it, as --models, --live-drafter and --prompts-dir are without it)")
     g.add_argument("--models", default="models", help="trained models directory [%(default)s]")
     g.add_argument("--live-drafter", default="dspark", choices=["dspark", "dflash", "eagle3"],
                    help="drafter of the K-token policies (mtp1 policies use mtp1) [%(default)s]")
@@ -132,6 +134,12 @@ def _check_engine_args(args) -> None:
         raise ConfigError("cli", "--temperature", f"expected >= 0 (0 = greedy), got {args.temperature}")
     if args.drafter_layers < 1:
         raise ConfigError("cli", "--drafter-layers", f"expected at least 1 layer, got {args.drafter_layers}")
+    if not getattr(args, "live", False):
+        from dsparksim.runner.models import parse_model  # lazy: torch
+        layers = parse_model(args.model)[0].n_layers
+        if args.drafter_layers > layers:   # 1000000 built layers until the machine ran out of memory
+            raise ConfigError("cli", "--drafter-layers", f"expected at most the target's {layers} layer(s) (a drafter "
+                              f"proxy is a cheaper model than its target), got {args.drafter_layers}")
     try:
         d = torch.device(args.device)
     except RuntimeError:
@@ -148,6 +156,38 @@ def _check_engine_args(args) -> None:
                               "CUDA device(s)")
 
 
+LIVE_ONLY = ("--models", "--live-drafter", "--prompts-dir")   # read only with --live
+PROXY_ONLY = ("--model", "--drafter-layers")                   # with --live the target is MODELS/target.pt
+
+
+def _check_live_flags(args, live_ignores: tuple[str, ...] = ()) -> None:
+    """An option that --live (or its absence) would ignore is an error, never silently dropped (run-real --live
+    --acceptance /nonexistent.csv ran, replaying nothing of it; --models without --live was ignored)."""
+    live = getattr(args, "live", False)
+    unread = [f for f in ((*PROXY_ONLY, *live_ignores) if live else LIVE_ONLY) if flag_given(args, f)]
+    if unread:
+        why = ("with --live the trained pair in --models serves (its target is MODELS/target.pt)" if live else
+               "it applies to --live only")
+        raise ConfigError("cli", unread[0], f"would be ignored: {why}; drop {', '.join(unread)}")
+
+
+def _check_unread_sweep_flags(args, validate: bool) -> None:
+    """Options the command would not read are errors (each was dropped silently): measure's --drift-window (a
+    validate option) and its drift options with --no-drift (no reference cell is timed); validate's --pair-baseline
+    with --no-pair-cells and --cell-spread beside --context-spread-from (which overrides it)."""
+    pairs = [("--drift-window", "it applies to validate's real runs only")] if not validate else []
+    if not validate and args.no_drift:
+        pairs += [(f, "--no-drift times no reference cell") for f in ("--drift-threshold", "--drift-gate",
+                                                                      "--drift-attempts")]
+    if validate and (args.no_pair_cells or args.no_drift):
+        pairs.append(("--pair-baseline", f"{'--no-pair-cells' if args.no_pair_cells else '--no-drift'} pairs no cell"))
+    if validate and args.context_spread_from:
+        pairs.append(("--cell-spread", "--context-spread-from sets the cells' contexts"))
+    for flag, why in pairs:
+        if flag_given(args, flag):
+            raise ConfigError("cli", flag, f"would be ignored: {why}; drop {flag}")
+
+
 def _check_measure_args(args, validate: bool = False) -> None:
     """The profile sweep's options and --out, before any model is built (an unwritable --out used to fail after
     the whole sweep)."""
@@ -156,6 +196,13 @@ def _check_measure_args(args, validate: bool = False) -> None:
                           f"{args.block_size}")
     if args.contexts and len(set(args.contexts)) != len(args.contexts):
         raise ConfigError("cli", "--contexts", f"each context once, got {list(args.contexts)}")
+    if not (math.isfinite(args.min_growth) and args.min_growth >= 0):
+        raise ConfigError("cli", "--min-growth", f"expected a finite multiple >= 0 (0 = no flatness check), got "
+                          f"{args.min_growth}")
+    if not (math.isfinite(args.drift_gate) and args.drift_gate >= 0):
+        raise ConfigError("cli", "--drift-gate", f"expected a finite fraction >= 0 (0 = off), got {args.drift_gate}")
+    _no_empty(args, "--context-spread-from", "--name", "--raw", "--acceptance", "--mtp1-acceptance")
+    _check_unread_sweep_flags(args, validate)
     if not validate:
         claim_out_file(args.out, "profile", args.force, "--out")
         if args.raw:
@@ -166,7 +213,7 @@ def _check_measure_args(args, validate: bool = False) -> None:
     if args.profile is not None:
         # the sweep options shape a profile measured in this command; with --profile they would be ignored
         given = [f for f in ("--n-req", "--contexts", "--anchor-context", "--context-spread-from", "--warmup",
-                             "--reps", "--min-growth") if flag_given(args, f)]
+                             "--reps", "--min-growth", "--cell-spread") if flag_given(args, f)]
         if given:
             raise ConfigError("cli", given[0], f"shapes the profile measured in this command, but --profile "
                               f"{args.profile} is given; drop {', '.join(given)} or --profile")
@@ -178,6 +225,10 @@ def _check_measure_args(args, validate: bool = False) -> None:
             raise ConfigError("cli", "--policies", "expected at least one policy spec")
         if len(set(args.policies)) != len(args.policies):
             raise ConfigError("cli", "--policies", f"each policy once, got {','.join(args.policies)}")
+    for flag in ("--requests-per-user", "--prefill-chunk"):
+        v = getattr(args, flag[2:].replace("-", "_"))
+        if v is not None and v < 1:
+            raise ConfigError("cli", flag, f"expected an integer >= 1, got {v}")
     if args.max_error is not None and not args.max_error > 0:
         raise ConfigError("cli", "--max-error", f"expected a fraction > 0 (e.g. 0.10), got {args.max_error}")
     from dsparksim.runner.validate import OUT_NAMES  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy, torch, tqdm
@@ -188,6 +239,16 @@ def _check_measure_args(args, validate: bool = False) -> None:
     if other:
         raise ConfigError("cli", "--out", f"{str(out)!r} holds files that no validation wrote ({', '.join(other[:5])}"
                           f"{', ...' if len(other) > 5 else ''}); choose a new or empty directory")
+
+
+def _no_empty(args, *flags: str) -> None:
+    """A text option given as '' is an error, not its default (`--raw ''` wrote no raw file, `--acceptance ''`
+    replayed the default trace, `--name ''` named the profile DEVICE-MODEL, all silently)."""
+    for flag in flags:
+        v = getattr(args, flag[2:].replace("-", "_"), None)
+        if v is not None and not str(v).strip():
+            what = "name" if flag == "--name" else "path or spec"
+            raise ConfigError("cli", flag, f"empty value {v!r}; expected a {what} (or leave the option out)")
 
 
 def _executor(args):
@@ -234,6 +295,7 @@ def _mc(args):
 
 def cmd_measure(args) -> int:
     _need_torch()
+    _check_live_flags(args)
     _check_engine_args(args)
     _check_measure_args(args)
     from dsparksim.runner.measure import measure  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy, torch, tqdm
@@ -273,6 +335,7 @@ def _g(v) -> str:
 
 def cmd_validate(args) -> int:
     _need_torch()
+    _check_live_flags(args)
     _check_engine_args(args)
     _check_measure_args(args, validate=True)
     from dsparksim.runner.validate import ValidateConfig, validate  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy, torch, tqdm
@@ -282,6 +345,7 @@ def cmd_validate(args) -> int:
     if acc is None and not args.live and K != 7:
         acc = "dspark"          # the shipped sample trace is K=7; another K replays the parametric dspark source
     pols = args.policies or tuple(f"fixed:{K}" if p == "fixed:7" else p for p in DEFAULT_POLICIES)
+    check_fixed_k(pols, K, "--policies")
     extra = {}
     for k in ("prompt_tokens", "output_tokens"):
         if getattr(args, k) is not None:
@@ -339,6 +403,13 @@ def _check_audit_args(args) -> None:
         raise ConfigError("cli", "--requests", f"expected at least 1 request per policy, got {args.requests}")
     if not 0.0 < args.alpha < 1.0:
         raise ConfigError("cli", "--alpha", f"expected a significance level in (0, 1), got {args.alpha:g}")
+    _no_empty(args, "--out", "--profile", "--models", "--prompts-dir")
+    unread = [f for f in (("--steps",) if args.live else ("--models", "--requests", "--profile", "--prompts-dir"))
+              if flag_given(args, f)]
+    if unread:
+        why = ("the live audit runs --requests requests, not synthetic steps" if args.live else
+               "it applies to the live audit (--live) only")
+        raise ConfigError("cli", unread[0], f"would be ignored: {why}; drop {', '.join(unread)}")
     if args.out:
         claim_out_file(args.out, "audit", args.force, "--out")
     elif args.force:
@@ -400,23 +471,31 @@ def cmd_run_real(args) -> int:
 
     check_run_args(args)  # options and the output directory, before the engine starts
     _need_torch()
+    # live: the trained drafter's own acceptance replaces --acceptance / --mtp1-acceptance
+    _check_live_flags(args, ("--acceptance", "--mtp1-acceptance"))
     _check_engine_args(args)
     from dsparksim.runner.run import real_run  # lazy: pulls in numpy, scipy, simpy, torch, tqdm
 
     if args.profile is None:    # the shipped profile of this machine's CPU target, measured for the mode
         args.profile = "cpu-tiny-live" if args.live else "cpu-tiny"
     cfg = run_config(args).replace(traffic=run_traffic(args, default_concurrency=8))
+    check_fixed_k([cfg.policy], cfg.engine.block_size)
     out = real_run(cfg, _runner(args, _executor(args)))
     paths = write_run(out, args.out, fmt=args.format, steps=True)
     s = out.summary
     _warn_beyond_measured(out)
     if not args.quiet:
+        # a run in which no request finished has no per-user speed (None): "n/a", as `run` prints it
         print(f"real run, policy {s['policy']}: {s['num_requests_completed']} requests, output throughput "
-              f"{s['output_throughput_tok_s']:.1f} tok/s, per-user median {s['tps_user_median']:.1f} tok/s, "
-              f"tau {s['tau']:.2f}, mean verify len {s['mean_verify_len']:.2f}")
+              f"{_num(s['output_throughput_tok_s'], 1)} tok/s, per-user median {_num(s['tps_user_median'], 1)} "
+              f"tok/s, tau {_num(s['tau'], 2)}, mean verify len {_num(s['mean_verify_len'], 2)}")
         for k, p in paths.items():
             print(f"  {k:9s} {p}")
     return 0
+
+
+def _num(v, nd: int) -> str:
+    return "n/a" if v is None else f"{v:.{nd}f}"
 
 
 def _warn_beyond_measured(out) -> None:

@@ -301,9 +301,11 @@ class Executor:
         drafts = starts = pend = None
         clock = self.clock
         if n:
-            t0 = clock()
             starts = np.array([self.cache_len[int(r)] for r in dec_rows], np.int64)
             pend = torch.tensor([self.pending[int(r)] for r in dec_rows], dtype=torch.long)
+            drafts = torch.empty(n, 0, dtype=torch.long)     # K = 0 (policy none): nothing is drafted
+        if n and K:
+            t0 = clock()
             # drafter proxy: the anchor + K-1 mask ids at positions start+1..start+K, one forward for all rows,
             # its attention grouped by context like the target's (split_rows) so no row pays the longest context
             parts = split_rows(np.full(n, K), starts + 1 + K, self.ex.group_penalty, self.ex.max_groups)

@@ -144,6 +144,15 @@ def check_contexts(mc: MeasureConfig, contexts: tuple[int, ...], cap: int) -> No
             raise ConfigError("measure", "--contexts", f"context {c}: even {min(mc.n_reqs)} request(s) need {need} "
                               f"KV tokens and {mc.executor.device} holds about {cap} for this model; measure "
                               "shorter contexts")
+    # likewise a batch size that fits no context (--n-req 1,100000; validate --concurrency 100000 profiled
+    # 100001 batch sizes, every large one skipped, for hours before the run refused the users)
+    c = min(contexts)
+    for n in mc.n_reqs:
+        need = n * slot_tokens(c, mc.K, mc.warmup, mc.reps, spread=mc.context_spread)
+        if need > cap:
+            raise ConfigError("measure", "--n-req", f"{n} requests need {need} KV tokens even at context {c} and "
+                              f"{mc.executor.device} holds about {cap} for this model; measure fewer requests "
+                              "(validate: fewer --concurrency users)")
 
 
 def add_prefill(prof: dict[str, Any], fit: dict[str, Any], run: CellSweep, contexts: tuple[int, ...]
@@ -248,7 +257,8 @@ def measure(mc: MeasureConfig, progress: bool = True, log: Callable[[str], None]
     t_start = time.time()
     live = None
     if mc.live_models is not None:
-        live = timing.LiveDrafters.load(mc.live_models, [mc.block_drafter] + (["mtp1"] if mc.mtp1 else []), target)
+        live = timing.LiveDrafters.load(mc.live_models, [mc.block_drafter] + (["mtp1"] if mc.mtp1 else []), target,
+                                        mc.K)
         log(f"measure: live-drafter steps with the trained {mc.block_drafter}"
             + (" and mtp1" if mc.mtp1 else "") + f" from {mc.live_models}")
     run = CellSweep(mc, target, proxy, cap, contexts, live, progress, log)

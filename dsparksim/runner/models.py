@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from dsparksim.backend.model import ModelConfig, TargetModel
+from dsparksim.backend.model import ModelConfig, TargetModel, check_model_config
 from dsparksim.errors import ConfigError, InputError
 from dsparksim.backend.checkpoint import load_target as _lt
 
@@ -44,6 +44,7 @@ def parse_model(spec: str) -> tuple[ModelConfig, str | None]:
         except Exception as e:  # noqa: BLE001 - zip, pickle, key and type errors all mean "not our checkpoint"
             raise InputError(path, opt, f"not a readable target checkpoint (`dsparksim train` writes them): "
                              f"{type(e).__name__}: {str(e)[:200]}") from None
+        check_model_config(cfg, path, "config")
         return cfg, path
     name, *over = spec.split(",")
     if name not in SHAPES:
@@ -58,7 +59,9 @@ def parse_model(spec: str) -> tuple[ModelConfig, str | None]:
             kw[k] = float(v) if "float" in str(types[k]) else int(v)
         except ValueError:
             raise ConfigError("--model", k, f"expected a number, got {v!r}") from None
-    return ModelConfig(**kw), None
+    cfg = ModelConfig(**kw)
+    check_model_config(cfg, "--model", "model")
+    return cfg, None
 
 
 def model_key(cfg: ModelConfig, ckpt: str | None, drafter_layers: int, dtype: str, live: bool = False) -> str:

@@ -149,9 +149,7 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
                               f"come from {profile.metadata.get('drafting', 'the drafter proxy')!r}; measure with "
                               "`dsparksim measure --live --models MODELS` or pass --no-profile-check")
     probe = make_policy(cfg.policy)
-    if probe.needs_oracle:  # before any drafter is loaded
-        raise ConfigError("config", "policy", f"{probe.spec} reads the true accepted length: it exists only in the "
-                          "simulator")
+    _check_real_policy(probe, rcfg, live)
     kind = "mtp1" if probe.drafter == "mtp1" else rcfg.live_drafter
     live_parts = None
 
@@ -200,6 +198,17 @@ def real_run(cfg: RunConfig, rcfg: RunnerConfig = RunnerConfig(), *, target=None
         out.outputs = executor.outputs            # row -> generated token ids (live mode; tests)
         out.prompts = executor.prompt_log
     return out
+
+
+def _check_real_policy(probe, rcfg: RunnerConfig, live: bool) -> None:
+    """Policies the real engine cannot serve, refused before any drafter is loaded."""
+    if probe.needs_oracle:
+        raise ConfigError("config", "policy", f"{probe.spec} reads the true accepted length: it exists only in the "
+                          "simulator")
+    if live and not probe.drafts:   # LiveExecutor drafts with a trained drafter; `none` loads none (a traceback)
+        raise ConfigError("config", "policy", f"{probe.spec} drafts nothing, and --live serves the trained drafters; "
+                          f"plain decoding of the trained target is --model ckpt:{Path(rcfg.models) / 'target.pt'} "
+                          "without --live")
 
 
 def _live_parts(rcfg: RunnerConfig, kind: str, K: int, ex: ExecutorConfig):

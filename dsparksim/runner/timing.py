@@ -24,6 +24,7 @@ from dsparksim.runner.live import LiveExecutor, PromptSource
 from dsparksim.runner.grid import (PREFILL_CHUNKS, PREFILL_DECODE_ROWS, PREFILL_PREFIXES, REFERENCE_CELL, cell_contexts,
                                    slot_tokens)
 from dsparksim.config import EngineConfig
+from dsparksim.errors import ConfigError, InputError
 from dsparksim.sim.driver import Driver
 from dsparksim.sim.inputs import ResolvedInputs
 from dsparksim.sim.scheduler import Scheduler
@@ -39,12 +40,23 @@ class LiveDrafters:
     prompts: Any
 
     @classmethod
-    def load(cls, models: str, kinds, target) -> "LiveDrafters":
+    def load(cls, models: str, kinds, target, K: int | None = None) -> "LiveDrafters":
+        """``K``: the block size the drafters must have been trained for (mtp1: 1), checked with the calibration
+        (measure --live -K 7 on K=3 drafters ended in a numpy broadcast traceback)."""
         _, _, tcpu, tmeta, cal = load_models(models)
         dev, dt = target.embed.weight.device, target.embed.weight.dtype
         ds, ts = {}, {}
         for k in kinds:
-            m, _ = load_drafter(Path(models) / f"{k}.pt", k, tcpu, tmeta["sha256"])
+            m, ck = load_drafter(Path(models) / f"{k}.pt", k, tcpu, tmeta["sha256"])
+            want = None if K is None else (1 if k == "mtp1" else K)
+            if want is not None and ck["config"].get("K") != want:
+                raise ConfigError(Path(models) / f"{k}.pt", "K", f"the drafter was trained for K="
+                                  f"{ck['config'].get('K')} but this measurement uses K={want} (-K)")
+            if k not in cal:
+                raise InputError(Path(models) / "calibration.json", k, "no STS temperatures for this drafter")
+            if want is not None and len(cal[k]["temperatures"]) != want:
+                raise InputError(Path(models) / "calibration.json", k, f"{len(cal[k]['temperatures'])} "
+                                 f"temperatures for block size {want}")
             m = m.to(device=dev, dtype=dt).eval()
             for p in m.parameters():
                 p.requires_grad_(False)

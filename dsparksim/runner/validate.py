@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
+from dsparksim.backend.checkpoint import load_target as load_checkpoint
 from dsparksim.runner.live import PromptSource
 from dsparksim.results.metrics import summarize
 from dsparksim.acceptance import load_acceptance
@@ -164,12 +165,33 @@ def precheck(vc: ValidateConfig) -> None:
         pol.reset(vc.K, np.random.default_rng(0))        # e.g. fixed:7 at K=5 is refused here, not mid-run
     if vc.runner.mode == "live":                         # the eval prompts are read after the profile otherwise
         PromptSource.from_models(vc.runner.models, vc.runner.prompts_dir)
-    else:
-        for spec, K in ((vc.acceptance, vc.K), (vc.mtp1_acceptance, 1)):
-            tK = load_acceptance(spec, K).describe().get("trace_K")
-            if tK is not None and tK != K:
-                raise ConfigError(spec, "K", f"the acceptance trace was recorded with K={tK} but the validation "
-                                  f"uses K={K}; pass an acceptance source for K={K} (e.g. --acceptance dspark)")
+    for spec, K in ((vc.acceptance, vc.K), (vc.mtp1_acceptance, 1)):
+        d = load_acceptance(spec, K).describe()
+        tK = d.get("trace_K")
+        if tK is not None and tK != K:
+            raise ConfigError(spec, "K", f"the acceptance trace was recorded with K={tK} but the validation "
+                              f"uses K={K}; pass an acceptance source for K={K} (e.g. --acceptance dspark)")
+        if vc.runner.mode == "live":
+            check_live_trace(vc, spec, d, "mtp1" if K == 1 else vc.runner.live_drafter)
+
+
+def check_live_trace(vc: ValidateConfig, spec: str, described: dict, drafter: str) -> None:
+    """--live compares the trained pair with the simulator replaying traces collected from that same pair: a
+    parametric source or a trace of another drafter or target (the synthetic sample: a 159% "error", `dspark`:
+    181%) is refused."""
+    if described.get("trace_K") is None:
+        raise ConfigError(spec, "acceptance", f"--live compares the trained pair with the simulator replaying the "
+                          f"{drafter} trace collected from it (`dsparksim collect`), got the {described.get('kind')} "
+                          f"source {spec!r}")
+    meta = described.get("trace_metadata") or {}
+    if meta.get("drafter") != drafter:
+        raise ConfigError(spec, "drafter", f"the trace was recorded for drafter {meta.get('drafter')!r}, but --live "
+                          f"serves {drafter!r}; pass the trace `dsparksim collect` wrote for it")
+    short = load_checkpoint(Path(vc.runner.models) / "target.pt")[1]["sha256"][:12]
+    if f"sha256 {short}" not in str(meta.get("target", "")):
+        raise ConfigError(spec, "target", f"the trace was collected from another target ({meta.get('target')!r}), "
+                          f"not {Path(vc.runner.models) / 'target.pt'} (sha256 {short}); collect traces from these "
+                          "models (`dsparksim collect --models ...`)")
 
 
 # what `validate` writes into OUT: a folder holding anything else is refused by the CLI; STALE_OUT is removed at
@@ -253,7 +275,7 @@ def paired_cells(vc: ValidateConfig, prof: dict, ppath: Path, target, proxy,
         return None
     lv = None
     if live and prof["metadata"].get("cells"):
-        lv = LiveDrafters.load(vc.runner.models, sorted(prof["metadata"]["cells"]), target)
+        lv = LiveDrafters.load(vc.runner.models, sorted(prof["metadata"]["cells"]), target, vc.K)
     cells = PairedCells.from_profile(prof, target, proxy, vc.runner.executor, vc.pair_baseline, live=lv)
     if cells is None:
         log(f"validate: the profile {ppath} stores no cell timings (metadata.cells, written by `dsparksim "

@@ -70,7 +70,7 @@ def check_out(out: str | Path, names: Sequence[str]) -> Path:
     d = Path(out)
     if d.exists() and not d.is_dir():
         raise ConfigError("study", "--out", f"expected a directory, but {str(d)!r} is a file")
-    check_out_dir(d, "--out", replace=False)   # creatable and writable, before any run (not a traceback after)
+    check_out_dir(out, "--out", replace=False)   # '' refused, creatable and writable, before any run
     for n in names:
         sub = d / n
         if sub.exists() and not _ours(sub):
