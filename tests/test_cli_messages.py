@@ -40,3 +40,21 @@ def test_profile_build_takes_a_shipped_model_name(tmp_path, capsys):
     assert main(["profile", "build", "--model", "llama-9", "--gpu", "H100", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "not a shipped model name" in err and "llama-3-8b" in err
+
+
+@pytest.mark.parametrize("cmd", ["run", "frontier"])
+def test_a_fitted_request_latency_left_out_of_engine_side_ttft_is_said(tmp_path, capsys, cmd):
+    """A fitted profile's request_latency_s (client-side, added by bench replay) is not in run/frontier's TTFT: the
+    command says so; a profile without one says nothing of it."""
+    from dsparksim.cost.profile import load_profile
+    fitted = "fitted-h200x8-deepseek-r1-sglang-0.5.12"
+    ms = load_profile(fitted).request_latency_s * 1000
+    assert ms > 0
+    load = ["--concurrency", "2"] if cmd == "run" else ["--concurrency-levels", "2", "--policies", "none"]
+    for profile, said in ((fitted, True), ("h100-llama2-7b-tp1", False)):
+        argv = [cmd, "--profile", profile, *load, "--duration", "2", "--out", str(tmp_path / profile), "--quiet"]
+        if cmd == "run":
+            argv += ["--policy", "none"]
+        assert main(argv) == 0
+        err = capsys.readouterr().err
+        assert (f"request_latency_s = {ms:.1f} ms" in err and "engine-side" in err) == said, err

@@ -16,7 +16,7 @@ from dsparksim.errors import CLI, ConfigError, InputError, missing_extra, one_li
 from dsparksim.io.options import number
 from dsparksim import __version__
 from dsparksim.config import PAGED_ONLY, reserved_kv_conflict
-from dsparksim.results.notes import low_verify_note
+from dsparksim.results.notes import low_verify_note, request_latency_note
 from dsparksim.results.outputs import check_out_dir, check_out_file, need_parquet, staged_dir
 from dsparksim.sim.inputs import load_run_profile, resolve_inputs
 from dsparksim.sim.reads import unread_by_all
@@ -394,7 +394,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from dsparksim.sim.shard import check_shardable  # lazy: pulls in numpy, scipy, simpy
         check_shardable(cfg)   # one line saying why the replicas interact, before anything runs
     preflight(cfg, [cfg.policy])  # profile, acceptance, lengths and trace read before the progress bar starts
-    target = result_file(args, cfg, str(load_run_profile(cfg).metadata.get("model", "")))
+    prof = load_run_profile(cfg)
+    target = result_file(args, cfg, str(prof.metadata.get("model", "")))
     existed = args.out is not None and Path(args.out).is_dir() and any(Path(args.out).iterdir())
     t0 = time.perf_counter()
     total = traffic.duration_s
@@ -413,9 +414,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not s["num_requests_completed"]:
         print(f"dsparksim: warning: no request both arrived inside the measurement window (after the {s['warmup_s']:g} s "
               "warm-up) and completed: per-request metrics are empty (lower --warmup or run longer)", file=sys.stderr)
-    note = low_verify_note(s)
-    if note:
-        print(f"dsparksim: note: {note}", file=sys.stderr)
+    for note in (low_verify_note(s), request_latency_note(str(cfg.profile), prof.request_latency_s)):
+        if note:
+            print(f"dsparksim: note: {note}", file=sys.stderr)
     rej = _rejected_text(s)
     if rej:
         # never silently: the metrics describe only the requests that were admitted
@@ -562,6 +563,9 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     base, loads, load_name, deploys, seeds, cfgs = frontier_cells(args, policies, slo_warnings)
     for w in slo_warnings:   # after every check: a refused command prints its one error line only (notes too)
         print(w, file=sys.stderr)
+    lat = request_latency_note(str(base.profile), load_run_profile(base).request_latency_s)
+    if lat:
+        print(f"dsparksim: note: {lat}", file=sys.stderr)
     jobs = args.workers or min(os.cpu_count() or 1, len(cfgs))
     out = Path(args.out)
     existed = out.is_dir() and any(out.iterdir())

@@ -18,3 +18,13 @@ def low_verify_note(s: Mapping[str, Any]) -> str | None:
             f"adds, and on this profile at this batch the verify cost of nearly every token outweighs it, so the run "
             f"is close to plain decoding" + (f" (tau {tau:.2f})" if tau is not None else "")
             + "; compare --policy none and fixed:K, or the production variant confidence-async:2")
+
+
+def request_latency_note(profile_name: str, seconds: float) -> str | None:
+    """The note for a profile carrying a client-side request latency (``request_latency_s``, fitted by ``profile
+    fit``), which ``run``/``frontier``/``plan`` leave out of their engine-side TTFT and E2E, else None."""
+    if not seconds:
+        return None
+    return (f"profile {profile_name} carries request_latency_s = {seconds * 1000:.1f} ms (the serving stack's "
+            "latency outside the engine, as a benchmark client sees it); TTFT and E2E here are engine-side, without "
+            "it (bench replay adds it to every request, as the client measured)")
