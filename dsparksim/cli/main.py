@@ -551,6 +551,13 @@ def warn_incomplete_cells(table, seeded: bool) -> None:
               file=sys.stderr)
 
 
+def latency_note(cfg: RunConfig) -> None:
+    """Print the note of a profile with a client-side request latency that the command's TTFT leaves out."""
+    note = request_latency_note(str(cfg.profile), load_run_profile(cfg).request_latency_s)
+    if note:
+        print(f"dsparksim: note: {note}", file=sys.stderr)
+
+
 def cmd_frontier(args: argparse.Namespace) -> int:
     """`dsparksim frontier`: every policy at every load (and deployment, seed), the frontier and the gains."""
     from tqdm import tqdm  # lazy: only commands that draw a bar (CLI start-up)
@@ -563,9 +570,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     base, loads, load_name, deploys, seeds, cfgs = frontier_cells(args, policies, slo_warnings)
     for w in slo_warnings:   # after every check: a refused command prints its one error line only (notes too)
         print(w, file=sys.stderr)
-    lat = request_latency_note(str(base.profile), load_run_profile(base).request_latency_s)
-    if lat:
-        print(f"dsparksim: note: {lat}", file=sys.stderr)
+    latency_note(base)
     jobs = args.workers or min(os.cpu_count() or 1, len(cfgs))
     out = Path(args.out)
     existed = out.is_dir() and any(out.iterdir())
