@@ -107,3 +107,18 @@ def sample_replay_argv(tmp_path, where: str = "gpu=h200,engine=sglang") -> list[
     assert classify(run_cli(["bench", "import", str(rows), "--out", str(runs)])) == "ok"
     return ["bench", "replay", str(runs), "--profile", "built-h200x8-deepseek-v3-tp8", "--quiet",
             "--where", where, "--out", str(tmp_path / "rp")]
+
+
+def stub_runner_work(monkeypatch) -> list[str]:
+    """Replace the torch runner's work (measure, model building, real runs, audits) by stubs that record their
+    calls; returns the list they append to (empty = the command refused before any work)."""
+    import dsparksim.runner.audit as audit_mod  # lazy: torch (the CLI tests import this module without it)
+    import dsparksim.runner.measure as measure_mod
+    import dsparksim.runner.run as run_mod
+    import dsparksim.runner.validate as validate_mod
+    calls: list[str] = []
+    monkeypatch.setattr(measure_mod, "measure", lambda *a, **k: calls.append("measure"))
+    monkeypatch.setattr(validate_mod, "build_models", lambda *a, **k: calls.append("build_models"))
+    monkeypatch.setattr(run_mod, "real_run", lambda *a, **k: calls.append("real_run"))
+    monkeypatch.setattr(audit_mod, "audit_all", lambda **k: calls.append("audit") or [])
+    return calls

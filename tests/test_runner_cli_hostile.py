@@ -11,22 +11,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import dsparksim.runner.audit as audit_mod  # noqa: E402
-import dsparksim.runner.measure as measure_mod  # noqa: E402
-import dsparksim.runner.run as run_mod  # noqa: E402
 import dsparksim.runner.timing as timing  # noqa: E402
-import dsparksim.runner.validate as validate_mod  # noqa: E402
+from cli_guard import stub_runner_work  # noqa: E402
 from dsparksim.cli.main import main  # noqa: E402
 
 
 @pytest.fixture
 def no_work(monkeypatch):
-    calls = []
-    monkeypatch.setattr(measure_mod, "measure", lambda *a, **k: calls.append("measure"))
-    monkeypatch.setattr(validate_mod, "build_models", lambda *a, **k: calls.append("build_models"))
-    monkeypatch.setattr(run_mod, "real_run", lambda *a, **k: calls.append("real_run"))
-    monkeypatch.setattr(audit_mod, "audit_all", lambda **k: calls.append("audit") or [])
-    return calls
+    return stub_runner_work(monkeypatch)
 
 
 MODEL_CASES = [

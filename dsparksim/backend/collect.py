@@ -79,12 +79,17 @@ def check_replaceable(path: Path) -> None:
                          "say so); it is never replaced: move it or choose another --out")
 
 
+def collect_k(kind: str, cfg: PipelineConfig) -> int:
+    """The block size ``collect`` decodes drafter ``kind`` at (MTP-1 drafts one token)."""
+    return 1 if kind == "mtp1" else cfg.collect.K
+
+
 def _checked_drafter(models: Path, kind: str, cfg: PipelineConfig, target, tmeta: dict, cal: dict):
     """(drafter, STS temperatures) of one drafter, its block size checked against the preset's collect K."""
     if kind not in cal:
         raise InputError(models / "calibration.json", kind, "no STS temperatures for this drafter")
     drafter, ck = load_drafter(models / f"{kind}.pt", kind, target, tmeta["sha256"])
-    K = 1 if kind == "mtp1" else cfg.collect.K
+    K = collect_k(kind, cfg)
     trained = ck["config"].get("K")
     if trained != K:
         raise InputError(models / f"{kind}.pt", "K", f"the drafter was trained for K={trained} but preset "
@@ -137,7 +142,7 @@ def collect(models: str | Path, out: str | Path, drafters=DRAFTERS, preset_name:
         cfg = preset(preset_name, model=cfg.model)
     loaded = {kind: _checked_drafter(models, kind, cfg, target, tmeta, cal) for kind in kinds}
     for kind in kinds:
-        check_replaceable(Path(out) / f"real_{kind}_k{1 if kind == 'mtp1' else cfg.collect.K}.csv.gz")
+        check_replaceable(Path(out) / f"real_{kind}_k{collect_k(kind, cfg)}.csv.gz")
     corpus = build_corpus(cfg.data, prompts_dir)
     traces = {kind: _decode_trace(cfg, tok, target, drafter, kind, temps, corpus, progress)
               for kind, (drafter, temps) in loaded.items()}

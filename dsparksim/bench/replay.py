@@ -123,6 +123,20 @@ def check_output_lengths(row: Mapping[str, Any], L: int, R: float, source: str =
                          "and ignore_eos")
 
 
+def low_range_ratio(row: Mapping[str, Any], bad: Callable[[str, str], Exception]) -> float | None:
+    """The run's range ratio R as lengths uniform in [int(R*L), L] read it (None: not recorded). vLLM's symmetric
+    [L(1-R), L(1+R)] at R = 0 is every length L, the same draw as R = 1 here; at any other R it is not simulated
+    (``bad(field, message)`` is raised)."""
+    conv, R = row.get("random_range_convention"), row.get("random_range_ratio")
+    R = None if _missing(R) else R
+    if _missing(conv) or conv == "low":
+        return R
+    if conv == "symmetric" and R == 0:
+        return 1.0
+    raise bad("random_range_convention", f"{conv!r} (vLLM's [L(1-R), L(1+R)]) at R = {R} is not simulated; only "
+              "'low' = [int(R*L), L] (SGLang, InferenceX, vLLM before mid-2025) and vLLM's R = 0")
+
+
 def row_workload(row: Mapping[str, Any], source: str = "runs table") -> tuple[ClientWorkload, list[str]]:
     """The client workload of one run, and the notes of what was filled in (see the module doc)."""
     rid = row.get("run_id") or "?"
@@ -136,21 +150,15 @@ def row_workload(row: Mapping[str, Any], source: str = "runs table") -> tuple[Cl
         raise bad("dataset_name", f"dataset {ds!r}: only the random dataset is replayed")
     if not _missing(row.get("lengths_file")):
         raise bad("lengths_file", "a lengths file is not replayed (random dataset only)")
-    conv = row.get("random_range_convention")
-    R = row.get("random_range_ratio")
-    if not _missing(conv) and conv == "symmetric" and not _missing(R) and R == 0:
-        R = 1.0   # vLLM's [L(1-R), L(1+R)] at R = 0 is every length L: the same draw as [int(R*L), L] at R = 1
-    elif not _missing(conv) and conv != "low":
-        raise bad("random_range_convention", f"{conv!r} (vLLM's [L(1-R), L(1+R)]) at R = {R} is not simulated; "
-                  "only 'low' = [int(R*L), L] (SGLang, InferenceX, vLLM before mid-2025) and vLLM's R = 0")
+    R = low_range_ratio(row, bad)
     for f in ("random_input_len", "random_output_len", "num_prompts"):
         if _missing(row.get(f)):
             raise bad(f, "missing: the client's workload cannot be rebuilt without it")
-    if _missing(R) and row.get("source_format") == "vllm":
+    if R is None and row.get("source_format") == "vllm":
         R = 1.0   # vLLM records no range ratio; its default (0 symmetric; 1.0 in benchmark_serving.py) is every L
         notes.append("random_range_ratio not recorded: vLLM's default, every length L (bench import "
                      "--random-range-ratio if the run set one)")
-    elif _missing(R):
+    elif R is None:
         R = 0.0
         notes.append("random_range_ratio missing: 0")
     check_output_lengths(row, int(row["random_output_len"]), float(R), source)

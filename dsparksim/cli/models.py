@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dsparksim.cli.options import add_threads_option, check_threads
+from dsparksim.cli.options import add_threads_option, check_threads, refuse_empty
 from dsparksim.errors import InputError, MissingExtraError
 from dsparksim.results.outputs import check_out_dir
 
@@ -64,20 +64,10 @@ def _stages(s: str):
     return st
 
 
-def _check_paths(args: argparse.Namespace, *dests: str) -> None:
-    """A path option given as '' is an error: Path('') is the working directory, where an unset shell variable
-    (``--out "$DIR"``) would have written or read the models and traces."""
-    for d in dests:
-        v = getattr(args, d, None)
-        if v is not None and not str(v).strip():
-            flag = "--" + d.replace("_", "-")
-            raise InputError("cli", flag, f"empty path {v!r}; expected a directory")
-
-
 def _check_dir_args(args: argparse.Namespace) -> None:
     """--threads and the paths, before any model is built or trained."""
     check_threads(args)
-    _check_paths(args, "out", "models", "prompts_dir")
+    refuse_empty(args, "--out", "--models", "--prompts-dir", noun="path", expected="a directory")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise InputError(str(out), "--out", "is a file; expected the output directory")
@@ -111,7 +101,7 @@ def collect_command(args: argparse.Namespace) -> int:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    _check_paths(args, "models", "traces", "out")
+    refuse_empty(args, "--models", "--traces", "--out", noun="path", expected="a directory")
     if args.out is not None and not Path(args.out).is_file():
         check_out_dir(args.out, "--out", replace=False)   # creatable and writable, before the report is computed
     from dsparksim.backend.report import write_report   # numpy/matplotlib only: works without torch

@@ -72,6 +72,16 @@ def check_threads(args: argparse.Namespace) -> None:
                           f"{os.cpu_count()} CPUs), got {args.threads}")
 
 
+def refuse_empty(args: argparse.Namespace, *flags: str, noun: str = "value",
+                 expected: str = "a path or spec (or leave the option out)") -> None:
+    """A text option given as '' (or blanks) is an error, never its default: Path('') is the working directory, and
+    an unset shell variable (``--out "$DIR"``) would silently have meant the default or written there."""
+    for flag in flags:
+        v = getattr(args, flag[2:].replace("-", "_"), None)
+        if v is not None and not str(v).strip():
+            raise ConfigError("cli", flag, f"empty {noun} {v!r}; expected {expected}")
+
+
 def bar_off(args: argparse.Namespace) -> bool:
     """Progress bars go to a terminal only: a log or a pipe gets the result lines, not carriage-return noise.
     DSPARKSIM_PROGRESS=1 draws them anyway (e.g. to watch a CI log), --quiet never."""

@@ -8,7 +8,8 @@ import json
 import sys
 from pathlib import Path
 
-from dsparksim.cli.options import add_seed_option, add_threads_option, bar_off, check_seed, check_threads
+from dsparksim.cli.options import (add_seed_option, add_threads_option, bar_off, check_seed, check_threads,
+                                   refuse_empty)
 from dsparksim.cli.main import (add_draft_len, add_out, add_run_options, check_fixed_k, check_run_args, flag_given,
                                 run_config, run_traffic)
 from dsparksim.errors import ConfigError
@@ -201,7 +202,8 @@ def _check_measure_args(args, validate: bool = False) -> None:
                           f"{args.min_growth}")
     if not (math.isfinite(args.drift_gate) and args.drift_gate >= 0):
         raise ConfigError("cli", "--drift-gate", f"expected a finite fraction >= 0 (0 = off), got {args.drift_gate}")
-    _no_empty(args, "--context-spread-from", "--name", "--raw", "--acceptance", "--mtp1-acceptance")
+    refuse_empty(args, "--name", expected="a name (or leave the option out)")
+    refuse_empty(args, "--context-spread-from", "--raw", "--acceptance", "--mtp1-acceptance")
     _check_unread_sweep_flags(args, validate)
     if not validate:
         claim_out_file(args.out, "profile", args.force, "--out")
@@ -239,16 +241,6 @@ def _check_measure_args(args, validate: bool = False) -> None:
     if other:
         raise ConfigError("cli", "--out", f"{str(out)!r} holds files that no validation wrote ({', '.join(other[:5])}"
                           f"{', ...' if len(other) > 5 else ''}); choose a new or empty directory")
-
-
-def _no_empty(args, *flags: str) -> None:
-    """A text option given as '' is an error, not its default (`--raw ''` wrote no raw file, `--acceptance ''`
-    replayed the default trace, `--name ''` named the profile DEVICE-MODEL, all silently)."""
-    for flag in flags:
-        v = getattr(args, flag[2:].replace("-", "_"), None)
-        if v is not None and not str(v).strip():
-            what = "name" if flag == "--name" else "path or spec"
-            raise ConfigError("cli", flag, f"empty value {v!r}; expected a {what} (or leave the option out)")
 
 
 def _executor(args):
@@ -403,7 +395,7 @@ def _check_audit_args(args) -> None:
         raise ConfigError("cli", "--requests", f"expected at least 1 request per policy, got {args.requests}")
     if not 0.0 < args.alpha < 1.0:
         raise ConfigError("cli", "--alpha", f"expected a significance level in (0, 1), got {args.alpha:g}")
-    _no_empty(args, "--out", "--profile", "--models", "--prompts-dir")
+    refuse_empty(args, "--out", "--profile", "--models", "--prompts-dir")
     unread = [f for f in (("--steps",) if args.live else ("--models", "--requests", "--profile", "--prompts-dir"))
               if flag_given(args, f)]
     if unread:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from dsparksim.bench.replay import cell_matches, check_output_lengths
+from dsparksim.bench.replay import cell_matches, check_output_lengths, low_range_ratio
 from dsparksim.bench.runs import format_cell, NAMES, read_runs
 from dsparksim.errors import InputError
 from dsparksim.fit.trace import ClientSpec
@@ -89,10 +89,7 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
                              "select the others, e.g. --where request_rate=inf")
         if r.get("dataset_name") not in (None, "random") or r.get("lengths_file"):
             raise InputError(str(path), "dataset_name", f"run {rid}: the fit simulates the random dataset only")
-        symmetric = r.get("random_range_convention") == "symmetric"
-        if symmetric and r.get("random_range_ratio") != 0:
-            raise InputError(str(path), "random_range_convention", f"run {rid}: symmetric range ratios other than 0 are "
-                             "not simulated by the fit yet (lengths uniform in [R*L, L] only)")
+        ratio = low_range_ratio(r, lambda f, m: InputError(str(path), f, f"run {rid}: {m}"))
         if r.get("dp_attention"):
             raise InputError(str(path), "dp_attention", f"run {rid}: DP-attention engines step their ranks in "
                              "lockstep (a max over ranks) which the fit's re-pricing does not cover")
@@ -101,9 +98,8 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
             raise InputError(str(path), "failed", f"run {rid}: {failed} request(s) failed: the measured figures "
                              "cover the completed ones only, while the simulated client completes every prompt")
         conc = _need(path, r, "max_concurrency", "closed loop at a fixed concurrency")
-        ratio = _need(path, r, "random_range_ratio", _RATIO_WHY)
-        if symmetric:
-            ratio = 1.0   # vLLM's [L(1-R), L(1+R)] at R = 0 is every length L: [int(R*L), L] at R = 1
+        if ratio is None:
+            _need(path, r, "random_range_ratio", _RATIO_WHY)     # refused: the fit never guesses the lengths
         check_output_lengths(r, int(_need(path, r, "random_output_len", "output lengths")), float(ratio), str(path))
         tp = _need(path, r, "tp", "GPUs of the engine")
         agg, per = r.get("output_throughput"), r.get("output_throughput_per_gpu")
