@@ -178,3 +178,48 @@ def test_fit_record_is_read_only_from_profile_fit_and_checked(tmp_path):
         fit_server(meta, "x.json")
     with pytest.raises(ConfigError, match=r"metadata\.fit\.client_model\b"):
         fit_server({"fit": {"command": "dsparksim profile fit"}}, "x.json")
+
+
+def replay_runs(tmp_path):
+    """One SGLang run of BASE's deployment (H100, TP 1) as `bench import` writes it."""
+    import csv
+    import math
+
+    from dsparksim.bench.runs import NAMES
+    row = dict.fromkeys(NAMES)
+    row.update(run_id="t.csv:1", source_format="sglang", source_file="t.csv", source_row=1, model="llama",
+               gpu="h100", gpu_count=1, tp=1, ep=1, engine="sglang", engine_version="x", spec_method="none",
+               dataset_name="random", random_input_len=256, random_output_len=16, random_range_ratio=1.0,
+               random_range_convention="low", max_concurrency=2, request_rate=math.inf, num_prompts=4,
+               num_warmup_prompts=0, ignore_eos=True)
+    path = tmp_path / "runs.csv"
+    with open(path, "w", newline="") as f:
+        f.write("# dsparksim runs table v1 (README: Benchmark runs as input)\n")
+        w = csv.writer(f)
+        w.writerow(NAMES)
+        w.writerow(["" if row[n] is None else "inf" if row[n] == math.inf else "true" if row[n] is True else row[n]
+                    for n in NAMES])
+    return str(path)
+
+
+def test_bench_replay_defaults_to_the_server_the_profile_was_fitted_under(tmp_path, capsys):
+    # replay defaulted its chunk to the profile's token budget (profile fit's own default), not the chunk the fit
+    # was made at, and its other settings to the simulator's (1024 requests, the profile's KV, engine's mixing)
+    prof = fitted_profile(tmp_path, mixed_prefill={"value": True, "source": "--mixed-prefill/--no-mixed-prefill"})
+    runs = replay_runs(tmp_path)
+    assert main(["bench", "replay", runs, "--profile", prof, "--out", str(tmp_path / "r")]) == 0
+    cfg = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert (cfg["server"]["chunked_prefill_size"], cfg["server"]["max_running_requests"],
+            cfg["server"]["mem_fraction_static"], cfg["mixed_prefill"]) == (4096, 64, 0.8, True)
+    out = capsys.readouterr().out
+    assert "(chunked prefill 4096 tokens, the fit's)" in out
+    assert "--chunked-prefill-size 4096 --max-running-requests 64 --mem-fraction-static 0.8 --mixed-prefill" in out
+    assert main(["bench", "replay", runs, "--profile", prof, "--chunked-prefill-size", "2048", "--no-mixed-prefill",
+                 "--out", str(tmp_path / "s"), "--quiet"]) == 0
+    cfg = json.loads((tmp_path / "s" / "config.json").read_text())
+    assert (cfg["server"]["chunked_prefill_size"], cfg["server"]["max_running_requests"], cfg["mixed_prefill"]) \
+        == (2048, 64, False)
+    # a fit that took each run's engine default leaves replay's per-run default (SGLang: off) alone
+    prof = fitted_profile(tmp_path)
+    assert main(["bench", "replay", runs, "--profile", prof, "--out", str(tmp_path / "t"), "--quiet"]) == 0
+    assert json.loads((tmp_path / "t" / "config.json").read_text())["mixed_prefill"].startswith("each run's")

@@ -18,8 +18,8 @@ from typing import Any, Mapping
 from dsparksim.cost.profile import profile_path, read_profile_dict
 from dsparksim.errors import ConfigError, InputError
 
-__all__ = ["FIT_COMMAND", "SERVER_KEYS", "FitDefaults", "fit_defaults", "fit_server", "key_spelling",
-           "profile_fit_server"]
+__all__ = ["FIT_COMMAND", "SERVER_KEYS", "FitDefaults", "fit_defaults", "fit_server", "fit_set_mixed_prefill",
+           "key_spelling", "profile_fit_server"]
 
 FIT_COMMAND = "dsparksim profile fit"      # metadata.fit.command of a profile `profile fit` wrote
 # Run options (dsparksim.config.run_options keys) a fit records under metadata.fit.client_model, in that order.
@@ -60,6 +60,18 @@ def fit_server(meta: Mapping[str, Any], source: str) -> dict[str, Any]:
         raise ConfigError(source, f"{_FIELD}.mixed_prefill", f"expected {{\"value\": true|false|[...]}}, got "
                           f"{mixed!r}")
     return out
+
+
+def fit_set_mixed_prefill(meta: Mapping[str, Any]) -> bool | None:
+    """The mixed-prefill setting ``profile fit`` was given (--mixed-prefill / --no-mixed-prefill), else None (it
+    used each run's engine default, as ``bench replay`` does without the option)."""
+    fit = meta.get("fit")
+    cm = fit.get("client_model") if isinstance(fit, Mapping) and fit.get("command") == FIT_COMMAND else None
+    mixed = cm.get("mixed_prefill") if isinstance(cm, Mapping) else None
+    if (isinstance(mixed, Mapping) and str(mixed.get("source", "")).startswith("--mixed-prefill")
+            and isinstance(mixed.get("value"), bool)):
+        return mixed["value"]
+    return None
 
 
 @functools.lru_cache(maxsize=64)
