@@ -223,3 +223,42 @@ def test_bench_replay_defaults_to_the_server_the_profile_was_fitted_under(tmp_pa
     prof = fitted_profile(tmp_path)
     assert main(["bench", "replay", runs, "--profile", prof, "--out", str(tmp_path / "t"), "--quiet"]) == 0
     assert json.loads((tmp_path / "t" / "config.json").read_text())["mixed_prefill"].startswith("each run's")
+
+
+def test_an_abbreviated_flag_set_to_the_run_default_still_wins(tmp_path, capsys):
+    # argparse takes a unique prefix: `--prefill-ch 2048` is the user's chunk, though it equals the run's default
+    prof = fitted_profile(tmp_path)
+    assert main(["run", "--profile", prof, *RUN, "--prefill-ch", "2048", "--max-num-s=1024",
+                 "--out", str(tmp_path / "o")]) == 0
+    eng = engine_of(tmp_path / "o")
+    assert (eng["prefill_chunk_tokens"], eng["max_num_seqs"]) == (2048, 1024)
+    caution = fit_lines(capsys.readouterr().err, "caution")
+    assert len(caution) == 1 and "--prefill-chunk 2048, --max-num-seqs 1024 differ" in caution[0]
+
+
+def test_capacity_says_the_fitted_server_and_request_latency_once(tmp_path, capsys, monkeypatch):
+    import dsparksim.sweep.capacity as capacity
+
+    def stop(*a, **k):     # the notes come before any probe: stop there
+        raise KeyboardInterrupt
+    monkeypatch.setattr(capacity, "capacity_search", stop)
+    spec = tmp_path / "c.toml"
+    spec.write_text(toml({"sweep": {"name": "c"}, "base": {"profile": fitted_profile(tmp_path), "duration_s": 2.0},
+                          "axes": {"policy": ["none", "mtp1"]},
+                          "capacity": {"load": "concurrency", "min": 1, "max": 4, "slo": ["tps_user_median>=1"]}}))
+    assert main(["capacity", str(spec), "--out", str(tmp_path / "o")]) == 130
+    err = capsys.readouterr().err
+    assert err.count("request_latency_s = 50.0 ms") == 1 and len(fit_lines(err, "note")) == 1
+
+
+def test_profile_show_states_the_fitted_server_and_request_latency(tmp_path, capsys):
+    # show printed the metadata's kv_capacity_tokens and nothing of the server the commands now simulate, nor the
+    # request latency bench replay adds
+    assert main(["profile", "show", fitted_profile(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "fitted server      --prefill-chunk 4096 --max-num-seqs 64 --mem-fraction-static 0.8 --no-mixed-prefill" \
+        in out and "KV capacity at that fraction" in out
+    assert "request latency    50.0 ms" in out
+    assert main(["profile", "show", BASE]) == 0
+    out = capsys.readouterr().out
+    assert "fitted server" not in out and "request latency" not in out

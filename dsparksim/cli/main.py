@@ -11,7 +11,7 @@ from typing import Any, Iterator, Sequence
 
 from dsparksim.config import (DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, RunConfig, nonneg_float,
                               nonneg_int, pos_float, pos_int, run_options)
-from dsparksim.cli.options import add_backend_options, bar_off
+from dsparksim.cli.options import add_backend_options, bar_off, flag_spelling
 from dsparksim.errors import CLI, ConfigError, InputError, missing_extra, one_line
 from dsparksim.io.options import number
 from dsparksim import __version__
@@ -559,24 +559,19 @@ def warn_incomplete_cells(table, seeded: bool) -> None:
 FIT_GIVEN_KEYS = ("prefill_chunk_tokens", "max_num_seqs", "mem_fraction_static", "mixed_prefill", "kv_capacity_tokens")
 
 
-def flag_spelling(key: str, value: Any) -> str:
-    """A run option as typed on the command line: ``--prefill-chunk 16384``, ``--no-mixed-prefill``."""
-    flag = run_options()[key].option.flags[0]
-    if isinstance(value, bool):
-        return flag if value else "--no-" + flag[2:]
-    return f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
-
-
 def given_options(args: argparse.Namespace, keys: Sequence[str]) -> dict[str, Any]:
-    """The options of ``keys`` the command line set: typed (any spelling, ``--no-`` too), or parsed to a value
-    other than the default (an abbreviated flag)."""
+    """The options of ``keys`` the command line set: typed in any spelling (``--no-`` too, or abbreviated, as
+    argparse takes a unique prefix: ``--prefill-ch 2048`` sets the chunk even to its default), or parsed to a value
+    other than the default. None of these keys' flags has another option's full name as a prefix, so a typed
+    prefix of one is that flag."""
+    typed = [a.split("=", 1)[0] for a in (getattr(args, "_argv", None) or []) if a.startswith("--") and len(a) > 2]
     out = {}
     for k in keys:
         spec = run_options()[k]
         flags = tuple(spec.option.flags) + (tuple("--no-" + f[2:] for f in spec.option.flags if f.startswith("--"))
                                             if spec.option.switch else ())
         v = getattr(args, k, spec.default)
-        if v != spec.default or flag_given(args, *flags):
+        if v != spec.default or any(f.startswith(t) for f in flags for t in typed) or flag_given(args, *flags):
             out[k] = v
     return out
 
