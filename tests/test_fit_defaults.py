@@ -178,6 +178,11 @@ def test_fit_record_is_read_only_from_profile_fit_and_checked(tmp_path):
         fit_server(meta, "x.json")
     with pytest.raises(ConfigError, match=r"metadata\.fit\.client_model\b"):
         fit_server({"fit": {"command": "dsparksim profile fit"}}, "x.json")
+    with pytest.raises(ConfigError, match=r"client_model\.mixed_prefill"):
+        fit_server({"fit": {"command": "dsparksim profile fit", "client_model": {**FIT, "mixed_prefill": "off"}}}, "x")
+    # a fit older than the mixed-prefill and memory-fraction records (its engine always mixed; the profile's KV)
+    old = {k: v for k, v in FIT.items() if k in ("prefill_chunk_tokens", "max_num_seqs")}
+    assert fit_server({"fit": {"command": "dsparksim profile fit", "client_model": old}}, "x") == old
 
 
 def replay_runs(tmp_path):

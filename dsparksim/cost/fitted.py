@@ -36,8 +36,10 @@ def _count(source: str, cm: Mapping[str, Any], key: str) -> int:
 
 def fit_server(meta: Mapping[str, Any], source: str) -> dict[str, Any]:
     """The run options of the server a profile's metadata says it was fitted under ({} unless ``profile fit``
-    wrote it). ``mixed_prefill`` is left out when the fitted runs differed in it (their engines' defaults);
-    ``mem_fraction_static`` when the fit used the profile's KV capacity. ConfigError naming the field otherwise."""
+    wrote it). ``mixed_prefill`` is left out when the fitted runs differed in it (their engines' defaults) or the
+    fit predates its record (every step then mixed, the run's default); ``mem_fraction_static`` when the fit used
+    the profile's KV capacity. A recorded value that is not as ``profile fit`` writes it: ConfigError naming the
+    field."""
     fit = meta.get("fit")
     if not isinstance(fit, Mapping) or fit.get("command") != FIT_COMMAND:
         return {}
@@ -52,11 +54,11 @@ def fit_server(meta: Mapping[str, Any], source: str) -> dict[str, Any]:
             raise ConfigError(source, f"{_FIELD}.mem_fraction_static", f"expected a fraction in (0, 1] or null, "
                               f"got {f!r}")
         out["mem_fraction_static"] = float(f)
-    mixed = cm.get("mixed_prefill")
+    mixed = cm.get("mixed_prefill")    # absent: a fit older than the option, whose engine always mixed (the default)
     value = mixed.get("value") if isinstance(mixed, Mapping) else None
     if isinstance(value, bool):
         out["mixed_prefill"] = value
-    elif not (isinstance(value, list) and all(isinstance(x, bool) for x in value)):
+    elif mixed is not None and not (isinstance(value, list) and all(isinstance(x, bool) for x in value)):
         raise ConfigError(source, f"{_FIELD}.mixed_prefill", f"expected {{\"value\": true|false|[...]}}, got "
                           f"{mixed!r}")
     return out
