@@ -267,3 +267,23 @@ def test_profile_show_states_the_fitted_server_and_request_latency(tmp_path, cap
     assert main(["profile", "show", BASE]) == 0
     out = capsys.readouterr().out
     assert "fitted server" not in out and "request latency" not in out
+
+
+def test_max_model_len_of_a_built_profile_follows_the_kv_capacity_the_run_uses():
+    # the builder caps max_model_len at its KV capacity (min(max_position, KV) at its default memory fraction):
+    # the B200x4 DeepSeek profile states 15729 for both, while the server it was fitted under (fraction 0.95)
+    # holds 413012 tokens; runs there rejected every request over 15729 tokens as "max_model_len"
+    from dsparksim.config import RunConfig
+    from dsparksim.sim.inputs import resolve_inputs
+
+    prof = "fitted-b200x4-deepseek-r1-sglang-0.5.12"
+    fit = resolve_inputs(RunConfig.from_options({"profile": prof, "policy": "none", "mem_fraction_static": 0.95}))
+    assert fit.kv_cap > 400_000 and fit.max_model_len == 163840            # min(max_position 163840, KV)
+    small = resolve_inputs(RunConfig.from_options({"profile": prof, "policy": "none", "kv_capacity_tokens": 9000}))
+    assert small.max_model_len == 9000
+    as_built = resolve_inputs(RunConfig.from_options({"profile": prof, "policy": "none"}))
+    assert (as_built.kv_cap, as_built.max_model_len) == (15729, 15729)
+    # a profile that is not built keeps its stated max_model_len whatever the KV capacity
+    other = resolve_inputs(RunConfig.from_options({"profile": "h100-llama2-7b-tp1", "policy": "none",
+                                                   "kv_capacity_tokens": 9000}))
+    assert other.max_model_len is None or other.max_model_len != 9000
