@@ -121,13 +121,14 @@ class EngineConfig:
     kv_capacity_tokens: int | None = option(None, "--kv-capacity", parse=int, kinds=INT,
                                             help="KV capacity in tokens [profile's value]")
     max_num_seqs: int = option(1024, "--max-num-seqs", "--max-running-requests", parse=int, kinds=INT,
-                               help="most running requests (SGLang: --max-running-requests) [%(default)s]")
+                               help="most running requests (SGLang: --max-running-requests) [%(default)s; on a "
+                                    "profile-fit profile, the fit's]")
     max_batched_tokens: int | None = option(None, "--max-batched-tokens", "--max-num-batched-tokens", parse=int,
                                             kinds=INT,
                                             help="token budget per target forward [profile's largest breakpoint]")
     prefill_chunk_tokens: int = option(2048, "--prefill-chunk", "--chunked-prefill-size", parse=int, kinds=INT,
                                        help="chunked-prefill tokens per step (SGLang: --chunked-prefill-size) "
-                                            "[%(default)s]")
+                                            "[%(default)s; on a profile-fit profile, the chunk it was fitted at]")
     extrapolate: bool = option(False, "--extrapolate", switch=True, kinds=BOOL,
                                help="allow cost lookups beyond the profile's last breakpoint (reported in the summary)")
     replicas: int = option(1, "--replicas", parse=pos_int, kinds=INT, metavar="N",
@@ -180,11 +181,11 @@ class EngineConfig:
         True, "--mixed-prefill", switch=True, kinds=BOOL,
         help="steps mix prefill chunks with decode (vLLM, TensorRT-LLM); --no-mixed-prefill: a step with a prefill "
              "chunk carries no decode and the decoding requests wait it out (SGLang's default, "
-             "--enable-mixed-chunk off) [on]")
+             "--enable-mixed-chunk off) [on; on a profile-fit profile, the fit's when its runs agreed]")
     mem_fraction_static: float | None = option(
         None, "--mem-fraction-static", parse=pos_float, kinds=NUM, metavar="FRAC",
         help="SGLang's static memory fraction (weights + KV pool): sets the KV capacity from the profile's memory "
-             "metadata (built profiles); instead of --kv-capacity")
+             "metadata (built profiles); instead of --kv-capacity [on a profile-fit profile, the fit's]")
     cuda_graph_max_bs: int | None = option(
         None, "--cuda-graph-max-bs", parse=pos_int, kinds=INT, metavar="N",
         help="SGLang's largest CUDA-graph batch: recorded; not priced (no profile has an eager-mode term)")

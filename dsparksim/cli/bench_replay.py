@@ -79,10 +79,49 @@ def _check_batch_wait_flags(args: argparse.Namespace) -> None:
         raise ConfigError("cli", "--batch-wait-max-tokens-ratio", f"expected a fraction in (0, 1], got {r}")
 
 
+def replay_server(args: argparse.Namespace, prof):
+    """(the ServerSettings every run is replayed on, the mixed-prefill setting (None: each run's engine default),
+    the settings taken from the profile's fit by flag): the options given, else the server a fitted profile was
+    fitted under, else the chunk of the profile's token budget (profile fit's default) and the simulator's."""
+    from dsparksim.bench.client import ServerSettings  # lazy: pulls in numpy
+
+    fit, fit_used = replay_fit_defaults(args, prof)
+    chunk = args.chunked_prefill_size or fit.get("prefill_chunk_tokens") or int(prof.max_tokens)
+    server = ServerSettings(chunked_prefill_size=chunk,
+                            max_running_requests=args.max_running_requests or fit.get("max_num_seqs"),
+                            cuda_graph_max_bs=args.cuda_graph_max_bs,
+                            mem_fraction_static=(args.mem_fraction_static if args.mem_fraction_static is not None
+                                                 else fit.get("mem_fraction_static")),
+                            attention_dp_timeout_iters=args.attention_dp_timeout_iters,
+                            attention_dp_batching_wait_iters=args.attention_dp_batching_wait_iters,
+                            batch_wait_timeout_iters=args.batch_wait_timeout_iters,
+                            batch_wait_max_tokens_ratio=args.batch_wait_max_tokens_ratio)
+    mixed = args.mixed_prefill if args.mixed_prefill is not None else fit_used.get("--mixed-prefill")
+    return server, mixed, fit_used
+
+
+def replay_fit_defaults(args: argparse.Namespace, prof) -> tuple[dict, dict]:
+    """(the server a fitted profile records, :func:`dsparksim.cost.fitted.fit_server`; the settings of it this
+    replay takes, by flag, because no option set them). ``profile fit``'s mixed prefill is taken only when the fit
+    was given it: otherwise the fit used each run's engine default, as replay does."""
+    from dsparksim.cost.fitted import fit_server, fit_set_mixed_prefill  # lazy: pulls in numpy
+
+    fit = fit_server(prof.metadata, str(prof.source))
+    used: dict = {}
+    for flag, key, given in (("--chunked-prefill-size", "prefill_chunk_tokens", args.chunked_prefill_size),
+                             ("--max-running-requests", "max_num_seqs", args.max_running_requests),
+                             ("--mem-fraction-static", "mem_fraction_static", args.mem_fraction_static)):
+        if given is None and key in fit:
+            used[flag] = fit[key]
+    mixed = fit_set_mixed_prefill(prof.metadata)
+    if args.mixed_prefill is None and mixed is not None:
+        used["--mixed-prefill"] = mixed
+    return fit, used
+
+
 def replay_command(args: argparse.Namespace) -> int:
     from tqdm import tqdm  # lazy: only commands that draw a bar (CLI start-up)
 
-    from dsparksim.bench.client import ServerSettings  # lazy: pulls in numpy
     from dsparksim.bench.replay import (error_summary, parse_where, read_table, replay,  # lazy: numpy
                                         replay_figure, row_policy, row_workload, select)
     from dsparksim.cost.profile import load_profile, profile_path  # lazy: pulls in numpy
@@ -102,18 +141,12 @@ def replay_command(args: argparse.Namespace) -> int:
         row_workload(r, str(args.runs))
         row_policy(r, str(args.runs))
     prof = load_profile(args.profile)
-    chunk = args.chunked_prefill_size or int(prof.max_tokens)    # profile fit's default (config.json says which)
-    server = ServerSettings(chunked_prefill_size=chunk,
-                            max_running_requests=args.max_running_requests,
-                            cuda_graph_max_bs=args.cuda_graph_max_bs, mem_fraction_static=args.mem_fraction_static,
-                            attention_dp_timeout_iters=args.attention_dp_timeout_iters,
-                            attention_dp_batching_wait_iters=args.attention_dp_batching_wait_iters,
-                            batch_wait_timeout_iters=args.batch_wait_timeout_iters,
-                            batch_wait_max_tokens_ratio=args.batch_wait_max_tokens_ratio)
+    server, mixed, fit_used = replay_server(args, prof)
+    chunk = server.chunked_prefill_size
     t0 = time.perf_counter()
     with tqdm(total=len(sel), unit="run", desc="replay", disable=bar_off(args)) as bar:
         df = replay(sel, prof, server=server, seed=args.seed, source=str(args.runs), on_done=lambda: bar.update(1),
-                    mixed_prefill=args.mixed_prefill, acceptance=args.acceptance)
+                    mixed_prefill=mixed, acceptance=args.acceptance)
     wall = time.perf_counter() - t0
     err = error_summary(df)
     out = Path(args.out)
@@ -127,16 +160,23 @@ def replay_command(args: argparse.Namespace) -> int:
                                        "acceptance": args.acceptance,
                                        "server": {k: v for k, v in server.__dict__.items()     # per run: not here
                                                   if k not in ("gpus", "mixed_chunk", "dp_ranks", "router")},
-                                       "mixed_prefill": (args.mixed_prefill if args.mixed_prefill is not None
+                                       "mixed_prefill": (mixed if mixed is not None
                                                          else "each run's engine default (sglang: off, "
                                                               "others: on)"),
+                                       "from_profile_fit": fit_used,
                                        "selected": len(df), "of": len(runs), "wall_s": round(wall, 2),
                                        "dsparksim_version": __version__})
     if not args.quiet:
-        how = "" if args.chunked_prefill_size else (", the profile's token budget as in profile fit: give your "
-                                                    "server's with --chunked-prefill-size")
+        how = ("" if args.chunked_prefill_size else ", the profile's token budget as in profile fit: give your "
+               "server's with --chunked-prefill-size" if "--chunked-prefill-size" not in fit_used else
+               ", the fit's")
         print(f"{len(df)} of {len(runs)} runs replayed on {prof.name} in {wall:.1f} s (chunked prefill {chunk} "
               f"tokens{how})")
+        if fit_used:
+            flags = [f"{k} {v}" if not isinstance(v, bool) else k if v else "--no-" + k[2:]
+                     for k, v in fit_used.items()]
+            print(f"  the server the profile was fitted under (metadata.fit.client_model), as no option set it: "
+                  f"{' '.join(flags)}")
         noted = [n for n in df["notes"] if n]
         if noted:
             print(f"  {len(noted)} run(s) with fields filled in or caveats (replay.csv notes), e.g.: {noted[0]}")

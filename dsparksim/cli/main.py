@@ -11,7 +11,7 @@ from typing import Any, Iterator, Sequence
 
 from dsparksim.config import (DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, RunConfig, nonneg_float,
                               nonneg_int, pos_float, pos_int, run_options)
-from dsparksim.cli.options import add_backend_options, bar_off
+from dsparksim.cli.options import add_backend_options, bar_off, flag_spelling
 from dsparksim.errors import CLI, ConfigError, InputError, missing_extra, one_line
 from dsparksim.io.options import number
 from dsparksim import __version__
@@ -381,7 +381,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             args.result_filename in ("config.json", "summary.json", "bench_result.json", "steps.csv",
                                      f"requests.{args.format}"):
         raise _bad("--result-filename", f"{args.result_filename!r} is one of the run's own files in --out")
-    cfg = run_config(args)
+    fit_lines: list[str] = []   # a fitted profile's server settings used, said once every check has passed
+    cfg = run_config(args, **fit_server_options(args, args.profile, fit_lines))
     traffic = cfg.traffic
     if args.ray_address is not None and args.backend != "ray":
         raise _bad("--ray-address", "applies to --backend ray only; got " + (
@@ -396,6 +397,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     preflight(cfg, [cfg.policy])  # profile, acceptance, lengths and trace read before the progress bar starts
     prof = load_run_profile(cfg)
     target = result_file(args, cfg, str(prof.metadata.get("model", "")))
+    for line in fit_lines:
+        print(line, file=sys.stderr)
     existed = args.out is not None and Path(args.out).is_dir() and any(Path(args.out).iterdir())
     t0 = time.perf_counter()
     total = traffic.duration_s
@@ -507,8 +510,9 @@ def frontier_cells(args: argparse.Namespace, policies: list[str], slo_warnings: 
                                 f"{deployment_label(1, args.router[0])} (one engine reads no router): run once, as "
                                 f"{deployment_label(1, args.router[0])}")
     # The base config is the first deployment's; each cell sets its own replicas and router.
+    fitted = fit_server_options(args, args.profile, slo_warnings)   # said with the other notes, after the checks
     with _frontier_flags_named(args, *load):
-        base = run_config(args, replicas=deploys[0][0], router=deploys[0][1], **load)
+        base = run_config(args, replicas=deploys[0][0], router=deploys[0][1], **load, **fitted)
     preflight(base, policies, "--policies")
     _check_session_routers(base, args.router)
     seeds = seed_list(base.seed, args.seeds)
@@ -549,6 +553,40 @@ def warn_incomplete_cells(table, seeded: bool) -> None:
         print(f"dsparksim: warning: requests were rejected on arrival in {len(rejected)} cell(s) and their metrics "
               f"cover only the admitted requests: {', '.join(rejected)} (frontier.csv: num_requests_rejected)",
               file=sys.stderr)
+
+
+# Run options whose given-ness decides what a fitted profile's server fills in (dsparksim.cost.fitted).
+FIT_GIVEN_KEYS = ("prefill_chunk_tokens", "max_num_seqs", "mem_fraction_static", "mixed_prefill", "kv_capacity_tokens")
+
+
+def given_options(args: argparse.Namespace, keys: Sequence[str]) -> dict[str, Any]:
+    """The options of ``keys`` the command line set: typed in any spelling (``--no-`` too, or abbreviated, as
+    argparse takes a unique prefix: ``--prefill-ch 2048`` sets the chunk even to its default), or parsed to a value
+    other than the default. None of these keys' flags has another option's full name as a prefix, so a typed
+    prefix of one is that flag."""
+    typed = [a.split("=", 1)[0] for a in (getattr(args, "_argv", None) or []) if a.startswith("--") and len(a) > 2]
+    out = {}
+    for k in keys:
+        spec = run_options()[k]
+        flags = tuple(spec.option.flags) + (tuple("--no-" + f[2:] for f in spec.option.flags if f.startswith("--"))
+                                            if spec.option.switch else ())
+        v = getattr(args, k, spec.default)
+        if v != spec.default or any(f.startswith(t) for f in flags for t in typed) or flag_given(args, *flags):
+            out[k] = v
+    return out
+
+
+def fit_server_options(args: argparse.Namespace, profile: str, lines: list[str]) -> dict[str, Any]:
+    """The run options a fitted profile's server fills in where the command line set none
+    (:func:`dsparksim.cost.fitted.fit_defaults`; {} for another profile); its note, and a caution when a typed
+    value differs from the fit's, are appended to ``lines`` (printed once every check has passed)."""
+    from dsparksim.cost.fitted import fit_defaults  # lazy: pulls in numpy
+
+    fd = fit_defaults(profile, given_options(args, FIT_GIVEN_KEYS))
+    for kind, line in (("note", fd.note(flag_spelling)), ("caution", fd.caution(flag_spelling))):
+        if line:
+            lines.append(f"dsparksim: {kind}: {line}")
+    return dict(fd.used)
 
 
 def latency_note(cfg: RunConfig) -> None:

@@ -5,7 +5,8 @@
 * :func:`add_seed_option` + :func:`check_seed`: ``--seed`` of the commands outside the run options (the run
   options' own ``--seed`` is RunConfig's field, ``dsparksim.config``);
 * :func:`add_threads_option` + :func:`check_threads`: torch CPU threads of the torch commands;
-* :func:`bar_off`: the one rule for progress bars.
+* :func:`bar_off`: the one rule for progress bars;
+* :func:`flag_spelling`: a run option's value as typed on the command line (notes that name settings).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import os
 import sys
 from typing import Any
 
+from dsparksim.config import run_options
 from dsparksim.errors import ConfigError
 from dsparksim.io.options import pos_int
 
@@ -22,7 +24,7 @@ THREADS_DEFAULT = 1  # one CPU thread: the step clock of `measure` is thread CPU
 MAX_THREADS = 1024   # --threads 100000 made torch start threads until the OS refused one (a crash, exit 139)
 
 __all__ = ["BACKENDS", "MAX_THREADS", "THREADS_DEFAULT", "add_backend_options", "add_seed_option", "add_threads_option",
-           "add_workers_option", "bar_off", "check_seed", "check_threads"]
+           "add_workers_option", "bar_off", "check_seed", "check_threads", "flag_spelling"]
 
 
 def add_backend_options(p: Any, default: str | None = "local",
@@ -88,3 +90,12 @@ def bar_off(args: argparse.Namespace) -> bool:
     if getattr(args, "quiet", False):
         return True
     return not (sys.stderr.isatty() or os.environ.get("DSPARKSIM_PROGRESS", "") in ("1", "always"))
+
+
+def flag_spelling(key: str, value: Any) -> str:
+    """A run option (``dsparksim.config.run_options`` key) as typed on the command line: ``--prefill-chunk 16384``,
+    ``--mem-fraction-static 0.82``, ``--no-mixed-prefill``."""
+    flag = run_options()[key].option.flags[0]
+    if isinstance(value, bool):
+        return flag if value else "--no-" + flag[2:]
+    return f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"

@@ -16,6 +16,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     # holds the cell cache: written into, never replaced; a same-named file of the user's is never replaced
     out = claim_result_set(args.out, RESULT_FILES, MANIFEST, "--out")
     out.mkdir(parents=True, exist_ok=True)
+    for line in spec.profile_lines():   # a fitted profile's server and request latency, once each
+        print(line, file=sys.stderr)
     if spec.collapsed and not args.quiet:
         print(f"dsparksim: note: {len(spec.collapsed)} deployment(s) are the same run as one searched anyway and "
               "are searched once (plan.json: collapsed): " + "; ".join(f"{c['label']} = {c['why']}"

@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from dsparksim.cli.options import add_seed_option, bar_off
+from dsparksim.cli.options import add_seed_option, bar_off, flag_spelling
+from dsparksim.cost.fitted import fit_server
+from dsparksim.cost.memory import kv_capacity_at_fraction
 from dsparksim.errors import InputError
 from dsparksim.io.options import iso_date, pos_float, pos_int
 from dsparksim.cost.profile import CostProfile, dumps_profile, list_profiles, load_profile, profile_from_dict, profile_path, profile_to_dict, shipped_dir
@@ -171,11 +173,17 @@ def summarize(p: CostProfile) -> dict[str, Any]:
                    "time_ms_at": {str(m): float(t * 1e3) for m, t in zip(Ms, vt)}},
         "context_model": p.context_model,
         "fixed_overhead_s": p.fixed_overhead_s,
+        "request_latency_s": p.request_latency_s,
+        "fit_server": fit_server(p.metadata, str(p.source)),
+        "fit_kv_capacity_tokens": None,
         "batch_overhead": None if p.batch_overhead is None else
         {"n_req_min": int(p.batch_overhead[0][0]), "n_req_max": int(p.batch_overhead[0][-1]),
          "time_s_max": float(np.max(p.batch_overhead[1]))},
         "drafters": {},
     }
+    frac = out["fit_server"].get("mem_fraction_static")
+    if frac is not None:   # the KV capacity the fitted server has, which the commands simulate
+        out["fit_kv_capacity_tokens"] = int(kv_capacity_at_fraction(p, frac)[0])
     if p.context_model == "linear":
         out["seconds_per_kv_token"] = p.seconds_per_kv_token
         out["attention_note"] = p.attention_note
@@ -201,6 +209,16 @@ def format_summary(s: dict[str, Any]) -> str:
               "kv_capacity_tokens", "max_model_len", "source", "method"):
         if k in md:
             lines.append(f"  {k:<18} {md[k]}")
+    if s["fit_server"]:
+        kv = s["fit_kv_capacity_tokens"]
+        kv = f"; KV capacity at that fraction {kv}" if kv is not None else ""
+        lines.append(f"  fitted server      {' '.join(flag_spelling(k, v) for k, v in s['fit_server'].items())} "
+                     f"(metadata.fit.client_model: run, frontier, sweep, capacity, plan and bench replay use it "
+                     f"where no option sets it{kv})")
+    if s["request_latency_s"]:
+        lines.append(f"  request latency    {s['request_latency_s'] * 1e3:.1f} ms outside the engine's step loop "
+                     "(client-side: bench replay adds it to TTFT and E2E; run, frontier, sweep and plan leave it "
+                     "out)")
     if s["has_derivation"]:
         lines.append("  derivation         in metadata.derivation (profile show --json omits it; read the JSON)")
     if s["metadata"].get("build"):

@@ -9,6 +9,7 @@ from dsparksim.cli.options import add_backend_options, bar_off
 from dsparksim.cli.main import flag_given
 from dsparksim.cli.plan import register as register_plan
 from dsparksim.config import pos_float
+from dsparksim.results.notes import request_latency_note
 from dsparksim.results.outputs import WriteInterrupted, claim_result_set, write_result_set
 
 
@@ -19,6 +20,22 @@ def _backend_args(p: argparse.ArgumentParser, default: str = "local") -> None:
     g.add_argument("--quiet", action="store_true", help="no progress bar or report")
 
 
+def profile_notes(spec) -> None:
+    """Print what the spec's profiles call for, each line once: the server settings a fitted profile filled in
+    (and a caution where the spec sets another value), and a fitted request latency the cells' engine-side TTFT
+    and E2E leave out (as `run` and `frontier` print them)."""
+    from dsparksim.cost.profile import load_profile  # lazy: pulls in numpy
+    from dsparksim.sweep.cells import DEFAULT_PROFILE, fit_lines  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
+
+    lines = fit_lines(spec.base, spec.axes)
+    for prof in dict.fromkeys(spec.axes.get("profile") or [spec.base.get("profile", DEFAULT_PROFILE)]):
+        note = request_latency_note(str(prof), load_profile(prof).request_latency_s)
+        if note:
+            lines.append(f"dsparksim: note: {note}")
+    for line in lines:
+        print(line, file=sys.stderr)
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from dsparksim.sweep import failure_text, load_spec, run_sweep  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
     from dsparksim.sweep.runner import MANIFEST, RESULT_FILES  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
@@ -26,6 +43,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)  # validated before any cell runs
     # holds the cache: written into, never replaced whole; a same-named file of the user's is never replaced
     claim_result_set(args.out, RESULT_FILES, MANIFEST, "--out")
+    profile_notes(spec)
     try:
         res = run_sweep(spec, args.out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
                         progress=not bar_off(args))
@@ -68,6 +86,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     if flag_given(args, "--sla"):   # after the checks: a refused command prints its one error line only
         print("dsparksim: warning: --sla is deprecated; use --slo", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
+    profile_notes(spec)
     try:
         res = capacity_search(spec, st, out, backend=args.backend, workers=args.workers,
                               ray_address=args.ray_address, progress=not bar_off(args))

@@ -46,10 +46,12 @@ from typing import Any, Mapping
 
 from dsparksim.config import run_options
 from dsparksim.cost.analytic.hardware import SHORT_NAMES
+from dsparksim.cost.fitted import FitDefaults, fit_defaults, key_spelling
 from dsparksim.cost.profile import load_profile
 from dsparksim.errors import ConfigError, InputError
 from dsparksim.policies import make_policy
 from dsparksim.policies.fixed import Fixed
+from dsparksim.results.notes import request_latency_note
 from dsparksim.results.stats import MAX_SEEDS
 from dsparksim.sim.reads import DRAFT_OPTIONS, collapsed_reason, identity, policy_reads, unread_by_all
 # the one SLO vocabulary of capacity, plan and frontier (percentile spellings: *_p50 = *_median)
@@ -130,6 +132,7 @@ class Deployment:
     prefill_gpus: int
     lo: int
     hi: int
+    fit: FitDefaults | None = None   # the profile's fitted server settings this deployment took (cost/fitted.py)
 
     def gpus(self, replicas: int) -> int:
         return replicas * self.gpus_per_replica + self.prefill_gpus
@@ -139,7 +142,8 @@ class Deployment:
                 "policy": self.policy, "K": self.K, "options": dict(self.options), "device": self.device,
                 "price_per_gpu_hour": self.price, "gpus_per_replica": self.gpus_per_replica,
                 "gpus_per_replica_from": self.gpus_note, "prefill_gpus": self.prefill_gpus,
-                "replicas": [self.lo, self.hi]}
+                "replicas": [self.lo, self.hi],
+                **({"options_from_profile_fit": dict(self.fit.used)} if self.fit and self.fit.used else {})}
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,25 @@ class PlanSpec:
     raw: Mapping[str, Any] = field(default_factory=dict)
     # deployments left out as the same run as one kept (label, same_as label, why): dsparksim.sim.reads
     collapsed: tuple[Mapping[str, str], ...] = ()
+
+    def profile_lines(self) -> list[str]:
+        """What the deployments' profiles call for, each line once: the server settings taken from a fitted
+        profile (and a caution where the spec sets another value), and a fitted request latency that the probes'
+        engine-side TTFT and E2E leave out."""
+        lines: dict[str, None] = {}
+        latency: dict[str, float] = {}
+        for d in self.deployments:
+            fd = d.fit
+            for kind, line in (("note", fd and fd.note(key_spelling)), ("caution", fd and fd.caution(key_spelling))):
+                if line:
+                    lines[f"dsparksim: {kind}: {line}"] = None
+            prof = str({**self.traffic, **self.base, **d.options}["profile"])
+            if prof not in latency:
+                latency[prof] = load_profile(prof).request_latency_s
+            note = request_latency_note(prof, latency[prof])
+            if note:
+                lines[f"dsparksim: note: {note}"] = None
+        return list(lines)
 
     def load(self, scale: float) -> float:
         return self.load_base * scale
@@ -515,6 +538,8 @@ def _candidate(src: str, i: int, c: dict[str, Any], prices: Mapping[str, float],
             prof = load_profile(prof_name)
         except InputError as e:
             raise ConfigError(src, f"{where}.profile", f"profile {prof_name!r} cannot be loaded: {e}") from None
+        fit = fit_defaults(prof_name, merged)   # its fitted server where the spec sets none, as `run` does
+        o = {**o, **fit.used}
         meta = prof.metadata
         device = str(meta.get("device", ""))
         price_key = price_key_for(device, prices)
@@ -536,7 +561,7 @@ def _candidate(src: str, i: int, c: dict[str, Any], prices: Mapping[str, float],
             out.append(Deployment(index=start + len(out), candidate=cname, label=label,
                                   family=_family(pspec), policy=pspec, K=K, options=o, device=device,
                                   price=prices[price_key], gpus_per_replica=int(g), gpus_note=note,
-                                  prefill_gpus=prefill, lo=lo, hi=hi))
+                                  prefill_gpus=prefill, lo=lo, hi=hi, fit=fit))
     return out
 
 

@@ -64,14 +64,27 @@ def acceptance_spec(cfg: RunConfig, policy) -> str:
     return cfg.mtp1_acceptance if policy.drafter == "mtp1" else policy.drafter
 
 
-def max_model_len(profile) -> int | None:
-    """The profile's ``metadata.max_model_len`` (longest prompt + output the server accepts), if it states one."""
+BUILT_MAX_MODEL_LEN = "min(max_position_embeddings, kv_capacity_tokens)"   # profile build's rule (its metadata)
+
+
+def max_model_len(profile, kv_cap: int | None = None) -> int | None:
+    """The longest prompt + output the server accepts: the profile's ``metadata.max_model_len``, if it states one.
+    A built (or fitted) profile derives it from its KV capacity (``metadata.build.memory.max_model_len``:
+    min(max_position_embeddings, kv_capacity_tokens)); a run at another KV capacity ``kv_cap`` (--kv-capacity,
+    --mem-fraction-static, a fitted server's memory fraction) gets it by the same rule at ``kv_cap``."""
     v = profile.metadata.get("max_model_len")
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ConfigError(profile.source, "metadata.max_model_len", f"expected an integer >= 1, got {v!r}")
-    return v
+    build = profile.metadata.get("build")
+    if kv_cap is None or kv_cap == profile.metadata.get("kv_capacity_tokens") or not isinstance(build, dict):
+        return v
+    pos = (build.get("architecture") or {}).get("max_position")
+    if (build.get("memory") or {}).get("max_model_len") != BUILT_MAX_MODEL_LEN or isinstance(pos, bool) \
+            or not isinstance(pos, int) or pos < 1:
+        return v
+    return min(pos, int(kv_cap))
 
 
 def engine_limits(cfg: RunConfig, profile) -> tuple[int, int]:
@@ -139,7 +152,7 @@ def resolve_inputs(cfg: RunConfig, *, profile=None, acceptance: Callable[[Any, i
         from dsparksim.acceptance.nodraft import NoDraftAcceptance
         kv_cap, max_tok = engine_limits(cfg, prof)
         return ResolvedInputs(profile=prof, policy=policy, K=0, acceptance=NoDraftAcceptance(), acceptance_spec="none",
-                              drafter=None, kv_cap=kv_cap, max_tokens=max_tok, max_model_len=max_model_len(prof))
+                              drafter=None, kv_cap=kv_cap, max_tokens=max_tok, max_model_len=max_model_len(prof, kv_cap))
     K = int(policy.block_size or cfg.engine.block_size)
     if getattr(cfg, "recalibrate", False) and policy.reads_confidence:
         policy = Recalibrating(policy)       # online STS from past outcomes; the unread-option rule of
@@ -165,4 +178,4 @@ def resolve_inputs(cfg: RunConfig, *, profile=None, acceptance: Callable[[Any, i
                           f"'{drafter}' (policy {policy.spec}; has: {sorted(prof.drafters)})")
     kv_cap, max_tok = engine_limits(cfg, prof)
     return ResolvedInputs(profile=prof, policy=policy, K=K, acceptance=acc, acceptance_spec=spec, drafter=drafter,
-                          kv_cap=kv_cap, max_tokens=max_tok, max_model_len=max_model_len(prof))
+                          kv_cap=kv_cap, max_tokens=max_tok, max_model_len=max_model_len(prof, kv_cap))

@@ -139,7 +139,7 @@ def run_summary(cfg: RunConfig, res: SimResult, profile, acceptance, policy, wor
         "workload": workload.metadata,
         "policy": {"spec": policy.spec, "block_size": K, "drafter": drafter},
         "engine": {"kv_capacity_tokens": int(kv_cap), "max_batched_tokens": int(max_tok),
-                   "max_model_len": max_model_len(profile),
+                   "max_model_len": max_model_len(profile, kv_cap),
                    "admission": _ADMISSION[cfg.engine.kv_policy],
                    "rejection": "on arrival when prompt+output > max_model_len or prompt+output+K > KV capacity "
                                 "(counted, never admitted; closed loop: the user sends its next request)"},

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Protocol
 
-from dsparksim.config import DEFAULT_CONCURRENCY, reserved_kv_conflict, RunConfig
+from dsparksim.config import DEFAULT_CONCURRENCY, reserved_kv_conflict, run_options, RunConfig
 from dsparksim.errors import ConfigError, InputError
 from dsparksim import __version__
 from dsparksim.acceptance import parse_spec
+from dsparksim.cost.fitted import fit_defaults, key_spelling
 from dsparksim.cost.profile import profile_path
 from dsparksim.sim.reads import identity, same_as
 from dsparksim.traffic.config import DEFAULT_LENGTHS
@@ -33,7 +34,9 @@ class SpecAxes(Protocol):
     base: Mapping[str, Any]
     source: str
 
-__all__ = ["DEFAULT_CONCURRENCY", "Cell", "build_config", "cell_hash", "expand", "input_hashes"]
+__all__ = ["DEFAULT_CONCURRENCY", "Cell", "build_config", "cell_hash", "expand", "fit_lines", "input_hashes"]
+
+DEFAULT_PROFILE = run_options()["profile"].default
 
 
 @dataclass(frozen=True)
@@ -58,10 +61,26 @@ def build_config(values: dict[str, Any], source: str = "sweep spec") -> RunConfi
         hit = reserved_kv_conflict(values.get("kv_policy"), values, flags=False)
         if hit:   # a paged-only key the spec set, whatever its value (its default too)
             raise ConfigError(source, *hit)
-        return RunConfig.from_options(values, source)
+        # a fitted profile's server (prefill chunk, ...) where the spec sets none, as `dsparksim run` does
+        fitted = fit_defaults(values.get("profile", DEFAULT_PROFILE), values).used
+        return RunConfig.from_options({**fitted, **values}, source)
     except InputError as e:
         # the source once: the inner error of this spec names it already
         raise ConfigError(source, e.field, f"cell {values}: {e.message if e.source == source else e}") from None
+
+
+def fit_lines(base: Mapping[str, Any], axes: Mapping[str, Any]) -> list[str]:
+    """The notes (and cautions) of the fitted profiles the cells of ``base`` x ``axes`` run on: which server
+    settings each took from its profile's fit (:func:`build_config`), each line once."""
+    lines: dict[str, None] = {}
+    names = list(axes)
+    for combo in itertools.product(*(axes[k] for k in names)):
+        values = {**base, **dict(zip(names, combo))}
+        fd = fit_defaults(values.get("profile", DEFAULT_PROFILE), values)
+        for kind, line in (("note", fd.note(key_spelling)), ("caution", fd.caution(key_spelling))):
+            if line:
+                lines[f"dsparksim: {kind}: {line}"] = None
+    return list(lines)
 
 
 def expand(spec: SpecAxes) -> list[Cell]:

@@ -1,0 +1,154 @@
+"""The server a ``profile fit`` profile was fitted under, and the run options that default to it.
+
+``dsparksim profile fit`` simulates the benchmark runs on one server (``metadata.fit.client_model``: prefill chunk,
+most running requests, memory fraction for the KV cache, whether prefill chunks shared steps with decode) and
+fits the cost families to the runs on that server. ``run``, ``frontier``, ``sweep``, ``capacity`` and ``plan``
+have their own defaults for those settings (a 2048-token chunk, 1024 requests, the profile's KV capacity, mixed
+prefill); on a fitted profile an option the user did not set takes the fit's value instead
+(:func:`fit_defaults`), and the command says so in one line (:meth:`FitDefaults.note`), and says when a value the
+user set differs from the fit's (:meth:`FitDefaults.caution`). Any other profile keeps the run's defaults.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from dsparksim.cost.profile import profile_path, read_profile_dict
+from dsparksim.errors import ConfigError, InputError
+
+__all__ = ["FIT_COMMAND", "SERVER_KEYS", "FitDefaults", "fit_defaults", "fit_server", "fit_set_mixed_prefill",
+           "key_spelling", "profile_fit_server"]
+
+FIT_COMMAND = "dsparksim profile fit"      # metadata.fit.command of a profile `profile fit` wrote
+# Run options (dsparksim.config.run_options keys) a fit records under metadata.fit.client_model, in that order.
+SERVER_KEYS = ("prefill_chunk_tokens", "max_num_seqs", "mem_fraction_static", "mixed_prefill")
+_FIELD = "metadata.fit.client_model"
+
+
+def _count(source: str, cm: Mapping[str, Any], key: str) -> int:
+    v = cm.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(source, f"{_FIELD}.{key}", f"expected an integer >= 1, got {v!r}")
+    return v
+
+
+def fit_server(meta: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """The run options of the server a profile's metadata says it was fitted under ({} unless ``profile fit``
+    wrote it). ``mixed_prefill`` is left out when the fitted runs differed in it (their engines' defaults) or the
+    fit predates its record (every step then mixed, the run's default); ``mem_fraction_static`` when the fit used
+    the profile's KV capacity. A recorded value that is not as ``profile fit`` writes it: ConfigError naming the
+    field."""
+    fit = meta.get("fit")
+    if not isinstance(fit, Mapping) or fit.get("command") != FIT_COMMAND:
+        return {}
+    cm = fit.get("client_model")
+    if not isinstance(cm, Mapping):
+        raise ConfigError(source, _FIELD, f"expected an object (the server the fit simulated), got {cm!r}")
+    out: dict[str, Any] = {"prefill_chunk_tokens": _count(source, cm, "prefill_chunk_tokens"),
+                           "max_num_seqs": _count(source, cm, "max_num_seqs")}
+    f = cm.get("mem_fraction_static")
+    if f is not None:
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
+            raise ConfigError(source, f"{_FIELD}.mem_fraction_static", f"expected a fraction in (0, 1] or null, "
+                              f"got {f!r}")
+        out["mem_fraction_static"] = float(f)
+    mixed = cm.get("mixed_prefill")    # absent: a fit older than the option, whose engine always mixed (the default)
+    value = mixed.get("value") if isinstance(mixed, Mapping) else None
+    if isinstance(value, bool):
+        out["mixed_prefill"] = value
+    elif mixed is not None and not (isinstance(value, list) and all(isinstance(x, bool) for x in value)):
+        raise ConfigError(source, f"{_FIELD}.mixed_prefill", f"expected {{\"value\": true|false|[...]}}, got "
+                          f"{mixed!r}")
+    return out
+
+
+def fit_set_mixed_prefill(meta: Mapping[str, Any]) -> bool | None:
+    """The mixed-prefill setting ``profile fit`` was given (--mixed-prefill / --no-mixed-prefill), else None (it
+    used each run's engine default, as ``bench replay`` does without the option)."""
+    fit = meta.get("fit")
+    cm = fit.get("client_model") if isinstance(fit, Mapping) and fit.get("command") == FIT_COMMAND else None
+    mixed = cm.get("mixed_prefill") if isinstance(cm, Mapping) else None
+    if (isinstance(mixed, Mapping) and str(mixed.get("source", "")).startswith("--mixed-prefill")
+            and isinstance(mixed.get("value"), bool)):
+        return mixed["value"]
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _read_meta(path: str, size: int, mtime_ns: int) -> Mapping[str, Any] | None:
+    d, _ = read_profile_dict(path)
+    meta = d.get("metadata") if isinstance(d, dict) else None
+    return meta if isinstance(meta, Mapping) else None
+
+
+def profile_fit_server(profile: str | Path, unreadable_ok: bool = False) -> dict[str, Any]:
+    """:func:`fit_server` of a profile file or shipped name (read once per file version: sweeps and plans ask for
+    every cell). ``unreadable_ok``: a profile that cannot be found or read gives {} (the run that loads it reports
+    why); a fit record that is not as ``profile fit`` writes it is a ConfigError all the same."""
+    try:
+        path = profile_path(profile)
+        st = path.stat()
+        meta = _read_meta(str(path.resolve()), st.st_size, st.st_mtime_ns)
+    except (InputError, OSError):
+        if unreadable_ok:
+            return {}
+        raise
+    return fit_server(meta, str(path)) if meta is not None else {}
+
+
+def key_spelling(key: str, value: Any) -> str:
+    """A run option as a sweep or plan spec writes it: ``prefill_chunk_tokens = 16384``, ``mixed_prefill = false``."""
+    return f"{key} = {str(value).lower() if isinstance(value, bool) else value}"
+
+
+@dataclass(frozen=True)
+class FitDefaults:
+    """What a run took from its profile's fit: ``fitted`` (the fit's server, :func:`fit_server`), ``used`` (the
+    options filled in from it, the user having set none of them) and ``differs`` (options the user set to another
+    value than the fit's; ``kv_capacity_tokens`` when it replaces the fit's memory fraction)."""
+
+    profile: str
+    fitted: Mapping[str, Any] = field(default_factory=dict)
+    used: Mapping[str, Any] = field(default_factory=dict)
+    differs: Mapping[str, Any] = field(default_factory=dict)
+
+    def note(self, spell: Any) -> str | None:
+        """One line: which settings were used and why (None when none was filled in). ``spell(key, value)`` writes
+        one setting (a command-line flag, or a spec key)."""
+        if not self.used:
+            return None
+        return (f"{', '.join(spell(k, v) for k, v in self.used.items())}: the server profile {self.profile} was "
+                f"fitted under ({_FIELD}: `profile fit` simulated the benchmark runs on it), used as none of these "
+                "was set; set them to simulate another server")
+
+    def caution(self, spell: Any) -> str | None:
+        """One line naming every set value that differs from the fit's (None when none does)."""
+        if not self.differs:
+            return None
+        keys = [k if k != "kv_capacity_tokens" else "mem_fraction_static" for k in self.differs]
+        fit = ", ".join(spell(k, self.fitted[k]) for k in keys)
+        return (f"{', '.join(spell(k, v) for k, v in self.differs.items())} "
+                f"{'differs' if len(self.differs) == 1 else 'differ'} from the server profile "
+                f"{self.profile} was fitted under ({fit}): its fitted scales were judged on that server, so "
+                "figures on this one carry an error the fit never measured")
+
+
+def fit_defaults(profile: str | Path, given: Mapping[str, Any], unreadable_ok: bool = True) -> FitDefaults:
+    """The fit's settings of ``profile`` that ``given`` (the run options the user set: key -> value) leaves unset,
+    and the ones it sets otherwise. A given ``kv_capacity_tokens`` sets the KV capacity, so the fit's memory
+    fraction is not used beside it (they conflict). Empty for a profile ``profile fit`` did not write, and (with
+    ``unreadable_ok``) for one that cannot be read: loading it for the run says why."""
+    fitted = profile_fit_server(profile, unreadable_ok)
+    kv = given.get("kv_capacity_tokens")
+    used, differs = {}, {}
+    for k, v in fitted.items():
+        if k in given and given[k] is not None:
+            if given[k] != v:
+                differs[k] = given[k]
+        elif k == "mem_fraction_static" and kv is not None:
+            differs["kv_capacity_tokens"] = kv
+        else:
+            used[k] = v
+    return FitDefaults(profile=str(profile), fitted=fitted, used=used, differs=differs)
