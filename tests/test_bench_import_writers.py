@@ -345,3 +345,35 @@ def test_a_speculating_server_contradicts_spec_method_none(tmp_path, capsys):
     assert read_runs(out)[0]["spec_method"] == "mtp"
     plain = _write(tmp_path, "plain.json", _vllm())
     assert main(["bench", "import", str(plain), "--spec-method", "none", "--out", str(tmp_path / "p.csv")]) == 0
+
+
+# --- defects: a client placeholder imported as a measurement ----------------------------------------------------
+
+def _one_token(rec: dict) -> dict:
+    """Every request emitted one token: calculate_metrics (serve.py 009e6d4a, bench_serving.py 0033168f) keeps a
+    TPOT only for output_len > 1 and writes np.mean(tpots or 0) etc.: 0.0 for every TPOT statistic."""
+    n = rec["completed"]
+    rec.update(total_output_tokens=n, output_throughput=n / rec["duration"])
+    for k in list(rec):
+        if "_tpot_ms" in k:
+            rec[k] = 0.0
+    return rec
+
+
+@pytest.mark.parametrize("writer, name", [(_vllm, "v.json"), (_sglang, "s.jsonl")])
+def test_tpot_of_a_run_of_one_token_outputs_is_imported_as_missing_with_a_note(tmp_path, capsys, writer, name):
+    rec = _one_token(writer())
+    src = _write(tmp_path, name, rec)
+    out = tmp_path / "r.csv"
+    assert main(["bench", "import", str(src), "--out", str(out)]) == 0
+    (row,) = read_runs(out)
+    assert (row["mean_tpot_ms"], row["median_tpot_ms"], row["p99_tpot_ms"]) == (None, None, None)
+    assert row["mean_ttft_ms"] == rec["mean_ttft_ms"]           # the rest is read as before
+    text = capsys.readouterr().out
+    assert f"note: {src}:1: TPOT imported as missing, not 0" in text and "more than one output token" in text
+    # a multi-token run keeps its TPOT, and a TPOT of 0 over multi-token outputs (not streamed) is refused
+    (ok,) = import_file(_write(tmp_path, "ok" + name, writer()))
+    assert ok["mean_tpot_ms"] > 0
+    flat = {**writer(), **{k: 0.0 for k in writer() if "_tpot_ms" in k}}
+    err = _refused(tmp_path, capsys, _write(tmp_path, "flat" + name, flat))
+    assert "field 'mean_tpot_ms'" in err and "streamed" in err

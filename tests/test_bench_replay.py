@@ -353,3 +353,22 @@ def test_fit_refuses_lengths_that_the_token_count_contradicts(tmp_path):
     write_runs(rows, tmp_path / "r.csv")
     with pytest.raises(InputError, match="field 'random_output_len'.*emitted 1024.0 tokens each"):
         load_fit_runs(tmp_path / "r.csv", {})
+
+
+def test_a_placeholder_tpot_of_0_is_neither_compared_by_replay_nor_fitted(tmp_path):
+    # a runs table written before bench import blanked it (or by hand) holds the clients' TPOT 0 of a run whose
+    # requests all emitted one token: replay printed it as the measured TPOT beside the simulated one
+    from dsparksim.bench.runs import write_runs
+    from dsparksim.fit.runs import load_fit_runs
+    row = _row(1, 2, random_output_len=1, random_range_ratio=1.0, num_prompts=4, completed=4, total_output_tokens=4,
+               mean_tpot_ms=0.0, median_tpot_ms=0.0, p99_tpot_ms=0.0, mean_ttft_ms=30.0, output_throughput=100.0,
+               output_throughput_per_gpu=100.0)
+    df = replay([row], PROFILE)
+    for s in ("mean", "median", "p99"):
+        assert pd.isna(df[f"measured_{s}_tpot_ms"].iloc[0]) and pd.isna(df[f"rel_error_{s}_tpot_ms"].iloc[0])
+    assert df["measured_mean_ttft_ms"].iloc[0] == 30.0
+    assert "measured TPOT 0 not compared" in df["notes"].iloc[0]
+    assert error_summary(df).set_index("metric").loc["mean_tpot_ms", "runs"] == 0
+    write_runs([row], tmp_path / "r.csv")
+    (fr,), _ = load_fit_runs(tmp_path / "r.csv", {})
+    assert not any(k.endswith("_tpot_ms") for k in fr.measured) and fr.measured["mean_ttft_ms"] == 30.0

@@ -117,9 +117,10 @@ FILLED_BY: dict[str, dict[str, str]] = {
 }
 
 
-def import_files(paths: list[str | Path], fmt: str = "auto",
-                 overrides: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The runs of every file, in order; the first bad file or record raises an InputError (nothing partial)."""
+def import_files(paths: list[str | Path], fmt: str = "auto", overrides: Mapping[str, Any] | None = None,
+                 notes: list[str] | None = None) -> list[dict[str, Any]]:
+    """The runs of every file, in order; the first bad file or record raises an InputError (nothing partial).
+    ``notes`` (if given) receives one line per value the files hold but the runs table leaves empty, and why."""
     rows: list[dict[str, Any]] = []
     seen: dict[Path, str | Path] = {}
     for p in paths:
@@ -128,13 +129,13 @@ def import_files(paths: list[str | Path], fmt: str = "auto",
             raise InputError(p, None, f"the same file as {str(seen[key])!r}, given twice (its runs would be "
                              "imported twice)")
         seen[key] = p
-        rows.extend(import_file(p, fmt, overrides))
+        rows.extend(import_file(p, fmt, overrides, notes))
     return rows
 
 
-def import_file(path: str | Path, fmt: str = "auto",
-                overrides: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The runs in one file as checked runs-table rows (see the module docstring)."""
+def import_file(path: str | Path, fmt: str = "auto", overrides: Mapping[str, Any] | None = None,
+                notes: list[str] | None = None) -> list[dict[str, Any]]:
+    """The runs in one file as checked runs-table rows (see the module docstring); ``notes``: see import_files."""
     if fmt not in ("auto", *FORMATS):
         raise InputError("bench import", "--format", f"expected auto, {', '.join(FORMATS)}; got {fmt!r}")
     text = read_text(path, "benchmark file")
@@ -153,7 +154,7 @@ def import_file(path: str | Path, fmt: str = "auto",
                                              if key in rec and rec[key] is None}
         if k == "sglang" and _sglang_uncapped(rec):
             said["max_concurrency"] = "no cap (max_concurrency 0: bench_serving runs without a semaphore then)"
-        out.append(finish_row(row, k, path, line, overrides or {}, said))
+        out.append(finish_row(row, k, path, line, overrides or {}, said, notes))
     if not out:
         raise InputError(path, None, f"no runs in the file; {EXPECTED}")
     return out
@@ -520,6 +521,27 @@ def _inferencex_row(d: Mapping[str, str], path: str | Path, line: int) -> dict[s
     return row
 
 
+def tpot_placeholder(row: Mapping[str, Any], path: str | Path, line: int) -> str | None:
+    """Why the row's TPOT statistics are the client's placeholder rather than a measurement (None: they are not,
+    or there are none). Both clients average TPOT over the requests with more than one output token and write
+    ``np.mean(tpots or 0)``: 0.0 for every statistic when there is none (vllm/benchmarks/serve.py at 009e6d4a,
+    sglang bench_serving.py at 0033168f). All-zero TPOT over multi-token outputs is a client that saw every token
+    at once (SGLang ``--disable-stream``: TTFT is then the whole latency): InputError, no streamed run."""
+    vals = [row.get(f"{s}_tpot_ms") for s in _STATS]
+    if not any(v is not None for v in vals) or any(v not in (None, 0) for v in vals):
+        return None
+    done, tot = row.get("completed"), row.get("total_output_tokens")
+    if done and tot is not None and tot > done:
+        raise InputError(path, "mean_tpot_ms", f"0 with {tot} output tokens over {done} completed requests: every "
+                         "request's tokens arrived at once (a non-streamed run, e.g. SGLang --disable-stream), so its "
+                         "TTFT is the whole latency and its TPOT no measurement; expected a streamed run", line=line)
+    if done and tot is not None:
+        return (f"{tot} output token(s) over {done} completed request(s): no request had more than one output "
+                "token, and the client writes TPOT 0 when none had (a placeholder, not a measurement)")
+    return ("TPOT 0 is what the client writes when no request had more than one output token (a placeholder, not "
+            "a measurement)")
+
+
 def _ms(seconds_text: str) -> float:
     try:
         return float(Decimal(seconds_text) * 1000)
@@ -528,11 +550,17 @@ def _ms(seconds_text: str) -> float:
 
 
 def finish_row(row: dict[str, Any], kind: str, path: str | Path, line: int, overrides: Mapping[str, Any],
-               said: Mapping[str, str] | None = None) -> dict[str, Any]:
+               said: Mapping[str, str] | None = None, notes: list[str] | None = None) -> dict[str, Any]:
     """Provenance, the options' values (a contradiction with the file is an error), derived per-GPU
     throughput and the format's defaults, then the full column check. ``said``: columns the file states as null
-    with a meaning (NULL_MEANS), which an option contradicts as much as a value."""
+    with a meaning (NULL_MEANS), which an option contradicts as much as a value. ``notes``: see import_files."""
     row = {k: v for k, v in row.items()}
+    why = tpot_placeholder(row, path, line)
+    if why is not None:
+        for s in _STATS:
+            row[f"{s}_tpot_ms"] = None
+        if notes is not None:
+            notes.append(f"{path}:{line}: TPOT imported as missing, not 0: {why}")
     for name, v in overrides.items():
         have = row.get(name)
         if have is None and name in (said or {}):

@@ -261,6 +261,15 @@ def _check_batch_wait_runs(plan: Sequence[tuple], timeout: int) -> None:
                               f"{row.get('run_id') or '?'} {why}: select the runs it applies to with --where")
 
 
+def placeholder_tpot(row: Mapping[str, Any]) -> bool:
+    """True when every TPOT statistic the row has is 0: what vLLM's and SGLang's clients write when no request had
+    more than one output token (``np.mean(tpots or 0)``), never a measured decode time. ``bench import`` leaves
+    such TPOT empty; a table written before it did (or by hand) may still hold the zeros."""
+    vals = [row.get(f"{s}_tpot_ms") for s in ("mean", "median", "p99")]
+    present = [float(v) for v in vals if not _missing(v)]
+    return bool(present) and all(v == 0 for v in present)
+
+
 def gpus_of(row: Mapping[str, Any]) -> int:
     """GPUs for throughput per GPU: gpu_count, else tp (InferenceX divides by TP), else 1."""
     for f in ("gpu_count", "tp"):
@@ -353,6 +362,9 @@ def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSet
         if acceptance is not None and "acceptance" in pol:
             pol = {**pol, "acceptance": acceptance}
             notes = notes + [f"acceptance {acceptance} (given) instead of the mapping's"]
+        if placeholder_tpot(row):
+            notes = notes + ["measured TPOT 0 not compared: the client's placeholder when no request had more than "
+                             "one output token, not a measurement"]
         plan.append((row, wl, notes, pol, gpus_of(row), R))
     if server.attention_dp_timeout_iters is not None:
         _check_balance_runs(plan, server.attention_dp_timeout_iters)
@@ -383,7 +395,7 @@ def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSet
         rec["simulated_failed"] = run.metrics["failed"]
         for m in METRICS:
             sim = run.metrics[m]
-            meas = row.get(m)
+            meas = None if m.endswith("_tpot_ms") and placeholder_tpot(row) else row.get(m)
             rec[f"measured_{m}"] = None if _missing(meas) else float(meas)
             rec[f"simulated_{m}"] = sim
             rec[f"rel_error_{m}"] = _rel(sim, meas)
