@@ -377,3 +377,48 @@ def test_tpot_of_a_run_of_one_token_outputs_is_imported_as_missing_with_a_note(t
     flat = {**writer(), **{k: 0.0 for k in writer() if "_tpot_ms" in k}}
     err = _refused(tmp_path, capsys, _write(tmp_path, "flat" + name, flat))
     assert "field 'mean_tpot_ms'" in err and "streamed" in err
+
+
+# --- defects: --metadata pairs silently ignored -----------------------------------------------------------------
+
+def _with_metadata(rec: dict, **pairs) -> dict:
+    """main_async (serve.py 009e6d4a) writes the --metadata pairs after num_prompts and before request_rate, KEY as
+    typed (stripped), VALUE as text."""
+    out: dict = {}
+    for k, v in rec.items():
+        if k == "request_rate":
+            out.update(pairs)
+        out[k] = v
+    return out
+
+
+def test_vllm_metadata_keys_are_read_in_their_dashed_spelling_and_unknown_ones_are_named(tmp_path, capsys):
+    # --metadata gpu-count=8 was dropped silently: only the exact column name gpu_count was read
+    rec = _with_metadata(_vllm(), **{"gpu-count": "8", "GPU": "H200", "tp": "8", "commit": "abc123",
+                                     "model": "deepseek-r1"})
+    src = _write(tmp_path, "v.json", rec, end="")
+    out = tmp_path / "r.csv"
+    assert main(["bench", "import", str(src), "--out", str(out)]) == 0
+    (row,) = read_runs(out)
+    assert (row["gpu_count"], row["gpu"], row["tp"]) == (8, "H200", 8)
+    assert row["output_throughput_per_gpu"] == rec["output_throughput"] / 8
+    assert row["model"] == rec["model_id"]
+    text = capsys.readouterr().out
+    assert "--metadata key(s) not read, no runs-table column: 'commit'" in text
+    assert "--metadata model=deepseek-r1 not read: the file's own field gives model" in text
+    assert "'gpu-count'" not in text and "'GPU'" not in text
+    # the option contradicting a dashed pair is an error, as for the plain spelling
+    err = _refused(tmp_path, capsys, src, "--gpu-count", "16")
+    assert "field 'gpu_count'" in err and "8" in err and "16" in err
+
+
+def test_two_spellings_of_one_metadata_column_must_agree(tmp_path, capsys):
+    src = _write(tmp_path, "v.json", _with_metadata(_vllm(), gpu_count="8", **{"gpu-count": "4"}), end="")
+    err = _refused(tmp_path, capsys, src)
+    assert "field 'gpu-count'" in err and "two spellings" in err
+    (row,) = import_file(_write(tmp_path, "ok.json", _with_metadata(_vllm(), gpu_count="8", **{"gpu-count": "8"}),
+                                end=""))
+    assert row["gpu_count"] == 8
+    err = _refused(tmp_path, capsys, _write(tmp_path, "bad.json", _with_metadata(_vllm(), **{"gpu-count": "eight"}),
+                                            end=""))
+    assert "field 'metadata gpu-count'" in err and "'eight'" in err

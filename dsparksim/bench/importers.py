@@ -155,6 +155,8 @@ def import_file(path: str | Path, fmt: str = "auto", overrides: Mapping[str, Any
         if k == "sglang" and _sglang_uncapped(rec):
             said["max_concurrency"] = "no cap (max_concurrency 0: bench_serving runs without a semaphore then)"
         out.append(finish_row(row, k, path, line, overrides or {}, said, notes))
+        if k == "vllm" and notes is not None:
+            notes.extend(vllm_metadata_notes(rec, out[-1], path, line))
     if not out:
         raise InputError(path, None, f"no runs in the file; {EXPECTED}")
     return out
@@ -284,16 +286,62 @@ def _vllm_row(d: Mapping[str, Any], path: str | Path, line: int) -> dict[str, An
     }
     for col in STAT_COLUMNS:
         row[col] = r.num(col, col)
-    # `--metadata KEY=VALUE` lands as top-level text keys: a KEY that names an option column fills it.
-    for name, col in BY_NAME.items():
-        if col.cli and name in d and row.get(name) is None and name not in _VLLM_OWN:
-            v = d[name]
-            row[name] = (parse_cell(dataclasses.replace(col, name=f"metadata {name}"), v, path, line)
-                         if isinstance(v, str) else r.num(name, name) if col.type in ("int", "float") else v)
+    for name, (key, v) in _vllm_metadata(r).items():
+        if name not in _VLLM_OWN:
+            row[name] = v
     return row
 
 
-_VLLM_OWN = {"model", "num_prompts", "request_rate", "max_concurrency", "measurement_date"}
+_VLLM_OWN = {"model", "num_prompts", "request_rate", "max_concurrency", "measurement_date"}   # filled by the file
+_VLLM_KEYS = {"num_prompts", "request_rate", "max_concurrency"}   # vLLM's own keys spelled as a column
+
+
+def metadata_column(key: str) -> str | None:
+    """The option column a ``--metadata KEY=VALUE`` key names, in any spelling of it (``gpu_count``,
+    ``gpu-count``, ``GPU-Count``), or None."""
+    name = key.strip().lower().replace("-", "_")
+    col = BY_NAME.get(name)
+    return name if col is not None and col.cli else None
+
+
+def _vllm_metadata(r: _Rec) -> dict[str, tuple[str, Any]]:
+    """column -> (key, value) of the file's keys that name an option column (``vllm bench serve --metadata
+    KEY=VALUE`` writes each pair as a top-level text key, KEY as typed), typed as the column. vLLM's own keys
+    (num_prompts, request_rate, max_concurrency) are not metadata. Two spellings of one column with different
+    values are refused."""
+    out: dict[str, tuple[str, Any]] = {}
+    for key, v in r.d.items():
+        name = metadata_column(key)
+        if name is None or key in _VLLM_KEYS or v is None:
+            continue
+        col = BY_NAME[name]
+        v = (parse_cell(dataclasses.replace(col, name=f"metadata {key}"), v, r.path, r.line) if isinstance(v, str)
+             else r.num(key, name) if col.type in ("int", "float") else v)
+        if name in out and out[name][1] != v:
+            raise r.err(key, f"{v!r} beside {out[name][0]!r} {out[name][1]!r}: two spellings of the column "
+                        f"{name!r} with different values; expected one")
+        out[name] = (key, v)
+    return out
+
+
+def vllm_metadata_notes(d: Mapping[str, Any], row: Mapping[str, Any], path: str | Path, line: int) -> list[str]:
+    """What a vLLM file's ``--metadata`` pairs hold that the runs table does not take, said rather than dropped:
+    keys naming no column (the pairs sit between ``num_prompts`` and ``request_rate``, where main_async writes them
+    in serve.py at 009e6d4a) and pairs naming a column the file itself fills (model from model_id, the date)."""
+    keys = list(d)
+    out = []
+    if "num_prompts" in keys and "request_rate" in keys and keys.index("num_prompts") < keys.index("request_rate"):
+        meta = keys[keys.index("num_prompts") + 1:keys.index("request_rate")]
+        unread = [k for k in meta if metadata_column(k) is None]
+        if unread:
+            out.append(f"{path}:{line}: --metadata key(s) not read, no runs-table column: "
+                       f"{', '.join(escape_controls(repr(k)) for k in unread)} (the option columns, e.g. gpu, "
+                       "gpu_count, tp, ep, engine, are read in either spelling, gpu_count or gpu-count)")
+    for name, (key, v) in _vllm_metadata(_Rec(d, path, line)).items():
+        if name in _VLLM_OWN and row.get(name) is not None and str(v).lower() != str(row[name]).lower():
+            out.append(f"{path}:{line}: --metadata {escape_controls(key)}={escape_controls(str(v))} not read: the "
+                       f"file's own field gives {name} {row[name]!r}")
+    return out
 
 
 def _vllm_traffic(r: _Rec) -> None:
