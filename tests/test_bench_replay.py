@@ -372,3 +372,31 @@ def test_a_placeholder_tpot_of_0_is_neither_compared_by_replay_nor_fitted(tmp_pa
     write_runs([row], tmp_path / "r.csv")
     (fr,), _ = load_fit_runs(tmp_path / "r.csv", {})
     assert not any(k.endswith("_tpot_ms") for k in fr.measured) and fr.measured["mean_ttft_ms"] == 30.0
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA H200", "nvidia h200", "H200 141GB HBM3e", "NVIDIA H200 141GB HBM3e",
+                                 "H200-SXM-141GB", "h200 sxm", "H200 SXM 141GB"])
+def test_gpu_names_as_nvidia_smi_writes_them_match_their_profile(gpu):
+    # "NVIDIA H200" (nvidia-smi, benchmark metadata) was refused against the H200 profile
+    ok = _row(1, 2, gpu="h200", gpu_count=8, tp=8)
+    assert replay_ok({**ok, "gpu": gpu})
+
+
+@pytest.mark.parametrize("gpu, why", [("NVIDIA H20", "'h20' is not a whole word"),
+                                      ("H200 96GB", "96 GB against 141 GB"),
+                                      ("NVIDIA", "no GPU model"),
+                                      ("H200 NVL", "'h200 nvl' is not a whole word"),
+                                      ("NVIDIA H100 80GB HBM3", "80 GB against 141 GB")])
+def test_gpu_names_that_stay_ambiguous_or_differ_are_refused_naming_both(gpu, why):
+    ok = _row(1, 2, gpu="h200", gpu_count=8, tp=8)
+    with pytest.raises(ConfigError, match=f"field 'gpu': run t.csv:1 ran on '{gpu}' but the profile .* prices "
+                                          f"'H200-SXM-141GB' \\({why}"):
+        check_deployment_of({**ok, "gpu": gpu})
+
+
+def test_an_nvidia_smi_name_matches_a_vendor_named_device():
+    from dsparksim.bench.replay import gpu_mismatch
+    assert gpu_mismatch("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM 80GB") is None
+    assert gpu_mismatch("H100", "NVIDIA H100 SXM 80GB") is None
+    assert gpu_mismatch("H100 PCIe", "NVIDIA H100 SXM 80GB") is not None
+    assert gpu_mismatch("H100 SXM", "H100-SXM5-80GB") is not None     # SXM vs SXM5: not guessed
