@@ -400,3 +400,27 @@ def test_an_nvidia_smi_name_matches_a_vendor_named_device():
     assert gpu_mismatch("H100", "NVIDIA H100 SXM 80GB") is None
     assert gpu_mismatch("H100 PCIe", "NVIDIA H100 SXM 80GB") is not None
     assert gpu_mismatch("H100 SXM", "H100-SXM5-80GB") is not None     # SXM vs SXM5: not guessed
+
+
+def test_an_sglang_run_that_drew_zero_token_outputs_is_noted_checked_on_its_own_draw_and_refused_by_fit(tmp_path):
+    # sglang bench_serving.py (0033168f) draws outputs in [int(R*L), L]: [0, L] at its default R = 0, and sends a
+    # 0 as max_new_tokens 0; the simulator draws [1, L]. Replay said nothing, and the length check used [1, L]:
+    # an SGLang run of L = 4 (mean 2.0 tokens, as SGLang draws them) was refused as a mistyped length
+    from dsparksim.bench.runs import write_runs
+    from dsparksim.fit.runs import load_fit_runs
+    row = _row(1, 4, source_format="sglang", random_output_len=4, random_range_ratio=0.0, num_prompts=2000,
+               completed=2000, total_output_tokens=4000, mean_ttft_ms=30.0)
+    wl, notes = row_workload(row)
+    assert wl.random_range_ratio == 0.0
+    assert any("[0, 4]: about 4e+02 of its 2000 prompts (1 in 5) went out with max_new_tokens 0" in n for n in notes)
+    with pytest.raises(InputError, match="emitted 2.0 tokens each"):
+        row_workload({**row, "source_format": "vllm"})           # another client's [1, 4]: mean 2.5
+    long = {**row, "random_output_len": 1024, "total_output_tokens": 2000 * 512}
+    assert any("about 2 of its 2000 prompts (1 in 1025)" in n for n in row_workload(long)[1])
+    assert not any("max_new_tokens 0" in n for n in row_workload({**long, "random_range_ratio": 0.001})[1])
+    write_runs([row, {**long, "run_id": "t.csv:2", "source_row": 2}], tmp_path / "r.csv")
+    with pytest.raises(InputError, match=r"field 'random_range_ratio': run t.csv:1: SGLang's bench_serving .* about "
+                                         r"4e\+02 of its prompts \(1 in 5"):
+        load_fit_runs(tmp_path / "r.csv", {})
+    runs, _ = load_fit_runs(tmp_path / "r.csv", {"source_row": "2"})    # 1 in 1025: within the fit's 2%
+    assert [r.run_id for r in runs] == ["t.csv:2"]

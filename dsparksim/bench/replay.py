@@ -105,22 +105,58 @@ def select(runs: Sequence[Mapping[str, Any]], where: list[tuple[str, str]], sour
 
 
 # ------------------------------------------------------------------------------------------------ one row
+def _length_moments(lo: int, L: int) -> tuple[float, float]:
+    """Mean and standard deviation of lengths uniform over the integers [lo, L]."""
+    return (lo + L) / 2, math.sqrt(((L - lo + 1) ** 2 - 1) / 12)
+
+
 def check_output_lengths(row: Mapping[str, Any], L: int, R: float, source: str = "runs table") -> None:
     """The run's own token count against its lengths: with ignore_eos, total_output_tokens / completed is the mean
-    of lengths uniform in [max(1, int(R*L)), L]. Off by more than 4 standard errors + 2% is an InputError (lengths
-    or range ratio mistyped at import, or outputs cut by EOS); a run without the counts is not checked."""
+    of lengths uniform in [max(1, int(R*L)), L] (an SGLang run's may start at 0: :func:`sglang_zero_outputs`).
+    Off by more than 4 standard errors + 2% is an InputError (lengths or range ratio mistyped at import, or outputs
+    cut by EOS); a run without the counts is not checked."""
     tot, done = row.get("total_output_tokens"), row.get("completed")
     if _missing(tot) or _missing(done) or not done:
         return
     lo = max(1, int(R * L))
-    mu, sd = (lo + L) / 2, math.sqrt(((L - lo + 1) ** 2 - 1) / 12)
+    lows = (lo, 0) if sglang_zero_outputs(row, L, R) is not None else (lo,)
     mean = float(tot) / float(done)
-    if abs(mean - mu) > 4 * sd / math.sqrt(float(done)) + 0.02 * mu:
-        raise InputError(source, "random_output_len", f"run {row.get('run_id') or '?'}: its {int(done)} completed "
-                         f"requests emitted {mean:.1f} tokens each (total_output_tokens / completed), but lengths "
-                         f"uniform in [{lo}, {L}] (random_output_len {L}, range ratio {R:g} as [int(R*L), L] reads "
-                         f"it) have a mean of {mu:.1f}: check --random-output-len / --random-range-ratio at import, "
-                         "and ignore_eos")
+    for low in lows:
+        mu, sd = _length_moments(low, L)
+        if abs(mean - mu) <= 4 * sd / math.sqrt(float(done)) + 0.02 * mu:
+            return
+    mu = _length_moments(lo, L)[0]
+    raise InputError(source, "random_output_len", f"run {row.get('run_id') or '?'}: its {int(done)} completed "
+                     f"requests emitted {mean:.1f} tokens each (total_output_tokens / completed), but lengths "
+                     f"uniform in [{lo}, {L}] (random_output_len {L}, range ratio {R:g} as [int(R*L), L] reads "
+                     f"it) have a mean of {mu:.1f}: check --random-output-len / --random-range-ratio at import, "
+                     "and ignore_eos")
+
+
+def sglang_zero_outputs(row: Mapping[str, Any], L: int, R: float) -> float | None:
+    """The expected number of prompts an SGLang run sent with 0 output tokens, or None when it sent none.
+
+    sgl-project/sglang ``python/sglang/bench_serving.py`` at 0033168f, ``sample_random_requests``: input lengths
+    ``np.random.randint(max(int(input_len * range_ratio), 1), input_len + 1)`` but output lengths
+    ``np.random.randint(int(output_len * range_ratio), output_len + 1)``: uniform over [0, L] when int(R*L) = 0
+    (its default range ratio is 0.0), so each prompt has a 1 / (L + 1) chance of 0. Such a prompt goes out as
+    ``max_new_tokens: 0``: the server only prefills it (it samples and drops one token in that step, sglang#4998),
+    and the client counts ``output_len`` 0 for it, with TTFT 0 when no text streams back. The simulator cannot
+    send a 0-token request (it draws [1, L]). The ``sglang.benchmark`` package (``compute_random_lens``) draws
+    [1, L] for both; a runs table does not say which client wrote a run, so this is an upper bound."""
+    if row.get("source_format") != "sglang" or int(R * L) != 0:
+        return None
+    n = row.get("num_prompts")
+    n = row.get("completed") if _missing(n) else n
+    return None if _missing(n) else float(n) / (L + 1)
+
+
+def sglang_zero_note(expected: float, n: int, L: int) -> str:
+    """replay.csv's note on an SGLang run that drew outputs in [0, L] (:func:`sglang_zero_outputs`)."""
+    return (f"SGLang's bench_serving (0033168f) drew output lengths in [int(R*L), L] = [0, {L}]: about {expected:.2g} "
+            f"of its {n} prompts (1 in {L + 1}) went out with max_new_tokens 0 (a prefill only; the client counts 0 "
+            "tokens and, if no text came back, TTFT 0 for them); the simulator cannot send 0 tokens and draws "
+            f"[1, {L}]")
 
 
 def low_range_ratio(row: Mapping[str, Any], bad: Callable[[str, str], Exception]) -> float | None:
@@ -162,6 +198,9 @@ def row_workload(row: Mapping[str, Any], source: str = "runs table") -> tuple[Cl
         R = 0.0
         notes.append("random_range_ratio missing: 0")
     check_output_lengths(row, int(row["random_output_len"]), float(R), source)
+    zeros = sglang_zero_outputs(row, int(row["random_output_len"]), float(R))
+    if zeros is not None:
+        notes.append(sglang_zero_note(zeros, int(row["num_prompts"]), int(row["random_output_len"])))
     cap = None if _missing(row.get("max_concurrency")) else int(row["max_concurrency"])
     rate = row.get("request_rate")
     if _missing(rate):

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from dsparksim.bench.replay import cell_matches, check_output_lengths, low_range_ratio
+from dsparksim.bench.replay import cell_matches, check_output_lengths, low_range_ratio, sglang_zero_outputs
 from dsparksim.bench.runs import format_cell, NAMES, read_runs
 from dsparksim.errors import InputError
 from dsparksim.fit.trace import ClientSpec
@@ -49,6 +49,19 @@ def _need(path: Path, r: dict[str, Any], key: str, why: str) -> Any:
     if v is None:
         raise InputError(str(path), key, f"run {r['run_id']}: empty; the fit needs it ({why})")
     return v
+
+
+def _check_zero_outputs(path: Path, r: dict[str, Any], L: int, ratio: float) -> None:
+    """Refuse an SGLang run whose client drew 0-token outputs (:func:`dsparksim.bench.replay.sglang_zero_outputs`)
+    for more than 2% of its prompts (the share 1 / (L + 1); 2% is the length check's tolerance): they lower its
+    measured TTFT (recorded as 0) and token count by about that share, and the fit cannot simulate them."""
+    zeros = sglang_zero_outputs(r, L, ratio)
+    if zeros is not None and 1 / (L + 1) > 0.02:
+        raise InputError(str(path), "random_range_ratio", f"run {r['run_id']}: SGLang's bench_serving (0033168f) drew "
+                         f"output lengths in [int(R*L), L] = [0, {L}], so about {zeros:.2g} of its prompts (1 in "
+                         f"{L + 1}, above the 2% the fit tolerates) were prefill-only requests with max_new_tokens 0, "
+                         "which the fit cannot simulate; fit runs with int(R * random_output_len) >= 1 or longer "
+                         "outputs")
 
 
 def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, Any] | None = None,
@@ -101,6 +114,7 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
         if ratio is None:
             _need(path, r, "random_range_ratio", _RATIO_WHY)     # refused: the fit never guesses the lengths
         check_output_lengths(r, int(_need(path, r, "random_output_len", "output lengths")), float(ratio), str(path))
+        _check_zero_outputs(path, r, int(r["random_output_len"]), float(ratio))
         tp = _need(path, r, "tp", "GPUs of the engine")
         agg, per = r.get("output_throughput"), r.get("output_throughput_per_gpu")
         # the per-GPU divisor as the source applied it (InferenceX: tp), else the run's GPUs
