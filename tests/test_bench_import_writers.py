@@ -422,3 +422,18 @@ def test_two_spellings_of_one_metadata_column_must_agree(tmp_path, capsys):
     err = _refused(tmp_path, capsys, _write(tmp_path, "bad.json", _with_metadata(_vllm(), **{"gpu-count": "eight"}),
                                             end=""))
     assert "field 'metadata gpu-count'" in err and "'eight'" in err
+
+
+def test_one_run_imported_twice_is_refused(tmp_path, capsys):
+    # a result file appended twice (--append-result rerun on the same file) or copied beside itself was imported as
+    # two runs, and profile fit then weighed that measurement twice
+    twice = _write(tmp_path, "v.json", _vllm(), _vllm(), end="")
+    err = _refused(tmp_path, capsys, twice)
+    assert "v.json:2: run " in err and f"{twice}:1 again" in err
+    one = _write(tmp_path, "a.json", _vllm(), end="")
+    copy = _write(tmp_path, "b.json", _vllm(label="copy"), end="")      # a label is where it was filed, not the run
+    out = tmp_path / "r.csv"
+    assert main(["bench", "import", str(one), str(copy), "--out", str(out)]) == 2 and not out.exists()
+    assert f"run {copy}:1 is run {one}:1 again" in _one_line_error(capsys)
+    # two runs that differ in any measured figure are two runs
+    assert len(import_file(_write(tmp_path, "c.json", _vllm(), _vllm(duration=80.5), end=""))) == 2

@@ -424,3 +424,13 @@ def test_an_sglang_run_that_drew_zero_token_outputs_is_noted_checked_on_its_own_
         load_fit_runs(tmp_path / "r.csv", {})
     runs, _ = load_fit_runs(tmp_path / "r.csv", {"source_row": "2"})    # 1 in 1025: within the fit's 2%
     assert [r.run_id for r in runs] == ["t.csv:2"]
+
+
+def test_fit_refuses_one_measurement_twice_in_a_hand_made_table(tmp_path):
+    from dsparksim.bench.runs import write_runs
+    from dsparksim.fit.runs import load_fit_runs
+    a = _row(1, 4, random_output_len=32, random_range_ratio=1.0, mean_tpot_ms=10.0, duration_s=3.0)
+    write_runs([a, {**a, "run_id": "u.csv:1", "source_file": "u.csv"}], tmp_path / "r.csv")
+    with pytest.raises(InputError, match="field 'run_id': run u.csv:1 is run t.csv:1 again"):
+        load_fit_runs(tmp_path / "r.csv", {})
+    assert len(load_fit_runs(tmp_path / "r.csv", {"source_file": "u.csv"})[0]) == 1

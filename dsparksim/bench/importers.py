@@ -41,7 +41,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from dsparksim.bench.runs import BY_NAME, check_row, check_value, parse_cell
+from dsparksim.bench.runs import BY_NAME, check_row, check_value, duplicate_run, parse_cell
 from dsparksim.errors import InputError
 from dsparksim.io.textio import escape_controls, loads_json, read_text
 
@@ -130,6 +130,12 @@ def import_files(paths: list[str | Path], fmt: str = "auto", overrides: Mapping[
                              "imported twice)")
         seen[key] = p
         rows.extend(import_file(p, fmt, overrides, notes))
+    dup = duplicate_run(rows)
+    if dup is not None:
+        a, b = dup
+        raise InputError(b["source_file"], None, f"run {b['run_id']} is run {a['run_id']} again (every field but its "
+                         "place equal: the same measurement appended or copied twice); import each run once",
+                         line=b["source_row"])
     return rows
 
 

@@ -204,6 +204,24 @@ def check_row(row: Mapping[str, Any], source: str | Path, line: int | None) -> d
     return out
 
 
+_SAME_RUN_IGNORES = ("run_id", "source_file", "source_row", "source_ref")   # where a copy was read from
+
+
+def duplicate_run(runs: Iterable[Mapping[str, Any]]) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
+    """The first two runs that are one measurement twice (every column equal but where they were read from, and
+    some result measured: two real runs never agree on a duration and every statistic), or None. One file
+    appended twice, or a copy of a result file imported beside it, would count that run twice."""
+    seen: dict[tuple, Mapping[str, Any]] = {}
+    for r in runs:
+        if all(r.get(c.name) is None for c in COLUMNS if c.group == _R):
+            continue
+        key = tuple(format_cell(r.get(c.name)) for c in COLUMNS if c.name not in _SAME_RUN_IGNORES)
+        if key in seen:
+            return seen[key], r
+        seen[key] = r
+    return None
+
+
 def format_cell(v: Any) -> str:
     """Lossless text of a value: '' for missing, true/false, ints as ints, floats as Python's shortest repr."""
     if v is None:

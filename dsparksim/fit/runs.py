@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dsparksim.bench.replay import cell_matches, check_output_lengths, low_range_ratio, sglang_zero_outputs
-from dsparksim.bench.runs import format_cell, NAMES, read_runs
+from dsparksim.bench.runs import duplicate_run, format_cell, NAMES, read_runs
 from dsparksim.errors import InputError
 from dsparksim.fit.trace import ClientSpec
 from dsparksim.bench.client import engine_mixes_prefill
@@ -80,6 +80,10 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
     sel = [r for r in rows if all(cell_matches(r.get(k), v) for k, v in where.items())]
     if not sel:
         raise InputError(str(path), "--where", f"no run matches {where or 'the whole table (it is empty)'}")
+    dup = duplicate_run(sel)
+    if dup is not None:   # one measurement twice would weigh twice in the fit
+        raise InputError(str(path), "run_id", f"run {dup[1]['run_id']} is run {dup[0]['run_id']} again (every field "
+                         "but its source equal): keep one of them (--where, or import each run once)")
     server = server or {}
     runs = []
     for r in sel:
