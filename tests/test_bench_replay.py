@@ -434,3 +434,17 @@ def test_fit_refuses_one_measurement_twice_in_a_hand_made_table(tmp_path):
     with pytest.raises(InputError, match="field 'run_id': run u.csv:1 is run t.csv:1 again"):
         load_fit_runs(tmp_path / "r.csv", {})
     assert len(load_fit_runs(tmp_path / "r.csv", {"source_file": "u.csv"})[0]) == 1
+
+
+def test_fit_refuses_runs_of_two_models_in_one_selection(tmp_path):
+    # runs of two models were fitted into one profile silently
+    from dsparksim.bench.runs import write_runs
+    from dsparksim.fit.runs import load_fit_runs
+    a = _row(1, 4, random_output_len=32, random_range_ratio=1.0, mean_tpot_ms=10.0, model="deepseek-ai/DeepSeek-R1")
+    b = {**a, "run_id": "t.csv:2", "source_row": 2, "max_concurrency": 8, "model": "meta-llama/Llama-3.1-8B"}
+    c = {**a, "run_id": "t.csv:3", "source_row": 3, "max_concurrency": 2, "model": "DEEPSEEK-AI/deepseek-r1"}
+    write_runs([a, b, c], tmp_path / "r.csv")
+    with pytest.raises(InputError, match=r"field 'model': the selected runs are of more than one model: run t.csv:1 "
+                                         r"'deepseek-ai/deepseek-r1', run t.csv:2 'meta-llama/llama-3.1-8b'"):
+        load_fit_runs(tmp_path / "r.csv", {})
+    assert len(load_fit_runs(tmp_path / "r.csv", {"model": "deepseek-ai/DeepSeek-R1"})[0]) == 2   # case aside
