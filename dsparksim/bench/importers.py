@@ -198,14 +198,16 @@ def json_records(text: str, path: str | Path) -> list[tuple[int, dict[str, Any]]
     """(line, object) for a JSON document holding one object, or for each non-blank line of a JSONL file."""
     lines = text.splitlines()
     first_i = next(i for i, s in enumerate(lines) if s.strip())
-    try:
-        json.loads(lines[first_i])
-        one_per_line = True
-    except (ValueError, RecursionError):
-        one_per_line = False
-    if one_per_line:
-        recs = [(i + 1, loads_json(s, path, line=i + 1)) for i, s in enumerate(lines) if s.strip()]
-    else:   # one pretty-printed document
+    try:   # parsed once: a --save-detailed result is one line of tens of MB
+        first = loads_json(lines[first_i], path, line=first_i + 1)
+    except InputError:
+        if sum(1 for s in lines if s.strip()) == 1:
+            raise
+        first = None   # not a whole object on its first line: one pretty-printed document
+    if first is not None:
+        recs = [(first_i + 1, first)] + [(i + 1, loads_json(s, path, line=i + 1))
+                                         for i, s in enumerate(lines) if i > first_i and s.strip()]
+    else:
         recs = [(first_i + 1, loads_json(text, path))]
     for line, rec in recs:
         if not isinstance(rec, dict):
