@@ -549,3 +549,15 @@ def test_a_key_given_twice_is_refused_not_read_as_the_last(tmp_path, capsys):
     assert main(["bench", "import", str(bad), "--out", str(out)]) == 2
     err = _err(capsys)
     assert "dup.json" in err and "'max_concurrency' appears twice" in err and not out.exists()
+
+
+def test_an_inferencex_column_given_twice_is_refused(tmp_path):
+    # csv.DictReader keeps the last cell of a repeated header name: a second 'isl' column replaced every run's
+    # input length silently
+    lines = (DATA / "inferencex_rows.csv").read_text().splitlines()
+    p = tmp_path / "ix.csv"
+    p.write_text("\n".join([lines[0] + ",isl"] + [ln + ",99" for ln in lines[1:]]) + "\n")
+    with pytest.raises(InputError, match=r"ix.csv:1: field 'isl': column given twice"):
+        import_file(p)
+    p.write_text("\n".join([lines[0] + ",extra"] + [ln + ",99" for ln in lines[1:]]) + "\n")
+    assert 99 not in {r["random_input_len"] for r in import_file(p)}     # a column it does not read is no harm

@@ -475,6 +475,10 @@ def _inferencex_rows(text: str, path: str | Path) -> Iterator[tuple[str, int, di
     rd = csv.DictReader(io.StringIO(text))
     try:
         header = [h.strip() for h in (rd.fieldnames or [])]
+        twice = next((h for h in header if header.count(h) > 1), None)
+        if twice is not None:   # csv.DictReader keeps the last of two cells silently
+            raise InputError(path, escape_controls(twice), "column given twice (which of its cells holds the run's "
+                             "value is unknown)", line=1)
         missing = [c for c in INFERENCEX_COLUMNS if c not in header]
         if missing:
             raise InputError(path, missing[0], f"missing column of the InferenceX table ({len(missing)} missing)",
