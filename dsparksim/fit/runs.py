@@ -51,9 +51,10 @@ def _need(path: Path, r: dict[str, Any], key: str, why: str) -> Any:
     return v
 
 
-def _one_model(path: Path, sel: list[dict[str, Any]]) -> None:
+def _check_selection(path: Path, sel: list[dict[str, Any]]) -> None:
     """Refuse a selection of runs of more than one model (names compared case-insensitively; empty = unknown): one
-    fitted profile prices one model, and another model's runs would pull its scales toward that model's costs."""
+    fitted profile prices one model, and another model's runs would pull its scales toward that model's costs; and
+    one measurement selected twice (:func:`dsparksim.bench.runs.duplicate_run`), which would weigh twice."""
     first: dict[str, str] = {}
     for r in sel:
         m = r.get("model")
@@ -65,6 +66,10 @@ def _one_model(path: Path, sel: list[dict[str, Any]]) -> None:
             raise InputError(str(path), "model", f"the selected runs are of more than one model: run {id0} "
                              f"{m0!r}, run {id1} {m1!r}; one fit prices one model: select its runs (--where "
                              "model=...)")
+    dup = duplicate_run(sel)
+    if dup is not None:   # one measurement twice would weigh twice in the fit
+        raise InputError(str(path), "run_id", f"run {dup[1]['run_id']} is run {dup[0]['run_id']} again (every field "
+                         "but its source equal): keep one of them (--where, or import each run once)")
 
 
 def _check_zero_outputs(path: Path, r: dict[str, Any], L: int, ratio: float) -> None:
@@ -96,11 +101,7 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
     sel = [r for r in rows if all(cell_matches(r.get(k), v) for k, v in where.items())]
     if not sel:
         raise InputError(str(path), "--where", f"no run matches {where or 'the whole table (it is empty)'}")
-    _one_model(path, sel)
-    dup = duplicate_run(sel)
-    if dup is not None:   # one measurement twice would weigh twice in the fit
-        raise InputError(str(path), "run_id", f"run {dup[1]['run_id']} is run {dup[0]['run_id']} again (every field "
-                         "but its source equal): keep one of them (--where, or import each run once)")
+    _check_selection(path, sel)
     server = server or {}
     runs = []
     for r in sel:
