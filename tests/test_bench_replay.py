@@ -448,3 +448,20 @@ def test_fit_refuses_runs_of_two_models_in_one_selection(tmp_path):
                                          r"'deepseek-ai/deepseek-r1', run t.csv:2 'meta-llama/llama-3.1-8b'"):
         load_fit_runs(tmp_path / "r.csv", {})
     assert len(load_fit_runs(tmp_path / "r.csv", {"model": "deepseek-ai/DeepSeek-R1"})[0]) == 2   # case aside
+
+
+def test_a_run_of_another_model_than_the_profiles_is_noted():
+    # a Llama run replayed on a DeepSeek profile was compared without a word
+    from dsparksim.bench.replay import model_note
+    from dsparksim.cost.profile import load_profile
+    ds = load_profile("built-h200x8-deepseek-v3-tp8")
+    assert model_note({"model": "deepseek-ai/DeepSeek-R1-0528"}, ds) is None
+    assert model_note({"model": "DeepSeek-V3-0324-FP8"}, ds) is None
+    assert model_note({"model": None}, ds) is None
+    note = model_note({"model": "meta-llama/Llama-3.1-8B-Instruct"}, ds)
+    assert "'meta-llama/Llama-3.1-8B-Instruct' shares no name with the profile's model 'deepseek-v3'" in note
+    assert model_note({"model": "Qwen/Qwen3-30B-A3B"}, load_profile("built-h100-qwen3-30b-a3b-tp1")) is None
+    assert model_note({"model": "Qwen/Qwen3-8B"}, ds) is not None
+    ok = _row(1, 2, gpu="h200", gpu_count=8, tp=8, model="meta-llama/Llama-3.1-8B", random_input_len=64,
+              random_output_len=8, num_prompts=4)
+    assert "shares no name" in replay([ok], "built-h200x8-deepseek-v3-tp8")["notes"].iloc[0]

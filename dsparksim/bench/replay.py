@@ -300,6 +300,33 @@ def _check_batch_wait_runs(plan: Sequence[tuple], timeout: int) -> None:
                               f"{row.get('run_id') or '?'} {why}: select the runs it applies to with --where")
 
 
+_GENERIC_WORDS = {"ai", "hf", "meta", "org", "instruct", "chat", "base", "it", "fp8", "fp4", "bf16", "fp16", "int4",
+                  "int8", "awq", "gptq", "nvfp4", "mxfp4", "preview"}
+
+
+def _model_words(name: str) -> set[str]:
+    """The words of a model name that say which model family it is: no sizes (7b, 30b, a3b), versions of two
+    characters or fewer, dates, or generic words (instruct, fp8, ...)."""
+    words = re.findall(r"[a-z0-9]+", name.lower())
+    return {w for w in words if len(w) > 2 and re.search(r"[a-z]", w) and w not in _GENERIC_WORDS
+            and not re.fullmatch(r"a?\d+(\.\d+)?[bmk]", w)}
+
+
+def model_note(row: Mapping[str, Any], prof: Any) -> str | None:
+    """A note when the run's model and the profile's ``metadata.model`` share no family word (deepseek, llama,
+    qwen3, ...): the profile may price another model. Names differ too much (an HF id, a config name, a
+    fine-tune's) for this to be a refusal; None when they share one or either is unknown."""
+    run = row.get("model")
+    priced = str((getattr(prof, "metadata", {}) or {}).get("model") or "")
+    if _missing(run) or not priced:
+        return None
+    a, b = _model_words(str(run)), _model_words(priced)
+    if not a or not b or a & b:
+        return None
+    return (f"model {str(run)!r} shares no name with the profile's model {priced!r}: is this its profile? (replay "
+            "each model's runs on a profile of that model)")
+
+
 def placeholder_tpot(row: Mapping[str, Any]) -> bool:
     """True when every TPOT statistic the row has is 0: what vLLM's and SGLang's clients write when no request had
     more than one output token (``np.mean(tpots or 0)``), never a measured decode time. ``bench import`` leaves
@@ -428,6 +455,9 @@ def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSet
         if acceptance is not None and "acceptance" in pol:
             pol = {**pol, "acceptance": acceptance}
             notes = notes + [f"acceptance {acceptance} (given) instead of the mapping's"]
+        other = model_note(row, prof)
+        if other:
+            notes = notes + [other]
         if placeholder_tpot(row):
             notes = notes + ["measured TPOT 0 not compared: the client's placeholder when no request had more than "
                              "one output token, not a measurement"]
