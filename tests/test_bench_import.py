@@ -561,3 +561,14 @@ def test_an_inferencex_column_given_twice_is_refused(tmp_path):
         import_file(p)
     p.write_text("\n".join([lines[0] + ",extra"] + [ln + ",99" for ln in lines[1:]]) + "\n")
     assert 99 not in {r["random_input_len"] for r in import_file(p)}     # a column it does not read is no harm
+
+
+def test_a_gpu_option_spelled_as_nvidia_smi_names_it_is_no_contradiction(tmp_path):
+    # --gpu "NVIDIA H200" against an InferenceX row's 'h200' was refused as a contradiction
+    lines = IX.read_text().splitlines()
+    p = tmp_path / "ix.csv"
+    p.write_text("\n".join([lines[0]] + [ln for ln in lines[1:] if ",h200," in ln]) + "\n")
+    rows = import_file(p, overrides={"gpu": "NVIDIA H200"})
+    assert len(rows) > 1 and {r["gpu"] for r in rows} == {"h200"}      # the file's spelling is kept
+    with pytest.raises(InputError, match="field 'gpu'.*the file says 'h200' but --gpu says 'NVIDIA H20'"):
+        import_file(p, overrides={"gpu": "NVIDIA H20"})

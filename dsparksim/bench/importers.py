@@ -41,7 +41,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from dsparksim.bench.runs import BY_NAME, check_row, check_value, duplicate_run, parse_cell
+from dsparksim.bench.runs import BY_NAME, check_row, check_value, duplicate_run, gpu_mismatch, parse_cell
 from dsparksim.errors import InputError
 from dsparksim.io.textio import escape_controls, loads_json, read_text
 
@@ -581,6 +581,16 @@ def _inferencex_row(d: Mapping[str, str], path: str | Path, line: int) -> dict[s
     return row
 
 
+def _same_text(name: str, have: Any, v: Any) -> bool:
+    """An option's text that names what the file's does: equal but for case, or for ``gpu`` the same GPU as a
+    profile's device would be matched (``NVIDIA H200`` and ``h200``; :func:`dsparksim.bench.runs.gpu_mismatch`)."""
+    if not (isinstance(have, str) and isinstance(v, str)):
+        return False
+    if have.lower() == v.lower():
+        return True
+    return name == "gpu" and (gpu_mismatch(v, have) is None or gpu_mismatch(have, v) is None)
+
+
 def tpot_placeholder(row: Mapping[str, Any], path: str | Path, line: int) -> str | None:
     """Why the row's TPOT statistics are the client's placeholder rather than a measurement (None: they are not,
     or there are none). Both clients average TPOT over the requests with more than one output token and write
@@ -628,7 +638,7 @@ def finish_row(row: dict[str, Any], kind: str, path: str | Path, line: int, over
                              f"says {v!r}", line=line)
         if have is None:
             row[name] = v
-        elif have != v and not (isinstance(have, str) and isinstance(v, str) and have.lower() == v.lower()):
+        elif have != v and not _same_text(name, have, v):
             raise InputError(path, name, f"the file says {have!r} but --{name.replace('_', '-')} says {v!r}",
                              line=line)
     acc, sm = row.get("acceptance_length"), row.get("spec_method")
