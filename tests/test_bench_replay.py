@@ -465,3 +465,20 @@ def test_a_run_of_another_model_than_the_profiles_is_noted():
     ok = _row(1, 2, gpu="h200", gpu_count=8, tp=8, model="meta-llama/Llama-3.1-8B", random_input_len=64,
               random_output_len=8, num_prompts=4)
     assert "shares no name" in replay([ok], "built-h200x8-deepseek-v3-tp8")["notes"].iloc[0]
+
+
+def test_prompts_neither_completed_nor_failed_are_noted_and_refused_by_fit(tmp_path):
+    # SGLang's line has no failed count: a run with 360 of 400 prompts failed (or a --num-prompts 400 typed at
+    # import for a 40-prompt run) was fitted as if the 40 completed requests were all 400, and replayed silently
+    from dsparksim.bench.runs import write_runs
+    from dsparksim.fit.runs import load_fit_runs
+    row = _row(1, 4, source_format="sglang", random_output_len=32, random_range_ratio=1.0, num_prompts=400,
+               completed=40, total_output_tokens=40 * 32, mean_tpot_ms=10.0)
+    _, notes = row_workload(row)
+    assert any(n.startswith("360 of its 400 prompts neither completed nor counted failed (completed 40") for n in notes)
+    write_runs([row], tmp_path / "r.csv")
+    with pytest.raises(InputError, match="field 'completed': run t.csv:1: 360 of its 400 prompts neither completed"):
+        load_fit_runs(tmp_path / "r.csv", {})
+    full = {**row, "num_prompts": 40}
+    assert not any("neither completed" in n for n in row_workload(full)[1])
+    assert not any("neither completed" in n for n in row_workload({**row, "completed": 38, "failed": 362, "total_output_tokens": 38 * 32})[1])

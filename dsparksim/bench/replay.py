@@ -217,6 +217,10 @@ def row_workload(row: Mapping[str, Any], source: str = "runs table") -> tuple[Cl
     if not _missing(failed) and failed:
         notes.append(f"{int(failed)} request(s) failed in the measured run: its figures cover the completed ones, "
                      "the simulation completes every prompt")
+    gone = unaccounted(row)
+    if gone:
+        notes.append(unaccounted_text(row, gone) + ": the measured figures cover the completed ones, the simulation "
+                     "completes every prompt")
     w = row.get("num_warmup_prompts")
     w = 0 if _missing(w) else int(w)
     try:
@@ -227,6 +231,22 @@ def row_workload(row: Mapping[str, Any], source: str = "runs table") -> tuple[Cl
     except ConfigError as e:
         raise bad(e.field or "?", e.message) from None
     return wl, notes
+
+
+def unaccounted(row: Mapping[str, Any]) -> int:
+    """Prompts of the run neither completed nor counted failed: num_prompts - completed - failed (0 when a count is
+    missing). SGLang's line has no failed count, so its failed requests land here; so does a num_prompts given at
+    import that is not what the client sent."""
+    n, done, failed = row.get("num_prompts"), row.get("completed"), row.get("failed")
+    if _missing(n) or _missing(done):
+        return 0
+    return max(0, int(n) - int(done) - (0 if _missing(failed) else int(failed)))
+
+
+def unaccounted_text(row: Mapping[str, Any], gone: int) -> str:
+    return (f"{gone} of its {int(row['num_prompts'])} prompts neither completed nor counted failed (completed "
+            f"{int(row['completed'])}; failed requests where the file records none, as SGLang's, or a num_prompts "
+            "that is not what the client sent)")
 
 
 def row_policy(row: Mapping[str, Any], source: str = "runs table") -> dict[str, Any]:

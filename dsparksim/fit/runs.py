@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from dsparksim.bench.replay import cell_matches, check_output_lengths, low_range_ratio, sglang_zero_outputs
+from dsparksim.bench.replay import (cell_matches, check_output_lengths, low_range_ratio, sglang_zero_outputs,
+                                    unaccounted, unaccounted_text)
 from dsparksim.bench.runs import duplicate_run, format_cell, NAMES, read_runs
 from dsparksim.errors import InputError
 from dsparksim.fit.trace import ClientSpec
@@ -72,6 +73,18 @@ def _check_selection(path: Path, sel: list[dict[str, Any]]) -> None:
                          "but its source equal): keep one of them (--where, or import each run once)")
 
 
+def _check_counts(path: Path, r: dict[str, Any]) -> None:
+    """Refuse a run whose measured figures cover fewer requests than the simulated client completes: failed
+    requests, or prompts neither completed nor counted failed (:func:`dsparksim.bench.replay.unaccounted`)."""
+    failed, gone = r.get("failed"), unaccounted(r)
+    if gone:
+        raise InputError(str(path), "completed", f"run {r['run_id']}: {unaccounted_text(r, gone)}: the measured "
+                         "figures cover the completed ones only, while the simulated client completes every prompt")
+    if failed:
+        raise InputError(str(path), "failed", f"run {r['run_id']}: {failed} request(s) failed: the measured figures "
+                         "cover the completed ones only, while the simulated client completes every prompt")
+
+
 def _check_zero_outputs(path: Path, r: dict[str, Any], L: int, ratio: float) -> None:
     """Refuse an SGLang run whose client drew 0-token outputs (:func:`dsparksim.bench.replay.sglang_zero_outputs`)
     for more than 2% of its prompts (the share 1 / (L + 1); 2% is the length check's tolerance): they lower its
@@ -128,10 +141,7 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
         if r.get("dp_attention"):
             raise InputError(str(path), "dp_attention", f"run {rid}: DP-attention engines step their ranks in "
                              "lockstep (a max over ranks) which the fit's re-pricing does not cover")
-        failed = r.get("failed")
-        if failed:
-            raise InputError(str(path), "failed", f"run {rid}: {failed} request(s) failed: the measured figures "
-                             "cover the completed ones only, while the simulated client completes every prompt")
+        _check_counts(path, r)
         conc = _need(path, r, "max_concurrency", "closed loop at a fixed concurrency")
         if ratio is None:
             _need(path, r, "random_range_ratio", _RATIO_WHY)     # refused: the fit never guesses the lengths
