@@ -482,3 +482,17 @@ def test_prompts_neither_completed_nor_failed_are_noted_and_refused_by_fit(tmp_p
     full = {**row, "num_prompts": 40}
     assert not any("neither completed" in n for n in row_workload(full)[1])
     assert not any("neither completed" in n for n in row_workload({**row, "completed": 38, "failed": 362, "total_output_tokens": 38 * 32})[1])
+
+
+def test_fit_refuses_a_per_gpu_throughput_of_no_whole_number_of_gpus(tmp_path):
+    # the divisor output_throughput / output_throughput_per_gpu was rounded silently: 1000 / 300 fitted as 3 GPUs
+    from dsparksim.bench.runs import write_runs
+    from dsparksim.fit.runs import load_fit_runs
+    a = _row(1, 4, random_output_len=32, random_range_ratio=1.0, mean_tpot_ms=10.0, gpu_count=8, tp=8,
+             output_throughput=1000.0, output_throughput_per_gpu=300.0)
+    write_runs([a], tmp_path / "r.csv")
+    with pytest.raises(InputError, match=r"field 'output_throughput_per_gpu': run t.csv:1: 300 is output_throughput "
+                                         r"1000 / 3.33, not a whole number"):
+        load_fit_runs(tmp_path / "r.csv", {})
+    write_runs([{**a, "output_throughput_per_gpu": 125.04}], tmp_path / "ok.csv")     # published rounding
+    assert load_fit_runs(tmp_path / "ok.csv", {})[0][0].spec.gpus == 8

@@ -73,6 +73,21 @@ def _check_selection(path: Path, sel: list[dict[str, Any]]) -> None:
                          "but its source equal): keep one of them (--where, or import each run once)")
 
 
+def _per_gpu_divisor(path: Path, r: dict[str, Any], default: int) -> int:
+    """The GPUs the run's per-GPU throughput was divided by, as the source applied it (InferenceX: tp), from
+    output_throughput / output_throughput_per_gpu; ``default`` without both. A quotient off a whole number by more
+    than 2% (published figures round to 0.04% at most) is an InputError: one of the two figures is wrong."""
+    agg, per = r.get("output_throughput"), r.get("output_throughput_per_gpu")
+    if not (agg and per):
+        return default
+    q = agg / per
+    n = max(int(round(q)), 1)
+    if abs(q - n) > 0.02 * n:
+        raise InputError(str(path), "output_throughput_per_gpu", f"run {r['run_id']}: {per:g} is output_throughput "
+                         f"{agg:g} / {q:.3g}, not a whole number of GPUs: one of the two figures is wrong")
+    return n
+
+
 def _check_counts(path: Path, r: dict[str, Any]) -> None:
     """Refuse a run whose measured figures cover fewer requests than the simulated client completes: failed
     requests, or prompts neither completed nor counted failed (:func:`dsparksim.bench.replay.unaccounted`)."""
@@ -148,9 +163,7 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
         check_output_lengths(r, int(_need(path, r, "random_output_len", "output lengths")), float(ratio), str(path))
         _check_zero_outputs(path, r, int(r["random_output_len"]), float(ratio))
         tp = _need(path, r, "tp", "GPUs of the engine")
-        agg, per = r.get("output_throughput"), r.get("output_throughput_per_gpu")
-        # the per-GPU divisor as the source applied it (InferenceX: tp), else the run's GPUs
-        gpus = int(round(agg / per)) if agg and per else int(r.get("gpu_count") or tp)
+        gpus = _per_gpu_divisor(path, r, int(r.get("gpu_count") or tp))
         spec = ClientSpec(concurrency=int(conc), num_prompts=int(_need(path, r, "num_prompts", "closed-loop pool")),
                           input_len=int(_need(path, r, "random_input_len", "prompt lengths")),
                           output_len=int(_need(path, r, "random_output_len", "output lengths")),
