@@ -140,9 +140,11 @@ def sglang_zero_outputs(row: Mapping[str, Any], L: int, R: float) -> float | Non
     ``np.random.randint(max(int(input_len * range_ratio), 1), input_len + 1)`` but output lengths
     ``np.random.randint(int(output_len * range_ratio), output_len + 1)``: uniform over [0, L] when int(R*L) = 0
     (its default range ratio is 0.0), so each prompt has a 1 / (L + 1) chance of 0. Such a prompt goes out as
-    ``max_new_tokens: 0``: the server only prefills it (it samples and drops one token in that step, sglang#4998),
-    and the client counts ``output_len`` 0 for it, with TTFT 0 when no text streams back. The simulator cannot
-    send a 0-token request (it draws [1, L]). The ``sglang.benchmark`` package (``compute_random_lens``) draws
+    ``max_new_tokens: 0`` (``max_tokens: 0`` on the OpenAI-compatible backends, which a vLLM server refuses: a
+    failed request). SGLang's server prefills it and samples one token in that step, which finishes it
+    (sgl-project/sglang#4892; the fix that would drop the token, #4998, was closed unmerged): if the token streams
+    back the client records a 1-token request, else 0 tokens and TTFT 0. The simulator cannot send a 0-token
+    request (it draws [1, L]). The ``sglang.benchmark`` package (``compute_random_lens``) draws
     [1, L] for both; a runs table does not say which client wrote a run, so this is an upper bound."""
     if row.get("source_format") != "sglang" or int(R * L) != 0:
         return None
@@ -154,9 +156,9 @@ def sglang_zero_outputs(row: Mapping[str, Any], L: int, R: float) -> float | Non
 def sglang_zero_note(expected: float, n: int, L: int) -> str:
     """replay.csv's note on an SGLang run that drew outputs in [0, L] (:func:`sglang_zero_outputs`)."""
     return (f"SGLang's bench_serving (0033168f) drew output lengths in [int(R*L), L] = [0, {L}]: about {expected:.2g} "
-            f"of its {n} prompts (1 in {L + 1}) went out with max_new_tokens 0 (a prefill only; the client counts 0 "
-            "tokens and, if no text came back, TTFT 0 for them); the simulator cannot send 0 tokens and draws "
-            f"[1, {L}]")
+            f"of its {n} prompts (1 in {L + 1}) went out with max_new_tokens 0 (a prefill whose one sampled token ends "
+            "it: a 1-token request to the client, or 0 tokens and TTFT 0 if none streamed back); the simulator "
+            f"cannot send 0 tokens and draws [1, {L}]")
 
 
 def low_range_ratio(row: Mapping[str, Any], bad: Callable[[str, str], Exception]) -> float | None:
