@@ -454,3 +454,14 @@ def test_a_one_line_result_is_parsed_once(tmp_path, monkeypatch):
     p = tmp_path / "pretty.json"
     p.write_text(json.dumps(_vllm(), indent=2))
     assert import_file(p)[0]["completed"] == 40
+
+
+def test_a_pd_disaggregated_sglang_run_is_refused(tmp_path, capsys):
+    # bench_serving reads a PD-disaggregated server's info from server_info["decode"]; the importer dropped the
+    # info and imported the run, which bench replay then simulated as one engine serving prefill and decode
+    info = {"tp_size": 8, "dp_size": 1, "ep_size": 1, "version": "0.5.2", "speculative_algorithm": None}
+    rec = _sglang(server_info={"decode": [info], "prefill": [info]})
+    err = _refused(tmp_path, capsys, _write(tmp_path, "s.jsonl", rec))
+    assert "field 'server_info.decode'" in err and "PD-disaggregated" in err
+    (row,) = import_file(_write(tmp_path, "ok.jsonl", _sglang(server_info=info)))
+    assert row["tp"] == 8 and row["engine_version"] == "0.5.2"

@@ -421,8 +421,11 @@ def _sglang_row(d: Mapping[str, Any], path: str | Path, line: int) -> dict[str, 
     if info is not None:
         if not isinstance(info, dict):
             raise r.err("server_info", f"expected a JSON object, got {type(info).__name__}")
-        if "decode" not in info:   # a PD-disaggregated server reports per-role info: not a one-engine deployment
-            row.update(_sglang_server(_Rec(info, path, line, "server_info.")))
+        if "decode" in info:   # a PD-disaggregated server reports per-role info: not a one-engine deployment
+            raise r.err("server_info.decode", "the server is PD-disaggregated (prefill and decode servers: "
+                        "bench_serving reads the decode servers' info from this key); the runs table records one "
+                        "engine serving both, as InferenceX's disaggregated rows are refused")
+        row.update(_sglang_server(_Rec(info, path, line, "server_info.")))
     return row
 
 
