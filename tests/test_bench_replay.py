@@ -496,3 +496,23 @@ def test_fit_refuses_a_per_gpu_throughput_of_no_whole_number_of_gpus(tmp_path):
         load_fit_runs(tmp_path / "r.csv", {})
     write_runs([{**a, "output_throughput_per_gpu": 125.04}], tmp_path / "ok.csv")     # published rounding
     assert load_fit_runs(tmp_path / "ok.csv", {})[0][0].spec.gpus == 8
+
+
+def test_prompt_lengths_that_the_runs_token_count_contradicts_are_refused(tmp_path):
+    # only the output side was checked: a mistyped --random-input-len at import (or a --random-prefix-len the
+    # file does not record) was simulated and fitted with the wrong prompt lengths
+    from dsparksim.bench.runs import write_runs
+    from dsparksim.fit.runs import load_fit_runs
+    ok = _row(1, 4, random_input_len=1024, random_output_len=32, random_range_ratio=1.0, completed=20,
+              total_input_tokens=20 * 1024, total_output_tokens=20 * 32, mean_tpot_ms=10.0)
+    row_workload(ok)
+    bad = {**ok, "random_input_len": 256}
+    with pytest.raises(InputError, match=r"field 'random_input_len': run t.csv:1: its 20 completed requests sent "
+                                         r"1024.0 prompt tokens each \(total_input_tokens / completed\), but prompt "
+                                         r"lengths uniform in \[256, 256\].*--random-prefix-len"):
+        row_workload(bad)
+    write_runs([bad], tmp_path / "r.csv")
+    with pytest.raises(InputError, match="field 'random_input_len'"):
+        load_fit_runs(tmp_path / "r.csv", {})
+    wide = {**ok, "random_range_ratio": 0.0, "total_input_tokens": 20 * 530, "total_output_tokens": 20 * 17}
+    row_workload(wide)

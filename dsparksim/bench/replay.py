@@ -110,27 +110,41 @@ def _length_moments(lo: int, L: int) -> tuple[float, float]:
     return (lo + L) / 2, math.sqrt(((L - lo + 1) ** 2 - 1) / 12)
 
 
-def check_output_lengths(row: Mapping[str, Any], L: int, R: float, source: str = "runs table") -> None:
-    """The run's own token count against its lengths: with ignore_eos, total_output_tokens / completed is the mean
-    of lengths uniform in [max(1, int(R*L)), L] (an SGLang run's may start at 0: :func:`sglang_zero_outputs`).
-    Off by more than 4 standard errors + 2% is an InputError (lengths or range ratio mistyped at import, or outputs
-    cut by EOS); a run without the counts is not checked."""
-    tot, done = row.get("total_output_tokens"), row.get("completed")
+def check_lengths(row: Mapping[str, Any], L: int, R: float, source: str = "runs table") -> None:
+    """The run's own token counts against its lengths: total_input_tokens / completed is the mean of prompt lengths
+    uniform in [max(1, int(R*L_in)), L_in], and with ignore_eos total_output_tokens / completed that of output
+    lengths uniform in [max(1, int(R*L)), L] (an SGLang run's may start at 0: :func:`sglang_zero_outputs`). Off by
+    more than 4 standard errors + 2% is an InputError (lengths or range ratio mistyped at import, a prefix the
+    client added to every prompt, or outputs cut by EOS); a count that is missing is not checked."""
+    L_in = row.get("random_input_len")
+    if not _missing(L_in):
+        _check_mean(row, "total_input_tokens", "random_input_len", int(L_in), R, (max(1, int(R * int(L_in))),),
+                    source, "prompt", "--random-input-len / --random-range-ratio at import, and a prefix the client "
+                    "added to every prompt (vLLM --random-prefix-len)")
+    lo = max(1, int(R * L))
+    _check_mean(row, "total_output_tokens", "random_output_len", L, R,
+                (lo, 0) if sglang_zero_outputs(row, L, R) is not None else (lo,), source, "output",
+                "--random-output-len / --random-range-ratio at import, and ignore_eos")
+
+
+def _check_mean(row: Mapping[str, Any], total: str, field: str, L: int, R: float, lows: tuple[int, ...],
+                source: str, what: str, check: str) -> None:
+    """``total`` / completed against the mean of lengths uniform in [low, L] for any of ``lows`` (see
+    :func:`check_lengths`)."""
+    tot, done = row.get(total), row.get("completed")
     if _missing(tot) or _missing(done) or not done:
         return
-    lo = max(1, int(R * L))
-    lows = (lo, 0) if sglang_zero_outputs(row, L, R) is not None else (lo,)
     mean = float(tot) / float(done)
     for low in lows:
         mu, sd = _length_moments(low, L)
         if abs(mean - mu) <= 4 * sd / math.sqrt(float(done)) + 0.02 * mu:
             return
-    mu = _length_moments(lo, L)[0]
-    raise InputError(source, "random_output_len", f"run {row.get('run_id') or '?'}: its {int(done)} completed "
-                     f"requests emitted {mean:.1f} tokens each (total_output_tokens / completed), but lengths "
-                     f"uniform in [{lo}, {L}] (random_output_len {L}, range ratio {R:g} as [int(R*L), L] reads "
-                     f"it) have a mean of {mu:.1f}: check --random-output-len / --random-range-ratio at import, "
-                     "and ignore_eos")
+    lo, mu = lows[0], _length_moments(lows[0], L)[0]
+    did = "emitted" if what == "output" else "sent"
+    raise InputError(source, field, f"run {row.get('run_id') or '?'}: its {int(done)} completed requests {did} "
+                     f"{mean:.1f} {'' if what == 'output' else what + ' '}tokens each ({total} / completed), but "
+                     f"{'' if what == 'output' else what + ' '}lengths uniform in [{lo}, {L}] ({field} {L}, range "
+                     f"ratio {R:g} as [int(R*L), L] reads it) have a mean of {mu:.1f}: check {check}")
 
 
 def sglang_zero_outputs(row: Mapping[str, Any], L: int, R: float) -> float | None:
@@ -199,7 +213,7 @@ def row_workload(row: Mapping[str, Any], source: str = "runs table") -> tuple[Cl
     elif R is None:
         R = 0.0
         notes.append("random_range_ratio missing: 0")
-    check_output_lengths(row, int(row["random_output_len"]), float(R), source)
+    check_lengths(row, int(row["random_output_len"]), float(R), source)
     zeros = sglang_zero_outputs(row, int(row["random_output_len"]), float(R))
     if zeros is not None:
         notes.append(sglang_zero_note(zeros, int(row["num_prompts"]), int(row["random_output_len"])))

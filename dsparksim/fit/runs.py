@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from dsparksim.bench.replay import (cell_matches, check_output_lengths, low_range_ratio, sglang_zero_outputs,
+from dsparksim.bench.replay import (cell_matches, check_lengths, low_range_ratio, sglang_zero_outputs,
                                     unaccounted, unaccounted_text)
 from dsparksim.bench.runs import duplicate_run, format_cell, NAMES, read_runs
 from dsparksim.errors import InputError
@@ -160,7 +160,7 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
         conc = _need(path, r, "max_concurrency", "closed loop at a fixed concurrency")
         if ratio is None:
             _need(path, r, "random_range_ratio", _RATIO_WHY)     # refused: the fit never guesses the lengths
-        check_output_lengths(r, int(_need(path, r, "random_output_len", "output lengths")), float(ratio), str(path))
+        check_lengths(r, int(_need(path, r, "random_output_len", "output lengths")), float(ratio), str(path))
         _check_zero_outputs(path, r, int(r["random_output_len"]), float(ratio))
         tp = _need(path, r, "tp", "GPUs of the engine")
         gpus = _per_gpu_divisor(path, r, int(r.get("gpu_count") or tp))
