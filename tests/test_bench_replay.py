@@ -516,3 +516,15 @@ def test_prompt_lengths_that_the_runs_token_count_contradicts_are_refused(tmp_pa
         load_fit_runs(tmp_path / "r.csv", {})
     wide = {**ok, "random_range_ratio": 0.0, "total_input_tokens": 20 * 530, "total_output_tokens": 20 * 17}
     row_workload(wide)
+
+
+def test_vllms_special_token_shortfall_on_short_prompts_is_no_mistyped_length():
+    # vLLM's RandomDataset draws around random_input_len - num_special_tokens (1 for a BOS): 16-token prompts
+    # recorded as 15 each are what the client sent for --random-input-len 16
+    row = _row(1, 4, random_input_len=16, random_output_len=32, random_range_ratio=1.0, completed=400,
+               total_input_tokens=400 * 15, total_output_tokens=400 * 32)
+    row_workload(row)
+    with pytest.raises(InputError, match="field 'random_input_len'"):
+        row_workload({**row, "total_input_tokens": 400 * 10})
+    with pytest.raises(InputError, match="field 'random_input_len'"):
+        row_workload({**row, "total_input_tokens": 400 * 17})

@@ -120,24 +120,31 @@ def check_lengths(row: Mapping[str, Any], L: int, R: float, source: str = "runs 
     if not _missing(L_in):
         _check_mean(row, "total_input_tokens", "random_input_len", int(L_in), R, (max(1, int(R * int(L_in))),),
                     source, "prompt", "--random-input-len / --random-range-ratio at import, and a prefix the client "
-                    "added to every prompt (vLLM --random-prefix-len)")
+                    "added to every prompt (vLLM --random-prefix-len)", slack=SPECIAL_TOKENS_SLACK)
     lo = max(1, int(R * L))
     _check_mean(row, "total_output_tokens", "random_output_len", L, R,
                 (lo, 0) if sglang_zero_outputs(row, L, R) is not None else (lo,), source, "output",
                 "--random-output-len / --random-range-ratio at import, and ignore_eos")
 
 
+# vllm bench serve draws prompt lengths around random_input_len minus the tokenizer's special tokens
+# (RandomDataset: real_input_len = input_len - tokenizer.num_special_tokens_to_add(), 1 for a BOS): prompts may be
+# up to this many tokens shorter than the lengths say
+SPECIAL_TOKENS_SLACK = 4
+
+
 def _check_mean(row: Mapping[str, Any], total: str, field: str, L: int, R: float, lows: tuple[int, ...],
-                source: str, what: str, check: str) -> None:
-    """``total`` / completed against the mean of lengths uniform in [low, L] for any of ``lows`` (see
-    :func:`check_lengths`)."""
+                source: str, what: str, check: str, slack: int = 0) -> None:
+    """``total`` / completed against the mean of lengths uniform in [low, L] for any of ``lows``, or up to
+    ``slack`` tokens below it (see :func:`check_lengths`)."""
     tot, done = row.get(total), row.get("completed")
     if _missing(tot) or _missing(done) or not done:
         return
     mean = float(tot) / float(done)
     for low in lows:
         mu, sd = _length_moments(low, L)
-        if abs(mean - mu) <= 4 * sd / math.sqrt(float(done)) + 0.02 * mu:
+        tol = 4 * sd / math.sqrt(float(done)) + 0.02 * mu
+        if mu - slack - tol <= mean <= mu + tol:
             return
     lo, mu = lows[0], _length_moments(lows[0], L)[0]
     did = "emitted" if what == "output" else "sent"
