@@ -549,3 +549,26 @@ def test_a_key_given_twice_is_refused_not_read_as_the_last(tmp_path, capsys):
     assert main(["bench", "import", str(bad), "--out", str(out)]) == 2
     err = _err(capsys)
     assert "dup.json" in err and "'max_concurrency' appears twice" in err and not out.exists()
+
+
+def test_an_inferencex_column_given_twice_is_refused(tmp_path):
+    # csv.DictReader keeps the last cell of a repeated header name: a second 'isl' column replaced every run's
+    # input length silently
+    lines = (DATA / "inferencex_rows.csv").read_text().splitlines()
+    p = tmp_path / "ix.csv"
+    p.write_text("\n".join([lines[0] + ",isl"] + [ln + ",99" for ln in lines[1:]]) + "\n")
+    with pytest.raises(InputError, match=r"ix.csv:1: field 'isl': column given twice"):
+        import_file(p)
+    p.write_text("\n".join([lines[0] + ",extra"] + [ln + ",99" for ln in lines[1:]]) + "\n")
+    assert 99 not in {r["random_input_len"] for r in import_file(p)}     # a column it does not read is no harm
+
+
+def test_a_gpu_option_spelled_as_nvidia_smi_names_it_is_no_contradiction(tmp_path):
+    # --gpu "NVIDIA H200" against an InferenceX row's 'h200' was refused as a contradiction
+    lines = IX.read_text().splitlines()
+    p = tmp_path / "ix.csv"
+    p.write_text("\n".join([lines[0]] + [ln for ln in lines[1:] if ",h200," in ln]) + "\n")
+    rows = import_file(p, overrides={"gpu": "NVIDIA H200"})
+    assert len(rows) > 1 and {r["gpu"] for r in rows} == {"h200"}      # the file's spelling is kept
+    with pytest.raises(InputError, match="field 'gpu'.*the file says 'h200' but --gpu says 'NVIDIA H20'"):
+        import_file(p, overrides={"gpu": "NVIDIA H20"})

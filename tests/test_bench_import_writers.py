@@ -345,3 +345,123 @@ def test_a_speculating_server_contradicts_spec_method_none(tmp_path, capsys):
     assert read_runs(out)[0]["spec_method"] == "mtp"
     plain = _write(tmp_path, "plain.json", _vllm())
     assert main(["bench", "import", str(plain), "--spec-method", "none", "--out", str(tmp_path / "p.csv")]) == 0
+
+
+# --- defects: a client placeholder imported as a measurement ----------------------------------------------------
+
+def _one_token(rec: dict) -> dict:
+    """Every request emitted one token: calculate_metrics (serve.py 009e6d4a, bench_serving.py 0033168f) keeps a
+    TPOT only for output_len > 1 and writes np.mean(tpots or 0) etc.: 0.0 for every TPOT statistic."""
+    n = rec["completed"]
+    rec.update(total_output_tokens=n, output_throughput=n / rec["duration"])
+    for k in list(rec):
+        if "_tpot_ms" in k:
+            rec[k] = 0.0
+    return rec
+
+
+@pytest.mark.parametrize("writer, name", [(_vllm, "v.json"), (_sglang, "s.jsonl")])
+def test_tpot_of_a_run_of_one_token_outputs_is_imported_as_missing_with_a_note(tmp_path, capsys, writer, name):
+    rec = _one_token(writer())
+    src = _write(tmp_path, name, rec)
+    out = tmp_path / "r.csv"
+    assert main(["bench", "import", str(src), "--out", str(out)]) == 0
+    (row,) = read_runs(out)
+    assert (row["mean_tpot_ms"], row["median_tpot_ms"], row["p99_tpot_ms"]) == (None, None, None)
+    assert row["mean_ttft_ms"] == rec["mean_ttft_ms"]           # the rest is read as before
+    text = capsys.readouterr().out
+    assert f"note: {src}:1: TPOT imported as missing, not 0" in text and "more than one output token" in text
+    # a multi-token run keeps its TPOT, and a TPOT of 0 over multi-token outputs (not streamed) is refused
+    (ok,) = import_file(_write(tmp_path, "ok" + name, writer()))
+    assert ok["mean_tpot_ms"] > 0
+    flat = {**writer(), **{k: 0.0 for k in writer() if "_tpot_ms" in k}}
+    err = _refused(tmp_path, capsys, _write(tmp_path, "flat" + name, flat))
+    assert "field 'mean_tpot_ms'" in err and "streamed" in err
+
+
+# --- defects: --metadata pairs silently ignored -----------------------------------------------------------------
+
+def _with_metadata(rec: dict, **pairs) -> dict:
+    """main_async (serve.py 009e6d4a) writes the --metadata pairs after num_prompts and before request_rate, KEY as
+    typed (stripped), VALUE as text."""
+    out: dict = {}
+    for k, v in rec.items():
+        if k == "request_rate":
+            out.update(pairs)
+        out[k] = v
+    return out
+
+
+def test_vllm_metadata_keys_are_read_in_their_dashed_spelling_and_unknown_ones_are_named(tmp_path, capsys):
+    # --metadata gpu-count=8 was dropped silently: only the exact column name gpu_count was read
+    rec = _with_metadata(_vllm(), **{"gpu-count": "8", "GPU": "H200", "tp": "8", "commit": "abc123",
+                                     "model": "deepseek-r1"})
+    src = _write(tmp_path, "v.json", rec, end="")
+    out = tmp_path / "r.csv"
+    assert main(["bench", "import", str(src), "--out", str(out)]) == 0
+    (row,) = read_runs(out)
+    assert (row["gpu_count"], row["gpu"], row["tp"]) == (8, "H200", 8)
+    assert row["output_throughput_per_gpu"] == rec["output_throughput"] / 8
+    assert row["model"] == rec["model_id"]
+    text = capsys.readouterr().out
+    assert "--metadata key(s) not read, no runs-table column: 'commit'" in text
+    assert "--metadata model=deepseek-r1 not read: the file's own field gives model" in text
+    assert "'gpu-count'" not in text and "'GPU'" not in text
+    # the option contradicting a dashed pair is an error, as for the plain spelling
+    err = _refused(tmp_path, capsys, src, "--gpu-count", "16")
+    assert "field 'gpu_count'" in err and "8" in err and "16" in err
+
+
+def test_two_spellings_of_one_metadata_column_must_agree(tmp_path, capsys):
+    src = _write(tmp_path, "v.json", _with_metadata(_vllm(), gpu_count="8", **{"gpu-count": "4"}), end="")
+    err = _refused(tmp_path, capsys, src)
+    assert "field 'gpu-count'" in err and "two spellings" in err
+    (row,) = import_file(_write(tmp_path, "ok.json", _with_metadata(_vllm(), gpu_count="8", **{"gpu-count": "8"}),
+                                end=""))
+    assert row["gpu_count"] == 8
+    err = _refused(tmp_path, capsys, _write(tmp_path, "bad.json", _with_metadata(_vllm(), **{"gpu-count": "eight"}),
+                                            end=""))
+    assert "field 'metadata gpu-count'" in err and "'eight'" in err
+
+
+def test_one_run_imported_twice_is_refused(tmp_path, capsys):
+    # a result file appended twice (--append-result rerun on the same file) or copied beside itself was imported as
+    # two runs, and profile fit then weighed that measurement twice
+    twice = _write(tmp_path, "v.json", _vllm(), _vllm(), end="")
+    err = _refused(tmp_path, capsys, twice)
+    assert "v.json:2: run " in err and f"{twice}:1 again" in err
+    one = _write(tmp_path, "a.json", _vllm(), end="")
+    copy = _write(tmp_path, "b.json", _vllm(label="copy"), end="")      # a label is where it was filed, not the run
+    out = tmp_path / "r.csv"
+    assert main(["bench", "import", str(one), str(copy), "--out", str(out)]) == 2 and not out.exists()
+    assert f"run {copy}:1 is run {one}:1 again" in _one_line_error(capsys)
+    # two runs that differ in any measured figure are two runs
+    assert len(import_file(_write(tmp_path, "c.json", _vllm(), _vllm(duration=80.5), end=""))) == 2
+
+
+def test_a_one_line_result_is_parsed_once(tmp_path, monkeypatch):
+    # a --save-detailed result is one line of tens of MB (per-request ITL arrays): it was parsed twice, once to
+    # tell JSONL from one pretty-printed object and once to read it (58 MB: 5.1-6.1 s -> 2.5-3.6 s with the
+    # depth check's walk over containers only)
+    calls = []
+    real = json.loads
+    monkeypatch.setattr(json, "loads", lambda text, *a, **k: calls.append(len(text)) or real(text, *a, **k))
+    rec = _vllm(itls=[[0.0075] * 100] * 40)
+    (row,) = import_file(_write(tmp_path, "v.json", rec, end=""))
+    assert len(calls) == 1 and row["completed"] == 40
+    calls.clear()
+    assert len(import_file(_write(tmp_path, "a.json", _vllm(), _vllm(duration=81.0)))) == 2 and len(calls) == 2
+    p = tmp_path / "pretty.json"
+    p.write_text(json.dumps(_vllm(), indent=2))
+    assert import_file(p)[0]["completed"] == 40
+
+
+def test_a_pd_disaggregated_sglang_run_is_refused(tmp_path, capsys):
+    # bench_serving reads a PD-disaggregated server's info from server_info["decode"]; the importer dropped the
+    # info and imported the run, which bench replay then simulated as one engine serving prefill and decode
+    info = {"tp_size": 8, "dp_size": 1, "ep_size": 1, "version": "0.5.2", "speculative_algorithm": None}
+    rec = _sglang(server_info={"decode": [info], "prefill": [info]})
+    err = _refused(tmp_path, capsys, _write(tmp_path, "s.jsonl", rec))
+    assert "field 'server_info.decode'" in err and "PD-disaggregated" in err
+    (row,) = import_file(_write(tmp_path, "ok.jsonl", _sglang(server_info=info)))
+    assert row["tp"] == 8 and row["engine_version"] == "0.5.2"

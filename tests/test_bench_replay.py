@@ -353,3 +353,178 @@ def test_fit_refuses_lengths_that_the_token_count_contradicts(tmp_path):
     write_runs(rows, tmp_path / "r.csv")
     with pytest.raises(InputError, match="field 'random_output_len'.*emitted 1024.0 tokens each"):
         load_fit_runs(tmp_path / "r.csv", {})
+
+
+def test_a_placeholder_tpot_of_0_is_neither_compared_by_replay_nor_fitted(tmp_path):
+    # a runs table written before bench import blanked it (or by hand) holds the clients' TPOT 0 of a run whose
+    # requests all emitted one token: replay printed it as the measured TPOT beside the simulated one
+    from dsparksim.bench.runs import write_runs
+    from dsparksim.fit.runs import load_fit_runs
+    row = _row(1, 2, random_output_len=1, random_range_ratio=1.0, num_prompts=4, completed=4, total_output_tokens=4,
+               mean_tpot_ms=0.0, median_tpot_ms=0.0, p99_tpot_ms=0.0, mean_ttft_ms=30.0, output_throughput=100.0,
+               output_throughput_per_gpu=100.0)
+    df = replay([row], PROFILE)
+    for s in ("mean", "median", "p99"):
+        assert pd.isna(df[f"measured_{s}_tpot_ms"].iloc[0]) and pd.isna(df[f"rel_error_{s}_tpot_ms"].iloc[0])
+    assert df["measured_mean_ttft_ms"].iloc[0] == 30.0
+    assert "measured TPOT 0 not compared" in df["notes"].iloc[0]
+    assert error_summary(df).set_index("metric").loc["mean_tpot_ms", "runs"] == 0
+    write_runs([row], tmp_path / "r.csv")
+    (fr,), _ = load_fit_runs(tmp_path / "r.csv", {})
+    assert not any(k.endswith("_tpot_ms") for k in fr.measured) and fr.measured["mean_ttft_ms"] == 30.0
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA H200", "nvidia h200", "H200 141GB HBM3e", "NVIDIA H200 141GB HBM3e",
+                                 "H200-SXM-141GB", "h200 sxm", "H200 SXM 141GB"])
+def test_gpu_names_as_nvidia_smi_writes_them_match_their_profile(gpu):
+    # "NVIDIA H200" (nvidia-smi, benchmark metadata) was refused against the H200 profile
+    ok = _row(1, 2, gpu="h200", gpu_count=8, tp=8)
+    assert replay_ok({**ok, "gpu": gpu})
+
+
+@pytest.mark.parametrize("gpu, why", [("NVIDIA H20", "'h20' is not a whole word"),
+                                      ("H200 96GB", "96 GB against 141 GB"),
+                                      ("NVIDIA", "no GPU model"),
+                                      ("H200 NVL", "'h200 nvl' is not a whole word"),
+                                      ("NVIDIA H100 80GB HBM3", "80 GB against 141 GB")])
+def test_gpu_names_that_stay_ambiguous_or_differ_are_refused_naming_both(gpu, why):
+    ok = _row(1, 2, gpu="h200", gpu_count=8, tp=8)
+    with pytest.raises(ConfigError, match=f"field 'gpu': run t.csv:1 ran on '{gpu}' but the profile .* prices "
+                                          f"'H200-SXM-141GB' \\({why}"):
+        check_deployment_of({**ok, "gpu": gpu})
+
+
+def test_an_nvidia_smi_name_matches_a_vendor_named_device():
+    from dsparksim.bench.replay import gpu_mismatch
+    assert gpu_mismatch("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM 80GB") is None
+    assert gpu_mismatch("H100", "NVIDIA H100 SXM 80GB") is None
+    assert gpu_mismatch("H100 PCIe", "NVIDIA H100 SXM 80GB") is not None
+    assert gpu_mismatch("H100 SXM", "H100-SXM5-80GB") is not None     # SXM vs SXM5: not guessed
+
+
+def test_an_sglang_run_that_drew_zero_token_outputs_is_noted_checked_on_its_own_draw_and_refused_by_fit(tmp_path):
+    # sglang bench_serving.py (0033168f) draws outputs in [int(R*L), L]: [0, L] at its default R = 0, and sends a
+    # 0 as max_new_tokens 0; the simulator draws [1, L]. Replay said nothing, and the length check used [1, L]:
+    # an SGLang run of L = 4 (mean 2.0 tokens, as SGLang draws them) was refused as a mistyped length
+    from dsparksim.bench.runs import write_runs
+    from dsparksim.fit.runs import load_fit_runs
+    row = _row(1, 4, source_format="sglang", random_output_len=4, random_range_ratio=0.0, num_prompts=2000,
+               completed=2000, total_output_tokens=4000, mean_ttft_ms=30.0)
+    wl, notes = row_workload(row)
+    assert wl.random_range_ratio == 0.0
+    assert any("[0, 4]: about 4e+02 of its 2000 prompts (1 in 5) went out with max_new_tokens 0" in n for n in notes)
+    with pytest.raises(InputError, match="emitted 2.0 tokens each"):
+        row_workload({**row, "source_format": "vllm"})           # another client's [1, 4]: mean 2.5
+    long = {**row, "random_output_len": 1024, "total_output_tokens": 2000 * 512}
+    assert any("about 2 of its 2000 prompts (1 in 1025)" in n for n in row_workload(long)[1])
+    assert not any("max_new_tokens 0" in n for n in row_workload({**long, "random_range_ratio": 0.001})[1])
+    write_runs([row, {**long, "run_id": "t.csv:2", "source_row": 2}], tmp_path / "r.csv")
+    with pytest.raises(InputError, match=r"field 'random_range_ratio': run t.csv:1: SGLang's bench_serving .* about "
+                                         r"4e\+02 of its prompts \(1 in 5"):
+        load_fit_runs(tmp_path / "r.csv", {})
+    runs, _ = load_fit_runs(tmp_path / "r.csv", {"source_row": "2"})    # 1 in 1025: within the fit's 2%
+    assert [r.run_id for r in runs] == ["t.csv:2"]
+
+
+def test_fit_refuses_one_measurement_twice_in_a_hand_made_table(tmp_path):
+    from dsparksim.bench.runs import write_runs
+    from dsparksim.fit.runs import load_fit_runs
+    a = _row(1, 4, random_output_len=32, random_range_ratio=1.0, mean_tpot_ms=10.0, duration_s=3.0)
+    write_runs([a, {**a, "run_id": "u.csv:1", "source_file": "u.csv"}], tmp_path / "r.csv")
+    with pytest.raises(InputError, match="field 'run_id': run u.csv:1 is run t.csv:1 again"):
+        load_fit_runs(tmp_path / "r.csv", {})
+    assert len(load_fit_runs(tmp_path / "r.csv", {"source_file": "u.csv"})[0]) == 1
+
+
+def test_fit_refuses_runs_of_two_models_in_one_selection(tmp_path):
+    # runs of two models were fitted into one profile silently
+    from dsparksim.bench.runs import write_runs
+    from dsparksim.fit.runs import load_fit_runs
+    a = _row(1, 4, random_output_len=32, random_range_ratio=1.0, mean_tpot_ms=10.0, model="deepseek-ai/DeepSeek-R1")
+    b = {**a, "run_id": "t.csv:2", "source_row": 2, "max_concurrency": 8, "model": "meta-llama/Llama-3.1-8B"}
+    c = {**a, "run_id": "t.csv:3", "source_row": 3, "max_concurrency": 2, "model": "DEEPSEEK-AI/deepseek-r1"}
+    write_runs([a, b, c], tmp_path / "r.csv")
+    with pytest.raises(InputError, match=r"field 'model': the selected runs are of more than one model: run t.csv:1 "
+                                         r"'deepseek-ai/deepseek-r1', run t.csv:2 'meta-llama/llama-3.1-8b'"):
+        load_fit_runs(tmp_path / "r.csv", {})
+    assert len(load_fit_runs(tmp_path / "r.csv", {"model": "deepseek-ai/DeepSeek-R1"})[0]) == 2   # case aside
+
+
+def test_a_run_of_another_model_than_the_profiles_is_noted():
+    # a Llama run replayed on a DeepSeek profile was compared without a word
+    from dsparksim.bench.replay import model_note
+    from dsparksim.cost.profile import load_profile
+    ds = load_profile("built-h200x8-deepseek-v3-tp8")
+    assert model_note({"model": "deepseek-ai/DeepSeek-R1-0528"}, ds) is None
+    assert model_note({"model": "DeepSeek-V3-0324-FP8"}, ds) is None
+    assert model_note({"model": None}, ds) is None
+    note = model_note({"model": "meta-llama/Llama-3.1-8B-Instruct"}, ds)
+    assert "'meta-llama/Llama-3.1-8B-Instruct' shares no name with the profile's model 'deepseek-v3'" in note
+    assert model_note({"model": "Qwen/Qwen3-30B-A3B"}, load_profile("built-h100-qwen3-30b-a3b-tp1")) is None
+    assert model_note({"model": "Qwen/Qwen3-8B"}, ds) is not None
+    ok = _row(1, 2, gpu="h200", gpu_count=8, tp=8, model="meta-llama/Llama-3.1-8B", random_input_len=64,
+              random_output_len=8, num_prompts=4)
+    assert "shares no name" in replay([ok], "built-h200x8-deepseek-v3-tp8")["notes"].iloc[0]
+
+
+def test_prompts_neither_completed_nor_failed_are_noted_and_refused_by_fit(tmp_path):
+    # SGLang's line has no failed count: a run with 360 of 400 prompts failed (or a --num-prompts 400 typed at
+    # import for a 40-prompt run) was fitted as if the 40 completed requests were all 400, and replayed silently
+    from dsparksim.bench.runs import write_runs
+    from dsparksim.fit.runs import load_fit_runs
+    row = _row(1, 4, source_format="sglang", random_output_len=32, random_range_ratio=1.0, num_prompts=400,
+               completed=40, total_output_tokens=40 * 32, mean_tpot_ms=10.0)
+    _, notes = row_workload(row)
+    assert any(n.startswith("360 of its 400 prompts neither completed nor counted failed (completed 40") for n in notes)
+    write_runs([row], tmp_path / "r.csv")
+    with pytest.raises(InputError, match="field 'completed': run t.csv:1: 360 of its 400 prompts neither completed"):
+        load_fit_runs(tmp_path / "r.csv", {})
+    full = {**row, "num_prompts": 40}
+    assert not any("neither completed" in n for n in row_workload(full)[1])
+    assert not any("neither completed" in n for n in row_workload({**row, "completed": 38, "failed": 362, "total_output_tokens": 38 * 32})[1])
+
+
+def test_fit_refuses_a_per_gpu_throughput_of_no_whole_number_of_gpus(tmp_path):
+    # the divisor output_throughput / output_throughput_per_gpu was rounded silently: 1000 / 300 fitted as 3 GPUs
+    from dsparksim.bench.runs import write_runs
+    from dsparksim.fit.runs import load_fit_runs
+    a = _row(1, 4, random_output_len=32, random_range_ratio=1.0, mean_tpot_ms=10.0, gpu_count=8, tp=8,
+             output_throughput=1000.0, output_throughput_per_gpu=300.0)
+    write_runs([a], tmp_path / "r.csv")
+    with pytest.raises(InputError, match=r"field 'output_throughput_per_gpu': run t.csv:1: 300 is output_throughput "
+                                         r"1000 / 3.33, not a whole number"):
+        load_fit_runs(tmp_path / "r.csv", {})
+    write_runs([{**a, "output_throughput_per_gpu": 125.04}], tmp_path / "ok.csv")     # published rounding
+    assert load_fit_runs(tmp_path / "ok.csv", {})[0][0].spec.gpus == 8
+
+
+def test_prompt_lengths_that_the_runs_token_count_contradicts_are_refused(tmp_path):
+    # only the output side was checked: a mistyped --random-input-len at import (or a --random-prefix-len the
+    # file does not record) was simulated and fitted with the wrong prompt lengths
+    from dsparksim.bench.runs import write_runs
+    from dsparksim.fit.runs import load_fit_runs
+    ok = _row(1, 4, random_input_len=1024, random_output_len=32, random_range_ratio=1.0, completed=20,
+              total_input_tokens=20 * 1024, total_output_tokens=20 * 32, mean_tpot_ms=10.0)
+    row_workload(ok)
+    bad = {**ok, "random_input_len": 256}
+    with pytest.raises(InputError, match=r"field 'random_input_len': run t.csv:1: its 20 completed requests sent "
+                                         r"1024.0 prompt tokens each \(total_input_tokens / completed\), but prompt "
+                                         r"lengths uniform in \[256, 256\].*--random-prefix-len"):
+        row_workload(bad)
+    write_runs([bad], tmp_path / "r.csv")
+    with pytest.raises(InputError, match="field 'random_input_len'"):
+        load_fit_runs(tmp_path / "r.csv", {})
+    wide = {**ok, "random_range_ratio": 0.0, "total_input_tokens": 20 * 530, "total_output_tokens": 20 * 17}
+    row_workload(wide)
+
+
+def test_vllms_special_token_shortfall_on_short_prompts_is_no_mistyped_length():
+    # vLLM's RandomDataset draws around random_input_len - num_special_tokens (1 for a BOS): 16-token prompts
+    # recorded as 15 each are what the client sent for --random-input-len 16
+    row = _row(1, 4, random_input_len=16, random_output_len=32, random_range_ratio=1.0, completed=400,
+               total_input_tokens=400 * 15, total_output_tokens=400 * 32)
+    row_workload(row)
+    with pytest.raises(InputError, match="field 'random_input_len'"):
+        row_workload({**row, "total_input_tokens": 400 * 10})
+    with pytest.raises(InputError, match="field 'random_input_len'"):
+        row_workload({**row, "total_input_tokens": 400 * 17})

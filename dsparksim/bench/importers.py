@@ -41,7 +41,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from dsparksim.bench.runs import BY_NAME, check_row, check_value, parse_cell
+from dsparksim.bench.runs import BY_NAME, check_row, check_value, duplicate_run, gpu_mismatch, parse_cell
 from dsparksim.errors import InputError
 from dsparksim.io.textio import escape_controls, loads_json, read_text
 
@@ -117,9 +117,10 @@ FILLED_BY: dict[str, dict[str, str]] = {
 }
 
 
-def import_files(paths: list[str | Path], fmt: str = "auto",
-                 overrides: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The runs of every file, in order; the first bad file or record raises an InputError (nothing partial)."""
+def import_files(paths: list[str | Path], fmt: str = "auto", overrides: Mapping[str, Any] | None = None,
+                 notes: list[str] | None = None) -> list[dict[str, Any]]:
+    """The runs of every file, in order; the first bad file or record raises an InputError (nothing partial).
+    ``notes`` (if given) receives one line per value the files hold but the runs table leaves empty, and why."""
     rows: list[dict[str, Any]] = []
     seen: dict[Path, str | Path] = {}
     for p in paths:
@@ -128,13 +129,19 @@ def import_files(paths: list[str | Path], fmt: str = "auto",
             raise InputError(p, None, f"the same file as {str(seen[key])!r}, given twice (its runs would be "
                              "imported twice)")
         seen[key] = p
-        rows.extend(import_file(p, fmt, overrides))
+        rows.extend(import_file(p, fmt, overrides, notes))
+    dup = duplicate_run(rows)
+    if dup is not None:
+        a, b = dup
+        raise InputError(b["source_file"], None, f"run {b['run_id']} is run {a['run_id']} again (every field but its "
+                         "place equal: the same measurement appended or copied twice); import each run once",
+                         line=b["source_row"])
     return rows
 
 
-def import_file(path: str | Path, fmt: str = "auto",
-                overrides: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The runs in one file as checked runs-table rows (see the module docstring)."""
+def import_file(path: str | Path, fmt: str = "auto", overrides: Mapping[str, Any] | None = None,
+                notes: list[str] | None = None) -> list[dict[str, Any]]:
+    """The runs in one file as checked runs-table rows (see the module docstring); ``notes``: see import_files."""
     if fmt not in ("auto", *FORMATS):
         raise InputError("bench import", "--format", f"expected auto, {', '.join(FORMATS)}; got {fmt!r}")
     text = read_text(path, "benchmark file")
@@ -153,7 +160,9 @@ def import_file(path: str | Path, fmt: str = "auto",
                                              if key in rec and rec[key] is None}
         if k == "sglang" and _sglang_uncapped(rec):
             said["max_concurrency"] = "no cap (max_concurrency 0: bench_serving runs without a semaphore then)"
-        out.append(finish_row(row, k, path, line, overrides or {}, said))
+        out.append(finish_row(row, k, path, line, overrides or {}, said, notes))
+        if k == "vllm" and notes is not None:
+            notes.extend(vllm_metadata_notes(rec, out[-1], path, line))
     if not out:
         raise InputError(path, None, f"no runs in the file; {EXPECTED}")
     return out
@@ -189,14 +198,16 @@ def json_records(text: str, path: str | Path) -> list[tuple[int, dict[str, Any]]
     """(line, object) for a JSON document holding one object, or for each non-blank line of a JSONL file."""
     lines = text.splitlines()
     first_i = next(i for i, s in enumerate(lines) if s.strip())
-    try:
-        json.loads(lines[first_i])
-        one_per_line = True
-    except (ValueError, RecursionError):
-        one_per_line = False
-    if one_per_line:
-        recs = [(i + 1, loads_json(s, path, line=i + 1)) for i, s in enumerate(lines) if s.strip()]
-    else:   # one pretty-printed document
+    try:   # parsed once: a --save-detailed result is one line of tens of MB
+        first = loads_json(lines[first_i], path, line=first_i + 1)
+    except InputError:
+        if sum(1 for s in lines if s.strip()) == 1:
+            raise
+        first = None   # not a whole object on its first line: one pretty-printed document
+    if first is not None:
+        recs = [(first_i + 1, first)] + [(i + 1, loads_json(s, path, line=i + 1))
+                                         for i, s in enumerate(lines) if i > first_i and s.strip()]
+    else:
         recs = [(first_i + 1, loads_json(text, path))]
     for line, rec in recs:
         if not isinstance(rec, dict):
@@ -283,16 +294,62 @@ def _vllm_row(d: Mapping[str, Any], path: str | Path, line: int) -> dict[str, An
     }
     for col in STAT_COLUMNS:
         row[col] = r.num(col, col)
-    # `--metadata KEY=VALUE` lands as top-level text keys: a KEY that names an option column fills it.
-    for name, col in BY_NAME.items():
-        if col.cli and name in d and row.get(name) is None and name not in _VLLM_OWN:
-            v = d[name]
-            row[name] = (parse_cell(dataclasses.replace(col, name=f"metadata {name}"), v, path, line)
-                         if isinstance(v, str) else r.num(name, name) if col.type in ("int", "float") else v)
+    for name, (key, v) in _vllm_metadata(r).items():
+        if name not in _VLLM_OWN:
+            row[name] = v
     return row
 
 
-_VLLM_OWN = {"model", "num_prompts", "request_rate", "max_concurrency", "measurement_date"}
+_VLLM_OWN = {"model", "num_prompts", "request_rate", "max_concurrency", "measurement_date"}   # filled by the file
+_VLLM_KEYS = {"num_prompts", "request_rate", "max_concurrency"}   # vLLM's own keys spelled as a column
+
+
+def metadata_column(key: str) -> str | None:
+    """The option column a ``--metadata KEY=VALUE`` key names, in any spelling of it (``gpu_count``,
+    ``gpu-count``, ``GPU-Count``), or None."""
+    name = key.strip().lower().replace("-", "_")
+    col = BY_NAME.get(name)
+    return name if col is not None and col.cli else None
+
+
+def _vllm_metadata(r: _Rec) -> dict[str, tuple[str, Any]]:
+    """column -> (key, value) of the file's keys that name an option column (``vllm bench serve --metadata
+    KEY=VALUE`` writes each pair as a top-level text key, KEY as typed), typed as the column. vLLM's own keys
+    (num_prompts, request_rate, max_concurrency) are not metadata. Two spellings of one column with different
+    values are refused."""
+    out: dict[str, tuple[str, Any]] = {}
+    for key, v in r.d.items():
+        name = metadata_column(key)
+        if name is None or key in _VLLM_KEYS or v is None:
+            continue
+        col = BY_NAME[name]
+        v = (parse_cell(dataclasses.replace(col, name=f"metadata {key}"), v, r.path, r.line) if isinstance(v, str)
+             else r.num(key, name) if col.type in ("int", "float") else v)
+        if name in out and out[name][1] != v:
+            raise r.err(key, f"{v!r} beside {out[name][0]!r} {out[name][1]!r}: two spellings of the column "
+                        f"{name!r} with different values; expected one")
+        out[name] = (key, v)
+    return out
+
+
+def vllm_metadata_notes(d: Mapping[str, Any], row: Mapping[str, Any], path: str | Path, line: int) -> list[str]:
+    """What a vLLM file's ``--metadata`` pairs hold that the runs table does not take, said rather than dropped:
+    keys naming no column (the pairs sit between ``num_prompts`` and ``request_rate``, where main_async writes them
+    in serve.py at 009e6d4a) and pairs naming a column the file itself fills (model from model_id, the date)."""
+    keys = list(d)
+    out = []
+    if "num_prompts" in keys and "request_rate" in keys and keys.index("num_prompts") < keys.index("request_rate"):
+        meta = keys[keys.index("num_prompts") + 1:keys.index("request_rate")]
+        unread = [k for k in meta if metadata_column(k) is None]
+        if unread:
+            out.append(f"{path}:{line}: --metadata key(s) not read, no runs-table column: "
+                       f"{', '.join(escape_controls(repr(k)) for k in unread)} (the option columns, e.g. gpu, "
+                       "gpu_count, tp, ep, engine, are read in either spelling, gpu_count or gpu-count)")
+    for name, (key, v) in _vllm_metadata(_Rec(d, path, line)).items():
+        if name in _VLLM_OWN and row.get(name) is not None and str(v).lower() != str(row[name]).lower():
+            out.append(f"{path}:{line}: --metadata {escape_controls(key)}={escape_controls(str(v))} not read: the "
+                       f"file's own field gives {name} {row[name]!r}")
+    return out
 
 
 def _vllm_traffic(r: _Rec) -> None:
@@ -364,8 +421,11 @@ def _sglang_row(d: Mapping[str, Any], path: str | Path, line: int) -> dict[str, 
     if info is not None:
         if not isinstance(info, dict):
             raise r.err("server_info", f"expected a JSON object, got {type(info).__name__}")
-        if "decode" not in info:   # a PD-disaggregated server reports per-role info: not a one-engine deployment
-            row.update(_sglang_server(_Rec(info, path, line, "server_info.")))
+        if "decode" in info:   # a PD-disaggregated server reports per-role info: not a one-engine deployment
+            raise r.err("server_info.decode", "the server is PD-disaggregated (prefill and decode servers: "
+                        "bench_serving reads the decode servers' info from this key); the runs table records one "
+                        "engine serving both, as InferenceX's disaggregated rows are refused")
+        row.update(_sglang_server(_Rec(info, path, line, "server_info.")))
     return row
 
 
@@ -418,6 +478,10 @@ def _inferencex_rows(text: str, path: str | Path) -> Iterator[tuple[str, int, di
     rd = csv.DictReader(io.StringIO(text))
     try:
         header = [h.strip() for h in (rd.fieldnames or [])]
+        twice = next((h for h in header if header.count(h) > 1), None)
+        if twice is not None:   # csv.DictReader keeps the last of two cells silently
+            raise InputError(path, escape_controls(twice), "column given twice (which of its cells holds the run's "
+                             "value is unknown)", line=1)
         missing = [c for c in INFERENCEX_COLUMNS if c not in header]
         if missing:
             raise InputError(path, missing[0], f"missing column of the InferenceX table ({len(missing)} missing)",
@@ -520,6 +584,37 @@ def _inferencex_row(d: Mapping[str, str], path: str | Path, line: int) -> dict[s
     return row
 
 
+def _same_text(name: str, have: Any, v: Any) -> bool:
+    """An option's text that names what the file's does: equal but for case, or for ``gpu`` the same GPU as a
+    profile's device would be matched (``NVIDIA H200`` and ``h200``; :func:`dsparksim.bench.runs.gpu_mismatch`)."""
+    if not (isinstance(have, str) and isinstance(v, str)):
+        return False
+    if have.lower() == v.lower():
+        return True
+    return name == "gpu" and (gpu_mismatch(v, have) is None or gpu_mismatch(have, v) is None)
+
+
+def tpot_placeholder(row: Mapping[str, Any], path: str | Path, line: int) -> str | None:
+    """Why the row's TPOT statistics are the client's placeholder rather than a measurement (None: they are not,
+    or there are none). Both clients average TPOT over the requests with more than one output token and write
+    ``np.mean(tpots or 0)``: 0.0 for every statistic when there is none (vllm/benchmarks/serve.py at 009e6d4a,
+    sglang bench_serving.py at 0033168f). All-zero TPOT over multi-token outputs is a client that saw every token
+    at once (SGLang ``--disable-stream``: TTFT is then the whole latency): InputError, no streamed run."""
+    vals = [row.get(f"{s}_tpot_ms") for s in _STATS]
+    if not any(v is not None for v in vals) or any(v not in (None, 0) for v in vals):
+        return None
+    done, tot = row.get("completed"), row.get("total_output_tokens")
+    if done and tot is not None and tot > done:
+        raise InputError(path, "mean_tpot_ms", f"0 with {tot} output tokens over {done} completed requests: every "
+                         "request's tokens arrived at once (a non-streamed run, e.g. SGLang --disable-stream), so its "
+                         "TTFT is the whole latency and its TPOT no measurement; expected a streamed run", line=line)
+    if done and tot is not None:
+        return (f"{tot} output token(s) over {done} completed request(s): no request had more than one output "
+                "token, and the client writes TPOT 0 when none had (a placeholder, not a measurement)")
+    return ("TPOT 0 is what the client writes when no request had more than one output token (a placeholder, not "
+            "a measurement)")
+
+
 def _ms(seconds_text: str) -> float:
     try:
         return float(Decimal(seconds_text) * 1000)
@@ -528,11 +623,17 @@ def _ms(seconds_text: str) -> float:
 
 
 def finish_row(row: dict[str, Any], kind: str, path: str | Path, line: int, overrides: Mapping[str, Any],
-               said: Mapping[str, str] | None = None) -> dict[str, Any]:
+               said: Mapping[str, str] | None = None, notes: list[str] | None = None) -> dict[str, Any]:
     """Provenance, the options' values (a contradiction with the file is an error), derived per-GPU
     throughput and the format's defaults, then the full column check. ``said``: columns the file states as null
-    with a meaning (NULL_MEANS), which an option contradicts as much as a value."""
+    with a meaning (NULL_MEANS), which an option contradicts as much as a value. ``notes``: see import_files."""
     row = {k: v for k, v in row.items()}
+    why = tpot_placeholder(row, path, line)
+    if why is not None:
+        for s in _STATS:
+            row[f"{s}_tpot_ms"] = None
+        if notes is not None:
+            notes.append(f"{path}:{line}: TPOT imported as missing, not 0: {why}")
     for name, v in overrides.items():
         have = row.get(name)
         if have is None and name in (said or {}):
@@ -540,7 +641,7 @@ def finish_row(row: dict[str, Any], kind: str, path: str | Path, line: int, over
                              f"says {v!r}", line=line)
         if have is None:
             row[name] = v
-        elif have != v and not (isinstance(have, str) and isinstance(v, str) and have.lower() == v.lower()):
+        elif have != v and not _same_text(name, have, v):
             raise InputError(path, name, f"the file says {have!r} but --{name.replace('_', '-')} says {v!r}",
                              line=line)
     acc, sm = row.get("acceptance_length"), row.get("spec_method")

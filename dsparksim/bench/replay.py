@@ -34,7 +34,7 @@ import numpy as np
 from dsparksim.acceptance import load_acceptance
 from dsparksim.bench.client import ClientWorkload, ServerSettings, engine_mixes_prefill, is_trtllm, run_client
 from dsparksim.errors import ConfigError, InputError
-from dsparksim.bench.runs import read_runs
+from dsparksim.bench.runs import gpu_mismatch, read_runs
 from dsparksim.bench.spec import map_row
 from dsparksim.cost.profile import load_profile
 
@@ -105,22 +105,81 @@ def select(runs: Sequence[Mapping[str, Any]], where: list[tuple[str, str]], sour
 
 
 # ------------------------------------------------------------------------------------------------ one row
-def check_output_lengths(row: Mapping[str, Any], L: int, R: float, source: str = "runs table") -> None:
-    """The run's own token count against its lengths: with ignore_eos, total_output_tokens / completed is the mean
-    of lengths uniform in [max(1, int(R*L)), L]. Off by more than 4 standard errors + 2% is an InputError (lengths
-    or range ratio mistyped at import, or outputs cut by EOS); a run without the counts is not checked."""
-    tot, done = row.get("total_output_tokens"), row.get("completed")
+def _length_moments(lo: int, L: int) -> tuple[float, float]:
+    """Mean and standard deviation of lengths uniform over the integers [lo, L]."""
+    return (lo + L) / 2, math.sqrt(((L - lo + 1) ** 2 - 1) / 12)
+
+
+def check_lengths(row: Mapping[str, Any], L: int, R: float, source: str = "runs table") -> None:
+    """The run's own token counts against its lengths: total_input_tokens / completed is the mean of prompt lengths
+    uniform in [max(1, int(R*L_in)), L_in], and with ignore_eos total_output_tokens / completed that of output
+    lengths uniform in [max(1, int(R*L)), L] (an SGLang run's may start at 0: :func:`sglang_zero_outputs`). Off by
+    more than 4 standard errors + 2% is an InputError (lengths or range ratio mistyped at import, a prefix the
+    client added to every prompt, or outputs cut by EOS); a count that is missing is not checked."""
+    L_in = row.get("random_input_len")
+    if not _missing(L_in):
+        _check_mean(row, "total_input_tokens", "random_input_len", int(L_in), R, (max(1, int(R * int(L_in))),),
+                    source, "prompt", "--random-input-len / --random-range-ratio at import, and a prefix the client "
+                    "added to every prompt (vLLM --random-prefix-len)", slack=SPECIAL_TOKENS_SLACK)
+    lo = max(1, int(R * L))
+    _check_mean(row, "total_output_tokens", "random_output_len", L, R,
+                (lo, 0) if sglang_zero_outputs(row, L, R) is not None else (lo,), source, "output",
+                "--random-output-len / --random-range-ratio at import, and ignore_eos")
+
+
+# vllm bench serve draws prompt lengths around random_input_len minus the tokenizer's special tokens
+# (RandomDataset: real_input_len = input_len - tokenizer.num_special_tokens_to_add(), 1 for a BOS): prompts may be
+# up to this many tokens shorter than the lengths say
+SPECIAL_TOKENS_SLACK = 4
+
+
+def _check_mean(row: Mapping[str, Any], total: str, field: str, L: int, R: float, lows: tuple[int, ...],
+                source: str, what: str, check: str, slack: int = 0) -> None:
+    """``total`` / completed against the mean of lengths uniform in [low, L] for any of ``lows``, or up to
+    ``slack`` tokens below it (see :func:`check_lengths`)."""
+    tot, done = row.get(total), row.get("completed")
     if _missing(tot) or _missing(done) or not done:
         return
-    lo = max(1, int(R * L))
-    mu, sd = (lo + L) / 2, math.sqrt(((L - lo + 1) ** 2 - 1) / 12)
     mean = float(tot) / float(done)
-    if abs(mean - mu) > 4 * sd / math.sqrt(float(done)) + 0.02 * mu:
-        raise InputError(source, "random_output_len", f"run {row.get('run_id') or '?'}: its {int(done)} completed "
-                         f"requests emitted {mean:.1f} tokens each (total_output_tokens / completed), but lengths "
-                         f"uniform in [{lo}, {L}] (random_output_len {L}, range ratio {R:g} as [int(R*L), L] reads "
-                         f"it) have a mean of {mu:.1f}: check --random-output-len / --random-range-ratio at import, "
-                         "and ignore_eos")
+    for low in lows:
+        mu, sd = _length_moments(low, L)
+        tol = 4 * sd / math.sqrt(float(done)) + 0.02 * mu
+        if mu - slack - tol <= mean <= mu + tol:
+            return
+    lo, mu = lows[0], _length_moments(lows[0], L)[0]
+    did = "emitted" if what == "output" else "sent"
+    raise InputError(source, field, f"run {row.get('run_id') or '?'}: its {int(done)} completed requests {did} "
+                     f"{mean:.1f} {'' if what == 'output' else what + ' '}tokens each ({total} / completed), but "
+                     f"{'' if what == 'output' else what + ' '}lengths uniform in [{lo}, {L}] ({field} {L}, range "
+                     f"ratio {R:g} as [int(R*L), L] reads it) have a mean of {mu:.1f}: check {check}")
+
+
+def sglang_zero_outputs(row: Mapping[str, Any], L: int, R: float) -> float | None:
+    """The expected number of prompts an SGLang run sent with 0 output tokens, or None when it sent none.
+
+    sgl-project/sglang ``python/sglang/bench_serving.py`` at 0033168f, ``sample_random_requests``: input lengths
+    ``np.random.randint(max(int(input_len * range_ratio), 1), input_len + 1)`` but output lengths
+    ``np.random.randint(int(output_len * range_ratio), output_len + 1)``: uniform over [0, L] when int(R*L) = 0
+    (its default range ratio is 0.0), so each prompt has a 1 / (L + 1) chance of 0. Such a prompt goes out as
+    ``max_new_tokens: 0`` (``max_tokens: 0`` on the OpenAI-compatible backends, which a vLLM server refuses: a
+    failed request). SGLang's server prefills it and samples one token in that step, which finishes it
+    (sgl-project/sglang#4892; the fix that would drop the token, #4998, was closed unmerged): if the token streams
+    back the client records a 1-token request, else 0 tokens and TTFT 0. The simulator cannot send a 0-token
+    request (it draws [1, L]). The ``sglang.benchmark`` package (``compute_random_lens``) draws
+    [1, L] for both; a runs table does not say which client wrote a run, so this is an upper bound."""
+    if row.get("source_format") != "sglang" or int(R * L) != 0:
+        return None
+    n = row.get("num_prompts")
+    n = row.get("completed") if _missing(n) else n
+    return None if _missing(n) else float(n) / (L + 1)
+
+
+def sglang_zero_note(expected: float, n: int, L: int) -> str:
+    """replay.csv's note on an SGLang run that drew outputs in [0, L] (:func:`sglang_zero_outputs`)."""
+    return (f"SGLang's bench_serving (0033168f) drew output lengths in [int(R*L), L] = [0, {L}]: about {expected:.2g} "
+            f"of its {n} prompts (1 in {L + 1}) went out with max_new_tokens 0 (a prefill whose one sampled token ends "
+            "it: a 1-token request to the client, or 0 tokens and TTFT 0 if none streamed back); the simulator "
+            f"cannot send 0 tokens and draws [1, {L}]")
 
 
 def low_range_ratio(row: Mapping[str, Any], bad: Callable[[str, str], Exception]) -> float | None:
@@ -161,7 +220,10 @@ def row_workload(row: Mapping[str, Any], source: str = "runs table") -> tuple[Cl
     elif R is None:
         R = 0.0
         notes.append("random_range_ratio missing: 0")
-    check_output_lengths(row, int(row["random_output_len"]), float(R), source)
+    check_lengths(row, int(row["random_output_len"]), float(R), source)
+    zeros = sglang_zero_outputs(row, int(row["random_output_len"]), float(R))
+    if zeros is not None:
+        notes.append(sglang_zero_note(zeros, int(row["num_prompts"]), int(row["random_output_len"])))
     cap = None if _missing(row.get("max_concurrency")) else int(row["max_concurrency"])
     rate = row.get("request_rate")
     if _missing(rate):
@@ -178,6 +240,10 @@ def row_workload(row: Mapping[str, Any], source: str = "runs table") -> tuple[Cl
     if not _missing(failed) and failed:
         notes.append(f"{int(failed)} request(s) failed in the measured run: its figures cover the completed ones, "
                      "the simulation completes every prompt")
+    gone = unaccounted(row)
+    if gone:
+        notes.append(unaccounted_text(row, gone) + ": the measured figures cover the completed ones, the simulation "
+                     "completes every prompt")
     w = row.get("num_warmup_prompts")
     w = 0 if _missing(w) else int(w)
     try:
@@ -188,6 +254,22 @@ def row_workload(row: Mapping[str, Any], source: str = "runs table") -> tuple[Cl
     except ConfigError as e:
         raise bad(e.field or "?", e.message) from None
     return wl, notes
+
+
+def unaccounted(row: Mapping[str, Any]) -> int:
+    """Prompts of the run neither completed nor counted failed: num_prompts - completed - failed (0 when a count is
+    missing). SGLang's line has no failed count, so its failed requests land here; so does a num_prompts given at
+    import that is not what the client sent."""
+    n, done, failed = row.get("num_prompts"), row.get("completed"), row.get("failed")
+    if _missing(n) or _missing(done):
+        return 0
+    return max(0, int(n) - int(done) - (0 if _missing(failed) else int(failed)))
+
+
+def unaccounted_text(row: Mapping[str, Any], gone: int) -> str:
+    return (f"{gone} of its {int(row['num_prompts'])} prompts neither completed nor counted failed (completed "
+            f"{int(row['completed'])}; failed requests where the file records none, as SGLang's, or a num_prompts "
+            "that is not what the client sent)")
 
 
 def row_policy(row: Mapping[str, Any], source: str = "runs table") -> dict[str, Any]:
@@ -261,6 +343,42 @@ def _check_batch_wait_runs(plan: Sequence[tuple], timeout: int) -> None:
                               f"{row.get('run_id') or '?'} {why}: select the runs it applies to with --where")
 
 
+_GENERIC_WORDS = {"ai", "hf", "meta", "org", "instruct", "chat", "base", "it", "fp8", "fp4", "bf16", "fp16", "int4",
+                  "int8", "awq", "gptq", "nvfp4", "mxfp4", "preview"}
+
+
+def _model_words(name: str) -> set[str]:
+    """The words of a model name that say which model family it is: no sizes (7b, 30b, a3b), versions of two
+    characters or fewer, dates, or generic words (instruct, fp8, ...)."""
+    words = re.findall(r"[a-z0-9]+", name.lower())
+    return {w for w in words if len(w) > 2 and re.search(r"[a-z]", w) and w not in _GENERIC_WORDS
+            and not re.fullmatch(r"a?\d+(\.\d+)?[bmk]", w)}
+
+
+def model_note(row: Mapping[str, Any], prof: Any) -> str | None:
+    """A note when the run's model and the profile's ``metadata.model`` share no family word (deepseek, llama,
+    qwen3, ...): the profile may price another model. Names differ too much (an HF id, a config name, a
+    fine-tune's) for this to be a refusal; None when they share one or either is unknown."""
+    run = row.get("model")
+    priced = str((getattr(prof, "metadata", {}) or {}).get("model") or "")
+    if _missing(run) or not priced:
+        return None
+    a, b = _model_words(str(run)), _model_words(priced)
+    if not a or not b or a & b:
+        return None
+    return (f"model {str(run)!r} shares no name with the profile's model {priced!r}: is this its profile? (replay "
+            "each model's runs on a profile of that model)")
+
+
+def placeholder_tpot(row: Mapping[str, Any]) -> bool:
+    """True when every TPOT statistic the row has is 0: what vLLM's and SGLang's clients write when no request had
+    more than one output token (``np.mean(tpots or 0)``), never a measured decode time. ``bench import`` leaves
+    such TPOT empty; a table written before it did (or by hand) may still hold the zeros."""
+    vals = [row.get(f"{s}_tpot_ms") for s in ("mean", "median", "p99")]
+    present = [float(v) for v in vals if not _missing(v)]
+    return bool(present) and all(v == 0 for v in present)
+
+
 def gpus_of(row: Mapping[str, Any]) -> int:
     """GPUs for throughput per GPU: gpu_count, else tp (InferenceX divides by TP), else 1."""
     for f in ("gpu_count", "tp"):
@@ -308,11 +426,11 @@ def check_deployment(row: Mapping[str, Any], prof: Any, source: str = "runs tabl
     meta = getattr(prof, "metadata", {}) or {}
     rid = row.get("run_id") or "?"
     gpu, device = row.get("gpu"), str(meta.get("device") or "")
-    # the run's name as whole words of the device's (h200 in H200-SXM-141GB; h20 is not)
-    if not _missing(gpu) and device and not re.search(rf"(?<![a-z0-9]){re.escape(str(gpu).strip().lower())}"
-                                                      r"(?![a-z0-9])", device.lower()):
+    why = None if _missing(gpu) or not device else gpu_mismatch(str(gpu), device)
+    if why is not None:
         raise ConfigError(source, "gpu", f"run {rid} ran on {gpu!r} but the profile {prof.name!r} prices "
-                          f"{device!r}: give each GPU's runs their own profile (select them with --where gpu=...)")
+                          f"{device!r} ({why}): give each GPU's runs their own profile (select them with --where "
+                          "gpu=...)")
     R = check_dp(row, prof, source)
     for col, key in (("tp", "tensor_parallel"), ("ep", "expert_parallel")):
         v, pv = row.get(col), meta.get(key)
@@ -353,6 +471,12 @@ def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSet
         if acceptance is not None and "acceptance" in pol:
             pol = {**pol, "acceptance": acceptance}
             notes = notes + [f"acceptance {acceptance} (given) instead of the mapping's"]
+        other = model_note(row, prof)
+        if other:
+            notes = notes + [other]
+        if placeholder_tpot(row):
+            notes = notes + ["measured TPOT 0 not compared: the client's placeholder when no request had more than "
+                             "one output token, not a measurement"]
         plan.append((row, wl, notes, pol, gpus_of(row), R))
     if server.attention_dp_timeout_iters is not None:
         _check_balance_runs(plan, server.attention_dp_timeout_iters)
@@ -383,7 +507,7 @@ def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSet
         rec["simulated_failed"] = run.metrics["failed"]
         for m in METRICS:
             sim = run.metrics[m]
-            meas = row.get(m)
+            meas = None if m.endswith("_tpot_ms") and placeholder_tpot(row) else row.get(m)
             rec[f"measured_{m}"] = None if _missing(meas) else float(meas)
             rec[f"simulated_{m}"] = sim
             rec[f"rel_error_{m}"] = _rel(sim, meas)

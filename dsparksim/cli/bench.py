@@ -75,11 +75,14 @@ NEEDED = ("gpu", "gpu_count", "tp", "engine", "spec_method", "dataset_name", "ra
 def import_command(args: argparse.Namespace) -> int:
 
     check_out(args.out, args.force, inputs=args.files)
-    rows = import_files(args.files, args.format, overrides(args))
+    notes: list[str] = []
+    rows = import_files(args.files, args.format, overrides(args), notes)
     n = write_runs(rows, args.out, force=args.force)
     kinds = Counter(r["source_format"] for r in rows)
     print(f"{n} runs from {len(args.files)} file(s) ({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))}) "
           f"-> {args.out}")
+    for note in notes:
+        print(f"  note: {note}")
     empty = [name for name in NEEDED if any(r[name] is None and (not name.startswith("random_") or
                                                                   r["dataset_name"] in (None, "random")) for r in rows)]
     if empty:

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from dsparksim.bench.replay import cell_matches, check_output_lengths, low_range_ratio
-from dsparksim.bench.runs import format_cell, NAMES, read_runs
+from dsparksim.bench.replay import (cell_matches, check_lengths, low_range_ratio, sglang_zero_outputs,
+                                    unaccounted, unaccounted_text)
+from dsparksim.bench.runs import duplicate_run, format_cell, NAMES, read_runs
 from dsparksim.errors import InputError
 from dsparksim.fit.trace import ClientSpec
 from dsparksim.bench.client import engine_mixes_prefill
@@ -51,6 +52,67 @@ def _need(path: Path, r: dict[str, Any], key: str, why: str) -> Any:
     return v
 
 
+def _check_selection(path: Path, sel: list[dict[str, Any]]) -> None:
+    """Refuse a selection of runs of more than one model (names compared case-insensitively; empty = unknown): one
+    fitted profile prices one model, and another model's runs would pull its scales toward that model's costs; and
+    one measurement selected twice (:func:`dsparksim.bench.runs.duplicate_run`), which would weigh twice."""
+    first: dict[str, str] = {}
+    for r in sel:
+        m = r.get("model")
+        if m is None:
+            continue
+        first.setdefault(str(m).strip().lower(), r["run_id"])
+        if len(first) > 1:
+            (m0, id0), (m1, id1) = list(first.items())[:2]
+            raise InputError(str(path), "model", f"the selected runs are of more than one model: run {id0} "
+                             f"{m0!r}, run {id1} {m1!r}; one fit prices one model: select its runs (--where "
+                             "model=...)")
+    dup = duplicate_run(sel)
+    if dup is not None:   # one measurement twice would weigh twice in the fit
+        raise InputError(str(path), "run_id", f"run {dup[1]['run_id']} is run {dup[0]['run_id']} again (every field "
+                         "but its source equal): keep one of them (--where, or import each run once)")
+
+
+def _per_gpu_divisor(path: Path, r: dict[str, Any], default: int) -> int:
+    """The GPUs the run's per-GPU throughput was divided by, as the source applied it (InferenceX: tp), from
+    output_throughput / output_throughput_per_gpu; ``default`` without both. A quotient off a whole number by more
+    than 2% (published figures round to 0.04% at most) is an InputError: one of the two figures is wrong."""
+    agg, per = r.get("output_throughput"), r.get("output_throughput_per_gpu")
+    if not (agg and per):
+        return default
+    q = agg / per
+    n = max(int(round(q)), 1)
+    if abs(q - n) > 0.02 * n:
+        raise InputError(str(path), "output_throughput_per_gpu", f"run {r['run_id']}: {per:g} is output_throughput "
+                         f"{agg:g} / {q:.3g}, not a whole number of GPUs: one of the two figures is wrong")
+    return n
+
+
+def _check_counts(path: Path, r: dict[str, Any]) -> None:
+    """Refuse a run whose measured figures cover fewer requests than the simulated client completes: failed
+    requests, or prompts neither completed nor counted failed (:func:`dsparksim.bench.replay.unaccounted`)."""
+    failed, gone = r.get("failed"), unaccounted(r)
+    if gone:
+        raise InputError(str(path), "completed", f"run {r['run_id']}: {unaccounted_text(r, gone)}: the measured "
+                         "figures cover the completed ones only, while the simulated client completes every prompt")
+    if failed:
+        raise InputError(str(path), "failed", f"run {r['run_id']}: {failed} request(s) failed: the measured figures "
+                         "cover the completed ones only, while the simulated client completes every prompt")
+
+
+def _check_zero_outputs(path: Path, r: dict[str, Any], L: int, ratio: float) -> None:
+    """Refuse an SGLang run whose client drew 0-token outputs (:func:`dsparksim.bench.replay.sglang_zero_outputs`)
+    for more than 2% of its prompts (the share 1 / (L + 1); 2% is the length check's tolerance): they lower its
+    measured TTFT (recorded as 0) and token count by about that share, and the fit cannot simulate them."""
+    zeros = sglang_zero_outputs(r, L, ratio)
+    if zeros is not None and 1 / (L + 1) > 0.02:
+        raise InputError(str(path), "random_range_ratio", f"run {r['run_id']}: SGLang's bench_serving (0033168f) drew "
+                         f"output lengths in [int(R*L), L] = [0, {L}], so about {zeros:.2g} of its prompts (1 in "
+                         f"{L + 1}, above the 2% the fit tolerates) were prefill-only requests with max_new_tokens 0, "
+                         "which the fit cannot simulate; fit runs with int(R * random_output_len) >= 1 or longer "
+                         "outputs")
+
+
 def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, Any] | None = None,
                   mixed_prefill: bool | None = None, run_server: Mapping[str, Mapping[str, Any]] | None = None
                   ) -> tuple[list[FitRun], list[dict[str, Any]]]:
@@ -67,6 +129,7 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
     sel = [r for r in rows if all(cell_matches(r.get(k), v) for k, v in where.items())]
     if not sel:
         raise InputError(str(path), "--where", f"no run matches {where or 'the whole table (it is empty)'}")
+    _check_selection(path, sel)
     server = server or {}
     runs = []
     for r in sel:
@@ -93,18 +156,14 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
         if r.get("dp_attention"):
             raise InputError(str(path), "dp_attention", f"run {rid}: DP-attention engines step their ranks in "
                              "lockstep (a max over ranks) which the fit's re-pricing does not cover")
-        failed = r.get("failed")
-        if failed:
-            raise InputError(str(path), "failed", f"run {rid}: {failed} request(s) failed: the measured figures "
-                             "cover the completed ones only, while the simulated client completes every prompt")
+        _check_counts(path, r)
         conc = _need(path, r, "max_concurrency", "closed loop at a fixed concurrency")
         if ratio is None:
             _need(path, r, "random_range_ratio", _RATIO_WHY)     # refused: the fit never guesses the lengths
-        check_output_lengths(r, int(_need(path, r, "random_output_len", "output lengths")), float(ratio), str(path))
+        check_lengths(r, int(_need(path, r, "random_output_len", "output lengths")), float(ratio), str(path))
+        _check_zero_outputs(path, r, int(r["random_output_len"]), float(ratio))
         tp = _need(path, r, "tp", "GPUs of the engine")
-        agg, per = r.get("output_throughput"), r.get("output_throughput_per_gpu")
-        # the per-GPU divisor as the source applied it (InferenceX: tp), else the run's GPUs
-        gpus = int(round(agg / per)) if agg and per else int(r.get("gpu_count") or tp)
+        gpus = _per_gpu_divisor(path, r, int(r.get("gpu_count") or tp))
         spec = ClientSpec(concurrency=int(conc), num_prompts=int(_need(path, r, "num_prompts", "closed-loop pool")),
                           input_len=int(_need(path, r, "random_input_len", "prompt lengths")),
                           output_len=int(_need(path, r, "random_output_len", "output lengths")),

@@ -112,13 +112,15 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _too_deep(obj: Any) -> bool:
     """Nesting beyond MAX_JSON_DEPTH (checked without recursion): later recursive code must not overflow."""
+    if not isinstance(obj, (dict, list)):
+        return False
     stack = [(obj, 1)]
     while stack:
         v, d = stack.pop()
-        if isinstance(v, (dict, list)):
-            if d > MAX_JSON_DEPTH:
-                return True
-            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+        if d > MAX_JSON_DEPTH:
+            return True
+        # only containers are pushed: a detailed benchmark result holds millions of numbers in its arrays
+        stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v) if isinstance(x, (dict, list)))
     return False
 
 
