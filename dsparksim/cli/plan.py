@@ -52,7 +52,7 @@ def register(subparsers, backend_args) -> None:
                     "rerun resumes). Writes plan.json (with the resolved spec and the search trace), spec.json, "
                     "cheapest.csv, pareto.csv/.json, probes.csv, plan.png and, last, plan.manifest.json. A spec "
                     "error exits 2 before any probe runs. Spec tables: [plan] slo = [\"METRIC OP NUMBER\", ...] "
-                    "(OP >= or <=; METRIC any summary.json metric, *_p50 = *_median; e.g. \"tps_user_p50 >= 60\", "
+                    "(OP >=, <=, > or <; METRIC any summary.json metric, *_p50 = *_median; e.g. \"tps_user_p50 >= 60\", "
                     "\"ttft_p99_s <= 2\"), seeds, require_unsaturated, prune; [traffic] rate or trace, scales; "
                     "[base] run options for every candidate; [prices] $/GPU-hour by metadata.device or short GPU "
                     "name; [[candidates]] profile, replicas = [MIN, MAX], policies, K, any run option (a list = one "

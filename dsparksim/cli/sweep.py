@@ -136,7 +136,7 @@ def register(subparsers) -> None:
                                 "may set load, min, max, tolerance, slo")
     c.add_argument("--out", "--result-dir", dest="out", required=True, help="output folder (also the probe cache)")
     c.add_argument("--slo", "--sla", dest="slo", action="append", default=None, metavar="SLO",
-                   help="SLO term METRIC>=X or METRIC<=Y on a run-summary field, repeatable, e.g. "
+                   help="SLO term METRIC OP X (OP >=, <=, > or <) on a run-summary field, repeatable, e.g. "
                         "--slo 'tps_user_median>=50' --slo 'ttft_p99_s<=2' [spec's capacity.slo]")
     c.add_argument("--load", choices=["concurrency", "rate", "time_scale"], default=None,
                    help="load axis to search [spec's capacity.load, else its load key]")
