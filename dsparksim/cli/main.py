@@ -16,7 +16,7 @@ from dsparksim.errors import CLI, ConfigError, InputError, missing_extra, one_li
 from dsparksim.io.options import number
 from dsparksim import __version__
 from dsparksim.config import PAGED_ONLY, reserved_kv_conflict
-from dsparksim.results.notes import low_verify_note, request_latency_note
+from dsparksim.results.notes import low_verify_note, request_latency_note, short_window_count, short_window_note
 from dsparksim.results.outputs import check_out_dir, check_out_file, need_parquet, staged_dir
 from dsparksim.sim.inputs import load_run_profile, resolve_inputs
 from dsparksim.sim.reads import unread_by_all
@@ -414,6 +414,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not s["num_requests_completed"]:
         print(f"dsparksim: warning: no request both arrived inside the measurement window (after the {s['warmup_s']:g} s "
               "warm-up) and completed: per-request metrics are empty (lower --warmup or run longer)", file=sys.stderr)
+    short = short_window_count(s, traffic.concurrency if traffic.mode == "closed" else None)
+    if short:
+        print(f"dsparksim: warning: {short_window_note(short)}", file=sys.stderr)
     for note in (low_verify_note(s), request_latency_note(str(cfg.profile), prof.request_latency_s)):
         if note:
             print(f"dsparksim: note: {note}", file=sys.stderr)
@@ -534,9 +537,10 @@ def _frontier_flags_named(args: argparse.Namespace, key: str) -> Iterator[None]:
         raise ConfigError(CLI, spec.option.flags[0], e.message) from None
 
 
-def warn_incomplete_cells(table, seeded: bool) -> None:
-    """Cells with no finished request, or with requests rejected on arrival, said out loud (never silently
-    left off a plot); with seeds, ``table`` is the per-seed table."""
+def warn_incomplete_cells(table, seeded: bool, closed_loop: bool = False) -> None:
+    """Cells with no finished request, closed-loop cells with fewer finished requests than users, or with
+    requests rejected on arrival, said out loud (never silently left off a plot); with seeds, ``table`` is the
+    per-seed table."""
     empty = _empty_cells(table)  # with seeds: any seed without a finished request
     if empty:
         # Kept in frontier.csv with empty metrics (never Pareto) -- said out loud, never silently left off a plot.
@@ -544,6 +548,10 @@ def warn_incomplete_cells(table, seeded: bool) -> None:
               f"in frontier.csv with empty metrics and are never Pareto: {', '.join(empty)} (lengthen --duration)"
               + ("; a cell's mean over seeds is empty when any of its seeds is" if seeded else ""),
               file=sys.stderr)
+    short = _cell_names(table, [short_window_count(r, r.get("load")) for _, r in table.iterrows()]) \
+        if closed_loop else []
+    if short:
+        print(f"dsparksim: warning: {len(short)} cell(s): {short_window_note('; '.join(short))}", file=sys.stderr)
     rejected = _rejected_cells(table)
     if rejected:
         print(f"dsparksim: warning: requests were rejected on arrival in {len(rejected)} cell(s) and their metrics "
@@ -627,7 +635,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         write_table(d / names["frontier_csv"], df)
     paths = {k: out / v for k, v in names.items()}
     default_out_note(args, existed)
-    warn_incomplete_cells(per_seed if len(seeds) > 1 else df, len(seeds) > 1)
+    warn_incomplete_cells(per_seed if len(seeds) > 1 else df, len(seeds) > 1, load_name == "concurrent users")
     if not args.quiet:
         deps = f" x {len(deploys)} deployments" if len(deploys) > 1 else ""
         reps = f" x {len(seeds)} seeds {seeds[0]}..{seeds[-1]}" if len(seeds) > 1 else ""
@@ -788,15 +796,20 @@ def check_frontier_loads(args: argparse.Namespace) -> None:
 
 
 def _empty_cells(df) -> list[str]:
-    from dsparksim.results.frontier import series_labels  # lazy: pulls in numpy, pandas, pyarrow
-
     if "num_requests_completed" not in df.columns:
         return []
+    return _cell_names(df, list(df["num_requests_completed"].fillna(0) <= 0))
+
+
+def _cell_names(df, flags: list) -> list[str]:
+    """'policy@load[ seed S][ (deployment)][: what]' for every row whose flag is set (a string flag is appended)."""
+    from dsparksim.results.frontier import series_labels  # lazy: pulls in numpy, pandas, pyarrow
+
     labels = series_labels(df)
     multi = labels.nunique() > 1
-    bad = df[df["num_requests_completed"].fillna(0) <= 0]
     return [f"{r['policy']}@{r['load']:g}" + (f" seed {r['seed']}" if "seed" in df else "")
-            + (f" ({labels[i]})" if multi else "") for i, r in bad.iterrows()]
+            + (f" ({labels[i]})" if multi else "") + (f": {f}" if isinstance(f, str) else "")
+            for (i, r), f in zip(df.iterrows(), flags) if f]
 
 
 def _rejected_text(s: dict[str, Any]) -> str:

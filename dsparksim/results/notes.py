@@ -28,3 +28,23 @@ def request_latency_note(profile_name: str, seconds: float) -> str | None:
     return (f"profile {profile_name} carries request_latency_s = {seconds * 1000:.1f} ms (the serving stack's "
             "latency outside the engine, as a benchmark client sees it); TTFT and E2E here are engine-side, without "
             "it (bench replay adds it to every request, as the client measured)")
+
+
+def short_window_count(s: Mapping[str, Any], users: int | None) -> str | None:
+    """'N of U users' for a closed-loop run of U users that ended on its duration with fewer requests finished in
+    the measurement window than users (but at least one), else None. Such a window did not see every user through
+    one request: the per-request metrics (TTFT, TPOT, tok/s/user) rest on the requests short enough to arrive
+    after the warm-up and finish before the end, and the throughput is the start-up burst's (every user arrives at
+    t = 0), not a steady state. (No finished request at all has its own warning.)"""
+    n = s.get("num_requests_completed")
+    if not users or s.get("ended_by") != "duration" or not n or n >= users:
+        return None
+    return f"{int(n)} finished for {int(users)} users"
+
+
+def short_window_note(where: str) -> str:
+    """The warning for the runs :func:`short_window_count` names (``where``: one run's count, or a list of cells)."""
+    return (f"fewer requests finished in the measurement window than there are users ({where}): the per-request "
+            "metrics (TTFT, TPOT, tok/s/user) leave out every request too long to arrive after the warm-up and "
+            "finish before the end, and the throughput describes the start-up burst (every user arrives at t = 0), "
+            "not a steady state; lengthen --duration (and --warmup)")

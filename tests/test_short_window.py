@@ -1,0 +1,40 @@
+"""A closed-loop run whose measurement window saw fewer finished requests than users is said out loud.
+
+Found by a newcomer: `frontier --profile fitted-h200x8-deepseek-r1-sglang-0.5.12 --concurrency-levels 4,16,64,256
+--duration 20` reported the 256-user cells (1-4 finished requests, the start-up burst) as unsaturated, Pareto-
+ranked points with a per-user speed from one to four short requests, and said nothing."""
+from __future__ import annotations
+
+from dsparksim.cli.main import main
+from dsparksim.results.notes import short_window_count
+
+
+def _s(**kw):
+    return {"num_requests_completed": 4, "ended_by": "duration", **kw}
+
+
+def test_short_window_count_fires_only_below_the_users_of_a_duration_bound_run():
+    assert short_window_count(_s(), 64) == "4 finished for 64 users"
+    assert short_window_count(_s(num_requests_completed=64), 64) is None        # one request per user: fine
+    assert short_window_count(_s(num_requests_completed=0), 64) is None         # the empty-window warning's case
+    assert short_window_count(_s(ended_by="num_requests"), 64) is None          # --num-requests serves them all
+    assert short_window_count(_s(), None) is None                               # open loop: no users
+
+
+def test_run_warns_when_the_window_saw_fewer_requests_than_users(tmp_path, capsys):
+    # default profile (7B on H100), 64 users for 4 s: 4 requests finish in the 3.6 s window
+    assert main(["run", "--policy", "mtp1", "--concurrency", "64", "--duration", "4", "--out", str(tmp_path / "a"),
+                 "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "fewer requests finished in the measurement window than there are users (4 finished for 64 users)" in err
+    assert main(["run", "--policy", "mtp1", "--concurrency", "64", "--duration", "10", "--out",
+                 str(tmp_path / "b"), "--quiet"]) == 0
+    assert "fewer requests finished" not in capsys.readouterr().err
+
+
+def test_frontier_names_each_short_window_cell(tmp_path, capsys):
+    assert main(["frontier", "--policies", "none,mtp1", "--concurrency-levels", "2,64", "--duration", "4",
+                 "--workers", "1", "--quiet", "--out", str(tmp_path / "f")]) == 0
+    err = capsys.readouterr().err
+    assert "cell(s): fewer requests finished in the measurement window than there are users" in err
+    assert "mtp1@64: 4 finished for 64 users" in err and "@2:" not in err
