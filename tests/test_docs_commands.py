@@ -192,3 +192,24 @@ def test_mkdocs_build_strict(tmp_path):
     for p in (ROOT / "docs").glob("*.md"):
         built = site / ("index.html" if p.stem == "index" else f"{p.stem}/index.html")
         assert built.is_file(), f"{p.name} was not built"
+
+
+def test_walkthrough_simulates_the_server_the_fit_assumed():
+    """docs/from-benchmark-to-frontier.md tells the reader to give `frontier` and `plan` the server settings the
+    fit assumed (its prefill chunk and memory fraction); its own step-5 frontier and sweeps/plan-fitted.toml once
+    left them at the 2048-token default chunk and the profile's full KV capacity. Both now carry the shipped fitted
+    profile's (metadata.fit.client_model), and the page's frontier and replay commands the same values."""
+    import json
+    import tomllib
+
+    prof = json.loads((ROOT / "profiles" / "fitted-h200x8-deepseek-r1-sglang-0.5.12.json").read_text("utf-8"))
+    cm = prof["metadata"]["fit"]["client_model"]
+    chunk, frac = cm["prefill_chunk_tokens"], cm["mem_fraction_static"]
+    base = tomllib.loads((ROOT / "sweeps" / "plan-fitted.toml").read_text("utf-8"))["base"]
+    assert (base.get("prefill_chunk_tokens"), base.get("mem_fraction_static")) == (chunk, frac)
+    page = ROOT / "docs" / "from-benchmark-to-frontier.md"
+    sims = [argv for _, argv in doc_commands(page) if argv[:1] == ["frontier"] or argv[:2] == ["bench", "replay"]]
+    assert sims
+    for argv in sims:
+        assert _opt(argv, "--prefill-chunk", "--chunked-prefill-size") == str(chunk), argv
+        assert _opt(argv, "--mem-fraction-static") == str(frac), argv
