@@ -322,6 +322,21 @@ def test_an_h20_run_is_not_replayed_on_an_h200_profile():
             check_deployment_of({**ok, "gpu": gpu})
 
 
+def test_a_deployment_mismatch_names_the_profile_file_not_only_its_inner_name(tmp_path):
+    # `profile fit --out my-h200.json` writes a profile named 'fitted-h200x8-deepseek-v3' inside: the error named
+    # only that, a name the user never typed (bench replay runs.csv --profile my-h200.json)
+    from dsparksim.bench.replay import check_deployment
+    from dsparksim.cost.profile import load_profile, profile_path
+    mine = tmp_path / "my-h200.json"
+    mine.write_bytes(profile_path("built-h200x8-deepseek-v3-tp8").read_bytes())
+    row = {**_row(1, 2, gpu="h200", gpu_count=8, tp=8), "ep": 8}
+    with pytest.raises(ConfigError, match=r"but the profile 'built-h200x8-deepseek-v3-tp8' \(file .*my-h200\.json\) "
+                                          r"has expert_parallel 1"):
+        check_deployment(row, load_profile(str(mine)))
+    with pytest.raises(ConfigError, match=r"but the profile 'built-h200x8-deepseek-v3-tp8' has expert_parallel 1"):
+        check_deployment_of(row)                          # a shipped profile: its file is named after it
+
+
 def check_deployment_of(row):
     from dsparksim.bench.replay import check_deployment
     from dsparksim.cost.profile import load_profile
