@@ -313,6 +313,21 @@ def test_bench_replay_says_its_prefill_chunk_and_that_fields_were_filled_in(tmp_
            "vLLM's default" in text
 
 
+def test_a_prefill_chunk_above_the_token_budget_is_said_to_be_capped(tmp_path, capsys):
+    # --chunked-prefill-size 32768 on a 16384-token profile is simulated at 16384 (identical replay.csv, as
+    # docs/benchmarks.md says: "within the token budget"), but the command printed "chunked prefill 32768 tokens"
+    t = _write(tmp_path / "runs.csv", [_row(1, 2, num_prompts=4, num_warmup_prompts=0)])
+    args = ["bench", "replay", str(t), "--profile", PROFILE, "--out"]
+    assert main([*args, str(tmp_path / "a"), "--chunked-prefill-size", "8192"]) == 0
+    out, err = capsys.readouterr()
+    assert "(chunked prefill 8192 tokens, at most 4096 per step: the profile's token budget)" in out, out
+    assert "note: --chunked-prefill-size 8192 is above the profile's token budget 4096" in err, err
+    assert main([*args, str(tmp_path / "b"), "--chunked-prefill-size", "4096", "--quiet"]) == 0
+    assert "token budget" not in capsys.readouterr().err
+    same = [(tmp_path / d / "replay.csv").read_text() for d in "ab"]
+    assert same[0] == same[1]                              # the cap is what was simulated
+
+
 def test_an_h20_run_is_not_replayed_on_an_h200_profile():
     # the GPU check was a substring test: 'h20' is in 'h200-sxm-141gb', so an H20 run (148 vs 989 TFLOPS) passed
     ok = _row(1, 2, gpu="h200", gpu_count=8, tp=8)
