@@ -16,7 +16,8 @@ from dsparksim.errors import CLI, ConfigError, InputError, missing_extra, one_li
 from dsparksim.io.options import number
 from dsparksim import __version__
 from dsparksim.config import PAGED_ONLY, reserved_kv_conflict
-from dsparksim.results.notes import low_verify_note, request_latency_note, short_window_count, short_window_note
+from dsparksim.results.notes import (low_verify_note, prefill_chunk_note, request_latency_note, short_window_count,
+                                     short_window_note)
 from dsparksim.results.outputs import check_out_dir, check_out_file, need_parquet, staged_dir
 from dsparksim.sim.inputs import load_run_profile, resolve_inputs
 from dsparksim.sim.reads import unread_by_all
@@ -417,7 +418,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     short = short_window_count(s, traffic.concurrency if traffic.mode == "closed" else None)
     if short:
         print(f"dsparksim: warning: {short_window_note(short)}", file=sys.stderr)
-    for note in (low_verify_note(s), request_latency_note(str(cfg.profile), prof.request_latency_s)):
+    for note in (low_verify_note(s), request_latency_note(str(cfg.profile), prof.request_latency_s),
+                 given_chunk_note(args, cfg, prof)):
         if note:
             print(f"dsparksim: note: {note}", file=sys.stderr)
     rej = _rejected_text(s)
@@ -559,11 +561,22 @@ def warn_incomplete_cells(table, seeded: bool, closed_loop: bool = False) -> Non
               file=sys.stderr)
 
 
-def latency_note(cfg: RunConfig) -> None:
-    """Print the note of a profile with a client-side request latency that the command's TTFT leaves out."""
-    note = request_latency_note(str(cfg.profile), load_run_profile(cfg).request_latency_s)
-    if note:
-        print(f"dsparksim: note: {note}", file=sys.stderr)
+def latency_note(cfg: RunConfig, args: argparse.Namespace | None = None) -> None:
+    """Print the note of a profile with a client-side request latency that the command's TTFT leaves out, and
+    (given ``args``) that of a typed prefill chunk above the token budget."""
+    prof = load_run_profile(cfg)
+    for note in (request_latency_note(str(cfg.profile), prof.request_latency_s),
+                 given_chunk_note(args, cfg, prof) if args is not None else None):
+        if note:
+            print(f"dsparksim: note: {note}", file=sys.stderr)
+
+
+def given_chunk_note(args: argparse.Namespace, cfg: RunConfig, prof) -> str | None:
+    """prefill_chunk_note for a --prefill-chunk typed on the command line (the 2048 default above a small
+    profile's budget, cpu-tiny's 512, is the default's business, not a surprise)."""
+    if not flag_given(args, "--prefill-chunk", "--chunked-prefill-size"):
+        return None
+    return prefill_chunk_note(cfg.engine.prefill_chunk_tokens, int(cfg.engine.max_batched_tokens or prof.max_tokens))
 
 
 def cmd_frontier(args: argparse.Namespace) -> int:
@@ -578,7 +591,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     base, loads, load_name, deploys, seeds, cfgs = frontier_cells(args, policies, slo_warnings)
     for w in slo_warnings:   # after every check: a refused command prints its one error line only (notes too)
         print(w, file=sys.stderr)
-    latency_note(base)
+    latency_note(base, args)
     jobs = args.workers or min(os.cpu_count() or 1, len(cfgs))
     out = Path(args.out)
     existed = out.is_dir() and any(out.iterdir())

@@ -48,3 +48,13 @@ def short_window_note(where: str) -> str:
             "metrics (TTFT, TPOT, tok/s/user) leave out every request too long to arrive after the warm-up and "
             "finish before the end, and the throughput describes the start-up burst (every user arrives at t = 0), "
             "not a steady state; lengthen --duration (and --warmup)")
+
+
+def prefill_chunk_note(chunk: int, budget: int) -> str | None:
+    """The note for a prefill chunk above the step's token budget, which caps every step's prefill (the chunk is
+    then simulated at the budget), else None."""
+    if chunk <= budget:
+        return None
+    return (f"the prefill chunk {chunk} is above the token budget {budget} (--max-batched-tokens, default the "
+            f"profile's largest breakpoint), which caps every step's prefill: chunks of at most {budget} tokens are "
+            "simulated")

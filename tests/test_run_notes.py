@@ -1,4 +1,5 @@
-"""A closed-loop run whose measurement window saw fewer finished requests than users is said out loud.
+"""What `run` and `frontier` say about a result a reader could otherwise misread: a closed-loop run whose
+measurement window saw fewer finished requests than users, a typed prefill chunk the token budget caps.
 
 Found by a newcomer: `frontier --profile fitted-h200x8-deepseek-r1-sglang-0.5.12 --concurrency-levels 4,16,64,256
 --duration 20` reported the 256-user cells (1-4 finished requests, the start-up burst) as unsaturated, Pareto-
@@ -38,3 +39,21 @@ def test_frontier_names_each_short_window_cell(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "cell(s): fewer requests finished in the measurement window than there are users" in err
     assert "mtp1@64: 4 finished for 64 users" in err and "@2:" not in err
+
+
+def test_a_typed_prefill_chunk_above_the_token_budget_is_noted(tmp_path, capsys):
+    # `run --prefill-chunk 32768` on a 16384-token profile simulated 16384-token chunks (requests.csv identical to
+    # --prefill-chunk 16384) and said nothing; the default profile's budget is 4096
+    from dsparksim.results.notes import prefill_chunk_note
+    assert prefill_chunk_note(4096, 4096) is None and "at most 4096 tokens" in prefill_chunk_note(4097, 4096)
+    base = ["--policy", "mtp1", "--concurrency", "2", "--duration", "2", "--quiet"]
+    assert main(["run", *base, "--prefill-chunk", "8192", "--out", str(tmp_path / "a")]) == 0
+    assert "note: the prefill chunk 8192 is above the token budget 4096" in capsys.readouterr().err
+    assert main(["run", *base, "--prefill-chunk", "4096", "--out", str(tmp_path / "b")]) == 0
+    assert "token budget" not in capsys.readouterr().err
+    assert (tmp_path / "a" / "requests.csv").read_text() == (tmp_path / "b" / "requests.csv").read_text()
+    assert main(["frontier", "--policies", "mtp1", "--concurrency-levels", "2", "--duration", "2", "--workers", "1",
+                 "--quiet", "--chunked-prefill-size", "8192", "--out", str(tmp_path / "f")]) == 0
+    assert "note: the prefill chunk 8192 is above the token budget 4096" in capsys.readouterr().err
+    assert main(["run", "--profile", "cpu-tiny", *base, "--out", str(tmp_path / "c")]) == 0   # its default 2048 > 512
+    assert "token budget" not in capsys.readouterr().err
