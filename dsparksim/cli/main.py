@@ -849,9 +849,7 @@ def _comparison_text(df, comp, baseline: str) -> str:
     """The frontier summary: per policy (and deployment, when there are several), unsaturated peak, best per-user
     speed, and every gain vs the baseline at the same deployment with the range it was interpolated over; one
     column per --slo target; '!' marks a narrow overlap."""
-    import pandas as pd  # lazy: pandas
-
-    from dsparksim.results.frontier import series_labels  # lazy: pulls in numpy, pandas, pyarrow
+    from dsparksim.results.frontier import peak_and_best, series_labels  # lazy: pulls in numpy, pandas, pyarrow
 
     slas = [m for m in dict.fromkeys(comp["metric"]) if m.startswith("throughput_gain_at_slo:")] if len(comp) else []
     cols = [("tps_user_gain_at_matched_throughput", f"user-speed gain vs {baseline} @ same tok/s"),
@@ -864,11 +862,9 @@ def _comparison_text(df, comp, baseline: str) -> str:
     table = [header]
     flagged = False
     for (dep, pol), g in df.groupby([labels, df["policy"]], sort=False):
-        sat = g["saturated"].fillna(False).astype(bool) if "saturated" in g else pd.Series(False, index=g.index)
-        ok = g[~sat]
+        peak, best = peak_and_best(g)
         row = [str(pol)] + ([str(dep)] if multi else [])
-        row += [f"{ok['output_throughput_tok_s'].max():.0f}" if len(ok) else "n/a (saturated)",
-                f"{ok['tps_user_median'].max():.1f}" if len(ok) else "n/a"]
+        row += [f"{peak:.0f}" if peak == peak else "n/a (saturated)", f"{best:.1f}" if best == best else "n/a"]
         for metric, _ in cols:
             c = comp[(comp["policy"] == pol) & (comp["metric"] == metric)] if len(comp) else comp
             if len(c) and "deployment" in c:
