@@ -18,7 +18,7 @@ def test_short_window_count_fires_only_below_the_users_of_a_duration_bound_run()
     assert short_window_count(_s(), 64) == "4 finished for 64 users"
     assert short_window_count(_s(num_requests_completed=64), 64) is None        # one request per user: fine
     assert short_window_count(_s(num_requests_completed=0), 64) is None         # the empty-window warning's case
-    assert short_window_count(_s(ended_by="num_requests"), 64) is None          # --num-requests serves them all
+    assert short_window_count(_s(ended_by="all_requests_done"), 64) is None     # --num-requests serves them all
     assert short_window_count(_s(), None) is None                               # open loop: no users
 
 
