@@ -57,3 +57,25 @@ def test_a_typed_prefill_chunk_above_the_token_budget_is_noted(tmp_path, capsys)
     assert "note: the prefill chunk 8192 is above the token budget 4096" in capsys.readouterr().err
     assert main(["run", "--profile", "cpu-tiny", *base, "--out", str(tmp_path / "c")]) == 0   # its default 2048 > 512
     assert "token budget" not in capsys.readouterr().err
+
+
+def test_a_trace_replay_cut_short_by_the_duration_says_how_much_it_replayed(tmp_path, capsys):
+    # `run --trace .../AzureLLMInferenceTrace_conv.csv` replayed 191 of 19,366 rows (the default 60 s of a 3,502 s
+    # trace) and said so only in config.json (inputs.workload.trace.rows_used)
+    from dsparksim.results.notes import trace_cover_note
+    assert trace_cover_note(600.0, 60.0, [20.0]) is None                  # 60 s x 20 covers the whole trace
+    assert trace_cover_note(600.0, None, [1.0]) is None                   # --num-requests: no duration
+    assert "replays only its first 60 s at time scale 1, 120 s at time scale 2:" in \
+        trace_cover_note(600.0, 60.0, [1.0, 2.0, 20.0])
+    trace = "azure-conv-window"                                           # shipped, 600 s
+    assert main(["run", "--policy", "mtp1", "--trace", trace, "--duration", "5", "--quiet",
+                 "--out", str(tmp_path / "a")]) == 0
+    assert "note: the trace spans 600 s and a 5 s run replays only its first 5 s at time scale 1:" in \
+        capsys.readouterr().err
+    assert main(["run", "--policy", "mtp1", "--trace", trace, "--num-requests", "5", "--quiet",
+                 "--out", str(tmp_path / "b")]) == 0
+    assert "trace spans" not in capsys.readouterr().err
+    assert main(["frontier", "--policies", "mtp1", "--trace", trace, "--time-scales", "1,200", "--duration", "5",
+                 "--workers", "1", "--quiet", "--out", str(tmp_path / "f")]) == 0
+    err = capsys.readouterr().err
+    assert "replays only its first 5 s at time scale 1:" in err and "time scale 200" not in err

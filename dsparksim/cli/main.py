@@ -17,7 +17,7 @@ from dsparksim.io.options import number
 from dsparksim import __version__
 from dsparksim.config import PAGED_ONLY, reserved_kv_conflict
 from dsparksim.results.notes import (low_verify_note, prefill_chunk_note, request_latency_note, short_window_count,
-                                     short_window_note)
+                                     short_window_note, trace_cover_note)
 from dsparksim.results.outputs import check_out_dir, check_out_file, need_parquet, staged_dir
 from dsparksim.sim.inputs import load_run_profile, resolve_inputs
 from dsparksim.sim.reads import unread_by_all
@@ -419,7 +419,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if short:
         print(f"dsparksim: warning: {short_window_note(short)}", file=sys.stderr)
     for note in (low_verify_note(s), request_latency_note(str(cfg.profile), prof.request_latency_s),
-                 given_chunk_note(args, cfg, prof)):
+                 given_chunk_note(args, cfg, prof), trace_note(cfg, [cfg.traffic.time_scale])):
         if note:
             print(f"dsparksim: note: {note}", file=sys.stderr)
     rej = _rejected_text(s)
@@ -561,14 +561,27 @@ def warn_incomplete_cells(table, seeded: bool, closed_loop: bool = False) -> Non
               file=sys.stderr)
 
 
-def latency_note(cfg: RunConfig, args: argparse.Namespace | None = None) -> None:
-    """Print the note of a profile with a client-side request latency that the command's TTFT leaves out, and
-    (given ``args``) that of a typed prefill chunk above the token budget."""
+def latency_note(cfg: RunConfig, args: argparse.Namespace | None = None, scales: Sequence[float] = ()) -> None:
+    """Print the note of a profile with a client-side request latency that the command's TTFT leaves out, (given
+    ``args``) that of a typed prefill chunk above the token budget, and that of a trace the duration cuts short
+    at one of the time ``scales``."""
     prof = load_run_profile(cfg)
     for note in (request_latency_note(str(cfg.profile), prof.request_latency_s),
-                 given_chunk_note(args, cfg, prof) if args is not None else None):
+                 given_chunk_note(args, cfg, prof) if args is not None else None, trace_note(cfg, scales)):
         if note:
             print(f"dsparksim: note: {note}", file=sys.stderr)
+
+
+def trace_note(cfg: RunConfig, scales: Sequence[float]) -> str | None:
+    """trace_cover_note for a duration-bound trace replay at these time scales (the trace is read once: cached)."""
+    from dsparksim.traffic.readers import read_trace  # lazy: pulls in numpy
+    from dsparksim.traffic.sources import resolve  # lazy: pulls in numpy
+
+    t = cfg.traffic
+    if not t.trace or t.num_requests is not None:
+        return None
+    tab = read_trace(resolve(t.trace, "trace")[0], t.trace_format)
+    return trace_cover_note(float(tab.arrival_s[-1]), t.duration_s, scales)
 
 
 def given_chunk_note(args: argparse.Namespace, cfg: RunConfig, prof) -> str | None:
@@ -591,7 +604,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     base, loads, load_name, deploys, seeds, cfgs = frontier_cells(args, policies, slo_warnings)
     for w in slo_warnings:   # after every check: a refused command prints its one error line only (notes too)
         print(w, file=sys.stderr)
-    latency_note(base, args)
+    latency_note(base, args, loads if args.trace else ())
     jobs = args.workers or min(os.cpu_count() or 1, len(cfgs))
     out = Path(args.out)
     existed = out.is_dir() and any(out.iterdir())

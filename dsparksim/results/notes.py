@@ -1,7 +1,7 @@
 """Notes a run's summary calls for: facts about the result a reader could otherwise miss (printed, never fatal)."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 LOW_VERIFY_PARTS = 10   # a drafting run verifying under 1/10 of K per request is all but plain decoding
 
@@ -58,3 +58,15 @@ def prefill_chunk_note(chunk: int, budget: int) -> str | None:
     return (f"the prefill chunk {chunk} is above the token budget {budget} (--max-batched-tokens, default the "
             f"profile's largest breakpoint), which caps every step's prefill: chunks of at most {budget} tokens are "
             "simulated")
+
+
+def trace_cover_note(span_s: float, duration_s: float | None, scales: Sequence[float]) -> str | None:
+    """The note for a trace replay that ``duration_s`` ends before the trace does at some time scale (a run at
+    scale s replays the trace's first duration x s seconds of its ``span_s``), else None."""
+    short = [s for s in scales if duration_s is not None and duration_s * s < span_s]
+    if not short:
+        return None
+    covered = ", ".join(f"{duration_s * s:,.0f} s at time scale {s:g}" for s in short)
+    return (f"the trace spans {span_s:,.0f} s and a {duration_s:g} s run replays only its first {covered}: "
+            "--duration ends the replay and the rest of the trace is never served; lengthen --duration to replay "
+            "more of it")
