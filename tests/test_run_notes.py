@@ -79,3 +79,15 @@ def test_a_trace_replay_cut_short_by_the_duration_says_how_much_it_replayed(tmp_
                  "--workers", "1", "--quiet", "--out", str(tmp_path / "f")]) == 0
     err = capsys.readouterr().err
     assert "replays only its first 5 s at time scale 1:" in err and "time scale 200" not in err
+
+
+def test_a_plan_on_a_trace_its_duration_cuts_short_says_so(tmp_path, capsys):
+    spec = tmp_path / "p.toml"
+    spec.write_text('[plan]\nslo = ["tps_user_p50 >= 1"]\n[traffic]\ntrace = "azure-conv-window"\nscales = [1.0, 200.0]\n'
+                    'duration_s = 5.0\n[prices]\nH100 = 3.0\n[[candidates]]\nprofile = "h100-llama2-7b-tp1"\n'
+                    'replicas = [1, 1]\npolicies = ["none"]\n', encoding="utf-8")
+    assert main(["plan", str(spec), "--out", str(tmp_path / "plan"), "--backend", "serial", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "note: the trace spans 600 s and a 5 s run replays only its first 5 s at time scale 1: [traffic] " \
+           "duration_s ends the replay" in err, err
+    assert "time scale 200" not in err                                  # 5 s x 200 covers the whole trace

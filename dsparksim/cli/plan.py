@@ -5,7 +5,22 @@ import argparse
 import sys
 
 from dsparksim.cli.options import bar_off
+from dsparksim.config import DEFAULT_DURATION_S
+from dsparksim.results.notes import trace_cover_note
 from dsparksim.results.outputs import claim_result_set
+
+
+def trace_note(spec) -> str | None:
+    """trace_cover_note for a plan whose [traffic] trace its duration_s ends early at some traffic scale."""
+    from dsparksim.traffic.readers import read_trace  # lazy: pulls in numpy
+    from dsparksim.traffic.sources import resolve  # lazy: pulls in numpy
+
+    t = {**spec.traffic, **spec.base}
+    if not t.get("trace") or t.get("num_requests") is not None or spec.load_key != "time_scale":
+        return None
+    tab = read_trace(resolve(t["trace"], "trace")[0], t.get("trace_format"))
+    return trace_cover_note(float(tab.arrival_s[-1]), t.get("duration_s", DEFAULT_DURATION_S),
+                            [spec.load(s) for s in spec.scales], "[traffic] duration_s")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -16,6 +31,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     # holds the cell cache: written into, never replaced; a same-named file of the user's is never replaced
     out = claim_result_set(args.out, RESULT_FILES, MANIFEST, "--out")
     out.mkdir(parents=True, exist_ok=True)
+    note = trace_note(spec)
+    if note:
+        print(f"dsparksim: note: {note}", file=sys.stderr)
     if spec.collapsed and not args.quiet:
         print(f"dsparksim: note: {len(spec.collapsed)} deployment(s) are the same run as one searched anyway and "
               "are searched once (plan.json: collapsed): " + "; ".join(f"{c['label']} = {c['why']}"

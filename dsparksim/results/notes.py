@@ -60,13 +60,14 @@ def prefill_chunk_note(chunk: int, budget: int) -> str | None:
             "simulated")
 
 
-def trace_cover_note(span_s: float, duration_s: float | None, scales: Sequence[float]) -> str | None:
-    """The note for a trace replay that ``duration_s`` ends before the trace does at some time scale (a run at
-    scale s replays the trace's first duration x s seconds of its ``span_s``), else None."""
+def trace_cover_note(span_s: float, duration_s: float | None, scales: Sequence[float],
+                     option: str = "--duration") -> str | None:
+    """The note for a trace replay that ``duration_s`` (set by ``option``) ends before the trace does at some time
+    scale (a run at scale s replays the trace's first duration x s seconds of its ``span_s``), else None."""
     short = [s for s in scales if duration_s is not None and duration_s * s < span_s]
     if not short:
         return None
     covered = ", ".join(f"{duration_s * s:,.0f} s at time scale {s:g}" for s in short)
     return (f"the trace spans {span_s:,.0f} s and a {duration_s:g} s run replays only its first {covered}: "
-            "--duration ends the replay and the rest of the trace is never served; lengthen --duration to replay "
+            f"{option} ends the replay and the rest of the trace is never served; lengthen {option} to replay "
             "more of it")
