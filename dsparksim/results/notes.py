@@ -31,11 +31,11 @@ def request_latency_note(profile_name: str, seconds: float) -> str | None:
 
 
 def short_window_count(s: Mapping[str, Any], users: int | None) -> str | None:
-    """'N of U users' for a closed-loop run of U users that ended on its duration with fewer requests finished in
+    """'N finished for U users' for a closed-loop run of U users that ended on its duration with fewer requests finished in
     the measurement window than users (but at least one), else None. Such a window did not see every user through
     one request: the per-request metrics (TTFT, TPOT, tok/s/user) rest on the requests short enough to arrive
-    after the warm-up and finish before the end, and the throughput is the start-up burst's (every user arrives at
-    t = 0), not a steady state. (No finished request at all has its own warning.)"""
+    after the warm-up and finish before the end, and the throughput may still be the start-up burst's (every user
+    arrives at t = 0) rather than a steady state's. (No finished request at all has its own warning.)"""
     n = s.get("num_requests_completed")
     if not users or s.get("ended_by") != "duration" or not n or n >= users:
         return None
@@ -46,8 +46,8 @@ def short_window_note(where: str) -> str:
     """The warning for the runs :func:`short_window_count` names (``where``: one run's count, or a list of cells)."""
     return (f"fewer requests finished in the measurement window than there are users ({where}): the per-request "
             "metrics (TTFT, TPOT, tok/s/user) leave out every request too long to arrive after the warm-up and "
-            "finish before the end, and the throughput describes the start-up burst (every user arrives at t = 0), "
-            "not a steady state; lengthen --duration (and --warmup)")
+            "finish before the end, and the throughput may still describe the start-up burst (every user arrives at "
+            "t = 0) rather than a steady state; lengthen --duration (and --warmup)")
 
 
 def prefill_chunk_note(chunk: int, budget: int) -> str | None:
