@@ -126,3 +126,15 @@ def test_whatif_peak_and_best_are_over_unsaturated_points_as_the_cli_prints_them
     src = "".join("".join(c.source) for c in nbformat.read(NB_DIR / "whatif.ipynb", as_version=4).cells
                   if c.cell_type == "code")
     assert "peak_and_best(g)" in src and "g[X].max()" not in src
+
+
+def test_frontier_notebook_runs_a_data_parallel_profile_as_its_ranks():
+    """Full mode sweeps every shipped profile; built-h200x8-deepseek-v3-dp8ep8 prices one of 8 DP ranks and ran at
+    dp_ranks 1 (each cell warned "pass --dp-ranks 8" in a worker): the notebook gives such a profile its ranks."""
+    from dsparksim.cost.profile import list_profiles, load_profile
+
+    assert any(int(load_profile(p).metadata.get("data_parallel") or 1) > 1 for p in list_profiles())
+    src = "".join("".join(c.source) for c in nbformat.read(NB_DIR / "frontier.ipynb", as_version=4).cells
+                  if c.cell_type == "code")
+    assert 'DP[prof] = int(load_profile(prof).metadata.get("data_parallel") or 1)' in src
+    assert '**({"dp_ranks": DP[prof]} if DP[prof] > 1 else {})' in src
