@@ -91,3 +91,22 @@ def test_a_plan_on_a_trace_its_duration_cuts_short_says_so(tmp_path, capsys):
     assert "note: the trace spans 600 s and a 5 s run replays only its first 5 s at time scale 1: [traffic] " \
            "duration_s ends the replay" in err, err
     assert "time scale 200" not in err                                  # 5 s x 200 covers the whole trace
+
+
+def test_sweep_and_plan_note_a_prefill_chunk_above_the_token_budget(tmp_path, capsys):
+    # a plan's [base] prefill_chunk_tokens = 32768 (SGLang's InferenceX launch script) on a 16384-token profile was
+    # simulated at 16384 without a word; h100-llama2-7b-tp1's budget is 4096
+    sweep = tmp_path / "s.toml"
+    sweep.write_text('[sweep]\nname = "s"\n[base]\nduration_s = 2.0\npolicy = "mtp1"\nconcurrency = 2\n[axes]\n'
+                     'prefill_chunk_tokens = [4096, 8192]\n', encoding="utf-8")
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "sw"), "--backend", "serial", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "note: profile h100-llama2-7b-tp1: the prefill chunk 8192 is above the token budget 4096" in err, err
+    assert "prefill chunk 4096" not in err
+    plan = tmp_path / "p.toml"
+    plan.write_text('[plan]\nslo = ["tps_user_p50 >= 1"]\n[traffic]\nrate = 1.0\nscales = [1.0]\nduration_s = 3.0\n'
+                    '[base]\nprefill_chunk_tokens = 8192\n[prices]\nH100 = 3.0\n[[candidates]]\n'
+                    'profile = "h100-llama2-7b-tp1"\nreplicas = [1, 1]\npolicies = ["none"]\n', encoding="utf-8")
+    assert main(["plan", str(plan), "--out", str(tmp_path / "plan"), "--backend", "serial", "--quiet"]) == 0
+    assert "note: profile h100-llama2-7b-tp1: the prefill chunk 8192 is above the token budget 4096" in \
+        capsys.readouterr().err

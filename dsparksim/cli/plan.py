@@ -6,7 +6,7 @@ import sys
 
 from dsparksim.cli.options import bar_off
 from dsparksim.config import DEFAULT_DURATION_S
-from dsparksim.results.notes import trace_cover_note
+from dsparksim.results.notes import spec_chunk_notes, trace_cover_note
 from dsparksim.results.outputs import claim_result_set
 
 
@@ -31,9 +31,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     # holds the cell cache: written into, never replaced; a same-named file of the user's is never replaced
     out = claim_result_set(args.out, RESULT_FILES, MANIFEST, "--out")
     out.mkdir(parents=True, exist_ok=True)
-    note = trace_note(spec)
-    if note:
-        print(f"dsparksim: note: {note}", file=sys.stderr)
+    opts = [{**spec.traffic, **spec.base, **d.options} for d in spec.deployments]
+    for note in [trace_note(spec), *spec_chunk_notes(opts)]:
+        if note:
+            print(f"dsparksim: note: {note}", file=sys.stderr)
     if spec.collapsed and not args.quiet:
         print(f"dsparksim: note: {len(spec.collapsed)} deployment(s) are the same run as one searched anyway and "
               "are searched once (plan.json: collapsed): " + "; ".join(f"{c['label']} = {c['why']}"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 
 
@@ -9,6 +10,7 @@ from dsparksim.cli.options import add_backend_options, bar_off
 from dsparksim.cli.main import flag_given
 from dsparksim.cli.plan import register as register_plan
 from dsparksim.config import pos_float
+from dsparksim.results.notes import spec_chunk_notes
 from dsparksim.results.outputs import WriteInterrupted, claim_result_set, write_result_set
 
 
@@ -26,6 +28,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)  # validated before any cell runs
     # holds the cache: written into, never replaced whole; a same-named file of the user's is never replaced
     claim_result_set(args.out, RESULT_FILES, MANIFEST, "--out")
+    keys = [k for k in ("profile", "prefill_chunk_tokens", "max_batched_tokens") if k in spec.axes]
+    for note in spec_chunk_notes({**spec.base, **dict(zip(keys, vals))}
+                                 for vals in itertools.product(*(spec.axes[k] for k in keys))):
+        print(f"dsparksim: note: {note}", file=sys.stderr)
     try:
         res = run_sweep(spec, args.out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
                         progress=not bar_off(args))

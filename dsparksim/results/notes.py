@@ -1,7 +1,9 @@
 """Notes a run's summary calls for: facts about the result a reader could otherwise miss (printed, never fatal)."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
+
+from dsparksim.config import RunConfig
 
 LOW_VERIFY_PARTS = 10   # a drafting run verifying under 1/10 of K per request is all but plain decoding
 
@@ -71,3 +73,23 @@ def trace_cover_note(span_s: float, duration_s: float | None, scales: Sequence[f
     return (f"the trace spans {span_s:,.0f} s and a {duration_s:g} s run replays only its first {covered}: "
             f"{option} ends the replay and the rest of the trace is never served; lengthen {option} to replay "
             "more of it")
+
+
+def spec_chunk_notes(option_sets: Iterable[Mapping[str, Any]]) -> list[str]:
+    """prefill_chunk_note, naming the profile, for each distinct (profile, prefill chunk, token budget) among the
+    runs of a sweep or plan spec (flat run options) that set ``prefill_chunk_tokens``."""
+    from dsparksim.cost.profile import load_profile  # heavy: numpy (only for a spec that sets a prefill chunk)
+
+    default_profile = RunConfig.__dataclass_fields__["profile"].default
+    seen, notes = set(), []
+    for o in option_sets:
+        if o.get("prefill_chunk_tokens") is None:
+            continue
+        key = (str(o.get("profile") or default_profile), int(o["prefill_chunk_tokens"]), o.get("max_batched_tokens"))
+        if key in seen:
+            continue
+        seen.add(key)
+        note = prefill_chunk_note(key[1], int(key[2] or load_profile(key[0]).max_tokens))
+        if note:
+            notes.append(f"profile {key[0]}: {note}")
+    return notes
