@@ -313,6 +313,21 @@ def test_bench_replay_says_its_prefill_chunk_and_that_fields_were_filled_in(tmp_
            "vLLM's default" in text
 
 
+def test_a_prefill_chunk_above_the_token_budget_is_said_to_be_capped(tmp_path, capsys):
+    # --chunked-prefill-size 32768 on a 16384-token profile is simulated at 16384 (identical replay.csv, as
+    # docs/benchmarks.md says: "within the token budget"), but the command printed "chunked prefill 32768 tokens"
+    t = _write(tmp_path / "runs.csv", [_row(1, 2, num_prompts=4, num_warmup_prompts=0)])
+    args = ["bench", "replay", str(t), "--profile", PROFILE, "--out"]
+    assert main([*args, str(tmp_path / "a"), "--chunked-prefill-size", "8192"]) == 0
+    out, err = capsys.readouterr()
+    assert "(chunked prefill 8192 tokens, at most 4096 per step: the profile's token budget)" in out, out
+    assert "note: --chunked-prefill-size 8192 is above the profile's token budget 4096" in err, err
+    assert main([*args, str(tmp_path / "b"), "--chunked-prefill-size", "4096", "--quiet"]) == 0
+    assert "token budget" not in capsys.readouterr().err
+    same = [(tmp_path / d / "replay.csv").read_text() for d in "ab"]
+    assert same[0] == same[1]                              # the cap is what was simulated
+
+
 def test_an_h20_run_is_not_replayed_on_an_h200_profile():
     # the GPU check was a substring test: 'h20' is in 'h200-sxm-141gb', so an H20 run (148 vs 989 TFLOPS) passed
     ok = _row(1, 2, gpu="h200", gpu_count=8, tp=8)
@@ -320,6 +335,21 @@ def test_an_h20_run_is_not_replayed_on_an_h200_profile():
     for gpu in ("H20", "h2", "H200X"):
         with pytest.raises(ConfigError, match=f"field 'gpu': run t.csv:1 ran on '{gpu}'"):
             check_deployment_of({**ok, "gpu": gpu})
+
+
+def test_a_deployment_mismatch_names_the_profile_file_not_only_its_inner_name(tmp_path):
+    # `profile fit --out my-h200.json` writes a profile named 'fitted-h200x8-deepseek-v3' inside: the error named
+    # only that, a name the user never typed (bench replay runs.csv --profile my-h200.json)
+    from dsparksim.bench.replay import check_deployment
+    from dsparksim.cost.profile import load_profile, profile_path
+    mine = tmp_path / "my-h200.json"
+    mine.write_bytes(profile_path("built-h200x8-deepseek-v3-tp8").read_bytes())
+    row = {**_row(1, 2, gpu="h200", gpu_count=8, tp=8), "ep": 8}
+    with pytest.raises(ConfigError, match=r"but the profile 'built-h200x8-deepseek-v3-tp8' \(file .*my-h200\.json\) "
+                                          r"has expert_parallel 1"):
+        check_deployment(row, load_profile(str(mine)))
+    with pytest.raises(ConfigError, match=r"but the profile 'built-h200x8-deepseek-v3-tp8' has expert_parallel 1"):
+        check_deployment_of(row)                          # a shipped profile: its file is named after it
 
 
 def check_deployment_of(row):

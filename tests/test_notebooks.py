@@ -112,3 +112,29 @@ def test_whatif_notebook_full_mode(tmp_path, monkeypatch):
     # 5 scenarios x 5 policies (none included) x 7 loads, plus the capacity probes
     assert len(list((tmp_path / "whatif" / "cells").glob("*/summary.json"))) >= 175
     assert _outputs(nb, "image/png")
+
+
+def test_whatif_peak_and_best_are_over_unsaturated_points_as_the_cli_prints_them():
+    """whatif.ipynb's "peak throughput" was g[X].max() over every point, saturated ones included, while
+    `dsparksim frontier` prints the peak over unsaturated points: the notebook now calls the CLI's helper."""
+    from dsparksim.results.frontier import peak_and_best
+
+    g = pd.DataFrame({"output_throughput_tok_s": [100.0, 300.0, 500.0], "tps_user_median": [90.0, 40.0, 95.0],
+                      "saturated": [False, False, True]})
+    assert peak_and_best(g) == (300.0, 90.0)                    # the saturated 500 / 95 never count
+    assert all(x != x for x in peak_and_best(g.assign(saturated=True)))   # every point saturated: NaN, NaN
+    src = "".join("".join(c.source) for c in nbformat.read(NB_DIR / "whatif.ipynb", as_version=4).cells
+                  if c.cell_type == "code")
+    assert "peak_and_best(g)" in src and "g[X].max()" not in src
+
+
+def test_frontier_notebook_runs_a_data_parallel_profile_as_its_ranks():
+    """Full mode sweeps every shipped profile; built-h200x8-deepseek-v3-dp8ep8 prices one of 8 DP ranks and ran at
+    dp_ranks 1 (each cell warned "pass --dp-ranks 8" in a worker): the notebook gives such a profile its ranks."""
+    from dsparksim.cost.profile import list_profiles, load_profile
+
+    assert any(int(load_profile(p).metadata.get("data_parallel") or 1) > 1 for p in list_profiles())
+    src = "".join("".join(c.source) for c in nbformat.read(NB_DIR / "frontier.ipynb", as_version=4).cells
+                  if c.cell_type == "code")
+    assert 'DP[prof] = int(load_profile(prof).metadata.get("data_parallel") or 1)' in src
+    assert '**({"dp_ranks": DP[prof]} if DP[prof] > 1 else {})' in src

@@ -422,3 +422,19 @@ def test_fit_says_when_no_run_measured_a_metric(tmp_path, moe, capsys):
     nxt = [ln for ln in out.splitlines() if ln.startswith("  next: dsparksim bench replay ")]
     assert len(nxt) == 1 and f"--chunked-prefill-size {budget} --max-running-requests 1024" in nxt[0], out
     assert "  only 3 concurrencies [2, 8, 32]: the leave-one-concurrency-out error extrapolates" in out, out
+
+
+def test_fit_help_names_every_fitted_parameter():
+    """`profile fit --help` listed the families as (dense, moe, comm, attention, prefill) and the fixed overhead,
+    while the fit also fits `floor` and `request_latency_s` and prints both: the help names every one."""
+    import argparse
+
+    from dsparksim.cli.main import build_parser
+    from dsparksim.cost.analytic.calibration import FAMILIES
+
+    def sub(p, name):
+        return next(a for a in p._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+
+    text = " ".join(sub(sub(build_parser(), "profile"), "fit").format_help().split())
+    assert "floor" in FAMILIES and f"scale per cost family ({', '.join(FAMILIES)})" in text
+    assert "request latency" in text and "fixed overhead" in text

@@ -52,6 +52,18 @@ def test_help_says_slo_everywhere():
         assert "SLA" not in h and "--slo SLO" in h, cmd
 
 
+def test_plan_and_capacity_help_name_every_slo_operator():
+    """Their help once said `OP >= or <=` (plan) and `METRIC>=X or METRIC<=Y` (capacity), while the SLO parser
+    also takes > and <: the help names every operator the parser accepts, and each one parses."""
+    from dsparksim.sweep.capacity import SLO_RE, parse_slo
+    ops = [">=", "<=", ">", "<"]
+    assert all(SLO_RE.match(f"tps_user_p50 {op} 1") for op in ops)
+    assert len(parse_slo([f"tps_user_p50 {op} 1" for op in ops])) == 4
+    for cmd in ("plan", "capacity"):
+        h = " ".join(_help(cmd).split())
+        assert "OP >=, <=, > or <" in h, cmd
+
+
 FRONTIER = ["frontier", "--policies", "mtp1,fixed:7", "--concurrency-levels", "1,4", "--duration", "3",
             "--workers", "1", "--quiet"]
 

@@ -393,6 +393,13 @@ def _rel(sim: float, meas: Any) -> float:
     return float(sim) / float(meas) - 1.0
 
 
+def profile_label(prof: Any) -> str:
+    """How an error names the profile: its name, and the file it came from when that file is not named after it
+    (a `profile fit --out my-h200.json` profile is named 'fitted-h200x8-deepseek-v3' inside)."""
+    name, src = str(getattr(prof, "name", "?")), str(getattr(prof, "source", "") or "")
+    return repr(name) if not src or Path(src).stem == name else f"{name!r} (file {src})"
+
+
 def check_dp(row: Mapping[str, Any], prof: Any, source: str = "runs table") -> int:
     """The run's attention DP ranks R (:func:`dp_ranks_of`), checked against the profile's
     ``metadata.data_parallel`` D (absent = 1: one TP engine): a DP-attention run needs a profile of one of its R
@@ -407,12 +414,12 @@ def check_dp(row: Mapping[str, Any], prof: Any, source: str = "runs table") -> i
     if R > 1:
         what = "one TP engine (metadata.data_parallel 1)" if D == 1 else f"one of {D} DP ranks (metadata.data_parallel)"
         raise ConfigError(source, "dp_attention", f"run {rid} ran with DP attention over {R} ranks (dp_attention "
-                          f"true, tp {R}) but the profile {prof.name!r} prices {what}: replay it on a profile of one "
+                          f"true, tp {R}) but the profile {profile_label(prof)} prices {what}: replay it on a profile of one "
                           f"of {R} DP ranks (profile build --tp 1 --ep EP --dp {R}), or select the runs without DP "
                           "attention (--where dp_attention=false)")
     dpa = row.get("dp_attention")
     raise ConfigError(source, "dp_attention", f"run {rid} ran without DP attention (dp_attention "
-                      f"{'false' if dpa is False else 'empty'}) but the profile {prof.name!r} prices one of {D} "
+                      f"{'false' if dpa is False else 'empty'}) but the profile {profile_label(prof)} prices one of {D} "
                       "DP ranks (metadata.data_parallel): select the DP-attention runs (--where dp_attention=true) "
                       "or use a profile of one TP engine")
 
@@ -428,7 +435,7 @@ def check_deployment(row: Mapping[str, Any], prof: Any, source: str = "runs tabl
     gpu, device = row.get("gpu"), str(meta.get("device") or "")
     why = None if _missing(gpu) or not device else gpu_mismatch(str(gpu), device)
     if why is not None:
-        raise ConfigError(source, "gpu", f"run {rid} ran on {gpu!r} but the profile {prof.name!r} prices "
+        raise ConfigError(source, "gpu", f"run {rid} ran on {gpu!r} but the profile {profile_label(prof)} prices "
                           f"{device!r} ({why}): give each GPU's runs their own profile (select them with --where "
                           "gpu=...)")
     R = check_dp(row, prof, source)
@@ -440,7 +447,7 @@ def check_deployment(row: Mapping[str, Any], prof: Any, source: str = "runs tabl
         if col == "tp" and R > 1:        # a DP engine's TP size is its GPUs: attention TP x DP ranks
             have, label = int(pv) * R, f"tensor_parallel {int(pv)} x data_parallel {R} = {int(pv) * R} GPUs"
         if int(v) != have:
-            raise ConfigError(source, col, f"run {rid} ran with {col} {int(v)} but the profile {prof.name!r} has "
+            raise ConfigError(source, col, f"run {rid} ran with {col} {int(v)} but the profile {profile_label(prof)} has "
                               f"{label}: select the runs of its deployment (--where {col}={have})")
     return R
 

@@ -166,10 +166,15 @@ def replay_command(args: argparse.Namespace) -> int:
                                        "from_profile_fit": fit_used,
                                        "selected": len(df), "of": len(runs), "wall_s": round(wall, 2),
                                        "dsparksim_version": __version__})
+    budget = int(prof.max_tokens)
+    if chunk > budget:   # never silently: the token budget caps every step's prefill (docs/benchmarks.md)
+        print(f"dsparksim: note: --chunked-prefill-size {chunk} is above the profile's token budget {budget} (its "
+              f"largest breakpoint), which caps every step's prefill: the runs were simulated with chunks of at most "
+              f"{budget} tokens (profile fit refuses such a chunk)", file=sys.stderr)
     if not args.quiet:
-        how = ("" if args.chunked_prefill_size else ", the profile's token budget as in profile fit: give your "
-               "server's with --chunked-prefill-size" if "--chunked-prefill-size" not in fit_used else
-               ", the fit's")
+        how = ((f", at most {budget} per step: the profile's token budget" if chunk > budget else "")
+               if args.chunked_prefill_size else ", the fit's" if "--chunked-prefill-size" in fit_used else
+               ", the profile's token budget as in profile fit: give your server's with --chunked-prefill-size")
         print(f"{len(df)} of {len(runs)} runs replayed on {prof.name} in {wall:.1f} s (chunked prefill {chunk} "
               f"tokens{how})")
         if fit_used:

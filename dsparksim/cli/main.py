@@ -16,7 +16,8 @@ from dsparksim.errors import CLI, ConfigError, InputError, missing_extra, one_li
 from dsparksim.io.options import number
 from dsparksim import __version__
 from dsparksim.config import PAGED_ONLY, reserved_kv_conflict
-from dsparksim.results.notes import low_verify_note, request_latency_note
+from dsparksim.results.notes import (low_verify_note, prefill_chunk_note, request_latency_note, short_window_count,
+                                     short_window_note, trace_cover_note)
 from dsparksim.results.outputs import check_out_dir, check_out_file, need_parquet, staged_dir
 from dsparksim.sim.inputs import load_run_profile, resolve_inputs
 from dsparksim.sim.reads import unread_by_all
@@ -417,7 +418,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not s["num_requests_completed"]:
         print(f"dsparksim: warning: no request both arrived inside the measurement window (after the {s['warmup_s']:g} s "
               "warm-up) and completed: per-request metrics are empty (lower --warmup or run longer)", file=sys.stderr)
-    for note in (low_verify_note(s), request_latency_note(str(cfg.profile), prof.request_latency_s)):
+    short = short_window_count(s, traffic.concurrency if traffic.mode == "closed" else None)
+    if short:
+        print(f"dsparksim: warning: {short_window_note(short)}", file=sys.stderr)
+    for note in (low_verify_note(s), request_latency_note(str(cfg.profile), prof.request_latency_s),
+                 given_chunk_note(args, cfg, prof), trace_note(cfg, [cfg.traffic.time_scale])):
         if note:
             print(f"dsparksim: note: {note}", file=sys.stderr)
     rej = _rejected_text(s)
@@ -538,9 +543,10 @@ def _frontier_flags_named(args: argparse.Namespace, key: str) -> Iterator[None]:
         raise ConfigError(CLI, spec.option.flags[0], e.message) from None
 
 
-def warn_incomplete_cells(table, seeded: bool) -> None:
-    """Cells with no finished request, or with requests rejected on arrival, said out loud (never silently
-    left off a plot); with seeds, ``table`` is the per-seed table."""
+def warn_incomplete_cells(table, seeded: bool, closed_loop: bool = False) -> None:
+    """Cells with no finished request, closed-loop cells with fewer finished requests than users, or with
+    requests rejected on arrival, said out loud (never silently left off a plot); with seeds, ``table`` is the
+    per-seed table."""
     empty = _empty_cells(table)  # with seeds: any seed without a finished request
     if empty:
         # Kept in frontier.csv with empty metrics (never Pareto) -- said out loud, never silently left off a plot.
@@ -548,6 +554,10 @@ def warn_incomplete_cells(table, seeded: bool) -> None:
               f"in frontier.csv with empty metrics and are never Pareto: {', '.join(empty)} (lengthen --duration)"
               + ("; a cell's mean over seeds is empty when any of its seeds is" if seeded else ""),
               file=sys.stderr)
+    short = _cell_names(table, [short_window_count(r, r.get("load")) for _, r in table.iterrows()]) \
+        if closed_loop else []
+    if short:
+        print(f"dsparksim: warning: {len(short)} cell(s): {short_window_note('; '.join(short))}", file=sys.stderr)
     rejected = _rejected_cells(table)
     if rejected:
         print(f"dsparksim: warning: requests were rejected on arrival in {len(rejected)} cell(s) and their metrics "
@@ -589,11 +599,35 @@ def fit_server_options(args: argparse.Namespace, profile: str, lines: list[str])
     return dict(fd.used)
 
 
-def latency_note(cfg: RunConfig) -> None:
-    """Print the note of a profile with a client-side request latency that the command's TTFT leaves out."""
-    note = request_latency_note(str(cfg.profile), load_run_profile(cfg).request_latency_s)
-    if note:
-        print(f"dsparksim: note: {note}", file=sys.stderr)
+def latency_note(cfg: RunConfig, args: argparse.Namespace | None = None, scales: Sequence[float] = ()) -> None:
+    """Print the note of a profile with a client-side request latency that the command's TTFT leaves out, (given
+    ``args``) that of a typed prefill chunk above the token budget, and that of a trace the duration cuts short
+    at one of the time ``scales``."""
+    prof = load_run_profile(cfg)
+    for note in (request_latency_note(str(cfg.profile), prof.request_latency_s),
+                 given_chunk_note(args, cfg, prof) if args is not None else None, trace_note(cfg, scales)):
+        if note:
+            print(f"dsparksim: note: {note}", file=sys.stderr)
+
+
+def trace_note(cfg: RunConfig, scales: Sequence[float]) -> str | None:
+    """trace_cover_note for a duration-bound trace replay at these time scales (the trace is read once: cached)."""
+    from dsparksim.traffic.readers import read_trace  # lazy: pulls in numpy
+    from dsparksim.traffic.sources import resolve  # lazy: pulls in numpy
+
+    t = cfg.traffic
+    if not t.trace or t.num_requests is not None:
+        return None
+    tab = read_trace(resolve(t.trace, "trace")[0], t.trace_format)
+    return trace_cover_note(float(tab.arrival_s[-1]), t.duration_s, scales)
+
+
+def given_chunk_note(args: argparse.Namespace, cfg: RunConfig, prof) -> str | None:
+    """prefill_chunk_note for a --prefill-chunk typed on the command line (the 2048 default above a small
+    profile's budget, cpu-tiny's 512, is the default's business, not a surprise)."""
+    if not flag_given(args, "--prefill-chunk", "--chunked-prefill-size"):
+        return None
+    return prefill_chunk_note(cfg.engine.prefill_chunk_tokens, int(cfg.engine.max_batched_tokens or prof.max_tokens))
 
 
 def cmd_frontier(args: argparse.Namespace) -> int:
@@ -608,7 +642,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     base, loads, load_name, deploys, seeds, cfgs = frontier_cells(args, policies, slo_warnings)
     for w in slo_warnings:   # after every check: a refused command prints its one error line only (notes too)
         print(w, file=sys.stderr)
-    latency_note(base)
+    latency_note(base, args, loads if args.trace else ())
     jobs = args.workers or min(os.cpu_count() or 1, len(cfgs))
     out = Path(args.out)
     existed = out.is_dir() and any(out.iterdir())
@@ -665,7 +699,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         write_table(d / names["frontier_csv"], df)
     paths = {k: out / v for k, v in names.items()}
     default_out_note(args, existed)
-    warn_incomplete_cells(per_seed if len(seeds) > 1 else df, len(seeds) > 1)
+    warn_incomplete_cells(per_seed if len(seeds) > 1 else df, len(seeds) > 1, load_name == "concurrent users")
     if not args.quiet:
         deps = f" x {len(deploys)} deployments" if len(deploys) > 1 else ""
         reps = f" x {len(seeds)} seeds {seeds[0]}..{seeds[-1]}" if len(seeds) > 1 else ""
@@ -826,15 +860,20 @@ def check_frontier_loads(args: argparse.Namespace) -> None:
 
 
 def _empty_cells(df) -> list[str]:
-    from dsparksim.results.frontier import series_labels  # lazy: pulls in numpy, pandas, pyarrow
-
     if "num_requests_completed" not in df.columns:
         return []
+    return _cell_names(df, list(df["num_requests_completed"].fillna(0) <= 0))
+
+
+def _cell_names(df, flags: list) -> list[str]:
+    """'policy@load[ seed S][ (deployment)][: what]' for every row whose flag is set (a string flag is appended)."""
+    from dsparksim.results.frontier import series_labels  # lazy: pulls in numpy, pandas, pyarrow
+
     labels = series_labels(df)
     multi = labels.nunique() > 1
-    bad = df[df["num_requests_completed"].fillna(0) <= 0]
     return [f"{r['policy']}@{r['load']:g}" + (f" seed {r['seed']}" if "seed" in df else "")
-            + (f" ({labels[i]})" if multi else "") for i, r in bad.iterrows()]
+            + (f" ({labels[i]})" if multi else "") + (f": {f}" if isinstance(f, str) else "")
+            for (i, r), f in zip(df.iterrows(), flags) if f]
 
 
 def _rejected_text(s: dict[str, Any]) -> str:
@@ -861,9 +900,7 @@ def _comparison_text(df, comp, baseline: str) -> str:
     """The frontier summary: per policy (and deployment, when there are several), unsaturated peak, best per-user
     speed, and every gain vs the baseline at the same deployment with the range it was interpolated over; one
     column per --slo target; '!' marks a narrow overlap."""
-    import pandas as pd  # lazy: pandas
-
-    from dsparksim.results.frontier import series_labels  # lazy: pulls in numpy, pandas, pyarrow
+    from dsparksim.results.frontier import peak_and_best, series_labels  # lazy: pulls in numpy, pandas, pyarrow
 
     slas = [m for m in dict.fromkeys(comp["metric"]) if m.startswith("throughput_gain_at_slo:")] if len(comp) else []
     cols = [("tps_user_gain_at_matched_throughput", f"user-speed gain vs {baseline} @ same tok/s"),
@@ -876,11 +913,9 @@ def _comparison_text(df, comp, baseline: str) -> str:
     table = [header]
     flagged = False
     for (dep, pol), g in df.groupby([labels, df["policy"]], sort=False):
-        sat = g["saturated"].fillna(False).astype(bool) if "saturated" in g else pd.Series(False, index=g.index)
-        ok = g[~sat]
+        peak, best = peak_and_best(g)
         row = [str(pol)] + ([str(dep)] if multi else [])
-        row += [f"{ok['output_throughput_tok_s'].max():.0f}" if len(ok) else "n/a (saturated)",
-                f"{ok['tps_user_median'].max():.1f}" if len(ok) else "n/a"]
+        row += [f"{peak:.0f}" if peak == peak else "n/a (saturated)", f"{best:.1f}" if best == best else "n/a"]
         for metric, _ in cols:
             c = comp[(comp["policy"] == pol) & (comp["metric"] == metric)] if len(comp) else comp
             if len(c) and "deployment" in c:

@@ -5,7 +5,22 @@ import argparse
 import sys
 
 from dsparksim.cli.options import bar_off
+from dsparksim.config import DEFAULT_DURATION_S
+from dsparksim.results.notes import spec_chunk_notes, trace_cover_note
 from dsparksim.results.outputs import claim_result_set
+
+
+def trace_note(spec) -> str | None:
+    """trace_cover_note for a plan whose [traffic] trace its duration_s ends early at some traffic scale."""
+    from dsparksim.traffic.readers import read_trace  # lazy: pulls in numpy
+    from dsparksim.traffic.sources import resolve  # lazy: pulls in numpy
+
+    t = {**spec.traffic, **spec.base}
+    if not t.get("trace") or t.get("num_requests") is not None or spec.load_key != "time_scale":
+        return None
+    tab = read_trace(resolve(t["trace"], "trace")[0], t.get("trace_format"))
+    return trace_cover_note(float(tab.arrival_s[-1]), t.get("duration_s", DEFAULT_DURATION_S),
+                            [spec.load(s) for s in spec.scales], "[traffic] duration_s")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -18,6 +33,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for line in spec.profile_lines():   # a fitted profile's server and request latency, once each
         print(line, file=sys.stderr)
+    opts = [{**spec.traffic, **spec.base, **d.options} for d in spec.deployments]
+    for note in [trace_note(spec), *spec_chunk_notes(opts)]:
+        if note:
+            print(f"dsparksim: note: {note}", file=sys.stderr)
     if spec.collapsed and not args.quiet:
         print(f"dsparksim: note: {len(spec.collapsed)} deployment(s) are the same run as one searched anyway and "
               "are searched once (plan.json: collapsed): " + "; ".join(f"{c['label']} = {c['why']}"
@@ -54,7 +73,7 @@ def register(subparsers, backend_args) -> None:
                     "rerun resumes). Writes plan.json (with the resolved spec and the search trace), spec.json, "
                     "cheapest.csv, pareto.csv/.json, probes.csv, plan.png and, last, plan.manifest.json. A spec "
                     "error exits 2 before any probe runs. Spec tables: [plan] slo = [\"METRIC OP NUMBER\", ...] "
-                    "(OP >= or <=; METRIC any summary.json metric, *_p50 = *_median; e.g. \"tps_user_p50 >= 60\", "
+                    "(OP >=, <=, > or <; METRIC any summary.json metric, *_p50 = *_median; e.g. \"tps_user_p50 >= 60\", "
                     "\"ttft_p99_s <= 2\"), seeds, require_unsaturated, prune; [traffic] rate or trace, scales; "
                     "[base] run options for every candidate; [prices] $/GPU-hour by metadata.device or short GPU "
                     "name; [[candidates]] profile, replicas = [MIN, MAX], policies, K, any run option (a list = one "

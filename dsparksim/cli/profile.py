@@ -22,6 +22,7 @@ from dsparksim.cost.profile import CostProfile, dumps_profile, list_profiles, lo
 from dsparksim.cost.profile_import import (FORMATS, LOOKUPS, complete_profile, import_sps_table, parse_drafter_cost,
                                       run_readiness)
 from dsparksim.cost.analytic.builder import build_profile
+from dsparksim.cost.analytic.calibration import FAMILIES
 from dsparksim.cost.analytic.loo import MODELS_DIR
 from dsparksim.results.outputs import atomic_write, claim_out_file, image_metadata, written_by
 
@@ -474,8 +475,10 @@ MAX_BOOTSTRAP = 10_000   # most resamples (each a full refit; 10**9 was a Memory
 def _register_fit(sub: Any) -> None:
     f = sub.add_parser("fit", help="fit a built profile's cost families to measured benchmark runs",
                        description="Start from `profile build`'s model of --model on --gpu/--tp/--ep and fit one "
-                                   "scale per cost family (dense, moe, comm, attention, prefill) and the per-step "
-                                   "fixed overhead to the selected runs' TPOT, TTFT and output tok/s/GPU (bounded "
+                                   f"scale per cost family ({', '.join(FAMILIES)}), the per-step fixed overhead and "
+                                   "the request latency outside the step loop (request_latency_s, which bench replay "
+                                   "adds to every TTFT and E2E) to the selected runs' TPOT, TTFT and output "
+                                   "tok/s/GPU (bounded "
                                    "least squares on log ratios). Parameters the runs cannot identify are held at the "
                                    "builder's value and reported. Writes a normal profile with metadata.fit "
                                    "(values, bootstrap intervals, leave-one-concurrency-out error, provenance).")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 
 
@@ -9,7 +10,7 @@ from dsparksim.cli.options import add_backend_options, bar_off
 from dsparksim.cli.main import flag_given
 from dsparksim.cli.plan import register as register_plan
 from dsparksim.config import pos_float
-from dsparksim.results.notes import request_latency_note
+from dsparksim.results.notes import request_latency_note, spec_chunk_notes
 from dsparksim.results.outputs import WriteInterrupted, claim_result_set, write_result_set
 
 
@@ -44,6 +45,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     # holds the cache: written into, never replaced whole; a same-named file of the user's is never replaced
     claim_result_set(args.out, RESULT_FILES, MANIFEST, "--out")
     profile_notes(spec)
+    keys = [k for k in ("profile", "prefill_chunk_tokens", "max_batched_tokens") if k in spec.axes]
+    for note in spec_chunk_notes({**spec.base, **dict(zip(keys, vals))}
+                                 for vals in itertools.product(*(spec.axes[k] for k in keys))):
+        print(f"dsparksim: note: {note}", file=sys.stderr)
     try:
         res = run_sweep(spec, args.out, backend=args.backend, workers=args.workers, ray_address=args.ray_address,
                         progress=not bar_off(args))
@@ -155,7 +160,7 @@ def register(subparsers) -> None:
                                 "may set load, min, max, tolerance, slo")
     c.add_argument("--out", "--result-dir", dest="out", required=True, help="output folder (also the probe cache)")
     c.add_argument("--slo", "--sla", dest="slo", action="append", default=None, metavar="SLO",
-                   help="SLO term METRIC>=X or METRIC<=Y on a run-summary field, repeatable, e.g. "
+                   help="SLO term METRIC OP X (OP >=, <=, > or <) on a run-summary field, repeatable, e.g. "
                         "--slo 'tps_user_median>=50' --slo 'ttft_p99_s<=2' [spec's capacity.slo]")
     c.add_argument("--load", choices=["concurrency", "rate", "time_scale"], default=None,
                    help="load axis to search [spec's capacity.load, else its load key]")

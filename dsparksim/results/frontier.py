@@ -1,6 +1,7 @@
 """Frontiers: policies x load levels, Pareto sets, matched comparisons (DESIGN.md section 8)."""
 from __future__ import annotations
 
+import math
 import warnings
 import dataclasses
 from typing import Any, Callable, Iterable, Sequence
@@ -179,6 +180,17 @@ NARROW_MIN_POINTS = 2
 COMPARISON_COLUMNS = ("policy", "baseline", "deployment", "metric", "axis", "range_lo", "range_hi", "overlap_frac",
                       "n_points_policy", "n_points_baseline", "narrow_overlap", "gain_mean", "gain_min", "gain_max",
                       "gain_at_mid", "n_grid", "note")
+
+
+def peak_and_best(g: pd.DataFrame) -> tuple[float, float]:
+    """(peak output tok/s, best median per-user tok/s) of one series' rows over its unsaturated points, as
+    `frontier`'s printed table states them (NaN, NaN when every point saturated): a saturated point is the engine
+    with a growing queue, never a throughput the deployment sustains."""
+    sat = g["saturated"].fillna(False).astype(bool) if "saturated" in g else pd.Series(False, index=g.index)
+    ok = g[~sat]
+    if not len(ok):
+        return math.nan, math.nan
+    return float(ok["output_throughput_tok_s"].max()), float(ok["tps_user_median"].max())
 
 
 def deprecated_slas(slos: Iterable[float], slas: Iterable[float] | None) -> Iterable[float]:

@@ -1,7 +1,9 @@
 """Notes a run's summary calls for: facts about the result a reader could otherwise miss (printed, never fatal)."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, Sequence
+
+from dsparksim.config import RunConfig
 
 LOW_VERIFY_PARTS = 10   # a drafting run verifying under 1/10 of K per request is all but plain decoding
 
@@ -28,3 +30,66 @@ def request_latency_note(profile_name: str, seconds: float) -> str | None:
     return (f"profile {profile_name} carries request_latency_s = {seconds * 1000:.1f} ms (the serving stack's "
             "latency outside the engine, as a benchmark client sees it); TTFT and E2E here are engine-side, without "
             "it (bench replay adds it to every request, as the client measured)")
+
+
+def short_window_count(s: Mapping[str, Any], users: int | None) -> str | None:
+    """'N finished for U users' for a closed-loop run of U users that ended on its duration with fewer requests finished in
+    the measurement window than users (but at least one), else None. Such a window did not see every user through
+    one request: the per-request metrics (TTFT, TPOT, tok/s/user) rest on the requests short enough to arrive
+    after the warm-up and finish before the end, and the throughput may still be the start-up burst's (every user
+    arrives at t = 0) rather than a steady state's. (No finished request at all has its own warning.)"""
+    n = s.get("num_requests_completed")
+    if not users or s.get("ended_by") != "duration" or not n or n >= users:
+        return None
+    return f"{int(n)} finished for {int(users)} users"
+
+
+def short_window_note(where: str) -> str:
+    """The warning for the runs :func:`short_window_count` names (``where``: one run's count, or a list of cells)."""
+    return (f"fewer requests finished in the measurement window than there are users ({where}): the per-request "
+            "metrics (TTFT, TPOT, tok/s/user) leave out every request too long to arrive after the warm-up and "
+            "finish before the end, and the throughput may still describe the start-up burst (every user arrives at "
+            "t = 0) rather than a steady state; lengthen --duration (and --warmup)")
+
+
+def prefill_chunk_note(chunk: int, budget: int) -> str | None:
+    """The note for a prefill chunk above the step's token budget, which caps every step's prefill (the chunk is
+    then simulated at the budget), else None."""
+    if chunk <= budget:
+        return None
+    return (f"the prefill chunk {chunk} is above the token budget {budget} (--max-batched-tokens, default the "
+            f"profile's largest breakpoint), which caps every step's prefill: chunks of at most {budget} tokens are "
+            "simulated")
+
+
+def trace_cover_note(span_s: float, duration_s: float | None, scales: Sequence[float],
+                     option: str = "--duration") -> str | None:
+    """The note for a trace replay that ``duration_s`` (set by ``option``) ends before the trace does at some time
+    scale (a run at scale s replays the trace's first duration x s seconds of its ``span_s``), else None."""
+    short = [s for s in scales if duration_s is not None and duration_s * s < span_s]
+    if not short:
+        return None
+    covered = ", ".join(f"{duration_s * s:,.0f} s at time scale {s:g}" for s in short)
+    return (f"the trace spans {span_s:,.0f} s and a {duration_s:g} s run replays only its first {covered}: "
+            f"{option} ends the replay and the rest of the trace is never served; lengthen {option} to replay "
+            "more of it")
+
+
+def spec_chunk_notes(option_sets: Iterable[Mapping[str, Any]]) -> list[str]:
+    """prefill_chunk_note, naming the profile, for each distinct (profile, prefill chunk, token budget) among the
+    runs of a sweep or plan spec (flat run options) that set ``prefill_chunk_tokens``."""
+    from dsparksim.cost.profile import load_profile  # heavy: numpy (only for a spec that sets a prefill chunk)
+
+    default_profile = RunConfig.__dataclass_fields__["profile"].default
+    seen, notes = set(), []
+    for o in option_sets:
+        if o.get("prefill_chunk_tokens") is None:
+            continue
+        key = (str(o.get("profile") or default_profile), int(o["prefill_chunk_tokens"]), o.get("max_batched_tokens"))
+        if key in seen:
+            continue
+        seen.add(key)
+        note = prefill_chunk_note(key[1], int(key[2] or load_profile(key[0]).max_tokens))
+        if note:
+            notes.append(f"profile {key[0]}: {note}")
+    return notes
