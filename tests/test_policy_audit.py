@@ -81,8 +81,12 @@ def step_ctx(draw, max_n=5, max_K=5, oracle=False):
     max_tokens = base + draw(st.integers(0, n * K + 2))       # 0: base_tokens at the budget; < n*K: it binds
     T = draw(step_time_for(max_tokens))
     A = np.array(draw(st.lists(st.integers(0, K), min_size=n, max_size=n)), dtype=np.int64) if oracle else None
+    D = None
+    if oracle and draw(st.booleans()):   # early exit of drafting: positions past D[i] at confidence 0
+        D = np.array(draw(st.lists(st.integers(1, K), min_size=n, max_size=n)), dtype=np.int64)
+        conf = np.where(np.arange(K)[None, :] < D[:, None], conf, 0.0)
     return StepContext(conf=conf, survival=np.cumprod(conf, axis=1), request_ids=np.arange(n), base_tokens=base,
-                       step_time=T, max_tokens=max_tokens, true_accepted=A)
+                       step_time=T, max_tokens=max_tokens, true_accepted=A, drafted=D)
 
 
 # ------------------------------------------------------------------------------------------- brute forces
@@ -360,7 +364,8 @@ class RefOracle:
     step_time(base + c), tokens(c) = n + min(c, sum A) (smallest c on ties), lambda = the running throughput of its
     own steps (exponentially discounted sums of emitted tokens and step time, DECAY per step; the first step uses its
     own best ratio). Slots: accepted ones first, position by position, lower request first within a position; then
-    rejected ones the same way (padding, worth taking only where the staircase is cheaper further up)."""
+    rejected ones the same way (padding, worth taking only where the staircase is cheaper further up). With early
+    exit only drafted positions exist: A[i] -> min(A[i], drafted[i]), slots k < drafted[i]."""
 
     DECAY = 1.0 - 1.0 / 512   # half-life ~355 steps (documented)
 
@@ -368,11 +373,14 @@ class RefOracle:
         self.tok = self.time = 0.0
 
     def choose(self, ctx):
-        n, K, A = ctx.n, ctx.K, [int(x) for x in ctx.true_accepted]
+        n, K = ctx.n, ctx.K
         if n == 0:
             return np.zeros(0, dtype=np.int64)
+        D = [K] * n if ctx.drafted is None else [int(x) for x in ctx.drafted]
+        A = [min(int(a), d) for a, d in zip(ctx.true_accepted, D)]
         acc = sum(A)
-        opts = [(float(n) + min(c, acc), T_at(ctx.step_time, ctx.base_tokens + c)) for c in range(room(ctx) + 1)]
+        top = min(room(ctx), sum(D))
+        opts = [(float(n) + min(c, acc), T_at(ctx.step_time, ctx.base_tokens + c)) for c in range(top + 1)]
         lam = self.tok / self.time if self.time > 0 else max(t / s for t, s in opts)
         best_c, best = 0, None
         for c, (tok, sec) in enumerate(opts):
@@ -382,7 +390,7 @@ class RefOracle:
         self.tok = self.DECAY * self.tok + opts[best_c][0]
         self.time = self.DECAY * self.time + opts[best_c][1]
         slots = [(k, i) for k in range(K) for i in range(n) if k < A[i]]
-        slots += [(k, i) for k in range(K) for i in range(n) if k >= A[i]]
+        slots += [(k, i) for k in range(K) for i in range(n) if A[i] <= k < D[i]]
         L = [0] * n
         for k, i in slots[:best_c]:
             assert L[i] == k
@@ -400,7 +408,9 @@ def test_oracle_is_the_dinkelbach_choice_with_waste_free_slots(steps):
         L = p.choose(ctx)
         check_valid(L, ctx)
         np.testing.assert_array_equal(L, ref.choose(ctx))
-        A = ctx.true_accepted
+        A = ctx.true_accepted if ctx.drafted is None else np.minimum(ctx.true_accepted, ctx.drafted)
+        if ctx.drafted is not None:
+            assert (L <= ctx.drafted).all()
         if int(L.sum()) <= int(A.sum()):
             assert (L <= A).all()     # never a rejected slot unless the whole accepted set is already in
         else:
@@ -515,3 +525,16 @@ def test_no_policy_prices_a_batch_beyond_max_tokens(ctx, context):
                 one = with_context(one, c, 1e-4)
                 one.true_accepted = ctx.true_accepted
             choose(spec, one)
+
+
+# ------------------------------------------------------------------------------ early exit: undrafted positions
+def test_oracle_counts_only_drafted_positions_as_verifiable():
+    # --draft-exit: request 0 drafted 1 position, request 1 drafted 2; A (drawn as if all K were verified) = [5, 2].
+    # Positions past drafted[i] do not exist (the engine caps L at drafted), so the verifiable accepted prefix is
+    # min(A, drafted) = [1, 2]: with room for 3 draft tokens on a flat cost the waste-free choice is [1, 2]
+    # (3 accepted). Water-filling the uncapped A gave [2, 1], which the engine trims to [1, 1] (2 accepted).
+    conf = np.array([[0.9, 0.0, 0.0, 0.0, 0.0], [0.9, 0.9, 0.0, 0.0, 0.0]])
+    ctx = StepContext(conf=conf, survival=np.cumprod(conf, axis=1), request_ids=np.arange(2), base_tokens=2,
+                      step_time=affine(1.0, 0.0), max_tokens=5, true_accepted=np.array([5, 2]),
+                      drafted=np.array([1, 2]))
+    assert choose("oracle", ctx).tolist() == [1, 2]
