@@ -247,8 +247,8 @@ def test_confidence_global_is_the_exhaustive_search(ctx):
 def large_ctx(draw):
     """Contexts past the lazy ranking's first prefix (64 candidates): flat-ish costs make the scan run long, so the
     partial sort is retried and falls back to a full sort; quantised confidences tie across requests."""
-    n = draw(st.integers(10, 60))
-    K = draw(st.integers(4, 9))
+    n = draw(st.integers(10, 100))   # n > 64: the partition over the first position's keys (Ranking.keys)
+    K = draw(st.integers(2, 9))
     seed = draw(st.integers(0, 2**31 - 1))
     rng = np.random.default_rng(seed)
     kind = draw(st.sampled_from(["quantised", "continuous", "rows", "ones"]))
@@ -270,7 +270,7 @@ def large_ctx(draw):
                        step_time=T, max_tokens=max_tokens)
 
 
-@SEQ
+@settings(max_examples=80, deadline=None, derandomize=True, database=None)
 @given(large_ctx())
 def test_lazy_ranking_and_dense_prices_never_change_algorithm1(ctx):
     np.testing.assert_array_equal(choose("confidence", ctx), ref_confidence(ctx))
