@@ -13,6 +13,8 @@ within 0.05 (tests/test_acceptance_parametric.py, test_acceptance_fidelity.py), 
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -110,3 +112,34 @@ def test_draws_are_a_function_of_seed_request_and_step_across_loads(monkeypatch,
     c, _ = _draws(monkeypatch, "fixed:7", 2, seed=4)
     assert sum(a[k] != c[k] for k in set(a) & set(c)) > 0.9 * len(set(a) & set(c))
 
+
+
+def _trace_draws(monkeypatch, acceptance, kv):
+    seen = {}
+    orig = Scheduler.draw
+
+    def spy(self, dec, slots):
+        blk = orig(self, dec, slots)
+        for r, row in enumerate(dec):
+            seen[(int(row), int(self.req.dsteps[row]))] = (blk.conf[r].tobytes(), int(blk.accepted[r]))
+        return blk
+    monkeypatch.setattr(Scheduler, "draw", spy)
+    cfg = RunConfig(policy="fixed:7", seed=2, acceptance=acceptance,
+                    traffic=TrafficConfig(mode="closed", concurrency=16, num_requests=40))
+    cfg = cfg.replace(engine=dataclasses.replace(cfg.engine, kv_capacity_tokens=kv))
+    out = simulate(cfg)
+    monkeypatch.undo()
+    return seen, int(out.requests()["preemptions"].sum())
+
+
+@pytest.mark.parametrize("acceptance", ["traces/real_dspark_k7.csv.gz", "dspark"])
+def test_a_preempted_request_resumes_its_draws(monkeypatch, acceptance):
+    # Paged KV preempts by recompute; the readmitted request goes on from its j-th decode step, and its draws must be
+    # those of steps j, j+1, ... as in a run without preemption (DESIGN.md section 6: a function of (seed, i, j)).
+    # A trace replays the request's recorded response block by block: readmission restarted it at block 0.
+    free, n0 = _trace_draws(monkeypatch, acceptance, None)
+    tight, n1 = _trace_draws(monkeypatch, acceptance, 6000)
+    assert n0 == 0 and n1 > 3     # the tight KV did preempt
+    common = set(free) & set(tight)
+    assert len(common) > 1500
+    assert [k for k in sorted(common) if free[k] != tight[k]] == []
