@@ -93,3 +93,30 @@ def test_run_option(tmp_path, capsys):
                  str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert "--recalibrate" in err and "fixed:5" in err
+
+
+def test_rescaling_keeps_confidences_of_exactly_0_and_1():
+    # temperature scaling maps 0 -> 0 and 1 -> 1 (logit +-inf divided by t); a position past an early-exit stop
+    # reaches the policy at confidence 0 and must stay impossible. The clip to 1e-12 before the logit made it
+    # sigmoid(logit(1e-12) / t): 0.06 at t = 10.
+    class Seen:
+        spec, drafter, block_size, needs_oracle, drafts, reads_confidence = "seen", None, None, False, True, True
+
+        def reset(self, K, rng):
+            pass
+
+        def choose(self, ctx):
+            self.conf = ctx.conf
+            return np.zeros(ctx.n, dtype=np.int64)
+    inner = Seen()
+    pol = Recalibrating(inner)
+    pol.reset(3, np.random.default_rng(0))
+    pol.temps[:] = [10.0, 10.0, 0.5]
+    conf = np.array([[0.9, 0.0, 0.0], [1.0, 0.7, 1.0]])
+    ctx = StepContext(conf=conf, survival=np.cumprod(conf, axis=1), request_ids=np.arange(2), base_tokens=2,
+                      step_time=lambda M: 1.0 + 0.01 * np.asarray(M, dtype=float), max_tokens=8,
+                      drafted=np.array([1, 3]))
+    pol.choose(ctx)
+    assert inner.conf[0, 1] == inner.conf[0, 2] == 0.0
+    assert inner.conf[1, 0] == inner.conf[1, 2] == 1.0
+    assert 0.5 < inner.conf[0, 0] < 0.9 and 0.7 > inner.conf[1, 1] > 0.5   # the others are rescaled (t = 10)

@@ -54,6 +54,16 @@ class AcceptanceModel:
         """Draw this step's block for the requests in ``slots`` (each slot advances one block)."""
         raise NotImplementedError
 
+    def suspend(self, slots: np.ndarray) -> Any:
+        """The per-request state of ``slots`` beyond what :meth:`start` gives (a request preempted by recompute
+        gives up its slot and is started again on readmission), or None when there is none: a source whose draws
+        are keyed by (request, step) alone needs nothing kept."""
+        return None
+
+    def resume(self, slots: np.ndarray, state: Any) -> None:
+        """After :meth:`start` of a readmitted request: put back what :meth:`suspend` returned for it, so its draws
+        go on from the step it had reached."""
+
     @property
     def confidence_head(self) -> bool:
         """False for a drafter without a confidence head (``metadata["confidence_head"]``, e.g. ``mtp``): the

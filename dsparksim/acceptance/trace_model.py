@@ -131,6 +131,16 @@ class TraceAcceptance(AcceptanceModel):
         self._pos[slots] = pos + 1
         return Block(conf=self._conf[pos], accepted=self._acc[pos])
 
+    def suspend(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The replay cursors of ``slots`` (next block, end of the response, domain): a preempted request goes on
+        with the block it had reached when readmitted, not with its response's first block again."""
+        slots = np.asarray(slots, dtype=np.int64)
+        return self._pos[slots].copy(), self._end[slots].copy(), self._sdom[slots].copy()
+
+    def resume(self, slots: np.ndarray, state: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+        slots = np.asarray(slots, dtype=np.int64)
+        self._pos[slots], self._end[slots], self._sdom[slots] = state
+
     def describe(self) -> dict[str, Any]:
         out = dict(self.metadata)
         out["requests_started"] = self.requests_started

@@ -6,7 +6,8 @@ its own attention: going from L to L + 1 verified drafts of request i adds qk_s 
 context), on top of the target's batch term (the staircase base(M), the same for every token). This variant:
 
 * prices candidate (i, k) (k = 0-based position) at m_ik = theta + qk_s * (c_i + k + 1), theta = the base
-  staircase's mean slope over this step's range, base(base_tokens + nK) - base(base_tokens) over nK;
+  staircase's mean slope over this step's range, base(base_tokens + b) - base(base_tokens) over b with
+  b = min(nK, max_tokens - base_tokens) (clamped at 0; theta = 0 when no draft token fits);
 * ranks candidates by value per cost, s_ik / m_ik (non-increasing in k, so admitted sets stay per-request
   prefixes; ties: lower position, then request, as everywhere);
 * searches the budget b globally over (n + top-b survivals) / (base(base_tokens + b) + qk_s * exact query-key
@@ -40,9 +41,11 @@ def priced_candidates(ctx: StepContext) -> tuple[np.ndarray, np.ndarray, np.ndar
         M = np.asarray(M)
         return ctx.step_time(M) - sq * (qk0 + (M - m0) * per)
 
-    top = min(n * K, max(1, draft_budget(ctx)))
-    ends = eval_times(base, np.array([m0, m0 + top], dtype=np.int64))
-    theta = max(float(ends[1] - ends[0]) / top, 0.0)
+    top = draft_budget(ctx)   # min(room, n*K); 0 = nothing fits: no slope to read (and no price past max_tokens)
+    theta = 0.0
+    if top:
+        ends = eval_times(base, np.array([m0, m0 + top], dtype=np.int64))
+        theta = max(float(ends[1] - ends[0]) / top, 0.0)
     pairs = (c[None, :] + np.arange(1, K + 1, dtype=np.float64)[:, None]).ravel()    # k-major: f = k*n + i
     s = np.ascontiguousarray(ctx.survival.T).ravel()
     density = s / (theta + sq * pairs) if theta > 0 or sq > 0 else s

@@ -40,6 +40,8 @@ class Oracle(Policy):
     (T(1) > T(8) on the 7B H100 profile) -- rejected ones as padding, continuing each request's prefix the same way.
     The bound is on throughput at a given load among policies that share its drafter and K (same drafting cost,
     same draft KV slots); it is not a bound on per-user speed, nor on ``none`` or ``mtp1`` (other drafters).
+    With early exit of drafting (``ctx.drafted``) only drafted positions are slots: A[i] counts as
+    min(A[i], drafted[i]) and padding never reaches past drafted[i] (the engine could not verify it).
     """
 
     name: ClassVar[str] = "oracle"
@@ -74,11 +76,15 @@ class Oracle(Policy):
                              f"shape {A.shape}, range {A.min() if A.size else '-'}..{A.max() if A.size else '-'}")
         if n == 0:
             return np.zeros(0, dtype=np.int64)
+        # early exit of drafting: positions past drafted[i] do not exist (the engine caps L at drafted), so the
+        # verifiable accepted prefix is min(A, drafted) and only drafted positions are slots, padding included
+        D = np.full(n, K, dtype=np.int64) if ctx.drafted is None else np.asarray(ctx.drafted, dtype=np.int64)
+        A = np.minimum(A, D)
         # Candidate totals c = 0..budget of verified draft slots: accepted slots first (water-filled), then rejected
         # ones. Tokens = n + min(c, sum A); padding past sum A adds no token but, on a non-monotone staircase,
         # can make the step cheaper -- so the bound pads to the cheapest M at or above what it needs.
         acc = int(A.sum())
-        budget = draft_budget(ctx)
+        budget = min(draft_budget(ctx), int(D.sum()))
         c = np.arange(budget + 1, dtype=np.int64)
         tokens = float(n) + np.minimum(c, acc)
         times = eval_times(ctx.step_time, ctx.base_tokens + c)
@@ -87,5 +93,5 @@ class Oracle(Policy):
         self._time = self.DECAY * self._time + float(times[best])
         grid = np.arange(K)[:, None]                                     # k-major: f = k*n + i
         order = np.concatenate([np.flatnonzero((grid < A[None, :]).ravel()),
-                                np.flatnonzero((grid >= A[None, :]).ravel())])
+                                np.flatnonzero(((grid >= A[None, :]) & (grid < D[None, :])).ravel())])
         return lengths_from_ranked(order, best, n)

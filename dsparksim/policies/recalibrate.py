@@ -88,6 +88,11 @@ class Recalibrating(Policy):
         if np.all(self.temps[:ctx.K] == 1.0):
             return self.inner.choose(ctx)
         conf = 1.0 / (1.0 + np.exp(-z / self.temps[None, :ctx.K]))
+        # temperature scaling maps 0 -> 0 and 1 -> 1 (logit -inf / +inf); the clip of _logit must not lift a 0 (a
+        # position past an early-exit stop, which the engine never verifies) or lower a 1
+        ends = (ctx.conf <= 0.0) | (ctx.conf >= 1.0)
+        if ends.any():
+            conf = np.where(ends, ctx.conf, conf)
         return self.inner.choose(replace(ctx, conf=conf, survival=np.cumprod(conf, axis=1)))
 
     def observe(self, request_ids, verify_len, accepted) -> None:

@@ -133,6 +133,7 @@ class Scheduler:
         self._grown = False   # paged: admit() gave every decoding request its pages for the coming step
         self.n_preemptions = 0
         self._preempted: list[int] = []
+        self._suspended: dict[int, Any] = {}   # preempted row -> its acceptance state (AcceptanceModel.suspend)
         self.max_seqs, self.max_tokens = config.max_num_seqs, int(inputs.max_tokens)
         self.chunk = config.prefill_chunk_tokens
         # TensorRT-LLM's batch waiting (sim/batch_wait.py): None = prefills are scheduled as soon as they fit. Its
@@ -244,6 +245,10 @@ class Scheduler:
             else:
                 rng = self.rng if self.streams is None else self.streams.rows(r.key[rows], -1, 1)
                 self.acc.start(r.slot_of[rows], r.domain[rows], rng)
+            for row in new if self._suspended else ():
+                state = self._suspended.pop(row, None)
+                if state is not None:   # a preempted request: its draws go on from the step it had reached
+                    self.acc.resume(r.slot_of[[row]], state)
             if self.disagg:
                 self._grown = False
         return new
@@ -275,6 +280,9 @@ class Scheduler:
         self.kv.release_row(row)
         self.running.remove(row)
         self._run_arr = None
+        state = self.acc.suspend(r.slot_of[[row]])
+        if state is not None:
+            self._suspended[row] = state
         self.free_slots.append(int(r.slot_of[row]))
         r.regen[row] = r.gen[row]            # re-prefill prompt + every token generated so far
         r.prefilled[row] = 0
