@@ -268,7 +268,9 @@ def _peak_chunks_per_s(starts: np.ndarray, first: np.ndarray, step_end: np.ndarr
 
     vLLM buckets every streamed chunk (first token + one per ITL entry) into 1-second bins from the earliest send
     and takes the fullest bin; with speculative decoding a chunk carries several tokens but counts once, as in
-    vLLM. Peak concurrency: a sweep over the [send, finish) intervals, departures before arrivals on ties.
+    vLLM. Concurrency uses the same bins: a request counts in every bin from int(send - t0) to int(finish - t0),
+    both included, and the peak is the fullest bin -- the requests active at any moment of that second, not the
+    most in flight at one instant (vLLM's meaning: a closed loop of N users with short requests reads above N).
     """
     if not ok.any():
         return 0.0, 0
@@ -282,7 +284,12 @@ def _peak_chunks_per_s(starts: np.ndarray, first: np.ndarray, step_end: np.ndarr
     keys, inv = np.unique(np.concatenate([fb, sb[keep]]), return_inverse=True)
     bins = np.zeros(len(keys))
     np.add.at(bins, inv, np.concatenate([np.ones(len(fb)), n_in_step[keep].astype(float)]))
-    ev = np.concatenate([np.stack([starts[ok], np.ones(ok.sum())], 1), np.stack([finish[ok], -np.ones(ok.sum())], 1)])
+    # Concurrency bins [int(send - t0), int(finish - t0)] as events (+1 at the first bin, -1 after the last),
+    # leaving before entering at one bin index; the running sum after each event is a bin's count.
+    first_bin = (starts[ok] - t0).astype(np.int64)
+    last_bin = (finish[ok] - t0).astype(np.int64)
+    ev = np.concatenate([np.stack([first_bin, np.ones_like(first_bin)], 1),
+                         np.stack([last_bin + 1, -np.ones_like(last_bin)], 1)])
     ev = ev[np.lexsort((ev[:, 1], ev[:, 0]))]
     return float(bins.max()), int(np.cumsum(ev[:, 1]).max())
 

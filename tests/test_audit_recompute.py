@@ -1,0 +1,186 @@
+"""An independent audit of the figures `dsparksim run` publishes: every summary.json and bench_result.json number
+recomputed from the raw requests.csv / steps.csv with short code written from the definitions (docs/outputs.md and
+vLLM's vllm/benchmarks/serve.py `calculate_metrics`), never by calling dsparksim's metric code.
+
+Configurations: closed and open loop, a warm-up, requests rejected on arrival, preemptions (paged KV tight),
+several replicas, the policies none / mtp1 / fixed / confidence / oracle, a run cut at its horizon with unfinished
+requests, a --num-requests run, one request, and one-token outputs (no TPOT).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dsparksim.cli.main import main
+
+RUNS = {
+    "closed": ["--policy", "confidence", "--concurrency", "6", "--duration", "6"],
+    "open_warmup": ["--policy", "fixed:3", "--rate", "5", "--duration", "8", "--warmup", "3"],
+    "rejected": ["--policy", "oracle", "--concurrency", "8", "--duration", "6", "--kv-capacity", "6000"],
+    "preempt": ["--policy", "confidence", "--concurrency", "24", "--duration", "6", "--kv-capacity", "24000"],
+    "replicas": ["--policy", "none", "--concurrency", "8", "--replicas", "3", "--duration", "5"],
+    "num_requests": ["--policy", "mtp1", "--num-requests", "20", "--rate", "8"],
+    "one_request": ["--policy", "confidence", "--num-requests", "1", "--rate", "1"],
+    "one_token": ["--policy", "fixed:7", "--concurrency", "3", "--duration", "3", "--dataset-name", "random",
+                  "--random-input-len", "50", "--random-output-len", "1"],
+}
+
+
+@pytest.fixture(scope="module", params=sorted(RUNS))
+def run(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(request.param) / "out"
+    assert main(["run", *RUNS[request.param], "--save-steps", "--quiet", "--out", str(out)]) == 0
+    text = {f: (out / f).read_text() for f in ("summary.json", "bench_result.json")}
+    return (request.param, text, json.loads(text["summary.json"]), json.loads(text["bench_result.json"]),
+            pd.read_csv(out / "requests.csv"), pd.read_csv(out / "steps.csv"))
+
+
+def _same(mine, published, rel=1e-6):
+    if mine is None or (isinstance(mine, float) and math.isnan(mine)):
+        return published is None
+    return published is not None and abs(mine - published) <= 1e-12 + rel * abs(mine)
+
+
+def _pct(x, q):
+    return float(np.percentile(x, q)) if len(x) else None
+
+
+def _mean(x):
+    return float(np.mean(x)) if len(x) else None
+
+
+def test_json_is_strict_no_nan_or_infinity(run):
+    _, text, *_ = run
+    for name, t in text.items():
+        json.loads(t, parse_constant=lambda c: pytest.fail(f"{name}: {c} is not valid JSON"))
+
+
+def test_summary_figures_equal_an_independent_recomputation(run):
+    name, _, s, _, req, st = run
+    w, end = s["warmup_s"], s["sim_time_s"]
+    window = end - w
+    bad = {}
+
+    def check(key, mine):
+        if not _same(mine, s[key]):
+            bad[key] = (mine, s[key])
+
+    check("window_s", window)
+    t_end = st["t_start"] + st["dt"]
+    inside = ((t_end - w) / st["dt"]).clip(0, 1)          # a step straddling the warm-up counts pro rata
+    check("output_throughput_tok_s", float((st["emitted"] * inside).sum()) / window)
+    done = req[req["completed"].astype(bool) & (req["arrival_s"] >= w)]
+    check("num_requests_completed", len(done))
+    check("num_requests_rejected", int(req["rejected"].sum()))
+    check("request_throughput_req_s", len(done) / window)
+    ttft = (done["first_token_s"] - done["arrival_s"]).to_numpy()
+    e2e = (done["finish_s"] - done["arrival_s"]).to_numpy()
+    after_first = done["output_tokens"].to_numpy() - 1
+    decode = (done["finish_s"] - done["first_token_s"]).to_numpy()
+    multi = after_first > 0                                # TPOT excludes the first token: undefined for one
+    tpot = decode[multi] / after_first[multi]
+    speed = after_first[multi & (decode > 0)] / decode[multi & (decode > 0)]
+    for key, x in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e)):
+        check(f"{key}_mean_s", _mean(x))
+        check(f"{key}_median_s", _pct(x, 50))
+        check(f"{key}_p99_s", _pct(x, 99))
+    check("tps_user_mean", _mean(speed))
+    for key, q in (("median", 50), ("p10", 10), ("p90", 90)):
+        check(f"tps_user_{key}", _pct(speed, q))
+    win = t_end > w
+    n_dec = st["n_decode"][win].sum()
+    check("mean_verify_len", st["verify_tokens"][win].sum() / n_dec if n_dec else None)
+    check("tau", st["decode_emitted"][win].sum() / n_dec if n_dec else None)
+    check("mean_running", _mean(st["n_running"][win]))
+    check("mean_batch_tokens", _mean(st["M"][win]))
+    # the summary's ITL pool: each window step's dt once per request decoding in it
+    pool = np.repeat(st["dt"][win].to_numpy(), st["n_decode"][win].to_numpy())
+    check("itl_median_s", _pct(pool, 50))
+    check("itl_p99_s", _pct(pool, 99))
+    assert not bad, f"{name}: (recomputed, published): {bad}"
+    assert int(st["emitted"].sum()) == int(req["emitted_tokens"].sum())   # the step log and the requests agree
+
+
+def _bench_prompts(s, req):
+    p = req[req["arrival_s"] >= s["warmup_s"]].sort_values("arrival_s", kind="stable")
+    return p, p["finish_s"].notna().to_numpy()
+
+
+def test_bench_result_equals_vllm_definitions_recomputed(run):
+    name, _, s, b, req, st = run
+    p, ok = _bench_prompts(s, req)
+    dur = s["window_s"]
+    bad = {}
+
+    def check(key, mine):
+        if not _same(mine, b[key]):
+            bad[key] = (mine, b[key])
+
+    check("num_prompts", len(p))
+    check("completed", int(ok.sum()))
+    check("failed", int(p["rejected"].sum()))
+    check("duration", dur)
+    out_tok, in_tok = int(p["output_tokens"][ok].sum()), int(p["prompt_tokens"][ok].sum())
+    check("total_output_tokens", out_tok)
+    check("total_input_tokens", in_tok)
+    check("output_throughput", out_tok / dur)
+    check("request_throughput", ok.sum() / dur)
+    check("total_token_throughput", (in_tok + out_tok) / dur)
+    ttft = (p["first_token_s"] - p["arrival_s"]).to_numpy()[ok]
+    lat = (p["finish_s"] - p["arrival_s"]).to_numpy()[ok]
+    n_out = p["output_tokens"].to_numpy()[ok]
+    tpot = (lat - ttft)[n_out > 1] / (n_out[n_out > 1] - 1)
+    itl = [x for j in np.flatnonzero(ok) for x in b["itls"][j]]
+    for m, x in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", lat)):
+        check(f"mean_{m}_ms", _mean(x) * 1000 if len(x) else None)
+        check(f"median_{m}_ms", _pct(x, 50) * 1000 if len(x) else None)
+        check(f"std_{m}_ms", float(np.std(x)) * 1000 if len(x) else None)
+        check(f"p99_{m}_ms", _pct(x, 99) * 1000 if len(x) else None)
+    win = st["t_start"] + st["dt"] > s["warmup_s"]
+    verified, accepted, drafts = (int(st[c][win].sum()) for c in ("verify_tokens", "accepted", "drafts"))
+    if verified:
+        check("spec_decode_acceptance_rate", 100 * accepted / verified)
+        check("spec_decode_acceptance_length", 1 + accepted / drafts)
+        check("spec_decode_num_drafts", drafts)
+    assert not bad, f"{name}: (recomputed, published): {bad}"
+    # each completed request's ITLs add up to its decode time (first token to finish)
+    for j in np.flatnonzero(ok):
+        r = p.iloc[j]
+        assert sum(b["itls"][j]) == pytest.approx(r["finish_s"] - r["first_token_s"], rel=1e-6, abs=1e-9)
+
+
+def _vllm_peaks(b):
+    """vLLM's calculate_metrics: 1-second buckets from the earliest send of a successful request; a token in the
+    bucket of start + ttft (+ cumulative ITLs), a request in every bucket from int(start) to int(start + latency)."""
+    ok = [i for i, e in enumerate(b["errors"]) if e == ""]
+    if not ok:
+        return 0.0, 0
+    start = [b["start_times"][i] for i in ok]
+    lat = [b["latencies"][i] for i in ok]
+    t0 = min(start)
+    n = int(np.ceil(max(s + x for s, x in zip(start, lat)) - t0)) + 1
+    tokens, conc = np.zeros(n), np.zeros(n)
+    for i, s, x in zip(ok, start, lat):
+        t = s + b["ttfts"][i]
+        times = [t]
+        for gap in b["itls"][i]:
+            t += gap
+            times.append(t)
+        for t in times:
+            if 0 <= int(t - t0) < n:
+                tokens[int(t - t0)] += 1
+        for sec in range(int(s - t0), int(s + x - t0) + 1):
+            conc[sec] += 1
+    return float(tokens.max()), int(conc.max())
+
+
+def test_bench_peaks_are_vllms_one_second_buckets(run):
+    name, _, _, b, _, _ = run
+    tok, conc = _vllm_peaks(b)
+    assert b["max_output_tokens_per_s"] == tok, name
+    assert b["max_concurrent_requests"] == conc, name
