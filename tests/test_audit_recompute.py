@@ -22,7 +22,7 @@ RUNS = {
     "closed": ["--policy", "confidence", "--concurrency", "6", "--duration", "6"],
     "open_warmup": ["--policy", "fixed:3", "--rate", "5", "--duration", "8", "--warmup", "3"],
     "rejected": ["--policy", "oracle", "--concurrency", "8", "--duration", "6", "--kv-capacity", "6000"],
-    "preempt": ["--policy", "confidence", "--concurrency", "24", "--duration", "6", "--kv-capacity", "24000"],
+    "preempt": ["--policy", "confidence", "--concurrency", "32", "--duration", "6", "--kv-capacity", "20000"],
     "replicas": ["--policy", "none", "--concurrency", "8", "--replicas", "3", "--duration", "5"],
     "num_requests": ["--policy", "mtp1", "--num-requests", "20", "--rate", "8"],
     "one_request": ["--policy", "confidence", "--num-requests", "1", "--rate", "1"],
@@ -152,6 +152,22 @@ def test_bench_result_equals_vllm_definitions_recomputed(run):
     for j in np.flatnonzero(ok):
         r = p.iloc[j]
         assert sum(b["itls"][j]) == pytest.approx(r["finish_s"] - r["first_token_s"], rel=1e-6, abs=1e-9)
+
+
+def test_one_itl_per_streamed_chunk_after_the_first(run):
+    """vLLM's ITLs are the gaps between a request's streamed chunks: one per decode step, plus one per re-prefill
+    after a preemption (its forward streams the next token; the steps the request sat out are one gap, not one
+    sample each)."""
+    name, _, s, b, req, _ = run
+    p, ok = _bench_prompts(s, req)
+    for j in np.flatnonzero(ok):
+        r = p.iloc[j]
+        decode_emitted = round(r["tau"] * r["decode_steps"]) if r["decode_steps"] else 0
+        resumed = int(r["output_tokens"]) - 1 - decode_emitted       # tokens streamed by re-prefills
+        assert 0 <= resumed <= r.get("preemptions", 0)
+        assert len(b["itls"][j]) == r["decode_steps"] + resumed, (name, int(r["request_id"]))
+    if name == "preempt":   # the configuration exercises it
+        assert (p["preemptions"].to_numpy()[ok] > 0).sum() >= 2
 
 
 def _vllm_peaks(b):
