@@ -1,7 +1,9 @@
 """Serving metrics from a simulation (DESIGN.md section 7), with the definitions `vllm bench serve` uses.
 
-Measurement window: [warmup_s, end]. Throughput counts tokens emitted by steps that end inside the window; the
-per-request statistics use requests that arrived inside the window and completed. Warm-up is excluded because a
+Measurement window: [warmup_s, end]. Throughput counts tokens emitted by steps that end inside the window (a step
+straddling warmup_s pro rata); the per-request statistics use requests that arrived inside the window and completed,
+except ITL: each window step's dt once per request decoding in it (every decoding request; bench_result.json pools
+the completed window requests' ITLs, as vLLM). Warm-up is excluded because a
 closed-loop run starts with every user arriving at t=0 (a prefill burst no steady state has).
 Requests rejected on arrival (engine.py) are counted in ``num_requests_rejected`` / ``rejected_by_reason`` and are
 excluded from every latency and throughput metric (they never run).
