@@ -96,14 +96,17 @@ class ItlLists(Sequence):
 
     def json_items(self):
         """Each prompt's list as JSON text, exactly ``json.dumps(self[i], allow_nan=False)``."""
-        if self._own or not np.isfinite(self._dt).all():  # json.dumps raises on NaN/inf: let it, its message
+        if not np.isfinite(self._dt).all():  # json.dumps raises on NaN/inf: let it, with its own message
             for i in range(len(self)):
                 yield json.dumps(self[i], allow_nan=False)
             return
         joined, at = self._joined()
         text = joined.decode("ascii")
-        for a, b in zip(self._lo.tolist(), self._hi.tolist()):
-            yield "[" + text[at[a]:at[b] - 2] + "]" if b > a else "[]"
+        for i, (a, b) in enumerate(zip(self._lo.tolist(), self._hi.tolist())):
+            if i in self._own:
+                yield json.dumps(self._own[i], allow_nan=False)
+            else:
+                yield "[" + text[at[a]:at[b] - 2] + "]" if b > a else "[]"
 
     def _joined(self) -> tuple[bytes, list[int]]:
         """Every step's dt as JSON text joined by ", " (ASCII bytes), and where each step's text starts in it.
