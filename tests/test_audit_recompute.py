@@ -4,7 +4,8 @@ vLLM's vllm/benchmarks/serve.py `calculate_metrics`), never by calling dsparksim
 
 Configurations: closed and open loop, a warm-up, requests rejected on arrival, preemptions (paged KV tight),
 several replicas, the policies none / mtp1 / fixed / confidence / oracle, a run cut at its horizon with unfinished
-requests, a --num-requests run, one request, and one-token outputs (no TPOT).
+requests, a --num-requests run, --num-warmup-prompts, no request in the window, one request, and one-token
+outputs (no TPOT).
 """
 from __future__ import annotations
 
@@ -21,10 +22,13 @@ from dsparksim.cli.main import main
 RUNS = {
     "closed": ["--policy", "confidence", "--concurrency", "6", "--duration", "6"],
     "open_warmup": ["--policy", "fixed:3", "--rate", "5", "--duration", "8", "--warmup", "3"],
-    "rejected": ["--policy", "oracle", "--concurrency", "8", "--duration", "6", "--kv-capacity", "6000"],
+    "rejected": ["--policy", "oracle", "--concurrency", "8", "--duration", "6", "--kv-capacity", "6000",
+                 "--dataset-name", "random", "--random-input-len", "7000", "--random-output-len", "64",
+                 "--random-range-ratio", "0.5"],
     "preempt": ["--policy", "confidence", "--concurrency", "32", "--duration", "6", "--kv-capacity", "20000"],
     "replicas": ["--policy", "none", "--concurrency", "8", "--replicas", "3", "--duration", "5"],
     "num_requests": ["--policy", "mtp1", "--num-requests", "20", "--rate", "8"],
+    "zero_finished": ["--policy", "confidence", "--rate", "0.05", "--duration", "5"],   # one request, in the warm-up
     "one_request": ["--policy", "confidence", "--num-requests", "1", "--rate", "1"],
     "warmup_prompts": ["--policy", "confidence", "--num-prompts", "12", "--num-warmup-prompts", "3",
                        "--max-concurrency", "3"],
@@ -212,3 +216,18 @@ def test_bench_peaks_are_vllms_one_second_buckets(run):
     tok, conc = _vllm_peaks(b)
     assert b["max_output_tokens_per_s"] == tok, name
     assert b["max_concurrent_requests"] == conc, name
+
+
+def test_each_configuration_exercises_what_it_is_named_for(run):
+    name, _, s, b, req, _ = run
+    expect = {
+        "rejected": lambda: s["num_requests_rejected"] >= 1 and b["failed"] >= 1,
+        "preempt": lambda: s["num_preemptions"] >= 2,
+        "replicas": lambda: s["replicas"] == 3 and len(s["per_replica"]) == 3,
+        "one_token": lambda: s["tpot_median_s"] is None and b["median_tpot_ms"] is None and s["num_requests_completed"],
+        "zero_finished": lambda: s["num_requests_completed"] == 0 and b["completed"] == 0,
+        "closed": lambda: s["ended_by"] == "duration" and any(e.startswith("unfinished") for e in b["errors"]),
+        "warmup_prompts": lambda: b["num_prompts"] == 12 and s["warmup_s"] > 0,
+        "open_warmup": lambda: s["warmup_s"] == 3 and (req["arrival_s"] < 3).any(),
+    }
+    assert expect.get(name, lambda: True)(), name
