@@ -231,3 +231,72 @@ def test_each_configuration_exercises_what_it_is_named_for(run):
         "open_warmup": lambda: s["warmup_s"] == 3 and (req["arrival_s"] < 3).any(),
     }
     assert expect.get(name, lambda: True)(), name
+
+
+# ------------------------------------------------------------------ frontier: Pareto sets, gains, seed intervals
+X, Y = "output_throughput_tok_s", "tps_user_median"
+
+
+def _pareto(g):
+    """Rows of ``g`` no other unsaturated row beats on both axes (one strictly); saturated rows never count."""
+    ok = ~g["saturated"].astype(bool).to_numpy() & g[X].notna().to_numpy() & g[Y].notna().to_numpy()
+    x, y = g[X].to_numpy(float), g[Y].to_numpy(float)
+    keep = [ok[i] and not any(ok[j] and x[j] >= x[i] and y[j] >= y[i] and (x[j] > x[i] or y[j] > y[i])
+                              for j in range(len(g))) for i in range(len(g))]
+    return g[np.array(keep, bool)]
+
+
+def _gains(df, policy, baseline, slo):
+    """Mean gain over 64 evenly spaced points of the overlap (per-user speed at matched throughput, throughput at
+    matched per-user speed), and the throughput gain at the per-user speed ``slo``: linear interpolation."""
+    a, b = _pareto(df[df["policy"] == policy]), _pareto(df[df["policy"] == baseline])
+
+    def mean_gain(xa, ya, xb, yb):
+        lo, hi = max(xa.min(), xb.min()), min(xa.max(), xb.max())
+        if hi < lo:
+            return math.nan
+        grid = np.linspace(lo, hi, 64)
+        return float(np.mean(np.interp(grid, xa, ya) / np.interp(grid, xb, yb) - 1))
+    a_x, b_x = a.sort_values(X), b.sort_values(X)
+    a_y, b_y = a.sort_values(Y), b.sort_values(Y)
+    at_slo = math.nan
+    if a[Y].min() <= slo <= a[Y].max() and b[Y].min() <= slo <= b[Y].max():
+        at_slo = float(np.interp(slo, a_y[Y], a_y[X]) / np.interp(slo, b_y[Y], b_y[X]) - 1)
+    return {"tps_user_gain_at_matched_throughput": mean_gain(a_x[X].to_numpy(), a_x[Y].to_numpy(),
+                                                             b_x[X].to_numpy(), b_x[Y].to_numpy()),
+            "throughput_gain_at_matched_slo": mean_gain(a_y[Y].to_numpy(), a_y[X].to_numpy(),
+                                                        b_y[Y].to_numpy(), b_y[X].to_numpy()),
+            f"throughput_gain_at_slo:{slo:g}": at_slo}
+
+
+def _t95(v):
+    from scipy.stats import t   # lazy: scipy, only this test's interval
+    v = np.asarray(v, float)
+    h = t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v))
+    return v.mean() - h, v.mean() + h
+
+
+def test_frontier_pareto_gains_and_paired_seed_intervals_recomputed(tmp_path):
+    out = tmp_path / "fr"
+    assert main(["frontier", "--policies", "mtp1,confidence", "--concurrency-levels", "2,8,32", "--duration", "4",
+                 "--seeds", "3", "--slo", "tps_user_median>=200", "--backend", "serial", "--quiet",
+                 "--out", str(out)]) == 0
+    per, mean = pd.read_csv(out / "frontier_seeds.csv"), pd.read_csv(out / "frontier.csv")
+    comp = pd.read_csv(out / "comparison.csv")
+    for _, r in mean.iterrows():                      # each cell: mean over its 3 seeds and their t-interval
+        v = per[(per["policy"] == r["policy"]) & (per["load"] == r["load"])][X]
+        lo, hi = _t95(v)
+        assert r[X] == pytest.approx(v.mean(), rel=1e-8) and r["n_seeds"] == 3
+        assert r[f"{X}_lo"] == pytest.approx(max(lo, 0.0), rel=1e-6) and r[f"{X}_hi"] == pytest.approx(hi, rel=1e-6)
+    for s, g in per.groupby("seed"):                  # Pareto flags per policy and seed
+        for _, gp in g.groupby("policy"):
+            assert set(_pareto(gp).index) == set(gp.index[gp["pareto"].astype(bool)]), s
+    per_seed = [_gains(per[per["seed"] == s], "confidence", "mtp1", 200.0) for s in sorted(per["seed"].unique())]
+    of_means = _gains(mean, "confidence", "mtp1", 200.0)
+    assert sorted(comp["metric"]) == sorted(of_means) and comp["gain_lo"].notna().all()
+    for _, r in comp.iterrows():                      # gains of the mean frontiers; paired per-seed intervals
+        g = [p[r["metric"]] for p in per_seed]
+        assert r["gain_mean"] == pytest.approx(of_means[r["metric"]], rel=1e-6)
+        assert r["gain_seed_mean"] == pytest.approx(np.mean(g), rel=1e-6)
+        lo, hi = _t95(g)
+        assert (r["gain_lo"], r["gain_hi"]) == pytest.approx((lo, hi), rel=1e-6)
