@@ -104,7 +104,8 @@ def test_summary_figures_equal_an_independent_recomputation(run):
     check("tau", st["decode_emitted"][win].sum() / n_dec if n_dec else None)
     check("mean_running", _mean(st["n_running"][win]))
     check("mean_batch_tokens", _mean(st["M"][win]))
-    # the summary's ITL pool: each window step's dt once per request decoding in it
+    # the summary's ITL pool: each window step's dt once per request decoding in it (and one sample per preemption
+    # gap, which the files do not show: too few here to move a percentile; test_metrics_closed_form pins them)
     pool = np.repeat(st["dt"][win].to_numpy(), st["n_decode"][win].to_numpy())
     check("itl_median_s", _pct(pool, 50))
     check("itl_p99_s", _pct(pool, 99))
