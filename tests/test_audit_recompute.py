@@ -111,6 +111,16 @@ def test_summary_figures_equal_an_independent_recomputation(run):
     check("itl_p99_s", _pct(pool, 99))
     assert not bad, f"{name}: (recomputed, published): {bad}"
     assert int(st["emitted"].sum()) == int(req["emitted_tokens"].sum())   # the step log and the requests agree
+    # requests.csv's own per-request columns (s, tok/s): NaN where undefined (one token, not finished); to the
+    # rounding of the file's times (9 significant digits: a difference of two is off by ~1e-9 x the run's length)
+    n1 = req["output_tokens"] - 1
+    dec = req["finish_s"] - req["first_token_s"]
+    for col, want in (("ttft_s", req["first_token_s"] - req["arrival_s"]), ("e2e_s", req["finish_s"] - req["arrival_s"]),
+                      ("tpot_s", (dec / n1).where(n1 > 0)), ("tps_user", (n1 / dec).where((n1 > 0) & (dec > 0))),
+                      ("mean_verify_len", (req["verify_tokens"] / req["decode_steps"]).where(req["decode_steps"] > 0))):
+        np.testing.assert_allclose(req[col].to_numpy(float), want.to_numpy(float), rtol=1e-5,
+                                   atol=1e-8 * max(1.0, end),
+                                   err_msg=f"{name}: requests.csv {col}")
 
 
 def _measured(s, req):
