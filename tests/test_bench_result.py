@@ -171,6 +171,15 @@ def test_itl_lists_json_items_are_json_dumps_of_each_list(tmp_path):
     bad = ItlLists(np.array([0.1, np.nan]), np.array([0]), np.array([2]))
     with pytest.raises(ValueError):  # json's own refusal of NaN, as before
         list(bad.json_items())
+    # a preempted prompt's own list (its missed steps merged into one gap) replaces its slice, in every path
+    own = {3: [0.25, 1.5, 0.125], 7: []}
+    gapped = ItlLists(dt, lo, hi, own)
+    items = list(gapped.json_items())
+    assert items[3] == "[0.25, 1.5, 0.125]" and items[7] == "[]" and items[4] == json.dumps(itls[4])
+    assert gapped[3] == own[3] and gapped[-len(gapped) + 3] == own[3] and gapped[5] == itls[5]
+    assert gapped.n_samples() == itls.n_samples() - (hi[3] - lo[3]) - (hi[7] - lo[7]) + 3
+    write_bench_json(tmp_path / "g.json", {"itls": gapped})
+    assert json.loads((tmp_path / "g.json").read_text())["itls"] == [gapped[i] for i in range(len(gapped))]
 
 
 def test_stats_of_repeats_equal_numpys_stats_of_the_pool():
@@ -194,3 +203,28 @@ def test_stats_of_repeats_equal_numpys_stats_of_the_pool():
     assert _stats_of_repeats("itl", pool, np.array([0.1, 0.2]), np.array([1, 1])) == _stats("itl", pool)
     nan = _stats_of_repeats("itl", np.array([0.1, np.nan]), np.array([0.1, np.nan]), np.array([1, 1]))
     assert math.isnan(nan["median_itl_ms"])
+
+
+def test_a_preempted_requests_missed_steps_are_one_itl_gap_in_closed_form():
+    # Six 1-s steps (dt 1, 1, 1, 1, 1, 0.5). A: first token at 1.0 (end of step 0); preempted before step 2, its
+    # re-prefill streams the next token at the end of step 3; finishes at the end of step 5 (5.5). vLLM's client sees
+    # chunks at 1, 2, 4, 5, 5.5: ITLs [1, 2, 1, 0.5] (not one per step: [1, 1, 1, 1, 0.5]). B is never preempted.
+    nan = np.nan
+    steps = {"t_start": np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0]), "dt": np.array([1.0, 1.0, 1.0, 1.0, 1.0, 0.5]),
+             "verify_tokens": np.zeros(6, np.int64), "drafts": np.zeros(6, np.int64),
+             "accepted": np.zeros(6, np.int64)}
+    res = SimResult(
+        arrival_s=np.array([0.0, 0.0]), admitted_s=np.array([0.0, 0.0]), first_token_s=np.array([1.0, 1.0]),
+        finish_s=np.array([5.5, 3.0]), prompt_tokens=np.array([4, 4]), output_tokens=np.array([5, 3]),
+        emitted_tokens=np.array([5, 3]), decode_steps=np.array([3, 2]), verify_tokens=np.array([0, 0]),
+        accepted_tokens=np.array([0, 0]), domain=np.array(["chat"] * 2), steps=steps, sim_time_s=6.0,
+        ended_by="all_requests_done", kv_capacity_tokens=100, max_batched_tokens=64, block_size=2,
+        drafter="dspark", kv_policy="paged", preemptions=np.array([1, 0]), recomputed_tokens=np.array([6, 0]),
+        gap_request=np.array([0]), gap_steps=np.array([[2, 3]]))
+    d = bench_result(res, warmup_s=0.0, duration_s=5.5, model_id="m", request_rate="inf", burstiness=1.0,
+                     max_concurrency=2)
+    assert d["itls"] == [[1.0, 2.0, 1.0, 0.5], [1.0, 1.0]]
+    pool = [1.0, 2.0, 1.0, 0.5, 1.0, 1.0]
+    assert d["mean_itl_ms"] == pytest.approx(1000 * np.mean(pool))
+    assert d["median_itl_ms"] == pytest.approx(1000.0) and d["p99_itl_ms"] == pytest.approx(
+        1000 * np.percentile(pool, 99))

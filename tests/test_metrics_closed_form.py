@@ -144,6 +144,24 @@ def test_itl_percentile_interpolates_like_vllm_bench_serve():
     assert s["itl_p99_s"] == pytest.approx(2.98)
 
 
+def test_itl_pool_holds_one_gap_per_preemption_resumed_in_the_window():
+    # Six 1-s steps in the window; request r1 was preempted before step 1 and its re-prefill streamed its next token
+    # at the end of step 2: between two of its chunks the client waited 2 s, one ITL sample (it decoded in neither
+    # step, so the steps' n_decode leave it out). Pool: ten 1.0 + one 2.0: median 1.0, p99 = 1 + 0.9 * (2 - 1) = 1.9.
+    # Without the gap: p99 1.0. A gap still open at the end of the run (r3, from step 5) streamed nothing: no sample.
+    import dataclasses
+
+    st = {"t_start": [2.0, 3.0, 4.0, 5.0, 6.0, 7.0], "dt": [1.0] * 6, "n_decode": [2, 1, 1, 2, 2, 2],
+          "emitted": [2, 1, 2, 2, 2, 2], "decode_emitted": [2, 1, 1, 2, 2, 2], "verify_tokens": [3] * 6}
+    res = dataclasses.replace(_result(st), kv_policy="paged", preemptions=np.array([0, 1, 0, 1, 0, 0]),
+                              recomputed_tokens=np.zeros(6, np.int64), kv_page_tokens=16,
+                              gap_request=np.array([1, 3]), gap_steps=np.array([[1, 2], [5, -1]]))
+    res.steps["kv_pages"] = np.zeros(6, np.int64)
+    s = summarize(res, policy="fixed:3", load=1, warmup_s=WARMUP, closed_loop=False)
+    assert s["itl_median_s"] == pytest.approx(1.0)
+    assert s["itl_p99_s"] == pytest.approx(1.9)
+
+
 # ---------------------------------------------------------------------------------------------- engine, by hand
 class AcceptExactly(AcceptanceModel):
     """Every step accepts exactly ``a`` of the K drafts (deterministic, so the whole run is hand-computable)."""

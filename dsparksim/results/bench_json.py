@@ -65,11 +65,14 @@ class ItlLists(Sequence):
     """``itls``: per prompt, the dt of every step it decoded in, as a lazy sequence of lists.
 
     A long run has millions of ITL samples; as Python lists they took most of a 1-hour run's memory. Entries are
-    built on access, and :func:`write_bench_json` streams them to the file one prompt at a time.
+    built on access, and :func:`write_bench_json` streams them to the file one prompt at a time. ``own``: the
+    lists of the few prompts that are not one run of steps (preempted: one gap per preemption), as given.
     """
 
-    def __init__(self, dt: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+    def __init__(self, dt: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                 own: dict[int, list[float]] | None = None) -> None:
         self._dt, self._lo, self._hi = dt, np.asarray(lo, np.int64), np.asarray(hi, np.int64)
+        self._own = own or {}
 
     def __len__(self) -> int:
         return len(self._lo)
@@ -77,6 +80,8 @@ class ItlLists(Sequence):
     def __getitem__(self, i):  # type: ignore[override]
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
+        if self._own and (i + len(self) if i < 0 else i) in self._own:
+            return list(self._own[i + len(self) if i < 0 else i])
         return self._dt[self._lo[i]:self._hi[i]].tolist()
 
     def __eq__(self, other: object) -> bool:
@@ -86,7 +91,8 @@ class ItlLists(Sequence):
     __hash__ = None  # type: ignore[assignment]
 
     def n_samples(self) -> int:
-        return int((self._hi - self._lo).sum())
+        return int((self._hi - self._lo).sum()) + sum(
+            len(v) - int(self._hi[i] - self._lo[i]) for i, v in self._own.items())
 
     def json_items(self):
         """Each prompt's list as JSON text, exactly ``json.dumps(self[i], allow_nan=False)``."""
@@ -96,8 +102,11 @@ class ItlLists(Sequence):
             return
         joined, at = self._joined()
         text = joined.decode("ascii")
-        for a, b in zip(self._lo.tolist(), self._hi.tolist()):
-            yield "[" + text[at[a]:at[b] - 2] + "]" if b > a else "[]"
+        for i, (a, b) in enumerate(zip(self._lo.tolist(), self._hi.tolist())):
+            if i in self._own:
+                yield json.dumps(self._own[i], allow_nan=False)
+            else:
+                yield "[" + text[at[a]:at[b] - 2] + "]" if b > a else "[]"
 
     def _joined(self) -> tuple[bytes, list[int]]:
         """Every step's dt as JSON text joined by ", " (ASCII bytes), and where each step's text starts in it.
@@ -117,12 +126,15 @@ class ItlLists(Sequence):
         if not np.isfinite(self._dt).all():
             f.write(("[" + ", ".join(self.json_items()) + "]").encode("ascii"))   # raises json's ValueError
             return
+        own = {i: json.dumps(v, allow_nan=False).encode("ascii") for i, v in self._own.items()}
         joined, at = self._joined()
         view = memoryview(joined)
         parts: list[Any] = [b"["]
         sep = b""
-        for a, b in zip(self._lo.tolist(), self._hi.tolist()):
-            if b > a:
+        for i, (a, b) in enumerate(zip(self._lo.tolist(), self._hi.tolist())):
+            if i in own:
+                parts += (sep, own[i])
+            elif b > a:
                 parts += (sep, b"[", view[at[a]:at[b] - 2], b"]")
             else:
                 parts += (sep, b"[]")
@@ -180,10 +192,48 @@ def _metric_stats(metrics: Sequence[str], percentiles: Sequence[float], ttft: np
     return d
 
 
-def _pooled(dt: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """dt[lo[0]:hi[0]], dt[lo[1]:hi[1]], ... one after another (the ITL samples of those requests)."""
-    segs = [dt[a:b] for a, b in zip(lo, hi)]
+def _pooled(dt: np.ndarray, lo: np.ndarray, hi: np.ndarray, own: dict[int, list[float]] | None = None
+            ) -> np.ndarray:
+    """dt[lo[0]:hi[0]], dt[lo[1]:hi[1]], ... one after another (the ITL samples of those requests); ``own[j]``
+    instead of request j's slice where given."""
+    own = own or {}
+    segs = [np.asarray(own[j], float) if j in own else dt[a:b] for j, (a, b) in enumerate(zip(lo, hi))]
     return np.concatenate(segs) if segs else np.zeros(0)
+
+
+def _gap_itls(res: SimResult, idx: np.ndarray, lo: np.ndarray, hi: np.ndarray, dt: np.ndarray
+              ) -> tuple[dict[int, list[float]], list[tuple[int, int, int]]]:
+    """The ITL lists of the prompts a preemption paused (paged KV): the steps it missed, up to the one whose
+    re-prefill streamed its next token, are one gap -- one chunk, one ITL sample, their summed dt (vLLM's client
+    sees nothing in between); a gap still open at the end of the run ends its list. Also each gap's prompt and
+    step range [first missed, streaming step] (streaming step -1: open), clipped to the prompt's own steps."""
+    own: dict[int, list[float]] = {}
+    spans: list[tuple[int, int, int]] = []
+    if res.gap_request is None or res.gap_steps is None or not len(res.gap_request):
+        return own, spans
+    where = {int(k): j for j, k in enumerate(idx.tolist())}
+    by_prompt: dict[int, list[tuple[int, int]]] = {}
+    for k, (p, q) in zip(res.gap_request.tolist(), res.gap_steps.tolist()):
+        if k in where:
+            by_prompt.setdefault(where[k], []).append((p, q))
+    for j, gaps in sorted(by_prompt.items()):
+        a, b = int(lo[j]), int(hi[j])
+        out: list[float] = []
+        s = a
+        for p, q in sorted(gaps):
+            if p >= b or p < s:
+                continue
+            out += dt[s:p].tolist()
+            if 0 <= q < b:
+                out.append(float(dt[p:q + 1].sum()))
+                spans.append((j, p, q))
+                s = q + 1
+            else:
+                spans.append((j, p, -1))
+                s = b
+                break
+        own[j] = out + dt[s:b].tolist()
+    return own, spans
 
 
 def _stats_of_repeats(prefix: str, pool: np.ndarray, values: np.ndarray, counts: np.ndarray,
@@ -268,7 +318,9 @@ def _peak_chunks_per_s(starts: np.ndarray, first: np.ndarray, step_end: np.ndarr
 
     vLLM buckets every streamed chunk (first token + one per ITL entry) into 1-second bins from the earliest send
     and takes the fullest bin; with speculative decoding a chunk carries several tokens but counts once, as in
-    vLLM. Peak concurrency: a sweep over the [send, finish) intervals, departures before arrivals on ties.
+    vLLM. Concurrency uses the same bins: a request counts in every bin from int(send - t0) to int(finish - t0),
+    both included, and the peak is the fullest bin -- the requests active at any moment of that second, not the
+    most in flight at one instant (vLLM's meaning: a closed loop of N users with short requests reads above N).
     """
     if not ok.any():
         return 0.0, 0
@@ -282,7 +334,12 @@ def _peak_chunks_per_s(starts: np.ndarray, first: np.ndarray, step_end: np.ndarr
     keys, inv = np.unique(np.concatenate([fb, sb[keep]]), return_inverse=True)
     bins = np.zeros(len(keys))
     np.add.at(bins, inv, np.concatenate([np.ones(len(fb)), n_in_step[keep].astype(float)]))
-    ev = np.concatenate([np.stack([starts[ok], np.ones(ok.sum())], 1), np.stack([finish[ok], -np.ones(ok.sum())], 1)])
+    # Concurrency bins [int(send - t0), int(finish - t0)] as events (+1 at the first bin, -1 after the last),
+    # leaving before entering at one bin index; the running sum after each event is a bin's count.
+    first_bin = (starts[ok] - t0).astype(np.int64)
+    last_bin = (finish[ok] - t0).astype(np.int64)
+    ev = np.concatenate([np.stack([first_bin, np.ones_like(first_bin)], 1),
+                         np.stack([last_bin + 1, -np.ones_like(last_bin)], 1)])
     ev = ev[np.lexsort((ev[:, 1], ev[:, 0]))]
     return float(bins.max()), int(np.cumsum(ev[:, 1]).max())
 
@@ -335,15 +392,15 @@ def bench_result(res: SimResult, *, warmup_s: float, duration_s: float, model_id
     st = res.steps
     t_start = np.asarray(st["t_start"], float)
     dt = np.asarray(st["dt"], float)
-    n_steps = len(t_start)
     t_end = res.sim_time_s
     ok = np.isfinite(res.finish_s[idx])
     first = res.first_token_s[idx]
     fin = res.finish_s[idx]
     # A decoding request is in every step from the one starting at its first token to the one ending at its finish
-    # (the engine never skips a decoding request): one streamed chunk, and one ITL sample of dt, per step.
+    # (the engine never skips a decoding request): one streamed chunk, and one ITL sample of dt, per step; but a
+    # preempted request's missed steps, to the re-prefill streaming its next token, are one gap (_gap_itls).
     lo, hi = _step_spans(res, idx, t_start, first, fin)
-    itls = ItlLists(dt, lo, hi)
+    itls, itl_pool, chunks, itl_values = _itl_parts(res, idx, ok, lo, hi, dt)
     ttfts = np.where(np.isfinite(first), first - arr[idx], 0.0)
     lat = np.where(ok, fin - arr[idx], 0.0)
     out_lens = np.where(ok, res.output_tokens[idx], 0).astype(np.int64)
@@ -354,13 +411,7 @@ def bench_result(res: SimResult, *, warmup_s: float, duration_s: float, model_id
     total_in, total_out = int(in_lens[ok].sum()), int(out_lens.sum())
     multi = ok & (out_lens > 1)  # TPOT needs a token after the first
     tpots = (lat[multi] - ttfts[multi]) / (out_lens[multi] - 1)
-    itl_pool = _pooled(dt, lo[ok], hi[ok])
-    # Chunks per step from completed requests (difference array over their step ranges): its dt's ITL samples
-    diff = np.zeros(n_steps + 1)
-    np.add.at(diff, lo[ok], 1)
-    np.add.at(diff, hi[ok], -1)
-    per_step = np.cumsum(diff)[:n_steps]
-    peak_tok, peak_conc = _peak_chunks_per_s(arr[idx], first, t_start + dt, per_step, ok, fin)
+    peak_tok, peak_conc = _peak_chunks_per_s(arr[idx], first, t_start + dt, chunks, ok, fin)
     dur = float(duration_s)
     d: dict[str, Any] = {
         "date": date or time.strftime("%Y%m%d-%H%M%S"),
@@ -396,10 +447,40 @@ def bench_result(res: SimResult, *, warmup_s: float, duration_s: float, model_id
         "rtfx": 0.0,
     }
     d.update(_spec_decode(res, warmup_s))  # absent when no draft token was verified, as in vLLM
-    d.update(_metric_stats(metrics, percentiles, ttfts[ok], tpots, (itl_pool, dt, per_step), lat[ok]))
+    d.update(_metric_stats(metrics, percentiles, ttfts[ok], tpots, (itl_pool, *itl_values), lat[ok]))
     for k, v in (metadata or {}).items():   # vLLM: --metadata KEY=VALUE pairs are added to the result
         d[k] = v
     return d
+
+
+def _itl_parts(res: SimResult, idx: np.ndarray, ok: np.ndarray, lo: np.ndarray, hi: np.ndarray, dt: np.ndarray
+               ) -> tuple[ItlLists, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """The prompts' ITL lists; the completed prompts' pooled ITL samples; the chunks they streamed per step (for
+    max_output_tokens_per_s); and that pool as (values, counts): each step's dt with the number of completed
+    prompts whose ITL it is, then each preemption gap's sample once (:func:`_stats_of_repeats`)."""
+    n_steps = len(dt)
+    own, spans = _gap_itls(res, idx, lo, hi, dt)
+    itls = ItlLists(dt, lo, hi, own)
+    done_own = {j: v for j, v in own.items() if ok[j]}
+    pos = np.flatnonzero(ok)
+    pool = _pooled(dt, lo[ok], hi[ok], {int(np.searchsorted(pos, j)): v for j, v in done_own.items()})
+    # Chunks per step from completed requests (difference array over their step ranges), less the steps a
+    # preemption paused them in; a gap's last step streams a chunk whose ITL is the gap, not that step's dt
+    diff = np.zeros(n_steps + 1)
+    np.add.at(diff, lo[ok], 1)
+    np.add.at(diff, hi[ok], -1)
+    itl_diff = diff.copy()
+    gap_values = []
+    for j, p, q in spans:
+        if ok[j]:                      # a completed request's gaps are closed
+            diff[p] -= 1
+            diff[q] += 1
+            itl_diff[p] -= 1
+            itl_diff[q + 1] += 1
+            gap_values.append(float(dt[p:q + 1].sum()))
+    chunks = np.cumsum(diff)[:n_steps]
+    counts = np.concatenate([np.cumsum(itl_diff)[:n_steps], np.ones(len(gap_values))]).astype(np.int64)
+    return itls, pool, chunks, (np.concatenate([dt, np.asarray(gap_values, float)]), counts)
 
 
 def _goodput(slo_ms: dict[str, float], ttft: np.ndarray, lat: np.ndarray, out_lens: np.ndarray) -> int:

@@ -1,7 +1,9 @@
 """Serving metrics from a simulation (DESIGN.md section 7), with the definitions `vllm bench serve` uses.
 
-Measurement window: [warmup_s, end]. Throughput counts tokens emitted by steps that end inside the window; the
-per-request statistics use requests that arrived inside the window and completed. Warm-up is excluded because a
+Measurement window: [warmup_s, end]. Throughput counts tokens emitted by steps that end inside the window (a step
+straddling warmup_s pro rata); the per-request statistics use requests that arrived inside the window and completed,
+except ITL: each window step's dt once per request decoding in it (every decoding request), and each preemption's gap
+that ended in the window once (bench_result.json pools the completed window requests' ITLs, as vLLM). Warm-up is excluded because a
 closed-loop run starts with every user arriving at t=0 (a prefill burst no steady state has).
 Requests rejected on arrival (engine.py) are counted in ``num_requests_rejected`` / ``rejected_by_reason`` and are
 excluded from every latency and throughput metric (they never run).
@@ -279,9 +281,13 @@ def open_loop_saturation(res: SimResult, warmup_s: float) -> tuple[bool, dict[st
     return bool(waiting or held), info
 
 
-def latency_stats(done: Mapping[str, np.ndarray], dt: np.ndarray, n_dec: np.ndarray) -> dict[str, float]:
+def latency_stats(done: Mapping[str, np.ndarray], dt: np.ndarray, n_dec: np.ndarray,
+                  gaps: np.ndarray | None = None) -> dict[str, float]:
     """Per-user speed and latency of the window's completed requests (``done``: their columns, a dict of arrays or
-    a DataFrame), and ITL from the window's step durations ``dt`` and their decoding-request counts ``n_dec``."""
+    a DataFrame), and ITL from the window's step durations ``dt`` and their decoding-request counts ``n_dec``, plus
+    one sample per preemption gap that ended in the window (``gaps``: :func:`preemption_gaps`)."""
+    if gaps is not None and len(gaps):
+        dt, n_dec = np.concatenate([dt, gaps]), np.concatenate([n_dec, np.ones(len(gaps))])
     return {
     "tps_user_mean": _mean(np.asarray(done["tps_user"])),
     "tps_user_median": _pct(np.asarray(done["tps_user"]), 50),
@@ -301,6 +307,16 @@ def latency_stats(done: Mapping[str, np.ndarray], dt: np.ndarray, n_dec: np.ndar
     "e2e_median_s": _pct(np.asarray(done["e2e_s"]), 50),
     "e2e_p99_s": _pct(np.asarray(done["e2e_s"]), 99),
     }
+
+
+def preemption_gaps(res: SimResult, in_win: np.ndarray) -> np.ndarray:
+    """One ITL sample per preemption whose re-prefill streamed the request's next token in a window step: the
+    steps it sat out, that one included, as one wait between two chunks (their summed dt); a step's n_decode
+    leaves the request out of them. Empty without paged KV's gap record (SimResult.gap_steps)."""
+    if res.gap_steps is None or not len(res.gap_steps):
+        return np.zeros(0)
+    dt = np.asarray(res.steps["dt"], float)
+    return np.array([float(dt[p:q + 1].sum()) for p, q in np.asarray(res.gap_steps).tolist() if q >= 0 and in_win[q]])
 
 
 def kv_and_ttft_parts(res: SimResult, st: dict[str, np.ndarray], done: Mapping[str, np.ndarray]) -> dict[str, Any]:
@@ -357,7 +373,7 @@ def summarize(res: SimResult, *, policy: str, load: Any, warmup_s: float, closed
         "rejected_by_reason": {r: int((req["reject_reason"] == r).sum()) for r in REJECT_REASONS.values()},
         "output_throughput_tok_s": out_tokens / window,
         "request_throughput_req_s": int(keep.sum()) / window,
-        **latency_stats(done, st["dt"][in_win], n_dec),
+        **latency_stats(done, st["dt"][in_win], n_dec, preemption_gaps(res, in_win)),
         "mean_verify_len": float(st["verify_tokens"][in_win].sum() / dec_steps) if dec_steps else float("nan"),
         "tau": _tau(st, in_win, dec_steps),
         "tau_unclipped": _tau_unclipped(st, in_win, dec_steps),

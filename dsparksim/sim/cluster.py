@@ -114,6 +114,11 @@ class SimResult:
     decode_emitted_tokens: np.ndarray | None = None
     # per request: its workload row (None: rows 0..n-1; closed-loop users pinned to engines send other rows)
     request_id: np.ndarray | None = None
+    # paged KV, one row per preemption of a request that had streamed its first token: the request (index into
+    # the per-request arrays) and the steps (indices into ``steps``, its engine's) it missed, from the first to
+    # the one whose re-prefill streamed its next token (-1: not back before the run ended); bench ITLs
+    gap_request: np.ndarray | None = None
+    gap_steps: np.ndarray | None = None
 
     @property
     def completed(self) -> np.ndarray:
@@ -141,7 +146,15 @@ class SimResult:
                   "ttft_decode_wait_s", "ttft_first_step_s", "decode_emitted_tokens", "request_id"):
             v = getattr(self, k)
             per_req[k] = None if v is None else v[keep]
-        return SimResult(**per_req, steps={k: v[sk] for k, v in self.steps.items()}, sim_time_s=self.sim_time_s,
+        gaps: dict[str, Any] = {}
+        if self.gap_request is not None and self.gap_steps is not None:
+            g = keep[self.gap_request]
+            new_step = np.cumsum(sk) - 1                      # old step index -> this replica's
+            gs = self.gap_steps[g]
+            gaps = {"gap_request": (np.cumsum(keep) - 1)[self.gap_request[g]],
+                    "gap_steps": np.where(gs >= 0, new_step[np.maximum(gs, 0)], -1)}
+        return SimResult(**per_req, **gaps, steps={k: v[sk] for k, v in self.steps.items()},
+                         sim_time_s=self.sim_time_s,
                          ended_by=self.ended_by, kv_capacity_tokens=self.kv_capacity_tokens,
                          max_batched_tokens=self.max_batched_tokens, block_size=self.block_size,
                          drafter=self.drafter, notes=self.notes,
@@ -576,9 +589,13 @@ class Simulation:
             request_id = np.sort(np.concatenate([np.array([self.router.user_row(e, k) for k in range(c)], np.int64)
                                                  for e, c in enumerate(self._cursor)]))
             idx = request_id
+        gaps = [np.array(e.gaps, np.int64).reshape(-1, 3) for e in self.engines]
+        if request_id is not None:      # rows -> positions in the result
+            for g in gaps:
+                g[:, 0] = np.searchsorted(request_id, g[:, 0])
         return result_of(self.req, idx, [e.log for e in self.engines], [e.acc_pos_log for e in self.engines],
                          request_id=request_id, sim_time_s=sim_time, ended_by=self.ended_by, notes=self.notes,
-                         **self._meta())
+                         gaps=gaps, **self._meta())
 
     def _meta(self) -> dict[str, Any]:
         return dict(K=self.K, dp_ranks=self.dp_ranks, replicas=self.replicas, kv_capacity_tokens=self.kv_cap,
@@ -593,6 +610,7 @@ class Simulation:
             shard=self.shard, rows=rows, columns={k: getattr(r, k)[rows].copy() for k in TABLE_COLUMNS},
             logs={e: {k: np.asarray(v) for k, v in self.engines[e].log.items()} for e in local},
             acc={e: (np.vstack(self.engines[e].acc_pos_log) if self.engines[e].acc_pos_log else None) for e in local},
+            gaps={e: np.array(self.engines[e].gaps, np.int64).reshape(-1, 3) for e in local},
             sim_time_s=sim_time, ended_by=self.ended_by, notes=dict(self.notes), n_admitted=self.n_admitted,
             pinned=self.pinned, issued=self.issued, n_rows=self.n_rows, duration_s=self.duration,
             closed_loop=bool(self.wl.closed_loop), max_model_len=self.max_model_len, meta=self._meta())
@@ -626,6 +644,7 @@ class ShardPart:
     closed_loop: bool
     max_model_len: int | None
     meta: dict[str, Any]
+    gaps: dict[int, np.ndarray] = field(default_factory=dict)   # each engine's Scheduler.gaps (rows: table rows)
 
 
 def nothing_fits(n_rejected: int, kv_cap: int, max_model_len: int | None, any_too_long: bool) -> ConfigError:
@@ -645,9 +664,11 @@ def pool_ran_out(n_rows: int | None, now: float, duration: float) -> ConfigError
 def result_of(tab: Any, idx: Any, logs: list[dict[str, Any]], accs: list[Any], *, request_id: np.ndarray | None,
               sim_time_s: float, ended_by: str | None, notes: dict[str, Any], K: int, dp_ranks: int, replicas: int,
               kv_capacity_tokens: int, max_batched_tokens: int, drafter: str, kv_policy: str, kv_page_tokens: int,
-              disaggregated: bool) -> SimResult:
+              disaggregated: bool, gaps: list[np.ndarray] | None = None) -> SimResult:
     """A SimResult from request-table columns (``tab.<column>[idx]``) and every engine's step log (engine order;
-    ``accs``: each engine's accepted-per-position rows, a list of 1-d arrays or one 2-d array or None)."""
+    ``accs``: each engine's accepted-per-position rows, a list of 1-d arrays or one 2-d array or None; ``gaps``:
+    each engine's preemption gaps, [position in the result, first missed step, streaming step] with steps in that
+    engine's log)."""
     cols = list(logs[0])
     for lg in logs[1:]:
         cols += [k for k in lg if k not in cols]
@@ -661,6 +682,13 @@ def result_of(tab: Any, idx: Any, logs: list[dict[str, Any]], accs: list[Any], *
     pos = [np.vstack(a) if isinstance(a, list) else a for a in accs if a is not None and len(a)]
     r, disagg = tab, disaggregated
     eng_idx = r.replica[idx]
+    gap_req, gap_steps = None, None
+    if kv_policy == "paged" and gaps is not None:
+        off = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+        g = [np.asarray(x, np.int64).reshape(-1, 3) for x in gaps]
+        gap_req = np.concatenate([x[:, 0] for x in g]) if g else np.zeros(0, np.int64)
+        gap_steps = (np.concatenate([np.where(x[:, 1:] >= 0, x[:, 1:] + o, -1) for x, o in zip(g, off)])
+                     if g else np.zeros((0, 2), np.int64))
     return SimResult(
         arrival_s=r.arrival[idx], admitted_s=r.admitted[idx], first_token_s=r.first_tok[idx],
         finish_s=r.finish[idx], prompt_tokens=r.prompt[idx], output_tokens=r.out[idx],
@@ -679,5 +707,5 @@ def result_of(tab: Any, idx: Any, logs: list[dict[str, Any]], accs: list[Any], *
         ttft_transfer_s=r.ttft_tx[idx].copy() if disagg else None,
         ttft_decode_wait_s=(r.admitted[idx] - r.landed[idx]) if disagg else None,
         ttft_first_step_s=(r.first_tok[idx] - r.admitted[idx]) if disagg else None,
-        decode_emitted_tokens=r.demit[idx].copy(), request_id=request_id,
+        decode_emitted_tokens=r.demit[idx].copy(), request_id=request_id, gap_request=gap_req, gap_steps=gap_steps,
     )

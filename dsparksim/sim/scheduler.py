@@ -134,6 +134,11 @@ class Scheduler:
         self.n_preemptions = 0
         self._preempted: list[int] = []
         self._suspended: dict[int, Any] = {}   # preempted row -> its acceptance state (AcceptanceModel.suspend)
+        # Paged KV: each preemption of a request that had streamed its first token, as [row, first step it misses,
+        # the step whose re-prefill streams its next token] (steps: indices into this engine's log; -1 while it is
+        # not back): between two of its chunks the client sees one gap, the sum of those steps' dt (bench ITLs).
+        self.gaps: list[list[int]] = []
+        self._gap_open: dict[int, list[int]] = {}
         self.max_seqs, self.max_tokens = config.max_num_seqs, int(inputs.max_tokens)
         self.chunk = config.prefill_chunk_tokens
         # TensorRT-LLM's batch waiting (sim/batch_wait.py): None = prefills are scheduled as soon as they fit. Its
@@ -284,6 +289,9 @@ class Scheduler:
         if state is not None:
             self._suspended[row] = state
         self.free_slots.append(int(r.slot_of[row]))
+        if r.gen[row] > 0 and row not in self._gap_open:   # (preempted again while re-prefilling: same gap)
+            self._gap_open[row] = gap = [row, len(self.log["dt"]), -1]
+            self.gaps.append(gap)
         r.regen[row] = r.gen[row]            # re-prefill prompt + every token generated so far
         r.prefilled[row] = 0
         r.phase[row] = WAITING
@@ -498,6 +506,8 @@ class Scheduler:
                 r.phase[row] = DECODE
                 if r.regen[row] == 0:
                     r.first_tok[row] = now
+                elif row in self._gap_open:
+                    self._gap_open.pop(row)[2] = len(self.log["dt"])   # this step (recorded next) streams it
                 r.gen[row] += 1
                 emitted += 1
                 if r.gen[row] >= r.out[row]:

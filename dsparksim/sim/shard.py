@@ -102,9 +102,12 @@ def merge(parts: Sequence[ShardPart]) -> SimResult:
     if len(rows) and n_rej == len(rows):
         raise nothing_fits(n_rej, first.meta["kv_capacity_tokens"], first.max_model_len,
                            bool(np.any(tab.reject == R_LEN)))
+    gaps = {e: g.copy() for p in parts for e, g in p.gaps.items()}
+    for g in gaps.values():          # table rows -> positions in the merged table
+        g[:, 0] = np.searchsorted(rows, g[:, 0])
     return result_of(tab, slice(None), [logs[e] for e in order], [accs[e] for e in order],
                      request_id=rows if first.pinned else None, sim_time_s=now, ended_by=ended,
-                     notes=first.notes, **first.meta)
+                     notes=first.notes, gaps=[gaps.get(e, np.zeros((0, 3), np.int64)) for e in order], **first.meta)
 
 
 def simulate_sharded(cfg: RunConfig, shards: int,

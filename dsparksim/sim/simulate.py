@@ -233,7 +233,7 @@ def write_run(out: RunOutput, out_dir: str | Path | None, fmt: str = "csv", step
     with staged_dir(final) as d:
         write_json(d / names["config"], {"config": cfg.to_dict(), "inputs": jsonable(out.inputs),
                                          "dsparksim_version": _version()})
-        write_table(d / names["requests"], request_columns(out.result))
+        write_table(d / names["requests"], _request_file_columns(out))
         write_bench_json(d / names["bench"], bench)
         if steps:
             write_table(d / names["steps"], out.result.steps)
@@ -241,6 +241,17 @@ def write_run(out: RunOutput, out_dir: str | Path | None, fmt: str = "csv", step
         if bench_copy_name:
             write_bench_json(d / bench_copy_name, bench)
     return {**{k: final / v for k, v in names.items()}, **paths}
+
+
+def _request_file_columns(out: RunOutput) -> dict[str, np.ndarray]:
+    """requests.csv's columns: :func:`request_columns` and ``measured``, the requests of the measurement window (arrived
+    at or after the warm-up: the per-request metrics' and bench_result.json's population, which arrival_s >=
+    summary.json's warmup_s cannot always select: both are rounded, and a --num-warmup-prompts run issues its
+    prompts exactly at the warm-up's end)."""
+    cols = request_columns(out.result)
+    arr = np.asarray(out.result.arrival_s, float)
+    cols["measured"] = np.isfinite(arr) & (arr >= float(out.summary["warmup_s"]))
+    return cols
 
 
 def _write_new_file(path: Path, write: Callable[[Path], None]) -> None:
