@@ -36,11 +36,14 @@ class Outcome:
         return f"argv={self.argv!r}: rc={self.rc}{e}, stderr={self.stderr[-1500:]!r}"
 
 
-def run_cli(argv: list[str], limit_s: int = 30) -> Outcome:
+def run_cli(argv: list[str], limit_s: int = 30, cpu_limit_s: float | None = None) -> Outcome:
     """main(argv) with stdout/stderr captured; SystemExit is an exit code, any other exception is recorded.
 
-    A run longer than ``limit_s`` seconds is stopped by SIGALRM (main thread only) and recorded as a
-    :class:`Hang`.
+    A run longer than ``limit_s`` wall seconds is stopped by SIGALRM (main thread only) and recorded as a
+    :class:`Hang`; with ``cpu_limit_s`` so is a run that used more than that many seconds of this process's CPU
+    time (SIGPROF). CPU time does not grow while other processes hold the cores, so a tight CPU limit catches a
+    busy loop as soon as a wall limit would on an idle machine without failing on a loaded one; ``limit_s`` then
+    only backs it up for a run that blocks without computing.
     """
     from dsparksim.cli.main import main
 
@@ -51,9 +54,15 @@ def run_cli(argv: list[str], limit_s: int = 30) -> Outcome:
     def _alarm(signum, frame):
         raise Hang(f"no answer within {limit_s} s: {argv!r}")
 
+    def _cpu(signum, frame):
+        raise Hang(f"no answer within {cpu_limit_s} s of CPU time: {argv!r}")
+
     old = signal.signal(signal.SIGALRM, _alarm) if guard else None
+    old_prof = signal.signal(signal.SIGPROF, _cpu) if guard and cpu_limit_s else None
     if guard:
         signal.alarm(limit_s)
+        if cpu_limit_s:
+            signal.setitimer(signal.ITIMER_PROF, cpu_limit_s)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
@@ -66,6 +75,9 @@ def run_cli(argv: list[str], limit_s: int = 30) -> Outcome:
         if guard:
             signal.alarm(0)
             signal.signal(signal.SIGALRM, old)
+            if cpu_limit_s:
+                signal.setitimer(signal.ITIMER_PROF, 0)
+                signal.signal(signal.SIGPROF, old_prof)
     return Outcome(list(argv), rc, out.getvalue(), err.getvalue(), exc)
 
 

@@ -94,6 +94,18 @@ def test_settings_reject_the_load_as_an_axis_and_bad_bounds():
         capacity_settings(spec, max=4, slo=SLO)
 
 
+def test_settings_reject_a_fixed_value_of_the_searched_load():
+    """[base] concurrency = 2 beside a search over concurrency: every probe set its own load and the 2 was dropped
+    silently; now refused naming the field and the value (rate or time_scale likewise)."""
+    for load, v in (("concurrency", 2), ("rate", 3.0)):
+        spec = spec_from_dict({"base": {**BASE, load: v}}, source="s.toml")
+        with pytest.raises(ConfigError, match=rf"s.toml.*base.{load}.*its value {v!r} would be ignored; remove it "
+                                              rf"\(capacity.load = '{load}' names the load\)"):
+            capacity_settings(spec, min=1, max=8, slo=SLO)
+        with pytest.raises(ConfigError, match=rf"base.{load}.*would be ignored; remove it$"):
+            capacity_settings(spec, load=load, min=1, max=8, slo=SLO)
+
+
 def test_cli_capacity_writes_slo_and_trace(tmp_path, capsys):
     p = tmp_path / "cap.toml"
     p.write_text('[base]\nduration_s = 4.0\nseed = 3\n[axes]\npolicy = ["mtp1"]\n'
@@ -194,3 +206,17 @@ def test_a_second_load_key_in_the_spec_is_blamed_on_itself(tmp_path, table, key,
     with pytest.raises(ConfigError) as ei:
         capacity_settings(load_spec(p))
     assert ei.value.field == f"{table}.{key}" and f"the capacity search varies {load}" in str(ei.value)
+
+
+def test_a_probe_that_rejected_requests_on_arrival_is_infeasible(tmp_path):
+    """kv_capacity_tokens too small for the workload's prompts: every probe rejects most requests on arrival, and
+    capacity reported the top of the range as served (feasible_at_max) from the admitted few's speed."""
+    from dsparksim.sweep.capacity import check_slo
+    spec = spec_from_dict({"base": {**BASE, "domain": "math", "kv_capacity_tokens": 300}, "axes": {"policy": ["mtp1"]}})
+    st = capacity_settings(spec, load="concurrency", min=1, max=4, slo=["tps_user_median >= 1"],
+                           require_unsaturated=False)
+    res = capacity_search(spec, st, tmp_path / "cap", backend="serial", progress=False)["results"][0]
+    assert res["status"] == "infeasible_at_min" and res["capacity"] is None
+    why = res["trace"][0]["violations"]
+    assert len(why) == 1 and why[0].startswith("no request rejected on arrival (") and "kv_capacity:" in why[0]
+    assert check_slo({"tps_user_median": 5.0, "num_requests_rejected": 0}, st.slo) == (True, [])

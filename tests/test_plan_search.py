@@ -231,6 +231,19 @@ def test_feasibility_on_the_pessimistic_end_of_the_seed_interval():
     assert not p.feasible and p.violations[0]["why"] == "no value"
 
 
+def test_a_probe_that_rejected_requests_on_arrival_does_not_serve_its_traffic():
+    """Requests beyond the KV capacity are rejected on arrival and the metrics cover only the admitted ones: a
+    probe rejecting 94% of its requests met the SLO on the rest and was a feasible deployment."""
+    one = plan_from_dict(spec_dict(plan={"slo": ["tps_user_p50 >= 95"], "seeds": [0]}))
+    d = one.deployments[0]
+    run = {"tps_user_median": 200.0, "output_throughput_tok_s": 100.0, "num_requests_issued": 364}
+    assert evaluate(one, d, 2, [run], [], 1).feasible
+    p = evaluate(one, d, 2, [{**run, "num_requests_rejected": 341, "rejected_by_reason": {"kv_capacity": 341,
+                                                                                        "max_model_len": 0}}], [], 1)
+    assert not p.feasible and p.violations == [{"term": "no request rejected on arrival (341 of 364 were; "
+                                                        "kv_capacity: 341)", "headroom": None}]
+
+
 def test_real_simulator_small_grid_equals_brute_force_and_is_monotone(tmp_path):
     """The real simulator on a tiny grid: the plan's answer equals running every replica count, feasibility is
     monotone in replicas, and a rerun is served from the cache."""

@@ -130,3 +130,16 @@ def test_update_writes_a_baseline_that_then_passes(tmp_path):
     bl.write_text(json.dumps({**doc, "format": "dsparksim-regress/1"}))
     ok, msg, _ = regress(bl, backend="serial", update=True)
     assert ok and json.loads(bl.read_text())["format"] == "dsparksim-regress/3"
+
+
+def test_update_into_an_unwritable_baseline_path_is_refused_before_any_cell(tmp_path, capsys, monkeypatch):
+    """--update --baseline FILE/x.json (under a file) or a directory: one error line naming --baseline before any
+    cell runs (it was a FileExistsError traceback after the whole sweep)."""
+    import dsparksim.sweep.regress as reg
+    monkeypatch.setattr(reg, "compute", lambda *a, **k: (_ for _ in ()).throw(AssertionError("cells ran")))
+    (tmp_path / "afile").write_text("x")
+    for bl, why in ((tmp_path / "afile" / "b.json", "is a file"), (tmp_path, "is a directory")):
+        rc = main(["regress", "--baseline", str(bl), "--update", "--spec", str(REPO / "sweeps" / "regress.toml")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and err[0].startswith("dsparksim: error: ") and "'--baseline'" in err[0] \
+            and why in err[0], err

@@ -76,7 +76,10 @@ def test_validate_out_takes_only_a_validation_folder(tmp_path, capsys, no_work, 
     assert not no_work and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
 
 
-def test_validate_removes_an_earlier_validations_results_first(tmp_path, monkeypatch):
+def test_validate_sets_an_earlier_validations_results_aside_and_back_on_failure(tmp_path, monkeypatch):
+    """While a validation runs, an earlier one's files are out of OUT (its runs/ never stands beside the new
+    runs); when it fails they are put back as they were (they were deleted at the start, test_runner_partial_outputs
+    has the mid-way failures)."""
     out = tmp_path / "v"
     (out / "runs" / "gone-c1").mkdir(parents=True)
     for name in ("REPORT.md", "summary.json", "errors.csv", "profile.json"):
@@ -85,13 +88,18 @@ def test_validate_removes_an_earlier_validations_results_first(tmp_path, monkeyp
     class Stop(Exception):
         pass
 
+    seen = []
+
     def stop(*a, **k):
+        seen.append(sorted(p.name for p in out.iterdir()))
         raise Stop
 
-    monkeypatch.setattr(validate_mod, "build_models", stop)   # right after the clean-up
+    monkeypatch.setattr(validate_mod, "build_models", stop)
     with pytest.raises(Stop):
         main(["validate", "--policies", "fixed:3", "--concurrency", "1", "--out", str(out)])
-    assert sorted(p.name for p in out.iterdir()) == ["profile.json"]   # a --profile there would be kept
+    assert seen == [[]]
+    assert sorted(p.name for p in out.iterdir()) == ["REPORT.md", "errors.csv", "profile.json", "runs", "summary.json"]
+    assert (out / "runs" / "gone-c1").is_dir() and (out / "REPORT.md").read_text() == "old"
 
 
 def test_validate_profile_by_shipped_name_and_a_truncated_profile(tmp_path, capsys, no_work):

@@ -193,3 +193,30 @@ def test_live_validation_pairs_every_run_with_the_live_profiles_cells(tmp_path):
         # fixed:7 is paired with dspark's live cells, mtp1 with mtp1's
         assert set(pairs["drafter"]) == {"mtp1" if r["policy"] == "mtp1" else "dspark"}
         assert (pairs["factor"] > 0).all()
+
+
+def test_a_policy_without_drafts_is_cautioned_before_any_work(tmp_path, monkeypatch):
+    """validate --policies none: the profile has no K = 0 cells (its floor is a speculative step's host loop), so
+    none's error includes that term; said in one line before anything is measured, and in the summary/report."""
+    from dsparksim.runner import validate as val
+    from dsparksim.runner.validate import no_draft_caution
+
+    class Stop(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Stop
+
+    monkeypatch.setattr(val, "load_target", stop)
+    for pols, want in ((("none", "fixed:7"), 1), (("fixed:7", "mtp1"), 0)):
+        said = []
+        with pytest.raises(Stop):
+            validate(ValidateConfig(policies=pols), tmp_path / "v", progress=False, log=said.append)
+        cautions = [s for s in said if s.startswith("validate: caution:")]
+        assert len(cautions) == want, said
+        if want:
+            assert "none drafts nothing (K = 0) but the profile has no K = 0 cells" in cautions[0]
+    prof = {"metadata": {"cells": {"dspark": {}, "mtp1": {}}}}
+    assert no_draft_caution(ValidateConfig(policies=("none",)), prof)
+    prof["metadata"]["cells"]["none"] = {}          # a profile that did time K = 0 cells is not cautioned
+    assert no_draft_caution(ValidateConfig(policies=("none",)), prof) is None

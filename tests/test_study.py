@@ -260,3 +260,25 @@ def test_seeds_are_capped_as_elsewhere(capsys):
     with pytest.raises(SystemExit) as e:
         main(["study", "load-spikes", "--fast", "--seeds", str(MAX_SEEDS + 1), "--out", "never"])
     assert e.value.code == 2 and f"at most {MAX_SEEDS} seeds" in capsys.readouterr().err
+
+
+def test_study_all_failing_mid_way_regenerates_the_report_from_the_folders(tmp_path, monkeypatch):
+    """`study all`: a later study failing left REPORT.md showing the earlier results of studies whose folders it had
+    already replaced; the report is now regenerated from the folders as they are, then the error goes on."""
+    from types import SimpleNamespace
+
+    import dsparksim.study.run as study_run
+    from dsparksim.study.run import STUDIES
+
+    def fake_run(name, settings, workers=1, progress=None):
+        if name == list(STUDIES)[1]:
+            raise RuntimeError("boom")
+        return SimpleNamespace(headline="new headline", tables={"t": [{"a": 1}]}, markdown="new", figures={}), [], 0.0
+
+    monkeypatch.setattr(study_run, "run_study", fake_run)
+    out = tmp_path / "s"
+    with pytest.raises(RuntimeError, match="boom"):
+        main(["study", "all", "--fast", "--out", str(out)])
+    first = list(STUDIES)[0]
+    assert json.loads((out / first / "study.json").read_text())["headline"] == "new headline"
+    assert "new headline" in (out / "REPORT.md").read_text()

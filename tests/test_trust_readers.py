@@ -254,7 +254,7 @@ def test_profile_import_prefix(capsys, tmp_path):
 # ------------------------------------------------------------------ sweep spec / regress baseline (read elsewhere)
 def test_sweep_spec_not_utf8(capsys, tmp_path):
     p = _w(tmp_path, "s.toml", b'name = "x\xff"\n')
-    _fails_cleanly(capsys, ["sweep", p, "--out", str(tmp_path / "o")], re.escape(p), r"utf-8")
+    _fails_cleanly(capsys, ["sweep", p, "--out", str(tmp_path / "o")], re.escape(p), r"(?i)utf-8")
 
 
 def test_regress_baseline_not_utf8(capsys, tmp_path):

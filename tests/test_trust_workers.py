@@ -446,7 +446,7 @@ def test_corrupt_cached_cells_are_warned_about_and_recomputed(tmp_path, caplog):
 
 def test_corrupt_cache_on_the_cli_is_one_warning_line(tmp_path):
     spec = tmp_path / "s.toml"
-    spec.write_text('[base]\nduration_s = 2.0\npolicy = "mtp1"\n[axes]\nconcurrency = [1]\n')
+    spec.write_text('[base]\nduration_s = 20.0\npolicy = "mtp1"\n[axes]\nconcurrency = [1]\n')
     assert main(["sweep", str(spec), "--out", str(tmp_path / "o"), "--backend", "serial", "--quiet"]) == 0
     f = next((tmp_path / "o").glob("cells/*/summary.json"))
     f.write_text("not json")

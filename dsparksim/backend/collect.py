@@ -151,10 +151,12 @@ def collect(models: str | Path, out: str | Path, drafters=DRAFTERS, preset_name:
     # never leaves a truncated trace under its final name
     tmp = out / f".collect-{os.getpid()}.tmp"
     tmp.mkdir(parents=True, exist_ok=True)
-    paths = []
     try:
-        for kind, data in traces.items():
-            p = _write_one(tmp, kind, data, cfg, tmeta, loaded[kind][1])
+        # every trace whole before any is renamed: a failure writing the second left the first replaced beside
+        # an earlier run's other traces
+        written = [_write_one(tmp, kind, data, cfg, tmeta, loaded[kind][1]) for kind, data in traces.items()]
+        paths = []
+        for p in written:
             os.replace(p, out / p.name)
             paths.append(out / p.name)
     finally:

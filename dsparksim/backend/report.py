@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from dsparksim.acceptance.summary import Z95, ratio_se, summarize_blocks
 from dsparksim.acceptance.trace_format import read_trace
 from dsparksim.backend.artifacts import read_calibration, read_training_log
 from dsparksim.errors import InputError
+from dsparksim.results.outputs import previous_kept_on_error
 
 ORDER = ("dspark", "dflash", "eagle3", "mtp1")
 DOMS = ("math", "code", "chat")
@@ -334,9 +336,15 @@ def write_report(models: str | Path, traces_dir: str | Path, out: str | Path | N
     except (AttributeError, KeyError, TypeError, ValueError) as e:   # a field of another type than train writes
         raise InputError(log_p, None, f"unexpected content ({type(e).__name__}: {e}); expected the training log "
                          "`dsparksim train` writes") from None
-    out.mkdir(parents=True, exist_ok=True)
-    _plot(res, found, out / "quality.png")
-    (out / "summary.json").write_text(json.dumps(_clean(res), indent=1))
-    md = out / "report.md"
-    md.write_text(text)
-    return md
+    # the three files are written into a staging folder and renamed into place only once all are whole (report.md
+    # last): a failed plot or Ctrl-C left a new quality.png beside an earlier report's summary and text
+    with previous_kept_on_error(out, ()) as d:
+        stage = d / f".report-{os.getpid()}.tmp"
+        stage.mkdir()
+        _plot(res, found, stage / "quality.png")
+        (stage / "summary.json").write_text(json.dumps(_clean(res), indent=1))
+        (stage / "report.md").write_text(text)
+        for name in REPORT_FILES[1:] + REPORT_FILES[:1]:
+            os.replace(stage / name, d / name)
+        stage.rmdir()
+    return out / "report.md"

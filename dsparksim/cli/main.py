@@ -11,7 +11,7 @@ from typing import Any, Iterator, Sequence
 
 from dsparksim.config import (DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, RunConfig, nonneg_float,
                               nonneg_int, pos_float, pos_int, run_options)
-from dsparksim.cli.options import add_backend_options, bar_off, flag_spelling
+from dsparksim.cli.options import add_backend_options, bar_off, check_backend_options, flag_spelling
 from dsparksim.errors import CLI, ConfigError, InputError, missing_extra, one_line
 from dsparksim.io.options import number
 from dsparksim import __version__
@@ -483,8 +483,7 @@ def frontier_policies(args: argparse.Namespace) -> tuple[list[str], Any, list[st
         raise ConfigError("cli", "--baseline", f"must be one of --policies ({','.join(policies)}), "
                           f"got {args.baseline!r}")
     check_frontier_loads(args)
-    if args.ray_address and args.backend != "ray":
-        raise _bad("--ray-address", "applies to --backend ray only")
+    check_backend_options(args)   # --ray-address without ray; --workers with serial (was ignored silently)
     if args.backend == "ray":
         from dsparksim.sweep.backends import import_ray  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
         import_ray()  # the missing extra is one line before any cell, not after the progress bar

@@ -1,6 +1,7 @@
 """Command-line options that several commands share, each declared once here (issue 28, part 5).
 
-* :func:`add_backend_options`: where the work runs (``--backend``, ``--workers``/``--jobs``, ``--ray-address``);
+* :func:`add_backend_options`: where the work runs (``--backend``, ``--workers``/``--jobs``, ``--ray-address``;
+  :func:`check_backend_options` refuses one the backend would not read);
   :func:`add_workers_option` alone for a command with a local process pool only;
 * :func:`add_seed_option` + :func:`check_seed`: ``--seed`` of the commands outside the run options (the run
   options' own ``--seed`` is RunConfig's field, ``dsparksim.config``);
@@ -24,7 +25,8 @@ THREADS_DEFAULT = 1  # one CPU thread: the step clock of `measure` is thread CPU
 MAX_THREADS = 1024   # --threads 100000 made torch start threads until the OS refused one (a crash, exit 139)
 
 __all__ = ["BACKENDS", "MAX_THREADS", "THREADS_DEFAULT", "add_backend_options", "add_seed_option", "add_threads_option",
-           "add_workers_option", "bar_off", "check_seed", "check_threads", "flag_spelling"]
+           "add_workers_option", "bar_off", "check_backend_options", "check_seed", "check_threads",
+           "flag_spelling"]
 
 
 def add_backend_options(p: Any, default: str | None = "local",
@@ -37,6 +39,19 @@ def add_backend_options(p: Any, default: str | None = "local",
     p.add_argument("--ray-address", default=None,
                    help="connect to an existing Ray cluster (e.g. ray://host:10001 or auto) instead of starting "
                         "a local instance")
+
+
+def check_backend_options(args: argparse.Namespace) -> None:
+    """Raise ConfigError for a backend option the chosen backend would not read (each was ignored silently by
+    sweep, capacity, regress and plan): ``--ray-address`` without ``--backend ray``, ``--workers`` with
+    ``--backend serial`` (every cell runs in this process)."""
+    if args.ray_address is not None and args.backend != "ray":
+        got = f"--backend {args.backend}" if args.backend is not None else "no --backend"
+        raise ConfigError("cli", "--ray-address", f"would be ignored: it applies to --backend ray only, got {got}; "
+                          "drop it or add --backend ray")
+    if args.workers is not None and args.backend == "serial":
+        raise ConfigError("cli", "--workers", "would be ignored: --backend serial runs every cell in this process; "
+                          "drop it or use --backend local")
 
 
 def add_workers_option(p: Any, default: int | None = None,

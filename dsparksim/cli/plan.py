@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dsparksim.cli.options import bar_off
+from dsparksim.cli.options import bar_off, check_backend_options
 from dsparksim.config import DEFAULT_DURATION_S
 from dsparksim.results.notes import spec_chunk_notes, trace_cover_note
 from dsparksim.results.outputs import claim_result_set
@@ -27,6 +27,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from dsparksim.plan import load_plan, run_plan, text_report, write_plan  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
     from dsparksim.plan.report import MANIFEST, RESULT_FILES  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
 
+    check_backend_options(args)
     spec = load_plan(args.spec)  # validated (every probe's configuration, prices, SLO metrics): nothing runs before
     # holds the cell cache: written into, never replaced; a same-named file of the user's is never replaced
     out = claim_result_set(args.out, RESULT_FILES, MANIFEST, "--out")

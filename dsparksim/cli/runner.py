@@ -5,6 +5,7 @@ import math
 from dataclasses import replace
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -295,10 +296,19 @@ def cmd_measure(args) -> int:
     prof["metadata"]["command"] = "dsparksim " + " ".join(sys.argv[1:])
     out = Path(args.out)
     from dsparksim.cli.profile import save_profile_file  # lazy: pulls in numpy
-    save_profile_file(prof, out)
-    if args.raw:
-        doc = {"written_by": written_by(), **raw}
-        atomic_write(Path(args.raw), lambda p: p.write_text(json.dumps(doc) + "\n"))
+    # the raw records are written first under a temporary name and renamed only once the profile is saved: a
+    # failure in either leaves neither file replaced (it left a new profile without its raw records)
+    raw_tmp = Path(args.raw).parent / f".{Path(args.raw).name}.{os.getpid()}.tmp" if args.raw else None
+    try:
+        if raw_tmp is not None:
+            doc = {"written_by": written_by(), **raw}
+            atomic_write(raw_tmp, lambda p: p.write_text(json.dumps(doc) + "\n"))
+        save_profile_file(prof, out)
+        if raw_tmp is not None:
+            os.replace(raw_tmp, args.raw)
+    finally:
+        if raw_tmp is not None:
+            raw_tmp.unlink(missing_ok=True)
     fit = prof["metadata"]["fit"]
     print(f"wrote {out}: M 1..{prof['verify']['M'][-1]} ({len(prof['verify']['M'])} breakpoints), verify growth "
           f"{fit['verify_growth']:.2f}x, s/KV token {_g(fit['seconds_per_kv_token'])}, failed cells "

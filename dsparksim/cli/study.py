@@ -61,14 +61,22 @@ def cmd_study(args: argparse.Namespace) -> int:
     settings = settings_for("fast" if args.fast else "full", args.profile, None if args.no_contrast else "dense",
                             args.seeds, args.seed)
     check_out(args.out, names)
-    for name in names:
-        def progress(i: int, n: int, name=name) -> None:
-            if not bar_off(args):   # a terminal only (a log gets the result lines); --quiet never
-                print(f"\r{name}: {i}/{n} runs", end="" if i < n else "\n", file=sys.stderr, flush=True)
-        section, _rows, wall = run_study(name, settings, workers=args.workers, progress=progress)
-        path = write_study(args.out, name, settings, section, wall)
-        if not args.quiet:
-            print(f"{name}: {wall:.1f} s -> {path}\n  {section.headline}")
+    written = 0
+    try:
+        for name in names:
+            def progress(i: int, n: int, name=name) -> None:
+                if not bar_off(args):   # a terminal only (a log gets the result lines); --quiet never
+                    print(f"\r{name}: {i}/{n} runs", end="" if i < n else "\n", file=sys.stderr, flush=True)
+            section, _rows, wall = run_study(name, settings, workers=args.workers, progress=progress)
+            path = write_study(args.out, name, settings, section, wall)
+            written += 1
+            if not args.quiet:
+                print(f"{name}: {wall:.1f} s -> {path}\n  {section.headline}")
+    finally:
+        if written and written < len(names):
+            # a later study failed (or Ctrl-C): REPORT.md still showed the earlier results of the studies already
+            # replaced; it is regenerated from the folders as they now are
+            write_report(args.out)
     rep = write_report(args.out)
     if not args.quiet:
         print(f"report -> {rep}")

@@ -6,10 +6,11 @@ import itertools
 import sys
 
 
-from dsparksim.cli.options import add_backend_options, bar_off
+from dsparksim.cli.options import add_backend_options, bar_off, check_backend_options
 from dsparksim.cli.main import flag_given
 from dsparksim.cli.plan import register as register_plan
 from dsparksim.config import pos_float
+from dsparksim.errors import ConfigError
 from dsparksim.results.notes import request_latency_note, spec_chunk_notes
 from dsparksim.results.outputs import WriteInterrupted, claim_result_set, write_result_set
 
@@ -37,13 +38,24 @@ def profile_notes(spec) -> None:
         print(line, file=sys.stderr)
 
 
+def _say_unread(spec, command: str) -> None:
+    """The one line naming what of a shared spec file this command does not read (after the checks: a refused
+    command prints its one error line only)."""
+    from dsparksim.sweep.spec import unread_note  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
+    line = unread_note(spec, command)
+    if line:
+        print(line, file=sys.stderr)
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from dsparksim.sweep import failure_text, load_spec, run_sweep  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
     from dsparksim.sweep.runner import MANIFEST, RESULT_FILES  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
 
+    check_backend_options(args)
     spec = load_spec(args.spec)  # validated before any cell runs
     # holds the cache: written into, never replaced whole; a same-named file of the user's is never replaced
     claim_result_set(args.out, RESULT_FILES, MANIFEST, "--out")
+    _say_unread(spec, "sweep")
     profile_notes(spec)
     keys = [k for k in ("profile", "prefill_chunk_tokens", "max_batched_tokens") if k in spec.axes]
     for note in spec_chunk_notes({**spec.base, **dict(zip(keys, vals))}
@@ -69,6 +81,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(text)
         for k, p in res.paths.items():
             print(f"  {k:9s} {p}")
+    from dsparksim.sweep.table import incomplete_notes  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
+    for line in incomplete_notes(res.table):    # said even with --quiet, as `run` and `frontier` say it
+        print(line, file=sys.stderr)
     if "parquet" not in res.paths:
         print("dsparksim: note: results.parquet not written: pyarrow is not installed (pip install pyarrow); "
               "results.csv holds the same table", file=sys.stderr)
@@ -83,6 +98,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from dsparksim.sweep.runner import dump_json  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
     from dsparksim.sweep.capacity import capacity_errors, capacity_search, capacity_settings, capacity_table  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
 
+    check_backend_options(args)
     spec = load_spec(args.spec)
     st = capacity_settings(spec, load=args.load, min=args.min, max=args.max, tolerance=args.tolerance,
                            slo=args.slo, require_unsaturated=False if args.allow_saturated else None,
@@ -90,6 +106,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     out = claim_result_set(args.out, CAPACITY_FILES, "capacity.manifest.json", "--out")  # before any probe
     if flag_given(args, "--sla"):   # after the checks: a refused command prints its one error line only
         print("dsparksim: warning: --sla is deprecated; use --slo", file=sys.stderr)
+    _say_unread(spec, "capacity")
     out.mkdir(parents=True, exist_ok=True)
     profile_notes(spec)
     try:
@@ -132,9 +149,15 @@ CAPACITY_FILES = ("capacity.json", "capacity.csv")
 def cmd_regress(args: argparse.Namespace) -> int:
     from dsparksim.sweep.regress import regress  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
 
+    check_backend_options(args)
+    if args.update and args.exact:
+        raise ConfigError("cli", "--exact", "would be ignored: --update writes the baseline without comparing; drop "
+                          "one of the two")
     ok, text, _ = regress(args.baseline, spec_path=args.spec, backend=args.backend, workers=args.workers,
-                          ray_address=args.ray_address, update=args.update, exact=args.exact)
-    print(text, file=sys.stdout if ok else sys.stderr)
+                          ray_address=args.ray_address, update=args.update, exact=args.exact,
+                          note=lambda line: print(line, file=sys.stderr))
+    if not (ok and args.quiet):     # --quiet: a pass is its exit status alone; a regression is always printed
+        print(text, file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1
 
 

@@ -15,7 +15,8 @@ ties broken by the deployment's order in the spec, the answer equals a brute-for
 Seeds: each probe runs once per seed; each SLO metric's mean and two-sided t-interval at ``confidence`` over
 seeds are computed, and the probe meets a term only if the interval's pessimistic end does (the lower end for
 ``>=``, the upper end for ``<=``). One seed: the interval is the value itself. A saturated seed fails the probe
-when ``require_unsaturated``.
+when ``require_unsaturated``; a seed that rejected requests on arrival (prompt + output + K beyond the KV capacity
+or max_model_len) always fails it.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from dsparksim.plan.cost import cost_per_hour, cost_per_mtok, max_replicas_below
 from dsparksim.plan.spec import Deployment, PlanSpec, SLOTerm
 from dsparksim.results.stats import t_interval
 from dsparksim.sweep.backends import import_ray
+from dsparksim.sweep.capacity import rejected_term
 from dsparksim.sweep.cells import build_config, Cell, cell_hash
 from dsparksim.sweep import runner as sweep_runner  # called through the module: tests patch run_cells_cached
 
@@ -96,6 +98,9 @@ def evaluate(spec: PlanSpec, d: Deployment, replicas: int, summaries: Sequence[d
     sat = any(bool(s.get("saturated")) for s in summaries)
     if sat and spec.require_unsaturated:
         bad.append({"term": SATURATED, "headroom": None})
+    rejected = next((r for r in map(rejected_term, summaries) if r), None)
+    if rejected:    # requests it cannot hold (KV capacity, max_model_len): it does not serve this traffic
+        bad.append({"term": rejected, "headroom": None})
     thr = _mean([s.get(THROUGHPUT) for s in summaries])
     cph = cost_per_hour(replicas, d.gpus_per_replica, d.price, d.prefill_gpus)
     return Probe(replicas=replicas, feasible=not bad, cost_per_hour=cph, gpus=d.gpus(replicas), metrics=metrics,

@@ -388,6 +388,63 @@ def replace_dir(new: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _missing_dirs(d: Path) -> list[Path]:
+    # the folders mkdir(parents=True) would create for d, outermost first
+    missing = []
+    while not (d.exists() or d.is_symlink()):
+        missing.append(d)
+        d = d.parent
+    return missing[::-1]
+
+
+def _remove(q: Path) -> None:
+    if q.is_dir() and not q.is_symlink():
+        shutil.rmtree(q)
+    else:
+        q.unlink(missing_ok=True)
+
+
+@contextmanager
+def previous_kept_on_error(out: str | Path, names: Sequence[str], keep: Sequence[Path] = ()) -> Iterator[Path]:
+    """Write into the folder ``out`` in place (its files record their own paths, so no staging copy), as a unit.
+
+    The entries ``names`` an earlier run left in ``out`` are first moved aside into the hidden sibling
+    ``.OUT.previous-<pid>`` (an earlier run's files never stand beside the new ones). On success they are deleted;
+    on any exception (Ctrl-C included) everything this run created in ``out`` is removed, they are moved back and
+    folders this call created are removed again: a failed run leaves ``out`` as it found it. ``keep``: paths left
+    where they are (an input of the command inside ``out``, e.g. ``validate --profile OUT/profile.json``)."""
+    out = Path(out)
+    made = _missing_dirs(out)
+    out.mkdir(parents=True, exist_ok=True)
+    kept = {Path(k).resolve() for k in keep}
+    aside = out.resolve().parent / f".{out.resolve().name}.previous-{os.getpid()}"
+    moved: list[str] = []
+    before: set[str] | None = None     # what OUT holds once the earlier run's entries are aside
+    try:
+        for n in names:
+            q = out / n
+            if (q.exists() or q.is_symlink()) and q.resolve() not in kept:
+                aside.mkdir(exist_ok=True)
+                os.rename(q, aside / n)
+                moved.append(n)
+        before = set(os.listdir(out))
+        yield out
+    except BaseException:
+        for n in set(os.listdir(out)) - before if before is not None else ():
+            _remove(out / n)
+        for n in moved:
+            os.replace(aside / n, out / n)
+        if aside.exists():
+            os.rmdir(aside)
+        for d in reversed(made):
+            try:
+                os.rmdir(d)
+            except OSError:     # not empty: someone else's files arrived meanwhile
+                break
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 class WriteInterrupted(KeyboardInterrupt):
     """Ctrl-C while a result set was being replaced; the message names the folder and its incomplete manifest."""
 

@@ -12,7 +12,6 @@ measured (:func:`precheck`).
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -30,6 +29,7 @@ from dsparksim.config import EngineConfig, RunConfig, jsonable
 from dsparksim.errors import ConfigError
 from dsparksim.cost.profile import load_profile, profile_from_dict, read_profile_dict, save_profile
 from dsparksim.sim.simulate import load_label, RunOutput, simulate, write_run
+from dsparksim.results.outputs import previous_kept_on_error
 from dsparksim.traffic import TrafficConfig
 from dsparksim.runner.executor import build_models
 from dsparksim.runner.drift import (CALIBRATION_PROBES, DEFAULT_GATE, DEFAULT_THRESHOLD, DriftMonitor, RunWindows,
@@ -175,6 +175,26 @@ def precheck(vc: ValidateConfig) -> None:
             check_live_trace(vc, spec, d, "mtp1" if K == 1 else vc.runner.live_drafter)
 
 
+def no_draft_caution(vc: ValidateConfig, prof: dict | None) -> str | None:
+    """The caution for a validated policy that drafts nothing (``none``, K = 0) on a profile without K = 0 cells.
+
+    `measure` times every cell with the drafter (proxy or live) and a speculative step's host loop (the policy's
+    ranking of n*K candidates, the acceptance draw), and the profile's floor (fixed_overhead_s + batch_overhead) is
+    that host loop whatever K is: a ``none`` step, which runs neither, is priced with it. Measured 2026-12-05 on the
+    shipped cpu-tiny profile (validate --profile cpu-tiny --policies none,fixed:7 --concurrency 1,4): host priced
+    0.52 ms vs 0.34-0.36 ms measured per none step at 1 user in two runs (+44-54% of the host loop, 7-9% of the step), 0.78 vs 0.68 ms at
+    4 users, while fixed:7's host was priced within 0.03 ms. The profile format has one floor, so K = 0 cells cannot
+    be measured into it; the comparison is still run (it shows the gap), and said to include this term."""
+    if all(make_policy(p).drafts for p in vc.policies):
+        return None
+    if "none" in (((prof or {}).get("metadata") or {}).get("cells") or {}):   # prof None: measured now, without
+        return None
+    nodraft = ", ".join(p for p in vc.policies if not make_policy(p).drafts)
+    return (f"{nodraft} drafts nothing (K = 0) but the profile has no K = 0 cells: its floor is a speculative step's "
+            "host loop (measured with the drafter and the verify-length search), so its steps are priced with that "
+            "loop and its error includes it (on cpu-tiny: host +44-54% at 1 user, 7-9% of a step)")
+
+
 def check_live_trace(vc: ValidateConfig, spec: str, described: dict, drafter: str) -> None:
     """--live compares the trained pair with the simulator replaying traces collected from that same pair: a
     parametric source or a trace of another drafter or target (the synthetic sample: a 159% "error", `dspark`:
@@ -194,11 +214,11 @@ def check_live_trace(vc: ValidateConfig, spec: str, described: dict, drafter: st
                           "models (`dsparksim collect --models ...`)")
 
 
-# what `validate` writes into OUT: a folder holding anything else is refused by the CLI; STALE_OUT is removed at
-# the start of a validation (REPORT.md last written, so a folder with it is a finished validation)
-STALE_OUT = ("REPORT.md", "summary.json", "errors.csv", "step_residuals.csv", "residuals_by_shape.csv",
-             "residuals_by_term.csv", "frontier_overlay.png", "runs")
-OUT_NAMES = frozenset(STALE_OUT + ("lengths.csv", "profile.json", "profile_raw.json"))
+# what `validate` writes into OUT: a folder holding anything else is refused by the CLI; an earlier validation's
+# files are replaced only when a new one finishes (REPORT.md last written, so a folder with it is a finished one)
+OUT_NAMES = frozenset(("REPORT.md", "summary.json", "errors.csv", "step_residuals.csv", "residuals_by_shape.csv",
+                       "residuals_by_term.csv", "frontier_overlay.png", "runs", "lengths.csv", "profile.json",
+                       "profile_raw.json"))
 
 
 def given_profile(vc: ValidateConfig) -> tuple[dict, Path, Any] | None:
@@ -213,18 +233,6 @@ def given_profile(vc: ValidateConfig) -> tuple[dict, Path, Any] | None:
         raise ConfigError(str(p), "-K", f"the profile was measured with K={gK} but this validation uses "
                           f"K={vc.K}: validate with -K {gK}, or measure a profile with -K {vc.K}")
     return given
-
-
-def clear_stale(out: Path) -> None:
-    """An earlier validation's results go before any new one is written: its runs/ must not stand beside the new
-    runs (a cell it had and this one has not), nor its report beside a new run that fails (profile.json,
-    lengths.csv: overwritten later; a --profile inside OUT is kept)."""
-    for name in STALE_OUT:
-        q = out / name
-        if q.is_dir():
-            shutil.rmtree(q)
-        elif q.exists():
-            q.unlink()
 
 
 def obtain_profile(vc: ValidateConfig, out: Path, lengths: Path, given, target, proxy, progress: bool,
@@ -373,6 +381,7 @@ def write_outputs(vc: ValidateConfig, out: Path, rows: list[dict], resid: list[p
     term.to_csv(out / "residuals_by_term.csv", index=False, float_format="%.6g")
     summ = error_summary(df)
     summ["wall_s"] = round(time.time() - t0, 1)
+    summ["cautions"] = [c for c in (no_draft_caution(vc, prof),) if c]
     summ["drift"] = mon.summary()
     summ["profile_drift"] = prof["metadata"].get("drift")
     summ["profile_fit_vs_cells"] = fit_vs_cells(cells) if cells is not None else None
@@ -398,9 +407,17 @@ def validate(vc: ValidateConfig, out_dir: str | Path, progress: bool = True,
     the medians."""
     precheck(vc)
     given = given_profile(vc)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    clear_stale(out)
+    caution = no_draft_caution(vc, given[0] if given else None)
+    if caution:
+        log(f"validate: caution: {caution}")
+    # an earlier validation's files are moved aside and deleted only once this one has finished; an error or
+    # Ctrl-C removes what this one wrote and puts them back (a --profile inside OUT stays where it is)
+    with previous_kept_on_error(out_dir, sorted(OUT_NAMES), keep=(given[1],) if given else ()) as out:
+        return validate_into(vc, out, given, progress, log)
+
+
+def validate_into(vc: ValidateConfig, out: Path, given, progress: bool, log: Callable[[str], None]) -> pd.DataFrame:
+    """:func:`validate`'s work, writing into ``out`` (which :func:`validate` restores if this raises)."""
     t0 = time.time()
     ex = vc.runner.executor
     mcfg, tmodel, _ = load_target(vc.runner.model, ex.device, ex.dtype)
@@ -623,6 +640,7 @@ def report_errors(df: pd.DataFrame, summ: dict, vc: ValidateConfig, prof: dict) 
     lines.append(f"- all {summ['cells']} cells, steady or not: " + "; ".join(
         f"{k} median |rel err| {100 * summ[f'median_abs_rel_err_{k}_all_cells']:.1f}%, p95 "
         f"{100 * summ[f'p95_abs_rel_err_{k}_all_cells']:.1f}%" for k in RATES))
+    lines += [f"- caution: {c}" for c in summ.get("cautions", ())]
     return lines
 
 

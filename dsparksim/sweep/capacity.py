@@ -108,7 +108,8 @@ def parse_slo(terms: Sequence[str], source: str = "--slo", field: str = "slo") -
 
 def check_slo(summary: Mapping[str, Any], slo: Sequence[Constraint], require_unsaturated: bool = True,
               source: str = "--slo") -> tuple[bool, list[str]]:
-    """(meets the SLO, violated terms). A saturated run never meets it when ``require_unsaturated``."""
+    """(meets the SLO, violated terms). A saturated run never meets it when ``require_unsaturated``, a run that
+    rejected requests on arrival never (:func:`rejected_term`)."""
     for c in slo:
         if c.metric not in summary:
             numeric = sorted(k for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
@@ -119,7 +120,22 @@ def check_slo(summary: Mapping[str, Any], slo: Sequence[Constraint], require_uns
            for c in slo if not c.holds(summary)]
     if require_unsaturated and summary.get("saturated"):
         bad.append("saturated")
+    rejected = rejected_term(summary)
+    if rejected:
+        bad.append(rejected)
     return not bad, bad
+
+
+def rejected_term(summary: Mapping[str, Any]) -> str | None:
+    """The violation of a run that rejected requests on arrival (prompt + output + K beyond the KV capacity or
+    max_model_len), or None: such a run does not serve its load, whatever the admitted requests' metrics say (a
+    probe rejecting 99% of its requests met the SLO on the other 1%)."""
+    n = int(summary.get("num_requests_rejected") or 0)
+    if not n:
+        return None
+    why = ", ".join(f"{k}: {v}" for k, v in (summary.get("rejected_by_reason") or {}).items() if v)
+    return (f"no request rejected on arrival ({n} of {summary.get('num_requests_issued')} were"
+            + (f"; {why}" if why else "") + ")")
 
 
 @dataclass(frozen=True)
@@ -180,6 +196,9 @@ def capacity_settings(spec: SweepSpec, **over: Any) -> CapacitySettings:
         raise bad("load", f"expected one of {LOAD_KEYS}, got {load!r}")
     if load in spec.axes:
         raise ConfigError(src, f"axes.{load}", "is the load the capacity search varies; remove it from [axes]")
+    if load in spec.base:    # every probe sets its own load: the value was dropped silently
+        raise ConfigError(src, f"base.{load}", f"is the load the capacity search varies: its value {spec.base[load]!r} "
+                          f"would be ignored; remove it{'' if 'load' in d else f' (capacity.load = {load!r} names the load)'}")
     for table, keys in (("base", spec.base), ("axes", spec.axes)):
         for k in LOAD_KEYS:   # another load key: each probe would set two loads (blamed on the search's, not this)
             if k != load and k in keys:

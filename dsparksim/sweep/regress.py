@@ -28,14 +28,15 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
 from dsparksim.errors import ConfigError, InputError
-from dsparksim.sweep.spec import LOAD_KEYS, SweepSpec, load_spec
+from dsparksim.sweep.spec import LOAD_KEYS, SweepSpec, load_spec, unread_note
 from dsparksim import __version__
 from dsparksim.results.frontier import frontier_table
+from dsparksim.results.outputs import check_out_file
 from dsparksim.results.stats import seed_list, t_interval
 from dsparksim.sweep.backends import make_backend, Task
 from dsparksim.sweep.cache import write_json
@@ -333,14 +334,17 @@ def _notes_text(notes: Mapping[str, Sequence[str]]) -> str:
 
 def regress(baseline_path: str | Path, spec_path: str | Path | None = None, backend: str = "local",
             workers: int | None = None, ray_address: str | None = None,
-            update: bool = False, exact: bool = False) -> tuple[bool, str, dict[str, Any]]:
+            update: bool = False, exact: bool = False,
+            note: Callable[[str], None] | None = None) -> tuple[bool, str, dict[str, Any]]:
     """Recompute the baseline's sweep and compare. Returns (passed, readable report, current document).
 
     With ``update`` the baseline file is (re)written from the current results (``spec_path`` required if the
-    baseline does not exist yet).
+    baseline does not exist yet). ``note``: told the one line naming what of the spec regress does not read.
     """
 
     bp = Path(baseline_path)
+    if update:   # writable before any cell runs (a --baseline under a file ended in a traceback after them all)
+        check_out_file(bp, "--baseline")
     base = None if (update and not bp.exists()) else load_baseline(bp, old_ok=update)
     sp = Path(spec_path) if spec_path else (spec_of(base, bp) if base else None)
     if sp is None:
@@ -348,6 +352,9 @@ def regress(baseline_path: str | Path, spec_path: str | Path | None = None, back
     spec = load_spec(sp)
     old_tol = base["tolerances"] if base and base.get("format") == FORMAT else None
     tolerances(spec, old_tol)   # a bad [regress] value is refused before any cell runs
+    line = unread_note(spec, "regress")
+    if line and note is not None:
+        note(line)
     per_seed = compute(spec, backend, workers, ray_address)
     cur = make_baseline(spec, per_seed, bp, old_tol)
     if update:

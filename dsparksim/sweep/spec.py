@@ -19,6 +19,10 @@ Format (every key may appear either fixed in ``[base]`` or as a non-empty list i
     [capacity]                   # only read by `dsparksim capacity`
     [regress]                    # only read by `dsparksim regress`
 
+A table or key that the command at hand does not read ([capacity] and [regress] for `sweep`, [regress] and
+``save_requests`` for `capacity`, ...) is named in one note on stderr (:func:`unread_note`); any other table or key
+is refused.
+
 Key names: each key is a run option, defined once on the config dataclasses (``dsparksim.config.run_options``),
 spelled with underscores or dashes as on the command line (``duration`` or ``duration_s``,
 ``num-speculative-tokens`` or ``block_size``, ``request_rate`` or ``rate``; see ``KEY_ALIASES``); a key given twice
@@ -37,6 +41,7 @@ from typing import Any, Mapping
 
 from dsparksim.config import NUM, run_options, RunConfig
 from dsparksim.errors import ConfigError, InputError
+from dsparksim.io.textio import decode
 from dsparksim.sweep.cells import expand
 from dsparksim.acceptance import load_acceptance
 from dsparksim.cost.profile import load_profile
@@ -45,6 +50,7 @@ from dsparksim.policies.fixed import Fixed
 from dsparksim.sim.inputs import check_deployment
 from dsparksim.sim.reads import DRAFT_OPTIONS, engine_reads_router, unread_by_all
 from dsparksim.sim.routers import router_class
+from dsparksim.traffic.build import check_expected_arrivals
 from dsparksim.traffic.readers import read_trace
 from dsparksim.traffic.sources import resolve
 
@@ -57,6 +63,7 @@ TRAFFIC_KEYS = LOAD_KEYS + tuple(k for k, o in _OPTIONS.items() if o.section == 
 KEYS = RUN_KEYS + ENGINE_KEYS + TRAFFIC_KEYS
 TABLES = ("sweep", "base", "axes", "capacity", "regress")
 SWEEP_KEYS = ("name", "save_requests")
+MAX_CELLS = 100_000   # cells of one sweep: each is checked, hashed and tabled in memory before any runs
 
 # Command-line spellings (dashes become underscores first) -> the spec's key.
 KEY_ALIASES = {alias: k for k, o in _OPTIONS.items() for alias in o.aliases}
@@ -133,7 +140,8 @@ class SweepSpec:
 
 
 def read_toml(path: str | Path, label: str) -> dict[str, Any]:
-    """The parsed TOML file; InputError naming the file when it cannot be read or is not UTF-8 TOML."""
+    """The parsed TOML file; InputError naming the file when it cannot be read or is not UTF-8 TOML (a leading BOM
+    is dropped: tomllib refused such a file with 'Invalid statement (at line 1, column 1)')."""
     if not str(path).strip():
         raise InputError(repr(str(path)), None, f"expected the path of a {label} file, got an empty path")
     p = Path(path)
@@ -143,9 +151,10 @@ def read_toml(path: str | Path, label: str) -> dict[str, Any]:
         raw = p.read_bytes()
     except OSError as e:
         raise InputError(str(p), None, f"cannot read {label}: {e.strerror or e}") from None
+    text = decode(raw, str(p))   # a leading UTF-8 BOM (Windows editors) dropped, as every text input's
     try:
-        return tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
         raise InputError(str(p), None, f"not valid TOML: {e}") from None
 
 
@@ -160,7 +169,8 @@ def spec_from_dict(d: Mapping[str, Any], source: str = "sweep spec", check_input
         raise ConfigError(source, None, f"expected a table, got {type(d).__name__}")
     for t in d:
         if t not in TABLES:
-            raise ConfigError(source, t, f"unknown table [{t}]; expected some of {', '.join(TABLES)}")
+            what = f"table [{t}]" if isinstance(d[t], Mapping) else f"top-level key {t!r} (keys belong in a table)"
+            raise ConfigError(source, t, f"unknown {what}; expected some of the tables {', '.join(TABLES)}")
         if not isinstance(d[t], Mapping):
             raise ConfigError(source, t, f"expected a table [{t}], got {d[t]!r}")
     d = {t: _canonical_table(source, t, v) for t, v in d.items()}
@@ -204,6 +214,18 @@ def spec_from_dict(d: Mapping[str, Any], source: str = "sweep spec", check_input
     return spec
 
 
+def unread_note(spec: SweepSpec, command: str) -> str | None:
+    """One line naming what of ``spec`` the spec-driven ``command`` (sweep, capacity, regress) does not read (one
+    file format serves all three: [capacity] is read by `capacity` only, [regress] by `regress` only,
+    sweep.save_requests by `sweep` only), or None when it reads all of it. Nothing is silently ignored."""
+    parts = [f"{what} (read by `dsparksim {reader}`)" for what, reader, given in (
+        ("[capacity]", "capacity", bool(spec.capacity)), ("[regress]", "regress", bool(spec.regress)),
+        ("sweep.save_requests", "sweep", spec.save_requests)) if given and reader != command]
+    if not parts:
+        return None
+    return f"dsparksim: note: {spec.source}: `dsparksim {command}` does not read {' or '.join(parts)}; ignored here"
+
+
 def check_value(source: str, where: str, key: str, v: Any) -> Any:
     """The value ``v`` of run option ``key`` at ``where`` in a spec, type-checked (NUM values as floats); raises
     ConfigError naming ``source`` and ``where`` for an unknown key or a value of the wrong type."""
@@ -234,6 +256,10 @@ def _check_semantics(spec: SweepSpec, check_inputs: bool) -> None:
     """Policies parse, named inputs exist and load; every cell's configuration is constructible."""
 
     src = spec.source
+    if spec.n_cells() > MAX_CELLS:   # 1000 x 1000 x 2 cells: 2 GB and a minute of checking without a word, then more
+        sizes = " x ".join(f"{len(v)} {k}" for k, v in spec.axes.items())
+        raise ConfigError(src, "axes", f"{sizes} = {spec.n_cells():,} cells, above the limit of {MAX_CELLS:,} per "
+                          "sweep: split it into several sweeps")
     for where, pol in _values(spec, "policy"):
         try:
             make_policy(pol)
@@ -288,17 +314,26 @@ def _check_fixed_lengths(spec: SweepSpec, cells: list) -> None:
 
 
 def _check_deployments(spec: SweepSpec, cells: list) -> None:
-    """Every disaggregated cell can price its KV transfer (link and bytes per token), before any cell runs."""
+    """Before any cell runs, as `run` checks them before its run: every cell's deployment against its profile (a
+    disaggregated cell can price its KV transfer; a tensor_parallel_size is the profile's), an open-loop cell's
+    expected arrivals within the per-run limit, and a token budget that holds one request's 1 + K verify tokens
+    (each failed every cell at run time, listed as a failure to retry)."""
 
     profiles: dict[str, Any] = {}
     for cell in cells:
         cfg = cell.config
-        if not cfg.engine.disaggregated:
-            continue
         if cfg.profile not in profiles:
             profiles[cfg.profile] = load_profile(cfg.profile)
+        t, eng = cfg.traffic, cfg.engine
         try:
             check_deployment(cfg, profiles[cfg.profile])
+            if t.rate is not None and t.duration_s is not None:
+                check_expected_arrivals(t.rate * t.time_scale, t.duration_s)
+            forced = make_policy(cfg.policy).block_size      # mtp1 -> 1, none -> 0, else the run's K
+            K = eng.block_size if forced is None else forced
+            if eng.max_batched_tokens is not None and eng.max_batched_tokens < 1 + K:
+                raise ConfigError("config", "max_batched_tokens", f"{eng.max_batched_tokens} cannot hold even one "
+                                  f"request's 1+K={1 + K} verify tokens")
         except ConfigError as e:
             where = ", ".join(f"{k}={v}" for k, v in cell.key.items()) or "base"
             raise ConfigError(spec.source, f"cell {where}", str(e)) from None

@@ -43,3 +43,29 @@ def sweep_text(table: pd.DataFrame) -> str:
     if "saturated" in table and table["saturated"].fillna(False).astype(bool).any():
         lines.append("* saturated: the engine could not keep up (results.csv saturated, saturation_detail)")
     return "\n".join(lines)
+
+
+def _label(r: pd.Series, axes: list[str]) -> str:
+    return f"cell {r['cell']}" + (f" ({', '.join(f'{c[4:]}={r[c]}' for c in axes)})" if axes else "")
+
+
+def incomplete_notes(table: pd.DataFrame) -> list[str]:
+    """Warning lines for cells whose metrics cover less than the workload (what `run` and `frontier` say of one run
+    or cell, which a sweep left to its results.csv columns): requests rejected on arrival (the metrics cover only the
+    admitted ones) and cells that finished no request in the window (empty metrics)."""
+    if table.empty:
+        return []
+    axes = [c for c in table.columns if c.startswith("cfg.")]
+    lines = []
+    rej = table[table.get("num_requests_rejected", pd.Series(0, index=table.index)).fillna(0) > 0]
+    if len(rej):
+        lines.append(f"dsparksim: warning: requests were rejected on arrival in {len(rej)} cell(s) and their metrics "
+                     "cover only the admitted requests: " + "; ".join(
+                         f"{_label(r, axes)}: {int(r['num_requests_rejected'])} of {int(r['num_requests_issued'])}"
+                         for _, r in rej.iterrows()) + " (results.csv: num_requests_rejected, rejected_by_reason)")
+    empty = table[table.get("num_requests_completed", pd.Series(1, index=table.index)).fillna(0) <= 0]
+    if len(empty):
+        lines.append(f"dsparksim: warning: {len(empty)} cell(s) finished no request in the measurement window and "
+                     "have empty metrics: " + "; ".join(_label(r, axes) for _, r in empty.iterrows())
+                     + " (lengthen duration_s)")
+    return lines
