@@ -181,3 +181,35 @@ def test_draft_exit_is_refused_where_no_policy_drafts_a_block(tmp_path, capsys, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--draft-exit" in err[0] and "has no effect" in err[0], err
     assert not out.exists()
+
+
+class ChoiceRecorder(Recorder):
+    """Records, per decode step, how many draft tokens the policy itself chose past the drafted positions (before
+    the engine's cap) and how many requests were stopped early."""
+
+    def __init__(self, inner: Policy) -> None:
+        super().__init__(inner)
+        self.past: list[int] = []
+        self.stopped = 0
+
+    def choose(self, ctx):
+        L = np.asarray(super().choose(ctx), np.int64)
+        if ctx.drafted is not None:
+            self.past.append(int(np.maximum(L - ctx.drafted, 0).sum()))
+            self.stopped += int((ctx.drafted < ctx.K).sum())
+        return L
+
+
+@pytest.mark.parametrize("policy", ["confidence-async:2", "confidence-global", "confidence", "fixed:5"])
+def test_no_policy_chooses_a_position_that_was_not_drafted_in_a_run(policy):
+    """The dense 7B H100 profile's staircase is cheaper further up (T(1) > T(8)): counting the undrafted positions
+    as survival-0 candidates, confidence-async:2's global search chose them on about half the decode steps (16-64
+    users, T = 0.5) for a batch the engine, which verifies at most the drafted positions, never ran."""
+    cfg = RunConfig.from_options({"profile": "h100-llama2-7b-tp1", "kv_policy": "paged", "block_size": 5,
+                                  "acceptance": "dspark", "domain": "mix:math=1,code=1,chat=6",
+                                  "lengths": "azure-conv", "concurrency": 16, "duration_s": 4.0, "warmup_s": 0.5,
+                                  "policy": policy, "seed": 0, "draft_exit": 0.5})
+    rec: list[ChoiceRecorder] = []
+    simulate(cfg, wrap_policy=lambda p: rec.append(ChoiceRecorder(p)) or rec[0])
+    assert len(rec[0].past) > 100 and rec[0].stopped > 100
+    assert sum(rec[0].past) == 0

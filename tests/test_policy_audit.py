@@ -73,7 +73,7 @@ def step_time_for(draw, top: int):
 
 
 @st.composite
-def step_ctx(draw, max_n=5, max_K=5, oracle=False):
+def step_ctx(draw, max_n=5, max_K=5, oracle=False, exit=False):
     n = draw(st.integers(1, max_n))
     K = draw(st.integers(1, max_K))
     conf = np.array(draw(st.lists(CONF, min_size=n * K, max_size=n * K)), dtype=np.float64).reshape(n, K)
@@ -82,7 +82,7 @@ def step_ctx(draw, max_n=5, max_K=5, oracle=False):
     T = draw(step_time_for(max_tokens))
     A = np.array(draw(st.lists(st.integers(0, K), min_size=n, max_size=n)), dtype=np.int64) if oracle else None
     D = None
-    if oracle and draw(st.booleans()):   # early exit of drafting: positions past D[i] at confidence 0
+    if exit or (oracle and draw(st.booleans())):   # early exit of drafting: positions past D[i] at confidence 0
         D = np.array(draw(st.lists(st.integers(1, K), min_size=n, max_size=n)), dtype=np.int64)
         conf = np.where(np.arange(K)[None, :] < D[:, None], conf, 0.0)
     return StepContext(conf=conf, survival=np.cumprod(conf, axis=1), request_ids=np.arange(n), base_tokens=base,
@@ -90,9 +90,15 @@ def step_ctx(draw, max_n=5, max_K=5, oracle=False):
 
 
 # ------------------------------------------------------------------------------------------- brute forces
+def drafted(ctx) -> list[int]:
+    """Positions each request drafted (early exit); all K without it. Only these positions exist."""
+    return [ctx.K] * ctx.n if ctx.drafted is None else [int(x) for x in ctx.drafted]
+
+
 def room(ctx) -> int:
-    """Draft tokens the step may add: max_tokens - base_tokens, and never more than n*K slots."""
-    return min(ctx.max_tokens - ctx.base_tokens, ctx.n * ctx.K)
+    """Draft tokens the step may add: max_tokens - base_tokens, and never more than the n*K slots (with early exit,
+    the positions drafted)."""
+    return min(ctx.max_tokens - ctx.base_tokens, ctx.n * ctx.K, sum(drafted(ctx)))
 
 
 def capped_in_index_order(want, budget):
@@ -107,7 +113,7 @@ def capped_in_index_order(want, budget):
 
 def ref_fixed(ctx, k):
     """fixed:k -- verify min(k, K) for every request."""
-    return capped_in_index_order([min(k, ctx.K)] * ctx.n, room(ctx))
+    return capped_in_index_order([min(k, ctx.K, d) for d in drafted(ctx)], room(ctx))
 
 
 def ref_threshold(ctx, t):
@@ -118,13 +124,15 @@ def ref_threshold(ctx, t):
         for L in range(1, ctx.K + 1):
             if ctx.survival[i, L - 1] >= t:
                 best = L
-        want.append(best)
+        want.append(min(best, drafted(ctx)[i]))
     return capped_in_index_order(want, room(ctx))
 
 
 def ranked(ctx):
-    """All candidates (s[i,k], k, i), best first: survival descending, ties lower k, then request."""
-    c = [(float(ctx.survival[i, k]), k, i) for i in range(ctx.n) for k in range(ctx.K)]
+    """All candidates (s[i,k], k, i), best first: survival descending, ties lower k, then request. A candidate is a
+    position that exists: with early exit, k < drafted[i] only."""
+    D = drafted(ctx)
+    c = [(float(ctx.survival[i, k]), k, i) for i in range(ctx.n) for k in range(D[i])]
     return sorted(c, key=lambda x: (-x[0], x[1], x[2]))
 
 
@@ -424,7 +432,7 @@ def with_context(ctx, context, qk_s):
     base, qk0, per, m0 = ctx.step_time, float(c.sum()), float(c.mean()), ctx.base_tokens
     T = lambda M: base(M) + qk_s * (qk0 + (np.asarray(M) - m0) * per)  # noqa: E731
     return StepContext(conf=ctx.conf, survival=ctx.survival, request_ids=ctx.request_ids, base_tokens=m0,
-                       step_time=T, max_tokens=ctx.max_tokens, context=c, qk_s=qk_s)
+                       step_time=T, max_tokens=ctx.max_tokens, context=c, qk_s=qk_s, drafted=ctx.drafted)
 
 
 class Ref2D:
@@ -448,6 +456,8 @@ class Ref2D:
         cands = []
         for k in range(K):
             for i in range(n):
+                if k >= drafted(ctx)[i]:   # early exit: not drafted, no candidate
+                    continue
                 s, pairs = float(ctx.survival[i, k]), float(c[i]) + (k + 1.0)
                 dens = s / (theta + sq * pairs) if theta > 0 or sq > 0 else s
                 cands.append((dens, k, i, s, pairs))
@@ -538,3 +548,55 @@ def test_oracle_counts_only_drafted_positions_as_verifiable():
                       step_time=affine(1.0, 0.0), max_tokens=5, true_accepted=np.array([5, 2]),
                       drafted=np.array([1, 2]))
     assert choose("oracle", ctx).tolist() == [1, 2]
+
+
+# Every policy that ranks or counts positions, with early exit on every step: positions past drafted[i] reach the
+# policy at confidence 0, but they do not exist -- no candidate of survival 0 that a ratio search could admit to
+# reach a cheaper stair (a step the engine, which verifies at most the drafted positions, never runs).
+EXIT_SPECS = ["fixed:5", "fixed:2", "threshold:0", "threshold:0.5", "confidence", "confidence-global",
+              "confidence-async:1", "confidence-async-2d:1"]
+
+
+@AUDIT
+@given(step_ctx(exit=True), st.lists(st.integers(1, 5000), min_size=5, max_size=5))
+def test_no_policy_verifies_a_position_that_was_not_drafted(ctx, context):
+    for spec in EXIT_SPECS:
+        for one in (ctx, with_context(ctx, context[:ctx.n], 1e-4)):
+            L = choose(spec, one)
+            assert (L <= ctx.drafted).all(), (spec, L.tolist(), ctx.drafted.tolist())
+
+
+@AUDIT
+@given(step_ctx(exit=True))
+def test_early_exit_ranking_policies_are_the_brute_force_over_drafted_positions(ctx):
+    np.testing.assert_array_equal(choose("confidence", ctx), ref_confidence(ctx))
+    np.testing.assert_array_equal(choose("confidence-global", ctx),
+                                  lengths_of(ranked(ctx), ref_global_count(ctx), ctx.n))
+    np.testing.assert_array_equal(choose("fixed:3", ctx), ref_fixed(ctx, 3))
+    np.testing.assert_array_equal(choose("threshold:0", ctx), ref_threshold(ctx, 0.0))
+
+
+@SEQ
+@given(st.lists(st.tuples(step_ctx(max_n=4, max_K=4, exit=True), st.lists(st.integers(1, 5000), min_size=4,
+                                                                         max_size=4)), min_size=1, max_size=6),
+       st.integers(1, 2))
+def test_early_exit_async_policies_are_the_brute_force_over_drafted_positions(steps, lag):
+    pa, ra = make_policy(f"confidence-async:{lag}"), RefAsync(lag)
+    p2, r2 = make_policy(f"confidence-async-2d:{lag}"), Ref2D(lag)
+    pa.reset(4, np.random.default_rng(0))
+    p2.reset(4, np.random.default_rng(0))
+    for ctx, context in steps:
+        np.testing.assert_array_equal(pa.choose(ctx), ra.choose(ctx))
+        two = with_context(ctx, context[:ctx.n], 1e-4)
+        np.testing.assert_array_equal(p2.choose(two), r2.choose(two))
+
+
+def test_a_cheaper_stair_past_the_drafted_positions_is_not_chosen():
+    # One request drafted 1 of 3 positions (c = 0.9). The step costs 1 s up to M = 2 and 0.5 s from M = 3 (a
+    # staircase cheaper further up). Counting the two undrafted positions as survival-0 candidates, M = 3 looks
+    # best (1.9 / 0.5 = 3.8 > 1.9 / 1): the policies chose L = 2, a step the engine (L <= drafted) never runs.
+    conf = np.array([[0.9, 0.0, 0.0]])
+    ctx = StepContext(conf=conf, survival=np.cumprod(conf, axis=1), request_ids=np.arange(1), base_tokens=1,
+                      step_time=staircase([0, 3], [1.0, 0.5]), max_tokens=4, drafted=np.array([1]))
+    for spec in ("confidence", "confidence-global", "confidence-async:1", "confidence-async-2d:1"):
+        assert choose(spec, ctx).tolist() == [1], spec

@@ -5,6 +5,14 @@ broken by lower k first, then lower request index. We get exactly that order fro
 survival matrix flattened *k-major* (flat index f = k*n + i), so ``f % n`` is the request and ``f // n`` the
 0-based position. Because s is non-increasing in k, (i, k) always ranks before (i, k+1): any top-b set is a
 per-request prefix and ``bincount(f % n)`` is its length vector.
+
+Early exit of drafting (``StepContext.drafted``): only the positions a request drafted exist. A position past
+``drafted[i]`` is no candidate at all -- not a candidate of survival 0 that a ratio search could admit to reach a
+cheaper stair of the step-time curve, a step the engine would never run (it verifies at most the drafted
+positions). :class:`Ranking` ranks the undrafted positions after every drafted one (key +inf) and
+:func:`candidate_budget` caps every count at the positions drafted, so no admitted set reaches past them;
+:func:`existing` caps the lengths of the policies that do not rank. Without early exit (``drafted`` None) all
+three are the identity on what they are given.
 """
 from __future__ import annotations
 
@@ -26,6 +34,17 @@ def draft_budget(ctx: StepContext) -> int:
         raise InputError(_SRC, "base_tokens", f"base_tokens={ctx.base_tokens} already exceeds "
                          f"max_tokens={ctx.max_tokens}; the engine must size the batch so the anchors fit")
     return min(room, ctx.n * ctx.K)
+
+
+def candidate_budget(ctx: StepContext) -> int:
+    """Candidates a ranking policy may admit: :func:`draft_budget`, and never more than the positions drafted."""
+    b = draft_budget(ctx)
+    return b if ctx.drafted is None else min(b, int(_sum(ctx.drafted)))
+
+
+def existing(ctx: StepContext, L: np.ndarray) -> np.ndarray:
+    """Lengths ``L`` capped at the positions each request drafted (early exit); ``L`` itself without early exit."""
+    return L if ctx.drafted is None else np.minimum(L, np.asarray(ctx.drafted, dtype=np.int64))
 
 
 def cap_lowest_index_first(L: np.ndarray, budget: int) -> np.ndarray:
@@ -58,14 +77,22 @@ class Ranking:
       * the verify lengths of the first ``count`` candidates (:meth:`lengths`): with v the count-th smallest
         key, that set is every key < v plus the first (count - #<v) keys == v in ascending flat index -- the
         stable sort's tie order -- so the lengths are those of ``lengths_from_ranked(order, count, n)``.
+
+    With ``drafted`` (early exit) the positions past ``drafted[i]`` get key +inf: they rank after every drafted
+    position, so the first ``count <= sum(drafted)`` candidates (:func:`candidate_budget`) are drafted ones only.
+    (drafted[i] >= 1, so every first-position key stays finite, as the partition below needs.)
     """
 
     __slots__ = ("n", "neg", "_sorted", "_prefix")
 
-    def __init__(self, survival: np.ndarray) -> None:
+    def __init__(self, survival: np.ndarray, drafted: np.ndarray | None = None) -> None:
         self.n = int(survival.shape[0])
         # keys, f = k*n + i; best candidate = smallest key (negated straight into the k-major layout: one pass)
         self.neg = np.negative(survival.T, out=np.empty(survival.shape[::-1], survival.dtype)).ravel()
+        if drafted is not None:   # early exit: undrafted positions are no candidates (module doc)
+            K = survival.shape[1]
+            gone = np.arange(K)[:, None] >= np.asarray(drafted)[None, :]      # k-major, as neg
+            self.neg[gone.ravel()] = np.inf
         self._sorted: np.ndarray | None = None  # every key, ascending
         self._prefix = np.zeros(0)  # the smallest keys, ascending
 

@@ -30,7 +30,8 @@ class StepContext:
     true_accepted: (n,) int64 ground-truth accepted prefix length A[i] had all K been verified. None unless the
                  policy declares ``needs_oracle = True``; only the oracle bound may read it.
     drafted:     (n,) int64 positions each request's drafter proposed (early exit, 1..K), or None = all K. Positions
-                 past drafted[i] carry confidence 0 and are never verified (the engine caps L[i] at drafted[i]).
+                 past drafted[i] carry confidence 0 and do not exist: a policy never counts them as candidates
+                 (policies/_common.py: Ranking, candidate_budget, existing) and the engine caps L[i] at drafted[i].
     context:     (n,) int64 context tokens of each decoding request (prompt + generated), or None when the step
                  is priced without a long-context term. With ``qk_s`` > 0, ``step_time`` prices every extra verified
                  token at the mean context (the 1-D price: step_time(M) = base(M) + qk_s * (sum(context) +

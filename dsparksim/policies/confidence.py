@@ -5,7 +5,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from dsparksim.policies._common import Ranking, draft_budget, eval_times, first_drop, ratio_curve
+from dsparksim.policies._common import Ranking, candidate_budget, eval_times, first_drop, ratio_curve
 from dsparksim.policies.base import Policy, StepContext
 
 
@@ -16,9 +16,10 @@ def early_stop_count(ctx: StepContext, values: np.ndarray) -> int:
     Candidate j is admitted iff E_j / T(M_j) > E_{j-1} / T(M_{j-1}) and all earlier ones were; the first
     candidate that leaves the ratio equal or lower ends the scan, as does max_tokens. Admitting candidate j
     depends only on candidates ranked above it — never on the later tokens of the same request — which is what
-    keeps the decision lossless.
+    keeps the decision lossless. With early exit only drafted positions are candidates (``values`` ranked by
+    ``Ranking(survival, drafted)``, the count capped by :func:`candidate_budget`).
     """
-    bmax = draft_budget(ctx)
+    bmax = candidate_budget(ctx)
     ratio = ratio_curve(float(ctx.n), values, ctx.base_tokens, ctx.step_time, bmax)
     return first_drop(ratio)
 
@@ -35,7 +36,7 @@ def early_stop_ranked(ctx: StepContext, ranking: Ranking) -> int:
     still evaluated over the whole range 0..budget, as before, so its checks and any extrapolation report see
     the very same queries.
     """
-    bmax = draft_budget(ctx)
+    bmax = candidate_budget(ctx)
     st = ctx.step_time
     if getattr(st, "checked", False) and ctx.base_tokens >= 1:
         # a checked dense price table (dsparksim.cost.price.DenseStepTime): every price in range is positive and
@@ -62,7 +63,7 @@ def algorithm1(ctx: StepContext) -> np.ndarray:
     """Verify lengths chosen by Algorithm 1 (early stop on current confidences)."""
     if ctx.n == 0:
         return np.zeros(0, dtype=np.int64)
-    ranking = Ranking(ctx.survival)
+    ranking = Ranking(ctx.survival, ctx.drafted)
     return ranking.lengths(early_stop_ranked(ctx, ranking))
 
 

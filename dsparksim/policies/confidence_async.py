@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from dsparksim.policies._common import Ranking, draft_budget, int_arg, spec_error
+from dsparksim.policies._common import Ranking, candidate_budget, int_arg, spec_error
 from dsparksim.policies.base import Policy, StepContext
 from dsparksim.policies.confidence import early_stop_count
 from dsparksim.policies.confidence_global import global_budget
@@ -19,7 +19,7 @@ class ConfidenceAsync(Policy):
     step_time and max_tokens), b_t = argmax_b (n + top-b survival sum) / step_time(base + b) over all b (no early
     stop, so a jagged step-time staircase cannot trap it), and queues it. Step t uses b_{t-LAG}: the current
     candidates are admitted by current survival rank (ties: lower position, then request) up to
-    min(b_{t-LAG}, max_tokens - base_tokens, n*K). Since the budget was fixed before this step's tokens were
+    min(b_{t-LAG}, max_tokens - base_tokens, n*K, positions drafted). Since the budget was fixed before this step's tokens were
     sampled and a token only competes with candidates ranked above it, the decision stays lossless.
     For the first LAG steps after ``reset`` there is no stale budget yet; those steps fall back to Algorithm 1's
     early stop on current information (also causal). LAG must be >= 1: LAG = 0 would be ``confidence-global``,
@@ -51,10 +51,10 @@ class ConfidenceAsync(Policy):
     def choose(self, ctx: StepContext) -> np.ndarray:
         if ctx.n == 0:  # nothing decodes: no information, leave the queue as it is
             return np.zeros(0, dtype=np.int64)
-        ranking = Ranking(ctx.survival)  # rank order without a full argsort (see Ranking)
+        ranking = Ranking(ctx.survival, ctx.drafted)  # rank order without a full argsort (see Ranking)
         values = ranking.values()
         if len(self._pending) >= self.lag:
-            count = min(self._pending.popleft(), draft_budget(ctx))
+            count = min(self._pending.popleft(), candidate_budget(ctx))
         else:
             count = early_stop_count(ctx, values)
         self._pending.append(global_budget(ctx, values))  # for step t + LAG

@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from dsparksim.policies._common import draft_budget, eval_times, first_drop, global_best
+from dsparksim.policies._common import candidate_budget, eval_times, first_drop, global_best
 from dsparksim.policies.base import StepContext
 from dsparksim.policies.confidence_async import ConfidenceAsync
 
@@ -41,7 +41,7 @@ def priced_candidates(ctx: StepContext) -> tuple[np.ndarray, np.ndarray, np.ndar
         M = np.asarray(M)
         return ctx.step_time(M) - sq * (qk0 + (M - m0) * per)
 
-    top = draft_budget(ctx)   # min(room, n*K); 0 = nothing fits: no slope to read (and no price past max_tokens)
+    top = candidate_budget(ctx)   # min(room, n*K, drafted); 0 = nothing fits: no slope to read (and no price past max_tokens)
     theta = 0.0
     if top:
         ends = eval_times(base, np.array([m0, m0 + top], dtype=np.int64))
@@ -49,6 +49,8 @@ def priced_candidates(ctx: StepContext) -> tuple[np.ndarray, np.ndarray, np.ndar
     pairs = (c[None, :] + np.arange(1, K + 1, dtype=np.float64)[:, None]).ravel()    # k-major: f = k*n + i
     s = np.ascontiguousarray(ctx.survival.T).ravel()
     density = s / (theta + sq * pairs) if theta > 0 or sq > 0 else s
+    if ctx.drafted is not None:   # early exit: undrafted positions rank after every drafted one (never admitted)
+        density = np.where((np.arange(K)[:, None] >= np.asarray(ctx.drafted)[None, :]).ravel(), -np.inf, density)
     order = np.argsort(-density, kind="stable")
     return order, s[order], pairs[order], base
 
@@ -78,7 +80,7 @@ class ConfidenceAsync2D(ConfidenceAsync):
             return super().choose(ctx)
         n = ctx.n
         order, vals, pairs, base = priced_candidates(ctx)
-        bmax = draft_budget(ctx)
+        bmax = candidate_budget(ctx)
         ratio = ratio_2d(ctx, vals, pairs, base, bmax)
         if len(self._pending) >= self.lag:
             count = min(self._pending.popleft(), bmax)

@@ -11,13 +11,16 @@ from typing import ClassVar
 
 import numpy as np
 
-from dsparksim.policies._common import Ranking, draft_budget, global_best, ratio_curve
+from dsparksim.policies._common import Ranking, candidate_budget, global_best, ratio_curve
 from dsparksim.policies.base import Policy, StepContext
 
 
 def global_budget(ctx: StepContext, values: np.ndarray) -> int:
-    """The b in 0..budget maximising (n + top-b survival sum) / step_time(base + b); smallest b on ties."""
-    bmax = draft_budget(ctx)
+    """The b in 0..budget maximising (n + top-b survival sum) / step_time(base + b); smallest b on ties.
+
+    ``values``: the survivals in :class:`Ranking` order (drafted positions first); the budget counts only the
+    positions drafted (:func:`candidate_budget`), so b never reaches an undrafted one."""
+    bmax = candidate_budget(ctx)
     return global_best(ratio_curve(float(ctx.n), values, ctx.base_tokens, ctx.step_time, bmax))
 
 
@@ -25,7 +28,7 @@ def global_search_current(ctx: StepContext) -> np.ndarray:
     """Admit the top-b* candidates by current survival, b* from a global search on current info (NOT lossless)."""
     if ctx.n == 0:
         return np.zeros(0, dtype=np.int64)
-    ranking = Ranking(ctx.survival)
+    ranking = Ranking(ctx.survival, ctx.drafted)
     return ranking.lengths(global_budget(ctx, ranking.values()))
 
 

@@ -5,7 +5,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from dsparksim.policies._common import cap_lowest_index_first, draft_budget, int_arg
+from dsparksim.policies._common import cap_lowest_index_first, draft_budget, existing, int_arg
 from dsparksim.policies.base import Policy, StepContext
 
 
@@ -30,4 +30,5 @@ class Fixed(Policy):
 
     def choose(self, ctx: StepContext) -> np.ndarray:
         L = np.full(ctx.n, min(self.k, ctx.K), dtype=np.int64)
-        return cap_lowest_index_first(L, draft_budget(ctx))
+        # early exit: a request verifies at most what it drafted, before the budget is shared out in index order
+        return cap_lowest_index_first(existing(ctx, L), draft_budget(ctx))

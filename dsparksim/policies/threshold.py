@@ -5,7 +5,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from dsparksim.policies._common import cap_lowest_index_first, draft_budget, unit_float_arg
+from dsparksim.policies._common import cap_lowest_index_first, draft_budget, existing, unit_float_arg
 from dsparksim.policies.base import Policy, StepContext
 
 
@@ -29,4 +29,4 @@ class Threshold(Policy):
     def choose(self, ctx: StepContext) -> np.ndarray:
         # s is non-increasing along k, so the entries >= t form a prefix and their count is the length.
         L = (ctx.survival >= self.t).sum(axis=1).astype(np.int64)
-        return cap_lowest_index_first(L, draft_budget(ctx))
+        return cap_lowest_index_first(existing(ctx, L), draft_budget(ctx))   # t = 0 would count undrafted ones

@@ -4,8 +4,8 @@ survival falls below a threshold.
 The drafter always proposes position 1; after proposing position k (< K) it continues only while the survival its
 confidence head predicts for the block so far, s[i,k] = c[i,1]...c[i,k], is at least the threshold T. Request i
 therefore drafts ``D[i] = 1 + #{k < K : s[i,k] >= T}`` positions (survival is non-increasing in k, so the leading
-run is a count). Positions past D[i] do not exist: the scheduler sees them with confidence 0 and may not verify
-them (L[i] <= D[i]). The stop uses only the drafter's own outputs up to the stopping position, which exist before
+run is a count). Positions past D[i] do not exist: the policy sees them with confidence 0 but counts none of them
+as a candidate (:mod:`dsparksim.policies._common`), and the scheduler caps L[i] at D[i]. The stop uses only the drafter's own outputs up to the stopping position, which exist before
 any of them is verified, so it changes which tokens can be verified, never which are accepted: the accepted
 prefix of a request stays min(L[i], A[i]) with the same drawn A[i] (keyed draws), and a request that drafted all K
 positions sees exactly the block it would have seen without early exit.

@@ -37,8 +37,8 @@ term at the padded rows too), while only the chosen L[i] are verified. The polic
 unpadded engine would). The log gains ``pad_tokens``.
 
 Early exit of drafting (``draft_exit`` = T): the drafter stops a request's block at the first position whose running
-survival falls below T (:mod:`dsparksim.sim.early_exit`): the policy sees the undrafted positions at confidence 0,
-their verify lengths are capped at the drafted ones, and the step's drafting is priced for what was drafted
+survival falls below T (:mod:`dsparksim.sim.early_exit`): the policy sees the undrafted positions at confidence 0
+(and counts none of them as a candidate), their verify lengths are capped at the drafted ones, and the step's drafting is priced for what was drafted
 (``StepShape.draft_counts``, ``CostProfile.draft_time_exit``). The log gains ``drafted`` (positions drafted),
 ``draft_counts`` (requests drafting each position, space-separated), ``draft_s`` and ``draft_full_s`` (drafting
 priced, and what all K positions would have cost).

@@ -125,7 +125,7 @@ class BudgetRecorder(PolicyWrapper):
 
         L = self.inner.choose(ctx)
         self.used.append(int(np.asarray(L).sum()))
-        self.fresh.append(global_budget(ctx, Ranking(ctx.survival).values()))
+        self.fresh.append(global_budget(ctx, Ranking(ctx.survival, ctx.drafted).values()))
         return L
 
 

@@ -216,7 +216,11 @@ def _setup(settings: Settings, p: Plan, rows, regs: list[str]) -> list[str]:
                "`eagle3` is autoregressive: position j is one forward over the requests still drafting it; `dspark` "
                "is parallel + Markov head: its backbone forward over all K positions is paid whole, only the Markov "
                f"head's share follows the positions drafted); policies {', '.join(f'`{x}`' for x in p.policies)}; "
-               f"K = 5; thresholds T in {{{', '.join(f'{t:g}' for t in p.thresholds)}}} against no early exit.")
+               f"K = 5; thresholds T in {{{', '.join(f'{t:g}' for t in p.thresholds)}}} against no early exit. "
+               "The positions a request did not draft are no candidates of any policy (in `exit` and `cap` alike); "
+               "figures written before 2026-12-05 counted them as survival-0 candidates, which let "
+               "`confidence-async:2`'s global search choose a larger batch, for a cheaper stair of the price, than the "
+               "engine then ran.")
     out.append(f"- {p.duration_s:g} s runs with {p.warmup_s:g} s warm-up; seeds {', '.join(map(str, settings.seeds))}"
                "; changes paired per seed against the same drafter and policy without early exit; 95% t-intervals "
                "over seeds. Drafting time saved = 1 - drafting paid / drafting of all K positions, over the run's "
