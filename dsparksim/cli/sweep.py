@@ -10,7 +10,7 @@ from dsparksim.cli.options import add_backend_options, bar_off
 from dsparksim.cli.main import flag_given
 from dsparksim.cli.plan import register as register_plan
 from dsparksim.config import pos_float
-from dsparksim.results.notes import request_latency_note, spec_chunk_notes
+from dsparksim.results.notes import request_latency_note, short_window_list, short_window_note, spec_chunk_notes
 from dsparksim.results.outputs import WriteInterrupted, claim_result_set, write_result_set
 
 
@@ -69,6 +69,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(text)
         for k, p in res.paths.items():
             print(f"  {k:9s} {p}")
+    if res.short_windows:
+        print(f"dsparksim: warning: {len(res.short_windows)} cell(s): "
+              f"{short_window_note(short_window_list(res.short_windows, 'results.csv'))}", file=sys.stderr)
     if "parquet" not in res.paths:
         print("dsparksim: note: results.parquet not written: pyarrow is not installed (pip install pyarrow); "
               "results.csv holds the same table", file=sys.stderr)
@@ -82,6 +85,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from dsparksim.sweep import load_spec  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
     from dsparksim.sweep.runner import dump_json  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
     from dsparksim.sweep.capacity import capacity_errors, capacity_search, capacity_settings, capacity_table  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
+    from dsparksim.sweep.capacity import capacity_short_windows  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
 
     spec = load_spec(args.spec)
     st = capacity_settings(spec, load=args.load, min=args.min, max=args.max, tolerance=args.tolerance,
@@ -119,6 +123,11 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                   "seeds (a 95% interval)")
         print(f"  capacity.json {out / 'capacity.json'} (with the search trace)")
         print(f"  capacity.csv  {out / 'capacity.csv'}")
+    short = capacity_short_windows(res)
+    if short:
+        where = short_window_list(short, "capacity.json: each trace entry with short_window")
+        print(f"dsparksim: warning: {len(short)} capacity probe(s): {short_window_note(where)}; a capacity decided "
+              "by such a probe rests on it", file=sys.stderr)
     if errors:
         print(f"dsparksim: {len(errors)} capacity probe(s) failed; their searches stopped (status error, no "
               "capacity; the trace in capacity.json):\n" + "\n".join(errors), file=sys.stderr)

@@ -44,6 +44,22 @@ def short_window_count(s: Mapping[str, Any], users: int | None) -> str | None:
     return f"{int(n)} finished for {int(users)} users"
 
 
+def config_users(cfg: RunConfig) -> int | None:
+    """The users of a closed-loop run (its concurrency), else None (open loop and trace replay have no users)."""
+    return cfg.traffic.concurrency if cfg.traffic.mode == "closed" else None
+
+
+SHORT_LIST = 12   # cells a short-window warning names before it counts the rest
+
+
+def short_window_list(named: Sequence[str], more_in: str) -> str:
+    """The ``where`` of :func:`short_window_note` for several cells: the first SHORT_LIST of ``named`` (each
+    'CELL: N finished for U users'), then how many more and where they are listed (``more_in``)."""
+    head = "; ".join(named[:SHORT_LIST])
+    rest = len(named) - SHORT_LIST
+    return head + (f"; and {rest} more ({more_in})" if rest > 0 else "")
+
+
 def short_window_note(where: str) -> str:
     """The warning for the runs :func:`short_window_count` names (``where``: one run's count, or a list of cells)."""
     return (f"fewer requests finished in the measurement window than there are users ({where}): the per-request "
