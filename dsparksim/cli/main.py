@@ -12,7 +12,7 @@ from typing import Any, Iterator, Sequence
 from dsparksim.config import (DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, RunConfig, nonneg_float,
                               nonneg_int, pos_float, pos_int, run_options)
 from dsparksim.cli.options import add_backend_options, bar_off, flag_spelling
-from dsparksim.errors import CLI, ConfigError, InputError, missing_extra, one_line
+from dsparksim.errors import CLI, ConfigError, InputError, error_lines, missing_extra, one_line
 from dsparksim.io.options import number
 from dsparksim import __version__
 from dsparksim.config import PAGED_ONLY, reserved_kv_conflict
@@ -1031,7 +1031,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = args.command
         return int(args.func(args) or 0)
     except InputError as e:  # bad input or impossible config: one clear line, no traceback
-        _stderr_line(f"dsparksim: error: {one_line(e)}")
+        for line in error_lines(e):   # several independent problems of one spec: one line each
+            _stderr_line(f"dsparksim: error: {line}")
         return 2
     except ImportError as e:  # a missing optional extra names what to install; any other import error is a bug
         extra = missing_extra(e, f"dsparksim {command}" if command else None)
