@@ -287,3 +287,23 @@ def test_max_model_len_of_a_built_profile_follows_the_kv_capacity_the_run_uses()
     other = resolve_inputs(RunConfig.from_options({"profile": "h100-llama2-7b-tp1", "policy": "none",
                                                    "kv_capacity_tokens": 9000}))
     assert other.max_model_len is None or other.max_model_len != 9000
+
+
+def test_run_and_frontier_config_record_what_the_fit_filled_in(tmp_path, capsys):
+    # run/frontier config.json recorded the values used but not that they came from the profile's fit (plan.json
+    # and bench replay's config.json did)
+    prof = fitted_profile(tmp_path)
+    assert main(["run", "--profile", prof, *RUN, "--prefill-chunk", "2048", "--out", str(tmp_path / "o")]) == 0
+    doc = json.loads((tmp_path / "o" / "config.json").read_text())
+    assert doc["options_from_profile_fit"] == {"max_num_seqs": 64, "mem_fraction_static": 0.8,
+                                               "mixed_prefill": False}      # the typed chunk is not the fit's
+    assert main(["frontier", "--profile", prof, "--policies", "none", "--concurrency-levels", "2", "--duration",
+                 "2", "--quiet", "--workers", "1", "--out", str(tmp_path / "f")]) == 0
+    doc = json.loads((tmp_path / "f" / "config.json").read_text())
+    assert doc["options_from_profile_fit"] == {"prefill_chunk_tokens": 4096, "max_num_seqs": 64,
+                                               "mem_fraction_static": 0.8, "mixed_prefill": False}
+    assert main(["run", "--profile", BASE, *RUN, "--out", str(tmp_path / "b")]) == 0   # no fit: no key at all
+    assert "options_from_profile_fit" not in json.loads((tmp_path / "b" / "config.json").read_text())
+    assert main(["frontier", "--profile", BASE, "--policies", "none", "--concurrency-levels", "2", "--duration",
+                 "2", "--quiet", "--workers", "1", "--out", str(tmp_path / "g")]) == 0
+    assert "options_from_profile_fit" not in json.loads((tmp_path / "g" / "config.json").read_text())
