@@ -16,8 +16,8 @@ from dsparksim.errors import CLI, ConfigError, InputError, error_lines, missing_
 from dsparksim.io.options import number
 from dsparksim import __version__
 from dsparksim.config import PAGED_ONLY, reserved_kv_conflict
-from dsparksim.results.notes import (low_verify_note, prefill_chunk_note, request_latency_note, short_window_count,
-                                     short_window_note, trace_cover_note)
+from dsparksim.results.notes import (fit_range_cautions, low_verify_note, prefill_chunk_note, request_latency_note,
+                                     short_window_count, short_window_note, trace_cover_note)
 from dsparksim.results.outputs import check_out_dir, check_out_file, need_parquet, staged_dir
 from dsparksim.sim.inputs import load_run_profile, resolve_inputs
 from dsparksim.sim.reads import unread_by_all
@@ -533,6 +533,8 @@ def run_notes(args: argparse.Namespace, cfg: RunConfig, prof: Any, s: dict[str, 
         # never silently: the metrics describe only the requests that were admitted
         print(f"dsparksim: warning: {rej}; every metric covers only the admitted requests (see "
               "summary.json: num_requests_rejected, rejected_by_reason; requests.csv: reject_reason)", file=sys.stderr)
+    for line in fit_range_cautions([cfg], [s]):   # a fitted profile run beyond what its fit saw: never silently
+        print(line, file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -711,6 +713,8 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     paths = {k: out / v for k, v in names.items()}
     default_out_note(args, existed)
     warn_incomplete_cells(per_seed if len(seeds) > 1 else df, len(seeds) > 1, load_name == "concurrent users")
+    for line in fit_range_cautions(cfgs, summaries):   # runs beyond what a fitted profile's runs covered
+        print(line, file=sys.stderr)
     if not args.quiet:
         deps = f" x {len(deploys)} deployments" if len(deploys) > 1 else ""
         reps = f" x {len(seeds)} seeds {seeds[0]}..{seeds[-1]}" if len(seeds) > 1 else ""

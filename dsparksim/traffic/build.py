@@ -102,6 +102,18 @@ def _check_limits(cfg: TrafficConfig, tab: TraceTable, rows: np.ndarray, what: s
                              line=int(tab.line[rows[k]]))
 
 
+def mean_lengths(cfg: TrafficConfig) -> tuple[float, float]:
+    """The mean prompt and output length a run of ``cfg`` draws: the random dataset's (uniform over
+    [max(1, int(R*L)), L]), else its length table's rows' (--lengths, a replayed trace's own rows, the default
+    sample), each row equally likely."""
+    if cfg.dataset_name == "random":
+        return tuple((max(1, int(L * cfg.range_ratio)) + L) / 2 for L in (cfg.input_len, cfg.output_len))
+    own = cfg.lengths is None and cfg.trace is not None
+    path, _ = resolve(cfg.trace if own else cfg.lengths or DEFAULT_LENGTHS, "trace" if own else "lengths")
+    tab = read_trace(path, cfg.trace_format if own else None)
+    return float(np.mean(tab.prompt_tokens)), float(np.mean(tab.output_tokens))
+
+
 def _length_source(cfg: TrafficConfig, key: int):
     """(table, rows(block, n), metadata): rows resampled uniformly with replacement from the keyed ROW stream."""
     path, label = resolve(cfg.lengths or DEFAULT_LENGTHS, "lengths")
