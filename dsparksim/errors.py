@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 
 CLI = "cli"   # the source of a value typed on the command line; messages say "command line"
@@ -46,6 +46,25 @@ class ConfigError(InputError):
     """An impossible or inconsistent configuration (e.g. a policy spec that does not parse, K out of range)."""
 
 
+class ConfigErrors(ConfigError):
+    """Several independent problems of one input (``source``), reported at once: ``errors``, each a ConfigError
+    naming the file and its field, one a line."""
+
+    def __init__(self, source: str | Path | None, errors: Sequence[InputError]):
+        self.errors = list(errors)
+        super().__init__(None, None, f"{len(self.errors)} problems in {source}:\n"
+                         + "\n".join(f"  {e}" for e in self.errors))
+        self.source = str(source) if source is not None else None
+
+
+def raise_all(source: str | Path | None, errors: Sequence[InputError]) -> None:
+    """Raise nothing for no error, the error itself for one, :class:`ConfigErrors` for several."""
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise ConfigErrors(source, errors)
+
+
 class MissingExtraError(ConfigError):
     """A command needs an optional dependency that is not installed; names the extra that provides it."""
 
@@ -82,6 +101,13 @@ def missing_extra(exc: BaseException, what: str | None = None) -> MissingExtraEr
     if name is None and "pyarrow" in str(exc) and "parquet" in str(exc).lower():
         return MissingExtraError("pyarrow", "parquet", f"{what or 'this command'} (Parquet files)")
     return None
+
+
+def error_lines(exc: BaseException) -> list[str]:
+    """:func:`one_line`, or for :class:`ConfigErrors` its count and then each of its problems on a line."""
+    if isinstance(exc, ConfigErrors):
+        return [f"{len(exc.errors)} problems in {exc.source}:", *(one_line(e) for e in exc.errors)]
+    return [one_line(exc)]
 
 
 def one_line(exc: BaseException) -> str:

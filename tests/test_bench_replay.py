@@ -558,3 +558,35 @@ def test_vllms_special_token_shortfall_on_short_prompts_is_no_mistyped_length():
         row_workload({**row, "total_input_tokens": 400 * 10})
     with pytest.raises(InputError, match="field 'random_input_len'"):
         row_workload({**row, "total_input_tokens": 400 * 17})
+
+
+def test_where_gpu_selects_every_spelling_of_that_gpu_and_refuses_an_ambiguous_one():
+    # `bench replay --where gpu=h200` selected none of the rows spelled "NVIDIA H200"
+    rows = [_row(1, 2, gpu="NVIDIA H200"), _row(2, 2, gpu="H200-SXM-141GB"), _row(3, 2, gpu="NVIDIA H20"),
+            _row(4, 2, gpu="H100-SXM5-80GB"), _row(5, 2, gpu="H800-SXM5-80GB")]
+    assert [r["run_id"] for r in select(rows, [("gpu", "h200")])] == ["t.csv:1", "t.csv:2"]
+    assert [r["run_id"] for r in select(rows, [("gpu", "NVIDIA H200 141GB HBM3e")])] == ["t.csv:1", "t.csv:2"]
+    assert [r["run_id"] for r in select(rows, [("gpu", "h20")])] == ["t.csv:3"]
+    with pytest.raises(ConfigError, match=r"gpu=sxm5 is ambiguous: it selects runs on 2 GPUs \('H100-SXM5-80GB', "
+                                          r"'H800-SXM5-80GB'\); name one"):
+        select(rows, [("gpu", "sxm5")])
+
+
+def test_one_gpu_name_rule_for_profile_build_fit_and_hardware():
+    from dsparksim.cost.analytic.hardware import canonical_gpu, get_gpu
+    # `profile fit/build --gpu "NVIDIA H200"` failed with "unknown GPU"
+    assert canonical_gpu("NVIDIA H200") == "H200" and get_gpu("NVIDIA H200").name == "H200-SXM-141GB"
+    assert canonical_gpu("NVIDIA H100 80GB HBM3") == "H100" and canonical_gpu("h100") == "h100"
+    assert canonical_gpu("H200-SXM-141GB") == "H200-SXM-141GB" and canonical_gpu("NVIDIA H20") == "H20"
+    with pytest.raises(InputError, match="GPU 'SXM5' is ambiguous: it names H100-SXM5-80GB, H800-SXM5-80GB"):
+        get_gpu("SXM5")
+    with pytest.raises(InputError, match="unknown GPU 'NVIDIA H100 PCIe'"):
+        canonical_gpu("NVIDIA H100 PCIe")
+
+
+def test_profile_build_takes_an_nvidia_smi_gpu_name(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    base = ["profile", "build", "--model", "llama-2-7b", "--date", "2026-12-01"]
+    assert main([*base, "--gpu", "NVIDIA H200", "--out", str(a)]) == 0
+    assert main([*base, "--gpu", "H200", "--out", str(b)]) == 0
+    assert a.read_bytes() == b.read_bytes()

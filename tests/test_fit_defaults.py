@@ -287,3 +287,81 @@ def test_max_model_len_of_a_built_profile_follows_the_kv_capacity_the_run_uses()
     other = resolve_inputs(RunConfig.from_options({"profile": "h100-llama2-7b-tp1", "policy": "none",
                                                    "kv_capacity_tokens": 9000}))
     assert other.max_model_len is None or other.max_model_len != 9000
+
+
+def test_run_and_frontier_config_record_what_the_fit_filled_in(tmp_path, capsys):
+    # run/frontier config.json recorded the values used but not that they came from the profile's fit (plan.json
+    # and bench replay's config.json did)
+    prof = fitted_profile(tmp_path)
+    assert main(["run", "--profile", prof, *RUN, "--prefill-chunk", "2048", "--out", str(tmp_path / "o")]) == 0
+    doc = json.loads((tmp_path / "o" / "config.json").read_text())
+    assert doc["options_from_profile_fit"] == {"max_num_seqs": 64, "mem_fraction_static": 0.8,
+                                               "mixed_prefill": False}      # the typed chunk is not the fit's
+    assert main(["frontier", "--profile", prof, "--policies", "none", "--concurrency-levels", "2", "--duration",
+                 "2", "--quiet", "--workers", "1", "--out", str(tmp_path / "f")]) == 0
+    doc = json.loads((tmp_path / "f" / "config.json").read_text())
+    assert doc["options_from_profile_fit"] == {"prefill_chunk_tokens": 4096, "max_num_seqs": 64,
+                                               "mem_fraction_static": 0.8, "mixed_prefill": False}
+    assert main(["run", "--profile", BASE, *RUN, "--out", str(tmp_path / "b")]) == 0   # no fit: no key at all
+    assert "options_from_profile_fit" not in json.loads((tmp_path / "b" / "config.json").read_text())
+    assert main(["frontier", "--profile", BASE, "--policies", "none", "--concurrency-levels", "2", "--duration",
+                 "2", "--quiet", "--workers", "1", "--out", str(tmp_path / "g")]) == 0
+    assert "options_from_profile_fit" not in json.loads((tmp_path / "g" / "config.json").read_text())
+
+
+def ranged_profile(tmp_path) -> str:
+    """fitted_profile with the runs record `profile fit` writes: concurrencies 2 and 4, one 128/64 workload."""
+    p = fitted_profile(tmp_path)
+    d = json.loads(open(p).read())
+    d["metadata"]["fit"]["runs"] = {"concurrencies": [2, 4], "workloads": ["128/64"], "n_runs": 2}
+    open(p, "w").write(json.dumps(d))
+    return p
+
+
+RANDOM = ["--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "64",
+          "--random-range-ratio", "0.8", "--duration", "3", "--quiet"]
+
+
+def cautions(err: str) -> list[str]:
+    return [ln for ln in err.splitlines() if ln.startswith("dsparksim: caution: outside what profile")]
+
+
+def test_fit_range_note_says_by_how_much_a_run_leaves_the_fitted_runs():
+    from dsparksim.cost.fitted import FitRange
+    from dsparksim.results.notes import fit_range_note
+    fr = FitRange(concurrencies=(4, 64), input_lens=(1024, 8192), output_lens=(1024,))
+    assert fit_range_note("p", fr, [5.0, 60.0], [900.0], [900.0], []) is None         # inside: silent
+    assert fit_range_note("p", fr, [90.0], [9000.0], [700.0], []) is None              # within 1.5x: silent
+    note = fit_range_note("p", fr, [2.0, 256.0], [16384.0], [100.0], ["mtp1"])
+    assert "requests running per step on average up to 256 (4.0x the fit's largest concurrency, 64)" in note
+    assert "down to 2.0 (0.50x the fit's smallest concurrency, 4)" in note
+    assert "mean prompt length up to 16,384 (2.0x the fit's largest random_input_len, 8,192)" in note
+    assert "mean output length down to 100.0 (0.10x the fit's smallest random_output_len, 1,024)" in note
+    assert "mtp1 drafts and verifies several tokens" in note and "non-speculative" in note
+
+
+def test_run_frontier_and_plan_caution_once_beyond_the_fitted_runs(tmp_path, capsys):
+    # nothing said when a run on a fitted profile went outside the fit's concurrencies, lengths or speculation
+    prof = ranged_profile(tmp_path)
+    assert main(["run", "--profile", prof, "--policy", "none", "--concurrency", "3", *RANDOM,
+                 "--out", str(tmp_path / "in")]) == 0
+    assert not cautions(capsys.readouterr().err)
+    assert main(["run", "--profile", prof, "--policy", "mtp1", "--concurrency", "16", *RANDOM,
+                 "--out", str(tmp_path / "out")]) == 0
+    (line,) = cautions(capsys.readouterr().err)
+    assert "requests running per step on average up to 16 (4.0x the fit's largest concurrency, 4)" in line, line
+    assert "mtp1 drafts and verifies" in line and "extrapolated" in line
+    assert main(["run", "--profile", BASE, "--policy", "mtp1", "--concurrency", "16", *RANDOM,   # not fitted
+                 "--out", str(tmp_path / "base")]) == 0
+    assert "caution" not in capsys.readouterr().err
+    assert main(["frontier", "--profile", prof, "--policies", "none,mtp1", "--concurrency-levels", "3,16", *RANDOM,
+                 "--workers", "1", "--out", str(tmp_path / "f")]) == 0
+    (line,) = cautions(capsys.readouterr().err)
+    assert "up to 16 (4.0x" in line and "mtp1 drafts" in line and "none drafts" not in line
+    d = plan_dict(prof)
+    d["traffic"].update(dataset_name="random", random_input_len=128, random_output_len=64, random_range_ratio=0.8)
+    p = tmp_path / "plan.toml"
+    p.write_text(toml(d))
+    assert main(["plan", str(p), "--out", str(tmp_path / "plan"), "--backend", "serial", "--quiet"]) == 0
+    (line,) = cautions(capsys.readouterr().err)
+    assert "mtp1 drafts and verifies" in line

@@ -173,3 +173,49 @@ def test_profile_label_keeps_dots_of_shipped_names():
     assert profile_label("fitted-h200x8-deepseek-r1-sglang-0.5.12") == "fitted-h200x8-deepseek-r1-sglang-0.5.12"
     assert profile_label("/tmp/x/my-h200.json") == "my-h200"
     assert profile_label("h100-llama2-7b-tp1") == "h100-llama2-7b-tp1"
+
+
+def test_independent_spec_problems_are_reported_together(tmp_path, capsys, no_cells):
+    # a spec with only mtp1 and keys K, acceptance and router that do not apply failed three times in a row, one
+    # problem a run
+    def f(d):
+        d["candidates"][0].update(policies=["mtp1"], K=3, acceptance="parametric", router="round-robin",
+                                  replicas=[1, 1])
+        d["prices"] = {H100: -1}
+    p = tmp_path / "plan.toml"
+    p.write_text(toml(edit(f)))
+    assert main(["plan", str(p), "--out", str(tmp_path / "out"), "--backend", "serial", "--quiet"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    # the prices table fails first, alone: the candidates are checked once the tables parse
+    assert lines == [f"dsparksim: error: {p}: field 'prices.{H100}': expected a finite number > 0, got -1"], lines
+    def g(d):
+        f(d)
+        d["prices"] = {H100: 3.0}
+        d["extra"] = {}
+        d["more"] = {}
+    p.write_text(toml(edit(g)))
+    assert main(["plan", str(p), "--out", str(tmp_path / "out"), "--backend", "serial", "--quiet"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == f"dsparksim: error: 2 problems in {p}:" and "field 'extra'" in lines[1] and \
+        "field 'more'" in lines[2] and len(lines) == 3, lines
+    d = edit(f)
+    d["prices"] = {H100: 3.0}
+    p.write_text(toml(d))
+    assert main(["plan", str(p), "--out", str(tmp_path / "out"), "--backend", "serial", "--quiet"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == f"dsparksim: error: 3 problems in {p}:" and len(lines) == 4, lines
+    for line, key in zip(lines[1:], ("candidates[0].K", "candidates[0].acceptance", "router")):
+        assert line.startswith(f"dsparksim: error: {p}: field '") and key in line and "has no effect" in line, line
+
+
+def test_several_candidates_problems_come_in_one_error():
+    from dsparksim.errors import ConfigErrors
+    d = good()
+    d["candidates"].append({"name": "b", "profile": "h100-llama2-7b-tp1", "replicas": [3, 1], "policies": [],
+                            "K": [0]})
+    d["candidates"][0]["replicas"] = [0, 1]
+    with pytest.raises(ConfigErrors) as ei:
+        plan_from_dict(d, "s.toml")
+    assert [e.field for e in ei.value.errors] == ["candidates[0].replicas", "candidates[1].replicas",
+                                                  "candidates[1].policies", "candidates[1].K"]
+    assert all(e.source == "s.toml" for e in ei.value.errors) and str(ei.value).startswith("4 problems in s.toml:")

@@ -89,3 +89,27 @@ def test_frontier_of_deployments_per_gpu_and_verify_budget_names_its_profile(tmp
     assert (out / "frontier_per_gpu.png").stat().st_size > 10_000
     fig = verify_budget_figure(df, load_name="users", profile="h100-llama2-7b-tp1")
     assert "h100-llama2-7b-tp1" in fig.axes[0].get_title()
+
+
+def _y_labels(ys):
+    """The y tick labels frontier_figure shows inside its view for one series of per-user speeds ``ys``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    df = pd.DataFrame([{"policy": "mtp1", "load": i, "output_throughput_tok_s": 100.0 * (i + 1),
+                        "tps_user_median": y, "saturated": False, "pareto": True} for i, y in enumerate(ys)])
+    fig = frontier_figure(df)
+    ax = fig.axes[0]
+    FigureCanvasAgg(fig).draw()
+    lo, hi = sorted(ax.get_ylim())
+    assert ax.get_yscale() == "log"
+    return [t.label1.get_text() for t in ax.yaxis.get_major_ticks() + ax.yaxis.get_minor_ticks()
+            if lo <= t.get_loc() <= hi and t.label1.get_visible() and t.label1.get_text()]
+
+
+@pytest.mark.parametrize("ys, want", [((6, 12, 30, 42), ["7", "10", "20", "30"]),
+                                      ((5.5, 44), ["5", "7", "10", "20", "30"]),
+                                      ((1, 50, 300, 1000), ["1", "2", "5", "10", "20", "50", "100", "200", "500",
+                                                            "1,000"])])
+def test_a_narrow_log_speed_axis_still_labels_several_plain_ticks(ys, want):
+    # frontier.png with per-user speeds 6..42 labelled only 10 and 20 on its log y axis
+    assert _y_labels(ys) == want

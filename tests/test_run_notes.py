@@ -110,3 +110,37 @@ def test_sweep_and_plan_note_a_prefill_chunk_above_the_token_budget(tmp_path, ca
     assert main(["plan", str(plan), "--out", str(tmp_path / "plan"), "--backend", "serial", "--quiet"]) == 0
     assert "note: profile h100-llama2-7b-tp1: the prefill chunk 8192 is above the token budget 4096" in \
         capsys.readouterr().err
+
+
+def test_sweep_names_each_short_window_cell(tmp_path, capsys):
+    # `sweep` ran 64 users for 4 s (4 requests finished) without the warning `run` and `frontier` print
+    spec = tmp_path / "s.toml"
+    spec.write_text('[sweep]\nname = "s"\n[base]\nduration_s = 4.0\npolicy = "mtp1"\n[axes]\nconcurrency = [2, 64]\n',
+                    encoding="utf-8")
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "sw"), "--backend", "serial", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: 1 cell(s): fewer requests finished in the measurement window than there are users (cell 1 " \
+           "[concurrency=64]: 4 finished for 64 users)" in err, err
+    assert "concurrency=2]" not in err
+
+
+def test_capacity_names_each_short_window_probe(tmp_path, capsys):
+    import json
+    spec = tmp_path / "c.toml"
+    spec.write_text('[base]\nduration_s = 4.0\npolicy = "mtp1"\n[capacity]\nload = "concurrency"\nmin = 2\n'
+                    'max = 64\nslo = ["tps_user_median >= 1"]\n', encoding="utf-8")
+    assert main(["capacity", str(spec), "--out", str(tmp_path / "c"), "--backend", "serial", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "capacity probe(s): fewer requests finished in the measurement window than there are users" in err, err
+    assert "concurrency=64: 4 finished for 64 users" in err and "concurrency=2:" not in err
+    trace = json.loads((tmp_path / "c" / "capacity.json").read_text())["results"][0]["trace"]
+    assert {t["load"]: t.get("short_window") for t in trace}[64] == "4 finished for 64 users"
+    assert all("short_window" not in t for t in trace if t["load"] == 2)
+
+
+def test_short_window_list_names_a_dozen_then_counts():
+    from dsparksim.results.notes import short_window_list
+    named = [f"c{i}: 1 finished for 9 users" for i in range(15)]
+    text = short_window_list(named, "results.csv")
+    assert "c11:" in text and "c12:" not in text and text.endswith("; and 3 more (results.csv)")
+    assert short_window_list(named[:2], "x") == "c0: 1 finished for 9 users; c1: 1 finished for 9 users"

@@ -177,8 +177,20 @@ def test_trace_with_lengths_from_elsewhere():
 
 
 def test_length_only_file_cannot_be_replayed():
-    with pytest.raises(InputError, match="no timestamps"):
+    # the error named neither the missing column nor the flag that takes such a file
+    with pytest.raises(InputError) as ei:
         build_workload(TrafficConfig(mode="trace", trace=LENGTHS_DOM), rng(0))
+    e = ei.value
+    assert (e.source, e.field) == (LENGTHS_DOM, "TIMESTAMP")
+    assert "columns num_prefill_tokens, num_decode_tokens, domain" in e.message, e.message
+    assert "has no timestamp column" in e.message and f"--lengths {LENGTHS_DOM}" in e.message
+
+
+def test_cli_run_names_the_lengths_flag_for_a_length_only_trace(tmp_path, capsys):
+    from dsparksim.cli.main import main
+    assert main(["run", "--trace", LENGTHS_DOM, "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"{LENGTHS_DOM}: field 'TIMESTAMP'" in err and f"pass it as --lengths {LENGTHS_DOM}" in err, err
 
 
 def test_max_tokens_is_an_error_naming_the_row():

@@ -41,7 +41,8 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from dsparksim.bench.runs import BY_NAME, check_row, check_value, duplicate_run, gpu_mismatch, parse_cell
+from dsparksim.bench.runs import BY_NAME, check_row, check_value, duplicate_run, parse_cell
+from dsparksim.cost.analytic.hardware import same_gpu
 from dsparksim.errors import InputError
 from dsparksim.io.textio import escape_controls, loads_json, read_text
 
@@ -586,12 +587,12 @@ def _inferencex_row(d: Mapping[str, str], path: str | Path, line: int) -> dict[s
 
 def _same_text(name: str, have: Any, v: Any) -> bool:
     """An option's text that names what the file's does: equal but for case, or for ``gpu`` the same GPU as a
-    profile's device would be matched (``NVIDIA H200`` and ``h200``; :func:`dsparksim.bench.runs.gpu_mismatch`)."""
+    profile's device would be matched (``NVIDIA H200`` and ``h200``; :func:`dsparksim.cost.analytic.hardware.same_gpu`)."""
     if not (isinstance(have, str) and isinstance(v, str)):
         return False
     if have.lower() == v.lower():
         return True
-    return name == "gpu" and (gpu_mismatch(v, have) is None or gpu_mismatch(have, v) is None)
+    return name == "gpu" and same_gpu(v, have)
 
 
 def tpot_placeholder(row: Mapping[str, Any], path: str | Path, line: int) -> str | None:

@@ -34,7 +34,8 @@ import numpy as np
 from dsparksim.acceptance import load_acceptance
 from dsparksim.bench.client import ClientWorkload, ServerSettings, engine_mixes_prefill, is_trtllm, run_client
 from dsparksim.errors import ConfigError, InputError
-from dsparksim.bench.runs import gpu_mismatch, read_runs
+from dsparksim.bench.runs import read_runs
+from dsparksim.cost.analytic.hardware import gpu_mismatch, same_gpu
 from dsparksim.bench.spec import map_row
 from dsparksim.cost.profile import load_profile
 
@@ -75,9 +76,12 @@ def parse_where(spec: str | None) -> list[tuple[str, str]]:
     return out
 
 
-def cell_matches(v: Any, text: str) -> bool:
+def cell_matches(v: Any, text: str, column: str | None = None) -> bool:
     """A runs-table cell against a --where value: numbers as numbers (1024 = 1024.0), text case-insensitively,
-    '' = empty."""
+    '' = empty; in the ``gpu`` column, any spelling of the same GPU (``h200`` selects ``NVIDIA H200``:
+    :func:`dsparksim.cost.analytic.hardware.same_gpu`)."""
+    if column == "gpu" and isinstance(v, str) and text:
+        return same_gpu(text, v)
     if _missing(v):
         return text == ""
     if isinstance(v, bool):
@@ -98,10 +102,27 @@ def select(runs: Sequence[Mapping[str, Any]], where: list[tuple[str, str]], sour
         for k, _ in where:
             if k not in cols:
                 raise ConfigError("cli", "--where", f"{k!r} is not a column of {source}")
-    sel = [r for r in runs if all(cell_matches(r.get(k), v) for k, v in where)]
+    sel = [r for r in runs if all(cell_matches(r.get(k), v, k) for k, v in where)]
     if not sel:
         raise ConfigError("cli", "--where", f"selects none of the {len(runs)} runs of {source}")
+    check_one_gpu(sel, where, "--where")
     return sel
+
+
+def check_one_gpu(sel: Sequence[Mapping[str, Any]], where: Sequence[tuple[str, str]], source: str) -> None:
+    """A ``gpu=`` term that selects runs on two different GPUs (``sxm5``: H100 and H800 rows) is ambiguous: a
+    ConfigError naming them, never a mixed selection."""
+    text = dict(where).get("gpu")
+    if not text:
+        return
+    kinds: list[str] = []
+    for r in sel:
+        g = r.get("gpu")
+        if isinstance(g, str) and not any(same_gpu(g, k) for k in kinds):
+            kinds.append(g)
+    if len(kinds) > 1:
+        raise ConfigError(source, "gpu", f"gpu={text} is ambiguous: it selects runs on {len(kinds)} GPUs "
+                          f"({', '.join(map(repr, kinds))}); name one")
 
 
 # ------------------------------------------------------------------------------------------------ one row

@@ -222,33 +222,6 @@ def duplicate_run(runs: Iterable[Mapping[str, Any]]) -> tuple[Mapping[str, Any],
     return None
 
 
-_VENDOR = "nvidia"
-_MEMORY_KIND = re.compile(r"hbm\d*e?|gddr\d*x?")     # implied by the GPU: HBM3e of an H200 says nothing more
-_CAPACITY = re.compile(r"(\d+)g(?:b|ib)?")
-
-
-def gpu_mismatch(gpu: str, device: str) -> str | None:
-    """None when the run's GPU name is the profile's device, else why not. Both are split into lower-case words
-    (``NVIDIA H100 80GB HBM3`` -> nvidia, h100, 80gb, hbm3); the vendor word ``nvidia`` and memory kinds (hbm3e)
-    are dropped, as nvidia-smi and benchmark metadata add them; a memory size (141gb) must equal the device's where
-    both give one; the words left must be whole consecutive words of the device's (h200 in H200-SXM-141GB, h20
-    is not; H100 PCIe is not H100-SXM5-80GB)."""
-    run, dev = (re.findall(r"[a-z0-9]+", s.lower()) for s in (gpu, device))
-    dev = [w for w in dev if w != _VENDOR and not _MEMORY_KIND.fullmatch(w)]
-    run = [w for w in run if w != _VENDOR and not _MEMORY_KIND.fullmatch(w)]
-    size_run = {_CAPACITY.fullmatch(w).group(1) for w in run if _CAPACITY.fullmatch(w)}
-    size_dev = {_CAPACITY.fullmatch(w).group(1) for w in dev if _CAPACITY.fullmatch(w)}
-    if size_run and size_dev and size_run != size_dev:
-        return f"{'/'.join(sorted(size_run))} GB against {'/'.join(sorted(size_dev))} GB"
-    words = [w for w in run if not _CAPACITY.fullmatch(w)]
-    if not words:
-        return "no GPU model in the run's name"
-    n = len(words)
-    if any(dev[i:i + n] == words for i in range(len(dev) - n + 1)):
-        return None
-    return f"{' '.join(words)!r} is not a whole word (or words) of the device's name"
-
-
 def format_cell(v: Any) -> str:
     """Lossless text of a value: '' for missing, true/false, ints as ints, floats as Python's shortest repr."""
     if v is None:

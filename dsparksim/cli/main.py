@@ -12,12 +12,12 @@ from typing import Any, Iterator, Sequence
 from dsparksim.config import (DEFAULT_CONCURRENCY, DEFAULT_DURATION_S, RunConfig, nonneg_float,
                               nonneg_int, pos_float, pos_int, run_options)
 from dsparksim.cli.options import add_backend_options, bar_off, check_backend_options, flag_spelling
-from dsparksim.errors import CLI, ConfigError, InputError, missing_extra, one_line
+from dsparksim.errors import CLI, ConfigError, InputError, error_lines, missing_extra, one_line
 from dsparksim.io.options import number
 from dsparksim import __version__
 from dsparksim.config import PAGED_ONLY, reserved_kv_conflict
-from dsparksim.results.notes import (low_verify_note, prefill_chunk_note, request_latency_note, short_window_count,
-                                     short_window_note, trace_cover_note)
+from dsparksim.results.notes import (fit_range_cautions, low_verify_note, prefill_chunk_note, request_latency_note,
+                                     short_window_count, short_window_note, trace_cover_note)
 from dsparksim.results.outputs import check_out_dir, check_out_file, need_parquet, staged_dir
 from dsparksim.sim.inputs import load_run_profile, resolve_inputs
 from dsparksim.sim.reads import unread_by_all
@@ -383,7 +383,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                      f"requests.{args.format}"):
         raise _bad("--result-filename", f"{args.result_filename!r} is one of the run's own files in --out")
     fit_lines: list[str] = []   # a fitted profile's server settings used, said once every check has passed
-    cfg = run_config(args, **fit_server_options(args, args.profile, fit_lines))
+    fit_used = fit_server_options(args, args.profile, fit_lines)
+    cfg = run_config(args, **fit_used)
     traffic = cfg.traffic
     if args.ray_address is not None and args.backend != "ray":
         raise _bad("--ray-address", "applies to --backend ray only; got " + (
@@ -412,24 +413,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             out = run_fleet(cfg, args.backend or "local", args.workers, args.ray_address)
     wall = time.perf_counter() - t0
     paths = write_run(out, args.out, fmt=args.format, steps=args.save_steps, bench_options=bench_opts,
-                      result_file=target, bench_copy_name=args.result_filename if args.result_dir is None else None)
+                      result_file=target, bench_copy_name=args.result_filename if args.result_dir is None else None,
+                      fit_used=fit_used)
     default_out_note(args, existed)
     s = out.summary
-    if not s["num_requests_completed"]:
-        print(f"dsparksim: warning: no request both arrived inside the measurement window (after the {s['warmup_s']:g} s "
-              "warm-up) and completed: per-request metrics are empty (lower --warmup or run longer)", file=sys.stderr)
-    short = short_window_count(s, traffic.concurrency if traffic.mode == "closed" else None)
-    if short:
-        print(f"dsparksim: warning: {short_window_note(short)}", file=sys.stderr)
-    for note in (low_verify_note(s), request_latency_note(str(cfg.profile), prof.request_latency_s),
-                 given_chunk_note(args, cfg, prof), trace_note(cfg, [cfg.traffic.time_scale])):
-        if note:
-            print(f"dsparksim: note: {note}", file=sys.stderr)
-    rej = _rejected_text(s)
-    if rej:
-        # never silently: the metrics describe only the requests that were admitted
-        print(f"dsparksim: warning: {rej}; every metric covers only the admitted requests (see "
-              "summary.json: num_requests_rejected, rejected_by_reason; requests.csv: reject_reason)", file=sys.stderr)
+    run_notes(args, cfg, prof, s)
     if not args.quiet:
         print(f"policy {s['policy']}: {s['num_requests_completed']} requests in {s['window_s']:.1f} s measured "
               f"({s['sim_time_s']:.1f} s simulated, {wall:.1f} s wall)")
@@ -522,7 +510,30 @@ def frontier_cells(args: argparse.Namespace, policies: list[str], slo_warnings: 
     seeds = seed_list(base.seed, args.seeds)
     with _frontier_flags_named(args, *load):
         cfgs = cells(base, policies, loads, deploys, seeds=seeds if len(seeds) > 1 else None)
-    return base, loads, load_name, deploys, seeds, cfgs
+    return base, loads, load_name, deploys, seeds, cfgs, fitted
+
+
+def run_notes(args: argparse.Namespace, cfg: RunConfig, prof: Any, s: dict[str, Any]) -> None:
+    """What `run` says about its result (``s``: the summary) on stderr: an empty or short measurement window,
+    the notes its policy, profile, chunk and trace call for, and requests rejected on arrival."""
+    traffic = cfg.traffic
+    if not s["num_requests_completed"]:
+        print(f"dsparksim: warning: no request both arrived inside the measurement window (after the {s['warmup_s']:g} s "
+              "warm-up) and completed: per-request metrics are empty (lower --warmup or run longer)", file=sys.stderr)
+    short = short_window_count(s, traffic.concurrency if traffic.mode == "closed" else None)
+    if short:
+        print(f"dsparksim: warning: {short_window_note(short)}", file=sys.stderr)
+    for note in (low_verify_note(s), request_latency_note(str(cfg.profile), prof.request_latency_s),
+                 given_chunk_note(args, cfg, prof), trace_note(cfg, [cfg.traffic.time_scale])):
+        if note:
+            print(f"dsparksim: note: {note}", file=sys.stderr)
+    rej = _rejected_text(s)
+    if rej:
+        # never silently: the metrics describe only the requests that were admitted
+        print(f"dsparksim: warning: {rej}; every metric covers only the admitted requests (see "
+              "summary.json: num_requests_rejected, rejected_by_reason; requests.csv: reject_reason)", file=sys.stderr)
+    for line in fit_range_cautions([cfg], [s]):   # a fitted profile run beyond what its fit saw: never silently
+        print(line, file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -629,6 +640,10 @@ def given_chunk_note(args: argparse.Namespace, cfg: RunConfig, prof) -> str | No
     return prefill_chunk_note(cfg.engine.prefill_chunk_tokens, int(cfg.engine.max_batched_tokens or prof.max_tokens))
 
 
+BASE_CONFIG_NOTE = ("the options every cell shares; each cell sets its own policy and load from 'policies' and 'loads' "
+                    "(and its replicas and router from 'deployments')")
+
+
 def cmd_frontier(args: argparse.Namespace) -> int:
     """`dsparksim frontier`: every policy at every load (and deployment, seed), the frontier and the gains."""
     from tqdm import tqdm  # lazy: only commands that draw a bar (CLI start-up)
@@ -638,7 +653,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     from dsparksim.sim.simulate import write_json, write_table  # lazy: pulls in numpy, scipy, simpy
 
     policies, slos, slo_warnings = frontier_policies(args)
-    base, loads, load_name, deploys, seeds, cfgs = frontier_cells(args, policies, slo_warnings)
+    base, loads, load_name, deploys, seeds, cfgs, fitted = frontier_cells(args, policies, slo_warnings)
     for w in slo_warnings:   # after every check: a refused command prints its one error line only (notes too)
         print(w, file=sys.stderr)
     latency_note(base, args, loads if args.trace else ())
@@ -673,10 +688,8 @@ def cmd_frontier(args: argparse.Namespace) -> int:
               f"{gpu_note}", file=sys.stderr)
     from dsparksim.sweep.cells import input_hashes  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
     with staged_dir(out) as d:  # all the files replace OUT together (dsparksim.results.outputs)
-        write_json(d / names["config"], {"base_config": base.to_dict(),
-                                         "base_config_note": "the options every cell shares; each cell sets its own "
-                                                             "policy and load from 'policies' and 'loads' (and its "
-                                                             "replicas and router from 'deployments')",
+        write_json(d / names["config"], {"base_config": base.to_dict(), "base_config_note": BASE_CONFIG_NOTE,
+                                         **({"options_from_profile_fit": fitted} if fitted else {}),
                                          "dsparksim_version": __version__, "input_sha256": input_hashes(base),
                                          "policies": policies, "loads": list(loads),
                                          "load_axis": load_name, "replicas": list(args.replicas),
@@ -699,6 +712,8 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     paths = {k: out / v for k, v in names.items()}
     default_out_note(args, existed)
     warn_incomplete_cells(per_seed if len(seeds) > 1 else df, len(seeds) > 1, load_name == "concurrent users")
+    for line in fit_range_cautions(cfgs, summaries):   # runs beyond what a fitted profile's runs covered
+        print(line, file=sys.stderr)
     if not args.quiet:
         deps = f" x {len(deploys)} deployments" if len(deploys) > 1 else ""
         reps = f" x {len(seeds)} seeds {seeds[0]}..{seeds[-1]}" if len(seeds) > 1 else ""
@@ -1030,7 +1045,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = args.command
         return int(args.func(args) or 0)
     except InputError as e:  # bad input or impossible config: one clear line, no traceback
-        _stderr_line(f"dsparksim: error: {one_line(e)}")
+        for line in error_lines(e):   # several independent problems of one spec: one line each
+            _stderr_line(f"dsparksim: error: {line}")
         return 2
     except ImportError as e:  # a missing optional extra names what to install; any other import error is a bug
         extra = missing_extra(e, f"dsparksim {command}" if command else None)

@@ -26,6 +26,7 @@ def trace_note(spec) -> str | None:
 def cmd_plan(args: argparse.Namespace) -> int:
     from dsparksim.plan import load_plan, run_plan, text_report, write_plan  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
     from dsparksim.plan.report import MANIFEST, RESULT_FILES  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
+    from dsparksim.plan.search import fit_range_lines  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
 
     check_backend_options(args)
     spec = load_plan(args.spec)  # validated (every probe's configuration, prices, SLO metrics): nothing runs before
@@ -50,6 +51,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
               "resume", file=sys.stderr)
         return 130
     doc, paths = write_plan(run, out)
+    for line in fit_range_lines(run):   # probes beyond what a fitted profile's runs covered: never silently
+        print(line, file=sys.stderr)
     if not args.quiet:
         print(text_report(doc))
         for name, p in paths.items():

@@ -22,6 +22,7 @@ from dsparksim.cost.profile import CostProfile, dumps_profile, list_profiles, lo
 from dsparksim.cost.profile_import import (FORMATS, LOOKUPS, complete_profile, import_sps_table, parse_drafter_cost,
                                       run_readiness)
 from dsparksim.cost.analytic.builder import build_profile
+from dsparksim.cost.analytic.hardware import canonical_gpu
 from dsparksim.cost.analytic.calibration import FAMILIES
 from dsparksim.cost.analytic.loo import MODELS_DIR
 from dsparksim.results.outputs import atomic_write, claim_out_file, image_metadata, written_by
@@ -139,7 +140,7 @@ def cmd_build(args: argparse.Namespace) -> int:
                              "costs: run independent engines as --replicas, or give --ep to spread the experts")
         model = _model_config(args.model)
         out = _check_out(args.out, args.force, inputs=[model])
-        d = build_profile(model, args.gpu, tp=args.tp, ep=args.ep, dp=args.dp, dtype=args.dtype,
+        d = build_profile(model, canonical_gpu(args.gpu), tp=args.tp, ep=args.ep, dp=args.dp, dtype=args.dtype,
                           kv_dtype=args.kv_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
                           name=args.name or None, date=args.date)
         save_profile_file(d, out)
@@ -562,7 +563,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
             raise InputError(args.runs, None, "runs table not found")
         out = _check_fit_out(args.out, args.force, args.runs)
         model = _model_config(args.model)
-        opt = FitOptions(model=model, gpu=args.gpu, tp=args.tp, ep=args.ep,
+        opt = FitOptions(model=model, gpu=canonical_gpu(args.gpu), tp=args.tp, ep=args.ep,
                          where=tuple(parse_where(args.where)), bootstrap=args.bootstrap, seed=args.seed,
                          max_num_seqs=args.max_num_seqs, prefill_chunk_tokens=args.prefill_chunk, name=args.name,
                          date=args.date, metrics=kinds, mem_fraction_static=args.mem_fraction_static,

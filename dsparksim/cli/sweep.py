@@ -11,7 +11,7 @@ from dsparksim.cli.main import flag_given
 from dsparksim.cli.plan import register as register_plan
 from dsparksim.config import pos_float
 from dsparksim.errors import ConfigError
-from dsparksim.results.notes import request_latency_note, spec_chunk_notes
+from dsparksim.results.notes import request_latency_note, short_window_list, short_window_note, spec_chunk_notes
 from dsparksim.results.outputs import WriteInterrupted, claim_result_set, write_result_set
 
 
@@ -84,6 +84,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from dsparksim.sweep.table import incomplete_notes  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
     for line in incomplete_notes(res.table):    # said even with --quiet, as `run` and `frontier` say it
         print(line, file=sys.stderr)
+    if res.short_windows:
+        print(f"dsparksim: warning: {len(res.short_windows)} cell(s): "
+              f"{short_window_note(short_window_list(res.short_windows, 'results.csv'))}", file=sys.stderr)
     if "parquet" not in res.paths:
         print("dsparksim: note: results.parquet not written: pyarrow is not installed (pip install pyarrow); "
               "results.csv holds the same table", file=sys.stderr)
@@ -97,6 +100,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from dsparksim.sweep import load_spec  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
     from dsparksim.sweep.runner import dump_json  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
     from dsparksim.sweep.capacity import capacity_errors, capacity_search, capacity_settings, capacity_table  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
+    from dsparksim.sweep.capacity import capacity_short_windows  # lazy: pulls in numpy, pandas, pyarrow, scipy, simpy
 
     check_backend_options(args)
     spec = load_spec(args.spec)
@@ -136,6 +140,11 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                   "seeds (a 95% interval)")
         print(f"  capacity.json {out / 'capacity.json'} (with the search trace)")
         print(f"  capacity.csv  {out / 'capacity.csv'}")
+    short = capacity_short_windows(res)
+    if short:
+        where = short_window_list(short, "capacity.json: each trace entry with short_window")
+        print(f"dsparksim: warning: {len(short)} capacity probe(s): {short_window_note(where)}; a capacity decided "
+              "by such a probe rests on it", file=sys.stderr)
     if errors:
         print(f"dsparksim: {len(errors)} capacity probe(s) failed; their searches stopped (status error, no "
               "capacity; the trace in capacity.json):\n" + "\n".join(errors), file=sys.stderr)

@@ -18,8 +18,8 @@ from typing import Any, Mapping
 from dsparksim.cost.profile import profile_path, read_profile_dict
 from dsparksim.errors import ConfigError, InputError
 
-__all__ = ["FIT_COMMAND", "SERVER_KEYS", "FitDefaults", "fit_defaults", "fit_server", "fit_set_mixed_prefill",
-           "key_spelling", "profile_fit_server"]
+__all__ = ["FIT_COMMAND", "SERVER_KEYS", "FitDefaults", "FitRange", "fit_defaults", "fit_range", "fit_server",
+           "fit_set_mixed_prefill", "key_spelling", "profile_fit_server"]
 
 FIT_COMMAND = "dsparksim profile fit"      # metadata.fit.command of a profile `profile fit` wrote
 # Run options (dsparksim.config.run_options keys) a fit records under metadata.fit.client_model, in that order.
@@ -96,6 +96,36 @@ def profile_fit_server(profile: str | Path, unreadable_ok: bool = False) -> dict
             return {}
         raise
     return fit_server(meta, str(path)) if meta is not None else {}
+
+
+@dataclass(frozen=True)
+class FitRange:
+    """What a ``profile fit`` profile's runs covered (``metadata.fit.runs``): their client concurrencies and the
+    random dataset's prompt and output lengths (``workloads``: "IN/OUT"); the fit takes non-speculative runs only
+    (spec_method none)."""
+
+    concurrencies: tuple[int, ...]
+    input_lens: tuple[int, ...]
+    output_lens: tuple[int, ...]
+
+
+def fit_range(profile: str | Path) -> FitRange | None:
+    """The :class:`FitRange` of a profile file or shipped name that ``profile fit`` wrote, else None (another
+    profile, or one that cannot be read: the run that loads it says why). A field it lacks is an empty tuple."""
+    try:
+        path = profile_path(profile)
+        st = path.stat()
+        meta = _read_meta(str(path.resolve()), st.st_size, st.st_mtime_ns)
+    except (InputError, OSError):
+        return None
+    fit = (meta or {}).get("fit")
+    if not isinstance(fit, Mapping) or fit.get("command") != FIT_COMMAND or not isinstance(fit.get("runs"), Mapping):
+        return None
+    runs = fit["runs"]
+    conc = tuple(int(c) for c in runs.get("concurrencies") or () if isinstance(c, (int, float)) and c > 0)
+    pairs = [str(w).split("/") for w in runs.get("workloads") or ()]
+    pairs = [(int(a), int(b)) for a, b in (p for p in pairs if len(p) == 2) if a.isdigit() and b.isdigit()]
+    return FitRange(conc, tuple(sorted({a for a, _ in pairs})), tuple(sorted({b for _, b in pairs})))
 
 
 def key_spelling(key: str, value: Any) -> str:

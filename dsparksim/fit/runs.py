@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from dsparksim.bench.replay import (cell_matches, check_lengths, low_range_ratio, sglang_zero_outputs,
+from dsparksim.bench.replay import (cell_matches, check_one_gpu, check_lengths, low_range_ratio, sglang_zero_outputs,
                                     unaccounted, unaccounted_text)
 from dsparksim.bench.runs import duplicate_run, format_cell, NAMES, read_runs
 from dsparksim.errors import InputError
@@ -126,9 +126,10 @@ def load_fit_runs(path: str | Path, where: dict[str, str], *, server: dict[str, 
         if k not in NAMES:
             raise InputError("--where", k, f"not a column of the runs table (columns: {', '.join(NAMES)})")
     rows = read_runs(path)
-    sel = [r for r in rows if all(cell_matches(r.get(k), v) for k, v in where.items())]
+    sel = [r for r in rows if all(cell_matches(r.get(k), v, k) for k, v in where.items())]
     if not sel:
         raise InputError(str(path), "--where", f"no run matches {where or 'the whole table (it is empty)'}")
+    check_one_gpu(sel, list(where.items()), "--where")
     _check_selection(path, sel)
     server = server or {}
     runs = []

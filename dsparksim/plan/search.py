@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from dsparksim.plan.cost import cost_per_hour, cost_per_mtok, max_replicas_below
 from dsparksim.plan.spec import Deployment, PlanSpec, SLOTerm
+from dsparksim.results.notes import fit_range_cautions
 from dsparksim.results.stats import t_interval
 from dsparksim.sweep.backends import import_ray
 from dsparksim.sweep.capacity import rejected_term
@@ -68,6 +69,7 @@ class Probe:
     cost_per_mtok: float | None
     cell_hashes: list[str]
     round: int
+    mean_running: float | None = None   # requests running per step, mean over seeds (fit-range caution; not saved)
 
     def to_dict(self) -> dict[str, Any]:
         return {"replicas": self.replicas, "feasible": self.feasible, "gpus": self.gpus,
@@ -105,7 +107,8 @@ def evaluate(spec: PlanSpec, d: Deployment, replicas: int, summaries: Sequence[d
     cph = cost_per_hour(replicas, d.gpus_per_replica, d.price, d.prefill_gpus)
     return Probe(replicas=replicas, feasible=not bad, cost_per_hour=cph, gpus=d.gpus(replicas), metrics=metrics,
                  violations=bad, saturated=sat, throughput=thr, speed=_mean([s.get(SPEED) for s in summaries]),
-                 cost_per_mtok=cost_per_mtok(cph, thr), cell_hashes=hashes, round=rnd)
+                 cost_per_mtok=cost_per_mtok(cph, thr), cell_hashes=hashes, round=rnd,
+                 mean_running=_mean([s.get("mean_running") for s in summaries]))
 
 
 def _num(v: Any) -> bool:
@@ -323,3 +326,15 @@ def binding_slo(searches: Sequence[Search]) -> dict[str, Any] | None:
 
 def slo_term(spec: PlanSpec, text: str) -> SLOTerm | None:
     return next((t for t in spec.slo if str(t) == text), None)
+
+
+def fit_range_lines(run: PlanRun) -> list[str]:
+    """The fit-range cautions (:func:`dsparksim.results.notes.fit_range_cautions`) of every probe the plan ran,
+    once per fitted profile."""
+    spec = run.spec
+    cfgs, summaries = [], []
+    for se in run.searches:
+        for r, p in sorted(se.probes.items()):
+            cfgs.append(build_config(spec.options(se.d, se.scale, r, spec.seeds[0]), spec.source))
+            summaries.append({"mean_running": p.mean_running})
+    return fit_range_cautions(cfgs, summaries)

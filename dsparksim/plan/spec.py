@@ -42,13 +42,13 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from dsparksim.config import run_options
 from dsparksim.cost.analytic.hardware import SHORT_NAMES
 from dsparksim.cost.fitted import FitDefaults, fit_defaults, key_spelling
 from dsparksim.cost.profile import load_profile
-from dsparksim.errors import ConfigError, InputError
+from dsparksim.errors import ConfigError, InputError, raise_all
 from dsparksim.policies import make_policy
 from dsparksim.policies.fixed import Fixed
 from dsparksim.results.notes import request_latency_note
@@ -320,27 +320,50 @@ def plan_from_dict(d: Mapping[str, Any], source: str = "plan spec") -> PlanSpec:
     src = source
     if not isinstance(d, Mapping):
         raise ConfigError(src, None, f"expected a table, got {type(d).__name__}")
-    for t in d:
-        if t not in TABLES:
-            raise ConfigError(src, t, f"unknown table [{t}]; expected some of {', '.join(TABLES)}")
-    name, slo, seeds, conf, flags = _plan_table(src, d)
-    topts, load_key, load_base, scales = _traffic_table(src, d)
-    base = _run_options(src, "base", _table(src, d, "base"), allow_lists=False)
-    for k in base:
-        if k in topts:
-            raise ConfigError(src, f"base.{k}", f"also set in [traffic] ({topts[k]!r}); keep one")
-    prices = _table(src, d, "prices")
-    for k, v in prices.items():
-        prices[k] = float(_pos_number(src, f"prices.{k}", v))
-    deps = _deployments(src, d.get("candidates"), prices, {**topts, **base})
-    _check_unread_shared(src, {"traffic": topts, "base": base}, [x.policy for x in deps])
+    raise_all(src, [ConfigError(src, t, f"unknown table [{t}]; expected some of {', '.join(TABLES)}")
+                    for t in d if t not in TABLES])
+    problems: list[InputError] = []   # the tables are independent: all their problems are reported together
+    parsed = [_collect(problems, f, src, d) for f in (_plan_table, _traffic_table, _base_table, _prices_table)]
+    raise_all(src, problems)
+    (name, slo, seeds, conf, flags), (topts, load_key, load_base, scales), base, prices = parsed
+    raise_all(src, [ConfigError(src, f"base.{k}", f"also set in [traffic] ({topts[k]!r}); keep one")
+                    for k in base if k in topts])
+    # options no policy reads do not stop the checks after them: every such problem is reported with the rest
+    unread: list[InputError] = []
+    deps = _deployments(src, d.get("candidates"), prices, {**topts, **base}, unread)
+    _collect(unread, _check_unread_shared, src, {"traffic": topts, "base": base}, [x.policy for x in deps])
     spec = PlanSpec(source=src, name=name, slo=slo, seeds=tuple(seeds), confidence=float(conf),
                     require_unsaturated=flags["require_unsaturated"], prune=flags["prune"], load_key=load_key,
                     load_base=load_base, scales=tuple(scales), traffic=topts, base=base, prices=prices,
                     deployments=tuple(deps), raw=_plain(d))
     spec = _collapse(spec)
-    _check_probes(spec)
+    _collect(unread, _check_probes, spec)
+    raise_all(src, unread)
     return spec
+
+
+def _collect(problems: list[InputError], check: Any, *args: Any) -> Any:
+    """``check(*args)``, or None with its ConfigError appended to ``problems``."""
+    try:
+        return check(*args)
+    except ConfigError as e:
+        problems.extend(getattr(e, "errors", [e]))
+        return None
+
+
+def _base_table(src: str, d: Mapping[str, Any]) -> dict[str, Any]:
+    """[base]: run options for every candidate (no lists)."""
+    return _run_options(src, "base", _table(src, d, "base"), allow_lists=False)
+
+
+def _prices_table(src: str, d: Mapping[str, Any]) -> dict[str, float]:
+    """[prices]: $/GPU-hour by device or short GPU name, each a number > 0."""
+    prices = _table(src, d, "prices")
+    problems: list[InputError] = []
+    for k, v in prices.items():
+        prices[k] = _collect(problems, lambda x, key=k: float(_pos_number(src, f"prices.{key}", x)), v)
+    raise_all(src, problems)
+    return prices
 
 
 def _plan_table(src: str, d: Mapping[str, Any]) -> tuple[str, Any, list[int], float, dict[str, bool]]:
@@ -408,21 +431,28 @@ def _traffic_table(src: str, d: Mapping[str, Any]) -> tuple[dict[str, Any], str,
     return topts, load_key, load_base, scales
 
 
-def _deployments(src: str, cands: Any, prices: dict[str, float], shared: dict[str, Any]) -> list[Deployment]:
-    """[[candidates]] expanded into deployments (names unique, at least one)."""
+def _deployments(src: str, cands: Any, prices: dict[str, float], shared: dict[str, Any],
+                 unread: list[InputError]) -> list[Deployment]:
+    """[[candidates]] expanded into deployments (names unique, at least one); a candidate's options that none of
+    its policies reads are appended to ``unread`` (the deployments are still built)."""
     if cands is None or (isinstance(cands, list) and not cands):
         raise ConfigError(src, "candidates", "no candidate deployments: add at least one [[candidates]] table")
     if not isinstance(cands, list) or not all(isinstance(c, Mapping) for c in cands):
         raise ConfigError(src, "candidates", f"expected [[candidates]] tables, got {cands!r}")
     deps: list[Deployment] = []
     names: dict[str, int] = {}
+    problems: list[InputError] = []   # every candidate is checked: its problems are reported together
     for i, c in enumerate(cands):
         cname = c.get("name", f"c{i}")
         if isinstance(cname, str) and cname in names:
-            raise ConfigError(src, f"candidates[{i}].name", f"duplicate candidate name {cname!r} (also "
-                              f"candidates[{names[cname]}]): each candidate needs its own name")
-        names[cname] = i
-        deps.extend(_candidate(src, i, dict(c), prices, len(deps), shared))
+            problems.append(ConfigError(src, f"candidates[{i}].name", f"duplicate candidate name {cname!r} (also "
+                                        f"candidates[{names[cname]}]): each candidate needs its own name"))
+        names.setdefault(cname, i)
+        try:
+            deps.extend(_candidate(src, i, dict(c), prices, len(deps), shared, unread))
+        except ConfigError as e:
+            problems.extend(getattr(e, "errors", [e]))
+    raise_all(src, problems)
     if not deps:
         raise ConfigError(src, "candidates", "no deployment to search")
     return deps
@@ -432,13 +462,15 @@ def _check_unread_shared(src: str, tables: Mapping[str, Mapping[str, Any]], poli
     """A draft option in [traffic] or [base] that no candidate policy reads is refused, as everywhere
     (dsparksim.sim.reads)."""
 
+    problems = []
     for t, opts in tables.items():
         for key in DRAFT_OPTIONS:
             if key in opts:
                 hit = unread_by_all(policies, [key])
                 if hit:
-                    raise ConfigError(src, f"{t}.{key}", f"has no effect: no candidate policy reads {key} "
-                                      f"({hit[1]}); remove it")
+                    problems.append(ConfigError(src, f"{t}.{key}", f"has no effect: no candidate policy reads {key} "
+                                                f"({hit[1]}); remove it"))
+    raise_all(src, problems)
 
 
 def _collapse(spec: PlanSpec) -> PlanSpec:
@@ -491,44 +523,68 @@ def price_key_for(device: str, prices: Mapping[str, float]) -> str | None:
 
 
 def _candidate(src: str, i: int, c: dict[str, Any], prices: Mapping[str, float], start: int,
-               shared: Mapping[str, Any]) -> list[Deployment]:
-    """One [[candidates]] table expanded over its listed options, policies and K into deployments."""
+               shared: Mapping[str, Any], unread: list[InputError]) -> list[Deployment]:
+    """One [[candidates]] table expanded over its listed options, policies and K into deployments. Its
+    independent problems (name, replicas, policies, K, profile) are raised together; each option no policy of it
+    reads is appended to ``unread``."""
     where = f"candidates[{i}]"
+    problems: list[InputError] = []
     cname = c.pop("name", f"c{i}")
     if not isinstance(cname, str) or not cname:
-        raise ConfigError(src, f"{where}.name", f"expected a non-empty string, got {cname!r}")
+        problems.append(ConfigError(src, f"{where}.name", f"expected a non-empty string, got {cname!r}"))
     rng = c.pop("replicas", None)
     if (not isinstance(rng, list) or len(rng) != 2
             or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in rng)):
-        raise ConfigError(src, f"{where}.replicas", f"expected [MIN, MAX], integers >= 1, got {rng!r}")
-    lo, hi = rng
-    if lo > hi:
-        raise ConfigError(src, f"{where}.replicas", f"range is inverted: min {lo} > max {hi}")
+        problems.append(ConfigError(src, f"{where}.replicas", f"expected [MIN, MAX], integers >= 1, got {rng!r}"))
+    elif rng[0] > rng[1]:
+        problems.append(ConfigError(src, f"{where}.replicas", f"range is inverted: min {rng[0]} > max {rng[1]}"))
     pols = c.pop("policies", None)
     if not isinstance(pols, list) or not pols or not all(isinstance(p, str) for p in pols):
-        raise ConfigError(src, f"{where}.policies", f"expected a non-empty list of policy specs, got {pols!r}")
+        problems.append(ConfigError(src, f"{where}.policies", f"expected a non-empty list of policy specs, got "
+                                    f"{pols!r}"))
     k_given = "K" in c or "k" in c
     ks = c.pop("K", c.pop("k", [7]))
     ks = ks if isinstance(ks, list) else [ks]
     if not ks or any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 15 for k in ks):
-        raise ConfigError(src, f"{where}.K", f"expected draft block sizes in 1..15, got {ks!r}")
-    if len(set(ks)) != len(ks):
-        raise ConfigError(src, f"{where}.K", f"duplicate values in {ks!r}; list each K once")
+        problems.append(ConfigError(src, f"{where}.K", f"expected draft block sizes in 1..15, got {ks!r}"))
+    elif len(set(ks)) != len(ks):
+        problems.append(ConfigError(src, f"{where}.K", f"duplicate values in {ks!r}; list each K once"))
     over = {}
     for k in ("gpus_per_replica", "prefill_gpus_per_replica"):
         if k in c:
-            over[k] = int(_pos_number(src, f"{where}.{k}", c.pop(k), integer=True))
+            try:
+                over[k] = int(_pos_number(src, f"{where}.{k}", c.pop(k), integer=True))
+            except ConfigError as e:
+                problems.append(e)
     opts = _run_options(src, where, c, allow_lists=True)
     if "profile" not in opts and "profile" not in shared:
-        raise ConfigError(src, f"{where}.profile", "required: the cost profile (shipped name or JSON path)")
+        problems.append(ConfigError(src, f"{where}.profile", "required: the cost profile (shipped name or JSON "
+                                    "path)"))
+    raise_all(src, problems)
+    policies = _candidate_policies(src, where, pols, ks)
+    unread += _unread_keys(src, where, [p for p, _, _ in policies],
+                           ("block_size",) * k_given + tuple(k for k in DRAFT_OPTIONS if k in opts))
+    return _expand(src, where, cname, (rng[0], rng[1]), opts, policies, prices, start, shared, over)
+
+
+def _unread_keys(src: str, where: str, policies: list[str], keys: Sequence[str]) -> list[InputError]:
+    """An error for each of a candidate's ``keys`` that none of its policies reads (block_size is spelled K)."""
+    problems: list[InputError] = []
+    for key in keys:
+        hit = unread_by_all(policies, [key])
+        if hit:
+            problems.append(ConfigError(src, f"{where}.{'K' if key == 'block_size' else key}", f"has no effect: no "
+                                        f"policy of this candidate reads {key} ({hit[1]}); remove it"))
+    return problems
+
+
+def _expand(src: str, where: str, cname: str, replicas: tuple[int, int], opts: Mapping[str, Any],
+            policies: list[tuple[str, int, bool]], prices: Mapping[str, float], start: int,
+            shared: Mapping[str, Any], over: Mapping[str, int]) -> list[Deployment]:
+    """A checked candidate's deployments: one per combination of its listed options, policy and K."""
+    lo, hi = replicas
     lists = {k: v for k, v in opts.items() if isinstance(v, list)}
     fixed = {k: v for k, v in opts.items() if not isinstance(v, list)}
-    policies = _candidate_policies(src, where, pols, ks)
-    for key in ("block_size",) * k_given + tuple(k for k in DRAFT_OPTIONS if k in opts):
-        hit = unread_by_all([p for p, _, _ in policies], [key])
-        if hit:
-            raise ConfigError(src, f"{where}.{'K' if key == 'block_size' else key}", f"has no effect: no policy "
-                              f"of this candidate reads {key} ({hit[1]}); remove it")
     out: list[Deployment] = []
     for combo in itertools.product(*lists.values()):
         o = {**fixed, **dict(zip(lists, combo))}
@@ -623,33 +679,52 @@ def _check_probes(spec: PlanSpec) -> None:
     """Every probe the search may run builds a valid RunConfig; the inputs it reads open (no cell runs)."""
 
     seen: set[str] = set()
+    problems: dict[Any, InputError] = {}   # each deployment's first problem, all reported together
     for d in spec.deployments:
-        where = f"candidates ({d.label})"
-        for scale in (min(spec.scales), max(spec.scales)):
-            for r in (d.lo, d.hi):
-                try:
-                    cfg = build_config(spec.options(d, scale, r, spec.seeds[0]), spec.source)
-                except ConfigError as e:
-                    raise ConfigError(spec.source, where, f"replicas={r}, scale={scale:g}: "
-                                      f"{_unprefixed(e, spec.source)}") from None
-                _check_arrivals(spec, cfg, scale)
-        # Input files (acceptance sources, traces, length tables, routers) are checked as a sweep checks them.
-        reads = policy_reads(d.policy)   # a shared option another candidate's policy reads is not this probe's
-        opts = {k: v for k, v in spec.options(d, spec.scales[0], d.hi, spec.seeds[0]).items()
-                if k not in DRAFT_OPTIONS or k in reads}
-        key = repr(sorted((k, repr(v)) for k, v in opts.items() if k not in ("replicas", "seed")))
-        if key in seen:
-            continue
-        seen.add(key)
         try:
-            spec_from_dict({"sweep": {"name": spec.name}, "base": opts}, source=spec.source)
+            _check_deployment(spec, d, seen)
         except ConfigError as e:
-            key = e.field[len("base."):] if isinstance(e.field, str) and e.field.startswith("base.") else None
-            if key is not None and key not in d.options:   # set in [traffic] or [base], not by this candidate
-                table = "base" if key in spec.base else "traffic" if key in spec.traffic else None
-                if table is not None:
-                    raise ConfigError(spec.source, f"{table}.{key}", e.message) from None
-            raise ConfigError(spec.source, where, _unprefixed(e, spec.source)) from None
+            # one bad value (of a shared option, or an option over several policies) is one problem, said once
+            field_ = getattr(e, "option", None)
+            key = (field_, repr(spec.options(d, spec.scales[0], d.hi, spec.seeds[0]).get(field_))) if field_ else e
+            problems.setdefault(key, e)
+    raise_all(spec.source, list(problems.values()))
+
+
+def _check_deployment(spec: PlanSpec, d: Deployment, seen: set[str]) -> None:
+    """One deployment's probes (:func:`_check_probes`); ``seen``: the option sets already checked for inputs."""
+    where = f"candidates ({d.label})"
+    for scale in (min(spec.scales), max(spec.scales)):
+        for r in (d.lo, d.hi):
+            try:
+                cfg = build_config(spec.options(d, scale, r, spec.seeds[0]), spec.source)
+            except ConfigError as e:
+                raise _about(ConfigError(spec.source, where, f"replicas={r}, scale={scale:g}: "
+                                         f"{_unprefixed(e, spec.source)}"), e.field) from None
+            _check_arrivals(spec, cfg, scale)
+    # Input files (acceptance sources, traces, length tables, routers) are checked as a sweep checks them.
+    reads = policy_reads(d.policy)   # a shared option another candidate's policy reads is not this probe's
+    opts = {k: v for k, v in spec.options(d, spec.scales[0], d.hi, spec.seeds[0]).items()
+            if k not in DRAFT_OPTIONS or k in reads}
+    key = repr(sorted((k, repr(v)) for k, v in opts.items() if k not in ("replicas", "seed")))
+    if key in seen:
+        return
+    seen.add(key)
+    try:
+        spec_from_dict({"sweep": {"name": spec.name}, "base": opts}, source=spec.source)
+    except ConfigError as e:
+        key = e.field[len("base."):] if isinstance(e.field, str) and e.field.startswith("base.") else None
+        if key is not None and key not in d.options:   # set in [traffic] or [base], not by this candidate
+            table = "base" if key in spec.base else "traffic" if key in spec.traffic else None
+            if table is not None:
+                raise _about(ConfigError(spec.source, f"{table}.{key}", e.message), key) from None
+        raise _about(ConfigError(spec.source, where, _unprefixed(e, spec.source)), key) from None
+
+
+def _about(e: ConfigError, option: str | None) -> ConfigError:
+    """``e``, marked with the run option it is about (:func:`_check_probes` says each bad value once)."""
+    e.option = option[len("base."):] if isinstance(option, str) and option.startswith("base.") else option
+    return e
 
 
 def _unprefixed(e: InputError, source: str) -> str:

@@ -44,6 +44,22 @@ def short_window_count(s: Mapping[str, Any], users: int | None) -> str | None:
     return f"{int(n)} finished for {int(users)} users"
 
 
+def config_users(cfg: RunConfig) -> int | None:
+    """The users of a closed-loop run (its concurrency), else None (open loop and trace replay have no users)."""
+    return cfg.traffic.concurrency if cfg.traffic.mode == "closed" else None
+
+
+SHORT_LIST = 12   # cells a short-window warning names before it counts the rest
+
+
+def short_window_list(named: Sequence[str], more_in: str) -> str:
+    """The ``where`` of :func:`short_window_note` for several cells: the first SHORT_LIST of ``named`` (each
+    'CELL: N finished for U users'), then how many more and where they are listed (``more_in``)."""
+    head = "; ".join(named[:SHORT_LIST])
+    rest = len(named) - SHORT_LIST
+    return head + (f"; and {rest} more ({more_in})" if rest > 0 else "")
+
+
 def short_window_note(where: str) -> str:
     """The warning for the runs :func:`short_window_count` names (``where``: one run's count, or a list of cells)."""
     return (f"fewer requests finished in the measurement window than there are users ({where}): the per-request "
@@ -93,3 +109,67 @@ def spec_chunk_notes(option_sets: Iterable[Mapping[str, Any]]) -> list[str]:
         if note:
             notes.append(f"profile {key[0]}: {note}")
     return notes
+
+
+FIT_RANGE_FACTOR = 1.5   # "clearly beyond" a fit's runs: 1.5x above the largest seen, or below the smallest / 1.5
+
+
+def _beyond(what: str, values: Iterable[float | None], seen: Sequence[float], unit: str, low: float = 1.0
+            ) -> list[str]:
+    """'WHAT up to X (Rx the fit's largest UNIT, S)' and/or '... down to ...' where ``values`` leave
+    [min(seen) * low / FIT_RANGE_FACTOR, max(seen) * FIT_RANGE_FACTOR]; ``low`` scales the lower end (a fitted
+    workload of nominal length L drew means down to about L/2)."""
+    vals = [float(v) for v in values if v is not None and v == v and v > 0]
+    if not vals or not seen:
+        return []
+    out, hi, lo = [], max(vals), min(vals)
+    if hi > max(seen) * FIT_RANGE_FACTOR:
+        out.append(f"{what} up to {hi:,.0f} ({hi / max(seen):.1f}x the fit's largest {unit}, {max(seen):,})")
+    if lo < min(seen) * low / FIT_RANGE_FACTOR:
+        out.append(f"{what} down to {lo:,.1f} ({lo / min(seen):.2f}x the fit's smallest {unit}, {min(seen):,})")
+    return out
+
+
+def fit_range_note(profile: str, fr: Any, running: Iterable[float | None], prompts: Iterable[float],
+                   outputs: Iterable[float], drafting: Sequence[str]) -> str | None:
+    """The caution for runs on a fitted profile (``fr``: its :class:`dsparksim.cost.fitted.FitRange`) that go
+    clearly beyond what its runs covered: requests running per step on average (``running``, the summaries'
+    mean_running) against the runs' concurrencies, mean prompt and output lengths against their random dataset's
+    lengths, and drafting policies (``drafting``) where every fitted run was non-speculative; else None."""
+    parts = (_beyond("requests running per step on average", running, fr.concurrencies, "concurrency")
+             + _beyond("mean prompt length", prompts, fr.input_lens, "random_input_len", low=0.5)
+             + _beyond("mean output length", outputs, fr.output_lens, "random_output_len", low=0.5))
+    if drafting:
+        parts.append(f"{', '.join(drafting)} draft{'s' if len(drafting) == 1 else ''} and verif"
+                     f"{'ies' if len(drafting) == 1 else 'y'} several tokens per request per step, while every "
+                     "fitted run was non-speculative (spec_method none)")
+    if not parts:
+        return None
+    return (f"outside what profile {profile} was fitted on (metadata.fit.runs): " + "; ".join(parts) + "; its "
+            "prices there are the builder's model scaled by the fit, extrapolated and never checked against a "
+            "measurement")
+
+
+def fit_range_cautions(cfgs: Sequence[RunConfig], summaries: Sequence[Mapping[str, Any] | None]) -> list[str]:
+    """:func:`fit_range_note` once per fitted profile among the runs ``cfgs`` (with their ``summaries``; None:
+    the run failed), as 'dsparksim: caution: ...' lines."""
+    from dsparksim.cost.fitted import fit_range  # heavy: numpy (the profile module), only where the run reports
+    from dsparksim.policies import make_policy  # heavy: numpy
+    from dsparksim.traffic.build import mean_lengths  # heavy: numpy
+
+    by_profile: dict[str, list[tuple[RunConfig, Mapping[str, Any]]]] = {}
+    for c, s in zip(cfgs, summaries):
+        if s:
+            by_profile.setdefault(str(c.profile), []).append((c, s))
+    lines = []
+    for prof, runs in by_profile.items():
+        fr = fit_range(prof)
+        if fr is None:
+            continue
+        lengths = {mean_lengths(c.traffic) for c in {repr(c.traffic): c for c, _ in runs}.values()}
+        drafting = sorted({c.policy for c, _ in runs if make_policy(c.policy).drafts})
+        note = fit_range_note(prof, fr, [s.get("mean_running") for _, s in runs], [p for p, _ in lengths],
+                              [o for _, o in lengths], drafting)
+        if note:
+            lines.append(f"dsparksim: caution: {note}")
+    return lines

@@ -76,14 +76,25 @@ def _widths(n: int, i: int, lw: float = 1.8, ms: float = 4.0) -> tuple[float, fl
     return lw + 1.6 * k, ms + 2.0 * k
 
 
+# major tick multiples of a log axis, coarsest first: the first that labels MIN_LOG_LABELS ticks in view is used
+LOG_SUBS = ((1.0, 2.0, 5.0), (1.0, 2.0, 3.0, 5.0, 7.0), tuple(float(k) for k in range(1, 10)))
+MIN_LOG_LABELS = 4
+
+
 def _plain(ax, axis: str) -> None:
     """Plain tick labels (1000, 2500, 0.5; no offset, no 1e3 or 10^x notation), linear or log axis."""
     fmt = FuncFormatter(lambda v, _: f"{v:,.0f}" if abs(v) >= 10 else f"{v:g}")
     a = ax.xaxis if axis == "x" else ax.yaxis
     a.set_major_formatter(fmt)
     if a.get_scale() == "log":
-        # 1-2-5 major ticks: a log axis spanning less than a decade still gets several labels
-        a.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        # 1-2-5 major ticks, finer when the view holds fewer than MIN_LOG_LABELS of them (5.4..46 has only 10 and
+        # 20): a log axis spanning about a decade or less still gets several labels
+        lo, hi = sorted(ax.get_xlim() if axis == "x" else ax.get_ylim())
+        for subs in LOG_SUBS:
+            loc = LogLocator(base=10, subs=subs)
+            if sum(lo <= v <= hi for v in loc.tick_values(lo, hi)) >= MIN_LOG_LABELS:
+                break
+        a.set_major_locator(loc)
         a.set_minor_formatter(NullFormatter())
 
 

@@ -205,14 +205,15 @@ def bench_json_of(out: RunOutput, **options: Any) -> dict[str, Any]:
 
 def write_run(out: RunOutput, out_dir: str | Path | None, fmt: str = "csv", steps: bool = False,
               bench_options: dict[str, Any] | None = None, result_file: Path | None = None,
-              bench_copy_name: str | None = None) -> dict[str, Path]:
+              bench_copy_name: str | None = None, fit_used: Mapping[str, Any] | None = None) -> dict[str, Path]:
     """Write config.json, requests.{csv,parquet}, bench_result.json, [steps.csv] and summary.json.
 
     Everything goes into a staging directory that then replaces ``out_dir`` whole (dsparksim.results.outputs): the result
     is complete or absent, and no file of an earlier run into the same directory survives. ``out_dir`` None: no
     folder. ``result_file``: also write the bench JSON there, as a new file (``--result-dir``: never replaces the
     folder, never an existing file); ``bench_copy_name``: also inside ``out_dir`` under that name
-    (``--result-filename`` without ``--result-dir``)."""
+    (``--result-filename`` without ``--result-dir``); ``fit_used``: the run options a fitted profile's server filled
+    in (config.json ``options_from_profile_fit``, as plan.json has it; absent when none was)."""
 
     cfg = out.config
     names = {"config": "config.json", "requests": f"requests.{fmt}", "bench": "bench_result.json",
@@ -232,6 +233,7 @@ def write_run(out: RunOutput, out_dir: str | Path | None, fmt: str = "csv", step
     final = Path(out_dir)
     with staged_dir(final) as d:
         write_json(d / names["config"], {"config": cfg.to_dict(), "inputs": jsonable(out.inputs),
+                                         **({"options_from_profile_fit": dict(fit_used)} if fit_used else {}),
                                          "dsparksim_version": _version()})
         write_table(d / names["requests"], _request_file_columns(out))
         write_bench_json(d / names["bench"], bench)

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from dsparksim.errors import ConfigError
+from dsparksim.results.notes import config_users, short_window_count
 from dsparksim.results.stats import MAX_SEEDS, seed_list, t_interval
 from dsparksim.sweep.cells import Cell, build_config, cell_hash
 from dsparksim.sweep.spec import LOAD_KEYS, SweepSpec
@@ -340,6 +341,9 @@ def capacity_search(spec: SweepSpec, settings: CapacitySettings, out_dir: str | 
             metrics = {m.metric: summ.get(m.metric) for m in st.slo}
             s.trace.append({"load": _load_value(st, x), "feasible": ok, "violations": bad, "metrics": metrics,
                             "saturated": bool(summ.get("saturated")), "cell_hash": c.hash, "round": rnd})
+            short = short_window_count(summ, config_users(c.config))
+            if short:   # only where it applies: the trace of every other probe is as before
+                s.trace[-1]["short_window"] = short
             if s.status == "running":
                 s.feed(x, ok)
     results = []
@@ -400,3 +404,15 @@ def capacity_errors(res: Mapping[str, Any]) -> list[str]:
                     lines.append(f"  [{what}] {res['settings']['load']}={t['load']}: {t['error']}")
     return lines
 
+
+def capacity_short_windows(res: Mapping[str, Any]) -> list[str]:
+    """'[axis=value, ...] LOAD=X: N finished for U users' for every closed-loop probe whose measurement window
+    finished fewer requests than it has users (its trace entry's ``short_window``), for every group and seed."""
+    lines = []
+    for r in res["results"]:
+        for run in r.get("seeds", [r]):
+            key = {**r["group"], **({"seed": run["seed"]} if "seed" in run else {})}
+            what = ", ".join(f"{k}={v}" for k, v in key.items())
+            lines += [f"[{what}] {res['settings']['load']}={t['load']}: {t['short_window']}"
+                      for t in run["trace"] if t.get("short_window")]
+    return lines

@@ -16,6 +16,7 @@ from dsparksim.sweep.cells import Cell, code_fingerprint, expand, input_hashes
 from dsparksim.sweep.spec import SweepSpec
 from dsparksim import __version__
 from dsparksim.config import jsonable
+from dsparksim.results.notes import config_users, short_window_count
 from dsparksim.sim.reads import collapsed_reason
 
 RESULT_FILES = ("sweep.json", "failures.json", "results.parquet", "results.csv")  # the set (parquet: with pyarrow)
@@ -36,6 +37,7 @@ class SweepResult:
     paths: dict[str, Path] = field(default_factory=dict)
     n_repeats: int = 0        # cells that are the same run as an earlier cell (run once; column same_as)
     repeats_why: str = ""     # e.g. "mtp1 reads no acceptance, block_size"
+    short_windows: list[str] = field(default_factory=list)   # closed-loop cells that finished fewer than users
 
     @property
     def ok(self) -> bool:
@@ -157,7 +159,20 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, backend: str = "local", work
     paths = {keys[n]: p for n, p in written.items()}
     paths["manifest"] = out / MANIFEST
     return SweepResult(table=table, failures=failures, n_cells=len(cells), n_cached=n_cached, n_ran=n_ran,
-                       wall_s=wall, paths=paths, n_repeats=n_rep, repeats_why=why)
+                       wall_s=wall, paths=paths, n_repeats=n_rep, repeats_why=why,
+                       short_windows=short_window_cells(cells, summaries))
+
+
+def short_window_cells(cells: Sequence[Cell], summaries: dict[int, dict[str, Any]]) -> list[str]:
+    """'cell I [axis=value, ...]: N finished for U users' for every finished closed-loop cell whose measurement
+    window finished fewer requests than it has users (:func:`dsparksim.results.notes.short_window_count`)."""
+    out = []
+    for c in cells:
+        short = short_window_count(summaries.get(c.index) or {}, config_users(c.config))
+        if short:
+            key = ", ".join(f"{k}={v}" for k, v in c.key.items())
+            out.append(f"cell {c.index} [{key}]: {short}")
+    return out
 
 
 def dump_json(p: Path, obj: Any) -> None:

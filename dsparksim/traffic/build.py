@@ -1,6 +1,8 @@
 """Turn a TrafficConfig into a Workload (arrivals, lengths, domains) with full provenance in its metadata."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from dsparksim.errors import ConfigError, InputError
@@ -8,7 +10,7 @@ from dsparksim.traffic.arrivals import interarrival_cv, interarrivals
 from dsparksim.traffic.base import (CHUNK, STREAM_DOMAIN, STREAM_GAP, STREAM_ROW, LazyWorkload, Workload,
                                     expected_count, keyed_rng)
 from dsparksim.traffic.config import DEFAULT_LENGTHS, TrafficConfig, parse_domain
-from dsparksim.traffic.readers import DOMAINS, TraceTable, read_trace
+from dsparksim.traffic.readers import AZURE_COLUMNS, DOMAINS, MOONCAKE_KEYS, TraceTable, header_columns, read_trace
 from dsparksim.traffic.sources import resolve
 
 
@@ -98,6 +100,18 @@ def _check_limits(cfg: TrafficConfig, tab: TraceTable, rows: np.ndarray, what: s
                              f"{name}={limit} ({int(over.sum())} of {len(rows)} exceed it; nothing is "
                              "clipped or dropped: raise the limit or use another length source)",
                              line=int(tab.line[rows[k]]))
+
+
+def mean_lengths(cfg: TrafficConfig) -> tuple[float, float]:
+    """The mean prompt and output length a run of ``cfg`` draws: the random dataset's (uniform over
+    [max(1, int(R*L)), L]), else its length table's rows' (--lengths, a replayed trace's own rows, the default
+    sample), each row equally likely."""
+    if cfg.dataset_name == "random":
+        return tuple((max(1, int(L * cfg.range_ratio)) + L) / 2 for L in (cfg.input_len, cfg.output_len))
+    own = cfg.lengths is None and cfg.trace is not None
+    path, _ = resolve(cfg.trace if own else cfg.lengths or DEFAULT_LENGTHS, "trace" if own else "lengths")
+    tab = read_trace(path, cfg.trace_format if own else None)
+    return float(np.mean(tab.prompt_tokens)), float(np.mean(tab.output_tokens))
 
 
 def _length_source(cfg: TrafficConfig, key: int):
@@ -256,12 +270,23 @@ def _replay_workload(cfg: TrafficConfig, meta: dict, key: int) -> Workload:
                     metadata=meta, session=None if tab.session is None else tab.session[:n])
 
 
+def no_timestamps_error(path: str | Path, tab: TraceTable) -> InputError:
+    """The error for a length-only file given as a trace to replay: it names the file, the columns it has, the
+    timestamp column a replay needs, and the ``--lengths`` flag (spec key ``lengths``) that takes such a file."""
+    cols = ", ".join(header_columns(path)) or ", ".join(tab.columns)
+    return InputError(tab.source, AZURE_COLUMNS[0], f"missing: this length-only file (columns {cols}) has no "
+                      f"timestamp column, so it cannot be replayed as --trace: a replayed CSV needs a "
+                      f"{AZURE_COLUMNS[0]} column beside {AZURE_COLUMNS[1]} and {AZURE_COLUMNS[2]} (Azure 2023 "
+                      f"format), a JSONL trace a '{MOONCAKE_KEYS[0]}' key (Mooncake); to draw request lengths from "
+                      f"it, pass it as --lengths {tab.source} (spec key lengths) with a load such as --rate or "
+                      "--concurrency")
+
+
 def _replay(cfg: TrafficConfig, meta: dict) -> tuple[np.ndarray, TraceTable, np.ndarray]:
     path, label = resolve(cfg.trace, "trace")
     tab = read_trace(path, cfg.trace_format)
     if tab.arrival_s is None:
-        raise InputError(tab.source, None, "has no timestamps (length-only format); it cannot be replayed — use it "
-                         "as `lengths` with a synthetic arrival process")
+        raise no_timestamps_error(path, tab)
     if tab.format == "mooncake":
         t, info = mooncake_groups(tab.arrival_s, cfg.mooncake_spread)
     else:

@@ -352,6 +352,16 @@ def _plain_lengths(path: Path, text: str) -> TraceTable | None:
     return _table(path, "lengths", p, o, at, columns=cols, domain=dom)
 
 
+def header_columns(path: str | Path) -> list[str]:
+    """The column names of a CSV file's header (its first line), for messages; [] when it is not a readable CSV."""
+    try:
+        text = read_text(path, "trace")
+    except InputError:
+        return []
+    first = text.split("\n", 1)[0].strip()
+    return [c.strip() for c in next(csv.reader([first]), [])] if first and not first.startswith("{") else []
+
+
 def _parse_lengths(path: Path, text: str) -> TraceTable:
     plain = _plain_lengths(path, text)
     if plain is not None:

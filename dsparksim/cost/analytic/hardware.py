@@ -6,12 +6,14 @@ assumptions in :mod:`dsparksim.cost.analytic.cost`.
 from __future__ import annotations
 
 import csv
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from dsparksim.errors import InputError
 
-__all__ = ["GPU", "HARDWARE_CSV", "SHORT_NAMES", "load_gpus", "get_gpu"]
+__all__ = ["GPU", "HARDWARE_CSV", "SHORT_NAMES", "load_gpus", "get_gpu", "gpu_mismatch", "canonical_gpu",
+           "same_gpu"]
 
 HARDWARE_CSV = Path(__file__).resolve().parents[2] / "data" / "hardware.csv"
 # short name -> full name in the table (the issue's names; matched case-insensitively)
@@ -78,12 +80,63 @@ def load_gpus(path: str | Path = HARDWARE_CSV) -> dict[str, GPU]:
     return out
 
 
-def get_gpu(name: str) -> GPU:
-    """A GPU by short name (A100, H100, ...) or full table name, case-insensitive; unknown -> InputError."""
+_VENDOR = "nvidia"
+_MEMORY_KIND = re.compile(r"hbm\d*e?|gddr\d*x?")     # implied by the GPU: HBM3e of an H200 says nothing more
+_CAPACITY = re.compile(r"(\d+)g(?:b|ib)?")
+
+
+def gpu_mismatch(gpu: str, device: str) -> str | None:
+    """None when the GPU name ``gpu`` (a run's, a flag's) names ``device``, else why not: the one GPU-name rule of
+    `bench replay`, `bench import`, `profile build`/`fit --gpu` and `--where gpu=`. Both are split into lower-case
+    words (``NVIDIA H100 80GB HBM3`` -> nvidia, h100, 80gb, hbm3); the vendor word ``nvidia`` and memory kinds
+    (hbm3e) are dropped, as nvidia-smi and benchmark metadata add them; a memory size (141gb) must equal the
+    device's where both give one; the words left must be whole consecutive words of the device's (h200 in
+    H200-SXM-141GB, h20 is not; H100 PCIe is not H100-SXM5-80GB)."""
+    run, dev = (re.findall(r"[a-z0-9]+", s.lower()) for s in (gpu, device))
+    dev = [w for w in dev if w != _VENDOR and not _MEMORY_KIND.fullmatch(w)]
+    run = [w for w in run if w != _VENDOR and not _MEMORY_KIND.fullmatch(w)]
+    size_run = {_CAPACITY.fullmatch(w).group(1) for w in run if _CAPACITY.fullmatch(w)}
+    size_dev = {_CAPACITY.fullmatch(w).group(1) for w in dev if _CAPACITY.fullmatch(w)}
+    if size_run and size_dev and size_run != size_dev:
+        return f"{'/'.join(sorted(size_run))} GB against {'/'.join(sorted(size_dev))} GB"
+    words = [w for w in run if not _CAPACITY.fullmatch(w)]
+    if not words:
+        return "no GPU model in the run's name"
+    n = len(words)
+    if any(dev[i:i + n] == words for i in range(len(dev) - n + 1)):
+        return None
+    return f"{' '.join(words)!r} is not a whole word (or words) of the device's name"
+
+
+def same_gpu(a: str, b: str) -> bool:
+    """Whether two GPU names name one GPU (either is a spelling of the other: ``NVIDIA H200`` and ``h200``)."""
+    return a.lower() == b.lower() or gpu_mismatch(a, b) is None or gpu_mismatch(b, a) is None
+
+
+def canonical_gpu(name: str, field: str = "--gpu") -> str:
+    """The table's spelling of GPU ``name``: a short name (A100, H100, ...) or full table name as typed (any case),
+    else the short (or full) name of the one table GPU it names by :func:`gpu_mismatch` (``NVIDIA H200``,
+    ``NVIDIA H100 80GB HBM3``: nvidia-smi's spellings). A name of no GPU, or of several, is an InputError naming
+    them (``field``: the flag or column it came from)."""
     gpus = load_gpus()
-    key = SHORT_NAMES.get(name.upper(), name)
-    for full, g in gpus.items():
-        if full.lower() == key.lower():
-            return g
+    if name.upper() in SHORT_NAMES or any(full.lower() == name.lower() for full in gpus):
+        return name
+    short = {full: s for s, full in SHORT_NAMES.items()}
+    hits = [full for full in gpus if gpu_mismatch(name, full) is None]
+    if len(hits) == 1:
+        return short.get(hits[0], hits[0])
+    if hits:
+        raise InputError(field, "gpu", f"GPU {name!r} is ambiguous: it names {', '.join(hits)}; give one of them "
+                         "(or its short name)")
     valid = ", ".join(list(SHORT_NAMES) + list(gpus))
-    raise InputError("--gpu", "gpu", f"unknown GPU {name!r}; expected one of {valid}")
+    raise InputError(field, "gpu", f"unknown GPU {name!r}; expected one of {valid} (nvidia-smi spellings such as "
+                     "'NVIDIA H200' are read too)")
+
+
+def get_gpu(name: str) -> GPU:
+    """A GPU by short name (A100, H100, ...), full table name or a spelling of one (:func:`canonical_gpu`),
+    case-insensitive; unknown or ambiguous -> InputError."""
+    gpus = load_gpus()
+    key = canonical_gpu(name)
+    key = SHORT_NAMES.get(key.upper(), key)
+    return next(g for full, g in gpus.items() if full.lower() == key.lower())
