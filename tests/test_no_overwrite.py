@@ -126,7 +126,7 @@ SPEC = """[sweep]
 name = "tiny"
 [base]
 profile = "h100-llama2-7b-tp1"
-duration_s = 1.0
+duration_s = 20.0
 concurrency = 2
 [axes]
 policy = ["none"]

@@ -236,8 +236,9 @@ def test_an_interrupted_trace_write_leaves_no_truncated_trace(smoke, tmp_path, m
     with pytest.raises(KeyboardInterrupt):
         collect_mod.collect(root / "models", out, ["dspark", "eagle3"], prompts_dir=prompts, progress=False,
                             threads=1)
-    assert sorted(p.name for p in out.iterdir()) == ["real_dspark_k3.csv.gz"]    # whole, and nothing else
-    assert _trace_rows(out / "real_dspark_k3.csv.gz")
+    # no truncated trace, and no partial set either: collect renames its traces into place only once all are whole
+    # (tests/test_runner_partial_outputs.py), so an interrupted run leaves --out as it found it
+    assert not out.exists() or not any(out.iterdir()), sorted(p.name for p in out.iterdir())
 
 
 def test_an_interrupted_checkpoint_save_leaves_the_old_file(smoke, tmp_path, monkeypatch):

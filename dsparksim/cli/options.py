@@ -44,14 +44,14 @@ def add_backend_options(p: Any, default: str | None = "local",
 def check_backend_options(args: argparse.Namespace) -> None:
     """Raise ConfigError for a backend option the chosen backend would not read (each was ignored silently by
     sweep, capacity, regress and plan): ``--ray-address`` without ``--backend ray``, ``--workers`` with
-    ``--backend serial`` (every cell runs in this process)."""
+    ``--backend serial`` above 1 (every cell runs in this process: ``--workers 1`` says just that)."""
     if args.ray_address is not None and args.backend != "ray":
         got = f"--backend {args.backend}" if args.backend is not None else "no --backend"
         raise ConfigError("cli", "--ray-address", f"would be ignored: it applies to --backend ray only, got {got}; "
                           "drop it or add --backend ray")
-    if args.workers is not None and args.backend == "serial":
-        raise ConfigError("cli", "--workers", "would be ignored: --backend serial runs every cell in this process; "
-                          "drop it or use --backend local")
+    if args.workers is not None and args.workers > 1 and args.backend == "serial":
+        raise ConfigError("cli", "--workers", "would be ignored: --backend serial runs every cell in this process, one "
+                          f"at a time (got {args.workers}); drop it or use --backend local")
 
 
 def add_workers_option(p: Any, default: int | None = None,
