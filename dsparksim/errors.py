@@ -58,7 +58,10 @@ class ConfigErrors(ConfigError):
 
 
 def raise_all(source: str | Path | None, errors: Sequence[InputError]) -> None:
-    """Raise nothing for no error, the error itself for one, :class:`ConfigErrors` for several."""
+    """Raise nothing for no error, the error itself for one, :class:`ConfigErrors` for several. A problem said
+    twice in the same words (a shared value every deployment checks) is said once."""
+    seen: set[str] = set()
+    errors = [e for e in errors if not (str(e) in seen or seen.add(str(e)))]
     if len(errors) == 1:
         raise errors[0]
     if errors:

@@ -219,3 +219,17 @@ def test_several_candidates_problems_come_in_one_error():
     assert [e.field for e in ei.value.errors] == ["candidates[0].replicas", "candidates[1].replicas",
                                                   "candidates[1].policies", "candidates[1].K"]
     assert all(e.source == "s.toml" for e in ei.value.errors) and str(ei.value).startswith("4 problems in s.toml:")
+
+
+def test_a_problem_every_deployment_finds_in_a_shared_value_is_said_once():
+    """raise_all: the same problem in the same words (a [traffic] rate each deployment checks) is one problem, so a
+    spec with just that one gets its one error line, not one per deployment; distinct problems all stay."""
+    from dsparksim.errors import ConfigError, ConfigErrors, raise_all
+    same = [ConfigError("plan.toml", "traffic.rate", "too many arrivals") for _ in range(6)]
+    with pytest.raises(ConfigError) as one:
+        raise_all("plan.toml", same)
+    assert not isinstance(one.value, ConfigErrors)
+    other = ConfigError("plan.toml", "plan.seeds", "expected 1..1000")
+    with pytest.raises(ConfigErrors) as many:
+        raise_all("plan.toml", [*same, other, same[0]])
+    assert [str(e) for e in many.value.errors] == [str(same[0]), str(other)]
