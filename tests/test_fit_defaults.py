@@ -5,6 +5,7 @@ run's defaults (2048-token chunk, 1024 requests, the profile's KV capacity, mixe
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -365,3 +366,29 @@ def test_run_frontier_and_plan_caution_once_beyond_the_fitted_runs(tmp_path, cap
     assert main(["plan", str(p), "--out", str(tmp_path / "plan"), "--backend", "serial", "--quiet"]) == 0
     (line,) = cautions(capsys.readouterr().err)
     assert "mtp1 drafts and verifies" in line
+
+
+@pytest.mark.parametrize("edit, field, shown", [
+    ({"runs": {"concurrencies": 64, "workloads": ["128/64"]}}, r"runs\.concurrencies", "64"),        # was a traceback
+    ({"runs": {"concurrencies": "2,4", "workloads": ["128/64"]}}, r"runs\.concurrencies", "'2,4'"),  # was no caution
+    ({"runs": {"concurrencies": [2, True], "workloads": ["128/64"]}}, r"runs\.concurrencies", "True"),
+    ({"runs": {"concurrencies": [2, 4], "workloads": "128/64"}}, r"runs\.workloads", "'128/64'"),
+    ({"runs": {"concurrencies": [2, 4], "workloads": 5}}, r"runs\.workloads", "5"),
+    ({"runs": {"concurrencies": [2, 4], "workloads": ["128x64"]}}, r"runs\.workloads", "128x64"),
+    ({"runs": "all of them"}, r"metadata\.fit\.runs", "all of them"),
+    ({"client_model": {**FIT, "prefill_chunk_tokens": 10 ** 7}}, r"prefill_chunk_tokens", "10000000.*budget 16384"),
+])
+def test_a_hand_edited_fit_record_is_refused_before_the_run_naming_file_and_field(tmp_path, capsys, edit, field,
+                                                                                 shown):
+    """A fit record of the wrong shape is an error naming the file and the field before anything is simulated: a
+    runs.concurrencies of 64 crashed after the run (TypeError), a string one silently dropped the fit-range
+    caution, and a prefill chunk above the token budget (which `profile fit` refuses) was simulated capped."""
+    p = fitted_profile(tmp_path)
+    d = json.loads(open(p).read())
+    d["metadata"]["fit"].update(edit)
+    open(p, "w").write(json.dumps(d))
+    out = tmp_path / "r"
+    assert main(["run", "--profile", p, *RUN, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and not out.exists()
+    assert re.search(rf"error: {re.escape(p)}: field '[^']*{field}[^']*': .*{shown}", err), err
