@@ -392,3 +392,19 @@ def test_a_hand_edited_fit_record_is_refused_before_the_run_naming_file_and_fiel
     err = capsys.readouterr().err
     assert "Traceback" not in err and not out.exists()
     assert re.search(rf"error: {re.escape(p)}: field '[^']*{field}[^']*': .*{shown}", err), err
+
+
+def test_a_fitted_chunk_above_a_set_token_budget_is_noted_as_a_typed_one(tmp_path, capsys):
+    """The fit's prefill chunk (4096) above a --max-batched-tokens (2048) is capped to 2048 every step: run, sweep
+    and plan noted it only for a chunk the user set (the fitted one was simulated capped without a word)."""
+    from dsparksim.results.notes import spec_chunk_notes
+
+    p = fitted_profile(tmp_path)
+    assert main(["run", "--profile", p, *RUN, "--max-batched-tokens", "2048", "--out", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("the prefill chunk 4096 is above the token budget 2048") == 1, err
+    assert engine_of(tmp_path / "r")["prefill_chunk_tokens"] == 4096
+    notes = spec_chunk_notes([{"profile": p, "max_batched_tokens": 2048, "concurrency": c} for c in (2, 4)])
+    assert len(notes) == 1 and f"profile {p}: the prefill chunk 4096 is above the token budget 2048" in notes[0]
+    assert spec_chunk_notes([{"profile": p, "max_batched_tokens": 8192}]) == []       # within the budget: silent
+    assert spec_chunk_notes([{"profile": BASE, "max_batched_tokens": 1024}]) == []    # no fit, no chunk set: silent

@@ -633,9 +633,13 @@ def trace_note(cfg: RunConfig, scales: Sequence[float]) -> str | None:
 
 
 def given_chunk_note(args: argparse.Namespace, cfg: RunConfig, prof) -> str | None:
-    """prefill_chunk_note for a --prefill-chunk typed on the command line (the 2048 default above a small
-    profile's budget, cpu-tiny's 512, is the default's business, not a surprise)."""
-    if not flag_given(args, "--prefill-chunk", "--chunked-prefill-size"):
+    """prefill_chunk_note for a --prefill-chunk typed on the command line, or taken from a fitted profile's server
+    (above a typed --max-batched-tokens); the 2048 default above a small profile's budget, cpu-tiny's 512, is the
+    default's business, not a surprise."""
+    from dsparksim.cost.fitted import profile_fit_server  # lazy: pulls in numpy
+
+    fitted = profile_fit_server(cfg.profile, unreadable_ok=True).get("prefill_chunk_tokens")
+    if not flag_given(args, "--prefill-chunk", "--chunked-prefill-size") and fitted is None:
         return None
     return prefill_chunk_note(cfg.engine.prefill_chunk_tokens, int(cfg.engine.max_batched_tokens or prof.max_tokens))
 
