@@ -452,7 +452,8 @@ def _deployments(src: str, cands: Any, prices: dict[str, float], shared: dict[st
             deps.extend(_candidate(src, i, dict(c), prices, len(deps), shared, unread))
         except ConfigError as e:
             problems.extend(getattr(e, "errors", [e]))
-    raise_all(src, problems)
+    if problems:   # with the unread options found so far: every problem at once, not one round per kind
+        raise_all(src, problems + unread)
     if not deps:
         raise ConfigError(src, "candidates", "no deployment to search")
     return deps
