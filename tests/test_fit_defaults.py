@@ -408,3 +408,24 @@ def test_a_fitted_chunk_above_a_set_token_budget_is_noted_as_a_typed_one(tmp_pat
     assert len(notes) == 1 and f"profile {p}: the prefill chunk 4096 is above the token budget 2048" in notes[0]
     assert spec_chunk_notes([{"profile": p, "max_batched_tokens": 8192}]) == []       # within the budget: silent
     assert spec_chunk_notes([{"profile": BASE, "max_batched_tokens": 1024}]) == []    # no fit, no chunk set: silent
+
+
+def test_an_axis_over_server_settings_gives_one_caution_per_fitted_profile(tmp_path):
+    """A sweep with prefill_chunk_tokens x max_num_seqs axes on a fitted profile printed one caution per cell
+    (12 lines for 4 x 3); plan likewise per candidate option combination."""
+    from dsparksim.plan import plan_from_dict
+    from dsparksim.sweep.cells import fit_lines as sweep_fit_lines
+
+    prof = fitted_profile(tmp_path)
+    lines = sweep_fit_lines({"profile": prof, "policy": "none"},
+                            {"prefill_chunk_tokens": [1024, 2048, 4096], "max_num_seqs": [16, 64, 128]})
+    cautions = [ln for ln in lines if ln.startswith("dsparksim: caution:")]
+    assert len(cautions) == 1, lines
+    assert ("prefill_chunk_tokens = 1024 / 2048, max_num_seqs = 16 / 128 differ from the server profile"
+            in cautions[0]) and "(prefill_chunk_tokens = 4096, max_num_seqs = 64)" in cautions[0], cautions
+    assert len([ln for ln in lines if ln.startswith("dsparksim: note:")]) == 1     # 0.8, false: in every cell
+    d = plan_dict(prof)
+    d["candidates"][0]["prefill_chunk_tokens"] = [1024, 2048]
+    spec = plan_from_dict(d)
+    plan_cautions = [ln for ln in spec.profile_lines() if ln.startswith("dsparksim: caution:")]
+    assert len(plan_cautions) == 1 and "prefill_chunk_tokens = 1024 / 2048 differs" in plan_cautions[0], plan_cautions

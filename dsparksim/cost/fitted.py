@@ -10,16 +10,17 @@ user set differs from the fit's (:meth:`FitDefaults.caution`). Any other profile
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from dsparksim.cost.profile import profile_path, read_profile_dict
 from dsparksim.errors import ConfigError, InputError
 
-__all__ = ["FIT_COMMAND", "SERVER_KEYS", "FitDefaults", "FitRange", "fit_defaults", "fit_range", "fit_server",
-           "fit_set_mixed_prefill", "key_spelling", "profile_fit_server"]
+__all__ = ["FIT_COMMAND", "SERVER_KEYS", "FitDefaults", "FitRange", "fit_defaults", "fit_lines", "fit_range",
+           "fit_server", "fit_set_mixed_prefill", "key_spelling", "profile_fit_server"]
 
 FIT_COMMAND = "dsparksim profile fit"      # metadata.fit.command of a profile `profile fit` wrote
 # Run options (dsparksim.config.run_options keys) a fit records under metadata.fit.client_model, in that order.
@@ -214,3 +215,31 @@ def fit_defaults(profile: str | Path, given: Mapping[str, Any], unreadable_ok: b
         else:
             used[k] = v
     return FitDefaults(profile=str(profile), fitted=fitted, used=used, differs=differs)
+
+
+def fit_lines(fds: Iterable[FitDefaults]) -> list[str]:
+    """The 'dsparksim: note:' lines of the runs' :class:`FitDefaults` (``key = value`` spellings, as a spec
+    writes them), each line once, then one 'dsparksim: caution:' line per fitted profile naming every set value
+    that differs from the fit's (``prefill_chunk_tokens = 1024 / 2048``): a sweep axis or a plan candidate list
+    over server settings gave one caution per cell."""
+    lines: dict[str, None] = {}
+    differs: dict[str, tuple[FitDefaults, dict[str, dict[Any, None]]]] = {}   # profile -> (one fd, key -> values)
+    for fd in fds:
+        line = fd.note(key_spelling)
+        if line:
+            lines[f"dsparksim: note: {line}"] = None
+        if fd.differs:
+            seen = differs.setdefault(fd.profile, (fd, {}))[1]
+            for k, v in fd.differs.items():
+                seen.setdefault(k, {})[v] = None
+    for fd, seen in differs.values():
+        merged = dataclasses.replace(fd, differs={k: tuple(vs) for k, vs in seen.items()})
+        lines[f"dsparksim: caution: {merged.caution(_spell_values)}"] = None
+    return list(lines)
+
+
+def _spell_values(key: str, value: Any) -> str:
+    """key_spelling of one value, or of several set values (a tuple) as ``key = 1024 / 2048``."""
+    if not isinstance(value, tuple):
+        return key_spelling(key, value)
+    return f"{key} = " + " / ".join(key_spelling(key, v).split(" = ", 1)[1] for v in value)
