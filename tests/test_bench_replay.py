@@ -572,6 +572,20 @@ def test_where_gpu_selects_every_spelling_of_that_gpu_and_refuses_an_ambiguous_o
         select(rows, [("gpu", "sxm5")])
 
 
+def test_where_gpu_of_another_form_factor_selects_none_of_the_plain_name():
+    """--where gpu='H200 NVL' selected the 130 'h200' (SXM) runs of the InferenceX table and replayed them on the
+    H200-SXM profile: 'h200' is H200-SXM-141GB, whose words NVL is not one of (as H100 PCIe is not H100)."""
+    from dsparksim.cost.analytic.hardware import same_gpu
+
+    rows = [_row(1, 2, gpu="h200"), _row(2, 2, gpu="NVIDIA H200"), _row(3, 2, gpu="H200 NVL"),
+            _row(4, 2, gpu="h100")]
+    assert [r["run_id"] for r in select(rows, [("gpu", "H200 NVL")])] == ["t.csv:3"]
+    assert [r["run_id"] for r in select(rows, [("gpu", "h200")])] == ["t.csv:1", "t.csv:2"]
+    with pytest.raises(ConfigError, match="selects none"):
+        select(rows, [("gpu", "NVIDIA H100 PCIe")])
+    assert not same_gpu("h100", "H100 PCIe") and not same_gpu("H200 NVL", "h200") and same_gpu("h200", "NVIDIA H200")
+
+
 def test_one_gpu_name_rule_for_profile_build_fit_and_hardware():
     from dsparksim.cost.analytic.hardware import canonical_gpu, get_gpu
     # `profile fit/build --gpu "NVIDIA H200"` failed with "unknown GPU"

@@ -5,6 +5,7 @@ run's defaults (2048-token chunk, 1024 requests, the profile's KV capacity, mixe
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -365,3 +366,66 @@ def test_run_frontier_and_plan_caution_once_beyond_the_fitted_runs(tmp_path, cap
     assert main(["plan", str(p), "--out", str(tmp_path / "plan"), "--backend", "serial", "--quiet"]) == 0
     (line,) = cautions(capsys.readouterr().err)
     assert "mtp1 drafts and verifies" in line
+
+
+@pytest.mark.parametrize("edit, field, shown", [
+    ({"runs": {"concurrencies": 64, "workloads": ["128/64"]}}, r"runs\.concurrencies", "64"),        # was a traceback
+    ({"runs": {"concurrencies": "2,4", "workloads": ["128/64"]}}, r"runs\.concurrencies", "'2,4'"),  # was no caution
+    ({"runs": {"concurrencies": [2, True], "workloads": ["128/64"]}}, r"runs\.concurrencies", "True"),
+    ({"runs": {"concurrencies": [2, 4], "workloads": "128/64"}}, r"runs\.workloads", "'128/64'"),
+    ({"runs": {"concurrencies": [2, 4], "workloads": 5}}, r"runs\.workloads", "5"),
+    ({"runs": {"concurrencies": [2, 4], "workloads": ["128x64"]}}, r"runs\.workloads", "128x64"),
+    ({"runs": "all of them"}, r"metadata\.fit\.runs", "all of them"),
+    ({"client_model": {**FIT, "prefill_chunk_tokens": 10 ** 7}}, r"prefill_chunk_tokens", "10000000.*budget 16384"),
+])
+def test_a_hand_edited_fit_record_is_refused_before_the_run_naming_file_and_field(tmp_path, capsys, edit, field,
+                                                                                 shown):
+    """A fit record of the wrong shape is an error naming the file and the field before anything is simulated: a
+    runs.concurrencies of 64 crashed after the run (TypeError), a string one silently dropped the fit-range
+    caution, and a prefill chunk above the token budget (which `profile fit` refuses) was simulated capped."""
+    p = fitted_profile(tmp_path)
+    d = json.loads(open(p).read())
+    d["metadata"]["fit"].update(edit)
+    open(p, "w").write(json.dumps(d))
+    out = tmp_path / "r"
+    assert main(["run", "--profile", p, *RUN, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and not out.exists()
+    assert re.search(rf"error: {re.escape(p)}: field '[^']*{field}[^']*': .*{shown}", err), err
+
+
+def test_a_fitted_chunk_above_a_set_token_budget_is_noted_as_a_typed_one(tmp_path, capsys):
+    """The fit's prefill chunk (4096) above a --max-batched-tokens (2048) is capped to 2048 every step: run, sweep
+    and plan noted it only for a chunk the user set (the fitted one was simulated capped without a word)."""
+    from dsparksim.results.notes import spec_chunk_notes
+
+    p = fitted_profile(tmp_path)
+    assert main(["run", "--profile", p, *RUN, "--max-batched-tokens", "2048", "--out", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("the prefill chunk 4096 is above the token budget 2048") == 1, err
+    assert engine_of(tmp_path / "r")["prefill_chunk_tokens"] == 4096
+    notes = spec_chunk_notes([{"profile": p, "max_batched_tokens": 2048, "concurrency": c} for c in (2, 4)])
+    assert len(notes) == 1 and f"profile {p}: the prefill chunk 4096 is above the token budget 2048" in notes[0]
+    assert spec_chunk_notes([{"profile": p, "max_batched_tokens": 8192}]) == []       # within the budget: silent
+    assert spec_chunk_notes([{"profile": BASE, "max_batched_tokens": 1024}]) == []    # no fit, no chunk set: silent
+
+
+def test_an_axis_over_server_settings_gives_one_caution_per_fitted_profile(tmp_path):
+    """A sweep with prefill_chunk_tokens x max_num_seqs axes on a fitted profile printed one caution per cell
+    (12 lines for 4 x 3); plan likewise per candidate option combination."""
+    from dsparksim.plan import plan_from_dict
+    from dsparksim.sweep.cells import fit_lines as sweep_fit_lines
+
+    prof = fitted_profile(tmp_path)
+    lines = sweep_fit_lines({"profile": prof, "policy": "none"},
+                            {"prefill_chunk_tokens": [1024, 2048, 4096], "max_num_seqs": [16, 64, 128]})
+    cautions = [ln for ln in lines if ln.startswith("dsparksim: caution:")]
+    assert len(cautions) == 1, lines
+    assert ("prefill_chunk_tokens = 1024 / 2048, max_num_seqs = 16 / 128 differ from the server profile"
+            in cautions[0]) and "(prefill_chunk_tokens = 4096, max_num_seqs = 64)" in cautions[0], cautions
+    assert len([ln for ln in lines if ln.startswith("dsparksim: note:")]) == 1     # 0.8, false: in every cell
+    d = plan_dict(prof)
+    d["candidates"][0]["prefill_chunk_tokens"] = [1024, 2048]
+    spec = plan_from_dict(d)
+    plan_cautions = [ln for ln in spec.profile_lines() if ln.startswith("dsparksim: caution:")]
+    assert len(plan_cautions) == 1 and "prefill_chunk_tokens = 1024 / 2048 differs" in plan_cautions[0], plan_cautions

@@ -233,3 +233,16 @@ def test_a_problem_every_deployment_finds_in_a_shared_value_is_said_once():
     with pytest.raises(ConfigErrors) as many:
         raise_all("plan.toml", [*same, other, same[0]])
     assert [str(e) for e in many.value.errors] == [str(same[0]), str(other)]
+
+
+def test_a_bad_candidate_does_not_hide_another_candidates_unread_option():
+    """One candidate's missing profile stopped the spec before the options another candidate's policies never
+    read were reported: fixing the profile brought a second round of errors."""
+    from dsparksim.errors import ConfigErrors
+    d = good()
+    d["candidates"].append({"name": "b", "profile": "no-such-profile.json", "replicas": [1, 1], "policies": ["mtp1"]})
+    d["candidates"][0].update(policies=["mtp1"], K=3, replicas=[1, 1])
+    with pytest.raises(ConfigErrors) as ei:
+        plan_from_dict(d, "s.toml")
+    assert [e.field for e in ei.value.errors] == ["candidates[1].profile", "candidates[0].K"]
+    assert "has no effect" in ei.value.errors[1].message

@@ -157,3 +157,44 @@ def test_collect_failing_on_a_later_trace_replaces_none(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="No space"):
         col.collect(tmp_path / "models", out, ("dspark", "dflash"), progress=False, threads=1)
     assert _tree(out) == before
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_previous_kept_on_error_never_takes_an_existing_aside_folder(tmp_path, fail):
+    """A killed run (SIGKILL between the two renames) leaves the earlier results in .OUT.previous-<pid>, their only
+    copy; a later run that reuses that pid (containers number processes alike) moved its own earlier files into that
+    folder, over the killed run's, and deleted it on success."""
+    import os
+
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "a.txt").write_text("old a")
+    stale = tmp_path / f".o.previous-{os.getpid()}"
+    stale.mkdir()
+    (stale / "a.txt").write_text("a killed run's earlier a")
+    with pytest.raises(RuntimeError) if fail else __import__("contextlib").nullcontext():
+        with previous_kept_on_error(out, ["a.txt"]) as d:
+            (d / "a.txt").write_text("new a")
+            if fail:
+                raise RuntimeError("mid-way")
+    assert _tree(stale) == {"a.txt": b"a killed run's earlier a"}
+    assert _tree(out) == {"a.txt": b"old a" if fail else b"new a"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["o", stale.name])
+
+
+def test_previous_kept_on_error_through_a_symlinked_out(tmp_path):
+    """--out a symlink to a folder: the link stays a link, the folder behind it gets the new files."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "a.txt").write_text("old a")
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with pytest.raises(RuntimeError):
+        with previous_kept_on_error(link, ["a.txt"]) as d:
+            (d / "a.txt").write_text("new a")
+            raise RuntimeError("mid-way")
+    assert link.is_symlink() and _tree(real) == {"a.txt": b"old a"}
+    with previous_kept_on_error(link, ["a.txt"]) as d:
+        (d / "a.txt").write_text("new a")
+    assert link.is_symlink() and _tree(real) == {"a.txt": b"new a"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]

@@ -129,3 +129,35 @@ def test_a_sweep_above_the_cell_limit_is_refused_at_once_naming_the_axes():
     with pytest.raises(ConfigError, match=r"s.toml.*'axes'.*2 policy x 1000 concurrency x 1000 seed = 2,000,000 "
                                           rf"cells, above the limit of {MAX_CELLS:,} per sweep"):
         spec_from_dict(d, source="s.toml")
+
+
+def test_rejected_and_empty_cell_warnings_name_a_dozen_cells_then_count_the_rest():
+    """A 300-cell sweep whose cells all finished nothing printed one 300-cell line (and the same for rejections);
+    the short-window warning beside them names SHORT_LIST cells and counts the rest."""
+    import pandas as pd
+
+    from dsparksim.results.notes import SHORT_LIST
+    from dsparksim.sweep.table import incomplete_notes
+
+    n = 300
+    table = pd.DataFrame({"cell": range(n), "cfg.concurrency": range(1, n + 1), "num_requests_completed": [0] * n,
+                          "num_requests_rejected": [3] * n, "num_requests_issued": [5] * n})
+    rej, empty = incomplete_notes(table)
+    for line in (rej, empty):
+        assert f"cell {SHORT_LIST - 1} (concurrency={SHORT_LIST})" in line and f"cell {SHORT_LIST} " not in line
+        assert f"and {n - SHORT_LIST} more (results.csv" in line and len(line) < 2000, line
+    assert rej.startswith(f"dsparksim: warning: requests were rejected on arrival in {n} cell(s)")
+    assert empty.startswith(f"dsparksim: warning: {n} cell(s) finished no request") and "lengthen duration_s" in empty
+
+
+def test_frontier_empty_cell_warning_names_a_dozen_cells_then_counts_the_rest(tmp_path, capsys):
+    """frontier listed every empty cell in its warning (20 cells here; 360 at 8 policies x 9 loads x 5 seeds)."""
+    from dsparksim.results.notes import SHORT_LIST
+
+    loads = ",".join(str(c) for c in range(1, 11))
+    assert main(["frontier", "--profile", "cpu-tiny", "--policies", "none,mtp1", "--concurrency", loads,
+                 "--duration", "0.05", "--backend", "serial", "--out", str(tmp_path / "f"), "--quiet"]) == 0
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "finished no request" in ln]
+    assert len(err) == 1 and err[0].startswith("dsparksim: warning: 20 cell(s) finished no request"), err
+    assert "none@10; mtp1@1; mtp1@2; and 8 more (frontier.csv" in err[0] and "mtp1@3" not in err[0], err
+    assert SHORT_LIST == 12

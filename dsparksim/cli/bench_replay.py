@@ -106,7 +106,7 @@ def replay_fit_defaults(args: argparse.Namespace, prof) -> tuple[dict, dict]:
     was given it: otherwise the fit used each run's engine default, as replay does."""
     from dsparksim.cost.fitted import fit_server, fit_set_mixed_prefill  # lazy: pulls in numpy
 
-    fit = fit_server(prof.metadata, str(prof.source))
+    fit = fit_server(prof.metadata, str(prof.source), prof.max_tokens)
     used: dict = {}
     for flag, key, given in (("--chunked-prefill-size", "prefill_chunk_tokens", args.chunked_prefill_size),
                              ("--max-running-requests", "max_num_seqs", args.max_running_requests),

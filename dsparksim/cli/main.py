@@ -17,7 +17,7 @@ from dsparksim.io.options import number
 from dsparksim import __version__
 from dsparksim.config import PAGED_ONLY, reserved_kv_conflict
 from dsparksim.results.notes import (fit_range_cautions, low_verify_note, prefill_chunk_note, request_latency_note,
-                                     short_window_count, short_window_note, trace_cover_note)
+                                     short_window_count, short_window_list, short_window_note, trace_cover_note)
 from dsparksim.results.outputs import check_out_dir, check_out_file, need_parquet, staged_dir
 from dsparksim.sim.inputs import load_run_profile, resolve_inputs
 from dsparksim.sim.reads import unread_by_all
@@ -561,17 +561,20 @@ def warn_incomplete_cells(table, seeded: bool, closed_loop: bool = False) -> Non
     if empty:
         # Kept in frontier.csv with empty metrics (never Pareto) -- said out loud, never silently left off a plot.
         print(f"dsparksim: warning: {len(empty)} cell(s) finished no request in the measurement window; they stay "
-              f"in frontier.csv with empty metrics and are never Pareto: {', '.join(empty)} (lengthen --duration)"
+              "in frontier.csv with empty metrics and are never Pareto: "
+              f"{short_window_list(empty, 'frontier.csv: num_requests_completed 0')} (lengthen --duration)"
               + ("; a cell's mean over seeds is empty when any of its seeds is" if seeded else ""),
               file=sys.stderr)
     short = _cell_names(table, [short_window_count(r, r.get("load")) for _, r in table.iterrows()]) \
         if closed_loop else []
     if short:
-        print(f"dsparksim: warning: {len(short)} cell(s): {short_window_note('; '.join(short))}", file=sys.stderr)
+        where = short_window_list(short, "frontier.csv: num_requests_completed against load")
+        print(f"dsparksim: warning: {len(short)} cell(s): {short_window_note(where)}", file=sys.stderr)
     rejected = _rejected_cells(table)
     if rejected:
         print(f"dsparksim: warning: requests were rejected on arrival in {len(rejected)} cell(s) and their metrics "
-              f"cover only the admitted requests: {', '.join(rejected)} (frontier.csv: num_requests_rejected)",
+              f"cover only the admitted requests: {short_window_list(rejected, 'frontier.csv')} "
+              "(frontier.csv: num_requests_rejected)",
               file=sys.stderr)
 
 
@@ -633,9 +636,13 @@ def trace_note(cfg: RunConfig, scales: Sequence[float]) -> str | None:
 
 
 def given_chunk_note(args: argparse.Namespace, cfg: RunConfig, prof) -> str | None:
-    """prefill_chunk_note for a --prefill-chunk typed on the command line (the 2048 default above a small
-    profile's budget, cpu-tiny's 512, is the default's business, not a surprise)."""
-    if not flag_given(args, "--prefill-chunk", "--chunked-prefill-size"):
+    """prefill_chunk_note for a --prefill-chunk typed on the command line, or taken from a fitted profile's server
+    (above a typed --max-batched-tokens); the 2048 default above a small profile's budget, cpu-tiny's 512, is the
+    default's business, not a surprise."""
+    from dsparksim.cost.fitted import profile_fit_server  # lazy: pulls in numpy
+
+    fitted = profile_fit_server(cfg.profile, unreadable_ok=True).get("prefill_chunk_tokens")
+    if not flag_given(args, "--prefill-chunk", "--chunked-prefill-size") and fitted is None:
         return None
     return prefill_chunk_note(cfg.engine.prefill_chunk_tokens, int(cfg.engine.max_batched_tokens or prof.max_tokens))
 

@@ -176,7 +176,7 @@ def summarize(p: CostProfile) -> dict[str, Any]:
         "context_model": p.context_model,
         "fixed_overhead_s": p.fixed_overhead_s,
         "request_latency_s": p.request_latency_s,
-        "fit_server": fit_server(p.metadata, str(p.source)),
+        "fit_server": fit_server(p.metadata, str(p.source), p.max_tokens),
         "fit_kv_capacity_tokens": None,
         "batch_overhead": None if p.batch_overhead is None else
         {"n_req_min": int(p.batch_overhead[0][0]), "n_req_max": int(p.batch_overhead[0][-1]),

@@ -10,16 +10,17 @@ user set differs from the fit's (:meth:`FitDefaults.caution`). Any other profile
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from dsparksim.cost.profile import profile_path, read_profile_dict
 from dsparksim.errors import ConfigError, InputError
 
-__all__ = ["FIT_COMMAND", "SERVER_KEYS", "FitDefaults", "FitRange", "fit_defaults", "fit_range", "fit_server",
-           "fit_set_mixed_prefill", "key_spelling", "profile_fit_server"]
+__all__ = ["FIT_COMMAND", "SERVER_KEYS", "FitDefaults", "FitRange", "fit_defaults", "fit_lines", "fit_range",
+           "fit_server", "fit_set_mixed_prefill", "key_spelling", "profile_fit_server"]
 
 FIT_COMMAND = "dsparksim profile fit"      # metadata.fit.command of a profile `profile fit` wrote
 # Run options (dsparksim.config.run_options keys) a fit records under metadata.fit.client_model, in that order.
@@ -34,12 +35,13 @@ def _count(source: str, cm: Mapping[str, Any], key: str) -> int:
     return v
 
 
-def fit_server(meta: Mapping[str, Any], source: str) -> dict[str, Any]:
+def fit_server(meta: Mapping[str, Any], source: str, budget: int | None = None) -> dict[str, Any]:
     """The run options of the server a profile's metadata says it was fitted under ({} unless ``profile fit``
     wrote it). ``mixed_prefill`` is left out when the fitted runs differed in it (their engines' defaults) or the
     fit predates its record (every step then mixed, the run's default); ``mem_fraction_static`` when the fit used
-    the profile's KV capacity. A recorded value that is not as ``profile fit`` writes it: ConfigError naming the
-    field."""
+    the profile's KV capacity. A recorded value that is not as ``profile fit`` writes it (``budget``: the
+    profile's token budget, which the fit's prefill chunk cannot exceed; a ``metadata.fit.runs`` of the wrong
+    shape): ConfigError naming the field."""
     fit = meta.get("fit")
     if not isinstance(fit, Mapping) or fit.get("command") != FIT_COMMAND:
         return {}
@@ -48,6 +50,11 @@ def fit_server(meta: Mapping[str, Any], source: str) -> dict[str, Any]:
         raise ConfigError(source, _FIELD, f"expected an object (the server the fit simulated), got {cm!r}")
     out: dict[str, Any] = {"prefill_chunk_tokens": _count(source, cm, "prefill_chunk_tokens"),
                            "max_num_seqs": _count(source, cm, "max_num_seqs")}
+    if budget is not None and out["prefill_chunk_tokens"] > budget:   # profile fit refuses such a chunk
+        raise ConfigError(source, f"{_FIELD}.prefill_chunk_tokens", f"{out['prefill_chunk_tokens']} is above the "
+                          f"profile's token budget {budget} (verify.M's largest breakpoint), which `profile fit` "
+                          "never records")
+    _fit_runs(fit, source)     # checked here, before any run: the fit-range caution reads it after the runs
     f = cm.get("mem_fraction_static")
     if f is not None:
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
@@ -77,10 +84,16 @@ def fit_set_mixed_prefill(meta: Mapping[str, Any]) -> bool | None:
 
 
 @functools.lru_cache(maxsize=64)
-def _read_meta(path: str, size: int, mtime_ns: int) -> Mapping[str, Any] | None:
+def _read_meta(path: str, size: int, mtime_ns: int) -> tuple[Mapping[str, Any] | None, int | None]:
+    """(the profile's metadata, its token budget: verify.M's last breakpoint; None where the file lacks one, which
+    loading the profile reports)."""
     d, _ = read_profile_dict(path)
     meta = d.get("metadata") if isinstance(d, dict) else None
-    return meta if isinstance(meta, Mapping) else None
+    v = d.get("verify") if isinstance(d, dict) else None
+    m = v.get("M") if isinstance(v, dict) else None
+    last = m[-1] if isinstance(m, list) and m else None
+    budget = last if isinstance(last, int) and not isinstance(last, bool) else None
+    return (meta if isinstance(meta, Mapping) else None), budget
 
 
 def profile_fit_server(profile: str | Path, unreadable_ok: bool = False) -> dict[str, Any]:
@@ -90,12 +103,12 @@ def profile_fit_server(profile: str | Path, unreadable_ok: bool = False) -> dict
     try:
         path = profile_path(profile)
         st = path.stat()
-        meta = _read_meta(str(path.resolve()), st.st_size, st.st_mtime_ns)
+        meta, budget = _read_meta(str(path.resolve()), st.st_size, st.st_mtime_ns)
     except (InputError, OSError):
         if unreadable_ok:
             return {}
         raise
-    return fit_server(meta, str(path)) if meta is not None else {}
+    return fit_server(meta, str(path), budget) if meta is not None else {}
 
 
 @dataclass(frozen=True)
@@ -109,23 +122,43 @@ class FitRange:
     output_lens: tuple[int, ...]
 
 
+def _fit_runs(fit: Mapping[str, Any], source: str) -> FitRange | None:
+    """The :class:`FitRange` of a ``profile fit`` record ``fit`` (None where it has no ``runs``; a field ``runs``
+    lacks is an empty tuple). ``runs`` not an object, ``concurrencies`` not a list of integers >= 1, or
+    ``workloads`` not a list of "IN/OUT" integer pairs: ConfigError naming the field and the value."""
+    runs = fit.get("runs")
+    if runs is None:
+        return None
+    if not isinstance(runs, Mapping):
+        raise ConfigError(source, "metadata.fit.runs", f"expected an object (the runs the fit took), got {runs!r}")
+    conc, work = runs.get("concurrencies", []), runs.get("workloads", [])
+    if not isinstance(conc, list) or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1
+                                             for c in conc):
+        raise ConfigError(source, "metadata.fit.runs.concurrencies", f"expected a list of integers >= 1, got "
+                          f"{conc!r}")
+    pairs = [str(w).split("/") for w in work] if isinstance(work, list) else None
+    if (pairs is None or not all(isinstance(w, str) for w in work)
+            or not all(len(p) == 2 and p[0].isdigit() and p[1].isdigit() for p in pairs)):
+        raise ConfigError(source, "metadata.fit.runs.workloads", f"expected a list of \"IN/OUT\" token lengths "
+                          f"(\"1024/1024\"), got {work!r}")
+    ins, outs = {int(a) for a, _ in pairs}, {int(b) for _, b in pairs}
+    return FitRange(tuple(conc), tuple(sorted(ins)), tuple(sorted(outs)))
+
+
 def fit_range(profile: str | Path) -> FitRange | None:
     """The :class:`FitRange` of a profile file or shipped name that ``profile fit`` wrote, else None (another
-    profile, or one that cannot be read: the run that loads it says why). A field it lacks is an empty tuple."""
+    profile, one without ``metadata.fit.runs``, or one that cannot be read: the run that loads it says why). A
+    field it lacks is an empty tuple; a ``runs`` of the wrong shape is a ConfigError naming the field."""
     try:
         path = profile_path(profile)
         st = path.stat()
-        meta = _read_meta(str(path.resolve()), st.st_size, st.st_mtime_ns)
+        meta, _ = _read_meta(str(path.resolve()), st.st_size, st.st_mtime_ns)
     except (InputError, OSError):
         return None
     fit = (meta or {}).get("fit")
-    if not isinstance(fit, Mapping) or fit.get("command") != FIT_COMMAND or not isinstance(fit.get("runs"), Mapping):
+    if not isinstance(fit, Mapping) or fit.get("command") != FIT_COMMAND:
         return None
-    runs = fit["runs"]
-    conc = tuple(int(c) for c in runs.get("concurrencies") or () if isinstance(c, (int, float)) and c > 0)
-    pairs = [str(w).split("/") for w in runs.get("workloads") or ()]
-    pairs = [(int(a), int(b)) for a, b in (p for p in pairs if len(p) == 2) if a.isdigit() and b.isdigit()]
-    return FitRange(conc, tuple(sorted({a for a, _ in pairs})), tuple(sorted({b for _, b in pairs})))
+    return _fit_runs(fit, str(path))
 
 
 def key_spelling(key: str, value: Any) -> str:
@@ -182,3 +215,31 @@ def fit_defaults(profile: str | Path, given: Mapping[str, Any], unreadable_ok: b
         else:
             used[k] = v
     return FitDefaults(profile=str(profile), fitted=fitted, used=used, differs=differs)
+
+
+def fit_lines(fds: Iterable[FitDefaults]) -> list[str]:
+    """The 'dsparksim: note:' lines of the runs' :class:`FitDefaults` (``key = value`` spellings, as a spec
+    writes them), each line once, then one 'dsparksim: caution:' line per fitted profile naming every set value
+    that differs from the fit's (``prefill_chunk_tokens = 1024 / 2048``): a sweep axis or a plan candidate list
+    over server settings gave one caution per cell."""
+    lines: dict[str, None] = {}
+    differs: dict[str, tuple[FitDefaults, dict[str, dict[Any, None]]]] = {}   # profile -> (one fd, key -> values)
+    for fd in fds:
+        line = fd.note(key_spelling)
+        if line:
+            lines[f"dsparksim: note: {line}"] = None
+        if fd.differs:
+            seen = differs.setdefault(fd.profile, (fd, {}))[1]
+            for k, v in fd.differs.items():
+                seen.setdefault(k, {})[v] = None
+    for fd, seen in differs.values():
+        merged = dataclasses.replace(fd, differs={k: tuple(vs) for k, vs in seen.items()})
+        lines[f"dsparksim: caution: {merged.caution(_spell_values)}"] = None
+    return list(lines)
+
+
+def _spell_values(key: str, value: Any) -> str:
+    """key_spelling of one value, or of several set values (a tuple) as ``key = 1024 / 2048``."""
+    if not isinstance(value, tuple):
+        return key_spelling(key, value)
+    return f"{key} = " + " / ".join(key_spelling(key, v).split(" = ", 1)[1] for v in value)

@@ -46,7 +46,7 @@ from typing import Any, Mapping, Sequence
 
 from dsparksim.config import run_options
 from dsparksim.cost.analytic.hardware import SHORT_NAMES
-from dsparksim.cost.fitted import FitDefaults, fit_defaults, key_spelling
+from dsparksim.cost.fitted import FitDefaults, fit_defaults, fit_lines
 from dsparksim.cost.profile import load_profile
 from dsparksim.errors import ConfigError, InputError, raise_all
 from dsparksim.policies import make_policy
@@ -172,13 +172,9 @@ class PlanSpec:
         """What the deployments' profiles call for, each line once: the server settings taken from a fitted
         profile (and a caution where the spec sets another value), and a fitted request latency that the probes'
         engine-side TTFT and E2E leave out."""
-        lines: dict[str, None] = {}
+        lines = dict.fromkeys(fit_lines(d.fit for d in self.deployments if d.fit))   # one caution per profile
         latency: dict[str, float] = {}
         for d in self.deployments:
-            fd = d.fit
-            for kind, line in (("note", fd and fd.note(key_spelling)), ("caution", fd and fd.caution(key_spelling))):
-                if line:
-                    lines[f"dsparksim: {kind}: {line}"] = None
             prof = str({**self.traffic, **self.base, **d.options}["profile"])
             if prof not in latency:
                 latency[prof] = load_profile(prof).request_latency_s
@@ -452,7 +448,8 @@ def _deployments(src: str, cands: Any, prices: dict[str, float], shared: dict[st
             deps.extend(_candidate(src, i, dict(c), prices, len(deps), shared, unread))
         except ConfigError as e:
             problems.extend(getattr(e, "errors", [e]))
-    raise_all(src, problems)
+    if problems:   # with the unread options found so far: every problem at once, not one round per kind
+        raise_all(src, problems + unread)
     if not deps:
         raise ConfigError(src, "candidates", "no deployment to search")
     return deps

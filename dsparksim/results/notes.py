@@ -93,15 +93,21 @@ def trace_cover_note(span_s: float, duration_s: float | None, scales: Sequence[f
 
 def spec_chunk_notes(option_sets: Iterable[Mapping[str, Any]]) -> list[str]:
     """prefill_chunk_note, naming the profile, for each distinct (profile, prefill chunk, token budget) among the
-    runs of a sweep or plan spec (flat run options) that set ``prefill_chunk_tokens``."""
+    runs of a sweep or plan spec (flat run options) that set ``prefill_chunk_tokens`` or take it from a fitted
+    profile's server (:func:`dsparksim.cost.fitted.profile_fit_server`)."""
+    from dsparksim.cost.fitted import profile_fit_server  # heavy: numpy (the profile module)
     from dsparksim.cost.profile import load_profile  # heavy: numpy (only for a spec that sets a prefill chunk)
 
     default_profile = RunConfig.__dataclass_fields__["profile"].default
     seen, notes = set(), []
     for o in option_sets:
-        if o.get("prefill_chunk_tokens") is None:
+        prof = str(o.get("profile") or default_profile)
+        chunk = o.get("prefill_chunk_tokens")
+        if chunk is None:
+            chunk = profile_fit_server(prof, unreadable_ok=True).get("prefill_chunk_tokens")
+        if chunk is None:
             continue
-        key = (str(o.get("profile") or default_profile), int(o["prefill_chunk_tokens"]), o.get("max_batched_tokens"))
+        key = (prof, int(chunk), o.get("max_batched_tokens"))
         if key in seen:
             continue
         seen.add(key)

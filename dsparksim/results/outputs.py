@@ -404,12 +404,28 @@ def _remove(q: Path) -> None:
         q.unlink(missing_ok=True)
 
 
+def _new_aside(out: Path) -> Path:
+    """Make and return the hidden sibling ``.OUT.previous-<pid>`` of ``out`` (``-2``, ``-3``, ... after it when
+    that exists: a run killed between its renames left its earlier results there, their only copy, and this
+    process may reuse its pid)."""
+    base = out.resolve().parent / f".{out.resolve().name}.previous-{os.getpid()}"
+    aside, i = base, 1
+    while True:
+        try:
+            aside.mkdir()
+            return aside
+        except FileExistsError:
+            i += 1
+            aside = base.with_name(f"{base.name}-{i}")
+
+
 @contextmanager
 def previous_kept_on_error(out: str | Path, names: Sequence[str], keep: Sequence[Path] = ()) -> Iterator[Path]:
     """Write into the folder ``out`` in place (its files record their own paths, so no staging copy), as a unit.
 
     The entries ``names`` an earlier run left in ``out`` are first moved aside into the hidden sibling
-    ``.OUT.previous-<pid>`` (an earlier run's files never stand beside the new ones). On success they are deleted;
+    ``.OUT.previous-<pid>`` (a new one: ``-2`` etc. after it when it exists; an earlier run's files never stand
+    beside the new ones). On success they are deleted;
     on any exception (Ctrl-C included) everything this run created in ``out`` is removed, they are moved back and
     folders this call created are removed again: a failed run leaves ``out`` as it found it. ``keep``: paths left
     where they are (an input of the command inside ``out``, e.g. ``validate --profile OUT/profile.json``)."""
@@ -417,14 +433,14 @@ def previous_kept_on_error(out: str | Path, names: Sequence[str], keep: Sequence
     made = _missing_dirs(out)
     out.mkdir(parents=True, exist_ok=True)
     kept = {Path(k).resolve() for k in keep}
-    aside = out.resolve().parent / f".{out.resolve().name}.previous-{os.getpid()}"
+    aside: Path | None = None
     moved: list[str] = []
     before: set[str] | None = None     # what OUT holds once the earlier run's entries are aside
     try:
         for n in names:
             q = out / n
             if (q.exists() or q.is_symlink()) and q.resolve() not in kept:
-                aside.mkdir(exist_ok=True)
+                aside = aside or _new_aside(out)
                 os.rename(q, aside / n)
                 moved.append(n)
         before = set(os.listdir(out))
@@ -434,7 +450,7 @@ def previous_kept_on_error(out: str | Path, names: Sequence[str], keep: Sequence
             _remove(out / n)
         for n in moved:
             os.replace(aside / n, out / n)
-        if aside.exists():
+        if aside is not None:
             os.rmdir(aside)
         for d in reversed(made):
             try:
@@ -442,7 +458,8 @@ def previous_kept_on_error(out: str | Path, names: Sequence[str], keep: Sequence
             except OSError:     # not empty: someone else's files arrived meanwhile
                 break
         raise
-    shutil.rmtree(aside, ignore_errors=True)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 class WriteInterrupted(KeyboardInterrupt):

@@ -19,7 +19,7 @@ from dsparksim.config import DEFAULT_CONCURRENCY, reserved_kv_conflict, run_opti
 from dsparksim.errors import ConfigError, InputError
 from dsparksim import __version__
 from dsparksim.acceptance import parse_spec
-from dsparksim.cost.fitted import fit_defaults, key_spelling
+from dsparksim.cost.fitted import fit_defaults, fit_lines as merged_fit_lines
 from dsparksim.cost.profile import profile_path
 from dsparksim.sim.reads import identity, same_as
 from dsparksim.traffic.config import DEFAULT_LENGTHS
@@ -71,16 +71,11 @@ def build_config(values: dict[str, Any], source: str = "sweep spec") -> RunConfi
 
 def fit_lines(base: Mapping[str, Any], axes: Mapping[str, Any]) -> list[str]:
     """The notes (and cautions) of the fitted profiles the cells of ``base`` x ``axes`` run on: which server
-    settings each took from its profile's fit (:func:`build_config`), each line once."""
-    lines: dict[str, None] = {}
+    settings each took from its profile's fit (:func:`build_config`), each line once, and one caution per fitted
+    profile for the set values that differ (:func:`dsparksim.cost.fitted.fit_lines`)."""
     names = list(axes)
-    for combo in itertools.product(*(axes[k] for k in names)):
-        values = {**base, **dict(zip(names, combo))}
-        fd = fit_defaults(values.get("profile", DEFAULT_PROFILE), values)
-        for kind, line in (("note", fd.note(key_spelling)), ("caution", fd.caution(key_spelling))):
-            if line:
-                lines[f"dsparksim: {kind}: {line}"] = None
-    return list(lines)
+    values = ({**base, **dict(zip(names, combo))} for combo in itertools.product(*(axes[k] for k in names)))
+    return merged_fit_lines(fit_defaults(v.get("profile", DEFAULT_PROFILE), v) for v in values)
 
 
 def expand(spec: SpecAxes) -> list[Cell]:

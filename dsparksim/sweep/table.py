@@ -5,6 +5,8 @@ from typing import Any
 
 import pandas as pd
 
+from dsparksim.results.notes import SHORT_LIST, short_window_list
+
 # (results.csv column, header, format): what `frontier` also reports per cell
 METRICS = (("output_throughput_tok_s", "out tok/s", "{:,.0f}"), ("tps_user_median", "tok/s/user p50", "{:.1f}"),
            ("ttft_p99_s", "TTFT p99 s", "{:.3f}"), ("tpot_median_s", "TPOT p50 ms", "{:.2f}"),
@@ -58,14 +60,17 @@ def incomplete_notes(table: pd.DataFrame) -> list[str]:
     axes = [c for c in table.columns if c.startswith("cfg.")]
     lines = []
     rej = table[table.get("num_requests_rejected", pd.Series(0, index=table.index)).fillna(0) > 0]
-    if len(rej):
+    if len(rej):   # a dozen cells named, the rest counted (short_window_list), as the short-window warning
+        where = "results.csv: num_requests_rejected, rejected_by_reason"
+        named = [f"{_label(r, axes)}: {int(r['num_requests_rejected'])} of {int(r['num_requests_issued'])}"
+                 for _, r in rej.iterrows()]
         lines.append(f"dsparksim: warning: requests were rejected on arrival in {len(rej)} cell(s) and their metrics "
-                     "cover only the admitted requests: " + "; ".join(
-                         f"{_label(r, axes)}: {int(r['num_requests_rejected'])} of {int(r['num_requests_issued'])}"
-                         for _, r in rej.iterrows()) + " (results.csv: num_requests_rejected, rejected_by_reason)")
+                     f"cover only the admitted requests: {short_window_list(named, where)}"
+                     + (f" ({where})" if len(named) <= SHORT_LIST else ""))
     empty = table[table.get("num_requests_completed", pd.Series(1, index=table.index)).fillna(0) <= 0]
     if len(empty):
+        named = [_label(r, axes) for _, r in empty.iterrows()]
         lines.append(f"dsparksim: warning: {len(empty)} cell(s) finished no request in the measurement window and "
-                     "have empty metrics: " + "; ".join(_label(r, axes) for _, r in empty.iterrows())
-                     + " (lengthen duration_s)")
+                     f"have empty metrics: {short_window_list(named, 'results.csv: num_requests_completed 0')} "
+                     "(lengthen duration_s)")
     return lines

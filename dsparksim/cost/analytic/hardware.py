@@ -6,6 +6,7 @@ assumptions in :mod:`dsparksim.cost.analytic.cost`.
 from __future__ import annotations
 
 import csv
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,8 +110,23 @@ def gpu_mismatch(gpu: str, device: str) -> str | None:
 
 
 def same_gpu(a: str, b: str) -> bool:
-    """Whether two GPU names name one GPU (either is a spelling of the other: ``NVIDIA H200`` and ``h200``)."""
+    """Whether two GPU names name one GPU (either is a spelling of the other: ``NVIDIA H200`` and ``h200``). A
+    name of one table GPU is read as that GPU's full name first (``h200`` is H200-SXM-141GB), so a name with a
+    word that GPU lacks is another GPU (``H200 NVL``, ``H100 PCIe``), not a spelling of it."""
+    if a.lower() == b.lower():
+        return True
+    a, b = _table_name(a), _table_name(b)
     return a.lower() == b.lower() or gpu_mismatch(a, b) is None or gpu_mismatch(b, a) is None
+
+
+@functools.lru_cache(maxsize=256)
+def _table_name(name: str) -> str:
+    """The table's full name of the one GPU ``name`` spells (:func:`canonical_gpu`), else ``name`` itself."""
+    try:
+        key = canonical_gpu(name)
+    except InputError:
+        return name
+    return SHORT_NAMES.get(key.upper(), key)
 
 
 def canonical_gpu(name: str, field: str = "--gpu") -> str:
