@@ -80,7 +80,9 @@ def test_engine_emits_min_of_verify_length_and_true_prefix():
     assert out.accepted.tolist() == [0, 1, 5, 0]
 
 
-def _draws(monkeypatch, policy, concurrency, seed=3):
+def _spied(monkeypatch, cfg):
+    """(every draw of the run of ``cfg`` keyed by (request row, its decode step): (confidences' bytes, accepted),
+    the run's output)."""
     seen = {}
     orig = Scheduler.draw
 
@@ -90,10 +92,15 @@ def _draws(monkeypatch, policy, concurrency, seed=3):
             seen[(int(row), int(self.req.dsteps[row]))] = (blk.conf[r].tobytes(), int(blk.accepted[r]))
         return blk
     monkeypatch.setattr(Scheduler, "draw", spy)
-    cfg = RunConfig(policy=policy, seed=seed,
-                    traffic=TrafficConfig(mode="closed", concurrency=concurrency, num_requests=40))
     out = simulate(cfg)
     monkeypatch.undo()
+    return seen, out
+
+
+def _draws(monkeypatch, policy, concurrency, seed=3):
+    cfg = RunConfig(policy=policy, seed=seed,
+                    traffic=TrafficConfig(mode="closed", concurrency=concurrency, num_requests=40))
+    seen, out = _spied(monkeypatch, cfg)
     return seen, out.requests()
 
 
@@ -115,20 +122,10 @@ def test_draws_are_a_function_of_seed_request_and_step_across_loads(monkeypatch,
 
 
 def _trace_draws(monkeypatch, acceptance, kv):
-    seen = {}
-    orig = Scheduler.draw
-
-    def spy(self, dec, slots):
-        blk = orig(self, dec, slots)
-        for r, row in enumerate(dec):
-            seen[(int(row), int(self.req.dsteps[row]))] = (blk.conf[r].tobytes(), int(blk.accepted[r]))
-        return blk
-    monkeypatch.setattr(Scheduler, "draw", spy)
     cfg = RunConfig(policy="fixed:7", seed=2, acceptance=acceptance,
                     traffic=TrafficConfig(mode="closed", concurrency=16, num_requests=40))
     cfg = cfg.replace(engine=dataclasses.replace(cfg.engine, kv_capacity_tokens=kv))
-    out = simulate(cfg)
-    monkeypatch.undo()
+    seen, out = _spied(monkeypatch, cfg)
     return seen, int(out.requests()["preemptions"].sum())
 
 
