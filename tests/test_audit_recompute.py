@@ -40,10 +40,30 @@ RUNS = {
 @pytest.fixture(scope="module", params=sorted(RUNS))
 def run(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(request.param) / "out"
-    assert main(["run", *RUNS[request.param], "--save-steps", "--quiet", "--out", str(out)]) == 0
+    gaps = _gap_record(lambda: main(["run", *RUNS[request.param], "--save-steps", "--quiet", "--out", str(out)]))
     text = {f: (out / f).read_text() for f in ("summary.json", "bench_result.json")}
     return (request.param, text, json.loads(text["summary.json"]), json.loads(text["bench_result.json"]),
-            pd.read_csv(out / "requests.csv"), pd.read_csv(out / "steps.csv"))
+            pd.read_csv(out / "requests.csv"), pd.read_csv(out / "steps.csv"), gaps)
+
+
+def _gap_record(call):
+    """Run ``call`` (a `dsparksim run` exiting 0) and return the engine's raw preemption record no file shows:
+    per preemption resumed by a re-prefill, [first step the request sat out, step whose end streamed its next
+    token] (-1: never resumed), as rows of steps.csv. A spy on the result handed to the summary, not its metrics."""
+    import dsparksim.sim.simulate as simulate
+
+    seen = []
+    real = simulate.summarize
+
+    def spy(res, **kw):
+        seen.append(np.zeros((0, 2), np.int64) if res.gap_steps is None else np.asarray(res.gap_steps).copy())
+        return real(res, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(simulate, "summarize", spy)
+        assert call() == 0
+    assert len(seen) == 1, len(seen)       # one summary per run (a cluster's per-replica ones go through metrics)
+    return seen[0].reshape(-1, 2)
 
 
 def _same(mine, published, rel=1e-6):
@@ -67,7 +87,7 @@ def test_json_is_strict_no_nan_or_infinity(run):
 
 
 def test_summary_figures_equal_an_independent_recomputation(run):
-    name, _, s, _, req, st = run
+    name, _, s, _, req, st, gaps = run
     w, end = s["warmup_s"], s["sim_time_s"]
     window = end - w
     bad = {}
@@ -93,10 +113,10 @@ def test_summary_figures_equal_an_independent_recomputation(run):
     speed = after_first[multi & (decode > 0)] / decode[multi & (decode > 0)]
     for key, x in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e)):
         check(f"{key}_mean_s", _mean(x))
-        check(f"{key}_median_s", _pct(x, 50))
-        check(f"{key}_p99_s", _pct(x, 99))
+        for q, p in (("median", 50), ("p10", 10), ("p90", 90), ("p99", 99)):
+            check(f"{key}_{q}_s", _pct(x, p))
     check("tps_user_mean", _mean(speed))
-    for key, q in (("median", 50), ("p10", 10), ("p90", 90)):
+    for key, q in (("median", 50), ("p10", 10), ("p90", 90), ("p99", 99)):
         check(f"tps_user_{key}", _pct(speed, q))
     win = t_end > w
     n_dec = st["n_decode"][win].sum()
@@ -104,11 +124,15 @@ def test_summary_figures_equal_an_independent_recomputation(run):
     check("tau", st["decode_emitted"][win].sum() / n_dec if n_dec else None)
     check("mean_running", _mean(st["n_running"][win]))
     check("mean_batch_tokens", _mean(st["M"][win]))
-    # the summary's ITL pool: each window step's dt once per request decoding in it (and one sample per preemption
-    # gap, which the files do not show: too few here to move a percentile; test_metrics_closed_form pins them)
+    # the summary's ITL pool: each window step's dt once per request decoding in it, and one sample per preemption
+    # resumed in a window step: the client's wait from its last chunk (the start of the first step it sat out) to
+    # the re-prefill's chunk (that step's end) -- the record of which steps those were is the engine's (_gap_record)
     pool = np.repeat(st["dt"][win].to_numpy(), st["n_decode"][win].to_numpy())
-    check("itl_median_s", _pct(pool, 50))
-    check("itl_p99_s", _pct(pool, 99))
+    t_end_a, t_start_a, win_a = t_end.to_numpy(), st["t_start"].to_numpy(), win.to_numpy()
+    pool = np.concatenate([pool, [t_end_a[q] - t_start_a[p] for p, q in gaps.tolist() if q >= 0 and win_a[q]]])
+    check("itl_mean_s", _mean(pool))
+    for q, p in (("median", 50), ("p10", 10), ("p90", 90), ("p99", 99)):
+        check(f"itl_{q}_s", _pct(pool, p))
     assert not bad, f"{name}: (recomputed, published): {bad}"
     assert int(st["emitted"].sum()) == int(req["emitted_tokens"].sum())   # the step log and the requests agree
     # requests.csv's own per-request columns (s, tok/s): NaN where undefined (one token, not finished); to the
@@ -139,7 +163,7 @@ def _bench_prompts(s, req):
 
 
 def test_bench_result_equals_vllm_definitions_recomputed(run):
-    name, _, s, b, req, st = run
+    name, _, s, b, req, st, _ = run
     p, ok = _bench_prompts(s, req)
     dur = s["window_s"]
     bad = {}
@@ -185,7 +209,7 @@ def test_one_itl_per_streamed_chunk_after_the_first(run):
     """vLLM's ITLs are the gaps between a request's streamed chunks: one per decode step, plus one per re-prefill
     after a preemption (its forward streams the next token; the steps the request sat out are one gap, not one
     sample each)."""
-    name, _, s, b, req, _ = run
+    name, _, s, b, req, _, _ = run
     p, ok = _bench_prompts(s, req)
     for j in np.flatnonzero(ok):
         r = p.iloc[j]
@@ -223,14 +247,14 @@ def _vllm_peaks(b):
 
 
 def test_bench_peaks_are_vllms_one_second_buckets(run):
-    name, _, _, b, _, _ = run
+    name, _, _, b, _, _, _ = run
     tok, conc = _vllm_peaks(b)
     assert b["max_output_tokens_per_s"] == tok, name
     assert b["max_concurrent_requests"] == conc, name
 
 
 def test_each_configuration_exercises_what_it_is_named_for(run):
-    name, _, s, b, req, _ = run
+    name, _, s, b, req, _, _ = run
     expect = {
         "rejected": lambda: s["num_requests_rejected"] >= 1 and b["failed"] >= 1,
         "preempt": lambda: s["num_preemptions"] >= 2,

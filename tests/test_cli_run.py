@@ -33,6 +33,17 @@ def test_golden_run_reproduces_saved_summary(tmp_path):
     assert got == want
 
 
+def test_golden_summary_holds_design_7_statistics_in_order():
+    # DESIGN.md section 7: mean/median/p10/p90/p99 of each per-request metric. The golden (regenerated once when
+    # tps_user p99, ttft/tpot/e2e p10/p90 and itl mean/p10/p90 were added: a diff of added lines only) holds them
+    # all, and percentiles of one population cannot decrease with q.
+    want = json.loads((GOLDEN / "run_confidence_async" / "summary.json").read_text())
+    for m, u in (("tps_user", ""), ("ttft", "_s"), ("tpot", "_s"), ("itl", "_s"), ("e2e", "_s")):
+        v = [want[f"{m}_{q}{u}"] for q in ("p10", "median", "p90", "p99")]
+        assert all(isinstance(x, float) for x in v) and v == sorted(v), (m, v)
+        assert isinstance(want[f"{m}_mean{u}"], float), m
+
+
 def test_run_writes_every_result_file_with_required_fields(tmp_path):
     out = _run(tmp_path, "run", "--policy", "threshold:0.5", "--rate", "4", "--num-requests", "60", "--quiet")
     summ = json.loads((out / "summary.json").read_text())

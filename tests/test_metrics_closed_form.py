@@ -91,6 +91,55 @@ def test_per_user_speed_summary(summ):
     assert summ["tps_user_p90"] == pytest.approx(2 / 3 + 1.2)
 
 
+# DESIGN.md section 7: mean / median / p10 / p90 / p99 of each per-request metric, per run.
+STATS = {"tps_user": ("tps_user_mean", "tps_user_median", "tps_user_p10", "tps_user_p90", "tps_user_p99"),
+         **{m: tuple(f"{m}_{q}_s" for q in ("mean", "median", "p10", "p90", "p99"))
+            for m in ("ttft", "tpot", "itl", "e2e")}}
+
+
+def test_every_per_request_metric_has_the_full_statistic_set(summ):
+    # Kills a statistic computed for some metrics only (summary.json had no tps_user p99, no ttft/tpot/e2e p10/p90,
+    # no itl mean/p10/p90), and one the cache check, the SLO vocabulary or the frontier columns do not know.
+    from dsparksim.results.metrics import SUMMARY_FIELDS
+    from dsparksim.sweep.capacity import SLO_METRICS
+
+    for keys in STATS.values():
+        for k in keys:
+            assert k in summ and k in SUMMARY_FIELDS and k in SLO_METRICS, k
+
+
+def test_added_percentiles_are_linear_over_the_same_samples(summ):
+    # Same samples as the existing keys (np.percentile linear: h = (N - 1) q / 100 between sorted neighbours).
+    # tps_user [2/3, 2.0]: p99 = 2/3 + 0.99 * 4/3. TTFT [0.5, 0.6, 1.0]: p10 h = 0.2 -> 0.5 + 0.2 * 0.1 = 0.52,
+    # p90 h = 1.8 -> 0.6 + 0.8 * 0.4 = 0.92. TPOT [0.5, 1.5]: p10 0.6, p90 1.4. E2E [0.5, 2.6, 4.0]: p10
+    # 0.5 + 0.2 * 2.1 = 0.92, p90 2.6 + 0.8 * 1.4 = 3.72. (Nearest rank would give 0.5 / 1.0, 0.5 / 1.5, ...)
+    assert summ["tps_user_p99"] == pytest.approx(2 / 3 + 0.99 * 4 / 3)
+    assert summ["ttft_p10_s"] == pytest.approx(0.52)
+    assert summ["ttft_p90_s"] == pytest.approx(0.92)
+    assert summ["tpot_p10_s"] == pytest.approx(0.6)
+    assert summ["tpot_p90_s"] == pytest.approx(1.4)
+    assert summ["e2e_p10_s"] == pytest.approx(0.92)
+    assert summ["e2e_p90_s"] == pytest.approx(3.72)
+
+
+def test_itl_mean_and_tails_are_over_the_pooled_chunks(summ):
+    # Pool [0.25 x2, 0.5, 1.0 x3, 2.0 x4] (see test_itl_percentiles_are_weighted_by_chunks): mean 12 / 10 = 1.2,
+    # p10 h = 0.9 -> 0.25, p90 h = 8.1 -> 2.0. Over the four step durations instead: mean 0.9375, p10 0.325,
+    # p90 1.7.
+    assert summ["itl_mean_s"] == pytest.approx(1.2)
+    assert summ["itl_p10_s"] == pytest.approx(0.25)
+    assert summ["itl_p90_s"] == pytest.approx(2.0)
+
+
+def test_no_sample_gives_null_for_every_statistic():
+    # Warm-up 9 s: no request arrived in the window [9, 10] and no step ends in it. Every statistic of every
+    # per-request metric is null (NaN in, None in summary.json), the new ones as the old ones.
+    s = summarize(_result(), policy="fixed:3", load=1, warmup_s=9.0, closed_loop=False)
+    assert s["num_requests_completed"] == 0 and s["num_steps"] == 0
+    for keys in STATS.values():
+        assert [s[k] for k in keys] == [None] * len(keys), keys
+
+
 def test_warmup_excludes_requests_that_arrived_before_it(summ):
     # r0 arrived at 1.0 < warm-up 2.0: out of every per-request statistic; r1 arrived exactly at 2.0: in.
     # Without the filter: 4 completed, TPOT mean (0.2+0.5+1.5)/3, TTFT mean (0.2+0.6+1.0+0.5)/4.
@@ -142,6 +191,10 @@ def test_itl_percentile_interpolates_like_vllm_bench_serve():
     s = summarize(_result(st), policy="fixed:3", load=1, warmup_s=WARMUP, closed_loop=False)
     assert s["itl_median_s"] == pytest.approx(2.0)
     assert s["itl_p99_s"] == pytest.approx(2.98)
+    # mean (1 + 3) / 2; p10 = 1 + 0.1 * 2, p90 = 1 + 0.9 * 2
+    assert s["itl_mean_s"] == pytest.approx(2.0)
+    assert s["itl_p10_s"] == pytest.approx(1.2)
+    assert s["itl_p90_s"] == pytest.approx(2.8)
 
 
 def test_itl_pool_holds_one_gap_per_preemption_resumed_in_the_window():
@@ -160,6 +213,10 @@ def test_itl_pool_holds_one_gap_per_preemption_resumed_in_the_window():
     s = summarize(res, policy="fixed:3", load=1, warmup_s=WARMUP, closed_loop=False)
     assert s["itl_median_s"] == pytest.approx(1.0)
     assert s["itl_p99_s"] == pytest.approx(1.9)
+    # the gap is one of the pool's samples for the mean too: (10 x 1.0 + 2.0) / 11 (without it: 1.0); p10 = p90 = 1.0
+    assert s["itl_mean_s"] == pytest.approx(12 / 11)
+    assert s["itl_p10_s"] == pytest.approx(1.0)
+    assert s["itl_p90_s"] == pytest.approx(1.0)
 
 
 # ---------------------------------------------------------------------------------------------- engine, by hand

@@ -25,10 +25,11 @@ if TYPE_CHECKING:  # pandas is imported where a table is built: a run imports it
 
 SUMMARY_FIELDS = (
     "policy", "load", "sim_time_s", "window_s", "num_requests_completed", "output_throughput_tok_s",
-    "request_throughput_req_s", "tps_user_mean", "tps_user_median", "tps_user_p10", "tps_user_p90",
-    "ttft_mean_s", "ttft_median_s", "ttft_p99_s", "tpot_mean_s", "tpot_median_s", "tpot_p99_s", "itl_median_s",
-    "itl_p99_s", "e2e_mean_s", "e2e_median_s", "e2e_p99_s", "mean_verify_len", "tau", "mean_batch_tokens",
-    "mean_running", "saturated",
+    "request_throughput_req_s", "tps_user_mean", "tps_user_median", "tps_user_p10", "tps_user_p90", "tps_user_p99",
+    "ttft_mean_s", "ttft_median_s", "ttft_p10_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s", "tpot_median_s",
+    "tpot_p10_s", "tpot_p90_s", "tpot_p99_s", "itl_mean_s", "itl_median_s", "itl_p10_s", "itl_p90_s", "itl_p99_s",
+    "e2e_mean_s", "e2e_median_s", "e2e_p10_s", "e2e_p90_s", "e2e_p99_s", "mean_verify_len", "tau",
+    "mean_batch_tokens", "mean_running", "saturated",
 )
 
 
@@ -107,6 +108,13 @@ def _pct(x: np.ndarray, q: float) -> float:
 def _mean(x: np.ndarray) -> float:
     x = x[np.isfinite(x)]
     return float(x.mean()) if x.size else float("nan")
+
+
+def _weighted_mean(values: np.ndarray, weights: np.ndarray) -> float:
+    """The mean of the pooled samples (each value ``weights`` times), NaN without one (as :func:`_weighted_pct`)."""
+    keep = weights > 0
+    v, w = values[keep], weights[keep]
+    return float((v * w).sum() / w.sum()) if v.size else float("nan")
 
 
 def _weighted_pct(values: np.ndarray, weights: np.ndarray, q: float) -> float:
@@ -293,18 +301,28 @@ def latency_stats(done: Mapping[str, np.ndarray], dt: np.ndarray, n_dec: np.ndar
     "tps_user_median": _pct(np.asarray(done["tps_user"]), 50),
     "tps_user_p10": _pct(np.asarray(done["tps_user"]), 10),
     "tps_user_p90": _pct(np.asarray(done["tps_user"]), 90),
+    "tps_user_p99": _pct(np.asarray(done["tps_user"]), 99),
     "ttft_mean_s": _mean(np.asarray(done["ttft_s"])),
     "ttft_median_s": _pct(np.asarray(done["ttft_s"]), 50),
+    "ttft_p10_s": _pct(np.asarray(done["ttft_s"]), 10),
+    "ttft_p90_s": _pct(np.asarray(done["ttft_s"]), 90),
     "ttft_p99_s": _pct(np.asarray(done["ttft_s"]), 99),
     "tpot_mean_s": _mean(np.asarray(done["tpot_s"])),
     "tpot_median_s": _pct(np.asarray(done["tpot_s"]), 50),
+    "tpot_p10_s": _pct(np.asarray(done["tpot_s"]), 10),
+    "tpot_p90_s": _pct(np.asarray(done["tpot_s"]), 90),
     "tpot_p99_s": _pct(np.asarray(done["tpot_s"]), 99),
     # ITL per streamed chunk: every decoding request receives one chunk per step, so the step durations
     # weighted by the number of decoding requests are exactly the pooled per-request ITL samples.
+    "itl_mean_s": _weighted_mean(dt, n_dec),
     "itl_median_s": _weighted_pct(dt, n_dec, 50),
+    "itl_p10_s": _weighted_pct(dt, n_dec, 10),
+    "itl_p90_s": _weighted_pct(dt, n_dec, 90),
     "itl_p99_s": _weighted_pct(dt, n_dec, 99),
     "e2e_mean_s": _mean(np.asarray(done["e2e_s"])),
     "e2e_median_s": _pct(np.asarray(done["e2e_s"]), 50),
+    "e2e_p10_s": _pct(np.asarray(done["e2e_s"]), 10),
+    "e2e_p90_s": _pct(np.asarray(done["e2e_s"]), 90),
     "e2e_p99_s": _pct(np.asarray(done["e2e_s"]), 99),
     }
 

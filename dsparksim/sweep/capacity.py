@@ -57,8 +57,10 @@ def measured(v: Any) -> bool:
 # (METRIC_ALIASES: *_p50 = *_median, as vLLM names them). A field the summary gains is added here.
 SLO_METRICS = (
     "output_throughput_tok_s", "request_throughput_req_s", "tps_user_mean", "tps_user_median", "tps_user_p10",
-    "tps_user_p90", "ttft_mean_s", "ttft_median_s", "ttft_p99_s", "tpot_mean_s", "tpot_median_s", "tpot_p99_s",
-    "itl_median_s", "itl_p99_s", "e2e_mean_s", "e2e_median_s", "e2e_p99_s", "mean_verify_len", "tau",
+    "tps_user_p90", "tps_user_p99", "ttft_mean_s", "ttft_median_s", "ttft_p10_s", "ttft_p90_s", "ttft_p99_s",
+    "tpot_mean_s", "tpot_median_s", "tpot_p10_s", "tpot_p90_s", "tpot_p99_s", "itl_mean_s", "itl_median_s",
+    "itl_p10_s", "itl_p90_s", "itl_p99_s", "e2e_mean_s", "e2e_median_s", "e2e_p10_s", "e2e_p90_s", "e2e_p99_s",
+    "mean_verify_len", "tau",
     "mean_batch_tokens", "mean_running", "num_requests_completed", "num_requests_completed_total",
     "num_requests_issued", "num_steps", "kv_peak_used_tokens", "sim_time_s", "window_s")
 METRIC_ALIASES = {f"{m}_p50{u}": f"{m}_median{u}" for m, u in
