@@ -49,7 +49,8 @@ def _check_production_profile(name: str) -> None:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from dsparksim.study.run import check_out, run_study, settings_for, write_report, write_study  # lazy: pulls in numpy
+    from dsparksim.study.run import (check_out, run_study, settings_for, study_fit_lines,  # lazy: pulls in numpy
+                                     write_report, write_study)
 
     check_seed(args)
     names = list(STUDIES) if args.name == "all" else [args.name]
@@ -61,6 +62,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     settings = settings_for("fast" if args.fast else "full", args.profile, None if args.no_contrast else "dense",
                             args.seeds, args.seed)
     check_out(args.out, names)
+    for line in study_fit_lines(names, settings):   # a fitted profile's server, taken as `run` takes it
+        print(line, file=sys.stderr)
     written = 0
     try:
         for name in names:
