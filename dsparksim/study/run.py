@@ -47,17 +47,20 @@ def settings_for(mode: str, profile: str | None = None, contrast: str | None = "
 
 
 def study_regimes(name: str, settings: Settings) -> list[Regime]:
-    """The regimes study ``name`` may run in: the settings' regimes, then any other the study adds (its
-    ``regimes_of(settings)``: long-context's fitted TensorRT-LLM contrast)."""
-    mod = study_module(name)
-    own = list(getattr(mod, "regimes_of", lambda s: [])(settings))
-    return list({r.name: r for r in [*settings.regimes, *own]}.values())
+    """The regimes the cells of study ``name`` run in (its ``plan(settings)``), in order: the settings' ones and any
+    the study adds (fig8-production's fitted SGLang profile, long-context's fitted TensorRT-LLM one)."""
+    return list({c.regime.name: c.regime for c in study_module(name).plan(settings)}.values())
 
 
 def study_fit_lines(names: Sequence[str], settings: Settings) -> list[str]:
     """The notes (and cautions) of the fitted profiles the studies ``names`` run on, each line once: which server
     settings their cells take from the fit, as ``dsparksim run`` says it (:func:`dsparksim.cost.fitted.fit_lines`)."""
     return fit_lines((r.fit() for n in names for r in study_regimes(n, settings)), FIT_REMEDY)
+
+
+def _recorded_regimes(name: str, settings: Settings) -> list[Regime]:
+    """study.json's regimes: the settings' ones (as before any study added one), then the others its cells ran in."""
+    return list({r.name: r for r in [*settings.regimes, *study_regimes(name, settings)]}.values())
 
 
 def _regime_record(r: Regime) -> dict[str, Any]:
@@ -136,7 +139,7 @@ def write_study(out: str | Path, name: str, settings: Settings, section: Section
             draw(d / fname)
         meta = {"written_by": "dsparksim study", "study": name, "title": mod.TITLE, "mode": settings.mode,
                 "seeds": list(settings.seeds),
-                "regimes": [_regime_record(r) for r in study_regimes(name, settings)],
+                "regimes": [_regime_record(r) for r in _recorded_regimes(name, settings)],
                 "headline": section.headline, "wall_s": round(wall_s, 1), "dsparksim_version": __version__,
                 "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "tables": sorted(f"{t}.csv" for t in section.tables), "figures": sorted(section.figures)}
