@@ -27,7 +27,9 @@ def register(subparsers) -> None:
     p.add_argument("--fast", action="store_true", help="CI-sized run")
     p.add_argument("--profile", default=None,
                    help="cost profile of the production regime [built-h200x8-deepseek-v3-tp8]; its engine options "
-                        "(decode-only, paged KV, ...) stay")
+                        "(decode-only, paged KV, ...) stay, and a `profile fit` profile brings the server it was "
+                        "fitted under (prefill chunk, max running requests, memory fraction, mixed prefill), as in "
+                        "`run`")
     p.add_argument("--no-contrast", action="store_true", help="skip the dense contrast regime (h100-llama2-7b-tp1)")
     p.add_argument("--seeds", type=_seeds, default=None, help="paired seeds [2 fast, 5 full]")
     add_seed_option(p, help="first seed [%(default)s]")
