@@ -171,3 +171,14 @@ def test_a_hand_edited_batch_wait_record_is_refused_naming_the_field(tmp_path, b
 
     with pytest.raises(ConfigError, match=rf"client_model\.{field}.*{shown}"):
         profile_fit_server(fitted_profile(tmp_path, batch_wait=bad))
+
+
+def test_plan_deployments_take_the_fit_batch_waiting_and_record_it(tmp_path):
+    from dsparksim.plan import plan_from_dict
+    from test_fit_defaults import plan_dict
+
+    spec = plan_from_dict(plan_dict(fitted_profile(tmp_path, batch_wait=WAIT)))
+    for d in spec.deployments:
+        opts = spec.options(d, 1.0, 1, 0)
+        assert (opts["batch_wait_timeout_iters"], opts["batch_wait_max_tokens_ratio"]) == (40, 0.8)
+        assert d.to_dict()["options_from_profile_fit"]["batch_wait_timeout_iters"] == 40
