@@ -579,7 +579,8 @@ def warn_incomplete_cells(table, seeded: bool, closed_loop: bool = False) -> Non
 
 
 # Run options whose given-ness decides what a fitted profile's server fills in (dsparksim.cost.fitted).
-FIT_GIVEN_KEYS = ("prefill_chunk_tokens", "max_num_seqs", "mem_fraction_static", "mixed_prefill", "kv_capacity_tokens")
+FIT_GIVEN_KEYS = ("prefill_chunk_tokens", "max_num_seqs", "mem_fraction_static", "mixed_prefill", "kv_capacity_tokens",
+                  "batch_wait_timeout_iters", "batch_wait_max_tokens_ratio", "disaggregated", "dp_ranks")
 
 
 def given_options(args: argparse.Namespace, keys: Sequence[str]) -> dict[str, Any]:

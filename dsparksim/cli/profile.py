@@ -215,8 +215,8 @@ def format_summary(s: dict[str, Any]) -> str:
         kv = s["fit_kv_capacity_tokens"]
         kv = f"; KV capacity at that fraction {kv}" if kv is not None else ""
         lines.append(f"  fitted server      {' '.join(flag_spelling(k, v) for k, v in s['fit_server'].items())} "
-                     f"(metadata.fit.client_model: run, frontier, sweep, capacity, plan and bench replay use it "
-                     f"where no option sets it{kv})")
+                     f"(metadata.fit.client_model: run, frontier, sweep, capacity, plan, study and bench replay "
+                     f"use it where no option sets it, bench replay all but the batch waiting{kv})")
     if s["request_latency_s"]:
         lines.append(f"  request latency    {s['request_latency_s'] * 1e3:.1f} ms outside the engine's step loop "
                      "(client-side: bench replay adds it to TTFT and E2E; run, frontier, sweep and plan leave it "

@@ -27,7 +27,9 @@ def register(subparsers) -> None:
     p.add_argument("--fast", action="store_true", help="CI-sized run")
     p.add_argument("--profile", default=None,
                    help="cost profile of the production regime [built-h200x8-deepseek-v3-tp8]; its engine options "
-                        "(decode-only, paged KV, ...) stay")
+                        "(decode-only, paged KV, ...) stay, and a `profile fit` profile brings the server it was "
+                        "fitted under (prefill chunk, max running requests, memory fraction, mixed prefill), as in "
+                        "`run`")
     p.add_argument("--no-contrast", action="store_true", help="skip the dense contrast regime (h100-llama2-7b-tp1)")
     p.add_argument("--seeds", type=_seeds, default=None, help="paired seeds [2 fast, 5 full]")
     add_seed_option(p, help="first seed [%(default)s]")
@@ -49,7 +51,8 @@ def _check_production_profile(name: str) -> None:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from dsparksim.study.run import check_out, run_study, settings_for, write_report, write_study  # lazy: pulls in numpy
+    from dsparksim.study.run import (check_out, run_study, settings_for, study_fit_lines,  # lazy: pulls in numpy
+                                     write_report, write_study)
 
     check_seed(args)
     names = list(STUDIES) if args.name == "all" else [args.name]
@@ -61,6 +64,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     settings = settings_for("fast" if args.fast else "full", args.profile, None if args.no_contrast else "dense",
                             args.seeds, args.seed)
     check_out(args.out, names)
+    for line in study_fit_lines(names, settings):   # a fitted profile's server, taken as `run` takes it
+        print(line, file=sys.stderr)
     written = 0
     try:
         for name in names:

@@ -1,10 +1,11 @@
 """The server a ``profile fit`` profile was fitted under, and the run options that default to it.
 
 ``dsparksim profile fit`` simulates the benchmark runs on one server (``metadata.fit.client_model``: prefill chunk,
-most running requests, memory fraction for the KV cache, whether prefill chunks shared steps with decode) and
-fits the cost families to the runs on that server. ``run``, ``frontier``, ``sweep``, ``capacity`` and ``plan``
-have their own defaults for those settings (a 2048-token chunk, 1024 requests, the profile's KV capacity, mixed
-prefill); on a fitted profile an option the user did not set takes the fit's value instead
+most running requests, memory fraction for the KV cache, whether prefill chunks shared steps with decode,
+TensorRT-LLM's batch waiting) and fits the cost families to the runs on that server. ``run``, ``frontier``,
+``sweep``, ``capacity``, ``plan`` and ``study`` have their own defaults for those settings (a 2048-token chunk, 1024
+requests, the profile's KV capacity, mixed prefill, no batch waiting); on a fitted profile an option the user (or
+the study's regime) did not set takes the fit's value instead
 (:func:`fit_defaults`), and the command says so in one line (:meth:`FitDefaults.note`), and says when a value the
 user set differs from the fit's (:meth:`FitDefaults.caution`). Any other profile keeps the run's defaults.
 """
@@ -19,13 +20,19 @@ from typing import Any, Iterable, Mapping
 from dsparksim.cost.profile import profile_path, read_profile_dict
 from dsparksim.errors import ConfigError, InputError
 
-__all__ = ["FIT_COMMAND", "SERVER_KEYS", "FitDefaults", "FitRange", "fit_defaults", "fit_lines", "fit_range",
-           "fit_server", "fit_set_mixed_prefill", "key_spelling", "profile_fit_server"]
+__all__ = ["BATCH_WAIT_KEYS", "FIT_COMMAND", "SERVER_KEYS", "FitDefaults", "FitRange", "fit_defaults", "fit_lines",
+           "fit_range", "fit_server", "fit_set_mixed_prefill", "fitted_options", "key_spelling", "profile_fit_server"]
 
 FIT_COMMAND = "dsparksim profile fit"      # metadata.fit.command of a profile `profile fit` wrote
 # Run options (dsparksim.config.run_options keys) a fit records under metadata.fit.client_model, in that order.
-SERVER_KEYS = ("prefill_chunk_tokens", "max_num_seqs", "mem_fraction_static", "mixed_prefill")
+BATCH_WAIT_KEYS = ("batch_wait_timeout_iters", "batch_wait_max_tokens_ratio")   # one setting: both or neither
+SERVER_KEYS = ("prefill_chunk_tokens", "max_num_seqs", "mem_fraction_static", "mixed_prefill", *BATCH_WAIT_KEYS)
 _FIELD = "metadata.fit.client_model"
+# A set run option that keeps the fit's settings out (they conflict with it) -> those settings: a KV capacity
+# replaces the memory fraction; batch waiting is refused on decode-only engines and under attention DP.
+_DISPLACES = {"kv_capacity_tokens": ("mem_fraction_static",), "disaggregated": BATCH_WAIT_KEYS,
+              "dp_ranks": BATCH_WAIT_KEYS}
+REMEDY = "set them to simulate another server"
 
 
 def _count(source: str, cm: Mapping[str, Any], key: str) -> int:
@@ -39,7 +46,8 @@ def fit_server(meta: Mapping[str, Any], source: str, budget: int | None = None) 
     """The run options of the server a profile's metadata says it was fitted under ({} unless ``profile fit``
     wrote it). ``mixed_prefill`` is left out when the fitted runs differed in it (their engines' defaults) or the
     fit predates its record (every step then mixed, the run's default); ``mem_fraction_static`` when the fit used
-    the profile's KV capacity. A recorded value that is not as ``profile fit`` writes it (``budget``: the
+    the profile's KV capacity; the batch waiting pair unless every fitted run waited with one setting
+    (:func:`_batch_wait`). A recorded value that is not as ``profile fit`` writes it (``budget``: the
     profile's token budget, which the fit's prefill chunk cannot exceed; a ``metadata.fit.runs`` of the wrong
     shape): ConfigError naming the field."""
     fit = meta.get("fit")
@@ -68,7 +76,32 @@ def fit_server(meta: Mapping[str, Any], source: str, budget: int | None = None) 
     elif mixed is not None and not (isinstance(value, list) and all(isinstance(x, bool) for x in value)):
         raise ConfigError(source, f"{_FIELD}.mixed_prefill", f"expected {{\"value\": true|false|[...]}}, got "
                           f"{mixed!r}")
-    return out
+    return out | _batch_wait(source, cm)
+
+
+def _batch_wait(source: str, cm: Mapping[str, Any]) -> dict[str, Any]:
+    """TensorRT-LLM's batch waiting of the fitted runs (``client_model.batch_wait``, as ``profile fit`` writes it)
+    as the two run options; {} when the fit has no record (off in every run), and, as for mixed prefill, when the
+    runs differed in it (``run_ids`` names only some of them, or several values). A record of another shape:
+    ConfigError naming the field and the value."""
+    bw = cm.get("batch_wait")
+    if bw is None:
+        return {}
+    where = f"{_FIELD}.batch_wait"
+    if not isinstance(bw, Mapping):
+        raise ConfigError(source, where, f"expected an object (timeout_iters, max_tokens_ratio, run_ids), got {bw!r}")
+    t, r, ids = bw.get("timeout_iters"), bw.get("max_tokens_ratio"), bw.get("run_ids")
+    if not isinstance(t, list) or not t or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1
+                                                   for x in t):
+        raise ConfigError(source, f"{where}.timeout_iters", f"expected a list of integers >= 1, got {t!r}")
+    if not isinstance(r, list) or not r or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                   and 0 < x <= 1 for x in r):
+        raise ConfigError(source, f"{where}.max_tokens_ratio", f"expected a list of fractions in (0, 1], got {r!r}")
+    if ids != "all" and not (isinstance(ids, list) and ids and all(isinstance(x, str) for x in ids)):
+        raise ConfigError(source, f"{where}.run_ids", f"expected \"all\" or a list of run ids, got {ids!r}")
+    if ids != "all" or len(t) > 1 or len(r) > 1:
+        return {}
+    return {"batch_wait_timeout_iters": t[0], "batch_wait_max_tokens_ratio": float(r[0])}
 
 
 def fit_set_mixed_prefill(meta: Mapping[str, Any]) -> bool | None:
@@ -177,20 +210,20 @@ class FitDefaults:
     used: Mapping[str, Any] = field(default_factory=dict)
     differs: Mapping[str, Any] = field(default_factory=dict)
 
-    def note(self, spell: Any) -> str | None:
+    def note(self, spell: Any, remedy: str = REMEDY) -> str | None:
         """One line: which settings were used and why (None when none was filled in). ``spell(key, value)`` writes
-        one setting (a command-line flag, or a spec key)."""
+        one setting (a command-line flag, or a spec key); ``remedy`` ends the line (how to simulate another)."""
         if not self.used:
             return None
         return (f"{', '.join(spell(k, v) for k, v in self.used.items())}: the server profile {self.profile} was "
                 f"fitted under ({_FIELD}: `profile fit` simulated the benchmark runs on it), used as none of these "
-                "was set; set them to simulate another server")
+                f"was set; {remedy}")
 
     def caution(self, spell: Any) -> str | None:
         """One line naming every set value that differs from the fit's (None when none does)."""
         if not self.differs:
             return None
-        keys = [k if k != "kv_capacity_tokens" else "mem_fraction_static" for k in self.differs]
+        keys = dict.fromkeys(f for k in self.differs for f in _DISPLACES.get(k, (k,)))
         fit = ", ".join(spell(k, self.fitted[k]) for k in keys)
         return (f"{', '.join(spell(k, v) for k, v in self.differs.items())} "
                 f"{'differs' if len(self.differs) == 1 else 'differ'} from the server profile "
@@ -200,32 +233,53 @@ class FitDefaults:
 
 def fit_defaults(profile: str | Path, given: Mapping[str, Any], unreadable_ok: bool = True) -> FitDefaults:
     """The fit's settings of ``profile`` that ``given`` (the run options the user set: key -> value) leaves unset,
-    and the ones it sets otherwise. A given ``kv_capacity_tokens`` sets the KV capacity, so the fit's memory
-    fraction is not used beside it (they conflict). Empty for a profile ``profile fit`` did not write, and (with
+    and the ones it sets otherwise. A setting a given option conflicts with is not used beside it, and counts as
+    differing (:data:`_DISPLACES`: a ``kv_capacity_tokens`` sets the KV capacity the memory fraction would; batch
+    waiting is refused with ``disaggregated`` or ``dp_ranks`` above 1). The batch waiting pair is one setting:
+    with either half given, neither is filled in. Empty for a profile ``profile fit`` did not write, and (with
     ``unreadable_ok``) for one that cannot be read: loading it for the run says why."""
     fitted = profile_fit_server(profile, unreadable_ok)
-    kv = given.get("kv_capacity_tokens")
     used, differs = {}, {}
+    pair_given = any(given.get(b) is not None for b in BATCH_WAIT_KEYS)
     for k, v in fitted.items():
-        if k in given and given[k] is not None:
+        blocker = _displacing(k, given)
+        if given.get(k) is not None:
             if given[k] != v:
                 differs[k] = given[k]
-        elif k == "mem_fraction_static" and kv is not None:
-            differs["kv_capacity_tokens"] = kv
+        elif k in BATCH_WAIT_KEYS and pair_given:
+            continue   # the other half given alone: the run refuses it, naming it
+        elif blocker is not None:
+            differs[blocker] = given[blocker]
         else:
             used[k] = v
     return FitDefaults(profile=str(profile), fitted=fitted, used=used, differs=differs)
 
 
-def fit_lines(fds: Iterable[FitDefaults]) -> list[str]:
+def _displacing(key: str, given: Mapping[str, Any]) -> str | None:
+    """The given option that keeps the fit's ``key`` out (:data:`_DISPLACES`), else None."""
+    for opt, keys in _DISPLACES.items():
+        v = given.get(opt)
+        if key in keys and v is not None and v is not False and not (opt == "dp_ranks" and v == 1):
+            return opt
+    return None
+
+
+def fitted_options(values: Mapping[str, Any], profile: str | Path) -> dict[str, Any]:
+    """``values`` (run options, as :meth:`dsparksim.config.RunConfig.from_options` takes them) with the settings of
+    ``profile``'s fitted server they leave unset filled in (:func:`fit_defaults`): what ``run`` simulates when
+    those are its options; sweep cells and study cells are built from it."""
+    return {**fit_defaults(profile, values).used, **values}
+
+
+def fit_lines(fds: Iterable[FitDefaults], remedy: str = REMEDY) -> list[str]:
     """The 'dsparksim: note:' lines of the runs' :class:`FitDefaults` (``key = value`` spellings, as a spec
-    writes them), each line once, then one 'dsparksim: caution:' line per fitted profile naming every set value
-    that differs from the fit's (``prefill_chunk_tokens = 1024 / 2048``): a sweep axis or a plan candidate list
-    over server settings gave one caution per cell."""
+    writes them; each ends with ``remedy``), each line once, then one 'dsparksim: caution:' line per fitted profile
+    naming every set value that differs from the fit's (``prefill_chunk_tokens = 1024 / 2048``): a sweep axis or a
+    plan candidate list over server settings gave one caution per cell."""
     lines: dict[str, None] = {}
     differs: dict[str, tuple[FitDefaults, dict[str, dict[Any, None]]]] = {}   # profile -> (one fd, key -> values)
     for fd in fds:
-        line = fd.note(key_spelling)
+        line = fd.note(key_spelling, remedy)
         if line:
             lines[f"dsparksim: note: {line}"] = None
         if fd.differs:

@@ -16,6 +16,7 @@ import numpy as np
 from dsparksim.policies.base import Policy, StepContext
 from dsparksim.results.stats import t_interval
 from dsparksim.config import RunConfig
+from dsparksim.cost.fitted import FitDefaults, fit_defaults, fitted_options
 from dsparksim.policies import Ranking
 from dsparksim.policies.confidence_global import global_budget
 
@@ -46,6 +47,12 @@ class Regime:
 
     def with_profile(self, profile: str) -> "Regime":
         return dataclasses.replace(self, profile=profile)
+
+    def fit(self) -> FitDefaults:
+        """What the regime's cells take from a ``profile fit`` profile's server (the settings its options leave
+        unset, as ``dsparksim run`` takes them; none for another profile). The studies' traffic and policies set
+        no server option, so this is every cell's (:func:`run_config`)."""
+        return fit_defaults(self.profile, self.run_options())
 
 
 # The production regime of sweeps/production.toml (issue 12): DeepSeek-V3 on 8 x H200 as one TP8 engine,
@@ -78,10 +85,12 @@ REGIMES = {r.name: r for r in (PRODUCTION, DENSE)}
 # ------------------------------------------------------------------------------------------------ one cell
 def run_config(regime: Regime, policy: str, seed: int, traffic: dict[str, Any],
                user_steps: tuple[tuple[float, int], ...] | None = None):
-    """The RunConfig of one cell: the regime's options, the policy and seed, the traffic options (+ user_steps)."""
+    """The RunConfig of one cell: the regime's options, the policy and seed, the traffic options (+ user_steps), and
+    on a ``profile fit`` profile the fitted server's settings none of them sets, as ``dsparksim run`` takes them
+    (:func:`dsparksim.cost.fitted.fitted_options`; :meth:`Regime.fit` records them)."""
 
     opts = regime.run_options() | {"policy": policy, "seed": int(seed)} | traffic
-    cfg = RunConfig.from_options(opts, source=f"study regime {regime.name!r}")
+    cfg = RunConfig.from_options(fitted_options(opts, regime.profile), source=f"study regime {regime.name!r}")
     if user_steps is not None:
         cfg = cfg.replace(traffic=dataclasses.replace(cfg.traffic, user_steps=user_steps))
     return cfg

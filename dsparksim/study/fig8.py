@@ -64,9 +64,10 @@ def regimes(settings: Settings, p: Plan) -> list[Regime]:
     out = [prim]
     if p.fitted and prim.profile != FITTED:
         out.append(dataclasses.replace(prim, name=f"{prim.name}-fitted", profile=FITTED,
-                                       why=prim.why.split(";")[0] + "; the cost profile fitted on InferenceX's "
+                                       why=prim.why.split(" (")[0] + "; the cost profile fitted on InferenceX's "
                                        "published SGLang 0.5.12 DeepSeek-R1 runs (dsparksim profile fit) instead "
-                                       "of the built one"))
+                                       "of the built one, on the server it was fitted under (study.json: "
+                                       "options_from_profile_fit; its memory fraction sets the KV capacity)"))
     if p.contrast:
         out += list(settings.regimes[1:])
     return out

@@ -34,14 +34,16 @@ TWO_D = "confidence-async-2d:2"
 LENGTHS = "mooncake-long"
 PREFILL_REPLICAS = 256   # a Mooncake-like prefill pool large enough that the decode engine is the bottleneck
 
-# The contrast: the InferenceX-fitted TensorRT-LLM profile of the same model family (issue 30), fp8 KV (twice the
-# cache: 1,333,260 tokens), so twice as many long requests decode at once.
+# The contrast: the InferenceX-fitted TensorRT-LLM profile of the same model family (issue 30), fp8 KV (about twice
+# the cache: 1,415,019 tokens at the fit's memory fraction 0.8906), so about twice as many long requests decode at
+# once. Its cells run on the server it was fitted under where the regime sets nothing (study.common.run_config).
 FITTED = Regime(
     name="fitted-trtllm", profile="fitted-h200x8-deepseek-r1-trtllm-1.3.0rc14-ep8", options=PRODUCTION.options,
     users=(64, 512), rate_rps=48.0, loads=(32, 64),
     why="DeepSeek-R1 on 8 x H200, TensorRT-LLM 1.3.0rc14 TP8/EP8, fitted by `dsparksim profile fit` on published "
-        "InferenceX runs (issue 30); fp8 KV, 1,333,260 tokens; run with the production regime's engine options "
-        "(decode-only, paged KV, K = 5)")
+        "InferenceX runs (issue 30); fp8 KV, 1,415,019 tokens at the fit's memory fraction 0.8906; run with the "
+        "production regime's engine options (decode-only, paged KV, K = 5) on the server it was fitted under "
+        "(study.json: options_from_profile_fit)")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dsparksim.config import DEFAULT_CONCURRENCY, reserved_kv_conflict, run_opti
 from dsparksim.errors import ConfigError, InputError
 from dsparksim import __version__
 from dsparksim.acceptance import parse_spec
-from dsparksim.cost.fitted import fit_defaults, fit_lines as merged_fit_lines
+from dsparksim.cost.fitted import fit_defaults, fit_lines as merged_fit_lines, fitted_options
 from dsparksim.cost.profile import profile_path
 from dsparksim.sim.reads import identity, same_as
 from dsparksim.traffic.config import DEFAULT_LENGTHS
@@ -62,8 +62,7 @@ def build_config(values: dict[str, Any], source: str = "sweep spec") -> RunConfi
         if hit:   # a paged-only key the spec set, whatever its value (its default too)
             raise ConfigError(source, *hit)
         # a fitted profile's server (prefill chunk, ...) where the spec sets none, as `dsparksim run` does
-        fitted = fit_defaults(values.get("profile", DEFAULT_PROFILE), values).used
-        return RunConfig.from_options({**fitted, **values}, source)
+        return RunConfig.from_options(fitted_options(values, values.get("profile", DEFAULT_PROFILE)), source)
     except InputError as e:
         # the source once: the inner error of this spec names it already
         raise ConfigError(source, e.field, f"cell {values}: {e.message if e.source == source else e}") from None
