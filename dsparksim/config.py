@@ -107,7 +107,8 @@ class EngineConfig:
     kv_transfer_gbps:    prefill -> decode link bandwidth in Gbit/s (disaggregated; required there).
     kv_bytes_per_token:  KV bytes per token shipped (disaggregated); None = the profile's metadata value.
     mixed_prefill:       a step mixes prefill chunks with decode (vLLM, TensorRT-LLM); False = a step with a prefill
-                         chunk carries no decode (SGLang's default, --enable-mixed-chunk off; sim/scheduler.py doc).
+                         chunk carries no decode (SGLang's default, --enable-mixed-chunk off; sim/scheduler.py doc). A
+                         decode-only engine (disaggregated) always mixes (SGLang's decode server runs no prefill step).
     pad_verify:          verify lengths padded to the step's maximum (no variable-length kernels; sim/scheduler.py
                          doc).
     draft_exit:          early-exit survival threshold of the drafter, None = off (sim/early_exit.py).
@@ -181,7 +182,8 @@ class EngineConfig:
         True, "--mixed-prefill", switch=True, kinds=BOOL,
         help="steps mix prefill chunks with decode (vLLM, TensorRT-LLM); --no-mixed-prefill: a step with a prefill "
              "chunk carries no decode and the decoding requests wait it out (SGLang's default, "
-             "--enable-mixed-chunk off) [on; on a profile-fit profile, the fit's when its runs agreed]")
+             "--enable-mixed-chunk off; a --disaggregated decode-only engine always mixes) [on; on a profile-fit profile, the "
+             "fit's when its runs agreed]")
     mem_fraction_static: float | None = option(
         None, "--mem-fraction-static", parse=pos_float, kinds=NUM, metavar="FRAC",
         help="SGLang's static memory fraction (weights + KV pool): sets the KV capacity from the profile's memory "

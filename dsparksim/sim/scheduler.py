@@ -49,7 +49,10 @@ the decoding rows' tokens first and the rest of the token budget goes to prefill
 carries no decode tokens, the decoding rows wait it out and decode on the next step without a chunk; the chunks
 get ``min(prefill_chunk_tokens, max_batched_tokens)`` tokens (decode rows take none of that budget), and the step
 is priced by the profile's prefill-only path (``n_decode == 0``), its ``kv_read`` being the context of the
-non-decoding rows only. Sources: sgl-project/sglang python/sglang/srt/server_args.py ``enable_mixed_chunk: bool =
+non-decoding rows only. A decode-only engine (``disaggregated``) always mixes: SGLang's decode server runs no prefill
+forward for a transferred request (its ``PrebuiltExtendBatch`` only fills metadata, then the request joins the
+running batch: python/sglang/srt/disaggregation/decode.py), so its one-token first step, and a preempted request's
+local re-prefill, ride with the decode rows (a prefill-only step there would stall every decoding request for it). Sources: sgl-project/sglang python/sglang/srt/server_args.py ``enable_mixed_chunk: bool =
 False``; python/sglang/srt/managers/scheduler.py (commit d51c1c21d1ac07cd5d1de9ead6c99087d8428e79)
 ``get_new_batch_prefill``: ``num_mixed_running = running_bs if self.is_mixed_chunk else 0`` and the running batch
 is mixed into the prefill batch only ``if self.is_mixed_chunk``; ``get_next_batch_to_run`` in later versions:
@@ -126,7 +129,9 @@ class Scheduler:
         self.policy = inputs.policy if policy is None else policy
         self.K, self.drafter = K, inputs.drafter
         self.kv = make_kv(config.kv_policy, table, inputs.kv_cap, K, config.kv_page_tokens, config.kv_watermark)
-        self.paged, self.disagg, self.mixed = self.kv.paged, config.disaggregated, config.mixed_prefill
+        # A decode-only engine never runs a prefill-only step, whatever mixed_prefill says (module doc)
+        self.paged, self.disagg = self.kv.paged, config.disaggregated
+        self.mixed = config.mixed_prefill or config.disaggregated
         self.draft_exit = config.draft_exit     # early exit of drafting (module sim/early_exit.py)
         self.pad_verify = config.pad_verify     # verify lengths padded to the step's maximum (module doc)
         self._exit_log = (0.0, 0.0)             # this step's drafting priced, and all K positions' price
