@@ -412,6 +412,36 @@ def test_vllm_metadata_keys_are_read_in_their_dashed_spelling_and_unknown_ones_a
     assert "field 'gpu_count'" in err and "8" in err and "16" in err
 
 
+def test_vllm_keys_outside_the_metadata_block_that_nothing_reads_are_named(tmp_path, capsys):
+    """A pair added after the run (appended at the end) or a file whose keys were sorted (`jq -S`) put --metadata
+    keys outside the block between num_prompts and request_rate: those naming no column were dropped without a
+    word (a column-named one, gpu, was read). The keys vLLM writes itself are never named."""
+    rec = {**_with_metadata(_vllm(percentiles=(50, 99.9)), commit="abc123"), "spec_decode_num_drafts": 7,
+           "probe_completed": None, "p99_e2el_including_client_queue_ms": 1.0, "ttfts": [0.1], "cluster": "west",
+           "gpu": "H200"}
+    src = _write(tmp_path, "v.json", rec, end="")
+    out = tmp_path / "r.csv"
+    assert main(["bench", "import", str(src), "--out", str(out)]) == 0
+    (row,) = read_runs(out)
+    assert row["gpu"] == "H200"
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "not read" in ln]
+    assert len(lines) == 2, lines
+    assert "--metadata key(s) not read, no runs-table column: 'commit' (" in lines[0]
+    assert "key(s) outside the --metadata block not read, neither a field vllm bench serve writes nor a runs-table " \
+           "column: 'cluster' (" in lines[1]
+    # sorted keys: the block holds vLLM's own fields (output_throughput, p99_*), which are not metadata
+    src = tmp_path / "sorted.json"
+    src.write_text(json.dumps(rec, sort_keys=True))
+    assert main(["bench", "import", str(src), "--out", str(tmp_path / "s.csv")]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "not read" in ln]
+    assert len(lines) == 1 and "outside the --metadata block" in lines[0], lines
+    assert "'cluster', 'commit' (" in lines[0] and "p99" not in lines[0] and "throughput" not in lines[0]
+    # a file as vLLM writes it, no pair: nothing said
+    assert main(["bench", "import", str(_write(tmp_path, "plain.json", _vllm(), end="")), "--out",
+                 str(tmp_path / "p.csv")]) == 0
+    assert "not read" not in capsys.readouterr().out
+
+
 def test_two_spellings_of_one_metadata_column_must_agree(tmp_path, capsys):
     src = _write(tmp_path, "v.json", _with_metadata(_vllm(), gpu_count="8", **{"gpu-count": "4"}), end="")
     err = _refused(tmp_path, capsys, src)

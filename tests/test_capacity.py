@@ -220,3 +220,29 @@ def test_a_probe_that_rejected_requests_on_arrival_is_infeasible(tmp_path):
     why = res["trace"][0]["violations"]
     assert len(why) == 1 and why[0].startswith("no request rejected on arrival (") and "kv_capacity:" in why[0]
     assert check_slo({"tps_user_median": 5.0, "num_requests_rejected": 0}, st.slo) == (True, [])
+
+
+def test_a_load_flag_other_than_the_table_load_takes_none_of_its_range(tmp_path, capsys):
+    """`capacity --load rate` on a spec whose [capacity] range was written for concurrency (min 1, max 64,
+    tolerance 1) searched 1..64 req/s with that tolerance without a word; now refused naming the values to give."""
+    p = tmp_path / "cap.toml"
+    p.write_text('[base]\nduration_s = 2.0\n[axes]\npolicy = ["mtp1"]\n[capacity]\nload = "concurrency"\n'
+                 'min = 1\nmax = 64\ntolerance = 1\nslo = ["tps_user_median >= 1"]\n')
+    spec = load_spec(p)
+    with pytest.raises(ConfigError, match=r"'--load': searches rate, but .*cap.toml's capacity.min = 1, "
+                                          r"capacity.max = 64, capacity.tolerance = 1 were written for load "
+                                          r"'concurrency' \(capacity.load\): give --min, --max, --tolerance for rate"):
+        capacity_settings(spec, load="rate")
+    with pytest.raises(ConfigError, match=r"capacity.tolerance = 1 was written .*: give --tolerance for rate"):
+        capacity_settings(spec, load="rate", min=0.5, max=8.0)
+    st = capacity_settings(spec, load="rate", min=0.5, max=8.0, tolerance=0.1)     # all given: searched as typed
+    assert (st.load, st.lo, st.hi, st.tolerance) == ("rate", 0.5, 8.0, 0.1)
+    assert capacity_settings(spec, load="concurrency").hi == 64      # the table's own load: its range
+    # no capacity.load: the range was written for the spec's load (concurrency)
+    p.write_text('[base]\nduration_s = 2.0\n[axes]\npolicy = ["mtp1"]\n[capacity]\nmin = 1\nmax = 64\n'
+                 'slo = ["tps_user_median >= 1"]\n')
+    out = tmp_path / "o"
+    assert main(["capacity", str(p), "--load", "rate", "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "capacity.min = 1, capacity.max = 64 were written for load 'concurrency' (the spec's load)" in err, err
+    assert not out.exists()

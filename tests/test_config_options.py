@@ -4,6 +4,8 @@ parsing happen in one place each; the replica/router/DP fields are defined, vali
 from __future__ import annotations
 
 import json
+import math
+import re
 import shutil
 import subprocess
 import sys
@@ -103,6 +105,35 @@ def test_a_sweep_naming_both_stop_rules_is_an_error_not_a_dropped_duration():
     # Old code: duration_s was silently dropped whenever num_requests was also given.
     with pytest.raises(ConfigError, match=r"field 'duration_s'.*conflicts with num_requests"):
         spec_from_dict({"base": {"num_requests": 10, "duration_s": 30.0}})
+
+
+@pytest.mark.parametrize("dur", [1e308, 1.0000001e7])
+def test_an_absurd_duration_is_refused_with_its_bound_before_anything_runs(tmp_path, capsys, dur):
+    """duration_s = 1e308 in a sweep spec (or --duration 1e308) was taken, and a closed-loop run, which no arrival
+    count bounds, ran without end; inf and nan were already refused. The bound is stated, never a clip."""
+    from dsparksim.plan import plan_from_dict
+    from dsparksim.traffic.config import DURATION_MAX_S, TrafficConfig
+
+    bound = r"expected at most 1e\+07 simulated seconds.*float64"
+    out = tmp_path / "r"
+    assert main(["run", "--policy", "none", "--concurrency", "2", "--duration", repr(dur), "--quiet",
+                 "--out", str(out)]) == 2
+    assert re.search(rf"command line: field '--duration': {bound}.*got {re.escape(repr(dur))}", capsys.readouterr().err)
+    assert not out.exists()
+    with pytest.raises(ConfigError, match=rf"s\.toml: field 'duration_s': .*{bound}"):
+        spec_from_dict({"base": {"duration_s": dur}, "axes": {"concurrency": [1, 2]}}, "s.toml")
+    with pytest.raises(ConfigError, match=rf"s\.toml: field 'duration_s': .*{bound}"):
+        spec_from_dict({"base": {"duration_s": dur}, "axes": {"policy": ["none"]},
+                        "capacity": {"load": "concurrency", "min": 1, "max": 4, "slo": ["tps_user_median>=1"]}},
+                       "s.toml")
+    with pytest.raises(ConfigError, match=bound):
+        plan_from_dict({"plan": {"slo": ["tps_user_p50 >= 1"]}, "traffic": {"rate": 1e-6, "duration_s": dur},
+                        "prices": {"H100": 3.0}, "candidates": [{"profile": "h100-llama2-7b-tp1", "replicas": [1, 2],
+                                                                  "policies": ["none"]}]}, "p.toml")
+    assert TrafficConfig(mode="closed", concurrency=1, duration_s=DURATION_MAX_S).duration_s == DURATION_MAX_S
+    for bad in (math.inf, math.nan):
+        with pytest.raises(ConfigError, match="expected a finite number > 0"):
+            spec_from_dict({"base": {"duration_s": bad}, "axes": {"concurrency": [1]}}, "s.toml")
 
 
 def test_a_sweep_trace_under_a_rate_load_is_an_error_not_ignored(tmp_path):

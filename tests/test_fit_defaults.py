@@ -429,3 +429,26 @@ def test_an_axis_over_server_settings_gives_one_caution_per_fitted_profile(tmp_p
     spec = plan_from_dict(d)
     plan_cautions = [ln for ln in spec.profile_lines() if ln.startswith("dsparksim: caution:")]
     assert len(plan_cautions) == 1 and "prefill_chunk_tokens = 1024 / 2048 differs" in plan_cautions[0], plan_cautions
+
+
+@pytest.mark.parametrize("fit", ["dsparksim profile fit", None, 5, ["dsparksim profile fit"]])
+def test_a_fit_record_that_is_not_an_object_is_refused_naming_file_and_field(tmp_path, capsys, fit):
+    """``metadata.fit`` a string (or any non-object) read as "not fitted": the run went on with the run's defaults
+    without a word, where every writer of the field (profile fit, measure, refit) writes an object."""
+    from dsparksim.cost.fitted import fit_range, fit_server
+
+    p = fitted_profile(tmp_path)
+    d = json.loads(open(p).read())
+    d["metadata"]["fit"] = fit
+    open(p, "w").write(json.dumps(d))
+    out = tmp_path / "r"
+    assert main(["run", "--profile", p, *RUN, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and not out.exists()
+    assert re.search(rf"error: {re.escape(p)}: field 'metadata\.fit': expected an object.*got {re.escape(repr(fit))}",
+                     err), err
+    with pytest.raises(ConfigError, match=r"metadata\.fit'"):
+        fit_server({"fit": fit}, "x.json")
+    with pytest.raises(ConfigError, match=r"metadata\.fit'"):
+        fit_range(p)
+    assert fit_server({}, "x.json") == {}          # no fit record at all: not fitted

@@ -246,3 +246,31 @@ def test_a_bad_candidate_does_not_hide_another_candidates_unread_option():
         plan_from_dict(d, "s.toml")
     assert [e.field for e in ei.value.errors] == ["candidates[1].profile", "candidates[0].K"]
     assert "has no effect" in ei.value.errors[1].message
+
+
+def test_prices_no_deployment_takes_are_noted_once(tmp_path, capsys, monkeypatch):
+    """A [prices] entry no candidate's GPU takes (a misspelt device, a GPU of no candidate, the second of two keys
+    for one GPU) was never mentioned: the plan ran on the other key, or refused 'no price' without saying the
+    entry that was meant went unused. One note names them; not an error."""
+    import dsparksim.plan as plan_pkg
+
+    d = good()
+    d["prices"] = {H100: 3.0, "A100": 1.5, "NVIDIA H100 SXM 80 GB": 9.0}
+    spec = plan_from_dict(d)
+    note = spec.price_note()
+    assert note is not None and "'A100', 'NVIDIA H100 SXM 80 GB' price no deployment" in note
+    assert f"'{H100}' by '{H100}'" in note
+    assert plan_from_dict(good()).price_note() is None        # every entry used: nothing said
+    d["prices"] = {"H100": 2.5}
+    assert plan_from_dict(d).price_note() is None             # a short name taken by the device is used
+
+    def stop(*a, **k):     # the notes come before any probe: stop there
+        raise KeyboardInterrupt
+    monkeypatch.setattr(plan_pkg, "run_plan", stop)
+    d["prices"] = {"H100": 2.5, "B200": 6.0}
+    p = tmp_path / "p.toml"
+    p.write_text(toml(d))
+    assert main(["plan", str(p), "--out", str(tmp_path / "o")]) == 130
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "[prices]" in ln]
+    assert lines == [f"dsparksim: note: [prices] 'B200' prices no deployment (unused; the deployments' GPUs are "
+                     f"priced '{H100}' by 'H100')"], lines

@@ -349,6 +349,24 @@ class RefGoodput:
     def observe(self, L, a):
         self.seen += list(zip(L.tolist(), a.tolist()))
 
+    def ratios_drafted(self, ctx):
+        """Early exit: {L: ratio} of the step the engine runs, request i verifying min(L, drafted[i]): expected
+        tokens sum_i (1 + sum_{k <= min(L, d_i)} prod alpha) over step_time(base + sum_i min(L, d_i)), for
+        L = 0..min(K, max d) while that step fits."""
+        d, out = drafted(ctx), {}
+        acc = [0.0]
+        for L in range(1, ctx.K + 1):
+            prod = 1.0
+            for j in range(1, L + 1):
+                prod *= self.alpha(j)
+            acc.append(acc[-1] + prod)
+        for L in range(min(ctx.K, max(d)) + 1):
+            tokens = sum(min(L, x) for x in d)
+            if tokens > ctx.max_tokens - ctx.base_tokens:
+                break
+            out[L] = sum(1.0 + acc[min(L, x)] for x in d) / T_at(ctx.step_time, ctx.base_tokens + tokens)
+        return out
+
 
 @SEQ
 @given(st.lists(st.tuples(step_ctx(max_n=4, max_K=4), st.lists(st.integers(0, 4), min_size=4, max_size=4)),
@@ -364,6 +382,46 @@ def test_goodput_is_the_batch_wide_argmax_over_online_rates(steps):
         p.observe(ctx.request_ids, L, a)
         ref.observe(L, a)
     np.testing.assert_allclose(p.rates, [ref.alpha(j) for j in range(1, 5)], rtol=0, atol=0)
+
+
+@SEQ
+@given(st.lists(st.tuples(step_ctx(max_n=4, max_K=4, exit=True), st.lists(st.integers(0, 4), min_size=4,
+                                                                           max_size=4)), min_size=1, max_size=8))
+def test_goodput_under_early_exit_maximises_the_ratio_of_the_step_the_engine_runs(steps):
+    """--draft-exit: request i verifies min(L, drafted[i]). goodput priced n*L tokens and counted n full prefixes,
+    choosing among steps the engine never runs; now L maximises the brute-force ratio of the step that runs (up to
+    float rounding between near-equal ratios; ties: the shorter L) and the lengths are min(L, drafted)."""
+    p, ref = make_policy("goodput"), RefGoodput()
+    p.reset(4, np.random.default_rng(0))
+    for ctx, draws in steps:
+        L = p.choose(ctx)
+        check_valid(L, ctx)
+        ratios = ref.ratios_drafted(ctx)
+        best = max(ratios.values())
+        near = [x for x, r in ratios.items() if r >= best * (1 - 1e-12)]
+        (c,) = [x for x in ratios if np.array_equal(np.minimum(x, ctx.drafted), L)]   # one L <= max(drafted)
+        assert c in near and (c == min(near) or ratios[min(near)] < ratios[c]), (L.tolist(), ratios)
+        a = np.minimum(np.array(draws[:ctx.n], dtype=np.int64), L)
+        p.observe(ctx.request_ids, L, a)
+        ref.observe(L, a)
+
+
+def test_goodput_under_early_exit_prices_what_each_request_drafted():
+    # Two requests, drafted 1 and 4 of K = 4, rates at their prior 0.5: a request verifying L expects
+    # 1, 1.5, 1.75, 1.875, 1.9375 tokens. Step 1 s up to M = 4, 1.05 s up to 7, 2 s from 8. Pricing n*L tokens
+    # (M = 2 + 2L) chose L = 2 (3.5 / 1.05): the engine ran [1, 2], M = 5, 3.25 tokens in 1.05 s (3.10/s). The step
+    # [1, 4] (L = 4: M = 7, 1.5 + 1.9375 tokens in 1.05 s, 3.27/s) is the best the engine can run.
+    tab = np.array([1, 1, 1, 1, 1, 1.05, 1.05, 1.05, 2, 2, 2.0])
+    conf = np.array([[0.9, 0, 0, 0], [0.9, 0.9, 0.9, 0.9]])
+    ctx = StepContext(conf=conf, survival=np.cumprod(conf, axis=1), request_ids=np.arange(2), base_tokens=2,
+                      step_time=table_time(tab), max_tokens=10, drafted=np.array([1, 4]))
+    assert choose("goodput", ctx).tolist() == [1, 4]
+    ctx.drafted = None                      # without early exit: the rule as before, n*L priced
+    assert choose("goodput", ctx).tolist() == [2, 2]
+    # the step must fit: max_tokens 6 leaves 4 draft tokens, so L = 3 ([1, 3], M = 6) is the longest that fits
+    ctx = StepContext(conf=conf, survival=np.cumprod(conf, axis=1), request_ids=np.arange(2), base_tokens=2,
+                      step_time=table_time(tab), max_tokens=6, drafted=np.array([1, 4]))
+    assert choose("goodput", ctx).tolist() == [1, 3]
 
 
 # ---------------------------------------------------------------------------------------------------- oracle
@@ -553,7 +611,7 @@ def test_oracle_counts_only_drafted_positions_as_verifiable():
 # Every policy that ranks or counts positions, with early exit on every step: positions past drafted[i] reach the
 # policy at confidence 0, but they do not exist -- no candidate of survival 0 that a ratio search could admit to
 # reach a cheaper stair (a step the engine, which verifies at most the drafted positions, never runs).
-EXIT_SPECS = ["fixed:5", "fixed:2", "threshold:0", "threshold:0.5", "confidence", "confidence-global",
+EXIT_SPECS = ["fixed:5", "fixed:2", "threshold:0", "threshold:0.5", "goodput", "confidence", "confidence-global",
               "confidence-async:1", "confidence-async-2d:1"]
 
 

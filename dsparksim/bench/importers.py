@@ -36,6 +36,7 @@ import dataclasses
 import io
 import json
 import math
+import re
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -303,6 +304,25 @@ def _vllm_row(d: Mapping[str, Any], path: str | Path, line: int) -> dict[str, An
 
 _VLLM_OWN = {"model", "num_prompts", "request_rate", "max_concurrency", "measurement_date"}   # filled by the file
 _VLLM_KEYS = {"num_prompts", "request_rate", "max_concurrency"}   # vLLM's own keys spelled as a column
+# The keys `vllm bench serve --save-result` writes itself (main_async and benchmark in vllm/benchmarks/serve.py at
+# 009e6d4a, and best_of / use_beam_search of the older benchmarks/benchmark_serving.py), beside the statistics
+# (mean_/median_/std_/pNN_<metric>_ms) and the probe_ / spec_decode_ / diffusion_ groups: a key outside the
+# --metadata block that is none of these and names no column is a pair the importer does not read.
+_VLLM_FIELDS = frozenset((
+    "date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "best_of", "use_beam_search",
+    "num_prompts", "request_rate", "burstiness", "max_concurrency", "ramp_up_strategy", "ramp_up_start_rps",
+    "ramp_up_end_rps", "duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
+    "total_input_sequences", "request_throughput", "request_goodput", "output_throughput", "total_token_throughput",
+    "input_sequence_throughput", "input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
+    "queue_times", "generated_texts", "errors", "max_output_tokens_per_s", "max_concurrent_requests", "rtfx",
+    "rps_change_events"))
+_VLLM_FIELD_PREFIXES = ("probe_", "spec_decode_", "diffusion_")
+_VLLM_STAT = re.compile(r"(mean|median|std|p\d+(\.\d+)?)_[a-z0-9_]+_ms")
+
+
+def _vllm_field(key: str) -> bool:
+    """Whether ``key`` is one `vllm bench serve` writes itself (not a --metadata pair)."""
+    return key in _VLLM_FIELDS or key.startswith(_VLLM_FIELD_PREFIXES) or _VLLM_STAT.fullmatch(key) is not None
 
 
 def metadata_column(key: str) -> str | None:
@@ -336,16 +356,25 @@ def _vllm_metadata(r: _Rec) -> dict[str, tuple[str, Any]]:
 def vllm_metadata_notes(d: Mapping[str, Any], row: Mapping[str, Any], path: str | Path, line: int) -> list[str]:
     """What a vLLM file's ``--metadata`` pairs hold that the runs table does not take, said rather than dropped:
     keys naming no column (the pairs sit between ``num_prompts`` and ``request_rate``, where main_async writes them
-    in serve.py at 009e6d4a) and pairs naming a column the file itself fills (model from model_id, the date)."""
+    in serve.py at 009e6d4a), keys elsewhere in the file that are neither a field vLLM writes nor a column (pairs
+    added after the run, or a file whose keys were reordered), and pairs naming a column the file itself fills
+    (model from model_id, the date)."""
     keys = list(d)
     out = []
+    meta: list[str] = []
     if "num_prompts" in keys and "request_rate" in keys and keys.index("num_prompts") < keys.index("request_rate"):
         meta = keys[keys.index("num_prompts") + 1:keys.index("request_rate")]
-        unread = [k for k in meta if metadata_column(k) is None]
-        if unread:
-            out.append(f"{path}:{line}: --metadata key(s) not read, no runs-table column: "
-                       f"{', '.join(escape_controls(repr(k)) for k in unread)} (the option columns, e.g. gpu, "
-                       "gpu_count, tp, ep, engine, are read in either spelling, gpu_count or gpu-count)")
+    unread = [k for k in meta if metadata_column(k) is None and not _vllm_field(k)]
+    if unread:
+        out.append(f"{path}:{line}: --metadata key(s) not read, no runs-table column: "
+                   f"{', '.join(escape_controls(repr(k)) for k in unread)} (the option columns, e.g. gpu, "
+                   "gpu_count, tp, ep, engine, are read in either spelling, gpu_count or gpu-count)")
+    elsewhere = [k for k in keys if k not in meta and metadata_column(k) is None and not _vllm_field(k)]
+    if elsewhere:
+        out.append(f"{path}:{line}: key(s) outside the --metadata block not read, neither a field vllm bench serve "
+                   f"writes nor a runs-table column: {', '.join(escape_controls(repr(k)) for k in elsewhere)} "
+                   "(--metadata pairs sit between num_prompts and request_rate; an option column, e.g. gpu, "
+                   "gpu_count, tp, is read wherever it is)")
     for name, (key, v) in _vllm_metadata(_Rec(d, path, line)).items():
         if name in _VLLM_OWN and row.get(name) is not None and str(v).lower() != str(row[name]).lower():
             out.append(f"{path}:{line}: --metadata {escape_controls(key)}={escape_controls(str(v))} not read: the "

@@ -36,7 +36,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for line in spec.profile_lines():   # a fitted profile's server and request latency, once each
         print(line, file=sys.stderr)
     opts = [{**spec.traffic, **spec.base, **d.options} for d in spec.deployments]
-    for note in [trace_note(spec), *spec_chunk_notes(opts)]:
+    for note in [spec.price_note(), trace_note(spec), *spec_chunk_notes(opts)]:
         if note:
             print(f"dsparksim: note: {note}", file=sys.stderr)
     if spec.collapsed and not args.quiet:

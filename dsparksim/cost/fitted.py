@@ -42,6 +42,19 @@ def _count(source: str, cm: Mapping[str, Any], key: str) -> int:
     return v
 
 
+def _fit_record(meta: Mapping[str, Any], source: str) -> Mapping[str, Any] | None:
+    """``metadata.fit`` when ``profile fit`` wrote it, else None (no record, or another writer's: ``measure``,
+    ``refit``). A record that is not an object (a string, a number, null): ConfigError naming the field, as every
+    writer of the field writes an object; read as "not fitted" it silently simulated the run's defaults."""
+    if "fit" not in meta:
+        return None
+    fit = meta["fit"]
+    if not isinstance(fit, Mapping):
+        raise ConfigError(source, "metadata.fit", f"expected an object (the record of the fit that made the "
+                          f"profile: `profile fit`, `measure`), got {fit!r}")
+    return fit if fit.get("command") == FIT_COMMAND else None
+
+
 def fit_server(meta: Mapping[str, Any], source: str, budget: int | None = None) -> dict[str, Any]:
     """The run options of the server a profile's metadata says it was fitted under ({} unless ``profile fit``
     wrote it). ``mixed_prefill`` is left out when the fitted runs differed in it (their engines' defaults) or the
@@ -49,9 +62,9 @@ def fit_server(meta: Mapping[str, Any], source: str, budget: int | None = None) 
     the profile's KV capacity; the batch waiting pair unless every fitted run waited with one setting
     (:func:`_batch_wait`). A recorded value that is not as ``profile fit`` writes it (``budget``: the
     profile's token budget, which the fit's prefill chunk cannot exceed; a ``metadata.fit.runs`` of the wrong
-    shape): ConfigError naming the field."""
-    fit = meta.get("fit")
-    if not isinstance(fit, Mapping) or fit.get("command") != FIT_COMMAND:
+    shape; a ``metadata.fit`` that is not an object): ConfigError naming the field."""
+    fit = _fit_record(meta, source)
+    if fit is None:
         return {}
     cm = fit.get("client_model")
     if not isinstance(cm, Mapping):
@@ -181,17 +194,16 @@ def _fit_runs(fit: Mapping[str, Any], source: str) -> FitRange | None:
 def fit_range(profile: str | Path) -> FitRange | None:
     """The :class:`FitRange` of a profile file or shipped name that ``profile fit`` wrote, else None (another
     profile, one without ``metadata.fit.runs``, or one that cannot be read: the run that loads it says why). A
-    field it lacks is an empty tuple; a ``runs`` of the wrong shape is a ConfigError naming the field."""
+    field it lacks is an empty tuple; a ``runs`` of the wrong shape, or a ``metadata.fit`` that is not an object,
+    is a ConfigError naming the field."""
     try:
         path = profile_path(profile)
         st = path.stat()
         meta, _ = _read_meta(str(path.resolve()), st.st_size, st.st_mtime_ns)
     except (InputError, OSError):
         return None
-    fit = (meta or {}).get("fit")
-    if not isinstance(fit, Mapping) or fit.get("command") != FIT_COMMAND:
-        return None
-    return _fit_runs(fit, str(path))
+    fit = _fit_record(meta or {}, str(path))
+    return None if fit is None else _fit_runs(fit, str(path))
 
 
 def key_spelling(key: str, value: Any) -> str:

@@ -183,6 +183,22 @@ class PlanSpec:
                 lines[f"dsparksim: note: {note}"] = None
         return list(lines)
 
+    def price_note(self) -> str | None:
+        """One line naming the [prices] entries no deployment's GPU takes (:func:`price_key_for`), with the key
+        each GPU does take; None when every entry prices some deployment. Not an error: a shared price list may
+        cover more GPUs than one plan's candidates, but a misspelt or ambiguous key is seen here."""
+        used: dict[str, list[str]] = {}
+        for d in self.deployments:
+            key = price_key_for(d.device, self.prices)
+            if key is not None and d.device not in used.setdefault(key, []):
+                used[key].append(d.device)
+        unused = [k for k in self.prices if k not in used]
+        if not unused:
+            return None
+        taken = "; ".join(f"{', '.join(repr(dev) for dev in devs)} by {k!r}" for k, devs in used.items())
+        return (f"[prices] {', '.join(repr(k) for k in unused)} {'prices' if len(unused) == 1 else 'price'} no "
+                f"deployment (unused; the deployments' GPUs are priced {taken})")
+
     def load(self, scale: float) -> float:
         return self.load_base * scale
 

@@ -23,6 +23,15 @@ class Goodput(Policy):
     tried yet counts as 0.5. Counts are cumulative over the run (cleared by ``reset``). A position beyond every
     length chosen so far keeps its prior: the policy does not explore. Ties go to the shorter L. L is capped at
     K and at floor((max_tokens - base_tokens) / n) so it stays batch-wide.
+
+    Early exit of drafting (``StepContext.drafted``, ``--draft-exit T``): request i verifies min(L, drafted[i])
+    (the engine caps L there), so the rule is applied to that step: L maximises
+    sum_i (1 + sum_{k<=min(L, drafted[i])} prod_{j<=k} alpha_j) / step_time(base + sum_i min(L, drafted[i])),
+    over L = 0..min(K, max(drafted)) whose step fits (base + sum_i min(L, drafted[i]) <= max_tokens); ties go to
+    the shorter L, and the lengths returned are min(L, drafted[i]). ``step_time`` prices that M as it prices any
+    (its long-context term, if any, at the mean context). Pricing n*L tokens and counting n full prefixes, as
+    without early exit, chose from steps the engine never runs. Without early exit (``drafted`` None) the rule
+    above is the same and the code path is unchanged.
     """
 
     name: ClassVar[str] = "goodput"
@@ -55,6 +64,8 @@ class Goodput(Policy):
         if n == 0:
             return np.zeros(0, dtype=np.int64)
         self._grow(K)
+        if ctx.drafted is not None:
+            return self._choose_drafted(ctx, np.asarray(ctx.drafted, dtype=np.int64))
         l_max = min(K, draft_budget(ctx) // n)
         per_req = np.empty(l_max + 1)
         per_req[0] = 1.0
@@ -63,6 +74,25 @@ class Goodput(Policy):
         Ls = np.arange(l_max + 1, dtype=np.int64)
         ratio = n * per_req / eval_times(ctx.step_time, ctx.base_tokens + n * Ls)
         return np.full(n, int(np.argmax(ratio)), dtype=np.int64)
+
+    def _choose_drafted(self, ctx: StepContext, d: np.ndarray) -> np.ndarray:
+        """:meth:`choose` under early exit: each candidate L priced and counted as the step the engine runs,
+        request i verifying min(L, d[i]) (class doc)."""
+        n, top = ctx.n, min(ctx.K, int(d.max()))
+        per_pos = np.bincount(d, minlength=top + 1)[:top + 1]          # requests that drafted exactly j positions
+        below = np.concatenate([[0], np.cumsum(per_pos)[:-1]])          # requests with d < L, L = 0..top
+        Ls = np.arange(top + 1, dtype=np.int64)
+        # sum_i min(L, d_i): the requests with d < L verify their d, the others L
+        tokens = np.concatenate([[0], np.cumsum(per_pos * Ls)[:-1]]) + Ls * (n - below)
+        l_max = int(np.flatnonzero(tokens <= draft_budget(ctx))[-1])   # tokens[0] = 0 always fits
+        per_req = np.empty(l_max + 1)
+        per_req[0] = 1.0
+        np.cumsum(np.cumprod(self.rates[:l_max]), out=per_req[1:])
+        per_req[1:] += 1.0
+        short = per_pos[:l_max + 1] * per_req                           # expected tokens of the d = j requests
+        expect = np.concatenate([[0.0], np.cumsum(short)[:-1]]) + (n - below[:l_max + 1]) * per_req
+        ratio = expect / eval_times(ctx.step_time, ctx.base_tokens + tokens[:l_max + 1])
+        return np.minimum(d, int(np.argmax(ratio)))
 
     def observe(self, request_ids: np.ndarray, verify_len: np.ndarray, accepted: np.ndarray) -> None:
         L = np.asarray(verify_len, dtype=np.int64)

@@ -197,6 +197,7 @@ def capacity_settings(spec: SweepSpec, **over: Any) -> CapacitySettings:
     load = d.get("load", spec.load_key)
     if load not in LOAD_KEYS:
         raise bad("load", f"expected one of {LOAD_KEYS}, got {load!r}")
+    _check_range_load(src, table, table.get("load", spec.load_key), load, given)
     if load in spec.axes:
         raise ConfigError(src, f"axes.{load}", "is the load the capacity search varies; remove it from [axes]")
     if load in spec.base:    # every probe sets its own load: the value was dropped silently
@@ -240,6 +241,21 @@ def capacity_settings(spec: SweepSpec, **over: Any) -> CapacitySettings:
     else:
         slo = parse_slo(d.get("slo") or [], src, "capacity.slo")
     return CapacitySettings(load, lo, hi, float(tol), tuple(slo), req, seeds)
+
+
+def _check_range_load(src: str, table: Mapping[str, Any], table_load: Any, load: str, given: set[str]) -> None:
+    """A --load other than the load the spec's [capacity] table was written for (its ``load``, else the spec's
+    load key) takes none of the table's min, max or tolerance: they are in that load's units (a concurrency range
+    1..64 was searched as 1..64 req/s without a word). ConfigError naming the values the command line must give."""
+    if "load" not in given or load == table_load:
+        return
+    stale = [k for k in ("min", "max", "tolerance") if k in table and k not in given]
+    if stale:
+        vals = ", ".join(f"capacity.{k} = {table[k]!r}" for k in stale)
+        whose = "capacity.load" if "load" in table else "the spec's load"
+        raise ConfigError("cli", "--load", f"searches {load}, but {src}'s {vals} "
+                          f"{'was' if len(stale) == 1 else 'were'} written for load {table_load!r} ({whose}): "
+                          f"give {', '.join(_FLAGS[k] for k in stale)} for {load} as well")
 
 
 # The command-line option of each [capacity] key (capacity_settings' keyword overrides).

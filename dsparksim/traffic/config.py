@@ -115,6 +115,10 @@ def _pos_float(name: str, v, required: bool = False) -> None:
 RATE_RANGE = (1e-6, 1e9)          # effective arrival rate (rate x time_scale), req/s
 TIME_SCALE_RANGE = (1e-6, 1e6)
 BURSTINESS_RANGE = (1e-3, 1e3)    # gamma shape: interarrival CV from 31.6 down to 0.03
+# Longest run, simulated seconds (116 days; the longest shipped run is an hour). The clock is float64 seconds: its
+# spacing at 1e7 s (1.9e-9 s) is already 2e-5 of a 0.1 ms step and doubles with every doubling of the clock. A
+# duration_s of 1e308 was taken, and a closed-loop run (no arrival count to bound it) ran without end.
+DURATION_MAX_S = 1e7
 
 
 def _in_range(name: str, v: float, lo_hi: tuple[float, float], what: str = "") -> None:
@@ -263,6 +267,10 @@ class TrafficConfig:
         _in_range("time_scale", self.time_scale, TIME_SCALE_RANGE)
         _pos_int("num_requests", self.num_requests)
         _pos_float("duration_s", self.duration_s)
+        if self.duration_s is not None and self.duration_s > DURATION_MAX_S:
+            raise ConfigError(_SRC, "duration_s", f"expected at most {DURATION_MAX_S:g} simulated seconds (116 days: "
+                              "the simulated clock is float64 seconds, whose spacing there is already 2e-5 of a 0.1 "
+                              f"ms step), got {self.duration_s!r}")
         _pos_int("max_prompt_tokens", self.max_prompt_tokens)
         _pos_int("max_output_tokens", self.max_output_tokens)
         if not isinstance(self.mooncake_spread, bool):
