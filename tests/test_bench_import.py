@@ -594,3 +594,26 @@ def test_sglang_server_settings_in_server_info_are_said_not_dropped(tmp_path, ca
     assert len(notes) == 2 and "line 1:" in notes[0] and "line 2:" in notes[1], notes
     assert "--chunked-prefill-size 8192 --max-running-requests 512 --mem-fraction-static 0.82 --mixed-prefill" \
         in notes[1], notes[1]
+
+
+def test_a_benchmark_result_or_runs_table_given_as_a_profile_points_to_profile_fit(tmp_path, capsys):
+    """A new user passes their own benchmark file as --profile: a vLLM result said only "field 'format': missing
+    (present keys: ...)" with ~40 keys, a runs table "not valid JSON: Expecting value"; both now say what the
+    file is and how to learn a profile from it (bench import, profile fit)."""
+    from dsparksim.cost.profile import load_profile  # the profile loader pulls in numpy; only this test needs it
+    runs = tmp_path / "runs.csv"
+    assert main(["bench", "import", str(VLLM_PLAIN), "--gpu", "H200", "--out", str(runs)]) == 0
+    capsys.readouterr()
+    for src, what in ((VLLM_PLAIN, "a benchmark's result"), (runs, "a runs table")):
+        with pytest.raises(InputError) as ei:
+            load_profile(src)
+        msg = str(ei.value)
+        assert str(src) in msg and what in msg and "not a cost profile" in msg, msg
+        assert "dsparksim bench import" in msg and "dsparksim profile fit" in msg, msg
+    sg = json.loads(SGLANG.read_text().splitlines()[0])
+    one = tmp_path / "sg.json"
+    one.write_text(json.dumps(sg))
+    with pytest.raises(InputError, match="a benchmark's result"):
+        load_profile(one)
+    assert main(["frontier", "--profile", str(VLLM_PLAIN), "--out", str(tmp_path / "fr")]) == 2
+    assert "not a cost profile" in _err(capsys)
