@@ -391,6 +391,22 @@ def model_note(row: Mapping[str, Any], prof: Any) -> str | None:
             "each model's runs on a profile of that model)")
 
 
+def unchecked_note(row: Mapping[str, Any], prof: Any) -> str | None:
+    """A note naming the deployment columns the run leaves empty (gpu, tp, ep) where the profile states them:
+    :func:`check_deployment` cannot check them, so the run is taken to have run on the profile's (None: none). An
+    empty ep beside a profile without expert parallelism (ep 1, the usual dense or one-GPU case) is not said."""
+    meta = getattr(prof, "metadata", {}) or {}
+    ep = meta.get("expert_parallel")
+    tp = meta.get("tensor_parallel")   # a DP-rank profile's engine spans tensor_parallel x data_parallel GPUs
+    have = {"gpu": meta.get("device"), "tp": None if tp is None else int(tp) * int(meta.get("data_parallel") or 1),
+            "ep": ep if ep and int(ep) > 1 else None}
+    empty = [f"{col} (the profile's {v})" for col, v in have.items() if _missing(row.get(col)) and v is not None]
+    if not empty:
+        return None
+    return (f"{', '.join(empty)} not recorded: taken as the profile's, not checked (set it at bench import: "
+            f"--{' / --'.join(e.split(' ')[0] for e in empty)})")
+
+
 def placeholder_tpot(row: Mapping[str, Any]) -> bool:
     """True when every TPOT statistic the row has is 0: what vLLM's and SGLang's clients write when no request had
     more than one output token (``np.mean(tpots or 0)``), never a measured decode time. ``bench import`` leaves
@@ -499,9 +515,7 @@ def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSet
         if acceptance is not None and "acceptance" in pol:
             pol = {**pol, "acceptance": acceptance}
             notes = notes + [f"acceptance {acceptance} (given) instead of the mapping's"]
-        other = model_note(row, prof)
-        if other:
-            notes = notes + [other]
+        notes = notes + [n for n in (model_note(row, prof), unchecked_note(row, prof)) if n]
         if placeholder_tpot(row):
             notes = notes + ["measured TPOT 0 not compared: the client's placeholder when no request had more than "
                              "one output token, not a measurement"]
