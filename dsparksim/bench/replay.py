@@ -391,20 +391,26 @@ def model_note(row: Mapping[str, Any], prof: Any) -> str | None:
             "each model's runs on a profile of that model)")
 
 
-def unchecked_note(row: Mapping[str, Any], prof: Any) -> str | None:
-    """A note naming the deployment columns the run leaves empty (gpu, tp, ep) where the profile states them:
-    :func:`check_deployment` cannot check them, so the run is taken to have run on the profile's (None: none). An
-    empty ep beside a profile without expert parallelism (ep 1, the usual dense or one-GPU case) is not said."""
+def unchecked_columns(row: Mapping[str, Any], prof: Any) -> list[tuple[str, Any]]:
+    """(column, the profile's value) of the deployment columns the run leaves empty (gpu, tp, ep) where the profile
+    states them: :func:`check_deployment` cannot check them, so the run is taken to have run on the profile's. An
+    empty ep beside a profile without expert parallelism (ep 1, the usual dense or one-GPU case) is not listed."""
     meta = getattr(prof, "metadata", {}) or {}
     ep = meta.get("expert_parallel")
     tp = meta.get("tensor_parallel")   # a DP-rank profile's engine spans tensor_parallel x data_parallel GPUs
     have = {"gpu": meta.get("device"), "tp": None if tp is None else int(tp) * int(meta.get("data_parallel") or 1),
             "ep": ep if ep and int(ep) > 1 else None}
-    empty = [f"{col} (the profile's {v})" for col, v in have.items() if _missing(row.get(col)) and v is not None]
+    return [(col, v) for col, v in have.items() if _missing(row.get(col)) and v is not None]
+
+
+def unchecked_note(row: Mapping[str, Any], prof: Any) -> str | None:
+    """The replay note of :func:`unchecked_columns` (None: none)."""
+    empty = unchecked_columns(row, prof)
     if not empty:
         return None
-    return (f"{', '.join(empty)} not recorded: taken as the profile's, not checked (set it at bench import: "
-            f"--{' / --'.join(e.split(' ')[0] for e in empty)})")
+    listed = ", ".join(f"{c} (the profile's {v})" for c, v in empty)
+    return (f"{listed} not recorded: taken as the profile's, not "
+            f"checked (set it at bench import: --{' / --'.join(c for c, _ in empty)})")
 
 
 def placeholder_tpot(row: Mapping[str, Any]) -> bool:

@@ -579,6 +579,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     fit = d["metadata"]["fit"]
     print(f"wrote {out}: {fit['runs']['n_runs']} runs, concurrencies {fit['runs']['concurrencies']}, "
           f"{fit['elapsed_s']} s")
+    for note in rep["notes"]:
+        print(f"  note: {note}")
     for p, e in fit["parameters"].items():
         if e["status"] == "fitted":
             b = e.get("bootstrap")
