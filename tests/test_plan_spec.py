@@ -246,3 +246,30 @@ def test_a_bad_candidate_does_not_hide_another_candidates_unread_option():
         plan_from_dict(d, "s.toml")
     assert [e.field for e in ei.value.errors] == ["candidates[1].profile", "candidates[0].K"]
     assert "has no effect" in ei.value.errors[1].message
+
+
+def test_a_profile_beside_the_spec_but_not_in_the_working_directory_is_pointed_to(tmp_path, monkeypatch, capsys,
+                                                                                 no_cells):
+    """A plan (or sweep) naming `my-h200.json`, the fitted profile saved beside it, run from another folder said
+    only 'profile file not found'; relative paths are read from the working directory (docs/sweeps.md), and the
+    error now says so and names the file beside the spec."""
+    import shutil
+    from dsparksim.cost.profile import profile_path
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    shutil.copy(profile_path("h100-llama2-7b-tp1"), folder / "my.json")
+    d = good()
+    d["candidates"][0]["profile"] = "my.json"
+    (folder / "plan.toml").write_text(toml(d))
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "mine/plan.toml", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "read from the working directory" in err and "'mine/my.json'" in err, err
+    monkeypatch.chdir(folder)   # from the spec's folder the same spec loads the profile
+    assert plan_from_dict(d, str(folder / "plan.toml")).deployments
+    sweep = folder / "sweep.toml"
+    sweep.write_text('[base]\nprofile = "my.json"\npolicy = "none"\nconcurrency = 2\nduration = 1.0\n')
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", "mine/sweep.toml", "--out", str(tmp_path / "sw")]) == 2
+    err = capsys.readouterr().err
+    assert "read from the working directory" in err and "'mine/my.json'" in err, err

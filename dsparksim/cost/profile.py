@@ -982,6 +982,16 @@ def read_profile_dict(name_or_path: str | Path) -> tuple[dict, Path]:
     return loads_json(text, str(path), label="not valid JSON"), path
 
 
+def beside_spec_hint(name: str, spec: str | Path) -> str:
+    """For a spec (sweep, plan) naming a profile by a relative path that is not in the working directory: where
+    it is read from, and the file of that name beside the spec if there is one (the usual slip); else ""."""
+    path = Path(str(name))
+    if path.is_absolute() or path.exists() or not (Path(str(spec)).parent / path).is_file():
+        return ""
+    return (f" (a relative profile path is read from the working directory {str(Path.cwd())!r}, not from the spec's "
+            f"folder; there is one beside the spec: {str(Path(str(spec)).parent / path)!r})")
+
+
 def load_profile(name_or_path: str | Path, extrapolate: bool = False) -> CostProfile:
     """Load a profile from a JSON path, or a shipped profile by name (see :func:`list_profiles`)."""
     d, path = read_profile_dict(name_or_path)
