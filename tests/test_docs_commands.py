@@ -210,3 +210,13 @@ def test_walk_through_imports_give_every_column_replay_and_fit_need():
         given = {a[2:].replace("-", "_") for a in argv if a.startswith("--")}
         lacking = [c for c in NEEDED if c not in FILLED_BY[fmt] and c not in given]
         assert not lacking, f"{' '.join(argv)}: {fmt} files do not carry {lacking}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_a_page_that_uses_shared_data_says_it_is_not_in_a_clone(page):
+    """`../shared` sits beside this project's checkout; a user's clone has none. A page whose commands or text use
+    it says so (docs/benchmarks.md and docs/policies.md did not: their `bench import ../shared/...` fails in a
+    clone with no word why)."""
+    text = " ".join(page.read_text(encoding="utf-8").split())   # a phrase may wrap
+    if "../shared" in text:
+        assert "beside the repository checkout" in text, page.name
