@@ -621,3 +621,13 @@ def test_a_run_without_gpu_or_tp_is_noted_as_taken_to_be_the_profiles():
     dp = load_profile("built-h200x8-deepseek-v3-dp8ep8")   # one of 8 DP ranks: the engine spans 8 GPUs, EP 8
     note = unchecked_note({"gpu": "h200", "tp": None, "ep": None}, dp)
     assert note is not None and "tp (the profile's 8), ep (the profile's 8)" in note, note
+
+
+def test_a_run_without_a_cap_at_rate_inf_is_noted():
+    """A vLLM file without its max_concurrency key (an older or hand-edited result) was replayed with every prompt
+    released at once, 130% off its measured TPOT at a real cap of 4, without a word; its notes say so now, and a
+    capped run has no such note."""
+    small = dict(random_input_len=64, random_output_len=8, num_prompts=4)
+    df = replay([_row(1, 2, max_concurrency=None, **small), _row(2, 2, **small)], PROFILE)
+    assert "max_concurrency empty (no cap, or not recorded): every prompt released at once" in df["notes"].iloc[0]
+    assert "max_concurrency" not in (df["notes"].iloc[1] or "")

@@ -252,6 +252,8 @@ def row_workload(row: Mapping[str, Any], source: str = "runs table") -> tuple[Cl
             raise bad("request_rate", "missing, and no max_concurrency: the load is unknown")
         rate = math.inf
         notes.append("request_rate missing: inf (all released at once under the cap)")
+    if cap is None and math.isinf(float(rate)):   # a cap the file left out would change every figure
+        notes.append("max_concurrency empty (no cap, or not recorded): every prompt released at once")
     eos = row.get("ignore_eos")
     if eos is False:
         raise bad("ignore_eos", "false: the simulator has no model of when a model stops (only ignore_eos runs)")
