@@ -273,3 +273,27 @@ def test_a_profile_beside_the_spec_but_not_in_the_working_directory_is_pointed_t
     assert main(["sweep", "mine/sweep.toml", "--out", str(tmp_path / "sw")]) == 2
     err = capsys.readouterr().err
     assert "read from the working directory" in err and "'mine/my.json'" in err, err
+
+
+def test_an_slo_latency_that_reads_as_milliseconds_is_cautioned(tmp_path, monkeypatch, capsys):
+    """`tpot_p99_s <= 50` (meant 50 ms) is 50 s per token: every deployment meets it, and the plan's answer is the
+    cheapest one, without a word. The plan cautions on each such bound before any probe runs; 0.05 and a
+    throughput floor do not."""
+    import dsparksim.plan as plan_mod
+    from dsparksim.results.notes import slo_unit_notes
+    d = good()
+    d["plan"]["slo"] = ["tps_user_p50 >= 60", "tpot_p99_s <= 50", "ttft_p99_s <= 3000", "ttft_p99_s <= 2"]
+    notes = slo_unit_notes(plan_from_dict(d).slo, "plan.slo")
+    assert len(notes) == 2 and notes[0].startswith("plan.slo[1] tpot_p99_s <= 50: 50 s") and "0.05" in notes[0], notes
+    assert notes[1].startswith("plan.slo[2] ttft_p99_s <= 3000: 3000 s") and "is 3" in notes[1], notes
+    spec = tmp_path / "plan.toml"
+    spec.write_text(toml(d))
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt   # the notes are printed before any probe: stop there
+    monkeypatch.setattr(plan_mod, "run_plan", stop)
+    assert main(["plan", str(spec), "--out", str(tmp_path / "out")]) == 130
+    err = capsys.readouterr().err
+    assert "dsparksim: caution: plan.slo[1] tpot_p99_s <= 50: 50 s" in err, err
+    d["plan"]["slo"] = ["tps_user_p50 >= 60", "tpot_p99_s <= 0.05"]
+    assert slo_unit_notes(plan_from_dict(d).slo, "plan.slo") == []
