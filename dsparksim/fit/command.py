@@ -197,6 +197,8 @@ def check_fit_deployment(rows: list[dict[str, Any]], base: Any, source: str, opt
         try:
             check_deployment(r, base, source)
         except ConfigError as e:
+            if e.field not in ("gpu", "tp", "ep"):
+                raise
             raise ConfigError(e.source, e.field, e.message.replace(" (file <builder>)", "") + f" (profile fit builds "
                               f"that profile from --gpu {opt.gpu} --tp {opt.tp} --ep {opt.ep}: give the runs' own "
                               f"--{e.field}, or select the runs of that deployment)") from None
