@@ -465,3 +465,14 @@ def test_fit_notes_another_models_runs_and_empty_gpu_and_words_a_refusal_for_its
     err = capsys.readouterr().err
     assert "profile fit builds that profile from --gpu H100 --tp 1 --ep 1: give the runs' own --tp" in err, err
     assert "<builder>" not in err, err
+
+
+def test_fit_of_a_directory_says_it_is_one(tmp_path, capsys):
+    """`profile fit results/ ...` (the folder of the benchmark files) said 'runs table not found', though the path is
+    there; bench replay says 'is a directory'; so does the fit now, and a missing path is still 'not found'."""
+    for path, words in ((tmp_path, "is a directory; expected a runs table"),
+                        (tmp_path / "no.csv", "runs table not found")):
+        assert main(["profile", "fit", str(path), "--model", MOE, "--gpu", "H100",
+                     "--out", str(tmp_path / "f.json")]) == 2
+        err = capsys.readouterr().err
+        assert words in err, err
