@@ -2,6 +2,7 @@
 bench_result.json fields, and one-line refusals."""
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from pathlib import Path
@@ -217,3 +218,25 @@ def test_a_label_that_is_not_a_plain_name_is_refused_with_result_dir(tmp_path, c
                   "--result-dir", str(rd), "--label", label, "--save-result"], capsys)
     assert "--label" in err and not (tmp_path / "o").exists()
     assert not any(p.is_file() for p in tmp_path.rglob("*"))
+
+
+def _subparser(parser, path: tuple[str, ...]):
+    for name in path:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[name]
+    return parser
+
+
+@pytest.mark.parametrize("path", [("run",), ("frontier",), ("plan",), ("bench", "import"), ("bench", "replay"),
+                                  ("profile", "fit")])
+def test_every_option_of_the_walk_through_commands_says_what_it_does(path):
+    """`--help` of the commands docs/from-benchmark-to-frontier.md walks through: every option has a help line
+    (run, frontier and bench replay listed a bare `--quiet`), and bench replay's server settings name the fitted
+    profile's server as their default (they said the token budget / nothing, while a fitted profile's fit wins)."""
+    parser = _subparser(build_parser(), path)
+    bare = [a.option_strings[0] for a in parser._actions if a.option_strings and not a.help]
+    assert not bare, f"{' '.join(path)}: options without help: {bare}"
+    if path == ("bench", "replay"):
+        helps = {a.option_strings[0]: a.help for a in parser._actions if a.option_strings}
+        for flag in ("--chunked-prefill-size", "--max-running-requests", "--mem-fraction-static"):
+            assert "fitted profile" in helps[flag], (flag, helps[flag])

@@ -572,3 +572,48 @@ def test_a_gpu_option_spelled_as_nvidia_smi_names_it_is_no_contradiction(tmp_pat
     assert len(rows) > 1 and {r["gpu"] for r in rows} == {"h200"}      # the file's spelling is kept
     with pytest.raises(InputError, match="field 'gpu'.*the file says 'h200' but --gpu says 'NVIDIA H20'"):
         import_file(p, overrides={"gpu": "NVIDIA H20"})
+
+
+def test_sglang_server_settings_in_server_info_are_said_not_dropped(tmp_path, capsys):
+    """server_info records the server's chunked prefill size, max running requests and memory fraction; the runs
+    table has no column for them, so bench import names them as the options profile fit / bench replay take,
+    once per file and settings (lines 1-2 of the fixture: 32768 / 512 / 0.82; line 3 has no server_info)."""
+    out = tmp_path / "runs.csv"
+    assert main(["bench", "import", str(SGLANG), "--out", str(out)]) == 0
+    notes = [ln for ln in capsys.readouterr().out.splitlines() if "server_info records" in ln]
+    assert len(notes) == 1, notes
+    assert f"{SGLANG}: lines 1-2:" in notes[0], notes[0]
+    assert "--chunked-prefill-size 32768 --max-running-requests 512 --mem-fraction-static 0.82" in notes[0]
+    # a line with mixed chunks on and another chunk gets its own note, naming --mixed-prefill
+    recs = [json.loads(s) for s in SGLANG.read_text().splitlines()[:2]]
+    recs[1]["server_info"].update(chunked_prefill_size=8192, enable_mixed_chunk=True)
+    src = tmp_path / "two.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    assert main(["bench", "import", str(src), "--out", str(tmp_path / "two.csv")]) == 0
+    notes = [ln for ln in capsys.readouterr().out.splitlines() if "server_info records" in ln]
+    assert len(notes) == 2 and "line 1:" in notes[0] and "line 2:" in notes[1], notes
+    assert "--chunked-prefill-size 8192 --max-running-requests 512 --mem-fraction-static 0.82 --mixed-prefill" \
+        in notes[1], notes[1]
+
+
+def test_a_benchmark_result_or_runs_table_given_as_a_profile_points_to_profile_fit(tmp_path, capsys):
+    """A new user passes their own benchmark file as --profile: a vLLM result said only "field 'format': missing
+    (present keys: ...)" with ~40 keys, a runs table "not valid JSON: Expecting value"; both now say what the
+    file is and how to learn a profile from it (bench import, profile fit)."""
+    from dsparksim.cost.profile import load_profile  # the profile loader pulls in numpy; only this test needs it
+    runs = tmp_path / "runs.csv"
+    assert main(["bench", "import", str(VLLM_PLAIN), "--gpu", "H200", "--out", str(runs)]) == 0
+    capsys.readouterr()
+    for src, what in ((VLLM_PLAIN, "a benchmark's result"), (runs, "a runs table")):
+        with pytest.raises(InputError) as ei:
+            load_profile(src)
+        msg = str(ei.value)
+        assert str(src) in msg and what in msg and "not a cost profile" in msg, msg
+        assert "dsparksim bench import" in msg and "dsparksim profile fit" in msg, msg
+    sg = json.loads(SGLANG.read_text().splitlines()[0])
+    one = tmp_path / "sg.json"
+    one.write_text(json.dumps(sg))
+    with pytest.raises(InputError, match="a benchmark's result"):
+        load_profile(one)
+    assert main(["frontier", "--profile", str(VLLM_PLAIN), "--out", str(tmp_path / "fr")]) == 2
+    assert "not a cost profile" in _err(capsys)

@@ -54,8 +54,8 @@ def _vllm(percentiles=(99,), metrics=STATS, **over) -> dict:
          "request_throughput": 0.5, "request_goodput": None, "output_throughput": 512.0,
          "total_token_throughput": 1024.0, "max_output_tokens_per_s": 560.0, "max_concurrent_requests": 4,
          "rtfx": 0.0}
-    for i, m in enumerate(metrics):
-        base = 10.0 * (i + 1)
+    for m in metrics:   # consistent with the duration: 40 x ~8 s / 80 s = 4 in flight, the cap (bench/runs.py)
+        base = {"ttft": 300.0, "tpot": 7.5, "itl": 7.5, "e2el": 8000.0}[m]
         d.update({f"mean_{m}_ms": base, f"median_{m}_ms": base + 1, f"std_{m}_ms": 0.5})
         for p in percentiles:
             p_word = str(int(p)) if int(p) == p else str(p)
@@ -299,7 +299,7 @@ def test_optional_keys_null_stay_empty(tmp_path):
     (row,) = import_file(_write(tmp_path, "v.json", _vllm(label=None, p99_tpot_ms=None, failed=None,
                                                           spec_decode_acceptance_length=None), end=""))
     assert row["p99_tpot_ms"] is None and row["failed"] is None and row["acceptance_length"] is None
-    assert row["mean_tpot_ms"] == 20.0
+    assert row["mean_tpot_ms"] == 7.5
 
 
 def test_a_run_cut_off_while_appending_names_its_line(tmp_path, capsys):
@@ -495,3 +495,24 @@ def test_a_pd_disaggregated_sglang_run_is_refused(tmp_path, capsys):
     assert "field 'server_info.decode'" in err and "PD-disaggregated" in err
     (row,) = import_file(_write(tmp_path, "ok.jsonl", _sglang(server_info=info)))
     assert row["tp"] == 8 and row["engine_version"] == "0.5.2"
+
+
+@pytest.mark.parametrize("scale, bound", [(1e-3, "below the 1 a run released at once always has"),
+                                          (1e3, "above the cap of 4")])
+def test_latencies_in_the_wrong_unit_contradict_the_duration(tmp_path, capsys, scale, bound):
+    """A result whose *_ms statistics are in seconds (or microseconds) was imported, and profile fit fitted it
+    (40.6% TPOT error, scales at their bounds, no refusal); Little's law against the run's own duration refuses it
+    naming the field, and a plain run (4 in flight at a cap of 4) and an open-loop run at a low rate import."""
+    stats = {k: v * scale for k, v in _vllm(metrics=("ttft", "tpot", "e2el")).items() if k.endswith("_ms")}
+    err = _refused(tmp_path, capsys, _write(tmp_path, "v.json", _vllm(metrics=("ttft", "tpot", "e2el"), **stats),
+                                            end=""))
+    assert "field 'mean_e2el_ms'" in err and bound in err and "milliseconds" in err, err
+    # without e2el (vLLM's default --percentile-metrics), TTFT + TPOT x (tokens per request - 1) stands for it
+    stats = {k: v * scale for k, v in _vllm().items() if k.endswith("_ms")}
+    err = _refused(tmp_path, capsys, _write(tmp_path, "w.json", _vllm(**stats), end=""))
+    assert "field 'mean_tpot_ms'" in err and bound in err, err
+    (row,) = import_file(_write(tmp_path, "ok.json", _vllm(metrics=("ttft", "tpot", "e2el")), end=""))
+    assert row["mean_e2el_ms"] == 8000.0
+    (row,) = import_file(_write(tmp_path, "open.json", _vllm(request_rate=0.01, duration=4000.0, max_concurrency=None,
+                                                             output_throughput=10.24), end=""))
+    assert row["request_rate"] == 0.01   # 0.08 in flight: idle between arrivals, no contradiction

@@ -604,3 +604,30 @@ def test_profile_build_takes_an_nvidia_smi_gpu_name(tmp_path):
     assert main([*base, "--gpu", "NVIDIA H200", "--out", str(a)]) == 0
     assert main([*base, "--gpu", "H200", "--out", str(b)]) == 0
     assert a.read_bytes() == b.read_bytes()
+
+
+def test_a_run_without_gpu_or_tp_is_noted_as_taken_to_be_the_profiles():
+    """A run imported without --gpu / --tp (bench import says they are needed) was replayed on any profile
+    without a word: check_deployment cannot check an empty column. Now its notes say which it took as the
+    profile's; an empty ep is said only beside a profile with expert parallelism."""
+    small = dict(random_input_len=64, random_output_len=8, num_prompts=4)
+    df = replay([_row(1, 2, gpu=None, tp=None, ep=None, **small), _row(2, 2, **small)], PROFILE)
+    note = df["notes"].iloc[0]
+    assert "gpu (the profile's NVIDIA H100 SXM 80GB), tp (the profile's 1) not recorded" in note, note
+    assert "--gpu / --tp" in note and "ep (" not in note, note
+    assert "not recorded" not in (df["notes"].iloc[1] or "")
+    from dsparksim.bench.replay import unchecked_note
+    from dsparksim.cost.profile import load_profile
+    dp = load_profile("built-h200x8-deepseek-v3-dp8ep8")   # one of 8 DP ranks: the engine spans 8 GPUs, EP 8
+    note = unchecked_note({"gpu": "h200", "tp": None, "ep": None}, dp)
+    assert note is not None and "tp (the profile's 8), ep (the profile's 8)" in note, note
+
+
+def test_a_run_without_a_cap_at_rate_inf_is_noted():
+    """A vLLM file without its max_concurrency key (an older or hand-edited result) was replayed with every prompt
+    released at once, 130% off its measured TPOT at a real cap of 4, without a word; its notes say so now, and a
+    capped run has no such note."""
+    small = dict(random_input_len=64, random_output_len=8, num_prompts=4)
+    df = replay([_row(1, 2, max_concurrency=None, **small), _row(2, 2, **small)], PROFILE)
+    assert "max_concurrency empty (no cap, or not recorded): every prompt released at once" in df["notes"].iloc[0]
+    assert "max_concurrency" not in (df["notes"].iloc[1] or "")

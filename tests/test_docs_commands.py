@@ -192,3 +192,31 @@ def test_mkdocs_build_strict(tmp_path):
     for p in (ROOT / "docs").glob("*.md"):
         built = site / ("index.html" if p.stem == "index" else f"{p.stem}/index.html")
         assert built.is_file(), f"{p.name} was not built"
+
+
+def test_walk_through_imports_give_every_column_replay_and_fit_need():
+    """docs/from-benchmark-to-frontier.md step 2 imports the runs of step 1 for profile fit: each `bench import`
+    of the user's own files must set every column bench replay / profile fit need that its format does not
+    carry (the SGLang one lacked --num-prompts, which SGLang's line does not record: the fit then refused
+    'num_prompts ... empty')."""
+    from dsparksim.bench.importers import FILLED_BY
+    from dsparksim.cli.bench import NEEDED
+    page = ROOT / "docs" / "from-benchmark-to-frontier.md"
+    imports = [argv for _, argv in doc_commands(page) if argv[:2] == ["bench", "import"]
+               and not any(a.startswith("../shared") for a in argv)]
+    assert len(imports) == 2, imports
+    for argv in imports:
+        fmt = "sglang" if argv[2].endswith(".jsonl") else "vllm"
+        given = {a[2:].replace("-", "_") for a in argv if a.startswith("--")}
+        lacking = [c for c in NEEDED if c not in FILLED_BY[fmt] and c not in given]
+        assert not lacking, f"{' '.join(argv)}: {fmt} files do not carry {lacking}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_a_page_that_uses_shared_data_says_it_is_not_in_a_clone(page):
+    """`../shared` sits beside this project's checkout; a user's clone has none. A page whose commands or text use
+    it says so (docs/benchmarks.md and docs/policies.md did not: their `bench import ../shared/...` fails in a
+    clone with no word why)."""
+    text = " ".join(page.read_text(encoding="utf-8").split())   # a phrase may wrap
+    if "../shared" in text:
+        assert "beside the repository checkout" in text, page.name

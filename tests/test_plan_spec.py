@@ -274,3 +274,54 @@ def test_prices_no_deployment_takes_are_noted_once(tmp_path, capsys, monkeypatch
     lines = [ln for ln in capsys.readouterr().err.splitlines() if "[prices]" in ln]
     assert lines == [f"dsparksim: note: [prices] 'B200' prices no deployment (unused; the deployments' GPUs are "
                      f"priced '{H100}' by 'H100')"], lines
+
+
+def test_a_profile_beside_the_spec_but_not_in_the_working_directory_is_pointed_to(tmp_path, monkeypatch, capsys,
+                                                                                 no_cells):
+    """A plan (or sweep) naming `my-h200.json`, the fitted profile saved beside it, run from another folder said
+    only 'profile file not found'; relative paths are read from the working directory (docs/sweeps.md), and the
+    error now says so and names the file beside the spec."""
+    import shutil
+    from dsparksim.cost.profile import profile_path
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    shutil.copy(profile_path("h100-llama2-7b-tp1"), folder / "my.json")
+    d = good()
+    d["candidates"][0]["profile"] = "my.json"
+    (folder / "plan.toml").write_text(toml(d))
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "mine/plan.toml", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "read from the working directory" in err and "'mine/my.json'" in err, err
+    monkeypatch.chdir(folder)   # from the spec's folder the same spec loads the profile
+    assert plan_from_dict(d, str(folder / "plan.toml")).deployments
+    sweep = folder / "sweep.toml"
+    sweep.write_text('[base]\nprofile = "my.json"\npolicy = "none"\nconcurrency = 2\nduration = 1.0\n')
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", "mine/sweep.toml", "--out", str(tmp_path / "sw")]) == 2
+    err = capsys.readouterr().err
+    assert "read from the working directory" in err and "'mine/my.json'" in err, err
+
+
+def test_an_slo_latency_that_reads_as_milliseconds_is_cautioned(tmp_path, monkeypatch, capsys):
+    """`tpot_p99_s <= 50` (meant 50 ms) is 50 s per token: every deployment meets it, and the plan's answer is the
+    cheapest one, without a word. The plan cautions on each such bound before any probe runs; 0.05 and a
+    throughput floor do not."""
+    import dsparksim.plan as plan_mod
+    from dsparksim.results.notes import slo_unit_notes
+    d = good()
+    d["plan"]["slo"] = ["tps_user_p50 >= 60", "tpot_p99_s <= 50", "ttft_p99_s <= 3000", "ttft_p99_s <= 2"]
+    notes = slo_unit_notes(plan_from_dict(d).slo, "plan.slo")
+    assert len(notes) == 2 and notes[0].startswith("plan.slo[1] tpot_p99_s <= 50: 50 s") and "0.05" in notes[0], notes
+    assert notes[1].startswith("plan.slo[2] ttft_p99_s <= 3000: 3000 s") and "is 3" in notes[1], notes
+    spec = tmp_path / "plan.toml"
+    spec.write_text(toml(d))
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt   # the notes are printed before any probe: stop there
+    monkeypatch.setattr(plan_mod, "run_plan", stop)
+    assert main(["plan", str(spec), "--out", str(tmp_path / "out")]) == 130
+    err = capsys.readouterr().err
+    assert "dsparksim: caution: plan.slo[1] tpot_p99_s <= 50: 50 s" in err, err
+    d["plan"]["slo"] = ["tps_user_p50 >= 60", "tpot_p99_s <= 0.05"]
+    assert slo_unit_notes(plan_from_dict(d).slo, "plan.slo") == []

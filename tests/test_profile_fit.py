@@ -438,3 +438,41 @@ def test_fit_help_names_every_fitted_parameter():
     text = " ".join(sub(sub(build_parser(), "profile"), "fit").format_help().split())
     assert "floor" in FAMILIES and f"scale per cost family ({', '.join(FAMILIES)})" in text
     assert "request latency" in text and "fixed overhead" in text
+
+
+def test_fit_notes_another_models_runs_and_empty_gpu_and_words_a_refusal_for_its_options(tmp_path, moe, capsys):
+    """Qwen3 runs fitted with --model llama-3-8b, or runs imported without --gpu, were fitted without a word (bench
+    replay notes both); a run of another TP was refused with replay's advice and "(file <builder>)", while what
+    the fit builds comes from its own --gpu/--tp/--ep."""
+    from dsparksim.bench.runs import read_runs, write_runs
+    runs = tmp_path / "runs.csv"
+    _runs_csv(runs, moe)
+    rows = read_runs(runs)
+    for r in rows:
+        r["model"] = "meta-llama/Llama-3.1-8B-Instruct"
+    rows[0]["gpu"] = None
+    write_runs(rows, runs, force=True)
+    assert main(["profile", "fit", str(runs), "--model", MOE, "--gpu", "H100", "--bootstrap", "0",
+                 "--out", str(tmp_path / "fit.json")]) == 0
+    out = capsys.readouterr().out
+    assert "note: the runs' model 'meta-llama/Llama-3.1-8B-Instruct' shares no name with --model 'qwen3-30b-a3b'" \
+        in out, out
+    assert "note: 1 run(s) with gpu empty: taken as the fit's --gpu, not checked" in out, out
+    rows[1]["tp"], rows[1]["gpu_count"] = 2, 2
+    write_runs(rows, runs, force=True)
+    assert main(["profile", "fit", str(runs), "--model", MOE, "--gpu", "H100", "--bootstrap", "0",
+                 "--out", str(tmp_path / "fit2.json")]) == 2
+    err = capsys.readouterr().err
+    assert "profile fit builds that profile from --gpu H100 --tp 1 --ep 1: give the runs' own --tp" in err, err
+    assert "<builder>" not in err, err
+
+
+def test_fit_of_a_directory_says_it_is_one(tmp_path, capsys):
+    """`profile fit results/ ...` (the folder of the benchmark files) said 'runs table not found', though the path is
+    there; bench replay says 'is a directory'; so does the fit now, and a missing path is still 'not found'."""
+    for path, words in ((tmp_path, "is a directory; expected a runs table"),
+                        (tmp_path / "no.csv", "runs table not found")):
+        assert main(["profile", "fit", str(path), "--model", MOE, "--gpu", "H100",
+                     "--out", str(tmp_path / "f.json")]) == 2
+        err = capsys.readouterr().err
+        assert words in err, err

@@ -156,6 +156,7 @@ def import_file(path: str | Path, fmt: str = "auto", overrides: Mapping[str, Any
         pairs = ((kind if fmt != "auto" else classify(rec, path, line), line, rec)
                  for line, rec in json_records(text, path))
     out = []
+    server: dict[str, list[int]] = {}   # SGLang: the server settings of server_info -> the lines that record them
     for k, line, rec in pairs:
         row = {"vllm": _vllm_row, "sglang": _sglang_row, "inferencex": _inferencex_row}[k](rec, path, line)
         said = {} if k == "inferencex" else {col: what for col, (key, what) in NULL_MEANS.items()
@@ -165,8 +166,12 @@ def import_file(path: str | Path, fmt: str = "auto", overrides: Mapping[str, Any
         out.append(finish_row(row, k, path, line, overrides or {}, said, notes))
         if k == "vllm" and notes is not None:
             notes.extend(vllm_metadata_notes(rec, out[-1], path, line))
+        if k == "sglang":
+            server.setdefault(sglang_server_settings(rec), []).append(line)
     if not out:
         raise InputError(path, None, f"no runs in the file; {EXPECTED}")
+    if notes is not None:
+        notes.extend(sglang_server_note(path, opts, lines) for opts, lines in server.items() if opts)
     return out
 
 
@@ -457,6 +462,39 @@ def _sglang_row(d: Mapping[str, Any], path: str | Path, line: int) -> dict[str, 
                         "engine serving both, as InferenceX's disaggregated rows are refused")
         row.update(_sglang_server(_Rec(info, path, line, "server_info.")))
     return row
+
+
+# SGLang ServerArgs fields (server_info) that set the server bench replay / profile fit simulate -> their option
+_SGLANG_SERVER_OPTIONS = (("chunked_prefill_size", "--chunked-prefill-size"),
+                          ("max_running_requests", "--max-running-requests"),
+                          ("mem_fraction_static", "--mem-fraction-static"))
+
+
+def sglang_server_settings(d: Mapping[str, Any]) -> str:
+    """The ``bench replay`` / ``profile fit`` options that a line's ``server_info`` records (its chunked prefill
+    size, max running requests, memory fraction, and ``--mixed-prefill`` for enable_mixed_chunk true), as one
+    option string; "" when it records none. The runs table has no column for them (they are the server's settings,
+    given to the commands that simulate it), so bench import says them rather than dropping them."""
+    info = d.get("server_info")
+    if not isinstance(info, dict):
+        return ""
+    opts = [f"{opt} {info[key]}" for key, opt in _SGLANG_SERVER_OPTIONS
+            if isinstance(info.get(key), (int, float)) and not isinstance(info.get(key), bool) and info[key] > 0]
+    if info.get("enable_mixed_chunk") is True:
+        opts.append("--mixed-prefill")
+    return " ".join(opts)
+
+
+def sglang_server_note(path: str | Path, opts: str, lines: list[int]) -> str:
+    """One note per file and server settings: which lines' server_info records them, as the options to pass."""
+    if len(lines) == 1:
+        where = f"line {lines[0]}"
+    elif lines == list(range(lines[0], lines[-1] + 1)):
+        where = f"lines {lines[0]}-{lines[-1]}"
+    else:
+        where = f"{len(lines)} lines ({', '.join(str(n) for n in lines[:5])}{', ...' if len(lines) > 5 else ''})"
+    return (f"{path}: {where}: server_info records the server's settings, which the runs table has no column for: "
+            f"give them to profile fit and bench replay ({opts}), else they simulate their defaults")
 
 
 def _sglang_uncapped(d: Mapping[str, Any]) -> bool:

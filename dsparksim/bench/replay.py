@@ -252,6 +252,8 @@ def row_workload(row: Mapping[str, Any], source: str = "runs table") -> tuple[Cl
             raise bad("request_rate", "missing, and no max_concurrency: the load is unknown")
         rate = math.inf
         notes.append("request_rate missing: inf (all released at once under the cap)")
+    if cap is None and math.isinf(float(rate)):   # a cap the file left out would change every figure
+        notes.append("max_concurrency empty (no cap, or not recorded): every prompt released at once")
     eos = row.get("ignore_eos")
     if eos is False:
         raise bad("ignore_eos", "false: the simulator has no model of when a model stops (only ignore_eos runs)")
@@ -391,6 +393,28 @@ def model_note(row: Mapping[str, Any], prof: Any) -> str | None:
             "each model's runs on a profile of that model)")
 
 
+def unchecked_columns(row: Mapping[str, Any], prof: Any) -> list[tuple[str, Any]]:
+    """(column, the profile's value) of the deployment columns the run leaves empty (gpu, tp, ep) where the profile
+    states them: :func:`check_deployment` cannot check them, so the run is taken to have run on the profile's. An
+    empty ep beside a profile without expert parallelism (ep 1, the usual dense or one-GPU case) is not listed."""
+    meta = getattr(prof, "metadata", {}) or {}
+    ep = meta.get("expert_parallel")
+    tp = meta.get("tensor_parallel")   # a DP-rank profile's engine spans tensor_parallel x data_parallel GPUs
+    have = {"gpu": meta.get("device"), "tp": None if tp is None else int(tp) * int(meta.get("data_parallel") or 1),
+            "ep": ep if ep and int(ep) > 1 else None}
+    return [(col, v) for col, v in have.items() if _missing(row.get(col)) and v is not None]
+
+
+def unchecked_note(row: Mapping[str, Any], prof: Any) -> str | None:
+    """The replay note of :func:`unchecked_columns` (None: none)."""
+    empty = unchecked_columns(row, prof)
+    if not empty:
+        return None
+    listed = ", ".join(f"{c} (the profile's {v})" for c, v in empty)
+    return (f"{listed} not recorded: taken as the profile's, not "
+            f"checked (set it at bench import: --{' / --'.join(c for c, _ in empty)})")
+
+
 def placeholder_tpot(row: Mapping[str, Any]) -> bool:
     """True when every TPOT statistic the row has is 0: what vLLM's and SGLang's clients write when no request had
     more than one output token (``np.mean(tpots or 0)``), never a measured decode time. ``bench import`` leaves
@@ -499,9 +523,7 @@ def replay(runs: Sequence[Mapping[str, Any]], profile: Any, *, server: ServerSet
         if acceptance is not None and "acceptance" in pol:
             pol = {**pol, "acceptance": acceptance}
             notes = notes + [f"acceptance {acceptance} (given) instead of the mapping's"]
-        other = model_note(row, prof)
-        if other:
-            notes = notes + [other]
+        notes = notes + [n for n in (model_note(row, prof), unchecked_note(row, prof)) if n]
         if placeholder_tpot(row):
             notes = notes + ["measured TPOT 0 not compared: the client's placeholder when no request had more than "
                              "one output token, not a measurement"]

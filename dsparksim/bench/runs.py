@@ -201,7 +201,33 @@ def check_row(row: Mapping[str, Any], source: str | Path, line: int | None) -> d
     if done is not None and n is not None and done + (out["failed"] or 0) > n:
         raise InputError(source, "completed", f"completed ({done}) + failed ({out['failed'] or 0}) exceeds "
                          f"num_prompts ({n})", line=line)
+    _check_latency_units(out, source, line)
     return out
+
+
+def _check_latency_units(run: Mapping[str, Any], source: str | Path, line: int | None) -> None:
+    """Refuse latencies that contradict the run's own duration by Little's law (a statistic written in seconds
+    or microseconds where the column says ms): completed x mean latency / duration is the mean number of requests
+    in flight, which never exceeds the client's cap (or its prompts), and, for a run released at once (request
+    rate inf) with every prompt completed, is at least 1 (a request is in flight from the first release to the
+    last completion). The mean latency is mean_e2el_ms, else mean TTFT + mean TPOT x (output tokens per request
+    - 1); a factor 2 either way covers that estimate."""
+    done, dur, out_tok = run["completed"], run["duration_s"], run["total_output_tokens"]
+    if not done or not dur or out_tok is None:
+        return
+    col, lat = "mean_e2el_ms", run["mean_e2el_ms"]
+    if lat is None and run["mean_ttft_ms"] is not None and run["mean_tpot_ms"] is not None:
+        col, lat = "mean_tpot_ms", run["mean_ttft_ms"] + run["mean_tpot_ms"] * max(out_tok / done - 1, 0)
+    if lat is None:
+        return
+    flight = done * lat / 1000 / dur
+    cap = run["max_concurrency"] or run["num_prompts"] or done
+    whole = math.isinf(run["request_rate"] or 0) and not run["failed"] and run["num_prompts"] in (None, done)
+    if flight > 2 * cap or (whole and flight < 0.5):
+        bound = f"above the cap of {cap}" if flight > 2 * cap else "below the 1 a run released at once always has"
+        raise InputError(source, col, f"{lat:.4g} ms mean latency x {done} completed requests / duration {dur:.4g} s "
+                         f"= {flight:.3g} requests in flight on average, {bound}: are the latency statistics in "
+                         "milliseconds (and duration_s in seconds)?", line=line)
 
 
 _SAME_RUN_IGNORES = ("run_id", "source_file", "source_row", "source_ref")   # where a copy was read from

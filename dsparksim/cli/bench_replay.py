@@ -34,12 +34,15 @@ def register_replay(sub) -> None:
                    help="only the runs whose columns equal these values (numbers as numbers; KEY= for empty)")
     add_seed_option(q, help="random seed of every simulated run [%(default)s]")
     q.add_argument("--chunked-prefill-size", type=pos_int, default=None, metavar="N",
-                   help="server setting for every run: prefill tokens per step [the profile's token budget, as in "
-                        "profile fit]")
+                   help="server setting for every run: prefill tokens per step [a fitted profile's: the chunk it "
+                        "was fitted under (metadata.fit.client_model); any other: its token budget, as profile fit's "
+                        "default]")
     q.add_argument("--max-running-requests", type=pos_int, default=None, metavar="N",
-                   help="server setting for every run: most running requests")
+                   help="server setting for every run: most running requests [a fitted profile's: the fit's; "
+                        "any other: 1024]")
     q.add_argument("--mem-fraction-static", type=pos_float, default=None, metavar="FRAC",
-                   help="server setting for every run: KV capacity from the profile's memory metadata")
+                   help="server setting for every run: KV capacity from the profile's memory metadata [a fitted "
+                        "profile's: the fit's; any other: the profile's KV capacity]")
     q.add_argument("--cuda-graph-max-bs", type=pos_int, default=None, metavar="N",
                    help="server setting for every run: recorded, not priced")
     q.add_argument("--attention-dp-timeout-iters", type=nonneg_int, default=None, metavar="N",
@@ -63,7 +66,8 @@ def register_replay(sub) -> None:
                         "\"mtp?tau2=2.3\" from your server log's accept length, \"mtp?a1=0.6&tau2=1.9\" below 1.87 "
                         "[the mapping's]")
     q.add_argument("--out", required=True, help="output directory, replaced whole by the new results")
-    q.add_argument("--quiet", action="store_true")
+    q.add_argument("--quiet", action="store_true",
+                   help="print no summary table or file list (notes, cautions and errors still are)")
     q.set_defaults(func=replay_command)
 
 

@@ -1002,7 +1002,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  f"{', '.join(request_only_names())}; a closed loop needs one that pins users)")
     add_backend_options(fleet, default=None, backend_help="where the shards run: serial, local process pool or ray "
                                                           "(optional extra) [local when --workers is given]")
-    r.add_argument("--quiet", action="store_true")
+    r.add_argument("--quiet", action="store_true",
+                   help="print no summary lines or file list (notes, cautions and errors still are)")
     r.set_defaults(func=cmd_run)
     f = sub.add_parser("frontier", help="policies x load levels: frontier, comparison, plots",
                        description="Sweep policies over load levels; writes frontier.csv, comparison.csv, "
@@ -1028,7 +1029,8 @@ def build_parser() -> argparse.ArgumentParser:
                         backend_help="where cells run: serial, local process pool or ray (optional extra) [local; "
                                      "serial for 1 worker]; results are identical whatever the backend")
     add_out(f, "results/frontier", "output directory, replaced whole by the new results")
-    f.add_argument("--quiet", action="store_true")
+    f.add_argument("--quiet", action="store_true",
+                   help="print no comparison table or file list (notes, cautions and errors still are)")
     f.set_defaults(func=cmd_frontier)
     for mod in ("dsparksim.cli.profile", "dsparksim.cli.trace", "dsparksim.cli.sweep",
                 "dsparksim.cli.models", "dsparksim.cli.runner", "dsparksim.cli.bench", "dsparksim.cli.study"):

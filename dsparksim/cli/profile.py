@@ -18,6 +18,7 @@ from dsparksim.cost.fitted import fit_server
 from dsparksim.cost.memory import kv_capacity_at_fraction
 from dsparksim.errors import InputError
 from dsparksim.io.options import iso_date, pos_float, pos_int
+from dsparksim.io.textio import not_a_file
 from dsparksim.cost.profile import CostProfile, dumps_profile, list_profiles, load_profile, profile_from_dict, profile_path, profile_to_dict, shipped_dir
 from dsparksim.cost.profile_import import (FORMATS, LOOKUPS, complete_profile, import_sps_table, parse_drafter_cost,
                                       run_readiness)
@@ -560,7 +561,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
             raise InputError("profile fit", "--metrics", f"expected a comma list of tpot, ttft, tput, got "
                              f"{args.metrics!r}")
         if not Path(args.runs).is_file():
-            raise InputError(args.runs, None, "runs table not found")
+            raise InputError(args.runs, None, not_a_file(args.runs, "runs table"))
         out = _check_fit_out(args.out, args.force, args.runs)
         model = _model_config(args.model)
         opt = FitOptions(model=model, gpu=canonical_gpu(args.gpu), tp=args.tp, ep=args.ep,
@@ -579,6 +580,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     fit = d["metadata"]["fit"]
     print(f"wrote {out}: {fit['runs']['n_runs']} runs, concurrencies {fit['runs']['concurrencies']}, "
           f"{fit['elapsed_s']} s")
+    for note in rep["notes"]:
+        print(f"  note: {note}")
     for p, e in fit["parameters"].items():
         if e["status"] == "fitted":
             b = e.get("bootstrap")

@@ -596,6 +596,12 @@ def _scalar_or(t: np.ndarray, *inputs: Any) -> Any:
     return np.asarray(t, dtype=np.float64)
 
 
+# what to do with a benchmark's results handed over as a profile (docs/from-benchmark-to-frontier.md)
+FIT_HINT = ("learn a profile from benchmark runs with `dsparksim bench import FILE... --out runs.csv`, then "
+            "`dsparksim profile fit runs.csv --model CONFIG --gpu GPU --out P.json`, and pass P.json "
+            "(docs/from-benchmark-to-frontier.md)")
+
+
 # ====================================================================== parsing / validation
 class _Checker:
     """Validation helpers that raise InputError naming the file, the field and the index."""
@@ -681,6 +687,9 @@ def _parse_head(c: _Checker, d: Any) -> str:
     """The top level: an object of the right format with known keys; returns the profile's name."""
     if not isinstance(d, Mapping):
         raise c.fail("", f"expected a JSON object at the top level, got {type(d).__name__}")
+    if "format" not in d and ({"model_id", "num_prompts"} <= set(d) or {"dataset_name", "completed"} <= set(d)):
+        raise c.fail("format", "missing: this is a benchmark's result (vllm bench serve / sglang bench_serving), not "
+                     f"a cost profile; {FIT_HINT}")
     fmt = c.get(d, "format")
     if fmt != FORMAT:
         raise c.fail("format", f"expected '{FORMAT}', got {fmt!r}")
@@ -967,7 +976,20 @@ def profile_path(name_or_path: str | Path) -> Path:
 def read_profile_dict(name_or_path: str | Path) -> tuple[dict, Path]:
     """(the profile's JSON object, its file): errors name the file and line, as :func:`load_profile`'s."""
     path = profile_path(name_or_path)
-    return loads_json(read_text(path, "profile file", bom=False), str(path), label="not valid JSON"), path
+    text = read_text(path, "profile file", bom=False)
+    if text.startswith("# dsparksim runs table"):   # bench import's marker line (dsparksim.bench.runs.MARKER)
+        raise InputError(str(path), None, f"a runs table (bench import), not a cost profile; {FIT_HINT}")
+    return loads_json(text, str(path), label="not valid JSON"), path
+
+
+def beside_spec_hint(name: str, spec: str | Path) -> str:
+    """For a spec (sweep, plan) naming a profile by a relative path that is not in the working directory: where
+    it is read from, and the file of that name beside the spec if there is one (the usual slip); else ""."""
+    path = Path(str(name))
+    if path.is_absolute() or path.exists() or not (Path(str(spec)).parent / path).is_file():
+        return ""
+    return (f" (a relative profile path is read from the working directory {str(Path.cwd())!r}, not from the spec's "
+            f"folder; there is one beside the spec: {str(Path(str(spec)).parent / path)!r})")
 
 
 def load_profile(name_or_path: str | Path, extrapolate: bool = False) -> CostProfile:

@@ -12,8 +12,8 @@ from tqdm import tqdm
 
 from dsparksim.cost.analytic.calibration import FAMILIES, FAMILY_NOTES, Calibration
 from dsparksim.bench.client import is_trtllm
-from dsparksim.bench.replay import check_deployment
-from dsparksim.errors import InputError
+from dsparksim.bench.replay import check_deployment, model_note, unchecked_columns
+from dsparksim.errors import ConfigError, InputError
 from dsparksim.fit.fitter import (DELTA_MIN, GAMMA_MAX, FitProblem, bootstrap, fit_problem, loco,
                                   param_bounds)
 from dsparksim.fit.reprice import PARAMS, LinearRun, PriceBasis
@@ -188,6 +188,33 @@ def _check_batch_wait_engines(rows: list[dict[str, Any]], opt: FitOptions) -> No
                              "runs it applies to with --where")
 
 
+def check_fit_deployment(rows: list[dict[str, Any]], base: Any, source: str, opt: FitOptions) -> list[str]:
+    """Every run on the deployment the fit's options build (bench replay's check, its advice worded for the fit:
+    the profile comes from --gpu / --tp / --ep, not from a file); returns notes on what it cannot check: runs whose
+    model shares no family word with --model's (bench replay's note), runs without gpu / tp (taken as the
+    options')."""
+    for r in rows:
+        try:
+            check_deployment(r, base, source)
+        except ConfigError as e:
+            if e.field not in ("gpu", "tp", "ep"):
+                raise
+            raise ConfigError(e.source, e.field, e.message.replace(" (file <builder>)", "") + f" (profile fit builds "
+                              f"that profile from --gpu {opt.gpu} --tp {opt.tp} --ep {opt.ep}: give the runs' own "
+                              f"--{e.field}, or select the runs of that deployment)") from None
+    notes = []
+    other = sorted({str(r["model"]) for r in rows if model_note(r, base)})
+    if other:
+        notes.append(f"the runs' model {', '.join(map(repr, other))} shares no name with --model "
+                     f"{base.metadata.get('model')!r}: is --model its architecture? (it is what the fit prices)")
+    empty = [unchecked_columns(r, base) for r in rows]
+    cols = [c for c in ("gpu", "tp", "ep") if any(c in dict(e) for e in empty)]
+    if cols:
+        notes.append(f"{sum(1 for e in empty if e)} run(s) with {' / '.join(cols)} empty: taken as the fit's "
+                     f"--{' / --'.join(cols)}, not checked (set them at bench import)")
+    return notes
+
+
 def run_fit(runs_path: str | Path, opt: FitOptions, *, tqdm_file: Any = None
             ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the fitted profile object, a report with the per-run and LOCO rows). InputError on bad input."""
@@ -209,8 +236,7 @@ def run_fit(runs_path: str | Path, opt: FitOptions, *, tqdm_file: Any = None
                                run_server=None if opt.batch_wait_runs is None else
                                {rid: wait for rid in opt.batch_wait_runs})
     _check_batch_wait_engines(rows, opt)
-    for r in rows:                  # every run on the deployment fitted (bench replay's check)
-        check_deployment(r, base, str(runs_path))
+    notes = check_fit_deployment(rows, base, str(runs_path), opt)
     basis = PriceBasis.build(opt.model, opt.gpu, tp=opt.tp, ep=opt.ep, kv_dtype=opt.kv_dtype)
     with tqdm(total=len(runs), desc="simulate runs", unit="run", file=tqdm_file, leave=False) as bar:
         traces = traces_for(runs, base, bar.update)
@@ -249,4 +275,5 @@ def run_fit(runs_path: str | Path, opt: FitOptions, *, tqdm_file: Any = None
                     "request latency outside the step loop fitted by bounded least squares on log(simulated/"
                     "measured) of the runs' TPOT, TTFT and output tokens/s per GPU; see metadata.fit")
     md["fit"] = fit_metadata(runs_path, opt, where, runs, chunk, params, res, in_rows, loco_rows, elapsed)
-    return d, {"in_sample": in_rows, "loco": loco_rows, "result": res, "runs": runs, "elapsed_s": elapsed}
+    return d, {"in_sample": in_rows, "loco": loco_rows, "result": res, "runs": runs, "elapsed_s": elapsed,
+               "notes": notes}

@@ -47,7 +47,7 @@ from typing import Any, Mapping, Sequence
 from dsparksim.config import run_options
 from dsparksim.cost.analytic.hardware import SHORT_NAMES
 from dsparksim.cost.fitted import FitDefaults, fit_defaults, fit_lines
-from dsparksim.cost.profile import load_profile
+from dsparksim.cost.profile import beside_spec_hint, load_profile
 from dsparksim.errors import ConfigError, InputError, raise_all
 from dsparksim.policies import make_policy
 from dsparksim.policies.fixed import Fixed
@@ -606,7 +606,8 @@ def _expand(src: str, where: str, cname: str, replicas: tuple[int, int], opts: M
         try:
             prof = load_profile(prof_name)
         except InputError as e:
-            raise ConfigError(src, f"{where}.profile", f"profile {prof_name!r} cannot be loaded: {e}") from None
+            raise ConfigError(src, f"{where}.profile", f"profile {prof_name!r} cannot be loaded: {e}"
+                              f"{beside_spec_hint(prof_name, src)}") from None
         fit = fit_defaults(prof_name, merged)   # its fitted server where the spec sets none, as `run` does
         o = {**o, **fit.used}
         meta = prof.metadata

@@ -78,6 +78,24 @@ def prefill_chunk_note(chunk: int, budget: int) -> str | None:
             "simulated")
 
 
+# SLO latency bounds (seconds) above which the number reads as milliseconds: a second per token (1 tok/s per user);
+# 1000 s to the first token or to the end of a request
+_SLO_SECONDS_ABOVE = {"tpot": 1.0, "itl": 1.0, "ttft": 1000.0, "e2e": 1000.0}
+
+
+def slo_unit_notes(terms: Iterable[Any], field: str) -> list[str]:
+    """One caution per SLO latency bound (a term with ``metric``, ``op``, ``value``, ``spelled``, on a ``*_s``
+    metric) that is in seconds as written but reads as milliseconds (``tpot_p99_s <= 50``: 50 s per token, every
+    deployment meets it)."""
+    out = []
+    for i, t in enumerate(terms):
+        limit = _SLO_SECONDS_ABOVE.get(str(t.metric).split("_")[0])
+        if limit is not None and str(t.metric).endswith("_s") and t.op in ("<=", "<") and t.value >= limit:
+            out.append(f"{field}[{i}] {t.spelled} {t.op} {t.value:g}: {t.value:g} s, as the metric is in seconds "
+                       f"(a bound almost every deployment meets); {t.value:g} ms is {t.value / 1000:g}")
+    return out
+
+
 def trace_cover_note(span_s: float, duration_s: float | None, scales: Sequence[float],
                      option: str = "--duration") -> str | None:
     """The note for a trace replay that ``duration_s`` (set by ``option``) ends before the trace does at some time

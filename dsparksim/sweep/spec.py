@@ -44,7 +44,7 @@ from dsparksim.errors import ConfigError, InputError
 from dsparksim.io.textio import decode
 from dsparksim.sweep.cells import expand
 from dsparksim.acceptance import load_acceptance
-from dsparksim.cost.profile import load_profile
+from dsparksim.cost.profile import beside_spec_hint, load_profile
 from dsparksim.policies import make_policy
 from dsparksim.policies.fixed import Fixed
 from dsparksim.sim.inputs import check_deployment
@@ -346,7 +346,8 @@ def _check_inputs(spec: SweepSpec) -> None:
         try:
             load_profile(prof)
         except InputError as e:
-            raise ConfigError(src, where, f"profile {prof!r} cannot be loaded: {e}") from None
+            raise ConfigError(src, where, f"profile {prof!r} cannot be loaded: {e}"
+                              f"{beside_spec_hint(prof, src)}") from None
     ks = sorted({int(v) for _, v in _values(spec, "block_size")} or {7})
     for key, kset in (("acceptance", ks), ("mtp1_acceptance", [1])):
         for where, acc in _values(spec, key):
