@@ -436,7 +436,7 @@ class Scheduler:
                           context=dctx, qk_s=float(self.pricer.sq) if dctx is not None else 0.0)
         L = np.asarray(self.policy.choose(ctx), dtype=np.int64)
         # (a negative L viewed as uint64 is above any K: one reduction checks both ends)
-        if L.shape != (n_dec,) or (n_dec and int(L.view(np.uint64).max()) > K):
+        if L.shape != (n_dec,) or (n_dec and np.count_nonzero(L.view(np.uint64) > K)):
             raise RuntimeError(f"policy {self.policy.spec} returned invalid verify lengths {L!r} (K={K})")
         if drafted is not None:
             L = np.minimum(L, drafted)   # positions never drafted cannot be verified
@@ -455,12 +455,13 @@ class Scheduler:
         r = self.req
         chunks: list[tuple[int, int, int, int]] = []
         n_pf = pf_qk = 0
-        for row in rows:
+        prefilled, target, regen, slot_of = r.prefilled, r.prompt, r.regen, r.slot_of
+        for row in rows.tolist():       # Python ints: cheaper scalar reads and arithmetic than numpy scalars'
             if budget <= 0:
                 break
-            done = int(r.prefilled[row])
-            c = int(min(r.prompt[row] + r.regen[row] - done, budget))
-            chunks.append((int(row), int(r.slot_of[row]), done, c))
+            done = int(prefilled[row])
+            c = min(int(target[row]) + int(regen[row]) - done, budget)
+            chunks.append((row, int(slot_of[row]), done, c))
             budget -= c
             n_pf += c
             # prefill beyond the verify term: the quadratic query-key part of the chunk's causal attention
@@ -476,14 +477,14 @@ class Scheduler:
         if len(dec):
             a = np.asarray(a, np.int64)
             # (L is in 0..K: a negative a viewed as uint64 is above it, so one comparison checks both ends)
-            if a.shape != dec.shape or (a.size and (a.view(np.uint64) > np.asarray(L, np.int64).view(np.uint64)).any()):
+            if a.shape != dec.shape or (a.size and np.count_nonzero(a.view(np.uint64) > np.asarray(L, np.int64).view(np.uint64))):
                 raise RuntimeError(f"executor returned accepted prefixes {a!r} outside 0..verify {L!r}")
             # vLLM's spec-decode counters: a draft is a request verifying >= 1 draft token this step (a request
             # verifying none accepted none: 0 <= a <= L, so the sums over all requests are those over the drafts)
             outcome.drafts, outcome.accepted_total = int(np.count_nonzero(L)), int(_sum(a))
             # requests whose accepted prefix reached past position p: a reversed cumulative count (count 0 unused)
             cnt = np.bincount(a, minlength=self.K + 1)
-            outcome.accepted_per_pos = np.cumsum(cnt[:0:-1])[::-1].astype(np.int64)
+            outcome.accepted_per_pos = np.add.accumulate(cnt[:0:-1])[::-1].copy()   # np.cumsum's loop, no wrapper
             out, gen = r.out[dec], r.gen[dec]
             emit = np.minimum(a + 1, out - gen)  # the last step may overshoot: stop at length
             gen += emit
