@@ -24,6 +24,8 @@ from dsparksim.policies.registry import int_arg, no_arg, spec_error, unit_float_
 
 _SRC = "StepContext"
 _sum = np.add.reduce   # ndarray.sum() without its Python wrapper (called every engine step)
+_NO_KEYS = np.zeros(0)   # Ranking's prefix before any is sorted (one array, not one per engine step)
+_NO_KEYS.flags.writeable = False
 
 
 # ------------------------------------------------------------------------------------------- budgets and caps
@@ -94,7 +96,7 @@ class Ranking:
             gone = np.arange(K)[:, None] >= np.asarray(drafted)[None, :]      # k-major, as neg
             self.neg[gone.ravel()] = np.inf
         self._sorted: np.ndarray | None = None  # every key, ascending
-        self._prefix = np.zeros(0)  # the smallest keys, ascending
+        self._prefix = _NO_KEYS  # the smallest keys, ascending (replaced, never written into)
 
     def keys(self, m: int | None = None) -> np.ndarray:
         """At least the min(m, n*K) smallest keys, ascending (all of them when m is None), maybe more."""

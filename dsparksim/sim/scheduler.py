@@ -151,8 +151,9 @@ class Scheduler:
         self.index = int(index)
         self.max_model_len = inputs.max_model_len
         self.inbox = Inbox()
-        self.running: list[int] = []
-        self._run_arr: np.ndarray | None = np.zeros(0, np.int64)
+        # the running rows in admission order (:meth:`running_rows`); ``running`` lists them, built when read
+        self._run_arr = np.zeros(0, np.int64)
+        self._run_list: list[int] | None = []
         self.free_slots: list[int] = list(range(slot_base + self.max_seqs - 1, slot_base - 1, -1))
         self.waiting: deque[int] = deque()
         self.waiting_need = 0   # KV the waiting requests will take (the least-kv router reads it)
@@ -191,9 +192,17 @@ class Scheduler:
         self.waiting_need += self.kv.need(row)
 
     @property
+    def running(self) -> list[int]:
+        """The running rows in admission order (a list built from :meth:`running_rows` when read; not to be
+        changed)."""
+        if self._run_list is None:
+            self._run_list = self._run_arr.tolist()
+        return self._run_list
+
+    @property
     def outstanding(self) -> int:
         """Requests routed here and not finished: running + waiting + still in the inbox."""
-        return len(self.running) + len(self.waiting) + len(self.inbox.items)
+        return len(self._run_arr) + len(self.waiting) + len(self.inbox.items)
 
     @property
     def free_kv(self) -> int:
@@ -215,16 +224,17 @@ class Scheduler:
         preempted admits nothing)."""
         K, r, kv = self.K, self.req, self.kv
         new: list[int] = []
+        n_run = len(self._run_arr)    # running requests, those admitted below included
         if self.paged:
             if self._grow():
                 return new
             self._grown = True   # plan_step need not grow again unless this admission adds decoding rows
         while self.waiting and self.free_slots:
             row = self.waiting[0]
-            if (len(self.running) + 1) * (1 + K) > self.max_tokens:
+            if (n_run + 1) * (1 + K) > self.max_tokens:
                 break
             need = kv.need(row)
-            if not kv.take(row, need, bool(self.running)):
+            if not kv.take(row, need, n_run > 0):
                 break   # FIFO: the head waits for KV; nothing behind it jumps the queue
             self.waiting.popleft()
             self.waiting_need -= need
@@ -238,12 +248,12 @@ class Scheduler:
                     # and samples the first output token (module doc)
                     r.prefilled[row] = r.prompt[row] - 1
             self.n_admitted += 1
-            self.running.append(row)
+            n_run += 1
             new.append(row)
         if new:
             rows = np.array(new, np.int64)
-            if self._run_arr is not None:    # running = the rows before + the admitted, in that order
-                self._run_arr = np.concatenate([self._run_arr, rows])
+            # running = the rows before + the admitted, in that order
+            self._run_arr, self._run_list = np.concatenate([self._run_arr, rows]), None
             # one call for all admitted requests: each row's start draws are keyed by its request alone
             if self._pre is not None:
                 self._pre.admit(rows)        # the source's per-request state, keyed by each request alone
@@ -268,10 +278,10 @@ class Scheduler:
         """Paged KV: give every decoding request the pages of its context + K draft slots, preempting the most
         recently admitted running request while they do not fit; True if any request was preempted."""
         preempted = False
-        while self.running:
-            if self.kv.grow(self.running_rows()):
+        while len(self._run_arr):
+            if self.kv.grow(self._run_arr):
                 break
-            self._preempt(self.running[-1])
+            self._preempt(int(self._run_arr[-1]))
             preempted = True
         self.kv.check()
         return preempted
@@ -283,8 +293,8 @@ class Scheduler:
         r.preempt[row] += 1
         self.n_preemptions += 1
         self.kv.release_row(row)
-        self.running.remove(row)
-        self._run_arr = None
+        run = self._run_arr
+        self._run_arr, self._run_list = run[run != row], None
         state = self.acc.suspend(r.slot_of[[row]])
         if state is not None:
             self._suspended[row] = state
@@ -326,8 +336,7 @@ class Scheduler:
 
     # ---------------------------------------------------------------- one step
     def running_rows(self) -> np.ndarray:
-        if self._run_arr is None:
-            self._run_arr = np.fromiter(self.running, np.int64, len(self.running))
+        """The running rows in admission order (int64; replaced, never written into)."""
         return self._run_arr
 
     def draw(self, dec: np.ndarray, slots: np.ndarray) -> Block:
@@ -342,8 +351,8 @@ class Scheduler:
 
     def phase_counts(self) -> tuple[int, int]:
         """(decoding, prefilling) running requests (the DP balance's view, sim/dp_balance.py)."""
-        n_dec = int(np.count_nonzero(self.req.phase[self.running_rows()] == DECODE))
-        return n_dec, len(self.running) - n_dec
+        n_dec = int(np.count_nonzero(self.req.phase[self._run_arr] == DECODE))
+        return n_dec, len(self._run_arr) - n_dec
 
     def plan_step(self, draft: Callable[[np.ndarray, np.ndarray], Block] | None = None,
                   prefill: bool = True) -> StepPlan | None:
@@ -353,7 +362,7 @@ class Scheduler:
         if self.paged and not self._grown:
             self._grow()
         self._grown = False
-        if not self.running:
+        if not len(self._run_arr):
             return None
         K, r = self.K, self.req
         run = self.running_rows()
@@ -514,7 +523,8 @@ class Scheduler:
                 if r.gen[row] >= r.out[row]:
                     finished.append(np.array([row]))
         outcome.emitted = emitted
-        done = np.concatenate(finished) if finished else np.zeros(0, np.int64)
+        # (each part is a new array: one is returned as it is)
+        done = finished[0] if len(finished) == 1 else np.concatenate(finished) if finished else np.zeros(0, np.int64)
         if len(done):
             self._finish(done, now)
         return done
@@ -527,7 +537,7 @@ class Scheduler:
         lg["n_decode"].append(plan.n_decode)
         lg["n_prefill_tokens"].append(plan.n_prefill)
         lg["M"].append(plan.M)
-        lg["verify_tokens"].append(int(_sum(plan.verify)))
+        lg["verify_tokens"].append(plan.M - len(plan.decode) - plan.n_prefill)    # sum(verify) (StepPlan.M)
         lg["emitted"].append(outcome.emitted)
         lg["decode_emitted"].append(outcome.decode_emitted)
         lg["n_waiting"].append(len(self.waiting))
@@ -561,16 +571,9 @@ class Scheduler:
         r = self.req
         r.phase[rows] = DONE
         r.finish[rows] = now
+        # the running rows in order, less the finished (now DONE; a running row is PREFILL or DECODE)
         run = self._run_arr
-        if run is not None:
-            # the running rows in order, less the finished (now DONE; a running row is PREFILL or DECODE)
-            run = run[r.phase[run] != DONE]
-            self.running, self._run_arr = run.tolist(), run
-        elif len(rows) == 1:
-            self.running.remove(int(rows[0]))
-        else:
-            done = set(rows.tolist())
-            self.running = [x for x in self.running if x not in done]
+        self._run_arr, self._run_list = run[r.phase[run] != DONE], None
         self.kv.release(rows)
         self.free_slots.extend(r.slot_of[rows].tolist())
 
