@@ -544,8 +544,10 @@ class Scheduler:
         lg["n_running"].append(plan.n_running)
         if self.paged:
             lg["kv_used"].append(plan.kv_pages * self.kv.page)    # tokens held in pages
-            lg.setdefault("kv_pages", []).append(plan.kv_pages)
-            lg.setdefault("preempted", []).append(0 if plan.preempted is None else len(plan.preempted))
+            if "kv_pages" not in lg:    # (the first step adds the paged columns, in this order)
+                lg["kv_pages"], lg["preempted"] = [], []
+            lg["kv_pages"].append(plan.kv_pages)
+            lg["preempted"].append(0 if plan.preempted is None else len(plan.preempted))
         else:
             lg["kv_used"].append(plan.kv_read + plan.n_running * self.K)
         lg["kv_read"].append(plan.kv_read)
