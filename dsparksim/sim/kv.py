@@ -134,8 +134,11 @@ class PagedKV(KVManager):
     def grow(self, run: np.ndarray) -> bool:
         """Give every decoding request among running rows ``run`` the pages of its context + K draft slots; False
         (nothing taken) when they do not fit."""
+        return self.grow_decoding(run[self.req.phase[run] == DECODE])
+
+    def grow_decoding(self, dec: np.ndarray) -> bool:
+        """:meth:`grow` given the decoding rows ``dec`` themselves."""
         r = self.req
-        dec = run[r.phase[run] == DECODE]
         held = r.pages[dec]
         # pages_for(context + K): ceil(t / page) = (t + page - 1) // page for integers, the constants added at once
         want = r.prefilled[dec] + r.gen[dec]

@@ -131,6 +131,7 @@ class Scheduler:
         self.pad_verify = config.pad_verify     # verify lengths padded to the step's maximum (module doc)
         self._exit_log = (0.0, 0.0)             # this step's drafting priced, and all K positions' price
         self._grown = False   # paged: admit() gave every decoding request its pages for the coming step
+        self._grown_dec: np.ndarray | None = None   # paged: the decoding rows the last growth gave pages to
         self.n_preemptions = 0
         self._preempted: list[int] = []
         self._suspended: dict[int, Any] = {}   # preempted row -> its acceptance state (AcceptanceModel.suspend)
@@ -278,10 +279,14 @@ class Scheduler:
         """Paged KV: give every decoding request the pages of its context + K draft slots, preempting the most
         recently admitted running request while they do not fit; True if any request was preempted."""
         preempted = False
+        self._grown_dec = None
         while len(self._run_arr):
-            if self.kv.grow(self._run_arr):
+            run = self._run_arr
+            dec = run[self.req.phase[run] == DECODE]
+            if self.kv.grow_decoding(dec):
+                self._grown_dec = dec
                 break
-            self._preempt(int(self._run_arr[-1]))
+            self._preempt(int(run[-1]))
             preempted = True
         self.kv.check()
         return preempted
@@ -333,6 +338,7 @@ class Scheduler:
         r.phase[rows] = DECODE
         r.first_tok[rows] = now
         r.gen[rows] = 1
+        self._grown, self._grown_dec = False, None     # (reserve KV only; rows that decode now)
 
     # ---------------------------------------------------------------- one step
     def running_rows(self) -> np.ndarray:
@@ -368,7 +374,9 @@ class Scheduler:
         run = self.running_rows()
         n_run = len(run)
         ph = r.phase[run]
-        dec = run[ph == DECODE]
+        # paged: the rows the growth just gave pages to (an admission since adds prefilling rows only)
+        dec = run[ph == DECODE] if self._grown_dec is None else self._grown_dec
+        self._grown_dec = None
         n_dec = len(dec)
         # Chunked prefill: decode tokens first, the rest of the budget goes to prefills in FIFO order. Not mixed
         # (SGLang's default): the chunks get the whole budget and a step with a chunk carries no decode (module doc).
