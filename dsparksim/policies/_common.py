@@ -132,9 +132,9 @@ class Ranking:
         if v != v:  # NaN among the admitted: take the full stable order
             return lengths_from_ranked(np.argsort(neg, kind="stable"), count, n)
         # every key <= v is admitted when exactly ``count`` keys are (the usual case: no tie beyond the count-th)
-        L = _sum((neg <= v).reshape(-1, n), axis=0)
-        if int(_sum(L)) == count:
-            return L.astype(np.int64, copy=False)
+        le = neg <= v
+        if np.count_nonzero(le) == count:
+            return _sum(le.reshape(-1, n), axis=0).astype(np.int64, copy=False)
         L = (neg < v).reshape(-1, n).sum(axis=0)
         rest = count - int(L.sum())
         if rest:
