@@ -150,7 +150,7 @@ class PredrawnDraws:
         else:
             blk = self.acc.draw_state(crow, u, keyed)
             conf, accepted = np.ascontiguousarray(blk.conf[:, :K].T), blk.accepted
-        at = np.repeat(e * R, count) + steps % R
+        at = np.repeat(e * R, count) + (steps & self._wrap if self._wrap else steps % R)   # (steps >= 0)
         cs = np.empty((2 * K, conf.shape[1]))    # positions' confidences, then their survivals, by position
         cs[:K] = conf
         # survival = cumprod(conf, axis=1), a position at a time: the same products in the same order
