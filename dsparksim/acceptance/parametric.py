@@ -56,7 +56,7 @@ from dsparksim.acceptance.calibration import (PLAIN, calibrate_mu, calibrate_mu_
 from dsparksim.acceptance.confidence import fit_sts_nll
 from dsparksim.acceptance.headshift import HeadShift
 from dsparksim.acceptance.reference import K_MAX, MTP1_DEFAULT_SOURCE, mtp1_alpha, paper_curve
-from dsparksim.sim.streams import KeyedRows, normals_from_halves, uniforms_from_halves
+from dsparksim.sim.streams import KeyedRows, normals_from_halves
 
 POOLED = "all"   # curve key meaning "every domain uses this curve"
 NOISE_RAMP = 7   # positions over which the confidence noise moves from noise_sd to noise_sd_end (Fig. 6: 1..7)
@@ -92,6 +92,16 @@ def _sigmoid_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
         return np.divide(1.0, out, out=out)
 
 
+def _scaled_sigmoid_into(x: np.ndarray, out: np.ndarray, scale: float) -> np.ndarray:
+    """scale / (1 + exp(-x)) written into ``out`` (:func:`_sigmoid_into`'s operations, ``scale`` as the
+    numerator)."""
+    with np.errstate(over="ignore"):
+        np.negative(x, out=out)
+        np.exp(out, out=out)
+        np.add(1.0, out, out=out)
+        return np.divide(scale, out, out=out)
+
+
 def _link_into(x: np.ndarray, shape, spare: np.ndarray) -> np.ndarray:
     """:func:`.calibration.link` of ``x`` written into ``x``: the same numbers; ``spare``: an array of x's shape it
     may overwrite."""
@@ -103,7 +113,7 @@ def _link_into(x: np.ndarray, shape, spare: np.ndarray) -> np.ndarray:
     is_easy = x > 0
     x *= slope
     x += offset                              # offset + slope * x
-    np.copyto(x, easy, where=is_easy)        # np.where(is_easy, easy, x), in place
+    np.putmask(x, is_easy, easy)             # np.where(is_easy, easy, x), in place (faster than copyto's where=)
     return x
 
 
@@ -436,7 +446,10 @@ class ParametricAcceptance(AcceptanceModel):
         e *= p.sigma_tok
         x += e
         x = _link_into(x, p.shape, e)
-        ok = uniforms_from_halves(h[1 + K:1 + 2 * K]) < _sigmoid_into(x, np.empty_like(x))
+        # u < sigmoid(x) for the uniform u = h 2**-32, compared as h < 2**32 / (1 + exp(-x)): the same outcome
+        # (scaling by a power of two is exact, and where 1 / (1 + exp(-x)) is subnormal both read h == 0), without
+        # turning the K uniform halves into floats
+        ok = h[1 + K:1 + 2 * K] < _scaled_sigmoid_into(x, np.empty_like(x), 2.0 ** 32)
         # leading successes: the running AND of the positions, counted
         run = ok[0].copy()
         accepted = run.astype(np.int64)

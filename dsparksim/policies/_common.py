@@ -24,6 +24,8 @@ from dsparksim.policies.registry import int_arg, no_arg, spec_error, unit_float_
 
 _SRC = "StepContext"
 _sum = np.add.reduce   # ndarray.sum() without its Python wrapper (called every engine step)
+_NO_KEYS = np.zeros(0)   # Ranking's prefix before any is sorted (one array, not one per engine step)
+_NO_KEYS.flags.writeable = False
 
 
 # ------------------------------------------------------------------------------------------- budgets and caps
@@ -94,7 +96,7 @@ class Ranking:
             gone = np.arange(K)[:, None] >= np.asarray(drafted)[None, :]      # k-major, as neg
             self.neg[gone.ravel()] = np.inf
         self._sorted: np.ndarray | None = None  # every key, ascending
-        self._prefix = np.zeros(0)  # the smallest keys, ascending
+        self._prefix = _NO_KEYS  # the smallest keys, ascending (replaced, never written into)
 
     def keys(self, m: int | None = None) -> np.ndarray:
         """At least the min(m, n*K) smallest keys, ascending (all of them when m is None), maybe more."""
@@ -130,9 +132,9 @@ class Ranking:
         if v != v:  # NaN among the admitted: take the full stable order
             return lengths_from_ranked(np.argsort(neg, kind="stable"), count, n)
         # every key <= v is admitted when exactly ``count`` keys are (the usual case: no tie beyond the count-th)
-        L = _sum((neg <= v).reshape(-1, n), axis=0)
-        if int(_sum(L)) == count:
-            return L.astype(np.int64, copy=False)
+        le = neg <= v
+        if np.count_nonzero(le) == count:
+            return _sum(le.reshape(-1, n), axis=0).astype(np.int64, copy=False)
         L = (neg < v).reshape(-1, n).sum(axis=0)
         rest = count - int(L.sum())
         if rest:

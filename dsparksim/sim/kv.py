@@ -134,16 +134,23 @@ class PagedKV(KVManager):
     def grow(self, run: np.ndarray) -> bool:
         """Give every decoding request among running rows ``run`` the pages of its context + K draft slots; False
         (nothing taken) when they do not fit."""
+        return self.grow_decoding(run[self.req.phase[run] == DECODE])
+
+    def grow_decoding(self, dec: np.ndarray) -> bool:
+        """:meth:`grow` given the decoding rows ``dec`` themselves."""
         r = self.req
-        dec = run[r.phase[run] == DECODE]
         held = r.pages[dec]
-        want = self.pages_for(r.prefilled[dec] + r.gen[dec] - r.regen[dec] + self.K)
-        grow = np.maximum(want - held, 0)
-        need = int(_sum(grow))
+        # pages_for(context + K): ceil(t / page) = (t + page - 1) // page for integers, the constants added at once
+        want = r.prefilled[dec] + r.gen[dec]
+        want -= r.regen[dec]
+        want += self.K + self.page - 1
+        want //= self.page
+        now = np.maximum(want, held, out=want)     # held + max(want - held, 0)
+        need = int(_sum(now)) - int(_sum(held))
         if need > self.n_pages - self.pages_used:
             return False
         if need:
-            r.pages[dec] = held + grow
+            r.pages[dec] = now
         self.pages_used += need
         return True
 

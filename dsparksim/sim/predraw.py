@@ -150,7 +150,7 @@ class PredrawnDraws:
         else:
             blk = self.acc.draw_state(crow, u, keyed)
             conf, accepted = np.ascontiguousarray(blk.conf[:, :K].T), blk.accepted
-        at = np.repeat(e * R, count) + steps % R
+        at = np.repeat(e * R, count) + (steps & self._wrap if self._wrap else steps % R)   # (steps >= 0)
         cs = np.empty((2 * K, conf.shape[1]))    # positions' confidences, then their survivals, by position
         cs[:K] = conf
         # survival = cumprod(conf, axis=1), a position at a time: the same products in the same order
@@ -184,13 +184,13 @@ class PredrawnDraws:
     def admit(self, rows: np.ndarray) -> None:
         """Requests ``rows`` were admitted: check that the source can serve them (as its start() does), drawing
         their first steps ahead now if they are not yet."""
-        top_row = int(rows.max())
+        top_row = int(np.maximum.reduce(rows))
         while top_row >= self.ahead_upto and self.ahead_upto < self.req.known:
             self._draw_ahead()
         self._sized()
-        missing = rows[self.entry[rows] == 0]
-        if missing.size:
-            self._state(missing)   # raises the source's error for a request it cannot serve
+        none = self.entry[rows] == 0
+        if np.count_nonzero(none):
+            self._state(rows[none])   # raises the source's error for a request it cannot serve
 
     def take(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(conf (n, K), survival (n, K), true accepted prefix (n,)) of decoding ``rows`` at their current step
@@ -200,7 +200,7 @@ class PredrawnDraws:
         if self.entry.size < r.cap:
             self._sized()
         e = self.entry[rows]
-        if (self._filled[e] <= st).any():
+        if np.count_nonzero(self._filled[e] <= st):     # (ndarray.any() goes through a Python wrapper)
             e = self._refill(rows, st)
         pos = e * self.R + (st & self._wrap if self._wrap else st % self.R)
         cs = self._cs.take(pos, axis=0)

@@ -136,6 +136,7 @@ class Scheduler:
         self.pad_verify = config.pad_verify     # verify lengths padded to the step's maximum (module doc)
         self._exit_log = (0.0, 0.0)             # this step's drafting priced, and all K positions' price
         self._grown = False   # paged: admit() gave every decoding request its pages for the coming step
+        self._grown_dec: np.ndarray | None = None   # paged: the decoding rows the last growth gave pages to
         self.n_preemptions = 0
         self._preempted: list[int] = []
         self._suspended: dict[int, Any] = {}   # preempted row -> its acceptance state (AcceptanceModel.suspend)
@@ -156,8 +157,9 @@ class Scheduler:
         self.index = int(index)
         self.max_model_len = inputs.max_model_len
         self.inbox = Inbox()
-        self.running: list[int] = []
-        self._run_arr: np.ndarray | None = np.zeros(0, np.int64)
+        # the running rows in admission order (:meth:`running_rows`); ``running`` lists them, built when read
+        self._run_arr = np.zeros(0, np.int64)
+        self._run_list: list[int] | None = []
         self.free_slots: list[int] = list(range(slot_base + self.max_seqs - 1, slot_base - 1, -1))
         self.waiting: deque[int] = deque()
         self.waiting_need = 0   # KV the waiting requests will take (the least-kv router reads it)
@@ -196,9 +198,17 @@ class Scheduler:
         self.waiting_need += self.kv.need(row)
 
     @property
+    def running(self) -> list[int]:
+        """The running rows in admission order (a list built from :meth:`running_rows` when read; not to be
+        changed)."""
+        if self._run_list is None:
+            self._run_list = self._run_arr.tolist()
+        return self._run_list
+
+    @property
     def outstanding(self) -> int:
         """Requests routed here and not finished: running + waiting + still in the inbox."""
-        return len(self.running) + len(self.waiting) + len(self.inbox.items)
+        return len(self._run_arr) + len(self.waiting) + len(self.inbox.items)
 
     @property
     def free_kv(self) -> int:
@@ -220,16 +230,17 @@ class Scheduler:
         preempted admits nothing)."""
         K, r, kv = self.K, self.req, self.kv
         new: list[int] = []
+        n_run = len(self._run_arr)    # running requests, those admitted below included
         if self.paged:
             if self._grow():
                 return new
             self._grown = True   # plan_step need not grow again unless this admission adds decoding rows
         while self.waiting and self.free_slots:
             row = self.waiting[0]
-            if (len(self.running) + 1) * (1 + K) > self.max_tokens:
+            if (n_run + 1) * (1 + K) > self.max_tokens:
                 break
             need = kv.need(row)
-            if not kv.take(row, need, bool(self.running)):
+            if not kv.take(row, need, n_run > 0):
                 break   # FIFO: the head waits for KV; nothing behind it jumps the queue
             self.waiting.popleft()
             self.waiting_need -= need
@@ -243,12 +254,12 @@ class Scheduler:
                     # and samples the first output token (module doc)
                     r.prefilled[row] = r.prompt[row] - 1
             self.n_admitted += 1
-            self.running.append(row)
+            n_run += 1
             new.append(row)
         if new:
             rows = np.array(new, np.int64)
-            if self._run_arr is not None:    # running = the rows before + the admitted, in that order
-                self._run_arr = np.concatenate([self._run_arr, rows])
+            # running = the rows before + the admitted, in that order
+            self._run_arr, self._run_list = np.concatenate([self._run_arr, rows]), None
             # one call for all admitted requests: each row's start draws are keyed by its request alone
             if self._pre is not None:
                 self._pre.admit(rows)        # the source's per-request state, keyed by each request alone
@@ -273,10 +284,14 @@ class Scheduler:
         """Paged KV: give every decoding request the pages of its context + K draft slots, preempting the most
         recently admitted running request while they do not fit; True if any request was preempted."""
         preempted = False
-        while self.running:
-            if self.kv.grow(self.running_rows()):
+        self._grown_dec = None
+        while len(self._run_arr):
+            run = self._run_arr
+            dec = run[self.req.phase[run] == DECODE]
+            if self.kv.grow_decoding(dec):
+                self._grown_dec = dec
                 break
-            self._preempt(self.running[-1])
+            self._preempt(int(run[-1]))
             preempted = True
         self.kv.check()
         return preempted
@@ -288,8 +303,8 @@ class Scheduler:
         r.preempt[row] += 1
         self.n_preemptions += 1
         self.kv.release_row(row)
-        self.running.remove(row)
-        self._run_arr = None
+        run = self._run_arr
+        self._run_arr, self._run_list = run[run != row], None
         state = self.acc.suspend(r.slot_of[[row]])
         if state is not None:
             self._suspended[row] = state
@@ -328,11 +343,11 @@ class Scheduler:
         r.phase[rows] = DECODE
         r.first_tok[rows] = now
         r.gen[rows] = 1
+        self._grown, self._grown_dec = False, None     # (reserve KV only; rows that decode now)
 
     # ---------------------------------------------------------------- one step
     def running_rows(self) -> np.ndarray:
-        if self._run_arr is None:
-            self._run_arr = np.fromiter(self.running, np.int64, len(self.running))
+        """The running rows in admission order (int64; replaced, never written into)."""
         return self._run_arr
 
     def draw(self, dec: np.ndarray, slots: np.ndarray) -> Block:
@@ -347,8 +362,8 @@ class Scheduler:
 
     def phase_counts(self) -> tuple[int, int]:
         """(decoding, prefilling) running requests (the DP balance's view, sim/dp_balance.py)."""
-        n_dec = int(np.count_nonzero(self.req.phase[self.running_rows()] == DECODE))
-        return n_dec, len(self.running) - n_dec
+        n_dec = int(np.count_nonzero(self.req.phase[self._run_arr] == DECODE))
+        return n_dec, len(self._run_arr) - n_dec
 
     def plan_step(self, draft: Callable[[np.ndarray, np.ndarray], Block] | None = None,
                   prefill: bool = True) -> StepPlan | None:
@@ -358,13 +373,15 @@ class Scheduler:
         if self.paged and not self._grown:
             self._grow()
         self._grown = False
-        if not self.running:
+        if not len(self._run_arr):
             return None
         K, r = self.K, self.req
         run = self.running_rows()
         n_run = len(run)
         ph = r.phase[run]
-        dec = run[ph == DECODE]
+        # paged: the rows the growth just gave pages to (an admission since adds prefilling rows only)
+        dec = run[ph == DECODE] if self._grown_dec is None else self._grown_dec
+        self._grown_dec = None
         n_dec = len(dec)
         # Chunked prefill: decode tokens first, the rest of the budget goes to prefills in FIFO order. Not mixed
         # (SGLang's default): the chunks get the whole budget and a step with a chunk carries no decode (module doc).
@@ -441,7 +458,7 @@ class Scheduler:
                           context=dctx, qk_s=float(self.pricer.sq) if dctx is not None else 0.0)
         L = np.asarray(self.policy.choose(ctx), dtype=np.int64)
         # (a negative L viewed as uint64 is above any K: one reduction checks both ends)
-        if L.shape != (n_dec,) or (n_dec and int(L.view(np.uint64).max()) > K):
+        if L.shape != (n_dec,) or (n_dec and np.count_nonzero(L.view(np.uint64) > K)):
             raise RuntimeError(f"policy {self.policy.spec} returned invalid verify lengths {L!r} (K={K})")
         if drafted is not None:
             L = np.minimum(L, drafted)   # positions never drafted cannot be verified
@@ -460,12 +477,13 @@ class Scheduler:
         r = self.req
         chunks: list[tuple[int, int, int, int]] = []
         n_pf = pf_qk = 0
-        for row in rows:
+        prefilled, target, regen, slot_of = r.prefilled, r.prompt, r.regen, r.slot_of
+        for row in rows.tolist():       # Python ints: cheaper scalar reads and arithmetic than numpy scalars'
             if budget <= 0:
                 break
-            done = int(r.prefilled[row])
-            c = int(min(r.prompt[row] + r.regen[row] - done, budget))
-            chunks.append((int(row), int(r.slot_of[row]), done, c))
+            done = int(prefilled[row])
+            c = min(int(target[row]) + int(regen[row]) - done, budget)
+            chunks.append((row, int(slot_of[row]), done, c))
             budget -= c
             n_pf += c
             # prefill beyond the verify term: the quadratic query-key part of the chunk's causal attention
@@ -481,14 +499,14 @@ class Scheduler:
         if len(dec):
             a = np.asarray(a, np.int64)
             # (L is in 0..K: a negative a viewed as uint64 is above it, so one comparison checks both ends)
-            if a.shape != dec.shape or (a.size and (a.view(np.uint64) > np.asarray(L, np.int64).view(np.uint64)).any()):
+            if a.shape != dec.shape or (a.size and np.count_nonzero(a.view(np.uint64) > np.asarray(L, np.int64).view(np.uint64))):
                 raise RuntimeError(f"executor returned accepted prefixes {a!r} outside 0..verify {L!r}")
             # vLLM's spec-decode counters: a draft is a request verifying >= 1 draft token this step (a request
             # verifying none accepted none: 0 <= a <= L, so the sums over all requests are those over the drafts)
             outcome.drafts, outcome.accepted_total = int(np.count_nonzero(L)), int(_sum(a))
             # requests whose accepted prefix reached past position p: a reversed cumulative count (count 0 unused)
             cnt = np.bincount(a, minlength=self.K + 1)
-            outcome.accepted_per_pos = np.cumsum(cnt[:0:-1])[::-1].astype(np.int64)
+            outcome.accepted_per_pos = np.add.accumulate(cnt[:0:-1])[::-1].copy()   # np.cumsum's loop, no wrapper
             out, gen = r.out[dec], r.gen[dec]
             emit = np.minimum(a + 1, out - gen)  # the last step may overshoot: stop at length
             gen += emit
@@ -518,7 +536,8 @@ class Scheduler:
                 if r.gen[row] >= r.out[row]:
                     finished.append(np.array([row]))
         outcome.emitted = emitted
-        done = np.concatenate(finished) if finished else np.zeros(0, np.int64)
+        # (each part is a new array: one is returned as it is)
+        done = finished[0] if len(finished) == 1 else np.concatenate(finished) if finished else np.zeros(0, np.int64)
         if len(done):
             self._finish(done, now)
         return done
@@ -531,15 +550,17 @@ class Scheduler:
         lg["n_decode"].append(plan.n_decode)
         lg["n_prefill_tokens"].append(plan.n_prefill)
         lg["M"].append(plan.M)
-        lg["verify_tokens"].append(int(_sum(plan.verify)))
+        lg["verify_tokens"].append(plan.M - len(plan.decode) - plan.n_prefill)    # sum(verify) (StepPlan.M)
         lg["emitted"].append(outcome.emitted)
         lg["decode_emitted"].append(outcome.decode_emitted)
         lg["n_waiting"].append(len(self.waiting))
         lg["n_running"].append(plan.n_running)
         if self.paged:
             lg["kv_used"].append(plan.kv_pages * self.kv.page)    # tokens held in pages
-            lg.setdefault("kv_pages", []).append(plan.kv_pages)
-            lg.setdefault("preempted", []).append(0 if plan.preempted is None else len(plan.preempted))
+            if "kv_pages" not in lg:    # (the first step adds the paged columns, in this order)
+                lg["kv_pages"], lg["preempted"] = [], []
+            lg["kv_pages"].append(plan.kv_pages)
+            lg["preempted"].append(0 if plan.preempted is None else len(plan.preempted))
         else:
             lg["kv_used"].append(plan.kv_read + plan.n_running * self.K)
         lg["kv_read"].append(plan.kv_read)
@@ -565,16 +586,9 @@ class Scheduler:
         r = self.req
         r.phase[rows] = DONE
         r.finish[rows] = now
+        # the running rows in order, less the finished (now DONE; a running row is PREFILL or DECODE)
         run = self._run_arr
-        if run is not None:
-            # the running rows in order, less the finished (now DONE; a running row is PREFILL or DECODE)
-            run = run[r.phase[run] != DONE]
-            self.running, self._run_arr = run.tolist(), run
-        elif len(rows) == 1:
-            self.running.remove(int(rows[0]))
-        else:
-            done = set(rows.tolist())
-            self.running = [x for x in self.running if x not in done]
+        self._run_arr, self._run_list = run[r.phase[run] != DONE], None
         self.kv.release(rows)
         self.free_slots.extend(r.slot_of[rows].tolist())
 
