@@ -56,7 +56,7 @@ def test_nothing_is_admitted_in_a_step_that_preempted():
     # mutation: admit() goes on admitting after _grow_pages preempted (B would be readmitted at once: it fits)
     eng, t = _preempting_engine()
     assert eng.admit(t) == []
-    assert list(eng.waiting) == [1] and eng.req.phase[1] == WAITING and eng.running == [0]
+    assert list(eng.waiting) == [1] and eng.req.phase[1] == WAITING and eng.running == (0,)
     assert eng.kv.pages_used == 12 and eng.kv.n_pages - eng.kv.pages_used == 8 == eng.kv.need(1)   # it would fit
     plan, t = _step(eng, t)
     assert plan.preempted.tolist() == [1] and plan.n_running == 1 and plan.kv_pages == 12

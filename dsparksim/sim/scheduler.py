@@ -159,7 +159,7 @@ class Scheduler:
         self.inbox = Inbox()
         # the running rows in admission order (:meth:`running_rows`); ``running`` lists them, built when read
         self._run_arr = np.zeros(0, np.int64)
-        self._run_list: list[int] | None = []
+        self._run_list: tuple[int, ...] | None = ()
         self.free_slots: list[int] = list(range(slot_base + self.max_seqs - 1, slot_base - 1, -1))
         self.waiting: deque[int] = deque()
         self.waiting_need = 0   # KV the waiting requests will take (the least-kv router reads it)
@@ -198,11 +198,11 @@ class Scheduler:
         self.waiting_need += self.kv.need(row)
 
     @property
-    def running(self) -> list[int]:
-        """The running rows in admission order (a list built from :meth:`running_rows` when read; not to be
-        changed)."""
+    def running(self) -> tuple[int, ...]:
+        """The running rows in admission order (built from :meth:`running_rows` when read; a tuple, so that code
+        which tried to change it fails loudly instead of changing a copy)."""
         if self._run_list is None:
-            self._run_list = self._run_arr.tolist()
+            self._run_list = tuple(self._run_arr.tolist())
         return self._run_list
 
     @property
