@@ -636,3 +636,22 @@ def test_a_file_that_is_no_inferencex_table_given_as_one_says_so(tmp_path, capsy
     assert main(["bench", "import", "--format", "inferencex", str(other), "--out", str(tmp_path / "o.csv")]) == 2
     assert f"{other}:1: not an InferenceX CSV: its first line names none of the table's columns" in _err(capsys)
     assert not (tmp_path / "o.csv").exists()
+
+
+def test_an_sglang_jsonl_given_as_a_profile_points_to_profile_fit(tmp_path, capsys):
+    # SGLang's bench_serving JSONL (one result per line) as --profile said "sglang_runs.jsonl:2: not valid JSON:
+    # Extra data (column 1)"; a vLLM JSON and a runs table already said what the file is
+    from dsparksim.cost.profile import load_profile  # the profile loader pulls in numpy; only this test needs it
+    with pytest.raises(InputError) as ei:
+        load_profile(SGLANG)
+    msg = str(ei.value)
+    assert str(SGLANG) in msg and "one JSON line per run (sglang bench_serving" in msg, msg
+    assert "not a cost profile" in msg and "dsparksim bench import" in msg and "dsparksim profile fit" in msg, msg
+    for cmd in (["run", "--duration", "2"], ["frontier"]):
+        assert main(cmd + ["--profile", str(SGLANG), "--out", str(tmp_path / cmd[0])]) == 2
+        err = _err(capsys)
+        assert "Extra data" not in err and "not a cost profile" in err, err
+    bad = tmp_path / "two.json"        # two JSON lines that are no benchmark results keep json's own error
+    bad.write_text('{"a": 1}\n{"b": 2}\n')
+    with pytest.raises(InputError, match="not valid JSON: Extra data"):
+        load_profile(bad)
