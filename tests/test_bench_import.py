@@ -617,3 +617,41 @@ def test_a_benchmark_result_or_runs_table_given_as_a_profile_points_to_profile_f
         load_profile(one)
     assert main(["frontier", "--profile", str(VLLM_PLAIN), "--out", str(tmp_path / "fr")]) == 2
     assert "not a cost profile" in _err(capsys)
+
+
+def test_a_file_that_is_no_inferencex_table_given_as_one_says_so(tmp_path, capsys):
+    # a vLLM result JSON on one line, its per-request list read as CSV cells, was refused with
+    # "field '0.01': column given twice"; any other JSON with "missing column of the InferenceX table (33 missing)"
+    rec = json.loads(VLLM.read_text().splitlines()[0])
+    js = tmp_path / "result.json"
+    js.write_text(json.dumps({**rec, "itls": [0.01, 0.01, 0.01, 0.01]}) + "\n")
+    for src in (js, VLLM, SGLANG):
+        assert main(["bench", "import", "--format", "inferencex", str(src), "--out", str(tmp_path / "o.csv")]) == 2
+        err = _err(capsys)
+        assert f"{src}: a JSON file, not an InferenceX CSV: --format inferencex reads InferenceX's results table, " \
+               "a CSV whose first line names row_id, source, measurement_date" in err, err
+        assert "given twice" not in err and "--format vllm / sglang" in err, err
+    other = tmp_path / "other.csv"
+    other.write_text("a,b,b\n1,2,3\n")
+    assert main(["bench", "import", "--format", "inferencex", str(other), "--out", str(tmp_path / "o.csv")]) == 2
+    assert f"{other}:1: not an InferenceX CSV: its first line names none of the table's columns" in _err(capsys)
+    assert not (tmp_path / "o.csv").exists()
+
+
+def test_an_sglang_jsonl_given_as_a_profile_points_to_profile_fit(tmp_path, capsys):
+    # SGLang's bench_serving JSONL (one result per line) as --profile said "sglang_runs.jsonl:2: not valid JSON:
+    # Extra data (column 1)"; a vLLM JSON and a runs table already said what the file is
+    from dsparksim.cost.profile import load_profile  # the profile loader pulls in numpy; only this test needs it
+    with pytest.raises(InputError) as ei:
+        load_profile(SGLANG)
+    msg = str(ei.value)
+    assert str(SGLANG) in msg and "one JSON line per run (sglang bench_serving" in msg, msg
+    assert "not a cost profile" in msg and "dsparksim bench import" in msg and "dsparksim profile fit" in msg, msg
+    for cmd in (["run", "--duration", "2"], ["frontier"]):
+        assert main(cmd + ["--profile", str(SGLANG), "--out", str(tmp_path / cmd[0])]) == 2
+        err = _err(capsys)
+        assert "Extra data" not in err and "not a cost profile" in err, err
+    bad = tmp_path / "two.json"        # two JSON lines that are no benchmark results keep json's own error
+    bad.write_text('{"a": 1}\n{"b": 2}\n')
+    with pytest.raises(InputError, match="not valid JSON: Extra data"):
+        load_profile(bad)

@@ -43,7 +43,9 @@ BAD = {
                        ["plan.slo[0]", "unknown metric 'tps_user_p42'", "tps_user_median"]),
     "bad operator": (lambda d: d["plan"].update(slo=["ttft_p99_s => 2"]), ["plan.slo[0]", "'=>'", ">="]),
     "missing price": (lambda d: d.update(prices={"NVIDIA A100 SXM 80GB": 1.0}),
-                      ["candidates[0].profile", "no price for GPU 'NVIDIA H100 SXM 80GB'", "[prices]"]),
+                      ["candidates[0].profile", "no price for GPU 'NVIDIA H100 SXM 80GB'", "[prices]",
+                       # it printed "(profile 'h100-llama2-7b-tp1''s metadata.device)": a doubled quote
+                       "(the metadata.device of profile 'h100-llama2-7b-tp1')"]),
     "empty candidates": (lambda d: d.update(candidates=[]), ["candidates", "no candidate deployments"]),
     "no candidates": (lambda d: d.pop("candidates"), ["candidates", "no candidate deployments"]),
     "inverted replicas": (lambda d: d["candidates"][0].update(replicas=[5, 2]),

@@ -476,3 +476,17 @@ def test_fit_of_a_directory_says_it_is_one(tmp_path, capsys):
                      "--out", str(tmp_path / "f.json")]) == 2
         err = capsys.readouterr().err
         assert words in err, err
+
+
+def test_fit_refusal_of_a_chunk_above_the_budget_says_what_to_pass_instead(tmp_path, moe, capsys):
+    # an SGLang run recorded with --chunked-prefill-size 32768 (InferenceX's launch script) on the builder's
+    # 16384-token budget: the refusal named the field and the budget but not what to do instead
+    runs = tmp_path / "runs.csv"
+    _runs_csv(runs, moe)
+    capsys.readouterr()
+    assert main(["profile", "fit", str(runs), "--model", MOE, "--gpu", "H100", "--bootstrap", "0",
+                 "--chunked-prefill-size", "32768", "--out", str(tmp_path / "fit.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "32768 exceeds the profile's token budget 16384" in err[0], err
+    assert "give --prefill-chunk 16384 or less, or leave it out" in err[0], err
+    assert not (tmp_path / "fit.json").exists()

@@ -182,3 +182,38 @@ def test_plan_deployments_take_the_fit_batch_waiting_and_record_it(tmp_path):
         opts = spec.options(d, 1.0, 1, 0)
         assert (opts["batch_wait_timeout_iters"], opts["batch_wait_max_tokens_ratio"]) == (40, 0.8)
         assert d.to_dict()["options_from_profile_fit"]["batch_wait_timeout_iters"] == 40
+
+
+def test_a_study_on_a_fitted_profile_cautions_once_beyond_the_fitted_runs(tmp_path, capsys, monkeypatch):
+    # run, frontier and plan caution when a fitted profile's runs are left behind; a study's cells never did
+    import dataclasses
+    import dsparksim.study.fig8 as fig8
+    from dsparksim.study.common import FIT_PROBE
+    from dsparksim.study.run import run_study, study_fit_cautions
+    from test_fit_defaults import cautions, ranged_profile
+
+    prof = ranged_profile(tmp_path)      # fitted at concurrencies 2 and 4, one 128/64 workload, no speculation
+    monkeypatch.setattr(fig8, "FAST", dataclasses.replace(fig8.FAST, loads={"production": (16,)}, duration_s=1.0,
+                                                          warmup_s=0.2))
+    settings = settings_for("fast", prof, None)
+    _, rows, _ = run_study("fig8-production", settings)
+    assert len(rows) == 2 * 2 and all(FIT_PROBE in r for r in rows)   # two policies x two seeds, each probed
+    (line,) = study_fit_cautions(rows)
+    assert line.startswith(f"dsparksim: caution: outside what profile {prof} was fitted on"), line
+    assert "the fit's largest concurrency, 4)" in line and "random_input_len, 128)" in line, line
+    assert "confidence-async:2, mtp1 draft and verify several tokens" in line, line
+    assert study_fit_cautions([{k: v for k, v in r.items() if k != FIT_PROBE} for r in rows]) == []
+    built = settings_for("fast", None, None)      # the shipped (built) production profile: no fit, no caution
+    monkeypatch.setattr(fig8, "plan", lambda s: [fig8.Cell(settings.regimes[0].with_profile(
+        "built-h100-llama2-7b-tp1"), 16, fig8.BASE, 0, fig8.FAST)])
+    assert study_fit_cautions(run_study("fig8-production", built)[1]) == []
+    monkeypatch.undo()
+    monkeypatch.setattr(fig8, "FAST", dataclasses.replace(fig8.FAST, loads={"production": (16,)}, duration_s=1.0,
+                                                          warmup_s=0.2))
+    capsys.readouterr()
+    assert main(["study", "fig8-production", "--fast", "--no-contrast", "--profile", prof, "--out",
+                 str(tmp_path / "s"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert len(cautions(err)) == 1, err
+    table = (tmp_path / "s" / "fig8-production").iterdir()
+    assert not any(FIT_PROBE in p.read_text() for p in table if p.suffix in (".csv", ".json", ".md"))

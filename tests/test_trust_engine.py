@@ -345,3 +345,23 @@ def test_low_rate_bench_result_peaks_use_sparse_bins(tmp_path):
     bench = json.loads((out / "bench_result.json").read_text())
     assert bench["completed"] == 3 and bench["max_concurrent_requests"] == 1
     assert bench["max_output_tokens_per_s"] >= 1
+
+
+def test_a_closed_loop_without_a_request_count_stops_at_the_request_cap(tmp_path, capsys, monkeypatch):
+    # open loop is capped at 2M expected arrivals; a closed loop had no cap: `run --concurrency 4096 --duration
+    # 100000` would issue tens of millions of request rows (~2.4 KiB each at run's peak, measured) until memory ran out
+    import dsparksim.traffic.base as base
+    assert base.MAX_CLOSED_LOOP_REQUESTS == 10_000_000   # the stated limit (docs/outputs.md, the error's words)
+    monkeypatch.setattr(base, "MAX_CLOSED_LOOP_REQUESTS", 2 * base.CHUNK)
+    argv = ["run", "--profile", "h100-llama2-7b-tp1", "--policy", "none", "--concurrency", "512",
+            "--dataset-name", "random", "--random-input-len", "64", "--random-output-len", "16", "--quiet"]
+    assert main(argv + ["--duration", "0.5", "--out", str(tmp_path / "short")]) == 0    # under the cap: runs
+    assert 0 < len(pd.read_csv(tmp_path / "short" / "requests.csv")) < 2 * base.CHUNK
+    capsys.readouterr()
+    assert main(argv + ["--duration", "60", "--out", str(tmp_path / "long")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "the closed-loop users have issued 2,048 requests, the limit per run" in err, err
+    assert "~2.4 KiB each" in err and "shorten --duration or lower --concurrency" in err, err
+    assert not (tmp_path / "long").exists()
+    monkeypatch.setattr(base, "MAX_CLOSED_LOOP_REQUESTS", 10 ** 9)
+    assert main(argv + ["--num-requests", "3000", "--out", str(tmp_path / "n")]) == 0   # a count: never this cap

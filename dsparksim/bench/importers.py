@@ -542,10 +542,32 @@ def _sglang_server(s: _Rec) -> dict[str, Any]:
     return out
 
 
+def _not_inferencex(text: str, header: list[str], path: str | Path) -> InputError | None:
+    """The error for a file given as ``--format inferencex`` that is no InferenceX table at all (a JSON file, a
+    runs table, a CSV naming none of its columns), before its header's own faults (a JSON line's repeated list
+    items read as a column given twice); None for a file that looks like one."""
+    table = (f"--format inferencex reads InferenceX's results table, a CSV whose first line names "
+             f"{', '.join(INFERENCEX_COLUMNS[:3])}, ... ({len(INFERENCEX_COLUMNS)} columns)")
+    if text.lstrip()[:1] in ("{", "["):
+        return InputError(path, None, f"a JSON file, not an InferenceX CSV: {table}; a vLLM `bench serve` JSON or "
+                          "an SGLang `bench_serving` JSONL is --format vllm / sglang (or leave --format out: auto "
+                          "tells them apart)")
+    if text.lstrip().startswith("# dsparksim runs table"):
+        return InputError(path, None, "already a dsparksim runs table, not an InferenceX CSV (bench import writes "
+                          "these; the commands that take runs read it as it is)")
+    if not set(header) & set(INFERENCEX_COLUMNS):
+        return InputError(path, None, f"not an InferenceX CSV: its first line names none of the table's columns; "
+                          f"{table}", line=1)
+    return None
+
+
 def _inferencex_rows(text: str, path: str | Path) -> Iterator[tuple[str, int, dict[str, Any]]]:
     rd = csv.DictReader(io.StringIO(text))
     try:
         header = [h.strip() for h in (rd.fieldnames or [])]
+        wrong = _not_inferencex(text, header, path)
+        if wrong is not None:
+            raise wrong
         twice = next((h for h in header if header.count(h) > 1), None)
         if twice is not None:   # csv.DictReader keeps the last of two cells silently
             raise InputError(path, escape_controls(twice), "column given twice (which of its cells holds the run's "

@@ -51,8 +51,8 @@ def _check_production_profile(name: str) -> None:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from dsparksim.study.run import (check_out, run_study, settings_for, study_fit_lines,  # lazy: pulls in numpy
-                                     write_report, write_study)
+    from dsparksim.study.run import (check_out, run_study, settings_for, study_fit_cautions,  # lazy: pulls in numpy
+                                     study_fit_lines, write_report, write_study)
 
     check_seed(args)
     names = list(STUDIES) if args.name == "all" else [args.name]
@@ -72,7 +72,9 @@ def cmd_study(args: argparse.Namespace) -> int:
             def progress(i: int, n: int, name=name) -> None:
                 if not bar_off(args):   # a terminal only (a log gets the result lines); --quiet never
                     print(f"\r{name}: {i}/{n} runs", end="" if i < n else "\n", file=sys.stderr, flush=True)
-            section, _rows, wall = run_study(name, settings, workers=args.workers, progress=progress)
+            section, rows, wall = run_study(name, settings, workers=args.workers, progress=progress)
+            for line in study_fit_cautions(rows):   # cells beyond what a fitted profile's runs covered: never silently
+                print(line, file=sys.stderr)
             path = write_study(args.out, name, settings, section, wall)
             written += 1
             if not args.quiet:

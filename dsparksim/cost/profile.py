@@ -602,6 +602,22 @@ FIT_HINT = ("learn a profile from benchmark runs with `dsparksim bench import FI
             "(docs/from-benchmark-to-frontier.md)")
 
 
+def _bench_result(d: Mapping) -> bool:
+    """Whether a JSON object is a benchmark's result (vllm bench serve / sglang bench_serving): its keys."""
+    return {"model_id", "num_prompts"} <= set(d) or {"dataset_name", "completed"} <= set(d)
+
+
+def _bench_jsonl(text: str) -> bool:
+    """Whether ``text``, no single JSON value, is JSON lines whose first is a benchmark's result (sglang
+    bench_serving appends one per run)."""
+    first = text.lstrip().split("\n", 1)[0]
+    try:
+        d = json.loads(first)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(d, Mapping) and _bench_result(d)
+
+
 # ====================================================================== parsing / validation
 class _Checker:
     """Validation helpers that raise InputError naming the file, the field and the index."""
@@ -687,7 +703,7 @@ def _parse_head(c: _Checker, d: Any) -> str:
     """The top level: an object of the right format with known keys; returns the profile's name."""
     if not isinstance(d, Mapping):
         raise c.fail("", f"expected a JSON object at the top level, got {type(d).__name__}")
-    if "format" not in d and ({"model_id", "num_prompts"} <= set(d) or {"dataset_name", "completed"} <= set(d)):
+    if "format" not in d and _bench_result(d):
         raise c.fail("format", "missing: this is a benchmark's result (vllm bench serve / sglang bench_serving), not "
                      f"a cost profile; {FIT_HINT}")
     fmt = c.get(d, "format")
@@ -979,7 +995,13 @@ def read_profile_dict(name_or_path: str | Path) -> tuple[dict, Path]:
     text = read_text(path, "profile file", bom=False)
     if text.startswith("# dsparksim runs table"):   # bench import's marker line (dsparksim.bench.runs.MARKER)
         raise InputError(str(path), None, f"a runs table (bench import), not a cost profile; {FIT_HINT}")
-    return loads_json(text, str(path), label="not valid JSON"), path
+    try:
+        return loads_json(text, str(path), label="not valid JSON"), path
+    except InputError:
+        if _bench_jsonl(text):   # several JSON lines: json's own error is "Extra data" on line 2
+            raise InputError(str(path), None, "benchmark results, one JSON line per run (sglang bench_serving "
+                             f"--output-file), not a cost profile; {FIT_HINT}") from None
+        raise
 
 
 def beside_spec_hint(name: str, spec: str | Path) -> str:

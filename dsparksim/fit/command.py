@@ -227,7 +227,10 @@ def run_fit(runs_path: str | Path, opt: FitOptions, *, tqdm_file: Any = None
     chunk = int(opt.prefill_chunk_tokens or base.max_tokens)
     if chunk > base.max_tokens:
         raise InputError("profile fit", "--prefill-chunk", f"{chunk} exceeds the profile's token budget "
-                         f"{base.max_tokens}")
+                         f"{base.max_tokens} (the largest batch `profile build` prices, which caps every simulated "
+                         f"step's prefill): give --prefill-chunk {base.max_tokens} or less, or leave it out (the fit "
+                         f"then takes the budget, as bench replay simulates a larger server chunk: at most "
+                         f"{base.max_tokens} prefill tokens per step)")
     server: dict[str, Any] = {"max_num_seqs": opt.max_num_seqs, "prefill_chunk_tokens": chunk,
                               "mem_fraction_static": opt.mem_fraction_static}
     wait = batch_wait_settings(opt)

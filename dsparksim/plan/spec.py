@@ -614,8 +614,8 @@ def _expand(src: str, where: str, cname: str, replicas: tuple[int, int], opts: M
         device = str(meta.get("device", ""))
         price_key = price_key_for(device, prices)
         if price_key is None:
-            raise ConfigError(src, f"{where}.profile", f"no price for GPU {device!r} (profile {prof_name!r}'s "
-                              f"metadata.device): add it, or its short name (A100, H100, H200, H800, H20, B200), "
+            raise ConfigError(src, f"{where}.profile", f"no price for GPU {device!r} (the metadata.device of "
+                              f"profile {prof_name!r}): add it, or its short name (A100, H100, H200, H800, H20, B200), "
                               f"to [prices] in $/GPU-hour"
                               + (f"; priced: {', '.join(prices)}" if prices else ""))
         g, note = _gpus(src, where, prof_name, meta, merged, over)

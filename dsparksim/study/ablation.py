@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsparksim.results.stats import t_interval
-from dsparksim.study.common import (Regime, Section, Settings, find_row, fmt_ci, md_table, new_figure, paired_rows,
-                                    regime_setup, run_config, save_figure)
+from dsparksim.study.common import (Regime, Section, Settings, find_row, fit_probe, fmt_ci, md_table, new_figure,
+                                    paired_rows, regime_setup, run_config, save_figure)
 
 NAME = "ablation"
 TITLE = "The paper's ablation: drafter vs scheduler, and the cost of padded verification"
@@ -99,7 +99,8 @@ def measure(cell: Cell) -> dict[str, Any]:
     pol, acc = ARMS[cell.arm]
     opts = {"concurrency": cell.load, "duration_s": cell.plan.duration_s, "warmup_s": cell.plan.warmup_s,
             "acceptance": acc, "pad_verify": cell.pad}
-    out = simulate(run_config(cell.regime, pol, cell.seed, opts))
+    cfg = run_config(cell.regime, pol, cell.seed, opts)
+    out = simulate(cfg)
     s, st = out.summary, out.result.steps
     row = {"regime": cell.regime.name, "profile": cell.regime.profile, "load": cell.load, "arm": cell.arm,
            "policy": pol, "acceptance": acc, "pad": cell.pad, "seed": cell.seed}
@@ -109,7 +110,7 @@ def measure(cell: Cell) -> dict[str, Any]:
     M = np.asarray(st["M"], float)
     pad = np.asarray(st["pad_tokens"], float) if "pad_tokens" in st else np.zeros_like(M)
     row["pad_share"] = float(pad.sum() / (M + pad).sum()) if len(M) else math.nan   # padded share of target tokens
-    return row
+    return row | fit_probe(cfg, s)
 
 
 _KEYS = ("regime", "load", "pad", "arm")

@@ -96,6 +96,17 @@ def run_config(regime: Regime, policy: str, seed: int, traffic: dict[str, Any],
     return cfg
 
 
+# A measured row's key holding its cell's config and mean running requests (the summary's ``mean_running``), for
+# the fit-range caution of a study on a fitted profile (:func:`dsparksim.study.run.study_fit_cautions`); run_study
+# takes it off every row before the study's analyse, so no table sees it.
+FIT_PROBE = "fit_probe"
+
+
+def fit_probe(cfg: RunConfig, summary: dict[str, Any]) -> dict[str, Any]:
+    """The :data:`FIT_PROBE` entry of a cell's row: its config and the summary's mean running requests."""
+    return {FIT_PROBE: (cfg, {"mean_running": summary.get("mean_running")})}
+
+
 # ------------------------------------------------------------------------------------------- policy wrappers
 class PolicyWrapper(Policy):
     """A policy around another: same spec, drafter, K and oracle needs; choose/observe/reset delegate."""

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from dsparksim.policies.base import Policy, StepContext
-from dsparksim.study.common import (PolicyWrapper, Regime, Section, Settings, find_row, fmt_ci, interval, md_table,
-                                    new_figure, paired_rows, run_config, save_figure, window_throughput)
+from dsparksim.study.common import (PolicyWrapper, Regime, Section, Settings, find_row, fit_probe, fmt_ci, interval,
+                                    md_table, new_figure, paired_rows, run_config, save_figure, window_throughput)
 from dsparksim.policies.recalibrate import Recalibrating
 
 NAME = "calibration-drift"
@@ -256,7 +256,7 @@ def measure(cell: Cell) -> dict[str, Any]:
         h = holder["recal"].history
         row["recal_refits"] = len(h)
         row["recal_final_temps"] = json.dumps([round(float(x), 4) for x in (h[-1] if h else np.ones(K))])
-    return row
+    return row | fit_probe(cfg, out.summary)
 
 
 def _verify_len(st, a: float, b: float) -> float:

@@ -24,8 +24,8 @@ import numpy as np
 
 from dsparksim.policies.base import Policy, StepContext
 from dsparksim.sim.early_exit import drafted_lengths, mask_undrafted
-from dsparksim.study.common import (PolicyWrapper, Regime, Section, Settings, find_row, fmt_ci, md_table, new_figure,
-                                    paired_rows, regime_setup, run_config, save_figure)
+from dsparksim.study.common import (PolicyWrapper, Regime, Section, Settings, find_row, fit_probe, fmt_ci, md_table,
+                                    new_figure, paired_rows, regime_setup, run_config, save_figure)
 from dsparksim.cost.profile import load_profile
 
 NAME = "early-exit"
@@ -106,7 +106,8 @@ def measure(cell: Cell) -> dict[str, Any]:
     if cell.mode == "exit":
         opts["draft_exit"] = cell.threshold
     wrap = (lambda pol: ExitCap(pol, cell.threshold)) if cell.mode == "cap" else None
-    out = simulate(run_config(cell.regime, cell.policy, cell.seed, opts), wrap_policy=wrap)
+    cfg = run_config(cell.regime, cell.policy, cell.seed, opts)
+    out = simulate(cfg, wrap_policy=wrap)
     s, st = out.summary, out.result.steps
     row = {"regime": cell.regime.name, "profile": cell.regime.profile, "load": cell.load, "drafter": cell.drafter,
            "policy": cell.policy, "threshold": cell.threshold, "mode": cell.mode,
@@ -129,7 +130,7 @@ def measure(cell: Cell) -> dict[str, Any]:
     row["draft_saved_share"] = 1.0 - paid / full if full > 0 else math.nan
     row["draft_share_of_time"] = paid / float(dt.sum()) if dt.sum() > 0 else math.nan
     row["drafted_per_request"] = drafted / float(n.sum()) if n.sum() else math.nan
-    return row
+    return row | fit_probe(cfg, s)
 
 
 _KEYS = ("regime", "load", "drafter", "policy", "variant")

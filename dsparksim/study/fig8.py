@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from dsparksim.study.common import (Regime, Section, Settings, find_row, fmt_ci, md_table, new_figure, paired_rows,
-                                    regime_setup, run_config, save_figure)
+from dsparksim.study.common import (Regime, Section, Settings, find_row, fit_probe, fmt_ci, md_table, new_figure,
+                                    paired_rows, regime_setup, run_config, save_figure)
 
 NAME = "fig8-production"
 TITLE = "Fig. 8 in the production regime: verify length and gain over MTP-1 against load"
@@ -99,7 +99,7 @@ def measure(cell: Cell) -> dict[str, Any]:
               "tau", "mean_running", "num_requests_completed", "num_preemptions", "saturated"):
         row[k] = s[k]
     row["saturated"] = bool(row["saturated"])
-    return row
+    return row | fit_probe(cfg, s)
 
 
 _KEYS = ("regime", "load", "policy")

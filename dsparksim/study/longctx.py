@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from dsparksim.policies.base import Policy, StepContext
-from dsparksim.study.common import (PRODUCTION, PolicyWrapper, Regime, Section, Settings, find_row, fmt_ci, interval,
-                                    md_table, new_figure, paired_rows, run_config, save_figure)
+from dsparksim.study.common import (PRODUCTION, PolicyWrapper, Regime, Section, Settings, find_row, fit_probe, fmt_ci,
+                                    interval, md_table, new_figure, paired_rows, run_config, save_figure)
 from dsparksim.policies import draft_budget, global_best, Ranking
 from dsparksim.policies.confidence_async_2d import priced_candidates, ratio_2d
 from dsparksim.policies.confidence_global import global_budget
@@ -195,7 +195,7 @@ def measure(cell: Cell) -> dict[str, Any]:
     row["decoding_context_mean"] = float(np.mean(rec.ctx_mean)) if rec.ctx_mean else math.nan
     row["step_gain_2d_mean"] = float(np.mean(rec.step_gain)) if rec.step_gain else math.nan
     row["step_gain_2d_neg_share"] = float(np.mean(np.asarray(rec.step_gain) < -1e-12)) if rec.step_gain else math.nan
-    return row
+    return row | fit_probe(cfg, s)
 
 
 # ------------------------------------------------------------------------------------------------ analysis

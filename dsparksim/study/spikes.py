@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from dsparksim.study.common import (BudgetRecorder, Regime, Section, Settings, find_row, fmt_ci, interval, md_table,
-                                    new_figure, p99, paired_rows, recorded_steps, recovery_time, run_config,
+from dsparksim.study.common import (BudgetRecorder, Regime, Section, Settings, find_row, fit_probe, fmt_ci, interval,
+                                    md_table, new_figure, p99, paired_rows, recorded_steps, recovery_time, run_config,
                                     save_figure, throughput_series, window_throughput)
 
 NAME = "load-spikes"
@@ -172,7 +172,7 @@ def measure(cell: Cell) -> dict[str, Any]:
                                              window_s=1.0, band=0.05)
         # after the fall the users are those of before the spike: the level to return to is the pre-spike one
         row["recovery_down_s"] = recovery_time(starts, thr, tl.t_down, (warm, tl.t_up), window_s=1.0, band=0.05)
-    return row
+    return row | fit_probe(cfg, out.summary)
 
 
 # ------------------------------------------------------------------------------------------------ analysis

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from dsparksim.study.common import (MinVerify, Regime, Section, Settings, find_row, fmt_ci, md_table, new_figure,
-                                    paired_rows, regime_setup, run_config, save_figure)
+from dsparksim.study.common import (MinVerify, Regime, Section, Settings, find_row, fit_probe, fmt_ci, md_table,
+                                    new_figure, paired_rows, regime_setup, run_config, save_figure)
 
 NAME = "p99-tails"
 TITLE = "P99 tails per policy, and a knob that buys tail for mean"
@@ -77,7 +77,7 @@ def measure(cell: Cell) -> dict[str, Any]:
               "ttft_mean_s", "ttft_p99_s", "tps_user_p10", "mean_verify_len", "num_requests_completed"):
         row[k] = s[k]
     row["knob_overflow_steps"] = holder[0].overflow_steps if holder else 0
-    return row
+    return row | fit_probe(cfg, s)
 
 
 _KEYS = ("regime", "load", "policy")

@@ -18,7 +18,14 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from dsparksim.errors import ConfigError
+
 CHUNK = 1024  # requests per keyed block
+# Memory bound of a closed loop without --num-requests (whose count only the run decides): every issued request keeps
+# its row until the run ends, ~2.4 KiB each at `dsparksim run`'s peak (measured, docs/outputs.md), so the limit is
+# ~24 GiB; 4,096 users issue ~3.8M requests per simulated hour even at 64-token prompts and 16-token outputs
+# (340,791 in 320 s on h100-llama2-7b-tp1, measured).
+MAX_CLOSED_LOOP_REQUESTS = 10_000_000
 # Warm-up requests (the benchmark client's) come from blocks WARMUP_BLOCK0 + b of the same streams, so the measured
 # requests are the same whatever the warm-up count; their stable ids (RequestTable) are WARMUP_ID0 + row.
 WARMUP_BLOCK0 = 2**40
@@ -161,6 +168,8 @@ class LazyWorkload:
             n = CHUNK if limit is None else min(CHUNK, limit - b * CHUNK)
             if n <= 0:
                 return
+            if limit is None and self.closed_loop and b * CHUNK >= MAX_CLOSED_LOOP_REQUESTS:
+                raise closed_loop_limit_error()
             rows = self._rows(b, n)
             arrival = None
             if self._gaps is not None:
@@ -215,6 +224,15 @@ class LazyWorkload:
     output_tokens = property(lambda self: self.materialise().output_tokens)
     domain = property(lambda self: self.materialise().domain)
     arrival_s = property(lambda self: self.materialise().arrival_s)
+
+
+def closed_loop_limit_error() -> ConfigError:
+    """The error of a closed loop that has issued MAX_CLOSED_LOOP_REQUESTS requests (no --num-requests)."""
+    return ConfigError("TrafficConfig", "duration_s", f"the closed-loop users have issued "
+                       f"{MAX_CLOSED_LOOP_REQUESTS:,} requests, the limit per run: every request keeps its row until "
+                       "the run ends (~2.4 KiB each, ~24 GiB at the limit), and a closed loop's count is known only "
+                       "as it runs; shorten --duration or lower --concurrency (4,096 users issue ~3.8M requests per "
+                       "simulated hour even at 64-token prompts and 16-token outputs)")
 
 
 def expected_count(rate: float, duration_s: float) -> float:

@@ -234,7 +234,8 @@ def build_workload(cfg: TrafficConfig, rng: np.random.Generator) -> Workload | L
 
 
 # Memory bound (DESIGN: memory stays bounded for any rate and duration): an open-loop run whose expected number of
-# arrivals exceeds this is refused before it starts (at ~150 bytes of engine state per request, 2M is ~300 MB).
+# arrivals exceeds this is refused before it starts (measured in a closed loop: ~660 bytes of simulator state per
+# request, ~2.4 KiB at `dsparksim run`'s peak with its outputs, so 2M is ~1.2-4.8 GiB; docs/outputs.md).
 MAX_EXPECTED_ARRIVALS = 2_000_000
 
 
