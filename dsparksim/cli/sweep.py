@@ -112,7 +112,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     if flag_given(args, "--sla"):   # after the checks: a refused command prints its one error line only
         print("dsparksim: warning: --sla is deprecated; use --slo", file=sys.stderr)
     _say_unread(spec, "capacity")
-    for note in slo_unit_notes(st.slo, "--slo" if args.slo else "capacity.slo"):
+    lens = (spec.base.get("random_output_len"), *spec.axes.get("random_output_len", ()))
+    for note in slo_unit_notes(st.slo, "--slo" if args.slo else "capacity.slo", lens):
         print(f"dsparksim: caution: {note}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     profile_notes(spec)
