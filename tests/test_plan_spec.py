@@ -352,3 +352,27 @@ def test_a_long_e2e_bound_of_a_long_output_workload_is_not_cautioned(tmp_path, m
     d["plan"]["slo"] = ["e2e_p99_s <= 30000"]
     (note,) = slo_unit_notes(plan_from_dict(d).slo, "plan.slo", [1024])
     assert note.startswith("plan.slo[0] e2e_p99_s <= 30000: 30000 s") and "is 30" in note, note
+
+
+def test_a_floor_on_the_fast_tail_of_per_user_speed_is_cautioned(tmp_path, monkeypatch, capsys):
+    """`tps_user_p99 >= 10` (new in summary.json) floors the 99th percentile of per-user speed, the fastest 1%
+    of users: it holds while 98% of users are slower, and InferenceX's 'p99 interactivity' (1000 / p99 TPOT) is
+    the slowest users. It passed without a word; the plan cautions on a floor on tps_user_p90/p99 before any
+    probe, and not on tps_user_p10, a median floor or a ceiling."""
+    import dsparksim.plan as plan_mod
+    from dsparksim.results.notes import slo_tail_notes
+    d = good()
+    d["plan"]["slo"] = ["tps_user_p99 >= 10", "tps_user_p10 >= 5", "tps_user_p50 >= 5", "tps_user_p90 <= 900"]
+    spec = tmp_path / "plan.toml"
+    spec.write_text(toml(d))
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt   # the cautions are printed before any probe: stop there
+    monkeypatch.setattr(plan_mod, "run_plan", stop)
+    assert main(["plan", str(spec), "--out", str(tmp_path / "out")]) == 130
+    err = capsys.readouterr().err
+    assert "dsparksim: caution: plan.slo[0] tps_user_p99 >= 10 floors the fastest 1% of users only" in err, err
+    assert err.count("floors the fastest") == 1, err
+    d["plan"]["slo"] = ["tps_user_p90 > 20"]
+    (note,) = slo_tail_notes(plan_from_dict(d).slo, "plan.slo")
+    assert "fastest 10%" in note and "tps_user_p10" in note, note

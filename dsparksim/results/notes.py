@@ -102,6 +102,21 @@ def slo_unit_notes(terms: Iterable[Any], field: str, output_lens: Iterable[Any] 
     return out
 
 
+def slo_tail_notes(terms: Iterable[Any], field: str) -> list[str]:
+    """One caution per SLO floor on the fast tail of per-user speed (``tps_user_p90 >= X``, ``tps_user_p99 >= X``):
+    per-user speed's high percentiles are its fastest users, so the floor holds while most users are slower;
+    "p99 tok/s per user" is often meant the other way (InferenceX's p99 interactivity is 1000 / p99 TPOT, the
+    slowest users), which is ``tps_user_p10`` or ``tpot_p99_s <= 1/X`` here."""
+    out = []
+    for i, t in enumerate(terms):
+        pct = {"tps_user_p90": 10, "tps_user_p99": 1}.get(str(t.metric))
+        if pct is not None and t.op in (">=", ">"):
+            out.append(f"{field}[{i}] {t.spelled} {t.op} {t.value:g} floors the fastest {pct}% of users only "
+                       f"(per-user speed's p{100 - pct} is its fast tail); for the slowest users bound "
+                       "tps_user_p10, or tpot_p99_s (InferenceX's p99 interactivity is 1000 / p99 TPOT)")
+    return out
+
+
 def trace_cover_note(span_s: float, duration_s: float | None, scales: Sequence[float],
                      option: str = "--duration") -> str | None:
     """The note for a trace replay that ``duration_s`` (set by ``option``) ends before the trace does at some time
