@@ -516,3 +516,17 @@ def test_latencies_in_the_wrong_unit_contradict_the_duration(tmp_path, capsys, s
     (row,) = import_file(_write(tmp_path, "open.json", _vllm(request_rate=0.01, duration=4000.0, max_concurrency=None,
                                                              output_throughput=10.24), end=""))
     assert row["request_rate"] == 0.01   # 0.08 in flight: idle between arrivals, no contradiction
+
+
+def test_a_profiled_run_below_one_in_flight_names_the_profiler(tmp_path, capsys):
+    """sglang.bench_serving --profile (and vLLM's benchmark_serving.py --profile) time the profiler's stop_profile
+    inside the duration: 10 requests of 2 s one at a time and a 40 s trace dump read as 0.33 in flight. The refusal
+    named only a unit error ('are the latency statistics in milliseconds?'), which these are; it names the
+    padded duration too. A run with too many in flight (the other bound) keeps the unit question alone."""
+    line = _sglang(max_concurrency=1, completed=10, duration=60.0, total_output_tokens=2560,
+                   mean_e2e_latency_ms=2000.0)
+    err = _refused(tmp_path, capsys, _write(tmp_path, "p.jsonl", line))
+    assert "0.333 requests in flight" in err and "milliseconds" in err, err
+    assert "--profile" in err and "profiler's stop" in err, err
+    err = _refused(tmp_path, capsys, _write(tmp_path, "u.jsonl", _sglang(mean_e2e_latency_ms=8e6)))
+    assert "above the cap of 4" in err and "--profile" not in err, err

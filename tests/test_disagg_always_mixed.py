@@ -30,3 +30,37 @@ def test_decode_only_engine_mixes_whatever_mixed_prefill_says():
     assert (chunks > 0).sum() > 10 and ((chunks > 0) & (n_dec > 0)).sum() > 10
     assert list(a["dt"]) == list(b["dt"]) and list(a["n_decode"]) == list(b["n_decode"])
     assert mixed.summary == unmixed.summary
+
+
+FITTED_SGLANG = "fitted-h200x8-deepseek-r1-sglang-0.5.12"   # fitted under mixed_prefill = false
+
+
+def test_a_moot_mixed_prefill_false_is_said_beside_disaggregated():
+    """The fit's note listed mixed_prefill = false as 'used' on a disaggregated run (run, study's production
+    regime, sweep, plan), and config.json / study.json record it, while the decode-only engine mixed anyway; the
+    note now says it changes nothing there. Colocated, the note is as before."""
+    from dsparksim.cost.fitted import fit_defaults, key_spelling
+
+    fd = fit_defaults(FITTED_SGLANG, {"disaggregated": True})
+    assert fd.used.get("mixed_prefill") is False
+    note = fd.note(key_spelling)
+    assert "mixed_prefill = false changes nothing here" in note and "disaggregated = true" in note, note
+    colocated = fit_defaults(FITTED_SGLANG, {}).note(key_spelling)
+    assert "mixed_prefill = false" in colocated and "changes nothing" not in colocated, colocated
+
+
+def test_a_typed_no_mixed_prefill_beside_disaggregated_is_noted(tmp_path, capsys):
+    """`run --disaggregated --no-mixed-prefill` simulated a mixing engine and config.json said mixed_prefill
+    false, without a word; a note says the option changes nothing there."""
+    from dsparksim.cli.main import main
+
+    args = ["run", "--disaggregated", "--kv-transfer-gbps", "100", "--kv-bytes-per-token", "524288",
+            "--concurrency", "2", "--num-requests", "4", "--quiet"]
+    assert main([*args, "--no-mixed-prefill", "--out", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    assert "--no-mixed-prefill changes nothing beside --disaggregated" in err, err
+    assert main([*args, "--out", str(tmp_path / "b")]) == 0
+    assert "changes nothing" not in capsys.readouterr().err
+    assert main(["run", "--no-mixed-prefill", "--concurrency", "2", "--num-requests", "4", "--quiet",
+                 "--out", str(tmp_path / "c")]) == 0
+    assert "changes nothing" not in capsys.readouterr().err

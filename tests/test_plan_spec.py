@@ -327,3 +327,54 @@ def test_an_slo_latency_that_reads_as_milliseconds_is_cautioned(tmp_path, monkey
     assert "dsparksim: caution: plan.slo[1] tpot_p99_s <= 50: 50 s" in err, err
     d["plan"]["slo"] = ["tps_user_p50 >= 60", "tpot_p99_s <= 0.05"]
     assert slo_unit_notes(plan_from_dict(d).slo, "plan.slo") == []
+
+
+def test_a_long_e2e_bound_of_a_long_output_workload_is_not_cautioned(tmp_path, monkeypatch, capsys):
+    """`e2e_p99_s <= 1200` on 8k-token outputs (InferenceX 1k/8k: p99 E2E up to 655 s) is 0.15 s per token, a
+    real bound; it was cautioned as '1200 ms is 1.2' (every E2E bound from 1000 s on was). With the workload's
+    output length known, an E2E bound is cautioned only from 1 s per output token (the TPOT limit) up; a 30000
+    (30 s meant in ms) on 1k-token outputs still is, and so is any bound from 1000 s when no length is set."""
+    import dsparksim.plan as plan_mod
+    from dsparksim.results.notes import slo_unit_notes
+    d = good()
+    d["plan"]["slo"] = ["tps_user_p50 >= 5", "e2e_p99_s <= 1200"]
+    d["traffic"]["random_output_len"] = 8192
+    spec = tmp_path / "plan.toml"
+    spec.write_text(toml(d))
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt   # the cautions are printed before any probe: stop there
+    monkeypatch.setattr(plan_mod, "run_plan", stop)
+    assert main(["plan", str(spec), "--out", str(tmp_path / "out")]) == 130
+    err = capsys.readouterr().err
+    assert "e2e_p99_s <= 1200" not in err, err
+    slo = plan_from_dict(d).slo
+    assert slo_unit_notes(slo, "plan.slo") != []                       # no length known: 1000 s and up, as before
+    assert slo_unit_notes(slo, "plan.slo", [None, 8192]) == []
+    d["plan"]["slo"] = ["e2e_p99_s <= 30000"]
+    (note,) = slo_unit_notes(plan_from_dict(d).slo, "plan.slo", [1024])
+    assert note.startswith("plan.slo[0] e2e_p99_s <= 30000: 30000 s") and "is 30" in note, note
+
+
+def test_a_floor_on_the_fast_tail_of_per_user_speed_is_cautioned(tmp_path, monkeypatch, capsys):
+    """`tps_user_p99 >= 10` (new in summary.json) floors the 99th percentile of per-user speed, the fastest 1%
+    of users: it holds while 98% of users are slower, and InferenceX's 'p99 interactivity' (1000 / p99 TPOT) is
+    the slowest users. It passed without a word; the plan cautions on a floor on tps_user_p90/p99 before any
+    probe, and not on tps_user_p10, a median floor or a ceiling."""
+    import dsparksim.plan as plan_mod
+    from dsparksim.results.notes import slo_tail_notes
+    d = good()
+    d["plan"]["slo"] = ["tps_user_p99 >= 10", "tps_user_p10 >= 5", "tps_user_p50 >= 5", "tps_user_p90 <= 900"]
+    spec = tmp_path / "plan.toml"
+    spec.write_text(toml(d))
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt   # the cautions are printed before any probe: stop there
+    monkeypatch.setattr(plan_mod, "run_plan", stop)
+    assert main(["plan", str(spec), "--out", str(tmp_path / "out")]) == 130
+    err = capsys.readouterr().err
+    assert "dsparksim: caution: plan.slo[0] tps_user_p99 >= 10 floors the fastest 1% of users only" in err, err
+    assert err.count("floors the fastest") == 1, err
+    d["plan"]["slo"] = ["tps_user_p90 > 20"]
+    (note,) = slo_tail_notes(plan_from_dict(d).slo, "plan.slo")
+    assert "fastest 10%" in note and "tps_user_p10" in note, note

@@ -211,7 +211,9 @@ def _check_latency_units(run: Mapping[str, Any], source: str | Path, line: int |
     in flight, which never exceeds the client's cap (or its prompts), and, for a run released at once (request
     rate inf) with every prompt completed, is at least 1 (a request is in flight from the first release to the
     last completion). The mean latency is mean_e2el_ms, else mean TTFT + mean TPOT x (output tokens per request
-    - 1); a factor 2 either way covers that estimate."""
+    - 1); a factor 2 either way covers that estimate. A duration padded with time no completed request was in
+    flight (a profiled run: both clients time the profiler's stop in it; requests that failed unrecorded) also reads
+    below 1, and the refusal names those causes as well."""
     done, dur, out_tok = run["completed"], run["duration_s"], run["total_output_tokens"]
     if not done or not dur or out_tok is None:
         return
@@ -224,10 +226,15 @@ def _check_latency_units(run: Mapping[str, Any], source: str | Path, line: int |
     cap = run["max_concurrency"] or run["num_prompts"] or done
     whole = math.isinf(run["request_rate"] or 0) and not run["failed"] and run["num_prompts"] in (None, done)
     if flight > 2 * cap or (whole and flight < 0.5):
-        bound = f"above the cap of {cap}" if flight > 2 * cap else "below the 1 a run released at once always has"
+        high = flight > 2 * cap
+        bound = f"above the cap of {cap}" if high else "below the 1 a run released at once always has"
+        idle = "" if high else (" Or does the duration count time no completed request was in flight: a --profile "
+                                "run (SGLang's bench_serving and vLLM's benchmark_serving.py time the profiler's "
+                                "stop in it, so its throughput is understated too), or requests that failed "
+                                "unrecorded (SGLang's file has no failed count)?")
         raise InputError(source, col, f"{lat:.4g} ms mean latency x {done} completed requests / duration {dur:.4g} s "
                          f"= {flight:.3g} requests in flight on average, {bound}: are the latency statistics in "
-                         "milliseconds (and duration_s in seconds)?", line=line)
+                         f"milliseconds (and duration_s in seconds)?{idle}", line=line)
 
 
 _SAME_RUN_IGNORES = ("run_id", "source_file", "source_row", "source_ref")   # where a copy was read from

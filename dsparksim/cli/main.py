@@ -524,7 +524,8 @@ def run_notes(args: argparse.Namespace, cfg: RunConfig, prof: Any, s: dict[str, 
     if short:
         print(f"dsparksim: warning: {short_window_note(short)}", file=sys.stderr)
     for note in (low_verify_note(s), request_latency_note(str(cfg.profile), prof.request_latency_s),
-                 given_chunk_note(args, cfg, prof), trace_note(cfg, [cfg.traffic.time_scale])):
+                 given_chunk_note(args, cfg, prof), trace_note(cfg, [cfg.traffic.time_scale]),
+                 given_mixed_note(args, cfg)):
         if note:
             print(f"dsparksim: note: {note}", file=sys.stderr)
     rej = _rejected_text(s)
@@ -619,7 +620,8 @@ def latency_note(cfg: RunConfig, args: argparse.Namespace | None = None, scales:
     at one of the time ``scales``."""
     prof = load_run_profile(cfg)
     for note in (request_latency_note(str(cfg.profile), prof.request_latency_s),
-                 given_chunk_note(args, cfg, prof) if args is not None else None, trace_note(cfg, scales)):
+                 given_chunk_note(args, cfg, prof) if args is not None else None, trace_note(cfg, scales),
+                 given_mixed_note(args, cfg) if args is not None else None):
         if note:
             print(f"dsparksim: note: {note}", file=sys.stderr)
 
@@ -634,6 +636,18 @@ def trace_note(cfg: RunConfig, scales: Sequence[float]) -> str | None:
         return None
     tab = read_trace(resolve(t.trace, "trace")[0], t.trace_format)
     return trace_cover_note(float(tab.arrival_s[-1]), t.duration_s, scales)
+
+
+def given_mixed_note(args: argparse.Namespace, cfg: RunConfig) -> str | None:
+    """The note of a --no-mixed-prefill typed beside --disaggregated: a decode-only engine always mixes (its
+    first steps ride with the decoding requests, sim/scheduler.py), so the option changes nothing; config.json
+    records it as given. (One taken from a fitted profile's server says so in the fit's note.)"""
+    if not (cfg.engine.disaggregated and not cfg.engine.mixed_prefill
+            and "mixed_prefill" in given_options(args, ("mixed_prefill",))):
+        return None
+    return ("--no-mixed-prefill changes nothing beside --disaggregated: a decode-only engine always mixes its "
+            "requests' first steps with decoding (SGLang's decode server runs no prefill forward); config.json "
+            "records mixed_prefill false as given")
 
 
 def given_chunk_note(args: argparse.Namespace, cfg: RunConfig, prof) -> str | None:

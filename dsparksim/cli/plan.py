@@ -6,7 +6,7 @@ import sys
 
 from dsparksim.cli.options import bar_off, check_backend_options
 from dsparksim.config import DEFAULT_DURATION_S
-from dsparksim.results.notes import slo_unit_notes, spec_chunk_notes, trace_cover_note
+from dsparksim.results.notes import slo_tail_notes, slo_unit_notes, spec_chunk_notes, trace_cover_note
 from dsparksim.results.outputs import claim_result_set
 
 
@@ -35,9 +35,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for line in spec.profile_lines():   # a fitted profile's server and request latency, once each
         print(line, file=sys.stderr)
-    for note in slo_unit_notes(spec.slo, "plan.slo"):
-        print(f"dsparksim: caution: {note}", file=sys.stderr)
     opts = [{**spec.traffic, **spec.base, **d.options} for d in spec.deployments]
+    for note in [*slo_unit_notes(spec.slo, "plan.slo", (o.get("random_output_len") for o in opts)),
+                 *slo_tail_notes(spec.slo, "plan.slo")]:
+        print(f"dsparksim: caution: {note}", file=sys.stderr)
     for note in [spec.price_note(), trace_note(spec), *spec_chunk_notes(opts)]:
         if note:
             print(f"dsparksim: note: {note}", file=sys.stderr)

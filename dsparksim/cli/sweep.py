@@ -11,8 +11,8 @@ from dsparksim.cli.main import flag_given
 from dsparksim.cli.plan import register as register_plan
 from dsparksim.config import pos_float
 from dsparksim.errors import ConfigError
-from dsparksim.results.notes import (request_latency_note, short_window_list, short_window_note, slo_unit_notes,
-                                     spec_chunk_notes)
+from dsparksim.results.notes import (request_latency_note, short_window_list, short_window_note, slo_tail_notes,
+                                     slo_unit_notes, spec_chunk_notes)
 from dsparksim.results.outputs import WriteInterrupted, claim_result_set, write_result_set
 
 
@@ -112,7 +112,9 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     if flag_given(args, "--sla"):   # after the checks: a refused command prints its one error line only
         print("dsparksim: warning: --sla is deprecated; use --slo", file=sys.stderr)
     _say_unread(spec, "capacity")
-    for note in slo_unit_notes(st.slo, "--slo" if args.slo else "capacity.slo"):
+    lens = (spec.base.get("random_output_len"), *spec.axes.get("random_output_len", ()))
+    where = "--slo" if args.slo else "capacity.slo"
+    for note in [*slo_unit_notes(st.slo, where, lens), *slo_tail_notes(st.slo, where)]:
         print(f"dsparksim: caution: {note}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     profile_notes(spec)

@@ -221,15 +221,22 @@ class FitDefaults:
     fitted: Mapping[str, Any] = field(default_factory=dict)
     used: Mapping[str, Any] = field(default_factory=dict)
     differs: Mapping[str, Any] = field(default_factory=dict)
+    decode_only: bool = False    # the run is disaggregated: its engines always mix (sim/scheduler.py)
 
     def note(self, spell: Any, remedy: str = REMEDY) -> str | None:
         """One line: which settings were used and why (None when none was filled in). ``spell(key, value)`` writes
-        one setting (a command-line flag, or a spec key); ``remedy`` ends the line (how to simulate another)."""
+        one setting (a command-line flag, or a spec key); ``remedy`` ends the line (how to simulate another). A
+        fitted ``mixed_prefill`` false beside ``disaggregated`` is said to change nothing: a decode-only engine
+        always mixes, so the line never claims a prefill-only step the run does not take."""
         if not self.used:
             return None
+        moot = ""
+        if self.decode_only and self.used.get("mixed_prefill") is False:
+            moot = (f" ({spell('mixed_prefill', False)} changes nothing here: a decode-only engine "
+                    f"({spell('disaggregated', True)}) always mixes its requests' first steps with decoding)")
         return (f"{', '.join(spell(k, v) for k, v in self.used.items())}: the server profile {self.profile} was "
                 f"fitted under ({_FIELD}: `profile fit` simulated the benchmark runs on it), used as none of these "
-                f"was set; {remedy}")
+                f"was set{moot}; {remedy}")
 
     def caution(self, spell: Any) -> str | None:
         """One line naming every set value that differs from the fit's (None when none does)."""
@@ -264,7 +271,8 @@ def fit_defaults(profile: str | Path, given: Mapping[str, Any], unreadable_ok: b
             differs[blocker] = given[blocker]
         else:
             used[k] = v
-    return FitDefaults(profile=str(profile), fitted=fitted, used=used, differs=differs)
+    return FitDefaults(profile=str(profile), fitted=fitted, used=used, differs=differs,
+                       decode_only=bool(given.get("disaggregated")))
 
 
 def _displacing(key: str, given: Mapping[str, Any]) -> str | None:
