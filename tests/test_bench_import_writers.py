@@ -530,3 +530,20 @@ def test_a_profiled_run_below_one_in_flight_names_the_profiler(tmp_path, capsys)
     assert "--profile" in err and "profiler's stop" in err, err
     err = _refused(tmp_path, capsys, _write(tmp_path, "u.jsonl", _sglang(mean_e2e_latency_ms=8e6)))
     assert "above the cap of 4" in err and "--profile" not in err, err
+
+
+def test_vllm_legacy_goodput_key_is_a_field_vllm_writes_not_an_unread_pair(tmp_path):
+    """benchmarks/benchmark_serving.py writes its goodput as 'request_goodput:' (with the colon, after
+    request_rate); the note on keys outside the --metadata block named it as a key neither vLLM nor the runs table
+    knows, on every legacy file."""
+    rec = _vllm()
+    del rec["request_goodput"]
+    rec["request_goodput:"] = None
+    notes: list[str] = []
+    import_file(_write(tmp_path, "v.json", rec, end=""), notes=notes)
+    assert not [n for n in notes if "request_goodput" in n], notes
+    rec["my_pair"] = 1
+    notes = []
+    import_file(_write(tmp_path, "w.json", rec, end=""), notes=notes)
+    (line,) = [n for n in notes if "outside the --metadata block" in n]
+    assert "'my_pair'" in line and "request_goodput" not in line, line

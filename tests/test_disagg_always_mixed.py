@@ -64,3 +64,17 @@ def test_a_typed_no_mixed_prefill_beside_disaggregated_is_noted(tmp_path, capsys
     assert main(["run", "--no-mixed-prefill", "--concurrency", "2", "--num-requests", "4", "--quiet",
                  "--out", str(tmp_path / "c")]) == 0
     assert "changes nothing" not in capsys.readouterr().err
+
+
+def test_a_given_mixed_prefill_beside_disaggregated_is_no_difference_from_the_fit():
+    """`--disaggregated --mixed-prefill` on a profile fitted under mixed_prefill false got the caution that the
+    setting differs from the fit's and 'figures on this one carry an error the fit never measured', while a
+    decode-only engine always mixes: the run is the one the fit's value gives. Colocated, the caution stays."""
+    from dsparksim.cost.fitted import fit_defaults, fit_lines
+
+    fd = fit_defaults(FITTED_SGLANG, {"disaggregated": True, "mixed_prefill": True})
+    assert "mixed_prefill" not in fd.differs and "mixed_prefill" not in fd.used, fd
+    assert not [x for x in fit_lines([fd]) if "caution" in x], fit_lines([fd])
+    colocated = fit_defaults(FITTED_SGLANG, {"mixed_prefill": True})
+    assert colocated.differs == {"mixed_prefill": True}
+    assert any("caution: mixed_prefill = true differs" in x for x in fit_lines([colocated]))

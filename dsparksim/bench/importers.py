@@ -312,13 +312,14 @@ _VLLM_KEYS = {"num_prompts", "request_rate", "max_concurrency"}   # vLLM's own k
 # The keys `vllm bench serve --save-result` writes itself (main_async and benchmark in vllm/benchmarks/serve.py at
 # 009e6d4a, and best_of / use_beam_search of the older benchmarks/benchmark_serving.py), beside the statistics
 # (mean_/median_/std_/pNN_<metric>_ms) and the probe_ / spec_decode_ / diffusion_ groups: a key outside the
-# --metadata block that is none of these and names no column is a pair the importer does not read.
+# --metadata block that is none of these and names no column is a pair the importer does not read. The older
+# script spells its goodput "request_goodput:" (with the colon; its copy in InferenceX's bench_serving too).
 _VLLM_FIELDS = frozenset((
     "date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "best_of", "use_beam_search",
     "num_prompts", "request_rate", "burstiness", "max_concurrency", "ramp_up_strategy", "ramp_up_start_rps",
     "ramp_up_end_rps", "duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
-    "total_input_sequences", "request_throughput", "request_goodput", "output_throughput", "total_token_throughput",
-    "input_sequence_throughput", "input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
+    "total_input_sequences", "request_throughput", "request_goodput", "request_goodput:", "output_throughput",
+    "total_token_throughput", "input_sequence_throughput", "input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
     "queue_times", "generated_texts", "errors", "max_output_tokens_per_s", "max_concurrent_requests", "rtfx",
     "rps_change_events"))
 _VLLM_FIELD_PREFIXES = ("probe_", "spec_decode_", "diffusion_")

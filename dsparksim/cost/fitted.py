@@ -255,15 +255,18 @@ def fit_defaults(profile: str | Path, given: Mapping[str, Any], unreadable_ok: b
     and the ones it sets otherwise. A setting a given option conflicts with is not used beside it, and counts as
     differing (:data:`_DISPLACES`: a ``kv_capacity_tokens`` sets the KV capacity the memory fraction would; batch
     waiting is refused with ``disaggregated`` or ``dp_ranks`` above 1). The batch waiting pair is one setting:
-    with either half given, neither is filled in. Empty for a profile ``profile fit`` did not write, and (with
-    ``unreadable_ok``) for one that cannot be read: loading it for the run says why."""
+    with either half given, neither is filled in. A given ``mixed_prefill`` beside ``disaggregated`` differs from
+    nothing: a decode-only engine always mixes, so the run is the one the fit's value gives. Empty for a profile
+    ``profile fit`` did not write, and (with ``unreadable_ok``) for one that cannot be read: loading it for the run
+    says why."""
     fitted = profile_fit_server(profile, unreadable_ok)
     used, differs = {}, {}
     pair_given = any(given.get(b) is not None for b in BATCH_WAIT_KEYS)
+    decode_only = bool(given.get("disaggregated"))
     for k, v in fitted.items():
         blocker = _displacing(k, given)
         if given.get(k) is not None:
-            if given[k] != v:
+            if given[k] != v and not (k == "mixed_prefill" and decode_only):
                 differs[k] = given[k]
         elif k in BATCH_WAIT_KEYS and pair_given:
             continue   # the other half given alone: the run refuses it, naming it
@@ -271,8 +274,7 @@ def fit_defaults(profile: str | Path, given: Mapping[str, Any], unreadable_ok: b
             differs[blocker] = given[blocker]
         else:
             used[k] = v
-    return FitDefaults(profile=str(profile), fitted=fitted, used=used, differs=differs,
-                       decode_only=bool(given.get("disaggregated")))
+    return FitDefaults(profile=str(profile), fitted=fitted, used=used, differs=differs, decode_only=decode_only)
 
 
 def _displacing(key: str, given: Mapping[str, Any]) -> str | None:

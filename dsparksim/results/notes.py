@@ -87,8 +87,9 @@ def slo_unit_notes(terms: Iterable[Any], field: str, output_lens: Iterable[Any] 
     """One caution per SLO latency bound (a term with ``metric``, ``op``, ``value``, ``spelled``, on a ``*_s``
     metric) that is in seconds as written but reads as milliseconds (``tpot_p99_s <= 50``: 50 s per token, every
     deployment meets it). ``output_lens``: the runs' random_output_len values (None where not set); with one
-    known, an E2E bound is cautioned only from the tpot limit per output token of the longest up (an 8k-token
-    reasoning workload's ``e2e_p99_s <= 1200`` is 0.15 s per token, a real bound, not 1.2 s in milliseconds)."""
+    known, an E2E bound is cautioned only from the larger of 1000 s and the tpot limit per output token of the
+    longest up (an 8k-token reasoning workload's ``e2e_p99_s <= 1200`` is 0.15 s per token, a real bound, not 1.2 s
+    in milliseconds; outputs shorter than 1000 tokens keep 1000 s)."""
     lens = [int(n) for n in output_lens if isinstance(n, int) and not isinstance(n, bool) and n > 0]
     out = []
     for i, t in enumerate(terms):
