@@ -655,3 +655,24 @@ def test_an_sglang_jsonl_given_as_a_profile_points_to_profile_fit(tmp_path, caps
     bad.write_text('{"a": 1}\n{"b": 2}\n')
     with pytest.raises(InputError, match="not valid JSON: Extra data"):
         load_profile(bad)
+
+
+def test_sglang_chunk_above_the_builder_budget_note_says_profile_fit_refuses_it(tmp_path, capsys):
+    """The fixture's chunked_prefill_size 32768 is above profile build's token budget (16384): the note used to send
+    --chunked-prefill-size 32768 to profile fit, which refuses it; it now says so and what to do there. A chunk
+    within the budget gets no such clause."""
+    out = tmp_path / "runs.csv"
+    assert main(["bench", "import", str(SGLANG), "--out", str(out)]) == 0
+    notes = [ln for ln in capsys.readouterr().out.splitlines() if "server_info records" in ln]
+    assert len(notes) == 1, notes
+    assert "the chunk 32768 is above profile build's token budget 16384" in notes[0], notes[0]
+    assert "profile fit refuses a --chunked-prefill-size above its profile's budget, so leave it out there" \
+        in notes[0], notes[0]
+    recs = [json.loads(s) for s in SGLANG.read_text().splitlines()[:1]]
+    recs[0]["server_info"].update(chunked_prefill_size=16384)
+    src = tmp_path / "one.jsonl"
+    src.write_text(json.dumps(recs[0]) + "\n")
+    assert main(["bench", "import", str(src), "--out", str(tmp_path / "one.csv")]) == 0
+    notes = [ln for ln in capsys.readouterr().out.splitlines() if "server_info records" in ln]
+    assert len(notes) == 1 and "--chunked-prefill-size 16384" in notes[0], notes
+    assert "refuses" not in notes[0] and "token budget" not in notes[0], notes[0]

@@ -142,3 +142,21 @@ def test_scheduler_and_engine_config_agree_on_the_default_kv_policy():
     table = RequestTable(_wl(), 24, None)
     eng = Scheduler(EngineConfig(), _inputs(), table, rng=np.random.default_rng(0))
     assert EngineConfig().kv_policy == "paged" and eng.kv.paged and eng.kv.page == EngineConfig().kv_page_tokens
+
+
+@pytest.mark.parametrize("dur", [1e308, 1.0000001e7, float("inf"), float("nan"), 0.0, -1.0, True])
+def test_a_simulation_built_from_python_refuses_the_durations_traffic_config_refuses(dur):
+    """TrafficConfig bounds duration_s at DURATION_MAX_S and refuses non-finite values, but a Simulation built directly
+    (a notebook's path past the CLI and RunConfig) took any duration_s: 1e308 in closed loop ran without end. It is
+    refused there now with TrafficConfig's message; DURATION_MAX_S itself is taken."""
+    from dsparksim.traffic.config import DURATION_MAX_S, TrafficConfig
+
+    with pytest.raises(ConfigError) as e:
+        Simulation(EngineConfig(), _inputs(), _wl(), RequestStreams(1), duration_s=dur)
+    with pytest.raises(ConfigError) as t:
+        TrafficConfig(mode="closed", concurrency=1, duration_s=dur)
+    msg = str(e.value)
+    assert msg.startswith("Simulation: field 'duration_s'"), msg
+    assert msg.split("field 'duration_s'", 1)[1] == str(t.value).split("field 'duration_s'", 1)[1], (msg, t.value)
+    assert Simulation(EngineConfig(), _inputs(), _wl(), RequestStreams(1), duration_s=DURATION_MAX_S).duration \
+        == DURATION_MAX_S

@@ -329,6 +329,20 @@ def test_an_slo_latency_that_reads_as_milliseconds_is_cautioned(tmp_path, monkey
     assert slo_unit_notes(plan_from_dict(d).slo, "plan.slo") == []
 
 
+def test_a_one_second_stall_bound_is_not_cautioned_as_milliseconds():
+    """`itl_p99_s <= 1` ("no stall over a second") is a real bound, and 1 ms per token is out of GPU decoding's
+    reach, but it was cautioned as "1 ms is 0.001" (TPOT/ITL were cautioned from 1 s on). TPOT/ITL are cautioned
+    strictly above 1 s: 1 is not, 2 and `tpot_p99_s <= 50` (meant 50 ms) are, for `<` as for `<=`."""
+    from dsparksim.results.notes import slo_unit_notes
+    d = good()
+    d["plan"]["slo"] = ["itl_p99_s <= 1", "tpot_p99_s <= 1", "itl_p99_s < 1", "tpot_p99_s < 1.0"]
+    assert slo_unit_notes(plan_from_dict(d).slo, "plan.slo") == []
+    d["plan"]["slo"] = ["tpot_p99_s <= 50", "itl_p99_s <= 2", "itl_p99_s < 1.5", "ttft_p99_s <= 1000"]
+    notes = slo_unit_notes(plan_from_dict(d).slo, "plan.slo")
+    assert [n.split(":")[0] for n in notes] == ["plan.slo[0] tpot_p99_s <= 50", "plan.slo[1] itl_p99_s <= 2",
+                                                "plan.slo[2] itl_p99_s < 1.5", "plan.slo[3] ttft_p99_s <= 1000"], notes
+
+
 def test_a_long_e2e_bound_of_a_long_output_workload_is_not_cautioned(tmp_path, monkeypatch, capsys):
     """`e2e_p99_s <= 1200` on 8k-token outputs (InferenceX 1k/8k: p99 E2E up to 655 s) is 0.15 s per token, a
     real bound; it was cautioned as '1200 ms is 1.2' (every E2E bound from 1000 s on was). With the workload's

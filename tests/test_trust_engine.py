@@ -360,8 +360,15 @@ def test_a_closed_loop_without_a_request_count_stops_at_the_request_cap(tmp_path
     capsys.readouterr()
     assert main(argv + ["--duration", "60", "--out", str(tmp_path / "long")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "the closed-loop users have issued 2,048 requests, the limit per run" in err, err
+    assert err.count("\n") == 0 and "the closed-loop users need more than 2,048 requests " \
+        "(warm-up aside), past the limit of 2,048 per run (checked every 1,024 requests)" in err, err
     assert "~2.4 KiB each" in err and "shorten --duration or lower --concurrency" in err, err
     assert not (tmp_path / "long").exists()
+    # a limit between block boundaries fires at the next one: the message says the rows drawn then, which
+    # are more than the limit (it said "have issued 1,048 requests" with 2,048 drawn)
+    monkeypatch.setattr(base, "MAX_CLOSED_LOOP_REQUESTS", 2 * base.CHUNK - 1000)
+    assert main(argv + ["--duration", "60", "--out", str(tmp_path / "long2")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the closed-loop users need more than 2,048 requests (warm-up aside), past the limit of 1,048" in err, err
     monkeypatch.setattr(base, "MAX_CLOSED_LOOP_REQUESTS", 10 ** 9)
     assert main(argv + ["--num-requests", "3000", "--out", str(tmp_path / "n")]) == 0   # a count: never this cap

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from dsparksim.bench.runs import BY_NAME, check_row, check_value, duplicate_run, parse_cell
+from dsparksim.cost.analytic.builder import M_GRID
 from dsparksim.cost.analytic.hardware import same_gpu
 from dsparksim.errors import InputError
 from dsparksim.io.textio import escape_controls, loads_json, read_text
@@ -495,7 +496,25 @@ def sglang_server_note(path: str | Path, opts: str, lines: list[int]) -> str:
     else:
         where = f"{len(lines)} lines ({', '.join(str(n) for n in lines[:5])}{', ...' if len(lines) > 5 else ''})"
     return (f"{path}: {where}: server_info records the server's settings, which the runs table has no column for: "
-            f"give them to profile fit and bench replay ({opts}), else they simulate their defaults")
+            f"give them to profile fit and bench replay ({opts}), else they simulate their defaults"
+            f"{_chunk_caveat(opts)}")
+
+
+def _chunk_caveat(opts: str) -> str:
+    """What a recorded chunk above profile build's token budget (its largest priced batch, which caps every
+    simulated step's prefill) means for the commands the note sends it to; "" for a chunk within it or none. The
+    budget of the profile the user will fit is unknown at import time: the note says the builder's and the rule."""
+    words = opts.split()
+    if "--chunked-prefill-size" not in words:
+        return ""
+    chunk = float(words[words.index("--chunked-prefill-size") + 1])
+    budget = int(M_GRID[-1])
+    if chunk <= budget:
+        return ""
+    return (f"; but the chunk {words[words.index('--chunked-prefill-size') + 1]} is above profile build's token "
+            f"budget {budget}, which caps every simulated step's prefill: profile fit refuses a "
+            f"--chunked-prefill-size above its profile's budget, so leave it out there (the fit then takes the "
+            f"budget) or give the budget; bench replay takes it and simulates at most the budget per step")
 
 
 def _sglang_uncapped(d: Mapping[str, Any]) -> bool:

@@ -25,13 +25,20 @@ class Goodput(Policy):
     K and at floor((max_tokens - base_tokens) / n) so it stays batch-wide.
 
     Early exit of drafting (``StepContext.drafted``, ``--draft-exit T``): request i verifies min(L, drafted[i])
-    (the engine caps L there), so the rule is applied to that step: L maximises
+    (the engine caps L there), so the rule is applied to the step those lengths make on a variable-length engine:
+    L maximises
     sum_i (1 + sum_{k<=min(L, drafted[i])} prod_{j<=k} alpha_j) / step_time(base + sum_i min(L, drafted[i])),
     over L = 0..min(K, max(drafted)) whose step fits (base + sum_i min(L, drafted[i]) <= max_tokens); ties go to
     the shorter L, and the lengths returned are min(L, drafted[i]). ``step_time`` prices that M as it prices any
     (its long-context term, if any, at the mean context). Pricing n*L tokens and counting n full prefixes, as
     without early exit, chose from steps the engine never runs. Without early exit (``drafted`` None) the rule
     above is the same and the code path is unchanged.
+
+    Padded verification (``--pad-verify``) is not in the price: policies are not told about padding (by design,
+    docs/serving.md), so M is priced as above while the engine charges M + pad_tokens, pad_tokens =
+    n_decode * max(L_i) - sum(L_i). Without early exit the lengths are one batch-wide L and pad nothing; with it,
+    the min(L, drafted[i]) differ and the engine charges base + n_decode * max_i min(L, drafted[i]) for the step
+    this policy priced at base + sum_i min(L, drafted[i]).
     """
 
     name: ClassVar[str] = "goodput"

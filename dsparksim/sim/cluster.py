@@ -57,6 +57,7 @@ from dsparksim.sim.scheduler import Scheduler
 from dsparksim.sim.routers import make_router
 from dsparksim.sim.streams import RequestStreams
 from dsparksim.traffic.base import Workload
+from dsparksim.traffic.config import check_duration_s
 
 # Memory bound: an open-loop queue this long is far past saturation; the run stops with a ConfigError.
 MAX_WAITING = 500_000
@@ -179,7 +180,8 @@ class Simulation:
     Each replica is stepped by one :class:`~dsparksim.sim.driver.Driver` running ``executor`` on ``clock`` (default:
     :class:`~dsparksim.sim.contract.CostExecutor` on the profile's price; the real runner executes on the model and
     measures). ``duration_s`` / ``num_requests`` (exactly one), ``client_cap`` and ``warmup_requests``: the run's
-    stop rule and benchmark client (``TrafficConfig`` checks them); ``router_seed``: the random routers' seed;
+    stop rule and benchmark client (``TrafficConfig`` checks them; ``duration_s`` is checked here too, as there);
+    ``router_seed``: the random routers' seed;
     ``shard``: simulate only replicas lo..hi-1 (:mod:`dsparksim.sim.shard`).
     """
 
@@ -193,6 +195,7 @@ class Simulation:
             raise TypeError(f"Simulation takes an EngineConfig, got {type(engine).__name__}")
         if (duration_s is None) == (num_requests is None):
             raise ConfigError("config", "duration_s/num_requests", "give exactly one of duration or number of requests")
+        check_duration_s(duration_s, "Simulation")   # TrafficConfig's bound, for a Simulation built from Python
         if streams is None and rng is None:
             raise ValueError("Simulation needs streams (keyed, paired draws) or rng")
         K, acceptance = int(inputs.K), inputs.acceptance

@@ -169,7 +169,7 @@ class LazyWorkload:
             if n <= 0:
                 return
             if limit is None and self.closed_loop and b * CHUNK >= MAX_CLOSED_LOOP_REQUESTS:
-                raise closed_loop_limit_error()
+                raise closed_loop_limit_error(b * CHUNK)
             rows = self._rows(b, n)
             arrival = None
             if self._gaps is not None:
@@ -226,10 +226,14 @@ class LazyWorkload:
     arrival_s = property(lambda self: self.materialise().arrival_s)
 
 
-def closed_loop_limit_error() -> ConfigError:
-    """The error of a closed loop that has issued MAX_CLOSED_LOOP_REQUESTS requests (no --num-requests)."""
-    return ConfigError("TrafficConfig", "duration_s", f"the closed-loop users have issued "
-                       f"{MAX_CLOSED_LOOP_REQUESTS:,} requests, the limit per run: every request keeps its row until "
+def closed_loop_limit_error(rows: int) -> ConfigError:
+    """The error of a closed loop (no --num-requests) whose users need request row ``rows`` (0-based, warm-up rows
+    aside), past MAX_CLOSED_LOOP_REQUESTS: the limit is checked when a block of CHUNK rows is drawn, so ``rows`` is
+    the first multiple of CHUNK at or past it (10,000,384 for 10,000,000) and the run needs more than that many. Not
+    "have issued": users pinned to engines draw rows out of order, so some of those rows may be unsent yet."""
+    return ConfigError("TrafficConfig", "duration_s", f"the closed-loop users need more than {rows:,} requests "
+                       f"(warm-up aside), past the limit of {MAX_CLOSED_LOOP_REQUESTS:,} per run (checked every "
+                       f"{CHUNK:,} requests): every request keeps its row until "
                        "the run ends (~2.4 KiB each, ~24 GiB at the limit), and a closed loop's count is known only "
                        "as it runs; shorten --duration or lower --concurrency (4,096 users issue ~3.8M requests per "
                        "simulated hour even at 64-token prompts and 16-token outputs)")

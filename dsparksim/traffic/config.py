@@ -121,6 +121,20 @@ BURSTINESS_RANGE = (1e-3, 1e3)    # gamma shape: interarrival CV from 31.6 down 
 DURATION_MAX_S = 1e7
 
 
+def check_duration_s(v, src: str) -> None:
+    """A run's ``duration_s`` (None: the run stops on its request count): a finite number of simulated seconds in
+    (0, DURATION_MAX_S], else ConfigError naming ``src`` and the field. TrafficConfig and a Simulation built
+    directly from Python both check it here."""
+    if v is None:
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ConfigError(src, "duration_s", f"expected a finite number > 0, got {v!r}")
+    if v > DURATION_MAX_S:
+        raise ConfigError(src, "duration_s", f"expected at most {DURATION_MAX_S:g} simulated seconds (116 days: "
+                          "the simulated clock is float64 seconds, whose spacing there is already 2e-5 of a 0.1 "
+                          f"ms step), got {v!r}")
+
+
 def _in_range(name: str, v: float, lo_hi: tuple[float, float], what: str = "") -> None:
     lo, hi = lo_hi
     if not lo <= v <= hi:
@@ -266,11 +280,7 @@ class TrafficConfig:
         _in_range("burstiness", self.burstiness, BURSTINESS_RANGE)
         _in_range("time_scale", self.time_scale, TIME_SCALE_RANGE)
         _pos_int("num_requests", self.num_requests)
-        _pos_float("duration_s", self.duration_s)
-        if self.duration_s is not None and self.duration_s > DURATION_MAX_S:
-            raise ConfigError(_SRC, "duration_s", f"expected at most {DURATION_MAX_S:g} simulated seconds (116 days: "
-                              "the simulated clock is float64 seconds, whose spacing there is already 2e-5 of a 0.1 "
-                              f"ms step), got {self.duration_s!r}")
+        check_duration_s(self.duration_s, _SRC)
         _pos_int("max_prompt_tokens", self.max_prompt_tokens)
         _pos_int("max_output_tokens", self.max_output_tokens)
         if not isinstance(self.mooncake_spread, bool):
