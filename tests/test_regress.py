@@ -143,3 +143,34 @@ def test_update_into_an_unwritable_baseline_path_is_refused_before_any_cell(tmp_
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and err[0].startswith("dsparksim: error: ") and "'--baseline'" in err[0] \
             and why in err[0], err
+
+
+def test_a_baseline_naming_a_metric_this_version_does_not_compute_is_refused(tmp_path, capsys):
+    """A baseline written by a newer dsparksim (summary.json and the compared metrics gain keys) or edited by hand:
+    a metric listed in its `metrics` that this version does not compute was compared against nothing and the check
+    passed (exit 0); an empty `metrics` list compared nothing and passed. Both are one error line, exit 2."""
+    doc = json.loads(BASELINE.read_text())
+    doc["spec"] = str(REPO / "sweeps" / "regress.toml")
+    doc["dsparksim_version"] = "9.9.9"
+    doc["metrics"] = [*doc["metrics"], "tps_user_p10"]
+    for r in doc["frontier"]:
+        r["tps_user_p10"] = [1.0] * len(doc["seeds"])
+    newer = tmp_path / "newer.json"
+    newer.write_text(json.dumps(doc))
+    assert main(["regress", "--baseline", str(newer), "--backend", "serial"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'metrics'" in err[0] and "tps_user_p10" in err[0] and "9.9.9" in err[0], err
+    doc["metrics"] = []
+    newer.write_text(json.dumps(doc))
+    assert main(["regress", "--baseline", str(newer), "--backend", "serial"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'metrics'" in err[0] and "empty" in err[0], err
+    # --update (which the message names) rewrites such a baseline with this version's metrics
+    doc["metrics"] = [*json.loads(BASELINE.read_text())["metrics"], "tps_user_p10"]
+    newer.write_text(json.dumps(doc))
+    spec = tmp_path / "small.toml"
+    spec.write_text((REPO / "sweeps" / "regress.toml").read_text().replace(
+        '"none", "mtp1", "fixed:7", "threshold:0.5", "goodput", "confidence", "confidence-async:2", "oracle"',
+        '"fixed:7"').replace("concurrency = [1, 8, 32, 96]", "concurrency = [2]"))
+    assert main(["regress", "--baseline", str(newer), "--spec", str(spec), "--update", "--backend", "serial"]) == 0
+    assert json.loads(newer.read_text())["metrics"] == json.loads(BASELINE.read_text())["metrics"]

@@ -168,11 +168,11 @@ def load_baseline(path: str | Path, old_ok: bool = False) -> dict[str, Any]:
         if k not in d:
             raise InputError(str(p), k, "required field missing")
     if got == FORMAT:
-        _check_doc(d, str(p))
+        _check_doc(d, str(p), metrics_too=not old_ok)   # --update rewrites the metrics (a newer baseline's too)
     return d
 
 
-def _check_doc(d: Mapping[str, Any], src: str) -> None:
+def _check_doc(d: Mapping[str, Any], src: str, metrics_too: bool = True) -> None:
     seeds = d["seeds"]
     if not isinstance(seeds, list) or not seeds:
         raise InputError(src, "seeds", f"expected a non-empty list of seeds, got {seeds!r}")
@@ -185,6 +185,10 @@ def _check_doc(d: Mapping[str, Any], src: str) -> None:
                 k == "confidence" and not 0 < v < 1):
             raise InputError(src, f"tolerances.{k}", f"expected a number >= 0 (confidence in (0, 1)), got {v!r}")
     metrics = d.get("metrics", list(METRICS))
+    if metrics_too:
+        _check_metrics(metrics, d.get("dsparksim_version"), src)
+    elif not isinstance(metrics, list):
+        metrics = []
     if not isinstance(d["frontier"], list):
         raise InputError(src, "frontier", "expected a list of points")
     for i, r in enumerate(d["frontier"]):
@@ -196,6 +200,20 @@ def _check_doc(d: Mapping[str, Any], src: str) -> None:
                     v is None or _is_num(v) for v in vals):
                 raise InputError(src, f"frontier[{i}].{m}", f"expected {len(seeds)} per-seed numbers (or null), "
                                  f"got {vals!r}")
+
+
+def _check_metrics(metrics: Any, version: Any, src: str) -> None:
+    """The baseline's compared metrics: a non-empty list of metrics this version computes (a metric it does not
+    compute -- a baseline of a newer dsparksim, or a typo -- would be compared against nothing and pass)."""
+    if not isinstance(metrics, list) or not metrics or not all(isinstance(m, str) for m in metrics):
+        got = "an empty list: nothing would be compared" if metrics == [] else repr(metrics)
+        raise InputError(src, "metrics", f"expected a non-empty list of metric names (some of {', '.join(METRICS)}), "
+                         f"got {got}")
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown:
+        raise InputError(src, "metrics", f"{', '.join(map(repr, unknown))} not computed by this dsparksim "
+                         f"({__version__}; it compares {', '.join(METRICS)}); the baseline was written by dsparksim "
+                         f"{version}: compare with that version, or regenerate the baseline with --update")
 
 
 def _is_num(v: Any) -> bool:
