@@ -174,3 +174,23 @@ def test_a_baseline_naming_a_metric_this_version_does_not_compute_is_refused(tmp
         '"fixed:7"').replace("concurrency = [1, 8, 32, 96]", "concurrency = [2]"))
     assert main(["regress", "--baseline", str(newer), "--spec", str(spec), "--update", "--backend", "serial"]) == 0
     assert json.loads(newer.read_text())["metrics"] == json.loads(BASELINE.read_text())["metrics"]
+
+
+def test_an_edit_outside_what_regress_reads_is_a_note_and_a_run_change_a_failure(tmp_path):
+    """One spec file serves sweep, capacity and regress (docs/sweeps.md): a [capacity] table added for `capacity`,
+    a comment or the sweep's name failed regress as 'spec changed' (exit 1) while its note said the table was
+    ignored and every run was the same. Only [base], [axes] and [regress] count now; the rest is a note."""
+    text = (REPO / "sweeps" / "regress.toml").read_text().replace(
+        '"none", "mtp1", "fixed:7", "threshold:0.5", "goodput", "confidence", "confidence-async:2", "oracle"',
+        '"fixed:7"').replace("concurrency = [1, 8, 32, 96]", "concurrency = [2]")
+    spec = tmp_path / "small.toml"
+    spec.write_text(text)
+    bl = tmp_path / "baseline.json"
+    assert regress(bl, spec_path=spec, backend="serial", update=True)[0]
+    spec.write_text("# edited\n" + text.replace('name = "regress"', 'name = "renamed"')
+                    + '\n[capacity]\nslo = ["tps_user_median>=50"]\nmin = 1\nmax = 64\n')
+    ok, msg, _ = regress(bl, backend="serial")
+    assert ok and "frontiers match" in msg and "outside what regress reads" in msg, msg
+    spec.write_text(text.replace("duration_s = 6.0", "duration_s = 6.5"))
+    ok, msg, _ = regress(bl, backend="serial")
+    assert not ok and "changed since the baseline was made (sha256 differs)" in msg, msg

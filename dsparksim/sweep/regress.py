@@ -118,6 +118,14 @@ def _spec_sha(spec: SweepSpec) -> str:
     return hashlib.sha256(Path(spec.source).read_bytes()).hexdigest()
 
 
+def _runs_sha(spec: SweepSpec) -> str:
+    """sha256 of what regress reads of the spec ([base], [axes] in order, [regress]): a comment, the sweep's name
+    or a [capacity] table (one file serves sweep, capacity and regress) leave the runs, and this hash, unchanged."""
+    doc = {"base": dict(spec.base), "axes": [[k, list(v)] for k, v in spec.axes.items()],
+           "regress": dict(spec.regress)}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def make_baseline(spec: SweepSpec, per_seed: pd.DataFrame, baseline_path: str | Path,
                   tol: Mapping[str, float] | None = None) -> dict[str, Any]:
     """The baseline document of a per-seed frontier table (spec path stored relative to the baseline file)."""
@@ -133,8 +141,8 @@ def make_baseline(spec: SweepSpec, per_seed: pd.DataFrame, baseline_path: str | 
         row.update({f: [bool(v) for v in g[f].fillna(False)] for f in FLAGS})
         points.append(row)
     return {"format": FORMAT, "spec": Path(rel).as_posix(), "spec_sha256": _spec_sha(spec),
-            "dsparksim_version": __version__, "seeds": seeds, "tolerances": tol, "rule": rule_text(tol),
-            "metrics": list(METRICS), "frontier": points}
+            "runs_sha256": _runs_sha(spec), "dsparksim_version": __version__, "seeds": seeds, "tolerances": tol,
+            "rule": rule_text(tol), "metrics": list(METRICS), "frontier": points}
 
 
 def _num(v: Any) -> Any:
@@ -270,9 +278,7 @@ def compare(baseline: Mapping[str, Any], current: Mapping[str, Any],
 
     if list(baseline.get("seeds") or []) != list(current.get("seeds") or []):
         add("(spec)", f"seeds {baseline.get('seeds')} -> {current.get('seeds')}: not the same runs")
-    if baseline.get("spec_sha256") != current.get("spec_sha256"):
-        add("(spec)", f"spec {baseline['spec']} changed since the baseline was made (sha256 differs); "
-                      "regenerate it with --update if the change is intended")
+    _spec_change(baseline, current, add)
     want = {(r["policy"], r["load"]): r for r in baseline["frontier"]}
     got = {(r["policy"], r["load"]): r for r in current["frontier"]}
     for k in sorted(set(want) | set(got), key=lambda k: (str(k[0]), float(k[1]))):
@@ -306,6 +312,19 @@ def compare(baseline: Mapping[str, Any], current: Mapping[str, Any],
             if flips:
                 add(pol, f"load {load:g}: {f} changed at {flips} seed(s)", note=True)
     return diffs
+
+
+def _spec_change(baseline: Mapping[str, Any], current: Mapping[str, Any], add: Callable[..., None]) -> None:
+    """A spec edited since the baseline: a failure when what regress reads changed (runs_sha256; a baseline
+    without it: the file's bytes), a note when only the rest of the file did (comments, name, [capacity])."""
+    if baseline.get("spec_sha256") == current.get("spec_sha256"):
+        return
+    if "runs_sha256" in baseline and baseline.get("runs_sha256") == current.get("runs_sha256"):
+        add("(spec)", f"spec {baseline['spec']} changed since the baseline was made, outside what regress reads "
+                      "([base], [axes], [regress] are the same): the same runs are compared", note=True)
+        return
+    add("(spec)", f"spec {baseline['spec']} changed since the baseline was made (sha256 differs); "
+                  "regenerate it with --update if the change is intended")
 
 
 def _change_text(ch: tuple[float, float, float, float, int], conf: float) -> str:
