@@ -194,3 +194,18 @@ def test_an_edit_outside_what_regress_reads_is_a_note_and_a_run_change_a_failure
     spec.write_text(text.replace("duration_s = 6.0", "duration_s = 6.5"))
     ok, msg, _ = regress(bl, backend="serial")
     assert not ok and "changed since the baseline was made (sha256 differs)" in msg, msg
+
+
+def test_json_report_is_one_object_on_stdout_pass_or_fail(monkeypatch, capsys):
+    """`regress --json`: what a CI step parses -- stdout is one JSON object (passed, failed_policies, per policy its
+    difference lines), the exit status is the readable report's (0 pass, 1 regression)."""
+    assert main(["regress", "--baseline", str(BASELINE), "--workers", "2", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["passed"] is True and rep["failed_policies"] == [] and rep["differences"] == {}
+    assert rep["seeds"] == [11, 12, 13] and rep["points"] == 32 and "2%" in rep["rule"]
+    monkeypatch.setattr(Fixed, "choose", lambda self, ctx: np.zeros(ctx.n, dtype=np.int64))
+    assert main(["regress", "--baseline", str(BASELINE), "--backend", "serial", "--json"]) == 1
+    out = capsys.readouterr().out
+    rep = json.loads(out)
+    assert rep["passed"] is False and rep["failed_policies"] == ["fixed:7"]
+    assert any("mean_verify_len 7 -> 0 (-100.00%" in d for d in rep["differences"]["fixed:7"])

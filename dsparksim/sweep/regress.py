@@ -369,14 +369,29 @@ def _notes_text(notes: Mapping[str, Sequence[str]]) -> str:
     return "\n" + "\n".join(lines)
 
 
+def json_report(baseline_path: str | Path, doc: Mapping[str, Any], diffs: Mapping[str, Sequence[str]],
+                notes: Mapping[str, Sequence[str]], exact: bool = False, updated: bool = False,
+                points: int | None = None) -> dict[str, Any]:
+    """The result as one JSON object (``regress --json``): passed, the rule, and per policy (``(spec)`` for the
+    spec and seeds) the readable lines of its differences (failures) and notes (never failures)."""
+    return {"format": "dsparksim-regress-report/1", "passed": not diffs, "updated": updated,
+            "baseline": str(baseline_path), "dsparksim_version": __version__, "seeds": list(doc.get("seeds") or []),
+            "rule": _tol_text(doc["tolerances"], doc.get("seeds"), exact), "exact": exact,
+            "points": len(doc["frontier"]) if points is None else points,
+            "failed_policies": sorted(diffs), "differences": {k: list(v) for k, v in sorted(diffs.items())},
+            "notes": {k: list(v) for k, v in sorted(notes.items())}}
+
+
 def regress(baseline_path: str | Path, spec_path: str | Path | None = None, backend: str = "local",
             workers: int | None = None, ray_address: str | None = None,
             update: bool = False, exact: bool = False,
-            note: Callable[[str], None] | None = None) -> tuple[bool, str, dict[str, Any]]:
+            note: Callable[[str], None] | None = None, report: dict[str, Any] | None = None
+            ) -> tuple[bool, str, dict[str, Any]]:
     """Recompute the baseline's sweep and compare. Returns (passed, readable report, current document).
 
     With ``update`` the baseline file is (re)written from the current results (``spec_path`` required if the
     baseline does not exist yet). ``note``: told the one line naming what of the spec regress does not read.
+    ``report`` (when given) is filled with the machine-readable result (:func:`json_report`).
     """
 
     bp = Path(baseline_path)
@@ -396,9 +411,13 @@ def regress(baseline_path: str | Path, spec_path: str | Path | None = None, back
     cur = make_baseline(spec, per_seed, bp, old_tol)
     if update:
         write_json(bp, cur)
+        if report is not None:
+            report.update(json_report(bp, cur, {}, {}, updated=True))
         return True, f"baseline written: {bp} ({len(cur['frontier'])} frontier points x {len(cur['seeds'])} seeds)", cur
     notes: dict[str, list[str]] = {}
     diffs = compare(base, cur, notes, exact)
+    if report is not None:
+        report.update(json_report(bp, base, diffs, notes, exact=exact, points=len(cur["frontier"])))
     if not diffs:
         n_pol = len({r["policy"] for r in cur["frontier"]})
         return True, (f"frontiers match the baseline {bp}: {len(cur['frontier'])} points, {n_pol} policies "
