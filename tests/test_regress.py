@@ -209,3 +209,24 @@ def test_json_report_is_one_object_on_stdout_pass_or_fail(monkeypatch, capsys):
     rep = json.loads(out)
     assert rep["passed"] is False and rep["failed_policies"] == ["fixed:7"]
     assert any("mean_verify_len 7 -> 0 (-100.00%" in d for d in rep["differences"]["fixed:7"])
+
+
+def test_the_specs_regress_threshold_is_applied_over_a_baseline_edited_to_another(tmp_path, monkeypatch):
+    """The rule's settings are the defaults, then the baseline's, then the spec's [regress] table (tolerances());
+    the comparison read the baseline's alone, so a baseline edited to threshold 10 (1000%) passed a policy that
+    verifies nothing while sweeps/regress.toml says threshold = 0.02. The spec's value is applied, with a note."""
+    text = (REPO / "sweeps" / "regress.toml").read_text().replace(
+        '"none", "mtp1", "fixed:7", "threshold:0.5", "goodput", "confidence", "confidence-async:2", "oracle"',
+        '"fixed:7"').replace("concurrency = [1, 8, 32, 96]", "concurrency = [8]")
+    assert "threshold = 0.02" in text
+    spec = tmp_path / "small.toml"
+    spec.write_text(text)
+    bl = tmp_path / "baseline.json"
+    assert regress(bl, spec_path=spec, backend="serial", update=True)[0]
+    doc = json.loads(bl.read_text())
+    doc["tolerances"]["threshold"] = 10.0
+    bl.write_text(json.dumps(doc))
+    monkeypatch.setattr(Fixed, "choose", lambda self, ctx: np.zeros(ctx.n, dtype=np.int64))
+    ok, msg, _ = regress(bl, backend="serial")
+    assert not ok and "mean_verify_len 7 -> 0 (-100.00%" in msg and "exceeds 2%" in msg, msg
+    assert "threshold 10 in the baseline" in msg, msg

@@ -363,10 +363,22 @@ def _notes_text(notes: Mapping[str, Sequence[str]]) -> str:
     if not notes:
         return ""
     lines = ["note: changes that are not failures (flag flips; a metric with a value at some seed in one run "
-             "only):"]
+             "only; spec edits outside what regress reads, baseline settings the spec overrides):"]
     for pol in sorted(notes):
         lines.extend(f"  {pol}: {n}" for n in notes[pol])
     return "\n" + "\n".join(lines)
+
+
+def _spec_tolerances(base: dict[str, Any], tol: Mapping[str, float], notes: dict[str, list[str]]) -> dict[str, Any]:
+    """``base`` judged by ``tol`` (the spec's [regress] over the baseline's settings, as tolerances() resolves
+    them); a setting of the baseline's that the spec overrides is a note."""
+    own = {**DEFAULT_TOLERANCES, **base["tolerances"]}
+    moved = [f"{k} {own[k]:g} in the baseline, {tol[k]:g} in the spec's [regress]" for k in DEFAULT_TOLERANCES
+             if float(own[k]) != tol[k]]
+    if not moved:
+        return base
+    notes.setdefault("(spec)", []).append("; ".join(moved) + ": the spec's applied")
+    return {**base, "tolerances": dict(tol)}
 
 
 def json_report(baseline_path: str | Path, doc: Mapping[str, Any], diffs: Mapping[str, Sequence[str]],
@@ -415,6 +427,7 @@ def regress(baseline_path: str | Path, spec_path: str | Path | None = None, back
             report.update(json_report(bp, cur, {}, {}, updated=True))
         return True, f"baseline written: {bp} ({len(cur['frontier'])} frontier points x {len(cur['seeds'])} seeds)", cur
     notes: dict[str, list[str]] = {}
+    base = _spec_tolerances(base, cur["tolerances"], notes)
     diffs = compare(base, cur, notes, exact)
     if report is not None:
         report.update(json_report(bp, base, diffs, notes, exact=exact, points=len(cur["frontier"])))
