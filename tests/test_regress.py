@@ -230,3 +230,16 @@ def test_the_specs_regress_threshold_is_applied_over_a_baseline_edited_to_anothe
     ok, msg, _ = regress(bl, backend="serial")
     assert not ok and "mean_verify_len 7 -> 0 (-100.00%" in msg and "exceeds 2%" in msg, msg
     assert "threshold 10 in the baseline" in msg, msg
+
+
+def test_a_policy_that_now_crashes_is_a_regression_under_it_not_bad_input(monkeypatch, capsys):
+    """A scheduler change that makes a policy raise failed the check as bad input (exit 2, `sweeps/regress.toml:
+    field 'cells'`), blaming the spec for the code; its cells ran for the baseline, so it is a regression (exit 1,
+    as `sweep` exits 1 on failed cells), named under that policy, the other policies compared as usual."""
+    def boom(self, ctx):
+        raise ValueError("injected crash")
+    monkeypatch.setattr(Fixed, "choose", boom)
+    assert main(["regress", "--baseline", str(BASELINE), "--backend", "serial", "--json"]) == 1
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["failed_policies"] == ["fixed:7"], rep["failed_policies"]
+    assert "load 8: cell failed at seed(s) 11, 12, 13: ValueError: injected crash" in rep["differences"]["fixed:7"]

@@ -224,8 +224,9 @@ def register(subparsers) -> None:
                                           "values; same seeds = same draws): a metric is flagged when the 95% "
                                           "t-interval of its paired per-seed relative changes excludes zero and "
                                           "their mean exceeds the threshold (2% unless [regress] threshold says "
-                                          "otherwise); exit 1 with each regression under the policy whose runs "
-                                          "changed.")
+                                          "otherwise). Exit 0 pass; 1 a regression (each under the policy whose "
+                                          "runs changed; a cell that now fails is one); 2 bad input (one line); "
+                                          "130 interrupted.")
     r.add_argument("--baseline", required=True, help="baseline JSON, e.g. tests/golden/regress_baseline.json")
     r.add_argument("--spec", default=None, help="sweep spec [the one the baseline names]")
     r.add_argument("--update", action="store_true", help="(re)write the baseline from the current results")

@@ -92,9 +92,11 @@ def tolerances(spec: SweepSpec, given: Mapping[str, Any] | None = None) -> dict[
 
 
 def compute(spec: SweepSpec, backend: str = "local", workers: int | None = None,
-            ray_address: str | None = None) -> pd.DataFrame:
+            ray_address: str | None = None, failures: list[tuple[str, Any, int, str]] | None = None
+            ) -> pd.DataFrame:
     """Run every cell over the spec's seeds (no cache: this is the check) and return the per-seed frontier table
-    (one row per policy x load x seed, ``seed`` column first)."""
+    (one row per policy x load x seed, ``seed`` column first). A cell that fails raises ConfigError, or, when
+    ``failures`` is given, is left out of the table and appended there as (policy, load, seed, error)."""
 
     extra = [k for k in spec.axes if k not in ("policy",) + LOAD_KEYS]
     if extra or "policy" not in spec.axes:
@@ -106,12 +108,18 @@ def compute(spec: SweepSpec, backend: str = "local", workers: int | None = None,
     make_backend(backend, workers, ray_address).run([Task(i, cfg) for i, (_, cfg) in enumerate(cells)],
                                                     lambda r: results.__setitem__(r["index"], r))
     bad = [(i, results[i]) for i in range(len(cells)) if not results[i]["ok"]]
-    if bad:
+    if bad and failures is None:
         i, r = bad[0]
         raise ConfigError(spec.source, "cells", f"{len(bad)} cell(s) failed, first {cells[i][0]} seed "
                           f"{cells[i][1].seed}: {r['error']}")
-    summaries = [results[i]["summary"] for i in range(len(cells))]
-    return frontier_table(summaries, [cfg for _, cfg in cells], seeded=True)
+    for i, r in bad:
+        key = cells[i][0]
+        failures.append((str(key["policy"]), key.get(spec.load_key, spec.base.get(spec.load_key)),
+                         cells[i][1].seed, r["error"]))
+    ok = [i for i in range(len(cells)) if results[i]["ok"]]
+    if not ok:      # every cell failed: no row to compare (each point is missing, each failure reported)
+        return pd.DataFrame(columns=["seed", "policy", "load", *METRICS, *FLAGS])
+    return frontier_table([results[i]["summary"] for i in ok], [cells[i][1] for i in ok], seeded=True)
 
 
 def _spec_sha(spec: SweepSpec) -> str:
@@ -419,7 +427,8 @@ def regress(baseline_path: str | Path, spec_path: str | Path | None = None, back
     line = unread_note(spec, "regress")
     if line and note is not None:
         note(line)
-    per_seed = compute(spec, backend, workers, ray_address)
+    failures: list[tuple[str, Any, int, str]] | None = None if update else []   # --update: a failure is refused
+    per_seed = compute(spec, backend, workers, ray_address, failures)
     cur = make_baseline(spec, per_seed, bp, old_tol)
     if update:
         write_json(bp, cur)
@@ -429,6 +438,12 @@ def regress(baseline_path: str | Path, spec_path: str | Path | None = None, back
     notes: dict[str, list[str]] = {}
     base = _spec_tolerances(base, cur["tolerances"], notes)
     diffs = compare(base, cur, notes, exact)
+    by_point: dict[tuple[str, Any, str], list[int]] = {}
+    for pol, load, seed, err in failures or ():   # a cell that ran for the baseline and fails now: a regression
+        by_point.setdefault((pol, _num(load), err), []).append(seed)
+    for (pol, load, err), seeds in by_point.items():
+        diffs.setdefault(pol, []).append(f"load {_fmt(load)}: cell failed at seed(s) "
+                                         f"{', '.join(map(str, seeds))}: {err}")
     if report is not None:
         report.update(json_report(bp, base, diffs, notes, exact=exact, points=len(cur["frontier"])))
     if not diffs:
