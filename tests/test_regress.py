@@ -243,3 +243,15 @@ def test_a_policy_that_now_crashes_is_a_regression_under_it_not_bad_input(monkey
     rep = json.loads(capsys.readouterr().out)
     assert rep["failed_policies"] == ["fixed:7"], rep["failed_policies"]
     assert "load 8: cell failed at seed(s) 11, 12, 13: ValueError: injected crash" in rep["differences"]["fixed:7"]
+
+
+def test_a_spec_given_that_is_not_the_baselines_is_named_as_such(tmp_path):
+    """--spec OTHER.toml against a baseline of sweeps/regress.toml said 'spec ../../sweeps/regress.toml changed
+    since the baseline was made', naming a file nobody edited; it now names the given spec as not the baseline's."""
+    base = load_baseline(BASELINE)
+    cur = json.loads(json.dumps(base))
+    cur["spec"], cur["spec_sha256"], cur["runs_sha256"] = "../../k5.toml", "x", "y"
+    d = compare(base, cur)
+    assert list(d) == ["(spec)"] and "k5.toml" in d["(spec)"][0] and "is not the baseline's" in d["(spec)"][0], d
+    cur["spec"] = base["spec"]
+    assert "changed since the baseline was made" in compare(base, cur)["(spec)"][0]

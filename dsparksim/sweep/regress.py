@@ -331,6 +331,11 @@ def _spec_change(baseline: Mapping[str, Any], current: Mapping[str, Any], add: C
         add("(spec)", f"spec {baseline['spec']} changed since the baseline was made, outside what regress reads "
                       "([base], [axes], [regress] are the same): the same runs are compared", note=True)
         return
+    if current.get("spec") not in (None, baseline["spec"]):   # --spec named another file than the baseline's
+        add("(spec)", f"spec {current['spec']} (relative to the baseline) is not the baseline's {baseline['spec']} "
+                      "and differs from it (sha256): not the same runs; give the baseline's spec, or make a "
+                      "baseline of this one with --update")
+        return
     add("(spec)", f"spec {baseline['spec']} changed since the baseline was made (sha256 differs); "
                   "regenerate it with --update if the change is intended")
 
