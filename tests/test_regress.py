@@ -255,3 +255,17 @@ def test_a_spec_given_that_is_not_the_baselines_is_named_as_such(tmp_path):
     assert list(d) == ["(spec)"] and "k5.toml" in d["(spec)"][0] and "is not the baseline's" in d["(spec)"][0], d
     cur["spec"] = base["spec"]
     assert "changed since the baseline was made" in compare(base, cur)["(spec)"][0]
+
+
+def test_a_flagged_change_prints_the_new_runs_mean_after_the_arrow():
+    """'A -> B (x%)': B was A x (1 + mean per-seed change), a figure neither run has where seeds move unequally
+    (num_requests_completed '37.3333 -> 31.7293' over three integer counts). B is the new run's mean now; x stays
+    the mean paired change the rule judges."""
+    base = load_baseline(BASELINE)
+    cur = json.loads(json.dumps(base))
+    m = "num_requests_completed"
+    vals = _point(base, "oracle", 32)[m]
+    new = [round(v * f) for v, f in zip(vals, (0.8, 0.85, 0.9))]
+    _point(cur, "oracle", 32)[m] = new
+    line = next(x for x in compare(base, cur)["oracle"] if m in x)
+    assert f"-> {sum(new) / 3:.6g} (" in line, (vals, new, line)

@@ -313,7 +313,7 @@ def compare(baseline: Mapping[str, Any], current: Mapping[str, Any],
                 continue
             ch = paired_change(b, n, conf)
             if ch is not None and flagged(ch, thr, atol):
-                add(pol, f"load {load:g}: {m} {_change_text(ch, conf)}")
+                add(pol, f"load {load:g}: {m} {_change_text(ch, conf, _new_mean(b, n))}")
         for f in FLAGS:
             fb, fn = list(w.get(f) or []), list(g.get(f) or [])
             flips = sum(bool(x) != bool(y) for x, y in zip(fb, fn))
@@ -340,13 +340,21 @@ def _spec_change(baseline: Mapping[str, Any], current: Mapping[str, Any], add: C
                   "regenerate it with --update if the change is intended")
 
 
-def _change_text(ch: tuple[float, float, float, float, int], conf: float) -> str:
+def _new_mean(base: Sequence[Any], new: Sequence[Any]) -> float:
+    """The new run's mean over the seeds paired_change compared (both values present)."""
+    vals = [float(y) for x, y in zip(base, new) if x is not None and y is not None]
+    return sum(vals) / len(vals)
+
+
+def _change_text(ch: tuple[float, float, float, float, int], conf: float, new_mean: float) -> str:
+    """'baseline mean -> new mean (mean paired change; its interval)': the change is the mean of the per-seed
+    changes, which is not the change of the means where seeds moved unequally."""
     bmean, mean, lo, hi, n = ch
     if bmean:
         pct = lambda v: f"{100 * v / abs(bmean):+.2f}%"  # noqa: E731
-        return (f"{_fmt(bmean)} -> {_fmt(bmean + mean)} ({pct(mean)}; paired {conf:.0%} CI {pct(lo)}..{pct(hi)}"
+        return (f"{_fmt(bmean)} -> {_fmt(new_mean)} ({pct(mean)}; paired {conf:.0%} CI {pct(lo)}..{pct(hi)}"
                 f" over {n} seed{'s' if n > 1 else ''})")
-    return f"{_fmt(bmean)} -> {_fmt(bmean + mean)} (paired {conf:.0%} CI {lo:+.4g}..{hi:+.4g} over {n} seeds)"
+    return f"{_fmt(bmean)} -> {_fmt(new_mean)} (paired {conf:.0%} CI {lo:+.4g}..{hi:+.4g} over {n} seeds)"
 
 
 def _fmt(v: Any) -> str:
