@@ -269,3 +269,17 @@ def test_a_flagged_change_prints_the_new_runs_mean_after_the_arrow():
     _point(cur, "oracle", 32)[m] = new
     line = next(x for x in compare(base, cur)["oracle"] if m in x)
     assert f"-> {sum(new) / 3:.6g} (" in line, (vals, new, line)
+
+
+def test_a_baseline_with_a_point_twice_is_refused(tmp_path, capsys):
+    """An edited (or merged) baseline holding one policy x load twice: the last copy was compared and the first
+    dropped without a word. One error line naming both entries, exit 2."""
+    doc = json.loads(BASELINE.read_text())
+    doc["spec"] = str(REPO / "sweeps" / "regress.toml")
+    doc["frontier"].append(json.loads(json.dumps(doc["frontier"][5])))
+    bad = tmp_path / "dup.json"
+    bad.write_text(json.dumps(doc))
+    assert main(["regress", "--baseline", str(bad), "--backend", "serial"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    n = len(doc["frontier"]) - 1
+    assert len(err) == 1 and f"frontier[{n}]" in err[0] and "frontier[5]" in err[0], err

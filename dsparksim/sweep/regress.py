@@ -207,9 +207,14 @@ def _check_doc(d: Mapping[str, Any], src: str, metrics_too: bool = True) -> None
         metrics = []
     if not isinstance(d["frontier"], list):
         raise InputError(src, "frontier", "expected a list of points")
+    seen: dict[tuple[str, float], int] = {}
     for i, r in enumerate(d["frontier"]):
         if not isinstance(r, dict) or "policy" not in r or not _is_num(r.get("load")):
             raise InputError(src, f"frontier[{i}]", "expected a point with policy and a numeric load")
+        j = seen.setdefault((str(r["policy"]), float(r["load"])), i)
+        if j != i:   # one of the two would be compared, the other dropped without a word
+            raise InputError(src, f"frontier[{i}]", f"policy {r['policy']!r} at load {r['load']:g} is already "
+                             f"frontier[{j}]; expected one point per policy and load")
         for m in metrics:
             vals = r.get(m)
             if not isinstance(vals, list) or len(vals) != len(seeds) or not all(
