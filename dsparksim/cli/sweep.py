@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import sys
 
 
@@ -167,10 +168,13 @@ def cmd_regress(args: argparse.Namespace) -> int:
     if args.update and args.exact:
         raise ConfigError("cli", "--exact", "would be ignored: --update writes the baseline without comparing; drop "
                           "one of the two")
+    report: dict = {}
     ok, text, _ = regress(args.baseline, spec_path=args.spec, backend=args.backend, workers=args.workers,
                           ray_address=args.ray_address, update=args.update, exact=args.exact,
-                          note=lambda line: print(line, file=sys.stderr))
-    if not (ok and args.quiet):     # --quiet: a pass is its exit status alone; a regression is always printed
+                          note=lambda line: print(line, file=sys.stderr), report=report)
+    if args.json:                   # one JSON object on stdout, pass or fail; the exit status is the same
+        print(json.dumps(report, indent=1))
+    elif not (ok and args.quiet):   # --quiet: a pass is its exit status alone; a regression is always printed
         print(text, file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1
 
@@ -220,8 +224,9 @@ def register(subparsers) -> None:
                                           "values; same seeds = same draws): a metric is flagged when the 95% "
                                           "t-interval of its paired per-seed relative changes excludes zero and "
                                           "their mean exceeds the threshold (2% unless [regress] threshold says "
-                                          "otherwise); exit 1 with each regression under the policy whose runs "
-                                          "changed.")
+                                          "otherwise). Exit 0 pass; 1 a regression (each under the policy whose "
+                                          "runs changed; a cell that now fails is one); 2 bad input (one line); "
+                                          "130 interrupted.")
     r.add_argument("--baseline", required=True, help="baseline JSON, e.g. tests/golden/regress_baseline.json")
     r.add_argument("--spec", default=None, help="sweep spec [the one the baseline names]")
     r.add_argument("--update", action="store_true", help="(re)write the baseline from the current results")
@@ -229,6 +234,9 @@ def register(subparsers) -> None:
                    help="flag any per-seed difference beyond atol + rtol x |baseline| (no interval, no "
                         "threshold): on the same seeds a deterministic simulator reproduces the baseline to the "
                         "last bit, so any change at all is flagged")
+    r.add_argument("--json", action="store_true",
+                   help="print the result as one JSON object on stdout instead of the readable report (passed, "
+                        "rule, per policy its differences and notes); the exit status is the same")
     _backend_args(r)
     r.set_defaults(func=cmd_regress)
 

@@ -92,9 +92,11 @@ def tolerances(spec: SweepSpec, given: Mapping[str, Any] | None = None) -> dict[
 
 
 def compute(spec: SweepSpec, backend: str = "local", workers: int | None = None,
-            ray_address: str | None = None) -> pd.DataFrame:
+            ray_address: str | None = None, failures: list[tuple[str, Any, int, str]] | None = None
+            ) -> pd.DataFrame:
     """Run every cell over the spec's seeds (no cache: this is the check) and return the per-seed frontier table
-    (one row per policy x load x seed, ``seed`` column first)."""
+    (one row per policy x load x seed, ``seed`` column first). A cell that fails raises ConfigError, or, when
+    ``failures`` is given, is left out of the table and appended there as (policy, load, seed, error)."""
 
     extra = [k for k in spec.axes if k not in ("policy",) + LOAD_KEYS]
     if extra or "policy" not in spec.axes:
@@ -106,16 +108,30 @@ def compute(spec: SweepSpec, backend: str = "local", workers: int | None = None,
     make_backend(backend, workers, ray_address).run([Task(i, cfg) for i, (_, cfg) in enumerate(cells)],
                                                     lambda r: results.__setitem__(r["index"], r))
     bad = [(i, results[i]) for i in range(len(cells)) if not results[i]["ok"]]
-    if bad:
+    if bad and failures is None:
         i, r = bad[0]
         raise ConfigError(spec.source, "cells", f"{len(bad)} cell(s) failed, first {cells[i][0]} seed "
                           f"{cells[i][1].seed}: {r['error']}")
-    summaries = [results[i]["summary"] for i in range(len(cells))]
-    return frontier_table(summaries, [cfg for _, cfg in cells], seeded=True)
+    for i, r in bad:
+        key = cells[i][0]
+        failures.append((str(key["policy"]), key.get(spec.load_key, spec.base.get(spec.load_key)),
+                         cells[i][1].seed, r["error"]))
+    ok = [i for i in range(len(cells)) if results[i]["ok"]]
+    if not ok:      # every cell failed: no row to compare (each point is missing, each failure reported)
+        return pd.DataFrame(columns=["seed", "policy", "load", *METRICS, *FLAGS])
+    return frontier_table([results[i]["summary"] for i in ok], [cells[i][1] for i in ok], seeded=True)
 
 
 def _spec_sha(spec: SweepSpec) -> str:
     return hashlib.sha256(Path(spec.source).read_bytes()).hexdigest()
+
+
+def _runs_sha(spec: SweepSpec) -> str:
+    """sha256 of what regress reads of the spec ([base], [axes] in order, [regress]): a comment, the sweep's name
+    or a [capacity] table (one file serves sweep, capacity and regress) leave the runs, and this hash, unchanged."""
+    doc = {"base": dict(spec.base), "axes": [[k, list(v)] for k, v in spec.axes.items()],
+           "regress": dict(spec.regress)}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def make_baseline(spec: SweepSpec, per_seed: pd.DataFrame, baseline_path: str | Path,
@@ -133,8 +149,8 @@ def make_baseline(spec: SweepSpec, per_seed: pd.DataFrame, baseline_path: str | 
         row.update({f: [bool(v) for v in g[f].fillna(False)] for f in FLAGS})
         points.append(row)
     return {"format": FORMAT, "spec": Path(rel).as_posix(), "spec_sha256": _spec_sha(spec),
-            "dsparksim_version": __version__, "seeds": seeds, "tolerances": tol, "rule": rule_text(tol),
-            "metrics": list(METRICS), "frontier": points}
+            "runs_sha256": _runs_sha(spec), "dsparksim_version": __version__, "seeds": seeds, "tolerances": tol,
+            "rule": rule_text(tol), "metrics": list(METRICS), "frontier": points}
 
 
 def _num(v: Any) -> Any:
@@ -168,11 +184,11 @@ def load_baseline(path: str | Path, old_ok: bool = False) -> dict[str, Any]:
         if k not in d:
             raise InputError(str(p), k, "required field missing")
     if got == FORMAT:
-        _check_doc(d, str(p))
+        _check_doc(d, str(p), metrics_too=not old_ok)   # --update rewrites the metrics (a newer baseline's too)
     return d
 
 
-def _check_doc(d: Mapping[str, Any], src: str) -> None:
+def _check_doc(d: Mapping[str, Any], src: str, metrics_too: bool = True) -> None:
     seeds = d["seeds"]
     if not isinstance(seeds, list) or not seeds:
         raise InputError(src, "seeds", f"expected a non-empty list of seeds, got {seeds!r}")
@@ -185,17 +201,40 @@ def _check_doc(d: Mapping[str, Any], src: str) -> None:
                 k == "confidence" and not 0 < v < 1):
             raise InputError(src, f"tolerances.{k}", f"expected a number >= 0 (confidence in (0, 1)), got {v!r}")
     metrics = d.get("metrics", list(METRICS))
+    if metrics_too:
+        _check_metrics(metrics, d.get("dsparksim_version"), src)
+    elif not isinstance(metrics, list):
+        metrics = []
     if not isinstance(d["frontier"], list):
         raise InputError(src, "frontier", "expected a list of points")
+    seen: dict[tuple[str, float], int] = {}
     for i, r in enumerate(d["frontier"]):
         if not isinstance(r, dict) or "policy" not in r or not _is_num(r.get("load")):
             raise InputError(src, f"frontier[{i}]", "expected a point with policy and a numeric load")
+        j = seen.setdefault((str(r["policy"]), float(r["load"])), i)
+        if j != i:   # one of the two would be compared, the other dropped without a word
+            raise InputError(src, f"frontier[{i}]", f"policy {r['policy']!r} at load {r['load']:g} is already "
+                             f"frontier[{j}]; expected one point per policy and load")
         for m in metrics:
             vals = r.get(m)
             if not isinstance(vals, list) or len(vals) != len(seeds) or not all(
                     v is None or _is_num(v) for v in vals):
                 raise InputError(src, f"frontier[{i}].{m}", f"expected {len(seeds)} per-seed numbers (or null), "
                                  f"got {vals!r}")
+
+
+def _check_metrics(metrics: Any, version: Any, src: str) -> None:
+    """The baseline's compared metrics: a non-empty list of metrics this version computes (a metric it does not
+    compute -- a baseline of a newer dsparksim, or a typo -- would be compared against nothing and pass)."""
+    if not isinstance(metrics, list) or not metrics or not all(isinstance(m, str) for m in metrics):
+        got = "an empty list: nothing would be compared" if metrics == [] else repr(metrics)
+        raise InputError(src, "metrics", f"expected a non-empty list of metric names (some of {', '.join(METRICS)}), "
+                         f"got {got}")
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown:
+        raise InputError(src, "metrics", f"{', '.join(map(repr, unknown))} not computed by this dsparksim "
+                         f"({__version__}; it compares {', '.join(METRICS)}); the baseline was written by dsparksim "
+                         f"{version}: compare with that version, or regenerate the baseline with --update")
 
 
 def _is_num(v: Any) -> bool:
@@ -252,9 +291,7 @@ def compare(baseline: Mapping[str, Any], current: Mapping[str, Any],
 
     if list(baseline.get("seeds") or []) != list(current.get("seeds") or []):
         add("(spec)", f"seeds {baseline.get('seeds')} -> {current.get('seeds')}: not the same runs")
-    if baseline.get("spec_sha256") != current.get("spec_sha256"):
-        add("(spec)", f"spec {baseline['spec']} changed since the baseline was made (sha256 differs); "
-                      "regenerate it with --update if the change is intended")
+    _spec_change(baseline, current, add)
     want = {(r["policy"], r["load"]): r for r in baseline["frontier"]}
     got = {(r["policy"], r["load"]): r for r in current["frontier"]}
     for k in sorted(set(want) | set(got), key=lambda k: (str(k[0]), float(k[1]))):
@@ -281,7 +318,7 @@ def compare(baseline: Mapping[str, Any], current: Mapping[str, Any],
                 continue
             ch = paired_change(b, n, conf)
             if ch is not None and flagged(ch, thr, atol):
-                add(pol, f"load {load:g}: {m} {_change_text(ch, conf)}")
+                add(pol, f"load {load:g}: {m} {_change_text(ch, conf, _new_mean(b, n))}")
         for f in FLAGS:
             fb, fn = list(w.get(f) or []), list(g.get(f) or [])
             flips = sum(bool(x) != bool(y) for x, y in zip(fb, fn))
@@ -290,13 +327,39 @@ def compare(baseline: Mapping[str, Any], current: Mapping[str, Any],
     return diffs
 
 
-def _change_text(ch: tuple[float, float, float, float, int], conf: float) -> str:
+def _spec_change(baseline: Mapping[str, Any], current: Mapping[str, Any], add: Callable[..., None]) -> None:
+    """A spec edited since the baseline: a failure when what regress reads changed (runs_sha256; a baseline
+    without it: the file's bytes), a note when only the rest of the file did (comments, name, [capacity])."""
+    if baseline.get("spec_sha256") == current.get("spec_sha256"):
+        return
+    if "runs_sha256" in baseline and baseline.get("runs_sha256") == current.get("runs_sha256"):
+        add("(spec)", f"spec {baseline['spec']} changed since the baseline was made, outside what regress reads "
+                      "([base], [axes], [regress] are the same): the same runs are compared", note=True)
+        return
+    if current.get("spec") not in (None, baseline["spec"]):   # --spec named another file than the baseline's
+        add("(spec)", f"spec {current['spec']} (relative to the baseline) is not the baseline's {baseline['spec']} "
+                      "and differs from it (sha256): not the same runs; give the baseline's spec, or make a "
+                      "baseline of this one with --update")
+        return
+    add("(spec)", f"spec {baseline['spec']} changed since the baseline was made (sha256 differs); "
+                  "regenerate it with --update if the change is intended")
+
+
+def _new_mean(base: Sequence[Any], new: Sequence[Any]) -> float:
+    """The new run's mean over the seeds paired_change compared (both values present)."""
+    vals = [float(y) for x, y in zip(base, new) if x is not None and y is not None]
+    return sum(vals) / len(vals)
+
+
+def _change_text(ch: tuple[float, float, float, float, int], conf: float, new_mean: float) -> str:
+    """'baseline mean -> new mean (mean paired change; its interval)': the change is the mean of the per-seed
+    changes, which is not the change of the means where seeds moved unequally."""
     bmean, mean, lo, hi, n = ch
     if bmean:
         pct = lambda v: f"{100 * v / abs(bmean):+.2f}%"  # noqa: E731
-        return (f"{_fmt(bmean)} -> {_fmt(bmean + mean)} ({pct(mean)}; paired {conf:.0%} CI {pct(lo)}..{pct(hi)}"
+        return (f"{_fmt(bmean)} -> {_fmt(new_mean)} ({pct(mean)}; paired {conf:.0%} CI {pct(lo)}..{pct(hi)}"
                 f" over {n} seed{'s' if n > 1 else ''})")
-    return f"{_fmt(bmean)} -> {_fmt(bmean + mean)} (paired {conf:.0%} CI {lo:+.4g}..{hi:+.4g} over {n} seeds)"
+    return f"{_fmt(bmean)} -> {_fmt(new_mean)} (paired {conf:.0%} CI {lo:+.4g}..{hi:+.4g} over {n} seeds)"
 
 
 def _fmt(v: Any) -> str:
@@ -326,20 +389,47 @@ def _notes_text(notes: Mapping[str, Sequence[str]]) -> str:
     if not notes:
         return ""
     lines = ["note: changes that are not failures (flag flips; a metric with a value at some seed in one run "
-             "only):"]
+             "only; spec edits outside what regress reads, baseline settings the spec overrides):"]
     for pol in sorted(notes):
         lines.extend(f"  {pol}: {n}" for n in notes[pol])
     return "\n" + "\n".join(lines)
 
 
+def _spec_tolerances(base: dict[str, Any], tol: Mapping[str, float], notes: dict[str, list[str]]) -> dict[str, Any]:
+    """``base`` judged by ``tol`` (the spec's [regress] over the baseline's settings, as tolerances() resolves
+    them); a setting of the baseline's that the spec overrides is a note."""
+    own = {**DEFAULT_TOLERANCES, **base["tolerances"]}
+    moved = [f"{k} {own[k]:g} in the baseline, {tol[k]:g} in the spec's [regress]" for k in DEFAULT_TOLERANCES
+             if float(own[k]) != tol[k]]
+    if not moved:
+        return base
+    notes.setdefault("(spec)", []).append("; ".join(moved) + ": the spec's applied")
+    return {**base, "tolerances": dict(tol)}
+
+
+def json_report(baseline_path: str | Path, doc: Mapping[str, Any], diffs: Mapping[str, Sequence[str]],
+                notes: Mapping[str, Sequence[str]], exact: bool = False, updated: bool = False,
+                points: int | None = None) -> dict[str, Any]:
+    """The result as one JSON object (``regress --json``): passed, the rule, and per policy (``(spec)`` for the
+    spec and seeds) the readable lines of its differences (failures) and notes (never failures)."""
+    return {"format": "dsparksim-regress-report/1", "passed": not diffs, "updated": updated,
+            "baseline": str(baseline_path), "dsparksim_version": __version__, "seeds": list(doc.get("seeds") or []),
+            "rule": _tol_text(doc["tolerances"], doc.get("seeds"), exact), "exact": exact,
+            "points": len(doc["frontier"]) if points is None else points,
+            "failed_policies": sorted(diffs), "differences": {k: list(v) for k, v in sorted(diffs.items())},
+            "notes": {k: list(v) for k, v in sorted(notes.items())}}
+
+
 def regress(baseline_path: str | Path, spec_path: str | Path | None = None, backend: str = "local",
             workers: int | None = None, ray_address: str | None = None,
             update: bool = False, exact: bool = False,
-            note: Callable[[str], None] | None = None) -> tuple[bool, str, dict[str, Any]]:
+            note: Callable[[str], None] | None = None, report: dict[str, Any] | None = None
+            ) -> tuple[bool, str, dict[str, Any]]:
     """Recompute the baseline's sweep and compare. Returns (passed, readable report, current document).
 
     With ``update`` the baseline file is (re)written from the current results (``spec_path`` required if the
     baseline does not exist yet). ``note``: told the one line naming what of the spec regress does not read.
+    ``report`` (when given) is filled with the machine-readable result (:func:`json_report`).
     """
 
     bp = Path(baseline_path)
@@ -355,13 +445,25 @@ def regress(baseline_path: str | Path, spec_path: str | Path | None = None, back
     line = unread_note(spec, "regress")
     if line and note is not None:
         note(line)
-    per_seed = compute(spec, backend, workers, ray_address)
+    failures: list[tuple[str, Any, int, str]] | None = None if update else []   # --update: a failure is refused
+    per_seed = compute(spec, backend, workers, ray_address, failures)
     cur = make_baseline(spec, per_seed, bp, old_tol)
     if update:
         write_json(bp, cur)
+        if report is not None:
+            report.update(json_report(bp, cur, {}, {}, updated=True))
         return True, f"baseline written: {bp} ({len(cur['frontier'])} frontier points x {len(cur['seeds'])} seeds)", cur
     notes: dict[str, list[str]] = {}
+    base = _spec_tolerances(base, cur["tolerances"], notes)
     diffs = compare(base, cur, notes, exact)
+    by_point: dict[tuple[str, Any, str], list[int]] = {}
+    for pol, load, seed, err in failures or ():   # a cell that ran for the baseline and fails now: a regression
+        by_point.setdefault((pol, _num(load), err), []).append(seed)
+    for (pol, load, err), seeds in by_point.items():
+        diffs.setdefault(pol, []).append(f"load {_fmt(load)}: cell failed at seed(s) "
+                                         f"{', '.join(map(str, seeds))}: {err}")
+    if report is not None:
+        report.update(json_report(bp, base, diffs, notes, exact=exact, points=len(cur["frontier"])))
     if not diffs:
         n_pol = len({r["policy"] for r in cur["frontier"]})
         return True, (f"frontiers match the baseline {bp}: {len(cur['frontier'])} points, {n_pol} policies "
