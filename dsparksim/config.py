@@ -377,6 +377,7 @@ class RunConfig:
     seed: int = option(0, "--seed", parse=nonneg_int, kinds=INT, group="", help="random seed [%(default)s]")
 
     def __post_init__(self) -> None:
+        _check_parts(self)
         if self.confidence not in ("sts", "raw"):
             raise ConfigError("config", "confidence", f"expected 'sts' or 'raw', got {self.confidence!r}")
         if self.warmup_s is not None and not (math.isfinite(self.warmup_s) and self.warmup_s >= 0):
@@ -480,6 +481,18 @@ class RunConfig:
 
     def replace(self, **kw: Any) -> "RunConfig":
         return dataclasses.replace(self, **kw)
+
+
+def _check_parts(cfg: "RunConfig") -> None:
+    """ConfigError unless ``engine`` is an EngineConfig and ``traffic`` a TrafficConfig (or None: not set yet; a
+    run needs one) -- from Python a dict or None would otherwise fail deep inside the simulation."""
+    from dsparksim.traffic.config import TrafficConfig  # lazy: keeps this module import-light (numpy)
+
+    if not isinstance(cfg.engine, EngineConfig):
+        raise ConfigError("config", "engine", f"expected an EngineConfig, got {cfg.engine!r}")
+    if cfg.traffic is not None and not isinstance(cfg.traffic, TrafficConfig):
+        raise ConfigError("config", "traffic", f"expected a TrafficConfig (dsparksim.traffic.config), got "
+                          f"{cfg.traffic!r}")
 
 
 def jsonable(x: Any) -> Any:

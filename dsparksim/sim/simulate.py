@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 
 from dsparksim.config import RunConfig, jsonable
+from dsparksim.errors import ConfigError
 from dsparksim.sim.cluster import SimResult, Simulation
 from dsparksim.sim.inputs import engine_limits, max_model_len, resolve_inputs  # noqa: F401  (engine_limits: re-export)
 from dsparksim.sim.streams import RequestStreams
@@ -100,6 +101,9 @@ def prepare(cfg: RunConfig, progress: Callable[[float], None] | None = None, *, 
             cache: dict | None = None, wrap_policy: Callable[[Any], Any] | None = None,
             shard: tuple[int, int] | None = None) -> Prepared:
     """Resolve ``cfg`` and build its Simulation (not run); ``shard``: only replicas lo..hi-1 (dsparksim.sim.shard)."""
+    if cfg.traffic is None:
+        raise ConfigError("config", "traffic", "a run needs its load: RunConfig(traffic=TrafficConfig(...)), or "
+                          "RunConfig.from_options({...}) (closed loop of 32 users for 60 s by default)")
     rngs = run_streams(cfg.seed)
     # profile, policy, K, acceptance, drafter and engine limits (dsparksim.sim.inputs)
     ri = resolve_inputs(cfg, profile=profile, cache=cache)
