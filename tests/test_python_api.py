@@ -23,3 +23,32 @@ def test_run_without_traffic_is_a_config_error():
 def test_run_parts_must_be_their_configs(kw, field):
     with pytest.raises(ConfigError, match=rf"field '{field}': expected an? (Engine|Traffic)Config"):
         RunConfig(**kw)
+
+
+@pytest.mark.parametrize("field, value", [("block_size", 6.5), ("block_size", "7"), ("max_num_seqs", 2.5),
+                                          ("prefill_chunk_tokens", 512.5), ("kv_capacity_tokens", 100000.5),
+                                          ("max_batched_tokens", 4096.0), ("replicas", True)])
+def test_engine_integer_fields_take_integers(field, value):
+    # before: block_size 6.5 ran as K=6, "7" and 2.5 raised TypeError, 512.5 an IndexError, 100000.5 was kept
+    with pytest.raises(ConfigError, match=rf"field '{field}': expected an integer, got {value!r}"):
+        EngineConfig(**{field: value})
+
+
+@pytest.mark.parametrize("field", ["pad_verify", "mixed_prefill", "extrapolate", "disaggregated"])
+def test_engine_switches_take_booleans(field):
+    # before: pad_verify="no" is truthy and padded every step
+    with pytest.raises(ConfigError, match=rf"field '{field}': expected True or False, got 'no'"):
+        EngineConfig(**{field: "no"})
+
+
+def test_recalibrate_takes_a_boolean():
+    with pytest.raises(ConfigError, match=r"field 'recalibrate': expected True or False, got 'no'"):
+        RunConfig(recalibrate="no", traffic=TRAFFIC)
+
+
+def test_numpy_integers_are_stored_as_int():
+    np = pytest.importorskip("numpy")
+    e = EngineConfig(block_size=np.int64(5), max_num_seqs=np.int32(8), kv_capacity_tokens=np.int64(100_000))
+    assert (e.block_size, e.max_num_seqs, e.kv_capacity_tokens) == (5, 8, 100_000)
+    assert {type(e.block_size), type(e.max_num_seqs), type(e.kv_capacity_tokens)} == {int}
+    assert EngineConfig().kv_capacity_tokens is None and EngineConfig(mixed_prefill=False).mixed_prefill is False
