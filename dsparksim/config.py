@@ -406,6 +406,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         _check_parts(self)
         _check_types(self, (), ("recalibrate",))
+        if isinstance(self.seed, numbers.Integral) and not isinstance(self.seed, (bool, int)):
+            object.__setattr__(self, "seed", int(self.seed))   # a numpy integer, stored as int
         if self.confidence not in ("sts", "raw"):
             raise ConfigError("config", "confidence", f"expected 'sts' or 'raw', got {self.confidence!r}")
         if self.warmup_s is not None and not (math.isfinite(self.warmup_s) and self.warmup_s >= 0):

@@ -52,3 +52,18 @@ def test_numpy_integers_are_stored_as_int():
     assert (e.block_size, e.max_num_seqs, e.kv_capacity_tokens) == (5, 8, 100_000)
     assert {type(e.block_size), type(e.max_num_seqs), type(e.kv_capacity_tokens)} == {int}
     assert EngineConfig().kv_capacity_tokens is None and EngineConfig(mixed_prefill=False).mixed_prefill is False
+
+
+def test_numpy_loads_and_seeds_are_stored_as_int():
+    # before: TrafficConfig(concurrency=np.int64(4)) was refused as "expected an integer >= 1, got np.int64(4)"
+    np = pytest.importorskip("numpy")
+    t = TrafficConfig(concurrency=np.int64(4), duration_s=np.float64(2.0))
+    assert t.concurrency == 4 and type(t.concurrency) is int
+    t = TrafficConfig(mode="poisson", rate=2.0, num_requests=np.int32(10), max_concurrency=np.int64(3),
+                      num_warmup_prompts=np.int64(2))
+    assert (t.num_requests, t.max_concurrency, t.num_warmup_prompts) == (10, 3, 2)
+    assert {type(t.num_requests), type(t.max_concurrency), type(t.num_warmup_prompts)} == {int}
+    cfg = RunConfig(seed=np.int64(3), traffic=TRAFFIC)
+    assert cfg.seed == 3 and type(cfg.seed) is int
+    with pytest.raises(ConfigError, match=r"field 'concurrency': expected an integer >= 1, got 2.5"):
+        TrafficConfig(concurrency=2.5, duration_s=1.0)
