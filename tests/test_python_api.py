@@ -67,3 +67,11 @@ def test_numpy_loads_and_seeds_are_stored_as_int():
     assert cfg.seed == 3 and type(cfg.seed) is int
     with pytest.raises(ConfigError, match=r"field 'concurrency': expected an integer >= 1, got 2.5"):
         TrafficConfig(concurrency=2.5, duration_s=1.0)
+
+
+@pytest.mark.parametrize("spec, what", [(7, "expected a spec string"), (None, "expected a spec string"),
+                                        ("  ", "empty")])
+def test_policy_spec_that_is_not_a_string(spec, what):
+    # before: RunConfig(policy=7) failed as "bad spec 7: empty"
+    with pytest.raises(ConfigError, match=rf"field 'policy': bad spec {spec!r}: {what}; valid specs: none, mtp1"):
+        simulate(RunConfig(policy=spec, traffic=TRAFFIC))
