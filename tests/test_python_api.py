@@ -75,3 +75,19 @@ def test_policy_spec_that_is_not_a_string(spec, what):
     # before: RunConfig(policy=7) failed as "bad spec 7: empty"
     with pytest.raises(ConfigError, match=rf"field 'policy': bad spec {spec!r}: {what}; valid specs: none, mtp1"):
         simulate(RunConfig(policy=spec, traffic=TRAFFIC))
+
+
+def test_requests_in_process_are_requests_csv(tmp_path):
+    # before: RunOutput.requests() had no ``measured`` column, the one docs/outputs.md says to select by
+    import pandas as pd
+
+    from dsparksim.sim.simulate import write_run
+
+    out = simulate(RunConfig(traffic=TrafficConfig(concurrency=4, duration_s=3.0), seed=2))
+    req = out.requests()
+    arr = req["arrival_s"].to_numpy(float)
+    assert (req["measured"] == (arr >= out.summary["warmup_s"])).all() and (~req["measured"]).any()
+    write_run(out, tmp_path / "run")
+    back = pd.read_csv(tmp_path / "run" / "requests.csv")
+    assert list(back.columns) == list(req.columns)
+    assert (back["measured"] == req["measured"]).all()
