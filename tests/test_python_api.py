@@ -91,3 +91,17 @@ def test_requests_in_process_are_requests_csv(tmp_path):
     back = pd.read_csv(tmp_path / "run" / "requests.csv")
     assert list(back.columns) == list(req.columns)
     assert (back["measured"] == req["measured"]).all()
+
+
+def test_plot_helpers_return_their_figure(tmp_path):
+    # before: plot_frontier / plot_verify_budget only saved (returned None); a notebook could not show the figure
+    from matplotlib.figure import Figure
+
+    from dsparksim.results.frontier import cells, frontier_table, run_cells
+    from dsparksim.results.plots import plot_frontier, plot_verify_budget
+
+    cfgs = cells(RunConfig(traffic=TRAFFIC), ["mtp1", "confidence"], [1, 4])
+    df = frontier_table(run_cells(cfgs), cfgs)
+    for plot, name in ((plot_frontier, "f.png"), (plot_verify_budget, "v.png")):
+        fig = plot(df, tmp_path / name)
+        assert isinstance(fig, Figure) and fig.axes and (tmp_path / name).stat().st_size > 0
