@@ -507,9 +507,11 @@ class RunConfig:
             raise bad(key, e.message) from None
 
     def to_dict(self) -> dict[str, Any]:
+        """The configuration as plain JSON values (config.json's ``config``), engine and traffic nested."""
         return jsonable(dataclasses.asdict(self))
 
     def replace(self, **kw: Any) -> "RunConfig":
+        """A copy with the given fields replaced (checked again); the config itself is frozen."""
         return dataclasses.replace(self, **kw)
 
 

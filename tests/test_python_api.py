@@ -105,3 +105,26 @@ def test_plot_helpers_return_their_figure(tmp_path):
     for plot, name in ((plot_frontier, "f.png"), (plot_verify_budget, "v.png")):
         fig = plot(df, tmp_path / name)
         assert isinstance(fig, Figure) and fig.axes and (tmp_path / name).stat().st_size > 0
+
+
+def test_notebook_api_is_documented():
+    """Every public function, class and method of the modules a notebook uses has a docstring."""
+    import importlib
+    import inspect
+
+    missing = []
+    for name in ("dsparksim.config", "dsparksim.sim.simulate", "dsparksim.traffic.config", "dsparksim.results.frontier",
+                 "dsparksim.results.plots", "dsparksim.sweep.capacity", "dsparksim.sweep.spec",
+                 "dsparksim.cost.profile", "dsparksim.acceptance", "dsparksim.policies"):
+        mod = importlib.import_module(name)
+        for n in getattr(mod, "__all__", None) or [n for n in dir(mod) if not n.startswith("_")]:
+            obj = getattr(mod, n)
+            if not (inspect.isfunction(obj) or inspect.isclass(obj)) or obj.__module__ != name:
+                continue
+            doc = inspect.getdoc(obj) or ""
+            if not doc or (inspect.isclass(obj) and doc.startswith(f"{obj.__name__}(")):   # dataclass's own
+                missing.append(f"{name}.{n}")
+            if inspect.isclass(obj):
+                missing += [f"{name}.{n}.{a}" for a, f in vars(obj).items()
+                            if not a.startswith("_") and inspect.isfunction(f) and not (f.__doc__ or "").strip()]
+    assert not missing, missing
