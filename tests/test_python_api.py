@@ -144,3 +144,21 @@ def test_docs_python_snippet_runs():
     exec(compile(blocks[0], "docs/notebooks.md", "exec"), ns)
     assert isinstance(ns["fig"], Figure) and len(ns["table"]) == 6 and len(ns["measured"]) > 0
     assert set(ns["gains"]["policy"]) == {"confidence"}
+
+
+@pytest.mark.parametrize("load", [2.5, 7.9, "4", True])
+def test_frontier_cells_refuse_fractional_users(load):
+    # before: cells(base, pols, [7.9]) ran 7 users and labelled the point 7
+    from dsparksim.results.frontier import cells
+
+    with pytest.raises(ConfigError, match=r"field 'loads': a closed-loop load level is a whole number of users"):
+        cells(RunConfig(traffic=TRAFFIC), ["mtp1"], [load])
+
+
+def test_frontier_cells_take_whole_floats_and_numpy():
+    np = pytest.importorskip("numpy")
+    from dsparksim.results.frontier import cells
+
+    cs = cells(RunConfig(traffic=TRAFFIC), ["mtp1"], [8.0, np.int64(16), *np.geomspace(1, 4, 3).round()])
+    assert [c.traffic.concurrency for c in cs] == [8, 16, 1, 2, 4]
+    assert {type(c.traffic.concurrency) for c in cs} == {int}
