@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -63,6 +64,31 @@ def _check_router(spec: str) -> None:
     from dsparksim.sim.routers import router_class  # lazy: the routers module grows with the replica engine
 
     router_class(spec)
+
+
+# Fields typed from Python (the command line parses them): an integer field takes an int (a numpy integer is stored
+# as int); a float such as 6.5 would be truncated and a string fail deep inside a run. A switch takes True or False:
+# the string "no" is truthy. None stays None where the field allows it (its default is None).
+ENGINE_INTS = ("block_size", "kv_capacity_tokens", "max_num_seqs", "max_batched_tokens", "prefill_chunk_tokens",
+               "replicas", "dp_ranks", "dp_balance_timeout_iters", "dp_balance_wait_iters", "batch_wait_timeout_iters",
+               "kv_page_tokens", "prefill_replicas", "cuda_graph_max_bs", "tensor_parallel_size")
+ENGINE_BOOLS = ("extrapolate", "disaggregated", "mixed_prefill", "pad_verify")
+
+
+def _check_types(obj: Any, ints: tuple[str, ...], bools: tuple[str, ...]) -> None:
+    """ConfigError naming the field unless each of ``ints`` is an integer (numpy integers stored as int) and each of
+    ``bools`` True or False; a field whose default is None may be None."""
+    for name in ints + bools:
+        v = getattr(obj, name)
+        if v is None and _field_default(type(obj), name) is None:
+            continue
+        if name in bools:
+            if not isinstance(v, bool):
+                raise ConfigError("config", name, f"expected True or False, got {v!r}")
+        elif isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise ConfigError("config", name, f"expected an integer, got {v!r}")
+        elif type(v) is not int:
+            object.__setattr__(obj, name, int(v))
 
 
 def _count(name: str, v: Any, hi: int | None = None) -> None:
@@ -207,6 +233,7 @@ class EngineConfig:
         help="the deployment's TP: checked against the profile's metadata.tensor_parallel (a profile prices one TP)")
 
     def __post_init__(self) -> None:
+        _check_types(self, ENGINE_INTS, ENGINE_BOOLS)
         if not 1 <= self.block_size <= 15:
             raise ConfigError("config", "block_size", f"must be in 1..15, got {self.block_size}")
         if self.max_num_seqs < 1:
@@ -377,6 +404,10 @@ class RunConfig:
     seed: int = option(0, "--seed", parse=nonneg_int, kinds=INT, group="", help="random seed [%(default)s]")
 
     def __post_init__(self) -> None:
+        _check_parts(self)
+        _check_types(self, (), ("recalibrate",))
+        if isinstance(self.seed, numbers.Integral) and not isinstance(self.seed, (bool, int)):
+            object.__setattr__(self, "seed", int(self.seed))   # a numpy integer, stored as int
         if self.confidence not in ("sts", "raw"):
             raise ConfigError("config", "confidence", f"expected 'sts' or 'raw', got {self.confidence!r}")
         if self.warmup_s is not None and not (math.isfinite(self.warmup_s) and self.warmup_s >= 0):
@@ -476,10 +507,24 @@ class RunConfig:
             raise bad(key, e.message) from None
 
     def to_dict(self) -> dict[str, Any]:
+        """The configuration as plain JSON values (config.json's ``config``), engine and traffic nested."""
         return jsonable(dataclasses.asdict(self))
 
     def replace(self, **kw: Any) -> "RunConfig":
+        """A copy with the given fields replaced (checked again); the config itself is frozen."""
         return dataclasses.replace(self, **kw)
+
+
+def _check_parts(cfg: "RunConfig") -> None:
+    """ConfigError unless ``engine`` is an EngineConfig and ``traffic`` a TrafficConfig (or None: not set yet; a
+    run needs one) -- from Python a dict or None would otherwise fail deep inside the simulation."""
+    from dsparksim.traffic.config import TrafficConfig  # lazy: keeps this module import-light (numpy)
+
+    if not isinstance(cfg.engine, EngineConfig):
+        raise ConfigError("config", "engine", f"expected an EngineConfig, got {cfg.engine!r}")
+    if cfg.traffic is not None and not isinstance(cfg.traffic, TrafficConfig):
+        raise ConfigError("config", "traffic", f"expected a TrafficConfig (dsparksim.traffic.config), got "
+                          f"{cfg.traffic!r}")
 
 
 def jsonable(x: Any) -> Any:

@@ -48,7 +48,8 @@ def confidence_readers() -> list[str]:
 def make_policy(spec: str) -> Policy:
     """Build a policy from a spec such as 'confidence', 'fixed:7', 'threshold:0.6', 'confidence-async:2'."""
     if not isinstance(spec, str) or not spec.strip():
-        raise ConfigError(None, "policy", f"bad spec {spec!r}: empty; valid specs: {', '.join(list_specs())}")
+        what = "empty" if isinstance(spec, str) else "expected a spec string"
+        raise ConfigError(None, "policy", f"bad spec {spec!r}: {what}; valid specs: {', '.join(list_specs())}")
     spec = spec.strip()
     name, sep, arg = spec.partition(":")
     cls = REGISTRY.get(name)

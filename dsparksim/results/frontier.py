@@ -51,13 +51,25 @@ def cells(base: RunConfig, policies: Sequence[str], loads: Sequence[float],
             for load in loads:
                 t = b.traffic
                 if t.mode == "closed":
-                    t = dataclasses.replace(t, concurrency=int(load))
+                    t = dataclasses.replace(t, concurrency=_users(load))
                 elif t.mode == "trace":
                     t = dataclasses.replace(t, time_scale=float(load))
                 else:
                     t = dataclasses.replace(t, rate=float(load))
                 out.append(b.replace(policy=pol, traffic=t))
     return out
+
+
+def _users(load: Any) -> int:
+    """A closed-loop load level as its number of users: 8, 8.0 or a numpy integer; 7.9, True or '8' is a ConfigError
+    (int() would run 7.9 as 7 users and label the point 7)."""
+    try:
+        n = int(load)
+    except (TypeError, ValueError):
+        n = None
+    if isinstance(load, (bool, str)) or n is None or n != load:
+        raise ConfigError("frontier", "loads", f"a closed-loop load level is a whole number of users, got {load!r}")
+    return n
 
 
 def run_cells(cfgs: list[RunConfig], jobs: int = 1, on_done: Callable[[], None] | None = None,

@@ -219,10 +219,11 @@ def frontier_figure(df: pd.DataFrame, title: str = "", slos: Iterable[float] = (
 
 
 def plot_frontier(df: pd.DataFrame, path: str | Path, title: str = "", slos: Iterable[float] = (),
-                  load_name: str = "load", x: str | None = None) -> None:
-    """Write :func:`frontier_figure` to ``path``."""
+                  load_name: str = "load", x: str | None = None) -> Figure:
+    """Write :func:`frontier_figure` to ``path`` and return the figure (a notebook shows it)."""
     fig = frontier_figure(df, title=title, slos=list(slos), load_name=load_name, x=x)
     fig.savefig(path)
+    return fig
 
 
 def verify_budget_figure(df: pd.DataFrame, load_name: str = "load", profile: str | None = None) -> Figure:
@@ -254,7 +255,8 @@ def verify_budget_figure(df: pd.DataFrame, load_name: str = "load", profile: str
 
 
 def plot_verify_budget(df: pd.DataFrame, path: str | Path, load_name: str = "load",
-                       profile: str | None = None) -> None:
-    """Write :func:`verify_budget_figure` to ``path``."""
+                       profile: str | None = None) -> Figure:
+    """Write :func:`verify_budget_figure` to ``path`` and return the figure (a notebook shows it)."""
     fig = verify_budget_figure(df, load_name=load_name, profile=profile)
     fig.savefig(path)
+    return fig

@@ -659,6 +659,7 @@ def nothing_fits(n_rejected: int, kv_cap: int, max_model_len: int | None, any_to
 
 
 def pool_ran_out(n_rows: int | None, now: float, duration: float) -> ConfigError:
+    """The error of a duration-bound closed loop whose ``pool_size`` requests ran out at ``now``."""
     return ConfigError("config", "traffic.pool_size",
                        f"the closed-loop request pool ({n_rows} rows) ran out at t={now:.2f}s before the {duration}s "
                        "duration: raise the pool size (or leave it unset: unlimited)")

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 
 from dsparksim.config import RunConfig, jsonable
+from dsparksim.errors import ConfigError
 from dsparksim.sim.cluster import SimResult, Simulation
 from dsparksim.sim.inputs import engine_limits, max_model_len, resolve_inputs  # noqa: F401  (engine_limits: re-export)
 from dsparksim.sim.streams import RequestStreams
 from dsparksim.results.csvtable import table_cells, write_csv_cells
-from dsparksim.results.metrics import bench_serve_json, per_request_table, request_columns, summarize
+from dsparksim.results.metrics import bench_serve_json, request_columns, summarize
 from dsparksim.results.outputs import atomic_write, staged_dir
 from dsparksim.traffic import build_workload
 from dsparksim import __version__
@@ -31,6 +32,10 @@ __all__ = ["Prepared", "RunOutput", "prepare", "simulate", "write_run", "load_la
 
 @dataclass
 class RunOutput:
+    """One simulated run (:func:`simulate`): its ``config``, ``summary`` (summary.json's fields), the engine's raw
+    ``result`` (per-request arrays and the step log), the resolved ``inputs`` (config.json's provenance) and, once
+    :func:`write_run` built it, ``bench`` (bench_result.json's dict)."""
+
     config: RunConfig
     summary: dict[str, Any]
     result: SimResult
@@ -38,7 +43,12 @@ class RunOutput:
     bench: dict[str, Any] | None = None   # bench_result.json's dict, once write_run built it
 
     def requests(self) -> pd.DataFrame:
-        return per_request_table(self.result)
+        """requests.csv as a DataFrame: one row per issued request, the columns of
+        :func:`dsparksim.results.metrics.per_request_table` and ``measured`` (arrived in the measurement window:
+        the requests the summary's per-request metrics are over, when completed)."""
+        import pandas as pd  # lazy: pandas (~0.4 s of start-up; a run's summary needs none)
+
+        return pd.DataFrame(_request_file_columns(self))
 
 
 def load_label(cfg: RunConfig) -> Any:
@@ -100,6 +110,9 @@ def prepare(cfg: RunConfig, progress: Callable[[float], None] | None = None, *, 
             cache: dict | None = None, wrap_policy: Callable[[Any], Any] | None = None,
             shard: tuple[int, int] | None = None) -> Prepared:
     """Resolve ``cfg`` and build its Simulation (not run); ``shard``: only replicas lo..hi-1 (dsparksim.sim.shard)."""
+    if cfg.traffic is None:
+        raise ConfigError("config", "traffic", "a run needs its load: RunConfig(traffic=TrafficConfig(...)), or "
+                          "RunConfig.from_options({...}) (closed loop of 32 users for 60 s by default)")
     rngs = run_streams(cfg.seed)
     # profile, policy, K, acceptance, drafter and engine limits (dsparksim.sim.inputs)
     ri = resolve_inputs(cfg, profile=profile, cache=cache)

@@ -43,12 +43,14 @@ class Constraint:
         return f"{self.spelled or self.metric} {self.op} {self.value:g}"
 
     def holds(self, summary: Mapping[str, Any]) -> bool:
+        """The constraint holds on a run summary; a missing or non-finite value never holds."""
         if not measured(summary.get(self.metric)):
             return False  # no measurement (e.g. no request completed) never meets an SLO; check_slo says why
         return bool(_OPS[self.op](float(summary[self.metric]), self.value))
 
 
 def measured(v: Any) -> bool:
+    """``v`` is a finite number (not None, not a bool, not NaN or inf): a value an SLO can be judged on."""
     return not (v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v))
 
 
@@ -143,6 +145,10 @@ def rejected_term(summary: Mapping[str, Any]) -> str | None:
 
 @dataclass(frozen=True)
 class CapacitySettings:
+    """One capacity search (:func:`capacity_settings` builds it): the ``load`` axis searched between ``lo`` and
+    ``hi`` to ``tolerance``, the ``slo`` every probe must meet (and not saturate, unless ``require_unsaturated`` is
+    False), over ``seeds`` seeds."""
+
     load: str
     lo: float
     hi: float
@@ -156,6 +162,7 @@ class CapacitySettings:
         return self.load == "concurrency"
 
     def to_dict(self) -> dict[str, Any]:
+        """The settings as capacity.json states them (with the monotonicity assumption)."""
         d = {"load": self.load, "min": self.lo, "max": self.hi, "tolerance": self.tolerance,
              "slo": [str(c) for c in self.slo], "require_unsaturated": self.require_unsaturated,
              "assumption": "the SLO holds at every load below the capacity and fails above it (monotone)"}

@@ -113,12 +113,14 @@ class SweepSpec:
         return "concurrency"
 
     def n_cells(self) -> int:
+        """Cells of the sweep: the product of its axes' lengths."""
         n = 1
         for v in self.axes.values():
             n *= len(v)
         return n
 
     def to_dict(self) -> dict[str, Any]:
+        """The spec as plain values (sweep.json's ``spec``)."""
         return {"source": self.source, "name": self.name, "save_requests": self.save_requests,
                 "base": dict(self.base), "axes": {k: list(v) for k, v in self.axes.items()},
                 "capacity": dict(self.capacity), "regress": dict(self.regress)}

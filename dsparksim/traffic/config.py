@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import numbers
 from dataclasses import dataclass
 
 from dsparksim.io.options import BOOL, DEFAULT_DURATION_S, INT, NUM, nonneg_int, option, pos_float, pos_int
@@ -90,6 +91,10 @@ def range_ratio(s: str) -> float:
     if not 0.0 <= v <= 1.0:
         raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {s!r}")
     return v
+
+
+INT_FIELDS = ("concurrency", "max_concurrency", "num_warmup_prompts", "random_input_len", "random_output_len",
+              "num_requests", "max_prompt_tokens", "max_output_tokens", "pool_size")
 
 
 def _pos_int(name: str, v, required: bool = False) -> None:
@@ -272,6 +277,10 @@ class TrafficConfig:
     domain_drift: tuple[str, int, int] | None = None
 
     def __post_init__(self) -> None:
+        for name in INT_FIELDS:   # a numpy integer (a notebook's np.arange of loads) is stored as int
+            v = getattr(self, name)
+            if isinstance(v, numbers.Integral) and not isinstance(v, (bool, int)):
+                object.__setattr__(self, name, int(v))
         m = self.mode
         if m not in MODES:
             raise ConfigError(_SRC, "mode", f"expected one of {MODES}, got {m!r}")
