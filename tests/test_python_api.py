@@ -162,3 +162,20 @@ def test_frontier_cells_take_whole_floats_and_numpy():
     cs = cells(RunConfig(traffic=TRAFFIC), ["mtp1"], [8.0, np.int64(16), *np.geomspace(1, 4, 3).round()])
     assert [c.traffic.concurrency for c in cs] == [8, 16, 1, 2, 4]
     assert {type(c.traffic.concurrency) for c in cs} == {int}
+
+
+@pytest.mark.parametrize("target", [-5, 0, float("nan"), float("inf"), "60", True])
+def test_comparison_table_refuses_targets_that_are_no_per_user_speed(target):
+    """comparison_table(slos=[-5]) gave a row that only ever read 'outside the range'; it is refused now, naming
+    the argument, as the CLI's --slo is."""
+    import pandas as pd
+    from dsparksim.results.frontier import comparison_table
+    df = pd.DataFrame({"policy": ["mtp1", "mtp1", "fixed:3", "fixed:3"], "load": [1, 4, 1, 4],
+                       "output_throughput_tok_s": [100.0, 300.0, 120.0, 330.0],
+                       "tps_user_median": [90.0, 70.0, 110.0, 80.0], "saturated": [False] * 4})
+    with pytest.raises(ConfigError, match=r"needs the columns \['pareto'\]"):
+        comparison_table(df, "mtp1", [75.0])              # before: KeyError 'pareto'
+    df["pareto"] = True
+    assert len(comparison_table(df, "mtp1", [75.0]))       # a positive target is taken
+    with pytest.raises(ConfigError, match="slos.*positive per-user speed"):
+        comparison_table(df, "mtp1", [target])

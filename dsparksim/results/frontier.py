@@ -167,7 +167,8 @@ def frontier_table(summaries: list[dict[str, Any]], cfgs: Sequence[RunConfig] | 
 
 
 def mark_pareto(df: pd.DataFrame, series: Sequence[str]) -> pd.DataFrame:
-    """``df`` with its ``pareto`` column (re)computed per ``series`` group; saturated points are never Pareto."""
+    """``df`` itself with its ``pareto`` column (re)computed per ``series`` group, in place (pass a copy to keep the
+    original); saturated points are never Pareto."""
     df["pareto"] = False
     sat = df["saturated"].fillna(False).astype(bool) if "saturated" in df else pd.Series(False, index=df.index)
     for _, g in df.groupby(list(series), sort=False):
@@ -267,11 +268,21 @@ def comparison_table(df: pd.DataFrame, baseline: str = "mtp1", slos: Iterable[fl
     holds < NARROW_MIN_POINTS Pareto points of either frontier. Saturated points are never Pareto, so never used.
     """
 
+    missing = [c for c in ("policy", X, Y, "pareto") if c not in df]
+    if missing:
+        raise ConfigError("comparison_table", "df", f"a frontier table needs the columns {missing} (frontier.csv, "
+                                                    "or frontier_table(); mark_pareto() adds 'pareto')")
     policies = list(df["policy"].unique()) if len(df) else []
     if baseline not in policies:
         raise ConfigError("cli", "--baseline", f"baseline policy {baseline!r} is not among the frontier's policies "
                                                f"{policies}")
     slos = list(deprecated_slas(slos, slas))
+    for s in slos:
+        # a per-user speed target (tok/s/user): a zero, negative or non-finite one lies inside no frontier and would
+        # only ever read "outside the range"
+        if isinstance(s, bool) or not isinstance(s, (int, float, np.integer, np.floating)) or not 0 < s < math.inf:
+            raise ConfigError("comparison_table", "slos", f"expected positive per-user speed targets in tok/s/user, "
+                                                          f"got {s!r}")
     labels = series_labels(df)
     rows = []
     for dep in dict.fromkeys(labels):
