@@ -510,6 +510,35 @@ class RunConfig:
         """The configuration as plain JSON values (config.json's ``config``), engine and traffic nested."""
         return jsonable(dataclasses.asdict(self))
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], source: str = "config") -> "RunConfig":
+        """The RunConfig :meth:`to_dict` wrote (a run's config.json ``config``, a frontier's ``base_config``), every
+        part checked as when built; a key this version does not know is a ConfigError naming it and ``source``."""
+        from dsparksim.traffic.config import TrafficConfig  # lazy: keeps this module import-light (numpy)
+
+        def known(part: Any, kind: type, where: str) -> dict[str, Any]:
+            if not isinstance(part, Mapping):
+                raise ConfigError(source, where, f"expected an object, got {part!r}")
+            names = {f.name for f in dataclasses.fields(kind)}
+            extra = sorted(set(part) - names)
+            if extra:
+                raise ConfigError(source, where, f"unknown key(s) {extra} for {kind.__name__} (written by another "
+                                  "dsparksim version?)")
+            return dict(part)
+
+        run = known(d, cls, "config")
+        engine = EngineConfig(**known(run.pop("engine", {}), EngineConfig, "config.engine"))
+        traffic = run.pop("traffic", None)
+        if traffic is not None:
+            t = known(traffic, TrafficConfig, "config.traffic")
+            # JSON wrote the tuple fields as lists
+            if t.get("user_steps") is not None:
+                t["user_steps"] = tuple(tuple(step) for step in t["user_steps"])
+            if t.get("domain_drift") is not None:
+                t["domain_drift"] = tuple(t["domain_drift"])
+            traffic = TrafficConfig(**t)
+        return cls(engine=engine, traffic=traffic, **run)
+
     def replace(self, **kw: Any) -> "RunConfig":
         """A copy with the given fields replaced (checked again); the config itself is frozen."""
         return dataclasses.replace(self, **kw)
