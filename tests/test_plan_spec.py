@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+import dsparksim.plan as plan_mod
 from dsparksim.cli.main import main
 from dsparksim.plan import plan_from_dict
 from dsparksim.plan import search as search_mod
@@ -27,6 +28,18 @@ def no_cells(monkeypatch):
     monkeypatch.setattr(search_mod, "run_cells", boom)
     import dsparksim.sweep.backends as backends
     monkeypatch.setattr(backends, "execute_cell", boom)
+
+
+def _stderr_before_probes(d, tmp_path, monkeypatch, capsys) -> str:
+    """`dsparksim plan` on spec ``d``, stopped where the first probe would run (the notes and cautions come
+    before it: exit 130); its stderr."""
+    def stop(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(plan_mod, "run_plan", stop)
+    spec = tmp_path / "plan.toml"
+    spec.write_text(toml(d))
+    assert main(["plan", str(spec), "--out", str(tmp_path / "out")]) == 130
+    return capsys.readouterr().err
 
 
 def edit(f):
@@ -254,8 +267,6 @@ def test_prices_no_deployment_takes_are_noted_once(tmp_path, capsys, monkeypatch
     """A [prices] entry no candidate's GPU takes (a misspelt device, a GPU of no candidate, the second of two keys
     for one GPU) was never mentioned: the plan ran on the other key, or refused 'no price' without saying the
     entry that was meant went unused. One note names them; not an error."""
-    import dsparksim.plan as plan_pkg
-
     d = good()
     d["prices"] = {H100: 3.0, "A100": 1.5, "NVIDIA H100 SXM 80 GB": 9.0}
     spec = plan_from_dict(d)
@@ -266,14 +277,9 @@ def test_prices_no_deployment_takes_are_noted_once(tmp_path, capsys, monkeypatch
     d["prices"] = {"H100": 2.5}
     assert plan_from_dict(d).price_note() is None             # a short name taken by the device is used
 
-    def stop(*a, **k):     # the notes come before any probe: stop there
-        raise KeyboardInterrupt
-    monkeypatch.setattr(plan_pkg, "run_plan", stop)
     d["prices"] = {"H100": 2.5, "B200": 6.0}
-    p = tmp_path / "p.toml"
-    p.write_text(toml(d))
-    assert main(["plan", str(p), "--out", str(tmp_path / "o")]) == 130
-    lines = [ln for ln in capsys.readouterr().err.splitlines() if "[prices]" in ln]
+    err = _stderr_before_probes(d, tmp_path, monkeypatch, capsys)
+    lines = [ln for ln in err.splitlines() if "[prices]" in ln]
     assert lines == [f"dsparksim: note: [prices] 'B200' prices no deployment (unused; the deployments' GPUs are "
                      f"priced '{H100}' by 'H100')"], lines
 
@@ -309,21 +315,13 @@ def test_an_slo_latency_that_reads_as_milliseconds_is_cautioned(tmp_path, monkey
     """`tpot_p99_s <= 50` (meant 50 ms) is 50 s per token: every deployment meets it, and the plan's answer is the
     cheapest one, without a word. The plan cautions on each such bound before any probe runs; 0.05 and a
     throughput floor do not."""
-    import dsparksim.plan as plan_mod
     from dsparksim.results.notes import slo_unit_notes
     d = good()
     d["plan"]["slo"] = ["tps_user_p50 >= 60", "tpot_p99_s <= 50", "ttft_p99_s <= 3000", "ttft_p99_s <= 2"]
     notes = slo_unit_notes(plan_from_dict(d).slo, "plan.slo")
     assert len(notes) == 2 and notes[0].startswith("plan.slo[1] tpot_p99_s <= 50: 50 s") and "0.05" in notes[0], notes
     assert notes[1].startswith("plan.slo[2] ttft_p99_s <= 3000: 3000 s") and "is 3" in notes[1], notes
-    spec = tmp_path / "plan.toml"
-    spec.write_text(toml(d))
-
-    def stop(*a, **k):
-        raise KeyboardInterrupt   # the notes are printed before any probe: stop there
-    monkeypatch.setattr(plan_mod, "run_plan", stop)
-    assert main(["plan", str(spec), "--out", str(tmp_path / "out")]) == 130
-    err = capsys.readouterr().err
+    err = _stderr_before_probes(d, tmp_path, monkeypatch, capsys)
     assert "dsparksim: caution: plan.slo[1] tpot_p99_s <= 50: 50 s" in err, err
     d["plan"]["slo"] = ["tps_user_p50 >= 60", "tpot_p99_s <= 0.05"]
     assert slo_unit_notes(plan_from_dict(d).slo, "plan.slo") == []
@@ -348,19 +346,11 @@ def test_a_long_e2e_bound_of_a_long_output_workload_is_not_cautioned(tmp_path, m
     real bound; it was cautioned as '1200 ms is 1.2' (every E2E bound from 1000 s on was). With the workload's
     output length known, an E2E bound is cautioned only from 1 s per output token (the TPOT limit) up; a 30000
     (30 s meant in ms) on 1k-token outputs still is, and so is any bound from 1000 s when no length is set."""
-    import dsparksim.plan as plan_mod
     from dsparksim.results.notes import slo_unit_notes
     d = good()
     d["plan"]["slo"] = ["tps_user_p50 >= 5", "e2e_p99_s <= 1200"]
     d["traffic"]["random_output_len"] = 8192
-    spec = tmp_path / "plan.toml"
-    spec.write_text(toml(d))
-
-    def stop(*a, **k):
-        raise KeyboardInterrupt   # the cautions are printed before any probe: stop there
-    monkeypatch.setattr(plan_mod, "run_plan", stop)
-    assert main(["plan", str(spec), "--out", str(tmp_path / "out")]) == 130
-    err = capsys.readouterr().err
+    err = _stderr_before_probes(d, tmp_path, monkeypatch, capsys)
     assert "e2e_p99_s <= 1200" not in err, err
     slo = plan_from_dict(d).slo
     assert slo_unit_notes(slo, "plan.slo") != []                       # no length known: 1000 s and up, as before
@@ -375,18 +365,10 @@ def test_a_floor_on_the_fast_tail_of_per_user_speed_is_cautioned(tmp_path, monke
     of users: it holds while 98% of users are slower, and InferenceX's 'p99 interactivity' (1000 / p99 TPOT) is
     the slowest users. It passed without a word; the plan cautions on a floor on tps_user_p90/p99 before any
     probe, and not on tps_user_p10, a median floor or a ceiling."""
-    import dsparksim.plan as plan_mod
     from dsparksim.results.notes import slo_tail_notes
     d = good()
     d["plan"]["slo"] = ["tps_user_p99 >= 10", "tps_user_p10 >= 5", "tps_user_p50 >= 5", "tps_user_p90 <= 900"]
-    spec = tmp_path / "plan.toml"
-    spec.write_text(toml(d))
-
-    def stop(*a, **k):
-        raise KeyboardInterrupt   # the cautions are printed before any probe: stop there
-    monkeypatch.setattr(plan_mod, "run_plan", stop)
-    assert main(["plan", str(spec), "--out", str(tmp_path / "out")]) == 130
-    err = capsys.readouterr().err
+    err = _stderr_before_probes(d, tmp_path, monkeypatch, capsys)
     assert "dsparksim: caution: plan.slo[0] tps_user_p99 >= 10 floors the fastest 1% of users only" in err, err
     assert err.count("floors the fastest") == 1, err
     d["plan"]["slo"] = ["tps_user_p90 > 20"]
