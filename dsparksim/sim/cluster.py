@@ -48,6 +48,7 @@ from dsparksim.config import EngineConfig
 from dsparksim.errors import ConfigError
 from dsparksim.sim.contract import Executor
 from dsparksim.sim.disagg import PrefillPool, kv_transfer_terms
+from dsparksim.sim import fastpath
 from dsparksim.sim.dp_balance import DPBalance
 from dsparksim.sim.driver import Driver, StepClock
 from dsparksim.sim.inputs import ResolvedInputs
@@ -537,6 +538,34 @@ class Simulation:
                 env.process(self._guard(self._user_schedule(env, steps)))
         else:
             env.process(self._guard(self._arrivals(env)))
+        end = None
+        if self.wl.closed_loop and fastpath.enabled() and fastpath.refusal(self) is None:
+            # the compiled kernel: the same steps, bit for bit (sim/fastpath.py)
+            self.ended_by, end = fastpath.run_kernel(self, self.progress, MAX_REJECT_STREAK)
+        else:
+            end = self._run_simpy(env, drivers)
+        if self.progress is not None:
+            self.progress(end)
+        if self.shard is not None:   # the end checks belong to the whole cluster: dsparksim.sim.shard.merge
+            ended = self.duration is not None and self.ended_by == "duration"
+            return self._part(float(self.duration) if ended else float(end))
+        if self.wl.closed_loop and self.duration is not None and self.ended_by != "duration":
+            raise pool_ran_out(self.n_rows, end, self.duration)
+        if self.warmup_requests or self.client_cap is not None:
+            self.notes["benchmark_start_s"] = float(self.bench_start)
+            self.notes["warmup_requests"] = self.warmup_requests
+            self.notes["client_cap"] = self.client_cap
+        m = self.issued
+        if m and self.n_admitted == 0 and self.n_rejected == m:
+            self._nothing_fits()
+        if self.duration is not None and self.ended_by == "duration":
+            sim_time = float(self.duration)
+        else:
+            sim_time = float(end)
+        return self._result(m, sim_time)
+
+    def _run_simpy(self, env: simpy.Environment, drivers: list[Driver]) -> float:
+        """Run the engines' SimPy processes to the end; the time it ended."""
         for drv in drivers:
             drv.proc = env.process(self._guard(drv.run()))
         if self.progress is not None:
@@ -551,25 +580,7 @@ class Simulation:
             env.run(until=self._done)
         if self._error is not None:
             raise self._error
-        if self.progress is not None:
-            self.progress(env.now)
-        if self.shard is not None:   # the end checks belong to the whole cluster: dsparksim.sim.shard.merge
-            ended = self.duration is not None and self.ended_by == "duration"
-            return self._part(float(self.duration) if ended else float(env.now))
-        if self.wl.closed_loop and self.duration is not None and self.ended_by != "duration":
-            raise pool_ran_out(self.n_rows, env.now, self.duration)
-        if self.warmup_requests or self.client_cap is not None:
-            self.notes["benchmark_start_s"] = float(self.bench_start)
-            self.notes["warmup_requests"] = self.warmup_requests
-            self.notes["client_cap"] = self.client_cap
-        m = self.issued
-        if m and self.n_admitted == 0 and self.n_rejected == m:
-            self._nothing_fits()
-        if self.duration is not None and self.ended_by == "duration":
-            sim_time = float(self.duration)
-        else:
-            sim_time = float(env.now)
-        return self._result(m, sim_time)
+        return env.now
 
     def _guard(self, gen):
         """Run a process; an exception in it ends the run and is re-raised by run() as itself (SimPy would rebuild

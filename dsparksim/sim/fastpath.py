@@ -1,0 +1,289 @@
+"""The compiled fast path: a supported run's steps in the numba kernel (:mod:`dsparksim.sim.kernel`), the same
+decisions, prices and results as the numpy engine, bit for bit (tests/test_kernel_agreement.py).
+
+Supported: engines priced by the profile (no real executor), one or more replicas routed by ``least-outstanding``
+or ``round-robin`` (no DP ranks, disaggregation or shards), a closed loop bounded by a duration (no warm-up, client
+cap, user steps or pinned users), mixed prefill without batch waiting, early exit or padding, paged or reserved KV,
+keyed pre-drawn acceptance draws, the ``confidence`` policy, and a price from the dense verify table (with or
+without the long-context term; without the drafter's context term or a measured prefill-only price). Anything else
+runs on the numpy
+engine, as does every run when numba is not installed (``pip install -e ".[fast]"``) or ``DSPARKSIM_KERNEL=0`` is
+set. :func:`refusal` says why a run is not supported.
+
+The kernel stops when it needs Python; :func:`run_kernel` does there what the numpy engine does at that point
+(loads a request row, draws a block of acceptance steps, looks up a price term) and steps on. The first run
+compiles the kernel (about 20 s) and caches it (numba ``cache=True``, beside the module or in numba's cache
+directory); later processes load it.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections import deque
+from typing import Any, Callable
+
+import numpy as np
+
+from dsparksim.policies.confidence import Confidence
+from dsparksim.sim.contract import CostExecutor
+from dsparksim.sim.driver import PriceClock
+from dsparksim.sim.scheduler import LOG_KEYS
+
+ENV = "DSPARKSIM_KERNEL"          # "0" / "off": always the numpy engine
+CHECK_EVERY = 2048                # steps per kernel call at most (progress, Ctrl-C)
+ROUTERS = ("least-outstanding", "round-robin")   # the routers the kernel routes as (kernel.R_* order)
+
+
+def numba_available() -> bool:
+    """Whether numba is installed (the ``fast`` extra)."""
+    return importlib.util.find_spec("numba") is not None
+
+
+def enabled() -> bool:
+    """The fast path is on: numba is installed and ``DSPARKSIM_KERNEL`` is not 0/off."""
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no") and numba_available()
+
+
+def refusal(sim: Any) -> str | None:
+    """Why ``sim`` cannot run on the kernel (None: it can); the module doc lists what is supported."""
+    eng = sim.engines[0]
+    router = sim.router.name if len(sim.engines) > 1 else ROUTERS[0]
+    checks = (
+        (sim.dp_ranks == 1, "DP ranks"),
+        (router in ROUTERS, f"router {router}"),
+        (not sim.disagg, "disaggregated"),
+        (sim.shard is None, "a shard"),
+        (sim.executor is None or type(sim.executor) is CostExecutor, "a real executor"),
+        (sim.clock is None or type(sim.clock) is PriceClock, "a measured clock"),
+        (sim.duration is not None and sim.num_requests is None, "a request-count stop rule"),
+        (bool(sim.wl.closed_loop) and not sim.pinned, "not a closed loop"),
+        (not getattr(sim.wl, "user_steps", None), "user steps"),
+        (not sim.warmup_requests and sim.client_cap is None, "a benchmark client"),
+        (eng.mixed and eng.batch_wait is None, "prefill-only steps or batch waiting"),
+        (eng.draft_exit is None and not eng.pad_verify, "early exit or padded verification"),
+        (eng.streams is not None and eng._pre is not None, "acceptance draws not pre-drawn"),
+        (all(type(e.policy) is Confidence for e in sim.engines), f"policy {getattr(eng.policy, 'spec', '?')}"),
+        (eng.pricer.dense is not None, "no dense verify table"),
+        (not eng.pricer.drafter_reads_kv(eng.drafter), "a drafter context term"),
+        (eng.profile.prefill_only is None, "a measured prefill-only price"),
+    )
+    for ok, why in checks:
+        if not ok:
+            return why
+    return None
+
+
+def _ring(rows: list[int], cap: int) -> np.ndarray:
+    a = np.zeros(cap, np.int64)
+    a[: len(rows)] = rows
+    return a
+
+
+class _State:
+    """The kernel's arrays for one cluster (see :mod:`dsparksim.sim.kernel`) and their sync with the Python
+    objects."""
+
+    def __init__(self, sim: Any, k: Any, max_streak: int) -> None:
+        self.sim, self.k = sim, k
+        engs = sim.engines
+        eng, n_eng = engs[0], len(engs)
+        self.engs = engs
+        prof, kv, pricer = eng.profile, eng.kv, eng.pricer
+        G, GF = np.zeros(k.N_G, np.int64), np.zeros(k.N_GF)
+        SS, FF = np.zeros((n_eng, k.N_SS), np.int64), np.zeros((n_eng, k.N_FF))
+        cap = 1 << max(4, int(int(sim.wl.concurrency) + 2).bit_length())   # a queue holds every user's request
+        n = eng.max_seqs + 1
+        self.RUN, self.FS = np.zeros((n_eng, n), np.int64), np.zeros((n_eng, n), np.int64)
+        self.WQ, self.IB = np.zeros((n_eng, cap), np.int64), np.zeros((n_eng, cap), np.int64)
+        for e, en in enumerate(engs):
+            S = SS[e]
+            S[k.N_RUN], self.RUN[e, : len(en.running_rows())] = len(en.running_rows()), en.running_rows()
+            S[k.WQ_LEN], self.WQ[e] = len(en.waiting), _ring(list(en.waiting), cap)
+            S[k.IB_LEN], self.IB[e] = len(en.inbox.items), _ring(en.inbox.items, cap)
+            S[k.N_FREE], self.FS[e] = len(en.free_slots), _ring(en.free_slots, n)
+            S[k.PAGES_USED] = en.kv.pages_used if kv.paged else 0
+            S[k.RESERVED] = 0 if kv.paged else en.kv.reserved
+            S[k.N_ADMITTED], S[k.N_PREEMPTIONS], S[k.WAITING_NEED] = en.n_admitted, en.n_preemptions, en.waiting_need
+            # every engine's first event: its process starting at t = 0, in engine order
+            S[k.PHASE], S[k.EV_EID] = k.WAKE, e
+        G[k.EID], G[k.CUR], G[k.CUT] = n_eng, -1, -1
+        G[k.ROUTER] = ROUTERS.index(sim.router.name) if n_eng > 1 else 0
+        G[k.TURN] = sim.router._next if n_eng > 1 else 0
+        G[k.PAGED] = int(kv.paged)
+        if kv.paged:
+            G[k.N_PAGES], G[k.WM_PAGES], G[k.PAGE] = kv.n_pages, kv.wm_pages, kv.page
+        else:
+            G[k.PAGE] = 1
+        G[k.KV_CAP], G[k.KK], G[k.MAX_TOK], G[k.CHUNK] = kv.cap, eng.K, eng.max_tokens, eng.chunk
+        G[k.ISSUED], G[k.N_ROWS] = sim.issued, -1 if sim.n_rows is None else sim.n_rows
+        G[k.N_REJECTED], G[k.STREAK], G[k.N_FINISHED] = sim.n_rejected, sim._reject_streak, sim.n_finished
+        G[k.MAX_MODEL_LEN] = -1 if eng.max_model_len is None else eng.max_model_len
+        G[k.ONCE_N], G[k.CHECK_EVERY], G[k.MAX_STREAK] = -1, CHECK_EVERY, max_streak
+        pre = eng._pre
+        G[k.RING], G[k.WRAP] = pre.R, pre._wrap
+        GF[k.SPK], GF[k.DENSE_HI], GF[k.SQ] = pricer.spk, pricer._dense_hi, pricer.sq
+        if prof.prefill_note is not None:
+            G[k.PF_NOTE] = 1
+            GF[k.PF_TOK], GF[k.PF_QK], GF[k.PF_CH] = (prof.prefill_s_per_token, prof.prefill_s_per_query_key,
+                                                      prof.prefill_s_per_chunk)
+            GF[k.PF_TOK_DEC], GF[k.PF_CH_DEC] = (prof.prefill_s_per_token_per_decode,
+                                                 prof.prefill_s_per_chunk_per_decode)
+            if eng.drafter is not None and eng.drafter in prof.drafters:
+                G[k.PF_DRAFTER], GF[k.PF_DR_TOK] = 1, prof.drafters[eng.drafter].prefill_s_per_token
+        GF[k.NOW], GF[k.DURATION] = sim.env.now, float(sim.duration)
+        self.G, self.GF, self.SS, self.FF = G, GF, SS, FF
+        self.NT, self.NTok = np.zeros(n), np.zeros(n, np.int8)
+        self.probe = prof.with_extrapolation(prof.extrapolate)   # a copy: tells which terms extrapolate or raise
+        self.LI = np.zeros((n_eng, 1024, len(k.LOG_INT)), np.int64)
+        self.LF = np.zeros((n_eng, 1024, 2))
+        self.LA = np.zeros((n_eng, 1024, max(eng.K, 1)), np.int64)
+        self.GAPS = np.zeros((n_eng, max(64, 2 * n), 3), np.int64)
+        self.gapo = np.full(0, -1, np.int64)
+        for name in ("DEC", "LL", "AA", "CHR", "CHL"):     # each engine's planned step
+            setattr(self, name, np.zeros((n_eng, n), np.int64))
+        for name in ("pos", "fin", "newbuf"):
+            setattr(self, name, np.zeros(n, np.int64))
+        self.keys, self.sbuf = np.zeros(n * max(eng.K, 1)), np.zeros(n * max(eng.K, 1))
+        self.Tb = np.zeros(eng.max_tokens + 1)
+
+    def args(self) -> tuple:
+        """The kernel's arguments, re-read from the table and the draws (both grow between calls)."""
+        r, k, pre = self.sim.req, self.k, self.engs[0]._pre
+        pre._sized()
+        if self.gapo.size < r.cap:
+            g = np.full(r.cap, -1, np.int64)
+            g[: self.gapo.size] = self.gapo
+            self.gapo = g
+        self.G[k.AVAIL], self.G[k.AHEAD_UPTO] = r.known, pre.ahead_upto
+        T = tuple(getattr(r, c) for c in k.TABLE_INT)
+        TF = tuple(getattr(r, c) for c in k.TABLE_FLOAT)
+        return (self.G, self.GF, self.SS, self.FF, T, TF, r.phase, r.reject, r.replica, pre.entry, pre._cs, pre._acc,
+                pre._filled, self.RUN, self.WQ, self.IB, self.FS, self.newbuf, self.GAPS, self.gapo,
+                self.engs[0].pricer.dense, self.NT, self.NTok, self.LI, self.LF, self.LA, self.DEC, self.pos, self.LL,
+                self.AA, self.CHR, self.CHL, self.fin, self.keys, self.sbuf, self.Tb)
+
+    def grow(self, name: str) -> None:
+        """Double a per-engine table's second axis (steps or gaps)."""
+        a = getattr(self, name)
+        b = np.zeros((a.shape[0], 2 * a.shape[1], a.shape[2]), a.dtype)
+        b[:, : a.shape[1]] = a
+        setattr(self, name, b)
+
+    def step_overhead(self, n: int) -> None:
+        """The numpy engine's price term for n decoding rows (CostProfile.step_overhead): kept for every later step
+        when it neither raises nor extrapolates (a probe copy says), else looked up again each step it is needed."""
+        eng, k = self.engs[0], self.k
+        try:
+            before = self.probe.extrapolation_report()["extrapolated"]
+            float(self.probe.step_overhead(eng.drafter, n, eng.K))
+            clean = not before and not self.probe.extrapolation_report()["extrapolated"]
+        except Exception:   # noqa: BLE001 - the real lookup below raises it as the numpy engine would
+            clean = False
+        v = float(eng.profile.step_overhead(eng.drafter, n, eng.K))
+        if clean:
+            self.NT[n], self.NTok[n] = v, 1
+        else:
+            self.G[k.ONCE_N], self.GF[k.ONCE_VAL] = n, v
+
+    def write_back(self) -> None:
+        """Leave the engines, the run's counters and the logs as the numpy engine would have left them."""
+        sim, G, k = self.sim, self.G, self.k
+        for e, eng in enumerate(self.engs):
+            self._write_engine(e, eng)
+        sim.issued, sim.n_rejected, sim._reject_streak = int(G[k.ISSUED]), int(G[k.N_REJECTED]), int(G[k.STREAK])
+        sim.n_finished = int(G[k.N_FINISHED])
+        if len(self.engs) > 1:
+            sim.router._next = int(G[k.TURN])
+
+    def _write_engine(self, e: int, eng: Any) -> None:
+        S, k = self.SS[e], self.k
+        n_run, n_steps = int(S[k.N_RUN]), int(S[k.N_STEPS])
+        eng._run_arr, eng._run_list = self.RUN[e, :n_run].copy(), None
+        cap = self.WQ.shape[1]
+        eng.waiting = deque(int(self.WQ[e, (S[k.WQ_HEAD] + i) & (cap - 1)]) for i in range(S[k.WQ_LEN]))
+        eng.inbox.items = [int(self.IB[e, (S[k.IB_HEAD] + i) & (cap - 1)]) for i in range(S[k.IB_LEN])]
+        eng.waiting_need, eng.free_slots = int(S[k.WAITING_NEED]), self.FS[e, : S[k.N_FREE]].tolist()
+        eng.n_admitted, eng.n_preemptions = int(S[k.N_ADMITTED]), int(S[k.N_PREEMPTIONS])
+        if eng.kv.paged:
+            eng.kv.pages_used = int(S[k.PAGES_USED])
+        else:
+            eng.kv.reserved = int(S[k.RESERVED])
+        log: dict[str, Any] = {"t_start": self.LF[e, :n_steps, 0].copy(), "dt": self.LF[e, :n_steps, 1].copy()}
+        for j, name in enumerate(k.LOG_INT):
+            log[name] = self.LI[e, :n_steps, j].copy()
+        eng.log = {name: log[name] for name in LOG_KEYS}
+        if eng.kv.paged and n_steps:
+            eng.log["kv_pages"], eng.log["preempted"] = log["kv_pages"], log["preempted"]
+        eng.acc_pos_log = self.LA[e, :n_steps, : eng.K].copy()
+        eng.gaps = self.GAPS[e, : S[k.N_GAPS]].tolist()
+        eng._gap_open = {g[0]: g for g in eng.gaps if g[2] < 0 and self.gapo[g[0]] >= 0}
+        eng._preempted = []
+
+
+def _kernel_module() -> Any:
+    from dsparksim.sim import kernel   # lazy: numba is optional (the fast extra) and slow to import
+
+    return kernel
+
+
+def run_kernel(sim: Any, progress: Callable[[float], None] | None, max_streak: int) -> tuple[str, float]:
+    """Run ``sim`` (supported: :func:`refusal` is None; its closed-loop users issued, nothing stepped yet) to its
+    end on the kernel: (ended_by, the time it ended). ``max_streak``: rejections in a row that end the run."""
+    k = _kernel_module()
+    st = _State(sim, k, max_streak)
+    GF = st.GF
+    shown = 0
+    while True:
+        code = k.run_steps(*st.args())
+        if progress is not None:
+            # SimPy's progress process: a call at every whole simulated second up to the horizon, included
+            upto = GF[k.DURATION] if code == k.X_STOP else min(GF[k.NOW], GF[k.DURATION])
+            while shown + 1 <= upto:
+                shown += 1
+                progress(float(shown))
+        if code == k.X_STOP:
+            st.write_back()
+            return "duration", float(GF[k.DURATION])
+        if code == k.X_EXHAUSTED:
+            st.write_back()
+            return "workload_exhausted", float(GF[k.NOW])
+        _handle(st, k, code)
+
+
+def _handle(st: _State, k: Any, code: int) -> None:
+    """Do what the numpy engine does where the kernel stopped (``code``), or raise its error."""
+    sim, G = st.sim, st.G
+    eng = st.engs[max(int(G[k.CUR]), 0)]
+    if code == k.X_ADMIT:
+        eng._pre.admit(st.newbuf[: G[k.N_NEW]].copy())
+    elif code == k.X_REFILL:
+        rows = st.DEC[int(G[k.CUR]), : G[k.AUX]].copy()
+        pre, r = eng._pre, sim.req
+        pre._sized()
+        if np.count_nonzero(pre._filled[pre.entry[rows]] <= r.dsteps[rows]):
+            pre._refill(rows, r.dsteps[rows])
+    elif code == k.X_NT:
+        st.step_overhead(int(G[k.AUX]))
+    elif code == k.X_ROWS:
+        if not sim.req.load(int(G[k.ISSUED])):
+            G[k.EXHAUSTED] = 1
+    elif code in (k.X_LOG, k.X_GAPS):
+        st.grow({k.X_LOG: "LI", k.X_GAPS: "GAPS"}[code])
+        if code == k.X_LOG:
+            st.grow("LF")
+            st.grow("LA")
+    elif code == k.X_CHECK:
+        pass
+    elif code == k.X_NOTHING_FITS:
+        st.write_back()
+        sim._nothing_fits()
+    elif code in (k.X_BUDGET, k.X_DT, k.X_PRICE, k.X_UNCHECKED):
+        # a step the numpy engine refuses: plan it there (nothing was changed), which raises its own error
+        st.write_back()
+        eng.plan_step()
+        raise RuntimeError(f"the step kernel stopped with code {code} where the numpy engine planned the step "
+                           f"(rerun with {ENV}=0)")
+    elif code == k.X_KV:
+        raise RuntimeError(f"KV pages overflow on engine {int(G[k.CUR])}")
+    else:
+        raise RuntimeError(f"the step kernel stopped with code {code} (rerun with {ENV}=0 for the numpy engine)")
