@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import subprocess
 import sys
 
 import numpy as np
@@ -196,3 +197,10 @@ def test_the_acceptance_test_takes_numpys_exp_where_libms_differs():
     assert ref._acc[at] == accepted        # the numpy path decides as numpy's exp does
     assert jit._acc[at] == accepted
     assert jit._cs[at].tobytes() == ref._cs[at].tobytes()
+
+
+def test_importing_the_simulator_does_not_import_numba():
+    code = "import sys, dsparksim, dsparksim.sim.simulate, dsparksim.sim.predraw, dsparksim.cli.main\n" \
+           "print('numba' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stdout + r.stderr
