@@ -12,7 +12,8 @@ has no drawn step left, every decoding request of that engine with at most ``B``
 steps in one call (so the next such event is at least ``B`` steps away); requests are given their first ``B`` steps
 ahead, ``AHEAD`` loaded rows at a time, in one call. A request with fewer than ``B`` tokens left gets only as many
 steps (a decode step emits at least one token: it finishes before it needs more). Rings of finished requests are
-reused.
+reused. With numba installed, the default parametric source's refills run compiled (:mod:`dsparksim.sim.fill_jit`:
+the same rings, bit for bit; ``DSPARKSIM_NO_NUMBA=1`` keeps the numpy refill).
 """
 from __future__ import annotations
 
