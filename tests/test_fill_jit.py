@@ -148,12 +148,12 @@ def test_a_run_with_the_compiled_fill_is_bit_identical(monkeypatch):
         assert a.steps[k].tobytes() == b.steps[k].tobytes(), k
 
 
-def _flip_mu(acc, key, u, step: int) -> tuple[float, bool] | None:
+def _flip_mu(acc, streams, key, u, step: int) -> tuple[float, bool] | None:
     """An offset mu (K = 1, plain link) at which request ``key``'s acceptance test at ``step`` (h < 2**32 / (1 +
     exp(-x))) comes out one way with numpy's exp and the other with libm's (math.exp), with numpy's outcome; or
     None."""
     p = acc.params
-    h = RequestStreams(0).rows(np.atleast_1d(key), step, acc.words_per_step).halves_by_position(4)[:, 0]
+    h = streams.rows(np.atleast_1d(key), step, acc.words_per_step).halves_by_position(4)[:, 0]
     z = normals_from_halves(h[:2])
     t = u + p.sigma_block * z[0]
     e = z[1] * p.sigma_tok
@@ -177,11 +177,10 @@ def test_the_acceptance_test_takes_numpys_exp_where_libms_differs():
     acc = load_acceptance("dspark?jump=0&slope=1&offset=0&slope_easy=1", 1)
     table = _table(5, 1)
     table.gen[0], table.dsteps[0], table.out[0] = 0, 0, 10**6
-    streams = RequestStreams(5)
-    assert streams.key == table.streams.key
+    streams = table.streams
     u = acc.request_state(table.domain[:1], streams.rows(table.key[:1], -1, 1))[1]
     for step in range(200):
-        found = _flip_mu(acc, table.key[0], u, step)
+        found = _flip_mu(acc, streams, table.key[0], u, step)
         if found is not None:
             break
     assert found is not None
