@@ -203,3 +203,21 @@ def test_importing_the_simulator_does_not_import_numba():
            "print('numba' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stdout + r.stderr
+
+
+def test_without_a_cache_folder_the_kernels_compile_in_each_process(monkeypatch):
+    pytest.importorskip("numba")
+    import importlib  # the kernels' module is reloaded twice (without, then with its cache)
+
+    from numba.core.caching import CacheImpl, NullCache
+    from dsparksim.sim import fill_jit
+
+    monkeypatch.setattr(CacheImpl, "_locator_classes", [])   # numba finds nowhere to cache
+    try:
+        with pytest.warns(RuntimeWarning, match="compiling in each process"):
+            importlib.reload(fill_jit)
+        assert isinstance(fill_jit._halves._cache, NullCache)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(fill_jit)
+    assert not isinstance(fill_jit._halves._cache, NullCache)

@@ -17,6 +17,8 @@ into the rings.
 """
 from __future__ import annotations
 
+import warnings
+
 import numba
 import numpy as np
 
@@ -30,7 +32,15 @@ _LOW16, _LOW32 = np.uint32(0xFFFF), np.uint64(0xFFFFFFFF)
 _TWO32 = 2.0 ** 32
 
 
-_jit = numba.njit(cache=True, error_model="numpy")   # numpy's error model: x / 0 is inf, no check in the loop
+def _jit(fn):
+    """numba.njit with numpy's error model (x / 0 is inf: no check in the loops) and the machine code cached on disk;
+    where numba finds no folder it can write the cache to, compiled in each process instead (a warning says so)."""
+    try:
+        return numba.njit(cache=True, error_model="numpy")(fn)
+    except RuntimeError as err:      # numba: "cannot cache function ...: no locator available for file ..."
+        warnings.warn(f"dsparksim.sim.fill_jit: {err}; compiling in each process (NUMBA_CACHE_DIR names a folder "
+                      "for the cache)", RuntimeWarning, stacklevel=2)
+        return numba.njit(error_model="numpy")(fn)
 
 
 @_jit
