@@ -11,8 +11,9 @@ Bit for bit: every floating-point operation is the numpy path's (:meth:`.Paramet
 association, each rounded on its own (no ``fastmath``, so nothing is fused into an FMA or reassociated). The two
 exponentials are left to numpy (``np.exp`` on whole arrays, between the compiled stages): numpy's SIMD exp and
 libm's, which compiled code would call, differ in the last bit for a few values in a hundred on some CPUs. Hence
-three stages per refill: (1) hash the words, the difficulty score x and -x; numpy exp; (2) the acceptance test,
-the accepted prefix, the confidence logit y and -y; numpy exp; (3) the confidences, their survival, scattered
+three compiled stages per refill: (1) hash the words, the normals, the difficulty score x, written as -x twice (one
+kept, one numpy's exp overwrites in place); numpy exp; (2) the acceptance test, the accepted prefix, the confidence
+logit y, written as -y over the exponentials; numpy exp in place; (3) the confidences, their survival, scattered
 into the rings.
 """
 from __future__ import annotations
