@@ -215,6 +215,25 @@ def _check_jump(jump: float, sigma_tok: float, source: str) -> None:
                           f"got {sigma_tok!r}; set jump=0 for the plain logit-normal model")
 
 
+@dataclass(frozen=True, eq=False)
+class KeyedPlan:
+    """:meth:`ParametricAcceptance.keyed_plan`: what the keyed draws of the default branch compute with. mu: (curves,
+    K) offsets; plain: the link is the identity, else hard x -> offset + slope * x, easy (x > 0) -> easy_offset +
+    slope_easy * x with easy_offset = offset + jump (the one sum draw_by_position adds); noise, scale: (K,) per
+    position."""
+
+    mu: np.ndarray
+    sigma_block: float
+    sigma_tok: float
+    plain: bool
+    slope: float
+    offset: float
+    slope_easy: float
+    easy_offset: float
+    noise: np.ndarray
+    scale: np.ndarray
+
+
 _STS_CACHE: dict = {}
 
 
@@ -465,6 +484,20 @@ class ParametricAcceptance(AcceptanceModel):
             y += self._bias[rows].T
         y *= self._scale[:, None]
         return _sigmoid_into(y, y), accepted
+
+    def keyed_plan(self) -> "KeyedPlan | None":
+        """The numbers :meth:`draw_by_position` computes with, for a compiled copy of it (dsparksim.sim.fill_jit);
+        None where the source takes a branch that copy does not cover (it covers the default source: one request
+        shift for every position, no block noise, no head-shift bias, the keyed path in use)."""
+        p = self.params
+        if (type(self).draw_by_position is not ParametricAcceptance.draw_by_position or not self._load_one
+                or p.noise_block or self._bias is not None or not (p.sigma_tok and (p.noise_sd or p.noise_sd_end))):
+            return None
+        offset, slope, jump, slope_easy = p.shape
+        return KeyedPlan(mu=np.array(self._mu, np.float64), sigma_block=float(p.sigma_block),
+                         sigma_tok=float(p.sigma_tok), plain=tuple(p.shape) == PLAIN, slope=slope, offset=offset,
+                         slope_easy=slope_easy, easy_offset=offset + jump,
+                         noise=np.array(self._noise, np.float64), scale=np.array(self._scale, np.float64))
 
     # ---- analysis helpers ------------------------------------------------------------------------------
     def mu(self, domain: str) -> np.ndarray:

@@ -12,10 +12,12 @@ has no drawn step left, every decoding request of that engine with at most ``B``
 steps in one call (so the next such event is at least ``B`` steps away); requests are given their first ``B`` steps
 ahead, ``AHEAD`` loaded rows at a time, in one call. A request with fewer than ``B`` tokens left gets only as many
 steps (a decode step emits at least one token: it finishes before it needs more). Rings of finished requests are
-reused.
+reused. With numba installed, the default parametric source's refills run compiled (:mod:`dsparksim.sim.fill_jit`:
+the same rings, bit for bit; ``DSPARKSIM_NO_NUMBA=1`` keeps the numpy refill).
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -30,11 +32,33 @@ from dsparksim.sim.streams import RequestStreams
 BLOCK_STEPS = 16
 # Loaded requests given their first B steps per call, ahead of their admission.
 AHEAD = 256
+# Set (to anything but "" or "0") to keep the numpy refill where numba and a source it covers would allow the
+# compiled one (dsparksim.sim.fill_jit): the two give the same rings, bit for bit.
+NO_NUMBA_ENV = "DSPARKSIM_NO_NUMBA"
 
 
 def supports_predraw(acceptance: AcceptanceModel) -> bool:
     """True if ``acceptance`` draws each keyed row from that row's keys and its request's state alone."""
     return bool(getattr(acceptance, "keyed_rows_pure", False))
+
+
+def compiled_fill(acceptance: AcceptanceModel) -> Any:
+    """:class:`dsparksim.sim.fill_jit.CompiledFill` for ``acceptance``, or None where the numpy refill runs: numba
+    not installed, switched off (``DSPARKSIM_NO_NUMBA``), or a source the compiled copy does not cover (no
+    ``keyed_plan``, or it returns None)."""
+    if os.environ.get(NO_NUMBA_ENV, "") not in ("", "0"):
+        return None
+    plan_of = getattr(acceptance, "keyed_plan", None)
+    plan = plan_of() if plan_of is not None else None
+    if plan is None:
+        return None
+    try:
+        from dsparksim.sim.fill_jit import CompiledFill  # optional: numba (fill_jit imports it)
+    except ModuleNotFoundError as err:
+        if err.name != "numba":
+            raise
+        return None
+    return CompiledFill(plan)
 
 
 class PredrawnDraws:
@@ -53,6 +77,7 @@ class PredrawnDraws:
         self._kept: tuple[np.ndarray, ...] | None = None
         self._grow_pool(64)
         self.refills = 0                         # acceptance calls made (a benchmark figure)
+        self.compiled = compiled_fill(acceptance)    # the numba refill, or None: the numpy one
 
     # ------------------------------------------------------------------ pool of rings
     def _grow_pool(self, n: int) -> None:
@@ -138,6 +163,11 @@ class PredrawnDraws:
             if not rows.size:
                 return
         crow, u = self._ring_state(rows, e, state)
+        if self.compiled is not None and self.compiled.plan.mu.shape[1] >= K:
+            self.compiled.fill(r.key[rows], first, count, crow, u, e, R, self._wrap, self._cs, self._acc)
+            self._filled[e] = first + count
+            self.refills += 1
+            return
         start = np.cumsum(count) - count
         steps = np.arange(int(start[-1] + count[-1]), dtype=np.int64) + np.repeat(first - start, count)
         keyed = self.streams.rows(np.repeat(r.key[rows], count), steps, self.words)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["RequestStreams", "KeyedRows", "mix64", "normals_from_halves", "uniforms_from_halves"]
+__all__ = ["RequestStreams", "KeyedRows", "mix64", "normals_from_halves", "uniforms_from_halves", "normal_table"]
 
 _G1 = np.uint64(0x9E3779B97F4A7C15)
 _G2 = np.uint64(0xD1B54A32D192ED03)
@@ -29,6 +29,9 @@ _C1 = np.uint64(0xBF58476D1CE4E5B9)
 _C2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = (np.uint64(s) for s in (30, 27, 31))
 _U32 = 2.0 ** -32
+# the hash's numbers, for a compiled copy of it (dsparksim.sim.fill_jit): step and word multipliers, the finaliser's
+# two multipliers and three shifts
+STEP_MULTIPLIER, WORD_MULTIPLIER, MIX_MULTIPLIERS, MIX_SHIFTS = _G2, _G3, (_C1, _C2), (_S30, _S27, _S31)
 
 
 def mix64(x: np.ndarray) -> np.ndarray:
@@ -131,7 +134,7 @@ class KeyedRows:
         return uniforms_from_halves(self.halves(width)).reshape(shape)
 
     def standard_normal(self, size) -> np.ndarray:
-        """Standard normals, one per 32-bit half, by the inverse CDF (see :func:`_normal_table`)."""
+        """Standard normals, one per 32-bit half, by the inverse CDF (see :func:`normal_table`)."""
         shape, width = self._shape(size)
         return normals_from_halves(self.halves(width)).reshape(shape)
 
@@ -142,7 +145,7 @@ def uniforms_from_halves(h: np.ndarray) -> np.ndarray:
 
 
 def normals_from_halves(h: np.ndarray) -> np.ndarray:
-    """32-bit halves -> standard normals (inverse CDF, :func:`_normal_table`)."""
+    """32-bit halves -> standard normals (inverse CDF, :func:`normal_table`)."""
     ab = _normal_pairs()
     g = ab.take(np.right_shift(h, 16, dtype=np.intp))   # (a, b) of the high 16 bits' bin: one gather, not two
     z = np.bitwise_and(h, 0xFFFF).astype(np.float64)   # the low 16 bits (exact in float64)
@@ -156,17 +159,17 @@ _PAIRS: np.ndarray | None = None
 
 
 def _normal_pairs() -> np.ndarray:
-    """:func:`_normal_table`'s (a, b) as one complex128 array (a + b j): a bin's two numbers in one 16-byte entry."""
+    """:func:`normal_table`'s (a, b) as one complex128 array (a + b j): a bin's two numbers in one 16-byte entry."""
     global _PAIRS
     if _PAIRS is None:
-        a, b = _normal_table()
+        a, b = normal_table()
         pairs = np.empty(a.size, np.complex128)
         pairs.real, pairs.imag = a, b
         _PAIRS = pairs
     return _PAIRS
 
 
-def _normal_table() -> tuple[np.ndarray, np.ndarray]:
+def normal_table() -> tuple[np.ndarray, np.ndarray]:
     """Inverse normal CDF on 2**16 equal-probability bins, linear inside each: z = a[hi] + b[hi] * lo for a 32-bit
     uniform split into its high and low 16 bits. Exact at every inner bin edge; inside a bin the linear error is
     below 1.3e-3 for 99.99% of draws and at most 0.013 (in the bins next to the outermost ones). The
