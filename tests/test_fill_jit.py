@@ -13,6 +13,7 @@ import pytest
 
 from dsparksim.acceptance import load_acceptance
 from dsparksim.config import EngineConfig, RunConfig
+from dsparksim.sim import jit
 from dsparksim.sim import predraw as predraw_mod
 from dsparksim.sim.requests import RequestTable
 from dsparksim.sim.simulate import simulate
@@ -102,7 +103,7 @@ def test_plan_covers_exactly_the_default_branches(monkeypatch):
         assert acc.keyed_plan() is None, spec
         assert predraw_mod.compiled_fill(acc) is None
     assert predraw_mod.compiled_fill(object()) is None                            # a source without a plan
-    monkeypatch.setenv(predraw_mod.NO_NUMBA_ENV, "1")
+    monkeypatch.setenv(jit.ENV, "0")
     assert predraw_mod.compiled_fill(load_acceptance("dspark", 7)) is None
 
 
@@ -113,7 +114,7 @@ def test_without_numba_the_numpy_fill_runs(monkeypatch):
 
 
 def _headline_like(monkeypatch, compiled: bool):
-    monkeypatch.setenv(predraw_mod.NO_NUMBA_ENV, "0" if compiled else "1")
+    monkeypatch.setenv(jit.ENV, "1" if compiled else "0")
     calls = []
     if compiled:
         from dsparksim.sim.fill_jit import CompiledFill

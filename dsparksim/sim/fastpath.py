@@ -17,31 +17,25 @@ directory); later processes load it.
 """
 from __future__ import annotations
 
-import importlib.util
-import os
 from collections import deque
 from typing import Any, Callable
 
 import numpy as np
 
 from dsparksim.policies.confidence import Confidence
+from dsparksim.sim import jit
 from dsparksim.sim.contract import CostExecutor
 from dsparksim.sim.driver import PriceClock
 from dsparksim.sim.scheduler import LOG_KEYS
 
-ENV = "DSPARKSIM_KERNEL"          # "0" / "off": always the numpy engine
+ENV = jit.ENV                     # "0" / "off": always the numpy engine
 CHECK_EVERY = 2048                # steps per kernel call at most (progress, Ctrl-C)
 ROUTERS = ("least-outstanding", "round-robin")   # the routers the kernel routes as (kernel.R_* order)
 
 
-def numba_available() -> bool:
-    """Whether numba is installed (the ``fast`` extra)."""
-    return importlib.util.find_spec("numba") is not None
-
-
 def enabled() -> bool:
-    """The fast path is on: numba is installed and ``DSPARKSIM_KERNEL`` is not 0/off."""
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no") and numba_available()
+    """The kernel may run: numba is installed and ``DSPARKSIM_KERNEL`` is not 0/off (:mod:`dsparksim.sim.jit`)."""
+    return jit.enabled()
 
 
 def refusal(sim: Any) -> str | None:

@@ -2,9 +2,8 @@
 acceptance source: the same ring contents, bit for bit, with far fewer passes over memory.
 
 Optional: this module imports numba, and :mod:`dsparksim.sim.predraw` imports it only when numba is installed (the
-``numba`` extra) and the source gives a :class:`~dsparksim.acceptance.parametric.KeyedPlan`; otherwise the numpy
-path runs. Setting the environment variable ``DSPARKSIM_NO_NUMBA`` (to anything but ``""`` or ``0``) forces the
-numpy path.
+``fast`` extra) and the source gives a :class:`~dsparksim.acceptance.parametric.KeyedPlan`; otherwise the numpy
+path runs. ``DSPARKSIM_KERNEL=0`` (:mod:`dsparksim.sim.jit`) forces the numpy path.
 
 Bit for bit: every floating-point operation is the numpy path's (:meth:`.ParametricAcceptance.draw_by_position`,
 :func:`.streams.normals_from_halves`, the survival product of ``PredrawnDraws._fill``), in the same order and
@@ -18,11 +17,10 @@ into the rings.
 """
 from __future__ import annotations
 
-import warnings
-
-import numba
+import numba  # noqa: F401  (this module is the numba path: importing it needs numba)
 import numpy as np
 
+from dsparksim.sim.jit import njit_cached
 from dsparksim.sim.streams import MIX_MULTIPLIERS, MIX_SHIFTS, STEP_MULTIPLIER, WORD_MULTIPLIER, normal_table
 
 _G2, _G3 = STEP_MULTIPLIER, WORD_MULTIPLIER
@@ -33,15 +31,7 @@ _LOW16, _LOW32 = np.uint32(0xFFFF), np.uint64(0xFFFFFFFF)
 _TWO32 = 2.0 ** 32
 
 
-def _jit(fn):
-    """numba.njit with numpy's error model (x / 0 is inf: no check in the loops) and the machine code cached on disk;
-    where numba finds no folder it can write the cache to, compiled in each process instead (a warning says so)."""
-    try:
-        return numba.njit(cache=True, error_model="numpy")(fn)
-    except RuntimeError as err:      # numba: "cannot cache function ...: no locator available for file ..."
-        warnings.warn(f"dsparksim.sim.fill_jit: {err}; compiling in each process (NUMBA_CACHE_DIR names a folder "
-                      "for the cache)", RuntimeWarning, stacklevel=2)
-        return numba.njit(error_model="numpy")(fn)
+_jit = njit_cached
 
 
 @_jit

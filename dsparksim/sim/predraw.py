@@ -13,17 +13,17 @@ steps in one call (so the next such event is at least ``B`` steps away); request
 ahead, ``AHEAD`` loaded rows at a time, in one call. A request with fewer than ``B`` tokens left gets only as many
 steps (a decode step emits at least one token: it finishes before it needs more). Rings of finished requests are
 reused. With numba installed, the default parametric source's refills run compiled (:mod:`dsparksim.sim.fill_jit`:
-the same rings, bit for bit; ``DSPARKSIM_NO_NUMBA=1`` keeps the numpy refill).
+the same rings, bit for bit; ``DSPARKSIM_KERNEL=0`` keeps the numpy refill).
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
 from dsparksim.acceptance.base import AcceptanceModel
 from dsparksim.errors import ConfigError
+from dsparksim.sim import jit
 from dsparksim.sim.requests import DONE, REJECTED
 from dsparksim.sim.streams import RequestStreams
 
@@ -32,9 +32,6 @@ from dsparksim.sim.streams import RequestStreams
 BLOCK_STEPS = 16
 # Loaded requests given their first B steps per call, ahead of their admission.
 AHEAD = 256
-# Set (to anything but "" or "0") to keep the numpy refill where numba and a source it covers would allow the
-# compiled one (dsparksim.sim.fill_jit): the two give the same rings, bit for bit.
-NO_NUMBA_ENV = "DSPARKSIM_NO_NUMBA"
 
 
 def supports_predraw(acceptance: AcceptanceModel) -> bool:
@@ -44,9 +41,9 @@ def supports_predraw(acceptance: AcceptanceModel) -> bool:
 
 def compiled_fill(acceptance: AcceptanceModel) -> Any:
     """:class:`dsparksim.sim.fill_jit.CompiledFill` for ``acceptance``, or None where the numpy refill runs: numba
-    not installed, switched off (``DSPARKSIM_NO_NUMBA``), or a source the compiled copy does not cover (no
+    not installed, switched off (``DSPARKSIM_KERNEL=0``, :mod:`dsparksim.sim.jit`), or a source the compiled copy does not cover (no
     ``keyed_plan``, or it returns None)."""
-    if os.environ.get(NO_NUMBA_ENV, "") not in ("", "0"):
+    if not jit.enabled():
         return None
     plan_of = getattr(acceptance, "keyed_plan", None)
     plan = plan_of() if plan_of is not None else None
