@@ -249,34 +249,36 @@ def _long_context_prices(base, bmax, dense, extra, sq, qk0, per, Tb):
 
 
 @njit
-def _lengths(n, N, j, keys, sbuf, L):
-    """policies._common.Ranking.lengths: the verify lengths when the first j ranked candidates are admitted."""
+def _lengths(n, K, j, keys, sbuf, L):
+    """policies._common.Ranking.lengths: the verify lengths when the first j ranked candidates are admitted (keys
+    k-major: f = k n + i)."""
     for i in range(n):
         L[i] = 0
     if j <= 0:
         return
     v = sbuf[j - 1]
     le = 0
-    for f in range(N):
-        if keys[f] <= v:
-            le += 1
+    for k in range(K):
+        for i in range(n):
+            if keys[k * n + i] <= v:
+                L[i] += 1
+                le += 1
     if le == j:
-        for f in range(N):
-            if keys[f] <= v:
-                L[f % n] += 1
         return
-    total = 0
-    for f in range(N):
-        if keys[f] < v:
-            L[f % n] += 1
-            total += 1
-    rest = j - total
-    for f in range(N):
-        if rest <= 0:
-            break
-        if keys[f] == v:
-            L[f % n] += 1
-            rest -= 1
+    # ties beyond the j-th: the keys below v, then the first equal ones in flat order (the stable sort's order)
+    rest = j
+    for i in range(n):
+        L[i] = 0
+    for k in range(K):
+        for i in range(n):
+            if keys[k * n + i] < v:
+                L[i] += 1
+                rest -= 1
+    for k in range(K):
+        for i in range(n):
+            if rest > 0 and keys[k * n + i] == v:
+                L[i] += 1
+                rest -= 1
 
 
 @njit
@@ -284,9 +286,10 @@ def _confidence(n, K, base, max_tok, cs, pos, dense, extra, keys, sbuf, L, Tb, l
     """policies.confidence.algorithm1 on the drawn survivals of the n decoding rows (ring rows ``pos``): their
     verify lengths into L[:n] (``Tb``: the candidates' prices with the long-context term)."""
     N = n * K
-    for k in range(K):
-        for i in range(n):
-            keys[k * n + i] = -cs[pos[i], K + k]
+    for i in range(n):      # a ring row's survivals are adjacent: read them together
+        r = pos[i]
+        for k in range(K):
+            keys[k * n + i] = -cs[r, K + k]
     bmax = min(max_tok - base, N)
     m = FIRST_PREFIX
     while True:
@@ -295,7 +298,7 @@ def _confidence(n, K, base, max_tok, cs, pos, dense, extra, keys, sbuf, L, Tb, l
         if j < p or p == bmax:
             break
         m *= 4
-    _lengths(n, N, j, keys, sbuf, L)
+    _lengths(n, K, j, keys, sbuf, L)
 
 
 @njit
