@@ -68,10 +68,19 @@ try:
     steps = len(out.result.steps["dt"])
 except Exception:
     steps = None
-print(json.dumps({"package": dsparksim.__file__, "import_s": t1 - t0, "simulate_s": t2 - t1, "write_s": t3 - t2,
+peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+try:   # which engine stepped it (after the timing): the compiled kernel, or numpy and why
+    from dsparksim.sim import fastpath
+    from dsparksim.sim.simulate import prepare
+    why = fastpath.refusal(prepare(cfg).sim)
+    engine = "numpy (numba not installed or DSPARKSIM_KERNEL=0)" if not fastpath.enabled() else (
+        "compiled kernel" if why is None else f"numpy ({why})")
+except ImportError:
+    engine = "numpy"
+print(json.dumps({"package": dsparksim.__file__, "engine": engine, "import_s": t1 - t0, "simulate_s": t2 - t1, "write_s": t3 - t2,
                   "steps": steps, "sim_time_s": float(out.summary.get("sim_time_s", spec["duration"])),
                   "completed": out.summary.get("num_requests_completed"),
-                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_rss_mib": peak_rss}))
 """
 
 
@@ -106,7 +115,8 @@ def headline(label: str, res: dict) -> str:
             f"{res['sim_time_s']:.0f} simulated s), peak RSS {res['peak_rss_mib']:.0f} MiB\n"
             f"    split: start-up/imports {res['import_s']:.2f} s, simulate() {res['simulate_s']:.2f} s "
             f"({res['x_real_loop']:.0f}x real time{per_step}, {steps} steps), "
-            f"writing results {res['write_s']:.2f} s; {res['completed']} requests completed")
+            f"writing results {res['write_s']:.2f} s; {res['completed']} requests completed; stepped by "
+            f"{res.get('engine', 'numpy')}")
 
 
 def in_process(policy: str, users: int, duration: float) -> tuple[float, float, int]:
