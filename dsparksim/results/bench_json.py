@@ -184,11 +184,12 @@ def _stats(prefix: str, x: list[float] | np.ndarray, percentiles: Sequence[float
 def _metric_stats(metrics: Sequence[str], percentiles: Sequence[float], ttft: np.ndarray, tpot: np.ndarray,
                   itl: tuple[np.ndarray, np.ndarray, np.ndarray], e2el: np.ndarray) -> dict[str, float | None]:
     """The statistics of ``metrics``, in vLLM's order; ``itl``: (the pooled samples, each step's dt, the samples
-    of each step)."""
+    of each step). The pooled samples are a scratch array: overwritten."""
     d: dict[str, float | None] = {}
     for m, vals in (("ttft", ttft), ("tpot", tpot), ("itl", itl[0]), ("e2el", e2el)):
         if m in metrics:
-            d.update(_stats_of_repeats(m, *itl, percentiles) if m == "itl" else _stats(m, vals, percentiles))
+            d.update(_stats_of_repeats(m, *itl, percentiles, overwrite_pool=True) if m == "itl"
+                     else _stats(m, vals, percentiles))
     return d
 
 
@@ -236,13 +237,28 @@ def _gap_itls(res: SimResult, idx: np.ndarray, lo: np.ndarray, hi: np.ndarray, d
     return own, spans
 
 
+def _mean_std(a: np.ndarray, overwrite: bool = False) -> tuple[float, float]:
+    """``float(a.mean()), float(a.std())`` of a 1-d float64 array, by numpy's own operations in its order (sum / n;
+    the sum of the squared deviations from that mean / n; its square root), so bitwise the same numbers, with the
+    mean summed once. ``overwrite``: the squared deviations are written into ``a`` instead of a new array -- for a
+    scratch array only (a long run's pooled ITL samples: ~10^7, and a temporary of that size cost more than the
+    arithmetic)."""
+    n = a.size
+    mean = np.add.reduce(a) / n
+    x = np.subtract(a, mean, out=a if overwrite else None)
+    np.square(x, out=x)
+    return float(mean), float(np.sqrt(np.add.reduce(x) / n))
+
+
 def _stats_of_repeats(prefix: str, pool: np.ndarray, values: np.ndarray, counts: np.ndarray,
-                      percentiles: Sequence[float] = PERCENTILES) -> dict[str, float | None]:
+                      percentiles: Sequence[float] = PERCENTILES, overwrite_pool: bool = False
+                      ) -> dict[str, float | None]:
     """:func:`_stats` of ``pool``, a sample in which ``values[j]`` occurs ``counts[j]`` times (the ITL samples: each
     step's dt once per completed request decoding in it): the same numbers, the median and percentiles read from
     the sorted values and their cumulative counts instead of partitioning millions of samples. The mean and std
     still run over ``pool`` (their sums depend on its order); numpy's median (the mean of the middle one or two)
-    and linear percentile (``_lerp`` of the two neighbours of (N - 1) q / 100) are done with its operations."""
+    and linear percentile (``_lerp`` of the two neighbours of (N - 1) q / 100) are done with its operations.
+    ``overwrite_pool``: ``pool`` (a float64 scratch array) may be overwritten (:func:`_mean_std`)."""
     a = np.asarray(pool, float)
     values = np.asarray(values, float)
     counts = np.asarray(counts, np.int64)
@@ -256,8 +272,9 @@ def _stats_of_repeats(prefix: str, pool: np.ndarray, values: np.ndarray, counts:
         return srt[np.searchsorted(cum, k, "right")]
 
     mid = [kth((n - 1) // 2)] if n % 2 else [kth(n // 2 - 1), kth(n // 2)]
-    out = {f"mean_{prefix}_ms": float(a.mean()) * 1000, f"median_{prefix}_ms": float(np.mean(np.array(mid))) * 1000,
-           f"std_{prefix}_ms": float(a.std()) * 1000}
+    mean, std = _mean_std(a, overwrite=overwrite_pool and a is pool and a.dtype == np.float64 and a.ndim == 1)
+    out = {f"mean_{prefix}_ms": mean * 1000, f"median_{prefix}_ms": float(np.mean(np.array(mid))) * 1000,
+           f"std_{prefix}_ms": std * 1000}
     for p in percentiles:
         virtual = (n - 1) * np.asanyarray(np.true_divide(p, 100))
         lo = np.floor(virtual)
