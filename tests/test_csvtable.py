@@ -125,3 +125,17 @@ def test_cells_needing_no_quotes_are_joined_to_the_same_bytes(tmp_path, n, fmt):
     write_csv_cells(tmp_path / "ours.csv", list(cols), table_cells(cols, fmt))
     pd.DataFrame(cols).to_csv(tmp_path / "pandas.csv", index=False, float_format=fmt)
     assert (tmp_path / "ours.csv").read_bytes() == (tmp_path / "pandas.csv").read_bytes()
+
+
+def test_integer_columns_of_few_values_are_the_same_bytes(tmp_path):
+    # a column whose range is small next to its length formats each value of the range once: the same cells
+    rng = np.random.default_rng(4)
+    n = 300
+    cols = {"int8_full": np.resize(np.arange(-128, 128, dtype=np.int8), n),
+            "neg": rng.integers(-40, -30, n), "zero": np.zeros(n, np.int64),
+            "u64_small": rng.integers(0, 5, n).astype(np.uint64) + np.uint64(2**64 - 10),
+            "u64_low": rng.integers(0, 5, n).astype(np.uint64), "near_max": np.full(n, 2**63 - 1),
+            "near_min": rng.integers(-2**63, -2**63 + 3, n), "b": rng.random(n) < 0.3}
+    write_csv_cells(tmp_path / "ours.csv", list(cols), table_cells(cols))
+    pd.DataFrame(cols).to_csv(tmp_path / "pandas.csv", index=False, float_format="%.9g")
+    assert (tmp_path / "ours.csv").read_bytes() == (tmp_path / "pandas.csv").read_bytes()

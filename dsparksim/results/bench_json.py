@@ -126,24 +126,22 @@ class ItlLists(Sequence):
         if not np.isfinite(self._dt).all():
             f.write(("[" + ", ".join(self.json_items()) + "]").encode("ascii"))   # raises json's ValueError
             return
-        own = {i: json.dumps(v, allow_nan=False).encode("ascii") for i, v in self._own.items()}
+        if not len(self):
+            f.write(b"[]")
+            return
         joined, at = self._joined()
         view = memoryview(joined)
-        parts: list[Any] = [b"["]
-        sep = b""
-        for i, (a, b) in enumerate(zip(self._lo.tolist(), self._hi.tolist())):
-            if i in own:
-                parts += (sep, own[i])
-            elif b > a:
-                parts += (sep, b"[", view[at[a]:at[b] - 2], b"]")
-            else:
-                parts += (sep, b"[]")
-            sep = b", "
-            if len(parts) > 4096:   # a few MB at a time: one copy into the file's buffer, no big string
-                f.write(b"".join(parts))
-                parts = []
-        parts.append(b"]")
-        f.write(b"".join(parts))
+        starts = np.asarray(at, np.int64)[self._lo]
+        ends = np.maximum(np.asarray(at, np.int64)[self._hi] - 2, starts)   # a prompt without steps: empty
+        # each prompt's list without its brackets: a view of the joined text, or its own list's text
+        inner: list[Any] = list(map(view.__getitem__, map(slice, starts.tolist(), ends.tolist())))
+        for i, v in self._own.items():
+            inner[i] = json.dumps(v, allow_nan=False).encode("ascii")[1:-1]
+        f.write(b"[[")
+        step = 4096          # a few MB at a time: one copy into the file's buffer, no big string
+        for k in range(0, len(inner), step):
+            f.write((b"], [" if k else b"") + b"], [".join(inner[k:k + step]))
+        f.write(b"]]")
 
 
 def write_bench_json(path, d: dict[str, Any]) -> None:
@@ -197,8 +195,10 @@ def _pooled(dt: np.ndarray, lo: np.ndarray, hi: np.ndarray, own: dict[int, list[
             ) -> np.ndarray:
     """dt[lo[0]:hi[0]], dt[lo[1]:hi[1]], ... one after another (the ITL samples of those requests); ``own[j]``
     instead of request j's slice where given."""
-    own = own or {}
-    segs = [np.asarray(own[j], float) if j in own else dt[a:b] for j, (a, b) in enumerate(zip(lo, hi))]
+    segs = list(map(dt.__getitem__, map(slice, np.asarray(lo).tolist(), np.asarray(hi).tolist())))
+    for j, v in (own or {}).items():
+        if 0 <= j < len(segs):
+            segs[j] = np.asarray(v, float)
     return np.concatenate(segs) if segs else np.zeros(0)
 
 

@@ -38,13 +38,28 @@ def csv_cells(col: np.ndarray, float_format: str) -> list | None:
             cells[i] = ""
         # numbers through a format without a quoting character: no cell needs quoting
         return PlainCells(cells) if not any(c in float_format for c in _SPECIAL) else cells
-    if kind in "iub":
-        return PlainCells(map(str, a.tolist()))
+    if kind == "b":
+        return PlainCells(map(("False", "True").__getitem__, a.tolist()))
+    if kind in "iu":
+        return PlainCells(_int_cells(a))
     if kind == "U":
         return a.tolist()
     if kind == "O":
         return ["" if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in a.tolist()]
     return None
+
+
+def _int_cells(a: np.ndarray) -> list[str]:
+    """``str`` of each integer; a column of few distinct values (counts, ids of replicas, flags) formats each value
+    of its range once and looks the cells up."""
+    n = len(a)
+    if n < 64:
+        return list(map(str, a.tolist()))
+    lo, hi = int(a.min()), int(a.max())
+    if hi - lo >= n // 2 or hi >= 2**63:
+        return list(map(str, a.tolist()))
+    table = list(map(str, range(lo, hi + 1)))
+    return list(map(table.__getitem__, (a.astype(np.int64) - lo).tolist()))
 
 
 def table_cells(cols: Mapping[str, np.ndarray], float_format: str = "%.9g") -> list[list] | None:
