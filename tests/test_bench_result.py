@@ -251,8 +251,9 @@ def test_itl_lists_write_json_is_the_items_joined():
             assert f.getvalue().decode("ascii") == "[" + ", ".join(itls.json_items()) + "]"
 
 
-def test_pooled_is_each_requests_slice_in_order():
-    from dsparksim.results.bench_json import _pooled
+def test_pooled_samples_are_each_requests_slice_in_order_and_numpys_mean_and_std_bitwise():
+    # the ITL pool is never built: its mean and std are summed part by part in numpy's pairwise order
+    from dsparksim.results.bench_json import PooledSamples, _stats_of_repeats
 
     rng = np.random.default_rng(8)
     dt = rng.uniform(0, 1, 200)
@@ -260,7 +261,26 @@ def test_pooled_is_each_requests_slice_in_order():
     hi = np.minimum(lo + rng.integers(0, 9, 50), 200)
     own = {2: [7.0, 8.0], 10: [], 99: [1.0]}    # 99: no such request, ignored
     want = np.concatenate([np.asarray(own[j]) if j in own else dt[a:b] for j, (a, b) in enumerate(zip(lo, hi))])
-    assert np.array_equal(_pooled(dt, lo, hi, own), want) and _pooled(dt, lo[:0], hi[:0]).size == 0
+    assert np.array_equal(PooledSamples(dt, lo, hi, own).array(), want)
+    assert PooledSamples(dt, lo[:0], hi[:0]).array().size == 0
+    for trial in range(40):
+        n_steps, n_req = int(rng.integers(1, 3000)), int(rng.integers(1, 400))
+        dt = rng.lognormal(-3, 2, n_steps) * [1, 1e-6, 1e6][trial % 3]
+        lo = rng.integers(0, n_steps, n_req)
+        hi = np.minimum(lo + rng.integers(0, 2 * n_steps, n_req), n_steps)
+        pool = PooledSamples(dt, lo, hi, {int(rng.integers(n_req)): rng.uniform(0, 1, 30).tolist()})
+        if trial % 4:
+            pool.CHUNK = int(rng.integers(8, 3000))       # many parts: the pairwise split exercised
+        a = pool.array()
+        assert pool.size == a.size
+        got = pool.mean_std()
+        assert [np.float64(v).tobytes() for v in got] == [np.float64(v).tobytes() for v in (a.mean(), a.std())]
+    dt = rng.lognormal(-3, 2, 1001)
+    big = PooledSamples(dt, rng.integers(0, 3, 600), rng.integers(998, 1002, 600))   # default CHUNK: ~9 parts
+    assert big.size > 8 * PooledSamples.CHUNK
+    assert big.mean_std() == (float(big.array().mean()), float(big.array().std()))
+    vals, counts = np.unique(big.array(), return_counts=True)
+    assert _stats_of_repeats("itl", big, vals, counts) == _stats_of_repeats("itl", big.array(), vals, counts)
 
 
 def test_clean_list_is_clean_of_each_item():
