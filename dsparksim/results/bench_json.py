@@ -127,22 +127,24 @@ class ItlLists(Sequence):
         if not np.isfinite(self._dt).all():
             f.write(("[" + ", ".join(self.json_items()) + "]").encode("ascii"))   # raises json's ValueError
             return
-        if not len(self):
-            f.write(b"[]")
-            return
+        own = {i: json.dumps(v, allow_nan=False).encode("ascii") for i, v in self._own.items()}
         joined, at = self._joined()
         view = memoryview(joined)
-        starts = np.asarray(at, np.int64)[self._lo]
-        ends = np.maximum(np.asarray(at, np.int64)[self._hi] - 2, starts)   # a prompt without steps: empty
-        # each prompt's list without its brackets: a view of the joined text, or its own list's text
-        inner: list[Any] = list(map(view.__getitem__, map(slice, starts.tolist(), ends.tolist())))
-        for i, v in self._own.items():
-            inner[i] = json.dumps(v, allow_nan=False).encode("ascii")[1:-1]
-        f.write(b"[[")
-        step = 256           # under 1 MB at a time (larger joins measured slower: fresh memory each time)
-        for k in range(0, len(inner), step):
-            f.write((b"], [" if k else b"") + b"], [".join(inner[k:k + step]))
-        f.write(b"]]")
+        parts: list[Any] = [b"["]
+        sep = b""
+        for i, (a, b) in enumerate(zip(self._lo.tolist(), self._hi.tolist())):
+            if i in own:
+                parts += (sep, own[i])
+            elif b > a:
+                parts += (sep, b"[", view[at[a]:at[b] - 2], b"]")
+            else:
+                parts += (sep, b"[]")
+            sep = b", "
+            if len(parts) > 4096:   # a few MB at a time: one copy into the file's buffer, no big string
+                f.write(b"".join(parts))
+                parts = []
+        parts.append(b"]")
+        f.write(b"".join(parts))
 
 
 def write_bench_json(path, d: dict[str, Any]) -> None:
