@@ -139,3 +139,27 @@ def test_integer_columns_of_few_values_are_the_same_bytes(tmp_path):
     write_csv_cells(tmp_path / "ours.csv", list(cols), table_cells(cols))
     pd.DataFrame(cols).to_csv(tmp_path / "pandas.csv", index=False, float_format="%.9g")
     assert (tmp_path / "ours.csv").read_bytes() == (tmp_path / "pandas.csv").read_bytes()
+
+
+@pytest.mark.parametrize("block", [1, 3, 64, 4096])
+def test_columns_written_in_blocks_are_the_same_bytes(tmp_path, block):
+    # requests.csv is formatted a block of rows at a time: the file is the one the whole table gives, whether a
+    # block needs quoting or not, down to a header needing quotes and one-column tables (csv.writer's "" cell)
+    from dsparksim.results.csvtable import csv_kinds_supported, write_csv_columns
+
+    n = 150
+    cols = _columns(n, np.random.default_rng(9))
+    cols["s"][:100] = "plain"                     # the first blocks need no quoting, later ones do
+    cases = [cols, {"x,y": cols["i"], "b": cols["b"]}, {"only": cols["s"]}, {"e": np.array([""] * 5, dtype=object)},
+             {k: v[:0] for k, v in cols.items()}]
+    for j, c in enumerate(cases):
+        assert csv_kinds_supported(c)
+        write_csv_columns(tmp_path / f"blocks{j}.csv", c, block=block)
+        write_csv_cells(tmp_path / f"whole{j}.csv", list(c), table_cells(c))
+        pd.DataFrame(c).to_csv(tmp_path / f"pandas{j}.csv", index=False, float_format="%.9g")
+        got = (tmp_path / f"blocks{j}.csv").read_bytes()
+        assert got == (tmp_path / f"whole{j}.csv").read_bytes() == (tmp_path / f"pandas{j}.csv").read_bytes()
+    assert not csv_kinds_supported({"t": np.array(["2026-12-03T21:00"], dtype="datetime64[s]")})
+    assert not csv_kinds_supported({"m": np.zeros((2, 2))})
+    with pytest.raises(ValueError, match="unequal lengths"):
+        write_csv_columns(tmp_path / "bad.csv", {"a": np.zeros(2), "b": np.zeros(3)})
