@@ -228,3 +228,66 @@ def test_a_preempted_requests_missed_steps_are_one_itl_gap_in_closed_form():
     assert d["mean_itl_ms"] == pytest.approx(1000 * np.mean(pool))
     assert d["median_itl_ms"] == pytest.approx(1000.0) and d["p99_itl_ms"] == pytest.approx(
         1000 * np.percentile(pool, 99))
+
+
+def test_itl_lists_write_json_is_the_items_joined():
+    # the streamed file text is exactly "[" + ", ".join(json_items()) + "]": no prompts, prompts without steps at
+    # either end of the log, own (preempted) lists, and more prompts than one write holds
+    import io
+
+    from dsparksim.results.bench_json import ItlLists
+
+    rng = np.random.default_rng(5)
+    dt = rng.uniform(1e-4, 0.3, 900)
+    n = 9000
+    lo = rng.integers(0, len(dt), n)
+    hi = np.minimum(lo + rng.integers(0, 5, n), len(dt))
+    lo[:3], hi[:3] = [0, 0, len(dt)], [0, 2, len(dt)]
+    for own in ({}, {0: [0.5], 1: [], 4500: [1e-9, 2.0], n - 1: [0.25]}):
+        for m in (0, 1, 2, 3, 4097, n):
+            itls = ItlLists(dt, lo[:m], hi[:m], {k: v for k, v in own.items() if k < m})
+            f = io.BytesIO()
+            itls.write_json(f)
+            assert f.getvalue().decode("ascii") == "[" + ", ".join(itls.json_items()) + "]"
+
+
+def test_pooled_samples_are_each_requests_slice_in_order_and_numpys_mean_and_std_bitwise():
+    # the ITL pool is never built: its mean and std are summed part by part in numpy's pairwise order
+    from dsparksim.results.bench_json import PooledSamples, _stats_of_repeats
+
+    rng = np.random.default_rng(8)
+    dt = rng.uniform(0, 1, 200)
+    lo = rng.integers(0, 200, 50)
+    hi = np.minimum(lo + rng.integers(0, 9, 50), 200)
+    own = {2: [7.0, 8.0], 10: [], 99: [1.0]}    # 99: no such request, ignored
+    want = np.concatenate([np.asarray(own[j]) if j in own else dt[a:b] for j, (a, b) in enumerate(zip(lo, hi))])
+    assert np.array_equal(PooledSamples(dt, lo, hi, own).array(), want)
+    assert PooledSamples(dt, lo[:0], hi[:0]).array().size == 0
+    for trial in range(40):
+        n_steps, n_req = int(rng.integers(1, 3000)), int(rng.integers(1, 400))
+        dt = rng.lognormal(-3, 2, n_steps) * [1, 1e-6, 1e6][trial % 3]
+        lo = rng.integers(0, n_steps, n_req)
+        hi = np.minimum(lo + rng.integers(0, 2 * n_steps, n_req), n_steps)
+        pool = PooledSamples(dt, lo, hi, {int(rng.integers(n_req)): rng.uniform(0, 1, 30).tolist()})
+        if trial % 4:
+            pool.CHUNK = int(rng.integers(8, 3000))       # many parts: the pairwise split exercised
+        a = pool.array()
+        assert pool.size == a.size
+        got = pool.mean_std()
+        assert [np.float64(v).tobytes() for v in got] == [np.float64(v).tobytes() for v in (a.mean(), a.std())]
+    dt = rng.lognormal(-3, 2, 1001)
+    big = PooledSamples(dt, rng.integers(0, 3, 600), rng.integers(998, 1002, 600))   # default CHUNK: ~9 parts
+    assert big.size > 8 * PooledSamples.CHUNK
+    assert big.mean_std() == (float(big.array().mean()), float(big.array().std()))
+    vals, counts = np.unique(big.array(), return_counts=True)
+    assert _stats_of_repeats("itl", big, vals, counts) == _stats_of_repeats("itl", big.array(), vals, counts)
+
+
+def test_clean_list_is_clean_of_each_item():
+    from dsparksim.results.metrics import _clean, _clean_list
+
+    cases = [[], [1, 2, 3], ["", "x"], [0.5, 1e300, -0.0], [0.5, float("nan"), 2.0], [1, "a", 0.5],
+             [np.float64(0.5), np.int64(3), np.bool_(True)], [True, 2, None], [{"a": np.nan}, [np.nan]]]
+    for v in cases:
+        got, want = _clean_list(v), [_clean(x) for x in v]
+        assert got == want and [type(x) for x in got] == [type(x) for x in want] and got is not v

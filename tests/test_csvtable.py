@@ -125,3 +125,41 @@ def test_cells_needing_no_quotes_are_joined_to_the_same_bytes(tmp_path, n, fmt):
     write_csv_cells(tmp_path / "ours.csv", list(cols), table_cells(cols, fmt))
     pd.DataFrame(cols).to_csv(tmp_path / "pandas.csv", index=False, float_format=fmt)
     assert (tmp_path / "ours.csv").read_bytes() == (tmp_path / "pandas.csv").read_bytes()
+
+
+def test_integer_columns_of_few_values_are_the_same_bytes(tmp_path):
+    # a column whose range is small next to its length formats each value of the range once: the same cells
+    rng = np.random.default_rng(4)
+    n = 300
+    cols = {"int8_full": np.resize(np.arange(-128, 128, dtype=np.int8), n),
+            "neg": rng.integers(-40, -30, n), "zero": np.zeros(n, np.int64),
+            "u64_small": rng.integers(0, 5, n).astype(np.uint64) + np.uint64(2**64 - 10),
+            "u64_low": rng.integers(0, 5, n).astype(np.uint64), "near_max": np.full(n, 2**63 - 1),
+            "near_min": rng.integers(-2**63, -2**63 + 3, n), "b": rng.random(n) < 0.3}
+    write_csv_cells(tmp_path / "ours.csv", list(cols), table_cells(cols))
+    pd.DataFrame(cols).to_csv(tmp_path / "pandas.csv", index=False, float_format="%.9g")
+    assert (tmp_path / "ours.csv").read_bytes() == (tmp_path / "pandas.csv").read_bytes()
+
+
+@pytest.mark.parametrize("block", [1, 3, 64, 4096])
+def test_columns_written_in_blocks_are_the_same_bytes(tmp_path, block):
+    # requests.csv is formatted a block of rows at a time: the file is the one the whole table gives, whether a
+    # block needs quoting or not, down to a header needing quotes and one-column tables (csv.writer's "" cell)
+    from dsparksim.results.csvtable import csv_kinds_supported, write_csv_columns
+
+    n = 150
+    cols = _columns(n, np.random.default_rng(9))
+    cols["s"][:100] = "plain"                     # the first blocks need no quoting, later ones do
+    cases = [cols, {"x,y": cols["i"], "b": cols["b"]}, {"only": cols["s"]}, {"e": np.array([""] * 5, dtype=object)},
+             {k: v[:0] for k, v in cols.items()}]
+    for j, c in enumerate(cases):
+        assert csv_kinds_supported(c)
+        write_csv_columns(tmp_path / f"blocks{j}.csv", c, block=block)
+        write_csv_cells(tmp_path / f"whole{j}.csv", list(c), table_cells(c))
+        pd.DataFrame(c).to_csv(tmp_path / f"pandas{j}.csv", index=False, float_format="%.9g")
+        got = (tmp_path / f"blocks{j}.csv").read_bytes()
+        assert got == (tmp_path / f"whole{j}.csv").read_bytes() == (tmp_path / f"pandas{j}.csv").read_bytes()
+    assert not csv_kinds_supported({"t": np.array(["2026-12-03T21:00"], dtype="datetime64[s]")})
+    assert not csv_kinds_supported({"m": np.zeros((2, 2))})
+    with pytest.raises(ValueError, match="unequal lengths"):
+        write_csv_columns(tmp_path / "bad.csv", {"a": np.zeros(2), "b": np.zeros(3)})

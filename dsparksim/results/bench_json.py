@@ -31,6 +31,7 @@ SLO / duration, a request with one output token having TPOT 0 (vLLM's rule).
 """
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import time
@@ -182,7 +183,7 @@ def _stats(prefix: str, x: list[float] | np.ndarray, percentiles: Sequence[float
 
 
 def _metric_stats(metrics: Sequence[str], percentiles: Sequence[float], ttft: np.ndarray, tpot: np.ndarray,
-                  itl: tuple[np.ndarray, np.ndarray, np.ndarray], e2el: np.ndarray) -> dict[str, float | None]:
+                  itl: tuple[PooledSamples, np.ndarray, np.ndarray], e2el: np.ndarray) -> dict[str, float | None]:
     """The statistics of ``metrics``, in vLLM's order; ``itl``: (the pooled samples, each step's dt, the samples
     of each step)."""
     d: dict[str, float | None] = {}
@@ -190,15 +191,6 @@ def _metric_stats(metrics: Sequence[str], percentiles: Sequence[float], ttft: np
         if m in metrics:
             d.update(_stats_of_repeats(m, *itl, percentiles) if m == "itl" else _stats(m, vals, percentiles))
     return d
-
-
-def _pooled(dt: np.ndarray, lo: np.ndarray, hi: np.ndarray, own: dict[int, list[float]] | None = None
-            ) -> np.ndarray:
-    """dt[lo[0]:hi[0]], dt[lo[1]:hi[1]], ... one after another (the ITL samples of those requests); ``own[j]``
-    instead of request j's slice where given."""
-    own = own or {}
-    segs = [np.asarray(own[j], float) if j in own else dt[a:b] for j, (a, b) in enumerate(zip(lo, hi))]
-    return np.concatenate(segs) if segs else np.zeros(0)
 
 
 def _gap_itls(res: SimResult, idx: np.ndarray, lo: np.ndarray, hi: np.ndarray, dt: np.ndarray
@@ -236,19 +228,90 @@ def _gap_itls(res: SimResult, idx: np.ndarray, lo: np.ndarray, hi: np.ndarray, d
     return own, spans
 
 
-def _stats_of_repeats(prefix: str, pool: np.ndarray, values: np.ndarray, counts: np.ndarray,
+def _mean_std(a: np.ndarray) -> tuple[float, float]:
+    """``float(a.mean()), float(a.std())`` of a 1-d float64 array, by numpy's own operations in its order (sum / n;
+    the sum of the squared deviations from that mean / n; its square root): bitwise the same numbers, with the
+    mean summed once."""
+    n = a.size
+    mean = np.add.reduce(a, axis=None) / n
+    x = np.subtract(a, mean)
+    np.square(x, out=x)
+    return float(mean), float(np.sqrt(np.add.reduce(x, axis=None) / n))
+
+
+class PooledSamples:
+    """``dt[lo[0]:hi[0]], dt[lo[1]:hi[1]], ...`` one after another (the ITL samples of those requests; ``own[j]``
+    instead of request j's slice where given), without building that array (:meth:`array` builds it): a long run
+    has ~10^7 ITL samples, and allocating and filling them took more time than the arithmetic.
+
+    :meth:`mean_std` sums them as numpy sums the whole array -- pairwise: an array of more than 128 items is the
+    sum of its two halves, the first half's length rounded down to a multiple of 8 (numpy's ``pairwise_sum``,
+    after an initial 0.0) -- with each part of at most ``CHUNK`` items built in one reused buffer and summed by
+    numpy itself, so bitwise the numbers of ``array().mean()`` and ``.std()``
+    (tests/test_bench_result.py checks it against numpy)."""
+
+    CHUNK = 1 << 16
+
+    def __init__(self, dt: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                 own: dict[int, list[float]] | None = None) -> None:
+        self._segs: list[np.ndarray] = list(map(dt.__getitem__, map(slice, np.asarray(lo).tolist(),
+                                                                          np.asarray(hi).tolist())))
+        for j, v in (own or {}).items():
+            if 0 <= j < len(self._segs):
+                self._segs[j] = np.asarray(v, float)
+        lens = np.fromiter(map(len, self._segs), np.int64, len(self._segs))
+        self._off: list[int] = np.concatenate([[0], np.cumsum(lens)]).tolist()
+        self.size: int = self._off[-1]
+
+    def array(self) -> np.ndarray:
+        return np.concatenate(self._segs) if self._segs else np.zeros(0)
+
+    def _fill(self, start: int, n: int, buf: np.ndarray) -> np.ndarray:
+        """Samples [start, start + n) in ``buf[:n]``."""
+        off, end = self._off, start + n
+        j0, j1 = bisect.bisect_right(off, start) - 1, bisect.bisect_left(off, end)
+        parts = self._segs[j0:j1]
+        parts[-1] = parts[-1][:end - off[j1 - 1]]
+        parts[0] = parts[0][start - off[j0]:]
+        return np.concatenate(parts, out=buf[:n])
+
+    def _sum(self, start: int, n: int, buf: np.ndarray, mean: np.float64 | None) -> np.float64:
+        """numpy's pairwise sum of samples [start, start + n) (``mean`` given: of their squared deviations)."""
+        if n > self.CHUNK:
+            half = n // 2
+            half -= half % 8
+            return self._sum(start, half, buf, mean) + self._sum(start + half, n - half, buf, mean)
+        x = self._fill(start, n, buf)
+        if mean is not None:
+            np.subtract(x, mean, out=x)
+            np.square(x, out=x)
+        return np.add.reduce(x)
+
+    def mean_std(self) -> tuple[float, float]:
+        """``float(a.mean()), float(a.std())`` of the samples (:func:`_mean_std` of the built array)."""
+        n = self.size
+        if not n:
+            return math.nan, math.nan     # numpy: nan (with a warning)
+        buf = np.empty(min(n, self.CHUNK))
+        mean = (np.float64(0.0) + self._sum(0, n, buf, None)) / n
+        var = (np.float64(0.0) + self._sum(0, n, buf, mean)) / n
+        return float(mean), float(np.sqrt(var))
+
+
+def _stats_of_repeats(prefix: str, pool: np.ndarray | PooledSamples, values: np.ndarray, counts: np.ndarray,
                       percentiles: Sequence[float] = PERCENTILES) -> dict[str, float | None]:
     """:func:`_stats` of ``pool``, a sample in which ``values[j]`` occurs ``counts[j]`` times (the ITL samples: each
     step's dt once per completed request decoding in it): the same numbers, the median and percentiles read from
     the sorted values and their cumulative counts instead of partitioning millions of samples. The mean and std
     still run over ``pool`` (their sums depend on its order); numpy's median (the mean of the middle one or two)
     and linear percentile (``_lerp`` of the two neighbours of (N - 1) q / 100) are done with its operations."""
-    a = np.asarray(pool, float)
+    a = pool if isinstance(pool, PooledSamples) else np.asarray(pool, float)
     values = np.asarray(values, float)
     counts = np.asarray(counts, np.int64)
     order = np.argsort(values, kind="stable")
     cum = np.cumsum(counts[order])
     if not a.size or not np.isfinite(values).all() or int(cum[-1]) != a.size or (counts < 0).any():
+        a = a.array() if isinstance(a, PooledSamples) else a
         return _stats(prefix, a, percentiles)       # NaN's ordering, or not that sample: numpy's own path
     srt, n = values[order], a.size
 
@@ -256,8 +319,9 @@ def _stats_of_repeats(prefix: str, pool: np.ndarray, values: np.ndarray, counts:
         return srt[np.searchsorted(cum, k, "right")]
 
     mid = [kth((n - 1) // 2)] if n % 2 else [kth(n // 2 - 1), kth(n // 2)]
-    out = {f"mean_{prefix}_ms": float(a.mean()) * 1000, f"median_{prefix}_ms": float(np.mean(np.array(mid))) * 1000,
-           f"std_{prefix}_ms": float(a.std()) * 1000}
+    mean, std = a.mean_std() if isinstance(a, PooledSamples) else _mean_std(a)
+    out = {f"mean_{prefix}_ms": mean * 1000, f"median_{prefix}_ms": float(np.mean(np.array(mid))) * 1000,
+           f"std_{prefix}_ms": std * 1000}
     for p in percentiles:
         virtual = (n - 1) * np.asanyarray(np.true_divide(p, 100))
         lo = np.floor(virtual)
@@ -454,7 +518,7 @@ def bench_result(res: SimResult, *, warmup_s: float, duration_s: float, model_id
 
 
 def _itl_parts(res: SimResult, idx: np.ndarray, ok: np.ndarray, lo: np.ndarray, hi: np.ndarray, dt: np.ndarray
-               ) -> tuple[ItlLists, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+               ) -> tuple[ItlLists, PooledSamples, np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """The prompts' ITL lists; the completed prompts' pooled ITL samples; the chunks they streamed per step (for
     max_output_tokens_per_s); and that pool as (values, counts): each step's dt with the number of completed
     prompts whose ITL it is, then each preemption gap's sample once (:func:`_stats_of_repeats`)."""
@@ -463,7 +527,7 @@ def _itl_parts(res: SimResult, idx: np.ndarray, ok: np.ndarray, lo: np.ndarray, 
     itls = ItlLists(dt, lo, hi, own)
     done_own = {j: v for j, v in own.items() if ok[j]}
     pos = np.flatnonzero(ok)
-    pool = _pooled(dt, lo[ok], hi[ok], {int(np.searchsorted(pos, j)): v for j, v in done_own.items()})
+    pool = PooledSamples(dt, lo[ok], hi[ok], {int(np.searchsorted(pos, j)): v for j, v in done_own.items()})
     # Chunks per step from completed requests (difference array over their step ranges), less the steps a
     # preemption paused them in; a gap's last step streams a chunk whose ITL is the gap, not that step's dt
     diff = np.zeros(n_steps + 1)

@@ -465,4 +465,7 @@ def bench_serve_json(res: SimResult, summary: dict[str, Any], *, model_id: str, 
 
 def _clean_list(v: list) -> list:
     """``[_clean(x) for x in v]``, without the call for a str, an int or a float that is not NaN (kept as is)."""
+    kinds = set(map(type, v))
+    if kinds <= {str, int} or (kinds == {float} and not any(map(math.isnan, v))):
+        return list(v)      # every item kept as is (a long run's lists: 10^4-10^5 numbers)
     return [x if (t := type(x)) is str or t is int or (t is float and x == x) else _clean(x) for x in v]

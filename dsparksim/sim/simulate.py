@@ -17,7 +17,7 @@ from dsparksim.errors import ConfigError
 from dsparksim.sim.cluster import SimResult, Simulation
 from dsparksim.sim.inputs import engine_limits, max_model_len, resolve_inputs  # noqa: F401  (engine_limits: re-export)
 from dsparksim.sim.streams import RequestStreams
-from dsparksim.results.csvtable import table_cells, write_csv_cells
+from dsparksim.results.csvtable import csv_kinds_supported, write_csv_columns
 from dsparksim.results.metrics import bench_serve_json, request_columns, summarize
 from dsparksim.results.outputs import atomic_write, staged_dir
 from dsparksim.traffic import build_workload
@@ -181,9 +181,8 @@ def write_table(path: Path, df: pd.DataFrame | Mapping[str, np.ndarray]) -> None
     """A table as CSV (floats ``%.9g``) or Parquet, by ``path``'s suffix. ``df``: a DataFrame or its columns (a
     dict of arrays: CSV written without pandas, the same bytes, see dsparksim.results.csvtable)."""
     if isinstance(df, Mapping):
-        cells = table_cells(df) if path.suffix != ".parquet" else None
-        if cells is not None:
-            atomic_write(path, lambda p: write_csv_cells(p, list(df), cells))
+        if path.suffix != ".parquet" and csv_kinds_supported(df):
+            atomic_write(path, lambda p: write_csv_columns(p, df))
             return
         import pandas as pd  # lazy: pandas (Parquet, or a column kind only pandas formats)
 
