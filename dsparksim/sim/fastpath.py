@@ -2,13 +2,13 @@
 decisions, prices and results as the numpy engine, bit for bit (tests/test_kernel_agreement.py).
 
 Supported: engines priced by the profile (no real executor), one or more replicas routed by ``least-outstanding``,
-``round-robin`` or ``pinned`` (a shard of a pinned run too; no DP ranks or disaggregation), a closed loop bounded by
-a duration (no warm-up, client cap or user steps), mixed prefill without batch waiting, early exit or padding, paged or reserved KV,
-keyed pre-drawn acceptance draws, the ``confidence`` policy, and a price from the dense verify table (with or
-without the long-context term; without the drafter's context term or a measured prefill-only price). Anything else
-runs on the numpy
-engine, as does every run when numba is not installed (``pip install -e ".[fast]"``) or ``DSPARKSIM_KERNEL=0`` is
-set. :func:`refusal` says why a run is not supported.
+``round-robin`` or ``pinned`` (a shard of a pinned run too; no DP ranks or disaggregation), a closed loop bounded
+by a duration (no warm-up, client cap or user steps), mixed prefill without batch waiting, early exit or padding,
+paged or reserved KV, keyed pre-drawn acceptance draws, the ``confidence``, ``fixed``, ``mtp1`` and ``threshold``
+policies, and a price from the dense verify table (with or without the long-context term; without the drafter's
+context term or a measured prefill-only price). Anything else runs on the numpy engine, as does every run when
+numba is not installed (``pip install -e ".[fast]"``) or ``DSPARKSIM_KERNEL=0`` is set. :func:`refusal` says why
+a run is not supported.
 
 The kernel stops when it needs Python; :func:`run_kernel` does there what the numpy engine does at that point
 (loads a request row, draws a block of acceptance steps, looks up a price term) and steps on. The first run
@@ -23,6 +23,9 @@ from typing import Any, Callable
 import numpy as np
 
 from dsparksim.policies.confidence import Confidence
+from dsparksim.policies.fixed import Fixed
+from dsparksim.policies.mtp1 import MTP1
+from dsparksim.policies.threshold import Threshold
 from dsparksim.sim import jit
 from dsparksim.sim.contract import CostExecutor
 from dsparksim.sim.driver import PriceClock
@@ -30,6 +33,7 @@ from dsparksim.sim.scheduler import LOG_KEYS
 
 ENV = jit.ENV                     # "0" / "off": always the numpy engine
 CHECK_EVERY = 2048                # steps per kernel call at most (progress, Ctrl-C)
+POLICIES = (Confidence, Fixed, MTP1, Threshold)   # the policies the kernel decides as (kernel.P_* order)
 ROUTERS = ("least-outstanding", "round-robin", "pinned")   # the routers the kernel routes as (kernel.R_* order)
 
 
@@ -56,7 +60,8 @@ def refusal(sim: Any) -> str | None:
         (eng.mixed and eng.batch_wait is None, "prefill-only steps or batch waiting"),
         (eng.draft_exit is None and not eng.pad_verify, "early exit or padded verification"),
         (eng.streams is not None and eng._pre is not None, "acceptance draws not pre-drawn"),
-        (all(type(e.policy) is Confidence for e in sim.engines), f"policy {getattr(eng.policy, 'spec', '?')}"),
+        (all(type(e.policy) is type(eng.policy) for e in sim.engines) and type(eng.policy) in POLICIES,
+         f"policy {getattr(eng.policy, 'spec', '?')}"),
         (eng.pricer.dense is not None, "no dense verify table"),
         (not eng.pricer.drafter_reads_kv(eng.drafter), "a drafter context term"),
         (eng.profile.prefill_only is None, "a measured prefill-only price"),
@@ -118,6 +123,11 @@ class _State:
         G[k.N_REJECTED], G[k.STREAK], G[k.N_FINISHED] = sim.n_rejected, sim._reject_streak, sim.n_finished
         G[k.MAX_MODEL_LEN] = -1 if eng.max_model_len is None else eng.max_model_len
         G[k.ONCE_N], G[k.CHECK_EVERY], G[k.MAX_STREAK] = -1, CHECK_EVERY, max_streak
+        G[k.POLICY] = POLICIES.index(type(eng.policy))
+        if isinstance(eng.policy, Fixed):
+            G[k.FIXED_K] = eng.policy.k
+        if isinstance(eng.policy, Threshold):
+            GF[k.THRESHOLD] = eng.policy.t
         pre = eng._pre
         G[k.RING], G[k.WRAP] = pre.R, pre._wrap
         GF[k.SPK], GF[k.DENSE_HI], GF[k.SQ] = pricer.spk, pricer._dense_hi, pricer.sq

@@ -6,7 +6,7 @@ load, acceptance draws to draw, a price term to look up, a log to grow, the run'
 The engines' steps are events in SimPy's order (time, then the order they were scheduled in: ``EV_EID``), and an
 engine's event is resumable where Python may be needed (``PHASE``): issuing (each finished closed-loop user sends
 its next request, routed as the router would), admission (drain the inbox, grow the paged KV, preempt, admit
-FIFO) and planning (prefill chunks, the drawn confidences, the price, the confidence policy; it changes nothing
+FIFO) and planning (prefill chunks, the drawn confidences, the price, the policy's verify lengths; it changes nothing
 until it succeeds). What Python does at an exit is what the numpy engine does at that point
 (``PredrawnDraws.admit``/``take``, ``RequestTable.load``, ``CostProfile.step_overhead``), so every draw, price
 and decision is the numpy engine's.
@@ -39,9 +39,10 @@ ARRIVAL, ADMITTED, FIRST_TOK, FINISH = range(4)
 # G slots (the run)
 (ISSUED, AVAIL, EXHAUSTED, N_ROWS, N_REJECTED, STREAK, N_FINISHED, EID, CUR, CUT, ROUTER, TURN, MAX_STREAK,
  MAX_MODEL_LEN, ONCE_N, AUX, CHECK_EVERY, AHEAD_UPTO, RING, WRAP, KK, PAGE, N_PAGES, WM_PAGES, KV_CAP, PAGED,
- MAX_TOK, CHUNK, PF_NOTE, PF_DRAFTER, N_NEW, STEPS_DONE, NEED_ROW, N_G) = range(34)
+ MAX_TOK, CHUNK, PF_NOTE, PF_DRAFTER, N_NEW, STEPS_DONE, NEED_ROW, POLICY, FIXED_K, N_G) = range(36)
 # GF slots
-(NOW, DURATION, ONCE_VAL, SPK, PF_TOK, PF_QK, PF_CH, PF_TOK_DEC, PF_CH_DEC, PF_DR_TOK, DENSE_HI, SQ, N_GF) = range(13)
+(NOW, DURATION, ONCE_VAL, SPK, PF_TOK, PF_QK, PF_CH, PF_TOK_DEC, PF_CH_DEC, PF_DR_TOK, DENSE_HI, SQ, THRESHOLD,
+ N_GF) = range(14)
 # SS slots (an engine)
 (PHASE, N_RUN, WQ_HEAD, WQ_LEN, IB_HEAD, IB_LEN, N_FREE, PAGES_USED, RESERVED, N_ADMITTED, N_STEPS, N_GAPS,
  PRE_PENDING, N_PREEMPTIONS, WAITING_NEED, PENDING, STEP_FIN, EV_EID, P_NDEC, P_NPF, P_KVREAD, P_PFQK, P_NCH, P_M,
@@ -51,6 +52,8 @@ ARRIVAL, ADMITTED, FIRST_TOK, FINISH = range(4)
 # engine phases: where its current event is (ISSUE, ADMIT, PLAN) or what it waits for (STEP: its step's end;
 # WAKE: a wake-up, scheduled; IDLE: a request routed to it)
 ISSUE, ADMIT, PLAN, STEP, WAKE, IDLE = range(6)
+# policies (dsparksim.policies): confidence (Algorithm 1), fixed:k, mtp1, threshold:t
+P_CONFIDENCE, P_FIXED, P_MTP1, P_THRESHOLD = 0, 1, 2, 3
 # routers (dsparksim.sim.routers): least-outstanding, round-robin, pinned (closed-loop users pinned to engines:
 # engine e's users send rows e, e + n, e + 2n, ...)
 R_LEAST_OUTSTANDING, R_ROUND_ROBIN, R_PINNED = 0, 1, 2
@@ -303,6 +306,33 @@ def _confidence(n, K, base, max_tok, cs, pos, dense, extra, keys, sbuf, L, Tb, l
 
 
 @njit
+def _verify_lengths(G, GF, n, K, base, cs, pos, dense, extra, keys, sbuf, L, Tb, long_ctx):
+    """The policy's verify lengths of the n decoding rows into L[:n]: confidence (Algorithm 1), or fixed:k, mtp1
+    and threshold:t, each capped lowest index first at the step's draft budget (policies._common
+    .cap_lowest_index_first: min(max_tokens - base, n K) tokens)."""
+    if G[POLICY] == P_CONFIDENCE:
+        _confidence(n, K, base, G[MAX_TOK], cs, pos, dense, extra, keys, sbuf, L, Tb, long_ctx)
+        return
+    for i in range(n):
+        if G[POLICY] == P_FIXED:
+            L[i] = min(G[FIXED_K], K)
+        elif G[POLICY] == P_MTP1:
+            L[i] = 1 if K >= 1 else 0
+        else:   # threshold: the survivals >= t form a prefix (non-increasing along the block)
+            c = 0
+            for k in range(K):
+                if cs[pos[i], K + k] >= GF[THRESHOLD]:
+                    c += 1
+            L[i] = c
+    budget = min(G[MAX_TOK] - base, n * K)
+    before = 0
+    for i in range(n):
+        li = L[i]
+        L[i] = min(max(budget - before, 0), li)
+        before += li
+
+
+@njit
 def _chunks(G, S, T, phase, run, n_dec, chunk_rows, chunk_len):
     """Scheduler._chunks (mixed prefill): FIFO chunks of the prefilling rows within the budget left beside the
     decode rows; (chunks, tokens, query-key pairs)."""
@@ -376,20 +406,21 @@ def _plan(G, GF, S, F, T, phase, run, entry, cs, pacc, filled, NT, NTok, dense, 
         return code
     base = n_dec + n_pf
     long_ctx = GF[SQ] != 0 and n_dec > 0
-    if long_ctx:
-        # the long-context term (Scheduler.plan_step): candidates priced at the decoding rows' mean context
-        qk0 = 0
-        for i in range(n_dec):
-            row = dec[i]
-            qk0 += T[PREFILLED][row] + T[GEN][row] - T[REGEN][row]
-        if not _long_context_prices(base, min(G[MAX_TOK] - base, n_dec * K), dense, extra, GF[SQ], float(qk0),
-                                    float(qk0) / n_dec, Tb):
-            return X_PRICE
-    elif not (extra >= 0 and np.isfinite(GF[DENSE_HI] + extra)):
-        return X_UNCHECKED     # DenseStepTime.checked is False: the numpy policy checks every price (never here)
+    if G[POLICY] == P_CONFIDENCE and n_dec:     # the one policy here that reads the prices
+        if long_ctx:
+            # the long-context term (Scheduler.plan_step): candidates priced at the decoding rows' mean context
+            qk0 = 0
+            for i in range(n_dec):
+                row = dec[i]
+                qk0 += T[PREFILLED][row] + T[GEN][row] - T[REGEN][row]
+            if not _long_context_prices(base, min(G[MAX_TOK] - base, n_dec * K), dense, extra, GF[SQ], float(qk0),
+                                        float(qk0) / n_dec, Tb):
+                return X_PRICE
+        elif not (extra >= 0 and np.isfinite(GF[DENSE_HI] + extra)):
+            return X_UNCHECKED     # DenseStepTime.checked is False: the numpy policy checks every price
     n_verify, dec_qk = 0, 0
     if n_dec:
-        _confidence(n_dec, K, base, G[MAX_TOK], cs, pos, dense, extra, keys, sbuf, L, Tb, long_ctx)
+        _verify_lengths(G, GF, n_dec, K, base, cs, pos, dense, extra, keys, sbuf, L, Tb, long_ctx)
         for i in range(n_dec):
             n_verify += L[i]
             A[i] = pacc[pos[i]]
