@@ -391,3 +391,29 @@ def test_oracle_bounds_fixed7_at_one_user_on_paired_streams():
         got = {p: simulate(_cfg(p, seed=seed, mode="closed", concurrency=1, duration_s=60.0)).summary
                ["output_throughput_tok_s"] for p in ("oracle", "fixed:7")}
         assert got["oracle"] >= got["fixed:7"], (seed, got)
+
+
+def test_a_gap_opened_after_a_replicas_last_step_maps_one_past_it(monkeypatch):
+    """A preemption in a replica's last (never logged) step opens a gap at that replica's step count: in the merged
+    log the index is the next replica's first step or the end. for_replica maps it one past the replica's own last
+    step (it raised IndexError for the last replica and named the step before for the others)."""
+    from dsparksim.config import EngineConfig, RunConfig
+    from dsparksim.sim.simulate import simulate
+    from dsparksim.traffic import TrafficConfig
+
+    monkeypatch.setenv("DSPARKSIM_KERNEL", "0")
+    cfg = RunConfig(policy="confidence", profile="h100-llama2-7b-tp1", acceptance="dspark",
+                    engine=EngineConfig(kv_capacity_tokens=20_000, replicas=3, router="pinned"),
+                    traffic=TrafficConfig(mode="closed", concurrency=60, duration_s=40.0), seed=31)
+    res = simulate(cfg).result
+    reached = 0
+    for r in range(3):
+        part = res.for_replica(r)
+        n = len(part.steps["dt"])
+        first = part.gap_steps[:, 0]
+        assert (first <= n).all() and ((part.gap_steps[:, 1] < n)).all()
+        reached += int((first == n).sum())
+        # every other gap starts at a step of this replica that its request sat out (it was not decoding there)
+        for (p, q), k in zip(part.gap_steps.tolist(), part.gap_request.tolist()):
+            assert p < n or q == -1
+    assert reached >= 1      # this seed reaches the case

@@ -22,7 +22,7 @@ HEADLINE = dict(block_size=7, max_num_seqs=1024, kv_capacity_tokens=10**9, max_b
 
 # (users, simulated seconds, engine options, profile): each is run with seeds below; together they reach paged KV
 # with preemptions, reserved KV, small chunks and token budgets, rejections on arrival, the builder's and a fitted
-# profile (prefill and long-context terms), and replicas behind the two routers the kernel routes as
+# profile (prefill and long-context terms), and replicas behind the three routers the kernel routes as
 CASES = [
     (256, 40.0, HEADLINE, PROFILE),
     (64, 60.0, dict(kv_capacity_tokens=60_000), PROFILE),
@@ -34,12 +34,23 @@ CASES = [
     (64, 40.0, dict(kv_capacity_tokens=120_000), "fitted-h200x8-deepseek-r1-trtllm-1.3.0rc14-ep8"),
     (256, 30.0, dict(HEADLINE, replicas=4, router="least-outstanding"), PROFILE),
     (90, 40.0, dict(kv_capacity_tokens=50_000, replicas=3, router="round-robin"), PROFILE),
+    (60, 40.0, dict(kv_capacity_tokens=20_000, replicas=3, router="pinned"), PROFILE),
 ]
 SEEDS = {i: (3 * i + 1, 3 * i + 2, 3 * i + 3) for i in range(len(CASES))}
 
 
-def _cfg(users, duration, engine, profile, seed, **traffic):
-    return RunConfig(policy="confidence", profile=profile, acceptance="dspark", engine=EngineConfig(**engine),
+# the other policies the kernel decides as: (policy, users, simulated seconds, engine options, profile), 2 seeds each
+POLICY_CASES = [
+    ("fixed:7", 64, 40.0, dict(kv_capacity_tokens=50_000), PROFILE),
+    ("fixed:3", 128, 30.0, dict(HEADLINE, replicas=2), PROFILE),
+    ("mtp1", 48, 40.0, dict(kv_policy="reserve", kv_capacity_tokens=60_000), PROFILE),
+    ("threshold:0.5", 64, 40.0, dict(), "built-h100-llama2-7b-tp1"),
+    ("threshold:0.8", 256, 20.0, dict(HEADLINE, max_batched_tokens=1024), PROFILE),
+]
+
+
+def _cfg(users, duration, engine, profile, seed, policy="confidence", **traffic):
+    return RunConfig(policy=policy, profile=profile, acceptance="dspark", engine=EngineConfig(**engine),
                      traffic=TrafficConfig(mode="closed", concurrency=users, duration_s=duration, **traffic),
                      seed=seed)
 
@@ -99,6 +110,17 @@ def test_kernel_equals_numpy_engine(monkeypatch, case):
         assert calls_a == calls_b     # progress: every simulated second, then the end
 
 
+@pytest.mark.parametrize("case", range(len(POLICY_CASES)))
+def test_other_policies_on_the_kernel_equal_numpy(monkeypatch, case):
+    policy, users, duration, engine, profile = POLICY_CASES[case]
+    for seed in (40 + case, 50 + case):
+        cfg = _cfg(users, duration, engine, profile, seed, policy=policy)
+        a, ran_a, _ = _run(monkeypatch, cfg, kernel=False)
+        b, ran_b, _ = _run(monkeypatch, cfg, kernel=True)
+        assert not ran_a and ran_b
+        _assert_identical(a, b)
+
+
 def test_the_cases_reach_what_they_are_for(monkeypatch):
     """The configurations above really preempt, reject and prefill in chunks (else agreement proves less)."""
     monkeypatch.setenv(fastpath.ENV, "1")
@@ -113,6 +135,23 @@ def test_the_cases_reach_what_they_are_for(monkeypatch):
     assert np.asarray(long_ctx.steps["decode_qk"]).max() > 0
     reps = simulate(_cfg(*CASES[8], seed=7)).result
     assert set(np.unique(reps.replica)) == {0, 1, 2, 3}
+
+
+def test_shards_on_the_kernel_equal_one_numpy_process(monkeypatch):
+    """A pinned run sharded over the serial backend (each shard stepped by the kernel), merged, equals the run in one
+    process on the numpy engine."""
+    from dsparksim.sweep.fleet import run_fleet
+
+    cfg = _cfg(*CASES[10], seed=5)
+    monkeypatch.setenv(fastpath.ENV, "0")
+    one = simulate(cfg)
+    monkeypatch.setenv(fastpath.ENV, "1")
+    ran = []
+    real = fastpath.run_kernel
+    monkeypatch.setattr(fastpath, "run_kernel", lambda *a, **k: ran.append(1) or real(*a, **k))
+    merged = run_fleet(cfg, backend="serial", workers=3)
+    assert len(ran) == 3
+    _assert_identical(one, merged)
 
 
 def test_errors_are_the_numpy_engines(monkeypatch):
@@ -132,7 +171,7 @@ def test_errors_are_the_numpy_engines(monkeypatch):
 @pytest.mark.parametrize("change,why", [
     (dict(engine=dict(dp_ranks=2)), "DP ranks"),
     (dict(engine=dict(replicas=2, router="random")), "router random"),
-    (dict(policy="fixed:3"), "policy fixed:3"),
+    (dict(policy="goodput"), "policy goodput"),
     (dict(engine=dict(mixed_prefill=False)), "prefill-only steps or batch waiting"),
     (dict(engine=dict(pad_verify=True)), "early exit or padded verification"),
     (dict(traffic=dict(mode="poisson", rate=2.0, duration_s=30.0)), "not a closed loop"),

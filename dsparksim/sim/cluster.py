@@ -151,10 +151,13 @@ class SimResult:
         gaps: dict[str, Any] = {}
         if self.gap_request is not None and self.gap_steps is not None:
             g = keep[self.gap_request]
-            new_step = np.cumsum(sk) - 1                      # old step index -> this replica's
+            # old step index -> this replica's: its steps before it. A gap opened by a preemption after the
+            # replica's last logged step starts one past it (in the merged log that index is the next replica's
+            # first step, or the end)
+            before = np.concatenate([[0], np.cumsum(sk)])
             gs = self.gap_steps[g]
             gaps = {"gap_request": (np.cumsum(keep) - 1)[self.gap_request[g]],
-                    "gap_steps": np.where(gs >= 0, new_step[np.maximum(gs, 0)], -1)}
+                    "gap_steps": np.where(gs >= 0, before[np.maximum(gs, 0)], -1)}
         return SimResult(**per_req, **gaps, steps={k: v[sk] for k, v in self.steps.items()},
                          sim_time_s=self.sim_time_s,
                          ended_by=self.ended_by, kv_capacity_tokens=self.kv_capacity_tokens,
@@ -623,7 +626,8 @@ class Simulation:
         return ShardPart(
             shard=self.shard, rows=rows, columns={k: getattr(r, k)[rows].copy() for k in TABLE_COLUMNS},
             logs={e: {k: np.asarray(v) for k, v in self.engines[e].log.items()} for e in local},
-            acc={e: (np.vstack(self.engines[e].acc_pos_log) if self.engines[e].acc_pos_log else None) for e in local},
+            acc={e: (np.vstack(self.engines[e].acc_pos_log) if len(self.engines[e].acc_pos_log) else None)
+                 for e in local},
             gaps={e: np.array(self.engines[e].gaps, np.int64).reshape(-1, 3) for e in local},
             sim_time_s=sim_time, ended_by=self.ended_by, notes=dict(self.notes), n_admitted=self.n_admitted,
             pinned=self.pinned, issued=self.issued, n_rows=self.n_rows, duration_s=self.duration,

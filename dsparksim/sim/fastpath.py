@@ -1,14 +1,14 @@
 """The compiled fast path: a supported run's steps in the numba kernel (:mod:`dsparksim.sim.kernel`), the same
 decisions, prices and results as the numpy engine, bit for bit (tests/test_kernel_agreement.py).
 
-Supported: engines priced by the profile (no real executor), one or more replicas routed by ``least-outstanding``
-or ``round-robin`` (no DP ranks, disaggregation or shards), a closed loop bounded by a duration (no warm-up, client
-cap, user steps or pinned users), mixed prefill without batch waiting, early exit or padding, paged or reserved KV,
-keyed pre-drawn acceptance draws, the ``confidence`` policy, and a price from the dense verify table (with or
-without the long-context term; without the drafter's context term or a measured prefill-only price). Anything else
-runs on the numpy
-engine, as does every run when numba is not installed (``pip install -e ".[fast]"``) or ``DSPARKSIM_KERNEL=0`` is
-set. :func:`refusal` says why a run is not supported.
+Supported: engines priced by the profile (no real executor), one or more replicas routed by ``least-outstanding``,
+``round-robin`` or ``pinned`` (a shard of a pinned run too; no DP ranks or disaggregation), a closed loop bounded
+by a duration (no warm-up, client cap or user steps), mixed prefill without batch waiting, early exit or padding,
+paged or reserved KV, keyed pre-drawn acceptance draws, the ``confidence``, ``fixed``, ``mtp1`` and ``threshold``
+policies, and a price from the dense verify table (with or without the long-context term; without the drafter's
+context term or a measured prefill-only price). Anything else runs on the numpy engine, as does every run when
+numba is not installed (``pip install -e ".[fast]"``) or ``DSPARKSIM_KERNEL=0`` is set. :func:`refusal` says why
+a run is not supported.
 
 The kernel stops when it needs Python; :func:`run_kernel` does there what the numpy engine does at that point
 (loads a request row, draws a block of acceptance steps, looks up a price term) and steps on. The first run
@@ -23,6 +23,9 @@ from typing import Any, Callable
 import numpy as np
 
 from dsparksim.policies.confidence import Confidence
+from dsparksim.policies.fixed import Fixed
+from dsparksim.policies.mtp1 import MTP1
+from dsparksim.policies.threshold import Threshold
 from dsparksim.sim import jit
 from dsparksim.sim.contract import CostExecutor
 from dsparksim.sim.driver import PriceClock
@@ -30,7 +33,8 @@ from dsparksim.sim.scheduler import LOG_KEYS
 
 ENV = jit.ENV                     # "0" / "off": always the numpy engine
 CHECK_EVERY = 2048                # steps per kernel call at most (progress, Ctrl-C)
-ROUTERS = ("least-outstanding", "round-robin")   # the routers the kernel routes as (kernel.R_* order)
+POLICIES = (Confidence, Fixed, MTP1, Threshold)   # the policies the kernel decides as (kernel.P_* order)
+ROUTERS = ("least-outstanding", "round-robin", "pinned")   # the routers the kernel routes as (kernel.R_* order)
 
 
 def enabled() -> bool:
@@ -46,17 +50,18 @@ def refusal(sim: Any) -> str | None:
         (sim.dp_ranks == 1, "DP ranks"),
         (router in ROUTERS, f"router {router}"),
         (not sim.disagg, "disaggregated"),
-        (sim.shard is None, "a shard"),
+        (sim.shard is None or sim.pinned, "a shard of an open loop"),
         (sim.executor is None or type(sim.executor) is CostExecutor, "a real executor"),
         (sim.clock is None or type(sim.clock) is PriceClock, "a measured clock"),
         (sim.duration is not None and sim.num_requests is None, "a request-count stop rule"),
-        (bool(sim.wl.closed_loop) and not sim.pinned, "not a closed loop"),
+        (bool(sim.wl.closed_loop), "not a closed loop"),
         (not getattr(sim.wl, "user_steps", None), "user steps"),
         (not sim.warmup_requests and sim.client_cap is None, "a benchmark client"),
         (eng.mixed and eng.batch_wait is None, "prefill-only steps or batch waiting"),
         (eng.draft_exit is None and not eng.pad_verify, "early exit or padded verification"),
         (eng.streams is not None and eng._pre is not None, "acceptance draws not pre-drawn"),
-        (all(type(e.policy) is Confidence for e in sim.engines), f"policy {getattr(eng.policy, 'spec', '?')}"),
+        (all(type(e.policy) is type(eng.policy) for e in sim.engines) and type(eng.policy) in POLICIES,
+         f"policy {getattr(eng.policy, 'spec', '?')}"),
         (eng.pricer.dense is not None, "no dense verify table"),
         (not eng.pricer.drafter_reads_kv(eng.drafter), "a drafter context term"),
         (eng.profile.prefill_only is None, "a measured prefill-only price"),
@@ -98,11 +103,16 @@ class _State:
             S[k.PAGES_USED] = en.kv.pages_used if kv.paged else 0
             S[k.RESERVED] = 0 if kv.paged else en.kv.reserved
             S[k.N_ADMITTED], S[k.N_PREEMPTIONS], S[k.WAITING_NEED] = en.n_admitted, en.n_preemptions, en.waiting_need
-            # every engine's first event: its process starting at t = 0, in engine order
-            S[k.PHASE], S[k.EV_EID] = k.WAKE, e
-        G[k.EID], G[k.CUR], G[k.CUT] = n_eng, -1, -1
+            S[k.LOCAL] = int(sim.local[e])
+            if sim.pinned:
+                S[k.CURSOR], S[k.PSTREAK] = sim._cursor[e], sim._streak[e]
+            # every engine's first event: its process starting at t = 0, in engine order (a shard's own engines)
+            S[k.PHASE], S[k.EV_EID] = (k.WAKE, G[k.EID]) if sim.local[e] else (k.IDLE, -1)
+            G[k.EID] += S[k.LOCAL]
+        G[k.CUR], G[k.CUT] = -1, -1
         G[k.ROUTER] = ROUTERS.index(sim.router.name) if n_eng > 1 else 0
         G[k.TURN] = sim.router._next if n_eng > 1 else 0
+        self.cursor0 = list(sim._cursor)
         G[k.PAGED] = int(kv.paged)
         if kv.paged:
             G[k.N_PAGES], G[k.WM_PAGES], G[k.PAGE] = kv.n_pages, kv.wm_pages, kv.page
@@ -113,6 +123,11 @@ class _State:
         G[k.N_REJECTED], G[k.STREAK], G[k.N_FINISHED] = sim.n_rejected, sim._reject_streak, sim.n_finished
         G[k.MAX_MODEL_LEN] = -1 if eng.max_model_len is None else eng.max_model_len
         G[k.ONCE_N], G[k.CHECK_EVERY], G[k.MAX_STREAK] = -1, CHECK_EVERY, max_streak
+        G[k.POLICY] = POLICIES.index(type(eng.policy))
+        if isinstance(eng.policy, Fixed):
+            G[k.FIXED_K] = eng.policy.k
+        if isinstance(eng.policy, Threshold):
+            GF[k.THRESHOLD] = eng.policy.t
         pre = eng._pre
         G[k.RING], G[k.WRAP] = pre.R, pre._wrap
         GF[k.SPK], GF[k.DENSE_HI], GF[k.SQ] = pricer.spk, pricer._dense_hi, pricer.sq
@@ -188,6 +203,14 @@ class _State:
         sim.n_finished = int(G[k.N_FINISHED])
         if len(self.engs) > 1:
             sim.router._next = int(G[k.TURN])
+        if sim.pinned:
+            n = len(self.engs)
+            for e in range(n):
+                end = int(self.SS[e, k.CURSOR])
+                sim._cursor[e], sim._streak[e] = end, int(self.SS[e, k.PSTREAK])
+                if sim.shard is not None:   # the rows its users sent, routed here or rejected (Simulation._issue)
+                    sim.owned.extend(range(e + self.cursor0[e] * n, e + end * n, n))
+            self.cursor0 = list(sim._cursor)
 
     def _write_engine(self, e: int, eng: Any) -> None:
         S, k = self.SS[e], self.k
@@ -259,8 +282,8 @@ def _handle(st: _State, k: Any, code: int) -> None:
     elif code == k.X_NT:
         st.step_overhead(int(G[k.AUX]))
     elif code == k.X_ROWS:
-        if not sim.req.load(int(G[k.ISSUED])):
-            G[k.EXHAUSTED] = 1
+        if not sim.req.load(int(G[k.NEED_ROW])):
+            G[k.EXHAUSTED] = 1      # the workload has no more rows than it loaded (RequestTable.load)
     elif code in (k.X_LOG, k.X_GAPS):
         st.grow({k.X_LOG: "LI", k.X_GAPS: "GAPS"}[code])
         if code == k.X_LOG:

@@ -6,7 +6,7 @@ load, acceptance draws to draw, a price term to look up, a log to grow, the run'
 The engines' steps are events in SimPy's order (time, then the order they were scheduled in: ``EV_EID``), and an
 engine's event is resumable where Python may be needed (``PHASE``): issuing (each finished closed-loop user sends
 its next request, routed as the router would), admission (drain the inbox, grow the paged KV, preempt, admit
-FIFO) and planning (prefill chunks, the drawn confidences, the price, the confidence policy; it changes nothing
+FIFO) and planning (prefill chunks, the drawn confidences, the price, the policy's verify lengths; it changes nothing
 until it succeeds). What Python does at an exit is what the numpy engine does at that point
 (``PredrawnDraws.admit``/``take``, ``RequestTable.load``, ``CostProfile.step_overhead``), so every draw, price
 and decision is the numpy engine's.
@@ -39,20 +39,24 @@ ARRIVAL, ADMITTED, FIRST_TOK, FINISH = range(4)
 # G slots (the run)
 (ISSUED, AVAIL, EXHAUSTED, N_ROWS, N_REJECTED, STREAK, N_FINISHED, EID, CUR, CUT, ROUTER, TURN, MAX_STREAK,
  MAX_MODEL_LEN, ONCE_N, AUX, CHECK_EVERY, AHEAD_UPTO, RING, WRAP, KK, PAGE, N_PAGES, WM_PAGES, KV_CAP, PAGED,
- MAX_TOK, CHUNK, PF_NOTE, PF_DRAFTER, N_NEW, STEPS_DONE, N_G) = range(33)
+ MAX_TOK, CHUNK, PF_NOTE, PF_DRAFTER, N_NEW, STEPS_DONE, NEED_ROW, POLICY, FIXED_K, N_G) = range(36)
 # GF slots
-(NOW, DURATION, ONCE_VAL, SPK, PF_TOK, PF_QK, PF_CH, PF_TOK_DEC, PF_CH_DEC, PF_DR_TOK, DENSE_HI, SQ, N_GF) = range(13)
+(NOW, DURATION, ONCE_VAL, SPK, PF_TOK, PF_QK, PF_CH, PF_TOK_DEC, PF_CH_DEC, PF_DR_TOK, DENSE_HI, SQ, THRESHOLD,
+ N_GF) = range(14)
 # SS slots (an engine)
 (PHASE, N_RUN, WQ_HEAD, WQ_LEN, IB_HEAD, IB_LEN, N_FREE, PAGES_USED, RESERVED, N_ADMITTED, N_STEPS, N_GAPS,
  PRE_PENDING, N_PREEMPTIONS, WAITING_NEED, PENDING, STEP_FIN, EV_EID, P_NDEC, P_NPF, P_KVREAD, P_PFQK, P_NCH, P_M,
- P_NRUN, P_KVPAGES, P_PRE, P_DECQK, N_SS) = range(29)
+ P_NRUN, P_KVPAGES, P_PRE, P_DECQK, CURSOR, PSTREAK, LOCAL, N_SS) = range(32)
 # FF slots (an engine): its step's start, its price, the time of its next event
 (T0, P_DT, EV_T, N_FF) = range(4)
 # engine phases: where its current event is (ISSUE, ADMIT, PLAN) or what it waits for (STEP: its step's end;
 # WAKE: a wake-up, scheduled; IDLE: a request routed to it)
 ISSUE, ADMIT, PLAN, STEP, WAKE, IDLE = range(6)
-# routers (dsparksim.sim.routers): least-outstanding, round-robin
-R_LEAST_OUTSTANDING, R_ROUND_ROBIN = 0, 1
+# policies (dsparksim.policies): confidence (Algorithm 1), fixed:k, mtp1, threshold:t
+P_CONFIDENCE, P_FIXED, P_MTP1, P_THRESHOLD = 0, 1, 2, 3
+# routers (dsparksim.sim.routers): least-outstanding, round-robin, pinned (closed-loop users pinned to engines:
+# engine e's users send rows e, e + n, e + 2n, ...)
+R_LEAST_OUTSTANDING, R_ROUND_ROBIN, R_PINNED = 0, 1, 2
 # LI columns (the numpy engine's log keys, dsparksim.sim.scheduler.LOG_KEYS, less t_start and dt; then the paged ones)
 LOG_INT = ("n_decode", "n_prefill_tokens", "M", "verify_tokens", "emitted", "decode_emitted", "n_waiting",
            "n_running", "kv_used", "kv_read", "drafts", "accepted", "prefill_qk", "prefill_chunks", "decode_qk",
@@ -302,6 +306,33 @@ def _confidence(n, K, base, max_tok, cs, pos, dense, extra, keys, sbuf, L, Tb, l
 
 
 @njit
+def _verify_lengths(G, GF, n, K, base, cs, pos, dense, extra, keys, sbuf, L, Tb, long_ctx):
+    """The policy's verify lengths of the n decoding rows into L[:n]: confidence (Algorithm 1), or fixed:k, mtp1
+    and threshold:t, each capped lowest index first at the step's draft budget (policies._common
+    .cap_lowest_index_first: min(max_tokens - base, n K) tokens)."""
+    if G[POLICY] == P_CONFIDENCE:
+        _confidence(n, K, base, G[MAX_TOK], cs, pos, dense, extra, keys, sbuf, L, Tb, long_ctx)
+        return
+    for i in range(n):
+        if G[POLICY] == P_FIXED:
+            L[i] = min(G[FIXED_K], K)
+        elif G[POLICY] == P_MTP1:
+            L[i] = 1 if K >= 1 else 0
+        else:   # threshold: the survivals >= t form a prefix (non-increasing along the block)
+            c = 0
+            for k in range(K):
+                if cs[pos[i], K + k] >= GF[THRESHOLD]:
+                    c += 1
+            L[i] = c
+    budget = min(G[MAX_TOK] - base, n * K)
+    before = 0
+    for i in range(n):
+        li = L[i]
+        L[i] = min(max(budget - before, 0), li)
+        before += li
+
+
+@njit
 def _chunks(G, S, T, phase, run, n_dec, chunk_rows, chunk_len):
     """Scheduler._chunks (mixed prefill): FIFO chunks of the prefilling rows within the budget left beside the
     decode rows; (chunks, tokens, query-key pairs)."""
@@ -375,20 +406,21 @@ def _plan(G, GF, S, F, T, phase, run, entry, cs, pacc, filled, NT, NTok, dense, 
         return code
     base = n_dec + n_pf
     long_ctx = GF[SQ] != 0 and n_dec > 0
-    if long_ctx:
-        # the long-context term (Scheduler.plan_step): candidates priced at the decoding rows' mean context
-        qk0 = 0
-        for i in range(n_dec):
-            row = dec[i]
-            qk0 += T[PREFILLED][row] + T[GEN][row] - T[REGEN][row]
-        if not _long_context_prices(base, min(G[MAX_TOK] - base, n_dec * K), dense, extra, GF[SQ], float(qk0),
-                                    float(qk0) / n_dec, Tb):
-            return X_PRICE
-    elif not (extra >= 0 and np.isfinite(GF[DENSE_HI] + extra)):
-        return X_UNCHECKED     # DenseStepTime.checked is False: the numpy policy checks every price (never here)
+    if G[POLICY] == P_CONFIDENCE and n_dec:     # the one policy here that reads the prices
+        if long_ctx:
+            # the long-context term (Scheduler.plan_step): candidates priced at the decoding rows' mean context
+            qk0 = 0
+            for i in range(n_dec):
+                row = dec[i]
+                qk0 += T[PREFILLED][row] + T[GEN][row] - T[REGEN][row]
+            if not _long_context_prices(base, min(G[MAX_TOK] - base, n_dec * K), dense, extra, GF[SQ], float(qk0),
+                                        float(qk0) / n_dec, Tb):
+                return X_PRICE
+        elif not (extra >= 0 and np.isfinite(GF[DENSE_HI] + extra)):
+            return X_UNCHECKED     # DenseStepTime.checked is False: the numpy policy checks every price
     n_verify, dec_qk = 0, 0
     if n_dec:
-        _confidence(n_dec, K, base, G[MAX_TOK], cs, pos, dense, extra, keys, sbuf, L, Tb, long_ctx)
+        _verify_lengths(G, GF, n_dec, K, base, cs, pos, dense, extra, keys, sbuf, L, Tb, long_ctx)
         for i in range(n_dec):
             n_verify += L[i]
             A[i] = pacc[pos[i]]
@@ -512,11 +544,14 @@ def _outstanding(SS, e):
 @njit
 def _route(G, GF, SS, FF, IB, row):
     """Simulation._route: the router's engine for ``row`` (least-outstanding: fewest outstanding, ties from its
-    turn on; round-robin: its turn), into that engine's inbox, waking it if it waits idle. Returns 0 or X_QUEUE."""
+    turn on; round-robin: its turn; pinned: row mod n), into that engine's inbox, waking it if it waits idle. Returns 0 or X_QUEUE."""
     n = SS.shape[0]
-    start = G[TURN]
-    G[TURN] = (start + 1) % n     # Router.turn
-    e = start % n
+    if G[ROUTER] == R_PINNED:
+        e = row % n
+    else:
+        start = G[TURN]
+        G[TURN] = (start + 1) % n     # Router.turn
+        e = start % n
     if G[ROUTER] == R_LEAST_OUTSTANDING:
         for k in range(1, n):
             i = (start + k) % n
@@ -536,50 +571,111 @@ def _route(G, GF, SS, FF, IB, row):
 
 
 @njit
+def _has_row(G, row):
+    """Whether workload row ``row`` exists: 1 yes, 0 no, -1 not known until Python loads it (G[NEED_ROW])."""
+    if G[N_ROWS] >= 0 and row >= G[N_ROWS]:
+        return 0
+    if row < G[AVAIL]:
+        return 1
+    if G[EXHAUSTED]:
+        return 0
+    G[NEED_ROW] = row
+    return -1
+
+
+@njit
+def _reject_reason(G, T, row):
+    """Scheduler.reject_reason: 0, or why ``row`` can never be served (1: max_model_len, 2: the KV capacity)."""
+    total = T[PROMPT][row] + T[OUT][row]
+    if G[MAX_MODEL_LEN] >= 0 and total > G[MAX_MODEL_LEN]:
+        return 1
+    if G[PAGED]:
+        return 2 if -(-(total + G[KK]) // G[PAGE]) > G[N_PAGES] else 0
+    return 2 if total + G[KK] > G[KV_CAP] else 0
+
+
+@njit
+def _issue(G, GF, SS, FF, T, TF, phase, reject, IB, row):
+    """Simulation._issue: ``row`` arrives now; routed (returns 0, or X_QUEUE) or rejected (returns -1)."""
+    TF[ARRIVAL][row] = GF[NOW]
+    G[ISSUED] += 1
+    reason = _reject_reason(G, T, row)
+    if reason:
+        phase[row] = REJECTED
+        reject[row] = reason
+        G[N_REJECTED] += 1
+        G[STREAK] += 1
+        return -1
+    G[STREAK] = 0
+    return _route(G, GF, SS, FF, IB, row)
+
+
+@njit
 def _issue_user(G, GF, SS, FF, T, TF, phase, reject, IB):
     """Simulation._issue_user (closed loop): a free user sends rows until one is routed (a rejected one is answered
-    at once). Returns 0, X_ROWS (row G[ISSUED] is not loaded: Python loads it and the user goes on),
-    X_NOTHING_FITS or X_QUEUE."""
+    at once). Returns 0, X_ROWS (Python loads row G[NEED_ROW] and the user goes on), X_NOTHING_FITS or X_QUEUE."""
     while G[N_ROWS] < 0 or G[ISSUED] < G[N_ROWS]:
-        row = G[ISSUED]
-        if row >= G[AVAIL]:
-            return 0 if G[EXHAUSTED] else X_ROWS
-        TF[ARRIVAL][row] = GF[NOW]
-        G[ISSUED] += 1
-        total = T[PROMPT][row] + T[OUT][row]
-        reason = 0
-        if G[MAX_MODEL_LEN] >= 0 and total > G[MAX_MODEL_LEN]:
-            reason = 1
-        elif G[PAGED]:
-            if -(-(total + G[KK]) // G[PAGE]) > G[N_PAGES]:
-                reason = 2
-        elif total + G[KK] > G[KV_CAP]:
-            reason = 2
-        if reason:
-            phase[row] = REJECTED
-            reject[row] = reason
-            G[N_REJECTED] += 1
-            G[STREAK] += 1
-            idle = True
-            admitted = 0
-            for i in range(SS.shape[0]):
-                idle = idle and _outstanding(SS, i) == 0
-                admitted += SS[i, N_ADMITTED]
-            if G[STREAK] >= G[MAX_STREAK] or (admitted == 0 and G[N_REJECTED] >= 1000 and idle):
-                return X_NOTHING_FITS
-            continue
-        G[STREAK] = 0
-        return _route(G, GF, SS, FF, IB, row)
+        has = _has_row(G, G[ISSUED])
+        if has <= 0:
+            return X_ROWS if has < 0 else 0
+        code = _issue(G, GF, SS, FF, T, TF, phase, reject, IB, G[ISSUED])
+        if code >= 0:
+            return code
+        idle = True
+        admitted = 0
+        for i in range(SS.shape[0]):
+            idle = idle and _outstanding(SS, i) == 0
+            admitted += SS[i, N_ADMITTED]
+        if G[STREAK] >= G[MAX_STREAK] or (admitted == 0 and G[N_REJECTED] >= 1000 and idle):
+            return X_NOTHING_FITS
+    return 0
+
+
+@njit
+def _issue_pinned(G, GF, SS, FF, T, TF, phase, reject, IB, e):
+    """Simulation._issue_pinned: a free user of engine e sends that engine's next rows until one is routed (the
+    rejection guard counts per engine)."""
+    S, n = SS[e], SS.shape[0]
+    while True:
+        row = e + S[CURSOR] * n
+        has = _has_row(G, row)
+        if has <= 0:
+            return X_ROWS if has < 0 else 0
+        S[CURSOR] += 1
+        code = _issue(G, GF, SS, FF, T, TF, phase, reject, IB, row)
+        if code >= 0:
+            S[PSTREAK] = 0
+            return code
+        S[PSTREAK] += 1
+        if S[PSTREAK] >= G[MAX_STREAK] or (S[N_ADMITTED] == 0 and S[PSTREAK] >= 1000 and _outstanding(SS, e) == 0):
+            return X_NOTHING_FITS
+
+
+@njit
+def _more_rows(G, SS):
+    """Simulation._maybe_done's ``more``: a user has a row left to send (1), none (0), or -1: Python must load one
+    first. Pinned: any engine of this shard (its users send its rows)."""
+    if G[ROUTER] != R_PINNED:
+        return _has_row(G, G[ISSUED])
+    for e in range(SS.shape[0]):
+        if SS[e, LOCAL]:
+            has = _has_row(G, e + SS[e, CURSOR] * SS.shape[0])
+            if has != 0:
+                return has
     return 0
 
 
 @njit
 def _issue_all(G, GF, SS, FF, T, TF, phase, reject, IB, e):
-    """Simulation._on_finish (closed loop) after engine e's step: each finished user sends its next request, then
-    the run ends if nothing is left (_maybe_done). Resumable: SS[e, PENDING] users are left to send."""
+    """Simulation._on_finish (closed loop) after engine e's step: each finished user sends its next request (pinned:
+    on its engine, e), then the run ends if nothing is left (_maybe_done). Resumable: SS[e, PENDING] users are
+    left to send."""
     S = SS[e]
     while S[PENDING] > 0:
-        code = _issue_user(G, GF, SS, FF, T, TF, phase, reject, IB)
+        if G[ROUTER] == R_PINNED:
+            code = _issue_pinned(G, GF, SS, FF, T, TF, phase, reject, IB, e)
+        else:
+            code = _issue_user(G, GF, SS, FF, T, TF, phase, reject, IB)
         if code:
             return code
         S[PENDING] -= 1
@@ -587,11 +683,9 @@ def _issue_all(G, GF, SS, FF, T, TF, phase, reject, IB, e):
         for i in range(SS.shape[0]):
             if _outstanding(SS, i):
                 return 0
-        if G[N_ROWS] < 0 or G[ISSUED] < G[N_ROWS]:
-            if G[ISSUED] < G[AVAIL]:
-                return 0
-            if not G[EXHAUSTED]:
-                return X_ROWS
+        more = _more_rows(G, SS)
+        if more:
+            return X_ROWS if more < 0 else 0
         return X_EXHAUSTED
     return 0
 
