@@ -196,3 +196,22 @@ def test_switch_off(monkeypatch):
     assert not fastpath.enabled()
     monkeypatch.setenv(fastpath.ENV, "1")
     assert fastpath.enabled()
+
+
+def test_the_kernels_copy_of_the_policies_is_current():
+    """The policy code the kernel mirrors is the code it was checked against (else: update the kernel to follow
+    the change, then fastpath.MIRRORED)."""
+    assert fastpath.mirror_changes() == [], fastpath.fingerprints()
+
+
+def test_a_patched_policy_runs_on_numpy(monkeypatch):
+    """A policy changed at run time (as a CI pipeline's regress check patches one) is run as it is: on numpy."""
+    from dsparksim.policies.fixed import Fixed
+
+    cfg = _cfg(16, 20.0, {}, PROFILE, 1, policy="fixed:3")
+    assert fastpath.refusal(prepare(cfg).sim) is None
+    monkeypatch.setattr(Fixed, "choose", lambda self, ctx: np.zeros(ctx.n, dtype=np.int64))
+    assert fastpath.refusal(prepare(cfg).sim) == "policy code differs from the kernel's copy (Fixed.choose)"
+    monkeypatch.setenv(fastpath.ENV, "1")
+    out = simulate(cfg)
+    assert int(np.asarray(out.result.steps["verify_tokens"]).sum()) == 0     # the patched choice ran

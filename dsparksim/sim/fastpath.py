@@ -17,11 +17,14 @@ directory); later processes load it.
 """
 from __future__ import annotations
 
+import hashlib
+import inspect
 from collections import deque
 from typing import Any, Callable
 
 import numpy as np
 
+from dsparksim.policies import confidence, fixed
 from dsparksim.policies.confidence import Confidence
 from dsparksim.policies.fixed import Fixed
 from dsparksim.policies.mtp1 import MTP1
@@ -40,6 +43,65 @@ ROUTERS = ("least-outstanding", "round-robin", "pinned")   # the routers the ker
 def enabled() -> bool:
     """The kernel may run: numba is installed and ``DSPARKSIM_KERNEL`` is not 0/off (:mod:`dsparksim.sim.jit`)."""
     return jit.enabled()
+
+
+def _mirrored() -> dict[str, Any]:
+    """The Python code the kernel mirrors in its policy part, by name (looked up now: a patched function counts)."""
+    return {"Confidence.choose": Confidence.choose, "Confidence.observe": Confidence.observe,
+            "algorithm1": confidence.algorithm1, "early_stop_ranked": confidence.early_stop_ranked,
+            "Ranking": confidence.Ranking, "first_drop": confidence.first_drop,
+            "candidate_budget": confidence.candidate_budget, "draft_budget": fixed.draft_budget,
+            "existing": fixed.existing, "cap_lowest_index_first": fixed.cap_lowest_index_first,
+            "Fixed.choose": Fixed.choose, "Fixed.observe": Fixed.observe, "MTP1.choose": MTP1.choose,
+            "MTP1.observe": MTP1.observe, "Threshold.choose": Threshold.choose, "Threshold.observe": Threshold.observe}
+
+
+# sha256 (first 16 hex digits) of the source of each mirrored function or class when the kernel was last checked
+# against it (tests/test_kernel_agreement.py): code that differs -- edited, or patched at run time, as a CI
+# pipeline's regress check of a policy change does -- sends its runs to the numpy engine, which runs the code as it
+# is. After a change to one of them, make the kernel follow it and update its entry here
+# (``python -c "from dsparksim.sim import fastpath; print(fastpath.fingerprints())"``).
+MIRRORED = {
+    "Confidence.choose": "2d28b0a7e92e5dd4",
+    "Confidence.observe": "1c761cc4e67148bf",
+    "algorithm1": "bd96b004a3624550",
+    "early_stop_ranked": "f286cf5983259fcc",
+    "Ranking": "606d4b2fa39ce12f",
+    "first_drop": "0112ddb027bdacfe",
+    "candidate_budget": "f8ef3f20f45b84f9",
+    "draft_budget": "e1c8bd7afb49317d",
+    "existing": "008e58b117186cca",
+    "cap_lowest_index_first": "b47a898a134badbe",
+    "Fixed.choose": "232867b72bee1cc0",
+    "Fixed.observe": "1c761cc4e67148bf",
+    "MTP1.choose": "8c8b2211ce4501db",
+    "MTP1.observe": "1c761cc4e67148bf",
+    "Threshold.choose": "59360a2d762ca25e",
+    "Threshold.observe": "1c761cc4e67148bf",
+}
+_SEEN: dict[int, tuple[Any, str]] = {}
+
+
+def _fingerprint(obj: Any) -> str:
+    hit = _SEEN.get(id(obj))
+    if hit is None or hit[0] is not obj:
+        try:
+            text = inspect.getsource(obj)
+        except (OSError, TypeError):   # no source to compare: treated as changed
+            text = f"<no source: {obj!r}>"
+        text = text.replace("\r\n", "\n")    # a checkout with Windows line ends is the same code
+        hit = _SEEN[id(obj)] = (obj, hashlib.sha256(text.encode()).hexdigest()[:16])
+    return hit[1]
+
+
+def fingerprints() -> dict[str, str]:
+    """The fingerprint of each mirrored function or class as it is now (see :data:`MIRRORED`)."""
+    return {name: _fingerprint(obj) for name, obj in _mirrored().items()}
+
+
+def mirror_changes() -> list[str]:
+    """The mirrored functions or classes whose code differs from the kernel's copy (empty: none)."""
+    return [name for name, fp in fingerprints().items() if MIRRORED.get(name) != fp]
 
 
 def refusal(sim: Any) -> str | None:
@@ -69,6 +131,9 @@ def refusal(sim: Any) -> str | None:
     for ok, why in checks:
         if not ok:
             return why
+    changed = mirror_changes()
+    if changed:
+        return f"policy code differs from the kernel's copy ({', '.join(changed)})"
     return None
 
 
