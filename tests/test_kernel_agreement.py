@@ -198,20 +198,38 @@ def test_switch_off(monkeypatch):
     assert fastpath.enabled()
 
 
-def test_the_kernels_copy_of_the_policies_is_current():
-    """The policy code the kernel mirrors is the code it was checked against (else: update the kernel to follow
-    the change, then fastpath.MIRRORED)."""
-    assert fastpath.mirror_changes() == [], fastpath.fingerprints()
+def _every_mirror():
+    """A supported run of each scheduler, KV and router kind: their code is what fastpath.MIRRORED covers."""
+    for eng in (dict(), dict(kv_policy="reserve"), dict(replicas=2, router="least-outstanding"),
+                dict(replicas=2, router="round-robin"), dict(replicas=2, router="pinned")):
+        yield prepare(_cfg(8, 10.0, eng, PROFILE, 1)).sim
 
 
-def test_a_patched_policy_runs_on_numpy(monkeypatch):
-    """A policy changed at run time (as a CI pipeline's regress check patches one) is run as it is: on numpy."""
+def test_the_kernels_copy_of_the_code_is_current():
+    """The code the kernel mirrors (policies, scheduler, KV, driver, closed loop, routers, price, draws) is the code
+    it was checked against by the agreement tests above. When this fails after a change to one of them: make the
+    kernel follow the change (the agreement tests say where it does not), then put the printed fingerprints into
+    fastpath.MIRRORED."""
+    now = {}
+    for sim in _every_mirror():
+        now.update(fastpath.fingerprints(sim))
+    assert set(now) == set(fastpath.MIRRORED) and all(fastpath.MIRRORED[k] == v for k, v in now.items()), now
+
+
+def test_a_patched_policy_or_scheduler_runs_on_numpy(monkeypatch):
+    """A policy or scheduler changed at run time (as a CI pipeline's regress check patches one) is run as it is: on
+    numpy."""
     from dsparksim.policies.fixed import Fixed
 
     cfg = _cfg(16, 20.0, {}, PROFILE, 1, policy="fixed:3")
     assert fastpath.refusal(prepare(cfg).sim) is None
     monkeypatch.setattr(Fixed, "choose", lambda self, ctx: np.zeros(ctx.n, dtype=np.int64))
-    assert fastpath.refusal(prepare(cfg).sim) == "policy code differs from the kernel's copy (Fixed.choose)"
+    assert fastpath.refusal(prepare(cfg).sim) == "code differs from the kernel's copy (Fixed.choose)"
     monkeypatch.setenv(fastpath.ENV, "1")
     out = simulate(cfg)
     assert int(np.asarray(out.result.steps["verify_tokens"]).sum()) == 0     # the patched choice ran
+    monkeypatch.undo()
+    from dsparksim.sim.scheduler import Scheduler
+    real = Scheduler._chunks
+    monkeypatch.setattr(Scheduler, "_chunks", lambda self, rows, budget: real(self, rows, min(budget, 64)))
+    assert fastpath.refusal(prepare(cfg).sim) == "code differs from the kernel's copy (Scheduler._chunks)"

@@ -31,7 +31,8 @@ from dsparksim.policies.mtp1 import MTP1
 from dsparksim.policies.threshold import Threshold
 from dsparksim.sim import jit
 from dsparksim.sim.contract import CostExecutor
-from dsparksim.sim.driver import PriceClock
+from dsparksim.cost.price import DecodeQKStepTime, DenseStepTime
+from dsparksim.sim.driver import Driver, PriceClock
 from dsparksim.sim.scheduler import LOG_KEYS
 
 ENV = jit.ENV                     # "0" / "off": always the numpy engine
@@ -45,22 +46,45 @@ def enabled() -> bool:
     return jit.enabled()
 
 
-def _mirrored() -> dict[str, Any]:
-    """The Python code the kernel mirrors in its policy part, by name (looked up now: a patched function counts)."""
-    return {"Confidence.choose": Confidence.choose, "Confidence.observe": Confidence.observe,
+def _mirrored(sim: Any = None) -> dict[str, Any]:
+    """The Python code the kernel mirrors, by name (looked up now: a patched function counts): the policies, and
+    with ``sim`` its scheduler, KV manager, driver, closed loop, router, price and draws."""
+    code = {"Confidence.choose": Confidence.choose, "Confidence.observe": Confidence.observe,
             "algorithm1": confidence.algorithm1, "early_stop_ranked": confidence.early_stop_ranked,
             "Ranking": confidence.Ranking, "first_drop": confidence.first_drop,
             "candidate_budget": confidence.candidate_budget, "draft_budget": fixed.draft_budget,
             "existing": fixed.existing, "cap_lowest_index_first": fixed.cap_lowest_index_first,
             "Fixed.choose": Fixed.choose, "Fixed.observe": Fixed.observe, "MTP1.choose": MTP1.choose,
-            "MTP1.observe": MTP1.observe, "Threshold.choose": Threshold.choose, "Threshold.observe": Threshold.observe}
+            "MTP1.observe": MTP1.observe, "Threshold.choose": Threshold.choose, "Threshold.observe": Threshold.observe,
+            "Driver.run": Driver.run, "Driver.schedule": Driver.schedule, "Driver.admit": Driver.admit,
+            "Driver.execute": Driver.execute, "Driver.update": Driver.update,
+            "CostExecutor.execute": CostExecutor.execute, "DenseStepTime": DenseStepTime,
+            "DecodeQKStepTime": DecodeQKStepTime}
+    if sim is None:
+        return code
+    eng = sim.engines[0]
+    parts = [(type(sim), ("_issue", "_route", "_issue_user", "_issue_pinned", "_has_row", "_on_finish",
+                          "_maybe_done")),
+             (type(eng), ("drain", "enqueue", "reject_reason", "admit", "_grow", "_preempt", "plan_step", "_choose",
+                          "_chunks", "apply", "record", "_finish")),
+             (type(eng.kv), ("need", "never_fits", "take", "release") + (
+                 ("grow_decoding", "release_row") if eng.kv.paged else ())),
+             (type(eng.pricer), ("step_time", "charge", "with_decode_qk")),
+             (type(eng.profile), ("step_overhead", "prefill_time")),
+             (type(eng._pre), ("admit", "take", "_refill"))]
+    if len(sim.engines) > 1:
+        parts.append((type(sim.router), ("route", "turn") + (("user_row",) if sim.pinned else ())))
+    for cls, names in parts:
+        for name in names:
+            code[f"{cls.__name__}.{name}"] = getattr(cls, name)
+    return code
 
 
 # sha256 (first 16 hex digits) of the source of each mirrored function or class when the kernel was last checked
 # against it (tests/test_kernel_agreement.py): code that differs -- edited, or patched at run time, as a CI
-# pipeline's regress check of a policy change does -- sends its runs to the numpy engine, which runs the code as it
-# is. After a change to one of them, make the kernel follow it and update its entry here
-# (``python -c "from dsparksim.sim import fastpath; print(fastpath.fingerprints())"``).
+# pipeline's regress check of a policy or scheduler change does -- sends its runs to the numpy engine, which runs
+# the code as it is. After a change to one of them, make the kernel follow it and update its entry here (the test
+# prints them all; tests/test_kernel_agreement.py's _every_mirror builds a run of each kind).
 MIRRORED = {
     "Confidence.choose": "2d28b0a7e92e5dd4",
     "Confidence.observe": "1c761cc4e67148bf",
@@ -78,6 +102,58 @@ MIRRORED = {
     "MTP1.observe": "1c761cc4e67148bf",
     "Threshold.choose": "59360a2d762ca25e",
     "Threshold.observe": "1c761cc4e67148bf",
+    "Driver.run": "b70f32771378c2c3",
+    "Driver.schedule": "c9cf0333e1e0466b",
+    "Driver.admit": "13959d6bff604c02",
+    "Driver.execute": "ede5360910385bd4",
+    "Driver.update": "2642029714b83541",
+    "CostExecutor.execute": "4e78617cf34dd75c",
+    "DenseStepTime": "45f4588f5785c37a",
+    "DecodeQKStepTime": "c881060b6dbc0ac6",
+    "Simulation._issue": "d8b6a03c5ed40e88",
+    "Simulation._route": "129ab9f29f0db8e6",
+    "Simulation._issue_user": "725e45b2759457f2",
+    "Simulation._issue_pinned": "b3182fc78d17b52f",
+    "Simulation._has_row": "0a05983523fdcc52",
+    "Simulation._on_finish": "9384bbd38759a6c2",
+    "Simulation._maybe_done": "266c16f859ad96b7",
+    "Scheduler.drain": "93f803072dd1fbb2",
+    "Scheduler.enqueue": "aefa7e0af14cd589",
+    "Scheduler.reject_reason": "c24df4d3d4633994",
+    "Scheduler.admit": "5e5a0568a10c7329",
+    "Scheduler._grow": "266e8a8255727da6",
+    "Scheduler._preempt": "dbb71e554817a056",
+    "Scheduler.plan_step": "9df68e7afa6e21c6",
+    "Scheduler._choose": "8e9bd54e2e6865ba",
+    "Scheduler._chunks": "c23a668bad62f142",
+    "Scheduler.apply": "ba25236ee1d1c1a8",
+    "Scheduler.record": "11504dcfc6127f2d",
+    "Scheduler._finish": "b0f89d0adbd4ea82",
+    "PagedKV.need": "80aba4c99860fa59",
+    "PagedKV.never_fits": "a2a55ceaa8db9e42",
+    "PagedKV.take": "dc0758a4b3419d6b",
+    "PagedKV.release": "6ad7c436022c048a",
+    "PagedKV.grow_decoding": "0f258b4871c7bd35",
+    "PagedKV.release_row": "50debb3c33e2bcb6",
+    "StepPricer.step_time": "a4b5a39190819600",
+    "StepPricer.charge": "f7a2e8aff4dd7493",
+    "StepPricer.with_decode_qk": "877844b841f63e9b",
+    "CostProfile.step_overhead": "bec6ee81b362c254",
+    "CostProfile.prefill_time": "e32e471d4314d29d",
+    "PredrawnDraws.admit": "ec7d8379f3f70023",
+    "PredrawnDraws.take": "37603eb61ee2ca87",
+    "PredrawnDraws._refill": "0396370e8cf72715",
+    "ReserveKV.need": "50f7770a34729425",
+    "ReserveKV.never_fits": "8d6d5babdd8bf040",
+    "ReserveKV.take": "28af9e1a8a02470b",
+    "ReserveKV.release": "9b6c5b1ed1391419",
+    "LeastOutstanding.route": "f57b7e5fabae84d2",
+    "LeastOutstanding.turn": "9de5c470dbe1c6d6",
+    "RoundRobin.route": "b7c829d7b659e8b0",
+    "RoundRobin.turn": "9de5c470dbe1c6d6",
+    "Pinned.route": "4afda349238f1673",
+    "Pinned.turn": "9de5c470dbe1c6d6",
+    "Pinned.user_row": "1621c43372f96b90",
 }
 _SEEN: dict[int, tuple[Any, str]] = {}
 
@@ -94,14 +170,15 @@ def _fingerprint(obj: Any) -> str:
     return hit[1]
 
 
-def fingerprints() -> dict[str, str]:
-    """The fingerprint of each mirrored function or class as it is now (see :data:`MIRRORED`)."""
-    return {name: _fingerprint(obj) for name, obj in _mirrored().items()}
+def fingerprints(sim: Any = None) -> dict[str, str]:
+    """The fingerprint of each mirrored function or class as it is now (see :data:`MIRRORED`; ``sim``: also the
+    code of its scheduler, KV manager, ... as :func:`_mirrored` lists)."""
+    return {name: _fingerprint(obj) for name, obj in _mirrored(sim).items()}
 
 
-def mirror_changes() -> list[str]:
+def mirror_changes(sim: Any = None) -> list[str]:
     """The mirrored functions or classes whose code differs from the kernel's copy (empty: none)."""
-    return [name for name, fp in fingerprints().items() if MIRRORED.get(name) != fp]
+    return [name for name, fp in fingerprints(sim).items() if MIRRORED.get(name) != fp]
 
 
 def refusal(sim: Any) -> str | None:
@@ -131,9 +208,9 @@ def refusal(sim: Any) -> str | None:
     for ok, why in checks:
         if not ok:
             return why
-    changed = mirror_changes()
+    changed = mirror_changes(sim)
     if changed:
-        return f"policy code differs from the kernel's copy ({', '.join(changed)})"
+        return f"code differs from the kernel's copy ({', '.join(changed)})"
     return None
 
 
