@@ -222,3 +222,24 @@ def test_without_a_cache_folder_the_kernels_compile_in_each_process(monkeypatch)
         monkeypatch.undo()
         importlib.reload(fill_jit)
     assert not isinstance(fill_jit._halves._cache, NullCache)
+
+
+def test_the_fills_copy_of_the_code_is_current():
+    """The code the compiled refill copies is the code it was checked against (else: make fill_jit follow the
+    change, then put the printed fingerprints into fill_jit.MIRRORED)."""
+    pytest.importorskip("numba")
+    from dsparksim.sim import fill_jit
+
+    acc = load_acceptance("dspark", 7)
+    now = fill_jit.fingerprints(acc, predraw_mod.PredrawnDraws._fill)
+    assert now == fill_jit.MIRRORED, now
+
+
+def test_a_patched_draw_runs_on_numpy(monkeypatch):
+    """A draw changed at run time is drawn as it is: the numpy refill, not the compiled copy."""
+    pytest.importorskip("numba")
+    acc = load_acceptance("dspark", 7)
+    assert predraw_mod.compiled_fill(acc) is not None
+    real = type(acc).draw_by_position
+    monkeypatch.setattr(type(acc), "draw_by_position", lambda self, *a: real(self, *a))
+    assert predraw_mod.compiled_fill(acc) is None

@@ -17,8 +17,6 @@ directory); later processes load it.
 """
 from __future__ import annotations
 
-import hashlib
-import inspect
 from collections import deque
 from typing import Any, Callable
 
@@ -155,30 +153,15 @@ MIRRORED = {
     "Pinned.turn": "9de5c470dbe1c6d6",
     "Pinned.user_row": "1621c43372f96b90",
 }
-_SEEN: dict[int, tuple[Any, str]] = {}
-
-
-def _fingerprint(obj: Any) -> str:
-    hit = _SEEN.get(id(obj))
-    if hit is None or hit[0] is not obj:
-        try:
-            text = inspect.getsource(obj)
-        except (OSError, TypeError):   # no source to compare: treated as changed
-            text = f"<no source: {obj!r}>"
-        text = text.replace("\r\n", "\n")    # a checkout with Windows line ends is the same code
-        hit = _SEEN[id(obj)] = (obj, hashlib.sha256(text.encode()).hexdigest()[:16])
-    return hit[1]
-
-
 def fingerprints(sim: Any = None) -> dict[str, str]:
     """The fingerprint of each mirrored function or class as it is now (see :data:`MIRRORED`; ``sim``: also the
     code of its scheduler, KV manager, ... as :func:`_mirrored` lists)."""
-    return {name: _fingerprint(obj) for name, obj in _mirrored(sim).items()}
+    return {name: jit.fingerprint(obj) for name, obj in _mirrored(sim).items()}
 
 
 def mirror_changes(sim: Any = None) -> list[str]:
     """The mirrored functions or classes whose code differs from the kernel's copy (empty: none)."""
-    return [name for name, fp in fingerprints(sim).items() if MIRRORED.get(name) != fp]
+    return jit.changed(_mirrored(sim), MIRRORED)
 
 
 def refusal(sim: Any) -> str | None:

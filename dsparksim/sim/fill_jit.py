@@ -20,8 +20,10 @@ from __future__ import annotations
 import numba  # noqa: F401  (this module is the numba path: importing it needs numba)
 import numpy as np
 
+from dsparksim.sim import jit
 from dsparksim.sim.jit import njit_cached
-from dsparksim.sim.streams import MIX_MULTIPLIERS, MIX_SHIFTS, STEP_MULTIPLIER, WORD_MULTIPLIER, normal_table
+from dsparksim.sim.streams import (MIX_MULTIPLIERS, MIX_SHIFTS, STEP_MULTIPLIER, WORD_MULTIPLIER, KeyedRows,
+                                   RequestStreams, mix64, normal_table, normals_from_halves)
 
 _G2, _G3 = STEP_MULTIPLIER, WORD_MULTIPLIER
 _C1, _C2 = MIX_MULTIPLIERS
@@ -176,3 +178,41 @@ class CompiledFill:
             accepted = _logit(h, negx, ex, p.noise, p.scale, self.ab)
             np.exp(ex, out=ex)
         _scatter(ex, accepted, e.astype(i64, copy=False), first, count, int(R), int(wrap), cs.shape[1] // 2, cs, acc)
+
+
+def _mirrored(acceptance, fill) -> dict:
+    """The Python code this module copies, by name, looked up now (a patched method counts); ``fill``:
+    PredrawnDraws._fill (its caller's, passed in: predraw imports this module)."""
+    cls = type(acceptance)
+    return {"draw_by_position": cls.draw_by_position, "keyed_plan": cls.keyed_plan,
+            "request_state": cls.request_state, "mix64": mix64, "normals_from_halves": normals_from_halves,
+            "normal_table": normal_table, "KeyedRows.halves_by_position": KeyedRows.halves_by_position,
+            "KeyedRows.halves": KeyedRows.halves, "RequestStreams.rows": RequestStreams.rows,
+            "PredrawnDraws._fill": fill}
+
+
+# jit.fingerprint of each, when the compiled copy was last checked against it (tests/test_fill_jit.py): code that
+# differs (edited, or patched at run time) runs on numpy. After a change, make this module follow it and update.
+MIRRORED = {
+    "draw_by_position": "eaf6a63af018039f",
+    "keyed_plan": "ee498b6645eac299",
+    "request_state": "3e660e0dc7de1997",
+    "mix64": "a79d4a2690196044",
+    "normals_from_halves": "9dca90ecfcc16e30",
+    "normal_table": "ceb4c78785a2ae3f",
+    "KeyedRows.halves_by_position": "83702f9dcbb56731",
+    "KeyedRows.halves": "26680efa301e8580",
+    "RequestStreams.rows": "6e072dfb67185c73",
+    "PredrawnDraws._fill": "c5b096890d856a5a",
+}
+
+
+def mirror_changes(acceptance, fill) -> list[str]:
+    """The copied code that differs from what this module was checked against (empty: none); ``fill``:
+    PredrawnDraws._fill."""
+    return jit.changed(_mirrored(acceptance, fill), MIRRORED)
+
+
+def fingerprints(acceptance, fill) -> dict[str, str]:
+    """jit.fingerprint of each copied function as it is now (MIRRORED's entries)."""
+    return {name: jit.fingerprint(obj) for name, obj in _mirrored(acceptance, fill).items()}

@@ -4,7 +4,9 @@ when numba is installed (``pip install -e ".[fast]"``) unless ``DSPARKSIM_KERNEL
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import inspect
 import os
 import warnings
 from typing import Any, Callable
@@ -33,3 +35,25 @@ def njit_cached(fn: Callable[..., Any]) -> Any:
         warnings.warn(f"dsparksim: {err}; compiling in each process (NUMBA_CACHE_DIR names a folder for the cache)",
                       RuntimeWarning, stacklevel=2)
         return numba.njit(error_model="numpy")(fn)
+
+
+_SEEN: dict[int, tuple[Any, str]] = {}
+
+
+def fingerprint(obj: Any) -> str:
+    """sha256 (first 16 hex digits) of a function's or class's source: what a compiled copy of Python code records
+    to tell whether that code changed (edited, or patched at run time) since the copy was checked against it."""
+    hit = _SEEN.get(id(obj))
+    if hit is None or hit[0] is not obj:
+        try:
+            text = inspect.getsource(obj)
+        except (OSError, TypeError):   # no source to compare: treated as changed
+            text = f"<no source: {obj!r}>"
+        text = text.replace("\r\n", "\n")    # a checkout with Windows line ends is the same code
+        hit = _SEEN[id(obj)] = (obj, hashlib.sha256(text.encode()).hexdigest()[:16])
+    return hit[1]
+
+
+def changed(mirrored: dict[str, Any], recorded: dict[str, str]) -> list[str]:
+    """The names in ``mirrored`` (name -> function or class now) whose code differs from ``recorded``."""
+    return [name for name, obj in mirrored.items() if recorded.get(name) != fingerprint(obj)]

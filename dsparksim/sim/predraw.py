@@ -41,8 +41,9 @@ def supports_predraw(acceptance: AcceptanceModel) -> bool:
 
 def compiled_fill(acceptance: AcceptanceModel) -> Any:
     """:class:`dsparksim.sim.fill_jit.CompiledFill` for ``acceptance``, or None where the numpy refill runs: numba
-    not installed, switched off (``DSPARKSIM_KERNEL=0``, :mod:`dsparksim.sim.jit`), or a source the compiled copy does not cover (no
-    ``keyed_plan``, or it returns None)."""
+    not installed, switched off (``DSPARKSIM_KERNEL=0``, :mod:`dsparksim.sim.jit`), a source the compiled copy does
+    not cover (no ``keyed_plan``, or it returns None), or code it mirrors that differs from its copy
+    (:func:`dsparksim.sim.fill_jit.mirror_changes`)."""
     if not jit.enabled():
         return None
     plan_of = getattr(acceptance, "keyed_plan", None)
@@ -50,11 +51,13 @@ def compiled_fill(acceptance: AcceptanceModel) -> Any:
     if plan is None:
         return None
     try:
-        from dsparksim.sim.fill_jit import CompiledFill  # optional: numba (fill_jit imports it)
+        from dsparksim.sim.fill_jit import CompiledFill, mirror_changes  # optional: numba (fill_jit imports it)
     except ModuleNotFoundError as err:
         if err.name != "numba":
             raise
         return None
+    if mirror_changes(acceptance, PredrawnDraws._fill):
+        return None     # the code it mirrors was edited or patched: the numpy refill runs it as it is
     return CompiledFill(plan)
 
 
