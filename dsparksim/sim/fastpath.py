@@ -211,10 +211,12 @@ class _State:
         log: dict[str, Any] = {"t_start": self.LF[e, :n_steps, 0].copy(), "dt": self.LF[e, :n_steps, 1].copy()}
         for j, name in enumerate(k.LOG_INT):
             log[name] = self.LI[e, :n_steps, j].copy()
-        eng.log = {name: log[name] for name in LOG_KEYS}
+        # an engine that never stepped keeps the numpy engine's empty lists (np.asarray([]) is float64, which
+        # result_of's concatenation carries into every replica's column)
+        eng.log = {name: log[name] if n_steps else [] for name in LOG_KEYS}
         if eng.kv.paged and n_steps:
             eng.log["kv_pages"], eng.log["preempted"] = log["kv_pages"], log["preempted"]
-        eng.acc_pos_log = self.LA[e, :n_steps, : eng.K].copy()
+        eng.acc_pos_log = self.LA[e, :n_steps, : eng.K].copy() if n_steps else []
         eng.gaps = self.GAPS[e, : S[k.N_GAPS]].tolist()
         eng._gap_open = {g[0]: g for g in eng.gaps if g[2] < 0 and self.gapo[g[0]] >= 0}
         eng._preempted = []
