@@ -160,3 +160,15 @@ def test_switch_off(monkeypatch):
     assert not fastpath.enabled()
     monkeypatch.setenv(fastpath.ENV, "1")
     assert fastpath.enabled()
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_runs_of_one_step_per_engine(monkeypatch, replicas):
+    """Fuzz: a horizon inside each engine's second step leaves one logged step per engine, started at SimPy's int 0
+    (the numpy engine's t_start column is then int64, and the kernel's must be too)."""
+    cfg = _cfg(4, 0.01, dict(replicas=replicas, prefill_chunk_tokens=64), PROFILE, 1)
+    a, _, calls_a = _run(monkeypatch, cfg, kernel=False)
+    b, ran, calls_b = _run(monkeypatch, cfg, kernel=True)
+    assert ran and len(a.result.steps["dt"]) == replicas
+    _assert_identical(a, b)
+    assert calls_a == calls_b

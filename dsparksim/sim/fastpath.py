@@ -209,6 +209,9 @@ class _State:
         else:
             eng.kv.reserved = int(S[k.RESERVED])
         log: dict[str, Any] = {"t_start": self.LF[e, :n_steps, 0].copy(), "dt": self.LF[e, :n_steps, 1].copy()}
+        if n_steps == 1 and log["t_start"][0] == 0:
+            # the numpy engine logs SimPy's start time, the int 0: a log of that one step is an int64 column
+            log["t_start"] = np.zeros(1, np.int64)
         for j, name in enumerate(k.LOG_INT):
             log[name] = self.LI[e, :n_steps, j].copy()
         # an engine that never stepped keeps the numpy engine's empty lists (np.asarray([]) is float64, which
