@@ -172,3 +172,24 @@ def test_runs_of_one_step_per_engine(monkeypatch, replicas):
     assert ran and len(a.result.steps["dt"]) == replicas
     _assert_identical(a, b)
     assert calls_a == calls_b
+
+
+def test_a_rejection_streak_inside_the_kernel(monkeypatch, tmp_path):
+    """Fuzz: one request fits, then 10,000 rejections in a row end the run inside the kernel (X_NOTHING_FITS): the
+    numpy engine's error, and the same progress calls up to it."""
+    lengths = tmp_path / "lengths.csv"
+    lengths.write_text("ContextTokens,GeneratedTokens\n200,50\n" + "50000,100\n" * 9999)
+    cfg = _cfg(1, 30.0, dict(kv_capacity_tokens=20_000), PROFILE, 16, lengths=str(lengths))
+    seen = []
+    for kernel in (False, True):
+        monkeypatch.setenv(fastpath.ENV, "1" if kernel else "0")
+        ran, calls = [], []
+        real = fastpath.run_kernel
+        monkeypatch.setattr(fastpath, "run_kernel", lambda *a, **k: ran.append(1) or real(*a, **k))
+        with pytest.raises(ConfigError) as e:
+            simulate(cfg, progress=calls.append)
+        monkeypatch.setattr(fastpath, "run_kernel", real)
+        seen.append((str(e.value), calls, bool(ran)))
+    assert seen[0][0] == seen[1][0] and "15214 requests were rejected" in seen[0][0]
+    assert seen[0][1] == seen[1][1]
+    assert seen[1][2] and not seen[0][2]
