@@ -4,6 +4,10 @@ asks for the same decisions in >= 99.99% of steps and summary metrics within 1e-
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -193,3 +197,22 @@ def test_a_rejection_streak_inside_the_kernel(monkeypatch, tmp_path):
     assert seen[0][0] == seen[1][0] and "15214 requests were rejected" in seen[0][0]
     assert seen[0][1] == seen[1][1]
     assert seen[1][2] and not seen[0][2]
+
+
+def test_no_writable_cache_directory(tmp_path):
+    """Fuzz (a read-only install whose home is read-only too): numba finds no directory to cache the kernel in, and
+    ``njit(cache=True)`` raised RuntimeError at import, ending every supported run with a traceback. The kernel now
+    compiles uncached and says so (NUMBA_CACHE_DIR keeps it)."""
+    script = (
+        "import logging, numba.core.caching as c\n"
+        "impl = getattr(c, 'CacheImpl', None) or getattr(c, '_CacheImpl')   # numba >= 0.60 / older\n"
+        "impl._locator_classes = []   # what numba sees when no cache directory is writable\n"
+        "logging.basicConfig(format='%(message)s')\n"
+        "from dsparksim.sim import kernel\n"
+        "print('CACHE', kernel.CACHE)\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "CACHE False"
+    assert "the step kernel cannot be cached" in p.stderr and "NUMBA_CACHE_DIR" in p.stderr

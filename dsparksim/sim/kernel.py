@@ -22,8 +22,34 @@ confidences, then K survivals) and ``pacc`` are the pre-drawn draws.
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 from numba import njit
+
+log = logging.getLogger(__name__)
+
+
+def _cache_probe():  # pragma: no cover - compiled never: only its cache locator is built
+    return 0
+
+
+def cache_dir_found() -> bool:
+    """numba can cache this module's functions: beside it (``__pycache__``), in the user's cache directory, or in
+    ``NUMBA_CACHE_DIR``. Where none is writable (a read-only install with a read-only home) ``njit(cache=True)``
+    raises at decoration, so the kernel is compiled uncached instead, in every process (about 20 s)."""
+    try:
+        njit(cache=True)(_cache_probe)   # builds the same file's cache locator as the kernel's functions
+    except RuntimeError:
+        return False
+    return True
+
+
+CACHE = cache_dir_found()
+if not CACHE:
+    log.warning("dsparksim: the step kernel cannot be cached (no writable directory beside %s, in the user's cache "
+                "directory or in NUMBA_CACHE_DIR): it is compiled in this process (about 20 s); set NUMBA_CACHE_DIR "
+                "to a writable directory to keep it", __file__)
 
 # request phases (dsparksim.sim.requests)
 WAITING, PREFILL, DECODE, DONE, REJECTED = 1, 2, 3, 4, 5
@@ -63,7 +89,7 @@ LOG_INT = ("n_decode", "n_prefill_tokens", "M", "verify_tokens", "emitted", "dec
 FIRST_PREFIX = 64   # dsparksim.policies.confidence.FIRST_PREFIX
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _kv_need(G, T, row):
     """KVManager.need: pages of prompt + regen (paged, in tokens) or prompt + output + K (reserve)."""
     if G[PAGED]:
@@ -72,7 +98,7 @@ def _kv_need(G, T, row):
     return T[PROMPT][row] + T[OUT][row] + G[KK]
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _preempt(G, S, T, phase, run, wq, fs, gaps, gapo, row):
     """Scheduler._preempt of the last running row ``row``."""
     T[RECOMP][row] += T[PREFILLED][row] + T[GEN][row] - T[REGEN][row]
@@ -98,7 +124,7 @@ def _preempt(G, S, T, phase, run, wq, fs, gaps, gapo, row):
     S[PRE_PENDING] += 1
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _grow(G, S, T, phase, run, wq, fs, gaps, gapo):
     """Scheduler._grow: every decoding row gets the pages of context + K, preempting the last running row while
     they do not fit. Returns 1 if it preempted, -1 on a page overflow."""
@@ -132,7 +158,7 @@ def _grow(G, S, T, phase, run, wq, fs, gaps, gapo):
     return preempted
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _drain(G, S, T, phase, replica, wq, ib, e):
     """Scheduler.drain: the inbox's rows join the waiting queue (FIFO). Returns 0, or X_QUEUE."""
     while S[IB_LEN] > 0:
@@ -149,7 +175,7 @@ def _drain(G, S, T, phase, replica, wq, ib, e):
     return 0
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _admit(G, GF, S, T, TF, phase, run, wq, fs, newbuf, gaps, gapo):
     """Scheduler.admit at GF[NOW]: (paged) grow first -- a step that preempted admits nothing -- then FIFO while KV,
     slots and the token budget allow. The admitted rows go to ``newbuf[:G[N_NEW]]``. Returns 0, or X_KV."""
@@ -194,7 +220,7 @@ def _admit(G, GF, S, T, TF, phase, run, wq, fs, newbuf, gaps, gapo):
     return 0
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _sorted_prefix(keys, N, n, m, sbuf):
     """At least the m smallest of keys[:N], ascending, into sbuf; returns how many (the values
     policies._common.Ranking.keys gives: which of several equal keys comes first changes no value)."""
@@ -217,7 +243,7 @@ def _sorted_prefix(keys, N, n, m, sbuf):
     return m
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _first_drop(n, sbuf, p, base, dense, extra, Tb, long_ctx):
     """policies.confidence.early_stop_ranked's scan over the first p ranked survivals: the first b whose ratio
     (n + their sum) / T(base + b) does not rise, p if none (the same running sum and divisions as numpy's). T is
@@ -233,7 +259,7 @@ def _first_drop(n, sbuf, p, base, dense, extra, Tb, long_ctx):
     return p
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _long_context_prices(base, bmax, dense, extra, sq, qk0, per, Tb):
     """DecodeQKStepTime over M = base .. base + bmax into Tb (every extra verified token at the decoding rows' mean
     context ``per``), checked as policies._common.eval_times checks them: False if one is not positive and
@@ -247,7 +273,7 @@ def _long_context_prices(base, bmax, dense, extra, sq, qk0, per, Tb):
     return True
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _lengths(n, N, j, keys, sbuf, L):
     """policies._common.Ranking.lengths: the verify lengths when the first j ranked candidates are admitted."""
     for i in range(n):
@@ -278,7 +304,7 @@ def _lengths(n, N, j, keys, sbuf, L):
             rest -= 1
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _confidence(n, K, base, max_tok, cs, pos, dense, extra, keys, sbuf, L, Tb, long_ctx):
     """policies.confidence.algorithm1 on the drawn survivals of the n decoding rows (ring rows ``pos``): their
     verify lengths into L[:n] (``Tb``: the candidates' prices with the long-context term)."""
@@ -297,7 +323,7 @@ def _confidence(n, K, base, max_tok, cs, pos, dense, extra, keys, sbuf, L, Tb, l
     _lengths(n, N, j, keys, sbuf, L)
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _chunks(G, S, T, phase, run, n_dec, chunk_rows, chunk_len):
     """Scheduler._chunks (mixed prefill): FIFO chunks of the prefilling rows within the budget left beside the
     decode rows; (chunks, tokens, query-key pairs)."""
@@ -320,7 +346,7 @@ def _chunks(G, S, T, phase, run, n_dec, chunk_rows, chunk_len):
     return n_ch, n_pf, pf_qk
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _step_extra(G, GF, NT, NTok, n_dec, n_pf, pf_qk, n_ch, kv):
     """(0, the step's price beyond the verify staircase: StepPricer.step_time's DenseStepTime ``extra``), or
     (X_NT, 0) when the term for n_dec decoding rows must be looked up first (G[AUX] = n_dec)."""
@@ -342,7 +368,7 @@ def _step_extra(G, GF, NT, NTok, n_dec, n_pf, pf_qk, n_ch, kv):
     return 0, nt + GF[SPK] * kv
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _plan(G, GF, S, F, T, phase, run, entry, cs, pacc, filled, NT, NTok, dense, dec, pos, L, A, chunk_rows,
           chunk_len, keys, sbuf, Tb):
     """Scheduler.plan_step: the step's rows, chunks, draws, price and verify lengths into the P_* slots and the
@@ -410,7 +436,7 @@ def _plan(G, GF, S, F, T, phase, run, entry, cs, pacc, filled, NT, NTok, dense, 
     return 0
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _finish_rows(G, S, T, TF, phase, run, fs, fin, n_fin, now):
     """Scheduler._finish: the finished rows leave the running rows (order kept), give back their KV and slots."""
     for i in range(n_fin):
@@ -435,7 +461,7 @@ def _finish_rows(G, S, T, TF, phase, run, fs, fin, n_fin, now):
         S[N_FREE] += 1
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _decode_rows(G, S, T, LA, step, dec, L, A, fin):
     """Scheduler.apply's decode half (the CostExecutor's outcome: accepted = min(L, true prefix)): (tokens
     emitted, drafts, accepted, finished rows put into ``fin``)."""
@@ -463,7 +489,7 @@ def _decode_rows(G, S, T, LA, step, dec, L, A, fin):
     return emitted, drafts, acc_total, n_fin
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _apply(G, S, F, T, TF, phase, run, fs, gaps, gapo, dec, L, A, chunk_rows, chunk_len, fin, LI, LF, LA, t_end):
     """Scheduler.apply and Scheduler.record of the engine's planned step, ending at ``t_end``; the finished rows
     into ``fin``, their count returned."""
@@ -499,13 +525,13 @@ def _apply(G, S, F, T, TF, phase, run, fs, gaps, gapo, dec, L, A, chunk_rows, ch
     return n_fin
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _outstanding(SS, e):
     """Scheduler.outstanding: running + waiting + in the inbox."""
     return SS[e, N_RUN] + SS[e, WQ_LEN] + SS[e, IB_LEN]
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _route(G, GF, SS, FF, IB, row):
     """Simulation._route: the router's engine for ``row`` (least-outstanding: fewest outstanding, ties from its
     turn on; round-robin: its turn), into that engine's inbox, waking it if it waits idle. Returns 0 or X_QUEUE."""
@@ -531,7 +557,7 @@ def _route(G, GF, SS, FF, IB, row):
     return 0
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _issue_user(G, GF, SS, FF, T, TF, phase, reject, IB):
     """Simulation._issue_user (closed loop): a free user sends rows until one is routed (a rejected one is answered
     at once). Returns 0, X_ROWS (row G[ISSUED] is not loaded: Python loads it and the user goes on),
@@ -569,7 +595,7 @@ def _issue_user(G, GF, SS, FF, T, TF, phase, reject, IB):
     return 0
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _issue_all(G, GF, SS, FF, T, TF, phase, reject, IB, e):
     """Simulation._on_finish (closed loop) after engine e's step: each finished user sends its next request, then
     the run ends if nothing is left (_maybe_done). Resumable: SS[e, PENDING] users are left to send."""
@@ -592,7 +618,7 @@ def _issue_all(G, GF, SS, FF, T, TF, phase, reject, IB, e):
     return 0
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _next_event(SS, FF):
     """The engine whose event comes next (SimPy's order: time, then scheduling order); -1 if every engine idles."""
     best = -1
@@ -604,7 +630,7 @@ def _next_event(SS, FF):
     return best
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _pick(G, GF, SS, FF, LI, GAPS):
     """The next event's engine, made current (G[CUR]), or an exit code as -1 - code: the horizon (SimPy's stop
     comes first at the horizon: events scheduled before it still run there, later ones do not), a log or gap
@@ -629,7 +655,7 @@ def _pick(G, GF, SS, FF, LI, GAPS):
     return e
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _admitted_need_python(G, entry, newbuf):
     """PredrawnDraws.admit has work to do for the rows just admitted (draws ahead, or a row without draws)."""
     for i in range(G[N_NEW]):
@@ -639,7 +665,7 @@ def _admitted_need_python(G, entry, newbuf):
     return False
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def run_steps(G, GF, SS, FF, T, TF, phase, reject, replica, entry, cs, pacc, filled, RUN, WQ, IB, FS, newbuf, GAPS,
               gapo, dense, NT, NTok, LI, LF, LA, DEC, pos, LL, AA, CHR, CHL, fin, keys, sbuf, Tb):
     """Run the engines' events until Python is needed (see the module doc); returns the exit code."""
