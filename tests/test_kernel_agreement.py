@@ -216,3 +216,17 @@ def test_no_writable_cache_directory(tmp_path):
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "CACHE False"
     assert "the step kernel cannot be cached" in p.stderr and "NUMBA_CACHE_DIR" in p.stderr
+
+
+def test_extrapolation_warned_once_as_on_numpy(monkeypatch, caplog):
+    """Fuzz: the kernel's probe copy of the profile (which tells whether a price term extrapolates) logged its own
+    "cost profile: extrapolating ..." warning, so a kernel run printed it twice; the same log as the numpy engine."""
+    cfg = _cfg(100, 5.0, dict(block_size=3, extrapolate=True), "cpu-tiny", 1)
+    logs = []
+    for kernel in (False, True):
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            out, ran, _ = _run(monkeypatch, cfg, kernel=kernel)
+        assert ran == kernel and out.summary
+        logs.append([r.getMessage() for r in caplog.records if "extrapolating" in r.getMessage()])
+    assert logs[0] == logs[1] and len(logs[0]) == 1

@@ -18,6 +18,7 @@ directory); later processes load it.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from collections import deque
 from typing import Any, Callable
@@ -71,6 +72,11 @@ def refusal(sim: Any) -> str | None:
         if not ok:
             return why
     return None
+
+
+def _mute(record: logging.LogRecord) -> bool:
+    """A logging filter that drops every record (the probe profile's lookups)."""
+    return False
 
 
 def _ring(rows: list[int], cap: int) -> np.ndarray:
@@ -173,12 +179,17 @@ class _State:
         """The numpy engine's price term for n decoding rows (CostProfile.step_overhead): kept for every later step
         when it neither raises nor extrapolates (a probe copy says), else looked up again each step it is needed."""
         eng, k = self.engs[0], self.k
+        # the probe's own "extrapolating" warning is muted: the real lookup below logs it, once, as the numpy engine
+        profile_log = logging.getLogger(type(eng.profile).__module__)
+        profile_log.addFilter(_mute)
         try:
             before = self.probe.extrapolation_report()["extrapolated"]
             float(self.probe.step_overhead(eng.drafter, n, eng.K))
             clean = not before and not self.probe.extrapolation_report()["extrapolated"]
         except Exception:   # noqa: BLE001 - the real lookup below raises it as the numpy engine would
             clean = False
+        finally:
+            profile_log.removeFilter(_mute)
         v = float(eng.profile.step_overhead(eng.drafter, n, eng.K))
         if clean:
             self.NT[n], self.NTok[n] = v, 1
