@@ -3,6 +3,7 @@ steps, requests, summary and errors, bit for bit, over 20 seeded runs of varied 
 asks for the same decisions in >= 99.99% of steps and summary metrics within 1e-9 relative; they are equal)."""
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -230,3 +231,30 @@ def test_extrapolation_warned_once_as_on_numpy(monkeypatch, caplog):
         assert ran == kernel and out.summary
         logs.append([r.getMessage() for r in caplog.records if "extrapolating" in r.getMessage()])
     assert logs[0] == logs[1] and len(logs[0]) == 1
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")   # the numpy engine's prices overflow
+@pytest.mark.parametrize("case", ["prefill step never ends", "decode prices near overflow"])
+def test_unchecked_dense_prices(monkeypatch, tmp_path, case):
+    """Fuzz: where a step's dense prices are not all finite (DenseStepTime.checked is False) the kernel stopped with
+    'code 14' (RuntimeError); the numpy engine checks only the prices its policy reads, and none on a step without
+    decoding rows. Here a profile whose prefill step costs inf, and one whose top verify price plus a huge drafter
+    term overflows while the prices the policy reads do not: both runs end at the horizon on either engine."""
+    prof = json.loads((Path(__file__).resolve().parents[1] / "profiles" / "cpu-tiny.json").read_text())
+    traffic = {}
+    if case == "prefill step never ends":
+        prof["verify"]["time_s"] = [1e308] * len(prof["verify"]["M"])
+        prof["fixed_overhead_s"] = 1e308
+    else:
+        prof["verify"]["time_s"][-1] = 1.7e308
+        for d in prof["drafters"].values():
+            d["time_s"] = [1e308] * len(d["time_s"])
+        traffic = dict(dataset_name="random", random_input_len=16, random_output_len=64)
+    path = tmp_path / "huge.json"
+    path.write_text(json.dumps(prof))
+    cfg = _cfg(8, 2.0, dict(block_size=7), str(path), 1, **traffic)
+    a, _, calls_a = _run(monkeypatch, cfg, kernel=False)
+    b, ran, calls_b = _run(monkeypatch, cfg, kernel=True)
+    assert ran and a.result.ended_by == "duration"
+    _assert_identical(a, b)
+    assert calls_a == calls_b

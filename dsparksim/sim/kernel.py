@@ -274,6 +274,16 @@ def _long_context_prices(base, bmax, dense, extra, sq, qk0, per, Tb):
 
 
 @njit(cache=CACHE)
+def _dense_prices_ok(base, bmax, dense, extra):
+    """policies._common.eval_times of DenseStepTime over M = base .. base + bmax: every price positive and finite."""
+    for M in range(base, base + bmax + 1):
+        t = dense[M] + extra
+        if not (t > 0 and np.isfinite(t)):
+            return False
+    return True
+
+
+@njit(cache=CACHE)
 def _lengths(n, N, j, keys, sbuf, L):
     """policies._common.Ranking.lengths: the verify lengths when the first j ranked candidates are admitted."""
     for i in range(n):
@@ -406,8 +416,11 @@ def _plan(G, GF, S, F, T, phase, run, entry, cs, pacc, filled, NT, NTok, dense, 
         if not _long_context_prices(base, min(G[MAX_TOK] - base, n_dec * K), dense, extra, GF[SQ], float(qk0),
                                     float(qk0) / n_dec, Tb):
             return X_PRICE
-    elif not (extra >= 0 and np.isfinite(GF[DENSE_HI] + extra)):
-        return X_UNCHECKED     # DenseStepTime.checked is False: the numpy policy checks every price (never here)
+    elif n_dec and not (extra >= 0 and np.isfinite(GF[DENSE_HI] + extra)):
+        # DenseStepTime.checked is False: the numpy policy checks the prices it reads (eval_times over M = base ..
+        # base + its budget), and so does the kernel; a step without decoding rows runs no policy and checks none
+        if not _dense_prices_ok(base, min(G[MAX_TOK] - base, n_dec * K), dense, extra):
+            return X_PRICE
     n_verify, dec_qk = 0, 0
     if n_dec:
         _confidence(n_dec, K, base, G[MAX_TOK], cs, pos, dense, extra, keys, sbuf, L, Tb, long_ctx)
