@@ -258,3 +258,30 @@ def test_unchecked_dense_prices(monkeypatch, tmp_path, case):
     assert ran and a.result.ended_by == "duration"
     _assert_identical(a, b)
     assert calls_a == calls_b
+
+
+def test_numba_installed_but_not_importable(tmp_path):
+    """Fuzz: numba installed but failing at import (built for another NumPy) ended every supported run with a
+    traceback; such runs now take the numpy engine, refusal() says why and a warning says it once."""
+    fake = tmp_path / "numba"
+    fake.mkdir()
+    (fake / "__init__.py").write_text('raise ImportError("Numba needs NumPy 2.2 or less. Got NumPy 9.9.")\n')
+    script = (
+        "from dsparksim.config import EngineConfig, RunConfig\n"
+        "from dsparksim.sim import fastpath\n"
+        "from dsparksim.sim.simulate import prepare, simulate\n"
+        "from dsparksim.traffic import TrafficConfig\n"
+        "cfg = RunConfig(policy='confidence', profile='h100-llama2-7b-tp1', engine=EngineConfig(), seed=1,\n"
+        "                traffic=TrafficConfig(mode='closed', concurrency=8, duration_s=5.0))\n"
+        "print('REFUSAL', fastpath.refusal(prepare(cfg).sim))\n"
+        "for _ in range(2):\n"
+        "    print('STEPS', len(simulate(cfg).result.steps['dt']))\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]), str(tmp_path)]))
+    env.pop(fastpath.ENV, None)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == "REFUSAL numba cannot be imported (ImportError: Numba needs NumPy 2.2 or less. Got NumPy 9.9.)"
+    assert lines[1] == lines[2] and int(lines[1].split()[1]) > 20
+    assert p.stderr.count("the step kernel is off: numba cannot be imported") == 1

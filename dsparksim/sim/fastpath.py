@@ -7,8 +7,8 @@ cap, user steps or pinned users), mixed prefill without batch waiting, early exi
 keyed pre-drawn acceptance draws, the ``confidence`` policy, and a price from the dense verify table (with or
 without the long-context term; without the drafter's context term or a measured prefill-only price). Anything else
 runs on the numpy
-engine, as does every run when numba is not installed (``pip install -e ".[fast]"``) or ``DSPARKSIM_KERNEL=0`` is
-set. :func:`refusal` says why a run is not supported.
+engine, as does every run when numba is not installed (``pip install -e ".[fast]"``), is installed but cannot be
+imported (:func:`import_failure`: a warning says why) or ``DSPARKSIM_KERNEL=0`` is set. :func:`refusal` says why a run is not supported.
 
 The kernel stops when it needs Python; :func:`run_kernel` does there what the numpy engine does at that point
 (loads a request row, draws a block of acceptance steps, looks up a price term) and steps on. The first run
@@ -17,6 +17,7 @@ directory); later processes load it.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
@@ -29,6 +30,8 @@ from dsparksim.policies.confidence import Confidence
 from dsparksim.sim.contract import CostExecutor
 from dsparksim.sim.driver import PriceClock
 from dsparksim.sim.scheduler import LOG_KEYS
+
+log = logging.getLogger(__name__)
 
 ENV = "DSPARKSIM_KERNEL"          # "0" / "off": always the numpy engine
 CHECK_EVERY = 2048                # steps per kernel call at most (progress, Ctrl-C)
@@ -71,6 +74,20 @@ def refusal(sim: Any) -> str | None:
     for ok, why in checks:
         if not ok:
             return why
+    return import_failure()
+
+
+@functools.cache
+def import_failure() -> str | None:
+    """Why the kernel cannot be imported though numba is installed (a numba built for another NumPy, a missing
+    LLVM library), None if it can; a warning says it once per process, and such runs take the numpy engine."""
+    try:
+        _kernel_module()
+    except (ImportError, OSError) as e:
+        why = f"numba cannot be imported ({type(e).__name__}: {e})"
+        log.warning("dsparksim: the step kernel is off: %s; the numpy engine runs (the same results, slower); "
+                    "reinstall numba (pip install -e \".[fast]\") or set %s=0 to silence this", why, ENV)
+        return why
     return None
 
 
