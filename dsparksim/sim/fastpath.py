@@ -6,9 +6,9 @@ or ``round-robin`` (no DP ranks, disaggregation or shards), a closed loop bounde
 cap, user steps or pinned users), mixed prefill without batch waiting, early exit or padding, paged or reserved KV,
 keyed pre-drawn acceptance draws, the ``confidence`` policy, and a price from the dense verify table (with or
 without the long-context term; without the drafter's context term or a measured prefill-only price). Anything else
-runs on the numpy
-engine, as does every run when numba is not installed (``pip install -e ".[fast]"``), is installed but cannot be
-imported (:func:`import_failure`: a warning says why) or ``DSPARKSIM_KERNEL=0`` is set. :func:`refusal` says why a run is not supported.
+runs on the numpy engine, as does every run when numba is not installed (``pip install -e ".[fast]"``), is installed
+but cannot be imported (:func:`import_failure`: a warning says why) or ``DSPARKSIM_KERNEL=0`` is set.
+:func:`refusal` says why a run is not supported.
 
 The kernel stops when it needs Python; :func:`run_kernel` does there what the numpy engine does at that point
 (loads a request row, draws a block of acceptance steps, looks up a price term) and steps on. The first run
