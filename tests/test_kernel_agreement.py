@@ -3,7 +3,12 @@ steps, requests, summary and errors, bit for bit, over 20 seeded runs of varied 
 asks for the same decisions in >= 99.99% of steps and summary metrics within 1e-9 relative; they are equal)."""
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -35,6 +40,9 @@ CASES = [
     (256, 30.0, dict(HEADLINE, replicas=4, router="least-outstanding"), PROFILE),
     (90, 40.0, dict(kv_capacity_tokens=50_000, replicas=3, router="round-robin"), PROFILE),
     (60, 40.0, dict(kv_capacity_tokens=20_000, replicas=3, router="pinned"), PROFILE),
+    # fuzz: more replicas than users, so some never step (the numpy engine's empty logs make the columns float64)
+    (2, 1.0, dict(kv_page_tokens=64, block_size=1, max_num_seqs=3, prefill_chunk_tokens=1000, replicas=5,
+                  router="round-robin", extrapolate=True), "a100-llama3-8b-tp1"),
 ]
 SEEDS = {i: (3 * i + 1, 3 * i + 2, 3 * i + 3) for i in range(len(CASES))}
 
@@ -233,3 +241,122 @@ def test_a_patched_policy_or_scheduler_runs_on_numpy(monkeypatch):
     real = Scheduler._chunks
     monkeypatch.setattr(Scheduler, "_chunks", lambda self, rows, budget: real(self, rows, min(budget, 64)))
     assert fastpath.refusal(prepare(cfg).sim) == "code differs from the kernel's copy (Scheduler._chunks)"
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_runs_of_one_step_per_engine(monkeypatch, replicas):
+    """Fuzz: a horizon inside each engine's second step leaves one logged step per engine, started at SimPy's int 0
+    (the numpy engine's t_start column is then int64, and the kernel's must be too)."""
+    cfg = _cfg(4, 0.01, dict(replicas=replicas, prefill_chunk_tokens=64), PROFILE, 1)
+    a, _, calls_a = _run(monkeypatch, cfg, kernel=False)
+    b, ran, calls_b = _run(monkeypatch, cfg, kernel=True)
+    assert ran and len(a.result.steps["dt"]) == replicas
+    _assert_identical(a, b)
+    assert calls_a == calls_b
+
+
+def test_a_rejection_streak_inside_the_kernel(monkeypatch, tmp_path):
+    """Fuzz: one request fits, then 10,000 rejections in a row end the run inside the kernel (X_NOTHING_FITS): the
+    numpy engine's error, and the same progress calls up to it."""
+    lengths = tmp_path / "lengths.csv"
+    lengths.write_text("ContextTokens,GeneratedTokens\n200,50\n" + "50000,100\n" * 9999)
+    cfg = _cfg(1, 30.0, dict(kv_capacity_tokens=20_000), PROFILE, 16, lengths=str(lengths))
+    seen = []
+    for kernel in (False, True):
+        monkeypatch.setenv(fastpath.ENV, "1" if kernel else "0")
+        ran, calls = [], []
+        real = fastpath.run_kernel
+        monkeypatch.setattr(fastpath, "run_kernel", lambda *a, **k: ran.append(1) or real(*a, **k))
+        with pytest.raises(ConfigError) as e:
+            simulate(cfg, progress=calls.append)
+        monkeypatch.setattr(fastpath, "run_kernel", real)
+        seen.append((str(e.value), calls, bool(ran)))
+    assert seen[0][0] == seen[1][0] and "15214 requests were rejected" in seen[0][0]
+    assert seen[0][1] == seen[1][1]
+    assert seen[1][2] and not seen[0][2]
+
+
+def test_no_writable_cache_directory(tmp_path):
+    """Fuzz (a read-only install whose home is read-only too): numba finds no directory to cache the kernel in, and
+    ``njit(cache=True)`` raised RuntimeError at import, ending every supported run with a traceback. The compiled
+    paths now compile uncached and say so once (NUMBA_CACHE_DIR keeps them)."""
+    script = (
+        "import numba.core.caching as c\n"
+        "impl = getattr(c, 'CacheImpl', None) or getattr(c, '_CacheImpl')   # numba >= 0.60 / older\n"
+        "impl._locator_classes = []   # what numba sees when no cache directory is writable\n"
+        "from dsparksim.sim import kernel, fill_jit\n"
+        "print('IMPORTED')\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "IMPORTED"
+    assert p.stderr.count("compiling in each process") == 1 and "NUMBA_CACHE_DIR" in p.stderr
+
+
+def test_extrapolation_warned_once_as_on_numpy(monkeypatch, caplog):
+    """Fuzz: the kernel's probe copy of the profile (which tells whether a price term extrapolates) logged its own
+    "cost profile: extrapolating ..." warning, so a kernel run printed it twice; the same log as the numpy engine."""
+    cfg = _cfg(100, 5.0, dict(block_size=3, extrapolate=True), "cpu-tiny", 1)
+    logs = []
+    for kernel in (False, True):
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            out, ran, _ = _run(monkeypatch, cfg, kernel=kernel)
+        assert ran == kernel and out.summary
+        logs.append([r.getMessage() for r in caplog.records if "extrapolating" in r.getMessage()])
+    assert logs[0] == logs[1] and len(logs[0]) == 1
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")   # the numpy engine's prices overflow
+@pytest.mark.parametrize("case", ["prefill step never ends", "decode prices near overflow"])
+def test_unchecked_dense_prices(monkeypatch, tmp_path, case):
+    """Fuzz: where a step's dense prices are not all finite (DenseStepTime.checked is False) the kernel stopped with
+    'code 14' (RuntimeError); the numpy engine checks only the prices its policy reads, and none on a step without
+    decoding rows. Here a profile whose prefill step costs inf, and one whose top verify price plus a huge drafter
+    term overflows while the prices the policy reads do not: both runs end at the horizon on either engine."""
+    prof = json.loads((Path(__file__).resolve().parents[1] / "profiles" / "cpu-tiny.json").read_text())
+    traffic = {}
+    if case == "prefill step never ends":
+        prof["verify"]["time_s"] = [1e308] * len(prof["verify"]["M"])
+        prof["fixed_overhead_s"] = 1e308
+    else:
+        prof["verify"]["time_s"][-1] = 1.7e308
+        for d in prof["drafters"].values():
+            d["time_s"] = [1e308] * len(d["time_s"])
+        traffic = dict(dataset_name="random", random_input_len=16, random_output_len=64)
+    path = tmp_path / "huge.json"
+    path.write_text(json.dumps(prof))
+    cfg = _cfg(8, 2.0, dict(block_size=7), str(path), 1, **traffic)
+    a, _, calls_a = _run(monkeypatch, cfg, kernel=False)
+    b, ran, calls_b = _run(monkeypatch, cfg, kernel=True)
+    assert ran and a.result.ended_by == "duration"
+    _assert_identical(a, b)
+    assert calls_a == calls_b
+
+
+def test_numba_installed_but_not_importable(tmp_path):
+    """Fuzz: numba installed but failing at import (built for another NumPy) ended every supported run with a
+    traceback; such runs now take the numpy engine, refusal() says why and a warning says it once."""
+    fake = tmp_path / "numba"
+    fake.mkdir()
+    (fake / "__init__.py").write_text('raise ImportError("Numba needs NumPy 2.2 or less. Got NumPy 9.9.")\n')
+    script = (
+        "from dsparksim.config import EngineConfig, RunConfig\n"
+        "from dsparksim.sim import fastpath\n"
+        "from dsparksim.sim.simulate import prepare, simulate\n"
+        "from dsparksim.traffic import TrafficConfig\n"
+        "cfg = RunConfig(policy='confidence', profile='h100-llama2-7b-tp1', engine=EngineConfig(), seed=1,\n"
+        "                traffic=TrafficConfig(mode='closed', concurrency=8, duration_s=5.0))\n"
+        "print('REFUSAL', fastpath.refusal(prepare(cfg).sim))\n"
+        "for _ in range(2):\n"
+        "    print('STEPS', len(simulate(cfg).result.steps['dt']))\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]), str(tmp_path)]))
+    env.pop(fastpath.ENV, None)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == "REFUSAL numba cannot be imported (ImportError: Numba needs NumPy 2.2 or less. Got NumPy 9.9.)"
+    assert lines[1] == lines[2] and int(lines[1].split()[1]) > 20
+    assert p.stderr.count("the step kernel is off: numba cannot be imported") == 1

@@ -7,8 +7,8 @@ by a duration (no warm-up, client cap or user steps), mixed prefill without batc
 paged or reserved KV, keyed pre-drawn acceptance draws, the ``confidence``, ``fixed``, ``mtp1`` and ``threshold``
 policies, and a price from the dense verify table (with or without the long-context term; without the drafter's
 context term or a measured prefill-only price). Anything else runs on the numpy engine, as does every run when
-numba is not installed (``pip install -e ".[fast]"``) or ``DSPARKSIM_KERNEL=0`` is set. :func:`refusal` says why
-a run is not supported.
+numba is not installed (``pip install -e ".[fast]"``), is installed but cannot be imported (:func:`import_failure`:
+a warning says why) or ``DSPARKSIM_KERNEL=0`` is set. :func:`refusal` says why a run is not supported.
 
 The kernel stops when it needs Python; :func:`run_kernel` does there what the numpy engine does at that point
 (loads a request row, draws a block of acceptance steps, looks up a price term) and steps on. The first run
@@ -17,6 +17,8 @@ directory); later processes load it.
 """
 from __future__ import annotations
 
+import functools
+import logging
 from collections import deque
 from typing import Any, Callable
 
@@ -32,6 +34,8 @@ from dsparksim.sim.contract import CostExecutor
 from dsparksim.cost.price import DecodeQKStepTime, DenseStepTime
 from dsparksim.sim.driver import Driver, PriceClock
 from dsparksim.sim.scheduler import LOG_KEYS
+
+log = logging.getLogger(__name__)
 
 ENV = jit.ENV                     # "0" / "off": always the numpy engine
 CHECK_EVERY = 2048                # steps per kernel call at most (progress, Ctrl-C)
@@ -194,7 +198,26 @@ def refusal(sim: Any) -> str | None:
     changed = mirror_changes(sim)
     if changed:
         return f"code differs from the kernel's copy ({', '.join(changed)})"
+    return import_failure()
+
+
+@functools.cache
+def import_failure() -> str | None:
+    """Why the kernel cannot be imported though numba is installed (a numba built for another NumPy, a missing
+    LLVM library), None if it can; a warning says it once per process, and such runs take the numpy engine."""
+    try:
+        _kernel_module()
+    except (ImportError, OSError) as e:
+        why = f"numba cannot be imported ({type(e).__name__}: {e})"
+        log.warning("dsparksim: the step kernel is off: %s; the numpy engine runs (the same results, slower); "
+                    "reinstall numba (pip install -e \".[fast]\") or set %s=0 to silence this", why, ENV)
+        return why
     return None
+
+
+def _mute(record: logging.LogRecord) -> bool:
+    """A logging filter that drops every record (the probe profile's lookups)."""
+    return False
 
 
 def _ring(rows: list[int], cap: int) -> np.ndarray:
@@ -307,12 +330,17 @@ class _State:
         """The numpy engine's price term for n decoding rows (CostProfile.step_overhead): kept for every later step
         when it neither raises nor extrapolates (a probe copy says), else looked up again each step it is needed."""
         eng, k = self.engs[0], self.k
+        # the probe's own "extrapolating" warning is muted: the real lookup below logs it, once, as the numpy engine
+        profile_log = logging.getLogger(type(eng.profile).__module__)
+        profile_log.addFilter(_mute)
         try:
             before = self.probe.extrapolation_report()["extrapolated"]
             float(self.probe.step_overhead(eng.drafter, n, eng.K))
             clean = not before and not self.probe.extrapolation_report()["extrapolated"]
         except Exception:   # noqa: BLE001 - the real lookup below raises it as the numpy engine would
             clean = False
+        finally:
+            profile_log.removeFilter(_mute)
         v = float(eng.profile.step_overhead(eng.drafter, n, eng.K))
         if clean:
             self.NT[n], self.NTok[n] = v, 1
@@ -351,12 +379,17 @@ class _State:
         else:
             eng.kv.reserved = int(S[k.RESERVED])
         log: dict[str, Any] = {"t_start": self.LF[e, :n_steps, 0].copy(), "dt": self.LF[e, :n_steps, 1].copy()}
+        if n_steps == 1 and log["t_start"][0] == 0:
+            # the numpy engine logs SimPy's start time, the int 0: a log of that one step is an int64 column
+            log["t_start"] = np.zeros(1, np.int64)
         for j, name in enumerate(k.LOG_INT):
             log[name] = self.LI[e, :n_steps, j].copy()
-        eng.log = {name: log[name] for name in LOG_KEYS}
+        # an engine that never stepped keeps the numpy engine's empty lists (np.asarray([]) is float64, which
+        # result_of's concatenation carries into every replica's column)
+        eng.log = {name: log[name] if n_steps else [] for name in LOG_KEYS}
         if eng.kv.paged and n_steps:
             eng.log["kv_pages"], eng.log["preempted"] = log["kv_pages"], log["preempted"]
-        eng.acc_pos_log = self.LA[e, :n_steps, : eng.K].copy()
+        eng.acc_pos_log = self.LA[e, :n_steps, : eng.K].copy() if n_steps else []
         eng.gaps = self.GAPS[e, : S[k.N_GAPS]].tolist()
         eng._gap_open = {g[0]: g for g in eng.gaps if g[2] < 0 and self.gapo[g[0]] >= 0}
         eng._preempted = []

@@ -32,9 +32,14 @@ def njit_cached(fn: Callable[..., Any]) -> Any:
     try:
         return numba.njit(cache=True, error_model="numpy")(fn)
     except RuntimeError as err:      # numba: "cannot cache function ...: no locator available for file ..."
-        warnings.warn(f"dsparksim: {err}; compiling in each process (NUMBA_CACHE_DIR names a folder for the cache)",
-                      RuntimeWarning, stacklevel=2)
+        if not _UNCACHED:            # said once per process, not once per function
+            _UNCACHED.append(fn)
+            warnings.warn(f"dsparksim: {err}; compiling in each process (~20 s; NUMBA_CACHE_DIR names a folder for "
+                          "the cache)", RuntimeWarning, stacklevel=2)
         return numba.njit(error_model="numpy")(fn)
+
+
+_UNCACHED: list = []     # the first function numba could not cache (the warning is given once)
 
 
 _SEEN: dict[int, tuple[Any, str]] = {}

@@ -239,6 +239,16 @@ def _first_drop(n, sbuf, p, base, dense, extra, Tb, long_ctx):
 
 
 @njit
+def _dense_prices_ok(base, bmax, dense, extra):
+    """policies._common.eval_times of DenseStepTime over M = base .. base + bmax: every price positive and finite."""
+    for M in range(base, base + bmax + 1):
+        t = dense[M] + extra
+        if not (t > 0 and np.isfinite(t)):
+            return False
+    return True
+
+
+@njit
 def _long_context_prices(base, bmax, dense, extra, sq, qk0, per, Tb):
     """DecodeQKStepTime over M = base .. base + bmax into Tb (every extra verified token at the decoding rows' mean
     context ``per``), checked as policies._common.eval_times checks them: False if one is not positive and
@@ -417,7 +427,10 @@ def _plan(G, GF, S, F, T, phase, run, entry, cs, pacc, filled, NT, NTok, dense, 
                                         float(qk0) / n_dec, Tb):
                 return X_PRICE
         elif not (extra >= 0 and np.isfinite(GF[DENSE_HI] + extra)):
-            return X_UNCHECKED     # DenseStepTime.checked is False: the numpy policy checks every price
+            # DenseStepTime.checked is False: the numpy policy checks the prices it reads (eval_times over M = base
+            # .. base + its budget), and so does the kernel
+            if not _dense_prices_ok(base, min(G[MAX_TOK] - base, n_dec * K), dense, extra):
+                return X_PRICE
     n_verify, dec_qk = 0, 0
     if n_dec:
         _verify_lengths(G, GF, n_dec, K, base, cs, pos, dense, extra, keys, sbuf, L, Tb, long_ctx)

@@ -51,11 +51,10 @@ def compiled_fill(acceptance: AcceptanceModel) -> Any:
     if plan is None:
         return None
     try:
-        from dsparksim.sim.fill_jit import CompiledFill, mirror_changes  # optional: numba (fill_jit imports it)
-    except ModuleNotFoundError as err:
-        if err.name != "numba":
-            raise
+        import numba  # noqa: F401  (optional: not installed, or installed but broken, runs the numpy refill)
+    except (ImportError, OSError):
         return None
+    from dsparksim.sim.fill_jit import CompiledFill, mirror_changes  # optional: numba (fill_jit imports it)
     if mirror_changes(acceptance, PredrawnDraws._fill):
         return None     # the code it mirrors was edited or patched: the numpy refill runs it as it is
     return CompiledFill(plan)
