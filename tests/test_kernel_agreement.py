@@ -360,3 +360,77 @@ def test_numba_installed_but_not_importable(tmp_path):
     assert lines[0] == "REFUSAL numba cannot be imported (ImportError: Numba needs NumPy 2.2 or less. Got NumPy 9.9.)"
     assert lines[1] == lines[2] and int(lines[1].split()[1]) > 20
     assert p.stderr.count("the step kernel is off: numba cannot be imported") == 1
+
+
+# rare paths found by reading the kernel against the numpy engine: (users, seconds, engine options, seed)
+RARE_CASES = [
+    # pinned users on one engine: the rows each engine's users sent (Simulation._cursor) make the result
+    (16, 20.0, dict(router="pinned", kv_capacity_tokens=40_000), 3),
+    # engines that never step (pinned users on 2 of 4): their empty logs make the merged int columns float64
+    (2, 10.0, dict(router="pinned", replicas=4, kv_capacity_tokens=40_000), 3),
+]
+
+
+@pytest.mark.parametrize("case", range(len(RARE_CASES)))
+def test_rare_paths_on_the_kernel_equal_numpy(monkeypatch, case):
+    users, duration, engine, seed = RARE_CASES[case]
+    cfg = _cfg(users, duration, engine, PROFILE, seed)
+    a, ran_a, calls_a = _run(monkeypatch, cfg, kernel=False)
+    b, ran_b, calls_b = _run(monkeypatch, cfg, kernel=True)
+    assert not ran_a and ran_b
+    _assert_identical(a, b)
+    assert calls_a == calls_b
+
+
+def _hand_profile(**extra):
+    """A small hand-written profile (verify 10 ms flat, 1 ms fixed, a 2 ms parallel drafter) plus ``extra`` sections."""
+    from dsparksim.cost.profile import FORMAT, profile_from_dict
+
+    d = {"format": FORMAT, "name": "hand",
+         "metadata": {"device": "test", "model": "test", "source": "hand-written", "method": "hand-written"},
+         "verify": {"M": [1, 4096], "time_s": [0.010, 0.010]}, "fixed_overhead_s": 0.001,
+         "drafters": {"dspark": {"kind": "parallel", "tokens": [1, 100000], "time_s": [0.002, 0.002],
+                                 "markov_overhead_frac": 0.0}}}
+    d.update(extra)
+    return profile_from_dict(d)
+
+
+def test_extrapolated_step_terms_are_looked_up_and_reported_as_numpy(monkeypatch, caplog):
+    """A batch-overhead term past its measured range is looked up (and reported) every step, as the numpy engine
+    does, and warned about once per run."""
+    extra = {"batch_overhead": {"n_req": [1, 2, 4], "time_s": [0.001, 0.002, 0.003]}}
+    cfg = _cfg(12, 10.0, dict(kv_capacity_tokens=40_000, extrapolate=True), PROFILE, 4)
+    outs, warned = [], []
+    for kernel in (False, True):
+        monkeypatch.setenv(fastpath.ENV, "1" if kernel else "0")
+        caplog.clear()
+        outs.append(simulate(cfg, profile=_hand_profile(**extra).with_extrapolation(True)))
+        warned.append(sum("extrapolating" in r.getMessage() for r in caplog.records))
+    _assert_identical(*outs)
+    rep = outs[1].summary["extrapolation"]
+    assert rep["axes"]["batch_overhead.n_req"]["count"] > 100
+    assert warned == [1, 1]
+
+
+def test_more_users_than_an_engine_may_queue_take_the_numpy_engine():
+    """cluster.MAX_WAITING stops a numpy run whose engine holds more requests; the kernel does not check it."""
+    from dsparksim.sim.cluster import MAX_WAITING
+
+    assert fastpath.MAX_USERS == MAX_WAITING
+    for users, why in ((MAX_WAITING, None), (MAX_WAITING + 1, "more users than an engine's queue limit")):
+        cfg = _cfg(users, 10.0, dict(replicas=2, router="round-robin"), PROFILE, 1)
+        assert fastpath.refusal(prepare(cfg).sim) == why
+
+
+def test_a_price_table_that_is_not_checked_is_checked_per_candidate_as_numpy(monkeypatch):
+    """A profile built in Python with a negative term (the JSON loader refuses one): DenseStepTime is then not
+    ``checked`` and Algorithm 1 evaluates every candidate's price; the kernel stopped with an error instead."""
+    import dataclasses
+
+    cfg = _cfg(12, 5.0, dict(kv_capacity_tokens=40_000), PROFILE, 4)
+    outs = []
+    for kernel in (False, True):
+        monkeypatch.setenv(fastpath.ENV, "1" if kernel else "0")
+        outs.append(simulate(cfg, profile=dataclasses.replace(_hand_profile(), fixed_overhead_s=-0.0025)))
+    _assert_identical(*outs)
+    assert (np.asarray(outs[1].result.steps["n_decode"]) > 0).sum() > 100

@@ -3,7 +3,7 @@ decisions, prices and results as the numpy engine, bit for bit (tests/test_kerne
 
 Supported: engines priced by the profile (no real executor), one or more replicas routed by ``least-outstanding``,
 ``round-robin`` or ``pinned`` (a shard of a pinned run too; no DP ranks or disaggregation), a closed loop bounded
-by a duration (no warm-up, client cap or user steps), mixed prefill without batch waiting, early exit or padding,
+by a duration, of at most ``cluster.MAX_WAITING`` users (no warm-up, client cap or user steps), mixed prefill without batch waiting, early exit or padding,
 paged or reserved KV, keyed pre-drawn acceptance draws, the ``confidence``, ``fixed``, ``mtp1`` and ``threshold``
 policies, and a price from the dense verify table (with or without the long-context term; without the drafter's
 context term or a measured prefill-only price). Anything else runs on the numpy engine, as does every run when
@@ -41,6 +41,9 @@ ENV = jit.ENV                     # "0" / "off": always the numpy engine
 CHECK_EVERY = 2048                # steps per kernel call at most (progress, Ctrl-C)
 POLICIES = (Confidence, Fixed, MTP1, Threshold)   # the policies the kernel decides as (kernel.P_* order)
 ROUTERS = ("least-outstanding", "round-robin", "pinned")   # the routers the kernel routes as (kernel.R_* order)
+# cluster.MAX_WAITING (not imported: cluster imports this module): an engine with more requests outstanding stops the
+# numpy run with an error the kernel does not check, so a run with more users than that takes the numpy engine
+MAX_USERS = 500_000
 
 
 def enabled() -> bool:
@@ -181,6 +184,7 @@ def refusal(sim: Any) -> str | None:
         (sim.clock is None or type(sim.clock) is PriceClock, "a measured clock"),
         (sim.duration is not None and sim.num_requests is None, "a request-count stop rule"),
         (bool(sim.wl.closed_loop), "not a closed loop"),
+        (int(getattr(sim.wl, "concurrency", 0) or 0) <= MAX_USERS, "more users than an engine's queue limit"),
         (not getattr(sim.wl, "user_steps", None), "user steps"),
         (not sim.warmup_requests and sim.client_cap is None, "a benchmark client"),
         (eng.mixed and eng.batch_wait is None, "prefill-only steps or batch waiting"),
@@ -258,7 +262,8 @@ class _State:
             S[k.PHASE], S[k.EV_EID] = (k.WAKE, G[k.EID]) if sim.local[e] else (k.IDLE, -1)
             G[k.EID] += S[k.LOCAL]
         G[k.CUR], G[k.CUT] = -1, -1
-        G[k.ROUTER] = ROUTERS.index(sim.router.name) if n_eng > 1 else 0
+        # pinned users route as pinned on one engine too (Simulation._issue_pinned: each engine's own rows)
+        G[k.ROUTER] = ROUTERS.index(sim.router.name) if n_eng > 1 or sim.pinned else 0
         G[k.TURN] = sim.router._next if n_eng > 1 else 0
         self.cursor0 = list(sim._cursor)
         G[k.PAGED] = int(kv.paged)
