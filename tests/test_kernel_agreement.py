@@ -196,3 +196,23 @@ def test_switch_off(monkeypatch):
     assert not fastpath.enabled()
     monkeypatch.setenv(fastpath.ENV, "1")
     assert fastpath.enabled()
+
+
+# rare paths found by reading the kernel against the numpy engine: (users, seconds, engine options, seed)
+RARE_CASES = [
+    # pinned users on one engine: the rows each engine's users sent (Simulation._cursor) make the result
+    (16, 20.0, dict(router="pinned", kv_capacity_tokens=40_000), 3),
+    # engines that never step (pinned users on 2 of 4): their empty logs make the merged int columns float64
+    (2, 10.0, dict(router="pinned", replicas=4, kv_capacity_tokens=40_000), 3),
+]
+
+
+@pytest.mark.parametrize("case", range(len(RARE_CASES)))
+def test_rare_paths_on_the_kernel_equal_numpy(monkeypatch, case):
+    users, duration, engine, seed = RARE_CASES[case]
+    cfg = _cfg(users, duration, engine, PROFILE, seed)
+    a, ran_a, calls_a = _run(monkeypatch, cfg, kernel=False)
+    b, ran_b, calls_b = _run(monkeypatch, cfg, kernel=True)
+    assert not ran_a and ran_b
+    _assert_identical(a, b)
+    assert calls_a == calls_b

@@ -110,7 +110,8 @@ class _State:
             S[k.PHASE], S[k.EV_EID] = (k.WAKE, G[k.EID]) if sim.local[e] else (k.IDLE, -1)
             G[k.EID] += S[k.LOCAL]
         G[k.CUR], G[k.CUT] = -1, -1
-        G[k.ROUTER] = ROUTERS.index(sim.router.name) if n_eng > 1 else 0
+        # pinned users route as pinned on one engine too (Simulation._issue_pinned: each engine's own rows)
+        G[k.ROUTER] = ROUTERS.index(sim.router.name) if n_eng > 1 or sim.pinned else 0
         G[k.TURN] = sim.router._next if n_eng > 1 else 0
         self.cursor0 = list(sim._cursor)
         G[k.PAGED] = int(kv.paged)
@@ -232,6 +233,8 @@ class _State:
         if eng.kv.paged and n_steps:
             eng.log["kv_pages"], eng.log["preempted"] = log["kv_pages"], log["preempted"]
         eng.acc_pos_log = self.LA[e, :n_steps, : eng.K].copy()
+        if not n_steps:     # an engine that never stepped keeps the numpy engine's empty lists (float64 arrays)
+            eng.log, eng.acc_pos_log = {name: [] for name in LOG_KEYS}, []
         eng.gaps = self.GAPS[e, : S[k.N_GAPS]].tolist()
         eng._gap_open = {g[0]: g for g in eng.gaps if g[2] < 0 and self.gapo[g[0]] >= 0}
         eng._preempted = []
