@@ -216,3 +216,44 @@ def test_rare_paths_on_the_kernel_equal_numpy(monkeypatch, case):
     assert not ran_a and ran_b
     _assert_identical(a, b)
     assert calls_a == calls_b
+
+
+def _hand_profile(**extra):
+    """A small hand-written profile (verify 10 ms flat, 1 ms fixed, a 2 ms parallel drafter) plus ``extra`` sections."""
+    from dsparksim.cost.profile import FORMAT, profile_from_dict
+
+    d = {"format": FORMAT, "name": "hand",
+         "metadata": {"device": "test", "model": "test", "source": "hand-written", "method": "hand-written"},
+         "verify": {"M": [1, 4096], "time_s": [0.010, 0.010]}, "fixed_overhead_s": 0.001,
+         "drafters": {"dspark": {"kind": "parallel", "tokens": [1, 100000], "time_s": [0.002, 0.002],
+                                 "markov_overhead_frac": 0.0}}}
+    d.update(extra)
+    return profile_from_dict(d)
+
+
+def test_extrapolated_step_terms_are_looked_up_and_reported_as_numpy(monkeypatch, caplog):
+    """A batch-overhead term past its measured range is looked up (and reported) every step, as the numpy engine
+    does, and warned about once per run (the kernel's lookups used to go through a second copy of the profile,
+    which warned again)."""
+    extra = {"batch_overhead": {"n_req": [1, 2, 4], "time_s": [0.001, 0.002, 0.003]}}
+    cfg = _cfg(12, 10.0, dict(kv_capacity_tokens=40_000, extrapolate=True), PROFILE, 4)
+    outs, warned = [], []
+    for kernel in (False, True):
+        monkeypatch.setenv(fastpath.ENV, "1" if kernel else "0")
+        caplog.clear()
+        outs.append(simulate(cfg, profile=_hand_profile(**extra).with_extrapolation(True)))
+        warned.append(sum("extrapolating" in r.getMessage() for r in caplog.records))
+    _assert_identical(*outs)
+    rep = outs[1].summary["extrapolation"]
+    assert rep["axes"]["batch_overhead.n_req"]["count"] > 100
+    assert warned == [1, 1]
+
+
+def test_more_users_than_an_engine_may_queue_take_the_numpy_engine():
+    """cluster.MAX_WAITING stops a numpy run whose engine holds more requests; the kernel does not check it."""
+    from dsparksim.sim.cluster import MAX_WAITING
+
+    assert fastpath.MAX_USERS == MAX_WAITING
+    for users, why in ((MAX_WAITING, None), (MAX_WAITING + 1, "more users than an engine's queue limit")):
+        cfg = _cfg(users, 10.0, dict(replicas=2, router="round-robin"), PROFILE, 1)
+        assert fastpath.refusal(prepare(cfg).sim) == why

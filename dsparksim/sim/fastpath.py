@@ -35,6 +35,9 @@ ENV = jit.ENV                     # "0" / "off": always the numpy engine
 CHECK_EVERY = 2048                # steps per kernel call at most (progress, Ctrl-C)
 POLICIES = (Confidence, Fixed, MTP1, Threshold)   # the policies the kernel decides as (kernel.P_* order)
 ROUTERS = ("least-outstanding", "round-robin", "pinned")   # the routers the kernel routes as (kernel.R_* order)
+# cluster.MAX_WAITING (not imported: cluster imports this module): an engine with more requests outstanding stops the
+# numpy run with an error the kernel does not check, so a run with more users than that takes the numpy engine
+MAX_USERS = 500_000
 
 
 def enabled() -> bool:
@@ -55,6 +58,7 @@ def refusal(sim: Any) -> str | None:
         (sim.clock is None or type(sim.clock) is PriceClock, "a measured clock"),
         (sim.duration is not None and sim.num_requests is None, "a request-count stop rule"),
         (bool(sim.wl.closed_loop), "not a closed loop"),
+        (int(getattr(sim.wl, "concurrency", 0) or 0) <= MAX_USERS, "more users than an engine's queue limit"),
         (not getattr(sim.wl, "user_steps", None), "user steps"),
         (not sim.warmup_requests and sim.client_cap is None, "a benchmark client"),
         (eng.mixed and eng.batch_wait is None, "prefill-only steps or batch waiting"),
@@ -143,7 +147,6 @@ class _State:
         GF[k.NOW], GF[k.DURATION] = sim.env.now, float(sim.duration)
         self.G, self.GF, self.SS, self.FF = G, GF, SS, FF
         self.NT, self.NTok = np.zeros(n), np.zeros(n, np.int8)
-        self.probe = prof.with_extrapolation(prof.extrapolate)   # a copy: tells which terms extrapolate or raise
         self.LI = np.zeros((n_eng, 1024, len(k.LOG_INT)), np.int64)
         self.LF = np.zeros((n_eng, 1024, 2))
         self.LA = np.zeros((n_eng, 1024, max(eng.K, 1)), np.int64)
@@ -181,16 +184,13 @@ class _State:
 
     def step_overhead(self, n: int) -> None:
         """The numpy engine's price term for n decoding rows (CostProfile.step_overhead): kept for every later step
-        when it neither raises nor extrapolates (a probe copy says), else looked up again each step it is needed."""
+        when the lookup extrapolated nothing (as the profile's own memo keeps it), else looked up again each step it
+        is needed (each lookup is then recorded in the extrapolation report, as on the numpy engine)."""
         eng, k = self.engs[0], self.k
-        try:
-            before = self.probe.extrapolation_report()["extrapolated"]
-            float(self.probe.step_overhead(eng.drafter, n, eng.K))
-            clean = not before and not self.probe.extrapolation_report()["extrapolated"]
-        except Exception:   # noqa: BLE001 - the real lookup below raises it as the numpy engine would
-            clean = False
+        log = eng.profile._extrap      # the profile's extrapolation record: its calls count the lookups that left
+        seen = log.calls
         v = float(eng.profile.step_overhead(eng.drafter, n, eng.K))
-        if clean:
+        if log.calls == seen:
             self.NT[n], self.NTok[n] = v, 1
         else:
             self.G[k.ONCE_N], self.GF[k.ONCE_VAL] = n, v
