@@ -257,3 +257,17 @@ def test_more_users_than_an_engine_may_queue_take_the_numpy_engine():
     for users, why in ((MAX_WAITING, None), (MAX_WAITING + 1, "more users than an engine's queue limit")):
         cfg = _cfg(users, 10.0, dict(replicas=2, router="round-robin"), PROFILE, 1)
         assert fastpath.refusal(prepare(cfg).sim) == why
+
+
+def test_a_price_table_that_is_not_checked_is_checked_per_candidate_as_numpy(monkeypatch):
+    """A profile built in Python with a negative term (the JSON loader refuses one): DenseStepTime is then not
+    ``checked`` and Algorithm 1 evaluates every candidate's price; the kernel stopped with an error instead."""
+    import dataclasses
+
+    cfg = _cfg(12, 5.0, dict(kv_capacity_tokens=40_000), PROFILE, 4)
+    outs = []
+    for kernel in (False, True):
+        monkeypatch.setenv(fastpath.ENV, "1" if kernel else "0")
+        outs.append(simulate(cfg, profile=dataclasses.replace(_hand_profile(), fixed_overhead_s=-0.0025)))
+    _assert_identical(*outs)
+    assert (np.asarray(outs[1].result.steps["n_decode"]) > 0).sum() > 100

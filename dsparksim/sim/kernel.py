@@ -64,7 +64,7 @@ LOG_INT = ("n_decode", "n_prefill_tokens", "M", "verify_tokens", "emitted", "dec
 
 # exit codes
 (X_STOP, X_ADMIT, X_REFILL, X_NT, X_ROWS, X_LOG, X_GAPS, X_NOTHING_FITS, X_EXHAUSTED, X_BUDGET, X_CHECK, X_DT,
- X_KV, X_QUEUE, X_UNCHECKED, X_PRICE) = range(16)
+ X_KV, X_QUEUE, X_UNCHECKED, X_PRICE) = range(16)   # (X_UNCHECKED: no longer returned)
 FIRST_PREFIX = 64   # dsparksim.policies.confidence.FIRST_PREFIX
 
 
@@ -223,15 +223,16 @@ def _sorted_prefix(keys, N, n, m, sbuf):
 
 
 @njit
-def _first_drop(n, sbuf, p, base, dense, extra, Tb, long_ctx):
+def _first_drop(n, sbuf, p, base, dense, extra, Tb, priced):
     """policies.confidence.early_stop_ranked's scan over the first p ranked survivals: the first b whose ratio
     (n + their sum) / T(base + b) does not rise, p if none (the same running sum and divisions as numpy's). T is
-    the dense price ``dense[M] + extra``, or with the long-context term the prices in ``Tb``."""
+    the dense price ``dense[M] + extra``, or (``priced``) the checked prices in ``Tb``: with the long-context term,
+    or a table that is not ``DenseStepTime.checked``."""
     E = float(n)
-    prev = E / (Tb[0] if long_ctx else dense[base] + extra)
+    prev = E / (Tb[0] if priced else dense[base] + extra)
     for b in range(1, p + 1):
         E = E + (-sbuf[b - 1])
-        r = E / (Tb[b] if long_ctx else dense[base + b] + extra)
+        r = E / (Tb[b] if priced else dense[base + b] + extra)
         if r - prev <= 0:
             return b - 1
         prev = r
@@ -246,6 +247,18 @@ def _long_context_prices(base, bmax, dense, extra, sq, qk0, per, Tb):
     for b in range(bmax + 1):
         M = base + b
         t = (dense[M] + extra) + sq * (qk0 + (M - base) * per)
+        if not (t > 0 and np.isfinite(t)):
+            return False
+        Tb[b] = t
+    return True
+
+
+@njit
+def _dense_prices(base, bmax, dense, extra, Tb):
+    """DenseStepTime over M = base .. base + bmax into Tb, checked as policies._common.eval_times checks them (the
+    numpy policy's path when the table is not ``checked``): False if one is not positive and finite."""
+    for b in range(bmax + 1):
+        t = dense[base + b] + extra
         if not (t > 0 and np.isfinite(t)):
             return False
         Tb[b] = t
@@ -286,9 +299,9 @@ def _lengths(n, K, j, keys, sbuf, L):
 
 
 @njit
-def _confidence(n, K, base, max_tok, cs, pos, dense, extra, keys, sbuf, L, Tb, long_ctx):
+def _confidence(n, K, base, max_tok, cs, pos, dense, extra, keys, sbuf, L, Tb, priced):
     """policies.confidence.algorithm1 on the drawn survivals of the n decoding rows (ring rows ``pos``): their
-    verify lengths into L[:n] (``Tb``: the candidates' prices with the long-context term)."""
+    verify lengths into L[:n] (``priced``: the candidates' prices are in ``Tb``)."""
     N = n * K
     for i in range(n):      # a ring row's survivals are adjacent: read them together
         r = pos[i]
@@ -298,7 +311,7 @@ def _confidence(n, K, base, max_tok, cs, pos, dense, extra, keys, sbuf, L, Tb, l
     m = FIRST_PREFIX
     while True:
         p = min(_sorted_prefix(keys, N, n, min(m, bmax), sbuf), bmax)
-        j = _first_drop(n, sbuf, p, base, dense, extra, Tb, long_ctx)
+        j = _first_drop(n, sbuf, p, base, dense, extra, Tb, priced)
         if j < p or p == bmax:
             break
         m *= 4
@@ -306,12 +319,12 @@ def _confidence(n, K, base, max_tok, cs, pos, dense, extra, keys, sbuf, L, Tb, l
 
 
 @njit
-def _verify_lengths(G, GF, n, K, base, cs, pos, dense, extra, keys, sbuf, L, Tb, long_ctx):
+def _verify_lengths(G, GF, n, K, base, cs, pos, dense, extra, keys, sbuf, L, Tb, priced):
     """The policy's verify lengths of the n decoding rows into L[:n]: confidence (Algorithm 1), or fixed:k, mtp1
     and threshold:t, each capped lowest index first at the step's draft budget (policies._common
     .cap_lowest_index_first: min(max_tokens - base, n K) tokens)."""
     if G[POLICY] == P_CONFIDENCE:
-        _confidence(n, K, base, G[MAX_TOK], cs, pos, dense, extra, keys, sbuf, L, Tb, long_ctx)
+        _confidence(n, K, base, G[MAX_TOK], cs, pos, dense, extra, keys, sbuf, L, Tb, priced)
         return
     for i in range(n):
         if G[POLICY] == P_FIXED:
@@ -406,21 +419,25 @@ def _plan(G, GF, S, F, T, phase, run, entry, cs, pacc, filled, NT, NTok, dense, 
         return code
     base = n_dec + n_pf
     long_ctx = GF[SQ] != 0 and n_dec > 0
+    priced = long_ctx      # the candidates' prices are in Tb (else read from the dense table)
     if G[POLICY] == P_CONFIDENCE and n_dec:     # the one policy here that reads the prices
+        bmax = min(G[MAX_TOK] - base, n_dec * K)
         if long_ctx:
             # the long-context term (Scheduler.plan_step): candidates priced at the decoding rows' mean context
             qk0 = 0
             for i in range(n_dec):
                 row = dec[i]
                 qk0 += T[PREFILLED][row] + T[GEN][row] - T[REGEN][row]
-            if not _long_context_prices(base, min(G[MAX_TOK] - base, n_dec * K), dense, extra, GF[SQ], float(qk0),
-                                        float(qk0) / n_dec, Tb):
+            if not _long_context_prices(base, bmax, dense, extra, GF[SQ], float(qk0), float(qk0) / n_dec, Tb):
                 return X_PRICE
         elif not (extra >= 0 and np.isfinite(GF[DENSE_HI] + extra)):
-            return X_UNCHECKED     # DenseStepTime.checked is False: the numpy policy checks every price
+            # DenseStepTime.checked is False: the numpy policy evaluates and checks every candidate's price
+            if not _dense_prices(base, bmax, dense, extra, Tb):
+                return X_PRICE
+            priced = True
     n_verify, dec_qk = 0, 0
     if n_dec:
-        _verify_lengths(G, GF, n_dec, K, base, cs, pos, dense, extra, keys, sbuf, L, Tb, long_ctx)
+        _verify_lengths(G, GF, n_dec, K, base, cs, pos, dense, extra, keys, sbuf, L, Tb, priced)
         for i in range(n_dec):
             n_verify += L[i]
             A[i] = pacc[pos[i]]
