@@ -2,13 +2,13 @@
 decisions, prices and results as the numpy engine, bit for bit (tests/test_kernel_agreement.py).
 
 Supported: engines priced by the profile (no real executor), one or more replicas routed by ``least-outstanding``,
-``round-robin`` or ``pinned`` (a shard of a pinned run too; no DP ranks or disaggregation), a closed loop bounded
-by a duration (no warm-up, client cap or user steps), mixed prefill without batch waiting, early exit or padding,
-paged or reserved KV, keyed pre-drawn acceptance draws, the ``confidence``, ``fixed``, ``mtp1`` and ``threshold``
-policies, and a price from the dense verify table (with or without the long-context term; without the drafter's
-context term or a measured prefill-only price). Anything else runs on the numpy engine, as does every run when
-numba is not installed (``pip install -e ".[fast]"``) or ``DSPARKSIM_KERNEL=0`` is set. :func:`refusal` says why
-a run is not supported.
+``round-robin`` or ``pinned`` (a shard of a pinned run too; no DP ranks or disaggregation), a closed loop of at most
+``cluster.MAX_WAITING`` users bounded by a duration (no warm-up, client cap or user steps), mixed prefill without
+batch waiting, early exit or padding, paged or reserved KV, keyed pre-drawn acceptance draws, the ``confidence``,
+``fixed``, ``mtp1`` and ``threshold`` policies, and a price from the dense verify table (with or without the long-
+context term; without the drafter's context term or a measured prefill-only price). Anything else runs on the numpy
+engine, as does every run when numba is not installed (``pip install -e ".[fast]"``) or ``DSPARKSIM_KERNEL=0`` is
+set. :func:`refusal` says why a run is not supported.
 
 The kernel stops when it needs Python; :func:`run_kernel` does there what the numpy engine does at that point
 (loads a request row, draws a block of acceptance steps, looks up a price term) and steps on. The first run
