@@ -271,3 +271,16 @@ def test_a_price_table_that_is_not_checked_is_checked_per_candidate_as_numpy(mon
         outs.append(simulate(cfg, profile=dataclasses.replace(_hand_profile(), fixed_overhead_s=-0.0025)))
     _assert_identical(*outs)
     assert (np.asarray(outs[1].result.steps["n_decode"]) > 0).sum() > 100
+
+
+def test_a_patched_policy_takes_the_numpy_engine(monkeypatch):
+    """A policy class whose choose() was replaced (the regress tests perturb fixed:K so) decides on numpy: the kernel
+    decides as the shipped choose() and would not see the change."""
+    from dsparksim.policies.fixed import Fixed
+
+    cfg = _cfg(8, 10.0, {}, PROFILE, 1, policy="fixed:7")
+    assert fastpath.refusal(prepare(cfg).sim) is None
+    monkeypatch.setattr(Fixed, "choose", lambda self, ctx: np.zeros(ctx.n, dtype=np.int64))
+    assert fastpath.refusal(prepare(cfg).sim) == "a policy whose choose() was replaced"
+    monkeypatch.setenv(fastpath.ENV, "1")
+    assert simulate(cfg).result.verify_tokens.sum() == 0

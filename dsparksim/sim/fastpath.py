@@ -34,6 +34,7 @@ from dsparksim.sim.scheduler import LOG_KEYS
 ENV = jit.ENV                     # "0" / "off": always the numpy engine
 CHECK_EVERY = 2048                # steps per kernel call at most (progress, Ctrl-C)
 POLICIES = (Confidence, Fixed, MTP1, Threshold)   # the policies the kernel decides as (kernel.P_* order)
+_CHOOSE = {cls: cls.choose for cls in POLICIES}     # their own choose(): a patched one is no longer the kernel's
 ROUTERS = ("least-outstanding", "round-robin", "pinned")   # the routers the kernel routes as (kernel.R_* order)
 # cluster.MAX_WAITING (not imported: cluster imports this module): an engine with more requests outstanding stops the
 # numpy run with an error the kernel does not check, so a run with more users than that takes the numpy engine
@@ -66,6 +67,7 @@ def refusal(sim: Any) -> str | None:
         (eng.streams is not None and eng._pre is not None, "acceptance draws not pre-drawn"),
         (all(type(e.policy) is type(eng.policy) for e in sim.engines) and type(eng.policy) in POLICIES,
          f"policy {getattr(eng.policy, 'spec', '?')}"),
+        (all(_shipped(e.policy) for e in sim.engines), "a policy whose choose() was replaced"),
         (eng.pricer.dense is not None, "no dense verify table"),
         (not eng.pricer.drafter_reads_kv(eng.drafter), "a drafter context term"),
         (eng.profile.prefill_only is None, "a measured prefill-only price"),
@@ -74,6 +76,11 @@ def refusal(sim: Any) -> str | None:
         if not ok:
             return why
     return None
+
+
+def _shipped(policy: Any) -> bool:
+    """``policy`` decides with its class's own choose() (a test that patches it perturbs the numpy engine only)."""
+    return getattr(getattr(policy, "choose", None), "__func__", None) is _CHOOSE.get(type(policy))
 
 
 def _ring(rows: list[int], cap: int) -> np.ndarray:
