@@ -434,3 +434,34 @@ def test_a_price_table_that_is_not_checked_is_checked_per_candidate_as_numpy(mon
         outs.append(simulate(cfg, profile=dataclasses.replace(_hand_profile(), fixed_overhead_s=-0.0025)))
     _assert_identical(*outs)
     assert (np.asarray(outs[1].result.steps["n_decode"]) > 0).sum() > 100
+
+
+def test_a_compile_is_announced_once(tmp_path, caplog):
+    """Before the first run after an install (no cached code newer than the kernel's source) one line says the
+    kernel is being compiled, so a progress bar at 0 for ~20-30 s is explained; nothing when the cache is fresh."""
+    import time
+    from types import SimpleNamespace
+
+    src, index = tmp_path / "kernel.py", tmp_path / "kernel.run_steps.nbi"
+    src.write_text("")
+    class FakeKernel:     # a module's stand-in (hashable, as a module is)
+        __file__ = str(src)
+        run_steps = SimpleNamespace(_cache=SimpleNamespace(_cache_file=SimpleNamespace(_index_path=str(index))))
+
+    k = FakeKernel()
+    said = []
+    for state in ("missing", "stale", "fresh"):
+        if state == "stale":
+            index.write_text("")
+            t = time.time()
+            os.utime(index, (t - 100, t - 100))
+        if state == "fresh":
+            os.utime(index, None)
+            os.utime(src, (time.time() - 100, time.time() - 100))
+        fastpath._note_compiling.cache_clear()
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            fastpath._note_compiling(k)
+            fastpath._note_compiling(k)
+        said.append(sum("compiling the step kernel" in r.getMessage() for r in caplog.records))
+    assert said == [1, 1, 0]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections import deque
 from typing import Any, Callable
 
@@ -406,10 +407,25 @@ def _kernel_module() -> Any:
     return kernel
 
 
+@functools.cache
+def _note_compiling(k: Any) -> None:
+    """Say once per process that the kernel is about to be compiled (no cached machine code newer than its source:
+    the first run after an install or an upgrade), so a progress bar sitting at 0 for that time is explained."""
+    try:
+        index = k.run_steps._cache._cache_file._index_path     # numba's cache index of the entry point
+        fresh = os.path.exists(index) and os.path.getmtime(index) >= os.path.getmtime(k.__file__)
+    except (AttributeError, OSError):    # another numba's cache layout: say nothing
+        return
+    if not fresh:
+        log.warning("dsparksim: compiling the step kernel (first run after an install or upgrade: ~20-30 s; "
+                    "cached for later runs)")
+
+
 def run_kernel(sim: Any, progress: Callable[[float], None] | None, max_streak: int) -> tuple[str, float]:
     """Run ``sim`` (supported: :func:`refusal` is None; its closed-loop users issued, nothing stepped yet) to its
     end on the kernel: (ended_by, the time it ended). ``max_streak``: rejections in a row that end the run."""
     k = _kernel_module()
+    _note_compiling(k)
     st = _State(sim, k, max_streak)
     GF = st.GF
     shown = 0
