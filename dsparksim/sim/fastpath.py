@@ -161,6 +161,8 @@ MIRRORED = {
     "Pinned.turn": "9de5c470dbe1c6d6",
     "Pinned.user_row": "1621c43372f96b90",
 }
+
+
 def fingerprints(sim: Any = None) -> dict[str, str]:
     """The fingerprint of each mirrored function or class as it is now (see :data:`MIRRORED`; ``sim``: also the
     code of its scheduler, KV manager, ... as :func:`_mirrored` lists)."""
