@@ -77,3 +77,17 @@ def chat_workload(n, users, prompt=10, out=20):
     """n closed-loop chat requests of ``prompt`` prompt and ``out`` output tokens, ``users`` at a time."""
     return Workload(prompt_tokens=np.full(n, prompt), output_tokens=np.full(n, out),
                     domain=np.full(n, "chat", dtype=object), concurrency=users)
+
+
+def assert_same_result(a, b) -> None:
+    """Two SimResults are the same bit for bit: every per-request array (dtype and bytes; object arrays by value)
+    and every step-log column."""
+    for f in dataclasses.fields(a):
+        va, vb = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(va, np.ndarray) and va.dtype == object:
+            assert va.tolist() == vb.tolist(), f.name
+        elif isinstance(va, np.ndarray):
+            assert va.dtype == vb.dtype and va.tobytes() == vb.tobytes(), f.name
+    assert a.steps.keys() == b.steps.keys()
+    for k in a.steps:
+        assert a.steps[k].tobytes() == b.steps[k].tobytes(), k

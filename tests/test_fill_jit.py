@@ -3,7 +3,6 @@ bit, and a whole run the very same result; without numba, switched off, or for a
 numpy refill runs (issue 28)."""
 from __future__ import annotations
 
-import dataclasses
 import math
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from dsparksim.sim.simulate import simulate
 from dsparksim.sim.streams import RequestStreams, normals_from_halves
 from dsparksim.traffic import TrafficConfig
 from dsparksim.traffic.base import Workload
+from sim_kit import assert_same_result
 
 DOMAINS = np.array(["chat", "math", "code"], object)
 # sources the compiled refill covers: the default, other paper drafters, pooled curves, the plain logit-normal link,
@@ -138,15 +138,7 @@ def test_a_run_with_the_compiled_fill_is_bit_identical(monkeypatch):
     b, none = _headline_like(monkeypatch, False)
     assert calls > 50 and none == 0
     assert len(a.steps["dt"]) > 1000
-    for f in dataclasses.fields(a):
-        va, vb = getattr(a, f.name), getattr(b, f.name)
-        if isinstance(va, np.ndarray) and va.dtype == object:
-            assert va.tolist() == vb.tolist(), f.name
-        elif isinstance(va, np.ndarray):
-            assert va.dtype == vb.dtype and va.tobytes() == vb.tobytes(), f.name
-    assert a.steps.keys() == b.steps.keys()
-    for k in a.steps:
-        assert a.steps[k].tobytes() == b.steps[k].tobytes(), k
+    assert_same_result(a, b)
 
 
 def _flip_mu(acc, streams, key, u, step: int) -> tuple[float, bool] | None:

@@ -5,7 +5,6 @@ confidence policy reads only the prefix of a checked price table. Neither may ch
 """
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ from dsparksim.sim.simulate import simulate
 from dsparksim.sim.streams import RequestStreams
 from dsparksim.traffic import TrafficConfig
 from dsparksim.traffic.base import Workload
+from sim_kit import assert_same_result
 
 K = 7
 
@@ -47,15 +47,7 @@ def test_predrawn_run_is_bit_identical(monkeypatch, policy, engine):
     b = _run(monkeypatch, False, policy, **engine)
     if "kv_capacity_tokens" in engine and policy == "confidence":
         assert a.preemptions.sum() > 0          # the case exercises preemption (re-admission keeps the draws)
-    for f in dataclasses.fields(a):
-        va, vb = getattr(a, f.name), getattr(b, f.name)
-        if isinstance(va, np.ndarray) and va.dtype == object:
-            assert va.tolist() == vb.tolist(), f.name
-        elif isinstance(va, np.ndarray):
-            assert va.dtype == vb.dtype and va.tobytes() == vb.tobytes(), f.name
-    assert a.steps.keys() == b.steps.keys()
-    for k in a.steps:
-        assert a.steps[k].tobytes() == b.steps[k].tobytes(), k
+    assert_same_result(a, b)
 
 
 def test_take_matches_one_draw_per_step():

@@ -541,7 +541,6 @@ class Simulation:
                 env.process(self._guard(self._user_schedule(env, steps)))
         else:
             env.process(self._guard(self._arrivals(env)))
-        end = None
         if self.wl.closed_loop and fastpath.enabled() and fastpath.refusal(self) is None:
             # the compiled kernel: the same steps, bit for bit (sim/fastpath.py)
             self.ended_by, end = fastpath.run_kernel(self, self.progress, MAX_REJECT_STREAK)

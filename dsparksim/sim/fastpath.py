@@ -475,7 +475,7 @@ def _handle(st: _State, k: Any, code: int) -> None:
     elif code == k.X_NOTHING_FITS:
         st.write_back()
         sim._nothing_fits()
-    elif code in (k.X_BUDGET, k.X_DT, k.X_PRICE, k.X_UNCHECKED):
+    elif code in (k.X_BUDGET, k.X_DT, k.X_PRICE):
         # a step the numpy engine refuses: plan it there (nothing was changed), which raises its own error
         st.write_back()
         eng.plan_step()

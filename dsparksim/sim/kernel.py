@@ -64,7 +64,7 @@ LOG_INT = ("n_decode", "n_prefill_tokens", "M", "verify_tokens", "emitted", "dec
 
 # exit codes
 (X_STOP, X_ADMIT, X_REFILL, X_NT, X_ROWS, X_LOG, X_GAPS, X_NOTHING_FITS, X_EXHAUSTED, X_BUDGET, X_CHECK, X_DT,
- X_KV, X_QUEUE, X_UNCHECKED, X_PRICE) = range(16)
+ X_KV, X_QUEUE, X_PRICE) = range(15)
 FIRST_PREFIX = 64   # dsparksim.policies.confidence.FIRST_PREFIX
 
 
